@@ -1,0 +1,48 @@
+//! Exit codes of DESIGN.md 3.1, mapped in one place.
+//!
+//! 0 finished (whatever the verdict), 2 bad usage or bad input file, 3 the experiment
+//! could not run, 130 interrupted. `bisect probe` adds 1 (corrupted) and 125 (could not tell).
+
+use thiserror::Error;
+
+pub const OK: u8 = 0;
+pub const BAD_INPUT: u8 = 2;
+pub const COULD_NOT_RUN: u8 = 3;
+pub const INTERRUPTED: u8 = 130;
+pub const PROBE_CORRUPTED: u8 = 1;
+pub const PROBE_UNKNOWN: u8 = 125;
+
+/// Errors whose kind decides the exit code. Anything else that reaches `main` is a
+/// could-not-run failure (3).
+#[derive(Debug, Error)]
+pub enum Failure {
+    /// Bad usage or a bad input file; the message names the file, line and fix.
+    #[error("{0}")]
+    BadInput(String),
+    /// The experiment could not run (engine never healthy, restart failed, ...).
+    #[error("{0}")]
+    CouldNotRun(String),
+    /// Ctrl-C / SIGTERM.
+    #[error("interrupted")]
+    Interrupted,
+}
+
+/// The exit code for an error that ended the command.
+pub fn code_for_error(err: &anyhow::Error) -> u8 {
+    for cause in err.chain() {
+        if let Some(f) = cause.downcast_ref::<Failure>() {
+            return match f {
+                Failure::BadInput(_) => BAD_INPUT,
+                Failure::CouldNotRun(_) => COULD_NOT_RUN,
+                Failure::Interrupted => INTERRUPTED,
+            };
+        }
+        if cause.downcast_ref::<crate::config::ConfigError>().is_some() {
+            return BAD_INPUT;
+        }
+        if cause.downcast_ref::<crate::launch::LaunchError>().is_some() {
+            return BAD_INPUT;
+        }
+    }
+    COULD_NOT_RUN
+}

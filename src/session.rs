@@ -1,0 +1,224 @@
+//! Shared vocabulary of the harness: chat messages as the OpenAI API carries them,
+//! per-round and per-session classes (DESIGN.md 3.5), and one session's result record
+//! (a line of `sessions.jsonl`, DESIGN.md 3.6).
+
+use serde::{Deserialize, Serialize};
+
+/// One OpenAI chat message, as sent to and received from `/v1/chat/completions`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct ChatMessage {
+    pub role: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl ChatMessage {
+    pub fn new(role: &str, content: impl Into<String>) -> Self {
+        ChatMessage {
+            role: role.to_string(),
+            content: Some(content.into()),
+            ..Default::default()
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    #[serde(default)]
+    pub id: String,
+    #[serde(rename = "type", default = "function_type")]
+    pub kind: String,
+    pub function: FunctionCall,
+}
+
+fn function_type() -> String {
+    "function".to_string()
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FunctionCall {
+    pub name: String,
+    /// JSON text, exactly as the server sent it (it may not parse: that is evidence).
+    #[serde(default)]
+    pub arguments: String,
+}
+
+/// The class of one round (one request/response), first match wins (DESIGN.md 3.5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RoundClass {
+    Ok,
+    Error,
+    Timeout,
+    Leak,
+    BadArgs,
+    WrongArgs,
+    NoTool,
+}
+
+/// The class of a whole session: its first non-ok round's class, else done/maxrounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionClass {
+    Done,
+    Maxrounds,
+    Leak,
+    BadArgs,
+    WrongArgs,
+    NoTool,
+    Error,
+    Timeout,
+}
+
+impl SessionClass {
+    pub const ALL: [SessionClass; 8] = [
+        SessionClass::Done,
+        SessionClass::Maxrounds,
+        SessionClass::Leak,
+        SessionClass::BadArgs,
+        SessionClass::WrongArgs,
+        SessionClass::NoTool,
+        SessionClass::Error,
+        SessionClass::Timeout,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SessionClass::Done => "done",
+            SessionClass::Maxrounds => "maxrounds",
+            SessionClass::Leak => "leak",
+            SessionClass::BadArgs => "bad_args",
+            SessionClass::WrongArgs => "wrong_args",
+            SessionClass::NoTool => "no_tool",
+            SessionClass::Error => "error",
+            SessionClass::Timeout => "timeout",
+        }
+    }
+
+    /// Corrupted = leak + bad_args + wrong_args + no_tool.
+    pub fn is_corrupted(self) -> bool {
+        matches!(
+            self,
+            SessionClass::Leak | SessionClass::BadArgs | SessionClass::WrongArgs | SessionClass::NoTool
+        )
+    }
+
+    /// error/timeout: not corruption, but they make an arm "degraded".
+    pub fn is_failure(self) -> bool {
+        matches!(self, SessionClass::Error | SessionClass::Timeout)
+    }
+
+    pub fn from_round(class: RoundClass) -> Option<SessionClass> {
+        Some(match class {
+            RoundClass::Ok => return None,
+            RoundClass::Error => SessionClass::Error,
+            RoundClass::Timeout => SessionClass::Timeout,
+            RoundClass::Leak => SessionClass::Leak,
+            RoundClass::BadArgs => SessionClass::BadArgs,
+            RoundClass::WrongArgs => SessionClass::WrongArgs,
+            RoundClass::NoTool => SessionClass::NoTool,
+        })
+    }
+}
+
+/// Counts per session class, serialised with the class names of DESIGN.md 3.6.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counts {
+    pub done: u64,
+    pub maxrounds: u64,
+    pub leak: u64,
+    pub bad_args: u64,
+    pub wrong_args: u64,
+    pub no_tool: u64,
+    pub error: u64,
+    pub timeout: u64,
+}
+
+impl Counts {
+    pub fn add(&mut self, class: SessionClass) {
+        *self.slot(class) += 1;
+    }
+
+    pub fn get(&self, class: SessionClass) -> u64 {
+        match class {
+            SessionClass::Done => self.done,
+            SessionClass::Maxrounds => self.maxrounds,
+            SessionClass::Leak => self.leak,
+            SessionClass::BadArgs => self.bad_args,
+            SessionClass::WrongArgs => self.wrong_args,
+            SessionClass::NoTool => self.no_tool,
+            SessionClass::Error => self.error,
+            SessionClass::Timeout => self.timeout,
+        }
+    }
+
+    fn slot(&mut self, class: SessionClass) -> &mut u64 {
+        match class {
+            SessionClass::Done => &mut self.done,
+            SessionClass::Maxrounds => &mut self.maxrounds,
+            SessionClass::Leak => &mut self.leak,
+            SessionClass::BadArgs => &mut self.bad_args,
+            SessionClass::WrongArgs => &mut self.wrong_args,
+            SessionClass::NoTool => &mut self.no_tool,
+            SessionClass::Error => &mut self.error,
+            SessionClass::Timeout => &mut self.timeout,
+        }
+    }
+
+    pub fn merge(&mut self, other: &Counts) {
+        for c in SessionClass::ALL {
+            *self.slot(c) += other.get(c);
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        SessionClass::ALL.iter().map(|c| self.get(*c)).sum()
+    }
+
+    pub fn corrupted(&self) -> u64 {
+        self.leak + self.bad_args + self.wrong_args + self.no_tool
+    }
+
+    pub fn failed(&self) -> u64 {
+        self.error + self.timeout
+    }
+}
+
+/// One round as the driver saw it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RoundRecord {
+    pub round: u32,
+    pub class: RoundClass,
+    pub latency_ms: u64,
+    #[serde(default)]
+    pub completion_tokens: u64,
+    /// The text that decided the class (for ok rounds: the call that was accepted).
+    #[serde(default)]
+    pub evidence: String,
+}
+
+/// One session's result: a line of sessions.jsonl.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SessionResult {
+    /// Arm label (`on`/`off`), or the cell/probe label.
+    pub label: String,
+    pub repeat: u32,
+    pub index: u32,
+    pub class: SessionClass,
+    pub rounds_used: u32,
+    pub first_bad_round: Option<u32>,
+    pub evidence: String,
+    pub transcript: Vec<ChatMessage>,
+    pub rounds: Vec<RoundRecord>,
+    pub latency_ms: Vec<u64>,
+    pub completion_tokens: u64,
+    pub error: Option<String>,
+}
