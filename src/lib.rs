@@ -9,11 +9,12 @@ pub mod classify;
 pub mod cli;
 pub mod config;
 pub mod control;
+pub mod embedded;
 pub mod engine;
 pub mod exit;
 pub mod experiment;
 pub mod launch;
-pub mod report;
+// pub mod report; (staged)
 pub mod session;
 pub mod stats;
 pub mod verdict;

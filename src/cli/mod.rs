@@ -3,3 +3,5 @@ use std::process::ExitCode;
 pub fn run() -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
+
+pub mod engine;

@@ -1,0 +1,240 @@
+// indexer_topk.cu: DSA indexer scores over stored index-K, then the top-k positions.
+//
+// A batch holds several jobs (one query each). Rows (positions) of all jobs are
+// concatenated: job j owns rows row_start[j] .. row_start[j+1], its index-K bytes start
+// at row_start[j] * bytes_per_token, its query at j * INDEX_DIM.
+//
+// Scores must equal the CPU backend's bit for bit, so each row's dot product runs in
+// one thread, sequentially over d = 0..127, with non-contractible __fmul_rn/__fadd_rn:
+//   bf16: score = sum_d q[d] * bf16(k[d])
+//   fp8:  score = sum_d q[d] * (e4m3(k[d]) * scale)
+//
+// Top-k order: score descending, ties by the lower position. Both variants sort the
+// same 64-bit composite key (order-preserving score bits << 32 | ~position), which is
+// unique per row, so their results are identical:
+//   V1: full bitonic sort of every row of the job (global scratch, one block per job);
+//   V2: radix select of the k-th largest key (8 passes of 8-bit histograms), then a
+//       rank sort of the k survivors only.
+
+#define INDEX_DIM 128
+#define FP8_TOKEN_BYTES (INDEX_DIM + 4)
+
+__device__ __forceinline__ float bf16_bits_to_f32(unsigned int bits)
+{
+    if ((bits & 0x7FFFu) > 0x7F80u) {
+        return __uint_as_float((bits | 0x0040u) << 16);
+    }
+    return __uint_as_float(bits << 16);
+}
+
+// e4m3 -> f32 through the same path as float8's to_f32 (via f16, exact): normals map
+// exponent-bias 7 -> 127, subnormals are m * 2^-9, 0x7F/0xFF is the f16 canonical NaN.
+__device__ __forceinline__ float e4m3_bits_to_f32(unsigned int bits)
+{
+    const unsigned int sign = (bits & 0x80u) << 24;
+    const unsigned int exponent = (bits >> 3) & 0xFu;
+    const unsigned int mantissa = bits & 0x7u;
+    if ((bits & 0x7Fu) == 0x7Fu) {
+        return __uint_as_float(0x7FFFE000u);
+    }
+    if (exponent == 0u) {
+        const float magnitude = __fmul_rn((float)mantissa, 0.001953125f); // 2^-9
+        return __uint_as_float(__float_as_uint(magnitude) | sign);
+    }
+    return __uint_as_float(sign | ((exponent + 120u) << 23) | (mantissa << 20));
+}
+
+__device__ __forceinline__ unsigned int job_of_row(const unsigned int* row_start, unsigned int jobs,
+                                                   unsigned int row)
+{
+    unsigned int lo = 0, hi = jobs;
+    while (hi - lo > 1u) {
+        const unsigned int mid = (lo + hi) / 2u;
+        if (row_start[mid] <= row) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo;
+}
+
+extern "C" __global__ void indexer_scores_bf16(const float* __restrict__ queries,
+                                               const unsigned char* __restrict__ index_k,
+                                               const unsigned int* __restrict__ row_start,
+                                               unsigned int jobs,
+                                               float* __restrict__ scores)
+{
+    const unsigned int rows = row_start[jobs];
+    for (unsigned int row = blockIdx.x * blockDim.x + threadIdx.x; row < rows; row += gridDim.x * blockDim.x) {
+        const float* q = queries + (unsigned long long)job_of_row(row_start, jobs, row) * INDEX_DIM;
+        const unsigned char* k = index_k + (unsigned long long)row * (INDEX_DIM * 2);
+        float acc = 0.0f;
+        for (unsigned int d = 0; d < INDEX_DIM; ++d) {
+            const unsigned int bits = (unsigned int)k[2 * d] | ((unsigned int)k[2 * d + 1] << 8);
+            acc = __fadd_rn(acc, __fmul_rn(q[d], bf16_bits_to_f32(bits)));
+        }
+        scores[row] = acc;
+    }
+}
+
+extern "C" __global__ void indexer_scores_fp8(const float* __restrict__ queries,
+                                              const unsigned char* __restrict__ index_k,
+                                              const unsigned int* __restrict__ row_start,
+                                              unsigned int jobs,
+                                              float* __restrict__ scores)
+{
+    const unsigned int rows = row_start[jobs];
+    for (unsigned int row = blockIdx.x * blockDim.x + threadIdx.x; row < rows; row += gridDim.x * blockDim.x) {
+        const float* q = queries + (unsigned long long)job_of_row(row_start, jobs, row) * INDEX_DIM;
+        const unsigned char* k = index_k + (unsigned long long)row * FP8_TOKEN_BYTES;
+        const unsigned int scale_bits = (unsigned int)k[INDEX_DIM] | ((unsigned int)k[INDEX_DIM + 1] << 8) |
+                                        ((unsigned int)k[INDEX_DIM + 2] << 16) |
+                                        ((unsigned int)k[INDEX_DIM + 3] << 24);
+        const float scale = __uint_as_float(scale_bits);
+        float acc = 0.0f;
+        for (unsigned int d = 0; d < INDEX_DIM; ++d) {
+            const float dequantized = __fmul_rn(e4m3_bits_to_f32(k[d]), scale);
+            acc = __fadd_rn(acc, __fmul_rn(q[d], dequantized));
+        }
+        scores[row] = acc;
+    }
+}
+
+// Larger key = earlier in the top-k. -0.0 is folded into +0.0 so equal scores tie
+// (and fall back to the lower position) exactly like a partial_cmp on the CPU.
+__device__ __forceinline__ unsigned long long topk_key(float score, unsigned int position)
+{
+    unsigned int bits = __float_as_uint(score);
+    if ((bits & 0x7FFFFFFFu) == 0u) {
+        bits = 0u;
+    }
+    const unsigned int ordered = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+    return ((unsigned long long)ordered << 32) | (unsigned long long)(0xFFFFFFFFu - position);
+}
+
+__device__ __forceinline__ unsigned int topk_key_position(unsigned long long key)
+{
+    return 0xFFFFFFFFu - (unsigned int)(key & 0xFFFFFFFFull);
+}
+
+// One block per job. scratch holds next_pow2(n_j) keys per job from scratch_start[j].
+// out holds k slots per job; the first min(k, n_j) are written.
+extern "C" __global__ void topk_v1_bitonic(const float* __restrict__ scores,
+                                           const unsigned int* __restrict__ row_start,
+                                           const unsigned long long* __restrict__ scratch_start,
+                                           unsigned long long* __restrict__ scratch,
+                                           unsigned int k,
+                                           unsigned int* __restrict__ out)
+{
+    const unsigned int job = blockIdx.x;
+    const unsigned int first_row = row_start[job];
+    const unsigned int n = row_start[job + 1] - first_row;
+    unsigned long long* keys = scratch + scratch_start[job];
+    unsigned int padded = 1u;
+    while (padded < n) {
+        padded <<= 1;
+    }
+    for (unsigned int i = threadIdx.x; i < padded; i += blockDim.x) {
+        // Padding key 0 sorts after every real key (a real key's low half is ~position != 0
+        // for any position below 2^32 - 1, and its high half is never 0 for finite scores).
+        keys[i] = i < n ? topk_key(scores[first_row + i], i) : 0ull;
+    }
+    __syncthreads();
+    for (unsigned int size = 2u; size <= padded; size <<= 1) {
+        for (unsigned int stride = size >> 1; stride > 0u; stride >>= 1) {
+            for (unsigned int i = threadIdx.x; i < padded; i += blockDim.x) {
+                const unsigned int partner = i ^ stride;
+                if (partner > i) {
+                    const bool descending = (i & size) == 0u;
+                    const unsigned long long a = keys[i];
+                    const unsigned long long b = keys[partner];
+                    if ((a < b) == descending) {
+                        keys[i] = b;
+                        keys[partner] = a;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+    const unsigned int take = n < k ? n : k;
+    for (unsigned int r = threadIdx.x; r < take; r += blockDim.x) {
+        out[(unsigned long long)job * k + r] = topk_key_position(keys[r]);
+    }
+}
+
+// One block per job. scratch holds k keys per job (job * k): the selected survivors.
+extern "C" __global__ void topk_v2_radix_select(const float* __restrict__ scores,
+                                                const unsigned int* __restrict__ row_start,
+                                                unsigned long long* __restrict__ scratch,
+                                                unsigned int k,
+                                                unsigned int* __restrict__ out)
+{
+    __shared__ unsigned int histogram[256];
+    __shared__ unsigned long long prefix;
+    __shared__ unsigned long long prefix_mask;
+    __shared__ unsigned int remaining;
+    __shared__ unsigned int survivors;
+
+    const unsigned int job = blockIdx.x;
+    const unsigned int first_row = row_start[job];
+    const unsigned int n = row_start[job + 1] - first_row;
+    const unsigned int take = n < k ? n : k;
+    if (take == 0u) {
+        return;
+    }
+    if (threadIdx.x == 0) {
+        prefix = 0ull;
+        prefix_mask = 0ull;
+        remaining = take;
+        survivors = 0u;
+    }
+    // Keys are unique, so after 8 passes the prefix is exactly the take-th largest key.
+    for (int shift = 56; shift >= 0; shift -= 8) {
+        for (unsigned int b = threadIdx.x; b < 256u; b += blockDim.x) {
+            histogram[b] = 0u;
+        }
+        __syncthreads();
+        const unsigned long long want = prefix;
+        const unsigned long long mask = prefix_mask;
+        for (unsigned int i = threadIdx.x; i < n; i += blockDim.x) {
+            const unsigned long long key = topk_key(scores[first_row + i], i);
+            if ((key & mask) == want) {
+                atomicAdd(&histogram[(unsigned int)(key >> shift) & 0xFFu], 1u);
+            }
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            unsigned int above = 0u;
+            for (int b = 255; b >= 0; --b) {
+                if (above + histogram[b] >= remaining) {
+                    prefix |= (unsigned long long)b << shift;
+                    prefix_mask |= 0xFFull << shift;
+                    remaining -= above;
+                    break;
+                }
+                above += histogram[b];
+            }
+        }
+        __syncthreads();
+    }
+    const unsigned long long threshold = prefix;
+    unsigned long long* selected = scratch + (unsigned long long)job * k;
+    for (unsigned int i = threadIdx.x; i < n; i += blockDim.x) {
+        const unsigned long long key = topk_key(scores[first_row + i], i);
+        if (key >= threshold) {
+            selected[atomicAdd(&survivors, 1u)] = key;
+        }
+    }
+    __syncthreads();
+    // The survivors arrive in atomic order; ranking by key makes the output deterministic.
+    for (unsigned int i = threadIdx.x; i < take; i += blockDim.x) {
+        const unsigned long long key = selected[i];
+        unsigned int rank = 0u;
+        for (unsigned int j = 0; j < take; ++j) {
+            rank += selected[j] > key ? 1u : 0u;
+        }
+        out[(unsigned long long)job * k + rank] = topk_key_position(key);
+    }
+}

@@ -1,0 +1,1 @@
+//! clap arguments of `bisect engine` (being written)

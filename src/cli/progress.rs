@@ -1,0 +1,110 @@
+//! Progress output of `bisect run`: an indicatif bar on a TTY, plain lines otherwise.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use parking_lot::Mutex;
+
+use crate::experiment::Progress;
+use crate::report::record::ArmRecord;
+use crate::session::SessionResult;
+
+pub struct Bar {
+    bar: Mutex<Option<ProgressBar>>,
+    corrupted: AtomicU64,
+}
+
+impl Bar {
+    pub fn new(_sessions: u64) -> Self {
+        Bar { bar: Mutex::new(None), corrupted: AtomicU64::new(0) }
+    }
+}
+
+impl Progress for Bar {
+    fn arm_started(&self, label: &str, value: &str, repeat: u32, sessions: u64) {
+        let bar = ProgressBar::new(sessions);
+        bar.set_style(
+            ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} sessions  {msg}  {elapsed}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> "),
+        );
+        bar.set_prefix(format!("{label}={value} r{repeat}"));
+        self.corrupted.store(0, Ordering::Relaxed);
+        *self.bar.lock() = Some(bar);
+    }
+    fn session_done(&self, result: &SessionResult) {
+        if result.class.is_corrupted() {
+            self.corrupted.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(bar) = self.bar.lock().as_ref() {
+            bar.set_message(format!("corrupted {}", self.corrupted.load(Ordering::Relaxed)));
+            bar.inc(1);
+        }
+    }
+    fn arm_finished(&self, arm: &ArmRecord) {
+        if let Some(bar) = self.bar.lock().take() {
+            bar.finish_with_message(format!(
+                "corrupted {}/{}  error+timeout {}  {:.1}s",
+                arm.corrupted,
+                arm.sessions,
+                arm.counts.failed(),
+                arm.wall_s
+            ));
+        }
+    }
+    fn note(&self, message: &str) {
+        match self.bar.lock().as_ref() {
+            Some(bar) => bar.println(message),
+            None => eprintln!("{message}"),
+        }
+    }
+}
+
+/// Plain progress lines on stderr (CI logs, pipes, --json).
+pub struct Lines {
+    per_session: bool,
+    done: AtomicU64,
+}
+
+impl Lines {
+    pub fn new(per_session: bool) -> Self {
+        Lines { per_session, done: AtomicU64::new(0) }
+    }
+}
+
+impl Progress for Lines {
+    fn arm_started(&self, label: &str, value: &str, repeat: u32, sessions: u64) {
+        self.done.store(0, Ordering::Relaxed);
+        eprintln!("arm {label}={value} repeat {repeat}: driving {sessions} sessions");
+    }
+    fn session_done(&self, result: &SessionResult) {
+        let n = self.done.fetch_add(1, Ordering::Relaxed) + 1;
+        if self.per_session && (result.class.is_corrupted() || result.class.is_failure() || n % 20 == 0) {
+            eprintln!("  session {} {}: {} {}", result.label, result.index, result.class.name(), short(&result.evidence));
+        }
+    }
+    fn arm_finished(&self, arm: &ArmRecord) {
+        eprintln!(
+            "arm {}={}: corrupted {}/{} ({:.1}%), error+timeout {}, {:.1}s",
+            arm.label,
+            arm.value,
+            arm.corrupted,
+            arm.sessions,
+            100.0 * arm.corruption_rate,
+            arm.counts.failed(),
+            arm.wall_s
+        );
+    }
+    fn note(&self, message: &str) {
+        eprintln!("{message}");
+    }
+}
+
+fn short(s: &str) -> String {
+    let one_line = s.replace('\n', "\\n");
+    if one_line.chars().count() > 100 {
+        format!("{}...", one_line.chars().take(100).collect::<String>())
+    } else {
+        one_line
+    }
+}
