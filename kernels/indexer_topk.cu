@@ -4,10 +4,13 @@
 // concatenated: job j owns rows row_start[j] .. row_start[j+1], its index-K bytes start
 // at row_start[j] * bytes_per_token, its query at j * INDEX_DIM.
 //
-// Scores must equal the CPU backend's bit for bit, so each row's dot product runs in
-// one thread, sequentially over d = 0..127, with non-contractible __fmul_rn/__fadd_rn:
-//   bf16: score = sum_d q[d] * bf16(k[d])
-//   fp8:  score = sum_d q[d] * (e4m3(k[d]) * scale)
+// Scores must equal the CPU backend's (src/engine/backend/cpu.rs and the `layout`
+// module) bit for bit, so each row's dot product runs in one thread, sequentially over
+// d = 0..127, starting from -0.0 like Rust's f32 `sum()`, with non-contractible
+// __fmul_rn/__fadd_rn:
+//   bf16: score = sum_d q[d] * f32(bits << 16)
+//   fp8:  score = sum_d q[d] * (e4m3(k[d]) * scale), NaN patterns decoding to +0
+// A non-finite score (stale garbage) is replaced by -inf so it ranks last.
 //
 // Top-k order: score descending, ties by the lower position. Both variants sort the
 // same 64-bit composite key (order-preserving score bits << 32 | ~position), which is
@@ -21,27 +24,29 @@
 
 __device__ __forceinline__ float bf16_bits_to_f32(unsigned int bits)
 {
-    if ((bits & 0x7FFFu) > 0x7F80u) {
-        return __uint_as_float((bits | 0x0040u) << 16);
-    }
     return __uint_as_float(bits << 16);
 }
 
-// e4m3 -> f32 through the same path as float8's to_f32 (via f16, exact): normals map
-// exponent-bias 7 -> 127, subnormals are m * 2^-9, 0x7F/0xFF is the f16 canonical NaN.
+// e4m3 -> f32, equal to the CPU's decode table (float8's to_f32, exact): normals map
+// exponent-bias 7 -> 127, subnormals are m * 2^-9, the NaN patterns 0x7F/0xFF give +0.
 __device__ __forceinline__ float e4m3_bits_to_f32(unsigned int bits)
 {
     const unsigned int sign = (bits & 0x80u) << 24;
     const unsigned int exponent = (bits >> 3) & 0xFu;
     const unsigned int mantissa = bits & 0x7u;
     if ((bits & 0x7Fu) == 0x7Fu) {
-        return __uint_as_float(0x7FFFE000u);
+        return 0.0f;
     }
     if (exponent == 0u) {
         const float magnitude = __fmul_rn((float)mantissa, 0.001953125f); // 2^-9
         return __uint_as_float(__float_as_uint(magnitude) | sign);
     }
     return __uint_as_float(sign | ((exponent + 120u) << 23) | (mantissa << 20));
+}
+
+__device__ __forceinline__ float sanitize_score(float score)
+{
+    return (__float_as_uint(score) & 0x7F800000u) != 0x7F800000u ? score : -__int_as_float(0x7F800000);
 }
 
 __device__ __forceinline__ unsigned int job_of_row(const unsigned int* row_start, unsigned int jobs,
@@ -69,12 +74,12 @@ extern "C" __global__ void indexer_scores_bf16(const float* __restrict__ queries
     for (unsigned int row = blockIdx.x * blockDim.x + threadIdx.x; row < rows; row += gridDim.x * blockDim.x) {
         const float* q = queries + (unsigned long long)job_of_row(row_start, jobs, row) * INDEX_DIM;
         const unsigned char* k = index_k + (unsigned long long)row * (INDEX_DIM * 2);
-        float acc = 0.0f;
+        float acc = -0.0f;
         for (unsigned int d = 0; d < INDEX_DIM; ++d) {
             const unsigned int bits = (unsigned int)k[2 * d] | ((unsigned int)k[2 * d + 1] << 8);
             acc = __fadd_rn(acc, __fmul_rn(q[d], bf16_bits_to_f32(bits)));
         }
-        scores[row] = acc;
+        scores[row] = sanitize_score(acc);
     }
 }
 
@@ -92,23 +97,20 @@ extern "C" __global__ void indexer_scores_fp8(const float* __restrict__ queries,
                                         ((unsigned int)k[INDEX_DIM + 2] << 16) |
                                         ((unsigned int)k[INDEX_DIM + 3] << 24);
         const float scale = __uint_as_float(scale_bits);
-        float acc = 0.0f;
+        float acc = -0.0f;
         for (unsigned int d = 0; d < INDEX_DIM; ++d) {
             const float dequantized = __fmul_rn(e4m3_bits_to_f32(k[d]), scale);
             acc = __fadd_rn(acc, __fmul_rn(q[d], dequantized));
         }
-        scores[row] = acc;
+        scores[row] = sanitize_score(acc);
     }
 }
 
-// Larger key = earlier in the top-k. -0.0 is folded into +0.0 so equal scores tie
-// (and fall back to the lower position) exactly like a partial_cmp on the CPU.
+// Larger key = earlier in the top-k: the score bits made monotone exactly like Rust's
+// f32::total_cmp (so -0.0 ranks below +0.0, as on the CPU), then the inverted position.
 __device__ __forceinline__ unsigned long long topk_key(float score, unsigned int position)
 {
-    unsigned int bits = __float_as_uint(score);
-    if ((bits & 0x7FFFFFFFu) == 0u) {
-        bits = 0u;
-    }
+    const unsigned int bits = __float_as_uint(score);
     const unsigned int ordered = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
     return ((unsigned long long)ordered << 32) | (unsigned long long)(0xFFFFFFFFu - position);
 }
@@ -136,8 +138,8 @@ extern "C" __global__ void topk_v1_bitonic(const float* __restrict__ scores,
         padded <<= 1;
     }
     for (unsigned int i = threadIdx.x; i < padded; i += blockDim.x) {
-        // Padding key 0 sorts after every real key (a real key's low half is ~position != 0
-        // for any position below 2^32 - 1, and its high half is never 0 for finite scores).
+        // Padding key 0 sorts after every real key: scores are finite or -inf, whose
+        // ordered bits are at least 0x007FFFFF.
         keys[i] = i < n ? topk_key(scores[first_row + i], i) : 0ull;
     }
     __syncthreads();

@@ -102,7 +102,12 @@ impl Classifier {
         for tool in tools {
             let validator = jsonschema::validator_for(&tool.parameters)
                 .map_err(|e| anyhow::anyhow!("{e}"))
-                .with_context(|| format!("tool `{}`: its `parameters` is not a usable JSON schema", tool.name))?;
+                .with_context(|| {
+                    format!(
+                        "tool `{}`: its `parameters` is not a usable JSON schema",
+                        tool.name
+                    )
+                })?;
             if validators.insert(tool.name.clone(), validator).is_some() {
                 anyhow::bail!("tool `{}` is defined twice", tool.name);
             }
@@ -115,15 +120,33 @@ impl Classifier {
         Classifier::new(tools, &MarkupFamily::ALL)
     }
 
-    pub fn classify(&self, outcome: &RoundOutcome<'_>, expected: Option<&ExpectedCall>, check: CheckArgs) -> RoundVerdict {
+    /// The class of one round and why (rules in the module doc, first match wins).
+    /// `expected`: the task's current step, `None` once every step is done.
+    pub fn classify(
+        &self,
+        outcome: &RoundOutcome<'_>,
+        expected: Option<&ExpectedCall>,
+        check: CheckArgs,
+    ) -> RoundVerdict {
         match outcome {
-            RoundOutcome::Error(message) => RoundVerdict::new(RoundClass::Error, format!("error: {}", escape_line(message))),
-            RoundOutcome::Timeout => RoundVerdict::new(RoundClass::Timeout, "timeout: no complete reply within the round's limit"),
+            RoundOutcome::Error(message) => RoundVerdict::new(
+                RoundClass::Error,
+                format!("error: {}", escape_line(message)),
+            ),
+            RoundOutcome::Timeout => RoundVerdict::new(
+                RoundClass::Timeout,
+                "timeout: no complete reply within the round's limit",
+            ),
             RoundOutcome::Reply(message) => self.classify_reply(message, expected, check),
         }
     }
 
-    fn classify_reply(&self, message: &ChatMessage, expected: Option<&ExpectedCall>, check: CheckArgs) -> RoundVerdict {
+    fn classify_reply(
+        &self,
+        message: &ChatMessage,
+        expected: Option<&ExpectedCall>,
+        check: CheckArgs,
+    ) -> RoundVerdict {
         if let Some(verdict) = self.find_leak(message) {
             return verdict;
         }
@@ -133,36 +156,60 @@ impl Classifier {
             match self.check_call(call, expected) {
                 Ok(args) => parsed.push((call.function.name.as_str(), args)),
                 Err(problem) => {
-                    let which = if calls.len() > 1 { format!("call {} of {}: ", index + 1, calls.len()) } else { String::new() };
-                    return RoundVerdict::new(RoundClass::BadArgs, format!("bad_args[{}]: {which}{}", problem.rule, problem.detail));
+                    let which = if calls.len() > 1 {
+                        format!("call {} of {}: ", index + 1, calls.len())
+                    } else {
+                        String::new()
+                    };
+                    return RoundVerdict::new(
+                        RoundClass::BadArgs,
+                        format!("bad_args[{}]: {which}{}", problem.rule, problem.detail),
+                    );
                 }
             }
         }
         if parsed.is_empty() {
             return self.classify_text(message, expected);
         }
-        let mut rendered: Vec<String> = parsed.iter().map(|(name, args)| render_call(name, args)).collect();
+        let mut rendered: Vec<String> = parsed
+            .iter()
+            .map(|(name, args)| render_call(name, args))
+            .collect();
         if check == CheckArgs::Schema {
             return RoundVerdict::new(RoundClass::Ok, rendered.join("; "));
         }
         let Some(expected) = expected else {
             return RoundVerdict::new(
                 RoundClass::WrongArgs,
-                format!("wrong_args: no step remains (a final answer was expected), got {}", rendered.join("; ")),
+                format!(
+                    "wrong_args: no step remains (a final answer was expected), got {}",
+                    rendered.join("; ")
+                ),
             );
         };
         let (first_name, first_args) = &parsed[0];
         if *first_name != expected.tool || *first_args != expected.args {
-            let mut evidence = format!("wrong_args: expected {}, got {}", expected.render(), rendered[0]);
+            let mut evidence = format!(
+                "wrong_args: expected {}, got {}",
+                expected.render(),
+                rendered[0]
+            );
             if *first_name == expected.tool {
-                evidence.push_str(&format!(" (differs in {})", differing_keys(&expected.args, first_args).join(", ")));
+                evidence.push_str(&format!(
+                    " (differs in {})",
+                    differing_keys(&expected.args, first_args).join(", ")
+                ));
             }
             return RoundVerdict::new(RoundClass::WrongArgs, evidence);
         }
         if parsed.len() > 1 {
             return RoundVerdict::new(
                 RoundClass::WrongArgs,
-                format!("wrong_args: {} calls where one was expected: {}", parsed.len(), rendered.join("; ")),
+                format!(
+                    "wrong_args: {} calls where one was expected: {}",
+                    parsed.len(),
+                    rendered.join("; ")
+                ),
             );
         }
         RoundVerdict::new(RoundClass::Ok, rendered.swap_remove(0))
@@ -170,26 +217,46 @@ impl Classifier {
 
     /// The earliest markup in `content`, else in `reasoning_content`.
     fn find_leak(&self, message: &ChatMessage) -> Option<RoundVerdict> {
-        let fields = [("content", &message.content), ("reasoning_content", &message.reasoning_content)];
+        let fields = [
+            ("content", &message.content),
+            ("reasoning_content", &message.reasoning_content),
+        ];
         fields.into_iter().find_map(|(field, text)| {
             let text = text.as_deref()?;
             let hit = self.markup.find_leak(text)?;
-            let place = if field == "content" { String::new() } else { format!(" in {field}") };
+            let place = if field == "content" {
+                String::new()
+            } else {
+                format!(" in {field}")
+            };
             Some(RoundVerdict::new(
                 RoundClass::Leak,
-                format!("leak[{}]{place}: {} ({})", hit.family, snippet(text, &hit), hit.pattern),
+                format!(
+                    "leak[{}]{place}: {} ({})",
+                    hit.family,
+                    snippet(text, &hit),
+                    hit.pattern
+                ),
             ))
         })
     }
 
     /// A call's arguments as an object, or why they are bad (DESIGN.md 3.5 `bad_args`).
-    fn check_call(&self, call: &ToolCall, expected: Option<&ExpectedCall>) -> Result<Map<String, Value>, CallProblem> {
+    fn check_call(
+        &self,
+        call: &ToolCall,
+        expected: Option<&ExpectedCall>,
+    ) -> Result<Map<String, Value>, CallProblem> {
         let name = call.function.name.as_str();
         let Some(validator) = self.validators.get(name) else {
             let offered: Vec<&str> = self.validators.keys().map(String::as_str).collect();
             return Err(CallProblem::new(
                 "unknown_tool",
-                format!("{} is not an offered tool (offered: {})", json_string(name), offered.join(", ")),
+                format!(
+                    "{} is not an offered tool (offered: {})",
+                    json_string(name),
+                    offered.join(", ")
+                ),
             ));
         };
         let raw = call.function.arguments.trim();
@@ -198,24 +265,31 @@ impl Classifier {
             Value::Object(Map::new())
         } else {
             serde_json::from_str(raw).map_err(|e| {
-                CallProblem::new("json", format!("{name} arguments do not parse ({e}): {}", escape_line(&head(raw, 80))))
+                CallProblem::new(
+                    "json",
+                    format!(
+                        "{name} arguments do not parse ({e}): {}",
+                        escape_line(&head(raw, 80))
+                    ),
+                )
             })?
         };
-        let Value::Object(args) = value else {
+        if !value.is_object() {
             return Err(CallProblem::new(
                 "not_object",
-                format!("{name} arguments are {}, not an object: {}", json_kind(&value), escape_line(&head(raw, 80))),
+                format!(
+                    "{name} arguments are {}, not an object: {}",
+                    json_kind(&value),
+                    escape_line(&head(raw, 80))
+                ),
             ));
-        };
-        let instance = Value::Object(args);
-        let mut errors = validator.iter_errors(&instance);
-        if let Some(first) = errors.next() {
-            let more = errors.count();
-            let more = if more > 0 { format!(" (+{more} more)") } else { String::new() };
-            let path = first.instance_path.as_str().replace('/', ".");
-            return Err(CallProblem::new("schema", format!("{name}{path}: {first}{more}")));
         }
-        let Value::Object(args) = instance else { unreachable!("built as an object above") };
+        if let Some(problem) = schema_problem(name, validator, &value) {
+            return Err(problem);
+        }
+        let Value::Object(args) = value else {
+            unreachable!("checked to be an object above")
+        };
         let asked = expected.filter(|e| e.tool == name).map(|e| &e.args);
         for (key, value) in &args {
             // A value the step itself asked for is not salad, whatever it contains.
@@ -234,14 +308,22 @@ impl Classifier {
         let describe = |text: &str, hit: Hit, what: &str| {
             CallProblem::new(
                 "markup",
-                format!("{path}{what}: {} ({}:{})", json_string(&head(text, 120)), hit.family, hit.pattern),
+                format!(
+                    "{path}{what}: {} ({}:{})",
+                    json_string(&head(text, 120)),
+                    hit.family,
+                    hit.pattern
+                ),
             )
         };
         if let Some(hit) = self.markup.find_fragment(key) {
             return Some(describe(key, hit, " (key)"));
         }
         match value {
-            Value::String(text) => self.markup.find_fragment(text).map(|hit| describe(text, hit, "")),
+            Value::String(text) => self
+                .markup
+                .find_fragment(text)
+                .map(|hit| describe(text, hit, "")),
             Value::Array(items) => items
                 .iter()
                 .enumerate()
@@ -253,20 +335,56 @@ impl Classifier {
         }
     }
 
-    fn classify_text(&self, message: &ChatMessage, expected: Option<&ExpectedCall>) -> RoundVerdict {
+    fn classify_text(
+        &self,
+        message: &ChatMessage,
+        expected: Option<&ExpectedCall>,
+    ) -> RoundVerdict {
         let text = message.content.as_deref().unwrap_or("").trim();
         match (expected, text.is_empty()) {
-            (Some(step), true) => {
-                RoundVerdict::new(RoundClass::NoTool, format!("no_tool: empty reply, expected {}", step.render()))
-            }
+            (Some(step), true) => RoundVerdict::new(
+                RoundClass::NoTool,
+                format!("no_tool: empty reply, expected {}", step.render()),
+            ),
             (Some(step), false) => RoundVerdict::new(
                 RoundClass::NoTool,
-                format!("no_tool: expected {}, got text: {}", step.render(), json_string(&head(text, 120))),
+                format!(
+                    "no_tool: expected {}, got text: {}",
+                    step.render(),
+                    json_string(&head(text, 120))
+                ),
             ),
-            (None, true) => RoundVerdict::new(RoundClass::NoTool, "no_tool: empty reply where the final answer was expected"),
-            (None, false) => RoundVerdict::new(RoundClass::Ok, format!("answer: {}", json_string(&head(text, 160)))),
+            (None, true) => RoundVerdict::new(
+                RoundClass::NoTool,
+                "no_tool: empty reply where the final answer was expected",
+            ),
+            (None, false) => RoundVerdict::new(
+                RoundClass::Ok,
+                format!("answer: {}", json_string(&head(text, 160))),
+            ),
         }
     }
+}
+
+/// The first schema violation of a call's arguments, with a count of the others.
+fn schema_problem(
+    name: &str,
+    validator: &jsonschema::Validator,
+    args: &Value,
+) -> Option<CallProblem> {
+    let mut errors = validator.iter_errors(args);
+    let first = errors.next()?;
+    let others = errors.count();
+    let more = if others > 0 {
+        format!(" (+{others} more)")
+    } else {
+        String::new()
+    };
+    let path = first.instance_path.as_str().replace('/', ".");
+    Some(CallProblem::new(
+        "schema",
+        format!("{name}{path}: {first}{more}"),
+    ))
 }
 
 /// Why one call is `bad_args`: the rule's short name and a human-readable detail.
@@ -294,7 +412,11 @@ fn differing_keys(expected: &Map<String, Value>, got: &Map<String, Value>) -> Ve
         .filter(|(k, v)| got.get(*k) != Some(*v))
         .map(|(k, _)| k.clone())
         .collect();
-    keys.extend(got.keys().filter(|k| !expected.contains_key(*k)).map(|k| format!("extra {k}")));
+    keys.extend(
+        got.keys()
+            .filter(|k| !expected.contains_key(*k))
+            .map(|k| format!("extra {k}")),
+    );
     keys
 }
 
@@ -347,5 +469,7 @@ fn truncate_chars(text: &str, max: usize) -> String {
 }
 
 fn escape_line(text: &str) -> String {
-    text.replace('\n', "\\n").replace('\r', "\\r").replace('\t', "\\t")
+    text.replace('\n', "\\n")
+        .replace('\r', "\\r")
+        .replace('\t', "\\t")
 }

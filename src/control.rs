@@ -109,7 +109,11 @@ impl ProcessControl {
         Ok(waits)
     }
 
-    async fn wait_healthy(&mut self, role: &RoleSpec, cancel: &CancellationToken) -> anyhow::Result<()> {
+    async fn wait_healthy(
+        &mut self,
+        role: &RoleSpec,
+        cancel: &CancellationToken,
+    ) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(role.health_timeout_s.max(1));
         loop {
             if cancel.is_cancelled() {
@@ -140,7 +144,13 @@ impl ProcessControl {
                     .spawned
                     .iter()
                     .find(|s| s.role == role.name)
-                    .map(|s| format!("\nlast lines of {}:\n{}", s.log.display(), log_tail(&s.log, 20)))
+                    .map(|s| {
+                        format!(
+                            "\nlast lines of {}:\n{}",
+                            s.log.display(),
+                            log_tail(&s.log, 20)
+                        )
+                    })
                     .unwrap_or_default();
                 return Err(Failure::CouldNotRun(format!(
                     "role {} not healthy at {} after {} s (last: {last}){tail}",
@@ -184,7 +194,12 @@ impl Drop for ProcessControl {
     }
 }
 
-async fn run_restart_command(role: &str, cmd: &str, logs_dir: &Path, label: &str) -> anyhow::Result<()> {
+async fn run_restart_command(
+    role: &str,
+    cmd: &str,
+    logs_dir: &Path,
+    label: &str,
+) -> anyhow::Result<()> {
     let log = logs_dir.join(format!("{label}-{role}-restart.log"));
     let out = Command::new("sh")
         .arg("-c")
@@ -239,7 +254,10 @@ async fn stop_child(child: &mut Child) -> anyhow::Result<()> {
     if let Some(pid) = child.id() {
         let group = nix::unistd::Pid::from_raw(pid as i32);
         let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGTERM);
-        if tokio::time::timeout(Duration::from_secs(5), child.wait()).await.is_err() {
+        if tokio::time::timeout(Duration::from_secs(5), child.wait())
+            .await
+            .is_err()
+        {
             let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
             child.wait().await?;
         }
@@ -307,11 +325,17 @@ mod tests {
             source: None,
         };
         let mut ctl = ProcessControl::new(&target, &dir.path().join("logs")).unwrap();
-        let err = ctl.restart("on", &CancellationToken::new()).await.unwrap_err();
+        let err = ctl
+            .restart("on", &CancellationToken::new())
+            .await
+            .unwrap_err();
         let msg = format!("{err:#}");
         assert!(msg.contains("exited"), "{msg}");
         assert!(msg.contains("boom"), "{msg}");
-        assert_eq!(crate::exit::code_for_error(&err), crate::exit::COULD_NOT_RUN);
+        assert_eq!(
+            crate::exit::code_for_error(&err),
+            crate::exit::COULD_NOT_RUN
+        );
         ctl.stop().await.unwrap();
     }
 
@@ -334,8 +358,14 @@ mod tests {
             source: None,
         };
         let mut ctl = ProcessControl::new(&target, &dir.path().join("logs")).unwrap();
-        let err = ctl.restart("off", &CancellationToken::new()).await.unwrap_err();
+        let err = ctl
+            .restart("off", &CancellationToken::new())
+            .await
+            .unwrap_err();
         assert!(format!("{err:#}").contains("nope"));
-        assert_eq!(crate::exit::code_for_error(&err), crate::exit::COULD_NOT_RUN);
+        assert_eq!(
+            crate::exit::code_for_error(&err),
+            crate::exit::COULD_NOT_RUN
+        );
     }
 }

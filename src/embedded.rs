@@ -41,7 +41,8 @@ pub fn decode_script(exe: &str, port: u16, prefill_port: u16) -> String {
 
 /// Write the two launch scripts under `launch_dir` and return the profile that uses them.
 pub fn prepare(launch_dir: &Path, exe: &Path) -> anyhow::Result<TargetProfile> {
-    std::fs::create_dir_all(launch_dir).with_context(|| format!("creating {}", launch_dir.display()))?;
+    std::fs::create_dir_all(launch_dir)
+        .with_context(|| format!("creating {}", launch_dir.display()))?;
     let exe = shell_quote(&exe.display().to_string());
     let prefill_port = free_port()?;
     let mut decode_port = free_port()?;
@@ -50,8 +51,10 @@ pub fn prepare(launch_dir: &Path, exe: &Path) -> anyhow::Result<TargetProfile> {
     }
     let prefill = launch_dir.join("prefill.sh");
     let decode = launch_dir.join("decode.sh");
-    std::fs::write(&prefill, prefill_script(&exe, prefill_port)).with_context(|| format!("writing {}", prefill.display()))?;
-    std::fs::write(&decode, decode_script(&exe, decode_port, prefill_port)).with_context(|| format!("writing {}", decode.display()))?;
+    std::fs::write(&prefill, prefill_script(&exe, prefill_port))
+        .with_context(|| format!("writing {}", prefill.display()))?;
+    std::fs::write(&decode, decode_script(&exe, decode_port, prefill_port))
+        .with_context(|| format!("writing {}", decode.display()))?;
     let role = |name: &str, launch, port: u16| RoleSpec {
         name: name.to_string(),
         launch,
@@ -65,13 +68,18 @@ pub fn prepare(launch_dir: &Path, exe: &Path) -> anyhow::Result<TargetProfile> {
         api: format!("http://127.0.0.1:{decode_port}/v1"),
         model: "bisect-mini-dsv4".into(),
         api_key_env: None,
-        roles: vec![role("prefill", prefill, prefill_port), role("decode", decode, decode_port)],
+        roles: vec![
+            role("prefill", prefill, prefill_port),
+            role("decode", decode, decode_port),
+        ],
         source: None,
     })
 }
 
 fn shell_quote(s: &str) -> String {
-    if s.chars().all(|c| c.is_ascii_alphanumeric() || "/._-+:,=".contains(c)) {
+    if s.chars()
+        .all(|c| c.is_ascii_alphanumeric() || "/._-+:,=".contains(c))
+    {
         s.to_string()
     } else {
         format!("'{}'", s.replace('\'', "'\\''"))
@@ -88,10 +96,17 @@ mod tests {
         let d = decode_script("bisect", 2, 1);
         assert!(p.contains("export SGLANG_DSV4_BF16_INDEX_K=1\n"));
         assert!(d.contains("export SGLANG_DSV4_BF16_INDEX_K=1\n"));
-        assert!(p.contains("--enable-hierarchical-cache") && !d.contains("--enable-hierarchical-cache"));
+        assert!(
+            p.contains("--enable-hierarchical-cache") && !d.contains("--enable-hierarchical-cache")
+        );
         assert!(d.contains("--cuda-graph-max-bs 32") && !p.contains("--cuda-graph-max-bs"));
-        assert!(d.contains("SGLANG_SM120_MMA_FLASHMLA") && !p.contains("SGLANG_SM120_MMA_FLASHMLA"));
-        assert!(p.contains("SGLANG_DSV4_INDEX_K_HICACHE_SYNC") && !d.contains("SGLANG_DSV4_INDEX_K_HICACHE_SYNC"));
+        assert!(
+            d.contains("SGLANG_SM120_MMA_FLASHMLA") && !p.contains("SGLANG_SM120_MMA_FLASHMLA")
+        );
+        assert!(
+            p.contains("SGLANG_DSV4_INDEX_K_HICACHE_SYNC")
+                && !d.contains("SGLANG_DSV4_INDEX_K_HICACHE_SYNC")
+        );
     }
 
     #[test]

@@ -14,7 +14,7 @@ pub mod engine;
 pub mod exit;
 pub mod experiment;
 pub mod launch;
-// pub mod report; (staged)
+pub mod report;
 pub mod session;
 pub mod stats;
 pub mod verdict;

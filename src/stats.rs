@@ -41,8 +41,12 @@ pub fn rate(k: u64, n: u64) -> f64 {
     }
 }
 
-/// The standard normal quantile z with P(|Z| <= z) = confidence (1.959964 for 0.95).
+/// The standard normal quantile z with P(|Z| <= z) = confidence (1.959964 for 0.95);
+/// NaN for a NaN confidence (the intervals built on it are then NaN, not a panic).
 pub fn two_sided_z(confidence: f64) -> f64 {
+    if confidence.is_nan() {
+        return f64::NAN;
+    }
     let confidence = confidence.clamp(0.0, 1.0);
     standard_normal().inverse_cdf(1.0 - (1.0 - confidence) / 2.0)
 }
@@ -55,6 +59,9 @@ fn standard_normal() -> Normal {
 /// n = 0 gives [0, 1]; k = 0 gives a lower bound of exactly 0 and k = n an upper bound of
 /// exactly 1 (the formula reaches them only up to rounding).
 pub fn wilson(k: u64, n: u64, confidence: f64) -> (f64, f64) {
+    if confidence.is_nan() {
+        return (f64::NAN, f64::NAN);
+    }
     if n == 0 {
         return (0.0, 1.0);
     }
@@ -85,6 +92,9 @@ pub fn wilson(k: u64, n: u64, confidence: f64) -> (f64, f64) {
 pub fn clopper_pearson(k: u64, n: u64, confidence: f64) -> (f64, f64) {
     if n == 0 {
         return (0.0, 1.0);
+    }
+    if confidence.is_nan() {
+        return (f64::NAN, f64::NAN);
     }
     let k = k.min(n);
     let tail = (1.0 - confidence.clamp(0.0, 1.0)) / 2.0;
@@ -156,9 +166,16 @@ pub fn newcombe_diff(k1: u64, n1: u64, k2: u64, n2: u64, confidence: f64) -> (f6
 /// Fleiss-Tytun-Ury continuity-corrected formula:
 /// n' = (z_a sqrt(2 pbar qbar) + z_b sqrt(p1 q1 + p2 q2))^2 / delta^2,
 /// n = n'/4 (1 + sqrt(1 + 4 / (n' delta)))^2, rounded up.
-/// A non-positive or non-finite `min_effect` can never be resolved: u64::MAX.
+/// A non-positive or non-finite `min_effect` can never be resolved, and alpha or power
+/// outside (0, 1) sizes nothing: both give u64::MAX.
 pub fn sessions_per_arm(p_base: f64, min_effect: f64, alpha: f64, power: f64) -> u64 {
-    if !(min_effect.is_finite() && min_effect > 0.0) || !p_base.is_finite() {
+    let is_probability = |x: f64| x > 0.0 && x < 1.0;
+    if !min_effect.is_finite()
+        || min_effect <= 0.0
+        || !p_base.is_finite()
+        || !is_probability(alpha)
+        || !is_probability(power)
+    {
         return u64::MAX;
     }
     let p1 = p_base.clamp(0.0, 1.0);
@@ -172,8 +189,8 @@ pub fn sessions_per_arm(p_base: f64, min_effect: f64, alpha: f64, power: f64) ->
         return u64::MAX;
     }
     let normal = standard_normal();
-    let z_alpha = normal.inverse_cdf(1.0 - alpha.clamp(f64::MIN_POSITIVE, 1.0) / 2.0);
-    let z_beta = normal.inverse_cdf(power.clamp(0.0, 1.0 - f64::EPSILON));
+    let z_alpha = normal.inverse_cdf(1.0 - alpha / 2.0);
+    let z_beta = normal.inverse_cdf(power);
     let p_bar = (p1 + p2) / 2.0;
     let uncorrected = (z_alpha * (2.0 * p_bar * (1.0 - p_bar)).sqrt()
         + z_beta * (p1 * (1.0 - p1) + p2 * (1.0 - p2)).sqrt())
@@ -257,6 +274,9 @@ mod tests {
         assert_eq!(hi, 1.0);
         // k > n is clamped rather than producing an interval outside [0, 1].
         assert_eq!(wilson(5, 4, 0.95), wilson(4, 4, 0.95));
+        // A NaN confidence propagates instead of panicking inside the quantile.
+        assert!(wilson(3, 10, f64::NAN).0.is_nan());
+        assert!(clopper_pearson(3, 10, f64::NAN).1.is_nan());
     }
 
     // Clopper-Pearson at k = 0 and k = n has the closed forms 1 - (alpha/2)^(1/n) and
@@ -337,12 +357,20 @@ mod tests {
         assert_eq!(fisher_exact_two_sided(0, 0, 3, 5), 1.0);
     }
 
+    // Same exact rational reference: the tails of these tables lie far below what a
+    // direct product of binomial coefficients can hold in f64.
     #[test]
     fn fisher_handles_large_tables_without_underflow() {
-        // Symmetric, identical arms: p = 1. Extreme split: p far below any alpha yet > 0.
         assert_close!(fisher_exact_two_sided(500, 4500, 500, 4500), 1.0, 1e-9);
-        let p = fisher_exact_two_sided(1000, 4000, 0, 5000);
-        assert!(p > 0.0 && p < 1e-100, "p = {p}");
+        assert_close!(
+            fisher_exact_two_sided(520, 4480, 480, 4520),
+            0.19358022280023487,
+            1e-9
+        );
+        let p = fisher_exact_two_sided(100, 900, 0, 1000);
+        assert_close!(p / 1.165089965262989e-31, 1.0, 1e-6);
+        let p = fisher_exact_two_sided(300, 2700, 0, 3000);
+        assert_close!(p / 3.745807731360066e-94, 1.0, 1e-6);
     }
 
     // Newcombe (1998), Table II, method 10: his worked examples, to his 4 decimals.
@@ -392,6 +420,8 @@ mod tests {
         assert!(sessions_per_arm(0.1, 0.05, 0.01, 0.8) > sessions_per_arm(0.1, 0.05, 0.05, 0.8));
         assert_eq!(sessions_per_arm(0.1, 0.0, 0.01, 0.8), u64::MAX);
         assert_eq!(sessions_per_arm(0.1, f64::NAN, 0.01, 0.8), u64::MAX);
+        assert_eq!(sessions_per_arm(0.1, 0.05, 0.0, 0.8), u64::MAX);
+        assert_eq!(sessions_per_arm(0.1, 0.05, 0.01, f64::NAN), u64::MAX);
     }
 
     // R: p.adjust(c(0.01, 0.04, 0.03, 0.005), "holm") = 0.03 0.06 0.06 0.02

@@ -33,7 +33,11 @@ pub enum MarkupFamily {
 }
 
 impl MarkupFamily {
-    pub const ALL: [MarkupFamily; 3] = [MarkupFamily::Dsml, MarkupFamily::DeepSeekV31, MarkupFamily::Hermes];
+    pub const ALL: [MarkupFamily; 3] = [
+        MarkupFamily::Dsml,
+        MarkupFamily::DeepSeekV31,
+        MarkupFamily::Hermes,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -76,19 +80,33 @@ fn leak_patterns(family: MarkupFamily) -> Vec<(&'static str, String)> {
             // `<｜DSML｜`, `</｜DSML｜`, `<|DSML|`, `< | DSML | `, `<||DSML||`, `<｜｜DSML｜｜`.
             ("dsml_tag", format!(r"(?i)<\s*/?\s*{BAR}DSML\s*{BAR}")),
             // A tag whose `<` was lost or replaced: `｜DSML｜parameter>`.
-            ("dsml_fragment", format!(r"(?i){BAR}DSML\s*{BAR}\s*(?:function_calls|invoke|parameter)\b")),
+            (
+                "dsml_fragment",
+                format!(r"(?i){BAR}DSML\s*{BAR}\s*(?:function_calls|invoke|parameter)\b"),
+            ),
             // The V3.2 wrapper and its children with the DSML prefix stripped.
             ("function_calls", r"<\s*/?\s*function_calls\s*>".to_string()),
-            ("invoke", r#"<\s*/?\s*invoke(?:\s+name\s*=\s*"|\s*>)"#.to_string()),
-            ("parameter", r#"<\s*/?\s*parameter(?:\s+name\s*=\s*"|\s*>)"#.to_string()),
+            (
+                "invoke",
+                r#"<\s*/?\s*invoke(?:\s+name\s*=\s*"|\s*>)"#.to_string(),
+            ),
+            (
+                "parameter",
+                r#"<\s*/?\s*parameter(?:\s+name\s*=\s*"|\s*>)"#.to_string(),
+            ),
             // The dangling end of a parameter tag: `string="false">`.
-            ("string_attr", r#"string\s*=\s*"(?:true|false)"\s*>"#.to_string()),
+            (
+                "string_attr",
+                r#"string\s*=\s*"(?:true|false)"\s*>"#.to_string(),
+            ),
         ],
         MarkupFamily::DeepSeekV31 => vec![
             // `<｜tool▁calls▁begin｜>`, `<|tool_call_end|>`, `<｜tool▁sep｜>`, ...
             (
                 "v31_token",
-                format!(r"<\s*{BAR}tool[▁_ ](?:calls?|sep|outputs?)(?:[▁_ ](?:begin|end))?\s*{BAR}>"),
+                format!(
+                    r"<\s*{BAR}tool[▁_ ](?:calls?|sep|outputs?)(?:[▁_ ](?:begin|end))?\s*{BAR}>"
+                ),
             ),
             // U+2581 never occurs in prose, so the bare token name is enough.
             ("v31_fragment", r"tool▁(?:calls?|sep|outputs?)".to_string()),
@@ -133,13 +151,21 @@ pub struct MarkupSet {
     fragments: Vec<Pattern>,
 }
 
-fn compile(family: MarkupFamily, specs: Vec<(&'static str, String)>) -> anyhow::Result<Vec<Pattern>> {
+fn compile(
+    family: MarkupFamily,
+    specs: Vec<(&'static str, String)>,
+) -> anyhow::Result<Vec<Pattern>> {
     specs
         .into_iter()
         .map(|(name, source)| {
-            let regex = Regex::new(&source)
-                .map_err(|e| anyhow::anyhow!("markup pattern {family}/{name} does not compile: {e}"))?;
-            Ok(Pattern { family, name, regex })
+            let regex = Regex::new(&source).map_err(|e| {
+                anyhow::anyhow!("markup pattern {family}/{name} does not compile: {e}")
+            })?;
+            Ok(Pattern {
+                family,
+                name,
+                regex,
+            })
         })
         .collect()
 }
@@ -222,7 +248,11 @@ mod tests {
             "< / ｜DSML｜parameter>",
             "<｜dsml｜invoke",
         ] {
-            assert_eq!(leak_pattern(MarkupFamily::Dsml, text), Some("dsml_tag"), "{text}");
+            assert_eq!(
+                leak_pattern(MarkupFamily::Dsml, text),
+                Some("dsml_tag"),
+                "{text}"
+            );
         }
     }
 
@@ -235,12 +265,19 @@ mod tests {
             ("</function_calls>", "function_calls"),
             ("<invoke name=\"read_file\">", "invoke"),
             ("</invoke>", "invoke"),
-            ("<parameter name=\"path\" string=\"true\">/a</parameter>", "parameter"),
+            (
+                "<parameter name=\"path\" string=\"true\">/a</parameter>",
+                "parameter",
+            ),
             ("40\" string=\"false\">1", "string_attr"),
             ("string = \"true\" >", "string_attr"),
         ];
         for (text, pattern) in cases {
-            assert_eq!(leak_pattern(MarkupFamily::Dsml, text), Some(pattern), "{text}");
+            assert_eq!(
+                leak_pattern(MarkupFamily::Dsml, text),
+                Some(pattern),
+                "{text}"
+            );
         }
     }
 
@@ -257,7 +294,11 @@ mod tests {
             "<| tool_sep |>",
             "<||tool_call_end||>",
         ] {
-            assert_eq!(leak_pattern(MarkupFamily::DeepSeekV31, text), Some("v31_token"), "{text}");
+            assert_eq!(
+                leak_pattern(MarkupFamily::DeepSeekV31, text),
+                Some("v31_token"),
+                "{text}"
+            );
         }
         assert_eq!(
             leak_pattern(MarkupFamily::DeepSeekV31, "function tool▁call▁end"),
@@ -272,7 +313,11 @@ mod tests {
             "</tool_call>",
             "< tool_call >",
         ] {
-            assert_eq!(leak_pattern(MarkupFamily::Hermes, text), Some("tool_call_tag"), "{text}");
+            assert_eq!(
+                leak_pattern(MarkupFamily::Hermes, text),
+                Some("tool_call_tag"),
+                "{text}"
+            );
         }
     }
 
@@ -295,10 +340,16 @@ mod tests {
 
     #[test]
     fn families_are_independent() {
-        assert_eq!(leak_pattern(MarkupFamily::Hermes, "</｜DSML｜parameter>"), None);
+        assert_eq!(
+            leak_pattern(MarkupFamily::Hermes, "</｜DSML｜parameter>"),
+            None
+        );
         assert_eq!(leak_pattern(MarkupFamily::Dsml, "<tool_call>"), None);
         assert_eq!(leak_pattern(MarkupFamily::Dsml, "<｜tool▁sep｜>"), None);
-        assert!(MarkupSet::new(&[]).unwrap().find_leak("<｜DSML｜invoke").is_none());
+        assert!(MarkupSet::new(&[])
+            .unwrap()
+            .find_leak("<｜DSML｜invoke")
+            .is_none());
     }
 
     #[test]
@@ -306,7 +357,10 @@ mod tests {
         let all = MarkupSet::new(&MarkupFamily::ALL).unwrap();
         let text = "ok <tool_call> then </｜DSML｜parameter>";
         let hit = all.find_leak(text).unwrap();
-        assert_eq!((hit.family, hit.pattern), (MarkupFamily::Hermes, "tool_call_tag"));
+        assert_eq!(
+            (hit.family, hit.pattern),
+            (MarkupFamily::Hermes, "tool_call_tag")
+        );
         assert_eq!(&text[hit.start..hit.end], "<tool_call>");
     }
 
@@ -323,7 +377,11 @@ mod tests {
             ("fn main() -> bool", None),
         ];
         for (text, pattern) in cases {
-            assert_eq!(dsml.find_fragment(text).map(|h| h.pattern), pattern, "{text}");
+            assert_eq!(
+                dsml.find_fragment(text).map(|h| h.pattern),
+                pattern,
+                "{text}"
+            );
         }
     }
 }

@@ -1,7 +1,380 @@
-//! Command line (clap types live here only).
+//! Command line: clap types live here and only here. Each subcommand converts its
+//! arguments into the validated structs the core runs on.
+
+pub mod engine;
+mod progress;
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{ConfigError, FlagCatalog, TargetProfile, Workload};
+use crate::exit::{self, Failure};
+use crate::experiment::{self, RunPlan};
+use crate::verdict::Policy;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "bisect",
+    version,
+    about = "Reproduce and bisect load-dependent corruption bugs in LLM serving engines"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Controlled A/B of one flag: arms on and off, verdict implicated / cleared / inconclusive.
+    Run(RunArgs),
+    /// List the flag catalog with docs.
+    Flags(FlagsArgs),
+    /// Re-render a results directory's summary and print its table.
+    Report(ReportArgs),
+    /// Restore launch configs left edited by an interrupted (kill -9) run.
+    Restore(RestoreArgs),
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// Flag to test, by catalog name (e.g. BF16_INDEX_K) or by its env/arg name.
+    #[arg(long)]
+    flag: String,
+    /// Target profile (TOML). Without it, the embedded engine is started.
+    #[arg(long)]
+    target: Option<PathBuf>,
+    /// Extra flag catalog directories (later ones override).
+    #[arg(long = "flags-dir")]
+    flags_dir: Vec<PathBuf>,
+    /// Workload name (built-in) or TOML file.
+    #[arg(long, default_value = "agentic")]
+    workload: String,
+    #[arg(long)]
+    sessions: Option<u32>,
+    #[arg(long)]
+    rounds: Option<u32>,
+    /// Filler tokens of earlier conversation per session.
+    #[arg(long)]
+    ctx: Option<u32>,
+    #[arg(long = "max-tokens")]
+    max_tokens: Option<u32>,
+    /// Per-request timeout in seconds.
+    #[arg(long)]
+    timeout: Option<f64>,
+    /// Arm pairs, interleaved on, off, off, on, ...
+    #[arg(long, default_value_t = 1)]
+    repeats: u32,
+    /// Pin another flag for both arms: NAME=VALUE (repeatable).
+    #[arg(long = "set")]
+    set: Vec<String>,
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Appended to the run id.
+    #[arg(long)]
+    tag: Option<String>,
+    /// Results root; the run goes to DIR/<run-id>/.
+    #[arg(long, default_value = "results")]
+    results: PathBuf,
+    /// Print run.json instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Allow a flag whose setting also appears in a role it does not list.
+    #[arg(long = "allow-partial")]
+    allow_partial: bool,
+    /// Significance level for `implicated`.
+    #[arg(long, default_value_t = 0.01)]
+    alpha: f64,
+    /// Smallest difference in corruption rate worth finding (for `cleared` and power).
+    #[arg(long = "min-effect", default_value_t = 0.05)]
+    min_effect: f64,
+}
+
+#[derive(Debug, Args)]
+struct FlagsArgs {
+    #[arg(long = "flags-dir")]
+    flags_dir: Vec<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+struct ReportArgs {
+    /// A results directory (holding run.json).
+    dir: PathBuf,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct RestoreArgs {
+    /// Results root whose journal to replay.
+    #[arg(long, default_value = "results")]
+    results: PathBuf,
+}
+
+/// Parse the command line and run it; the exit code of a finished command.
 pub fn run() -> anyhow::Result<ExitCode> {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // --help / --version print to stdout and succeed; usage errors are exit 2.
+            let _ = e.print();
+            return Ok(ExitCode::from(if e.use_stderr() {
+                exit::BAD_INPUT
+            } else {
+                exit::OK
+            }));
+        }
+    };
+    match cli.command {
+        Command::Flags(args) => flags(args),
+        Command::Report(args) => report(args),
+        Command::Restore(args) => restore(args),
+        Command::Run(args) => runtime()?.block_on(run_cmd(args)),
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+fn flags(args: FlagsArgs) -> anyhow::Result<ExitCode> {
+    let catalog = FlagCatalog::load(&args.flags_dir)?;
+    for f in &catalog.flags {
+        println!(
+            "{:<22} {} {:<36} roles={} on={} off={}",
+            f.name,
+            f.setting.kind(),
+            f.setting.key(),
+            f.roles.join(","),
+            f.on,
+            f.off
+        );
+        println!("{:<22} {}\n", "", f.doc.trim());
+    }
     Ok(ExitCode::SUCCESS)
 }
 
-pub mod engine;
+fn report(args: ReportArgs) -> anyhow::Result<ExitCode> {
+    let dir = crate::report::ResultsDir::open(&args.dir);
+    let record = dir.read_record().map_err(|e| {
+        Failure::BadInput(format!(
+            "{e:#}\n  fix: pass a results directory written by `bisect run`"
+        ))
+    })?;
+    dir.write_record(&record)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&record)?);
+    } else {
+        print!("{}", crate::report::table::render(&record));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn restore(args: RestoreArgs) -> anyhow::Result<ExitCode> {
+    let restored = crate::launch::recover(&args.results.join(".bisect-journal"))?;
+    if restored.is_empty() {
+        println!("nothing to restore");
+    }
+    for p in restored {
+        println!("restored {}", p.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn usage(message: impl Into<String>, fix: impl Into<String>) -> anyhow::Error {
+    ConfigError::Usage {
+        message: message.into(),
+        fix: fix.into(),
+    }
+    .into()
+}
+
+/// Validate `bisect run` arguments into a plan (nothing is touched yet).
+fn plan_run(args: &RunArgs) -> anyhow::Result<(RunPlan, bool)> {
+    let catalog = FlagCatalog::load(&args.flags_dir)?;
+    let flag = catalog.get(&args.flag)?.clone();
+    let mut workload = Workload::load(&args.workload)?;
+    if let Some(n) = args.sessions {
+        workload.sessions = n;
+    }
+    if let Some(n) = args.rounds {
+        workload.rounds = n;
+    }
+    if let Some(n) = args.ctx {
+        workload.ctx = n;
+    }
+    if let Some(n) = args.max_tokens {
+        workload.max_tokens = n;
+    }
+    if let Some(t) = args.timeout {
+        workload.timeout_s = t;
+    }
+    if let Some(s) = args.seed {
+        workload.seed = s;
+    }
+    if workload.sessions == 0
+        || workload.rounds == 0
+        || workload.max_tokens == 0
+        || workload.timeout_s <= 0.0
+    {
+        return Err(usage(
+            "--sessions, --rounds, --max-tokens and --timeout must be positive",
+            "pass values greater than zero",
+        ));
+    }
+    if args.repeats == 0 {
+        return Err(usage(
+            "--repeats must be at least 1",
+            "pass --repeats 1 or more",
+        ));
+    }
+    if !(0.0..1.0).contains(&args.alpha)
+        || args.alpha == 0.0
+        || !(0.0..1.0).contains(&args.min_effect)
+        || args.min_effect == 0.0
+    {
+        return Err(usage(
+            "--alpha and --min-effect must lie in (0, 1)",
+            "e.g. --alpha 0.01 --min-effect 0.05",
+        ));
+    }
+    let mut sets = Vec::new();
+    for s in &args.set {
+        let Some((name, value)) = s.split_once('=') else {
+            return Err(usage(
+                format!("--set {s}: expected NAME=VALUE"),
+                "e.g. --set HICACHE=off",
+            ));
+        };
+        let f = catalog.get(name)?.clone();
+        if f.name == flag.name {
+            return Err(usage(
+                format!("--set {s}: {} is the flag under test", f.name),
+                "pin only other flags",
+            ));
+        }
+        crate::config::flags::validate_value(value).map_err(|e| {
+            usage(
+                format!("--set {s}: {e}"),
+                "use only letters, digits and ._:/,=+-",
+            )
+        })?;
+        sets.push((f, value.to_string()));
+    }
+    let id = run_id(&flag.name, args.tag.as_deref());
+    let run_dir = args.results.join(&id);
+    let embedded = args.target.is_none();
+    let target = match &args.target {
+        Some(path) => TargetProfile::load(path)?,
+        None => {
+            let exe = std::env::current_exe().context("locating the bisect executable")?;
+            crate::embedded::prepare(&run_dir.join("launch"), &exe)?
+        }
+    };
+    let api_key = match &target.api_key_env {
+        Some(var) => Some(std::env::var(var).map_err(|_| {
+            usage(
+                format!("the target's api_key_env names ${var}, which is not set"),
+                format!("export {var}=... before running, or remove api_key_env from the profile"),
+            )
+        })?),
+        None => None,
+    };
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let plan = RunPlan {
+        id,
+        command,
+        flag,
+        target,
+        workload,
+        repeats: args.repeats,
+        sets,
+        journal_dir: args.results.join(".bisect-journal"),
+        run_dir,
+        policy: Policy {
+            alpha: args.alpha,
+            min_effect: args.min_effect,
+            ..Policy::default()
+        },
+        allow_partial: args.allow_partial,
+        api_key,
+        metrics_period: Duration::from_millis(250),
+    };
+    Ok((plan, embedded))
+}
+
+fn run_id(flag: &str, tag: Option<&str>) -> String {
+    let stamp = chrono::Utc::now().format("%Y%m%d-%H%M%S%.3f");
+    let mut id = format!("{stamp}-{flag}");
+    if let Some(t) = tag {
+        let clean: String = t
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        id.push('-');
+        id.push_str(&clean);
+    }
+    id
+}
+
+async fn run_cmd(args: RunArgs) -> anyhow::Result<ExitCode> {
+    // A journal left by a run that died (kill -9) is replayed before anything else.
+    let journal = args.results.join(".bisect-journal");
+    for p in crate::launch::recover(&journal)? {
+        eprintln!(
+            "restored {} left edited by an earlier run that did not finish",
+            p.display()
+        );
+    }
+    let (plan, _embedded) = plan_run(&args)?;
+    let cancel = CancellationToken::new();
+    spawn_signal_handler(cancel.clone());
+    let mut control =
+        crate::control::ProcessControl::new(&plan.target, &plan.run_dir.join("logs"))?;
+    let progress: Box<dyn experiment::Progress> = if args.json {
+        Box::new(progress::Lines::new(false))
+    } else if std::io::stderr().is_terminal() {
+        Box::new(progress::Bar::new(plan.workload.sessions as u64))
+    } else {
+        Box::new(progress::Lines::new(true))
+    };
+    eprintln!("results: {}", plan.run_dir.display());
+    let record = experiment::run(&plan, &mut control, progress.as_ref(), cancel).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&record)?);
+    } else {
+        print!("{}", crate::report::table::render(&record));
+        println!("results: {}", plan.run_dir.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn spawn_signal_handler(cancel: CancellationToken) {
+    tokio::spawn(async move {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => return,
+            };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        eprintln!("interrupted: stopping engines and restoring launch configs");
+        cancel.cancel();
+    });
+}

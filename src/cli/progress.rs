@@ -16,7 +16,10 @@ pub struct Bar {
 
 impl Bar {
     pub fn new(_sessions: u64) -> Self {
-        Bar { bar: Mutex::new(None), corrupted: AtomicU64::new(0) }
+        Bar {
+            bar: Mutex::new(None),
+            corrupted: AtomicU64::new(0),
+        }
     }
 }
 
@@ -24,9 +27,11 @@ impl Progress for Bar {
     fn arm_started(&self, label: &str, value: &str, repeat: u32, sessions: u64) {
         let bar = ProgressBar::new(sessions);
         bar.set_style(
-            ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} sessions  {msg}  {elapsed}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar())
-                .progress_chars("=> "),
+            ProgressStyle::with_template(
+                "{prefix:>12} [{bar:30}] {pos}/{len} sessions  {msg}  {elapsed}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
         );
         bar.set_prefix(format!("{label}={value} r{repeat}"));
         self.corrupted.store(0, Ordering::Relaxed);
@@ -37,7 +42,10 @@ impl Progress for Bar {
             self.corrupted.fetch_add(1, Ordering::Relaxed);
         }
         if let Some(bar) = self.bar.lock().as_ref() {
-            bar.set_message(format!("corrupted {}", self.corrupted.load(Ordering::Relaxed)));
+            bar.set_message(format!(
+                "corrupted {}",
+                self.corrupted.load(Ordering::Relaxed)
+            ));
             bar.inc(1);
         }
     }
@@ -68,7 +76,10 @@ pub struct Lines {
 
 impl Lines {
     pub fn new(per_session: bool) -> Self {
-        Lines { per_session, done: AtomicU64::new(0) }
+        Lines {
+            per_session,
+            done: AtomicU64::new(0),
+        }
     }
 }
 
@@ -79,8 +90,16 @@ impl Progress for Lines {
     }
     fn session_done(&self, result: &SessionResult) {
         let n = self.done.fetch_add(1, Ordering::Relaxed) + 1;
-        if self.per_session && (result.class.is_corrupted() || result.class.is_failure() || n % 20 == 0) {
-            eprintln!("  session {} {}: {} {}", result.label, result.index, result.class.name(), short(&result.evidence));
+        if self.per_session
+            && (result.class.is_corrupted() || result.class.is_failure() || n % 20 == 0)
+        {
+            eprintln!(
+                "  session {} {}: {} {}",
+                result.label,
+                result.index,
+                result.class.name(),
+                short(&result.evidence)
+            );
         }
     }
     fn arm_finished(&self, arm: &ArmRecord) {

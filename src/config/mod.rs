@@ -46,7 +46,11 @@ pub enum ConfigError {
 /// 1-based line number of byte `offset` in `text`.
 pub fn line_of(text: &str, offset: usize) -> usize {
     let end = offset.min(text.len());
-    text.as_bytes()[..end].iter().filter(|&&b| b == b'\n').count() + 1
+    text.as_bytes()[..end]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
 }
 
 /// A source file being validated: its path (for messages) and text (for line numbers).

@@ -1,8 +1,14 @@
 //! Target profiles (DESIGN.md 3.2): where the engine's API, launch configs, restart
 //! commands and health/metrics endpoints are. Without `--target` the CLI builds the
-//! embedded profile.
+//! embedded profile. This module owns the profile file format and its validation.
 
-use std::path::PathBuf;
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::{read_text, ConfigError, Source};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct TargetProfile {
@@ -27,4 +33,309 @@ pub struct RoleSpec {
     pub health: String,
     pub metrics: Option<String>,
     pub health_timeout_s: u64,
+}
+
+/// How long a role may take to answer /health after a restart unless the profile says.
+pub const DEFAULT_HEALTH_TIMEOUT_S: u64 = 600;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProfile {
+    name: Spanned<String>,
+    api: Spanned<String>,
+    model: Spanned<String>,
+    api_key_env: Option<Spanned<String>>,
+    #[serde(default)]
+    role: Vec<Spanned<RawRole>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRole {
+    name: Spanned<String>,
+    launch: Spanned<String>,
+    restart: Option<Spanned<String>>,
+    health: Spanned<String>,
+    metrics: Option<Spanned<String>>,
+    health_timeout_s: Option<Spanned<i64>>,
+}
+
+const PROFILE_FIX: &str = "see DESIGN.md 3.2: name, api, model, optional api_key_env, then one [[role]] table per engine role (name, launch, health, optional restart, metrics, health_timeout_s)";
+
+/// Checks an endpoint URL: plain http only, because this build has no TLS.
+fn check_url(src: &Source, key: &str, url: &Spanned<String>) -> Result<String, ConfigError> {
+    let u = url.get_ref().trim();
+    if let Some(rest) = u.strip_prefix("http://") {
+        if rest.is_empty() || rest.starts_with('/') {
+            return Err(src.invalid(
+                url.span(),
+                format!("{key} = {u:?} has no host"),
+                format!("write {key} as http://HOST:PORT/..., e.g. http://127.0.0.1:30000/health"),
+            ));
+        }
+        return Ok(u.to_string());
+    }
+    if u.starts_with("https://") {
+        return Err(src.invalid(
+            url.span(),
+            format!("{key} = {u:?} uses https://, but this build of bisect has no TLS support"),
+            "use the engine's plain http:// endpoint (e.g. from the serving host, or through an ssh tunnel: ssh -L 8000:127.0.0.1:8000 HOST)",
+        ));
+    }
+    Err(src.invalid(
+        url.span(),
+        format!("{key} = {u:?} is not an http:// URL"),
+        format!("write {key} as http://HOST:PORT/..., e.g. http://127.0.0.1:30000/health"),
+    ))
+}
+
+fn non_empty(
+    src: &Source,
+    key: &str,
+    v: &Spanned<String>,
+    example: &str,
+) -> Result<String, ConfigError> {
+    let s = v.get_ref().trim();
+    if s.is_empty() {
+        return Err(src.invalid(
+            v.span(),
+            format!("{key} is empty"),
+            format!("set {key}, e.g. {key} = {example:?}"),
+        ));
+    }
+    Ok(s.to_string())
+}
+
+impl TargetProfile {
+    /// Loads and validates a profile; launch paths are resolved relative to the
+    /// profile's directory and must exist.
+    pub fn load(path: &Path) -> Result<TargetProfile, ConfigError> {
+        let text = read_text(path)?;
+        let src = Source { path, text: &text };
+        let raw: RawProfile = src.parse(PROFILE_FIX)?;
+        let base = path.parent().unwrap_or(Path::new(""));
+
+        let name = non_empty(&src, "name", &raw.name, "dsv4-pd")?;
+        let api = check_url(&src, "api", &raw.api)?;
+        let model = non_empty(&src, "model", &raw.model, "deepseek-v4-flash")?;
+        let api_key_env = match &raw.api_key_env {
+            None => None,
+            Some(v) => {
+                let var = v.get_ref().trim();
+                let valid = var
+                    .chars()
+                    .next()
+                    .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                    && var.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+                if !valid {
+                    return Err(src.invalid(
+                        v.span(),
+                        format!("api_key_env = {var:?} is not an environment variable name"),
+                        "name the variable that holds the key (api_key_env = \"OPENAI_API_KEY\"), never the key itself",
+                    ));
+                }
+                Some(var.to_string())
+            }
+        };
+
+        if raw.role.is_empty() {
+            return Err(src.invalid(
+                text.len()..text.len(),
+                "the profile has no [[role]]: bisect would have no launch config to edit",
+                "add one [[role]] table per engine process (name, launch, health), e.g. prefill and decode",
+            ));
+        }
+
+        let mut seen = HashSet::new();
+        let mut roles = Vec::new();
+        for spanned in &raw.role {
+            let r = spanned.get_ref();
+            let role_name = non_empty(&src, "role name", &r.name, "prefill")?;
+            if !seen.insert(role_name.clone()) {
+                return Err(src.invalid(
+                    r.name.span(),
+                    format!("role {role_name:?} is defined twice"),
+                    "give every [[role]] a distinct name",
+                ));
+            }
+            let launch_str = non_empty(&src, "launch", &r.launch, "serve_prefill.sh")?;
+            let launch = base.join(&launch_str);
+            if !launch.is_file() {
+                return Err(src.invalid(
+                    r.launch.span(),
+                    format!(
+                        "launch config {} of role {role_name:?} does not exist (resolved relative to this profile's directory)",
+                        launch.display()
+                    ),
+                    "point launch at the role's launch script, relative to the profile file or absolute",
+                ));
+            }
+            let restart = match &r.restart {
+                None => None,
+                Some(cmd) => Some(non_empty(
+                    &src,
+                    "restart",
+                    cmd,
+                    "systemctl restart sglang-prefill",
+                )?),
+            };
+            let health = check_url(&src, "health", &r.health)?;
+            let metrics = match &r.metrics {
+                None => None,
+                Some(m) => Some(check_url(&src, "metrics", m)?),
+            };
+            let health_timeout_s = match &r.health_timeout_s {
+                None => DEFAULT_HEALTH_TIMEOUT_S,
+                Some(t) if *t.get_ref() > 0 => *t.get_ref() as u64,
+                Some(t) => {
+                    return Err(src.invalid(
+                        t.span(),
+                        format!("health_timeout_s = {} must be positive", t.get_ref()),
+                        format!("give seconds to wait for /health after a restart (default {DEFAULT_HEALTH_TIMEOUT_S})"),
+                    ))
+                }
+            };
+            roles.push(RoleSpec {
+                name: role_name,
+                launch,
+                restart,
+                health,
+                metrics,
+                health_timeout_s,
+            });
+        }
+
+        Ok(TargetProfile {
+            name,
+            api,
+            model,
+            api_key_env,
+            roles,
+            source: Some(path.to_path_buf()),
+        })
+    }
+
+    /// The role called `name`, if the profile has one.
+    pub fn role(&self, name: &str) -> Option<&RoleSpec> {
+        self.roles.iter().find(|r| r.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"name  = "dsv4-pd"
+api   = "http://127.0.0.1:8000/v1"
+model = "deepseek-v4-flash"
+api_key_env = "OPENAI_API_KEY"
+
+[[role]]
+name    = "prefill"
+launch  = "serve_prefill.sh"
+restart = "systemctl restart sglang-dsv4-prefill"
+health  = "http://127.0.0.1:30000/health"
+metrics = "http://127.0.0.1:30000/metrics"
+health_timeout_s = 120
+
+[[role]]
+name   = "decode"
+launch = "scripts/serve_decode.sh"
+health = "http://127.0.0.1:30002/health"
+"#;
+
+    fn write_profile(text: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("serve_prefill.sh"), "exec true\n").unwrap();
+        std::fs::create_dir(dir.path().join("scripts")).unwrap();
+        std::fs::write(dir.path().join("scripts/serve_decode.sh"), "exec true\n").unwrap();
+        let path = dir.path().join("target.toml");
+        std::fs::write(&path, text).unwrap();
+        (dir, path)
+    }
+
+    fn error_at(text: &str) -> (usize, String) {
+        let (_dir, path) = write_profile(text);
+        match TargetProfile::load(&path).unwrap_err() {
+            ConfigError::Invalid {
+                line, message, fix, ..
+            } => (line, format!("{message} | {fix}")),
+            other => panic!("expected Invalid, got {other}"),
+        }
+    }
+
+    #[test]
+    fn loads_profile_and_resolves_launch_relative_to_it() {
+        let (dir, path) = write_profile(GOOD);
+        let p = TargetProfile::load(&path).unwrap();
+        assert_eq!(p.name, "dsv4-pd");
+        assert_eq!(p.api_key_env.as_deref(), Some("OPENAI_API_KEY"));
+        assert_eq!(p.roles.len(), 2);
+        assert_eq!(p.roles[0].launch, dir.path().join("serve_prefill.sh"));
+        assert_eq!(p.roles[0].health_timeout_s, 120);
+        assert_eq!(
+            p.roles[1].launch,
+            dir.path().join("scripts/serve_decode.sh")
+        );
+        assert_eq!(p.roles[1].health_timeout_s, DEFAULT_HEALTH_TIMEOUT_S);
+        assert_eq!(p.roles[1].restart, None);
+        assert_eq!(p.role("decode").unwrap().metrics, None);
+        assert_eq!(p.source.as_deref(), Some(path.as_path()));
+    }
+
+    #[test]
+    fn duplicate_role_names_are_refused_at_the_second() {
+        let text = GOOD.replace("name   = \"decode\"", "name   = \"prefill\"");
+        let (line, msg) = error_at(&text);
+        assert_eq!(line, 15);
+        assert!(msg.contains("twice"), "{msg}");
+    }
+
+    #[test]
+    fn https_is_refused_with_a_no_tls_note() {
+        let text = GOOD.replace(
+            "http://127.0.0.1:30002/health",
+            "https://127.0.0.1:30002/health",
+        );
+        let (line, msg) = error_at(&text);
+        assert_eq!(line, 17);
+        assert!(msg.contains("no TLS"), "{msg}");
+        let text = GOOD.replace("http://127.0.0.1:8000/v1", "127.0.0.1:8000/v1");
+        assert_eq!(error_at(&text).0, 2);
+    }
+
+    #[test]
+    fn missing_roles_and_missing_launch_files_are_refused() {
+        let head: String = GOOD.lines().take(4).collect::<Vec<_>>().join("\n");
+        let (_, msg) = error_at(&head);
+        assert!(msg.contains("no [[role]]"), "{msg}");
+        let text = GOOD.replace("scripts/serve_decode.sh", "scripts/missing.sh");
+        let (line, msg) = error_at(&text);
+        assert_eq!(line, 16);
+        assert!(msg.contains("does not exist"), "{msg}");
+    }
+
+    #[test]
+    fn bad_values_and_unknown_keys_point_at_their_line() {
+        let text = GOOD.replace("health_timeout_s = 120", "health_timeout_s = 0");
+        assert_eq!(error_at(&text).0, 12);
+        let text = GOOD.replace("health_timeout_s = 120", "health_timeout = 120");
+        let (line, msg) = error_at(&text);
+        assert_eq!(line, 12);
+        assert!(msg.contains("health_timeout"), "{msg}");
+        let text = GOOD.replace(
+            "api_key_env = \"OPENAI_API_KEY\"",
+            "api_key_env = \"sk-123 abc\"",
+        );
+        assert_eq!(error_at(&text).0, 4);
+        let text = GOOD.replace("model = \"deepseek-v4-flash\"", "model = = 1");
+        assert_eq!(error_at(&text).0, 3);
+    }
+
+    #[test]
+    fn unreadable_profile_is_a_read_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = TargetProfile::load(&dir.path().join("none.toml")).unwrap_err();
+        assert!(matches!(err, ConfigError::Read { .. }));
+    }
 }

@@ -29,7 +29,10 @@ impl Exporter for SummaryMarkdown {
             r.flag.on,
             r.flag.off
         ));
-        s.push_str(&format!("- target: {} (`{}`, model `{}`)\n", r.target.name, r.target.api, r.target.model));
+        s.push_str(&format!(
+            "- target: {} (`{}`, model `{}`)\n",
+            r.target.name, r.target.api, r.target.model
+        ));
         s.push_str(&format!("- workload: `{}`\n", compact(&r.workload)));
         if !r.sets.is_empty() {
             let sets: Vec<String> = r.sets.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -46,7 +49,10 @@ impl Exporter for SummaryMarkdown {
         s.push_str(&format!("| {} |\n", HEADER.join(" | ")));
         s.push_str(&format!("|{}\n", "---|".repeat(HEADER.len())));
         for arm in &r.arms {
-            s.push_str(&format!("| {} |\n", arm_cells(&r.flag.name, arm).join(" | ")));
+            s.push_str(&format!(
+                "| {} |\n",
+                arm_cells(&r.flag.name, arm).join(" | ")
+            ));
         }
         if r.runs.len() > r.arms.len() {
             s.push_str("\nArm blocks in execution order:\n\n");
@@ -76,7 +82,10 @@ impl Exporter for SummaryMarkdown {
                     c.name,
                     compact(&c.on),
                     compact(&c.off),
-                    serde_json::to_value(&c.severity).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default(),
+                    serde_json::to_value(&c.severity)
+                        .ok()
+                        .and_then(|v| v.as_str().map(String::from))
+                        .unwrap_or_default(),
                     c.note
                 ));
             }
@@ -86,12 +95,20 @@ impl Exporter for SummaryMarkdown {
             .iter()
             .filter(|a| !a.first_bad_round.is_empty())
             .map(|a| {
-                let per: Vec<String> = a.first_bad_round.iter().enumerate().map(|(i, n)| format!("r{} {n}", i + 1)).collect();
+                let per: Vec<String> = a
+                    .first_bad_round
+                    .iter()
+                    .enumerate()
+                    .map(|(i, n)| format!("r{} {n}", i + 1))
+                    .collect();
                 format!("{}: {}", a.label, per.join(", "))
             })
             .collect();
         if !rounds.is_empty() {
-            s.push_str(&format!("\nFirst non-ok round per session: {}\n", rounds.join("; ")));
+            s.push_str(&format!(
+                "\nFirst non-ok round per session: {}\n",
+                rounds.join("; ")
+            ));
         }
         if let Some(e) = &r.error {
             s.push_str(&format!("\nError: {e}\n"));

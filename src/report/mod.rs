@@ -44,11 +44,15 @@ impl ResultsDir {
             let d = root.join(sub);
             std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
         }
-        Ok(ResultsDir { root: root.to_path_buf() })
+        Ok(ResultsDir {
+            root: root.to_path_buf(),
+        })
     }
 
     pub fn open(root: &Path) -> Self {
-        ResultsDir { root: root.to_path_buf() }
+        ResultsDir {
+            root: root.to_path_buf(),
+        }
     }
 
     pub fn root(&self) -> &Path {
@@ -65,27 +69,21 @@ impl ResultsDir {
     }
 
     pub fn sessions_writer(&self) -> anyhow::Result<JsonlWriter> {
-        JsonlWriter::append(&self.root.join("sessions.jsonl"))
+        JsonlWriter::open(&self.root.join("sessions.jsonl"))
     }
 
-    pub fn append_metrics(&self, label: &str, repeat: u32, log: &MetricsLog) -> anyhow::Result<()> {
-        let path = self.root.join("metrics.csv");
-        let fresh = !path.exists();
-        let file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .with_context(|| format!("opening {}", path.display()))?;
-        let mut w = csv::WriterBuilder::new().has_headers(fresh).from_writer(file);
-        for row in log.rows_labelled(label, repeat) {
-            w.serialize(row).with_context(|| format!("writing {}", path.display()))?;
-        }
-        w.flush()?;
-        Ok(())
+    /// Append one arm block's metrics (rows already labelled) to metrics.csv.
+    pub fn append_metrics(&self, log: &MetricsLog) -> anyhow::Result<()> {
+        crate::workload::write_csv(log, &self.root.join("metrics.csv"))
     }
 
     /// Copy every role's launch config, as applied for this block, into launch/.
-    pub fn snapshot_launch(&self, label: &str, repeat: u32, target: &TargetProfile) -> anyhow::Result<()> {
+    pub fn snapshot_launch(
+        &self,
+        label: &str,
+        repeat: u32,
+        target: &TargetProfile,
+    ) -> anyhow::Result<()> {
         let dir = self.root.join("launch").join(format!("{label}-r{repeat}"));
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         for role in &target.roles {
@@ -95,25 +93,31 @@ impl ResultsDir {
                 .map(|n| n.to_string_lossy().to_string())
                 .unwrap_or_else(|| format!("{}.sh", role.name));
             let dest = dir.join(format!("{}--{}", role.name, name));
-            std::fs::copy(&role.launch, &dest)
-                .with_context(|| format!("copying {} to {}", role.launch.display(), dest.display()))?;
+            std::fs::copy(&role.launch, &dest).with_context(|| {
+                format!("copying {} to {}", role.launch.display(), dest.display())
+            })?;
         }
         Ok(())
     }
 
     pub fn read_record(&self) -> anyhow::Result<RunRecord> {
         let path = self.root.join("run.json");
-        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
         serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
     }
 
     pub fn read_sessions(&self) -> anyhow::Result<Vec<SessionResult>> {
         let path = self.root.join("sessions.jsonl");
-        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
         text.lines()
             .enumerate()
             .filter(|(_, l)| !l.trim().is_empty())
-            .map(|(i, l)| serde_json::from_str(l).with_context(|| format!("{}:{}: bad session line", path.display(), i + 1)))
+            .map(|(i, l)| {
+                serde_json::from_str(l)
+                    .with_context(|| format!("{}:{}: bad session line", path.display(), i + 1))
+            })
             .collect()
     }
 }
@@ -125,17 +129,21 @@ pub struct JsonlWriter {
 }
 
 impl JsonlWriter {
-    pub fn append(path: &Path) -> anyhow::Result<Self> {
+    pub fn open(path: &Path) -> anyhow::Result<Self> {
         let file = OpenOptions::new()
             .create(true)
             .append(true)
             .open(path)
             .with_context(|| format!("opening {}", path.display()))?;
-        Ok(JsonlWriter { out: BufWriter::new(file), path: path.to_path_buf() })
+        Ok(JsonlWriter {
+            out: BufWriter::new(file),
+            path: path.to_path_buf(),
+        })
     }
 
     pub fn append_one<T: serde::Serialize>(&mut self, value: &T) -> anyhow::Result<()> {
-        serde_json::to_writer(&mut self.out, value).with_context(|| format!("writing {}", self.path.display()))?;
+        serde_json::to_writer(&mut self.out, value)
+            .with_context(|| format!("writing {}", self.path.display()))?;
         self.out.write_all(b"\n")?;
         self.out.flush()?;
         Ok(())
@@ -150,6 +158,7 @@ impl JsonlWriter {
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     let tmp = path.with_extension("tmp~");
     std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
+    std::fs::rename(&tmp, path)
+        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
     Ok(())
 }

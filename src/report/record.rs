@@ -140,7 +140,10 @@ impl ArmRecord {
             arm.counts.merge(&b.counts);
             for (role, v) in &b.readback {
                 // A mismatch in any block must survive pooling, so keep the first differing value.
-                let slot = arm.readback.entry(role.clone()).or_insert_with(|| v.clone());
+                let slot = arm
+                    .readback
+                    .entry(role.clone())
+                    .or_insert_with(|| v.clone());
                 if v != value {
                     *slot = v.clone();
                 }

@@ -6,8 +6,15 @@ use comfy_table::{presets, Cell, CellAlignment, ContentArrangement, Table};
 use super::record::{ArmRecord, RunRecord};
 
 pub const HEADER: [&str; 9] = [
-    "arm", "sessions", "done/max", "leak/bad/wrong/no_tool", "error/timeout", "corrupted", "peak running",
-    "wall", "tok/s",
+    "arm",
+    "sessions",
+    "done/max",
+    "leak/bad/wrong/no_tool",
+    "error/timeout",
+    "corrupted",
+    "peak running",
+    "wall",
+    "tok/s",
 ];
 
 /// One arm's cells, in HEADER order.
@@ -95,7 +102,10 @@ pub fn render(record: &RunRecord) -> String {
     for c in &record.confounds {
         out.push_str(&format!(
             "confound [{}] {}: on {} / off {}: {}\n",
-            serde_json::to_value(&c.severity).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default(),
+            serde_json::to_value(&c.severity)
+                .ok()
+                .and_then(|v| v.as_str().map(String::from))
+                .unwrap_or_default(),
             c.name,
             compact(&c.on),
             compact(&c.off),

@@ -30,20 +30,18 @@ pub(crate) fn session_rng(seed: u64, session_index: u32, purpose: Purpose) -> Ch
     ChaCha8Rng::from_seed(key)
 }
 
-/// One step of a task: the tool call the session must make next.
+/// One step of a task: the tool call the session must make next. `args` keeps the
+/// schema's property order (serde_json preserves insertion order in this crate).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Step {
     pub tool: String,
     pub args: Map<String, Value>,
-    /// Argument names in rendering order (see [`argument_order`]); `args` itself is a
-    /// sorted map and cannot remember it.
-    pub arg_order: Vec<String>,
 }
 
 impl Step {
     /// The call as it appears in the numbered list: `read_file(path="/a", max_lines=40)`.
     pub fn render_call(&self) -> String {
-        render_call(&self.tool, &self.args, &self.arg_order)
+        render_call(&self.tool, &self.args)
     }
 
     /// What the classifier compares the model's call against.
@@ -105,49 +103,39 @@ impl Task {
     }
 }
 
-/// Argument names of a tool in the order calls are rendered: the schema's `required`
-/// list in its own order, then the remaining `properties` (alphabetical, the order
-/// serde_json keeps objects in). Only names with a value pool are included.
+/// Argument names of a tool in the order calls are rendered: the schema's
+/// `properties` in the order the workload file declares them, restricted to names with
+/// a non-empty value pool.
 pub fn argument_order(tool: &ToolSpec) -> Vec<String> {
-    let mut order: Vec<String> = Vec::new();
-    let pooled = |name: &str| tool.arg_values.get(name).is_some_and(|pool| !pool.is_empty());
-    if let Some(required) = tool.parameters.get("required").and_then(Value::as_array) {
-        for name in required.iter().filter_map(Value::as_str) {
-            if pooled(name) && !order.iter().any(|n| n == name) {
-                order.push(name.to_string());
-            }
-        }
-    }
-    if let Some(props) = tool.parameters.get("properties").and_then(Value::as_object) {
-        for name in props.keys() {
-            if pooled(name) && !order.iter().any(|n| n == name) {
-                order.push(name.clone());
-            }
-        }
-    }
-    order
+    tool.property_names()
+        .into_iter()
+        .filter(|name| {
+            tool.arg_values
+                .get(*name)
+                .is_some_and(|pool| !pool.is_empty())
+        })
+        .map(str::to_string)
+        .collect()
 }
 
 fn draw_step(tool: &ToolSpec, rng: &mut ChaCha8Rng) -> Step {
-    let arg_order = argument_order(tool);
     let mut args = Map::new();
-    for name in &arg_order {
-        if let Some(value) = tool.arg_values.get(name).and_then(|pool| pool.choose(rng)) {
-            args.insert(name.clone(), value.clone());
+    for name in argument_order(tool) {
+        if let Some(value) = tool.arg_values.get(&name).and_then(|pool| pool.choose(rng)) {
+            args.insert(name, value.clone());
         }
     }
     Step {
         tool: tool.name.clone(),
         args,
-        arg_order,
     }
 }
 
-/// `name(a=JSON, b=JSON)` with arguments in `order`; strings JSON-quoted and escaped.
-pub fn render_call(tool: &str, args: &Map<String, Value>, order: &[String]) -> String {
-    let rendered: Vec<String> = order
+/// `name(a=JSON, b=JSON)` with arguments in map order; strings JSON-quoted and escaped.
+pub fn render_call(tool: &str, args: &Map<String, Value>) -> String {
+    let rendered: Vec<String> = args
         .iter()
-        .filter_map(|name| args.get(name).map(|value| format!("{name}={value}")))
+        .map(|(name, value)| format!("{name}={value}"))
         .collect();
     format!("{tool}({})", rendered.join(", "))
 }
@@ -191,15 +179,53 @@ fn parse_numbered_line(line: &str) -> Option<(String, Map<String, Value>)> {
         if name.is_empty() {
             return None;
         }
-        let mut values = serde_json::Deserializer::from_str(&rest[eq + 1..]).into_iter::<Value>();
-        let value = values.next()?.ok()?;
-        let consumed = values.byte_offset();
+        let text = rest[eq + 1..].trim_start();
+        let end = json_value_end(text)?;
+        let value: Value = serde_json::from_str(&text[..end]).ok()?;
         args.insert(name.to_string(), value);
-        rest = rest[eq + 1 + consumed..].trim_start();
+        rest = text[end..].trim_start();
         if let Some(after) = rest.strip_prefix(',') {
             rest = after.trim_start();
         }
     }
+}
+
+/// Byte length of the JSON value at the start of `text`: a string up to its closing
+/// quote, an array/object up to its matching bracket, a scalar up to `,` or `)`.
+fn json_value_end(text: &str) -> Option<usize> {
+    let bytes = text.as_bytes();
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for (i, &b) in bytes.iter().enumerate() {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => {
+                    in_string = false;
+                    if depth == 0 {
+                        return Some(i + 1);
+                    }
+                }
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => depth += 1,
+            b']' | b'}' => {
+                depth = depth.checked_sub(1)?;
+                if depth == 0 {
+                    return Some(i + 1);
+                }
+            }
+            b',' | b')' if depth == 0 => return Some(i),
+            _ => {}
+        }
+    }
+    None
 }
 
 /// Approximate token count: every run of letters/digits is one token, every other
@@ -240,7 +266,13 @@ const SERVICES: &[&str] = &[
     "scheduler",
     "hicache-loader",
 ];
-const HOSTS: &[&str] = &["gpu-node-03", "gpu-node-07", "edge-lb-1", "ops-bastion", "gpu-node-12"];
+const HOSTS: &[&str] = &[
+    "gpu-node-03",
+    "gpu-node-07",
+    "edge-lb-1",
+    "ops-bastion",
+    "gpu-node-12",
+];
 const LEVELS: &[&str] = &["INFO", "WARN", "ERROR", "DEBUG"];
 const EVENTS: &[&str] = &[
     "retry after upstream reset",
@@ -426,7 +458,10 @@ pub fn filler(workload: &Workload, session_index: u32) -> Vec<ChatMessage> {
             text.push_str(&sentence);
         }
         used += tokens;
-        messages.push(ChatMessage::new(if user { "user" } else { "assistant" }, text));
+        messages.push(ChatMessage::new(
+            if user { "user" } else { "assistant" },
+            text,
+        ));
     }
     if messages.len() % 2 == 1 {
         messages.push(ChatMessage::new("assistant", "Noted."));
@@ -438,7 +473,10 @@ pub fn filler(workload: &Workload, session_index: u32) -> Vec<ChatMessage> {
 pub fn initial_conversation(workload: &Workload, session_index: u32) -> (Task, Vec<ChatMessage>) {
     let task = Task::generate(workload, session_index);
     let mut messages = filler(workload, session_index);
-    messages.push(ChatMessage::new("user", task.render_message(&workload.task)));
+    messages.push(ChatMessage::new(
+        "user",
+        task.render_message(&workload.task),
+    ));
     (task, messages)
 }
 
@@ -489,12 +527,13 @@ mod tests {
     #[test]
     fn strings_with_quotes_and_backslashes_are_json_escaped_and_parse_back() {
         let mut workload = sample_workload(1, 4);
-        let nasty = "/tmp/a \"quoted\" dir\\x, y=1).txt";
+        let nasty = "/srv/a \"quoted\" dir\\x, y=1).txt";
         workload.tools = vec![read_file_tool(vec![json!(nasty)])];
         workload.task.steps = 2;
         let task = Task::generate(&workload, 3);
         let text = task.render_message(&workload.task);
-        assert!(text.contains(r#"1. read_file(path="/tmp/a \"quoted\" dir\\x, y=1).txt", max_lines=40)"#));
+        assert!(text
+            .contains(r#"1. read_file(path="/srv/a \"quoted\" dir\\x, y=1).txt", max_lines=40)"#));
         let parsed = parse_task_message(&text).expect("list parses");
         assert_eq!(parsed.len(), 2);
         assert_eq!(parsed[0].0, "read_file");
@@ -520,19 +559,24 @@ mod tests {
     }
 
     #[test]
-    fn every_pooled_property_is_drawn_required_first() {
+    fn every_pooled_property_is_drawn_in_schema_order() {
         let workload = sample_workload(20, 6);
         for index in 0..20 {
             for step in Task::generate(&workload, index).steps {
                 let tool = workload.tools.iter().find(|t| t.name == step.tool).unwrap();
-                assert_eq!(step.arg_order, argument_order(tool));
+                let names: Vec<&String> = step.args.keys().collect();
+                assert_eq!(names, argument_order(tool).iter().collect::<Vec<_>>());
                 assert_eq!(step.args.len(), tool.arg_values.len());
                 for (name, value) in &step.args {
                     assert!(tool.arg_values[name].contains(value));
                 }
             }
         }
-        let read = workload.tools.iter().find(|t| t.name == "read_file").unwrap();
+        let read = workload
+            .tools
+            .iter()
+            .find(|t| t.name == "read_file")
+            .unwrap();
         assert_eq!(argument_order(read), vec!["path", "max_lines"]);
     }
 
@@ -542,8 +586,11 @@ mod tests {
         for index in 0..5 {
             let task = Task::generate(&workload, index);
             let parsed = parse_task_message(&task.render_message(&workload.task)).unwrap();
-            let expected: Vec<(String, Map<String, Value>)> =
-                task.steps.iter().map(|s| (s.tool.clone(), s.args.clone())).collect();
+            let expected: Vec<(String, Map<String, Value>)> = task
+                .steps
+                .iter()
+                .map(|s| (s.tool.clone(), s.args.clone()))
+                .collect();
             assert_eq!(parsed, expected);
         }
         assert!(parse_task_message("no list here\n1.5 is a number").is_none());
@@ -571,7 +618,10 @@ mod tests {
                 continue;
             }
             assert!(total >= ctx as usize, "ctx {ctx}: only {total} tokens");
-            assert!(total <= ctx as usize + 200, "ctx {ctx}: {total} tokens overshoots");
+            assert!(
+                total <= ctx as usize + 200,
+                "ctx {ctx}: {total} tokens overshoots"
+            );
             assert_eq!(messages.len() % 2, 0);
             for (i, m) in messages.iter().enumerate() {
                 assert_eq!(m.role, if i % 2 == 0 { "user" } else { "assistant" });
@@ -592,15 +642,24 @@ mod tests {
             .join("\n");
         let names: Vec<&str> = workload.tools.iter().map(|t| t.name.as_str()).collect();
         assert!(names.iter().any(|n| text.contains(&format!("{n}("))));
-        let pooled_path = workload.tools[0].arg_values["path"][0].as_str().unwrap().to_string();
+        let pooled_path = workload.tools[0].arg_values["path"][0]
+            .as_str()
+            .unwrap()
+            .to_string();
         let any_pool_string = workload
             .tools
             .iter()
             .flat_map(|t| t.arg_values.values().flatten())
             .filter_map(Value::as_str)
             .any(|s| text.contains(s));
-        assert!(any_pool_string, "expected a pool value such as {pooled_path}");
-        assert!(parse_task_message(&text).is_none(), "filler must not hold a numbered task list");
+        assert!(
+            any_pool_string,
+            "expected a pool value such as {pooled_path}"
+        );
+        assert!(
+            parse_task_message(&text).is_none(),
+            "filler must not hold a numbered task list"
+        );
     }
 
     #[test]
@@ -610,7 +669,10 @@ mod tests {
         let (task, messages) = initial_conversation(&workload, 0);
         let last = messages.last().unwrap();
         assert_eq!(last.role, "user");
-        assert_eq!(last.content.as_deref().unwrap(), task.render_message(&workload.task));
+        assert_eq!(
+            last.content.as_deref().unwrap(),
+            task.render_message(&workload.task)
+        );
         assert_eq!(task.expected(0).unwrap().tool, task.steps[0].tool);
         assert!(task.expected(task.steps.len()).is_none());
     }

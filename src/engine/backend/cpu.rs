@@ -1,1 +1,261 @@
-//! CPU backend (being written)
+//! CPU backend: the reference implementation of the engine's three kernels (index-K
+//! quantize, indexer scores + top-k, sparse attention). Plain safe Rust, single
+//! threaded per call; the results define what every other backend must reproduce.
+
+use super::{
+    layout, mla_up_projection, AttnJob, AttnOut, AttnPath, Backend, IndexKDtype, IndexerJob,
+    TopkImpl, INDEX_DIM, MAIN_DIM,
+};
+use anyhow::ensure;
+use std::cmp::Ordering;
+
+pub struct CpuBackend {
+    fp8_table: [f32; 256],
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CpuBackend {
+    pub fn new() -> Self {
+        CpuBackend { fp8_table: layout::fp8_table() }
+    }
+}
+
+/// Scores that stale garbage turns into NaN/inf must not win: they rank last.
+fn sanitize(score: f32) -> f32 {
+    if score.is_finite() {
+        score
+    } else {
+        f32::NEG_INFINITY
+    }
+}
+
+/// Total order of the indexer: score descending, then lower position first.
+fn rank(a: &(f32, u32), b: &(f32, u32)) -> Ordering {
+    b.0.total_cmp(&a.0).then(a.1.cmp(&b.1))
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// `out = W v` for the row-major MAIN_DIM x MAIN_DIM matrix W.
+fn project(matrix: &[f32], v: &[f32], out: &mut [f32]) {
+    for (row, dst) in matrix.chunks_exact(MAIN_DIM).zip(out.iter_mut()) {
+        *dst = dot(row, v);
+    }
+}
+
+/// `out = W^T v`.
+fn project_transposed(matrix: &[f32], v: &[f32], out: &mut [f32]) {
+    out.iter_mut().for_each(|x| *x = 0.0);
+    for (row, scale) in matrix.chunks_exact(MAIN_DIM).zip(v) {
+        out.iter_mut().zip(row).for_each(|(dst, w)| *dst += w * scale);
+    }
+}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn quantize_index_k(&self, dtype: IndexKDtype, keys: &[f32], out: &mut [u8]) -> anyhow::Result<()> {
+        let per_token = dtype.bytes_per_token();
+        ensure!(keys.len() % INDEX_DIM == 0, "index keys are not a whole number of rows");
+        ensure!(
+            out.len() == keys.len() / INDEX_DIM * per_token,
+            "index-K output buffer has {} bytes, expected {}",
+            out.len(),
+            keys.len() / INDEX_DIM * per_token
+        );
+        for (key, row) in keys.chunks_exact(INDEX_DIM).zip(out.chunks_exact_mut(per_token)) {
+            layout::quantize_row(dtype, key, row);
+        }
+        Ok(())
+    }
+
+    fn indexer_topk(
+        &self,
+        dtype: IndexKDtype,
+        jobs: &[IndexerJob<'_>],
+        k: usize,
+        topk: TopkImpl,
+    ) -> anyhow::Result<Vec<Vec<u32>>> {
+        let per_token = dtype.bytes_per_token();
+        let mut row = [0.0f32; INDEX_DIM];
+        let mut results = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            ensure!(job.query.len() == INDEX_DIM, "indexer query must have {INDEX_DIM} values");
+            ensure!(job.index_k.len() >= job.n * per_token, "index-K buffer shorter than n rows");
+            let mut scored: Vec<(f32, u32)> = job.index_k[..job.n * per_token]
+                .chunks_exact(per_token)
+                .enumerate()
+                .map(|(position, bytes)| {
+                    layout::dequantize_row(dtype, bytes, &self.fp8_table, &mut row);
+                    (sanitize(dot(job.query, &row)), position as u32)
+                })
+                .collect();
+            let keep = k.min(scored.len());
+            match topk {
+                TopkImpl::V1 => scored.sort_by(rank),
+                TopkImpl::V2 => {
+                    if keep > 0 && keep < scored.len() {
+                        scored.select_nth_unstable_by(keep - 1, rank);
+                    }
+                    scored[..keep].sort_by(rank);
+                }
+            }
+            results.push(scored[..keep].iter().map(|(_, position)| *position).collect());
+        }
+        Ok(results)
+    }
+
+    fn sparse_attention(&self, jobs: &[AttnJob<'_>], path: AttnPath) -> anyhow::Result<Vec<AttnOut>> {
+        let matrix = mla_up_projection();
+        let inv_sqrt_dim = 1.0 / (MAIN_DIM as f32).sqrt();
+        let mut projected_query = [0.0f32; MAIN_DIM];
+        let mut absorbed_query = [0.0f32; MAIN_DIM];
+        let mut projected_key = [0.0f32; MAIN_DIM];
+        let mut outputs = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            ensure!(job.query.len() == MAIN_DIM, "attention query must have {MAIN_DIM} values");
+            ensure!(job.keys.len() >= job.n * MAIN_DIM, "main key buffer shorter than n rows");
+            ensure!(!job.selected.is_empty(), "sparse attention over an empty selection");
+            project(matrix, job.query, &mut projected_query);
+            let selected_scores: Vec<(u32, f32)> = match path {
+                AttnPath::Mma => {
+                    project_transposed(matrix, &projected_query, &mut absorbed_query);
+                    job.selected
+                        .iter()
+                        .map(|&position| {
+                            let p = position as usize;
+                            ensure!(p < job.n, "selected position {p} outside {} rows", job.n);
+                            let key = &job.keys[p * MAIN_DIM..(p + 1) * MAIN_DIM];
+                            Ok((position, dot(&absorbed_query, key) * inv_sqrt_dim))
+                        })
+                        .collect::<anyhow::Result<_>>()?
+                }
+                AttnPath::Legacy => {
+                    // Dense: every stored row is up-projected and scored, then masked.
+                    let dense: Vec<f32> = job.keys[..job.n * MAIN_DIM]
+                        .chunks_exact(MAIN_DIM)
+                        .map(|key| {
+                            project(matrix, key, &mut projected_key);
+                            dot(&projected_query, &projected_key) * inv_sqrt_dim
+                        })
+                        .collect();
+                    job.selected
+                        .iter()
+                        .map(|&position| {
+                            let p = position as usize;
+                            ensure!(p < job.n, "selected position {p} outside {} rows", job.n);
+                            Ok((position, dense[p]))
+                        })
+                        .collect::<anyhow::Result<_>>()?
+                }
+            };
+            let max = selected_scores
+                .iter()
+                .map(|(_, s)| sanitize(*s))
+                .fold(f32::NEG_INFINITY, f32::max);
+            let mut best = (u32::MAX, f32::NEG_INFINITY);
+            let mut total = 0.0f32;
+            for &(position, score) in &selected_scores {
+                let score = sanitize(score);
+                total += (score - max).exp();
+                if score > best.1 || (score == best.1 && position < best.0) {
+                    best = (position, score);
+                }
+            }
+            let weight = if total > 0.0 { (best.1 - max).exp() / total } else { 0.0 };
+            outputs.push(AttnOut { argmax: best.0, weight });
+        }
+        Ok(outputs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pseudo_random(seed: u64, len: usize) -> Vec<f32> {
+        let mut state = seed;
+        (0..len)
+            .map(|_| {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((state >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+            })
+            .collect()
+    }
+
+    #[test]
+    fn up_projection_is_orthogonal() {
+        let w = mla_up_projection();
+        for i in 0..MAIN_DIM {
+            for j in 0..MAIN_DIM {
+                let d = dot(&w[i * MAIN_DIM..(i + 1) * MAIN_DIM], &w[j * MAIN_DIM..(j + 1) * MAIN_DIM]);
+                let expected = if i == j { 1.0 } else { 0.0 };
+                assert!((d - expected).abs() < 1e-5, "row {i} . row {j} = {d}");
+            }
+        }
+    }
+
+    #[test]
+    fn quantization_round_trips_within_format_precision() {
+        let backend = CpuBackend::new();
+        let keys = pseudo_random(7, INDEX_DIM * 4);
+        for (dtype, tolerance) in [(IndexKDtype::Bf16, 1.0 / 128.0), (IndexKDtype::Fp8, 1.0 / 8.0)] {
+            let mut bytes = vec![0u8; 4 * dtype.bytes_per_token()];
+            backend.quantize_index_k(dtype, &keys, &mut bytes).unwrap();
+            let mut row = [0.0f32; INDEX_DIM];
+            for (t, chunk) in bytes.chunks_exact(dtype.bytes_per_token()).enumerate() {
+                layout::dequantize_row(dtype, chunk, &backend.fp8_table, &mut row);
+                for (a, b) in row.iter().zip(&keys[t * INDEX_DIM..]) {
+                    assert!((a - b).abs() <= b.abs() * tolerance + 0.5 / 448.0 * 0.5, "{dtype:?}: {a} vs {b}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn topk_implementations_agree_including_ties() {
+        let backend = CpuBackend::new();
+        let mut keys = pseudo_random(11, INDEX_DIM * 300);
+        // Duplicate rows make exact ties that must resolve to the lower position.
+        let duplicate = keys[..INDEX_DIM].to_vec();
+        keys[INDEX_DIM * 100..INDEX_DIM * 101].copy_from_slice(&duplicate);
+        let query = keys[..INDEX_DIM].to_vec();
+        for dtype in [IndexKDtype::Bf16, IndexKDtype::Fp8] {
+            let mut bytes = vec![0u8; 300 * dtype.bytes_per_token()];
+            backend.quantize_index_k(dtype, &keys, &mut bytes).unwrap();
+            let job = [IndexerJob { query: &query, index_k: &bytes, n: 300 }];
+            let v1 = backend.indexer_topk(dtype, &job, 32, TopkImpl::V1).unwrap();
+            let v2 = backend.indexer_topk(dtype, &job, 32, TopkImpl::V2).unwrap();
+            assert_eq!(v1, v2);
+            assert_eq!(v1[0].len(), 32);
+            assert_eq!(&v1[0][..2], &[0, 100]);
+        }
+    }
+
+    #[test]
+    fn attention_paths_pick_the_same_row() {
+        let backend = CpuBackend::new();
+        let keys = pseudo_random(3, MAIN_DIM * 200);
+        let selected: Vec<u32> = (0..200).step_by(3).collect();
+        for target in [0usize, 51, 198] {
+            let query = keys[target * MAIN_DIM..(target + 1) * MAIN_DIM].to_vec();
+            let job = [AttnJob { query: &query, keys: &keys, n: 200, selected: &selected }];
+            let mma = backend.sparse_attention(&job, AttnPath::Mma).unwrap();
+            let legacy = backend.sparse_attention(&job, AttnPath::Legacy).unwrap();
+            assert_eq!(mma[0].argmax, legacy[0].argmax);
+            assert!((mma[0].weight - legacy[0].weight).abs() < 1e-4);
+            if target % 3 == 0 {
+                assert_eq!(mma[0].argmax as usize, target);
+            }
+        }
+    }
+}

@@ -103,3 +103,101 @@ pub trait Backend: Send + Sync {
     /// Per job: softmax(q.K_sel / sqrt(MAIN_DIM)) over the selected rows; returns the argmax.
     fn sparse_attention(&self, jobs: &[AttnJob<'_>], path: AttnPath) -> anyhow::Result<Vec<AttnOut>>;
 }
+
+/// Byte layout of one quantized index-K row, shared by every backend so that pages
+/// written by one can be read by another:
+/// * bf16: INDEX_DIM little-endian bf16 values;
+/// * fp8: INDEX_DIM e4m3 bytes, then the f32 scale (amax / 448) little-endian.
+pub mod layout {
+    use super::{IndexKDtype, INDEX_DIM};
+
+    /// Largest finite e4m3 magnitude: the per-token scale maps amax onto it.
+    pub const FP8_E4M3_MAX: f32 = 448.0;
+
+    /// Quantize one row of INDEX_DIM f32 into `out` (dtype.bytes_per_token() bytes).
+    pub fn quantize_row(dtype: IndexKDtype, key: &[f32], out: &mut [u8]) {
+        debug_assert_eq!(key.len(), INDEX_DIM);
+        match dtype {
+            IndexKDtype::Bf16 => {
+                for (value, dst) in key.iter().zip(out.chunks_exact_mut(2)) {
+                    dst.copy_from_slice(&half::bf16::from_f32(*value).to_bits().to_le_bytes());
+                }
+            }
+            IndexKDtype::Fp8 => {
+                let amax = key.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                let scale = if amax > 0.0 { amax / FP8_E4M3_MAX } else { 1.0 };
+                for (value, dst) in key.iter().zip(out[..INDEX_DIM].iter_mut()) {
+                    *dst = float8::F8E4M3::from_f32(value / scale).to_bits();
+                }
+                out[INDEX_DIM..INDEX_DIM + 4].copy_from_slice(&scale.to_le_bytes());
+            }
+        }
+    }
+
+    /// Dequantize one row into `out` (INDEX_DIM f32), using `fp8_table` for e4m3.
+    pub fn dequantize_row(dtype: IndexKDtype, row: &[u8], fp8_table: &[f32; 256], out: &mut [f32]) {
+        match dtype {
+            IndexKDtype::Bf16 => {
+                for (dst, src) in out.iter_mut().zip(row.chunks_exact(2)) {
+                    *dst = f32::from_bits((u16::from_le_bytes([src[0], src[1]]) as u32) << 16);
+                }
+            }
+            IndexKDtype::Fp8 => {
+                let scale = f32::from_le_bytes([
+                    row[INDEX_DIM],
+                    row[INDEX_DIM + 1],
+                    row[INDEX_DIM + 2],
+                    row[INDEX_DIM + 3],
+                ]);
+                for (dst, byte) in out.iter_mut().zip(row[..INDEX_DIM].iter()) {
+                    *dst = fp8_table[*byte as usize] * scale;
+                }
+            }
+        }
+    }
+
+    /// Every e4m3 bit pattern decoded once (NaN patterns decode to 0 so stale garbage
+    /// cannot poison a whole score row).
+    pub fn fp8_table() -> [f32; 256] {
+        let mut table = [0.0f32; 256];
+        for (bits, slot) in table.iter_mut().enumerate() {
+            let value = float8::F8E4M3::from_bits(bits as u8).to_f32();
+            *slot = if value.is_finite() { value } else { 0.0 };
+        }
+        table
+    }
+}
+
+/// The MLA up-projection W (MAIN_DIM x MAIN_DIM, row-major, orthogonal) that turns a
+/// stored latent main key into the attention key. The Mma path absorbs it into the
+/// query once (`q' = W^T (W q)`); the Legacy path projects every stored row (`W k_j`)
+/// before the dot product, which is the genuine extra work of the non-absorbed path.
+/// Both give the same scores up to float rounding.
+pub fn mla_up_projection() -> &'static [f32] {
+    static MATRIX: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
+    MATRIX.get_or_init(|| {
+        // Gram-Schmidt over deterministic pseudo-random rows.
+        let mut state = 0x5eed_u64;
+        let mut rows: Vec<Vec<f64>> = Vec::with_capacity(MAIN_DIM);
+        for _ in 0..MAIN_DIM {
+            let mut row: Vec<f64> = (0..MAIN_DIM)
+                .map(|_| {
+                    state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+                    let mut z = state;
+                    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+                    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+                    z ^= z >> 31;
+                    (z >> 11) as f64 / (1u64 << 53) as f64 - 0.5
+                })
+                .collect();
+            for previous in &rows {
+                let dot: f64 = row.iter().zip(previous).map(|(a, b)| a * b).sum();
+                row.iter_mut().zip(previous).for_each(|(a, b)| *a -= dot * b);
+            }
+            let norm = row.iter().map(|a| a * a).sum::<f64>().sqrt();
+            row.iter_mut().for_each(|a| *a /= norm);
+            rows.push(row);
+        }
+        rows.into_iter().flatten().map(|v| v as f32).collect()
+    })
+}

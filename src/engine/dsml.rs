@@ -1,0 +1,169 @@
+//! DeepSeek DSML tool-call markup: the canonical renderer (how the chat template writes
+//! an assistant's calls back into the prompt) and the parser that turns model output
+//! into OpenAI `tool_calls` the way sglang's DSML detector does: a complete, well-formed
+//! `<｜DSML｜tool_calls>` block becomes calls; a block that does not parse stays verbatim
+//! in `content`.
+
+use regex::Regex;
+use serde_json::{Map, Value};
+use std::sync::OnceLock;
+
+pub const BLOCK_OPEN: &str = "<｜DSML｜tool_calls>";
+pub const BLOCK_CLOSE: &str = "</｜DSML｜tool_calls>";
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParsedCall {
+    pub name: String,
+    /// JSON object text.
+    pub arguments: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ParsedOutput {
+    /// Text outside parsed blocks (trimmed); None when nothing but whitespace is left.
+    pub content: Option<String>,
+    pub tool_calls: Vec<ParsedCall>,
+}
+
+/// Render calls `(name, arguments object)` as one canonical DSML block.
+pub fn render_calls(calls: &[(String, Map<String, Value>)]) -> String {
+    let mut out = String::from(BLOCK_OPEN);
+    out.push('\n');
+    for (name, arguments) in calls {
+        out.push_str(&format!("<｜DSML｜invoke name=\"{name}\">\n"));
+        for (key, value) in arguments {
+            match value {
+                Value::String(text) => out.push_str(&format!(
+                    "<｜DSML｜parameter name=\"{key}\" string=\"true\">{text}</｜DSML｜parameter>\n"
+                )),
+                other => out.push_str(&format!(
+                    "<｜DSML｜parameter name=\"{key}\" string=\"false\">{other}</｜DSML｜parameter>\n"
+                )),
+            }
+        }
+        out.push_str("</｜DSML｜invoke>\n");
+    }
+    out.push_str(BLOCK_CLOSE);
+    out
+}
+
+fn invoke_regex() -> &'static Regex {
+    static RE: OnceLock<Regex> = OnceLock::new();
+    RE.get_or_init(|| {
+        Regex::new(r#"(?s)^\s*<｜DSML｜invoke name="([^"<>]+)">((?:\s*<｜DSML｜parameter name="[^"<>]+" string="(?:true|false)">.*?</｜DSML｜parameter>)*)\s*</｜DSML｜invoke>"#)
+            .expect("invoke regex is valid")
+    })
+}
+
+fn parameter_regex() -> &'static Regex {
+    static RE: OnceLock<Regex> = OnceLock::new();
+    RE.get_or_init(|| {
+        Regex::new(r#"(?s)<｜DSML｜parameter name="([^"<>]+)" string="(true|false)">(.*?)</｜DSML｜parameter>"#)
+            .expect("parameter regex is valid")
+    })
+}
+
+/// Parse the inside of one block; None if anything in it is malformed.
+fn parse_block(body: &str) -> Option<Vec<ParsedCall>> {
+    let mut rest = body;
+    let mut calls = Vec::new();
+    while !rest.trim().is_empty() {
+        let captures = invoke_regex().captures(rest)?;
+        let name = captures[1].to_string();
+        let mut arguments = Map::new();
+        for parameter in parameter_regex().captures_iter(&captures[2]) {
+            let raw = &parameter[3];
+            let value = if &parameter[2] == "true" {
+                Value::String(raw.to_string())
+            } else {
+                serde_json::from_str(raw).unwrap_or_else(|_| Value::String(raw.to_string()))
+            };
+            arguments.insert(parameter[1].to_string(), value);
+        }
+        calls.push(ParsedCall { name, arguments: Value::Object(arguments).to_string() });
+        rest = &rest[captures.get(0).expect("whole match").end()..];
+    }
+    if calls.is_empty() {
+        None
+    } else {
+        Some(calls)
+    }
+}
+
+/// Split model output into content and tool calls.
+pub fn parse(output: &str) -> ParsedOutput {
+    let mut content = String::new();
+    let mut tool_calls = Vec::new();
+    let mut rest = output;
+    while let Some(start) = rest.find(BLOCK_OPEN) {
+        content.push_str(&rest[..start]);
+        let after_open = &rest[start + BLOCK_OPEN.len()..];
+        let Some(end) = after_open.find(BLOCK_CLOSE) else {
+            content.push_str(&rest[start..]);
+            rest = "";
+            break;
+        };
+        let block_end = start + BLOCK_OPEN.len() + end + BLOCK_CLOSE.len();
+        match parse_block(&after_open[..end]) {
+            Some(calls) => tool_calls.extend(calls),
+            None => content.push_str(&rest[start..block_end]),
+        }
+        rest = &rest[block_end..];
+    }
+    content.push_str(rest);
+    let trimmed = content.trim();
+    ParsedOutput {
+        content: if trimmed.is_empty() { None } else { Some(trimmed.to_string()) },
+        tool_calls,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn args(value: Value) -> Map<String, Value> {
+        value.as_object().cloned().unwrap()
+    }
+
+    #[test]
+    fn canonical_rendering_parses_back() {
+        let calls = vec![("read_file".to_string(), args(json!({"path": "/srv/app/config.yaml", "max_lines": 40})))];
+        let text = render_calls(&calls);
+        assert!(text.contains("<｜DSML｜parameter name=\"max_lines\" string=\"false\">40</｜DSML｜parameter>"));
+        let parsed = parse(&text);
+        assert_eq!(parsed.content, None);
+        assert_eq!(parsed.tool_calls.len(), 1);
+        assert_eq!(parsed.tool_calls[0].name, "read_file");
+        let arguments: Value = serde_json::from_str(&parsed.tool_calls[0].arguments).unwrap();
+        assert_eq!(arguments, json!({"path": "/srv/app/config.yaml", "max_lines": 40}));
+    }
+
+    #[test]
+    fn string_false_value_that_is_not_json_falls_back_to_a_string() {
+        let text = "ok <｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"n\" string=\"false\">false\">1</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+        let parsed = parse(text);
+        assert_eq!(parsed.content.as_deref(), Some("ok"));
+        let arguments: Value = serde_json::from_str(&parsed.tool_calls[0].arguments).unwrap();
+        assert_eq!(arguments, json!({"n": "false\">1"}));
+    }
+
+    #[test]
+    fn broken_blocks_stay_verbatim_in_content() {
+        let unclosed = "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"read_file\">\n</｜DSML｜invoke>\n";
+        assert_eq!(parse(unclosed), ParsedOutput { content: Some(unclosed.trim().to_string()), tool_calls: vec![] });
+        let salad = "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"read_file\">\n<｜DSML｜parameter name=\"path\" string=\"true\">/srv</｜DSML｜parameter>\n</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+        let parsed = parse(salad);
+        assert!(parsed.tool_calls.is_empty());
+        assert_eq!(parsed.content.as_deref(), Some(salad));
+        let empty_block = "<｜DSML｜tool_calls>\n</｜DSML｜tool_calls>";
+        assert_eq!(parse(empty_block).content.as_deref(), Some(empty_block));
+    }
+
+    #[test]
+    fn plain_text_is_content_only() {
+        assert_eq!(parse("DONE: all steps completed."), ParsedOutput { content: Some("DONE: all steps completed.".into()), tool_calls: vec![] });
+        assert_eq!(parse("  \n"), ParsedOutput::default());
+    }
+}

@@ -1,0 +1,250 @@
+//! HiCache: the host tier of prefill's prefix cache and the loader that copies evicted
+//! pages back to the device.
+//!
+//! The loader runs in virtual time: every scheduler step it moves a fixed number of
+//! bytes (`bytes_per_step`), shared round-robin between active copy jobs one chunk at a
+//! time, so a page can be partially loaded and many concurrent load-backs make each one
+//! slower. A load-back is two jobs over the same pages, as in the deployment the seeds
+//! describe: the main-KV copy, and, once it completes, the index-K copy. Readers of a
+//! page wait for its main-KV rows (the gate); they wait for its index-K rows only when
+//! `SGLANG_DSV4_INDEX_K_HICACHE_SYNC=1`. Being virtual, the race's outcome depends only
+//! on the order of arrivals and steps, never on host CPU speed.
+
+use super::backend::MAIN_DIM;
+use super::kvpool::{DevicePool, MAIN_ROW_BYTES};
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+/// A page's data parked in host memory.
+#[derive(Debug)]
+pub struct HostPage {
+    pub tokens: Vec<u32>,
+    pub main: Vec<f32>,
+    pub index_k: Vec<u8>,
+}
+
+/// Host tier: page key -> data, bounded, least recently stored dropped first.
+pub struct HostTier {
+    pages: HashMap<u64, (Arc<HostPage>, u64)>,
+    capacity_pages: usize,
+    clock: u64,
+}
+
+impl HostTier {
+    pub fn new(capacity_pages: usize) -> Self {
+        HostTier { pages: HashMap::new(), capacity_pages: capacity_pages.max(1), clock: 0 }
+    }
+
+    /// Store a page; returns the key dropped to make room, if any.
+    pub fn insert(&mut self, key: u64, page: HostPage) -> Option<u64> {
+        self.clock += 1;
+        let mut dropped = None;
+        if !self.pages.contains_key(&key) && self.pages.len() >= self.capacity_pages {
+            if let Some((&oldest, _)) = self.pages.iter().min_by_key(|(key, (_, stamp))| (*stamp, **key)) {
+                self.pages.remove(&oldest);
+                dropped = Some(oldest);
+            }
+        }
+        self.pages.insert(key, (Arc::new(page), self.clock));
+        dropped
+    }
+
+    pub fn get(&mut self, key: u64) -> Option<Arc<HostPage>> {
+        self.clock += 1;
+        let clock = self.clock;
+        self.pages.get_mut(&key).map(|(page, stamp)| {
+            *stamp = clock;
+            page.clone()
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.pages.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pages.is_empty()
+    }
+}
+
+/// Loader bandwidth model (virtual time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoaderOptions {
+    /// Bytes copied per scheduler step, all jobs together.
+    pub bytes_per_step: usize,
+    /// Bytes a job copies per round-robin turn.
+    pub chunk_bytes: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyKind {
+    MainKv,
+    IndexK,
+}
+
+struct CopyJob {
+    kind: CopyKind,
+    /// (device page, source) in sequence order.
+    pages: Vec<(usize, Arc<HostPage>)>,
+    /// Rows copied so far over all pages.
+    rows_done: usize,
+}
+
+/// What finished during a loader step.
+#[derive(Debug, Default, PartialEq)]
+pub struct LoaderEvents {
+    pub main_jobs_done: usize,
+    pub index_jobs_done: usize,
+    pub bytes_moved: usize,
+}
+
+pub struct Loader {
+    options: LoaderOptions,
+    jobs: VecDeque<CopyJob>,
+    /// Round-robin position, kept across steps so no job is favoured.
+    turn: usize,
+}
+
+impl Loader {
+    pub fn new(options: LoaderOptions) -> Self {
+        Loader { options, jobs: VecDeque::new(), turn: 0 }
+    }
+
+    pub fn options(&self) -> LoaderOptions {
+        self.options
+    }
+
+    /// Queue a load-back of `pages` (their device pages must already be marked as
+    /// having no valid rows). The index-K copy is queued when the main copy completes.
+    pub fn load_back(&mut self, pages: Vec<(usize, Arc<HostPage>)>) {
+        if !pages.is_empty() {
+            self.jobs.push_back(CopyJob { kind: CopyKind::MainKv, pages, rows_done: 0 });
+        }
+    }
+
+    pub fn active_jobs(&self) -> usize {
+        self.jobs.len()
+    }
+
+    /// Advance all jobs by one step's bandwidth.
+    pub fn step(&mut self, pool: &mut DevicePool) -> LoaderEvents {
+        let page_tokens = pool.page_tokens;
+        let index_width = pool.dtype.bytes_per_token();
+        let mut events = LoaderEvents::default();
+        let mut budget = self.options.bytes_per_step;
+        let mut turn = self.turn;
+        while !self.jobs.is_empty() {
+            if turn >= self.jobs.len() {
+                turn = 0;
+            }
+            let job = &mut self.jobs[turn];
+            let row_bytes = match job.kind {
+                CopyKind::MainKv => MAIN_ROW_BYTES,
+                CopyKind::IndexK => index_width,
+            };
+            let total_rows = job.pages.len() * page_tokens;
+            let chunk_rows = (self.options.chunk_bytes / row_bytes).max(1);
+            let rows = chunk_rows.min(total_rows - job.rows_done).min(budget / row_bytes);
+            if rows == 0 {
+                break;
+            }
+            for row in job.rows_done..job.rows_done + rows {
+                let (device, source) = &job.pages[row / page_tokens];
+                let r = row % page_tokens;
+                let page = &mut pool.pages[*device];
+                match job.kind {
+                    CopyKind::MainKv => {
+                        page.tokens[r] = source.tokens[r];
+                        page.main[r * MAIN_DIM..(r + 1) * MAIN_DIM]
+                            .copy_from_slice(&source.main[r * MAIN_DIM..(r + 1) * MAIN_DIM]);
+                        page.main_rows_valid = r + 1;
+                    }
+                    CopyKind::IndexK => {
+                        page.index_k[r * index_width..(r + 1) * index_width]
+                            .copy_from_slice(&source.index_k[r * index_width..(r + 1) * index_width]);
+                        page.index_rows_valid = r + 1;
+                    }
+                }
+            }
+            job.rows_done += rows;
+            budget -= rows * row_bytes;
+            events.bytes_moved += rows * row_bytes;
+            if job.rows_done == total_rows {
+                let finished = self.jobs.remove(turn).expect("job exists");
+                match finished.kind {
+                    CopyKind::MainKv => {
+                        events.main_jobs_done += 1;
+                        self.jobs.push_back(CopyJob { kind: CopyKind::IndexK, pages: finished.pages, rows_done: 0 });
+                    }
+                    CopyKind::IndexK => events.index_jobs_done += 1,
+                }
+            } else {
+                turn += 1;
+            }
+        }
+        self.turn = turn;
+        events
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::backend::IndexKDtype;
+    use super::*;
+
+    fn host_page(page_tokens: usize, dtype: IndexKDtype, fill: u8) -> Arc<HostPage> {
+        Arc::new(HostPage {
+            tokens: vec![fill as u32; page_tokens],
+            main: vec![fill as f32; page_tokens * MAIN_DIM],
+            index_k: vec![fill; page_tokens * dtype.bytes_per_token()],
+        })
+    }
+
+    #[test]
+    fn main_copy_gates_then_index_copy_follows_chunk_by_chunk() {
+        let dtype = IndexKDtype::Bf16;
+        let mut pool = DevicePool::new(4 * DevicePool::page_bytes(4, dtype), 4, dtype);
+        let page = pool.take_free(0, 0).unwrap();
+        pool.pages[page].main_rows_valid = 0;
+        pool.pages[page].index_rows_valid = 0;
+        // 2 rows of main per step.
+        let mut loader = Loader::new(LoaderOptions { bytes_per_step: 2 * MAIN_ROW_BYTES, chunk_bytes: MAIN_ROW_BYTES });
+        loader.load_back(vec![(page, host_page(4, dtype, 9))]);
+        assert_eq!(loader.step(&mut pool).main_jobs_done, 0);
+        assert_eq!(pool.pages[page].main_rows_valid, 2);
+        assert_eq!(loader.step(&mut pool).main_jobs_done, 1);
+        assert_eq!(pool.pages[page].index_rows_valid, 0);
+        assert_eq!(pool.pages[page].tokens, vec![9; 4]);
+        loader.step(&mut pool);
+        assert_eq!(pool.pages[page].index_rows_valid, 2, "partially loaded index-K page");
+        assert_eq!(loader.step(&mut pool).index_jobs_done, 1);
+        assert_eq!(pool.pages[page].index_k, vec![9; 4 * 256]);
+        assert_eq!(loader.active_jobs(), 0);
+    }
+
+    #[test]
+    fn concurrent_jobs_share_bandwidth() {
+        let dtype = IndexKDtype::Fp8;
+        let mut pool = DevicePool::new(8 * DevicePool::page_bytes(4, dtype), 4, dtype);
+        let mut loader = Loader::new(LoaderOptions { bytes_per_step: 4 * MAIN_ROW_BYTES, chunk_bytes: MAIN_ROW_BYTES });
+        for fill in 0..2u8 {
+            let page = pool.take_free(0, 0).unwrap();
+            pool.pages[page].main_rows_valid = 0;
+            loader.load_back(vec![(page, host_page(4, dtype, fill))]);
+        }
+        // Alone a job would finish its main copy in one step; two share the bandwidth.
+        assert_eq!(loader.step(&mut pool).main_jobs_done, 0);
+        assert_eq!(loader.step(&mut pool).main_jobs_done, 2);
+    }
+
+    #[test]
+    fn host_tier_drops_the_oldest_when_full() {
+        let mut tier = HostTier::new(2);
+        let page = || HostPage { tokens: vec![], main: vec![], index_k: vec![] };
+        assert_eq!(tier.insert(1, page()), None);
+        assert_eq!(tier.insert(2, page()), None);
+        tier.get(1);
+        assert_eq!(tier.insert(3, page()), Some(2));
+        assert_eq!(tier.len(), 2);
+    }
+}

@@ -1,0 +1,408 @@
+//! The miniature model: a deterministic agent whose every emitted token is read back
+//! through the KV cache.
+//!
+//! The agent reads the task (the last user message with numbered `name(key=value, ...)`
+//! lines), counts the tool results after it to know the current step, and decides the
+//! text it wants to say: one canonical DSML call for the next step, or the final answer
+//! the task asks for. It then plans that text as copies of context spans (longest match,
+//! earliest occurrence: DSML tags from the system section's format example, tool names
+//! and values from the task line). Generation reads every token back: the query is the
+//! key of the target position computed from the request text, the indexer scores all
+//! stored index-K rows and keeps the top-k, sparse attention over the main keys of the
+//! selection picks a position, and the token stored there is emitted. Like an induction
+//! head, the next target of a span is the position actually selected plus one, so one
+//! wrong pick derails the rest of the span into the wrong neighbourhood.
+
+use super::backend::{AttnJob, AttnPath, Backend, IndexKDtype, IndexerJob, TopkImpl, INDEX_DIM, MAIN_DIM};
+use super::keys;
+use super::template::{Conversation, Turn};
+use regex::Regex;
+use serde_json::{Map, Value};
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+/// One step of the task: a tool name and its arguments.
+pub type Step = (String, Map<String, Value>);
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Task {
+    pub steps: Vec<Step>,
+    /// What to answer once every step is done.
+    pub answer: String,
+}
+
+/// What the agent wants to say this round.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Intent {
+    Call(Step),
+    Answer(String),
+}
+
+fn step_line() -> &'static Regex {
+    static RE: OnceLock<Regex> = OnceLock::new();
+    RE.get_or_init(|| Regex::new(r"^\s*\d+\.\s*([A-Za-z_][A-Za-z0-9_]*)\((.*)\)\s*$").expect("step regex is valid"))
+}
+
+/// `key=JSON, key=JSON` -> an object; None if any argument does not parse.
+fn parse_arguments(text: &str) -> Option<Map<String, Value>> {
+    let mut arguments = Map::new();
+    let mut rest = text.trim();
+    while !rest.is_empty() {
+        let (key, after) = rest.split_once('=')?;
+        let key = key.trim();
+        if key.is_empty() || !key.chars().all(|c| c.is_alphanumeric() || c == '_') {
+            return None;
+        }
+        let mut values = serde_json::Deserializer::from_str(after).into_iter::<Value>();
+        let value = values.next()?.ok()?;
+        let consumed = values.byte_offset();
+        arguments.insert(key.to_string(), value);
+        rest = after[consumed..].trim_start();
+        if let Some(stripped) = rest.strip_prefix(',') {
+            rest = stripped.trim_start();
+        } else if !rest.is_empty() {
+            return None;
+        }
+    }
+    Some(arguments)
+}
+
+/// Parse a task message; None if it has no numbered steps.
+pub fn parse_task(text: &str) -> Option<Task> {
+    let mut steps = Vec::new();
+    let mut last_step_line = None;
+    for (index, line) in text.lines().enumerate() {
+        if let Some(captures) = step_line().captures(line) {
+            if let Some(arguments) = parse_arguments(&captures[2]) {
+                steps.push((captures[1].to_string(), arguments));
+                last_step_line = Some(index);
+            }
+        }
+    }
+    let after: Vec<&str> =
+        text.lines().skip(last_step_line? + 1).map(str::trim).filter(|line| !line.is_empty()).collect();
+    let closing = after.last().copied().unwrap_or("Done.");
+    let answer = match closing.find("reply exactly:") {
+        Some(at) => closing[at + "reply exactly:".len()..].trim().to_string(),
+        None => closing.to_string(),
+    };
+    Some(Task { steps, answer })
+}
+
+/// The agent's decision for this round; None when the conversation holds no task.
+pub fn decide(conversation: &Conversation) -> Option<Intent> {
+    let (task_index, task) = conversation.messages.iter().enumerate().rev().find_map(|(index, turn)| match turn {
+        Turn::User(text) => parse_task(text).map(|task| (index, task)),
+        _ => None,
+    })?;
+    let done = conversation.messages[task_index + 1..].iter().filter(|turn| matches!(turn, Turn::Tool(_))).count();
+    Some(match task.steps.get(done) {
+        Some(step) => Intent::Call(step.clone()),
+        None => Intent::Answer(task.answer),
+    })
+}
+
+/// Said when the conversation holds no numbered task (mostly not copyable: literals).
+pub const NO_TASK_REPLY: &str = "I found no numbered task steps in this conversation.";
+
+/// Render the prompt and plan this round's output: the prompt tokens and the
+/// generation that will read the output back through the KV cache.
+pub fn prepare(conversation: &Conversation, vocab: &super::tokenizer::Vocab) -> (Vec<u32>, Generation) {
+    let prompt = super::template::render(conversation, vocab);
+    let wanted_text = match decide(conversation) {
+        Some(Intent::Call(step)) => super::dsml::render_calls(&[step]),
+        Some(Intent::Answer(answer)) => answer,
+        None => NO_TASK_REPLY.to_string(),
+    };
+    let wanted = vocab.encode(&wanted_text);
+    let generation = Generation::new(plan(&prompt, &wanted), conversation.max_tokens);
+    (prompt, generation)
+}
+
+/// One piece of the output plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Piece {
+    /// Copy `len` tokens starting at context position `anchor`.
+    Copy { anchor: usize, len: usize },
+    /// A token found nowhere in the context: emitted without a memory read.
+    Literal(u32),
+}
+
+/// Plan `wanted` as copies from `context`: at each point the longest matching span,
+/// the earliest one on ties.
+pub fn plan(context: &[u32], wanted: &[u32]) -> Vec<Piece> {
+    let mut occurrences: HashMap<u32, Vec<usize>> = HashMap::new();
+    for (position, token) in context.iter().enumerate() {
+        occurrences.entry(*token).or_default().push(position);
+    }
+    let mut pieces = Vec::new();
+    let mut index = 0;
+    while index < wanted.len() {
+        let mut best: Option<(usize, usize)> = None;
+        for &start in occurrences.get(&wanted[index]).map(Vec::as_slice).unwrap_or(&[]) {
+            let len = context[start..].iter().zip(&wanted[index..]).take_while(|(a, b)| a == b).count();
+            if best.is_none_or(|(_, best_len)| len > best_len) {
+                best = Some((start, len));
+            }
+        }
+        match best {
+            Some((anchor, len)) => {
+                pieces.push(Piece::Copy { anchor, len });
+                index += len;
+            }
+            None => {
+                pieces.push(Piece::Literal(wanted[index]));
+                index += 1;
+            }
+        }
+    }
+    pieces
+}
+
+/// A sequence's memory as decode holds it: the true tokens (what decode tokenized and
+/// emitted) and the stored rows (shipped by prefill, then appended by decode).
+#[derive(Debug, Clone, Default)]
+pub struct SequenceKv {
+    pub truth: Vec<u32>,
+    /// Token id stored with each main-KV row.
+    pub stored_tokens: Vec<u32>,
+    /// MAIN_DIM f32 per row.
+    pub main: Vec<f32>,
+    /// dtype.bytes_per_token() per row.
+    pub index_k: Vec<u8>,
+}
+
+impl SequenceKv {
+    pub fn len(&self) -> usize {
+        self.stored_tokens.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.stored_tokens.is_empty()
+    }
+
+    /// Append a generated token with its own main key and quantized index key.
+    pub fn append(&mut self, backend: &dyn Backend, dtype: IndexKDtype, token: u32) -> anyhow::Result<()> {
+        let position = self.truth.len();
+        let previous = keys::previous_token(&self.truth, position);
+        let mut index_key = [0.0f32; INDEX_DIM];
+        let mut main_key = [0.0f32; MAIN_DIM];
+        keys::index_key(previous, token, position, &mut index_key);
+        keys::main_key(previous, token, position, &mut main_key);
+        let mut row = vec![0u8; dtype.bytes_per_token()];
+        backend.quantize_index_k(dtype, &index_key, &mut row)?;
+        self.truth.push(token);
+        self.stored_tokens.push(token);
+        self.main.extend_from_slice(&main_key);
+        self.index_k.extend_from_slice(&row);
+        Ok(())
+    }
+}
+
+/// Knobs of the read-back path (all from flags; none changes results except dtype).
+#[derive(Debug, Clone, Copy)]
+pub struct ReadPath {
+    pub dtype: IndexKDtype,
+    pub top_k: usize,
+    pub topk: TopkImpl,
+    pub attn: AttnPath,
+    /// Batches larger than this run request by request ("eager"), same results.
+    pub max_graph_batch: usize,
+}
+
+/// Why a generation stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    Complete,
+    Length,
+}
+
+/// One request's generation state.
+#[derive(Debug, Clone)]
+pub struct Generation {
+    pieces: Vec<Piece>,
+    piece: usize,
+    offset: usize,
+    last_selected: usize,
+    max_tokens: usize,
+    pub emitted: Vec<u32>,
+    pub finish: Option<Finish>,
+}
+
+impl Generation {
+    pub fn new(pieces: Vec<Piece>, max_tokens: usize) -> Self {
+        let finish = if pieces.is_empty() { Some(Finish::Complete) } else { None };
+        Generation { pieces, piece: 0, offset: 0, last_selected: 0, max_tokens, emitted: Vec::new(), finish }
+    }
+
+    fn advance(&mut self) {
+        self.offset += 1;
+        if let Some(Piece::Copy { len, .. }) = self.pieces.get(self.piece) {
+            if self.offset < *len {
+                return;
+            }
+        }
+        self.piece += 1;
+        self.offset = 0;
+    }
+
+    fn check_finished(&mut self) {
+        if self.piece >= self.pieces.len() {
+            self.finish = Some(Finish::Complete);
+        } else if self.emitted.len() >= self.max_tokens {
+            self.finish = Some(Finish::Length);
+        }
+    }
+
+    /// The context position this step must read (None: emit a literal or end).
+    fn target(&mut self, sequence_len: usize) -> Option<Result<usize, u32>> {
+        loop {
+            match *self.pieces.get(self.piece)? {
+                Piece::Literal(token) => return Some(Err(token)),
+                Piece::Copy { anchor, .. } => {
+                    let target = if self.offset == 0 { anchor } else { self.last_selected + 1 };
+                    if target < sequence_len {
+                        return Some(Ok(target));
+                    }
+                    // Derailed onto the newest row: nothing follows it, the span ends.
+                    self.piece += 1;
+                    self.offset = 0;
+                }
+            }
+        }
+    }
+}
+
+/// Advance every unfinished generation by one token (continuous batching step).
+pub fn decode_step(
+    backend: &dyn Backend,
+    path: &ReadPath,
+    batch: &mut [(&mut Generation, &mut SequenceKv)],
+) -> anyhow::Result<()> {
+    struct Read {
+        slot: usize,
+        target: usize,
+        index_query: Vec<f32>,
+        main_query: Vec<f32>,
+    }
+    let mut reads = Vec::new();
+    for (slot, (generation, sequence)) in batch.iter_mut().enumerate() {
+        if generation.finish.is_some() {
+            continue;
+        }
+        match generation.target(sequence.len()) {
+            None => generation.check_finished(),
+            Some(Err(literal)) => {
+                sequence.append(backend, path.dtype, literal)?;
+                generation.emitted.push(literal);
+                generation.advance();
+                generation.check_finished();
+            }
+            Some(Ok(target)) => {
+                let previous = keys::previous_token(&sequence.truth, target);
+                let mut index_query = vec![0.0f32; INDEX_DIM];
+                let mut main_query = vec![0.0f32; MAIN_DIM];
+                keys::index_key(previous, sequence.truth[target], target, &mut index_query);
+                keys::main_key(previous, sequence.truth[target], target, &mut main_query);
+                reads.push(Read { slot, target, index_query, main_query });
+            }
+        }
+    }
+    if reads.is_empty() {
+        return Ok(());
+    }
+    let groups: Vec<&[Read]> =
+        if reads.len() > path.max_graph_batch { reads.chunks(1).collect() } else { vec![&reads[..]] };
+    let mut picks = Vec::with_capacity(reads.len());
+    for group in groups {
+        let index_jobs: Vec<IndexerJob<'_>> = group
+            .iter()
+            .map(|read| {
+                let sequence = &batch[read.slot].1;
+                IndexerJob { query: &read.index_query, index_k: &sequence.index_k, n: sequence.len() }
+            })
+            .collect();
+        let selections = backend.indexer_topk(path.dtype, &index_jobs, path.top_k, path.topk)?;
+        let attn_jobs: Vec<AttnJob<'_>> = group
+            .iter()
+            .zip(&selections)
+            .map(|(read, selected)| {
+                let sequence = &batch[read.slot].1;
+                AttnJob { query: &read.main_query, keys: &sequence.main, n: sequence.len(), selected }
+            })
+            .collect();
+        picks.extend(backend.sparse_attention(&attn_jobs, path.attn)?.into_iter().map(|out| out.argmax as usize));
+    }
+    for (read, selected) in reads.iter().zip(picks) {
+        let (generation, sequence) = &mut batch[read.slot];
+        debug_assert!(read.target < sequence.len());
+        let token = sequence.stored_tokens[selected];
+        sequence.append(backend, path.dtype, token)?;
+        generation.emitted.push(token);
+        generation.last_selected = selected;
+        generation.advance();
+        generation.check_finished();
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::backend::cpu::CpuBackend;
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn parses_the_task_and_the_requested_answer() {
+        let text = "Please do this.\n1. read_file(path=\"/srv/app/config.yaml\", max_lines=40)\n2. grep(pattern=\"a, b\", flags=[\"-i\"])\nWhen every step is done, reply exactly: DONE: all steps completed.";
+        let task = parse_task(text).unwrap();
+        assert_eq!(task.steps.len(), 2);
+        assert_eq!(task.steps[0].0, "read_file");
+        assert_eq!(Value::Object(task.steps[0].1.clone()), json!({"path": "/srv/app/config.yaml", "max_lines": 40}));
+        assert_eq!(Value::Object(task.steps[1].1.clone()), json!({"pattern": "a, b", "flags": ["-i"]}));
+        assert_eq!(task.answer, "DONE: all steps completed.");
+        assert_eq!(parse_task("no steps here"), None);
+    }
+
+    #[test]
+    fn plan_prefers_longest_then_earliest_spans() {
+        let context = [1, 2, 3, 9, 1, 2, 3, 4];
+        assert_eq!(plan(&context, &[1, 2, 3, 4, 7]), vec![
+            Piece::Copy { anchor: 4, len: 4 },
+            Piece::Literal(7)
+        ]);
+        assert_eq!(plan(&context, &[2, 3]), vec![Piece::Copy { anchor: 1, len: 2 }]);
+    }
+
+    fn clean_sequence(backend: &CpuBackend, dtype: IndexKDtype, tokens: &[u32]) -> SequenceKv {
+        let index = keys::index_keys(tokens, 0);
+        let mut index_k = vec![0u8; tokens.len() * dtype.bytes_per_token()];
+        backend.quantize_index_k(dtype, &index, &mut index_k).unwrap();
+        SequenceKv { truth: tokens.to_vec(), stored_tokens: tokens.to_vec(), main: keys::main_keys(tokens, 0), index_k }
+    }
+
+    #[test]
+    fn clean_memory_copies_exactly_and_corrupted_index_k_derails() {
+        let backend = CpuBackend::new();
+        let tokens: Vec<u32> = (0..600u32).map(|i| (i * 7919) % 97).collect();
+        let wanted: Vec<u32> = tokens[300..320].to_vec();
+        for dtype in [IndexKDtype::Bf16, IndexKDtype::Fp8] {
+            let path = ReadPath { dtype, top_k: 32, topk: TopkImpl::V2, attn: AttnPath::Mma, max_graph_batch: 32 };
+            let mut sequence = clean_sequence(&backend, dtype, &tokens);
+            let mut generation = Generation::new(plan(&tokens, &wanted), 100);
+            while generation.finish.is_none() {
+                decode_step(&backend, &path, &mut [(&mut generation, &mut sequence)]).unwrap();
+            }
+            assert_eq!(generation.emitted, wanted, "{dtype:?}");
+            // Zeroed index-K (a never-loaded page) under the copied span: the read goes elsewhere.
+            let mut broken = clean_sequence(&backend, dtype, &tokens);
+            let width = dtype.bytes_per_token();
+            broken.index_k[256 * width..320 * width].iter_mut().for_each(|b| *b = 0);
+            let mut generation = Generation::new(plan(&tokens, &wanted), 100);
+            while generation.finish.is_none() {
+                decode_step(&backend, &path, &mut [(&mut generation, &mut broken)]).unwrap();
+            }
+            assert_ne!(generation.emitted, wanted, "{dtype:?}");
+        }
+    }
+}

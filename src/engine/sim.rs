@@ -1,0 +1,364 @@
+//! In-process, deterministic simulation of the whole engine under a multi-session
+//! agentic load: N sessions x R rounds drive the real prefill core and the real decode
+//! read-back path directly (no HTTP), in virtual time. One tick is one prefill
+//! scheduler step; decode advances every running request by one token every
+//! `ticks_per_decode_step` ticks; a session sends its next round a small deterministic
+//! delay after its reply. Each round's reply is checked against what the task's current
+//! step asked for, as the harness would; a session is corrupted at its first bad round.
+//!
+//! This is how the engine's tuning parameters were chosen (see `PrefillOptions::tuned`)
+//! and what the engine's load-dependence tests assert on.
+
+use super::backend::{AttnPath, Backend, IndexKDtype, TopkImpl};
+use super::dsml;
+use super::model::{self, decide, decode_step, Generation, Intent, ReadPath, SequenceKv};
+use super::prefill::{PrefillCore, PrefillCounters, PrefillOptions};
+use super::template::{Conversation, ToolFunction, Turn};
+use super::tokenizer::Vocab;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde_json::{json, Map, Value};
+use std::collections::HashMap;
+
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    pub sessions: usize,
+    pub rounds: usize,
+    /// Filler tokens of earlier conversation before each session's task (about).
+    pub ctx_tokens: usize,
+    pub steps: usize,
+    pub prefill: PrefillOptions,
+    pub read: ReadPath,
+    pub ticks_per_decode_step: u64,
+    /// Client think time after a reply: 0..=this many ticks, hash-chosen per round.
+    pub client_delay_max: u64,
+    /// Decode's running-batch cap (more wait in its queue).
+    pub max_running: usize,
+    pub seed: u64,
+}
+
+impl SimConfig {
+    /// The default workload's shape: 80 sessions x 4 rounds, 3 steps, ~300 filler tokens.
+    pub fn default_workload(dtype: IndexKDtype, hicache: bool, index_k_sync: bool) -> Self {
+        SimConfig {
+            sessions: 80,
+            rounds: 4,
+            ctx_tokens: 300,
+            steps: 3,
+            prefill: PrefillOptions::tuned(dtype, hicache, index_k_sync),
+            read: ReadPath { dtype, top_k: DEFAULT_TOP_K, topk: TopkImpl::V2, attn: AttnPath::Mma, max_graph_batch: 32 },
+            ticks_per_decode_step: 4,
+            client_delay_max: 6,
+            max_running: 256,
+            seed: 7,
+        }
+    }
+}
+
+/// Indexer top-k of the engine.
+pub const DEFAULT_TOP_K: usize = 32;
+
+#[derive(Debug, Clone, Default)]
+pub struct SimReport {
+    pub sessions: usize,
+    pub corrupted: usize,
+    pub done: usize,
+    pub rounds: usize,
+    pub corrupted_rounds_with_stale_index_k: usize,
+    pub counters: PrefillCounters,
+    pub ticks: u64,
+    /// A few corrupted replies, for eyeballing.
+    pub examples: Vec<String>,
+}
+
+impl SimReport {
+    pub fn rate(&self) -> f64 {
+        self.corrupted as f64 / self.sessions.max(1) as f64
+    }
+}
+
+const WORDS: [&str; 24] = [
+    "service", "config", "deploy", "logs", "latency", "cache", "worker", "queue", "metrics", "restart", "timeout",
+    "request", "version", "module", "build", "cluster", "node", "error", "retry", "schema", "index", "batch",
+    "memory", "thread",
+];
+const PATHS: [&str; 8] = [
+    "/srv/app/config.yaml", "/srv/app/main.py", "/etc/nginx/nginx.conf", "/var/log/app/error.log",
+    "/srv/app/requirements.txt", "/opt/worker/settings.toml", "/srv/app/routes/api.py", "/home/deploy/.env",
+];
+const PATTERNS: [&str; 6] = ["timeout", "ERROR", "max_connections", "retry_limit", "TODO", "listen"];
+const COMMANDS: [&str; 5] = ["systemctl status app", "df -h", "uptime", "ls -la /srv/app", "git log -3"];
+
+/// The tools the simulated sessions are offered.
+pub fn sim_tools() -> Vec<ToolFunction> {
+    let tool = |name: &str, description: &str, parameters: Value| ToolFunction {
+        name: name.to_string(),
+        description: Some(description.to_string()),
+        parameters: Some(parameters),
+    };
+    vec![
+        tool("read_file", "Read a text file.", json!({"type": "object", "properties": {"path": {"type": "string"}, "max_lines": {"type": "integer"}}, "required": ["path"]})),
+        tool("grep", "Search a file for a pattern.", json!({"type": "object", "properties": {"pattern": {"type": "string"}, "path": {"type": "string"}}, "required": ["pattern", "path"]})),
+        tool("list_dir", "List a directory.", json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]})),
+        tool("run_command", "Run a shell command.", json!({"type": "object", "properties": {"command": {"type": "string"}, "timeout_s": {"type": "integer"}}, "required": ["command"]})),
+    ]
+}
+
+fn random_step(rng: &mut ChaCha8Rng) -> (String, Map<String, Value>) {
+    let pick = |rng: &mut ChaCha8Rng, pool: &[&str]| pool[rng.random_range(0..pool.len())].to_string();
+    let (name, arguments) = match rng.random_range(0..4) {
+        0 => ("read_file", json!({"path": pick(rng, &PATHS), "max_lines": rng.random_range(1..9) * 10})),
+        1 => ("grep", json!({"pattern": pick(rng, &PATTERNS), "path": pick(rng, &PATHS)})),
+        2 => ("list_dir", json!({"path": pick(rng, &PATHS).rsplit_once('/').map(|(dir, _)| dir.to_string()).unwrap_or_default()})),
+        _ => ("run_command", json!({"command": pick(rng, &COMMANDS), "timeout_s": rng.random_range(1..7) * 5})),
+    };
+    (name.to_string(), arguments.as_object().cloned().unwrap_or_default())
+}
+
+/// `key=JSON` argument list as a task line writes it.
+fn task_arguments(arguments: &Map<String, Value>) -> String {
+    arguments.iter().map(|(key, value)| format!("{key}={value}")).collect::<Vec<_>>().join(", ")
+}
+
+/// Filler text of roughly `tokens` tokens (similar-looking sentences).
+pub fn filler_text(rng: &mut ChaCha8Rng, tokens: usize) -> String {
+    let mut text = String::new();
+    let mut count = 0;
+    while count < tokens {
+        let sentence = format!(
+            "The {} {} on node {} reported {} {} after the {} {}. ",
+            WORDS[rng.random_range(0..WORDS.len())],
+            WORDS[rng.random_range(0..WORDS.len())],
+            rng.random_range(1..40),
+            rng.random_range(2..500),
+            WORDS[rng.random_range(0..WORDS.len())],
+            WORDS[rng.random_range(0..WORDS.len())],
+            WORDS[rng.random_range(0..WORDS.len())],
+        );
+        count += super::tokenizer::split(&sentence).len();
+        text.push_str(&sentence);
+    }
+    text
+}
+
+/// A session's opening conversation: filler turns, then the task message.
+fn session_opening(seed: u64, session: usize, ctx_tokens: usize, steps: usize) -> Vec<Turn> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ (session as u64).wrapping_mul(0x9E37_79B9));
+    let mut turns = Vec::new();
+    if ctx_tokens > 0 {
+        turns.push(Turn::User(format!("Earlier notes: {}", filler_text(&mut rng, ctx_tokens / 2))));
+        turns.push(Turn::Assistant { content: filler_text(&mut rng, ctx_tokens / 2), calls: vec![] });
+    }
+    let mut task = String::from("Please help me check this server. Do these steps in order, one tool call per reply:\n");
+    for index in 0..steps {
+        let (name, arguments) = random_step(&mut rng);
+        task.push_str(&format!("{}. {}({})\n", index + 1, name, task_arguments(&arguments)));
+    }
+    task.push_str("When every step is done, reply exactly: DONE: all steps completed.");
+    turns.push(Turn::User(task));
+    turns
+}
+
+fn tool_result(name: &str, arguments: &Map<String, Value>) -> String {
+    format!("ok: {name} finished ({} arguments). exit status 0, 12 lines of output.", arguments.len())
+}
+
+struct SessionState {
+    turns: Vec<Turn>,
+    rounds_used: usize,
+    finished: bool,
+    next_send: Option<u64>,
+}
+
+struct InFlight {
+    session: usize,
+    generation: Generation,
+    prompt: Vec<u32>,
+    expected: Intent,
+}
+
+/// Deterministic per-(session, round) client delay.
+fn client_delay(seed: u64, session: usize, round: usize, max: u64) -> u64 {
+    let mut z = seed ^ ((session as u64) << 32) ^ round as u64;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    (z ^ (z >> 31)) % (max + 1)
+}
+
+fn is_correct(expected: &Intent, output: &dsml::ParsedOutput) -> bool {
+    match expected {
+        Intent::Call((name, arguments)) => {
+            output.content.is_none()
+                && output.tool_calls.len() == 1
+                && &output.tool_calls[0].name == name
+                && serde_json::from_str::<Value>(&output.tool_calls[0].arguments).ok()
+                    == Some(Value::Object(arguments.clone()))
+        }
+        Intent::Answer(answer) => output.tool_calls.is_empty() && output.content.as_deref() == Some(answer.as_str()),
+    }
+}
+
+/// Run the simulation to the end of every session.
+pub fn run(config: &SimConfig, backend: &dyn Backend) -> anyhow::Result<SimReport> {
+    anyhow::ensure!(config.prefill.dtype == config.read.dtype, "prefill and decode index-K dtypes differ");
+    let vocab = Vocab::new();
+    let tools = sim_tools();
+    let mut prefill = PrefillCore::new(config.prefill.clone());
+    let mut sessions: Vec<SessionState> = (0..config.sessions)
+        .map(|session| SessionState {
+            turns: session_opening(config.seed, session, config.ctx_tokens, config.steps),
+            rounds_used: 0,
+            finished: false,
+            next_send: Some(client_delay(config.seed, session, 0, config.client_delay_max)),
+        })
+        .collect();
+    let mut waiting_prefill: HashMap<u64, InFlight> = HashMap::new();
+    let mut decode_queue: Vec<(InFlight, SequenceKv)> = Vec::new();
+    let mut running: Vec<(InFlight, SequenceKv)> = Vec::new();
+    let mut report = SimReport { sessions: config.sessions, ..SimReport::default() };
+    let mut next_id = 0u64;
+    let mut tick = 0u64;
+    let mut stale_requests: std::collections::HashSet<u64> = Default::default();
+    let mut running_ids: Vec<u64> = Vec::new();
+    let mut queue_ids: Vec<u64> = Vec::new();
+    while sessions.iter().any(|s| !s.finished) {
+        // Idle: jump to the next send.
+        if !prefill.has_work() && running.is_empty() && decode_queue.is_empty() {
+            let next = sessions.iter().filter_map(|s| s.next_send).min();
+            match next {
+                Some(at) if at > tick => tick = at,
+                Some(_) => {}
+                None => anyhow::bail!("simulation stalled with unfinished sessions"),
+            }
+        }
+        for (index, session) in sessions.iter_mut().enumerate() {
+            if session.next_send == Some(tick) {
+                session.next_send = None;
+                let conversation =
+                    Conversation { tools: tools.clone(), messages: session.turns.clone(), max_tokens: 512 };
+                let expected = decide(&conversation).expect("sessions always hold a task");
+                let (prompt, generation) = model::prepare(&conversation, &vocab);
+                prefill.submit(next_id, prompt.clone());
+                waiting_prefill.insert(next_id, InFlight { session: index, generation, prompt, expected });
+                next_id += 1;
+            }
+        }
+        for (id, result) in prefill.step(backend)? {
+            let kv = result.map_err(anyhow::Error::msg)?;
+            if kv.stale_index_pages > 0 {
+                stale_requests.insert(id);
+            }
+            let flight = waiting_prefill.remove(&id).expect("shipped requests were submitted");
+            let sequence =
+                SequenceKv { truth: flight.prompt.clone(), stored_tokens: kv.tokens, main: kv.main, index_k: kv.index_k };
+            decode_queue.push((flight, sequence));
+            queue_ids.push(id);
+        }
+        if tick % config.ticks_per_decode_step == 0 {
+            while running.len() < config.max_running && !decode_queue.is_empty() {
+                running.push(decode_queue.remove(0));
+                running_ids.push(queue_ids.remove(0));
+            }
+            if !running.is_empty() {
+                let mut batch: Vec<(&mut Generation, &mut SequenceKv)> =
+                    running.iter_mut().map(|(flight, sequence)| (&mut flight.generation, sequence)).collect();
+                decode_step(backend, &config.read, &mut batch)?;
+            }
+            let mut index = 0;
+            while index < running.len() {
+                if running[index].0.generation.finish.is_none() {
+                    index += 1;
+                    continue;
+                }
+                let (flight, _) = running.remove(index);
+                let id = running_ids.remove(index);
+                let text = vocab.decode(&flight.generation.emitted);
+                let output = dsml::parse(&text);
+                let session = &mut sessions[flight.session];
+                session.rounds_used += 1;
+                report.rounds += 1;
+                if !is_correct(&flight.expected, &output) {
+                    session.finished = true;
+                    report.corrupted += 1;
+                    if stale_requests.contains(&id) {
+                        report.corrupted_rounds_with_stale_index_k += 1;
+                    }
+                    if report.examples.len() < 4 {
+                        report.examples.push(text);
+                    }
+                    continue;
+                }
+                match &flight.expected {
+                    Intent::Answer(_) => {
+                        session.finished = true;
+                        report.done += 1;
+                    }
+                    Intent::Call((name, arguments)) => {
+                        session.turns.push(Turn::Assistant {
+                            content: String::new(),
+                            calls: vec![(name.clone(), arguments.clone())],
+                        });
+                        session.turns.push(Turn::Tool(tool_result(name, arguments)));
+                        if session.rounds_used >= config.rounds {
+                            session.finished = true;
+                        } else {
+                            session.next_send =
+                                Some(tick + 1 + client_delay(config.seed, flight.session, session.rounds_used, config.client_delay_max));
+                        }
+                    }
+                }
+            }
+        }
+        tick += 1;
+    }
+    report.counters = prefill.counters.clone();
+    report.ticks = tick;
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::backend::cpu::CpuBackend;
+    use super::*;
+
+    fn quick(sessions: usize, dtype: IndexKDtype, hicache: bool, sync: bool) -> SimReport {
+        let mut config = SimConfig::default_workload(dtype, hicache, sync);
+        config.sessions = sessions;
+        run(&config, &CpuBackend::new()).unwrap()
+    }
+
+    #[test]
+    #[ignore = "prints the full table; run with --ignored --nocapture"]
+    fn print_corruption_table() {
+        let backend = CpuBackend::new();
+        println!("config | sessions | corrupted | rate | loadback req | stale req | corrupted&stale | evicted | ticks");
+        for (label, dtype, hicache, sync, sessions) in [
+            ("defaults", IndexKDtype::Bf16, true, false, 80),
+            ("BF16_INDEX_K=0", IndexKDtype::Fp8, true, false, 80),
+            ("HiCache off", IndexKDtype::Bf16, false, false, 80),
+            ("INDEX_K_HICACHE_SYNC=1", IndexKDtype::Bf16, true, true, 80),
+            ("one session", IndexKDtype::Bf16, true, false, 1),
+        ] {
+            let mut config = SimConfig::default_workload(dtype, hicache, sync);
+            config.sessions = sessions;
+            let start = std::time::Instant::now();
+            let r = run(&config, &backend).unwrap();
+            println!(
+                "{label} | {} | {} | {:.3} | {} | {} | {} | {} | {} ({:.1}s)",
+                r.sessions, r.corrupted, r.rate(), r.counters.loadback_requests, r.counters.stale_index_k_requests,
+                r.corrupted_rounds_with_stale_index_k, r.counters.evicted_pages, r.ticks, start.elapsed().as_secs_f64()
+            );
+            for example in r.examples.iter().take(2) {
+                println!("    e.g. {example:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn one_session_is_never_corrupted() {
+        let report = quick(1, IndexKDtype::Bf16, true, false);
+        assert_eq!(report.corrupted, 0);
+        assert_eq!(report.done, 1);
+        assert_eq!(report.counters.loadback_requests, 0);
+    }
+}

@@ -1,0 +1,67 @@
+//! The launch-config editor (DESIGN.md 3.3): reads and writes one flag's setting in
+//! each role's launch config, refuses half-applied flags, and journals the originals
+//! so every edit is undone, even after a crash.
+//!
+//! `edit` holds the pure text functions; `journal` the file operations ([`Editor`],
+//! [`recover`]). Bad input (a value, a partial flag, a config with no place for the
+//! setting, a readback that disagrees) is a [`LaunchError`] (exit code 2); I/O failures
+//! are plain `anyhow` errors.
+
+mod edit;
+mod journal;
+
+use std::path::PathBuf;
+
+pub use edit::{check_partial, read_setting, write_setting};
+pub use journal::{recover, Editor, JOURNAL_FILE};
+
+/// A launch config or flag value the editor refuses. `Display` names the file and line
+/// where known and says how to fix it.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error("flag {flag}: {reason}\n  fix: use a plain value (letters, digits, . _ : / , = + -)")]
+    BadValue {
+        flag: String,
+        value: String,
+        reason: String,
+    },
+    /// The flag's setting appears in the launch config of a role the flag does not list.
+    #[error("{path}:{line}: {message}\n  fix: {fix}", path = path.display())]
+    Partial {
+        role: String,
+        path: PathBuf,
+        line: usize,
+        message: String,
+        fix: String,
+    },
+    #[error(
+        "{path}:{line}: no launch command to add {key} (flag {flag}) to\n  fix: make the script end with its launch command (e.g. `exec python -m sglang.launch_server ...`) or add {key} to it by hand",
+        path = path.display()
+    )]
+    NoPlace {
+        path: PathBuf,
+        line: usize,
+        flag: String,
+        key: String,
+    },
+    #[error(
+        "flag {flag} lists roles {} but the target has none of them (its roles: {})\n  fix: name the target's roles in the flag's roles (a --flags-dir copy of {flag}.toml), or rename the target's roles",
+        listed.join(", "), available.join(", ")
+    )]
+    NoRole {
+        flag: String,
+        listed: Vec<String>,
+        available: Vec<String>,
+    },
+    #[error(
+        "{path}: after writing {key}={expected} for role {role:?}, reading it back gives {}\n  fix: check the script for a later or conditional setting of {key} that bisect cannot see, or set it by hand once",
+        found.as_deref().map(|f| format!("{f:?}")).unwrap_or_else(|| "nothing".into()), path = path.display()
+    )]
+    Readback {
+        role: String,
+        path: PathBuf,
+        key: String,
+        expected: String,
+        found: Option<String>,
+    },
+}

@@ -1,0 +1,191 @@
+//! Bad input through the real binary: exit 2 with file:line and a fix, nothing touched;
+//! an engine that never becomes healthy: exit 3, launch configs restored.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn bisect(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_bisect"))
+        .args(args)
+        .current_dir(cwd)
+        .output()
+        .expect("running bisect")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).to_string()
+}
+
+/// A target profile whose single role is `sh launch.sh`, on a dead port.
+fn write_target(dir: &Path, launch_text: &str, extra: &str) -> std::path::PathBuf {
+    std::fs::write(dir.join("serve.sh"), launch_text).unwrap();
+    let profile = dir.join("target.toml");
+    std::fs::write(
+        &profile,
+        format!(
+            "name = \"t\"\napi = \"http://127.0.0.1:9/v1\"\nmodel = \"m\"\n{extra}\n[[role]]\nname = \"prefill\"\nlaunch = \"serve.sh\"\nhealth = \"http://127.0.0.1:9/health\"\nhealth_timeout_s = 2\n\n[[role]]\nname = \"decode\"\nlaunch = \"serve.sh\"\nhealth = \"http://127.0.0.1:9/health\"\nhealth_timeout_s = 2\n"
+        ),
+    )
+    .unwrap();
+    profile
+}
+
+#[test]
+fn malformed_target_toml_names_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("target.toml");
+    std::fs::write(
+        &profile,
+        "name = \"t\"\napi = \"http://x/v1\"\nmodel = = \"m\"\n",
+    )
+    .unwrap();
+    let out = bisect(
+        &["run", "--flag", "BF16_INDEX_K", "--target", "target.toml"],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("target.toml:3"), "{}", stderr(&out));
+}
+
+#[test]
+fn unknown_flag_lists_the_known_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = bisect(&["run", "--flag", "NOPE"], dir.path());
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(
+        err.contains("NOPE") && err.contains("BF16_INDEX_K") && err.contains("HICACHE"),
+        "{err}"
+    );
+    assert!(
+        !dir.path().join("results").exists(),
+        "nothing written for bad input"
+    );
+}
+
+#[test]
+fn shell_metacharacters_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = bisect(
+        &[
+            "run",
+            "--flag",
+            "BF16_INDEX_K",
+            "--set",
+            "TOPK_V2=1;rm -rf /",
+        ],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let flags = dir.path().join("flags");
+    std::fs::create_dir_all(&flags).unwrap();
+    std::fs::write(
+        flags.join("EVIL.toml"),
+        "doc = \"x\"\nenv = \"EVIL\"\nroles = [\"decode\"]\non = \"$(reboot)\"\noff = \"0\"\n",
+    )
+    .unwrap();
+    let out = bisect(
+        &["run", "--flag", "EVIL", "--flags-dir", "flags"],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("EVIL.toml:4"), "{}", stderr(&out));
+}
+
+#[test]
+fn missing_launch_file_is_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = write_target(dir.path(), "#!/bin/sh\nexec true\n", "");
+    std::fs::remove_file(dir.path().join("serve.sh")).unwrap();
+    let out = bisect(
+        &[
+            "run",
+            "--flag",
+            "BF16_INDEX_K",
+            "--target",
+            profile.to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("serve.sh"), "{}", stderr(&out));
+}
+
+#[test]
+fn launch_file_without_a_place_for_the_setting() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = "# only comments, no command to add --cuda-graph-max-bs to\n";
+    let profile = write_target(dir.path(), text, "");
+    let out = bisect(
+        &[
+            "run",
+            "--flag",
+            "CUDA_GRAPH_MAX_BS",
+            "--target",
+            profile.to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("serve.sh"), "{}", stderr(&out));
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("serve.sh")).unwrap(),
+        text
+    );
+}
+
+#[test]
+fn engine_never_healthy_is_exit_3_and_configs_restored() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = "#!/bin/sh\nexport SGLANG_DSV4_BF16_INDEX_K=1\nexec sleep 20\n";
+    let profile = write_target(dir.path(), text, "");
+    let out = bisect(
+        &[
+            "run",
+            "--flag",
+            "BF16_INDEX_K",
+            "--target",
+            profile.to_str().unwrap(),
+            "--sessions",
+            "2",
+        ],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(stderr(&out).contains("not healthy"), "{}", stderr(&out));
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("serve.sh")).unwrap(),
+        text
+    );
+}
+
+#[test]
+fn flags_command_lists_catalog_with_docs() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = bisect(&["flags"], dir.path());
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    for name in [
+        "BF16_INDEX_K",
+        "HICACHE",
+        "INDEX_K_HICACHE_SYNC",
+        "MMA_FLASHMLA",
+        "TOPK_V2",
+        "CUDA_GRAPH_MAX_BS",
+    ] {
+        assert!(text.contains(name), "{name} missing from:\n{text}");
+    }
+    assert!(text.contains("SGLANG_DSV4_BF16_INDEX_K"));
+}
+
+#[test]
+fn usage_error_is_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = bisect(&["run"], dir.path());
+    assert_eq!(out.status.code(), Some(2));
+    let out = bisect(
+        &["run", "--flag", "BF16_INDEX_K", "--repeats", "0"],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(2));
+}

@@ -1,0 +1,127 @@
+//! Shared helpers: temporary fake targets, flag catalogs and plans.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bisect::config::{FlagCatalog, RoleSpec, TargetProfile, Workload};
+use bisect::experiment::RunPlan;
+use bisect::verdict::Policy;
+
+use crate::fake::FakeEngine;
+
+pub const PREFILL_LAUNCH: &str = "#!/bin/sh\n# fake prefill\nexport FAKE_INDEX_BF16=1\nexec fake-engine --role prefill --port 1\n";
+pub const DECODE_LAUNCH: &str = "#!/bin/sh\n# fake decode\nexport FAKE_INDEX_BF16=1\nexport FAKE_RACE=1\nexport FAKE_SLOW=0\nexport FAKE_SLOW_MS=800\nexec fake-engine --role decode --port 2 --fake-noise 0\n";
+
+/// Flags of the fake engine, as catalog files.
+pub const FAKE_FLAGS: &[(&str, &str)] = &[
+    (
+        "FAKE_BF16",
+        "doc = \"fake index dtype\"\nenv = \"FAKE_INDEX_BF16\"\nroles = [\"prefill\", \"decode\"]\non = \"1\"\noff = \"0\"\n",
+    ),
+    (
+        "FAKE_BF16_DECODE_ONLY",
+        "doc = \"the same variable, listed for decode only: half-applied\"\nenv = \"FAKE_INDEX_BF16\"\nroles = [\"decode\"]\non = \"1\"\noff = \"0\"\n",
+    ),
+    (
+        "FAKE_SLOW",
+        "doc = \"slow decode\"\nenv = \"FAKE_SLOW\"\nroles = [\"decode\"]\non = \"1\"\noff = \"0\"\n",
+    ),
+    (
+        "FAKE_NOISE",
+        "doc = \"speed noise only\"\narg = \"--fake-noise\"\nroles = [\"decode\"]\non = \"0\"\noff = \"3\"\n",
+    ),
+];
+
+pub struct FakeTarget {
+    pub dir: tempfile::TempDir,
+    pub engine: FakeEngine,
+    pub target: TargetProfile,
+    pub catalog: FlagCatalog,
+}
+
+impl FakeTarget {
+    pub async fn new() -> FakeTarget {
+        let dir = tempfile::tempdir().unwrap();
+        let prefill = dir.path().join("prefill.sh");
+        let decode = dir.path().join("decode.sh");
+        std::fs::write(&prefill, PREFILL_LAUNCH).unwrap();
+        std::fs::write(&decode, DECODE_LAUNCH).unwrap();
+        let flags = dir.path().join("flags");
+        std::fs::create_dir_all(&flags).unwrap();
+        for (name, text) in FAKE_FLAGS {
+            std::fs::write(flags.join(format!("{name}.toml")), text).unwrap();
+        }
+        let engine = FakeEngine::start(prefill.clone(), decode.clone()).await;
+        let role = |name: &str, launch: PathBuf, addr: std::net::SocketAddr| RoleSpec {
+            name: name.into(),
+            launch,
+            restart: Some("true".into()),
+            health: format!("http://{addr}/health"),
+            metrics: Some(format!("http://{addr}/metrics")),
+            health_timeout_s: 10,
+        };
+        let target = TargetProfile {
+            name: "fake".into(),
+            api: format!("http://{}/v1", engine.decode_addr),
+            model: "fake".into(),
+            api_key_env: None,
+            roles: vec![
+                role("prefill", prefill, engine.prefill_addr),
+                role("decode", decode, engine.decode_addr),
+            ],
+            source: None,
+        };
+        let catalog = FlagCatalog::load(&[flags]).unwrap();
+        FakeTarget {
+            dir,
+            engine,
+            target,
+            catalog,
+        }
+    }
+
+    pub fn launch_bytes(&self) -> (Vec<u8>, Vec<u8>) {
+        (
+            std::fs::read(&self.target.roles[0].launch).unwrap(),
+            std::fs::read(&self.target.roles[1].launch).unwrap(),
+        )
+    }
+
+    pub fn plan(&self, flag: &str, sessions: u32, rounds: u32) -> RunPlan {
+        let mut workload = Workload::load("smoke").unwrap();
+        workload.sessions = sessions;
+        workload.rounds = rounds;
+        workload.timeout_s = 5.0;
+        let results = self.dir.path().join("results");
+        RunPlan {
+            id: format!("test-{flag}"),
+            command: format!("bisect run --flag {flag}"),
+            flag: self.catalog.get(flag).unwrap().clone(),
+            target: self.target.clone(),
+            workload,
+            repeats: 1,
+            sets: Vec::new(),
+            run_dir: results.join(format!("test-{flag}")),
+            journal_dir: results.join(".bisect-journal"),
+            policy: Policy::default(),
+            allow_partial: false,
+            api_key: None,
+            metrics_period: Duration::from_millis(50),
+        }
+    }
+}
+
+/// How many of the workload's sessions the fake's race hits (task hash divisible by 4).
+pub fn fake_race_victims(workload: &Workload, sessions: u32) -> u64 {
+    (0..sessions)
+        .filter(|i| {
+            let (_, messages) = bisect::workload::task::initial_conversation(workload, *i);
+            let task = messages.last().unwrap().content.clone().unwrap();
+            crate::fake::task_hash(&task) % 4 == 0
+        })
+        .count() as u64
+}
+
+pub fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}

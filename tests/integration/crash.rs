@@ -1,0 +1,84 @@
+//! kill -9 in the middle of a run: the launch configs are left edited, and the next
+//! start (or `bisect restore`) puts the originals back byte for byte.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common::FakeTarget;
+
+fn write_profile(t: &FakeTarget) -> std::path::PathBuf {
+    let mut text = format!(
+        "name = \"fake\"\napi = \"{}\"\nmodel = \"fake\"\n",
+        t.target.api
+    );
+    for role in &t.target.roles {
+        text.push_str(&format!(
+            "\n[[role]]\nname = \"{}\"\nlaunch = \"{}\"\nrestart = \"true\"\nhealth = \"{}\"\nmetrics = \"{}\"\n",
+            role.name,
+            role.launch.file_name().unwrap().to_str().unwrap(),
+            role.health,
+            role.metrics.as_deref().unwrap()
+        ));
+    }
+    let path = t.dir.path().join("target.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_dash_nine_then_next_start_restores() {
+    let t = FakeTarget::new().await;
+    // Make the fake slow so the run is still in its first arm when it is killed.
+    let decode = &t.target.roles[1].launch;
+    let slow = crate::common::DECODE_LAUNCH.replace("FAKE_SLOW=0", "FAKE_SLOW=1");
+    std::fs::write(decode, &slow).unwrap();
+    t.engine.reload().unwrap();
+    let before = t.launch_bytes();
+    let profile = write_profile(&t);
+    let exe = env!("CARGO_BIN_EXE_bisect");
+    let mut child = Command::new(exe)
+        .args([
+            "run",
+            "--flag",
+            "FAKE_BF16",
+            "--flags-dir",
+            "flags",
+            "--target",
+        ])
+        .arg(&profile)
+        .args(["--workload", "smoke", "--sessions", "4", "--timeout", "20"])
+        .current_dir(t.dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait until bisect has edited a launch config (the off arm writes FAKE_INDEX_BF16=0,
+    // but the on arm's value equals the original, so wait for the journal instead).
+    let journal = t.dir.path().join("results/.bisect-journal");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !journal.join("journal.json").exists() {
+        assert!(Instant::now() < deadline, "bisect never wrote its journal");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Let it reach the off arm, where the configs differ from the originals.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while t.launch_bytes() == before {
+        assert!(Instant::now() < deadline, "bisect never wrote the off arm");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    child.kill().unwrap(); // SIGKILL: no chance to clean up
+    child.wait().unwrap();
+    assert_ne!(t.launch_bytes(), before, "the kill left the configs edited");
+
+    // The next start replays the journal before anything else, even a failing command.
+    let out = Command::new(exe)
+        .args(["run", "--flag", "NOPE"])
+        .current_dir(t.dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("restored"), "{err}");
+    assert_eq!(t.launch_bytes(), before);
+    assert!(!journal.join("journal.json").exists());
+}

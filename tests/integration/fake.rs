@@ -1,0 +1,348 @@
+//! A small fake prefill/decode engine for harness tests: in-process axum servers whose
+//! flags are read, like a real engine's, from the `export` lines and arguments of their
+//! launch configs at every restart. Its bugs are deterministic functions of the task
+//! text, so every count a test checks is known in advance.
+//!
+//! Flags it understands:
+//! - `FAKE_INDEX_BF16` (both roles; they must agree or every request fails with 500)
+//! - `FAKE_RACE=1` (decode): with FAKE_INDEX_BF16=1 too, sessions whose task hash is
+//!   divisible by 4 leak DSML in round 2
+//! - `FAKE_SLOW=1` (decode): every request sleeps `FAKE_SLOW_MS` (default 1500 ms)
+//! - `--fake-noise N` (decode arg): speed noise only
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use bisect::control::async_trait_shim::BoxFuture;
+use bisect::control::EngineControl;
+use parking_lot::RwLock;
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+/// Flags of one role, as parsed from its launch config.
+#[derive(Debug, Clone, Default)]
+pub struct RoleFlags {
+    pub env: BTreeMap<String, String>,
+    pub args: Vec<String>,
+}
+
+impl RoleFlags {
+    /// The fake's own reading of a launch config: `export K=V` / `K=V` lines and the
+    /// words of the `exec` line.
+    pub fn parse(text: &str) -> RoleFlags {
+        let mut flags = RoleFlags::default();
+        for line in text.lines() {
+            let line = line.trim();
+            if line.starts_with('#') || line.is_empty() {
+                continue;
+            }
+            let assignment = line.strip_prefix("export ").unwrap_or(line);
+            if let Some((k, v)) = assignment.split_once('=') {
+                if k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') && !k.is_empty() {
+                    flags.env.insert(
+                        k.to_string(),
+                        v.trim_matches('"').trim_matches('\'').to_string(),
+                    );
+                    continue;
+                }
+            }
+            flags.args.extend(line.split_whitespace().map(String::from));
+        }
+        flags
+    }
+
+    fn env_is(&self, key: &str, value: &str) -> bool {
+        self.env.get(key).map(|v| v == value).unwrap_or(false)
+    }
+}
+
+#[derive(Default)]
+struct Shared {
+    prefill: RwLock<RoleFlags>,
+    decode: RwLock<RoleFlags>,
+    running: AtomicU64,
+    requests: AtomicU64,
+}
+
+/// The running fake: two listeners on loopback.
+pub struct FakeEngine {
+    shared: Arc<Shared>,
+    pub prefill_addr: SocketAddr,
+    pub decode_addr: SocketAddr,
+    pub launch: [PathBuf; 2],
+    pub restarts: Arc<AtomicU64>,
+    shutdown: CancellationToken,
+}
+
+impl FakeEngine {
+    pub async fn start(prefill_launch: PathBuf, decode_launch: PathBuf) -> FakeEngine {
+        let shared = Arc::new(Shared::default());
+        let shutdown = CancellationToken::new();
+        let prefill_app = Router::new()
+            .route("/health", get(|| async { "ok" }))
+            .route("/metrics", get(prefill_metrics))
+            .route("/server_info", get(prefill_info))
+            .with_state(shared.clone());
+        let decode_app = Router::new()
+            .route("/health", get(|| async { "ok" }))
+            .route("/metrics", get(decode_metrics))
+            .route("/v1/chat/completions", post(chat))
+            .with_state(shared.clone());
+        let prefill_addr = serve(prefill_app, shutdown.clone()).await;
+        let decode_addr = serve(decode_app, shutdown.clone()).await;
+        FakeEngine {
+            shared,
+            prefill_addr,
+            decode_addr,
+            launch: [prefill_launch, decode_launch],
+            restarts: Arc::new(AtomicU64::new(0)),
+            shutdown,
+        }
+    }
+
+    /// Re-read both launch configs, as a restart of real processes would.
+    pub fn reload(&self) -> std::io::Result<()> {
+        *self.shared.prefill.write() = RoleFlags::parse(&std::fs::read_to_string(&self.launch[0])?);
+        *self.shared.decode.write() = RoleFlags::parse(&std::fs::read_to_string(&self.launch[1])?);
+        Ok(())
+    }
+
+    pub fn control(&self) -> FakeControl {
+        FakeControl {
+            shared: self.shared.clone(),
+            launch: self.launch.clone(),
+            restarts: self.restarts.clone(),
+        }
+    }
+
+    pub fn requests(&self) -> u64 {
+        self.shared.requests.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for FakeEngine {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// EngineControl over the fake: "restart" re-reads the launch configs.
+pub struct FakeControl {
+    shared: Arc<Shared>,
+    launch: [PathBuf; 2],
+    pub restarts: Arc<AtomicU64>,
+}
+
+impl EngineControl for FakeControl {
+    fn restart<'a>(
+        &'a mut self,
+        _label: &'a str,
+        _cancel: &'a CancellationToken,
+    ) -> BoxFuture<'a, anyhow::Result<BTreeMap<String, f64>>> {
+        Box::pin(async move {
+            *self.shared.prefill.write() =
+                RoleFlags::parse(&std::fs::read_to_string(&self.launch[0])?);
+            *self.shared.decode.write() =
+                RoleFlags::parse(&std::fs::read_to_string(&self.launch[1])?);
+            self.restarts.fetch_add(1, Ordering::Relaxed);
+            Ok(BTreeMap::from([
+                ("prefill".to_string(), 0.0),
+                ("decode".to_string(), 0.0),
+            ]))
+        })
+    }
+
+    fn stop(&mut self) -> BoxFuture<'_, anyhow::Result<()>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+async fn serve(app: Router, shutdown: CancellationToken) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move { shutdown.cancelled().await })
+            .await
+            .unwrap();
+    });
+    addr
+}
+
+async fn prefill_metrics() -> String {
+    "# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{model_name=\"fake\"} 0\nsglang:num_queue_reqs{model_name=\"fake\"} 0\n".into()
+}
+
+async fn prefill_info(State(s): State<Arc<Shared>>) -> Json<Value> {
+    Json(json!({"role": "prefill", "env": s.prefill.read().env}))
+}
+
+async fn decode_metrics(State(s): State<Arc<Shared>>) -> String {
+    format!(
+        "# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{{model_name=\"fake\"}} {}\nsglang:num_queue_reqs{{model_name=\"fake\"}} 0\n",
+        s.running.load(Ordering::Relaxed)
+    )
+}
+
+struct Running<'a>(&'a AtomicU64);
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A parsed task step: `N. tool(k=v, ...)`.
+#[derive(Debug, Clone)]
+pub struct Step {
+    pub tool: String,
+    pub args: serde_json::Map<String, Value>,
+}
+
+/// The fake's reading of a task message (the format of DESIGN.md 3.4).
+pub fn parse_steps(text: &str) -> Vec<Step> {
+    let mut steps = Vec::new();
+    for line in text.lines() {
+        let line = line.trim();
+        let Some((num, rest)) = line.split_once(". ") else {
+            continue;
+        };
+        if num.is_empty() || !num.chars().all(|c| c.is_ascii_digit()) {
+            continue;
+        }
+        let Some((tool, args)) = rest.split_once('(') else {
+            continue;
+        };
+        let Some(args) = args.strip_suffix(')') else {
+            continue;
+        };
+        let mut map = serde_json::Map::new();
+        let mut rest = args.trim();
+        while !rest.is_empty() {
+            let Some((key, after)) = rest.split_once('=') else {
+                break;
+            };
+            let mut de = serde_json::Deserializer::from_str(after).into_iter::<Value>();
+            let Some(Ok(value)) = de.next() else { break };
+            map.insert(key.trim().to_string(), value);
+            rest = after[de.byte_offset()..]
+                .trim_start()
+                .trim_start_matches(',')
+                .trim_start();
+        }
+        steps.push(Step {
+            tool: tool.trim().to_string(),
+            args: map,
+        });
+    }
+    steps
+}
+
+pub fn task_hash(text: &str) -> u64 {
+    // FNV-1a: stable across runs and platforms.
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in text.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    h
+}
+
+fn error(status: StatusCode, message: &str) -> Response {
+    (status, Json(json!({"error": {"message": message}}))).into_response()
+}
+
+async fn chat(State(s): State<Arc<Shared>>, Json(body): Json<Value>) -> Response {
+    s.requests.fetch_add(1, Ordering::Relaxed);
+    s.running.fetch_add(1, Ordering::Relaxed);
+    let _running = Running(&s.running);
+    let (prefill, decode) = (s.prefill.read().clone(), s.decode.read().clone());
+    let p = prefill
+        .env
+        .get("FAKE_INDEX_BF16")
+        .cloned()
+        .unwrap_or_default();
+    let d = decode
+        .env
+        .get("FAKE_INDEX_BF16")
+        .cloned()
+        .unwrap_or_default();
+    if p != d {
+        return error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("index dtype mismatch: prefill {p:?}, decode {d:?}"),
+        );
+    }
+    if decode.env_is("FAKE_SLOW", "1") {
+        let ms = decode
+            .env
+            .get("FAKE_SLOW_MS")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1500);
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    let messages = body["messages"].as_array().cloned().unwrap_or_default();
+    let Some(task_at) = messages.iter().rposition(|m| {
+        m["role"] == "user" && !parse_steps(m["content"].as_str().unwrap_or("")).is_empty()
+    }) else {
+        return error(StatusCode::BAD_REQUEST, "no task message");
+    };
+    let task_text = messages[task_at]["content"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let steps = parse_steps(&task_text);
+    let done = messages[task_at..]
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .count();
+    let round = messages[task_at..]
+        .iter()
+        .filter(|m| m["role"] == "assistant")
+        .count()
+        + 1;
+    let racy = decode.env_is("FAKE_RACE", "1") && d == "1";
+    if racy && round == 2 && task_hash(&task_text) % 4 == 0 {
+        let salad = "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"read_file\">\n<｜DSML｜parameter name=\"max_lines\" string=\"false\">false\">1</｜DSML｜parameter>\n</｜DSML｜parameter>";
+        return Json(completion(
+            json!({"role": "assistant", "content": salad}),
+            "stop",
+        ))
+        .into_response();
+    }
+    let message = match steps.get(done) {
+        Some(step) => json!({
+            "role": "assistant",
+            "content": null,
+            "tool_calls": [{
+                "id": format!("call_{round}"),
+                "type": "function",
+                "function": {"name": step.tool, "arguments": Value::Object(step.args.clone()).to_string()}
+            }]
+        }),
+        None => json!({"role": "assistant", "content": "DONE: all steps completed."}),
+    };
+    let finish = if steps.get(done).is_some() {
+        "tool_calls"
+    } else {
+        "stop"
+    };
+    Json(completion(message, finish)).into_response()
+}
+
+fn completion(message: Value, finish: &str) -> Value {
+    json!({
+        "id": "fake",
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        "usage": {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120}
+    })
+}

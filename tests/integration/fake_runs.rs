@@ -1,0 +1,280 @@
+//! `bisect run`'s protocol against the fake engine, whose bugs are known exactly.
+
+use std::sync::atomic::Ordering;
+
+use bisect::experiment::{self, Quiet};
+use bisect::session::SessionClass;
+use bisect::verdict::Status;
+use tokio_util::sync::CancellationToken;
+
+use crate::common::{fake_race_victims, FakeTarget};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racy_flag_is_implicated_with_exact_counts() {
+    let t = FakeTarget::new().await;
+    let before = t.launch_bytes();
+    let plan = t.plan("FAKE_BF16", 64, 4);
+    let victims = fake_race_victims(&plan.workload, 64);
+    assert!(
+        victims >= 10,
+        "workload gives too few race victims ({victims}) for a decisive test"
+    );
+    let mut control = t.engine.control();
+    let record = experiment::run(&plan, &mut control, &Quiet, CancellationToken::new())
+        .await
+        .unwrap();
+
+    let on = record.arms.iter().find(|a| a.label == "on").unwrap();
+    let off = record.arms.iter().find(|a| a.label == "off").unwrap();
+    assert_eq!(on.counts.leak, victims);
+    assert_eq!(on.counts.done, 64 - victims);
+    assert_eq!(off.counts.done, 64);
+    assert_eq!(on.first_bad_round, vec![0, victims]);
+    assert_eq!(on.readback.get("prefill").map(String::as_str), Some("1"));
+    assert_eq!(off.readback.get("decode").map(String::as_str), Some("0"));
+    let verdict = record.verdict.as_ref().unwrap();
+    assert_eq!(verdict.status, Status::Implicated, "{verdict:?}");
+    assert!(
+        verdict.direction.as_deref().unwrap().starts_with("on"),
+        "{verdict:?}"
+    );
+    assert_eq!(control.restarts.load(Ordering::Relaxed), 2);
+    assert_eq!(
+        t.launch_bytes(),
+        before,
+        "launch configs must be restored byte for byte"
+    );
+
+    // The results directory holds every artefact of DESIGN.md 3.6.
+    let dir = &plan.run_dir;
+    let run_json: serde_json::Value =
+        serde_json::from_str(&crate::common::read(&dir.join("run.json"))).unwrap();
+    assert_eq!(run_json["verdict"]["status"], "implicated");
+    assert_eq!(run_json["flag"]["env"], "FAKE_INDEX_BF16");
+    assert_eq!(run_json["arms"].as_array().unwrap().len(), 2);
+    assert_eq!(run_json["comparison"]["test"], "fisher_exact_two_sided");
+    let sessions = crate::common::read(&dir.join("sessions.jsonl"));
+    assert_eq!(sessions.lines().count(), 128);
+    let leak_line = sessions
+        .lines()
+        .find(|l| l.contains("\"class\":\"leak\""))
+        .unwrap();
+    assert!(leak_line.contains("DSML"), "evidence kept: {leak_line}");
+    let metrics = crate::common::read(&dir.join("metrics.csv"));
+    assert!(metrics.starts_with("t_s,role,running"), "{metrics}");
+    assert!(metrics.contains("on-r0") && metrics.contains("off-r0"));
+    assert!(dir.join("launch/on-r0").is_dir() && dir.join("launch/off-r0").is_dir());
+    let applied_on = crate::common::read(&dir.join("launch/on-r0/decode--decode.sh"));
+    assert!(applied_on.contains("export FAKE_INDEX_BF16=1"));
+    let applied_off = crate::common::read(&dir.join("launch/off-r0/prefill--prefill.sh"));
+    assert!(applied_off.contains("export FAKE_INDEX_BF16=0"));
+    assert!(crate::common::read(&dir.join("summary.md")).contains("implicated"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn speed_only_flag_is_cleared() {
+    let t = FakeTarget::new().await;
+    // The race needs FAKE_INDEX_BF16=1: pin it off for both arms so nothing corrupts.
+    let mut plan = t.plan("FAKE_NOISE", 100, 4);
+    plan.sets
+        .push((t.catalog.get("FAKE_BF16").unwrap().clone(), "0".into()));
+    let mut control = t.engine.control();
+    let record = experiment::run(&plan, &mut control, &Quiet, CancellationToken::new())
+        .await
+        .unwrap();
+    let verdict = record.verdict.as_ref().unwrap();
+    assert_eq!(verdict.status, Status::Cleared, "{verdict:?}");
+    assert!(record.arms.iter().all(|a| a.counts.done == 100));
+    assert_eq!(record.sets.get("FAKE_BF16").map(String::as_str), Some("0"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_difference_is_inconclusive_underpowered() {
+    let t = FakeTarget::new().await;
+    let plan = t.plan("FAKE_BF16", 12, 4);
+    let victims = fake_race_victims(&plan.workload, 12);
+    let mut control = t.engine.control();
+    let record = experiment::run(&plan, &mut control, &Quiet, CancellationToken::new())
+        .await
+        .unwrap();
+    let verdict = record.verdict.as_ref().unwrap();
+    assert_eq!(record.arms[0].counts.leak, victims);
+    assert_eq!(verdict.status, Status::Inconclusive, "{verdict:?}");
+    assert!(
+        verdict.reasons.iter().any(|r| r.contains("underpowered")),
+        "{verdict:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_arm_is_degraded_not_a_verdict() {
+    let t = FakeTarget::new().await;
+    let mut plan = t.plan("FAKE_SLOW", 20, 2);
+    plan.workload.timeout_s = 0.2;
+    plan.sets
+        .push((t.catalog.get("FAKE_BF16").unwrap().clone(), "0".into()));
+    let mut control = t.engine.control();
+    let record = experiment::run(&plan, &mut control, &Quiet, CancellationToken::new())
+        .await
+        .unwrap();
+    let on = record.arms.iter().find(|a| a.label == "on").unwrap();
+    assert_eq!(on.counts.timeout, 20);
+    let verdict = record.verdict.as_ref().unwrap();
+    assert_eq!(verdict.status, Status::Inconclusive);
+    assert!(
+        verdict
+            .reasons
+            .iter()
+            .any(|r| r.contains("degraded") && r.contains("on")),
+        "{verdict:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_applied_flag_is_refused_before_any_restart() {
+    let t = FakeTarget::new().await;
+    let before = t.launch_bytes();
+    let plan = t.plan("FAKE_BF16_DECODE_ONLY", 4, 1);
+    let mut control = t.engine.control();
+    let err = experiment::run(&plan, &mut control, &Quiet, CancellationToken::new())
+        .await
+        .unwrap_err();
+    let msg = format!("{err:#}");
+    assert!(
+        msg.contains("prefill"),
+        "names the role that also sets it: {msg}"
+    );
+    assert_eq!(bisect::exit::code_for_error(&err), bisect::exit::BAD_INPUT);
+    assert_eq!(control.restarts.load(Ordering::Relaxed), 0);
+    assert_eq!(t.engine.requests(), 0);
+    assert_eq!(t.launch_bytes(), before);
+
+    // With --allow-partial the same flag runs, and the mismatch shows up as engine errors.
+    let mut plan = plan;
+    plan.allow_partial = true;
+    plan.run_dir = plan.run_dir.with_file_name("partial-allowed");
+    let record = experiment::run(&plan, &mut control, &Quiet, CancellationToken::new())
+        .await
+        .unwrap();
+    let off = record.arms.iter().find(|a| a.label == "off").unwrap();
+    assert_eq!(
+        off.counts.error, 4,
+        "prefill 1 vs decode 0 disagree: every request fails"
+    );
+    assert_eq!(t.launch_bytes(), before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeats_interleave_and_pool() {
+    let t = FakeTarget::new().await;
+    let mut plan = t.plan("FAKE_BF16", 16, 4);
+    plan.repeats = 2;
+    let victims = fake_race_victims(&plan.workload, 16);
+    let mut control = t.engine.control();
+    let record = experiment::run(&plan, &mut control, &Quiet, CancellationToken::new())
+        .await
+        .unwrap();
+    let order: Vec<String> = record
+        .runs
+        .iter()
+        .map(|r| format!("{}{}", r.label, r.repeat.unwrap()))
+        .collect();
+    assert_eq!(order, ["on0", "off0", "off1", "on1"]);
+    let on = record.arms.iter().find(|a| a.label == "on").unwrap();
+    assert_eq!(on.sessions, 32);
+    assert_eq!(on.counts.leak, 2 * victims);
+    assert_eq!(control.restarts.load(Ordering::Relaxed), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configs_restored_when_a_restart_fails_midway() {
+    let t = FakeTarget::new().await;
+    let before = t.launch_bytes();
+    let plan = t.plan("FAKE_BF16", 8, 2);
+    let mut control = FailingSecondRestart {
+        inner: t.engine.control(),
+        calls: 0,
+    };
+    let err = experiment::run(&plan, &mut control, &Quiet, CancellationToken::new())
+        .await
+        .unwrap_err();
+    assert!(format!("{err:#}").contains("simulated restart failure"));
+    assert_eq!(t.launch_bytes(), before);
+    let run_json: serde_json::Value =
+        serde_json::from_str(&crate::common::read(&plan.run_dir.join("run.json"))).unwrap();
+    assert_eq!(run_json["status"], "failed");
+    assert_eq!(
+        run_json["runs"].as_array().unwrap().len(),
+        1,
+        "the finished arm is kept"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancellation_restores_and_reports_interrupted() {
+    let t = FakeTarget::new().await;
+    let before = t.launch_bytes();
+    let mut plan = t.plan("FAKE_SLOW", 8, 2);
+    plan.workload.timeout_s = 30.0;
+    let cancel = CancellationToken::new();
+    let trigger = cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        trigger.cancel();
+    });
+    let mut control = t.engine.control();
+    let err = experiment::run(&plan, &mut control, &Quiet, cancel)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        bisect::exit::code_for_error(&err),
+        bisect::exit::INTERRUPTED
+    );
+    assert_eq!(t.launch_bytes(), before);
+    let run_json: serde_json::Value =
+        serde_json::from_str(&crate::common::read(&plan.run_dir.join("run.json"))).unwrap();
+    assert_eq!(run_json["status"], "interrupted");
+}
+
+#[test]
+fn session_classes_cover_design() {
+    let names: Vec<&str> = SessionClass::ALL.iter().map(|c| c.name()).collect();
+    assert_eq!(
+        names,
+        [
+            "done",
+            "maxrounds",
+            "leak",
+            "bad_args",
+            "wrong_args",
+            "no_tool",
+            "error",
+            "timeout"
+        ]
+    );
+}
+
+struct FailingSecondRestart {
+    inner: crate::fake::FakeControl,
+    calls: u32,
+}
+
+impl bisect::control::EngineControl for FailingSecondRestart {
+    fn restart<'a>(
+        &'a mut self,
+        label: &'a str,
+        cancel: &'a CancellationToken,
+    ) -> bisect::control::async_trait_shim::BoxFuture<
+        'a,
+        anyhow::Result<std::collections::BTreeMap<String, f64>>,
+    > {
+        self.calls += 1;
+        if self.calls == 2 {
+            return Box::pin(async { Err(anyhow::anyhow!("simulated restart failure")) });
+        }
+        self.inner.restart(label, cancel)
+    }
+    fn stop(&mut self) -> bisect::control::async_trait_shim::BoxFuture<'_, anyhow::Result<()>> {
+        self.inner.stop()
+    }
+}

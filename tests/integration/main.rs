@@ -1,0 +1,9 @@
+//! The one integration test binary: the harness end to end against a fake engine
+//! (in-process, deterministic bugs) and against the embedded engine (real processes),
+//! plus the command line's exit codes and error messages.
+
+mod cli_errors;
+mod common;
+mod crash;
+mod fake;
+mod fake_runs;
