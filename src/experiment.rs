@@ -140,8 +140,16 @@ fn refuse_partial(plan: &RunPlan) -> anyhow::Result<()> {
     if plan.allow_partial {
         return Ok(());
     }
+    let mut flags = vec![&plan.flag];
+    flags.extend(plan.sets.iter().map(|(f, _)| f));
+    refuse_half_applied(&plan.target, &flags)
+}
+
+/// Refuse, before any edit, a flag whose setting also appears in the launch config of a
+/// role it does not list (DESIGN.md 3.3): flipping it would half-apply it.
+pub fn refuse_half_applied(target: &TargetProfile, flags: &[&FlagSpec]) -> anyhow::Result<()> {
     let mut texts = Vec::new();
-    for role in &plan.target.roles {
+    for role in &target.roles {
         let text = std::fs::read_to_string(&role.launch).map_err(|e| {
             Failure::BadInput(format!(
                 "{}: cannot read launch config of role {}: {e}",
@@ -151,8 +159,7 @@ fn refuse_partial(plan: &RunPlan) -> anyhow::Result<()> {
         })?;
         texts.push((role.name.clone(), role.launch.clone(), text));
     }
-    crate::launch::check_partial(&plan.flag, &texts)?;
-    for (flag, _) in &plan.sets {
+    for flag in flags {
         crate::launch::check_partial(flag, &texts)?;
     }
     Ok(())
@@ -206,8 +213,14 @@ async fn run_blocks(
         arm.readback = readback;
         arm.health_wait_s = waits.values().sum();
         progress.arm_started(label, value, repeat, plan.workload.sessions as u64);
+        let spec = BlockSpec {
+            target: &plan.target,
+            workload: &plan.workload,
+            api_key: plan.api_key.clone(),
+            metrics_period: plan.metrics_period,
+        };
         drive_block(
-            plan,
+            &spec,
             &classifier,
             progress,
             cancel,
@@ -226,8 +239,19 @@ async fn run_blocks(
     Ok(())
 }
 
-async fn drive_block(
-    plan: &RunPlan,
+/// What one arm block drives: shared by `bisect run` and the matrix.
+pub struct BlockSpec<'a> {
+    pub target: &'a TargetProfile,
+    pub workload: &'a Workload,
+    pub api_key: Option<String>,
+    pub metrics_period: Duration,
+}
+
+/// Drive one arm block against engines that are already up: all sessions, the metrics
+/// poller, the one collector that aggregates into `arm` and streams `sessions.jsonl` and
+/// `metrics.csv` into `results`. The caller restarts before and calls `arm.finish()` after.
+pub async fn drive_block(
+    spec: &BlockSpec<'_>,
     classifier: &Arc<Classifier>,
     progress: &dyn Progress,
     cancel: &CancellationToken,
@@ -235,6 +259,7 @@ async fn drive_block(
     arm: &mut ArmRecord,
     repeat: u32,
 ) -> anyhow::Result<()> {
+    let plan = spec;
     let drive_plan = DrivePlan {
         api: plan.target.api.clone(),
         model: plan.target.model.clone(),
@@ -407,7 +432,7 @@ pub fn target_info(t: &TargetProfile) -> TargetInfo {
 }
 
 /// `/server_info` beside the health URL, if the engine serves one (sglang and ours do).
-async fn fetch_server_info(health_url: &str) -> Option<serde_json::Value> {
+pub async fn fetch_server_info(health_url: &str) -> Option<serde_json::Value> {
     let base = health_url.strip_suffix("/health")?;
     let client = reqwest::Client::builder()
         .no_proxy()

@@ -47,41 +47,46 @@ pub fn render_calls(calls: &[(String, Map<String, Value>)]) -> String {
     out
 }
 
-fn invoke_regex() -> &'static Regex {
+fn header_regex() -> &'static Regex {
     static RE: OnceLock<Regex> = OnceLock::new();
     RE.get_or_init(|| {
-        Regex::new(r#"(?s)^\s*<｜DSML｜invoke name="([^"<>]+)">((?:\s*<｜DSML｜parameter name="[^"<>]+" string="(?:true|false)">.*?</｜DSML｜parameter>)*)\s*</｜DSML｜invoke>"#)
-            .expect("invoke regex is valid")
+        Regex::new(r#"^(?:<｜DSML｜invoke name="([^"<>]+)">|<｜DSML｜parameter name="([^"<>]+)" string="(true|false)">)"#)
+            .expect("DSML header regex is valid")
     })
 }
 
-fn parameter_regex() -> &'static Regex {
-    static RE: OnceLock<Regex> = OnceLock::new();
-    RE.get_or_init(|| {
-        Regex::new(r#"(?s)<｜DSML｜parameter name="([^"<>]+)" string="(true|false)">(.*?)</｜DSML｜parameter>"#)
-            .expect("parameter regex is valid")
-    })
-}
+const INVOKE_CLOSE: &str = "</｜DSML｜invoke>";
+const PARAMETER_CLOSE: &str = "</｜DSML｜parameter>";
 
 /// Parse the inside of one block; None if anything in it is malformed.
 fn parse_block(body: &str) -> Option<Vec<ParsedCall>> {
-    let mut rest = body;
+    let mut rest = body.trim_start();
     let mut calls = Vec::new();
-    while !rest.trim().is_empty() {
-        let captures = invoke_regex().captures(rest)?;
-        let name = captures[1].to_string();
+    while !rest.is_empty() {
+        let invoke = header_regex().captures(rest)?;
+        let name = invoke.get(1)?.as_str().to_string();
+        rest = rest[invoke.get(0)?.end()..].trim_start();
         let mut arguments = Map::new();
-        for parameter in parameter_regex().captures_iter(&captures[2]) {
-            let raw = &parameter[3];
-            let value = if &parameter[2] == "true" {
+        while let Some(parameter) = header_regex().captures(rest) {
+            let key = parameter.get(2)?.as_str().to_string();
+            let is_string = parameter.get(3)?.as_str() == "true";
+            let after = &rest[parameter.get(0)?.end()..];
+            let end = after.find(PARAMETER_CLOSE)?;
+            let raw = &after[..end];
+            // A value holding another tag is salad, not a value.
+            if raw.contains("<｜DSML｜") || raw.contains("</｜DSML｜") {
+                return None;
+            }
+            let value = if is_string {
                 Value::String(raw.to_string())
             } else {
                 serde_json::from_str(raw).unwrap_or_else(|_| Value::String(raw.to_string()))
             };
-            arguments.insert(parameter[1].to_string(), value);
+            arguments.insert(key, value);
+            rest = after[end + PARAMETER_CLOSE.len()..].trim_start();
         }
+        rest = rest.strip_prefix(INVOKE_CLOSE)?.trim_start();
         calls.push(ParsedCall { name, arguments: Value::Object(arguments).to_string() });
-        rest = &rest[captures.get(0).expect("whole match").end()..];
     }
     if calls.is_empty() {
         None
