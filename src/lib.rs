@@ -14,6 +14,7 @@ pub mod engine;
 pub mod exit;
 pub mod experiment;
 pub mod launch;
+pub mod probe;
 pub mod report;
 pub mod session;
 pub mod stats;

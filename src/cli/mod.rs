@@ -33,6 +33,8 @@ struct Cli {
 enum Command {
     /// Controlled A/B of one flag: arms on and off, verdict implicated / cleared / inconclusive.
     Run(RunArgs),
+    /// One arm with the launch configs as they are: exit 0 clean, 1 corrupted, 125 could not tell.
+    Probe(ProbeArgs),
     /// List the flag catalog with docs.
     Flags(FlagsArgs),
     /// Re-render a results directory's summary and print its table.
@@ -52,29 +54,14 @@ struct RunArgs {
     /// Extra flag catalog directories (later ones override).
     #[arg(long = "flags-dir")]
     flags_dir: Vec<PathBuf>,
-    /// Workload name (built-in) or TOML file.
-    #[arg(long, default_value = "agentic")]
-    workload: String,
-    #[arg(long)]
-    sessions: Option<u32>,
-    #[arg(long)]
-    rounds: Option<u32>,
-    /// Filler tokens of earlier conversation per session.
-    #[arg(long)]
-    ctx: Option<u32>,
-    #[arg(long = "max-tokens")]
-    max_tokens: Option<u32>,
-    /// Per-request timeout in seconds.
-    #[arg(long)]
-    timeout: Option<f64>,
+    #[command(flatten)]
+    load: WorkloadArgs,
     /// Arm pairs, interleaved on, off, off, on, ...
     #[arg(long, default_value_t = 1)]
     repeats: u32,
     /// Pin another flag for both arms: NAME=VALUE (repeatable).
     #[arg(long = "set")]
     set: Vec<String>,
-    #[arg(long)]
-    seed: Option<u64>,
     /// Appended to the run id.
     #[arg(long)]
     tag: Option<String>,
@@ -93,6 +80,84 @@ struct RunArgs {
     /// Smallest difference in corruption rate worth finding (for `cleared` and power).
     #[arg(long = "min-effect", default_value_t = 0.05)]
     min_effect: f64,
+}
+
+/// Workload selection and overrides, shared by run and probe.
+#[derive(Debug, Args)]
+struct WorkloadArgs {
+    /// Workload name (built-in) or TOML file.
+    #[arg(long, default_value = "agentic")]
+    workload: String,
+    #[arg(long)]
+    sessions: Option<u32>,
+    #[arg(long)]
+    rounds: Option<u32>,
+    /// Filler tokens of earlier conversation per session.
+    #[arg(long)]
+    ctx: Option<u32>,
+    #[arg(long = "max-tokens")]
+    max_tokens: Option<u32>,
+    /// Per-request timeout in seconds.
+    #[arg(long)]
+    timeout: Option<f64>,
+    #[arg(long)]
+    seed: Option<u64>,
+}
+
+impl WorkloadArgs {
+    fn load(&self) -> anyhow::Result<Workload> {
+        let mut workload = Workload::load(&self.workload)?;
+        if let Some(n) = self.sessions {
+            workload.sessions = n;
+        }
+        if let Some(n) = self.rounds {
+            workload.rounds = n;
+        }
+        if let Some(n) = self.ctx {
+            workload.ctx = n;
+        }
+        if let Some(n) = self.max_tokens {
+            workload.max_tokens = n;
+        }
+        if let Some(t) = self.timeout {
+            workload.timeout_s = t;
+        }
+        if let Some(s) = self.seed {
+            workload.seed = s;
+        }
+        if workload.sessions == 0
+            || workload.rounds == 0
+            || workload.max_tokens == 0
+            || workload.timeout_s <= 0.0
+        {
+            return Err(usage(
+                "--sessions, --rounds, --max-tokens and --timeout must be positive",
+                "pass values greater than zero",
+            ));
+        }
+        Ok(workload)
+    }
+}
+
+#[derive(Debug, Args)]
+struct ProbeArgs {
+    /// Target profile (TOML). Without it, the embedded engine with its default flags.
+    #[arg(long)]
+    target: Option<PathBuf>,
+    #[arg(long = "flags-dir")]
+    flags_dir: Vec<PathBuf>,
+    #[command(flatten)]
+    load: WorkloadArgs,
+    /// Corruption rate a good build may show; above it (95% lower bound) = corrupted.
+    #[arg(long, default_value_t = 0.02)]
+    background: f64,
+    /// Corruption rate the bad build showed; clean needs the 95% upper bound below it.
+    #[arg(long = "bug-rate", default_value_t = 0.10)]
+    bug_rate: f64,
+    #[arg(long, default_value = "results")]
+    results: PathBuf,
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -135,6 +200,7 @@ pub fn run() -> anyhow::Result<ExitCode> {
         Command::Report(args) => report(args),
         Command::Restore(args) => restore(args),
         Command::Run(args) => runtime()?.block_on(run_cmd(args)),
+        Command::Probe(args) => runtime()?.block_on(probe_cmd(args)),
     }
 }
 
@@ -201,35 +267,7 @@ fn usage(message: impl Into<String>, fix: impl Into<String>) -> anyhow::Error {
 fn plan_run(args: &RunArgs) -> anyhow::Result<(RunPlan, bool)> {
     let catalog = FlagCatalog::load(&args.flags_dir)?;
     let flag = catalog.get(&args.flag)?.clone();
-    let mut workload = Workload::load(&args.workload)?;
-    if let Some(n) = args.sessions {
-        workload.sessions = n;
-    }
-    if let Some(n) = args.rounds {
-        workload.rounds = n;
-    }
-    if let Some(n) = args.ctx {
-        workload.ctx = n;
-    }
-    if let Some(n) = args.max_tokens {
-        workload.max_tokens = n;
-    }
-    if let Some(t) = args.timeout {
-        workload.timeout_s = t;
-    }
-    if let Some(s) = args.seed {
-        workload.seed = s;
-    }
-    if workload.sessions == 0
-        || workload.rounds == 0
-        || workload.max_tokens == 0
-        || workload.timeout_s <= 0.0
-    {
-        return Err(usage(
-            "--sessions, --rounds, --max-tokens and --timeout must be positive",
-            "pass values greater than zero",
-        ));
-    }
+    let workload = args.load.load()?;
     if args.repeats == 0 {
         return Err(usage(
             "--repeats must be at least 1",
@@ -272,22 +310,8 @@ fn plan_run(args: &RunArgs) -> anyhow::Result<(RunPlan, bool)> {
     let id = run_id(&flag.name, args.tag.as_deref());
     let run_dir = args.results.join(&id);
     let embedded = args.target.is_none();
-    let target = match &args.target {
-        Some(path) => TargetProfile::load(path)?,
-        None => {
-            let exe = std::env::current_exe().context("locating the bisect executable")?;
-            crate::embedded::prepare(&run_dir.join("launch"), &exe)?
-        }
-    };
-    let api_key = match &target.api_key_env {
-        Some(var) => Some(std::env::var(var).map_err(|_| {
-            usage(
-                format!("the target's api_key_env names ${var}, which is not set"),
-                format!("export {var}=... before running, or remove api_key_env from the profile"),
-            )
-        })?),
-        None => None,
-    };
+    let target = target_or_embedded(&args.target, &run_dir)?;
+    let api_key = api_key(&target)?;
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     let plan = RunPlan {
         id,
@@ -361,6 +385,92 @@ async fn run_cmd(args: RunArgs) -> anyhow::Result<ExitCode> {
         println!("results: {}", plan.run_dir.display());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn target_or_embedded(
+    target: &Option<PathBuf>,
+    run_dir: &std::path::Path,
+) -> anyhow::Result<TargetProfile> {
+    match target {
+        Some(path) => Ok(TargetProfile::load(path)?),
+        None => {
+            let exe = std::env::current_exe().context("locating the bisect executable")?;
+            crate::embedded::prepare(&run_dir.join("launch"), &exe)
+        }
+    }
+}
+
+fn api_key(target: &TargetProfile) -> anyhow::Result<Option<String>> {
+    match &target.api_key_env {
+        Some(var) => Ok(Some(std::env::var(var).map_err(|_| {
+            usage(
+                format!("the target's api_key_env names ${var}, which is not set"),
+                format!("export {var}=... before running, or remove api_key_env from the profile"),
+            )
+        })?)),
+        None => Ok(None),
+    }
+}
+
+async fn probe_cmd(args: ProbeArgs) -> anyhow::Result<ExitCode> {
+    for p in crate::launch::recover(&args.results.join(".bisect-journal"))? {
+        eprintln!(
+            "restored {} left edited by an earlier run that did not finish",
+            p.display()
+        );
+    }
+    let catalog = FlagCatalog::load(&args.flags_dir)?;
+    let workload = args.load.load()?;
+    for (name, v) in [
+        ("--background", args.background),
+        ("--bug-rate", args.bug_rate),
+    ] {
+        if !(v > 0.0 && v < 1.0) {
+            return Err(usage(
+                format!("{name} must lie in (0, 1)"),
+                "e.g. --background 0.02 --bug-rate 0.10",
+            ));
+        }
+    }
+    let id = run_id("probe", None);
+    let run_dir = args.results.join(&id);
+    let target = target_or_embedded(&args.target, &run_dir)?;
+    let plan = crate::probe::ProbePlan {
+        id,
+        api_key: api_key(&target)?,
+        target,
+        workload,
+        catalog,
+        run_dir,
+        background: args.background,
+        bug_rate: args.bug_rate,
+        degraded_fraction: Policy::default().degraded_fraction,
+        metrics_period: Duration::from_millis(250),
+    };
+    let cancel = CancellationToken::new();
+    spawn_signal_handler(cancel.clone());
+    let mut control =
+        crate::control::ProcessControl::new(&plan.target, &plan.run_dir.join("logs"))?;
+    let progress = progress::Lines::new(!args.json);
+    let record = match crate::probe::run(&plan, &mut control, &progress, cancel).await {
+        Ok(r) => r,
+        Err(e) if matches!(e.downcast_ref::<Failure>(), Some(Failure::Interrupted)) => {
+            return Err(e)
+        }
+        Err(e) => {
+            // git bisect treats 125 as "skip this commit": a build that cannot serve.
+            eprintln!("probe could not run: {e:#}");
+            return Ok(ExitCode::from(exit::PROBE_UNKNOWN));
+        }
+    };
+    let outcome = record.outcome.unwrap_or(crate::probe::Outcome::Unknown);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&record)?);
+    } else {
+        println!("probe: {:?}: {}", outcome, record.reason);
+        println!("results: {}", plan.run_dir.display());
+    }
+    Ok(ExitCode::from(outcome.exit_code()))
 }
 
 fn spawn_signal_handler(cancel: CancellationToken) {

@@ -1,13 +1,252 @@
 //! The embedded miniature prefill/decode engine (DESIGN.md section 4). Nothing in the
-//! harness imports this module; the CLI only starts it (`bisect engine ...`).
+//! harness imports this module; the CLI only starts it (`bisect engine ...`) through
+//! the two entry points `EngineConfig` (built by `cli::engine`) and `run`.
+//!
+//! Layout: `tokenizer`, `template` (chat template, request types), `dsml` (tool-call
+//! markup), `keys` + `model` (the agent and its KV read-back), `kvpool` + `hicache` +
+//! `prefill` (prefill's pool, host tier, loader, scheduler), `transfer` (the KV payload),
+//! `decode` (batching), `server` (HTTP of both roles), `sim` (in-process load
+//! simulation), `backend/{cpu,cuda}`.
 
 pub mod backend;
+pub mod decode;
 pub mod dsml;
+pub mod hicache;
 pub mod keys;
+pub mod kvpool;
 pub mod model;
+pub mod prefill;
+pub mod server;
+pub mod sim;
 pub mod template;
 pub mod tokenizer;
-pub mod hicache;
-pub mod kvpool;
-pub mod prefill;
-pub mod sim;
+pub mod transfer;
+
+use backend::{AttnPath, Backend, IndexKDtype, TopkImpl};
+use serde::Serialize;
+use thiserror::Error;
+
+pub const ENV_BF16_INDEX_K: &str = "SGLANG_DSV4_BF16_INDEX_K";
+pub const ENV_INDEX_K_HICACHE_SYNC: &str = "SGLANG_DSV4_INDEX_K_HICACHE_SYNC";
+pub const ENV_MMA_FLASHMLA: &str = "SGLANG_SM120_MMA_FLASHMLA";
+pub const ENV_TOPK_V2: &str = "SGLANG_OPT_USE_TOPK_V2";
+/// Optional instrumentation: crc32 of the transferred index-K on both sides.
+pub const ENV_INDEX_K_CHECKSUM: &str = "SGLANG_DSV4_INDEX_K_CHECKSUM";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Prefill,
+    Decode,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceChoice {
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+/// The flags of DESIGN.md section 4, as read at start.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EngineFlags {
+    pub bf16_index_k: bool,
+    pub index_k_hicache_sync: bool,
+    pub mma_flashmla: bool,
+    pub topk_v2: bool,
+    pub hierarchical_cache: bool,
+    pub cuda_graph_max_bs: usize,
+    pub index_k_checksum: bool,
+}
+
+#[derive(Debug, Error, PartialEq)]
+pub enum FlagError {
+    #[error("{name}={value:?} is not a valid value: expected 0 or 1")]
+    NotBoolean { name: String, value: String },
+}
+
+fn env_switch(lookup: &dyn Fn(&str) -> Option<String>, name: &str, default: bool) -> Result<bool, FlagError> {
+    match lookup(name).as_deref().map(str::trim) {
+        None | Some("") => Ok(default),
+        Some("1") => Ok(true),
+        Some("0") => Ok(false),
+        Some(other) => Err(FlagError::NotBoolean { name: name.to_string(), value: other.to_string() }),
+    }
+}
+
+impl EngineFlags {
+    /// Environment flags through `lookup` (std::env::var in production); the command
+    /// line ones are passed in.
+    pub fn from_env(
+        lookup: &dyn Fn(&str) -> Option<String>,
+        hierarchical_cache: bool,
+        cuda_graph_max_bs: usize,
+        index_k_checksum_arg: bool,
+    ) -> Result<Self, FlagError> {
+        Ok(EngineFlags {
+            bf16_index_k: env_switch(lookup, ENV_BF16_INDEX_K, true)?,
+            index_k_hicache_sync: env_switch(lookup, ENV_INDEX_K_HICACHE_SYNC, false)?,
+            mma_flashmla: env_switch(lookup, ENV_MMA_FLASHMLA, true)?,
+            topk_v2: env_switch(lookup, ENV_TOPK_V2, true)?,
+            hierarchical_cache,
+            cuda_graph_max_bs,
+            index_k_checksum: index_k_checksum_arg || env_switch(lookup, ENV_INDEX_K_CHECKSUM, false)?,
+        })
+    }
+
+    pub fn dtype(&self) -> IndexKDtype {
+        if self.bf16_index_k {
+            IndexKDtype::Bf16
+        } else {
+            IndexKDtype::Fp8
+        }
+    }
+
+    pub fn attn_path(&self) -> AttnPath {
+        if self.mma_flashmla {
+            AttnPath::Mma
+        } else {
+            AttnPath::Legacy
+        }
+    }
+
+    pub fn topk_impl(&self) -> TopkImpl {
+        if self.topk_v2 {
+            TopkImpl::V2
+        } else {
+            TopkImpl::V1
+        }
+    }
+}
+
+/// Tuning knobs with the measured defaults (see `sim`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EngineTuning {
+    pub page_tokens: usize,
+    pub pool_bytes: usize,
+    pub host_pages: usize,
+    pub loader_bytes_per_step: usize,
+    pub loader_chunk_bytes: usize,
+    pub step_token_budget: usize,
+    /// Modelled floor of one prefill forward step in wall time (a GPU forward never
+    /// takes less than its launch latency). The loader's bandwidth is per step, so this
+    /// maps virtual time onto wall time; 0 runs steps back to back.
+    pub prefill_step_floor_us: u64,
+    pub top_k: usize,
+    /// Decode's running batch cap.
+    pub max_running: usize,
+    /// Decode pool capacity in tokens.
+    pub decode_pool_tokens: usize,
+    /// Largest accepted request body.
+    pub max_body_bytes: usize,
+}
+
+impl Default for EngineTuning {
+    fn default() -> Self {
+        let prefill = prefill::PrefillOptions::tuned(IndexKDtype::Bf16, true, false);
+        EngineTuning {
+            page_tokens: prefill.page_tokens,
+            pool_bytes: prefill.pool_bytes,
+            host_pages: prefill.host_pages,
+            loader_bytes_per_step: prefill.loader.bytes_per_step,
+            loader_chunk_bytes: prefill.loader.chunk_bytes,
+            step_token_budget: prefill.step_token_budget,
+            prefill_step_floor_us: 1000,
+            top_k: sim::DEFAULT_TOP_K,
+            max_running: 256,
+            decode_pool_tokens: 1 << 20,
+            max_body_bytes: 8 << 20,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EngineConfig {
+    pub role: Role,
+    pub host: String,
+    pub port: u16,
+    /// Decode only: where prefill listens (e.g. http://127.0.0.1:30000).
+    pub prefill_url: Option<String>,
+    pub device: DeviceChoice,
+    pub flags: EngineFlags,
+    pub tuning: EngineTuning,
+}
+
+impl EngineConfig {
+    pub fn prefill_options(&self) -> prefill::PrefillOptions {
+        prefill::PrefillOptions {
+            dtype: self.flags.dtype(),
+            page_tokens: self.tuning.page_tokens,
+            pool_bytes: self.tuning.pool_bytes,
+            host_pages: self.tuning.host_pages,
+            hicache: self.flags.hierarchical_cache,
+            index_k_sync: self.flags.index_k_hicache_sync,
+            loader: hicache::LoaderOptions {
+                bytes_per_step: self.tuning.loader_bytes_per_step,
+                chunk_bytes: self.tuning.loader_chunk_bytes,
+            },
+            step_token_budget: self.tuning.step_token_budget,
+        }
+    }
+
+    pub fn read_path(&self) -> model::ReadPath {
+        model::ReadPath {
+            dtype: self.flags.dtype(),
+            top_k: self.tuning.top_k,
+            topk: self.flags.topk_impl(),
+            attn: self.flags.attn_path(),
+            max_graph_batch: self.flags.cuda_graph_max_bs,
+        }
+    }
+}
+
+/// Pick the compute backend for `--device`.
+///
+/// INTEGRATION POINT (lead): once `backend::cuda` exposes `probe() -> Option<String>`
+/// and `CudaBackend::new()`, `Auto` should try `probe()` and `Cuda` should construct
+/// `CudaBackend`; until then CUDA is reported as unavailable and `auto` means CPU.
+pub fn select_backend(device: DeviceChoice) -> anyhow::Result<Box<dyn Backend>> {
+    match device {
+        DeviceChoice::Cpu | DeviceChoice::Auto => Ok(Box::new(backend::cpu::CpuBackend::new())),
+        DeviceChoice::Cuda => anyhow::bail!("--device cuda: the CUDA backend is not wired into this build yet"),
+    }
+}
+
+/// Run one role until the process is killed (blocking: starts its own runtime).
+pub fn run(config: EngineConfig) -> anyhow::Result<()> {
+    let _ = tracing_subscriber::fmt().with_writer(std::io::stderr).try_init();
+    let backend = select_backend(config.device)?;
+    tracing::info!(
+        role = ?config.role,
+        device = backend.name(),
+        flags = %serde_json::to_string(&config.flags).unwrap_or_default(),
+        tuning = %serde_json::to_string(&config.tuning).unwrap_or_default(),
+        "bisect engine starting: {}={} {}={} {}={} {}={} hierarchical_cache={} cuda_graph_max_bs={} index_k_checksum={}",
+        ENV_BF16_INDEX_K, config.flags.bf16_index_k as u8,
+        ENV_INDEX_K_HICACHE_SYNC, config.flags.index_k_hicache_sync as u8,
+        ENV_MMA_FLASHMLA, config.flags.mma_flashmla as u8,
+        ENV_TOPK_V2, config.flags.topk_v2 as u8,
+        config.flags.hierarchical_cache, config.flags.cuda_graph_max_bs, config.flags.index_k_checksum,
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    runtime.block_on(server::serve(config, backend))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_default_and_bad_values_name_the_variable() {
+        let none = |_: &str| None;
+        let flags = EngineFlags::from_env(&none, true, 32, false).unwrap();
+        assert!(flags.bf16_index_k && !flags.index_k_hicache_sync && flags.mma_flashmla && flags.topk_v2);
+        assert_eq!(flags.dtype(), IndexKDtype::Bf16);
+        let bad = |name: &str| (name == ENV_BF16_INDEX_K).then(|| "yes".to_string());
+        let error = EngineFlags::from_env(&bad, true, 32, false).unwrap_err();
+        assert!(error.to_string().contains("SGLANG_DSV4_BF16_INDEX_K=\"yes\""), "{error}");
+        let fp8 = |name: &str| (name == ENV_BF16_INDEX_K).then(|| "0".to_string());
+        assert_eq!(EngineFlags::from_env(&fp8, false, 32, false).unwrap().dtype(), IndexKDtype::Fp8);
+    }
+}

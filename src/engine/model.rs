@@ -235,6 +235,10 @@ impl Generation {
         Generation { pieces, piece: 0, offset: 0, last_selected: 0, max_tokens, emitted: Vec::new(), finish }
     }
 
+    pub fn max_tokens(&self) -> usize {
+        self.max_tokens
+    }
+
     fn advance(&mut self) {
         self.offset += 1;
         if let Some(Piece::Copy { len, .. }) = self.pieces.get(self.piece) {

@@ -341,6 +341,16 @@ mod tests {
         ] {
             let mut config = SimConfig::default_workload(dtype, hicache, sync);
             config.sessions = sessions;
+            // Tuning knobs (test-only): override the loader bandwidth and pool size.
+            if let Some(bytes) = std::env::var("SIM_LOADER_BYTES_PER_STEP").ok().and_then(|v| v.parse().ok()) {
+                config.prefill.loader.bytes_per_step = bytes;
+            }
+            if let Some(bytes) = std::env::var("SIM_POOL_BYTES").ok().and_then(|v| v.parse().ok()) {
+                config.prefill.pool_bytes = bytes;
+            }
+            if std::env::var("SIM_ONLY_DEFAULTS").is_ok() && label != "defaults" {
+                continue;
+            }
             let start = std::time::Instant::now();
             let r = run(&config, &backend).unwrap();
             println!(

@@ -278,3 +278,56 @@ impl bisect::control::EngineControl for FailingSecondRestart {
         self.inner.stop()
     }
 }
+
+fn probe_plan(t: &FakeTarget, sessions: u32) -> bisect::probe::ProbePlan {
+    let run = t.plan("FAKE_BF16", sessions, 4);
+    bisect::probe::ProbePlan {
+        id: "probe".into(),
+        target: run.target,
+        workload: run.workload,
+        catalog: t.catalog.clone(),
+        run_dir: t.dir.path().join("results/probe"),
+        api_key: None,
+        background: 0.02,
+        bug_rate: 0.10,
+        degraded_fraction: 0.10,
+        metrics_period: std::time::Duration::from_millis(50),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_says_corrupted_then_clean_and_never_edits() {
+    use bisect::probe::Outcome;
+    let t = FakeTarget::new().await;
+    let before = t.launch_bytes();
+    let plan = probe_plan(&t, 64);
+    let mut control = t.engine.control();
+    let record = bisect::probe::run(&plan, &mut control, &Quiet, CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        record.outcome,
+        Some(Outcome::Corrupted),
+        "{}",
+        record.reason
+    );
+    assert_eq!(record.flags["FAKE_BF16"]["decode"], "1");
+    assert_eq!(t.launch_bytes(), before, "probe only reads the configs");
+
+    // The "fixed build": both roles on the other dtype.
+    for role in &t.target.roles {
+        let text = std::fs::read_to_string(&role.launch)
+            .unwrap()
+            .replace("FAKE_INDEX_BF16=1", "FAKE_INDEX_BF16=0");
+        std::fs::write(&role.launch, text).unwrap();
+    }
+    let mut plan = probe_plan(&t, 64);
+    plan.run_dir = t.dir.path().join("results/probe2");
+    let record = bisect::probe::run(&plan, &mut control, &Quiet, CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(record.outcome, Some(Outcome::Clean), "{}", record.reason);
+    assert!(
+        plan.run_dir.join("probe.json").exists() && plan.run_dir.join("sessions.jsonl").exists()
+    );
+}
