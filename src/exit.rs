@@ -1,7 +1,8 @@
 //! Exit codes of DESIGN.md 3.1, mapped in one place.
 //!
 //! 0 finished (whatever the verdict), 2 bad usage or bad input file, 3 the experiment
-//! could not run, 130 interrupted. `bisect probe` adds 1 (corrupted) and 125 (could not tell).
+//! could not run, 130 interrupted. `bisect probe` adds 1 (corrupted) and 125 (could not tell);
+//! `bisect matrix`/`merge` add 1 (a cell regressed).
 
 use thiserror::Error;
 
@@ -11,6 +12,8 @@ pub const COULD_NOT_RUN: u8 = 3;
 pub const INTERRUPTED: u8 = 130;
 pub const PROBE_CORRUPTED: u8 = 1;
 pub const PROBE_UNKNOWN: u8 = 125;
+/// `bisect matrix` / `bisect merge`: at least one cell regressed against the baseline.
+pub const REGRESSION: u8 = 1;
 
 /// Errors whose kind decides the exit code. Anything else that reaches `main` is a
 /// could-not-run failure (3).

@@ -409,6 +409,7 @@ fn initial_record(plan: &RunPlan) -> RunRecord {
         verdict: None,
         engine_info: BTreeMap::new(),
         error: None,
+        extra: serde_json::Map::new(),
     }
 }
 

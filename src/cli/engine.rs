@@ -1,1 +1,125 @@
-//! clap arguments of `bisect engine` (being written)
+//! clap arguments of `bisect engine` (the embedded prefill/decode engine). The
+//! environment flags of DESIGN.md section 4 are read here, once, at start.
+
+use crate::engine::{DeviceChoice, EngineConfig, EngineFlags, EngineTuning, Role};
+use anyhow::Context;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RoleArg {
+    Prefill,
+    Decode,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DeviceArg {
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+/// Run one role of the embedded miniature prefill/decode engine.
+///
+/// Environment flags (0 or 1, read at start): SGLANG_DSV4_BF16_INDEX_K (default 1),
+/// SGLANG_DSV4_INDEX_K_HICACHE_SYNC (0), SGLANG_SM120_MMA_FLASHMLA (1),
+/// SGLANG_OPT_USE_TOPK_V2 (1), SGLANG_DSV4_INDEX_K_CHECKSUM (0).
+#[derive(Debug, Clone, clap::Args)]
+pub struct EngineArgs {
+    /// Which role this process plays.
+    #[arg(long, value_enum)]
+    pub role: RoleArg,
+    #[arg(long)]
+    pub port: u16,
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Decode only: base URL of the prefill role.
+    #[arg(long)]
+    pub prefill_url: Option<String>,
+    #[arg(long, value_enum, default_value = "auto")]
+    pub device: DeviceArg,
+    /// Prefill's HiCache host tier: evicted prefix pages go to host memory and are loaded back.
+    #[arg(long)]
+    pub enable_hierarchical_cache: bool,
+    /// Decode batches larger than this take the eager path (same results).
+    #[arg(long, default_value_t = 32)]
+    pub cuda_graph_max_bs: usize,
+    /// crc32 of the transferred index-K on both sides (also SGLANG_DSV4_INDEX_K_CHECKSUM=1).
+    #[arg(long)]
+    pub index_k_checksum: bool,
+    /// Tokens per KV page.
+    #[arg(long)]
+    pub page_size: Option<usize>,
+    /// Prefill device pool capacity in bytes (main KV + index-K).
+    #[arg(long)]
+    pub pool_bytes: Option<usize>,
+    /// HiCache loader bandwidth in bytes per prefill scheduler step (virtual time).
+    #[arg(long)]
+    pub loader_bytes_per_step: Option<usize>,
+    /// Modelled floor of one prefill step in microseconds (maps steps onto wall time).
+    #[arg(long)]
+    pub prefill_step_floor_us: Option<u64>,
+    /// Prompt tokens computed per prefill step.
+    #[arg(long)]
+    pub chunked_prefill_size: Option<usize>,
+    /// Decode's running-batch cap.
+    #[arg(long)]
+    pub max_running_requests: Option<usize>,
+}
+
+impl EngineArgs {
+    pub fn into_config(self) -> anyhow::Result<EngineConfig> {
+        let lookup = |name: &str| std::env::var(name).ok();
+        let flags = EngineFlags::from_env(
+            &lookup,
+            self.enable_hierarchical_cache,
+            self.cuda_graph_max_bs,
+            self.index_k_checksum,
+        )
+        .context("reading the engine's environment flags")?;
+        anyhow::ensure!(
+            self.cuda_graph_max_bs >= 1,
+            "--cuda-graph-max-bs must be at least 1"
+        );
+        let defaults = EngineTuning::default();
+        let tuning = EngineTuning {
+            page_tokens: self.page_size.unwrap_or(defaults.page_tokens).max(1),
+            pool_bytes: self.pool_bytes.unwrap_or(defaults.pool_bytes),
+            loader_bytes_per_step: self
+                .loader_bytes_per_step
+                .unwrap_or(defaults.loader_bytes_per_step),
+            prefill_step_floor_us: self
+                .prefill_step_floor_us
+                .unwrap_or(defaults.prefill_step_floor_us),
+            step_token_budget: self
+                .chunked_prefill_size
+                .unwrap_or(defaults.step_token_budget)
+                .max(1),
+            max_running: self
+                .max_running_requests
+                .unwrap_or(defaults.max_running)
+                .max(1),
+            ..defaults
+        };
+        let role = match self.role {
+            RoleArg::Prefill => Role::Prefill,
+            RoleArg::Decode => Role::Decode,
+        };
+        anyhow::ensure!(
+            role == Role::Prefill || self.prefill_url.is_some(),
+            "the decode role needs --prefill-url (e.g. http://127.0.0.1:30000)"
+        );
+        let device = match self.device {
+            DeviceArg::Auto => DeviceChoice::Auto,
+            DeviceArg::Cpu => DeviceChoice::Cpu,
+            DeviceArg::Cuda => DeviceChoice::Cuda,
+        };
+        Ok(EngineConfig {
+            role,
+            host: self.host,
+            port: self.port,
+            prefill_url: self.prefill_url,
+            device,
+            flags,
+            tuning,
+        })
+    }
+}

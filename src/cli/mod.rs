@@ -2,7 +2,9 @@
 //! arguments into the validated structs the core runs on.
 
 pub mod engine;
+pub mod matrix;
 mod progress;
+mod report_cmds;
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -37,8 +39,18 @@ enum Command {
     Probe(ProbeArgs),
     /// List the flag catalog with docs.
     Flags(FlagsArgs),
+    /// Compile every CUDA kernel with NVRTC (needs libnvrtc, not a GPU) and probe for a GPU.
+    Kernels,
     /// Re-render a results directory's summary and print its table.
     Report(ReportArgs),
+    /// Two results directories (runs or matrices) side by side: rates, deltas, confounds.
+    Diff(report_cmds::DiffArgs),
+    /// Re-run the classifier over a run's stored transcripts; rewrite counts and verdict.
+    Reclassify(report_cmds::ReclassifyArgs),
+    /// Nightly regression matrix: cross flag values and loads, compare with the last night.
+    Matrix(matrix::MatrixArgs),
+    /// Join the shard directories of one matrix into one.
+    Merge(matrix::MergeArgs),
     /// Restore launch configs left edited by an interrupted (kill -9) run.
     Restore(RestoreArgs),
 }
@@ -197,8 +209,13 @@ pub fn run() -> anyhow::Result<ExitCode> {
     };
     match cli.command {
         Command::Flags(args) => flags(args),
-        Command::Report(args) => report(args),
+        Command::Kernels => kernels(),
+        Command::Report(args) => report_cmds::report(&args.dir, args.json),
+        Command::Diff(args) => report_cmds::diff(args),
+        Command::Reclassify(args) => report_cmds::reclassify(args),
         Command::Restore(args) => restore(args),
+        Command::Matrix(args) => matrix::matrix(args),
+        Command::Merge(args) => matrix::merge(args),
         Command::Run(args) => runtime()?.block_on(run_cmd(args)),
         Command::Probe(args) => runtime()?.block_on(probe_cmd(args)),
     }
@@ -228,18 +245,16 @@ fn flags(args: FlagsArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn report(args: ReportArgs) -> anyhow::Result<ExitCode> {
-    let dir = crate::report::ResultsDir::open(&args.dir);
-    let record = dir.read_record().map_err(|e| {
-        Failure::BadInput(format!(
-            "{e:#}\n  fix: pass a results directory written by `bisect run`"
-        ))
-    })?;
-    dir.write_record(&record)?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&record)?);
-    } else {
-        print!("{}", crate::report::table::render(&record));
+fn kernels() -> anyhow::Result<ExitCode> {
+    use crate::engine::backend::cuda;
+    match cuda::probe() {
+        Some(gpu) => println!("GPU: {gpu}"),
+        None => println!("GPU: none found (the engine runs on the CPU backend)"),
+    }
+    let compiled = cuda::compile_check_all()
+        .map_err(|e| Failure::CouldNotRun(format!("NVRTC compile check failed: {e:#}")))?;
+    for (file, ptx) in compiled {
+        println!("compiled {file}: {ptx} bytes of PTX");
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -60,7 +60,8 @@ impl DecodeEngine {
 
     /// Pages a request reserves: its prompt plus its whole completion budget.
     fn reserved_tokens(&self, job: &DecodeJob) -> usize {
-        (job.sequence.len() + job.generation.max_tokens()).div_ceil(self.page_tokens) * self.page_tokens
+        (job.sequence.len() + job.generation.max_tokens()).div_ceil(self.page_tokens)
+            * self.page_tokens
     }
 
     /// The compute loop (runs on its own thread until the process exits).
@@ -95,7 +96,9 @@ impl DecodeEngine {
                 }
                 !gone
             });
-            self.stats.running.store(running.len() as u64, Ordering::Relaxed);
+            self.stats
+                .running
+                .store(running.len() as u64, Ordering::Relaxed);
             self.stats.used_tokens.store(used as u64, Ordering::Relaxed);
             if running.is_empty() {
                 continue;
@@ -105,23 +108,38 @@ impl DecodeEngine {
             } else {
                 self.stats.graph_steps.fetch_add(1, Ordering::Relaxed);
             }
-            let before: usize = running.iter().map(|(job, _)| job.generation.emitted.len()).sum();
-            let mut batch: Vec<(&mut Generation, &mut SequenceKv)> =
-                running.iter_mut().map(|(job, _)| (&mut job.generation, &mut job.sequence)).collect();
+            let before: usize = running
+                .iter()
+                .map(|(job, _)| job.generation.emitted.len())
+                .sum();
+            let mut batch: Vec<(&mut Generation, &mut SequenceKv)> = running
+                .iter_mut()
+                .map(|(job, _)| (&mut job.generation, &mut job.sequence))
+                .collect();
             let outcome = decode_step(backend.as_ref(), &path, &mut batch);
-            let after: usize = running.iter().map(|(job, _)| job.generation.emitted.len()).sum();
+            let after: usize = running
+                .iter()
+                .map(|(job, _)| job.generation.emitted.len())
+                .sum();
             let produced = (after - before) as u64;
-            self.stats.generated_tokens.fetch_add(produced, Ordering::Relaxed);
+            self.stats
+                .generated_tokens
+                .fetch_add(produced, Ordering::Relaxed);
             window_tokens += produced;
             let elapsed = window_start.elapsed().as_secs_f64();
             if elapsed >= 1.0 {
-                self.stats.throughput_bits.store((window_tokens as f64 / elapsed).to_bits(), Ordering::Relaxed);
+                self.stats.throughput_bits.store(
+                    (window_tokens as f64 / elapsed).to_bits(),
+                    Ordering::Relaxed,
+                );
                 window_start = Instant::now();
                 window_tokens = 0;
             }
             if let Err(error) = outcome {
                 for (job, _) in running.drain(..) {
-                    let _ = job.reply.send(Err(anyhow::anyhow!("decode step failed: {error:#}")));
+                    let _ = job
+                        .reply
+                        .send(Err(anyhow::anyhow!("decode step failed: {error:#}")));
                 }
                 used = 0;
                 continue;
@@ -137,7 +155,9 @@ impl DecodeEngine {
                 }
             }
             if running.is_empty() {
-                self.stats.throughput_bits.store(0f64.to_bits(), Ordering::Relaxed);
+                self.stats
+                    .throughput_bits
+                    .store(0f64.to_bits(), Ordering::Relaxed);
             }
         }
     }

@@ -86,7 +86,10 @@ fn parse_block(body: &str) -> Option<Vec<ParsedCall>> {
             rest = after[end + PARAMETER_CLOSE.len()..].trim_start();
         }
         rest = rest.strip_prefix(INVOKE_CLOSE)?.trim_start();
-        calls.push(ParsedCall { name, arguments: Value::Object(arguments).to_string() });
+        calls.push(ParsedCall {
+            name,
+            arguments: Value::Object(arguments).to_string(),
+        });
     }
     if calls.is_empty() {
         None
@@ -118,7 +121,11 @@ pub fn parse(output: &str) -> ParsedOutput {
     content.push_str(rest);
     let trimmed = content.trim();
     ParsedOutput {
-        content: if trimmed.is_empty() { None } else { Some(trimmed.to_string()) },
+        content: if trimmed.is_empty() {
+            None
+        } else {
+            Some(trimmed.to_string())
+        },
         tool_calls,
     }
 }
@@ -134,15 +141,23 @@ mod tests {
 
     #[test]
     fn canonical_rendering_parses_back() {
-        let calls = vec![("read_file".to_string(), args(json!({"path": "/srv/app/config.yaml", "max_lines": 40})))];
+        let calls = vec![(
+            "read_file".to_string(),
+            args(json!({"path": "/srv/app/config.yaml", "max_lines": 40})),
+        )];
         let text = render_calls(&calls);
-        assert!(text.contains("<｜DSML｜parameter name=\"max_lines\" string=\"false\">40</｜DSML｜parameter>"));
+        assert!(text.contains(
+            "<｜DSML｜parameter name=\"max_lines\" string=\"false\">40</｜DSML｜parameter>"
+        ));
         let parsed = parse(&text);
         assert_eq!(parsed.content, None);
         assert_eq!(parsed.tool_calls.len(), 1);
         assert_eq!(parsed.tool_calls[0].name, "read_file");
         let arguments: Value = serde_json::from_str(&parsed.tool_calls[0].arguments).unwrap();
-        assert_eq!(arguments, json!({"path": "/srv/app/config.yaml", "max_lines": 40}));
+        assert_eq!(
+            arguments,
+            json!({"path": "/srv/app/config.yaml", "max_lines": 40})
+        );
     }
 
     #[test]
@@ -156,8 +171,15 @@ mod tests {
 
     #[test]
     fn broken_blocks_stay_verbatim_in_content() {
-        let unclosed = "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"read_file\">\n</｜DSML｜invoke>\n";
-        assert_eq!(parse(unclosed), ParsedOutput { content: Some(unclosed.trim().to_string()), tool_calls: vec![] });
+        let unclosed =
+            "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"read_file\">\n</｜DSML｜invoke>\n";
+        assert_eq!(
+            parse(unclosed),
+            ParsedOutput {
+                content: Some(unclosed.trim().to_string()),
+                tool_calls: vec![]
+            }
+        );
         let salad = "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"read_file\">\n<｜DSML｜parameter name=\"path\" string=\"true\">/srv</｜DSML｜parameter>\n</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
         let parsed = parse(salad);
         assert!(parsed.tool_calls.is_empty());
@@ -168,7 +190,13 @@ mod tests {
 
     #[test]
     fn plain_text_is_content_only() {
-        assert_eq!(parse("DONE: all steps completed."), ParsedOutput { content: Some("DONE: all steps completed.".into()), tool_calls: vec![] });
+        assert_eq!(
+            parse("DONE: all steps completed."),
+            ParsedOutput {
+                content: Some("DONE: all steps completed.".into()),
+                tool_calls: vec![]
+            }
+        );
         assert_eq!(parse("  \n"), ParsedOutput::default());
     }
 }

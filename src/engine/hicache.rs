@@ -32,7 +32,11 @@ pub struct HostTier {
 
 impl HostTier {
     pub fn new(capacity_pages: usize) -> Self {
-        HostTier { pages: HashMap::new(), capacity_pages: capacity_pages.max(1), clock: 0 }
+        HostTier {
+            pages: HashMap::new(),
+            capacity_pages: capacity_pages.max(1),
+            clock: 0,
+        }
     }
 
     /// Store a page; returns the key dropped to make room, if any.
@@ -40,7 +44,11 @@ impl HostTier {
         self.clock += 1;
         let mut dropped = None;
         if !self.pages.contains_key(&key) && self.pages.len() >= self.capacity_pages {
-            if let Some((&oldest, _)) = self.pages.iter().min_by_key(|(key, (_, stamp))| (*stamp, **key)) {
+            if let Some((&oldest, _)) = self
+                .pages
+                .iter()
+                .min_by_key(|(key, (_, stamp))| (*stamp, **key))
+            {
                 self.pages.remove(&oldest);
                 dropped = Some(oldest);
             }
@@ -107,7 +115,11 @@ pub struct Loader {
 
 impl Loader {
     pub fn new(options: LoaderOptions) -> Self {
-        Loader { options, jobs: VecDeque::new(), turn: 0 }
+        Loader {
+            options,
+            jobs: VecDeque::new(),
+            turn: 0,
+        }
     }
 
     pub fn options(&self) -> LoaderOptions {
@@ -118,7 +130,11 @@ impl Loader {
     /// having no valid rows). The index-K copy is queued when the main copy completes.
     pub fn load_back(&mut self, pages: Vec<(usize, Arc<HostPage>)>) {
         if !pages.is_empty() {
-            self.jobs.push_back(CopyJob { kind: CopyKind::MainKv, pages, rows_done: 0 });
+            self.jobs.push_back(CopyJob {
+                kind: CopyKind::MainKv,
+                pages,
+                rows_done: 0,
+            });
         }
     }
 
@@ -144,7 +160,9 @@ impl Loader {
             };
             let total_rows = job.pages.len() * page_tokens;
             let chunk_rows = (self.options.chunk_bytes / row_bytes).max(1);
-            let rows = chunk_rows.min(total_rows - job.rows_done).min(budget / row_bytes);
+            let rows = chunk_rows
+                .min(total_rows - job.rows_done)
+                .min(budget / row_bytes);
             if rows == 0 {
                 break;
             }
@@ -160,8 +178,9 @@ impl Loader {
                         page.main_rows_valid = r + 1;
                     }
                     CopyKind::IndexK => {
-                        page.index_k[r * index_width..(r + 1) * index_width]
-                            .copy_from_slice(&source.index_k[r * index_width..(r + 1) * index_width]);
+                        page.index_k[r * index_width..(r + 1) * index_width].copy_from_slice(
+                            &source.index_k[r * index_width..(r + 1) * index_width],
+                        );
                         page.index_rows_valid = r + 1;
                     }
                 }
@@ -174,7 +193,11 @@ impl Loader {
                 match finished.kind {
                     CopyKind::MainKv => {
                         events.main_jobs_done += 1;
-                        self.jobs.push_back(CopyJob { kind: CopyKind::IndexK, pages: finished.pages, rows_done: 0 });
+                        self.jobs.push_back(CopyJob {
+                            kind: CopyKind::IndexK,
+                            pages: finished.pages,
+                            rows_done: 0,
+                        });
                     }
                     CopyKind::IndexK => events.index_jobs_done += 1,
                 }
@@ -208,7 +231,10 @@ mod tests {
         pool.pages[page].main_rows_valid = 0;
         pool.pages[page].index_rows_valid = 0;
         // 2 rows of main per step.
-        let mut loader = Loader::new(LoaderOptions { bytes_per_step: 2 * MAIN_ROW_BYTES, chunk_bytes: MAIN_ROW_BYTES });
+        let mut loader = Loader::new(LoaderOptions {
+            bytes_per_step: 2 * MAIN_ROW_BYTES,
+            chunk_bytes: MAIN_ROW_BYTES,
+        });
         loader.load_back(vec![(page, host_page(4, dtype, 9))]);
         assert_eq!(loader.step(&mut pool).main_jobs_done, 0);
         assert_eq!(pool.pages[page].main_rows_valid, 2);
@@ -216,7 +242,10 @@ mod tests {
         assert_eq!(pool.pages[page].index_rows_valid, 0);
         assert_eq!(pool.pages[page].tokens, vec![9; 4]);
         loader.step(&mut pool);
-        assert_eq!(pool.pages[page].index_rows_valid, 2, "partially loaded index-K page");
+        assert_eq!(
+            pool.pages[page].index_rows_valid, 2,
+            "partially loaded index-K page"
+        );
         assert_eq!(loader.step(&mut pool).index_jobs_done, 1);
         assert_eq!(pool.pages[page].index_k, vec![9; 4 * 256]);
         assert_eq!(loader.active_jobs(), 0);
@@ -226,7 +255,10 @@ mod tests {
     fn concurrent_jobs_share_bandwidth() {
         let dtype = IndexKDtype::Fp8;
         let mut pool = DevicePool::new(8 * DevicePool::page_bytes(4, dtype), 4, dtype);
-        let mut loader = Loader::new(LoaderOptions { bytes_per_step: 4 * MAIN_ROW_BYTES, chunk_bytes: MAIN_ROW_BYTES });
+        let mut loader = Loader::new(LoaderOptions {
+            bytes_per_step: 4 * MAIN_ROW_BYTES,
+            chunk_bytes: MAIN_ROW_BYTES,
+        });
         for fill in 0..2u8 {
             let page = pool.take_free(0, 0).unwrap();
             pool.pages[page].main_rows_valid = 0;
@@ -240,7 +272,11 @@ mod tests {
     #[test]
     fn host_tier_drops_the_oldest_when_full() {
         let mut tier = HostTier::new(2);
-        let page = || HostPage { tokens: vec![], main: vec![], index_k: vec![] };
+        let page = || HostPage {
+            tokens: vec![],
+            main: vec![],
+            index_k: vec![],
+        };
         assert_eq!(tier.insert(1, page()), None);
         assert_eq!(tier.insert(2, page()), None);
         tier.get(1);

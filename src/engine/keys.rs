@@ -13,7 +13,7 @@
 use super::backend::{INDEX_DIM, MAIN_DIM};
 
 /// Positional share of index keys (see module doc).
-pub const INDEX_POSITIONAL_SHARE: f32 = 0.02;
+pub const INDEX_POSITIONAL_SHARE: f32 = 0.004;
 /// Positional share of main keys.
 pub const MAIN_POSITIONAL_SHARE: f32 = 0.5;
 /// Weight of the previous token inside the bigram content vector.
@@ -41,7 +41,9 @@ fn add_unit_vector(seed: u64, weight: f32, out: &mut [f32]) {
         norm += *value * *value;
     }
     let scale = weight / norm.sqrt();
-    out.iter_mut().zip(buffer.iter()).for_each(|(dst, v)| *dst += v * scale);
+    out.iter_mut()
+        .zip(buffer.iter())
+        .for_each(|(dst, v)| *dst += v * scale);
 }
 
 fn normalize(out: &mut [f32]) {
@@ -51,28 +53,59 @@ fn normalize(out: &mut [f32]) {
     }
 }
 
-fn key(seed: u64, positional_share: f32, previous: u32, current: u32, position: usize, out: &mut [f32]) {
+fn key(
+    seed: u64,
+    positional_share: f32,
+    previous: u32,
+    current: u32,
+    position: usize,
+    out: &mut [f32],
+) {
     out.iter_mut().for_each(|v| *v = 0.0);
     let mut content = [0.0f32; INDEX_DIM];
     let content = &mut content[..out.len()];
     add_unit_vector(seed ^ ((current as u64) << 20) ^ 0xC0, 1.0, content);
-    add_unit_vector(seed ^ ((previous as u64) << 21) ^ 0xB1, PREVIOUS_TOKEN_WEIGHT, content);
+    add_unit_vector(
+        seed ^ ((previous as u64) << 21) ^ 0xB1,
+        PREVIOUS_TOKEN_WEIGHT,
+        content,
+    );
     normalize(content);
-    out.iter_mut().zip(content.iter()).for_each(|(dst, v)| *dst = v * (1.0 - positional_share).sqrt());
-    add_unit_vector(seed.rotate_left(17) ^ (position as u64).wrapping_mul(0x2545_F491_4F6C_DD1D), positional_share.sqrt(), out);
+    out.iter_mut()
+        .zip(content.iter())
+        .for_each(|(dst, v)| *dst = v * (1.0 - positional_share).sqrt());
+    add_unit_vector(
+        seed.rotate_left(17) ^ (position as u64).wrapping_mul(0x2545_F491_4F6C_DD1D),
+        positional_share.sqrt(),
+        out,
+    );
     normalize(out);
 }
 
 /// Index key of position `position` holding `current`, preceded by `previous`.
 pub fn index_key(previous: u32, current: u32, position: usize, out: &mut [f32]) {
     debug_assert_eq!(out.len(), INDEX_DIM);
-    key(SEED_INDEX, INDEX_POSITIONAL_SHARE, previous, current, position, out);
+    key(
+        SEED_INDEX,
+        INDEX_POSITIONAL_SHARE,
+        previous,
+        current,
+        position,
+        out,
+    );
 }
 
 /// Main (attention) key of a position.
 pub fn main_key(previous: u32, current: u32, position: usize, out: &mut [f32]) {
     debug_assert_eq!(out.len(), MAIN_DIM);
-    key(SEED_MAIN, MAIN_POSITIONAL_SHARE, previous, current, position, out);
+    key(
+        SEED_MAIN,
+        MAIN_POSITIONAL_SHARE,
+        previous,
+        current,
+        position,
+        out,
+    );
 }
 
 /// The token before `position` in `tokens` (position 0 has none: a fixed sentinel).
@@ -88,7 +121,12 @@ pub fn previous_token(tokens: &[u32], position: usize) -> u32 {
 pub fn index_keys(tokens: &[u32], start: usize) -> Vec<f32> {
     let mut out = vec![0.0f32; (tokens.len() - start) * INDEX_DIM];
     for (row, position) in out.chunks_exact_mut(INDEX_DIM).zip(start..) {
-        index_key(previous_token(tokens, position), tokens[position], position, row);
+        index_key(
+            previous_token(tokens, position),
+            tokens[position],
+            position,
+            row,
+        );
     }
     out
 }
@@ -97,7 +135,12 @@ pub fn index_keys(tokens: &[u32], start: usize) -> Vec<f32> {
 pub fn main_keys(tokens: &[u32], start: usize) -> Vec<f32> {
     let mut out = vec![0.0f32; (tokens.len() - start) * MAIN_DIM];
     for (row, position) in out.chunks_exact_mut(MAIN_DIM).zip(start..) {
-        main_key(previous_token(tokens, position), tokens[position], position, row);
+        main_key(
+            previous_token(tokens, position),
+            tokens[position],
+            position,
+            row,
+        );
     }
     out
 }
@@ -121,8 +164,14 @@ mod tests {
         let self_score = dot(&target, &target);
         let repeat_score = dot(&target, &repeat);
         assert!((self_score - 1.0).abs() < 1e-5);
-        assert!(repeat_score < 1.0 - INDEX_POSITIONAL_SHARE * 0.5, "{repeat_score}");
-        assert!(repeat_score > 1.0 - INDEX_POSITIONAL_SHARE * 1.5, "{repeat_score}");
+        assert!(
+            repeat_score < 1.0 - INDEX_POSITIONAL_SHARE * 0.5,
+            "{repeat_score}"
+        );
+        assert!(
+            repeat_score > 1.0 - INDEX_POSITIONAL_SHARE * 1.5,
+            "{repeat_score}"
+        );
         assert!(dot(&target, &other) < 0.95);
         let mut main_target = [0.0f32; MAIN_DIM];
         let mut main_repeat = [0.0f32; MAIN_DIM];

@@ -64,7 +64,12 @@ impl DevicePool {
             })
             .collect();
         // Pop from the end: page 0 is handed out first.
-        DevicePool { page_tokens, dtype, pages, free: (0..count).rev().collect() }
+        DevicePool {
+            page_tokens,
+            dtype,
+            pages,
+            free: (0..count).rev().collect(),
+        }
     }
 
     pub fn capacity(&self) -> usize {
@@ -111,7 +116,14 @@ impl DevicePool {
     }
 
     /// Write computed rows (position `row` of page `id`).
-    pub fn write_row(&mut self, id: usize, row: usize, token: u32, main_key: &[f32], index_row: &[u8]) {
+    pub fn write_row(
+        &mut self,
+        id: usize,
+        row: usize,
+        token: u32,
+        main_key: &[f32],
+        index_row: &[u8],
+    ) {
         let width = self.dtype.bytes_per_token();
         let page = &mut self.pages[id];
         page.tokens[row] = token;
@@ -139,7 +151,11 @@ mod tests {
 
     #[test]
     fn freed_pages_keep_stale_bytes_and_lru_prefers_deeper_pages() {
-        let mut pool = DevicePool::new(4 * DevicePool::page_bytes(2, IndexKDtype::Fp8), 2, IndexKDtype::Fp8);
+        let mut pool = DevicePool::new(
+            4 * DevicePool::page_bytes(2, IndexKDtype::Fp8),
+            2,
+            IndexKDtype::Fp8,
+        );
         let a = pool.take_free(0, 1).unwrap();
         pool.write_row(a, 0, 42, &[1.0; MAIN_DIM], &[7; 132]);
         pool.release_to_free(a);

@@ -15,6 +15,7 @@ pub mod hicache;
 pub mod keys;
 pub mod kvpool;
 pub mod model;
+pub mod needle;
 pub mod prefill;
 pub mod server;
 pub mod sim;
@@ -66,12 +67,19 @@ pub enum FlagError {
     NotBoolean { name: String, value: String },
 }
 
-fn env_switch(lookup: &dyn Fn(&str) -> Option<String>, name: &str, default: bool) -> Result<bool, FlagError> {
+fn env_switch(
+    lookup: &dyn Fn(&str) -> Option<String>,
+    name: &str,
+    default: bool,
+) -> Result<bool, FlagError> {
     match lookup(name).as_deref().map(str::trim) {
         None | Some("") => Ok(default),
         Some("1") => Ok(true),
         Some("0") => Ok(false),
-        Some(other) => Err(FlagError::NotBoolean { name: name.to_string(), value: other.to_string() }),
+        Some(other) => Err(FlagError::NotBoolean {
+            name: name.to_string(),
+            value: other.to_string(),
+        }),
     }
 }
 
@@ -91,7 +99,8 @@ impl EngineFlags {
             topk_v2: env_switch(lookup, ENV_TOPK_V2, true)?,
             hierarchical_cache,
             cuda_graph_max_bs,
-            index_k_checksum: index_k_checksum_arg || env_switch(lookup, ENV_INDEX_K_CHECKSUM, false)?,
+            index_k_checksum: index_k_checksum_arg
+                || env_switch(lookup, ENV_INDEX_K_CHECKSUM, false)?,
         })
     }
 
@@ -209,13 +218,17 @@ impl EngineConfig {
 pub fn select_backend(device: DeviceChoice) -> anyhow::Result<Box<dyn Backend>> {
     match device {
         DeviceChoice::Cpu | DeviceChoice::Auto => Ok(Box::new(backend::cpu::CpuBackend::new())),
-        DeviceChoice::Cuda => anyhow::bail!("--device cuda: the CUDA backend is not wired into this build yet"),
+        DeviceChoice::Cuda => {
+            anyhow::bail!("--device cuda: the CUDA backend is not wired into this build yet")
+        }
     }
 }
 
 /// Run one role until the process is killed (blocking: starts its own runtime).
 pub fn run(config: EngineConfig) -> anyhow::Result<()> {
-    let _ = tracing_subscriber::fmt().with_writer(std::io::stderr).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .try_init();
     let backend = select_backend(config.device)?;
     tracing::info!(
         role = ?config.role,
@@ -229,7 +242,10 @@ pub fn run(config: EngineConfig) -> anyhow::Result<()> {
         ENV_TOPK_V2, config.flags.topk_v2 as u8,
         config.flags.hierarchical_cache, config.flags.cuda_graph_max_bs, config.flags.index_k_checksum,
     );
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     runtime.block_on(server::serve(config, backend))
 }
 
@@ -241,12 +257,27 @@ mod tests {
     fn flags_default_and_bad_values_name_the_variable() {
         let none = |_: &str| None;
         let flags = EngineFlags::from_env(&none, true, 32, false).unwrap();
-        assert!(flags.bf16_index_k && !flags.index_k_hicache_sync && flags.mma_flashmla && flags.topk_v2);
+        assert!(
+            flags.bf16_index_k
+                && !flags.index_k_hicache_sync
+                && flags.mma_flashmla
+                && flags.topk_v2
+        );
         assert_eq!(flags.dtype(), IndexKDtype::Bf16);
         let bad = |name: &str| (name == ENV_BF16_INDEX_K).then(|| "yes".to_string());
         let error = EngineFlags::from_env(&bad, true, 32, false).unwrap_err();
-        assert!(error.to_string().contains("SGLANG_DSV4_BF16_INDEX_K=\"yes\""), "{error}");
+        assert!(
+            error
+                .to_string()
+                .contains("SGLANG_DSV4_BF16_INDEX_K=\"yes\""),
+            "{error}"
+        );
         let fp8 = |name: &str| (name == ENV_BF16_INDEX_K).then(|| "0".to_string());
-        assert_eq!(EngineFlags::from_env(&fp8, false, 32, false).unwrap().dtype(), IndexKDtype::Fp8);
+        assert_eq!(
+            EngineFlags::from_env(&fp8, false, 32, false)
+                .unwrap()
+                .dtype(),
+            IndexKDtype::Fp8
+        );
     }
 }

@@ -13,7 +13,9 @@
 //! head, the next target of a span is the position actually selected plus one, so one
 //! wrong pick derails the rest of the span into the wrong neighbourhood.
 
-use super::backend::{AttnJob, AttnPath, Backend, IndexKDtype, IndexerJob, TopkImpl, INDEX_DIM, MAIN_DIM};
+use super::backend::{
+    AttnJob, AttnPath, Backend, IndexKDtype, IndexerJob, TopkImpl, INDEX_DIM, MAIN_DIM,
+};
 use super::keys;
 use super::template::{Conversation, Turn};
 use regex::Regex;
@@ -40,7 +42,10 @@ pub enum Intent {
 
 fn step_line() -> &'static Regex {
     static RE: OnceLock<Regex> = OnceLock::new();
-    RE.get_or_init(|| Regex::new(r"^\s*\d+\.\s*([A-Za-z_][A-Za-z0-9_]*)\((.*)\)\s*$").expect("step regex is valid"))
+    RE.get_or_init(|| {
+        Regex::new(r"^\s*\d+\.\s*([A-Za-z_][A-Za-z0-9_]*)\((.*)\)\s*$")
+            .expect("step regex is valid")
+    })
 }
 
 /// `key=JSON, key=JSON` -> an object; None if any argument does not parse.
@@ -79,8 +84,12 @@ pub fn parse_task(text: &str) -> Option<Task> {
             }
         }
     }
-    let after: Vec<&str> =
-        text.lines().skip(last_step_line? + 1).map(str::trim).filter(|line| !line.is_empty()).collect();
+    let after: Vec<&str> = text
+        .lines()
+        .skip(last_step_line? + 1)
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
+        .collect();
     let closing = after.last().copied().unwrap_or("Done.");
     let answer = match closing.find("reply exactly:") {
         Some(at) => closing[at + "reply exactly:".len()..].trim().to_string(),
@@ -91,11 +100,20 @@ pub fn parse_task(text: &str) -> Option<Task> {
 
 /// The agent's decision for this round; None when the conversation holds no task.
 pub fn decide(conversation: &Conversation) -> Option<Intent> {
-    let (task_index, task) = conversation.messages.iter().enumerate().rev().find_map(|(index, turn)| match turn {
-        Turn::User(text) => parse_task(text).map(|task| (index, task)),
-        _ => None,
-    })?;
-    let done = conversation.messages[task_index + 1..].iter().filter(|turn| matches!(turn, Turn::Tool(_))).count();
+    let (task_index, task) =
+        conversation
+            .messages
+            .iter()
+            .enumerate()
+            .rev()
+            .find_map(|(index, turn)| match turn {
+                Turn::User(text) => parse_task(text).map(|task| (index, task)),
+                _ => None,
+            })?;
+    let done = conversation.messages[task_index + 1..]
+        .iter()
+        .filter(|turn| matches!(turn, Turn::Tool(_)))
+        .count();
     Some(match task.steps.get(done) {
         Some(step) => Intent::Call(step.clone()),
         None => Intent::Answer(task.answer),
@@ -107,7 +125,10 @@ pub const NO_TASK_REPLY: &str = "I found no numbered task steps in this conversa
 
 /// Render the prompt and plan this round's output: the prompt tokens and the
 /// generation that will read the output back through the KV cache.
-pub fn prepare(conversation: &Conversation, vocab: &super::tokenizer::Vocab) -> (Vec<u32>, Generation) {
+pub fn prepare(
+    conversation: &Conversation,
+    vocab: &super::tokenizer::Vocab,
+) -> (Vec<u32>, Generation) {
     let prompt = super::template::render(conversation, vocab);
     let wanted_text = match decide(conversation) {
         Some(Intent::Call(step)) => super::dsml::render_calls(&[step]),
@@ -139,9 +160,17 @@ pub fn plan(context: &[u32], wanted: &[u32]) -> Vec<Piece> {
     let mut index = 0;
     while index < wanted.len() {
         let mut best: Option<(usize, usize)> = None;
-        for &start in occurrences.get(&wanted[index]).map(Vec::as_slice).unwrap_or(&[]) {
-            let len = context[start..].iter().zip(&wanted[index..]).take_while(|(a, b)| a == b).count();
-            if best.is_none_or(|(_, best_len)| len > best_len) {
+        for &start in occurrences
+            .get(&wanted[index])
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
+        {
+            let len = context[start..]
+                .iter()
+                .zip(&wanted[index..])
+                .take_while(|(a, b)| a == b)
+                .count();
+            if best.map_or(true, |(_, best_len)| len > best_len) {
                 best = Some((start, len));
             }
         }
@@ -182,7 +211,12 @@ impl SequenceKv {
     }
 
     /// Append a generated token with its own main key and quantized index key.
-    pub fn append(&mut self, backend: &dyn Backend, dtype: IndexKDtype, token: u32) -> anyhow::Result<()> {
+    pub fn append(
+        &mut self,
+        backend: &dyn Backend,
+        dtype: IndexKDtype,
+        token: u32,
+    ) -> anyhow::Result<()> {
         let position = self.truth.len();
         let previous = keys::previous_token(&self.truth, position);
         let mut index_key = [0.0f32; INDEX_DIM];
@@ -231,12 +265,42 @@ pub struct Generation {
 
 impl Generation {
     pub fn new(pieces: Vec<Piece>, max_tokens: usize) -> Self {
-        let finish = if pieces.is_empty() { Some(Finish::Complete) } else { None };
-        Generation { pieces, piece: 0, offset: 0, last_selected: 0, max_tokens, emitted: Vec::new(), finish }
+        let finish = if pieces.is_empty() {
+            Some(Finish::Complete)
+        } else {
+            None
+        };
+        Generation {
+            pieces,
+            piece: 0,
+            offset: 0,
+            last_selected: 0,
+            max_tokens,
+            emitted: Vec::new(),
+            finish,
+        }
     }
 
     pub fn max_tokens(&self) -> usize {
         self.max_tokens
+    }
+
+    /// Emit the planned token without reading memory: the simulation's timing model for
+    /// prefill-only runs (never used by the servers).
+    pub fn emit_planned(&mut self, truth: &[u32]) {
+        if self.finish.is_some() {
+            return;
+        }
+        match self.pieces.get(self.piece).copied() {
+            Some(Piece::Copy { anchor, .. }) => {
+                self.last_selected = anchor + self.offset;
+                self.emitted.push(truth[self.last_selected]);
+            }
+            Some(Piece::Literal(token)) => self.emitted.push(token),
+            None => {}
+        }
+        self.advance();
+        self.check_finished();
     }
 
     fn advance(&mut self) {
@@ -264,7 +328,11 @@ impl Generation {
             match *self.pieces.get(self.piece)? {
                 Piece::Literal(token) => return Some(Err(token)),
                 Piece::Copy { anchor, .. } => {
-                    let target = if self.offset == 0 { anchor } else { self.last_selected + 1 };
+                    let target = if self.offset == 0 {
+                        anchor
+                    } else {
+                        self.last_selected + 1
+                    };
                     if target < sequence_len {
                         return Some(Ok(target));
                     }
@@ -308,22 +376,34 @@ pub fn decode_step(
                 let mut main_query = vec![0.0f32; MAIN_DIM];
                 keys::index_key(previous, sequence.truth[target], target, &mut index_query);
                 keys::main_key(previous, sequence.truth[target], target, &mut main_query);
-                reads.push(Read { slot, target, index_query, main_query });
+                reads.push(Read {
+                    slot,
+                    target,
+                    index_query,
+                    main_query,
+                });
             }
         }
     }
     if reads.is_empty() {
         return Ok(());
     }
-    let groups: Vec<&[Read]> =
-        if reads.len() > path.max_graph_batch { reads.chunks(1).collect() } else { vec![&reads[..]] };
+    let groups: Vec<&[Read]> = if reads.len() > path.max_graph_batch {
+        reads.chunks(1).collect()
+    } else {
+        vec![&reads[..]]
+    };
     let mut picks = Vec::with_capacity(reads.len());
     for group in groups {
         let index_jobs: Vec<IndexerJob<'_>> = group
             .iter()
             .map(|read| {
                 let sequence = &batch[read.slot].1;
-                IndexerJob { query: &read.index_query, index_k: &sequence.index_k, n: sequence.len() }
+                IndexerJob {
+                    query: &read.index_query,
+                    index_k: &sequence.index_k,
+                    n: sequence.len(),
+                }
             })
             .collect();
         let selections = backend.indexer_topk(path.dtype, &index_jobs, path.top_k, path.topk)?;
@@ -332,10 +412,20 @@ pub fn decode_step(
             .zip(&selections)
             .map(|(read, selected)| {
                 let sequence = &batch[read.slot].1;
-                AttnJob { query: &read.main_query, keys: &sequence.main, n: sequence.len(), selected }
+                AttnJob {
+                    query: &read.main_query,
+                    keys: &sequence.main,
+                    n: sequence.len(),
+                    selected,
+                }
             })
             .collect();
-        picks.extend(backend.sparse_attention(&attn_jobs, path.attn)?.into_iter().map(|out| out.argmax as usize));
+        picks.extend(
+            backend
+                .sparse_attention(&attn_jobs, path.attn)?
+                .into_iter()
+                .map(|out| out.argmax as usize),
+        );
     }
     for (read, selected) in reads.iter().zip(picks) {
         let (generation, sequence) = &mut batch[read.slot];
@@ -362,8 +452,14 @@ mod tests {
         let task = parse_task(text).unwrap();
         assert_eq!(task.steps.len(), 2);
         assert_eq!(task.steps[0].0, "read_file");
-        assert_eq!(Value::Object(task.steps[0].1.clone()), json!({"path": "/srv/app/config.yaml", "max_lines": 40}));
-        assert_eq!(Value::Object(task.steps[1].1.clone()), json!({"pattern": "a, b", "flags": ["-i"]}));
+        assert_eq!(
+            Value::Object(task.steps[0].1.clone()),
+            json!({"path": "/srv/app/config.yaml", "max_lines": 40})
+        );
+        assert_eq!(
+            Value::Object(task.steps[1].1.clone()),
+            json!({"pattern": "a, b", "flags": ["-i"]})
+        );
         assert_eq!(task.answer, "DONE: all steps completed.");
         assert_eq!(parse_task("no steps here"), None);
     }
@@ -371,27 +467,45 @@ mod tests {
     #[test]
     fn plan_prefers_longest_then_earliest_spans() {
         let context = [1, 2, 3, 9, 1, 2, 3, 4];
-        assert_eq!(plan(&context, &[1, 2, 3, 4, 7]), vec![
-            Piece::Copy { anchor: 4, len: 4 },
-            Piece::Literal(7)
-        ]);
-        assert_eq!(plan(&context, &[2, 3]), vec![Piece::Copy { anchor: 1, len: 2 }]);
+        assert_eq!(
+            plan(&context, &[1, 2, 3, 4, 7]),
+            vec![Piece::Copy { anchor: 4, len: 4 }, Piece::Literal(7)]
+        );
+        assert_eq!(
+            plan(&context, &[2, 3]),
+            vec![Piece::Copy { anchor: 1, len: 2 }]
+        );
     }
 
     fn clean_sequence(backend: &CpuBackend, dtype: IndexKDtype, tokens: &[u32]) -> SequenceKv {
         let index = keys::index_keys(tokens, 0);
         let mut index_k = vec![0u8; tokens.len() * dtype.bytes_per_token()];
-        backend.quantize_index_k(dtype, &index, &mut index_k).unwrap();
-        SequenceKv { truth: tokens.to_vec(), stored_tokens: tokens.to_vec(), main: keys::main_keys(tokens, 0), index_k }
+        backend
+            .quantize_index_k(dtype, &index, &mut index_k)
+            .unwrap();
+        SequenceKv {
+            truth: tokens.to_vec(),
+            stored_tokens: tokens.to_vec(),
+            main: keys::main_keys(tokens, 0),
+            index_k,
+        }
     }
 
     #[test]
     fn clean_memory_copies_exactly_and_corrupted_index_k_derails() {
         let backend = CpuBackend::new();
-        let tokens: Vec<u32> = (0..600u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 7) % 97).collect();
+        let tokens: Vec<u32> = (0..600u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 7) % 97)
+            .collect();
         let wanted: Vec<u32> = tokens[300..320].to_vec();
         for dtype in [IndexKDtype::Bf16, IndexKDtype::Fp8] {
-            let path = ReadPath { dtype, top_k: 32, topk: TopkImpl::V2, attn: AttnPath::Mma, max_graph_batch: 32 };
+            let path = ReadPath {
+                dtype,
+                top_k: 32,
+                topk: TopkImpl::V2,
+                attn: AttnPath::Mma,
+                max_graph_batch: 32,
+            };
             let mut sequence = clean_sequence(&backend, dtype, &tokens);
             let mut generation = Generation::new(plan(&tokens, &wanted), 100);
             while generation.finish.is_none() {
@@ -401,7 +515,9 @@ mod tests {
             // Zeroed index-K (a never-loaded page) under the copied span: the read goes elsewhere.
             let mut broken = clean_sequence(&backend, dtype, &tokens);
             let width = dtype.bytes_per_token();
-            broken.index_k[256 * width..320 * width].iter_mut().for_each(|b| *b = 0);
+            broken.index_k[256 * width..320 * width]
+                .iter_mut()
+                .for_each(|b| *b = 0);
             let mut generation = Generation::new(plan(&tokens, &wanted), 100);
             while generation.finish.is_none() {
                 decode_step(&backend, &path, &mut [(&mut generation, &mut broken)]).unwrap();

@@ -41,7 +41,10 @@ impl PrefillOptions {
             host_pages: 1 << 16,
             hicache,
             index_k_sync,
-            loader: LoaderOptions { bytes_per_step: 192 << 10, chunk_bytes: 16 << 10 },
+            loader: LoaderOptions {
+                bytes_per_step: 512 << 10,
+                chunk_bytes: 16 << 10,
+            },
             step_token_budget: 1024,
         }
     }
@@ -181,11 +184,17 @@ impl PrefillCore {
             return Some(id);
         }
         let victim = self.pool.eviction_victim()?;
-        let PageState::Cached(key) = self.pool.pages[victim].state else { unreachable!("victims are cached") };
+        let PageState::Cached(key) = self.pool.pages[victim].state else {
+            unreachable!("victims are cached")
+        };
         self.counters.evicted_pages += 1;
         if self.options.hicache {
             let page = &self.pool.pages[victim];
-            let data = HostPage { tokens: page.tokens.clone(), main: page.main.clone(), index_k: page.index_k.clone() };
+            let data = HostPage {
+                tokens: page.tokens.clone(),
+                main: page.main.clone(),
+                index_k: page.index_k.clone(),
+            };
             self.cache.insert(key, Location::Host);
             if let Some(dropped) = self.host.insert(key, data) {
                 if self.cache.get(&dropped) == Some(&Location::Host) {
@@ -211,15 +220,22 @@ impl PrefillCore {
         // Keep at least the last token to compute.
         let matchable = tokens.len().saturating_sub(1) / page_tokens;
         for page_index in 0..matchable {
-            key = chain_key(key, &tokens[page_index * page_tokens..(page_index + 1) * page_tokens]);
+            key = chain_key(
+                key,
+                &tokens[page_index * page_tokens..(page_index + 1) * page_tokens],
+            );
             match self.cache.get(&key).copied() {
                 Some(Location::Device(page)) => {
                     self.pool.pages[page].refs += 1;
                     pages.push(page);
                 }
                 Some(Location::Host) => {
-                    let Some(source) = self.host.get(key) else { break };
-                    let Some(page) = self.allocate(page_index) else { break };
+                    let Some(source) = self.host.get(key) else {
+                        break;
+                    };
+                    let Some(page) = self.allocate(page_index) else {
+                        break;
+                    };
                     let device = &mut self.pool.pages[page];
                     device.state = PageState::Cached(key);
                     device.main_rows_valid = 0;
@@ -257,7 +273,12 @@ impl PrefillCore {
             self.counters.loadback_pages += loads.len() as u64;
         }
         self.loader.load_back(loads);
-        self.active.push(Active { id, tokens, pages, computed: matched * page_tokens });
+        self.active.push(Active {
+            id,
+            tokens,
+            pages,
+            computed: matched * page_tokens,
+        });
         true
     }
 
@@ -265,12 +286,19 @@ impl PrefillCore {
         let full = self.options.page_tokens;
         active.pages.iter().all(|&page| {
             let page = &self.pool.pages[page];
-            page.main_rows_valid == full && (!self.options.index_k_sync || page.index_rows_valid == full)
+            page.main_rows_valid == full
+                && (!self.options.index_k_sync || page.index_rows_valid == full)
         })
     }
 
     /// Compute positions `from..to` of a request into its pages.
-    fn forward(&mut self, backend: &dyn Backend, index: usize, from: usize, to: usize) -> anyhow::Result<()> {
+    fn forward(
+        &mut self,
+        backend: &dyn Backend,
+        index: usize,
+        from: usize,
+        to: usize,
+    ) -> anyhow::Result<()> {
         let active = &self.active[index];
         let page_tokens = self.options.page_tokens;
         let dtype = self.options.dtype;
@@ -328,13 +356,18 @@ impl PrefillCore {
         let full_pages = active.tokens.len() / page_tokens;
         for (page_index, &page) in active.pages.iter().enumerate() {
             if page_index < full_pages {
-                key = chain_key(key, &active.tokens[page_index * page_tokens..(page_index + 1) * page_tokens]);
+                key = chain_key(
+                    key,
+                    &active.tokens[page_index * page_tokens..(page_index + 1) * page_tokens],
+                );
             }
             let state = self.pool.pages[page].state;
             self.pool.pages[page].last_use = self.step;
             match state {
                 PageState::Cached(_) => self.pool.pages[page].refs -= 1,
-                PageState::Private if cache_new && page_index < full_pages && !self.cache.contains_key(&key) => {
+                PageState::Private
+                    if cache_new && page_index < full_pages && !self.cache.contains_key(&key) =>
+                {
                     self.pool.pages[page].state = PageState::Cached(key);
                     self.pool.pages[page].refs = 0;
                     self.cache.insert(key, Location::Device(page));
@@ -347,7 +380,10 @@ impl PrefillCore {
 
     /// One scheduler step. Returns the requests finished in it: their KV, or why they
     /// cannot be served.
-    pub fn step(&mut self, backend: &dyn Backend) -> anyhow::Result<Vec<(u64, Result<PromptKv, String>)>> {
+    pub fn step(
+        &mut self,
+        backend: &dyn Backend,
+    ) -> anyhow::Result<Vec<(u64, Result<PromptKv, String>)>> {
         self.step += 1;
         let mut shipped = Vec::new();
         while let Some((id, tokens)) = self.queue.pop_front() {
@@ -382,7 +418,8 @@ impl PrefillCore {
         }
         let mut index = 0;
         while index < self.active.len() {
-            let done = self.active[index].computed == self.active[index].tokens.len() && self.ready(&self.active[index]);
+            let done = self.active[index].computed == self.active[index].tokens.len()
+                && self.ready(&self.active[index]);
             if !done {
                 index += 1;
                 continue;

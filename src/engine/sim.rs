@@ -35,6 +35,9 @@ pub struct SimConfig {
     /// Decode's running-batch cap (more wait in its queue).
     pub max_running: usize,
     pub seed: u64,
+    /// false: decode emits the planned tokens without reading memory (a timing model
+    /// only, for fast prefill-side tests that count stale index-K shipments).
+    pub read_back: bool,
 }
 
 impl SimConfig {
@@ -46,11 +49,18 @@ impl SimConfig {
             ctx_tokens: 300,
             steps: 3,
             prefill: PrefillOptions::tuned(dtype, hicache, index_k_sync),
-            read: ReadPath { dtype, top_k: DEFAULT_TOP_K, topk: TopkImpl::V2, attn: AttnPath::Mma, max_graph_batch: 32 },
+            read: ReadPath {
+                dtype,
+                top_k: DEFAULT_TOP_K,
+                topk: TopkImpl::V2,
+                attn: AttnPath::Mma,
+                max_graph_batch: 32,
+            },
             ticks_per_decode_step: 4,
             client_delay_max: 6,
             max_running: 256,
             seed: 7,
+            read_back: true,
         }
     }
 }
@@ -78,16 +88,35 @@ impl SimReport {
 }
 
 const WORDS: [&str; 24] = [
-    "service", "config", "deploy", "logs", "latency", "cache", "worker", "queue", "metrics", "restart", "timeout",
-    "request", "version", "module", "build", "cluster", "node", "error", "retry", "schema", "index", "batch",
-    "memory", "thread",
+    "service", "config", "deploy", "logs", "latency", "cache", "worker", "queue", "metrics",
+    "restart", "timeout", "request", "version", "module", "build", "cluster", "node", "error",
+    "retry", "schema", "index", "batch", "memory", "thread",
 ];
 const PATHS: [&str; 8] = [
-    "/srv/app/config.yaml", "/srv/app/main.py", "/etc/nginx/nginx.conf", "/var/log/app/error.log",
-    "/srv/app/requirements.txt", "/opt/worker/settings.toml", "/srv/app/routes/api.py", "/home/deploy/.env",
+    "/srv/app/config.yaml",
+    "/srv/app/main.py",
+    "/etc/nginx/nginx.conf",
+    "/var/log/app/error.log",
+    "/srv/app/requirements.txt",
+    "/opt/worker/settings.toml",
+    "/srv/app/routes/api.py",
+    "/home/deploy/.env",
 ];
-const PATTERNS: [&str; 6] = ["timeout", "ERROR", "max_connections", "retry_limit", "TODO", "listen"];
-const COMMANDS: [&str; 5] = ["systemctl status app", "df -h", "uptime", "ls -la /srv/app", "git log -3"];
+const PATTERNS: [&str; 6] = [
+    "timeout",
+    "ERROR",
+    "max_connections",
+    "retry_limit",
+    "TODO",
+    "listen",
+];
+const COMMANDS: [&str; 5] = [
+    "systemctl status app",
+    "df -h",
+    "uptime",
+    "ls -la /srv/app",
+    "git log -3",
+];
 
 /// The tools the simulated sessions are offered.
 pub fn sim_tools() -> Vec<ToolFunction> {
@@ -97,27 +126,63 @@ pub fn sim_tools() -> Vec<ToolFunction> {
         parameters: Some(parameters),
     };
     vec![
-        tool("read_file", "Read a text file.", json!({"type": "object", "properties": {"path": {"type": "string"}, "max_lines": {"type": "integer"}}, "required": ["path"]})),
-        tool("grep", "Search a file for a pattern.", json!({"type": "object", "properties": {"pattern": {"type": "string"}, "path": {"type": "string"}}, "required": ["pattern", "path"]})),
-        tool("list_dir", "List a directory.", json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]})),
-        tool("run_command", "Run a shell command.", json!({"type": "object", "properties": {"command": {"type": "string"}, "timeout_s": {"type": "integer"}}, "required": ["command"]})),
+        tool(
+            "read_file",
+            "Read a text file.",
+            json!({"type": "object", "properties": {"path": {"type": "string"}, "max_lines": {"type": "integer"}}, "required": ["path"]}),
+        ),
+        tool(
+            "grep",
+            "Search a file for a pattern.",
+            json!({"type": "object", "properties": {"pattern": {"type": "string"}, "path": {"type": "string"}}, "required": ["pattern", "path"]}),
+        ),
+        tool(
+            "list_dir",
+            "List a directory.",
+            json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}),
+        ),
+        tool(
+            "run_command",
+            "Run a shell command.",
+            json!({"type": "object", "properties": {"command": {"type": "string"}, "timeout_s": {"type": "integer"}}, "required": ["command"]}),
+        ),
     ]
 }
 
 fn random_step(rng: &mut ChaCha8Rng) -> (String, Map<String, Value>) {
-    let pick = |rng: &mut ChaCha8Rng, pool: &[&str]| pool[rng.random_range(0..pool.len())].to_string();
+    let pick =
+        |rng: &mut ChaCha8Rng, pool: &[&str]| pool[rng.random_range(0..pool.len())].to_string();
     let (name, arguments) = match rng.random_range(0..4) {
-        0 => ("read_file", json!({"path": pick(rng, &PATHS), "max_lines": rng.random_range(1..9) * 10})),
-        1 => ("grep", json!({"pattern": pick(rng, &PATTERNS), "path": pick(rng, &PATHS)})),
-        2 => ("list_dir", json!({"path": pick(rng, &PATHS).rsplit_once('/').map(|(dir, _)| dir.to_string()).unwrap_or_default()})),
-        _ => ("run_command", json!({"command": pick(rng, &COMMANDS), "timeout_s": rng.random_range(1..7) * 5})),
+        0 => (
+            "read_file",
+            json!({"path": pick(rng, &PATHS), "max_lines": rng.random_range(1..9) * 10}),
+        ),
+        1 => (
+            "grep",
+            json!({"pattern": pick(rng, &PATTERNS), "path": pick(rng, &PATHS)}),
+        ),
+        2 => (
+            "list_dir",
+            json!({"path": pick(rng, &PATHS).rsplit_once('/').map(|(dir, _)| dir.to_string()).unwrap_or_default()}),
+        ),
+        _ => (
+            "run_command",
+            json!({"command": pick(rng, &COMMANDS), "timeout_s": rng.random_range(1..7) * 5}),
+        ),
     };
-    (name.to_string(), arguments.as_object().cloned().unwrap_or_default())
+    (
+        name.to_string(),
+        arguments.as_object().cloned().unwrap_or_default(),
+    )
 }
 
 /// `key=JSON` argument list as a task line writes it.
 fn task_arguments(arguments: &Map<String, Value>) -> String {
-    arguments.iter().map(|(key, value)| format!("{key}={value}")).collect::<Vec<_>>().join(", ")
+    arguments
+        .iter()
+        .map(|(key, value)| format!("{key}={value}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Filler text of roughly `tokens` tokens (similar-looking sentences).
@@ -146,13 +211,26 @@ fn session_opening(seed: u64, session: usize, ctx_tokens: usize, steps: usize) -
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ (session as u64).wrapping_mul(0x9E37_79B9));
     let mut turns = Vec::new();
     if ctx_tokens > 0 {
-        turns.push(Turn::User(format!("Earlier notes: {}", filler_text(&mut rng, ctx_tokens / 2))));
-        turns.push(Turn::Assistant { content: filler_text(&mut rng, ctx_tokens / 2), calls: vec![] });
+        turns.push(Turn::User(format!(
+            "Earlier notes: {}",
+            filler_text(&mut rng, ctx_tokens / 2)
+        )));
+        turns.push(Turn::Assistant {
+            content: filler_text(&mut rng, ctx_tokens / 2),
+            calls: vec![],
+        });
     }
-    let mut task = String::from("Please help me check this server. Do these steps in order, one tool call per reply:\n");
+    let mut task = String::from(
+        "Please help me check this server. Do these steps in order, one tool call per reply:\n",
+    );
     for index in 0..steps {
         let (name, arguments) = random_step(&mut rng);
-        task.push_str(&format!("{}. {}({})\n", index + 1, name, task_arguments(&arguments)));
+        task.push_str(&format!(
+            "{}. {}({})\n",
+            index + 1,
+            name,
+            task_arguments(&arguments)
+        ));
     }
     task.push_str("When every step is done, reply exactly: DONE: all steps completed.");
     turns.push(Turn::User(task));
@@ -160,7 +238,10 @@ fn session_opening(seed: u64, session: usize, ctx_tokens: usize, steps: usize) -
 }
 
 fn tool_result(name: &str, arguments: &Map<String, Value>) -> String {
-    format!("ok: {name} finished ({} arguments). exit status 0, 12 lines of output.", arguments.len())
+    format!(
+        "ok: {name} finished ({} arguments). exit status 0, 12 lines of output.",
+        arguments.len()
+    )
 }
 
 struct SessionState {
@@ -194,13 +275,18 @@ fn is_correct(expected: &Intent, output: &dsml::ParsedOutput) -> bool {
                 && serde_json::from_str::<Value>(&output.tool_calls[0].arguments).ok()
                     == Some(Value::Object(arguments.clone()))
         }
-        Intent::Answer(answer) => output.tool_calls.is_empty() && output.content.as_deref() == Some(answer.as_str()),
+        Intent::Answer(answer) => {
+            output.tool_calls.is_empty() && output.content.as_deref() == Some(answer.as_str())
+        }
     }
 }
 
 /// Run the simulation to the end of every session.
 pub fn run(config: &SimConfig, backend: &dyn Backend) -> anyhow::Result<SimReport> {
-    anyhow::ensure!(config.prefill.dtype == config.read.dtype, "prefill and decode index-K dtypes differ");
+    anyhow::ensure!(
+        config.prefill.dtype == config.read.dtype,
+        "prefill and decode index-K dtypes differ"
+    );
     let vocab = Vocab::new();
     let tools = sim_tools();
     let mut prefill = PrefillCore::new(config.prefill.clone());
@@ -209,13 +295,21 @@ pub fn run(config: &SimConfig, backend: &dyn Backend) -> anyhow::Result<SimRepor
             turns: session_opening(config.seed, session, config.ctx_tokens, config.steps),
             rounds_used: 0,
             finished: false,
-            next_send: Some(client_delay(config.seed, session, 0, config.client_delay_max)),
+            next_send: Some(client_delay(
+                config.seed,
+                session,
+                0,
+                config.client_delay_max,
+            )),
         })
         .collect();
     let mut waiting_prefill: HashMap<u64, InFlight> = HashMap::new();
     let mut decode_queue: Vec<(InFlight, SequenceKv)> = Vec::new();
     let mut running: Vec<(InFlight, SequenceKv)> = Vec::new();
-    let mut report = SimReport { sessions: config.sessions, ..SimReport::default() };
+    let mut report = SimReport {
+        sessions: config.sessions,
+        ..SimReport::default()
+    };
     let mut next_id = 0u64;
     let mut tick = 0u64;
     let mut stale_requests: std::collections::HashSet<u64> = Default::default();
@@ -234,12 +328,23 @@ pub fn run(config: &SimConfig, backend: &dyn Backend) -> anyhow::Result<SimRepor
         for (index, session) in sessions.iter_mut().enumerate() {
             if session.next_send == Some(tick) {
                 session.next_send = None;
-                let conversation =
-                    Conversation { tools: tools.clone(), messages: session.turns.clone(), max_tokens: 512 };
+                let conversation = Conversation {
+                    tools: tools.clone(),
+                    messages: session.turns.clone(),
+                    max_tokens: 512,
+                };
                 let expected = decide(&conversation).expect("sessions always hold a task");
                 let (prompt, generation) = model::prepare(&conversation, &vocab);
                 prefill.submit(next_id, prompt.clone());
-                waiting_prefill.insert(next_id, InFlight { session: index, generation, prompt, expected });
+                waiting_prefill.insert(
+                    next_id,
+                    InFlight {
+                        session: index,
+                        generation,
+                        prompt,
+                        expected,
+                    },
+                );
                 next_id += 1;
             }
         }
@@ -248,9 +353,15 @@ pub fn run(config: &SimConfig, backend: &dyn Backend) -> anyhow::Result<SimRepor
             if kv.stale_index_pages > 0 {
                 stale_requests.insert(id);
             }
-            let flight = waiting_prefill.remove(&id).expect("shipped requests were submitted");
-            let sequence =
-                SequenceKv { truth: flight.prompt.clone(), stored_tokens: kv.tokens, main: kv.main, index_k: kv.index_k };
+            let flight = waiting_prefill
+                .remove(&id)
+                .expect("shipped requests were submitted");
+            let sequence = SequenceKv {
+                truth: flight.prompt.clone(),
+                stored_tokens: kv.tokens,
+                main: kv.main,
+                index_k: kv.index_k,
+            };
             decode_queue.push((flight, sequence));
             queue_ids.push(id);
         }
@@ -259,9 +370,15 @@ pub fn run(config: &SimConfig, backend: &dyn Backend) -> anyhow::Result<SimRepor
                 running.push(decode_queue.remove(0));
                 running_ids.push(queue_ids.remove(0));
             }
-            if !running.is_empty() {
-                let mut batch: Vec<(&mut Generation, &mut SequenceKv)> =
-                    running.iter_mut().map(|(flight, sequence)| (&mut flight.generation, sequence)).collect();
+            if !running.is_empty() && !config.read_back {
+                for (flight, _) in running.iter_mut() {
+                    flight.generation.emit_planned(&flight.prompt);
+                }
+            } else if !running.is_empty() {
+                let mut batch: Vec<(&mut Generation, &mut SequenceKv)> = running
+                    .iter_mut()
+                    .map(|(flight, sequence)| (&mut flight.generation, sequence))
+                    .collect();
                 decode_step(backend, &config.read, &mut batch)?;
             }
             let mut index = 0;
@@ -302,8 +419,15 @@ pub fn run(config: &SimConfig, backend: &dyn Backend) -> anyhow::Result<SimRepor
                         if session.rounds_used >= config.rounds {
                             session.finished = true;
                         } else {
-                            session.next_send =
-                                Some(tick + 1 + client_delay(config.seed, flight.session, session.rounds_used, config.client_delay_max));
+                            session.next_send = Some(
+                                tick + 1
+                                    + client_delay(
+                                        config.seed,
+                                        flight.session,
+                                        session.rounds_used,
+                                        config.client_delay_max,
+                                    ),
+                            );
                         }
                     }
                 }
@@ -324,7 +448,35 @@ mod tests {
     fn quick(sessions: usize, dtype: IndexKDtype, hicache: bool, sync: bool) -> SimReport {
         let mut config = SimConfig::default_workload(dtype, hicache, sync);
         config.sessions = sessions;
+        // Scale the pool with the session count so pool pressure matches the full run.
+        config.prefill.pool_bytes = config.prefill.pool_bytes * sessions / 80;
         run(&config, &CpuBackend::new()).unwrap()
+    }
+
+    #[test]
+    #[ignore = "tuning aid"]
+    fn print_scaled_rates() {
+        let sessions: usize = std::env::var("SIM_SESSIONS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(24);
+        for (label, dtype, hicache, sync) in [
+            ("defaults", IndexKDtype::Bf16, true, false),
+            ("fp8", IndexKDtype::Fp8, true, false),
+            ("hicache off", IndexKDtype::Bf16, false, false),
+            ("sync", IndexKDtype::Bf16, true, true),
+        ] {
+            let start = std::time::Instant::now();
+            let r = quick(sessions, dtype, hicache, sync);
+            println!(
+                "{label}: {}/{} corrupted, {} stale req, {} loadback req ({:.1}s)",
+                r.corrupted,
+                r.sessions,
+                r.counters.stale_index_k_requests,
+                r.counters.loadback_requests,
+                start.elapsed().as_secs_f64()
+            );
+        }
     }
 
     #[test]
@@ -342,10 +494,16 @@ mod tests {
             let mut config = SimConfig::default_workload(dtype, hicache, sync);
             config.sessions = sessions;
             // Tuning knobs (test-only): override the loader bandwidth and pool size.
-            if let Some(bytes) = std::env::var("SIM_LOADER_BYTES_PER_STEP").ok().and_then(|v| v.parse().ok()) {
+            if let Some(bytes) = std::env::var("SIM_LOADER_BYTES_PER_STEP")
+                .ok()
+                .and_then(|v| v.parse().ok())
+            {
                 config.prefill.loader.bytes_per_step = bytes;
             }
-            if let Some(bytes) = std::env::var("SIM_POOL_BYTES").ok().and_then(|v| v.parse().ok()) {
+            if let Some(bytes) = std::env::var("SIM_POOL_BYTES")
+                .ok()
+                .and_then(|v| v.parse().ok())
+            {
                 config.prefill.pool_bytes = bytes;
             }
             if std::env::var("SIM_ONLY_DEFAULTS").is_ok() && label != "defaults" {
@@ -355,13 +513,41 @@ mod tests {
             let r = run(&config, &backend).unwrap();
             println!(
                 "{label} | {} | {} | {:.3} | {} | {} | {} | {} | {} ({:.1}s)",
-                r.sessions, r.corrupted, r.rate(), r.counters.loadback_requests, r.counters.stale_index_k_requests,
-                r.corrupted_rounds_with_stale_index_k, r.counters.evicted_pages, r.ticks, start.elapsed().as_secs_f64()
+                r.sessions,
+                r.corrupted,
+                r.rate(),
+                r.counters.loadback_requests,
+                r.counters.stale_index_k_requests,
+                r.corrupted_rounds_with_stale_index_k,
+                r.counters.evicted_pages,
+                r.ticks,
+                start.elapsed().as_secs_f64()
             );
             for example in r.examples.iter().take(2) {
                 println!("    e.g. {example:?}");
             }
         }
+    }
+
+    fn stale_requests(dtype: IndexKDtype, hicache: bool, sync: bool, sessions: usize) -> u64 {
+        let mut config = SimConfig::default_workload(dtype, hicache, sync);
+        config.sessions = sessions;
+        config.read_back = false;
+        let report = run(&config, &CpuBackend::new()).unwrap();
+        report.counters.stale_index_k_requests
+    }
+
+    #[test]
+    fn stale_index_k_shipments_need_load_bf16_hicache_and_no_sync() {
+        let defaults = stale_requests(IndexKDtype::Bf16, true, false, 80);
+        assert!(
+            defaults >= 8,
+            "defaults ship stale index-K under 80-session load: {defaults}"
+        );
+        assert_eq!(stale_requests(IndexKDtype::Fp8, true, false, 80), 0);
+        assert_eq!(stale_requests(IndexKDtype::Bf16, false, false, 80), 0);
+        assert_eq!(stale_requests(IndexKDtype::Bf16, true, true, 80), 0);
+        assert_eq!(stale_requests(IndexKDtype::Bf16, true, false, 4), 0);
     }
 
     #[test]

@@ -77,7 +77,9 @@ pub enum RequestError {
     NoMessages,
     #[error("unknown message role {0:?} (expected system, user, assistant or tool)")]
     UnknownRole(String),
-    #[error("this engine is a tool-calling agent: the request must offer at least one tool in `tools`")]
+    #[error(
+        "this engine is a tool-calling agent: the request must offer at least one tool in `tools`"
+    )]
     MissingTools,
     #[error("tool #{0} is invalid: expected {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}")]
     InvalidTool(usize),
@@ -101,7 +103,10 @@ pub struct Conversation {
 pub enum Turn {
     System(String),
     User(String),
-    Assistant { content: String, calls: Vec<(String, Map<String, Value>)> },
+    Assistant {
+        content: String,
+        calls: Vec<(String, Map<String, Value>)>,
+    },
     Tool(String),
 }
 
@@ -114,7 +119,12 @@ fn text_of(content: &Option<Value>, index: usize) -> Result<String, RequestError
         Some(Value::String(text)) => Ok(text.clone()),
         Some(Value::Array(parts)) => parts
             .iter()
-            .map(|part| part.get("text").and_then(Value::as_str).map(str::to_string).ok_or(RequestError::BadContent(index)))
+            .map(|part| {
+                part.get("text")
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+                    .ok_or(RequestError::BadContent(index))
+            })
             .collect::<Result<Vec<_>, _>>()
             .map(|texts| texts.concat()),
         Some(_) => Err(RequestError::BadContent(index)),
@@ -138,7 +148,9 @@ impl ChatRequest {
                 .iter()
                 .enumerate()
                 .map(|(index, tool)| match (&tool.kind, &tool.function) {
-                    (Some(kind), Some(function)) if kind == "function" && !function.name.trim().is_empty() => {
+                    (Some(kind), Some(function))
+                        if kind == "function" && !function.name.trim().is_empty() =>
+                    {
                         Ok(function.clone())
                     }
                     _ => Err(RequestError::InvalidTool(index)),
@@ -160,16 +172,25 @@ impl ChatRequest {
                             other => Some(other.clone()),
                         };
                         match arguments {
-                            Some(Value::Object(map)) => calls.push((call.function.name.clone(), map)),
+                            Some(Value::Object(map)) => {
+                                calls.push((call.function.name.clone(), map))
+                            }
                             _ => return Err(RequestError::BadArguments(index)),
                         }
                     }
-                    Turn::Assistant { content: text, calls }
+                    Turn::Assistant {
+                        content: text,
+                        calls,
+                    }
                 }
                 other => return Err(RequestError::UnknownRole(other.to_string())),
             });
         }
-        Ok(Conversation { tools, messages, max_tokens })
+        Ok(Conversation {
+            tools,
+            messages,
+            max_tokens,
+        })
     }
 }
 
@@ -191,7 +212,9 @@ fn system_section(tools: &[ToolFunction]) -> String {
             text.push_str(&format!("Parameters: {parameters}\n"));
         }
     }
-    text.push_str("\n## Tool call format\nTo call a tool, reply with exactly one block like this:\n");
+    text.push_str(
+        "\n## Tool call format\nTo call a tool, reply with exactly one block like this:\n",
+    );
     text.push_str(FORMAT_EXAMPLE);
     text.push_str("\nUse string=\"true\" for string values and string=\"false\" for numbers, booleans, arrays and objects.\n");
     text
@@ -244,20 +267,36 @@ mod tests {
     fn validation_refuses_bad_requests_with_reasons() {
         let no_tools = request(json!({"messages": [{"role": "user", "content": "hi"}]}));
         assert_eq!(no_tools.validate().unwrap_err(), RequestError::MissingTools);
-        let bad_role = request(json!({"messages": [{"role": "wizard", "content": "hi"}], "tools": tools()}));
-        assert_eq!(bad_role.validate().unwrap_err(), RequestError::UnknownRole("wizard".into()));
-        let zero = request(json!({"messages": [{"role": "user", "content": "hi"}], "tools": tools(), "max_tokens": 0}));
+        let bad_role =
+            request(json!({"messages": [{"role": "wizard", "content": "hi"}], "tools": tools()}));
+        assert_eq!(
+            bad_role.validate().unwrap_err(),
+            RequestError::UnknownRole("wizard".into())
+        );
+        let zero = request(
+            json!({"messages": [{"role": "user", "content": "hi"}], "tools": tools(), "max_tokens": 0}),
+        );
         assert_eq!(zero.validate().unwrap_err(), RequestError::BadMaxTokens(0));
-        let bad_tool = request(json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}));
-        assert_eq!(bad_tool.validate().unwrap_err(), RequestError::InvalidTool(0));
+        let bad_tool = request(
+            json!({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}),
+        );
+        assert_eq!(
+            bad_tool.validate().unwrap_err(),
+            RequestError::InvalidTool(0)
+        );
     }
 
     #[test]
     fn rendering_is_prefix_stable_across_rounds() {
         let vocab = Vocab::new();
-        let round1 = request(json!({"messages": [{"role": "user", "content": "1. read_file(path=\"/a\")"}], "tools": tools()}));
+        let round1 = request(
+            json!({"messages": [{"role": "user", "content": "1. read_file(path=\"/a\")"}], "tools": tools()}),
+        );
         let first = render(&round1.validate().unwrap(), &vocab);
-        let output = dsml::render_calls(&[("read_file".into(), json!({"path": "/a"}).as_object().cloned().unwrap())]);
+        let output = dsml::render_calls(&[(
+            "read_file".into(),
+            json!({"path": "/a"}).as_object().cloned().unwrap(),
+        )]);
         let round2 = request(json!({"messages": [
             {"role": "user", "content": "1. read_file(path=\"/a\")"},
             {"role": "assistant", "content": null, "tool_calls": [{"id": "call_0", "type": "function", "function": {"name": "read_file", "arguments": "{\"path\":\"/a\"}"}}]},

@@ -22,14 +22,25 @@ pub const DSML_OPEN: &str = "<｜DSML｜";
 pub const DSML_CLOSE: &str = "</｜DSML｜";
 
 /// Special tokens, matched before anything else (closing DSML first: it contains `<`).
-pub const SPECIALS: [&str; 8] =
-    [BOS, EOS, USER, ASSISTANT, TOOL_OUTPUT_BEGIN, TOOL_OUTPUT_END, DSML_CLOSE, DSML_OPEN];
+pub const SPECIALS: [&str; 8] = [
+    BOS,
+    EOS,
+    USER,
+    ASSISTANT,
+    TOOL_OUTPUT_BEGIN,
+    TOOL_OUTPUT_END,
+    DSML_CLOSE,
+    DSML_OPEN,
+];
 
 fn splitter() -> &'static Regex {
     static SPLITTER: OnceLock<Regex> = OnceLock::new();
     SPLITTER.get_or_init(|| {
         let specials: Vec<String> = SPECIALS.iter().map(|s| regex::escape(s)).collect();
-        let pattern = format!(r"(?s){}|[\p{{L}}_][\p{{L}}\p{{N}}_]*|\p{{N}}+|\s+|.", specials.join("|"));
+        let pattern = format!(
+            r"(?s){}|[\p{{L}}_][\p{{L}}\p{{N}}_]*|\p{{N}}+|\s+|.",
+            specials.join("|")
+        );
         Regex::new(&pattern).expect("tokenizer regex is valid")
     })
 }
@@ -84,12 +95,20 @@ impl Vocab {
     }
 
     pub fn encode(&self, text: &str) -> Vec<u32> {
-        split(text).into_iter().map(|token| self.id(token)).collect()
+        split(text)
+            .into_iter()
+            .map(|token| self.id(token))
+            .collect()
     }
 
     /// Token text; an id this process never interned decodes to a visible marker.
     pub fn token(&self, id: u32) -> String {
-        self.inner.read().strings.get(&id).cloned().unwrap_or_else(|| format!("<unk:{id}>"))
+        self.inner
+            .read()
+            .strings
+            .get(&id)
+            .cloned()
+            .unwrap_or_else(|| format!("<unk:{id}>"))
     }
 
     pub fn decode(&self, ids: &[u32]) -> String {
@@ -114,15 +133,37 @@ mod tests {
 
     #[test]
     fn splits_specials_words_numbers_punctuation_and_whitespace() {
-        let text = "<｜DSML｜parameter name=\"max_lines\" string=\"false\">40</｜DSML｜parameter>\n\n";
+        let text =
+            "<｜DSML｜parameter name=\"max_lines\" string=\"false\">40</｜DSML｜parameter>\n\n";
         assert_eq!(
             split(text),
             vec![
-                "<｜DSML｜", "parameter", " ", "name", "=", "\"", "max_lines", "\"", " ", "string", "=", "\"",
-                "false", "\"", ">", "40", "</｜DSML｜", "parameter", ">", "\n\n"
+                "<｜DSML｜",
+                "parameter",
+                " ",
+                "name",
+                "=",
+                "\"",
+                "max_lines",
+                "\"",
+                " ",
+                "string",
+                "=",
+                "\"",
+                "false",
+                "\"",
+                ">",
+                "40",
+                "</｜DSML｜",
+                "parameter",
+                ">",
+                "\n\n"
             ]
         );
-        assert_eq!(split("/srv/app/config.yaml"), vec!["/", "srv", "/", "app", "/", "config", ".", "yaml"]);
+        assert_eq!(
+            split("/srv/app/config.yaml"),
+            vec!["/", "srv", "/", "app", "/", "config", ".", "yaml"]
+        );
     }
 
     #[test]

@@ -39,7 +39,9 @@ pub enum TransferError {
 }
 
 pub fn dtype_from_name(name: &str) -> Option<IndexKDtype> {
-    [IndexKDtype::Bf16, IndexKDtype::Fp8].into_iter().find(|dtype| dtype.name() == name)
+    [IndexKDtype::Bf16, IndexKDtype::Fp8]
+        .into_iter()
+        .find(|dtype| dtype.name() == name)
 }
 
 pub fn encode(kv: &PromptKv, with_checksum: bool) -> Vec<u8> {
@@ -51,12 +53,18 @@ pub fn encode(kv: &PromptKv, with_checksum: bool) -> Vec<u8> {
         index_k_crc32: with_checksum.then(|| crc32fast::hash(&kv.index_k)),
     };
     let header = serde_json::to_vec(&header).expect("header serializes");
-    let mut out = Vec::with_capacity(16 + header.len() + kv.tokens.len() * 4 + kv.main.len() * 4 + kv.index_k.len());
+    let mut out = Vec::with_capacity(
+        16 + header.len() + kv.tokens.len() * 4 + kv.main.len() * 4 + kv.index_k.len(),
+    );
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&(header.len() as u32).to_le_bytes());
     out.extend_from_slice(&header);
-    kv.tokens.iter().for_each(|t| out.extend_from_slice(&t.to_le_bytes()));
-    kv.main.iter().for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
+    kv.tokens
+        .iter()
+        .for_each(|t| out.extend_from_slice(&t.to_le_bytes()));
+    kv.main
+        .iter()
+        .for_each(|v| out.extend_from_slice(&v.to_le_bytes()));
     out.extend_from_slice(&kv.index_k);
     out
 }
@@ -83,19 +91,29 @@ pub fn decode(bytes: &[u8], expected: IndexKDtype) -> Result<Received, TransferE
         return Err(malformed("bad magic"));
     }
     let header_len = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes")) as usize;
-    let body = bytes.get(12 + header_len..).ok_or_else(|| malformed("truncated header"))?;
-    let header: PayloadHeader =
-        serde_json::from_slice(&bytes[12..12 + header_len]).map_err(|e| TransferError::Malformed(e.to_string()))?;
-    let dtype = dtype_from_name(&header.index_k_dtype).ok_or_else(|| malformed("unknown index-K dtype"))?;
+    let body = bytes
+        .get(12 + header_len..)
+        .ok_or_else(|| malformed("truncated header"))?;
+    let header: PayloadHeader = serde_json::from_slice(&bytes[12..12 + header_len])
+        .map_err(|e| TransferError::Malformed(e.to_string()))?;
+    let dtype =
+        dtype_from_name(&header.index_k_dtype).ok_or_else(|| malformed("unknown index-K dtype"))?;
     if dtype != expected {
-        return Err(TransferError::DtypeMismatch { sent: dtype.name().into(), expected: expected.name().into() });
+        return Err(TransferError::DtypeMismatch {
+            sent: dtype.name().into(),
+            expected: expected.name().into(),
+        });
     }
     let n = header.n_tokens;
-    let (token_bytes, main_bytes, index_bytes) = (n * 4, n * MAIN_DIM * 4, n * dtype.bytes_per_token());
+    let (token_bytes, main_bytes, index_bytes) =
+        (n * 4, n * MAIN_DIM * 4, n * dtype.bytes_per_token());
     if body.len() != token_bytes + main_bytes + index_bytes {
         return Err(malformed("body length does not match the header"));
     }
-    let tokens = body[..token_bytes].chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().expect("4"))).collect();
+    let tokens = body[..token_bytes]
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes(c.try_into().expect("4")))
+        .collect();
     let main = body[token_bytes..token_bytes + main_bytes]
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes(c.try_into().expect("4")))
@@ -137,18 +155,27 @@ mod tests {
         let received = decode(&encode(&kv, true), IndexKDtype::Fp8).unwrap();
         assert_eq!(received.kv, kv);
         assert_eq!(received.checksum_mismatch(), Some(false));
-        assert_eq!(decode(&encode(&kv, false), IndexKDtype::Fp8).unwrap().checksum_mismatch(), None);
+        assert_eq!(
+            decode(&encode(&kv, false), IndexKDtype::Fp8)
+                .unwrap()
+                .checksum_mismatch(),
+            None
+        );
     }
 
     #[test]
     fn dtype_mismatch_is_refused_with_the_fix_in_the_message() {
-        let error = decode(&encode(&sample(IndexKDtype::Bf16), false), IndexKDtype::Fp8).unwrap_err();
+        let error =
+            decode(&encode(&sample(IndexKDtype::Bf16), false), IndexKDtype::Fp8).unwrap_err();
         assert_eq!(
             error.to_string(),
             "index-K dtype mismatch: prefill sends bf16, decode expects fp8_e4m3; set SGLANG_DSV4_BF16_INDEX_K identically on both roles"
         );
         let mut corrupt = encode(&sample(IndexKDtype::Bf16), false);
         corrupt.truncate(corrupt.len() - 1);
-        assert!(matches!(decode(&corrupt, IndexKDtype::Bf16), Err(TransferError::Malformed(_))));
+        assert!(matches!(
+            decode(&corrupt, IndexKDtype::Bf16),
+            Err(TransferError::Malformed(_))
+        ));
     }
 }

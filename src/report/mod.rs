@@ -5,6 +5,8 @@
 //! arm block, so an interrupted run still leaves a readable directory. Streams
 //! (sessions, metrics) are appended as they arrive.
 
+pub mod charts;
+pub mod html;
 pub mod json;
 pub mod markdown;
 pub mod record;
@@ -26,11 +28,20 @@ pub trait Exporter {
     /// File name inside the results directory.
     fn file_name(&self) -> &'static str;
     fn render(&self, record: &RunRecord) -> anyhow::Result<String>;
+    /// Render with the results directory at hand (sessions.jsonl, metrics.csv), for
+    /// formats that show more than the record.
+    fn render_in(&self, record: &RunRecord, _dir: &Path) -> anyhow::Result<String> {
+        self.render(record)
+    }
 }
 
 /// The exporters rewritten after each arm.
 pub fn exporters() -> Vec<Box<dyn Exporter>> {
-    vec![Box::new(json::RunJson), Box::new(markdown::SummaryMarkdown)]
+    vec![
+        Box::new(json::RunJson),
+        Box::new(markdown::SummaryMarkdown),
+        Box::new(html::HtmlReport),
+    ]
 }
 
 /// A run's results directory.
@@ -59,10 +70,10 @@ impl ResultsDir {
         &self.root
     }
 
-    /// Rewrite run.json and summary.md atomically.
+    /// Rewrite run.json, summary.md and report.html atomically.
     pub fn write_record(&self, record: &RunRecord) -> anyhow::Result<()> {
         for exporter in exporters() {
-            let text = exporter.render(record)?;
+            let text = exporter.render_in(record, &self.root)?;
             write_atomic(&self.root.join(exporter.file_name()), text.as_bytes())?;
         }
         Ok(())

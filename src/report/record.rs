@@ -37,6 +37,9 @@ pub struct RunRecord {
     #[serde(default)]
     pub engine_info: BTreeMap<String, serde_json::Value>,
     pub error: Option<String>,
+    /// Keys written by other commands (e.g. `reclassified` history), kept on rewrite.
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -7,3 +7,7 @@ mod common;
 mod crash;
 mod fake;
 mod fake_runs;
+mod matrix;
+mod reclassify;
+mod report_diff;
+mod report_html;

@@ -21,7 +21,9 @@ impl Default for CpuBackend {
 
 impl CpuBackend {
     pub fn new() -> Self {
-        CpuBackend { fp8_table: layout::fp8_table() }
+        CpuBackend {
+            fp8_table: layout::fp8_table(),
+        }
     }
 }
 
@@ -54,7 +56,9 @@ fn project(matrix: &[f32], v: &[f32], out: &mut [f32]) {
 fn project_transposed(matrix: &[f32], v: &[f32], out: &mut [f32]) {
     out.iter_mut().for_each(|x| *x = 0.0);
     for (row, scale) in matrix.chunks_exact(MAIN_DIM).zip(v) {
-        out.iter_mut().zip(row).for_each(|(dst, w)| *dst += w * scale);
+        out.iter_mut()
+            .zip(row)
+            .for_each(|(dst, w)| *dst += w * scale);
     }
 }
 
@@ -63,16 +67,27 @@ impl Backend for CpuBackend {
         "cpu"
     }
 
-    fn quantize_index_k(&self, dtype: IndexKDtype, keys: &[f32], out: &mut [u8]) -> anyhow::Result<()> {
+    fn quantize_index_k(
+        &self,
+        dtype: IndexKDtype,
+        keys: &[f32],
+        out: &mut [u8],
+    ) -> anyhow::Result<()> {
         let per_token = dtype.bytes_per_token();
-        ensure!(keys.len() % INDEX_DIM == 0, "index keys are not a whole number of rows");
+        ensure!(
+            keys.len() % INDEX_DIM == 0,
+            "index keys are not a whole number of rows"
+        );
         ensure!(
             out.len() == keys.len() / INDEX_DIM * per_token,
             "index-K output buffer has {} bytes, expected {}",
             out.len(),
             keys.len() / INDEX_DIM * per_token
         );
-        for (key, row) in keys.chunks_exact(INDEX_DIM).zip(out.chunks_exact_mut(per_token)) {
+        for (key, row) in keys
+            .chunks_exact(INDEX_DIM)
+            .zip(out.chunks_exact_mut(per_token))
+        {
             layout::quantize_row(dtype, key, row);
         }
         Ok(())
@@ -89,8 +104,14 @@ impl Backend for CpuBackend {
         let mut row = [0.0f32; INDEX_DIM];
         let mut results = Vec::with_capacity(jobs.len());
         for job in jobs {
-            ensure!(job.query.len() == INDEX_DIM, "indexer query must have {INDEX_DIM} values");
-            ensure!(job.index_k.len() >= job.n * per_token, "index-K buffer shorter than n rows");
+            ensure!(
+                job.query.len() == INDEX_DIM,
+                "indexer query must have {INDEX_DIM} values"
+            );
+            ensure!(
+                job.index_k.len() >= job.n * per_token,
+                "index-K buffer shorter than n rows"
+            );
             let mut scored: Vec<(f32, u32)> = job.index_k[..job.n * per_token]
                 .chunks_exact(per_token)
                 .enumerate()
@@ -109,12 +130,21 @@ impl Backend for CpuBackend {
                     scored[..keep].sort_by(rank);
                 }
             }
-            results.push(scored[..keep].iter().map(|(_, position)| *position).collect());
+            results.push(
+                scored[..keep]
+                    .iter()
+                    .map(|(_, position)| *position)
+                    .collect(),
+            );
         }
         Ok(results)
     }
 
-    fn sparse_attention(&self, jobs: &[AttnJob<'_>], path: AttnPath) -> anyhow::Result<Vec<AttnOut>> {
+    fn sparse_attention(
+        &self,
+        jobs: &[AttnJob<'_>],
+        path: AttnPath,
+    ) -> anyhow::Result<Vec<AttnOut>> {
         let matrix = mla_up_projection();
         let inv_sqrt_dim = 1.0 / (MAIN_DIM as f32).sqrt();
         let mut projected_query = [0.0f32; MAIN_DIM];
@@ -122,9 +152,18 @@ impl Backend for CpuBackend {
         let mut projected_key = [0.0f32; MAIN_DIM];
         let mut outputs = Vec::with_capacity(jobs.len());
         for job in jobs {
-            ensure!(job.query.len() == MAIN_DIM, "attention query must have {MAIN_DIM} values");
-            ensure!(job.keys.len() >= job.n * MAIN_DIM, "main key buffer shorter than n rows");
-            ensure!(!job.selected.is_empty(), "sparse attention over an empty selection");
+            ensure!(
+                job.query.len() == MAIN_DIM,
+                "attention query must have {MAIN_DIM} values"
+            );
+            ensure!(
+                job.keys.len() >= job.n * MAIN_DIM,
+                "main key buffer shorter than n rows"
+            );
+            ensure!(
+                !job.selected.is_empty(),
+                "sparse attention over an empty selection"
+            );
             project(matrix, job.query, &mut projected_query);
             let selected_scores: Vec<(u32, f32)> = match path {
                 AttnPath::Mma => {
@@ -171,8 +210,15 @@ impl Backend for CpuBackend {
                     best = (position, score);
                 }
             }
-            let weight = if total > 0.0 { (best.1 - max).exp() / total } else { 0.0 };
-            outputs.push(AttnOut { argmax: best.0, weight });
+            let weight = if total > 0.0 {
+                (best.1 - max).exp() / total
+            } else {
+                0.0
+            };
+            outputs.push(AttnOut {
+                argmax: best.0,
+                weight,
+            });
         }
         Ok(outputs)
     }
@@ -186,7 +232,9 @@ mod tests {
         let mut state = seed;
         (0..len)
             .map(|_| {
-                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 ((state >> 40) as f32 / (1u64 << 24) as f32) - 0.5
             })
             .collect()
@@ -197,7 +245,10 @@ mod tests {
         let w = mla_up_projection();
         for i in 0..MAIN_DIM {
             for j in 0..MAIN_DIM {
-                let d = dot(&w[i * MAIN_DIM..(i + 1) * MAIN_DIM], &w[j * MAIN_DIM..(j + 1) * MAIN_DIM]);
+                let d = dot(
+                    &w[i * MAIN_DIM..(i + 1) * MAIN_DIM],
+                    &w[j * MAIN_DIM..(j + 1) * MAIN_DIM],
+                );
                 let expected = if i == j { 1.0 } else { 0.0 };
                 assert!((d - expected).abs() < 1e-5, "row {i} . row {j} = {d}");
             }
@@ -208,14 +259,20 @@ mod tests {
     fn quantization_round_trips_within_format_precision() {
         let backend = CpuBackend::new();
         let keys = pseudo_random(7, INDEX_DIM * 4);
-        for (dtype, tolerance) in [(IndexKDtype::Bf16, 1.0 / 128.0), (IndexKDtype::Fp8, 1.0 / 8.0)] {
+        for (dtype, tolerance) in [
+            (IndexKDtype::Bf16, 1.0 / 128.0),
+            (IndexKDtype::Fp8, 1.0 / 8.0),
+        ] {
             let mut bytes = vec![0u8; 4 * dtype.bytes_per_token()];
             backend.quantize_index_k(dtype, &keys, &mut bytes).unwrap();
             let mut row = [0.0f32; INDEX_DIM];
             for (t, chunk) in bytes.chunks_exact(dtype.bytes_per_token()).enumerate() {
                 layout::dequantize_row(dtype, chunk, &backend.fp8_table, &mut row);
                 for (a, b) in row.iter().zip(&keys[t * INDEX_DIM..]) {
-                    assert!((a - b).abs() <= b.abs() * tolerance + 0.5 / 448.0 * 0.5, "{dtype:?}: {a} vs {b}");
+                    assert!(
+                        (a - b).abs() <= b.abs() * tolerance + 0.5 / 448.0 * 0.5,
+                        "{dtype:?}: {a} vs {b}"
+                    );
                 }
             }
         }
@@ -232,7 +289,11 @@ mod tests {
         for dtype in [IndexKDtype::Bf16, IndexKDtype::Fp8] {
             let mut bytes = vec![0u8; 300 * dtype.bytes_per_token()];
             backend.quantize_index_k(dtype, &keys, &mut bytes).unwrap();
-            let job = [IndexerJob { query: &query, index_k: &bytes, n: 300 }];
+            let job = [IndexerJob {
+                query: &query,
+                index_k: &bytes,
+                n: 300,
+            }];
             let v1 = backend.indexer_topk(dtype, &job, 32, TopkImpl::V1).unwrap();
             let v2 = backend.indexer_topk(dtype, &job, 32, TopkImpl::V2).unwrap();
             assert_eq!(v1, v2);
@@ -248,7 +309,12 @@ mod tests {
         let selected: Vec<u32> = (0..200).step_by(3).collect();
         for target in [0usize, 51, 198] {
             let query = keys[target * MAIN_DIM..(target + 1) * MAIN_DIM].to_vec();
-            let job = [AttnJob { query: &query, keys: &keys, n: 200, selected: &selected }];
+            let job = [AttnJob {
+                query: &query,
+                keys: &keys,
+                n: 200,
+                selected: &selected,
+            }];
             let mma = backend.sparse_attention(&job, AttnPath::Mma).unwrap();
             let legacy = backend.sparse_attention(&job, AttnPath::Legacy).unwrap();
             assert_eq!(mma[0].argmax, legacy[0].argmax);

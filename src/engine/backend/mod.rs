@@ -90,7 +90,12 @@ pub struct AttnOut {
 pub trait Backend: Send + Sync {
     fn name(&self) -> &'static str;
     /// Quantize `keys` (n * INDEX_DIM f32) into `out` (n * bytes_per_token) in `dtype`.
-    fn quantize_index_k(&self, dtype: IndexKDtype, keys: &[f32], out: &mut [u8]) -> anyhow::Result<()>;
+    fn quantize_index_k(
+        &self,
+        dtype: IndexKDtype,
+        keys: &[f32],
+        out: &mut [u8],
+    ) -> anyhow::Result<()>;
     /// Per job: dequantized dot-product scores, then the top `k` positions
     /// (score descending, ties by lower position). Returns min(k, n) positions per job.
     fn indexer_topk(
@@ -101,7 +106,11 @@ pub trait Backend: Send + Sync {
         topk: TopkImpl,
     ) -> anyhow::Result<Vec<Vec<u32>>>;
     /// Per job: softmax(q.K_sel / sqrt(MAIN_DIM)) over the selected rows; returns the argmax.
-    fn sparse_attention(&self, jobs: &[AttnJob<'_>], path: AttnPath) -> anyhow::Result<Vec<AttnOut>>;
+    fn sparse_attention(
+        &self,
+        jobs: &[AttnJob<'_>],
+        path: AttnPath,
+    ) -> anyhow::Result<Vec<AttnOut>>;
 }
 
 /// Byte layout of one quantized index-K row, shared by every backend so that pages
@@ -192,7 +201,9 @@ pub fn mla_up_projection() -> &'static [f32] {
                 .collect();
             for previous in &rows {
                 let dot: f64 = row.iter().zip(previous).map(|(a, b)| a * b).sum();
-                row.iter_mut().zip(previous).for_each(|(a, b)| *a -= dot * b);
+                row.iter_mut()
+                    .zip(previous)
+                    .for_each(|(a, b)| *a -= dot * b);
             }
             let norm = row.iter().map(|a| a * a).sum::<f64>().sqrt();
             row.iter_mut().for_each(|a| *a /= norm);

@@ -1,0 +1,136 @@
+//! Command line of the commands that read results directories instead of running engines:
+//! `bisect diff A B`, `bisect reclassify DIR` and the body of `bisect report DIR`
+//! (re-render run.json's companions, report.html included, for a run or a matrix).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Args, ValueEnum};
+use serde_json::Value;
+
+use crate::diff::{self, Format};
+use crate::exit::Failure;
+use crate::report::{write_atomic, ResultsDir};
+
+#[derive(Debug, Args)]
+pub(super) struct DiffArgs {
+    /// The earlier (baseline) results directory: a run or a matrix.
+    a: PathBuf,
+    /// The later results directory, of the same kind as A.
+    b: PathBuf,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = DiffFormat::Table)]
+    format: DiffFormat,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum DiffFormat {
+    /// Terminal table.
+    Table,
+    /// Markdown, for a PR or a ticket.
+    #[value(alias = "markdown")]
+    Md,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub(super) struct ReclassifyArgs {
+    /// A results directory written by `bisect run`.
+    dir: PathBuf,
+    /// The workload (builtin name or TOML file) the run used, when its recorded name does
+    /// not load; its parameters are still taken from run.json.
+    #[arg(long)]
+    workload: Option<String>,
+    /// Print the rewritten run.json instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+pub(super) fn diff(args: DiffArgs) -> anyhow::Result<ExitCode> {
+    let d = diff::diff_dirs(&args.a, &args.b)?;
+    let format = match args.format {
+        DiffFormat::Table => Format::Table,
+        DiffFormat::Md => Format::Markdown,
+        DiffFormat::Json => Format::Json,
+    };
+    print!("{}", diff::render(&d, format)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(super) fn reclassify(args: ReclassifyArgs) -> anyhow::Result<ExitCode> {
+    let summary = crate::reclassify::reclassify_dir(&args.dir, args.workload.as_deref())?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&summary.record)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    print!("{}", crate::report::table::render(&summary.record));
+    println!(
+        "reclassified {} session(s) under the current rules: {} changed class, {} incomplete (ended on a round now ok)",
+        summary.record.runs.iter().map(|r| r.sessions).sum::<u64>(),
+        summary.changed.len(),
+        summary.incomplete
+    );
+    for (label, repeat, index, old, new) in &summary.changed {
+        println!(
+            "  {label} r{repeat} #{index}: {} -> {}",
+            old.name(),
+            new.name()
+        );
+    }
+    let now = summary
+        .record
+        .verdict
+        .as_ref()
+        .map(|v| v.status.as_str().to_string());
+    println!(
+        "verdict: {} -> {}",
+        summary.previous_verdict.as_deref().unwrap_or("none"),
+        now.as_deref().unwrap_or("none")
+    );
+    println!(
+        "kept the originals as {} and {}",
+        summary.sessions_backup.display(),
+        summary.run_json_backup.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `bisect report DIR`: a run's run.json (keeping keys such as `reclassified`),
+/// summary.md and report.html, or a matrix's report.html.
+pub(super) fn report(dir: &Path, json: bool) -> anyhow::Result<ExitCode> {
+    let run_json = dir.join("run.json");
+    let matrix_json = dir.join("matrix.json");
+    if !run_json.is_file() && matrix_json.is_file() {
+        let text = std::fs::read_to_string(&matrix_json)
+            .map_err(|e| Failure::BadInput(format!("{}: {e}", matrix_json.display())))?;
+        let value: Value = serde_json::from_str(&text)
+            .map_err(|e| Failure::BadInput(format!("{}: {e}", matrix_json.display())))?;
+        let html = crate::report::html::render_matrix_html(&value, dir);
+        let out = dir.join("report.html");
+        write_atomic(&out, html.as_bytes())?;
+        if json {
+            println!("{}", serde_json::to_string_pretty(&value)?);
+        } else {
+            println!("wrote {}", out.display());
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let results = ResultsDir::open(dir);
+    let bad = |e: anyhow::Error| {
+        Failure::BadInput(format!(
+            "{e:#}\n  fix: pass a results directory written by `bisect run` or `bisect matrix`"
+        ))
+    };
+    let record = results.read_record().map_err(bad)?;
+    let raw: Value = std::fs::read_to_string(&run_json)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(Value::Null);
+    crate::reclassify::write_record_keeping(&results, &record, &raw, Default::default())?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&record)?);
+    } else {
+        print!("{}", crate::report::table::render(&record));
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,191 @@
+//! `bisect merge DIR...`: join the shard directories of one night into one matrix
+//! directory whose cells are those an unsharded run would have written (same order,
+//! same fields; only timing fields differ). Refused, with the directories named: shards
+//! of different plans (name or plan hash differ), a cell present in two shards, and
+//! cells of the plan that no shard finished.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+
+use super::export;
+use super::record::{MatrixRecord, MergedShard, SCHEMA};
+use crate::exit::Failure;
+
+/// A joined matrix and, per cell id, the shard directory whose cell it took.
+pub struct Merged {
+    pub record: MatrixRecord,
+    pub sources: BTreeMap<String, PathBuf>,
+}
+
+/// Read the shard directories and join them (nothing is written).
+pub fn join(dirs: &[PathBuf], id: &str, command: &str) -> anyhow::Result<Merged> {
+    if dirs.is_empty() {
+        return Err(bad("no directories to merge\n  fix: pass the shard directories, e.g. bisect merge results/night/*".into()));
+    }
+    let mut shards = Vec::new();
+    for dir in dirs {
+        let record = export::read_matrix(dir).map_err(|e| {
+            bad(format!(
+                "{e:#}\n  fix: pass directories written by `bisect matrix --shard I/N`"
+            ))
+        })?;
+        shards.push((dir.clone(), record));
+    }
+    let (first_dir, first) = &shards[0];
+    for (dir, r) in &shards[1..] {
+        if r.plan.name != first.plan.name || r.plan.hash != first.plan.hash {
+            return Err(bad(format!(
+                "shards of different plans: {} is plan {:?} (hash {}), {} is plan {:?} (hash {})\n  fix: merge only the shards of one night of one plan",
+                first_dir.display(),
+                first.plan.name,
+                first.plan.hash,
+                dir.display(),
+                r.plan.name,
+                r.plan.hash
+            )));
+        }
+    }
+
+    let mut owner: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    for (s, (dir, r)) in shards.iter().enumerate() {
+        for (c, cell) in r.cells.iter().enumerate() {
+            if !cell.is_finished() {
+                continue;
+            }
+            if let Some((other, _)) = owner.insert(cell.id.as_str(), (s, c)) {
+                return Err(bad(format!(
+                    "overlapping shards: cell {} is in both {} and {}\n  fix: merge one directory per shard (I/N with the same N, each I once)",
+                    cell.id,
+                    shards[other].0.display(),
+                    dir.display()
+                )));
+            }
+        }
+    }
+    let missing: Vec<&str> = first
+        .plan
+        .cells
+        .iter()
+        .map(String::as_str)
+        .filter(|id| !owner.contains_key(id))
+        .collect();
+    if !missing.is_empty() {
+        let given: Vec<String> = shards
+            .iter()
+            .map(|(d, r)| {
+                format!(
+                    "{} ({}, {})",
+                    d.display(),
+                    r.shard
+                        .map(|s| s.to_string())
+                        .unwrap_or_else(|| "whole".into()),
+                    r.status
+                )
+            })
+            .collect();
+        return Err(bad(format!(
+            "{} of {} cells are in no finished shard: {}\n  shards given: {}\n  fix: run the missing shards (or rerun the failed ones) and merge again",
+            missing.len(),
+            first.plan.cells.len(),
+            missing.join(", "),
+            given.join("; ")
+        )));
+    }
+
+    let cells = first
+        .plan
+        .cells
+        .iter()
+        .map(|id| {
+            let (s, c) = owner[id.as_str()];
+            let mut cell = shards[s].1.cells[c].clone();
+            cell.comparison = None;
+            cell.rederive();
+            cell
+        })
+        .collect();
+    let mut engine_info = BTreeMap::new();
+    for (_, r) in &shards {
+        engine_info.extend(r.engine_info.clone());
+    }
+    let sources = owner
+        .iter()
+        .map(|(id, (s, _))| (id.to_string(), shards[*s].0.clone()))
+        .collect();
+    let record = MatrixRecord {
+        schema: SCHEMA.into(),
+        id: id.to_string(),
+        command: command.to_string(),
+        plan: first.plan.clone(),
+        shard: None,
+        merged_from: shards
+            .iter()
+            .map(|(d, r)| MergedShard {
+                dir: d.display().to_string(),
+                id: r.id.clone(),
+                shard: r.shard,
+            })
+            .collect(),
+        started_at: shards
+            .iter()
+            .map(|(_, r)| r.started_at.clone())
+            .min()
+            .unwrap_or_default(),
+        finished_at: shards
+            .iter()
+            .filter_map(|(_, r)| r.finished_at.clone())
+            .max(),
+        status: "finished".into(),
+        target: first.target.clone(),
+        workload: first.workload.clone(),
+        workload_hash: first.workload_hash.clone(),
+        cells,
+        baseline: None,
+        regressions: Vec::new(),
+        engine_info,
+        error: None,
+    };
+    Ok(Merged { record, sources })
+}
+
+/// Create `out` (which must not hold a matrix yet), copy each cell's sessions directory
+/// from the shard it was taken from, and write the merged record's files.
+pub fn write(merged: &Merged, out: &Path) -> anyhow::Result<()> {
+    if out.join(export::json::FILE).exists() {
+        return Err(bad(format!(
+            "{} already holds a matrix\n  fix: pass a new --out directory",
+            out.display()
+        )));
+    }
+    std::fs::create_dir_all(out.join("cells"))
+        .with_context(|| format!("creating {}", out.join("cells").display()))?;
+    for cell in &merged.record.cells {
+        let src = merged.sources[&cell.id].join(&cell.dir);
+        if src.is_dir() {
+            copy_dir(&src, &out.join(&cell.dir))?;
+        }
+    }
+    export::write_all(out, &merged.record)
+}
+
+fn copy_dir(from: &Path, to: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(to).with_context(|| format!("creating {}", to.display()))?;
+    for entry in std::fs::read_dir(from).with_context(|| format!("listing {}", from.display()))? {
+        let entry = entry.with_context(|| format!("listing {}", from.display()))?;
+        let path = entry.path();
+        let dest = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_dir(&path, &dest)?;
+        } else {
+            std::fs::copy(&path, &dest)
+                .with_context(|| format!("copying {} to {}", path.display(), dest.display()))?;
+        }
+    }
+    Ok(())
+}
+
+fn bad(message: String) -> anyhow::Error {
+    Failure::BadInput(message).into()
+}

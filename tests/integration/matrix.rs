@@ -1,0 +1,536 @@
+//! The nightly matrix against the fake engine, whose bugs are known exactly: per-cell
+//! counts, restart grouping, shards merged == unsharded, baselines (regression named,
+//! identical nights clean, changed workload not comparable), the exit code through the
+//! real binary, and snapshots of summary.md and junit.xml with times and paths redacted.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bisect::experiment::Quiet;
+use bisect::matrix::baseline::{self, Baseline};
+use bisect::matrix::export::{self, junit::JunitXml, markdown::MatrixSummary, MatrixExporter};
+use bisect::matrix::record::{CellStatus, MatrixRecord};
+use bisect::matrix::run::{self as matrix_run, MatrixJob};
+use bisect::matrix::{merge, Plan, Shard};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::common::{fake_race_victims, read, FakeTarget};
+
+/// The fake's race as a flag, so a test can flip it between nights in the launch config.
+const RACE_FLAG: &str = "doc = \"the fake's race\"\nenv = \"FAKE_RACE\"\nroles = [\"decode\"]\non = \"1\"\noff = \"0\"\n";
+
+/// 2 flags x 2 session counts. FAKE_NOISE changes nothing in the fake (a same-speed
+/// toggle); the race needs FAKE_INDEX_BF16=1. tokens/s of an in-process fake is machine
+/// noise only, so the speed rule is set out of reach here (and tested in unit tests).
+fn plan_text(extra: &str) -> String {
+    format!(
+        "name = \"fake-nightly\"\nworkload = \"smoke\"\nflags_dir = [\"flags\"]\ntimeout_s = 5\n\
+         sessions = [4, 64]\ntokens_per_s_noise = 0.95\n{extra}\n\
+         [axes]\nFAKE_BF16 = [\"1\", \"0\"]\nFAKE_NOISE = [\"0\", \"3\"]\n"
+    )
+}
+
+fn load_plan(t: &FakeTarget, text: &str) -> Plan {
+    std::fs::write(t.dir.path().join("flags/FAKE_RACE.toml"), RACE_FLAG).unwrap();
+    let path = t.dir.path().join("nightly.toml");
+    std::fs::write(&path, text).unwrap();
+    Plan::load(&path).unwrap()
+}
+
+fn job(t: &FakeTarget, plan: &Plan, shard: Option<Shard>, id: &str) -> MatrixJob {
+    let results = t.dir.path().join("results");
+    MatrixJob {
+        id: id.into(),
+        command: format!("bisect matrix nightly.toml ({id})"),
+        plan: plan.clone(),
+        target: t.target.clone(),
+        shard,
+        dir: results.join(id),
+        journal_dir: results.join(".bisect-journal"),
+        api_key: None,
+        metrics_period: Duration::from_millis(50),
+        allow_partial: false,
+    }
+}
+
+async fn run(t: &FakeTarget, job: &MatrixJob) -> MatrixRecord {
+    let mut control = t.engine.control();
+    matrix_run::run(job, &mut control, &Quiet, CancellationToken::new())
+        .await
+        .unwrap()
+}
+
+fn set_race(t: &FakeTarget, on: bool) {
+    let decode = &t.target.roles[1].launch;
+    let text = read(decode);
+    let (from, to) = if on {
+        ("FAKE_RACE=0", "FAKE_RACE=1")
+    } else {
+        ("FAKE_RACE=1", "FAKE_RACE=0")
+    };
+    std::fs::write(decode, text.replace(from, to)).unwrap();
+    t.engine.reload().unwrap();
+}
+
+/// Cells as JSON without the fields that measure one execution.
+fn untimed(cells: &[bisect::matrix::CellRecord]) -> Vec<Value> {
+    cells
+        .iter()
+        .map(|c| {
+            let mut v = serde_json::to_value(c).unwrap();
+            let o = v.as_object_mut().unwrap();
+            for k in ["wall_s", "tokens_per_s", "health_wait_s", "peak_running"] {
+                assert!(o.remove(k).is_some(), "cell field {k} exists");
+            }
+            v
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn matrix_cells_have_exact_counts_and_one_restart_per_group() {
+    let t = FakeTarget::new().await;
+    let before = t.launch_bytes();
+    let plan = load_plan(&t, &plan_text(""));
+    let job = job(&t, &plan, None, "night");
+    let mut control = t.engine.control();
+    let record = matrix_run::run(&job, &mut control, &Quiet, CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(record.status, "finished");
+    assert_eq!(
+        control.restarts.load(Ordering::Relaxed),
+        4,
+        "one restart per flag combination, not per cell"
+    );
+    assert_eq!(
+        t.launch_bytes(),
+        before,
+        "launch configs restored byte for byte"
+    );
+
+    let ids: Vec<&str> = record.cells.iter().map(|c| c.id.as_str()).collect();
+    assert_eq!(
+        ids,
+        [
+            "FAKE_BF16=1,FAKE_NOISE=0,s4",
+            "FAKE_BF16=1,FAKE_NOISE=0,s64",
+            "FAKE_BF16=1,FAKE_NOISE=3,s4",
+            "FAKE_BF16=1,FAKE_NOISE=3,s64",
+            "FAKE_BF16=0,FAKE_NOISE=0,s4",
+            "FAKE_BF16=0,FAKE_NOISE=0,s64",
+            "FAKE_BF16=0,FAKE_NOISE=3,s4",
+            "FAKE_BF16=0,FAKE_NOISE=3,s64",
+        ]
+    );
+    for cell in &record.cells {
+        let n = cell.sessions;
+        let racy = cell.flags["FAKE_BF16"] == "1";
+        let victims = if racy {
+            fake_race_victims(&plan.workload, n)
+        } else {
+            0
+        };
+        assert_eq!(cell.status, "finished", "{}", cell.id);
+        assert_eq!(cell.counts.total(), n as u64, "{}", cell.id);
+        assert_eq!(cell.counts.leak, victims, "{}", cell.id);
+        assert_eq!(cell.counts.done, n as u64 - victims, "{}", cell.id);
+        assert_eq!(cell.corrupted, victims, "{}", cell.id);
+        assert_eq!(cell.rounds, plan.workload.rounds);
+        assert_eq!(
+            cell.readback["FAKE_BF16"]["prefill"],
+            cell.flags["FAKE_BF16"]
+        );
+        assert_eq!(
+            cell.readback["FAKE_BF16"]["decode"],
+            cell.flags["FAKE_BF16"]
+        );
+        assert_eq!(
+            cell.readback["FAKE_NOISE"]["decode"],
+            cell.flags["FAKE_NOISE"]
+        );
+        assert!(cell.ci95[0] <= cell.corruption_rate && cell.corruption_rate <= cell.ci95[1]);
+        assert!(cell.peak_running["client"] >= 1);
+        let sessions = read(&job.dir.join(&cell.dir).join("sessions.jsonl"));
+        assert_eq!(sessions.lines().count(), n as usize, "{}", cell.id);
+        assert!(sessions
+            .lines()
+            .all(|l| l.contains(&format!("\"label\":\"{}\"", cell.id))));
+        assert!(read(&job.dir.join(&cell.dir).join("metrics.csv")).starts_with("t_s,role,running"));
+        let applied = read(
+            &job.dir
+                .join(&cell.dir)
+                .join("launch/cell-r0/decode--decode.sh"),
+        );
+        assert!(applied.contains(&format!(
+            "export FAKE_INDEX_BF16={}",
+            cell.flags["FAKE_BF16"]
+        )));
+    }
+    assert!(
+        record.cells[1].corrupted >= 10,
+        "the 64-session racy cell needs enough victims for the baseline tests"
+    );
+    assert_eq!(
+        record.cells[1].first_bad_round,
+        vec![0, record.cells[1].corrupted]
+    );
+
+    let on_disk: Value = serde_json::from_str(&read(&job.dir.join("matrix.json"))).unwrap();
+    assert_eq!(on_disk["schema"], "bisect.matrix/1");
+    assert_eq!(on_disk["plan"]["name"], "fake-nightly");
+    assert_eq!(on_disk["plan"]["cells"].as_array().unwrap().len(), 8);
+    assert_eq!(
+        on_disk["cells"][1]["counts"]["leak"],
+        record.cells[1].corrupted
+    );
+    assert_eq!(on_disk["cells"][0]["flags"]["FAKE_NOISE"], "0");
+    assert!(on_disk["cells"][0]["config_hash"].as_str().unwrap().len() == 16);
+    let csv = read(&job.dir.join("matrix.csv"));
+    assert_eq!(csv.lines().count(), 9, "{csv}");
+    assert!(
+        csv.starts_with("cell,group,flag:FAKE_BF16,flag:FAKE_NOISE,sessions"),
+        "{csv}"
+    );
+    let junit = read(&job.dir.join("junit.xml"));
+    assert_eq!(junit.matches("<testcase ").count(), 8);
+    assert!(
+        !junit.contains("<failure"),
+        "no baseline, no failure: {junit}"
+    );
+    assert!(read(&job.dir.join("summary.md")).contains("baseline: none"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shards_merge_into_the_unsharded_matrix() {
+    let t = FakeTarget::new().await;
+    let before = t.launch_bytes();
+    let plan = load_plan(&t, &plan_text(""));
+    let whole = run(&t, &job(&t, &plan, None, "whole")).await;
+
+    let mut shard_dirs: Vec<PathBuf> = Vec::new();
+    let mut restarts = Vec::new();
+    // Every control of one fake engine shares its restart counter: count per shard.
+    let mut restarts_before = t.engine.restarts.load(Ordering::Relaxed);
+    for i in 0..2 {
+        let j = job(
+            &t,
+            &plan,
+            Some(Shard { index: i, count: 2 }),
+            &format!("shard{i}"),
+        );
+        let mut control = t.engine.control();
+        let r = matrix_run::run(&j, &mut control, &Quiet, CancellationToken::new())
+            .await
+            .unwrap();
+        assert_eq!(r.cells.len(), 4, "shard {i} runs two whole groups");
+        assert!(read(&j.dir.join("summary.md")).contains(&format!("shard {i}/2")));
+        let now = control.restarts.load(Ordering::Relaxed);
+        restarts.push(now - restarts_before);
+        restarts_before = now;
+        shard_dirs.push(j.dir.clone());
+    }
+    assert_eq!(restarts, [2, 2], "shards never split a restart group");
+    assert_eq!(t.launch_bytes(), before);
+
+    // Merge in reverse order: the merged order comes from the plan, not the arguments.
+    let reversed: Vec<PathBuf> = shard_dirs.iter().rev().cloned().collect();
+    let merged = merge::join(&reversed, "merged", "bisect merge").unwrap();
+    let out = t.dir.path().join("results/merged");
+    merge::write(&merged, &out).unwrap();
+    let merged = export::read_matrix(&out).unwrap();
+    // Both as written to matrix.json (reading JSON back may round floats in the last place).
+    let whole = export::read_matrix(&t.dir.path().join("results/whole")).unwrap();
+    assert_eq!(untimed(&merged.cells), untimed(&whole.cells));
+    assert_eq!(merged.plan.hash, whole.plan.hash);
+    assert!(merged.shard.is_none() && merged.is_complete());
+    assert_eq!(merged.merged_from.len(), 2);
+    for c in &merged.cells {
+        let lines = read(&out.join(&c.dir).join("sessions.jsonl"))
+            .lines()
+            .count();
+        assert_eq!(
+            lines, c.sessions as usize,
+            "transcripts copied for {}",
+            c.id
+        );
+    }
+
+    let refuse = |dirs: &[PathBuf]| {
+        let err = merge::join(dirs, "x", "bisect merge")
+            .err()
+            .expect("merge refused");
+        assert_eq!(bisect::exit::code_for_error(&err), bisect::exit::BAD_INPUT);
+        format!("{err:#}")
+    };
+    let missing = refuse(&shard_dirs[..1]);
+    assert!(
+        missing.contains("4 of 8 cells are in no finished shard")
+            && missing.contains("FAKE_BF16=1,FAKE_NOISE=3,s4"),
+        "{missing}"
+    );
+    let overlap = refuse(&[
+        shard_dirs[0].clone(),
+        shard_dirs[0].clone(),
+        shard_dirs[1].clone(),
+    ]);
+    assert!(
+        overlap.contains("overlapping shards: cell FAKE_BF16=1,FAKE_NOISE=0,s4"),
+        "{overlap}"
+    );
+    let other_plan = load_plan(&t, &plan_text("").replace("[4, 64]", "[4, 32]"));
+    let other = run(
+        &t,
+        &job(&t, &other_plan, Some(Shard { index: 1, count: 2 }), "other"),
+    )
+    .await;
+    assert_eq!(other.cells.len(), 4);
+    let mixed = refuse(&[shard_dirs[0].clone(), t.dir.path().join("results/other")]);
+    assert!(mixed.contains("shards of different plans"), "{mixed}");
+    let again = merge::write(&merge::join(&shard_dirs, "again", "m").unwrap(), &out)
+        .err()
+        .expect("an existing matrix is never overwritten");
+    assert!(format!("{again:#}").contains("already holds a matrix"));
+}
+
+/// Redact what differs between executions and machines, then render.
+fn redacted(record: &MatrixRecord, exporter: &dyn MatrixExporter) -> String {
+    let mut r = record.clone();
+    r.id = "[id]".into();
+    r.started_at = "[time]".into();
+    r.finished_at = Some("[time]".into());
+    r.plan.path = "[path]/nightly.toml".into();
+    r.plan.hash = "[hash]".into();
+    r.workload_hash = "[hash]".into();
+    r.target.api = "http://[addr]/v1".into();
+    for c in &mut r.cells {
+        c.wall_s = 1.0;
+        c.tokens_per_s = 100.0;
+        c.health_wait_s = 0.0;
+        c.peak_running = [("client".to_string(), c.sessions as u64)].into();
+        if let Some(cmp) = &mut c.comparison {
+            cmp.baseline_tokens_per_s = 100.0;
+            cmp.tokens_per_s_ratio = Some(1.0);
+            for reason in &mut cmp.reasons {
+                // Hashes of a changed configuration depend on the builtin workload's text.
+                if let Some(at) = reason.find("(hash ") {
+                    reason.truncate(at);
+                    reason.push_str("(hash [old] -> [new])");
+                }
+            }
+        }
+    }
+    if let Some(b) = &mut r.baseline {
+        b.dir = "[path]/baseline".into();
+        b.id = "[baseline-id]".into();
+        b.started_at = "[time]".into();
+    }
+    exporter.render(&r).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn race_turned_on_regresses_against_a_clean_baseline() {
+    let t = FakeTarget::new().await;
+    let plan = load_plan(&t, &plan_text(""));
+    set_race(&t, false);
+    let clean = run(&t, &job(&t, &plan, None, "clean")).await;
+    assert!(clean.cells.iter().all(|c| c.corrupted == 0));
+    set_race(&t, true);
+    let racy_job = job(&t, &plan, None, "racy");
+    let mut racy = run(&t, &racy_job).await;
+
+    let base =
+        baseline::load_explicit(&t.dir.path().join("results/clean"), "fake-nightly").unwrap();
+    baseline::compare(&mut racy, &base, &plan.policy);
+    assert!(
+        fake_race_victims(&plan.workload, 4) <= 2,
+        "4-session cells are too small to be significant"
+    );
+    assert_eq!(
+        racy.regressions,
+        [
+            "FAKE_BF16=1,FAKE_NOISE=0,s64",
+            "FAKE_BF16=1,FAKE_NOISE=3,s64"
+        ],
+        "exactly the big racy cells regress"
+    );
+    let info = racy.baseline.as_ref().unwrap();
+    assert_eq!(
+        (info.compared, info.regressed, info.not_comparable),
+        (8, 2, 0)
+    );
+    assert_eq!(info.test, "fisher_exact_one_sided_greater");
+    let regressed = &racy.cells[1];
+    let cmp = regressed.comparison.as_ref().unwrap();
+    assert!(cmp.p_adjusted.unwrap() < 0.01 && cmp.p_value.unwrap() <= cmp.p_adjusted.unwrap());
+    assert!(
+        cmp.reasons[0].starts_with("corruption rose from 0/64 (0.0%)"),
+        "{:?}",
+        cmp.reasons
+    );
+    export::write_all(&racy_job.dir, &racy).unwrap();
+    let junit = read(&racy_job.dir.join("junit.xml"));
+    assert_eq!(junit.matches("<failure").count(), 2, "{junit}");
+    assert!(read(&racy_job.dir.join("summary.md"))
+        .contains("**`FAKE_BF16=1,FAKE_NOISE=0,s64` REGRESSED**"));
+
+    insta::assert_snapshot!(
+        "matrix_regressed_summary_md",
+        redacted(&racy, &MatrixSummary)
+    );
+    insta::assert_snapshot!("matrix_regressed_junit_xml", redacted(&racy, &JunitXml));
+
+    // The other direction is an improvement, never a regression.
+    let fixed_base = Baseline {
+        dir: racy_job.dir.clone(),
+        record: export::read_matrix(&racy_job.dir).unwrap(),
+        chosen: "explicit",
+    };
+    let mut fixed = clean.clone();
+    baseline::compare(&mut fixed, &fixed_base, &plan.policy);
+    assert!(fixed.regressions.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identical_nights_pass_and_a_changed_workload_is_not_comparable() {
+    let t = FakeTarget::new().await;
+    let plan = load_plan(&t, &plan_text(""));
+    let first = run(&t, &job(&t, &plan, None, "n1")).await;
+    let mut second = run(&t, &job(&t, &plan, None, "n2")).await;
+    let root = t.dir.path().join("results");
+    let dir2 = root.join("n2");
+    let found = baseline::find_newest(&root, "fake-nightly", &second.started_at, &dir2)
+        .unwrap()
+        .expect("the first night is found as the baseline");
+    assert_eq!(found.record.id, first.id);
+    assert_eq!(found.chosen, "newest");
+    baseline::compare(&mut second, &found, &plan.policy);
+    assert!(second.regressions.is_empty(), "{:?}", second.regressions);
+    assert!(second
+        .cells
+        .iter()
+        .all(|c| c.verdict() == Some(CellStatus::Ok)));
+
+    // Same cells, other ctx: every cell is not comparable, even though the race corrupts.
+    let changed_plan = load_plan(&t, &plan_text("ctx = 150"));
+    assert_eq!(changed_plan.cells[0].config_hash, plan.cells[0].config_hash);
+    let mut changed = run(&t, &job(&t, &changed_plan, None, "n3")).await;
+    let base = baseline::load_explicit(&t.dir.path().join("results/n1"), "fake-nightly").unwrap();
+    let mut clean_base = base.record.clone();
+    for c in &mut clean_base.cells {
+        c.counts = Default::default();
+        c.counts.done = c.sessions as u64;
+        c.corrupted = 0;
+        c.corruption_rate = 0.0;
+    }
+    let clean_base = Baseline {
+        record: clean_base,
+        ..base
+    };
+    baseline::compare(&mut changed, &clean_base, &changed_plan.policy);
+    assert!(changed.regressions.is_empty());
+    for c in &changed.cells {
+        let cmp = c.comparison.as_ref().unwrap();
+        assert_eq!(cmp.status, CellStatus::NotComparable, "{}", c.id);
+        assert!(
+            cmp.reasons[0].starts_with("workload changed"),
+            "{:?}",
+            cmp.reasons
+        );
+    }
+    let junit = JunitXml.render(&changed).unwrap();
+    assert_eq!(junit.matches("<skipped ").count(), 8, "{junit}");
+    assert!(!junit.contains("<failure"));
+}
+
+fn write_target(t: &FakeTarget) -> PathBuf {
+    let role = |name: &str, launch: &str, addr: std::net::SocketAddr| {
+        format!(
+            "[[role]]\nname = \"{name}\"\nlaunch = \"{launch}\"\nrestart = \"true\"\nhealth = \"http://{addr}/health\"\nmetrics = \"http://{addr}/metrics\"\n"
+        )
+    };
+    let text = format!(
+        "name = \"fake\"\napi = \"http://{}/v1\"\nmodel = \"fake\"\n\n{}\n{}",
+        t.engine.decode_addr,
+        role("prefill", "prefill.sh", t.engine.prefill_addr),
+        role("decode", "decode.sh", t.engine.decode_addr)
+    );
+    let path = t.dir.path().join("target.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+async fn bisect_cli(args: Vec<String>, cwd: &Path) -> std::process::Output {
+    let cwd = cwd.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_bisect"))
+            .args(&args)
+            .current_dir(cwd)
+            .output()
+            .expect("running bisect")
+    })
+    .await
+    .unwrap()
+}
+
+/// Through the binary: the newest earlier night is the baseline, and the exit code says
+/// whether a cell regressed. The fake does not re-read its launch configs on a `restart =
+/// "true"` command, so the nights differ by the launch config the fake was loaded with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exit_code_is_one_on_regression_and_zero_for_an_identical_night() {
+    let t = FakeTarget::new().await;
+    write_target(&t);
+    let plan = plan_text("target = \"target.toml\"")
+        .replace("FAKE_BF16 = [\"1\", \"0\"]\n", "")
+        .replace("[4, 64]", "[64]");
+    load_plan(&t, &plan);
+    let before = t.launch_bytes();
+    let night = || {
+        bisect_cli(
+            ["matrix", "nightly.toml", "--results", "results"]
+                .map(String::from)
+                .to_vec(),
+            t.dir.path(),
+        )
+    };
+    set_race(&t, false);
+    let clean_bytes = t.launch_bytes();
+    let first = night().await;
+    assert_eq!(
+        first.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    assert_eq!(t.launch_bytes(), clean_bytes, "restored after the night");
+    set_race(&t, true);
+    let second = night().await;
+    let stdout = String::from_utf8_lossy(&second.stdout);
+    assert_eq!(
+        second.status.code(),
+        Some(1),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&second.stderr)
+    );
+    assert!(
+        stdout.contains("Regressions in 2 cells: `FAKE_NOISE=0,s64`, `FAKE_NOISE=3,s64`"),
+        "{stdout}"
+    );
+    let third = night().await;
+    let stdout = String::from_utf8_lossy(&third.stdout);
+    assert_eq!(third.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("**No regressions.**"), "{stdout}");
+    assert_eq!(t.launch_bytes(), before);
+
+    let bad = bisect_cli(
+        ["matrix", "nightly.toml", "--shard", "2/2"]
+            .map(String::from)
+            .to_vec(),
+        t.dir.path(),
+    )
+    .await;
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("0 <= I < N"));
+}

@@ -1,0 +1,112 @@
+//! `bisect reclassify`: a run whose leak sessions an old, blind rule called `done` is
+//! reclassified from its stored transcripts; counts and verdict change, originals kept.
+
+use std::process::Command;
+
+use bisect::experiment::{self, Quiet};
+use bisect::report::ResultsDir;
+use bisect::session::{RoundClass, SessionClass};
+use bisect::verdict::{Policy, Status};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::common::{fake_race_victims, read, FakeTarget};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reclassify_restores_leaks_an_old_rule_missed_and_keeps_the_originals() {
+    let t = FakeTarget::new().await;
+    let plan = t.plan("FAKE_BF16", 64, 4);
+    let victims = fake_race_victims(&plan.workload, 64);
+    let mut control = t.engine.control();
+    experiment::run(&plan, &mut control, &Quiet, CancellationToken::new())
+        .await
+        .unwrap();
+    let dir = ResultsDir::open(&plan.run_dir);
+
+    // The old rule: any text answer ends the session `done`; markup was not looked for.
+    let mut sessions = dir.read_sessions().unwrap();
+    for s in sessions
+        .iter_mut()
+        .filter(|s| s.class == SessionClass::Leak)
+    {
+        s.class = SessionClass::Done;
+        s.first_bad_round = None;
+        s.evidence = "old rule: a text answer".into();
+        for r in &mut s.rounds {
+            r.class = RoundClass::Ok;
+        }
+    }
+    let mut old = dir.read_record().unwrap();
+    bisect::reclassify::recount(&mut old, &sessions, &Policy::default());
+    assert_eq!(old.arms[0].counts.leak, 0);
+    let old_status = old.verdict.as_ref().unwrap().status;
+    assert_ne!(old_status, Status::Implicated);
+    let old_lines: String = sessions
+        .iter()
+        .map(|s| serde_json::to_string(s).unwrap() + "\n")
+        .collect();
+    std::fs::write(plan.run_dir.join("sessions.jsonl"), &old_lines).unwrap();
+    dir.write_record(&old).unwrap();
+
+    let out = Command::new(env!("CARGO_BIN_EXE_bisect"))
+        .arg("reclassify")
+        .arg(&plan.run_dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains(&format!("{victims} changed class")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("verdict: {} -> implicated", old_status.as_str())),
+        "{stdout}"
+    );
+
+    let new = dir.read_record().unwrap();
+    let on = new.arms.iter().find(|a| a.label == "on").unwrap();
+    assert_eq!(on.counts.leak, victims);
+    assert_eq!(on.counts.done, 64 - victims);
+    assert_eq!(on.first_bad_round, vec![0, victims]);
+    assert_eq!(new.verdict.as_ref().unwrap().status, Status::Implicated);
+    let reclassified = dir.read_sessions().unwrap();
+    assert_eq!(
+        reclassified
+            .iter()
+            .filter(|s| s.class == SessionClass::Leak)
+            .count() as u64,
+        victims
+    );
+
+    // The originals: backups byte for byte, and the previous counts/verdict in run.json.
+    let run_json: Value = serde_json::from_str(&read(&plan.run_dir.join("run.json"))).unwrap();
+    let entry = &run_json["reclassified"][0];
+    assert_eq!(entry["arms"][0]["counts"]["leak"], 0);
+    assert_eq!(entry["verdict"]["status"], old_status.as_str());
+    assert_eq!(entry["changed_sessions"], victims);
+    let backup = plan
+        .run_dir
+        .join(entry["sessions_backup"].as_str().unwrap());
+    assert_eq!(read(&backup), old_lines);
+    let run_backup = plan
+        .run_dir
+        .join(entry["run_json_backup"].as_str().unwrap());
+    let previous: Value = serde_json::from_str(&read(&run_backup)).unwrap();
+    assert_eq!(previous["verdict"]["status"], old_status.as_str());
+    assert!(read(&plan.run_dir.join("summary.md")).contains("implicated"));
+
+    // Re-rendering keeps the history.
+    let out = Command::new(env!("CARGO_BIN_EXE_bisect"))
+        .arg("report")
+        .arg(&plan.run_dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let run_json: Value = serde_json::from_str(&read(&plan.run_dir.join("run.json"))).unwrap();
+    assert_eq!(run_json["reclassified"].as_array().unwrap().len(), 1);
+}
