@@ -337,4 +337,80 @@ mod tests {
         let two = crate::stats::fisher_exact_two_sided(9, 11, 1, 19);
         assert!((two - 2.0 * one).abs() < 1e-12, "{one} {two}");
     }
+
+    fn cell(id: &str, done: u64, leak: u64, timeout: u64, tokens_per_s: f64) -> CellRecord {
+        let mut c: CellRecord = serde_json::from_value(serde_json::json!({
+            "id": id, "group": 0, "flags": {}, "sessions": 0, "rounds": 4,
+            "config_hash": "c", "workload_hash": "w", "status": "finished", "readback": {},
+            "counts": {"done": done, "maxrounds": 0, "leak": leak, "bad_args": 0,
+                       "wrong_args": 0, "no_tool": 0, "error": 0, "timeout": timeout},
+            "corrupted": 0, "corruption_rate": 0.0, "ci95": [0.0, 1.0], "peak_running": {},
+            "wall_s": 1.0, "completion_tokens": 0, "tokens_per_s": tokens_per_s,
+            "health_wait_s": 0.0, "dir": "cells/x", "comparison": null
+        }))
+        .unwrap();
+        c.rederive();
+        c
+    }
+
+    fn night(cells: Vec<CellRecord>) -> MatrixRecord {
+        let ids: Vec<String> = cells.iter().map(|c| c.id.clone()).collect();
+        serde_json::from_value(serde_json::json!({
+            "schema": "bisect.matrix/1", "id": "n", "command": "",
+            "plan": {"name": "p", "path": "p.toml", "hash": "h", "repeats": 1,
+                     "policy": RegressionPolicy::default(), "set": {}, "cells": ids},
+            "shard": null, "started_at": "t", "finished_at": "t", "status": "finished",
+            "target": {"name": "t", "api": "a", "model": "m", "profile": null, "roles": []},
+            "workload": {}, "workload_hash": "w", "cells": cells, "baseline": null,
+            "error": null
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn speed_degradation_and_changes_each_decide_a_cell() {
+        let base = Baseline {
+            dir: PathBuf::from("b"),
+            record: night(vec![
+                cell("slow", 50, 0, 0, 100.0),
+                cell("noisy", 50, 0, 0, 100.0),
+                cell("degraded", 50, 0, 0, 100.0),
+                cell("changed", 50, 0, 0, 100.0),
+                cell("gone", 50, 0, 0, 100.0),
+            ]),
+            chosen: "explicit",
+        };
+        let mut changed = cell("changed", 0, 50, 0, 100.0);
+        changed.config_hash = "other".into();
+        let mut n = night(vec![
+            cell("slow", 50, 0, 0, 74.0),
+            cell("noisy", 50, 0, 0, 76.0),
+            cell("degraded", 44, 0, 6, 100.0),
+            changed,
+            cell("new", 50, 0, 0, 100.0),
+        ]);
+        compare(&mut n, &base, &RegressionPolicy::default());
+        let status: Vec<(&str, CellStatus)> = n
+            .cells
+            .iter()
+            .map(|c| (c.id.as_str(), c.verdict().unwrap()))
+            .collect();
+        assert_eq!(
+            status,
+            [
+                ("slow", CellStatus::Regressed),
+                ("noisy", CellStatus::Ok),
+                ("degraded", CellStatus::Regressed),
+                ("changed", CellStatus::NotComparable),
+                ("new", CellStatus::New),
+            ]
+        );
+        assert!(n.cells[0].comparison.as_ref().unwrap().reasons[0]
+            .starts_with("tokens/s fell from 100.0 to 74.0"));
+        assert!(n.cells[2].comparison.as_ref().unwrap().reasons[0].starts_with("degraded: 6 of 50"));
+        assert_eq!(n.regressions, ["slow", "degraded"]);
+        let info = n.baseline.unwrap();
+        assert_eq!((info.compared, info.not_comparable, info.new), (3, 1, 1));
+        assert_eq!(info.missing, ["gone"]);
+    }
 }

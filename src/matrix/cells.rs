@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
-use super::plan::Layout;
+use super::plan::{CellSpec, Layout};
 use crate::config::{FlagSpec, Workload};
 
 /// One configuration run: flag values, sessions and rounds.
@@ -42,7 +42,7 @@ impl Cell {
 
 /// Expand a layout into grouped cells. Errors (as text) when two cells get the same id.
 pub fn expand(layout: &Layout, default_rounds: u32) -> Result<Vec<Cell>, String> {
-    let mut specs: Vec<(Vec<(FlagSpec, String)>, u32, Option<u32>)> = Vec::new();
+    let mut specs: Vec<CellSpec> = Vec::new();
     match layout {
         Layout::Axes {
             flags,
@@ -69,15 +69,17 @@ pub fn expand(layout: &Layout, default_rounds: u32) -> Result<Vec<Cell>, String>
             for combo in &combos {
                 for r in &round_values {
                     for s in sessions {
-                        specs.push((combo.clone(), *s, *r));
+                        specs.push(CellSpec {
+                            flags: combo.clone(),
+                            sessions: *s,
+                            rounds: *r,
+                        });
                     }
                 }
             }
         }
         Layout::Cells(list) => {
-            for c in list {
-                specs.push((c.flags.clone(), c.sessions, c.rounds));
-            }
+            specs.extend(list.iter().cloned());
         }
     }
 
@@ -90,7 +92,12 @@ pub fn expand(layout: &Layout, default_rounds: u32) -> Result<Vec<Cell>, String>
     };
     let mut group_keys: Vec<BTreeMap<String, String>> = Vec::new();
     let mut grouped: Vec<Vec<Cell>> = Vec::new();
-    for (flags, sessions, rounds) in specs {
+    for CellSpec {
+        flags,
+        sessions,
+        rounds,
+    } in specs
+    {
         let k = key(&flags);
         let group = match group_keys.iter().position(|g| *g == k) {
             Some(i) => i,
@@ -266,7 +273,6 @@ impl FromStr for Shard {
 mod tests {
     use super::*;
     use crate::config::FlagCatalog;
-    use crate::matrix::plan::CellSpec;
 
     fn axes(sessions: Vec<u32>) -> Layout {
         let c = FlagCatalog::builtin();

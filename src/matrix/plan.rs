@@ -135,6 +135,9 @@ impl<'de, V: Deserialize<'de>> Deserialize<'de> for Ordered<V> {
     }
 }
 
+/// One axis: its values, each spanned for its own error line.
+type RawAxis = Spanned<Vec<Spanned<RawValue>>>;
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawPlan {
@@ -143,7 +146,7 @@ struct RawPlan {
     workload: Option<Spanned<String>>,
     #[serde(default)]
     flags_dir: Vec<Spanned<String>>,
-    axes: Option<Spanned<Ordered<Spanned<Vec<Spanned<RawValue>>>>>>,
+    axes: Option<Spanned<Ordered<RawAxis>>>,
     sessions: Option<Spanned<Vec<Spanned<i64>>>>,
     rounds: Option<Spanned<Vec<Spanned<i64>>>>,
     #[serde(default)]
@@ -721,7 +724,10 @@ mod tests {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("plans/nightly.toml");
         let plan = Plan::load(&path).unwrap();
         assert_eq!(plan.name, "nightly");
-        assert!(plan.target.is_none(), "the nightly runs the embedded engine");
+        assert!(
+            plan.target.is_none(),
+            "the nightly runs the embedded engine"
+        );
         assert_eq!(plan.cells.len(), 12);
         assert_eq!(plan.cells.last().unwrap().group, 3);
         assert_eq!(plan.cells[2].id, "BF16_INDEX_K=1,HICACHE=on,s64");
