@@ -82,7 +82,7 @@ impl Exporter for SummaryMarkdown {
                     c.name,
                     compact(&c.on),
                     compact(&c.off),
-                    serde_json::to_value(&c.severity)
+                    serde_json::to_value(c.severity)
                         .ok()
                         .and_then(|v| v.as_str().map(String::from))
                         .unwrap_or_default(),

@@ -65,7 +65,7 @@ pub fn render(record: &RunRecord) -> String {
     table
         .load_preset(presets::UTF8_FULL_CONDENSED)
         .set_content_arrangement(ContentArrangement::Dynamic)
-        .set_header(HEADER.iter().map(|h| Cell::new(h)));
+        .set_header(HEADER.iter().map(Cell::new));
     for arm in &record.arms {
         table.add_row(
             arm_cells(&record.flag.name, arm)
@@ -102,7 +102,7 @@ pub fn render(record: &RunRecord) -> String {
     for c in &record.confounds {
         out.push_str(&format!(
             "confound [{}] {}: on {} / off {}: {}\n",
-            serde_json::to_value(&c.severity)
+            serde_json::to_value(c.severity)
                 .ok()
                 .and_then(|v| v.as_str().map(String::from))
                 .unwrap_or_default(),

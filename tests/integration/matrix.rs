@@ -208,7 +208,7 @@ async fn shards_merge_into_the_unsharded_matrix() {
     let t = FakeTarget::new().await;
     let before = t.launch_bytes();
     let plan = load_plan(&t, &plan_text(""));
-    let whole = run(&t, &job(&t, &plan, None, "whole")).await;
+    let _unsharded = run(&t, &job(&t, &plan, None, "whole")).await;
 
     let mut shard_dirs: Vec<PathBuf> = Vec::new();
     let mut restarts = Vec::new();
@@ -289,9 +289,9 @@ async fn shards_merge_into_the_unsharded_matrix() {
     assert_eq!(other.cells.len(), 4);
     let mixed = refuse(&[shard_dirs[0].clone(), t.dir.path().join("results/other")]);
     assert!(mixed.contains("shards of different plans"), "{mixed}");
-    let again = merge::write(&merge::join(&shard_dirs, "again", "m").unwrap(), &out)
-        .err()
-        .expect("an existing matrix is never overwritten");
+    let Err(again) = merge::write(&merge::join(&shard_dirs, "again", "m").unwrap(), &out) else {
+        panic!("an existing matrix is never overwritten");
+    };
     assert!(format!("{again:#}").contains("already holds a matrix"));
 }
 
