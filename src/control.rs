@@ -230,9 +230,12 @@ fn spawn_launch(role: &RoleSpec, logs_dir: &Path, label: &str) -> anyhow::Result
         .open(&log)
         .with_context(|| format!("opening {}", log.display()))?;
     let err = out.try_clone()?;
+    // Scripts may refer to files beside them, so run them from their own directory.
+    let launch = std::path::absolute(&role.launch)
+        .with_context(|| format!("resolving {}", role.launch.display()))?;
     let child = Command::new("sh")
-        .arg(&role.launch)
-        .current_dir(role.launch.parent().unwrap_or(Path::new(".")))
+        .arg(&launch)
+        .current_dir(launch.parent().unwrap_or(Path::new("/")))
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err)

@@ -350,12 +350,14 @@ fn recorded_confounds(on: &ArmObservation, off: &ArmObservation, policy: &Policy
                 format!("peak running requests reported by {key}")
             };
             let value = |arm: &ArmObservation| arm.peak_running.get(key).map(|&v| v as f64);
+            // A peak of 0 vs 2 polled requests is sampling noise, not a load confound.
             let mut confound = measured(
                 format!("peak_running.{key}"),
                 &what,
                 value(on),
                 value(off),
                 policy,
+                MIN_PEAK_DIFFERENCE,
             );
             // Peaks are request counts: integers in run.json, as in `peak_running`.
             let count =
@@ -371,6 +373,7 @@ fn recorded_confounds(on: &ArmObservation, off: &ArmObservation, policy: &Policy
         Some(on.wall_s),
         Some(off.wall_s),
         policy,
+        0.0,
     ));
     recorded.push(measured(
         "tokens_per_s".to_string(),
@@ -378,9 +381,13 @@ fn recorded_confounds(on: &ArmObservation, off: &ArmObservation, policy: &Policy
         Some(on.tokens_per_s),
         Some(off.tokens_per_s),
         policy,
+        0.0,
     ));
     recorded
 }
+
+/// Peak running requests must differ by at least this many to be warned about.
+pub const MIN_PEAK_DIFFERENCE: f64 = 8.0;
 
 fn measured(
     name: String,
@@ -388,6 +395,7 @@ fn measured(
     on: Option<f64>,
     off: Option<f64>,
     policy: &Policy,
+    min_abs_difference: f64,
 ) -> Confound {
     let to_json = |v: Option<f64>| {
         v.filter(|v| v.is_finite())
@@ -396,7 +404,7 @@ fn measured(
     let (severity, note) = match (on.filter(|v| v.is_finite()), off.filter(|v| v.is_finite())) {
         (Some(a), Some(b)) => {
             let difference = relative_difference(a, b);
-            if difference > policy.warn_ratio {
+            if difference > policy.warn_ratio && (a - b).abs() >= min_abs_difference {
                 (
                     Severity::Warning,
                     format!(

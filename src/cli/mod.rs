@@ -53,6 +53,8 @@ enum Command {
     Merge(matrix::MergeArgs),
     /// Restore launch configs left edited by an interrupted (kill -9) run.
     Restore(RestoreArgs),
+    /// Run one role of the embedded prefill/decode engine.
+    Engine(engine::EngineArgs),
 }
 
 #[derive(Debug, Args)]
@@ -208,6 +210,11 @@ pub fn run() -> anyhow::Result<ExitCode> {
         }
     };
     match cli.command {
+        Command::Engine(args) => {
+            let config = args.into_config().map_err(|e| Failure::BadInput(format!("{e:#}")))?;
+            crate::engine::run(config)?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Flags(args) => flags(args),
         Command::Kernels => kernels(),
         Command::Report(args) => report_cmds::report(&args.dir, args.json),

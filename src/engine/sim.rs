@@ -552,7 +552,9 @@ mod tests {
 
     #[test]
     fn one_session_is_never_corrupted() {
-        let report = quick(1, IndexKDtype::Bf16, true, false);
+        let mut config = SimConfig::default_workload(IndexKDtype::Bf16, true, false);
+        config.sessions = 1;
+        let report = run(&config, &CpuBackend::new()).unwrap();
         assert_eq!(report.corrupted, 0);
         assert_eq!(report.done, 1);
         assert_eq!(report.counters.loadback_requests, 0);
