@@ -107,7 +107,10 @@ impl SessionClass {
     pub fn is_corrupted(self) -> bool {
         matches!(
             self,
-            SessionClass::Leak | SessionClass::BadArgs | SessionClass::WrongArgs | SessionClass::NoTool
+            SessionClass::Leak
+                | SessionClass::BadArgs
+                | SessionClass::WrongArgs
+                | SessionClass::NoTool
         )
     }
 

@@ -147,14 +147,14 @@ fn table() -> Vec<Case> {
             reply(calls(None, vec![call("read_file", read_ok)])),
             read_step(),
             Ok,
-            r#"read_file(max_lines=40, path="/srv/app/config.yaml")"#,
+            r#"read_file(path="/srv/app/config.yaml", max_lines=40)"#,
         ),
         case(
             "grep as asked",
             reply(calls(None, vec![call("grep", r#"{"pattern":"TODO","path":"/srv/app/src"}"#)])),
             step("grep", json!({"pattern": "TODO", "path": "/srv/app/src"})),
             Ok,
-            r#"grep(path="/srv/app/src", pattern="TODO")"#,
+            r#"grep(pattern="TODO", path="/srv/app/src")"#,
         ),
         case(
             "run_tests with optional flag",
@@ -412,7 +412,7 @@ fn table() -> Vec<Case> {
             reply(calls(None, vec![call("grep", r#"{"pattern": "string=\"", "path": "/srv/app/src"}"#)])),
             step("grep", json!({"pattern": "string=\"", "path": "/srv/app/src"})),
             Ok,
-            r#"grep(path="/srv/app/src", pattern="string=\"")"#,
+            r#"grep(pattern="string=\"", path="/srv/app/src")"#,
         ),
         // wrong_args.
         case(
@@ -420,7 +420,7 @@ fn table() -> Vec<Case> {
             reply(calls(None, vec![call("read_file", r#"{"path": "/srv/app/main.py", "max_lines": 40}"#)])),
             read_step(),
             WrongArgs,
-            r#"wrong_args: expected read_file(max_lines=40, path="/srv/app/config.yaml"), got read_file(max_lines=40, path="/srv/app/main.py") (differs in path)"#,
+            r#"wrong_args: expected read_file(path="/srv/app/config.yaml", max_lines=40), got read_file(path="/srv/app/main.py", max_lines=40) (differs in path)"#,
         ),
         case(
             "missing optional argument the step gave",
@@ -441,7 +441,7 @@ fn table() -> Vec<Case> {
             reply(calls(None, vec![call("grep", r#"{"pattern": "TODO", "path": "/srv/app/src"}"#)])),
             read_step(),
             WrongArgs,
-            r#"expected read_file(max_lines=40, path="/srv/app/config.yaml"), got grep(path="/srv/app/src", pattern="TODO")"#,
+            r#"expected read_file(path="/srv/app/config.yaml", max_lines=40), got grep(pattern="TODO", path="/srv/app/src")"#,
         ),
         case(
             "extra call after the right one",
@@ -463,7 +463,7 @@ fn table() -> Vec<Case> {
             reply(text("I'll start by reading the configuration file to understand the setup.")),
             read_step(),
             NoTool,
-            r#"no_tool: expected read_file(max_lines=40, path="/srv/app/config.yaml"), got text: "I'll start by reading"#,
+            r#"no_tool: expected read_file(path="/srv/app/config.yaml", max_lines=40), got text: "I'll start by reading"#,
         ),
         case(
             "empty content mid-task",
@@ -761,6 +761,6 @@ fn expected_call_renders_like_a_task_step() {
     .unwrap();
     assert_eq!(
         step.render(),
-        r#"read_file(max_lines=40, path="/srv/app/config.yaml")"#
+        r#"read_file(path="/srv/app/config.yaml", max_lines=40)"#
     );
 }

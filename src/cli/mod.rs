@@ -211,7 +211,9 @@ pub fn run() -> anyhow::Result<ExitCode> {
     };
     match cli.command {
         Command::Engine(args) => {
-            let config = args.into_config().map_err(|e| Failure::BadInput(format!("{e:#}")))?;
+            let config = args
+                .into_config()
+                .map_err(|e| Failure::BadInput(format!("{e:#}")))?;
             crate::engine::run(config)?;
             Ok(ExitCode::SUCCESS)
         }

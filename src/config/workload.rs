@@ -627,7 +627,7 @@ path = ["/a", "/b"]
             ),
             (80, 4, 300, 256, 3, 1)
         );
-        assert_eq!(a.timeout_s, 30.0);
+        assert_eq!(a.timeout_s, 10.0);
         assert_eq!(a.temperature, 0.0);
         assert_eq!(a.check_args, CheckArgs::Strict);
         assert!(!a.barrier);
@@ -687,7 +687,7 @@ path = ["/a", "/b"]
             p,
             serde_json::json!({
                 "name": "agentic", "sessions": 80, "rounds": 4, "ctx": 300,
-                "max_tokens": 256, "timeout_s": 30.0, "seed": 1, "temperature": 0.0,
+                "max_tokens": 256, "timeout_s": 10.0, "seed": 1, "temperature": 0.0,
                 "steps": 3, "check_args": "strict", "barrier": false
             })
         );

@@ -681,6 +681,7 @@ pub async fn serve_listener(
                 engine,
                 vocab: Vocab::new(),
                 client: reqwest::Client::builder()
+                    .no_proxy()
                     .build()
                     .context("building the HTTP client")?,
                 prefill_down: Mutex::new(Some(format!("prefill at {prefill_url} not probed yet"))),
@@ -763,7 +764,12 @@ mod tests {
     async fn end_to_end_over_http_with_bad_requests_and_dtype_mismatch() {
         let prefill = start(config(Role::Prefill, true, None)).await;
         let decode = start(config(Role::Decode, true, Some(prefill.clone()))).await;
-        let client = reqwest::Client::new();
+        // No pooled connections: the 413 below makes the server drop its connection, and a
+        // reused pooled one could race with that close.
+        let client = reqwest::Client::builder()
+            .pool_max_idle_per_host(0)
+            .build()
+            .unwrap();
         let chat = format!("{decode}/v1/chat/completions");
         let response: Value = client
             .post(&chat)
