@@ -293,19 +293,31 @@ pub async fn poll(
     let started = Instant::now();
     let mut ticks = tokio::time::interval(period);
     ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    // The first sample is always taken, even if the arm is already over: every arm
+    // block then has at least one row per role in metrics.csv.
+    let mut first = true;
     loop {
-        tokio::select! {
-            _ = cancel.cancelled() => break,
-            _ = ticks.tick() => {}
+        if !first {
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = ticks.tick() => {}
+            }
+        } else {
+            ticks.tick().await;
         }
         let t_s = started.elapsed().as_secs_f64();
         let client_now = inflight.current();
         log.record_client(t_s, client_now);
         let scrapes =
             futures::future::join_all(endpoints.iter().map(|(_, url)| scrape(&http, url)));
-        let scraped = tokio::select! {
-            _ = cancel.cancelled() => break,
-            scraped = scrapes => scraped,
+        let scraped = if first {
+            first = false;
+            scrapes.await
+        } else {
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                scraped = scrapes => scraped,
+            }
         };
         for ((role, _), result) in endpoints.iter().zip(scraped) {
             log.record_scrape(t_s, role, client_now, result);
