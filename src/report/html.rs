@@ -390,10 +390,11 @@ fn cell_bar(label: &str, c: &Value) -> RateBar {
         .get("counts")
         .and_then(Value::as_object)
         .map(|m| m.values().filter_map(Value::as_u64).sum::<u64>());
-    let sessions = c
-        .get("sessions")
-        .and_then(Value::as_u64)
-        .or(counts_total)
+    // A cell's `sessions` is per block; with repeats its counts pool several blocks, so
+    // the counts are the denominator whenever they are there.
+    let sessions = counts_total
+        .filter(|n| *n > 0)
+        .or_else(|| c.get("sessions").and_then(Value::as_u64))
         .unwrap_or(0);
     let corrupted = c.get("corrupted").and_then(Value::as_u64).unwrap_or(0);
     let rate = c

@@ -1,8 +1,9 @@
 //! The whole-file renderings of a matrix record, one file per format, rewritten after
 //! every cell (so an interrupted night still leaves a readable directory): `matrix.json`,
-//! `matrix.csv`, `summary.md`, `junit.xml`.
+//! `matrix.csv`, `summary.md`, `junit.xml`, `report.html`.
 
 pub mod csv;
+pub mod html;
 pub mod json;
 pub mod junit;
 pub mod markdown;
@@ -19,6 +20,11 @@ pub trait MatrixExporter {
     /// File name inside the matrix directory.
     fn file_name(&self) -> &'static str;
     fn render(&self, record: &MatrixRecord) -> anyhow::Result<String>;
+    /// Render with access to the matrix directory (the HTML report reads the cells'
+    /// sessions and metrics from it).
+    fn render_in(&self, record: &MatrixRecord, _dir: &Path) -> anyhow::Result<String> {
+        self.render(record)
+    }
 }
 
 pub fn exporters() -> Vec<Box<dyn MatrixExporter>> {
@@ -27,13 +33,14 @@ pub fn exporters() -> Vec<Box<dyn MatrixExporter>> {
         Box::new(csv::MatrixCsv),
         Box::new(markdown::MatrixSummary),
         Box::new(junit::JunitXml),
+        Box::new(html::MatrixHtml),
     ]
 }
 
 /// Rewrite every export of `record` in `dir`, each atomically.
 pub fn write_all(dir: &Path, record: &MatrixRecord) -> anyhow::Result<()> {
     for exporter in exporters() {
-        let text = exporter.render(record)?;
+        let text = exporter.render_in(record, dir)?;
         write_atomic(&dir.join(exporter.file_name()), text.as_bytes())?;
     }
     Ok(())
