@@ -133,7 +133,7 @@ impl EngineFlags {
 ///
 /// Pool and loader bandwidth are calibrated over HTTP through the harness (README,
 /// "Embedded engine: measured"), not taken from `sim`: real clients arrive less densely
-/// than the simulation's arrival model, so the served pool is larger (30 MiB: the
+/// than the simulation's arrival model, so the served pool is larger (29 MiB: the
 /// default workload's 80 sessions fit with fp8 index-K, not with bf16) and the loader a
 /// little faster (576 KiB per step) than `PrefillOptions::tuned`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -162,7 +162,7 @@ impl Default for EngineTuning {
         let prefill = prefill::PrefillOptions::tuned(IndexKDtype::Bf16, true, false);
         EngineTuning {
             page_tokens: prefill.page_tokens,
-            pool_bytes: 30 << 20,
+            pool_bytes: 29 << 20,
             host_pages: prefill.host_pages,
             loader_bytes_per_step: 576 << 10,
             loader_chunk_bytes: prefill.loader.chunk_bytes,

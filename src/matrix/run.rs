@@ -226,8 +226,13 @@ async fn run_group(
         }
     }
     let mut blocks: Vec<Vec<ArmRecord>> = vec![Vec::new(); group.len()];
-    for repeat in 0..job.plan.repeats.max(1) {
-        for (slot, (i, cell)) in group.iter().enumerate() {
+    // A cell's repeats run back to back, cells in ascending load: a cell then never
+    // starts on a pool that a heavier cell of its group just filled (its sessions would
+    // be evicted and loaded back because of the cell before, not because of its own load).
+    let mut order: Vec<(usize, &(usize, &Cell))> = group.iter().enumerate().collect();
+    order.sort_by_key(|(_, (_, cell))| (cell.sessions, cell.rounds));
+    for (slot, (i, cell)) in order {
+        for repeat in 0..job.plan.repeats.max(1) {
             if cancel.is_cancelled() {
                 return Err(Failure::Interrupted.into());
             }
