@@ -644,7 +644,7 @@ path = ["/a", "/b"]
         let n = Workload::load("needle").unwrap();
         assert_eq!(
             (n.sessions, n.rounds, n.ctx, n.task.steps),
-            (2, 2, 12000, 1)
+            (24, 2, 12000, 1)
         );
         let s = Workload::load("smoke").unwrap();
         assert_eq!((s.sessions, s.rounds, s.ctx), (4, 4, 100));
