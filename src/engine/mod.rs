@@ -216,17 +216,32 @@ impl EngineConfig {
     }
 }
 
-/// Pick the compute backend for `--device`.
-///
-/// INTEGRATION POINT (lead): once `backend::cuda` exposes `probe() -> Option<String>`
-/// and `CudaBackend::new()`, `Auto` should try `probe()` and `Cuda` should construct
-/// `CudaBackend`; until then CUDA is reported as unavailable and `auto` means CPU.
+/// Pick the compute backend for `--device`: `cpu`; `cuda` (an error if no GPU or NVRTC
+/// is usable); `auto`: CUDA when `backend::cuda::probe` finds a device and the kernels
+/// compile, else CPU. The probe loads the driver library itself before touching cudarc,
+/// whose context creation panics when no driver exists.
 pub fn select_backend(device: DeviceChoice) -> anyhow::Result<Box<dyn Backend>> {
     match device {
-        DeviceChoice::Cpu | DeviceChoice::Auto => Ok(Box::new(backend::cpu::CpuBackend::new())),
+        DeviceChoice::Cpu => Ok(Box::new(backend::cpu::CpuBackend::new())),
         DeviceChoice::Cuda => {
-            anyhow::bail!("--device cuda: the CUDA backend is not wired into this build yet")
+            let gpu = backend::cuda::probe()
+                .ok_or_else(|| anyhow::anyhow!("--device cuda: no CUDA driver or device found"))?;
+            let cuda = backend::cuda::CudaBackend::new()
+                .map_err(|e| anyhow::anyhow!("--device cuda ({gpu}): {e:#}"))?;
+            Ok(Box::new(cuda))
         }
+        DeviceChoice::Auto => match backend::cuda::probe() {
+            None => Ok(Box::new(backend::cpu::CpuBackend::new())),
+            Some(gpu) => match backend::cuda::CudaBackend::new() {
+                Ok(cuda) => Ok(Box::new(cuda)),
+                Err(e) => {
+                    tracing::warn!(
+                        "found {gpu} but the CUDA backend failed ({e:#}); using the CPU"
+                    );
+                    Ok(Box::new(backend::cpu::CpuBackend::new()))
+                }
+            },
+        },
     }
 }
 
@@ -258,6 +273,16 @@ pub fn run(config: EngineConfig) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn device_selection_never_panics_without_a_gpu() {
+        assert_eq!(select_backend(DeviceChoice::Cpu).unwrap().name(), "cpu");
+        if backend::cuda::probe().is_none() {
+            assert_eq!(select_backend(DeviceChoice::Auto).unwrap().name(), "cpu");
+            let error = select_backend(DeviceChoice::Cuda).err().unwrap();
+            assert!(error.to_string().contains("no CUDA driver"), "{error}");
+        }
+    }
 
     #[test]
     fn flags_default_and_bad_values_name_the_variable() {

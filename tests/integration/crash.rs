@@ -82,3 +82,59 @@ async fn kill_dash_nine_then_next_start_restores() {
     assert_eq!(t.launch_bytes(), before);
     assert!(!journal.join("journal.json").exists());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_restores_and_exits_130() {
+    let t = FakeTarget::new().await;
+    let decode = &t.target.roles[1].launch;
+    let slow = crate::common::DECODE_LAUNCH.replace("FAKE_SLOW=0", "FAKE_SLOW=1");
+    std::fs::write(decode, &slow).unwrap();
+    t.engine.reload().unwrap();
+    let before = t.launch_bytes();
+    let profile = write_profile(&t);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_bisect"))
+        .args([
+            "run",
+            "--flag",
+            "FAKE_BF16",
+            "--flags-dir",
+            "flags",
+            "--target",
+        ])
+        .arg(&profile)
+        .args(["--workload", "smoke", "--sessions", "4", "--timeout", "20"])
+        .current_dir(t.dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while t.launch_bytes() == before {
+        assert!(Instant::now() < deadline, "bisect never wrote the off arm");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let out = tokio::task::spawn_blocking(move || {
+        let status = child.wait().unwrap();
+        let mut err = String::new();
+        std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+        (status, err)
+    })
+    .await
+    .unwrap();
+    assert_eq!(out.0.code(), Some(130), "{}", out.1);
+    assert_eq!(t.launch_bytes(), before, "restored before exiting");
+    let results = t.dir.path().join("results");
+    let run_dir = std::fs::read_dir(&results)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.join("run.json").exists())
+        .unwrap();
+    let run: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run_dir.join("run.json")).unwrap()).unwrap();
+    assert_eq!(run["status"], "interrupted");
+}

@@ -144,3 +144,99 @@ fn probe_of_the_embedded_defaults_sees_the_corruption() {
     assert_eq!(record["outcome"], "corrupted");
     assert_eq!(record["flags"]["BF16_INDEX_K"]["prefill"], "1");
 }
+
+/// A killed prefill makes decode answer 5xx and /health 503 until prefill is back.
+#[test]
+fn decode_reports_a_dead_prefill_until_it_returns() {
+    use std::time::{Duration, Instant};
+    let exe = env!("CARGO_BIN_EXE_bisect");
+    let port = |l: std::net::TcpListener| l.local_addr().unwrap().port();
+    let prefill_port = port(std::net::TcpListener::bind("127.0.0.1:0").unwrap());
+    let decode_port = port(std::net::TcpListener::bind("127.0.0.1:0").unwrap());
+    let spawn_prefill = || {
+        Command::new(exe)
+            .args([
+                "engine",
+                "--role",
+                "prefill",
+                "--port",
+                &prefill_port.to_string(),
+            ])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut prefill = Kill(spawn_prefill());
+    let _decode = Kill(
+        Command::new(exe)
+            .args([
+                "engine",
+                "--role",
+                "decode",
+                "--port",
+                &decode_port.to_string(),
+            ])
+            .arg("--prefill-url")
+            .arg(format!("http://127.0.0.1:{prefill_port}"))
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let health = format!("http://127.0.0.1:{decode_port}/health");
+    let chat = format!("http://127.0.0.1:{decode_port}/v1/chat/completions");
+    let body = serde_json::json!({
+        "model": "m",
+        "max_tokens": 64,
+        "messages": [{"role": "user", "content": "Do this step:\n\n1. read_file(path=\"/srv/app/config.yaml\", max_lines=40)\n\nWhen every step is done, reply exactly: DONE: all steps completed."}],
+        "tools": [{"type": "function", "function": {"name": "read_file", "description": "Read a file.",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "max_lines": {"type": "integer"}}}}}]
+    });
+    let status_of = |url: &str, post: bool| -> u16 {
+        rt.block_on(async {
+            let req = if post {
+                client.post(url).json(&body)
+            } else {
+                client.get(url)
+            };
+            req.send().await.map(|r| r.status().as_u16()).unwrap_or(0)
+        })
+    };
+    let wait_for = |url: &str, want: u16| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while status_of(url, false) != want {
+            assert!(Instant::now() < deadline, "{url} never answered {want}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    wait_for(&health, 200);
+    assert_eq!(status_of(&chat, true), 200);
+
+    prefill.0.kill().unwrap();
+    prefill.0.wait().unwrap();
+    let failed = status_of(&chat, true);
+    assert!(
+        (500..600).contains(&failed),
+        "decode answered {failed} with prefill dead"
+    );
+    wait_for(&health, 503);
+
+    let _prefill_again = Kill(spawn_prefill());
+    wait_for(&health, 200);
+    assert_eq!(status_of(&chat, true), 200);
+}
+
+/// Engines started by a test die with it, even when an assertion fails.
+struct Kill(std::process::Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
