@@ -25,18 +25,20 @@ fn write_profile(t: &FakeTarget) -> std::path::PathBuf {
     path
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill_dash_nine_then_next_start_restores() {
-    let t = FakeTarget::new().await;
-    // Make the fake slow so the run is still in its first arm when it is killed.
+/// Start `bisect run` as a child process against a slowed-down fake and return once it
+/// has written the off arm's values (the launch configs then differ from `before`).
+async fn start_run_until_edited(
+    t: &FakeTarget,
+    stderr: Stdio,
+) -> (std::process::Child, (Vec<u8>, Vec<u8>)) {
+    // Make the fake slow so the run is still in an arm when it is stopped.
     let decode = &t.target.roles[1].launch;
     let slow = crate::common::DECODE_LAUNCH.replace("FAKE_SLOW=0", "FAKE_SLOW=1");
     std::fs::write(decode, &slow).unwrap();
     t.engine.reload().unwrap();
     let before = t.launch_bytes();
-    let profile = write_profile(&t);
-    let exe = env!("CARGO_BIN_EXE_bisect");
-    let mut child = Command::new(exe)
+    let profile = write_profile(t);
+    let child = Command::new(env!("CARGO_BIN_EXE_bisect"))
         .args([
             "run",
             "--flag",
@@ -49,29 +51,33 @@ async fn kill_dash_nine_then_next_start_restores() {
         .args(["--workload", "smoke", "--sessions", "4", "--timeout", "20"])
         .current_dir(t.dir.path())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .spawn()
         .unwrap();
-    // Wait until bisect has edited a launch config (the off arm writes FAKE_INDEX_BF16=0,
-    // but the on arm's value equals the original, so wait for the journal instead).
-    let journal = t.dir.path().join("results/.bisect-journal");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !journal.join("journal.json").exists() {
-        assert!(Instant::now() < deadline, "bisect never wrote its journal");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    // Let it reach the off arm, where the configs differ from the originals.
+    // The on arm's value equals the original: wait for the off arm's edit.
     let deadline = Instant::now() + Duration::from_secs(30);
     while t.launch_bytes() == before {
         assert!(Instant::now() < deadline, "bisect never wrote the off arm");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    (child, before)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_dash_nine_then_next_start_restores() {
+    let t = FakeTarget::new().await;
+    let (mut child, before) = start_run_until_edited(&t, Stdio::null()).await;
+    let journal = t.dir.path().join("results/.bisect-journal");
+    assert!(
+        journal.join("journal.json").exists(),
+        "journal written before the first edit"
+    );
     child.kill().unwrap(); // SIGKILL: no chance to clean up
     child.wait().unwrap();
     assert_ne!(t.launch_bytes(), before, "the kill left the configs edited");
 
     // The next start replays the journal before anything else, even a failing command.
-    let out = Command::new(exe)
+    let out = Command::new(env!("CARGO_BIN_EXE_bisect"))
         .args(["run", "--flag", "NOPE"])
         .current_dir(t.dir.path())
         .output()
@@ -86,33 +92,7 @@ async fn kill_dash_nine_then_next_start_restores() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_restores_and_exits_130() {
     let t = FakeTarget::new().await;
-    let decode = &t.target.roles[1].launch;
-    let slow = crate::common::DECODE_LAUNCH.replace("FAKE_SLOW=0", "FAKE_SLOW=1");
-    std::fs::write(decode, &slow).unwrap();
-    t.engine.reload().unwrap();
-    let before = t.launch_bytes();
-    let profile = write_profile(&t);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_bisect"))
-        .args([
-            "run",
-            "--flag",
-            "FAKE_BF16",
-            "--flags-dir",
-            "flags",
-            "--target",
-        ])
-        .arg(&profile)
-        .args(["--workload", "smoke", "--sessions", "4", "--timeout", "20"])
-        .current_dir(t.dir.path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while t.launch_bytes() == before {
-        assert!(Instant::now() < deadline, "bisect never wrote the off arm");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let (mut child, before) = start_run_until_edited(&t, Stdio::piped()).await;
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
