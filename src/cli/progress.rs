@@ -86,7 +86,12 @@ impl Lines {
 impl Progress for Lines {
     fn arm_started(&self, label: &str, value: &str, repeat: u32, sessions: u64) {
         self.done.store(0, Ordering::Relaxed);
-        eprintln!("arm {label}={value} repeat {repeat}: driving {sessions} sessions");
+        if value.is_empty() {
+            // Matrix cells and probes have a label but no flag value.
+            eprintln!("{label} repeat {repeat}: driving {sessions} sessions");
+        } else {
+            eprintln!("arm {label}={value} repeat {repeat}: driving {sessions} sessions");
+        }
     }
     fn session_done(&self, result: &SessionResult) {
         let n = self.done.fetch_add(1, Ordering::Relaxed) + 1;
@@ -103,10 +108,13 @@ impl Progress for Lines {
         }
     }
     fn arm_finished(&self, arm: &ArmRecord) {
+        let name = if arm.value.is_empty() {
+            arm.label.clone()
+        } else {
+            format!("arm {}={}", arm.label, arm.value)
+        };
         eprintln!(
-            "arm {}={}: corrupted {}/{} ({:.1}%), error+timeout {}, {:.1}s",
-            arm.label,
-            arm.value,
+            "{name}: corrupted {}/{} ({:.1}%), error+timeout {}, {:.1}s",
             arm.corrupted,
             arm.sessions,
             100.0 * arm.corruption_rate,
