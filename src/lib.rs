@@ -9,6 +9,7 @@ pub mod classify;
 pub mod cli;
 pub mod config;
 pub mod control;
+pub mod culprit;
 pub mod diff;
 pub mod embedded;
 pub mod engine;

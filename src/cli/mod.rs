@@ -1,6 +1,7 @@
 //! Command line: clap types live here and only here. Each subcommand converts its
 //! arguments into the validated structs the core runs on.
 
+mod culprit;
 pub mod engine;
 pub mod matrix;
 mod progress;
@@ -53,6 +54,8 @@ enum Command {
     Merge(matrix::MergeArgs),
     /// Restore launch configs left edited by an interrupted (kill -9) run.
     Restore(RestoreArgs),
+    /// Which of many flags corrupts: screen each, then spend the budget on the most promising.
+    Culprit(culprit::CulpritArgs),
     /// Run one role of the embedded prefill/decode engine.
     Engine(engine::EngineArgs),
 }
@@ -227,6 +230,7 @@ pub fn run() -> anyhow::Result<ExitCode> {
         Command::Merge(args) => matrix::merge(args),
         Command::Run(args) => runtime()?.block_on(run_cmd(args)),
         Command::Probe(args) => runtime()?.block_on(probe_cmd(args)),
+        Command::Culprit(args) => runtime()?.block_on(culprit::culprit_cmd(args)),
     }
 }
 

@@ -5,6 +5,7 @@
 mod cli_errors;
 mod common;
 mod crash;
+mod culprit;
 mod embedded;
 mod fake;
 mod fake_runs;
