@@ -18,6 +18,10 @@ pub struct DecodeJob {
     pub sequence: SequenceKv,
     pub cancelled: Arc<AtomicBool>,
     pub reply: oneshot::Sender<anyhow::Result<Generation>>,
+    /// Streaming requests get every emitted token as soon as its step ends.
+    pub tokens: Option<tokio::sync::mpsc::UnboundedSender<u32>>,
+    /// How many of `generation.emitted` went to `tokens` already.
+    pub streamed: usize,
 }
 
 #[derive(Default)]
@@ -121,6 +125,14 @@ impl DecodeEngine {
                 .iter()
                 .map(|(job, _)| job.generation.emitted.len())
                 .sum();
+            for (job, _) in running.iter_mut() {
+                if let Some(tokens) = &job.tokens {
+                    for &token in &job.generation.emitted[job.streamed..] {
+                        let _ = tokens.send(token);
+                    }
+                    job.streamed = job.generation.emitted.len();
+                }
+            }
             let produced = (after - before) as u64;
             self.stats
                 .generated_tokens

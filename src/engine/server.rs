@@ -306,12 +306,35 @@ async fn chat_handler(
     let cancelled = Arc::new(AtomicBool::new(false));
     let mut guard = CancelOnDrop(cancelled.clone(), false);
     let (reply, receive) = oneshot::channel();
+    let streaming = request.stream == Some(true);
+    let (tokens, token_stream) = if streaming {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        (Some(tx), Some(rx))
+    } else {
+        (None, None)
+    };
     shared.engine.submit(DecodeJob {
         generation,
         sequence,
         cancelled,
         reply,
+        tokens,
+        streamed: 0,
     });
+    if let Some(token_stream) = token_stream {
+        let model_name = request
+            .model
+            .clone()
+            .unwrap_or_else(|| "bisect-mini-dsv4".to_string());
+        return stream_completion(
+            shared,
+            model_name,
+            prompt.len(),
+            token_stream,
+            receive,
+            guard,
+        );
+    }
     let result = receive.await;
     guard.1 = true;
     let generation = match result {
@@ -353,12 +376,6 @@ async fn chat_handler(
         .model
         .clone()
         .unwrap_or_else(|| "bisect-mini-dsv4".to_string());
-    if request.stream == Some(true) {
-        let chunk = json!({"id": format!("chatcmpl-{id}"), "object": "chat.completion.chunk", "created": created, "model": model_name,
-            "choices": [{"index": 0, "delta": message, "finish_reason": finish_reason}], "usage": usage});
-        let body = format!("data: {chunk}\n\ndata: [DONE]\n\n");
-        return ([(header::CONTENT_TYPE, "text/event-stream")], body).into_response();
-    }
     Json(json!({
         "id": format!("chatcmpl-{id}"),
         "object": "chat.completion",
@@ -368,6 +385,155 @@ async fn chat_handler(
         "usage": usage,
     }))
     .into_response()
+}
+
+/// Where DSML markup starts in streamed text: content before it streams token by token,
+/// the markup is held back and sent as `tool_calls` once the whole reply is parsed (as
+/// sglang's streaming detector does); markup that never parses goes out as content.
+const DSML_START: &str = "<｜DSML｜";
+
+/// Length of the longest suffix of `text` that could still grow into [`DSML_START`].
+fn pending_markup_prefix(text: &str) -> usize {
+    (1..DSML_START.len().min(text.len() + 1))
+        .rev()
+        .find(|&n| {
+            text.is_char_boundary(text.len() - n)
+                && DSML_START.is_char_boundary(n)
+                && DSML_START.starts_with(&text[text.len() - n..])
+        })
+        .unwrap_or(0)
+}
+
+/// SSE body of a streaming chat completion: one `chat.completion.chunk` per generated
+/// token of plain text, the tool calls in one delta at the end, then the finish reason
+/// with usage, then `[DONE]`. A client that disconnects drops the body, which cancels
+/// the request in the decode loop.
+fn stream_completion(
+    shared: Arc<DecodeShared>,
+    model_name: String,
+    prompt_tokens: usize,
+    mut token_stream: tokio::sync::mpsc::UnboundedReceiver<u32>,
+    receive: oneshot::Receiver<anyhow::Result<model::Generation>>,
+    guard: CancelOnDrop,
+) -> Response {
+    let (events, body) = tokio::sync::mpsc::channel::<Result<String, std::convert::Infallible>>(64);
+    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    tokio::spawn(async move {
+        // The whole guard moves into the task (not just the field it sets): dropping it
+        // early, with the task, is what cancels the request when the client goes away.
+        let mut guard = guard;
+        let created = chrono::Utc::now().timestamp();
+        let chunk = |delta: Value, finish: Option<&str>| {
+            let chunk = json!({"id": format!("chatcmpl-{id}"), "object": "chat.completion.chunk", "created": created,
+                "model": model_name, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+            format!("data: {chunk}\n\n")
+        };
+        if events
+            .send(Ok(chunk(json!({"role": "assistant"}), None)))
+            .await
+            .is_err()
+        {
+            return;
+        }
+        let mut emitted = Vec::new();
+        let mut sent = 0usize;
+        let mut markup = false;
+        while let Some(token) = token_stream.recv().await {
+            emitted.push(token);
+            let text = shared.vocab.decode(&emitted);
+            if !markup {
+                let safe = match text.find(DSML_START) {
+                    Some(at) => {
+                        markup = true;
+                        at
+                    }
+                    None => text.len() - pending_markup_prefix(&text),
+                };
+                if safe > sent {
+                    let delta = json!({"content": &text[sent..safe]});
+                    sent = safe;
+                    if events.send(Ok(chunk(delta, None))).await.is_err() {
+                        return; // client gone: dropping the guard cancels the request
+                    }
+                }
+            }
+        }
+        let generation = match receive.await {
+            Ok(Ok(generation)) => generation,
+            Ok(Err(error)) => {
+                let error = json!({"error": {"message": format!("{error:#}")}});
+                let _ = events
+                    .send(Ok(format!("data: {error}\n\ndata: [DONE]\n\n")))
+                    .await;
+                return;
+            }
+            Err(_) => {
+                let error = json!({"error": {"message": "decode worker stopped"}});
+                let _ = events
+                    .send(Ok(format!("data: {error}\n\ndata: [DONE]\n\n")))
+                    .await;
+                return;
+            }
+        };
+        guard.1 = true;
+        let text = shared.vocab.decode(&generation.emitted);
+        let parsed = dsml::parse(&text);
+        let mut deltas = Vec::new();
+        if parsed.tool_calls.is_empty() {
+            if text.len() > sent {
+                deltas.push(json!({"content": &text[sent..]}));
+            }
+        } else {
+            let tool_calls: Vec<Value> = parsed
+                .tool_calls
+                .iter()
+                .enumerate()
+                .map(|(index, call)| {
+                    json!({"index": index, "id": format!("call_{index}"), "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments}})
+                })
+                .collect();
+            deltas.push(json!({"tool_calls": tool_calls}));
+            // Text after the block (the parser's content past what already streamed).
+            if let Some(rest) = parsed.content.as_deref().and_then(|c| c.get(sent..)) {
+                if !rest.is_empty() {
+                    deltas.push(json!({"content": rest}));
+                }
+            }
+        }
+        let finish = match (generation.finish, parsed.tool_calls.is_empty()) {
+            (Some(Finish::Length), _) => "length",
+            (_, false) => "tool_calls",
+            _ => "stop",
+        };
+        shared.requests.fetch_add(1, Ordering::Relaxed);
+        shared
+            .prompt_tokens
+            .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
+        shared
+            .completion_tokens
+            .fetch_add(generation.emitted.len() as u64, Ordering::Relaxed);
+        for delta in deltas {
+            if events.send(Ok(chunk(delta, None))).await.is_err() {
+                return;
+            }
+        }
+        let usage = json!({"prompt_tokens": prompt_tokens, "completion_tokens": generation.emitted.len(),
+            "total_tokens": prompt_tokens + generation.emitted.len()});
+        let last = json!({"id": format!("chatcmpl-{id}"), "object": "chat.completion.chunk", "created": created,
+            "choices": [{"index": 0, "delta": {}, "finish_reason": finish}], "usage": usage});
+        let _ = events
+            .send(Ok(format!("data: {last}\n\ndata: [DONE]\n\n")))
+            .await;
+    });
+    let body = futures::stream::unfold(body, |mut body| async move {
+        body.recv().await.map(|event| (event, body))
+    });
+    (
+        [(header::CONTENT_TYPE, "text/event-stream")],
+        axum::body::Body::from_stream(body),
+    )
+        .into_response()
 }
 
 async fn watch_prefill(shared: Arc<DecodeShared>) {
@@ -758,6 +924,134 @@ mod tests {
             "model": "m", "max_tokens": max_tokens, "tools": tools,
             "messages": [{"role": "user", "content": "Do this:\n1. read_file(path=\"/srv/app/config.yaml\", max_lines=40)\nWhen every step is done, reply exactly: DONE: all steps completed."}]
         })
+    }
+
+    /// Reassemble an SSE chat stream into (content, tool_calls, finish_reason, events).
+    fn assemble(sse: &str) -> (String, Vec<Value>, String, usize) {
+        let (mut content, mut calls, mut finish, mut events) =
+            (String::new(), Vec::new(), String::new(), 0);
+        for line in sse.lines() {
+            let Some(data) = line.strip_prefix("data: ") else {
+                continue;
+            };
+            if data == "[DONE]" {
+                break;
+            }
+            events += 1;
+            let chunk: Value = serde_json::from_str(data).unwrap();
+            let choice = &chunk["choices"][0];
+            if let Some(text) = choice["delta"]["content"].as_str() {
+                content.push_str(text);
+            }
+            if let Some(list) = choice["delta"]["tool_calls"].as_array() {
+                calls.extend(list.iter().cloned());
+            }
+            if let Some(f) = choice["finish_reason"].as_str() {
+                finish = f.to_string();
+            }
+        }
+        (content, calls, finish, events)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn streaming_matches_the_non_streaming_reply() {
+        let prefill = start(config(Role::Prefill, true, None)).await;
+        let decode = start(config(Role::Decode, true, Some(prefill.clone()))).await;
+        let client = reqwest::Client::builder()
+            .pool_max_idle_per_host(0)
+            .build()
+            .unwrap();
+        let chat = format!("{decode}/v1/chat/completions");
+        let wait = std::time::Instant::now();
+        while client
+            .get(format!("{decode}/health"))
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+            .unwrap_or(0)
+            != 200
+        {
+            assert!(wait.elapsed().as_secs() < 20, "decode never became healthy");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        let plain: Value = client
+            .post(&chat)
+            .json(&chat_body(256))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let message = &plain["choices"][0]["message"];
+        let mut body = chat_body(256);
+        body["stream"] = json!(true);
+        let response = client.post(&chat).json(&body).send().await.unwrap();
+        assert_eq!(response.headers()["content-type"], "text/event-stream");
+        let sse = response.text().await.unwrap();
+        assert!(sse.trim_end().ends_with("data: [DONE]"), "{sse}");
+        let (content, calls, finish, events) = assemble(&sse);
+        assert_eq!(
+            finish,
+            plain["choices"][0]["finish_reason"].as_str().unwrap()
+        );
+        assert_eq!(content, message["content"].as_str().unwrap_or(""));
+        let plain_calls = message["tool_calls"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(calls.len(), plain_calls.len(), "{sse}");
+        for (streamed, whole) in calls.iter().zip(&plain_calls) {
+            assert_eq!(streamed["function"], whole["function"]);
+        }
+
+        // A final text answer streams token by token: many content events.
+        let mut done = chat_body(64);
+        done["messages"] = json!([
+            done["messages"][0],
+            {"role": "assistant", "content": null, "tool_calls": plain_calls},
+            {"role": "tool", "tool_call_id": "call_0", "content": "listen: 0.0.0.0:8080"}
+        ]);
+        let plain: Value = client
+            .post(&chat)
+            .json(&done)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        done["stream"] = json!(true);
+        let sse = client
+            .post(&chat)
+            .json(&done)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let (content, calls, finish, events_text) = assemble(&sse);
+        assert!(calls.is_empty());
+        assert_eq!(finish, "stop");
+        assert_eq!(
+            content,
+            plain["choices"][0]["message"]["content"].as_str().unwrap()
+        );
+        assert!(
+            events_text > 4,
+            "token by token, got {events_text} events: {sse}"
+        );
+        assert!(events >= 3);
+    }
+
+    #[test]
+    fn markup_prefix_is_held_back() {
+        assert_eq!(pending_markup_prefix("hello"), 0);
+        assert_eq!(pending_markup_prefix("hello <"), 1);
+        assert_eq!(pending_markup_prefix("x<｜"), "<｜".len());
+        assert_eq!(pending_markup_prefix("x<｜D"), "<｜D".len());
+        assert_eq!(pending_markup_prefix("x<y"), 0);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
