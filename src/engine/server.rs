@@ -348,11 +348,7 @@ async fn chat_handler(
     };
     let text = shared.vocab.decode(&generation.emitted);
     let parsed = dsml::parse(&text);
-    let finish_reason = match (generation.finish, parsed.tool_calls.is_empty()) {
-        (Some(Finish::Length), _) => "length",
-        (_, false) => "tool_calls",
-        _ => "stop",
-    };
+    let finish_reason = finish_reason(&generation, &parsed);
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
     shared.requests.fetch_add(1, Ordering::Relaxed);
     shared
@@ -361,14 +357,7 @@ async fn chat_handler(
     shared
         .completion_tokens
         .fetch_add(generation.emitted.len() as u64, Ordering::Relaxed);
-    let tool_calls: Option<Vec<Value>> = (!parsed.tool_calls.is_empty()).then(|| {
-        parsed
-            .tool_calls
-            .iter()
-            .enumerate()
-            .map(|(index, call)| json!({"id": format!("call_{index}"), "type": "function", "function": {"name": call.name, "arguments": call.arguments}}))
-            .collect()
-    });
+    let tool_calls = (!parsed.tool_calls.is_empty()).then(|| tool_calls_json(&parsed));
     let message = json!({"role": "assistant", "content": parsed.content, "tool_calls": tool_calls, "reasoning_content": null});
     let usage = json!({"prompt_tokens": prompt.len(), "completion_tokens": generation.emitted.len(), "total_tokens": prompt.len() + generation.emitted.len()});
     let created = chrono::Utc::now().timestamp();
@@ -385,6 +374,29 @@ async fn chat_handler(
         "usage": usage,
     }))
     .into_response()
+}
+
+/// OpenAI `finish_reason` of a finished generation.
+fn finish_reason(generation: &model::Generation, parsed: &dsml::ParsedOutput) -> &'static str {
+    match (generation.finish, parsed.tool_calls.is_empty()) {
+        (Some(Finish::Length), _) => "length",
+        (_, false) => "tool_calls",
+        _ => "stop",
+    }
+}
+
+/// OpenAI `tool_calls` of a parsed reply (the `index` key serves streaming deltas and is
+/// ignored by non-streaming clients).
+fn tool_calls_json(parsed: &dsml::ParsedOutput) -> Vec<Value> {
+    parsed
+        .tool_calls
+        .iter()
+        .enumerate()
+        .map(|(index, call)| {
+            json!({"index": index, "id": format!("call_{index}"), "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments}})
+        })
+        .collect()
 }
 
 /// Where DSML markup starts in streamed text: content before it streams token by token,
@@ -484,16 +496,7 @@ fn stream_completion(
                 deltas.push(json!({"content": &text[sent..]}));
             }
         } else {
-            let tool_calls: Vec<Value> = parsed
-                .tool_calls
-                .iter()
-                .enumerate()
-                .map(|(index, call)| {
-                    json!({"index": index, "id": format!("call_{index}"), "type": "function",
-                    "function": {"name": call.name, "arguments": call.arguments}})
-                })
-                .collect();
-            deltas.push(json!({"tool_calls": tool_calls}));
+            deltas.push(json!({"tool_calls": tool_calls_json(&parsed)}));
             // Text after the block (the parser's content past what already streamed).
             if let Some(rest) = parsed.content.as_deref().and_then(|c| c.get(sent..)) {
                 if !rest.is_empty() {
@@ -501,11 +504,7 @@ fn stream_completion(
                 }
             }
         }
-        let finish = match (generation.finish, parsed.tool_calls.is_empty()) {
-            (Some(Finish::Length), _) => "length",
-            (_, false) => "tool_calls",
-            _ => "stop",
-        };
+        let finish = finish_reason(&generation, &parsed);
         shared.requests.fetch_add(1, Ordering::Relaxed);
         shared
             .prompt_tokens
