@@ -298,6 +298,25 @@ fn truncate(s: &str, max: usize) -> String {
 mod tests {
     use super::*;
 
+    /// A one-role target on a dead port.
+    fn solo_target(launch: PathBuf, restart: Option<&str>, health_timeout_s: u64) -> TargetProfile {
+        TargetProfile {
+            name: "t".into(),
+            api: "http://127.0.0.1:9/v1".into(),
+            model: "m".into(),
+            api_key_env: None,
+            roles: vec![RoleSpec {
+                name: "solo".into(),
+                launch,
+                restart: restart.map(String::from),
+                health: "http://127.0.0.1:9/health".into(),
+                metrics: None,
+                health_timeout_s,
+            }],
+            source: None,
+        }
+    }
+
     #[test]
     fn log_tail_keeps_last_lines() {
         let dir = tempfile::tempdir().unwrap();
@@ -312,21 +331,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let launch = dir.path().join("role.sh");
         std::fs::write(&launch, "echo starting up\necho boom >&2\nexit 7\n").unwrap();
-        let target = TargetProfile {
-            name: "t".into(),
-            api: "http://127.0.0.1:9/v1".into(),
-            model: "m".into(),
-            api_key_env: None,
-            roles: vec![RoleSpec {
-                name: "solo".into(),
-                launch,
-                restart: None,
-                health: "http://127.0.0.1:9/health".into(),
-                metrics: None,
-                health_timeout_s: 30,
-            }],
-            source: None,
-        };
+        let target = solo_target(launch, None, 30);
         let mut ctl = ProcessControl::new(&target, &dir.path().join("logs")).unwrap();
         let err = ctl
             .restart("on", &CancellationToken::new())
@@ -345,21 +350,7 @@ mod tests {
     #[tokio::test]
     async fn failing_restart_command_is_could_not_run() {
         let dir = tempfile::tempdir().unwrap();
-        let target = TargetProfile {
-            name: "t".into(),
-            api: "http://127.0.0.1:9/v1".into(),
-            model: "m".into(),
-            api_key_env: None,
-            roles: vec![RoleSpec {
-                name: "solo".into(),
-                launch: dir.path().join("unused.sh"),
-                restart: Some("echo nope; exit 3".into()),
-                health: "http://127.0.0.1:9/health".into(),
-                metrics: None,
-                health_timeout_s: 1,
-            }],
-            source: None,
-        };
+        let target = solo_target(dir.path().join("unused.sh"), Some("echo nope; exit 3"), 1);
         let mut ctl = ProcessControl::new(&target, &dir.path().join("logs")).unwrap();
         let err = ctl
             .restart("off", &CancellationToken::new())

@@ -9,12 +9,11 @@ use std::time::Duration;
 use clap::Args;
 use tokio_util::sync::CancellationToken;
 
-use super::WorkloadArgs;
 use super::{api_key, progress, run_id, spawn_signal_handler, target_or_embedded, usage};
+use super::{DecisionArgs, WorkloadArgs};
 use crate::config::FlagCatalog;
 use crate::culprit::{self, CulpritPlan};
 use crate::experiment;
-use crate::verdict::Policy;
 
 #[derive(Debug, Args)]
 pub struct CulpritArgs {
@@ -45,12 +44,8 @@ pub struct CulpritArgs {
     /// Allow a flag whose setting also appears in a role it does not list.
     #[arg(long = "allow-partial")]
     allow_partial: bool,
-    /// Family-wise significance level for `implicated` (split across looks, Holm across flags).
-    #[arg(long, default_value_t = 0.01)]
-    alpha: f64,
-    /// Smallest difference in corruption rate worth finding (for `cleared` and power).
-    #[arg(long = "min-effect", default_value_t = 0.05)]
-    min_effect: f64,
+    #[command(flatten)]
+    decision: DecisionArgs,
 }
 
 /// Validate the arguments into a plan; nothing is touched yet.
@@ -70,12 +65,7 @@ fn plan(args: &CulpritArgs) -> anyhow::Result<CulpritPlan> {
         ));
     }
     let workload = args.load.load()?;
-    if !(args.alpha > 0.0 && args.alpha < 1.0 && args.min_effect > 0.0 && args.min_effect < 1.0) {
-        return Err(usage(
-            "--alpha and --min-effect must lie in (0, 1)",
-            "e.g. --alpha 0.01 --min-effect 0.05",
-        ));
-    }
+    let policy = args.decision.policy()?;
     let id = run_id("culprit", args.tag.as_deref());
     let dir = args.results.join(&id);
     let target = target_or_embedded(&args.target, &dir)?;
@@ -87,11 +77,7 @@ fn plan(args: &CulpritArgs) -> anyhow::Result<CulpritPlan> {
         target,
         workload,
         budget: args.budget,
-        policy: Policy {
-            alpha: args.alpha,
-            min_effect: args.min_effect,
-            ..Policy::default()
-        },
+        policy,
         dir,
         journal_dir: args.results.join(".bisect-journal"),
         allow_partial: args.allow_partial,

@@ -91,12 +91,37 @@ struct RunArgs {
     /// Allow a flag whose setting also appears in a role it does not list.
     #[arg(long = "allow-partial")]
     allow_partial: bool,
-    /// Significance level for `implicated`.
+    #[command(flatten)]
+    decision: DecisionArgs,
+}
+
+/// The significance level and smallest effect of a verdict, shared by run and culprit.
+#[derive(Debug, Args)]
+struct DecisionArgs {
+    /// Significance level for `implicated` (culprit: family-wise, split across looks).
     #[arg(long, default_value_t = 0.01)]
     alpha: f64,
     /// Smallest difference in corruption rate worth finding (for `cleared` and power).
     #[arg(long = "min-effect", default_value_t = 0.05)]
     min_effect: f64,
+}
+
+impl DecisionArgs {
+    /// The verdict policy, with both values checked to lie in (0, 1).
+    fn policy(&self) -> anyhow::Result<Policy> {
+        let inside = |v: f64| v > 0.0 && v < 1.0;
+        if !inside(self.alpha) || !inside(self.min_effect) {
+            return Err(usage(
+                "--alpha and --min-effect must lie in (0, 1)",
+                "e.g. --alpha 0.01 --min-effect 0.05",
+            ));
+        }
+        Ok(Policy {
+            alpha: self.alpha,
+            min_effect: self.min_effect,
+            ..Policy::default()
+        })
+    }
 }
 
 /// Workload selection and overrides, shared by run and probe.
@@ -302,16 +327,7 @@ fn plan_run(args: &RunArgs) -> anyhow::Result<(RunPlan, bool)> {
             "pass --repeats 1 or more",
         ));
     }
-    if !(0.0..1.0).contains(&args.alpha)
-        || args.alpha == 0.0
-        || !(0.0..1.0).contains(&args.min_effect)
-        || args.min_effect == 0.0
-    {
-        return Err(usage(
-            "--alpha and --min-effect must lie in (0, 1)",
-            "e.g. --alpha 0.01 --min-effect 0.05",
-        ));
-    }
+    let policy = args.decision.policy()?;
     let mut sets = Vec::new();
     for s in &args.set {
         let Some((name, value)) = s.split_once('=') else {
@@ -351,11 +367,7 @@ fn plan_run(args: &RunArgs) -> anyhow::Result<(RunPlan, bool)> {
         sets,
         journal_dir: args.results.join(".bisect-journal"),
         run_dir,
-        policy: Policy {
-            alpha: args.alpha,
-            min_effect: args.min_effect,
-            ..Policy::default()
-        },
+        policy,
         allow_partial: args.allow_partial,
         api_key,
         metrics_period: Duration::from_millis(250),
