@@ -1,16 +1,9 @@
 //! Bad input through the real binary: exit 2 with file:line and a fix, nothing touched;
 //! an engine that never becomes healthy: exit 3, launch configs restored.
 
+use crate::common::bisect;
 use std::path::Path;
-use std::process::{Command, Output};
-
-fn bisect(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_bisect"))
-        .args(args)
-        .current_dir(cwd)
-        .output()
-        .expect("running bisect")
-}
+use std::process::Output;
 
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).to_string()

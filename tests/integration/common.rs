@@ -125,3 +125,12 @@ pub fn fake_race_victims(workload: &Workload, sessions: u32) -> u64 {
 pub fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
 }
+
+/// Run the real binary in `cwd` and capture its output.
+pub fn bisect(args: &[&str], cwd: &Path) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_bisect"))
+        .args(args)
+        .current_dir(cwd)
+        .output()
+        .expect("running bisect")
+}

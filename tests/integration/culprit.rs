@@ -2,8 +2,7 @@
 //! is found with exact counts, a speed-only flag is not, a slow flag is set aside as
 //! degraded, the budget holds, and bad requests are refused with exit 2 before any edit.
 
-use std::path::Path;
-use std::process::Command;
+use crate::common::bisect;
 use std::time::Duration;
 
 use bisect::config::Workload;
@@ -234,14 +233,6 @@ async fn bad_requests_are_refused_before_any_edit() {
         32
     )
     .is_ok());
-}
-
-fn bisect(args: &[&str], cwd: &Path) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_bisect"))
-        .args(args)
-        .current_dir(cwd)
-        .output()
-        .expect("running bisect")
 }
 
 #[test]

@@ -4,18 +4,11 @@
 //! wide margins (the default workload's defaults corrupt about 16% of sessions, fp8
 //! none), never exact counts; exact counts are the fake engine's job.
 
+use crate::common::bisect;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 
 use serde_json::Value;
-
-fn bisect(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_bisect"))
-        .args(args)
-        .current_dir(cwd)
-        .output()
-        .expect("running bisect")
-}
 
 fn run_json(args: &[&str], cwd: &Path) -> Value {
     let out = bisect(args, cwd);
