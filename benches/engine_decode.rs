@@ -2,10 +2,10 @@
 //! 64 over a ~1.5k-token context, Mma vs Legacy attention path. Not a test: prints a table.
 //! `cargo bench --bench engine_decode`
 
-use bisect::engine::backend::cpu::CpuBackend;
-use bisect::engine::backend::{AttnPath, Backend, IndexKDtype, TopkImpl};
-use bisect::engine::keys;
-use bisect::engine::model::{decode_step, plan, Generation, ReadPath, SequenceKv};
+use bisect_engine::backend::cpu::CpuBackend;
+use bisect_engine::backend::{AttnPath, Backend, IndexKDtype, TopkImpl};
+use bisect_engine::keys;
+use bisect_engine::model::{decode_step, plan, Generation, ReadPath, SequenceKv};
 use std::time::Instant;
 
 fn main() {

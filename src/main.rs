@@ -1,12 +1,14 @@
 //! Thin entry point: parse, run, map the outcome to an exit code in one place.
 use std::process::ExitCode;
 
+mod cli;
+
 fn main() -> ExitCode {
-    match bisect::cli::run() {
+    match cli::run() {
         Ok(code) => code,
         Err(err) => {
             eprintln!("error: {err:#}");
-            ExitCode::from(bisect::exit::code_for_error(&err))
+            ExitCode::from(bisect_harness::exit::code_for_error(&err))
         }
     }
 }

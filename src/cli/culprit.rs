@@ -11,9 +11,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::{api_key, progress, run_id, spawn_signal_handler, target_or_embedded, usage};
 use super::{DecisionArgs, WorkloadArgs};
-use crate::config::FlagCatalog;
-use crate::culprit::{self, CulpritPlan};
-use crate::experiment;
+use bisect_harness::commands::culprit::{self, CulpritPlan};
+use bisect_harness::commands::run as experiment;
+use bisect_harness::config::FlagCatalog;
 
 #[derive(Debug, Args)]
 pub struct CulpritArgs {
@@ -89,7 +89,7 @@ fn plan(args: &CulpritArgs) -> anyhow::Result<CulpritPlan> {
 
 pub async fn culprit_cmd(args: CulpritArgs) -> anyhow::Result<ExitCode> {
     // A journal left by a run that died (kill -9) is replayed before anything else.
-    for p in crate::launch::recover(&args.results.join(".bisect-journal"))? {
+    for p in bisect_harness::launch::recover(&args.results.join(".bisect-journal"))? {
         eprintln!(
             "restored {} left edited by an earlier run that did not finish",
             p.display()
@@ -98,7 +98,8 @@ pub async fn culprit_cmd(args: CulpritArgs) -> anyhow::Result<ExitCode> {
     let plan = plan(&args)?;
     let cancel = CancellationToken::new();
     spawn_signal_handler(cancel.clone());
-    let mut control = crate::control::ProcessControl::new(&plan.target, &plan.dir.join("logs"))?;
+    let mut control =
+        bisect_harness::control::ProcessControl::new(&plan.target, &plan.dir.join("logs"))?;
     let progress: Box<dyn experiment::Progress> = if args.json {
         Box::new(progress::Lines::new(false))
     } else if std::io::stderr().is_terminal() {

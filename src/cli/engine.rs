@@ -1,8 +1,8 @@
 //! clap arguments of `bisect engine` (the embedded prefill/decode engine). The
 //! environment flags of DESIGN.md section 4 are read here, once, at start.
 
-use crate::engine::{DeviceChoice, EngineConfig, EngineFlags, EngineTuning, Role};
 use anyhow::Context;
+use bisect_engine::{DeviceChoice, EngineConfig, EngineFlags, EngineTuning, Role};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum RoleArg {

@@ -11,14 +11,14 @@ use clap::Args;
 use tokio_util::sync::CancellationToken;
 
 use super::{progress, runtime, spawn_signal_handler, usage};
-use crate::config::TargetProfile;
-use crate::exit;
-use crate::matrix::baseline::{self, Baseline};
-use crate::matrix::export;
-use crate::matrix::merge;
-use crate::matrix::record::MatrixRecord;
-use crate::matrix::run::{self as matrix_run, MatrixJob};
-use crate::matrix::{Plan, Shard};
+use bisect_harness::commands::matrix::baseline::{self, Baseline};
+use bisect_harness::commands::matrix::export;
+use bisect_harness::commands::matrix::merge;
+use bisect_harness::commands::matrix::record::MatrixRecord;
+use bisect_harness::commands::matrix::run::{self as matrix_run, MatrixJob};
+use bisect_harness::commands::matrix::{Plan, Shard};
+use bisect_harness::config::TargetProfile;
+use bisect_harness::exit;
 
 #[derive(Debug, Args)]
 pub struct MatrixArgs {
@@ -72,7 +72,7 @@ pub fn matrix(args: MatrixArgs) -> anyhow::Result<ExitCode> {
 
 async fn matrix_cmd(args: MatrixArgs) -> anyhow::Result<ExitCode> {
     // A journal left by a run that died (kill -9) is replayed before anything else.
-    for p in crate::launch::recover(&args.results.join(".bisect-journal"))? {
+    for p in bisect_harness::launch::recover(&args.results.join(".bisect-journal"))? {
         eprintln!(
             "restored {} left edited by an earlier run that did not finish",
             p.display()
@@ -94,7 +94,7 @@ async fn matrix_cmd(args: MatrixArgs) -> anyhow::Result<ExitCode> {
         Some(path) => TargetProfile::load(path)?,
         None => {
             let exe = std::env::current_exe().context("locating the bisect executable")?;
-            crate::embedded::prepare(&dir.join("launch"), &exe)?
+            bisect_harness::config::embedded::prepare(&dir.join("launch"), &exe)?
         }
     };
     let api_key = match &target.api_key_env {
@@ -120,7 +120,7 @@ async fn matrix_cmd(args: MatrixArgs) -> anyhow::Result<ExitCode> {
     };
     let cancel = CancellationToken::new();
     spawn_signal_handler(cancel.clone());
-    let mut control = crate::control::ProcessControl::new(&job.target, &dir.join("logs"))?;
+    let mut control = bisect_harness::control::ProcessControl::new(&job.target, &dir.join("logs"))?;
     eprintln!(
         "matrix {}: {} cells, results: {}",
         job.plan.name,
@@ -144,7 +144,7 @@ async fn matrix_cmd(args: MatrixArgs) -> anyhow::Result<ExitCode> {
 
 pub fn merge(args: MergeArgs) -> anyhow::Result<ExitCode> {
     let first = export::read_matrix(&args.dirs[0]).map_err(|e| {
-        crate::exit::Failure::BadInput(format!(
+        bisect_harness::exit::Failure::BadInput(format!(
             "{e:#}\n  fix: pass directories written by `bisect matrix --shard I/N`"
         ))
     })?;

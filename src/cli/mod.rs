@@ -16,10 +16,10 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{ConfigError, FlagCatalog, TargetProfile, Workload};
-use crate::exit::{self, Failure};
-use crate::experiment::{self, RunPlan};
-use crate::verdict::Policy;
+use bisect_harness::commands::run::{self as experiment, RunPlan};
+use bisect_harness::config::{ConfigError, FlagCatalog, TargetProfile, Workload};
+use bisect_harness::core::verdict::Policy;
+use bisect_harness::exit::{self, Failure};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -242,7 +242,7 @@ pub fn run() -> anyhow::Result<ExitCode> {
             let config = args
                 .into_config()
                 .map_err(|e| Failure::BadInput(format!("{e:#}")))?;
-            crate::engine::run(config)?;
+            bisect_engine::run(config)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Flags(args) => flags(args),
@@ -284,7 +284,7 @@ fn flags(args: FlagsArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn kernels() -> anyhow::Result<ExitCode> {
-    use crate::engine::backend::cuda;
+    use bisect_engine::backend::cuda;
     match cuda::probe() {
         Some(gpu) => println!("GPU: {gpu}"),
         None => println!("GPU: none found (the engine runs on the CPU backend)"),
@@ -298,7 +298,7 @@ fn kernels() -> anyhow::Result<ExitCode> {
 }
 
 fn restore(args: RestoreArgs) -> anyhow::Result<ExitCode> {
-    let restored = crate::launch::recover(&args.results.join(".bisect-journal"))?;
+    let restored = bisect_harness::launch::recover(&args.results.join(".bisect-journal"))?;
     if restored.is_empty() {
         println!("nothing to restore");
     }
@@ -343,7 +343,7 @@ fn plan_run(args: &RunArgs) -> anyhow::Result<(RunPlan, bool)> {
                 "pin only other flags",
             ));
         }
-        crate::config::flags::validate_value(value).map_err(|e| {
+        bisect_harness::config::flags::validate_value(value).map_err(|e| {
             usage(
                 format!("--set {s}: {e}"),
                 "use only letters, digits and ._:/,=+-",
@@ -398,7 +398,7 @@ fn run_id(flag: &str, tag: Option<&str>) -> String {
 async fn run_cmd(args: RunArgs) -> anyhow::Result<ExitCode> {
     // A journal left by a run that died (kill -9) is replayed before anything else.
     let journal = args.results.join(".bisect-journal");
-    for p in crate::launch::recover(&journal)? {
+    for p in bisect_harness::launch::recover(&journal)? {
         eprintln!(
             "restored {} left edited by an earlier run that did not finish",
             p.display()
@@ -408,7 +408,7 @@ async fn run_cmd(args: RunArgs) -> anyhow::Result<ExitCode> {
     let cancel = CancellationToken::new();
     spawn_signal_handler(cancel.clone());
     let mut control =
-        crate::control::ProcessControl::new(&plan.target, &plan.run_dir.join("logs"))?;
+        bisect_harness::control::ProcessControl::new(&plan.target, &plan.run_dir.join("logs"))?;
     let progress: Box<dyn experiment::Progress> = if args.json {
         Box::new(progress::Lines::new(false))
     } else if std::io::stderr().is_terminal() {
@@ -421,7 +421,7 @@ async fn run_cmd(args: RunArgs) -> anyhow::Result<ExitCode> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&record)?);
     } else {
-        print!("{}", crate::report::table::render(&record));
+        print!("{}", bisect_harness::results::table::render(&record));
         println!("results: {}", plan.run_dir.display());
     }
     Ok(ExitCode::SUCCESS)
@@ -435,7 +435,7 @@ fn target_or_embedded(
         Some(path) => Ok(TargetProfile::load(path)?),
         None => {
             let exe = std::env::current_exe().context("locating the bisect executable")?;
-            crate::embedded::prepare(&run_dir.join("launch"), &exe)
+            bisect_harness::config::embedded::prepare(&run_dir.join("launch"), &exe)
         }
     }
 }
@@ -453,7 +453,7 @@ fn api_key(target: &TargetProfile) -> anyhow::Result<Option<String>> {
 }
 
 async fn probe_cmd(args: ProbeArgs) -> anyhow::Result<ExitCode> {
-    for p in crate::launch::recover(&args.results.join(".bisect-journal"))? {
+    for p in bisect_harness::launch::recover(&args.results.join(".bisect-journal"))? {
         eprintln!(
             "restored {} left edited by an earlier run that did not finish",
             p.display()
@@ -475,7 +475,7 @@ async fn probe_cmd(args: ProbeArgs) -> anyhow::Result<ExitCode> {
     let id = run_id("probe", None);
     let run_dir = args.results.join(&id);
     let target = target_or_embedded(&args.target, &run_dir)?;
-    let plan = crate::probe::ProbePlan {
+    let plan = bisect_harness::commands::probe::ProbePlan {
         id,
         api_key: api_key(&target)?,
         target,
@@ -490,20 +490,23 @@ async fn probe_cmd(args: ProbeArgs) -> anyhow::Result<ExitCode> {
     let cancel = CancellationToken::new();
     spawn_signal_handler(cancel.clone());
     let mut control =
-        crate::control::ProcessControl::new(&plan.target, &plan.run_dir.join("logs"))?;
+        bisect_harness::control::ProcessControl::new(&plan.target, &plan.run_dir.join("logs"))?;
     let progress = progress::Lines::new(!args.json);
-    let record = match crate::probe::run(&plan, &mut control, &progress, cancel).await {
-        Ok(r) => r,
-        Err(e) if matches!(e.downcast_ref::<Failure>(), Some(Failure::Interrupted)) => {
-            return Err(e)
-        }
-        Err(e) => {
-            // git bisect treats 125 as "skip this commit": a build that cannot serve.
-            eprintln!("probe could not run: {e:#}");
-            return Ok(ExitCode::from(exit::PROBE_UNKNOWN));
-        }
-    };
-    let outcome = record.outcome.unwrap_or(crate::probe::Outcome::Unknown);
+    let record =
+        match bisect_harness::commands::probe::run(&plan, &mut control, &progress, cancel).await {
+            Ok(r) => r,
+            Err(e) if matches!(e.downcast_ref::<Failure>(), Some(Failure::Interrupted)) => {
+                return Err(e)
+            }
+            Err(e) => {
+                // git bisect treats 125 as "skip this commit": a build that cannot serve.
+                eprintln!("probe could not run: {e:#}");
+                return Ok(ExitCode::from(exit::PROBE_UNKNOWN));
+            }
+        };
+    let outcome = record
+        .outcome
+        .unwrap_or(bisect_harness::commands::probe::Outcome::Unknown);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&record)?);
     } else {

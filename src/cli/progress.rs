@@ -5,9 +5,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use indicatif::{ProgressBar, ProgressStyle};
 use parking_lot::Mutex;
 
-use crate::experiment::Progress;
-use crate::report::record::ArmRecord;
-use crate::session::SessionResult;
+use bisect_harness::commands::run::Progress;
+use bisect_harness::core::session::SessionResult;
+use bisect_harness::results::run_record::ArmRecord;
 
 pub struct Bar {
     bar: Mutex<Option<ProgressBar>>,

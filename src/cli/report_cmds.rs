@@ -8,9 +8,9 @@ use std::process::ExitCode;
 use clap::{Args, ValueEnum};
 use serde_json::Value;
 
-use crate::diff::{self, Format};
-use crate::exit::Failure;
-use crate::report::{write_atomic, ResultsDir};
+use bisect_harness::commands::diff::{self, Format};
+use bisect_harness::exit::Failure;
+use bisect_harness::results::{write_atomic, ResultsDir};
 
 #[derive(Debug, Args)]
 pub(super) struct DiffArgs {
@@ -58,12 +58,16 @@ pub(super) fn diff(args: DiffArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub(super) fn reclassify(args: ReclassifyArgs) -> anyhow::Result<ExitCode> {
-    let summary = crate::reclassify::reclassify_dir(&args.dir, args.workload.as_deref())?;
+    let summary =
+        bisect_harness::commands::reclassify::reclassify_dir(&args.dir, args.workload.as_deref())?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&summary.record)?);
         return Ok(ExitCode::SUCCESS);
     }
-    print!("{}", crate::report::table::render(&summary.record));
+    print!(
+        "{}",
+        bisect_harness::results::table::render(&summary.record)
+    );
     println!(
         "reclassified {} session(s) under the current rules: {} changed class, {} incomplete (ended on a round now ok)",
         summary.record.runs.iter().map(|r| r.sessions).sum::<u64>(),
@@ -105,7 +109,7 @@ pub(super) fn report(dir: &Path, json: bool) -> anyhow::Result<ExitCode> {
             .map_err(|e| Failure::BadInput(format!("{}: {e}", matrix_json.display())))?;
         let value: Value = serde_json::from_str(&text)
             .map_err(|e| Failure::BadInput(format!("{}: {e}", matrix_json.display())))?;
-        let html = crate::report::html::render_matrix_html(&value, dir);
+        let html = bisect_harness::results::html::render_matrix_html(&value, dir);
         let out = dir.join("report.html");
         write_atomic(&out, html.as_bytes())?;
         if json {
@@ -126,11 +130,16 @@ pub(super) fn report(dir: &Path, json: bool) -> anyhow::Result<ExitCode> {
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())
         .unwrap_or(Value::Null);
-    crate::reclassify::write_record_keeping(&results, &record, &raw, Default::default())?;
+    bisect_harness::commands::reclassify::write_record_keeping(
+        &results,
+        &record,
+        &raw,
+        Default::default(),
+    )?;
     if json {
         println!("{}", serde_json::to_string_pretty(&record)?);
     } else {
-        print!("{}", crate::report::table::render(&record));
+        print!("{}", bisect_harness::results::table::render(&record));
     }
     Ok(ExitCode::SUCCESS)
 }

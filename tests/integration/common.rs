@@ -3,9 +3,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use bisect::config::{FlagCatalog, RoleSpec, TargetProfile, Workload};
-use bisect::experiment::RunPlan;
-use bisect::verdict::Policy;
+use bisect_harness::commands::run::RunPlan;
+use bisect_harness::config::{FlagCatalog, RoleSpec, TargetProfile, Workload};
+use bisect_harness::core::verdict::Policy;
 
 use crate::fake::FakeEngine;
 
@@ -115,7 +115,7 @@ impl FakeTarget {
 pub fn fake_race_victims(workload: &Workload, sessions: u32) -> u64 {
     (0..sessions)
         .filter(|i| {
-            let (_, messages) = bisect::workload::task::initial_conversation(workload, *i);
+            let (_, messages) = bisect_harness::core::task::initial_conversation(workload, *i);
             let task = messages.last().unwrap().content.clone().unwrap();
             crate::fake::task_hash(&task) % 4 == 0
         })

@@ -5,10 +5,10 @@
 use crate::common::bisect;
 use std::time::Duration;
 
-use bisect::config::Workload;
-use bisect::culprit::{self, CulpritPlan};
-use bisect::experiment::Quiet;
-use bisect::verdict::{Policy, Status};
+use bisect_harness::commands::culprit::{self, CulpritPlan};
+use bisect_harness::commands::run::Quiet;
+use bisect_harness::config::Workload;
+use bisect_harness::core::verdict::{Policy, Status};
 use tokio_util::sync::CancellationToken;
 
 use crate::common::{fake_race_victims, FakeTarget};
@@ -221,7 +221,11 @@ async fn bad_requests_are_refused_before_any_edit() {
         let err = culprit::run(&plan, &mut control, &Quiet, CancellationToken::new())
             .await
             .unwrap_err();
-        assert_eq!(bisect::exit::code_for_error(&err), 2, "{flags:?}: {err:#}");
+        assert_eq!(
+            bisect_harness::exit::code_for_error(&err),
+            2,
+            "{flags:?}: {err:#}"
+        );
         assert!(format!("{err:#}").contains(message), "{flags:?}: {err:#}");
         assert_eq!(t.engine.requests(), 0, "{flags:?}");
         assert!(!plan.dir.exists(), "{flags:?}: nothing written");

@@ -2,9 +2,9 @@
 
 use std::sync::atomic::Ordering;
 
-use bisect::experiment::{self, Quiet};
-use bisect::session::SessionClass;
-use bisect::verdict::Status;
+use bisect_harness::commands::run::{self as experiment, Quiet};
+use bisect_harness::core::session::SessionClass;
+use bisect_harness::core::verdict::Status;
 use tokio_util::sync::CancellationToken;
 
 use crate::common::{fake_race_victims, FakeTarget};
@@ -144,7 +144,10 @@ async fn half_applied_flag_is_refused_before_any_restart() {
         msg.contains("prefill"),
         "names the role that also sets it: {msg}"
     );
-    assert_eq!(bisect::exit::code_for_error(&err), bisect::exit::BAD_INPUT);
+    assert_eq!(
+        bisect_harness::exit::code_for_error(&err),
+        bisect_harness::exit::BAD_INPUT
+    );
     assert_eq!(control.restarts.load(Ordering::Relaxed), 0);
     assert_eq!(t.engine.requests(), 0);
     assert_eq!(t.launch_bytes(), before);
@@ -227,8 +230,8 @@ async fn cancellation_restores_and_reports_interrupted() {
         .await
         .unwrap_err();
     assert_eq!(
-        bisect::exit::code_for_error(&err),
-        bisect::exit::INTERRUPTED
+        bisect_harness::exit::code_for_error(&err),
+        bisect_harness::exit::INTERRUPTED
     );
     assert_eq!(t.launch_bytes(), before);
     let run_json: serde_json::Value =
@@ -259,12 +262,12 @@ struct FailingSecondRestart {
     calls: u32,
 }
 
-impl bisect::control::EngineControl for FailingSecondRestart {
+impl bisect_harness::control::EngineControl for FailingSecondRestart {
     fn restart<'a>(
         &'a mut self,
         label: &'a str,
         cancel: &'a CancellationToken,
-    ) -> bisect::control::async_trait_shim::BoxFuture<
+    ) -> bisect_harness::control::async_trait_shim::BoxFuture<
         'a,
         anyhow::Result<std::collections::BTreeMap<String, f64>>,
     > {
@@ -274,14 +277,16 @@ impl bisect::control::EngineControl for FailingSecondRestart {
         }
         self.inner.restart(label, cancel)
     }
-    fn stop(&mut self) -> bisect::control::async_trait_shim::BoxFuture<'_, anyhow::Result<()>> {
+    fn stop(
+        &mut self,
+    ) -> bisect_harness::control::async_trait_shim::BoxFuture<'_, anyhow::Result<()>> {
         self.inner.stop()
     }
 }
 
-fn probe_plan(t: &FakeTarget, sessions: u32) -> bisect::probe::ProbePlan {
+fn probe_plan(t: &FakeTarget, sessions: u32) -> bisect_harness::commands::probe::ProbePlan {
     let run = t.plan("FAKE_BF16", sessions, 4);
-    bisect::probe::ProbePlan {
+    bisect_harness::commands::probe::ProbePlan {
         id: "probe".into(),
         target: run.target,
         workload: run.workload,
@@ -297,14 +302,15 @@ fn probe_plan(t: &FakeTarget, sessions: u32) -> bisect::probe::ProbePlan {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probe_says_corrupted_then_clean_and_never_edits() {
-    use bisect::probe::Outcome;
+    use bisect_harness::commands::probe::Outcome;
     let t = FakeTarget::new().await;
     let before = t.launch_bytes();
     let plan = probe_plan(&t, 64);
     let mut control = t.engine.control();
-    let record = bisect::probe::run(&plan, &mut control, &Quiet, CancellationToken::new())
-        .await
-        .unwrap();
+    let record =
+        bisect_harness::commands::probe::run(&plan, &mut control, &Quiet, CancellationToken::new())
+            .await
+            .unwrap();
     assert_eq!(
         record.outcome,
         Some(Outcome::Corrupted),
@@ -323,9 +329,10 @@ async fn probe_says_corrupted_then_clean_and_never_edits() {
     }
     let mut plan = probe_plan(&t, 64);
     plan.run_dir = t.dir.path().join("results/probe2");
-    let record = bisect::probe::run(&plan, &mut control, &Quiet, CancellationToken::new())
-        .await
-        .unwrap();
+    let record =
+        bisect_harness::commands::probe::run(&plan, &mut control, &Quiet, CancellationToken::new())
+            .await
+            .unwrap();
     assert_eq!(record.outcome, Some(Outcome::Clean), "{}", record.reason);
     assert!(
         plan.run_dir.join("probe.json").exists() && plan.run_dir.join("sessions.jsonl").exists()

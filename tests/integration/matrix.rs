@@ -7,12 +7,14 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use bisect::experiment::Quiet;
-use bisect::matrix::baseline::{self, Baseline};
-use bisect::matrix::export::{self, junit::JunitXml, markdown::MatrixSummary, MatrixExporter};
-use bisect::matrix::record::{CellStatus, MatrixRecord};
-use bisect::matrix::run::{self as matrix_run, MatrixJob};
-use bisect::matrix::{merge, Plan, Shard};
+use bisect_harness::commands::matrix::baseline::{self, Baseline};
+use bisect_harness::commands::matrix::export::{
+    self, junit::JunitXml, markdown::MatrixSummary, MatrixExporter,
+};
+use bisect_harness::commands::matrix::record::{CellStatus, MatrixRecord};
+use bisect_harness::commands::matrix::run::{self as matrix_run, MatrixJob};
+use bisect_harness::commands::matrix::{merge, Plan, Shard};
+use bisect_harness::commands::run::Quiet;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
@@ -75,7 +77,7 @@ fn set_race(t: &FakeTarget, on: bool) {
 }
 
 /// Cells as JSON without the fields that measure one execution.
-fn untimed(cells: &[bisect::matrix::CellRecord]) -> Vec<Value> {
+fn untimed(cells: &[bisect_harness::commands::matrix::CellRecord]) -> Vec<Value> {
     cells
         .iter()
         .map(|c| {
@@ -262,7 +264,10 @@ async fn shards_merge_into_the_unsharded_matrix() {
         let err = merge::join(dirs, "x", "bisect merge")
             .err()
             .expect("merge refused");
-        assert_eq!(bisect::exit::code_for_error(&err), bisect::exit::BAD_INPUT);
+        assert_eq!(
+            bisect_harness::exit::code_for_error(&err),
+            bisect_harness::exit::BAD_INPUT
+        );
         format!("{err:#}")
     };
     let missing = refuse(&shard_dirs[..1]);

@@ -3,10 +3,10 @@
 
 use std::process::Command;
 
-use bisect::experiment::{self, Quiet};
-use bisect::report::ResultsDir;
-use bisect::session::{RoundClass, SessionClass};
-use bisect::verdict::{Policy, Status};
+use bisect_harness::commands::run::{self as experiment, Quiet};
+use bisect_harness::core::session::{RoundClass, SessionClass};
+use bisect_harness::core::verdict::{Policy, Status};
+use bisect_harness::results::ResultsDir;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
@@ -37,7 +37,7 @@ async fn reclassify_restores_leaks_an_old_rule_missed_and_keeps_the_originals() 
         }
     }
     let mut old = dir.read_record().unwrap();
-    bisect::reclassify::recount(&mut old, &sessions, &Policy::default());
+    bisect_harness::commands::reclassify::recount(&mut old, &sessions, &Policy::default());
     assert_eq!(old.arms[0].counts.leak, 0);
     let old_status = old.verdict.as_ref().unwrap().status;
     assert_ne!(old_status, Status::Implicated);

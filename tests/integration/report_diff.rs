@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-use bisect::experiment::{self, Quiet};
+use bisect_harness::commands::run::{self as experiment, Quiet};
 use tokio_util::sync::CancellationToken;
 
 use crate::common::FakeTarget;

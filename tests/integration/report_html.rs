@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use bisect::experiment::{self, Quiet};
+use bisect_harness::commands::run::{self as experiment, Quiet};
 use tokio_util::sync::CancellationToken;
 
 use crate::common::{fake_race_victims, FakeTarget};
@@ -72,7 +72,7 @@ async fn report_html_renders_in_headless_chromium() {
     assert_eq!(
         html.matches("<details class=\"session corrupted\">")
             .count() as u64,
-        victims.min(bisect::report::html::WORST_SESSIONS as u64)
+        victims.min(bisect_harness::results::html::WORST_SESSIONS as u64)
     );
     assert!(
         html.contains("&lt;｜DSML｜parameter"),

@@ -1,0 +1,1 @@
+//! The arm lifecycle shared by every command (placeholder while the move lands).

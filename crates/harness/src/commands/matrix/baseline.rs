@@ -1,0 +1,417 @@
+//! Baselines and the per-cell regression rule of the nightly matrix.
+//!
+//! The baseline is `--baseline DIR`, or else the newest earlier complete matrix of the
+//! same plan name under the results root. Cells are matched by id. A cell is comparable
+//! only when both sides finished and its configuration hash (flag settings and values,
+//! sessions, rounds) and workload hash agree; otherwise it is "not comparable", never a
+//! regression. A comparable cell regresses when any of these holds:
+//!
+//! - corruption significantly higher: Fisher's exact test, **one-sided** (H1: this
+//!   night's corruption rate is greater than the baseline's; a drop is an improvement,
+//!   not a regression), p-values Holm-adjusted across the comparable cells (Holm 1979,
+//!   Scand. J. Statist. 6:65-70, via [`crate::core::stats::holm`]); regressed when the
+//!   adjusted p < alpha **and** the rate rose by at least min_effect (absolute), so a
+//!   huge night cannot flag a negligible rise;
+//! - tokens/s lower beyond noise: below (1 - tokens_per_s_noise) x the baseline's
+//!   (relative drop; default 25%, the confound threshold of DESIGN.md 3.7);
+//! - newly degraded: more than degraded_fraction (10%) error+timeout sessions where
+//!   the baseline had at most that (a toggle that made the engine time out).
+//!
+//! The one-sided p is the upper hypergeometric tail P(X >= a) with margins fixed
+//! (Fisher 1935; Agresti, "Categorical Data Analysis", 3rd ed., sec. 3.5.1).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use statrs::distribution::{Discrete, Hypergeometric};
+
+use super::plan::RegressionPolicy;
+use super::record::{BaselineInfo, CellComparison, CellRecord, CellStatus, MatrixRecord};
+use crate::results::table::fmt_p;
+
+pub const TEST_NAME: &str = "fisher_exact_one_sided_greater";
+pub const CORRECTION: &str = "holm";
+
+/// One-sided Fisher exact p for `[[a, b], [c, d]]` = night (corrupted a, clean b) over
+/// baseline (corrupted c, clean d): the probability, margins fixed, of a night count of
+/// at least `a`. An empty row or column carries no evidence: p = 1.
+pub fn fisher_one_sided_greater(a: u64, b: u64, c: u64, d: u64) -> f64 {
+    let population = a + b + c + d;
+    let successes = a + c;
+    let draws = a + b;
+    if successes == 0 || successes == population || draws == 0 || draws == population {
+        return 1.0;
+    }
+    let h = Hypergeometric::new(population, successes, draws)
+        .expect("margins of a 2x2 table never exceed its total");
+    let highest = successes.min(draws);
+    // Summing the tail directly (not 1 - cdf) keeps tiny p-values exact instead of 0.
+    let tail: f64 = (a..=highest).map(|x| h.pmf(x)).sum();
+    tail.clamp(0.0, 1.0)
+}
+
+/// A baseline matrix and where it came from.
+pub struct Baseline {
+    pub dir: PathBuf,
+    pub record: MatrixRecord,
+    /// `explicit` or `newest`.
+    pub chosen: &'static str,
+}
+
+/// Read `DIR/matrix.json` as a baseline; it must be a whole matrix of the same plan name.
+pub fn load_explicit(dir: &Path, plan_name: &str) -> anyhow::Result<Baseline> {
+    let record = super::export::read_matrix(dir)?;
+    if record.plan.name != plan_name {
+        return Err(crate::exit::Failure::BadInput(format!(
+            "{}: baseline is a matrix of plan {:?}, this is plan {plan_name:?}\n  fix: pass a baseline of the same plan",
+            dir.display(),
+            record.plan.name
+        ))
+        .into());
+    }
+    if record.shard.is_some() {
+        return Err(crate::exit::Failure::BadInput(format!(
+            "{}: baseline is one shard, not a whole matrix\n  fix: merge the night's shards (`bisect merge`) and pass the merged directory",
+            dir.display()
+        ))
+        .into());
+    }
+    Ok(Baseline {
+        dir: dir.to_path_buf(),
+        record,
+        chosen: "explicit",
+    })
+}
+
+/// The newest complete matrix of `plan_name` under `root` that started before
+/// `started_at` (RFC 3339 UTC strings order by time), other than `exclude`.
+pub fn find_newest(
+    root: &Path,
+    plan_name: &str,
+    started_at: &str,
+    exclude: &Path,
+) -> anyhow::Result<Option<Baseline>> {
+    let entries = match std::fs::read_dir(root) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("listing {}", root.display())),
+    };
+    let exclude = exclude.canonicalize().unwrap_or(exclude.to_path_buf());
+    let mut best: Option<Baseline> = None;
+    for entry in entries {
+        let dir = entry
+            .with_context(|| format!("listing {}", root.display()))?
+            .path();
+        if !dir.join("matrix.json").is_file()
+            || dir.canonicalize().unwrap_or(dir.clone()) == exclude
+        {
+            continue;
+        }
+        // A directory another tool left half-written is not a baseline; skip it.
+        let Ok(record) = super::export::read_matrix(&dir) else {
+            continue;
+        };
+        if record.plan.name != plan_name
+            || !record.is_complete()
+            || record.started_at.as_str() >= started_at
+        {
+            continue;
+        }
+        let newer = match &best {
+            None => true,
+            Some(b) => {
+                (record.started_at.as_str(), record.id.as_str())
+                    > (b.record.started_at.as_str(), b.record.id.as_str())
+            }
+        };
+        if newer {
+            best = Some(Baseline {
+                dir,
+                record,
+                chosen: "newest",
+            });
+        }
+    }
+    Ok(best)
+}
+
+/// Compare every cell of `night` with `baseline`, fill each cell's comparison, the
+/// record's baseline summary and its list of regressions.
+pub fn compare(night: &mut MatrixRecord, baseline: &Baseline, policy: &RegressionPolicy) {
+    let base = &baseline.record;
+    let mut comparable: Vec<(usize, f64)> = Vec::new();
+    for (i, cell) in night.cells.iter_mut().enumerate() {
+        let Some(old) = base.cells.iter().find(|c| c.id == cell.id) else {
+            cell.comparison = Some(empty(
+                CellStatus::New,
+                None,
+                vec![format!("the baseline has no cell {}", cell.id)],
+            ));
+            continue;
+        };
+        let mut reasons = Vec::new();
+        if !cell.is_finished() {
+            reasons.push(format!("this cell did not finish ({})", cell.status));
+        }
+        if !old.is_finished() {
+            reasons.push(format!("the baseline cell did not finish ({})", old.status));
+        }
+        if cell.config_hash != old.config_hash {
+            reasons.push(format!(
+                "configuration changed (flag settings, sessions or rounds; hash {} -> {})",
+                old.config_hash, cell.config_hash
+            ));
+        }
+        if cell.workload_hash != old.workload_hash {
+            reasons.push(format!(
+                "workload changed (hash {} -> {})",
+                old.workload_hash, cell.workload_hash
+            ));
+        }
+        if !reasons.is_empty() {
+            cell.comparison = Some(empty(CellStatus::NotComparable, Some(old), reasons));
+            continue;
+        }
+        let p = fisher_one_sided_greater(
+            cell.corrupted,
+            cell.counts.total() - cell.corrupted,
+            old.corrupted,
+            old.counts.total() - old.corrupted,
+        );
+        let mut cmp = empty(CellStatus::Ok, Some(old), Vec::new());
+        cmp.p_value = Some(p);
+        cmp.rate_diff = cell.corruption_rate - old.corruption_rate;
+        cmp.tokens_per_s_ratio =
+            (old.tokens_per_s > 0.0).then(|| cell.tokens_per_s / old.tokens_per_s);
+        cell.comparison = Some(cmp);
+        comparable.push((i, p));
+    }
+
+    let adjusted =
+        crate::core::stats::holm(&comparable.iter().map(|(_, p)| *p).collect::<Vec<_>>());
+    for ((i, _), p_adj) in comparable.iter().zip(adjusted) {
+        let cell = &mut night.cells[*i];
+        let old = base
+            .cells
+            .iter()
+            .find(|c| c.id == cell.id)
+            .expect("comparable cells have a baseline cell");
+        let reasons = regression_reasons(cell, old, p_adj, policy);
+        let cmp = cell.comparison.as_mut().expect("filled above");
+        cmp.p_adjusted = Some(p_adj);
+        if !reasons.is_empty() {
+            cmp.status = CellStatus::Regressed;
+            cmp.reasons = reasons;
+        }
+    }
+
+    let count = |s: CellStatus| {
+        night
+            .cells
+            .iter()
+            .filter(|c| c.verdict() == Some(s))
+            .count()
+    };
+    night.regressions = night
+        .cells
+        .iter()
+        .filter(|c| c.verdict() == Some(CellStatus::Regressed))
+        .map(|c| c.id.clone())
+        .collect();
+    night.baseline = Some(BaselineInfo {
+        dir: baseline.dir.display().to_string(),
+        id: base.id.clone(),
+        started_at: base.started_at.clone(),
+        chosen: baseline.chosen.to_string(),
+        test: TEST_NAME.into(),
+        correction: CORRECTION.into(),
+        compared: comparable.len(),
+        regressed: count(CellStatus::Regressed),
+        not_comparable: count(CellStatus::NotComparable),
+        new: count(CellStatus::New),
+        missing: base
+            .cells
+            .iter()
+            .filter(|b| !night.plan.cells.contains(&b.id))
+            .map(|b| b.id.clone())
+            .collect(),
+    });
+}
+
+fn regression_reasons(
+    cell: &CellRecord,
+    old: &CellRecord,
+    p_adjusted: f64,
+    policy: &RegressionPolicy,
+) -> Vec<String> {
+    let mut reasons = Vec::new();
+    let (n, m) = (cell.counts.total(), old.counts.total());
+    let diff = cell.corruption_rate - old.corruption_rate;
+    if p_adjusted < policy.alpha && diff >= policy.min_effect {
+        reasons.push(format!(
+            "corruption rose from {}/{m} ({:.1}%) to {}/{n} ({:.1}%): one-sided Fisher p = {}, Holm-adjusted {} < alpha {}",
+            old.corrupted,
+            100.0 * old.corruption_rate,
+            cell.corrupted,
+            100.0 * cell.corruption_rate,
+            fmt_p(fisher_one_sided_greater(cell.corrupted, n - cell.corrupted, old.corrupted, m - old.corrupted)),
+            fmt_p(p_adjusted),
+            policy.alpha
+        ));
+    }
+    if old.tokens_per_s > 0.0
+        && cell.tokens_per_s < (1.0 - policy.tokens_per_s_noise) * old.tokens_per_s
+    {
+        reasons.push(format!(
+            "tokens/s fell from {:.1} to {:.1} ({:+.0}%), beyond the noise threshold of -{:.0}%",
+            old.tokens_per_s,
+            cell.tokens_per_s,
+            100.0 * (cell.tokens_per_s / old.tokens_per_s - 1.0),
+            100.0 * policy.tokens_per_s_noise
+        ));
+    }
+    let degraded = |c: &CellRecord| {
+        let total = c.counts.total();
+        total > 0 && c.counts.failed() as f64 > policy.degraded_fraction * total as f64
+    };
+    if degraded(cell) && !degraded(old) {
+        reasons.push(format!(
+            "degraded: {} of {n} sessions error/timeout (baseline {} of {m})",
+            cell.counts.failed(),
+            old.counts.failed()
+        ));
+    }
+    reasons
+}
+
+fn empty(status: CellStatus, old: Option<&CellRecord>, reasons: Vec<String>) -> CellComparison {
+    CellComparison {
+        status,
+        baseline_sessions: old.map(|o| o.counts.total()).unwrap_or(0),
+        baseline_corrupted: old.map(|o| o.corrupted).unwrap_or(0),
+        baseline_rate: old.map(|o| o.corruption_rate).unwrap_or(0.0),
+        baseline_ci95: old.map(|o| o.ci95).unwrap_or([0.0, 1.0]),
+        rate_diff: 0.0,
+        p_value: None,
+        p_adjusted: None,
+        baseline_tokens_per_s: old.map(|o| o.tokens_per_s).unwrap_or(0.0),
+        tokens_per_s_ratio: None,
+        reasons,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn close(actual: f64, expected: f64) -> bool {
+        (actual - expected).abs() <= 1e-9 * expected
+    }
+
+    #[test]
+    fn one_sided_fisher_matches_exact_tails() {
+        // Exact tails, sum over x >= a of C(K,x) C(N-K,n-x) / C(N,n), in rational arithmetic;
+        // R's fisher.test(..., alternative = "greater") gives the same.
+        assert!(close(
+            fisher_one_sided_greater(14, 66, 0, 80),
+            3.2766807188776036e-05
+        ));
+        assert!(close(
+            fisher_one_sided_greater(9, 11, 1, 19),
+            0.00418086708409289
+        ));
+        // R: fisher.test(matrix(c(3, 7, 1, 9), 2, byrow=TRUE), alternative="greater") -> 0.2910217
+        assert!(close(
+            fisher_one_sided_greater(3, 7, 1, 9),
+            0.29102167182662536
+        ));
+        // A drop is never significant in this direction.
+        assert!(fisher_one_sided_greater(0, 80, 14, 66) > 0.999);
+        assert_eq!(fisher_one_sided_greater(0, 5, 0, 5), 1.0);
+        assert_eq!(fisher_one_sided_greater(0, 0, 3, 5), 1.0);
+    }
+
+    #[test]
+    fn one_sided_is_half_of_two_sided_for_symmetric_margins() {
+        // Equal arms and a single corrupted total margin make the null symmetric.
+        let one = fisher_one_sided_greater(9, 11, 1, 19);
+        let two = crate::core::stats::fisher_exact_two_sided(9, 11, 1, 19);
+        assert!((two - 2.0 * one).abs() < 1e-12, "{one} {two}");
+    }
+
+    fn cell(id: &str, done: u64, leak: u64, timeout: u64, tokens_per_s: f64) -> CellRecord {
+        let mut c: CellRecord = serde_json::from_value(serde_json::json!({
+            "id": id, "group": 0, "flags": {}, "sessions": 0, "rounds": 4,
+            "config_hash": "c", "workload_hash": "w", "status": "finished", "readback": {},
+            "counts": {"done": done, "maxrounds": 0, "leak": leak, "bad_args": 0,
+                       "wrong_args": 0, "no_tool": 0, "error": 0, "timeout": timeout},
+            "corrupted": 0, "corruption_rate": 0.0, "ci95": [0.0, 1.0], "peak_running": {},
+            "wall_s": 1.0, "completion_tokens": 0, "tokens_per_s": tokens_per_s,
+            "health_wait_s": 0.0, "dir": "cells/x", "comparison": null
+        }))
+        .unwrap();
+        c.rederive();
+        c
+    }
+
+    fn night(cells: Vec<CellRecord>) -> MatrixRecord {
+        let ids: Vec<String> = cells.iter().map(|c| c.id.clone()).collect();
+        serde_json::from_value(serde_json::json!({
+            "schema": "bisect.matrix/1", "id": "n", "command": "",
+            "plan": {"name": "p", "path": "p.toml", "hash": "h", "repeats": 1,
+                     "policy": RegressionPolicy::default(), "set": {}, "cells": ids},
+            "shard": null, "started_at": "t", "finished_at": "t", "status": "finished",
+            "target": {"name": "t", "api": "a", "model": "m", "profile": null, "roles": []},
+            "workload": {}, "workload_hash": "w", "cells": cells, "baseline": null,
+            "error": null
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn speed_degradation_and_changes_each_decide_a_cell() {
+        let base = Baseline {
+            dir: PathBuf::from("b"),
+            record: night(vec![
+                cell("slow", 50, 0, 0, 100.0),
+                cell("noisy", 50, 0, 0, 100.0),
+                cell("degraded", 50, 0, 0, 100.0),
+                cell("changed", 50, 0, 0, 100.0),
+                cell("gone", 50, 0, 0, 100.0),
+            ]),
+            chosen: "explicit",
+        };
+        let mut changed = cell("changed", 0, 50, 0, 100.0);
+        changed.config_hash = "other".into();
+        let mut n = night(vec![
+            cell("slow", 50, 0, 0, 74.0),
+            cell("noisy", 50, 0, 0, 76.0),
+            cell("degraded", 44, 0, 6, 100.0),
+            changed,
+            cell("new", 50, 0, 0, 100.0),
+        ]);
+        compare(&mut n, &base, &RegressionPolicy::default());
+        let status: Vec<(&str, CellStatus)> = n
+            .cells
+            .iter()
+            .map(|c| (c.id.as_str(), c.verdict().unwrap()))
+            .collect();
+        assert_eq!(
+            status,
+            [
+                ("slow", CellStatus::Regressed),
+                ("noisy", CellStatus::Ok),
+                ("degraded", CellStatus::Regressed),
+                ("changed", CellStatus::NotComparable),
+                ("new", CellStatus::New),
+            ]
+        );
+        assert!(n.cells[0].comparison.as_ref().unwrap().reasons[0]
+            .starts_with("tokens/s fell from 100.0 to 74.0"));
+        assert!(n.cells[2].comparison.as_ref().unwrap().reasons[0].starts_with("degraded: 6 of 50"));
+        assert_eq!(n.regressions, ["slow", "degraded"]);
+        let info = n.baseline.unwrap();
+        assert_eq!((info.compared, info.not_comparable, info.new), (3, 1, 1));
+        assert_eq!(info.missing, ["gone"]);
+    }
+}

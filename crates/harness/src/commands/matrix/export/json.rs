@@ -1,0 +1,20 @@
+//! `matrix.json`: the record itself, pretty-printed (the contract other tools read).
+
+use super::MatrixExporter;
+use crate::commands::matrix::record::MatrixRecord;
+
+pub const FILE: &str = "matrix.json";
+
+pub struct MatrixJson;
+
+impl MatrixExporter for MatrixJson {
+    fn file_name(&self) -> &'static str {
+        FILE
+    }
+
+    fn render(&self, record: &MatrixRecord) -> anyhow::Result<String> {
+        let mut text = serde_json::to_string_pretty(record)?;
+        text.push('\n');
+        Ok(text)
+    }
+}

@@ -1,0 +1,168 @@
+//! `junit.xml`: one test case per cell, so CI systems show the night like a test run.
+//! A regressed cell is a `<failure>` carrying its reasons; a cell that cannot be
+//! compared (configuration or workload changed) is `<skipped>`; a cell that did not
+//! finish is an `<error>`; every other cell passes.
+
+use super::MatrixExporter;
+use crate::commands::matrix::record::{CellRecord, CellStatus, MatrixRecord};
+use crate::results::table::pct;
+
+pub struct JunitXml;
+
+enum Outcome {
+    Pass,
+    Failure(String),
+    Skipped(String),
+    Error(String),
+}
+
+fn outcome(c: &CellRecord) -> Outcome {
+    let reasons = || {
+        c.comparison
+            .as_ref()
+            .map(|x| x.reasons.join("; "))
+            .unwrap_or_default()
+    };
+    if !c.is_finished() {
+        return Outcome::Error(format!("cell did not finish ({})", c.status));
+    }
+    match c.verdict() {
+        Some(CellStatus::Regressed) => Outcome::Failure(reasons()),
+        Some(CellStatus::NotComparable) => {
+            Outcome::Skipped(format!("not comparable: {}", reasons()))
+        }
+        _ => Outcome::Pass,
+    }
+}
+
+impl MatrixExporter for JunitXml {
+    fn file_name(&self) -> &'static str {
+        "junit.xml"
+    }
+
+    fn render(&self, r: &MatrixRecord) -> anyhow::Result<String> {
+        let outcomes: Vec<Outcome> = r.cells.iter().map(outcome).collect();
+        let failures = outcomes
+            .iter()
+            .filter(|o| matches!(o, Outcome::Failure(_)))
+            .count();
+        let skipped = outcomes
+            .iter()
+            .filter(|o| matches!(o, Outcome::Skipped(_)))
+            .count();
+        let errors = outcomes
+            .iter()
+            .filter(|o| matches!(o, Outcome::Error(_)))
+            .count();
+        let time: f64 = r.cells.iter().map(|c| c.wall_s).sum();
+        let suite = format!("bisect.matrix.{}", r.plan.name);
+        let mut x = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
+        x.push_str(&format!(
+            "<testsuites name=\"{}\" tests=\"{}\" failures=\"{failures}\" errors=\"{errors}\" skipped=\"{skipped}\" time=\"{time:.3}\">\n",
+            esc(&suite),
+            r.cells.len()
+        ));
+        x.push_str(&format!(
+            "  <testsuite name=\"{}\" tests=\"{}\" failures=\"{failures}\" errors=\"{errors}\" skipped=\"{skipped}\" time=\"{time:.3}\" timestamp=\"{}\">\n",
+            esc(&suite),
+            r.cells.len(),
+            esc(&r.started_at)
+        ));
+        x.push_str("    <properties>\n");
+        let mut props = vec![
+            ("matrix_id", r.id.clone()),
+            ("plan_hash", r.plan.hash.clone()),
+            ("workload_hash", r.workload_hash.clone()),
+            ("status", r.status.clone()),
+        ];
+        if let Some(s) = &r.shard {
+            props.push(("shard", s.to_string()));
+        }
+        if let Some(b) = &r.baseline {
+            props.push(("baseline", b.id.clone()));
+        }
+        for (k, v) in props {
+            x.push_str(&format!(
+                "      <property name=\"{k}\" value=\"{}\"/>\n",
+                esc(&v)
+            ));
+        }
+        x.push_str("    </properties>\n");
+        for (c, o) in r.cells.iter().zip(&outcomes) {
+            x.push_str(&format!(
+                "    <testcase classname=\"{}\" name=\"{}\" time=\"{:.3}\">\n",
+                esc(&suite),
+                esc(&c.id),
+                c.wall_s
+            ));
+            match o {
+                Outcome::Pass => {}
+                Outcome::Failure(reasons) => x.push_str(&format!(
+                    "      <failure type=\"regression\" message=\"{}\">{}</failure>\n",
+                    esc(&format!("regressed: {reasons}")),
+                    esc(reasons)
+                )),
+                Outcome::Skipped(why) => {
+                    x.push_str(&format!("      <skipped message=\"{}\"/>\n", esc(why)))
+                }
+                Outcome::Error(why) => x.push_str(&format!(
+                    "      <error type=\"not_run\" message=\"{}\"/>\n",
+                    esc(why)
+                )),
+            }
+            x.push_str(&format!(
+                "      <system-out>{}</system-out>\n",
+                esc(&format!(
+                    "corrupted {}/{} = {} [{}, {}]; leak {} bad_args {} wrong_args {} no_tool {} error {} timeout {}; sessions in {}",
+                    c.corrupted,
+                    c.counts.total(),
+                    pct(c.corruption_rate),
+                    pct(c.ci95[0]),
+                    pct(c.ci95[1]),
+                    c.counts.leak,
+                    c.counts.bad_args,
+                    c.counts.wrong_args,
+                    c.counts.no_tool,
+                    c.counts.error,
+                    c.counts.timeout,
+                    c.dir
+                ))
+            ));
+            x.push_str("    </testcase>\n");
+        }
+        x.push_str("  </testsuite>\n</testsuites>\n");
+        Ok(x)
+    }
+}
+
+/// XML attribute/text escaping; control characters other than tab/newline are dropped
+/// because XML 1.0 cannot carry them at all.
+fn esc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for ch in s.chars() {
+        match ch {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&apos;"),
+            '\t' | '\n' => out.push(ch),
+            c if (c as u32) < 0x20 => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::esc;
+
+    #[test]
+    fn escapes_markup_and_drops_control_characters() {
+        assert_eq!(
+            esc("<｜DSML｜parameter name=\"a\">x & 'y'\u{1}</"),
+            "&lt;｜DSML｜parameter name=&quot;a&quot;&gt;x &amp; &apos;y&apos;&lt;/"
+        );
+    }
+}

@@ -1,0 +1,244 @@
+//! `summary.md`: the night as people paste it into a PR or a channel: one table row per
+//! cell, regressed cells in bold and listed with their reasons, cells that cannot be
+//! compared listed apart (they are never regressions).
+
+use std::collections::BTreeSet;
+
+use super::MatrixExporter;
+use crate::commands::matrix::record::{CellRecord, CellStatus, MatrixRecord};
+use crate::results::table::{compact, fmt_p, pct, signed_pct};
+
+pub struct MatrixSummary;
+
+impl MatrixExporter for MatrixSummary {
+    fn file_name(&self) -> &'static str {
+        "summary.md"
+    }
+
+    fn render(&self, r: &MatrixRecord) -> anyhow::Result<String> {
+        let mut s = String::new();
+        s.push_str(&format!("# bisect matrix `{}`: {}\n\n", r.plan.name, r.id));
+        let groups: BTreeSet<usize> = r.cells.iter().map(|c| c.group).collect();
+        s.push_str(&format!(
+            "- plan: `{}` (hash `{}`): {} cells here in {} restart groups, repeats {}\n",
+            r.plan.path,
+            r.plan.hash,
+            r.cells.len(),
+            groups.len(),
+            r.plan.repeats
+        ));
+        if let Some(shard) = &r.shard {
+            s.push_str(&format!(
+                "- shard {shard} of a {}-cell plan: a partial matrix; join the shards with `bisect merge`\n",
+                r.plan.cells.len()
+            ));
+        }
+        if !r.merged_from.is_empty() {
+            s.push_str(&format!("- merged from {} shards\n", r.merged_from.len()));
+        }
+        s.push_str(&format!(
+            "- target: {} (`{}`, model `{}`)\n",
+            r.target.name, r.target.api, r.target.model
+        ));
+        let workload: Vec<String> = r
+            .workload
+            .as_object()
+            .map(|o| {
+                o.iter()
+                    .filter(|(k, _)| *k != "sessions" && *k != "rounds")
+                    .map(|(k, v)| format!("{k}={}", compact(v)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        s.push_str(&format!(
+            "- workload: `{}` (hash `{}`)\n",
+            workload.join(" "),
+            r.workload_hash
+        ));
+        if !r.plan.set.is_empty() {
+            let sets: Vec<String> = r.plan.set.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            s.push_str(&format!("- pinned in every cell: {}\n", sets.join(", ")));
+        }
+        s.push_str(&format!("- status: {}\n", r.status));
+        match &r.baseline {
+            Some(b) => s.push_str(&format!(
+                "- baseline: `{}` ({}, started {}): {} compared ({}, {}-corrected, alpha {}, min effect {}, tokens/s noise {}), {} not comparable, {} new, {} missing here\n",
+                b.id,
+                b.chosen,
+                b.started_at,
+                b.compared,
+                b.test,
+                b.correction,
+                r.plan.policy.alpha,
+                pct(r.plan.policy.min_effect),
+                pct(r.plan.policy.tokens_per_s_noise),
+                b.not_comparable,
+                b.new,
+                b.missing.len()
+            )),
+            None if r.shard.is_some() => {
+                s.push_str("- baseline: compared when the shards are merged\n")
+            }
+            None => s.push_str("- baseline: none (no earlier matrix of this plan)\n"),
+        }
+        if let Some(e) = &r.error {
+            s.push_str(&format!("- error: {e}\n"));
+        }
+        s.push('\n');
+        if r.baseline.is_some() {
+            if r.regressions.is_empty() {
+                s.push_str("**No regressions.**\n\n");
+            } else {
+                s.push_str(&format!(
+                    "**Regressions in {} cell{}: {}**\n\n",
+                    r.regressions.len(),
+                    if r.regressions.len() == 1 { "" } else { "s" },
+                    r.regressions
+                        .iter()
+                        .map(|id| format!("`{id}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
+        }
+
+        let flags: BTreeSet<&str> = r
+            .cells
+            .iter()
+            .flat_map(|c| c.flags.keys().map(String::as_str))
+            .collect();
+        let mut header: Vec<String> = vec!["cell".into()];
+        header.extend(flags.iter().map(|f| f.to_string()));
+        header.extend(
+            [
+                "sessions",
+                "rounds",
+                "corrupted",
+                "rate [95% CI]",
+                "error/timeout",
+                "peak running",
+                "tok/s",
+                "wall",
+                "baseline",
+                "change",
+            ]
+            .map(String::from),
+        );
+        s.push_str(&format!("| {} |\n", header.join(" | ")));
+        s.push_str(&format!("|{}\n", "---|".repeat(header.len())));
+        for c in &r.cells {
+            let regressed = c.verdict() == Some(CellStatus::Regressed);
+            let mut row = vec![if regressed {
+                format!("**`{}` REGRESSED**", c.id)
+            } else {
+                format!("`{}`", c.id)
+            }];
+            row.extend(
+                flags
+                    .iter()
+                    .map(|f| c.flags.get(*f).cloned().unwrap_or_default()),
+            );
+            row.extend([
+                c.sessions.to_string(),
+                c.rounds.to_string(),
+                if c.is_finished() {
+                    format!("{}/{}", c.corrupted, c.counts.total())
+                } else {
+                    c.status.clone()
+                },
+                format!(
+                    "{} [{}, {}]",
+                    pct(c.corruption_rate),
+                    pct(c.ci95[0]),
+                    pct(c.ci95[1])
+                ),
+                format!("{}/{}", c.counts.error, c.counts.timeout),
+                c.peak_running
+                    .iter()
+                    .map(|(k, v)| format!("{k} {v}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                format!("{:.0}", c.tokens_per_s),
+                format!("{:.1}s", c.wall_s),
+                baseline_cell(c),
+                change_cell(c),
+            ]);
+            s.push_str(&format!("| {} |\n", row.join(" | ")));
+        }
+
+        let listed = |status: CellStatus| -> Vec<&CellRecord> {
+            r.cells
+                .iter()
+                .filter(|c| c.verdict() == Some(status))
+                .collect()
+        };
+        for (status, title) in [
+            (CellStatus::Regressed, "Regressed cells"),
+            (
+                CellStatus::NotComparable,
+                "Not comparable (never regressions)",
+            ),
+        ] {
+            let cells = listed(status);
+            if cells.is_empty() {
+                continue;
+            }
+            s.push_str(&format!("\n## {title}\n\n"));
+            for c in cells {
+                let reasons = c
+                    .comparison
+                    .as_ref()
+                    .map(|x| x.reasons.join("; "))
+                    .unwrap_or_default();
+                s.push_str(&format!("- `{}`: {reasons}\n", c.id));
+            }
+        }
+        if let Some(b) = &r.baseline {
+            if !b.missing.is_empty() {
+                s.push_str("\n## Baseline cells missing from this matrix\n\n");
+                for id in &b.missing {
+                    s.push_str(&format!("- `{id}`\n"));
+                }
+            }
+        }
+        Ok(s)
+    }
+}
+
+fn baseline_cell(c: &CellRecord) -> String {
+    match &c.comparison {
+        None => String::new(),
+        Some(x) if x.status == CellStatus::New => "new".into(),
+        Some(x) => format!(
+            "{}/{} = {}",
+            x.baseline_corrupted,
+            x.baseline_sessions,
+            pct(x.baseline_rate)
+        ),
+    }
+}
+
+fn change_cell(c: &CellRecord) -> String {
+    match &c.comparison {
+        None => String::new(),
+        Some(x) => match x.status {
+            CellStatus::New => "-".into(),
+            CellStatus::NotComparable => "not comparable".into(),
+            CellStatus::Ok | CellStatus::Regressed => {
+                let mut parts = vec![signed_pct(x.rate_diff)];
+                if let Some(p) = x.p_adjusted {
+                    parts.push(format!("p_holm {}", fmt_p(p)));
+                }
+                if let Some(ratio) = x.tokens_per_s_ratio {
+                    parts.push(format!("tok/s {}", signed_pct(ratio - 1.0)));
+                }
+                let text = parts.join(", ");
+                if x.status == CellStatus::Regressed {
+                    format!("**{text}**")
+                } else {
+                    text
+                }
+            }
+        },
+    }
+}

@@ -1,0 +1,736 @@
+//! PLAN.toml (`bisect matrix PLAN.toml`): which target, which workload, which flag values
+//! and loads to cross (or an explicit cell list), pinned flags, repeats and the
+//! regression rule's thresholds. Every problem is a [`ConfigError`] naming the plan
+//! file, the line of the offending key and the fix. `plans/nightly.toml` documents
+//! every key.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::marker::PhantomData;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use serde::de::{Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::cells::{self, Cell};
+use crate::config::{
+    read_text, validate_value, ConfigError, FlagCatalog, FlagSpec, Setting, Source, Workload,
+};
+
+/// The thresholds of the per-cell regression rule (see [`super::baseline`]).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RegressionPolicy {
+    /// Holm-adjusted one-sided Fisher p below this: corruption significantly higher.
+    pub alpha: f64,
+    /// ...and the rate must also have risen by at least this much (absolute).
+    pub min_effect: f64,
+    /// tokens/s below (1 - this) x the baseline's: slower beyond noise.
+    pub tokens_per_s_noise: f64,
+    /// A cell with more than this fraction of error+timeout sessions is degraded.
+    pub degraded_fraction: f64,
+}
+
+pub const DEFAULT_ALPHA: f64 = 0.01;
+pub const DEFAULT_MIN_EFFECT: f64 = 0.05;
+/// The same 25% that DESIGN.md 3.7 uses to warn about a tokens/s confound.
+pub const DEFAULT_TOKENS_PER_S_NOISE: f64 = 0.25;
+/// The same 10% that makes an arm "degraded" in DESIGN.md 3.7.
+pub const DEFAULT_DEGRADED_FRACTION: f64 = 0.10;
+
+impl Default for RegressionPolicy {
+    fn default() -> Self {
+        RegressionPolicy {
+            alpha: DEFAULT_ALPHA,
+            min_effect: DEFAULT_MIN_EFFECT,
+            tokens_per_s_noise: DEFAULT_TOKENS_PER_S_NOISE,
+            degraded_fraction: DEFAULT_DEGRADED_FRACTION,
+        }
+    }
+}
+
+/// A validated plan: flags resolved through the catalog, workload loaded, cells expanded.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub name: String,
+    /// The plan file, as given.
+    pub source: PathBuf,
+    /// Target profile path (resolved against the plan's directory); `None` = embedded.
+    pub target: Option<PathBuf>,
+    /// The workload every cell runs, before the cell's sessions/rounds are set.
+    pub workload: Workload,
+    /// Flags pinned to one value in every cell (`[set]`).
+    pub sets: Vec<(FlagSpec, String)>,
+    /// Blocks per cell, pooled.
+    pub repeats: u32,
+    pub policy: RegressionPolicy,
+    /// Every cell of the plan, grouped by restart group, in execution order.
+    pub cells: Vec<Cell>,
+}
+
+/// How a plan names its cells before expansion.
+#[derive(Debug, Clone)]
+pub enum Layout {
+    /// The cross product of flag values, then rounds, then sessions (innermost).
+    Axes {
+        flags: Vec<(FlagSpec, Vec<String>)>,
+        sessions: Vec<u32>,
+        /// `None`: every cell runs the workload's rounds and the id carries no rounds.
+        rounds: Option<Vec<u32>>,
+    },
+    /// An explicit list; every cell names the same flags.
+    Cells(Vec<CellSpec>),
+}
+
+#[derive(Debug, Clone)]
+pub struct CellSpec {
+    pub flags: Vec<(FlagSpec, String)>,
+    pub sessions: u32,
+    pub rounds: Option<u32>,
+}
+
+const PLAN_FIX: &str = "see plans/nightly.toml for every key of a plan";
+
+/// A TOML scalar accepted as a flag value: strings, and integers/booleans for convenience.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawValue {
+    Text(String),
+    Integer(i64),
+    Bool(bool),
+}
+
+impl RawValue {
+    fn text(&self) -> String {
+        match self {
+            RawValue::Text(s) => s.clone(),
+            RawValue::Integer(i) => i.to_string(),
+            RawValue::Bool(b) => b.to_string(),
+        }
+    }
+}
+
+/// A TOML table kept in file order with spanned values (toml's own map type is not
+/// generic over its values, and the axes' order decides the cells' order).
+struct Ordered<V>(Vec<(String, V)>);
+
+impl<'de, V: Deserialize<'de>> Deserialize<'de> for Ordered<V> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct OrderedVisitor<V>(PhantomData<V>);
+        impl<'de, V: Deserialize<'de>> Visitor<'de> for OrderedVisitor<V> {
+            type Value = Ordered<V>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a table")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut entries = Vec::new();
+                while let Some((k, v)) = map.next_entry::<String, V>()? {
+                    entries.push((k, v));
+                }
+                Ok(Ordered(entries))
+            }
+        }
+        deserializer.deserialize_map(OrderedVisitor(PhantomData))
+    }
+}
+
+/// One axis: its values, each spanned for its own error line.
+type RawAxis = Spanned<Vec<Spanned<RawValue>>>;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPlan {
+    name: Option<Spanned<String>>,
+    target: Option<Spanned<String>>,
+    workload: Option<Spanned<String>>,
+    #[serde(default)]
+    flags_dir: Vec<Spanned<String>>,
+    axes: Option<Spanned<Ordered<RawAxis>>>,
+    sessions: Option<Spanned<Vec<Spanned<i64>>>>,
+    rounds: Option<Spanned<Vec<Spanned<i64>>>>,
+    #[serde(default)]
+    cell: Vec<Spanned<RawCell>>,
+    set: Option<Ordered<Spanned<RawValue>>>,
+    repeats: Option<Spanned<i64>>,
+    alpha: Option<Spanned<f64>>,
+    min_effect: Option<Spanned<f64>>,
+    tokens_per_s_noise: Option<Spanned<f64>>,
+    degraded_fraction: Option<Spanned<f64>>,
+    ctx: Option<Spanned<i64>>,
+    max_tokens: Option<Spanned<i64>>,
+    timeout_s: Option<Spanned<f64>>,
+    seed: Option<Spanned<i64>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCell {
+    flags: Spanned<Ordered<Spanned<RawValue>>>,
+    sessions: Spanned<i64>,
+    rounds: Option<Spanned<i64>>,
+}
+
+impl Plan {
+    /// Load and validate a plan file.
+    pub fn load(path: &Path) -> Result<Plan, ConfigError> {
+        let text = read_text(path)?;
+        Plan::parse(path, &text)
+    }
+
+    /// Validate plan text; relative paths inside it resolve against `path`'s directory.
+    pub fn parse(path: &Path, text: &str) -> Result<Plan, ConfigError> {
+        let src = Source { path, text };
+        let raw: RawPlan = src.parse(PLAN_FIX)?;
+        let base = path.parent().unwrap_or(Path::new("")).to_path_buf();
+        let whole = 0..0;
+
+        let name = match &raw.name {
+            Some(n) => {
+                let v = n.get_ref().trim();
+                let valid = !v.is_empty()
+                    && v.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+                if !valid {
+                    return Err(src.invalid(
+                        n.span(),
+                        format!("plan name {v:?} is empty or has characters other than letters, digits and . _ -"),
+                        "name the plan like a file, e.g. name = \"nightly\" (results directories and baselines use it)",
+                    ));
+                }
+                v.to_string()
+            }
+            None => {
+                return Err(src.invalid(
+                    whole,
+                    "the plan has no name",
+                    "add name = \"nightly\": baselines are found by plan name",
+                ))
+            }
+        };
+
+        let flag_dirs: Vec<PathBuf> = raw
+            .flags_dir
+            .iter()
+            .map(|d| base.join(d.get_ref()))
+            .collect();
+        for (dir, raw_dir) in flag_dirs.iter().zip(&raw.flags_dir) {
+            if !dir.is_dir() {
+                return Err(src.invalid(
+                    raw_dir.span(),
+                    format!(
+                        "flags_dir {} is not a directory (resolved relative to this plan)",
+                        dir.display()
+                    ),
+                    "point flags_dir at a directory of flag catalog files, or remove it",
+                ));
+            }
+        }
+        let catalog = FlagCatalog::load(&flag_dirs)?;
+
+        let target = match &raw.target {
+            None => None,
+            Some(t) => {
+                let p = base.join(t.get_ref());
+                if !p.is_file() {
+                    return Err(src.invalid(
+                        t.span(),
+                        format!("target profile {} does not exist (resolved relative to this plan)", p.display()),
+                        "point target at a target profile TOML, or remove it to run the embedded engine",
+                    ));
+                }
+                Some(p)
+            }
+        };
+
+        let mut workload = match &raw.workload {
+            None => Workload::load("agentic")?,
+            Some(w) => {
+                let given = w.get_ref().trim();
+                let is_path = given.contains('/') || given.ends_with(".toml");
+                let resolved = if is_path {
+                    base.join(given).display().to_string()
+                } else {
+                    given.to_string()
+                };
+                Workload::load(&resolved).map_err(|e| match e {
+                    ConfigError::UnknownWorkload { name, known } => src.invalid(
+                        w.span(),
+                        format!("unknown workload `{name}`"),
+                        format!("use one of {known}, or a path to a workload TOML file"),
+                    ),
+                    other => other,
+                })?
+            }
+        };
+        if let Some(v) = &raw.ctx {
+            workload.ctx = ranged_u32(&src, "ctx", v, 0)?;
+        }
+        if let Some(v) = &raw.max_tokens {
+            workload.max_tokens = ranged_u32(&src, "max_tokens", v, 1)?;
+        }
+        if let Some(v) = &raw.timeout_s {
+            let t = *v.get_ref();
+            if !(t.is_finite() && t > 0.0) {
+                return Err(src.invalid(
+                    v.span(),
+                    format!("timeout_s = {t} must be a positive number of seconds"),
+                    "e.g. timeout_s = 60",
+                ));
+            }
+            workload.timeout_s = t;
+        }
+        if let Some(v) = &raw.seed {
+            if *v.get_ref() < 0 {
+                return Err(src.invalid(v.span(), "seed must not be negative", "e.g. seed = 1"));
+            }
+            workload.seed = *v.get_ref() as u64;
+        }
+
+        let flag = |name: &str, span: Range<usize>| -> Result<FlagSpec, ConfigError> {
+            catalog.get(name).cloned().map_err(|_| {
+                src.invalid(
+                    span,
+                    format!("unknown flag `{name}`"),
+                    format!(
+                        "use a catalog name ({}), or add its file to a flags_dir",
+                        catalog.names().join(", ")
+                    ),
+                )
+            })
+        };
+        let value = |f: &FlagSpec, v: &Spanned<RawValue>| -> Result<String, ConfigError> {
+            let text = v.get_ref().text();
+            validate_value(&text).map_err(|e| {
+                src.invalid(
+                    v.span(),
+                    format!("flag {}: {e}", f.name),
+                    "use a plain value",
+                )
+            })?;
+            if matches!(f.setting, Setting::Switch(_)) && text != f.on && text != f.off {
+                return Err(src.invalid(
+                    v.span(),
+                    format!(
+                        "flag {} is a switch: value {text:?} is neither {:?} nor {:?}",
+                        f.name, f.on, f.off
+                    ),
+                    format!(
+                        "use \"{}\" (switch present) or \"{}\" (absent)",
+                        f.on, f.off
+                    ),
+                ));
+            }
+            Ok(text)
+        };
+
+        let mut sets = Vec::new();
+        if let Some(table) = &raw.set {
+            for (k, v) in &table.0 {
+                let f = flag(k, v.span())?;
+                if sets
+                    .iter()
+                    .any(|(s, _): &(FlagSpec, String)| s.name == f.name)
+                {
+                    return Err(src.invalid(
+                        v.span(),
+                        format!("flag {} is pinned twice", f.name),
+                        "pin each flag once",
+                    ));
+                }
+                let val = value(&f, v)?;
+                sets.push((f, val));
+            }
+        }
+
+        let layout = match (&raw.axes, raw.cell.is_empty()) {
+            (Some(axes), false) => {
+                return Err(src.invalid(
+                    axes.span(),
+                    "the plan has both [axes] and [[cell]]",
+                    "use [axes] (crossed) or an explicit [[cell]] list, not both",
+                ))
+            }
+            (None, true) => {
+                return Err(src.invalid(
+                    whole,
+                    "the plan has neither [axes] nor [[cell]]",
+                    "add [axes] FLAG = [\"on-value\", \"off-value\"] and sessions = [1, 16], or [[cell]] entries",
+                ))
+            }
+            (Some(axes), true) => {
+                let mut flags: Vec<(FlagSpec, Vec<String>)> = Vec::new();
+                for (k, values) in &axes.get_ref().0 {
+                    let f = flag(k, values.span())?;
+                    if flags.iter().any(|(g, _)| g.name == f.name) {
+                        return Err(src.invalid(values.span(), format!("flag {} is an axis twice", f.name), "name each flag once"));
+                    }
+                    if values.get_ref().is_empty() {
+                        return Err(src.invalid(values.span(), format!("axis {k} has no values"), format!("e.g. {k} = [\"{}\", \"{}\"]", f.on, f.off)));
+                    }
+                    let mut seen = BTreeSet::new();
+                    let mut vals = Vec::new();
+                    for v in values.get_ref() {
+                        let text = value(&f, v)?;
+                        if !seen.insert(text.clone()) {
+                            return Err(src.invalid(v.span(), format!("axis {k} lists {text:?} twice"), "list each value once"));
+                        }
+                        vals.push(text);
+                    }
+                    flags.push((f, vals));
+                }
+                let sessions = match &raw.sessions {
+                    Some(s) => counts(&src, "sessions", s, 1)?,
+                    None => vec![workload.sessions],
+                };
+                let rounds = match &raw.rounds {
+                    Some(r) => Some(counts(&src, "rounds", r, 1)?),
+                    None => None,
+                };
+                Layout::Axes { flags, sessions, rounds }
+            }
+            (None, false) => {
+                if let Some(s) = &raw.sessions {
+                    return Err(src.invalid(s.span(), "sessions = [...] is an axis; with [[cell]] each cell sets its own", "move sessions into every [[cell]]"));
+                }
+                if let Some(r) = &raw.rounds {
+                    return Err(src.invalid(r.span(), "rounds = [...] is an axis; with [[cell]] each cell sets its own", "move rounds into the [[cell]] entries"));
+                }
+                let mut specs: Vec<CellSpec> = Vec::new();
+                let mut first_names: Option<Vec<String>> = None;
+                for raw_cell in &raw.cell {
+                    let c = raw_cell.get_ref();
+                    let mut flags: Vec<(FlagSpec, String)> = Vec::new();
+                    for (k, v) in &c.flags.get_ref().0 {
+                        let f = flag(k, v.span())?;
+                        if flags.iter().any(|(g, _)| g.name == f.name) {
+                            return Err(src.invalid(v.span(), format!("flag {} is set twice in this cell", f.name), "name each flag once"));
+                        }
+                        let val = value(&f, v)?;
+                        flags.push((f, val));
+                    }
+                    let mut names: Vec<String> = flags.iter().map(|(f, _)| f.name.clone()).collect();
+                    names.sort();
+                    // A flag named by some cells only would keep the previous group's value
+                    // in the others: their configuration would depend on execution order.
+                    match &first_names {
+                        None => first_names = Some(names),
+                        Some(first) if *first != names => {
+                            return Err(src.invalid(
+                                c.flags.span(),
+                                format!("this cell sets flags [{}] but the first cell sets [{}]", names.join(", "), first.join(", ")),
+                                "give every [[cell]] a value for the same flags (pin flags common to all cells under [set])",
+                            ))
+                        }
+                        Some(_) => {}
+                    }
+                    let sessions = ranged_u32(&src, "sessions", &c.sessions, 1)?;
+                    let rounds = match &c.rounds {
+                        Some(r) => Some(ranged_u32(&src, "rounds", r, 1)?),
+                        None => None,
+                    };
+                    specs.push(CellSpec { flags, sessions, rounds });
+                }
+                Layout::Cells(specs)
+            }
+        };
+
+        for (f, _) in &sets {
+            let clash = match &layout {
+                Layout::Axes { flags, .. } => flags.iter().any(|(g, _)| g.name == f.name),
+                Layout::Cells(specs) => specs
+                    .iter()
+                    .any(|c| c.flags.iter().any(|(g, _)| g.name == f.name)),
+            };
+            if clash {
+                let span = raw
+                    .set
+                    .as_ref()
+                    .and_then(|t| {
+                        t.0.iter()
+                            .find(|(k, _)| {
+                                catalog.get(k).map(|g| g.name == f.name).unwrap_or(false)
+                            })
+                            .map(|(_, v)| v.span())
+                    })
+                    .unwrap_or(0..0);
+                return Err(src.invalid(
+                    span,
+                    format!(
+                        "flag {} is both pinned under [set] and varied by the cells",
+                        f.name
+                    ),
+                    "pin it or vary it, not both",
+                ));
+            }
+        }
+
+        let repeats = match &raw.repeats {
+            Some(r) => ranged_u32(&src, "repeats", r, 1)?,
+            None => 1,
+        };
+        let fraction = |key: &str,
+                        v: &Option<Spanned<f64>>,
+                        default: f64,
+                        example: &str|
+         -> Result<f64, ConfigError> {
+            match v {
+                None => Ok(default),
+                Some(s) if s.get_ref().is_finite() && *s.get_ref() > 0.0 && *s.get_ref() < 1.0 => {
+                    Ok(*s.get_ref())
+                }
+                Some(s) => Err(src.invalid(
+                    s.span(),
+                    format!("{key} = {} must lie strictly between 0 and 1", s.get_ref()),
+                    format!("e.g. {key} = {example}"),
+                )),
+            }
+        };
+        let policy = RegressionPolicy {
+            alpha: fraction("alpha", &raw.alpha, DEFAULT_ALPHA, "0.01")?,
+            min_effect: fraction("min_effect", &raw.min_effect, DEFAULT_MIN_EFFECT, "0.05")?,
+            tokens_per_s_noise: fraction(
+                "tokens_per_s_noise",
+                &raw.tokens_per_s_noise,
+                DEFAULT_TOKENS_PER_S_NOISE,
+                "0.25",
+            )?,
+            degraded_fraction: fraction(
+                "degraded_fraction",
+                &raw.degraded_fraction,
+                DEFAULT_DEGRADED_FRACTION,
+                "0.10",
+            )?,
+        };
+
+        let expanded = cells::expand(&layout, workload.rounds).map_err(|message| {
+            let span = raw
+                .axes
+                .as_ref()
+                .map(|a| a.span())
+                .or_else(|| raw.cell.first().map(|c| c.span()))
+                .unwrap_or(0..0);
+            src.invalid(
+                span,
+                message,
+                "make every cell's flag values, sessions and rounds distinct",
+            )
+        })?;
+
+        Ok(Plan {
+            name,
+            source: path.to_path_buf(),
+            target,
+            workload,
+            sets,
+            repeats,
+            policy,
+            cells: expanded,
+        })
+    }
+
+    /// Hash of what makes two nights' cells comparable beyond their own configuration:
+    /// every workload parameter except sessions and rounds (those are per cell).
+    pub fn workload_hash(&self) -> String {
+        cells::workload_hash(&self.workload)
+    }
+
+    /// Hash of everything that must agree between shards of one matrix: name, workload,
+    /// pinned flags, repeats, thresholds and the cells (ids and configurations).
+    pub fn hash(&self) -> String {
+        let doc = serde_json::json!({
+            "name": self.name,
+            "target": self.target.as_ref().map(|p| p.display().to_string()),
+            "workload_hash": self.workload_hash(),
+            "set": self.sets.iter().map(|(f, v)| (f.name.clone(), v.clone())).collect::<Vec<_>>(),
+            "repeats": self.repeats,
+            "policy": self.policy,
+            "cells": self.cells.iter().map(|c| (c.id.clone(), c.config_hash.clone())).collect::<Vec<_>>(),
+        });
+        cells::stable_hash(&doc.to_string())
+    }
+}
+
+fn ranged_u32(src: &Source, key: &str, v: &Spanned<i64>, min: i64) -> Result<u32, ConfigError> {
+    let n = *v.get_ref();
+    if n < min || n > u32::MAX as i64 {
+        return Err(src.invalid(
+            v.span(),
+            format!("{key} = {n} is out of range (must be at least {min})"),
+            format!("set {key} to a whole number >= {min}"),
+        ));
+    }
+    Ok(n as u32)
+}
+
+fn counts(
+    src: &Source,
+    key: &str,
+    list: &Spanned<Vec<Spanned<i64>>>,
+    min: i64,
+) -> Result<Vec<u32>, ConfigError> {
+    if list.get_ref().is_empty() {
+        return Err(src.invalid(
+            list.span(),
+            format!("{key} = [] has no values"),
+            format!("e.g. {key} = [1, 16, 64]"),
+        ));
+    }
+    let mut out = Vec::new();
+    for v in list.get_ref() {
+        let n = ranged_u32(src, key, v, min)?;
+        if out.contains(&n) {
+            return Err(src.invalid(
+                v.span(),
+                format!("{key} lists {n} twice"),
+                "list each value once",
+            ));
+        }
+        out.push(n);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Plan, ConfigError> {
+        Plan::parse(Path::new("plans/t.toml"), text)
+    }
+
+    fn error_line(text: &str) -> (usize, String) {
+        match parse(text).unwrap_err() {
+            ConfigError::Invalid {
+                line, message, fix, ..
+            } => (line, format!("{message} | {fix}")),
+            other => panic!("expected Invalid, got {other}"),
+        }
+    }
+
+    const AXES: &str = "name = \"t\"\nworkload = \"smoke\"\nsessions = [1, 4]\n\n[axes]\nHICACHE = [\"on\", \"off\"]\nBF16_INDEX_K = [1, 0]\n";
+
+    #[test]
+    fn axes_cross_in_file_order_with_sessions_innermost() {
+        let plan = parse(AXES).unwrap();
+        let ids: Vec<&str> = plan.cells.iter().map(|c| c.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            [
+                "HICACHE=on,BF16_INDEX_K=1,s1",
+                "HICACHE=on,BF16_INDEX_K=1,s4",
+                "HICACHE=on,BF16_INDEX_K=0,s1",
+                "HICACHE=on,BF16_INDEX_K=0,s4",
+                "HICACHE=off,BF16_INDEX_K=1,s1",
+                "HICACHE=off,BF16_INDEX_K=1,s4",
+                "HICACHE=off,BF16_INDEX_K=0,s1",
+                "HICACHE=off,BF16_INDEX_K=0,s4",
+            ]
+        );
+        let groups: Vec<usize> = plan.cells.iter().map(|c| c.group).collect();
+        assert_eq!(groups, [0, 0, 1, 1, 2, 2, 3, 3]);
+        assert_eq!(plan.repeats, 1);
+        assert_eq!(plan.policy, RegressionPolicy::default());
+        assert!(plan.cells.iter().all(|c| c.rounds == plan.workload.rounds));
+    }
+
+    #[test]
+    fn plan_hash_follows_content_not_formatting() {
+        let a = parse(AXES).unwrap();
+        let b =
+            parse(&AXES.replace("sessions = [1, 4]", "sessions = [ 1 , 4 ]  # comment")).unwrap();
+        assert_eq!(a.hash(), b.hash());
+        let c = parse(&AXES.replace("[1, 4]", "[1, 8]")).unwrap();
+        assert_ne!(a.hash(), c.hash());
+        let d = parse(&format!("ctx = 7\n{AXES}")).unwrap();
+        assert_ne!(a.workload_hash(), d.workload_hash());
+        assert_eq!(a.cells[0].config_hash, d.cells[0].config_hash);
+    }
+
+    #[test]
+    fn unknown_flag_names_its_line() {
+        let (line, msg) = error_line(&AXES.replace("BF16_INDEX_K = [1, 0]", "BOGUS = [1, 0]"));
+        assert_eq!(line, 7, "{msg}");
+        assert!(
+            msg.contains("unknown flag `BOGUS`") && msg.contains("BF16_INDEX_K"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn switch_values_must_be_its_labels() {
+        let (line, msg) = error_line(&AXES.replace("[\"on\", \"off\"]", "[\"on\", \"1\"]"));
+        assert_eq!(line, 6, "{msg}");
+        assert!(msg.contains("is a switch"), "{msg}");
+    }
+
+    #[test]
+    fn bad_values_and_keys_are_refused_with_lines() {
+        let (line, msg) = error_line(&AXES.replace("[1, 4]", "[1, 0]"));
+        assert_eq!(line, 3, "{msg}");
+        let (line, msg) = error_line(&AXES.replace("[1, 0]", "[\"a b\", 0]"));
+        assert_eq!(line, 7, "{msg}");
+        assert!(msg.contains("contains ' '"), "{msg}");
+        let (line, msg) = error_line(&format!("alpha = 1.5\n{AXES}"));
+        assert_eq!(line, 1, "{msg}");
+        let (line, msg) = error_line(&format!("colour = 1\n{AXES}"));
+        assert_eq!(line, 1, "{msg}");
+        assert!(msg.contains("colour"), "{msg}");
+        let (_, msg) = error_line("name = \"t\"\n");
+        assert!(msg.contains("neither [axes] nor [[cell]]"), "{msg}");
+        let (line, msg) = error_line(&format!("{AXES}\n[set]\nHICACHE = \"on\"\n"));
+        assert_eq!(line, 10, "{msg}");
+        assert!(msg.contains("both pinned"), "{msg}");
+    }
+
+    #[test]
+    fn explicit_cells_group_by_flag_values_in_first_appearance_order() {
+        let text = "name = \"t\"\nworkload = \"smoke\"\n\
+            [[cell]]\nflags = { HICACHE = \"on\" }\nsessions = 4\n\
+            [[cell]]\nflags = { HICACHE = \"off\" }\nsessions = 4\n\
+            [[cell]]\nflags = { HICACHE = \"on\" }\nsessions = 8\nrounds = 2\n";
+        let plan = parse(text).unwrap();
+        let ids: Vec<(&str, usize)> = plan
+            .cells
+            .iter()
+            .map(|c| (c.id.as_str(), c.group))
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                ("HICACHE=on,s4", 0),
+                ("HICACHE=on,s8,r2", 0),
+                ("HICACHE=off,s4", 1)
+            ]
+        );
+        let mismatched = text.replace(
+            "flags = { HICACHE = \"off\" }",
+            "flags = { BF16_INDEX_K = \"0\" }",
+        );
+        let (line, msg) = error_line(&mismatched);
+        assert_eq!(line, 7, "{msg}");
+        assert!(msg.contains("same flags"), "{msg}");
+        let dup = text.replace("sessions = 8\nrounds = 2", "sessions = 4");
+        let (line, msg) = error_line(&dup);
+        assert_eq!(line, 3, "{msg}");
+        assert!(
+            msg.contains("same configuration (id HICACHE=on,s4)"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn shipped_nightly_plan_is_valid() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../plans/nightly.toml");
+        let plan = Plan::load(&path).unwrap();
+        assert_eq!(plan.name, "nightly");
+        assert!(
+            plan.target.is_none(),
+            "the nightly runs the embedded engine"
+        );
+        assert_eq!(plan.cells.len(), 12);
+        assert_eq!(plan.cells.last().unwrap().group, 3);
+        assert_eq!(plan.cells[2].id, "BF16_INDEX_K=1,HICACHE=on,s64");
+        assert_eq!(plan.policy.tokens_per_s_noise, 0.5);
+    }
+}

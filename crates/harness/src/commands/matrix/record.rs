@@ -1,0 +1,255 @@
+//! The matrix record: everything `matrix.json` holds. Field names are a contract
+//! (read back by `bisect merge`, baselines and other tools); extend, never rename.
+//!
+//! Timing fields (`started_at`, `finished_at`, and per cell `wall_s`, `tokens_per_s`,
+//! `health_wait_s`, `peak_running`) are measurements of one execution; everything else
+//! about a finished cell is determined by the plan and the engine's behaviour, which is
+//! what makes a merged matrix comparable with an unsharded one.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::cells::{Cell, Shard};
+use super::plan::{Plan, RegressionPolicy};
+use crate::core::session::Counts;
+use crate::results::run_record::{ArmRecord, TargetInfo};
+
+pub const SCHEMA: &str = "bisect.matrix/1";
+
+/// Timestamps with milliseconds: baselines are "earlier matrices", and two nights (or a
+/// test's two runs) can start within one second. Fixed width, so strings order by time.
+pub fn now() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MatrixRecord {
+    pub schema: String,
+    pub id: String,
+    pub command: String,
+    pub plan: PlanInfo,
+    /// The shard this directory holds; `None` for a whole matrix (unsharded or merged).
+    pub shard: Option<Shard>,
+    /// For a merged matrix: the shard directories it was joined from.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub merged_from: Vec<MergedShard>,
+    pub started_at: String,
+    pub finished_at: Option<String>,
+    /// running | finished | interrupted | failed
+    pub status: String,
+    pub target: TargetInfo,
+    pub workload: serde_json::Value,
+    pub workload_hash: String,
+    /// The cells this directory ran (a shard's subset), in plan order.
+    pub cells: Vec<CellRecord>,
+    pub baseline: Option<BaselineInfo>,
+    /// Ids of regressed cells, in plan order.
+    #[serde(default)]
+    pub regressions: Vec<String>,
+    /// `/server_info` per restart group and role, where the engine serves it.
+    #[serde(default)]
+    pub engine_info: BTreeMap<String, serde_json::Value>,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PlanInfo {
+    pub name: String,
+    pub path: String,
+    pub hash: String,
+    pub repeats: u32,
+    pub policy: RegressionPolicy,
+    /// Flags pinned in every cell (`[set]`). Not part of a cell's configuration hash:
+    /// a pinned flag is the deployment under test, like the engine build.
+    pub set: BTreeMap<String, String>,
+    /// Every cell id of the plan in plan order, whichever shard runs it: merge checks
+    /// the shards against this list.
+    pub cells: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MergedShard {
+    pub dir: String,
+    pub id: String,
+    pub shard: Option<Shard>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CellRecord {
+    pub id: String,
+    pub group: usize,
+    pub flags: BTreeMap<String, String>,
+    pub sessions: u32,
+    pub rounds: u32,
+    pub config_hash: String,
+    pub workload_hash: String,
+    /// pending | finished | failed
+    pub status: String,
+    /// Per flag, per role: the value read back after writing.
+    pub readback: BTreeMap<String, BTreeMap<String, String>>,
+    pub counts: Counts,
+    pub corrupted: u64,
+    pub corruption_rate: f64,
+    pub ci95: [f64; 2],
+    pub peak_running: BTreeMap<String, u64>,
+    pub wall_s: f64,
+    pub completion_tokens: u64,
+    pub tokens_per_s: f64,
+    pub health_wait_s: f64,
+    #[serde(default)]
+    pub first_bad_round: Vec<u64>,
+    /// Sessions directory relative to the matrix directory.
+    pub dir: String,
+    pub comparison: Option<CellComparison>,
+}
+
+/// Per-cell outcome of the baseline comparison.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CellStatus {
+    /// Compared, no regression.
+    Ok,
+    Regressed,
+    /// Configuration or workload changed (hash differs), or a side did not finish.
+    NotComparable,
+    /// The baseline has no cell with this id.
+    New,
+}
+
+impl CellStatus {
+    pub fn name(self) -> &'static str {
+        match self {
+            CellStatus::Ok => "ok",
+            CellStatus::Regressed => "regressed",
+            CellStatus::NotComparable => "not comparable",
+            CellStatus::New => "new",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CellComparison {
+    pub status: CellStatus,
+    pub baseline_sessions: u64,
+    pub baseline_corrupted: u64,
+    pub baseline_rate: f64,
+    pub baseline_ci95: [f64; 2],
+    pub rate_diff: f64,
+    /// One-sided Fisher exact p (this night's rate greater than the baseline's).
+    pub p_value: Option<f64>,
+    /// Holm-adjusted across the comparable cells.
+    pub p_adjusted: Option<f64>,
+    pub baseline_tokens_per_s: f64,
+    /// tokens/s of this night over the baseline's.
+    pub tokens_per_s_ratio: Option<f64>,
+    /// Why the cell regressed or is not comparable, one sentence each.
+    pub reasons: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BaselineInfo {
+    pub dir: String,
+    pub id: String,
+    pub started_at: String,
+    /// `explicit` (--baseline) or `newest` (found under the results root).
+    pub chosen: String,
+    pub test: String,
+    pub correction: String,
+    pub compared: usize,
+    pub regressed: usize,
+    pub not_comparable: usize,
+    pub new: usize,
+    /// Baseline cells this matrix does not have.
+    pub missing: Vec<String>,
+}
+
+impl CellRecord {
+    /// A cell not run yet.
+    pub fn pending(cell: &Cell, workload_hash: &str) -> CellRecord {
+        CellRecord {
+            id: cell.id.clone(),
+            group: cell.group,
+            flags: cell.flag_values(),
+            sessions: cell.sessions,
+            rounds: cell.rounds,
+            config_hash: cell.config_hash.clone(),
+            workload_hash: workload_hash.to_string(),
+            status: "pending".into(),
+            readback: BTreeMap::new(),
+            counts: Counts::default(),
+            corrupted: 0,
+            corruption_rate: 0.0,
+            ci95: [0.0, 1.0],
+            peak_running: BTreeMap::new(),
+            wall_s: 0.0,
+            completion_tokens: 0,
+            tokens_per_s: 0.0,
+            health_wait_s: 0.0,
+            first_bad_round: Vec::new(),
+            dir: format!("cells/{}", cell.id),
+            comparison: None,
+        }
+    }
+
+    /// Take the measured fields from the cell's arm, pooled over repeats.
+    pub fn absorb(&mut self, pooled: &ArmRecord) {
+        self.counts = pooled.counts;
+        self.corrupted = pooled.corrupted;
+        self.corruption_rate = pooled.corruption_rate;
+        self.ci95 = pooled.ci95;
+        self.peak_running = pooled.peak_running.clone();
+        self.wall_s = pooled.wall_s;
+        self.completion_tokens = pooled.completion_tokens;
+        self.tokens_per_s = pooled.tokens_per_s;
+        self.health_wait_s = pooled.health_wait_s;
+        self.first_bad_round = pooled.first_bad_round.clone();
+    }
+
+    /// Recompute the fields derived from counts (rate, interval), exactly as a run does:
+    /// a merged cell then serialises to the same digits as the unsharded one, even
+    /// though reading matrix.json back rounds floats in the last place.
+    pub fn rederive(&mut self) {
+        let sessions = self.counts.total();
+        self.corrupted = self.counts.corrupted();
+        self.corruption_rate = crate::core::stats::rate(self.corrupted, sessions);
+        let (lo, hi) = crate::core::stats::wilson(self.corrupted, sessions, 0.95);
+        self.ci95 = [lo, hi];
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.status == "finished"
+    }
+
+    /// The comparison status, `None` when no baseline was compared.
+    pub fn verdict(&self) -> Option<CellStatus> {
+        self.comparison.as_ref().map(|c| c.status)
+    }
+}
+
+impl PlanInfo {
+    pub fn of(plan: &Plan) -> PlanInfo {
+        PlanInfo {
+            name: plan.name.clone(),
+            path: plan.source.display().to_string(),
+            hash: plan.hash(),
+            repeats: plan.repeats,
+            policy: plan.policy,
+            set: plan
+                .sets
+                .iter()
+                .map(|(f, v)| (f.name.clone(), v.clone()))
+                .collect(),
+            cells: plan.cells.iter().map(|c| c.id.clone()).collect(),
+        }
+    }
+}
+
+impl MatrixRecord {
+    /// Whole (not a shard) and finished: what a later night may use as its baseline.
+    pub fn is_complete(&self) -> bool {
+        self.shard.is_none()
+            && self.status == "finished"
+            && self.cells.len() == self.plan.cells.len()
+    }
+}

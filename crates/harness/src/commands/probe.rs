@@ -1,0 +1,237 @@
+//! `bisect probe`: one arm with the launch configs exactly as they are, for
+//! `git bisect run`. Exit 0 clean, 1 corrupted, 125 could not tell (DESIGN.md 3.1).
+//!
+//! Decision (Wilson 95% interval of the corruption rate, Wilson 1927):
+//! corrupted when the lower bound exceeds `background` (the rate a good build may show);
+//! clean when the upper bound is below `bug_rate` (the rate the bad build showed), so
+//! the bug, had it been present, would have been seen; otherwise, and whenever more
+//! than 10% of sessions errored or timed out, "could not tell" (git bisect skips it).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use crate::commands::run::{drive_block, now, target_info, BlockSpec, Progress};
+use crate::config::{FlagCatalog, TargetProfile, Workload};
+use crate::control::EngineControl;
+use crate::core::classify::Classifier;
+use crate::results::run_record::{ArmRecord, TargetInfo};
+use crate::results::{write_atomic, ResultsDir};
+
+#[derive(Debug, Clone)]
+pub struct ProbePlan {
+    pub id: String,
+    pub target: TargetProfile,
+    pub workload: Workload,
+    pub catalog: FlagCatalog,
+    pub run_dir: PathBuf,
+    pub api_key: Option<String>,
+    pub background: f64,
+    pub bug_rate: f64,
+    pub degraded_fraction: f64,
+    pub metrics_period: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Clean,
+    Corrupted,
+    Unknown,
+}
+
+impl Outcome {
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Outcome::Clean => crate::exit::OK,
+            Outcome::Corrupted => crate::exit::PROBE_CORRUPTED,
+            Outcome::Unknown => crate::exit::PROBE_UNKNOWN,
+        }
+    }
+}
+
+/// `probe.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ProbeRecord {
+    pub schema: String,
+    pub id: String,
+    pub started_at: String,
+    pub finished_at: Option<String>,
+    pub target: TargetInfo,
+    pub workload: serde_json::Value,
+    /// Every catalog flag found in the launch configs: flag -> role -> value.
+    pub flags: BTreeMap<String, BTreeMap<String, String>>,
+    pub arm: Option<ArmRecord>,
+    pub outcome: Option<Outcome>,
+    pub reason: String,
+}
+
+/// The decision rule of this module's header, as a pure function of the counts.
+pub fn decide(
+    corrupted: u64,
+    failed: u64,
+    sessions: u64,
+    background: f64,
+    bug_rate: f64,
+    degraded: f64,
+) -> (Outcome, String) {
+    if sessions == 0 {
+        return (Outcome::Unknown, "no session finished".into());
+    }
+    if failed as f64 > degraded * sessions as f64 {
+        return (
+            Outcome::Unknown,
+            format!("degraded: {failed}/{sessions} sessions errored or timed out; corruption cannot be judged"),
+        );
+    }
+    let (lo, hi) = crate::core::stats::wilson(corrupted, sessions, 0.95);
+    let rate = format!(
+        "{corrupted}/{sessions} corrupted (95% CI {:.1}-{:.1}%)",
+        100.0 * lo,
+        100.0 * hi
+    );
+    if lo > background {
+        (
+            Outcome::Corrupted,
+            format!(
+                "{rate}: above the background rate {:.1}%",
+                100.0 * background
+            ),
+        )
+    } else if hi < bug_rate {
+        (
+            Outcome::Clean,
+            format!("{rate}: rules out the bug rate {:.1}%", 100.0 * bug_rate),
+        )
+    } else {
+        (
+            Outcome::Unknown,
+            format!(
+                "{rate}: neither above the background {:.1}% nor below the bug rate {:.1}%; run more sessions",
+                100.0 * background,
+                100.0 * bug_rate
+            ),
+        )
+    }
+}
+
+fn effective_flags(plan: &ProbePlan) -> BTreeMap<String, BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    for role in &plan.target.roles {
+        let Ok(text) = std::fs::read_to_string(&role.launch) else {
+            continue;
+        };
+        for flag in &plan.catalog.flags {
+            if !flag.roles.contains(&role.name) {
+                continue;
+            }
+            if let Some(v) = crate::launch::read_setting(&text, &flag.setting, flag) {
+                out.entry(flag.name.clone())
+                    .or_insert_with(BTreeMap::new)
+                    .insert(role.name.clone(), v);
+            }
+        }
+    }
+    out
+}
+
+/// Run the probe. Launch configs are only read, never written.
+pub async fn run(
+    plan: &ProbePlan,
+    control: &mut dyn EngineControl,
+    progress: &dyn Progress,
+    cancel: CancellationToken,
+) -> anyhow::Result<ProbeRecord> {
+    let results = ResultsDir::create(&plan.run_dir)?;
+    let mut record = ProbeRecord {
+        schema: "bisect.probe/1".into(),
+        id: plan.id.clone(),
+        started_at: now(),
+        finished_at: None,
+        target: target_info(&plan.target),
+        workload: plan.workload.params_json(),
+        flags: effective_flags(plan),
+        arm: None,
+        outcome: None,
+        reason: String::new(),
+    };
+    let write = |r: &ProbeRecord| -> anyhow::Result<()> {
+        let mut text = serde_json::to_string_pretty(r)?;
+        text.push('\n');
+        write_atomic(&plan.run_dir.join("probe.json"), text.as_bytes())
+    };
+    write(&record)?;
+    let outcome = async {
+        control.restart("probe", &cancel).await?;
+        let classifier = Arc::new(Classifier::with_defaults(&plan.workload.tools)?);
+        let spec = BlockSpec {
+            target: &plan.target,
+            workload: &plan.workload,
+            api_key: plan.api_key.clone(),
+            metrics_period: plan.metrics_period,
+        };
+        let mut arm = ArmRecord::new("probe", "as-is", Some(0));
+        progress.arm_started("probe", "as-is", 0, plan.workload.sessions as u64);
+        drive_block(&spec, &classifier, progress, &cancel, &results, &mut arm, 0).await?;
+        arm.finish();
+        progress.arm_finished(&arm);
+        anyhow::Ok(arm)
+    }
+    .await;
+    let stopped = control.stop().await;
+    match outcome {
+        Ok(arm) => {
+            let (o, reason) = decide(
+                arm.corrupted,
+                arm.counts.failed(),
+                arm.sessions,
+                plan.background,
+                plan.bug_rate,
+                plan.degraded_fraction,
+            );
+            record.outcome = Some(o);
+            record.reason = reason;
+            record.arm = Some(arm);
+        }
+        Err(e) => {
+            record.reason = format!("could not run: {e:#}");
+            record.finished_at = Some(now());
+            write(&record)?;
+            return Err(e);
+        }
+    }
+    record.finished_at = Some(now());
+    write(&record)?;
+    stopped?;
+    Ok(record)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decision_table() {
+        // 14/80: Wilson lower bound 10.7% > 2% background.
+        assert_eq!(decide(14, 0, 80, 0.02, 0.10, 0.10).0, Outcome::Corrupted);
+        // 0/80: upper bound 4.6% < 10% bug rate.
+        assert_eq!(decide(0, 0, 80, 0.02, 0.10, 0.10).0, Outcome::Clean);
+        // 2/80: upper 8.7%.
+        assert_eq!(decide(2, 0, 80, 0.02, 0.10, 0.10).0, Outcome::Clean);
+        // 3/80: lower 1.3% <= 2%, upper 10.5% >= 10%: cannot tell.
+        assert_eq!(decide(3, 0, 80, 0.02, 0.10, 0.10).0, Outcome::Unknown);
+        // 0/10: upper 27.8%: too few sessions to rule the bug out.
+        assert_eq!(decide(0, 0, 10, 0.02, 0.10, 0.10).0, Outcome::Unknown);
+        // Degraded beats everything.
+        let (o, why) = decide(14, 40, 80, 0.02, 0.10, 0.10);
+        assert_eq!(o, Outcome::Unknown);
+        assert!(why.contains("degraded"));
+        assert_eq!(Outcome::Corrupted.exit_code(), 1);
+        assert_eq!(Outcome::Unknown.exit_code(), 125);
+        assert_eq!(Outcome::Clean.exit_code(), 0);
+    }
+}

@@ -1,0 +1,597 @@
+//! `bisect reclassify DIR`: re-run the current classifier over the transcripts stored in a
+//! run's sessions.jsonl (after a markup pattern or rule changed) and rewrite the session
+//! classes, the arm counts, the comparison and the verdict, keeping the old ones.
+//!
+//! The classifier needs what the driver had: the workload's tools and each session's
+//! expected steps. Both are regenerated deterministically from run.json's workload
+//! parameters (the workload is loaded by name, or from `--workload FILE`, then overridden
+//! with the recorded sessions/rounds/seed/...); every session's stored task message must
+//! equal the regenerated one, so a changed workload file is refused, not silently used.
+//!
+//! A session is replayed round by round exactly as `workload::session` ran it: the first
+//! non-ok round ends it. Transport rounds (error, timeout) have no reply to judge and keep
+//! their class. A session whose last stored round was non-ok and is now ok would have gone
+//! on; those rounds were never run, so it becomes `maxrounds` and is counted as incomplete.
+//!
+//! Kept: `sessions.jsonl.orig-<stamp>`, `run.json.orig-<stamp>`, and a `reclassified`
+//! entry in run.json holding the previous arms, runs, comparison and verdict.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use serde_json::{json, Value};
+
+use crate::config::Workload;
+use crate::core::classify::{Classifier, RoundOutcome};
+use crate::core::session::{RoundClass, RoundRecord, SessionClass, SessionResult};
+use crate::core::task::initial_conversation;
+use crate::core::verdict::{decide, ArmObservation, Policy};
+use crate::exit::Failure;
+use crate::results::run_record::{ArmRecord, RunRecord};
+use crate::results::{write_atomic, ResultsDir};
+
+/// What a reclassification changed.
+#[derive(Debug, Clone)]
+pub struct Summary {
+    pub record: RunRecord,
+    /// (label, repeat, index, old class, new class) of every session whose class changed.
+    pub changed: Vec<(String, u32, u32, SessionClass, SessionClass)>,
+    /// Sessions that ended on a round now judged ok: their later rounds were never run.
+    pub incomplete: usize,
+    pub sessions_backup: PathBuf,
+    pub run_json_backup: PathBuf,
+    pub previous_verdict: Option<String>,
+}
+
+/// The workload the run used: loaded by `name_or_file` (else the recorded name) and
+/// overridden with run.json's recorded parameters.
+pub fn recorded_workload(params: &Value, name_or_file: Option<&str>) -> anyhow::Result<Workload> {
+    let recorded_name = params.get("name").and_then(Value::as_str);
+    let name = name_or_file.or(recorded_name).ok_or_else(|| {
+        Failure::BadInput(
+            "run.json records no workload name\n  fix: pass --workload NAME|FILE".into(),
+        )
+    })?;
+    let mut w = Workload::load(name).map_err(|e| {
+        Failure::BadInput(format!(
+            "loading workload `{name}`: {e}\n  fix: pass --workload FILE naming the workload file the run used"
+        ))
+    })?;
+    let u32_of = |k: &str| params.get(k).and_then(Value::as_u64).map(|v| v as u32);
+    if let Some(v) = u32_of("sessions") {
+        w.sessions = v;
+    }
+    if let Some(v) = u32_of("rounds") {
+        w.rounds = v;
+    }
+    if let Some(v) = u32_of("ctx") {
+        w.ctx = v;
+    }
+    if let Some(v) = u32_of("max_tokens") {
+        w.max_tokens = v;
+    }
+    if let Some(v) = u32_of("steps") {
+        w.task.steps = v;
+    }
+    if let Some(v) = params.get("timeout_s").and_then(Value::as_f64) {
+        w.timeout_s = v;
+    }
+    if let Some(v) = params.get("temperature").and_then(Value::as_f64) {
+        w.temperature = v;
+    }
+    if let Some(v) = params.get("seed").and_then(Value::as_u64) {
+        w.seed = v;
+    }
+    if let Some(v) = params.get("barrier").and_then(Value::as_bool) {
+        w.barrier = v;
+    }
+    match params.get("check_args").and_then(Value::as_str) {
+        Some("schema") => w.check_args = crate::config::CheckArgs::Schema,
+        Some("strict") => w.check_args = crate::config::CheckArgs::Strict,
+        _ => {}
+    }
+    Ok(w)
+}
+
+/// One session replayed under the current rules; `bool` is true when it is incomplete.
+pub fn reclassify_session(
+    classifier: &Classifier,
+    workload: &Workload,
+    old: &SessionResult,
+) -> anyhow::Result<(SessionResult, bool)> {
+    let who = format!("session {} r{} #{}", old.label, old.repeat, old.index);
+    let (task, prefix) = initial_conversation(workload, old.index);
+    let task_message = prefix.last().and_then(|m| m.content.as_deref());
+    let stored = old
+        .transcript
+        .get(prefix.len().saturating_sub(1))
+        .and_then(|m| m.content.as_deref());
+    if task_message != stored {
+        return Err(Failure::BadInput(format!(
+            "{who}: its stored task message differs from workload `{}` regenerated with the recorded parameters (seed {})\n  fix: pass --workload FILE naming the workload file the run used",
+            workload.name, workload.seed
+        ))
+        .into());
+    }
+    let mut pos = prefix.len();
+    let mut step = 0usize;
+    let mut rounds: Vec<RoundRecord> = Vec::new();
+    let mut ending: Option<(SessionClass, String)> = None;
+    for stored_round in &old.rounds {
+        if matches!(stored_round.class, RoundClass::Error | RoundClass::Timeout) {
+            let class = SessionClass::from_round(stored_round.class).expect("non-ok class");
+            rounds.push(stored_round.clone());
+            ending = Some((class, stored_round.evidence.clone()));
+            break;
+        }
+        let reply = old.transcript[pos.min(old.transcript.len())..]
+            .first()
+            .filter(|m| m.role == "assistant")
+            .ok_or_else(|| {
+                Failure::BadInput(format!(
+                    "{who}: the transcript has no assistant reply for round {}",
+                    stored_round.round
+                ))
+            })?;
+        pos += 1;
+        while old.transcript.get(pos).is_some_and(|m| m.role == "tool") {
+            pos += 1;
+        }
+        let expected = task.expected(step);
+        let verdict = classifier.classify(
+            &RoundOutcome::Reply(reply),
+            expected.as_ref(),
+            workload.check_args,
+        );
+        rounds.push(RoundRecord {
+            class: verdict.class,
+            evidence: verdict.evidence.clone(),
+            ..stored_round.clone()
+        });
+        if let Some(class) = SessionClass::from_round(verdict.class) {
+            ending = Some((class, verdict.evidence));
+            break;
+        }
+        if reply.tool_calls.as_ref().is_some_and(|c| !c.is_empty()) {
+            step = (step + 1).min(task.steps.len());
+        } else {
+            ending = Some((SessionClass::Done, verdict.evidence));
+            break;
+        }
+    }
+    let used = rounds.len() as u32;
+    let mut incomplete = false;
+    let (class, evidence) = ending.unwrap_or_else(|| {
+        if used < workload.rounds {
+            incomplete = true;
+            (
+                SessionClass::Maxrounds,
+                format!(
+                    "reclassified: round {used} is ok under the current rules, but the session ended there ({} of {} steps done); its later rounds were never run",
+                    step,
+                    task.steps.len()
+                ),
+            )
+        } else {
+            (
+                SessionClass::Maxrounds,
+                format!(
+                    "{} of {} steps done when the {} rounds ran out",
+                    step,
+                    task.steps.len(),
+                    workload.rounds
+                ),
+            )
+        }
+    });
+    let first_bad_round = rounds
+        .iter()
+        .find(|r| r.class != RoundClass::Ok)
+        .map(|r| r.round);
+    let new = SessionResult {
+        class,
+        rounds_used: used,
+        first_bad_round,
+        evidence,
+        latency_ms: rounds.iter().map(|r| r.latency_ms).collect(),
+        rounds,
+        ..old.clone()
+    };
+    Ok((new, incomplete))
+}
+
+/// Recount every arm block from the sessions, re-pool the arms and decide again.
+pub fn recount(record: &mut RunRecord, sessions: &[SessionResult], policy: &Policy) {
+    for block in &mut record.runs {
+        let repeat = block.repeat.unwrap_or(0);
+        block.counts = Default::default();
+        block.first_bad_round.clear();
+        for s in sessions
+            .iter()
+            .filter(|s| s.label == block.label && s.repeat == repeat)
+        {
+            block.counts.add(s.class);
+            if let Some(r) = s.first_bad_round {
+                let i = r.saturating_sub(1) as usize;
+                if block.first_bad_round.len() <= i {
+                    block.first_bad_round.resize(i + 1, 0);
+                }
+                block.first_bad_round[i] += 1;
+            }
+        }
+        block.finish();
+    }
+    let labels: Vec<(String, String)> = record
+        .arms
+        .iter()
+        .map(|a| (a.label.clone(), a.value.clone()))
+        .collect();
+    record.arms = labels
+        .iter()
+        .map(|(label, value)| {
+            let blocks: Vec<&ArmRecord> =
+                record.runs.iter().filter(|r| &r.label == label).collect();
+            ArmRecord::pool(label, value, &blocks)
+        })
+        .collect();
+    let (Some(on), Some(off)) = (
+        record.arms.iter().find(|a| a.label == "on"),
+        record.arms.iter().find(|a| a.label == "off"),
+    ) else {
+        return;
+    };
+    let observe = |a: &ArmRecord| ArmObservation {
+        label: a.label.clone(),
+        value: a.value.clone(),
+        sessions: a.sessions,
+        counts: a.counts,
+        readback: a.readback.clone(),
+        peak_running: a.peak_running.clone(),
+        wall_s: a.wall_s,
+        tokens_per_s: a.tokens_per_s,
+        workload: record.workload.clone(),
+    };
+    let (comparison, confounds, verdict) =
+        decide(&observe(on), &observe(off), policy, &record.flag.name);
+    record.comparison = Some(comparison);
+    record.confounds = confounds;
+    record.verdict = Some(verdict);
+}
+
+/// The policy the run was decided with: `--alpha` / `--min-effect` from its recorded
+/// command line, the recorded comparison's min effect, else the defaults.
+pub fn recorded_policy(record: &RunRecord) -> Policy {
+    let mut policy = Policy::default();
+    if let Some(c) = &record.comparison {
+        policy.min_effect = c.min_effect;
+    }
+    let words: Vec<&str> = record.command.split_whitespace().collect();
+    for (i, w) in words.iter().enumerate() {
+        let (key, inline) = match w.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (*w, None),
+        };
+        let value = inline.or_else(|| words.get(i + 1).copied());
+        let parsed = value.and_then(|v| v.parse::<f64>().ok());
+        match (key, parsed) {
+            ("--alpha", Some(v)) => policy.alpha = v,
+            ("--min-effect", Some(v)) => policy.min_effect = v,
+            _ => {}
+        }
+    }
+    policy
+}
+
+fn backup_path(path: &Path, stamp: &str) -> PathBuf {
+    let base = format!("{}.orig-{stamp}", path.display());
+    let mut candidate = PathBuf::from(&base);
+    let mut n = 1;
+    while candidate.exists() {
+        candidate = PathBuf::from(format!("{base}-{n}"));
+        n += 1;
+    }
+    candidate
+}
+
+fn arm_summary(arms: &[ArmRecord]) -> Value {
+    Value::Array(
+        arms.iter()
+            .map(|a| {
+                json!({
+                    "label": a.label, "repeat": a.repeat, "sessions": a.sessions, "counts": a.counts,
+                    "corrupted": a.corrupted, "corruption_rate": a.corruption_rate, "ci95": a.ci95,
+                    "first_bad_round": a.first_bad_round,
+                })
+            })
+            .collect(),
+    )
+}
+
+/// Reclassify the run in `dir`; `workload` names the workload (or its file) when the
+/// recorded name does not load.
+pub fn reclassify_dir(dir: &Path, workload: Option<&str>) -> anyhow::Result<Summary> {
+    let results = ResultsDir::open(dir);
+    let run_json = dir.join("run.json");
+    if !run_json.is_file() {
+        return Err(Failure::BadInput(format!(
+            "{}: no such file\n  fix: pass a results directory written by `bisect run`",
+            run_json.display()
+        ))
+        .into());
+    }
+    let raw_text = std::fs::read_to_string(&run_json)
+        .with_context(|| format!("reading {}", run_json.display()))?;
+    let raw: Value = serde_json::from_str(&raw_text)
+        .map_err(|e| Failure::BadInput(format!("{}: {e}", run_json.display())))?;
+    let mut record: RunRecord = serde_json::from_value(raw.clone()).map_err(|e| {
+        Failure::BadInput(format!(
+            "{}: not a bisect run record: {e}",
+            run_json.display()
+        ))
+    })?;
+    let sessions = results
+        .read_sessions()
+        .map_err(|e| Failure::BadInput(format!("{e:#}")))?;
+    let workload = recorded_workload(&record.workload, workload)?;
+    let classifier = Classifier::with_defaults(&workload.tools)
+        .with_context(|| format!("building the classifier for workload `{}`", workload.name))?;
+
+    let mut changed = Vec::new();
+    let mut incomplete = 0;
+    let mut new_sessions = Vec::with_capacity(sessions.len());
+    for old in &sessions {
+        let (new, cut) = reclassify_session(&classifier, &workload, old)?;
+        if new.class != old.class {
+            changed.push((
+                old.label.clone(),
+                old.repeat,
+                old.index,
+                old.class,
+                new.class,
+            ));
+        }
+        incomplete += usize::from(cut);
+        new_sessions.push(new);
+    }
+
+    let previous = json!({
+        "at": crate::commands::run::now(),
+        "arms": arm_summary(&record.arms),
+        "runs": arm_summary(&record.runs),
+        "comparison": record.comparison,
+        "confounds": record.confounds,
+        "verdict": record.verdict,
+    });
+    let previous_verdict = record
+        .verdict
+        .as_ref()
+        .map(|v| v.status.as_str().to_string());
+    let policy = recorded_policy(&record);
+    recount(&mut record, &new_sessions, &policy);
+
+    let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ").to_string();
+    let sessions_path = dir.join("sessions.jsonl");
+    let sessions_backup = backup_path(&sessions_path, &stamp);
+    let run_json_backup = backup_path(&run_json, &stamp);
+    std::fs::copy(&sessions_path, &sessions_backup).with_context(|| {
+        format!(
+            "keeping {} as {}",
+            sessions_path.display(),
+            sessions_backup.display()
+        )
+    })?;
+    write_atomic(&run_json_backup, raw_text.as_bytes())?;
+
+    let mut lines = String::new();
+    for s in &new_sessions {
+        lines.push_str(&serde_json::to_string(s)?);
+        lines.push('\n');
+    }
+    write_atomic(&sessions_path, lines.as_bytes())?;
+
+    let mut entry = previous;
+    entry["sessions_backup"] = json!(file_name(&sessions_backup));
+    entry["run_json_backup"] = json!(file_name(&run_json_backup));
+    entry["changed_sessions"] = json!(changed.len());
+    entry["incomplete_sessions"] = json!(incomplete);
+    entry["policy"] = json!({"alpha": policy.alpha, "min_effect": policy.min_effect});
+    let mut history = raw
+        .get("reclassified")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    history.push(entry);
+    let mut extras = serde_json::Map::new();
+    extras.insert("reclassified".into(), Value::Array(history));
+    write_record_keeping(&results, &record, &raw, extras)?;
+
+    Ok(Summary {
+        record,
+        changed,
+        incomplete,
+        sessions_backup,
+        run_json_backup,
+        previous_verdict,
+    })
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// Rewrite every exporter's file from `record`, but write run.json so that the keys the
+/// record type does not know (`reclassified`, later extensions) survive from `raw`, with
+/// `extras` set on top.
+pub fn write_record_keeping(
+    results: &ResultsDir,
+    record: &RunRecord,
+    raw: &Value,
+    extras: serde_json::Map<String, Value>,
+) -> anyhow::Result<()> {
+    results.write_record(record)?;
+    let mut merged = serde_json::to_value(record)?;
+    if let (Some(out), Some(old)) = (merged.as_object_mut(), raw.as_object()) {
+        for (k, v) in old {
+            if !out.contains_key(k) {
+                out.insert(k.clone(), v.clone());
+            }
+        }
+        for (k, v) in extras {
+            out.insert(k, v);
+        }
+    }
+    let mut text = serde_json::to_string_pretty(&merged)?;
+    text.push('\n');
+    write_atomic(&results.root().join("run.json"), text.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::session::{ChatMessage, FunctionCall, ToolCall};
+
+    fn workload() -> Workload {
+        let mut w = Workload::load("smoke").unwrap();
+        w.rounds = 4;
+        w
+    }
+
+    fn call_for(task: &crate::core::task::Task, step: usize, id: &str) -> ChatMessage {
+        let s = &task.steps[step];
+        ChatMessage {
+            role: "assistant".into(),
+            tool_calls: Some(vec![ToolCall {
+                id: id.into(),
+                kind: "function".into(),
+                function: FunctionCall {
+                    name: s.tool.clone(),
+                    arguments: Value::Object(s.args.clone()).to_string(),
+                },
+            }]),
+            ..Default::default()
+        }
+    }
+
+    fn round(n: u32, class: RoundClass) -> RoundRecord {
+        RoundRecord {
+            round: n,
+            class,
+            latency_ms: 10 * n as u64,
+            completion_tokens: 20,
+            evidence: "old".into(),
+        }
+    }
+
+    /// Session 0 whose round 2 reply is DSML salad in content, stored as an old rule
+    /// judged it (`done`, every round ok).
+    fn salad_session(w: &Workload) -> SessionResult {
+        let (task, mut transcript) = initial_conversation(w, 0);
+        transcript.push(call_for(&task, 0, "c1"));
+        transcript.push(ChatMessage {
+            role: "tool".into(),
+            content: Some("ok".into()),
+            tool_call_id: Some("c1".into()),
+            ..Default::default()
+        });
+        transcript.push(ChatMessage::new(
+            "assistant",
+            "<｜DSML｜parameter name=\"path\" string=\"true\">/srv</｜DSML｜parameter>",
+        ));
+        SessionResult {
+            label: "on".into(),
+            repeat: 0,
+            index: 0,
+            class: SessionClass::Done,
+            rounds_used: 2,
+            first_bad_round: None,
+            evidence: "old rule: a text answer".into(),
+            transcript,
+            rounds: vec![round(1, RoundClass::Ok), round(2, RoundClass::Ok)],
+            latency_ms: vec![10, 20],
+            completion_tokens: 40,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn markup_an_old_rule_missed_becomes_a_leak_at_its_round() {
+        let w = workload();
+        let c = Classifier::with_defaults(&w.tools).unwrap();
+        let (new, incomplete) = reclassify_session(&c, &w, &salad_session(&w)).unwrap();
+        assert!(!incomplete);
+        assert_eq!(new.class, SessionClass::Leak);
+        assert_eq!(new.first_bad_round, Some(2));
+        assert_eq!(new.rounds[0].class, RoundClass::Ok);
+        assert_eq!(new.rounds[1].latency_ms, 20, "timings are kept");
+        assert!(new.evidence.contains("DSML"), "{}", new.evidence);
+    }
+
+    #[test]
+    fn a_false_alarm_cleared_ends_incomplete_and_transport_rounds_stay() {
+        let w = workload();
+        let c = Classifier::with_defaults(&w.tools).unwrap();
+        let (task, mut transcript) = initial_conversation(&w, 3);
+        transcript.push(call_for(&task, 0, "c1"));
+        let old = SessionResult {
+            label: "off".into(),
+            repeat: 1,
+            index: 3,
+            class: SessionClass::WrongArgs,
+            rounds_used: 1,
+            first_bad_round: Some(1),
+            evidence: "old rule: wrong".into(),
+            transcript: transcript.clone(),
+            rounds: vec![round(1, RoundClass::WrongArgs)],
+            latency_ms: vec![10],
+            completion_tokens: 20,
+            error: None,
+        };
+        let (new, incomplete) = reclassify_session(&c, &w, &old).unwrap();
+        assert!(incomplete);
+        assert_eq!(new.class, SessionClass::Maxrounds);
+        assert_eq!(new.first_bad_round, None);
+
+        transcript.push(ChatMessage::new("tool", "ok"));
+        let timed_out = SessionResult {
+            class: SessionClass::Timeout,
+            first_bad_round: Some(2),
+            rounds_used: 2,
+            rounds: vec![round(1, RoundClass::Ok), round(2, RoundClass::Timeout)],
+            transcript,
+            ..old
+        };
+        let (new, incomplete) = reclassify_session(&c, &w, &timed_out).unwrap();
+        assert!(!incomplete);
+        assert_eq!(
+            (new.class, new.first_bad_round),
+            (SessionClass::Timeout, Some(2))
+        );
+    }
+
+    #[test]
+    fn a_different_workload_is_refused() {
+        let w = workload();
+        let c = Classifier::with_defaults(&w.tools).unwrap();
+        let mut other = w.clone();
+        other.seed += 1;
+        let err = reclassify_session(&c, &other, &salad_session(&w)).unwrap_err();
+        assert_eq!(crate::exit::code_for_error(&err), crate::exit::BAD_INPUT);
+        assert!(format!("{err}").contains("--workload FILE"), "{err}");
+    }
+
+    #[test]
+    fn policy_comes_from_the_recorded_command() {
+        let record: RunRecord = serde_json::from_value(json!({
+            "schema": "bisect.run/1", "id": "x", "command": "bisect run --flag X --alpha 0.05 --min-effect=0.1",
+            "started_at": "t", "finished_at": null, "status": "finished",
+            "target": {"name": "t", "api": "a", "model": "m", "profile": null, "roles": []},
+            "flag": {"name": "X", "roles": [], "on": "1", "off": "0"},
+            "workload": {}, "arms": [], "runs": [], "comparison": null, "verdict": null, "error": null
+        }))
+        .unwrap();
+        let p = recorded_policy(&record);
+        assert_eq!((p.alpha, p.min_effect), (0.05, 0.1));
+    }
+}

@@ -1,0 +1,825 @@
+//! Workload files (DESIGN.md 3.4): sessions, rounds, ctx filler, limits, tool schemas
+//! and the task generator that gives each session its own numbered steps.
+//!
+//! This module owns the file format (documented key by key in `workloads/agentic.toml`),
+//! its validation, the embedded builtin workloads, and the deterministic fill of a
+//! tool's result template.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::{read_text, ConfigError, Source};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckArgs {
+    /// A well-formed call must also be the task's current step (`wrong_args` otherwise).
+    Strict,
+    /// Only the tool's JSON schema is checked.
+    Schema,
+}
+
+impl CheckArgs {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CheckArgs::Strict => "strict",
+            CheckArgs::Schema => "schema",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    /// JSON schema of the arguments object (sent as the OpenAI `parameters`).
+    pub parameters: serde_json::Value,
+    /// Value pools the task generator draws each argument from.
+    pub arg_values: BTreeMap<String, Vec<serde_json::Value>>,
+    /// Simulated result template; `{args}` etc. are filled deterministically.
+    pub result: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskSpec {
+    /// Steps per session task (one tool call each).
+    pub steps: u32,
+    /// Text before the numbered list.
+    pub intro: String,
+    /// Text after the numbered list (what to answer when done).
+    pub outro: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Workload {
+    pub name: String,
+    pub sessions: u32,
+    pub rounds: u32,
+    /// Filler tokens of earlier conversation before the task message.
+    pub ctx: u32,
+    pub max_tokens: u32,
+    pub timeout_s: f64,
+    pub temperature: f64,
+    pub tools: Vec<ToolSpec>,
+    pub task: TaskSpec,
+    pub check_args: CheckArgs,
+    /// All sessions finish round r before any starts round r+1.
+    pub barrier: bool,
+    pub seed: u64,
+    pub source: Option<PathBuf>,
+}
+
+/// The shipped workloads, embedded at build time: (name, contents).
+const BUILTIN_WORKLOADS: &[(&str, &str)] = &[
+    (
+        "agentic",
+        include_str!("../../../../workloads/agentic.toml"),
+    ),
+    ("needle", include_str!("../../../../workloads/needle.toml")),
+    ("smoke", include_str!("../../../../workloads/smoke.toml")),
+];
+
+/// The workload `bisect run` uses without `--workload`.
+pub const DEFAULT_WORKLOAD: &str = "agentic";
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWorkload {
+    name: Option<Spanned<String>>,
+    sessions: Spanned<i64>,
+    rounds: Spanned<i64>,
+    ctx: Spanned<i64>,
+    max_tokens: Spanned<i64>,
+    timeout_s: Spanned<f64>,
+    #[serde(default)]
+    temperature: Option<Spanned<f64>>,
+    #[serde(default)]
+    check_args: Option<Spanned<String>>,
+    #[serde(default)]
+    barrier: bool,
+    #[serde(default)]
+    seed: Option<Spanned<i64>>,
+    task: Spanned<RawTask>,
+    #[serde(default)]
+    tool: Vec<Spanned<RawTool>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTask {
+    steps: Spanned<i64>,
+    #[serde(default)]
+    intro: String,
+    outro: Spanned<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTool {
+    name: Spanned<String>,
+    #[serde(default)]
+    description: String,
+    parameters: Spanned<toml::Table>,
+    #[serde(default)]
+    values: Option<Spanned<BTreeMap<String, Spanned<Vec<toml::Value>>>>>,
+    result: Spanned<String>,
+}
+
+const WORKLOAD_FIX: &str =
+    "see workloads/agentic.toml, which documents every key of the workload format";
+
+/// A `{...}` placeholder of a result template, with its byte range in the template.
+fn placeholders(template: &str) -> Vec<(usize, &str)> {
+    let mut out = Vec::new();
+    let mut rest = template;
+    let mut offset = 0;
+    while let Some(open) = rest.find('{') {
+        let after = &rest[open + 1..];
+        match after.find('}') {
+            Some(close) => {
+                let inner = &after[..close];
+                let is_name = !inner.is_empty()
+                    && inner.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+                if is_name {
+                    out.push((offset + open, inner));
+                }
+                let consumed = open + 1 + close + 1;
+                offset += consumed;
+                rest = &rest[consumed..];
+            }
+            None => break,
+        }
+    }
+    out
+}
+
+fn json_inline(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+impl ToolSpec {
+    /// The simulated result for a call with `args`: `{tool}` becomes the tool name,
+    /// `{args}` the arguments as compact JSON, `{NAME}` the value of argument NAME
+    /// (strings unquoted; a missing argument leaves the placeholder as written).
+    pub fn render_result(&self, args: &serde_json::Value) -> String {
+        let mut out = String::with_capacity(self.result.len() + 64);
+        let mut last = 0;
+        for (at, name) in placeholders(&self.result) {
+            let replacement = match name {
+                "tool" => Some(self.name.clone()),
+                "args" => Some(args.to_string()),
+                other => args.get(other).map(json_inline),
+            };
+            if let Some(r) = replacement {
+                out.push_str(&self.result[last..at]);
+                out.push_str(&r);
+                last = at + name.len() + 2;
+            }
+        }
+        out.push_str(&self.result[last..]);
+        out
+    }
+
+    /// Names of the schema's properties, in schema order.
+    pub fn property_names(&self) -> Vec<&str> {
+        self.parameters
+            .get("properties")
+            .and_then(|p| p.as_object())
+            .map(|p| p.keys().map(String::as_str).collect())
+            .unwrap_or_default()
+    }
+}
+
+fn positive_u32(src: &Source, key: &str, v: &Spanned<i64>, min: i64) -> Result<u32, ConfigError> {
+    let n = *v.get_ref();
+    if n < min || n > u32::MAX as i64 {
+        return Err(src.invalid(
+            v.span(),
+            format!("{key} = {n} is out of range (must be at least {min})"),
+            format!("set {key} to a whole number >= {min}"),
+        ));
+    }
+    Ok(n as u32)
+}
+
+fn validate_tool(src: &Source, raw: &Spanned<RawTool>) -> Result<ToolSpec, ConfigError> {
+    let t = raw.get_ref();
+    let name = t.name.get_ref().trim().to_string();
+    let valid_name = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if !valid_name {
+        return Err(src.invalid(
+            t.name.span(),
+            format!("tool name {name:?} is not a function name"),
+            "use letters, digits, _ and - (at most 64 characters), e.g. read_file",
+        ));
+    }
+
+    let parameters = serde_json::to_value(t.parameters.get_ref()).map_err(|e| {
+        src.invalid(
+            t.parameters.span(),
+            format!("tool {name}: parameters cannot be expressed as JSON: {e}"),
+            "write the schema with strings, numbers, booleans, arrays and tables only",
+        )
+    })?;
+    let schema_fix = "write an object schema: type = \"object\" and one [tool.parameters.properties.NAME] table per argument";
+    if parameters.get("type").and_then(|v| v.as_str()) != Some("object") {
+        return Err(src.invalid(
+            t.parameters.span(),
+            format!("tool {name}: parameters must be a JSON schema with type = \"object\""),
+            schema_fix,
+        ));
+    }
+    let properties = match parameters.get("properties").and_then(|p| p.as_object()) {
+        Some(p) if !p.is_empty() => p.clone(),
+        _ => {
+            return Err(src.invalid(
+                t.parameters.span(),
+                format!("tool {name}: parameters has no properties (every step passes arguments)"),
+                schema_fix,
+            ))
+        }
+    };
+    if let Err(e) = jsonschema::meta::validate(&parameters) {
+        return Err(src.invalid(
+            t.parameters.span(),
+            format!("tool {name}: parameters is not a valid JSON schema: {e}"),
+            schema_fix,
+        ));
+    }
+    let whole = jsonschema::validator_for(&parameters).map_err(|e| {
+        src.invalid(
+            t.parameters.span(),
+            format!("tool {name}: parameters cannot be compiled as a JSON schema: {e}"),
+            schema_fix,
+        )
+    })?;
+
+    let values_span = t
+        .values
+        .as_ref()
+        .map(|v| v.span())
+        .unwrap_or_else(|| raw.span());
+    let empty = BTreeMap::new();
+    let pools = t.values.as_ref().map(|v| v.get_ref()).unwrap_or(&empty);
+    for (key, pool) in pools {
+        if !properties.contains_key(key) {
+            return Err(src.invalid(
+                pool.span(),
+                format!("tool {name}: value pool `{key}` is not a property of its parameters"),
+                format!(
+                    "remove it or add [tool.parameters.properties.{key}]; properties: {}",
+                    properties.keys().cloned().collect::<Vec<_>>().join(", ")
+                ),
+            ));
+        }
+    }
+    let mut arg_values = BTreeMap::new();
+    for (prop, prop_schema) in &properties {
+        let Some(pool) = pools.get(prop) else {
+            return Err(src.invalid(
+                values_span.clone(),
+                format!("tool {name}: no value pool for argument `{prop}`"),
+                format!("add `{prop} = [...]` under [tool.values] with the values the task generator may use"),
+            ));
+        };
+        if pool.get_ref().is_empty() {
+            return Err(src.invalid(
+                pool.span(),
+                format!("tool {name}: the value pool for `{prop}` is empty"),
+                format!("list at least one value for `{prop}`"),
+            ));
+        }
+        let validator = jsonschema::validator_for(prop_schema).map_err(|e| {
+            src.invalid(
+                t.parameters.span(),
+                format!("tool {name}: schema of `{prop}` cannot be compiled: {e}"),
+                schema_fix,
+            )
+        })?;
+        let mut json_pool = Vec::with_capacity(pool.get_ref().len());
+        for v in pool.get_ref() {
+            let jv = serde_json::to_value(v).map_err(|e| {
+                src.invalid(
+                    pool.span(),
+                    format!("tool {name}: `{prop}` value {v} is not JSON: {e}"),
+                    "use strings, numbers or booleans",
+                )
+            })?;
+            if !validator.is_valid(&jv) {
+                return Err(src.invalid(
+                    pool.span(),
+                    format!("tool {name}: value {jv} for `{prop}` does not match its schema {prop_schema}"),
+                    format!("change the value or the schema of `{prop}` so every pool value is a valid argument"),
+                ));
+            }
+            json_pool.push(jv);
+        }
+        arg_values.insert(prop.clone(), json_pool);
+    }
+    // A generated call uses one value from every pool; check that such an object passes
+    // the whole schema (required, additionalProperties, ...), not just each property.
+    let sample: serde_json::Map<String, serde_json::Value> = arg_values
+        .iter()
+        .map(|(k, v): (&String, &Vec<serde_json::Value>)| (k.clone(), v[0].clone()))
+        .collect();
+    let sample = serde_json::Value::Object(sample);
+    if let Some(err) = whole.iter_errors(&sample).next() {
+        return Err(src.invalid(
+            t.parameters.span(),
+            format!("tool {name}: generated arguments {sample} fail the parameters schema: {err}"),
+            "make the schema accept one value of every pool (check `required` and additionalProperties)",
+        ));
+    }
+
+    for (_, placeholder) in placeholders(t.result.get_ref()) {
+        if placeholder != "tool" && placeholder != "args" && !properties.contains_key(placeholder) {
+            return Err(src.invalid(
+                t.result.span(),
+                format!(
+                    "tool {name}: result template uses {{{placeholder}}}, which is not an argument"
+                ),
+                format!(
+                    "use {{tool}}, {{args}} or an argument name: {}",
+                    properties.keys().cloned().collect::<Vec<_>>().join(", ")
+                ),
+            ));
+        }
+    }
+
+    Ok(ToolSpec {
+        name,
+        description: t.description.trim().to_string(),
+        parameters,
+        arg_values,
+        result: t.result.get_ref().clone(),
+    })
+}
+
+impl Workload {
+    /// Names of the builtin workloads.
+    pub fn builtin_names() -> Vec<&'static str> {
+        BUILTIN_WORKLOADS.iter().map(|(n, _)| *n).collect()
+    }
+
+    /// A builtin workload by name (`agentic`, `needle`, `smoke`).
+    pub fn builtin(name: &str) -> Result<Workload, ConfigError> {
+        let (file_name, text) = BUILTIN_WORKLOADS
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .ok_or_else(|| ConfigError::UnknownWorkload {
+                name: name.to_string(),
+                known: Self::builtin_names().join(", "),
+            })?;
+        let path = Path::new("workloads").join(format!("{file_name}.toml"));
+        let mut w = Self::parse(&path, text, file_name)?;
+        // Builtins have no file on disk; `source` names only real files.
+        w.source = None;
+        Ok(w)
+    }
+
+    /// A builtin name (no `/` and no `.toml`) or the path of a workload file.
+    pub fn load(name_or_path: &str) -> Result<Workload, ConfigError> {
+        let looks_like_path = name_or_path.contains('/')
+            || name_or_path.contains('\\')
+            || name_or_path.ends_with(".toml");
+        if !looks_like_path {
+            return Self::builtin(name_or_path);
+        }
+        let path = Path::new(name_or_path);
+        let text = read_text(path)?;
+        let stem = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "workload".into());
+        Self::parse(path, &text, &stem)
+    }
+
+    fn parse(path: &Path, text: &str, stem: &str) -> Result<Workload, ConfigError> {
+        let src = Source { path, text };
+        let raw: RawWorkload = src.parse(WORKLOAD_FIX)?;
+
+        let name = match &raw.name {
+            Some(n) if n.get_ref().trim().is_empty() => {
+                return Err(src.invalid(
+                    n.span(),
+                    "name is empty",
+                    "name the workload, e.g. name = \"agentic\"",
+                ))
+            }
+            Some(n) => n.get_ref().trim().to_string(),
+            None => stem.to_string(),
+        };
+        let sessions = positive_u32(&src, "sessions", &raw.sessions, 1)?;
+        let rounds = positive_u32(&src, "rounds", &raw.rounds, 1)?;
+        let ctx = positive_u32(&src, "ctx", &raw.ctx, 0)?;
+        let max_tokens = positive_u32(&src, "max_tokens", &raw.max_tokens, 1)?;
+        let timeout_s = *raw.timeout_s.get_ref();
+        if !(timeout_s.is_finite() && timeout_s > 0.0) {
+            return Err(src.invalid(
+                raw.timeout_s.span(),
+                format!("timeout_s = {timeout_s} must be a positive number of seconds"),
+                "set timeout_s to the per-request timeout, e.g. timeout_s = 30",
+            ));
+        }
+        let temperature = match &raw.temperature {
+            None => 0.0,
+            Some(t) => {
+                let v = *t.get_ref();
+                if !(0.0..=2.0).contains(&v) {
+                    return Err(src.invalid(
+                        t.span(),
+                        format!("temperature = {v} is outside 0..2"),
+                        "use temperature = 0.0 so arms stay comparable",
+                    ));
+                }
+                v
+            }
+        };
+        let check_args = match &raw.check_args {
+            None => CheckArgs::Strict,
+            Some(c) => match c.get_ref().as_str() {
+                "strict" => CheckArgs::Strict,
+                "schema" => CheckArgs::Schema,
+                other => {
+                    return Err(src.invalid(
+                        c.span(),
+                        format!("check_args = {other:?} is not a known mode"),
+                        "use \"strict\" (calls must match the current step) or \"schema\" (only the schema is checked)",
+                    ))
+                }
+            },
+        };
+        let seed = match &raw.seed {
+            None => 1,
+            Some(s) if *s.get_ref() >= 0 => *s.get_ref() as u64,
+            Some(s) => {
+                return Err(src.invalid(
+                    s.span(),
+                    format!("seed = {} is negative", s.get_ref()),
+                    "use a seed >= 0",
+                ))
+            }
+        };
+
+        let raw_task = raw.task.get_ref();
+        let steps = positive_u32(&src, "steps", &raw_task.steps, 1)?;
+        if raw_task.outro.get_ref().trim().is_empty() {
+            return Err(src.invalid(
+                raw_task.outro.span(),
+                "task outro is empty: the model would not know what to answer when done",
+                "end the outro with the exact answer, e.g. \"When every step is done, reply exactly: DONE: all steps completed.\"",
+            ));
+        }
+        let task = TaskSpec {
+            steps,
+            intro: raw_task.intro.trim().to_string(),
+            outro: raw_task.outro.get_ref().trim().to_string(),
+        };
+
+        if raw.tool.is_empty() {
+            return Err(src.invalid(
+                raw.task.span(),
+                "the workload offers no tools: every step is a tool call",
+                "add at least one [[tool]] table (see workloads/agentic.toml)",
+            ));
+        }
+        let mut seen = HashSet::new();
+        let mut tools = Vec::with_capacity(raw.tool.len());
+        for raw_tool in &raw.tool {
+            let tool = validate_tool(&src, raw_tool)?;
+            if !seen.insert(tool.name.clone()) {
+                return Err(src.invalid(
+                    raw_tool.get_ref().name.span(),
+                    format!("tool {} is defined twice", tool.name),
+                    "give every [[tool]] a distinct name",
+                ));
+            }
+            tools.push(tool);
+        }
+
+        Ok(Workload {
+            name,
+            sessions,
+            rounds,
+            ctx,
+            max_tokens,
+            timeout_s,
+            temperature,
+            tools,
+            task,
+            check_args,
+            barrier: raw.barrier,
+            seed,
+            source: Some(path.to_path_buf()),
+        })
+    }
+
+    /// Re-checks the limits after command-line overrides (`--sessions 0` etc.); the
+    /// file itself was checked when loaded.
+    pub fn validate_overrides(&self) -> Result<(), ConfigError> {
+        let usage = |message: String, fix: &str| ConfigError::Usage {
+            message,
+            fix: fix.to_string(),
+        };
+        if self.sessions == 0 {
+            return Err(usage(
+                "--sessions must be at least 1".into(),
+                "pass --sessions N with N >= 1",
+            ));
+        }
+        if self.rounds == 0 {
+            return Err(usage(
+                "--rounds must be at least 1".into(),
+                "pass --rounds R with R >= 1",
+            ));
+        }
+        if self.max_tokens == 0 {
+            return Err(usage(
+                "--max-tokens must be at least 1".into(),
+                "pass --max-tokens N with N >= 1",
+            ));
+        }
+        if !(self.timeout_s.is_finite() && self.timeout_s > 0.0) {
+            return Err(usage(
+                format!(
+                    "--timeout {} must be a positive number of seconds",
+                    self.timeout_s
+                ),
+                "pass --timeout SECS with SECS > 0",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The parameters that make two runs comparable, for run.json's `workload` and the
+    /// "workload parameters differ" confound.
+    pub fn params_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "name": self.name,
+            "sessions": self.sessions,
+            "rounds": self.rounds,
+            "ctx": self.ctx,
+            "max_tokens": self.max_tokens,
+            "timeout_s": self.timeout_s,
+            "seed": self.seed,
+            "temperature": self.temperature,
+            "steps": self.task.steps,
+            "check_args": self.check_args.as_str(),
+            "barrier": self.barrier,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Workload, ConfigError> {
+        Workload::parse(Path::new("workloads/t.toml"), text, "t")
+    }
+
+    fn error_line(text: &str) -> (usize, String) {
+        match parse(text).unwrap_err() {
+            ConfigError::Invalid {
+                line, message, fix, ..
+            } => (line, format!("{message} | {fix}")),
+            other => panic!("expected Invalid, got {other}"),
+        }
+    }
+
+    const MINIMAL: &str = r#"sessions = 2
+rounds = 3
+ctx = 0
+max_tokens = 64
+timeout_s = 5
+[task]
+steps = 2
+outro = "reply exactly: DONE"
+[[tool]]
+name = "read_file"
+result = "{path}: ok ({tool} {args})"
+[tool.parameters]
+type = "object"
+required = ["path"]
+[tool.parameters.properties.path]
+type = "string"
+[tool.values]
+path = ["/a", "/b"]
+"#;
+
+    #[test]
+    fn builtins_load_with_the_documented_parameters() {
+        let a = Workload::builtin("agentic").unwrap();
+        assert_eq!(
+            (
+                a.sessions,
+                a.rounds,
+                a.ctx,
+                a.max_tokens,
+                a.task.steps,
+                a.seed
+            ),
+            (80, 4, 300, 256, 3, 1)
+        );
+        assert_eq!(a.timeout_s, 10.0);
+        assert_eq!(a.temperature, 0.0);
+        assert_eq!(a.check_args, CheckArgs::Strict);
+        assert!(!a.barrier);
+        assert_eq!(a.source, None);
+        let names: Vec<_> = a.tools.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["read_file", "grep", "run_tests", "list_dir"]);
+        assert!(a
+            .task
+            .outro
+            .ends_with("reply exactly: DONE: all steps completed."));
+        assert!(a.tools[0].arg_values["path"].contains(&serde_json::json!("/srv/app/config.yaml")));
+        assert!(a.tools[2].arg_values["target"].contains(&serde_json::json!("integration")));
+
+        let n = Workload::load("needle").unwrap();
+        assert_eq!(
+            (n.sessions, n.rounds, n.ctx, n.task.steps),
+            (24, 2, 12000, 1)
+        );
+        let s = Workload::load("smoke").unwrap();
+        assert_eq!((s.sessions, s.rounds, s.ctx), (4, 4, 100));
+        for w in [&a, &n, &s] {
+            assert!(
+                w.rounds > w.task.steps,
+                "{}: steps + answer must fit the rounds",
+                w.name
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_builtin_lists_known_ones() {
+        let err = Workload::load("agentc").unwrap_err();
+        assert!(matches!(err, ConfigError::UnknownWorkload { .. }));
+        let text = err.to_string();
+        assert!(text.contains("agentic, needle, smoke"), "{text}");
+    }
+
+    #[test]
+    fn paths_load_files_and_default_the_name_to_the_stem() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mine.toml");
+        std::fs::write(&path, MINIMAL).unwrap();
+        let w = Workload::load(path.to_str().unwrap()).unwrap();
+        assert_eq!(w.name, "mine");
+        assert_eq!(w.source.as_deref(), Some(path.as_path()));
+        assert_eq!(w.seed, 1);
+        assert!(matches!(
+            Workload::load("missing/file.toml").unwrap_err(),
+            ConfigError::Read { .. }
+        ));
+    }
+
+    #[test]
+    fn params_json_has_every_comparable_parameter() {
+        let p = Workload::builtin("agentic").unwrap().params_json();
+        assert_eq!(
+            p,
+            serde_json::json!({
+                "name": "agentic", "sessions": 80, "rounds": 4, "ctx": 300,
+                "max_tokens": 256, "timeout_s": 10.0, "seed": 1, "temperature": 0.0,
+                "steps": 3, "check_args": "strict", "barrier": false
+            })
+        );
+    }
+
+    #[test]
+    fn render_result_fills_placeholders_deterministically() {
+        let w = parse(MINIMAL).unwrap();
+        let args = serde_json::json!({"path": "/a"});
+        assert_eq!(
+            w.tools[0].render_result(&args),
+            "/a: ok (read_file {\"path\":\"/a\"})"
+        );
+        let a = Workload::builtin("agentic").unwrap();
+        let run = &a.tools[2];
+        assert_eq!(
+            run.render_result(&serde_json::json!({"target": "unit", "verbose": true})),
+            "test suite unit (verbose=true): 48 passed, 0 failed in 12.4s"
+        );
+        assert_eq!(run.property_names(), ["target", "verbose"]);
+    }
+
+    #[test]
+    fn limits_are_checked_with_their_lines() {
+        assert_eq!(
+            error_line(&MINIMAL.replace("sessions = 2", "sessions = 0")).0,
+            1
+        );
+        assert_eq!(
+            error_line(&MINIMAL.replace("rounds = 3", "rounds = -1")).0,
+            2
+        );
+        assert_eq!(
+            error_line(&MINIMAL.replace("timeout_s = 5", "timeout_s = 0")).0,
+            5
+        );
+        assert_eq!(error_line(&MINIMAL.replace("steps = 2", "steps = 0")).0, 7);
+        let (line, msg) =
+            error_line(&MINIMAL.replace("ctx = 0", "ctx = 0\ncheck_args = \"loose\""));
+        assert_eq!(line, 4);
+        assert!(msg.contains("loose"), "{msg}");
+    }
+
+    #[test]
+    fn tools_are_required_and_schemas_checked() {
+        let no_tools: String = MINIMAL.lines().take(8).collect::<Vec<_>>().join("\n");
+        let (line, msg) = error_line(&no_tools);
+        assert_eq!(line, 6);
+        assert!(msg.contains("no tools"), "{msg}");
+
+        let not_object = MINIMAL.replace("type = \"object\"", "type = \"array\"");
+        let (line, msg) = error_line(&not_object);
+        assert!((12..=13).contains(&line), "line {line}");
+        assert!(msg.contains("type = \"object\""), "{msg}");
+
+        let bad_schema = MINIMAL.replace(
+            "[tool.parameters.properties.path]\ntype = \"string\"",
+            "[tool.parameters.properties.path]\ntype = \"strin\"",
+        );
+        let (_, msg) = error_line(&bad_schema);
+        assert!(msg.contains("valid JSON schema"), "{msg}");
+
+        let dup = format!("{MINIMAL}{}", &MINIMAL[MINIMAL.find("[[tool]]").unwrap()..]);
+        let (line, msg) = error_line(&dup);
+        assert_eq!(line, 20);
+        assert!(msg.contains("twice"), "{msg}");
+    }
+
+    #[test]
+    fn value_pools_must_cover_every_property_and_match_it() {
+        let (line, msg) = error_line(&MINIMAL.replace("path = [\"/a\", \"/b\"]", "path = []"));
+        assert_eq!(line, 18);
+        assert!(msg.contains("empty"), "{msg}");
+
+        let extra_prop = MINIMAL.replace(
+            "[tool.values]",
+            "[tool.parameters.properties.max_lines]\ntype = \"integer\"\n[tool.values]",
+        );
+        let (line, msg) = error_line(&extra_prop);
+        assert_eq!(line, 19);
+        assert!(
+            msg.contains("no value pool for argument `max_lines`"),
+            "{msg}"
+        );
+
+        let wrong_type = MINIMAL.replace("path = [\"/a\", \"/b\"]", "path = [\"/a\", 3]");
+        let (line, msg) = error_line(&wrong_type);
+        assert_eq!(line, 18);
+        assert!(msg.contains("does not match"), "{msg}");
+
+        let stray = MINIMAL.replace("path = [\"/a\", \"/b\"]", "path = [\"/a\"]\npth = [\"/x\"]");
+        let (line, msg) = error_line(&stray);
+        assert_eq!(line, 19);
+        assert!(msg.contains("`pth`"), "{msg}");
+
+        let closed = MINIMAL.replace("required = [\"path\"]", "required = [\"path\", \"mode\"]");
+        let (_, msg) = error_line(&closed);
+        assert!(msg.contains("generated arguments"), "{msg}");
+    }
+
+    #[test]
+    fn result_placeholders_must_name_arguments() {
+        let (line, msg) = error_line(&MINIMAL.replace("{path}: ok", "{file}: ok"));
+        assert_eq!(line, 11);
+        assert!(msg.contains("{file}"), "{msg}");
+        // JSON-looking braces are text, not placeholders.
+        assert!(parse(&MINIMAL.replace("{path}: ok", r#"{\"a\": 1} {path}"#)).is_ok());
+    }
+
+    #[test]
+    fn malformed_toml_reports_the_parser_line() {
+        let (line, _) = error_line(&MINIMAL.replace("max_tokens = 64", "max_tokens = = 64"));
+        assert_eq!(line, 4);
+        let (line, msg) = error_line(&MINIMAL.replace("ctx = 0", "ctx = 0\nsesions = 3"));
+        assert_eq!(line, 4);
+        assert!(msg.contains("sesions"), "{msg}");
+    }
+
+    #[test]
+    fn overrides_are_rechecked() {
+        let mut w = Workload::builtin("smoke").unwrap();
+        assert!(w.validate_overrides().is_ok());
+        w.sessions = 0;
+        assert!(matches!(
+            w.validate_overrides(),
+            Err(ConfigError::Usage { .. })
+        ));
+        w.sessions = 1;
+        w.timeout_s = 0.0;
+        assert!(w.validate_overrides().is_err());
+    }
+}

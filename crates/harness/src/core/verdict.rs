@@ -1,0 +1,1005 @@
+//! The verdict of a two-arm run (DESIGN.md 3.7): from the pooled observations of the `on`
+//! and `off` arms, the comparison (Fisher exact p, Newcombe difference interval), the
+//! confounds (blocking ones that void the comparison, recorded ones that qualify it) and
+//! the decision implicated / cleared / inconclusive with its reasons and a one-line summary.
+//!
+//! Field names of the serialised types are the `run.json` contract (DESIGN.md 3.6).
+//! Pure: no I/O, the statistics come from [`crate::core::stats`].
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::core::session::Counts;
+use crate::core::stats;
+
+/// The confidence of every interval the verdict reports.
+const CONFIDENCE: f64 = 0.95;
+
+/// The decision thresholds. Defaults are those of DESIGN.md 3.7.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Policy {
+    /// Significance level of the two-sided Fisher test.
+    pub alpha: f64,
+    /// The smallest difference in corruption rate worth finding (absolute, 0.05 = 5 points).
+    pub min_effect: f64,
+    /// An arm with more than this fraction of error+timeout sessions is degraded.
+    pub degraded_fraction: f64,
+    /// Recorded metrics that differ by more than this (relative) are warnings.
+    pub warn_ratio: f64,
+    /// Power used to size the "underpowered" advice.
+    pub power: f64,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            alpha: 0.01,
+            min_effect: 0.05,
+            degraded_fraction: 0.10,
+            warn_ratio: 0.25,
+            power: 0.8,
+        }
+    }
+}
+
+/// What one arm (pooled over repeats) contributes to the decision.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ArmObservation {
+    /// `on` or `off`.
+    pub label: String,
+    /// The flag value this arm set.
+    pub value: String,
+    pub sessions: u64,
+    pub counts: Counts,
+    /// Role -> the value read back from its launch config after the edit.
+    pub readback: BTreeMap<String, String>,
+    /// `client` (in-flight requests) or a role name -> peak running requests.
+    pub peak_running: BTreeMap<String, u64>,
+    pub wall_s: f64,
+    pub tokens_per_s: f64,
+    /// The workload parameters this arm ran with.
+    pub workload: Value,
+}
+
+impl ArmObservation {
+    /// Sessions that were classified; the denominator of every rate.
+    fn classified(&self) -> u64 {
+        self.counts.total()
+    }
+
+    fn corrupted(&self) -> u64 {
+        self.counts.corrupted()
+    }
+
+    /// `on (=1)`: the label with the value it stands for.
+    fn name(&self) -> String {
+        format!("{} (={})", self.label, self.value)
+    }
+
+    /// `14/80 (17.5%, 95% CI 10.7-27.3%)`, or without the "95% CI" words.
+    fn rate_text(&self, with_ci_words: bool) -> String {
+        let (k, n) = (self.corrupted(), self.classified());
+        let (lo, hi) = stats::wilson(k, n, CONFIDENCE);
+        format!(
+            "{k}/{n} ({}%, {}{}-{}%)",
+            percent(stats::rate(k, n)),
+            if with_ci_words { "95% CI " } else { "" },
+            percent(lo),
+            percent(hi)
+        )
+    }
+}
+
+/// `comparison` in run.json.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Comparison {
+    /// Always `fisher_exact_two_sided`.
+    pub test: String,
+    pub p_value: f64,
+    /// Corruption rate of `on` minus that of `off`.
+    pub rate_diff: f64,
+    /// Newcombe (method 10) 95% interval for `rate_diff`.
+    pub diff_ci95: [f64; 2],
+    pub min_effect: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    /// Voids the comparison: the verdict cannot be implicated or cleared.
+    Blocking,
+    /// Recorded and differing by more than `warn_ratio`.
+    Warning,
+    /// Recorded, within bounds.
+    Info,
+}
+
+/// One entry of `confounds` in run.json.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Confound {
+    pub name: String,
+    pub on: Value,
+    pub off: Value,
+    pub severity: Severity,
+    pub note: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Implicated,
+    Cleared,
+    Inconclusive,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Implicated => "implicated",
+            Status::Cleared => "cleared",
+            Status::Inconclusive => "inconclusive",
+        }
+    }
+}
+
+/// `verdict` in run.json.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Verdict {
+    pub status: Status,
+    /// For `implicated`: which value corrupts, e.g. `on (=1) corrupts: 14/80 vs 0/80`.
+    pub direction: Option<String>,
+    /// Every reason for the status in words; warnings are listed too.
+    pub reasons: Vec<String>,
+    /// One line for a chat message.
+    pub summary: String,
+}
+
+/// Decides one flag's A/B run (DESIGN.md 3.7). `flag` only names the flag in the summary.
+pub fn decide(
+    on: &ArmObservation,
+    off: &ArmObservation,
+    policy: &Policy,
+    flag: &str,
+) -> (Comparison, Vec<Confound>, Verdict) {
+    let comparison = compare(on, off, policy);
+    let confounds = confounds(on, off, policy);
+    let verdict = judge(on, off, policy, flag, &comparison, &confounds);
+    (comparison, confounds, verdict)
+}
+
+fn compare(on: &ArmObservation, off: &ArmObservation, policy: &Policy) -> Comparison {
+    let (k_on, n_on) = (on.corrupted().min(on.classified()), on.classified());
+    let (k_off, n_off) = (off.corrupted().min(off.classified()), off.classified());
+    let p_value = stats::fisher_exact_two_sided(k_on, n_on - k_on, k_off, n_off - k_off);
+    let (rate_diff, lo, hi) = stats::newcombe_diff(k_on, n_on, k_off, n_off, CONFIDENCE);
+    Comparison {
+        test: "fisher_exact_two_sided".to_string(),
+        p_value,
+        rate_diff,
+        diff_ci95: [lo, hi],
+        min_effect: policy.min_effect,
+    }
+}
+
+/// Every confound, blocking ones first, in a fixed order.
+fn confounds(on: &ArmObservation, off: &ArmObservation, policy: &Policy) -> Vec<Confound> {
+    let mut found = Vec::new();
+    found.extend(readback_confounds(on, off));
+    found.extend(degraded_confound(on, off, policy));
+    found.extend(workload_confounds(on, off));
+    found.extend(recorded_confounds(on, off, policy));
+    found
+}
+
+/// A role whose launch config does not read back the value its arm set: the arm did not
+/// run the configuration it is labelled with (or prefill and decode disagreed).
+fn readback_confounds(on: &ArmObservation, off: &ArmObservation) -> Vec<Confound> {
+    let roles: BTreeSet<&String> = on.readback.keys().chain(off.readback.keys()).collect();
+    roles
+        .into_iter()
+        .filter_map(|role| {
+            let read_on = on.readback.get(role);
+            let read_off = off.readback.get(role);
+            let mismatched: Vec<String> = [(on, read_on), (off, read_off)]
+                .into_iter()
+                .filter(|(arm, read)| *read != Some(&arm.value))
+                .map(|(arm, read)| {
+                    format!(
+                        "arm {} set {} but {} read back {}",
+                        arm.label,
+                        arm.value,
+                        role,
+                        read.map_or_else(|| "nothing".to_string(), |v| format!("{v:?}"))
+                    )
+                })
+                .collect();
+            if mismatched.is_empty() {
+                return None;
+            }
+            Some(Confound {
+                name: format!("readback.{role}"),
+                on: read_on.map_or(Value::Null, |v| json!(v)),
+                off: read_off.map_or(Value::Null, |v| json!(v)),
+                severity: Severity::Blocking,
+                note: format!(
+                    "readback mismatch in role {role}: {}",
+                    mismatched.join("; ")
+                ),
+            })
+        })
+        .collect()
+}
+
+/// Error and timeout sessions: a toggle that makes the engine fail or crawl says nothing
+/// about corruption.
+fn degraded_confound(
+    on: &ArmObservation,
+    off: &ArmObservation,
+    policy: &Policy,
+) -> Option<Confound> {
+    if on.counts.failed() == 0 && off.counts.failed() == 0 {
+        return None;
+    }
+    let failure_fraction = |arm: &ArmObservation| {
+        if arm.classified() == 0 {
+            0.0
+        } else {
+            arm.counts.failed() as f64 / arm.classified() as f64
+        }
+    };
+    let degraded: Vec<String> = [on, off]
+        .into_iter()
+        .filter(|arm| failure_fraction(arm) > policy.degraded_fraction)
+        .map(|arm| {
+            format!(
+                "arm {} had {} error and {} timeout sessions of {} ({}% > {}%)",
+                arm.name(),
+                arm.counts.error,
+                arm.counts.timeout,
+                arm.classified(),
+                percent(failure_fraction(arm)),
+                percent(policy.degraded_fraction)
+            )
+        })
+        .collect();
+    let describe = |arm: &ArmObservation| {
+        json!({
+            "error": arm.counts.error,
+            "timeout": arm.counts.timeout,
+            "sessions": arm.classified(),
+        })
+    };
+    let (severity, note) = if degraded.is_empty() {
+        (
+            Severity::Info,
+            format!(
+                "error+timeout within {}% in both arms",
+                percent(policy.degraded_fraction)
+            ),
+        )
+    } else {
+        (
+            Severity::Blocking,
+            format!("degraded: not a same-speed toggle: {}", degraded.join("; ")),
+        )
+    };
+    Some(Confound {
+        name: "error_timeout".to_string(),
+        on: describe(on),
+        off: describe(off),
+        severity,
+        note,
+    })
+}
+
+/// Workload parameters (rounds, ctx, sessions, ...) that differ: a different experiment,
+/// not a different flag value.
+fn workload_confounds(on: &ArmObservation, off: &ArmObservation) -> Vec<Confound> {
+    let differing = |name: String, a: &Value, b: &Value| Confound {
+        note: format!(
+            "workload parameter {name} differs between arms (on {a}, off {b}): \
+             not the same experiment"
+        ),
+        name: format!("workload.{name}"),
+        on: a.clone(),
+        off: b.clone(),
+        severity: Severity::Blocking,
+    };
+    match (&on.workload, &off.workload) {
+        (Value::Object(a), Value::Object(b)) => {
+            let keys: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+            keys.into_iter()
+                .filter_map(|key| {
+                    let (va, vb) = (
+                        a.get(key).unwrap_or(&Value::Null),
+                        b.get(key).unwrap_or(&Value::Null),
+                    );
+                    (va != vb).then(|| differing(key.clone(), va, vb))
+                })
+                .collect()
+        }
+        (a, b) if a != b => vec![Confound {
+            name: "workload".to_string(),
+            on: a.clone(),
+            off: b.clone(),
+            severity: Severity::Blocking,
+            note: "workload parameters differ between arms: not the same experiment".to_string(),
+        }],
+        _ => Vec::new(),
+    }
+}
+
+/// Achieved load and speed: recorded always, warned when they differ by more than
+/// `warn_ratio` (the faster arm finishes sooner, reaches lower concurrency and can look
+/// cleaner for that reason alone).
+fn recorded_confounds(on: &ArmObservation, off: &ArmObservation, policy: &Policy) -> Vec<Confound> {
+    let keys: BTreeSet<&String> = on
+        .peak_running
+        .keys()
+        .chain(off.peak_running.keys())
+        .collect();
+    let mut recorded: Vec<Confound> = keys
+        .into_iter()
+        .map(|key| {
+            let what = if key == "client" {
+                "peak client in-flight requests".to_string()
+            } else {
+                format!("peak running requests reported by {key}")
+            };
+            let value = |arm: &ArmObservation| arm.peak_running.get(key).map(|&v| v as f64);
+            // A peak of 0 vs 2 polled requests is sampling noise, not a load confound.
+            let mut confound = measured(
+                format!("peak_running.{key}"),
+                &what,
+                value(on),
+                value(off),
+                policy,
+                MIN_PEAK_DIFFERENCE,
+            );
+            // Peaks are request counts: integers in run.json, as in `peak_running`.
+            let count =
+                |arm: &ArmObservation| arm.peak_running.get(key).map_or(Value::Null, |&v| json!(v));
+            confound.on = count(on);
+            confound.off = count(off);
+            confound
+        })
+        .collect();
+    recorded.push(measured(
+        "wall_s".to_string(),
+        "wall time",
+        Some(on.wall_s),
+        Some(off.wall_s),
+        policy,
+        0.0,
+    ));
+    recorded.push(measured(
+        "tokens_per_s".to_string(),
+        "throughput (tokens/s)",
+        Some(on.tokens_per_s),
+        Some(off.tokens_per_s),
+        policy,
+        0.0,
+    ));
+    recorded
+}
+
+/// Peak running requests must differ by at least this many to be warned about.
+pub const MIN_PEAK_DIFFERENCE: f64 = 8.0;
+
+fn measured(
+    name: String,
+    what: &str,
+    on: Option<f64>,
+    off: Option<f64>,
+    policy: &Policy,
+    min_abs_difference: f64,
+) -> Confound {
+    let to_json = |v: Option<f64>| {
+        v.filter(|v| v.is_finite())
+            .map_or(Value::Null, |v| json!(v))
+    };
+    let (severity, note) = match (on.filter(|v| v.is_finite()), off.filter(|v| v.is_finite())) {
+        (Some(a), Some(b)) => {
+            let difference = relative_difference(a, b);
+            if difference > policy.warn_ratio && (a - b).abs() >= min_abs_difference {
+                (
+                    Severity::Warning,
+                    format!(
+                        "{what} differs by {}% (on {}, off {}), more than {}%: \
+                         the arms ran at different load or speed",
+                        percent(difference),
+                        number(a),
+                        number(b),
+                        percent(policy.warn_ratio)
+                    ),
+                )
+            } else {
+                (
+                    Severity::Info,
+                    format!(
+                        "{what} within {}% (on {}, off {})",
+                        percent(policy.warn_ratio),
+                        number(a),
+                        number(b)
+                    ),
+                )
+            }
+        }
+        _ => (Severity::Info, format!("{what} not measured in both arms")),
+    };
+    Confound {
+        name,
+        on: to_json(on),
+        off: to_json(off),
+        severity,
+        note,
+    }
+}
+
+/// |a - b| relative to the larger magnitude; 0 when both are 0.
+fn relative_difference(a: f64, b: f64) -> f64 {
+    let larger = a.abs().max(b.abs());
+    if larger == 0.0 {
+        0.0
+    } else {
+        (a - b).abs() / larger
+    }
+}
+
+fn judge(
+    on: &ArmObservation,
+    off: &ArmObservation,
+    policy: &Policy,
+    flag: &str,
+    comparison: &Comparison,
+    confounds: &[Confound],
+) -> Verdict {
+    let p = comparison.p_value;
+    let [lo, hi] = comparison.diff_ci95;
+    let m = policy.min_effect;
+    let significant = p < policy.alpha;
+    let inside_min_effect = lo > -m && hi < m;
+    let blocking: Vec<&Confound> = confounds
+        .iter()
+        .filter(|c| c.severity == Severity::Blocking)
+        .collect();
+    let warnings: Vec<&Confound> = confounds
+        .iter()
+        .filter(|c| c.severity == Severity::Warning)
+        .collect();
+
+    let (corrupting, clean) = if comparison.rate_diff >= 0.0 {
+        (on, off)
+    } else {
+        (off, on)
+    };
+    let interval_text = format!(
+        "difference interval {} to {} points",
+        points(lo),
+        points(hi)
+    );
+    let p_text = format!("Fisher p = {}", p_value_text(p));
+
+    let status = if !blocking.is_empty() {
+        Status::Inconclusive
+    } else if significant {
+        Status::Implicated
+    } else if inside_min_effect {
+        Status::Cleared
+    } else {
+        Status::Inconclusive
+    };
+
+    let mut reasons: Vec<String> = blocking.iter().map(|c| c.note.clone()).collect();
+    match status {
+        Status::Implicated => reasons.push(format!(
+            "{p_text} < alpha {}: {} corrupts more",
+            policy.alpha,
+            corrupting.name()
+        )),
+        Status::Cleared => reasons.push(format!(
+            "{interval_text} lies inside +-{} points and {p_text}",
+            points(m)
+        )),
+        Status::Inconclusive => {
+            if significant {
+                reasons.push(format!(
+                    "{p_text} < alpha {} would implicate {}, but the blocking confounds above \
+                     void the comparison",
+                    policy.alpha,
+                    corrupting.name()
+                ));
+            } else if inside_min_effect {
+                reasons.push(format!(
+                    "{interval_text} lies inside +-{} points, but the blocking confounds \
+                     above void the comparison",
+                    points(m)
+                ));
+            } else {
+                reasons.push(format!(
+                    "not significant (p = {} >= alpha {})",
+                    p_value_text(p),
+                    policy.alpha
+                ));
+                reasons.push(format!(
+                    "{interval_text} is not inside +-{} points",
+                    points(m)
+                ));
+                reasons.push(power_reason(on, off, policy));
+            }
+        }
+    }
+    reasons.extend(warnings.iter().map(|c| format!("warning: {}", c.note)));
+
+    let direction = (status == Status::Implicated).then(|| {
+        format!(
+            "{} corrupts: {}/{} vs {}/{}",
+            corrupting.name(),
+            corrupting.corrupted(),
+            corrupting.classified(),
+            clean.corrupted(),
+            clean.classified()
+        )
+    });
+
+    let subject = if flag.is_empty() {
+        String::new()
+    } else {
+        format!("{flag} ")
+    };
+    let mut summary = match status {
+        Status::Implicated => format!(
+            "implicated: {subject}{} corrupts {} vs {} {}, {p_text}",
+            corrupting.name(),
+            corrupting.rate_text(true),
+            clean.name(),
+            clean.rate_text(false)
+        ),
+        Status::Cleared => format!(
+            "cleared: {subject}{} {} vs {} {}, difference {} points (95% CI {} to {}) \
+             inside +-{}, {p_text}",
+            on.name(),
+            on.rate_text(true),
+            off.name(),
+            off.rate_text(false),
+            points(comparison.rate_diff),
+            points(lo),
+            points(hi),
+            points(m)
+        ),
+        Status::Inconclusive => {
+            let shown: Vec<&str> = reasons
+                .iter()
+                .filter(|r| !r.starts_with("warning: "))
+                .map(String::as_str)
+                .collect();
+            format!(
+                "inconclusive: {subject}{} {} vs {} {}, {p_text}: {}",
+                on.name(),
+                on.rate_text(true),
+                off.name(),
+                off.rate_text(false),
+                shown.join("; ")
+            )
+        }
+    };
+    if !warnings.is_empty() {
+        let names: Vec<&str> = warnings.iter().map(|c| c.name.as_str()).collect();
+        summary.push_str(&format!(" (warnings: {})", names.join(", ")));
+    }
+
+    Verdict {
+        status,
+        direction,
+        reasons,
+        summary,
+    }
+}
+
+/// The "underpowered" reason: how many sessions per arm would resolve `min_effect` at the
+/// pooled corruption rate, or, where the run already had that many, that the observed
+/// difference sits too close to `min_effect` to call.
+fn power_reason(on: &ArmObservation, off: &ArmObservation, policy: &Policy) -> String {
+    let pooled = stats::rate(
+        on.corrupted() + off.corrupted(),
+        on.classified() + off.classified(),
+    );
+    let needed = stats::sessions_per_arm(pooled, policy.min_effect, policy.alpha, policy.power);
+    let smaller_arm = on.classified().min(off.classified());
+    if needed == u64::MAX {
+        format!(
+            "underpowered: no number of sessions resolves a difference of {}",
+            policy.min_effect
+        )
+    } else if needed > smaller_arm {
+        format!(
+            "underpowered: about {needed} sessions per arm would resolve a difference of {} \
+             (this run had {} and {})",
+            policy.min_effect,
+            on.classified(),
+            off.classified()
+        )
+    } else {
+        format!(
+            "borderline: the observed difference lies close to min_effect {}; more than the \
+             {smaller_arm} sessions per arm of this run are needed to call it",
+            policy.min_effect
+        )
+    }
+}
+
+/// A proportion as a percentage with one decimal: 0.175 -> `17.5`.
+fn percent(fraction: f64) -> String {
+    format!("{:.1}", 100.0 * fraction)
+}
+
+/// A difference of proportions in percentage points with one decimal: -0.0025 -> `-0.3`.
+fn points(fraction: f64) -> String {
+    let text = format!("{:.1}", 100.0 * fraction);
+    // A tiny negative rounds to "-0.0", which reads as a sign error.
+    if text == "-0.0" {
+        "0.0".to_string()
+    } else {
+        text
+    }
+}
+
+/// Two significant figures: `0.50`, `0.012`, below 0.001 as `6.6e-05`.
+fn p_value_text(p: f64) -> String {
+    if !p.is_finite() {
+        return "n/a".to_string();
+    }
+    if p >= 0.01 {
+        format!("{p:.2}")
+    } else if p >= 0.001 {
+        format!("{p:.4}")
+    } else if p <= 0.0 {
+        "0".to_string()
+    } else {
+        let exponent = p.log10().floor() as i32;
+        let mut mantissa = p / 10f64.powi(exponent);
+        let mut exponent = exponent;
+        // 9.96e-05 rounds up to 10.0: carry into the exponent.
+        if (mantissa * 10.0).round() >= 100.0 {
+            mantissa /= 10.0;
+            exponent += 1;
+        }
+        format!(
+            "{mantissa:.1}e{}{:02}",
+            if exponent < 0 { "-" } else { "+" },
+            exponent.abs()
+        )
+    }
+}
+
+/// A measured quantity without spurious decimals: 60 -> `60`, 12.345 -> `12.3`.
+fn number(value: f64) -> String {
+    if value.fract() == 0.0 && value.abs() < 1e15 {
+        format!("{value:.0}")
+    } else {
+        format!("{value:.1}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An arm with `corrupted` leak sessions, `timeouts` timeouts and the rest done, at
+    /// matching readback, equal load and speed, and the default workload parameters.
+    fn arm(
+        label: &str,
+        value: &str,
+        corrupted: u64,
+        timeouts: u64,
+        sessions: u64,
+    ) -> ArmObservation {
+        let counts = Counts {
+            done: sessions - corrupted - timeouts,
+            leak: corrupted,
+            timeout: timeouts,
+            ..Counts::default()
+        };
+        ArmObservation {
+            label: label.to_string(),
+            value: value.to_string(),
+            sessions,
+            counts,
+            readback: [("prefill", value), ("decode", value)]
+                .into_iter()
+                .map(|(r, v)| (r.to_string(), v.to_string()))
+                .collect(),
+            peak_running: [("client", 40), ("decode", 40), ("prefill", 12)]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect(),
+            wall_s: 300.0,
+            tokens_per_s: 900.0,
+            workload: json!({"name": "agentic", "sessions": sessions, "rounds": 4, "ctx": 2000}),
+        }
+    }
+
+    fn decide_default(
+        on: &ArmObservation,
+        off: &ArmObservation,
+    ) -> (Comparison, Vec<Confound>, Verdict) {
+        decide(on, off, &Policy::default(), "BF16_INDEX_K")
+    }
+
+    fn blocking_names(confounds: &[Confound]) -> Vec<&str> {
+        confounds
+            .iter()
+            .filter(|c| c.severity == Severity::Blocking)
+            .map(|c| c.name.as_str())
+            .collect()
+    }
+
+    #[test]
+    fn on_corrupting_is_implicated() {
+        let (comparison, confounds, verdict) =
+            decide_default(&arm("on", "1", 14, 0, 80), &arm("off", "0", 0, 0, 80));
+        assert_eq!(verdict.status, Status::Implicated);
+        assert_eq!(
+            verdict.direction.as_deref(),
+            Some("on (=1) corrupts: 14/80 vs 0/80")
+        );
+        assert!((comparison.p_value - 6.553361437755207e-05).abs() < 1e-12);
+        assert!((comparison.rate_diff - 0.175).abs() < 1e-12);
+        assert!(comparison.diff_ci95[0] > 0.09 && comparison.diff_ci95[1] < 0.28);
+        assert!(blocking_names(&confounds).is_empty());
+        assert_eq!(
+            verdict.summary,
+            "implicated: BF16_INDEX_K on (=1) corrupts 14/80 (17.5%, 95% CI 10.7-27.3%) \
+             vs off (=0) 0/80 (0.0%, 0.0-4.6%), Fisher p = 6.6e-05"
+        );
+    }
+
+    #[test]
+    fn off_corrupting_is_implicated_the_other_way() {
+        let (comparison, _, verdict) =
+            decide_default(&arm("on", "1", 0, 0, 80), &arm("off", "0", 14, 0, 80));
+        assert_eq!(verdict.status, Status::Implicated);
+        assert_eq!(
+            verdict.direction.as_deref(),
+            Some("off (=0) corrupts: 14/80 vs 0/80")
+        );
+        assert!((comparison.rate_diff + 0.175).abs() < 1e-12);
+        assert!(verdict
+            .summary
+            .starts_with("implicated: BF16_INDEX_K off (=0) corrupts 14/80"));
+    }
+
+    #[test]
+    fn two_of_sixty_is_underpowered() {
+        let (comparison, confounds, verdict) =
+            decide_default(&arm("on", "1", 2, 0, 60), &arm("off", "0", 0, 0, 60));
+        assert!((comparison.p_value - 0.4957983193277311).abs() < 1e-12);
+        assert!(blocking_names(&confounds).is_empty());
+        assert_eq!(verdict.status, Status::Inconclusive);
+        assert_eq!(verdict.direction, None);
+        assert!(verdict
+            .reasons
+            .contains(&"not significant (p = 0.50 >= alpha 0.01)".to_string()));
+        // Pooled rate 2/120, min_effect 0.05, alpha 0.01, power 0.8 -> 411 (stats tests).
+        assert!(
+            verdict.reasons.iter().any(|r| r.starts_with(
+                "underpowered: about 411 sessions per arm would resolve a difference of 0.05"
+            )),
+            "{:?}",
+            verdict.reasons
+        );
+        assert!(verdict
+            .summary
+            .starts_with("inconclusive: BF16_INDEX_K on (=1) 2/60"));
+        assert!(verdict
+            .summary
+            .contains("not significant (p = 0.50 >= alpha 0.01)"));
+    }
+
+    #[test]
+    fn no_difference_on_many_sessions_is_cleared() {
+        let (comparison, _, verdict) =
+            decide_default(&arm("on", "1", 0, 0, 400), &arm("off", "0", 1, 0, 400));
+        assert_eq!(verdict.status, Status::Cleared);
+        assert_eq!(verdict.direction, None);
+        // Newcombe for 0/400 - 1/400: -0.0140 to 0.0072 (stats reference values).
+        assert!((comparison.diff_ci95[0] + 0.01402328507582339).abs() < 1e-9);
+        assert!((comparison.diff_ci95[1] - 0.0072324909821049055).abs() < 1e-9);
+        assert_eq!(
+            verdict.summary,
+            "cleared: BF16_INDEX_K on (=1) 0/400 (0.0%, 95% CI 0.0-1.0%) vs off (=0) 1/400 \
+             (0.2%, 0.0-1.4%), difference -0.2 points (95% CI -1.4 to 0.7) inside +-5.0, \
+             Fisher p = 1.00"
+        );
+    }
+
+    #[test]
+    fn degraded_arm_blocks_even_a_tiny_p() {
+        // MMA off: 70 of 80 sessions time out, the 10 that finish are clean.
+        let (comparison, confounds, verdict) =
+            decide_default(&arm("on", "1", 14, 0, 80), &arm("off", "0", 0, 70, 80));
+        assert!(comparison.p_value < 0.001);
+        assert_eq!(blocking_names(&confounds), vec!["error_timeout"]);
+        assert_eq!(verdict.status, Status::Inconclusive);
+        assert_eq!(verdict.direction, None);
+        let degraded = &verdict.reasons[0];
+        assert!(
+            degraded.starts_with("degraded: not a same-speed toggle"),
+            "{degraded}"
+        );
+        assert!(
+            degraded.contains("arm off (=0) had 0 error and 70 timeout sessions of 80"),
+            "{degraded}"
+        );
+        assert!(!degraded.contains("arm on"), "{degraded}");
+        assert!(verdict
+            .summary
+            .contains("degraded: not a same-speed toggle"));
+    }
+
+    #[test]
+    fn failures_within_the_limit_are_recorded_not_blocking() {
+        let (_, confounds, verdict) =
+            decide_default(&arm("on", "1", 14, 8, 80), &arm("off", "0", 0, 2, 80));
+        let failures = confounds
+            .iter()
+            .find(|c| c.name == "error_timeout")
+            .unwrap();
+        assert_eq!(failures.severity, Severity::Info);
+        assert_eq!(
+            failures.on,
+            json!({"error": 0, "timeout": 8, "sessions": 80})
+        );
+        assert_eq!(verdict.status, Status::Implicated);
+    }
+
+    #[test]
+    fn readback_mismatch_blocks_and_names_the_role() {
+        let on = arm("on", "1", 14, 0, 80);
+        let mut off = arm("off", "0", 0, 0, 80);
+        // The flag was flipped in decode's launch script but not prefill's.
+        off.readback.insert("prefill".to_string(), "1".to_string());
+        let (_, confounds, verdict) = decide_default(&on, &off);
+        assert_eq!(blocking_names(&confounds), vec!["readback.prefill"]);
+        let mismatch = &confounds[0];
+        assert_eq!(
+            (mismatch.on.clone(), mismatch.off.clone()),
+            (json!("1"), json!("1"))
+        );
+        assert_eq!(verdict.status, Status::Inconclusive);
+        assert!(
+            verdict.reasons[0].contains(
+                "readback mismatch in role prefill: arm off set 0 but prefill read back \"1\""
+            ),
+            "{:?}",
+            verdict.reasons
+        );
+        assert!(verdict.reasons[1].contains("would implicate on (=1)"));
+    }
+
+    #[test]
+    fn missing_readback_for_a_role_blocks() {
+        let on = arm("on", "1", 0, 0, 400);
+        let mut off = arm("off", "0", 0, 0, 400);
+        off.readback.remove("decode");
+        let (_, confounds, verdict) = decide_default(&on, &off);
+        assert_eq!(blocking_names(&confounds), vec!["readback.decode"]);
+        assert_eq!(confounds[0].off, Value::Null);
+        assert_eq!(verdict.status, Status::Inconclusive);
+        assert!(verdict.reasons[0].contains("decode read back nothing"));
+    }
+
+    #[test]
+    fn differing_rounds_block() {
+        let on = arm("on", "1", 14, 0, 80);
+        let mut off = arm("off", "0", 0, 0, 80);
+        off.workload["rounds"] = json!(6);
+        let (_, confounds, verdict) = decide_default(&on, &off);
+        assert_eq!(blocking_names(&confounds), vec!["workload.rounds"]);
+        let rounds = confounds
+            .iter()
+            .find(|c| c.name == "workload.rounds")
+            .unwrap();
+        assert_eq!(
+            (rounds.on.clone(), rounds.off.clone()),
+            (json!(4), json!(6))
+        );
+        assert_eq!(verdict.status, Status::Inconclusive);
+        assert!(verdict.reasons[0]
+            .contains("workload parameter rounds differs between arms (on 4, off 6)"));
+    }
+
+    #[test]
+    fn unequal_load_warns_but_still_implicates() {
+        let mut on = arm("on", "1", 14, 0, 80);
+        let mut off = arm("off", "0", 0, 0, 80);
+        on.peak_running.insert("client".to_string(), 60);
+        off.peak_running.insert("client".to_string(), 20);
+        on.wall_s = 330.0; // 9% apart: recorded as info only.
+        off.wall_s = 300.0;
+        let (_, confounds, verdict) = decide_default(&on, &off);
+        assert_eq!(verdict.status, Status::Implicated);
+        let client = confounds
+            .iter()
+            .find(|c| c.name == "peak_running.client")
+            .unwrap();
+        assert_eq!(client.severity, Severity::Warning);
+        assert_eq!(
+            (client.on.clone(), client.off.clone()),
+            (json!(60), json!(20))
+        );
+        assert!(
+            client.note.contains("differs by 66.7% (on 60, off 20)"),
+            "{}",
+            client.note
+        );
+        let wall = confounds.iter().find(|c| c.name == "wall_s").unwrap();
+        assert_eq!(wall.severity, Severity::Info);
+        for name in [
+            "peak_running.decode",
+            "peak_running.prefill",
+            "tokens_per_s",
+        ] {
+            let c = confounds.iter().find(|c| c.name == name).unwrap();
+            assert_eq!(c.severity, Severity::Info, "{name}");
+        }
+        assert!(verdict
+            .reasons
+            .iter()
+            .any(|r| r.starts_with("warning: peak client in-flight")));
+        assert!(verdict.summary.ends_with("(warnings: peak_running.client)"));
+    }
+
+    #[test]
+    fn empty_arm_is_inconclusive() {
+        let on = arm("on", "1", 0, 0, 0);
+        let off = arm("off", "0", 3, 0, 80);
+        let (comparison, _, verdict) = decide_default(&on, &off);
+        assert_eq!(comparison.p_value, 1.0);
+        assert_eq!(comparison.diff_ci95, [-1.0, 1.0]);
+        assert_eq!(verdict.status, Status::Inconclusive);
+        assert!(verdict
+            .reasons
+            .iter()
+            .any(|r| r.starts_with("underpowered")));
+    }
+
+    #[test]
+    fn serialises_with_the_run_json_names() {
+        let (comparison, confounds, verdict) =
+            decide_default(&arm("on", "1", 14, 0, 80), &arm("off", "0", 0, 0, 80));
+        let comparison = serde_json::to_value(&comparison).unwrap();
+        for key in ["test", "p_value", "rate_diff", "diff_ci95", "min_effect"] {
+            assert!(comparison.get(key).is_some(), "{key}");
+        }
+        assert_eq!(comparison["test"], "fisher_exact_two_sided");
+        let verdict_json = serde_json::to_value(&verdict).unwrap();
+        assert_eq!(verdict_json["status"], "implicated");
+        assert!(verdict_json["reasons"].is_array());
+        let confound = serde_json::to_value(&confounds[0]).unwrap();
+        assert_eq!(confound["severity"], "info");
+        let back: Verdict = serde_json::from_value(verdict_json).unwrap();
+        assert_eq!(back, verdict);
+        let policy: Policy = serde_json::from_value(json!({"alpha": 0.05})).unwrap();
+        assert_eq!(
+            policy,
+            Policy {
+                alpha: 0.05,
+                ..Policy::default()
+            }
+        );
+    }
+
+    #[test]
+    fn p_values_read_as_two_significant_figures() {
+        assert_eq!(p_value_text(0.4957983193277311), "0.50");
+        assert_eq!(p_value_text(0.0027594561852200836), "0.0028");
+        assert_eq!(p_value_text(6.553361437755207e-05), "6.6e-05");
+        assert_eq!(p_value_text(9.96e-5), "1.0e-04");
+        assert_eq!(p_value_text(1.0), "1.00");
+        assert_eq!(p_value_text(0.0), "0");
+    }
+}

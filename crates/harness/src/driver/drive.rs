@@ -1,0 +1,427 @@
+//! The workload driver of one arm block: all sessions run concurrently (one tokio task
+//! each) against the engine's chat API, each sending its `SessionResult` over a
+//! channel the moment it ends, so the caller's single collector can append
+//! sessions.jsonl incrementally (DESIGN.md 3.6).
+//!
+//! Cancellation: when the token fires, sessions still running are dropped mid-request
+//! and nothing is sent for them (they are counted in `DriveStats::cancelled`): an
+//! interrupted run loses exactly the sessions in flight, and no half session is ever
+//! recorded as if it had a class.
+
+use super::barrier::RoundBarrier;
+use super::client::{tools_payload, ChatClient, InFlight};
+use super::conversation::{run_session, SessionContext};
+use crate::config::Workload;
+use crate::core::classify::Classifier;
+use crate::core::session::{Counts, SessionResult};
+use anyhow::Context;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+/// What to drive: one arm block of `sessions` sessions.
+#[derive(Debug, Clone)]
+pub struct DrivePlan {
+    /// OpenAI base URL, e.g. `http://127.0.0.1:8000/v1`.
+    pub api: String,
+    pub model: String,
+    pub api_key: Option<String>,
+    pub workload: Workload,
+    /// Arm label written into every result (`on`, `off`, a cell or probe label).
+    pub label: String,
+    pub repeat: u32,
+    /// Sessions to run (indices 0..sessions); usually `workload.sessions`, or a
+    /// `--sessions` override. Session i gets the same task in every arm and repeat.
+    pub sessions: u32,
+}
+
+/// Totals of one drive.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DriveStats {
+    pub wall_s: f64,
+    /// Most chat requests this client had open at once (exact, not sampled).
+    pub peak_client_inflight: u64,
+    pub completion_tokens: u64,
+    pub tokens_per_s: f64,
+    /// Sessions that finished and were sent.
+    pub sessions: u32,
+    /// Sessions dropped by cancellation (nothing sent for them).
+    pub cancelled: u32,
+    pub counts: Counts,
+    /// Client-side round latency percentiles over all rounds, milliseconds.
+    pub round_latency_p50_ms: f64,
+    pub round_latency_p99_ms: f64,
+}
+
+/// Nearest-rank percentile of an ascending slice (`q` in 0..=1); 0 for an empty one.
+fn percentile(sorted: &[u64], q: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+struct Finished {
+    class: crate::core::session::SessionClass,
+    completion_tokens: u64,
+    round_latency_us: Vec<u64>,
+}
+
+/// Runs every session of `plan`, sending each result on `results` as it ends.
+/// Fails if the HTTP client cannot be built, a session task panics, or the results
+/// receiver is gone (then the remaining sessions are stopped: their results would be lost).
+pub async fn drive(
+    plan: &DrivePlan,
+    classifier: Arc<Classifier>,
+    results: mpsc::Sender<SessionResult>,
+    inflight: Arc<InFlight>,
+    cancel: CancellationToken,
+) -> anyhow::Result<DriveStats> {
+    let workload = Arc::new(plan.workload.clone());
+    let timeout = Duration::from_secs_f64(workload.timeout_s.max(0.001));
+    let client = ChatClient::new(&plan.api, &plan.model, plan.api_key.clone(), timeout)
+        .with_context(|| format!("chat client for {}", plan.api))?;
+    let ctx = Arc::new(SessionContext {
+        tools_payload: tools_payload(&workload.tools),
+        workload: workload.clone(),
+        client,
+        classifier,
+        inflight: inflight.clone(),
+        label: plan.label.clone(),
+        repeat: plan.repeat,
+    });
+    let barrier = workload
+        .barrier
+        .then(|| Arc::new(RoundBarrier::new(plan.sessions as usize)));
+    // Stops the sessions on the caller's cancel, or when the collector went away.
+    let stop = cancel.child_token();
+
+    // Sessions wait at this gate until all are spawned, so they start as one burst even
+    // when the spawning thread is slow or descheduled: the load shape must not depend
+    // on how fast tasks were created.
+    let start = CancellationToken::new();
+    let mut tasks = JoinSet::new();
+    for index in 0..plan.sessions {
+        let ctx = ctx.clone();
+        let barrier = barrier.clone();
+        let results = results.clone();
+        let stop = stop.clone();
+        let start = start.clone();
+        tasks.spawn(async move {
+            let session = async {
+                let seat = barrier.as_deref().map(RoundBarrier::seat);
+                start.cancelled().await;
+                run_session(&ctx, index, seat).await
+            };
+            let run = tokio::select! {
+                biased;
+                run = session => run,
+                _ = stop.cancelled() => return Ok(None),
+            };
+            let finished = Finished {
+                class: run.result.class,
+                completion_tokens: run.result.completion_tokens,
+                round_latency_us: run.round_latency_us,
+            };
+            match results.send(run.result).await {
+                Ok(()) => Ok(Some(finished)),
+                Err(_) => {
+                    stop.cancel();
+                    Err(())
+                }
+            }
+        });
+    }
+    drop(results);
+    let started = Instant::now();
+    start.cancel();
+
+    let mut stats = DriveStats::default();
+    let mut latencies: Vec<u64> = Vec::new();
+    let mut collector_gone = false;
+    let mut panicked: Option<String> = None;
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok(Ok(Some(done))) => {
+                stats.sessions += 1;
+                stats.counts.add(done.class);
+                stats.completion_tokens += done.completion_tokens;
+                latencies.extend(done.round_latency_us);
+            }
+            Ok(Ok(None)) => stats.cancelled += 1,
+            Ok(Err(())) => {
+                collector_gone = true;
+                stats.cancelled += 1;
+            }
+            Err(e) => {
+                stop.cancel();
+                panicked.get_or_insert_with(|| e.to_string());
+            }
+        }
+    }
+    stats.wall_s = started.elapsed().as_secs_f64();
+    stats.peak_client_inflight = inflight.peak();
+    stats.tokens_per_s = if stats.wall_s > 0.0 {
+        stats.completion_tokens as f64 / stats.wall_s
+    } else {
+        0.0
+    };
+    latencies.sort_unstable();
+    stats.round_latency_p50_ms = percentile(&latencies, 0.50) as f64 / 1000.0;
+    stats.round_latency_p99_ms = percentile(&latencies, 0.99) as f64 / 1000.0;
+
+    if let Some(message) = panicked {
+        anyhow::bail!("a session task of arm {} failed: {message}", plan.label);
+    }
+    if collector_gone {
+        anyhow::bail!(
+            "the session results receiver closed during arm {}; {} sessions were stopped unrecorded",
+            plan.label,
+            stats.cancelled
+        );
+    }
+    Ok(stats)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::session::SessionClass;
+    use crate::driver::mock::{sample_workload, Fault, FaultRule, MockConfig, MockServer};
+
+    async fn run(
+        config: MockConfig,
+        workload: Workload,
+        cancel_after: Option<Duration>,
+    ) -> (DriveStats, Vec<SessionResult>, MockServer) {
+        let server = MockServer::start(config).await.unwrap();
+        let classifier = Arc::new(Classifier::with_defaults(&workload.tools).unwrap());
+        let plan = DrivePlan {
+            api: server.api(),
+            model: "mock".into(),
+            api_key: Some("sk-test".into()),
+            sessions: workload.sessions,
+            workload,
+            label: "on".into(),
+            repeat: 1,
+        };
+        let (tx, mut rx) = mpsc::channel(16);
+        let collector = tokio::spawn(async move {
+            let mut all = Vec::new();
+            while let Some(r) = rx.recv().await {
+                all.push(r);
+            }
+            all
+        });
+        let cancel = CancellationToken::new();
+        if let Some(after) = cancel_after {
+            let cancel = cancel.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                cancel.cancel();
+            });
+        }
+        let stats = drive(&plan, classifier, tx, Arc::new(InFlight::new()), cancel)
+            .await
+            .unwrap();
+        let mut results = collector.await.unwrap();
+        results.sort_by_key(|r| r.index);
+        (stats, results, server)
+    }
+
+    /// The sessions whose task message a fault rule selects, computed like the mock does.
+    fn selected(workload: &Workload, rule: &FaultRule) -> Vec<u32> {
+        (0..workload.sessions)
+            .filter(|&i| {
+                let (_, messages) = crate::core::task::initial_conversation(workload, i);
+                rule.selects(messages.last().unwrap().content.as_deref().unwrap())
+            })
+            .collect()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn clean_mock_completes_every_session() {
+        let mut workload = sample_workload(40, 6);
+        workload.ctx = 300;
+        let steps = workload.task.steps;
+        let (stats, results, server) = run(MockConfig::default(), workload, None).await;
+        assert_eq!(stats.sessions, 40);
+        assert_eq!(stats.cancelled, 0);
+        assert_eq!(stats.counts.done, 40, "{:?}", stats.counts);
+        assert_eq!(results.len(), 40);
+        for (i, r) in results.iter().enumerate() {
+            assert_eq!(r.index, i as u32);
+            assert_eq!(r.label, "on");
+            assert_eq!(r.class, SessionClass::Done, "{}", r.evidence);
+            assert_eq!(r.rounds_used, steps + 1);
+            assert_eq!(r.first_bad_round, None);
+            assert_eq!(r.rounds.len(), r.latency_ms.len());
+            let tools = r.transcript.iter().filter(|m| m.role == "tool").count();
+            assert_eq!(tools as u32, steps);
+            assert_eq!(r.transcript.last().unwrap().role, "assistant");
+        }
+        assert!(stats.completion_tokens > 0);
+        assert_eq!(
+            stats.completion_tokens,
+            results.iter().map(|r| r.completion_tokens).sum::<u64>()
+        );
+        assert!(stats.peak_client_inflight >= 1 && stats.peak_client_inflight <= 40);
+        assert_eq!(server.stats().requests(), 40 * u64::from(steps + 1));
+        assert_eq!(server.stats().bearer_seen(), server.stats().requests());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn deliberate_corruption_is_counted_exactly() {
+        let mut workload = sample_workload(60, 6);
+        workload.timeout_s = 1.5;
+        let rules = vec![
+            FaultRule::new(8, 0, 2, Fault::LeakDsml),
+            FaultRule::new(8, 1, 1, Fault::Status500),
+            FaultRule::new(8, 2, 3, Fault::WrongArgs),
+            FaultRule::new(8, 3, 2, Fault::BadJsonArgs),
+            FaultRule::new(8, 4, 1, Fault::NoTool),
+            FaultRule::new(8, 5, 2, Fault::GarbageBody),
+            FaultRule::new(8, 6, 1, Fault::Sleep(Duration::from_secs(8))),
+        ];
+        let expect: Vec<(Vec<u32>, SessionClass, u32)> = rules
+            .iter()
+            .map(|r| {
+                let class = match r.fault {
+                    Fault::LeakDsml => SessionClass::Leak,
+                    Fault::Status500 | Fault::GarbageBody => SessionClass::Error,
+                    Fault::WrongArgs => SessionClass::WrongArgs,
+                    Fault::BadJsonArgs => SessionClass::BadArgs,
+                    Fault::NoTool => SessionClass::NoTool,
+                    Fault::Sleep(_) => SessionClass::Timeout,
+                };
+                (selected(&workload, r), class, r.round)
+            })
+            .collect();
+        let (stats, results, _server) = run(
+            MockConfig {
+                faults: rules,
+                ..Default::default()
+            },
+            workload.clone(),
+            None,
+        )
+        .await;
+        assert_eq!(results.len(), 60);
+        let mut expected_counts = Counts::default();
+        let mut claimed = std::collections::BTreeSet::new();
+        for (sessions, class, round) in &expect {
+            assert!(
+                !sessions.is_empty(),
+                "every fault rule must pick a session ({class:?})"
+            );
+            for &i in sessions {
+                assert!(claimed.insert(i), "rules must pick disjoint sessions");
+                let r = &results[i as usize];
+                assert_eq!(r.class, *class, "session {i}: {}", r.evidence);
+                assert_eq!(r.first_bad_round, Some(*round), "session {i}");
+                assert_eq!(r.rounds_used, *round, "session {i}");
+                expected_counts.add(*class);
+                if class.is_failure() {
+                    assert!(r.error.is_some(), "session {i} has no error text");
+                }
+            }
+        }
+        expected_counts.done = 60 - claimed.len() as u64;
+        assert_eq!(stats.counts, expected_counts);
+        assert!(stats.counts.corrupted() >= 10, "{:?}", stats.counts);
+        assert!(
+            stats.counts.timeout >= 1,
+            "seed must select a sleeper: {:?}",
+            stats.counts
+        );
+        let error_500 = results
+            .iter()
+            .find(|r| r.error.as_deref().is_some_and(|e| e.contains("HTTP 500")))
+            .expect("a 500 session");
+        assert!(error_500
+            .error
+            .as_ref()
+            .unwrap()
+            .contains("injected failure"));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn shipped_workloads_run_clean_against_the_mock() {
+        for name in Workload::builtin_names() {
+            let mut workload = Workload::builtin(name).unwrap();
+            workload.sessions = workload.sessions.min(12);
+            workload.ctx = workload.ctx.min(2000);
+            let sessions = u64::from(workload.sessions);
+            let (stats, results, _server) = run(MockConfig::default(), workload, None).await;
+            assert_eq!(stats.counts.done, sessions, "{name}: {:?}", stats.counts);
+            assert!(results
+                .iter()
+                .all(|r| r.transcript.iter().any(|m| m.role == "tool")));
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn rounds_running_out_is_maxrounds() {
+        let mut workload = sample_workload(5, 3);
+        workload.rounds = 2;
+        let (stats, results, _server) = run(MockConfig::default(), workload, None).await;
+        assert_eq!(stats.counts.maxrounds, 5);
+        for r in results {
+            assert_eq!(r.rounds_used, 2);
+            assert!(r.evidence.contains("2 of 3 steps"), "{}", r.evidence);
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn barrier_keeps_rounds_in_lockstep() {
+        let mut workload = sample_workload(24, 4);
+        workload.barrier = true;
+        let rule = FaultRule::new(4, 1, 2, Fault::NoTool);
+        let early = selected(&workload, &rule).len() as u64;
+        let config = MockConfig {
+            faults: vec![rule],
+            jitter_ms: 15,
+        };
+        let (stats, _results, server) = run(config, workload, None).await;
+        assert_eq!(stats.counts.no_tool, early);
+        assert_eq!(stats.counts.done, 24 - early);
+        let rounds = server.stats().round_arrivals();
+        assert!(
+            rounds.windows(2).all(|w| w[0] <= w[1]),
+            "rounds interleaved: {rounds:?}"
+        );
+        assert_eq!(*rounds.last().unwrap(), 4);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cancellation_drops_sessions_in_flight_and_sends_the_rest() {
+        let mut workload = sample_workload(20, 4);
+        workload.timeout_s = 60.0;
+        let rule = FaultRule::new(2, 0, 1, Fault::Sleep(Duration::from_secs(30)));
+        let sleepers = selected(&workload, &rule);
+        let config = MockConfig {
+            faults: vec![rule],
+            ..Default::default()
+        };
+        let started = Instant::now();
+        let (stats, results, _server) =
+            run(config, workload, Some(Duration::from_millis(1500))).await;
+        assert!(started.elapsed() < Duration::from_secs(10));
+        assert_eq!(stats.cancelled as usize, sleepers.len());
+        assert_eq!(results.len(), 20 - sleepers.len());
+        assert!(results.iter().all(|r| !sleepers.contains(&r.index)));
+        assert!(results.iter().all(|r| r.class == SessionClass::Done));
+    }
+
+    #[test]
+    fn percentile_is_nearest_rank() {
+        let v: Vec<u64> = (1..=100).collect();
+        assert_eq!(percentile(&v, 0.5), 50);
+        assert_eq!(percentile(&v, 0.99), 99);
+        assert_eq!(percentile(&[7], 0.99), 7);
+        assert_eq!(percentile(&[], 0.5), 0);
+    }
+}

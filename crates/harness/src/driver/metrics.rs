@@ -1,0 +1,461 @@
+//! Engine load while a workload runs: a Prometheus text-format parser (exposition
+//! format 0.0.4: `name{label="v",...} value [timestamp]`, `#` comments, escaped label
+//! values, NaN/±Inf, scientific notation) and a poller that samples every role's
+//! `sglang:num_running_reqs` / `sglang:num_queue_reqs` plus the client's in-flight
+//! count into the time series written as metrics.csv (DESIGN.md 3.6). Peak running
+//! requests per role feed the load-confound check of DESIGN.md 3.7.
+
+use super::client::InFlight;
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::time::MissedTickBehavior;
+use tokio_util::sync::CancellationToken;
+
+/// The sampling period used unless a caller asks otherwise.
+pub const DEFAULT_PERIOD: Duration = Duration::from_millis(250);
+pub const RUNNING_METRIC: &str = "sglang:num_running_reqs";
+pub const QUEUED_METRIC: &str = "sglang:num_queue_reqs";
+/// Role name of the rows that carry only the client's own in-flight count.
+pub const CLIENT_ROLE: &str = "client";
+
+/// Label (name, value) pairs of a sample, in exposition order.
+pub type Labels = Vec<(String, String)>;
+
+/// One sample line.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub name: String,
+    pub labels: Labels,
+    pub value: f64,
+}
+
+/// A parsed exposition: the samples, and the lines that could not be read
+/// (1-based line number, reason) so one odd line does not hide the rest.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Exposition {
+    pub samples: Vec<Sample>,
+    pub malformed: Vec<(usize, String)>,
+}
+
+impl Exposition {
+    /// The sum of `name` over all its label sets, NaN samples skipped; `None` when no
+    /// (non-NaN) sample of that name exists.
+    pub fn sum(&self, name: &str) -> Option<f64> {
+        let mut values = self
+            .samples
+            .iter()
+            .filter(|s| s.name == name && !s.value.is_nan())
+            .map(|s| s.value)
+            .peekable();
+        values.peek()?;
+        Some(values.sum())
+    }
+}
+
+fn parse_value(token: &str) -> Result<f64, String> {
+    match token {
+        "NaN" | "nan" => Ok(f64::NAN),
+        "+Inf" | "Inf" | "inf" | "+inf" => Ok(f64::INFINITY),
+        "-Inf" | "-inf" => Ok(f64::NEG_INFINITY),
+        _ => token
+            .parse::<f64>()
+            .map_err(|_| format!("bad sample value {token:?}")),
+    }
+}
+
+fn is_name_char(c: char, first: bool) -> bool {
+    c.is_ascii_alphabetic() || c == '_' || c == ':' || (!first && c.is_ascii_digit())
+}
+
+/// Parses `{a="x",b="y\"z"}` at the start of `text`; returns the labels and the rest.
+fn parse_labels(text: &str) -> Result<(Labels, &str), String> {
+    let mut labels = Vec::new();
+    let mut rest = text.strip_prefix('{').ok_or("expected '{'")?;
+    loop {
+        rest = rest.trim_start();
+        if let Some(after) = rest.strip_prefix('}') {
+            return Ok((labels, after));
+        }
+        let name_end = rest
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .ok_or("unterminated label set")?;
+        let name = &rest[..name_end];
+        if name.is_empty() {
+            return Err(format!("bad label name at {:?}", excerpt(rest)));
+        }
+        rest = rest[name_end..].trim_start();
+        rest = rest
+            .strip_prefix('=')
+            .ok_or("expected '=' after label name")?;
+        rest = rest.trim_start();
+        rest = rest
+            .strip_prefix('"')
+            .ok_or("expected '\"' opening a label value")?;
+        let mut value = String::new();
+        let mut chars = rest.char_indices();
+        let close = loop {
+            match chars.next() {
+                None => return Err("unterminated label value".into()),
+                Some((i, '"')) => break i,
+                Some((_, '\\')) => match chars.next() {
+                    Some((_, 'n')) => value.push('\n'),
+                    Some((_, c)) => value.push(c),
+                    None => return Err("unterminated label value".into()),
+                },
+                Some((_, c)) => value.push(c),
+            }
+        };
+        labels.push((name.to_string(), value));
+        rest = rest[close + 1..].trim_start();
+        if let Some(after) = rest.strip_prefix(',') {
+            rest = after;
+        } else if !rest.starts_with('}') {
+            return Err(format!("expected ',' or '}}' at {:?}", excerpt(rest)));
+        }
+    }
+}
+
+fn excerpt(text: &str) -> String {
+    text.chars().take(30).collect()
+}
+
+fn parse_line(line: &str) -> Result<Sample, String> {
+    let name_end = line
+        .char_indices()
+        .find(|&(i, c)| !is_name_char(c, i == 0))
+        .map_or(line.len(), |(i, _)| i);
+    if name_end == 0 {
+        return Err("missing metric name".into());
+    }
+    let name = &line[..name_end];
+    let mut rest = line[name_end..].trim_start();
+    let labels = if rest.starts_with('{') {
+        let (labels, after) = parse_labels(rest)?;
+        rest = after;
+        labels
+    } else {
+        Vec::new()
+    };
+    let mut tokens = rest.split_whitespace();
+    let value = parse_value(tokens.next().ok_or("missing sample value")?)?;
+    if let Some(ts) = tokens.next() {
+        ts.parse::<i64>()
+            .map_err(|_| format!("bad timestamp {ts:?}"))?;
+    }
+    if tokens.next().is_some() {
+        return Err("trailing text after the timestamp".into());
+    }
+    Ok(Sample {
+        name: name.to_string(),
+        labels,
+        value,
+    })
+}
+
+/// Parses a Prometheus text exposition.
+pub fn parse_exposition(text: &str) -> Exposition {
+    let mut out = Exposition::default();
+    for (i, raw) in text.lines().enumerate() {
+        let line = raw.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        match parse_line(line) {
+            Ok(sample) => out.samples.push(sample),
+            Err(reason) => out.malformed.push((i + 1, reason)),
+        }
+    }
+    out
+}
+
+/// One row of metrics.csv. Rows of role [`CLIENT_ROLE`] carry the client in-flight
+/// count in `running`; `error` says why a scrape failed (then running/queued are empty).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MetricsRow {
+    pub t_s: f64,
+    pub role: String,
+    pub running: Option<f64>,
+    pub queued: Option<f64>,
+    pub client_inflight: u64,
+    pub label: String,
+    pub error: Option<String>,
+}
+
+/// The time series of one poll, with peaks and scrape failures per role.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MetricsLog {
+    pub rows: Vec<MetricsRow>,
+    /// Highest `running` sampled per engine role (roles never scraped are absent).
+    pub peak_running: BTreeMap<String, f64>,
+    /// Highest client in-flight count sampled (`InFlight::peak` is the exact one).
+    pub peak_client_inflight: u64,
+    pub scrape_failures: BTreeMap<String, u64>,
+}
+
+impl MetricsLog {
+    /// Tags every row with the arm (or cell) label before it is appended to the CSV.
+    pub fn set_label(&mut self, label: &str) {
+        for row in &mut self.rows {
+            row.label = label.to_string();
+        }
+    }
+
+    fn record_client(&mut self, t_s: f64, inflight: u64) {
+        self.peak_client_inflight = self.peak_client_inflight.max(inflight);
+        self.rows.push(MetricsRow {
+            t_s,
+            role: CLIENT_ROLE.to_string(),
+            running: Some(inflight as f64),
+            queued: None,
+            client_inflight: inflight,
+            label: String::new(),
+            error: None,
+        });
+    }
+
+    fn record_scrape(
+        &mut self,
+        t_s: f64,
+        role: &str,
+        inflight: u64,
+        scraped: Result<String, String>,
+    ) {
+        let (running, queued, error) = match scraped {
+            Ok(text) => {
+                let exposition = parse_exposition(&text);
+                let running = exposition.sum(RUNNING_METRIC);
+                let error = running
+                    .is_none()
+                    .then(|| format!("no {RUNNING_METRIC} sample"));
+                (running, exposition.sum(QUEUED_METRIC), error)
+            }
+            Err(e) => (None, None, Some(e)),
+        };
+        if error.is_some() {
+            *self.scrape_failures.entry(role.to_string()).or_default() += 1;
+        }
+        if let Some(r) = running {
+            let peak = self.peak_running.entry(role.to_string()).or_insert(r);
+            *peak = peak.max(r);
+        }
+        self.rows.push(MetricsRow {
+            t_s,
+            role: role.to_string(),
+            running,
+            queued,
+            client_inflight: inflight,
+            label: String::new(),
+            error,
+        });
+    }
+}
+
+async fn scrape(http: &reqwest::Client, url: &str) -> Result<String, String> {
+    let response = http
+        .get(url)
+        .send()
+        .await
+        .map_err(|e| format!("{url}: {e}"))?;
+    let status = response.status();
+    if !status.is_success() {
+        return Err(format!("{url}: HTTP {status}"));
+    }
+    response.text().await.map_err(|e| format!("{url}: {e}"))
+}
+
+/// Samples every `(role, url)` endpoint and the client in-flight count every `period`
+/// until `cancel` fires. Scrape failures are recorded as rows with an error, never fatal.
+pub async fn poll(
+    endpoints: Vec<(String, String)>,
+    inflight: Arc<InFlight>,
+    period: Duration,
+    cancel: CancellationToken,
+) -> MetricsLog {
+    let mut log = MetricsLog::default();
+    let period = period.max(Duration::from_millis(10));
+    let http = match reqwest::Client::builder()
+        .no_proxy()
+        .timeout(period.max(Duration::from_secs(2)))
+        .build()
+    {
+        Ok(client) => client,
+        Err(e) => {
+            for (role, _) in &endpoints {
+                log.record_scrape(0.0, role, 0, Err(format!("building the HTTP client: {e}")));
+            }
+            return log;
+        }
+    };
+    let started = Instant::now();
+    let mut ticks = tokio::time::interval(period);
+    ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    // The first sample is always taken, even if the arm is already over: every arm
+    // block then has at least one row per role in metrics.csv.
+    let mut first = true;
+    loop {
+        if !first {
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = ticks.tick() => {}
+            }
+        } else {
+            ticks.tick().await;
+        }
+        let t_s = started.elapsed().as_secs_f64();
+        let client_now = inflight.current();
+        log.record_client(t_s, client_now);
+        let scrapes =
+            futures::future::join_all(endpoints.iter().map(|(_, url)| scrape(&http, url)));
+        let scraped = if first {
+            first = false;
+            scrapes.await
+        } else {
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                scraped = scrapes => scraped,
+            }
+        };
+        for ((role, _), result) in endpoints.iter().zip(scraped) {
+            log.record_scrape(t_s, role, client_now, result);
+        }
+    }
+    log
+}
+
+/// Appends `log`'s rows to the CSV at `path` (columns t_s, role, running, queued,
+/// client_inflight, label, error), writing the header only into a new or empty file,
+/// so each arm appends to one metrics.csv.
+pub fn write_csv(log: &MetricsLog, path: &Path) -> anyhow::Result<()> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    let empty = file
+        .metadata()
+        .with_context(|| format!("reading {}", path.display()))?
+        .len()
+        == 0;
+    let mut writer = csv::WriterBuilder::new()
+        .has_headers(empty)
+        .from_writer(file);
+    for row in &log.rows {
+        writer
+            .serialize(row)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    writer
+        .flush()
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::driver::mock::{MockConfig, MockServer};
+
+    const SGLANG: &str = r#"# HELP sglang:num_running_reqs The number of running requests.
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="deepseek-v4",engine_type="unified"} 12.0
+sglang:num_running_reqs{model_name="other \"quoted\" \\ name",tp_rank="1",} 3
+sglang:num_queue_reqs{model_name="deepseek-v4"} 1.5e1 1712345678000
+sglang:token_usage{model_name="deepseek-v4"} NaN
+sglang:token_usage{model_name="b"} 0.25
+sglang:gen_throughput +Inf
+process_cpu_seconds_total 4.2E-3
+"#;
+
+    #[test]
+    fn sums_over_label_sets_with_escapes_and_timestamps() {
+        let exp = parse_exposition(SGLANG);
+        assert!(exp.malformed.is_empty(), "{:?}", exp.malformed);
+        assert_eq!(exp.samples.len(), 7);
+        assert_eq!(exp.sum(RUNNING_METRIC), Some(15.0));
+        assert_eq!(exp.sum(QUEUED_METRIC), Some(15.0));
+        assert_eq!(exp.sum("sglang:token_usage"), Some(0.25), "NaN is skipped");
+        assert_eq!(exp.sum("sglang:gen_throughput"), Some(f64::INFINITY));
+        assert_eq!(exp.sum("process_cpu_seconds_total"), Some(0.0042));
+        assert_eq!(exp.sum("sglang:absent"), None);
+        assert_eq!(
+            exp.samples[1].labels,
+            vec![
+                (
+                    "model_name".to_string(),
+                    "other \"quoted\" \\ name".to_string()
+                ),
+                ("tp_rank".to_string(), "1".to_string())
+            ]
+        );
+    }
+
+    #[test]
+    fn only_nan_is_absent_and_bad_lines_are_reported_not_fatal() {
+        let exp = parse_exposition("a NaN\nb{x=\"1\" 3\nc 1 2 3\nd abc\ne{x=\"\\\"}\"} 2\n{} 1\n");
+        assert_eq!(exp.sum("a"), None);
+        assert_eq!(exp.sum("e"), Some(2.0));
+        let lines: Vec<usize> = exp.malformed.iter().map(|(l, _)| *l).collect();
+        assert_eq!(lines, vec![2, 3, 4, 6]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn poller_samples_roles_and_records_failures() {
+        let server = MockServer::start(MockConfig::default()).await.unwrap();
+        let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let dead_url = format!("http://{}/metrics", dead.local_addr().unwrap());
+        drop(dead);
+        let inflight = Arc::new(InFlight::new());
+        let _held = inflight.enter();
+        let cancel = CancellationToken::new();
+        let poller = tokio::spawn(poll(
+            vec![
+                ("decode".into(), server.metrics_url()),
+                ("prefill".into(), dead_url),
+                ("health".into(), server.health_url()),
+            ],
+            inflight.clone(),
+            Duration::from_millis(50),
+            cancel.clone(),
+        ));
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        cancel.cancel();
+        let mut log = poller.await.unwrap();
+        let ticks = log.rows.iter().filter(|r| r.role == CLIENT_ROLE).count();
+        assert!(ticks >= 3, "{ticks} ticks");
+        assert_eq!(log.peak_client_inflight, 1);
+        assert_eq!(log.peak_running.get("decode"), Some(&0.0));
+        assert!(!log.peak_running.contains_key("prefill"));
+        assert!(log.scrape_failures["prefill"] >= 3);
+        assert!(
+            log.scrape_failures["health"] >= 3,
+            "a page without the metric is a failure"
+        );
+        assert!(!log.scrape_failures.contains_key("decode"));
+        let decode = log.rows.iter().find(|r| r.role == "decode").unwrap();
+        assert_eq!(
+            (decode.running, decode.queued, decode.client_inflight),
+            (Some(0.0), Some(0.0), 1)
+        );
+
+        log.set_label("on");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.csv");
+        write_csv(&log, &path).unwrap();
+        write_csv(&log, &path).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut lines = text.lines();
+        assert_eq!(
+            lines.next().unwrap(),
+            "t_s,role,running,queued,client_inflight,label,error"
+        );
+        assert_eq!(lines.count(), 2 * log.rows.len(), "header written once");
+        let mut reader = csv::Reader::from_path(&path).unwrap();
+        let back: Vec<MetricsRow> = reader.deserialize().map(Result::unwrap).collect();
+        assert_eq!(back.len(), 2 * log.rows.len());
+        assert!(back.iter().all(|r| r.label == "on"));
+    }
+}

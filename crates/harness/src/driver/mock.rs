@@ -1,0 +1,522 @@
+//! A zero-work OpenAI chat server for tests and benchmarks of the harness: it reads the
+//! task's numbered list from the request, counts the tool results already in the
+//! conversation and answers, instantly, with exactly the call the current step asks
+//! for (a short text answer once all steps are done). Fault rules corrupt chosen
+//! sessions in deterministic ways (a CRC-32 of the task message picks them, the round
+//! says when), so tests can predict every class and count; nothing here is random.
+//! Also serves `/health` and sglang-style `/metrics` (its own running requests).
+
+use crate::config::{CheckArgs, TaskSpec, ToolSpec, Workload};
+use crate::core::task::{approx_tokens, parse_task_message};
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use parking_lot::Mutex;
+use serde_json::{json, Map, Value};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// A deliberate, deterministic misbehaviour.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Fault {
+    /// DSML tool-call markup in `content`, no structured call (a leak).
+    LeakDsml,
+    /// The right tool with one argument value changed (wrong_args).
+    WrongArgs,
+    /// The right tool with truncated, unparseable JSON arguments (bad_args).
+    BadJsonArgs,
+    /// A text answer while steps remain (no_tool).
+    NoTool,
+    /// HTTP 500 with a short body (error).
+    Status500,
+    /// HTTP 200 with a body that is not JSON (error).
+    GarbageBody,
+    /// Answer correctly, but only after this long (timeout, with a shorter client limit).
+    Sleep(Duration),
+}
+
+/// Applies `fault` in round `round` (1-based) of the sessions whose task message has
+/// `crc32(text) % modulus == residue`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FaultRule {
+    pub modulus: u32,
+    pub residue: u32,
+    pub round: u32,
+    pub fault: Fault,
+}
+
+impl FaultRule {
+    pub fn new(modulus: u32, residue: u32, round: u32, fault: Fault) -> Self {
+        FaultRule {
+            modulus: modulus.max(1),
+            residue,
+            round,
+            fault,
+        }
+    }
+
+    /// Whether this rule picks the session whose task message is `task_message`.
+    pub fn selects(&self, task_message: &str) -> bool {
+        crc32fast::hash(task_message.as_bytes()) % self.modulus.max(1) == self.residue
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct MockConfig {
+    /// First matching rule wins.
+    pub faults: Vec<FaultRule>,
+    /// Adds a deterministic delay of 0..jitter_ms per request (from the task and round),
+    /// so sessions drift apart unless something (the round barrier) holds them together.
+    pub jitter_ms: u64,
+}
+
+/// What the mock saw, for assertions and benchmark figures.
+#[derive(Debug, Default)]
+pub struct MockStats {
+    requests: AtomicU64,
+    bearer: AtomicU64,
+    running: AtomicI64,
+    rounds: Mutex<Vec<u32>>,
+    handling_ns: Mutex<Vec<u64>>,
+}
+
+impl MockStats {
+    /// Chat requests answered (any status).
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::SeqCst)
+    }
+
+    /// Chat requests that carried `Authorization: Bearer ...`.
+    pub fn bearer_seen(&self) -> u64 {
+        self.bearer.load(Ordering::SeqCst)
+    }
+
+    /// Round number of every chat request, in arrival order.
+    pub fn round_arrivals(&self) -> Vec<u32> {
+        self.rounds.lock().clone()
+    }
+
+    /// Time each chat request spent in the handler (parse, build, serialise), in ns,
+    /// excluding deliberate sleeps and jitter.
+    pub fn handling_ns(&self) -> Vec<u64> {
+        self.handling_ns.lock().clone()
+    }
+
+    /// Forgets everything recorded (between benchmark rows).
+    pub fn clear(&self) {
+        self.requests.store(0, Ordering::SeqCst);
+        self.bearer.store(0, Ordering::SeqCst);
+        self.rounds.lock().clear();
+        self.handling_ns.lock().clear();
+    }
+}
+
+struct Shared {
+    config: MockConfig,
+    stats: Arc<MockStats>,
+    shutdown: CancellationToken,
+}
+
+/// A running mock; stops when dropped.
+pub struct MockServer {
+    addr: SocketAddr,
+    stats: Arc<MockStats>,
+    shutdown: CancellationToken,
+}
+
+impl MockServer {
+    /// Binds 127.0.0.1 on a free port and serves until dropped.
+    pub async fn start(config: MockConfig) -> anyhow::Result<MockServer> {
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.set_reuseaddr(true)?;
+        socket.bind(SocketAddr::from(([127, 0, 0, 1], 0)))?;
+        // A deep accept queue: a thousand sessions connect at once.
+        let listener = socket.listen(8192)?;
+        let addr = listener.local_addr()?;
+        let stats = Arc::new(MockStats::default());
+        let shutdown = CancellationToken::new();
+        let shared = Arc::new(Shared {
+            config,
+            stats: stats.clone(),
+            shutdown: shutdown.clone(),
+        });
+        let app = Router::new()
+            .route("/v1/chat/completions", post(chat))
+            .route("/health", get(|| async { "ok" }))
+            .route("/metrics", get(metrics))
+            .with_state(shared);
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { stop.cancelled().await })
+                .await;
+        });
+        Ok(MockServer {
+            addr,
+            stats,
+            shutdown,
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The OpenAI base URL (`http://127.0.0.1:PORT/v1`).
+    pub fn api(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    pub fn metrics_url(&self) -> String {
+        format!("http://{}/metrics", self.addr)
+    }
+
+    pub fn health_url(&self) -> String {
+        format!("http://{}/health", self.addr)
+    }
+
+    pub fn stats(&self) -> Arc<MockStats> {
+        self.stats.clone()
+    }
+}
+
+impl Drop for MockServer {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+struct RunningGuard<'a>(&'a AtomicI64);
+
+impl Drop for RunningGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Where a conversation stands: the task, its text, and the round about to be answered.
+struct Progress {
+    task_text: String,
+    steps: Vec<(String, Map<String, Value>)>,
+    done_steps: usize,
+    round: u32,
+}
+
+fn progress(messages: &[Value]) -> Option<Progress> {
+    let (at, task_text, steps) = messages.iter().enumerate().rev().find_map(|(i, m)| {
+        if m.get("role")?.as_str()? != "user" {
+            return None;
+        }
+        let text = m.get("content")?.as_str()?;
+        parse_task_message(text).map(|steps| (i, text.to_string(), steps))
+    })?;
+    let later = &messages[at + 1..];
+    let count = |role: &str| later.iter().filter(|m| m["role"] == role).count();
+    Some(Progress {
+        task_text,
+        steps,
+        done_steps: count("tool"),
+        round: count("assistant") as u32 + 1,
+    })
+}
+
+fn jitter(config: &MockConfig, task_text: &str, round: u32) -> Duration {
+    if config.jitter_ms == 0 {
+        return Duration::ZERO;
+    }
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(task_text.as_bytes());
+    hasher.update(&round.to_le_bytes());
+    Duration::from_millis(u64::from(hasher.finalize()) % config.jitter_ms)
+}
+
+fn altered(value: &Value) -> Value {
+    match value {
+        Value::String(s) => Value::String(format!("{s}.bak")),
+        Value::Number(n) => json!(n.as_f64().unwrap_or(0.0) as i64 + 1),
+        Value::Bool(b) => Value::Bool(!b),
+        other => json!([other]),
+    }
+}
+
+fn completion(message: Value, completion_tokens: usize) -> Response {
+    let body = json!({
+        "id": "chatcmpl-mock",
+        "object": "chat.completion",
+        "model": "mock",
+        "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 0, "completion_tokens": completion_tokens},
+    });
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+fn tool_call_reply(round: u32, tool: &str, arguments: String) -> Response {
+    let tokens = approx_tokens(tool) + approx_tokens(&arguments);
+    completion(
+        json!({
+            "role": "assistant",
+            "content": null,
+            "tool_calls": [{
+                "id": format!("call_{round}"),
+                "type": "function",
+                "function": {"name": tool, "arguments": arguments},
+            }],
+        }),
+        tokens,
+    )
+}
+
+fn text_reply(text: &str) -> Response {
+    completion(
+        json!({"role": "assistant", "content": text}),
+        approx_tokens(text),
+    )
+}
+
+async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+    let started = Instant::now();
+    let stats = &shared.stats;
+    stats.running.fetch_add(1, Ordering::SeqCst);
+    let _running = RunningGuard(&stats.running);
+    stats.requests.fetch_add(1, Ordering::SeqCst);
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("Bearer "));
+    if bearer {
+        stats.bearer.fetch_add(1, Ordering::SeqCst);
+    }
+
+    let request: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => return (StatusCode::BAD_REQUEST, format!("bad json: {e}")).into_response(),
+    };
+    let messages = request["messages"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or(&[]);
+    let Some(state) = progress(messages) else {
+        return text_reply("There is no task to work on.");
+    };
+    stats.rounds.lock().push(state.round);
+    let fault = shared
+        .config
+        .faults
+        .iter()
+        .find(|rule| rule.round == state.round && rule.selects(&state.task_text))
+        .map(|rule| rule.fault);
+    let mut waited = jitter(&shared.config, &state.task_text, state.round);
+    if let Some(Fault::Sleep(extra)) = fault {
+        waited += extra;
+    }
+    if !waited.is_zero() {
+        tokio::select! {
+            _ = tokio::time::sleep(waited) => {}
+            _ = shared.shutdown.cancelled() => {}
+        }
+    }
+
+    let step = state.steps.get(state.done_steps);
+    let response = match (fault, step) {
+        (Some(Fault::Status500), _) => {
+            (StatusCode::INTERNAL_SERVER_ERROR, "injected failure").into_response()
+        }
+        (Some(Fault::GarbageBody), _) => (
+            [(header::CONTENT_TYPE, "application/json")],
+            "<html>upstream hiccup</html>",
+        )
+            .into_response(),
+        (Some(Fault::NoTool), _) => text_reply("Let me think about how to approach this."),
+        (Some(Fault::LeakDsml), Some((tool, args))) => {
+            let (name, value) = args
+                .iter()
+                .next()
+                .map_or(("path", json!("")), |(k, v)| (k.as_str(), v.clone()));
+            text_reply(&format!(
+                "<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"{tool}\">\n\
+                 <｜DSML｜parameter name=\"{name}\" string=\"true\">{value}</｜DSML｜parameter>\
+                 </｜DSML｜parameter>\n"
+            ))
+        }
+        (Some(Fault::WrongArgs), Some((tool, args))) => {
+            let mut args = args.clone();
+            if let Some((_, value)) = args.iter_mut().next() {
+                *value = altered(value);
+            }
+            tool_call_reply(state.round, tool, Value::Object(args).to_string())
+        }
+        (Some(Fault::BadJsonArgs), Some((tool, args))) => {
+            let mut text = Value::Object(args.clone()).to_string();
+            text.truncate(text.len().saturating_sub(3).max(1));
+            tool_call_reply(state.round, tool, text)
+        }
+        (_, Some((tool, args))) => {
+            tool_call_reply(state.round, tool, Value::Object(args.clone()).to_string())
+        }
+        (_, None) => text_reply("All steps are done; nothing unusual found."),
+    };
+    stats
+        .handling_ns
+        .lock()
+        .push(started.elapsed().saturating_sub(waited).as_nanos() as u64);
+    response
+}
+
+async fn metrics(State(shared): State<Arc<Shared>>) -> String {
+    let running = shared.stats.running.load(Ordering::SeqCst).max(0);
+    format!(
+        "# HELP sglang:num_running_reqs The number of running requests.\n\
+         # TYPE sglang:num_running_reqs gauge\n\
+         sglang:num_running_reqs{{model_name=\"mock\"}} {running}\n\
+         # HELP sglang:num_queue_reqs The number of requests in the waiting queue.\n\
+         # TYPE sglang:num_queue_reqs gauge\n\
+         sglang:num_queue_reqs{{model_name=\"mock\"}} 0\n"
+    )
+}
+
+fn tool(name: &str, description: &str, parameters: Value, pools: Value, result: &str) -> ToolSpec {
+    let arg_values = pools
+        .as_object()
+        .expect("pools object")
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_array().expect("pool array").clone()))
+        .collect();
+    ToolSpec {
+        name: name.to_string(),
+        description: description.to_string(),
+        parameters,
+        arg_values,
+        result: result.to_string(),
+    }
+}
+
+/// A small ops-agent workload (three tools, three steps per task) for tests, benches
+/// and the lead's integration tests; `rounds` should exceed 3 for sessions to finish.
+pub fn sample_workload(sessions: u32, rounds: u32) -> Workload {
+    let paths = json!([
+        "/srv/app/config.yaml",
+        "/var/log/nginx/error.log",
+        "/etc/sglang/decode.env",
+        "/srv/app/logs/worker-3.log",
+        "/opt/serve/launch_prefill.sh",
+        "/var/lib/app/queue \"pending\".json"
+    ]);
+    let tools = vec![
+        tool(
+            "read_file",
+            "Read the first lines of a file.",
+            json!({
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string"},
+                    "max_lines": {"type": "integer", "minimum": 1}
+                },
+                "required": ["path"]
+            }),
+            json!({"path": paths, "max_lines": [20, 40, 100, 250]}),
+            "{path} (first {max_lines} lines):\nlisten: 0.0.0.0:8080\ntimeout: 30s",
+        ),
+        tool(
+            "grep",
+            "Search a file for a pattern.",
+            json!({
+                "type": "object",
+                "properties": {
+                    "pattern": {"type": "string"},
+                    "path": {"type": "string"},
+                    "ignore_case": {"type": "boolean"}
+                },
+                "required": ["pattern", "path"]
+            }),
+            json!({
+                "pattern": ["ERROR", "timeout", "kv_pool", "retry \"later\"", "index_k"],
+                "path": paths,
+                "ignore_case": [true, false]
+            }),
+            "{path}: 2 matches for \"{pattern}\"",
+        ),
+        tool(
+            "list_dir",
+            "List a directory.",
+            json!({
+                "type": "object",
+                "properties": {"path": {"type": "string"}},
+                "required": ["path"]
+            }),
+            json!({"path": ["/srv/app", "/var/log", "/etc/sglang", "/opt/serve"]}),
+            r#"{"path": "{path}", "entries": ["config.yaml", "logs", "src"]}"#,
+        ),
+    ];
+    Workload {
+        name: "mock-ops".to_string(),
+        sessions,
+        rounds,
+        ctx: 0,
+        max_tokens: 256,
+        timeout_s: 30.0,
+        temperature: 0.0,
+        tools,
+        task: TaskSpec {
+            steps: 3,
+            intro:
+                "You are the on-call assistant. Do these steps in order, one tool call per step:"
+                    .to_string(),
+            outro: "When all steps are done, answer with a one-line summary.".to_string(),
+        },
+        check_args: CheckArgs::Strict,
+        barrier: false,
+        seed: 42,
+        source: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_counts_steps_and_rounds_after_the_task() {
+        let workload = sample_workload(1, 4);
+        let (task, messages) = crate::core::task::initial_conversation(&workload, 0);
+        let mut conversation: Vec<Value> = messages
+            .iter()
+            .map(|m| serde_json::to_value(m).unwrap())
+            .collect();
+        let first = progress(&conversation).unwrap();
+        assert_eq!(
+            (first.done_steps, first.round, first.steps.len()),
+            (0, 1, task.steps.len())
+        );
+        conversation.push(json!({"role": "assistant", "content": null, "tool_calls": []}));
+        conversation.push(json!({"role": "tool", "tool_call_id": "call_1", "content": "x"}));
+        let second = progress(&conversation).unwrap();
+        assert_eq!((second.done_steps, second.round), (1, 2));
+        assert!(progress(&[json!({"role": "user", "content": "hello"})]).is_none());
+    }
+
+    #[test]
+    fn fault_selection_is_a_pure_function_of_the_task_text() {
+        let rule = FaultRule::new(5, 2, 1, Fault::NoTool);
+        let picked: Vec<bool> = (0..50)
+            .map(|i| rule.selects(&format!("task {i}")))
+            .collect();
+        assert_eq!(
+            picked,
+            (0..50)
+                .map(|i| rule.selects(&format!("task {i}")))
+                .collect::<Vec<_>>()
+        );
+        let hits = picked.iter().filter(|p| **p).count();
+        assert!((3..=20).contains(&hits), "{hits}");
+    }
+}

@@ -1,0 +1,462 @@
+//! Inline SVG charts for the HTML report, drawn with plotters' SVG backend (no fonts are
+//! loaded: text becomes SVG `<text>` elements the browser lays out, so the report stays
+//! self-contained).
+//!
+//! Three charts: corruption rate per arm or cell with its Wilson 95% whiskers, the
+//! concurrency timeline of one arm block (engine running requests per role and client
+//! in-flight over time, from metrics.csv), and the round at which corruption first appears
+//! (sessions per first bad round, grouped by arm). Every function is pure: data in, SVG
+//! text out.
+
+use std::collections::BTreeMap;
+
+use plotters::coord::ranged1d::SegmentValue;
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+
+/// One bar of the rate chart.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RateBar {
+    pub label: String,
+    pub corrupted: u64,
+    pub sessions: u64,
+    pub rate: f64,
+    /// Wilson 95% interval.
+    pub ci95: [f64; 2],
+}
+
+/// One series of a timeline: a name (`decode running`, `client in-flight`) and its points.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Series {
+    pub name: String,
+    pub points: Vec<(f64, f64)>,
+}
+
+/// Sessions per first bad round (index 0 = round 1) of one arm or cell.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoundCounts {
+    pub label: String,
+    pub per_round: Vec<u64>,
+}
+
+const WIDTH: u32 = 760;
+const FONT: &str = "sans-serif";
+/// Width of a label character at the axis font size, for sizing the label area.
+const CHAR_PX: u32 = 8;
+
+fn draw_err<E: std::fmt::Display>(e: E) -> anyhow::Error {
+    anyhow::anyhow!("drawing an SVG chart: {e}")
+}
+
+fn colour(i: usize) -> RGBColor {
+    // Colour-blind-safe (Okabe-Ito), distinguishable on white and in grey print.
+    const PALETTE: [RGBColor; 7] = [
+        RGBColor(213, 94, 0),
+        RGBColor(0, 114, 178),
+        RGBColor(0, 158, 115),
+        RGBColor(204, 121, 167),
+        RGBColor(230, 159, 0),
+        RGBColor(86, 180, 233),
+        RGBColor(90, 90, 90),
+    ];
+    PALETTE[i % PALETTE.len()]
+}
+
+/// Horizontal bars, one per arm or cell (first on top), with Wilson whiskers and the
+/// `k/n` count printed beside each bar.
+pub fn rate_bars(title: &str, bars: &[RateBar]) -> anyhow::Result<String> {
+    let n = bars.len().max(1);
+    let row_px = 34u32;
+    let height = 90 + row_px * n as u32;
+    let longest = bars
+        .iter()
+        .map(|b| b.label.chars().count())
+        .max()
+        .unwrap_or(4) as u32;
+    let label_px = (longest * CHAR_PX + 16).clamp(60, 360);
+    let x_max = bars
+        .iter()
+        .map(|b| b.ci95[1].max(b.rate))
+        .fold(0.05_f64, f64::max)
+        .min(1.0);
+    // Room to the right of the longest whisker for the count text.
+    let x_end = (x_max * 1.25).min(1.3);
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (WIDTH, height)).into_drawing_area();
+        root.fill(&WHITE).map_err(draw_err)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, (FONT, 19))
+            .margin(12)
+            .x_label_area_size(34)
+            .y_label_area_size(label_px)
+            .build_cartesian_2d(0.0..x_end, (0..n - 1).into_segmented())
+            .map_err(draw_err)?;
+        // `a..b` segments into b-a+1 rows; row i is drawn at n-1-i so the first bar sits
+        // on top, in reading order.
+        let row = |i: usize| n - 1 - i;
+        let labels: Vec<String> = bars.iter().map(|b| b.label.clone()).collect();
+        chart
+            .configure_mesh()
+            .disable_y_mesh()
+            .y_labels(n)
+            .y_label_formatter(&|v| match v {
+                SegmentValue::CenterOf(r) if *r < n => {
+                    labels.get(n - 1 - *r).cloned().unwrap_or_default()
+                }
+                _ => String::new(),
+            })
+            .x_desc("corrupted sessions (Wilson 95% interval)")
+            .x_label_formatter(&|x| format!("{:.0}%", x * 100.0))
+            .label_style((FONT, 15))
+            .draw()
+            .map_err(draw_err)?;
+        chart
+            .draw_series(bars.iter().enumerate().map(|(i, b)| {
+                let mut bar = Rectangle::new(
+                    [
+                        (0.0, SegmentValue::Exact(row(i))),
+                        (b.rate, SegmentValue::Exact(row(i) + 1)),
+                    ],
+                    colour(i).mix(0.75).filled(),
+                );
+                bar.set_margin(7, 7, 0, 0);
+                bar
+            }))
+            .map_err(draw_err)?;
+        chart
+            .draw_series(bars.iter().enumerate().map(|(i, b)| {
+                ErrorBar::new_horizontal(
+                    SegmentValue::CenterOf(row(i)),
+                    b.ci95[0],
+                    b.rate,
+                    b.ci95[1],
+                    BLACK.stroke_width(2),
+                    12,
+                )
+            }))
+            .map_err(draw_err)?;
+        chart
+            .draw_series(bars.iter().enumerate().map(|(i, b)| {
+                Text::new(
+                    format!("{}/{} = {:.1}%", b.corrupted, b.sessions, b.rate * 100.0),
+                    (
+                        b.ci95[1].max(b.rate) + x_end * 0.015,
+                        SegmentValue::CenterOf(row(i)),
+                    ),
+                    TextStyle::from((FONT, 14).into_font())
+                        .color(&BLACK)
+                        .pos(Pos::new(HPos::Left, VPos::Center)),
+                )
+            }))
+            .map_err(draw_err)?;
+        root.present().map_err(draw_err)?;
+    }
+    Ok(svg)
+}
+
+/// One arm block's concurrency over time: a line per series, legend in the corner.
+pub fn timeline(title: &str, series: &[Series]) -> anyhow::Result<String> {
+    let t_max = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.0))
+        .fold(0.0_f64, f64::max)
+        .max(1e-3);
+    let y_max = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.1))
+        .fold(0.0_f64, f64::max)
+        .max(1.0)
+        * 1.15;
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (WIDTH, 300)).into_drawing_area();
+        root.fill(&WHITE).map_err(draw_err)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, (FONT, 19))
+            .margin(12)
+            .x_label_area_size(34)
+            .y_label_area_size(44)
+            .build_cartesian_2d(0.0..t_max, 0.0..y_max)
+            .map_err(draw_err)?;
+        chart
+            .configure_mesh()
+            .x_desc("seconds since the block started")
+            .y_desc("requests")
+            .x_label_formatter(&|x| format!("{x:.2}"))
+            .y_label_formatter(&|y| format!("{y:.0}"))
+            .label_style((FONT, 14))
+            .draw()
+            .map_err(draw_err)?;
+        for (i, s) in series.iter().enumerate() {
+            let style = colour(i).stroke_width(2);
+            chart
+                .draw_series(LineSeries::new(s.points.iter().copied(), style))
+                .map_err(draw_err)?
+                .label(s.name.clone())
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], style));
+        }
+        if !series.is_empty() {
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::UpperRight)
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK)
+                .label_font((FONT, 14))
+                .draw()
+                .map_err(draw_err)?;
+        }
+        root.present().map_err(draw_err)?;
+    }
+    Ok(svg)
+}
+
+/// Sessions per first bad round, bars grouped by round, one colour per arm or cell.
+pub fn first_bad_rounds(title: &str, groups: &[RoundCounts]) -> anyhow::Result<String> {
+    let rounds = groups
+        .iter()
+        .map(|g| g.per_round.len())
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let y_max = groups
+        .iter()
+        .flat_map(|g| g.per_round.iter().copied())
+        .max()
+        .unwrap_or(0)
+        .max(1) as f64
+        * 1.15;
+    let m = groups.len().max(1) as f64;
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (WIDTH, 300)).into_drawing_area();
+        root.fill(&WHITE).map_err(draw_err)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, (FONT, 19))
+            .margin(12)
+            .x_label_area_size(34)
+            .y_label_area_size(44)
+            .build_cartesian_2d(0.5..rounds as f64 + 0.5, 0.0..y_max)
+            .map_err(draw_err)?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(rounds)
+            .x_desc("round of the first non-ok reply")
+            .y_desc("sessions")
+            .x_label_formatter(&|x| {
+                if (x - x.round()).abs() < 1e-6 {
+                    format!("{}", x.round() as i64)
+                } else {
+                    String::new()
+                }
+            })
+            .y_label_formatter(&|y| format!("{y:.0}"))
+            .label_style((FONT, 14))
+            .draw()
+            .map_err(draw_err)?;
+        for (j, g) in groups.iter().enumerate() {
+            let fill = colour(j).mix(0.8).filled();
+            let legend_fill = fill;
+            chart
+                .draw_series(g.per_round.iter().enumerate().map(|(r, count)| {
+                    let left = (r + 1) as f64 - 0.4 + 0.8 * j as f64 / m;
+                    Rectangle::new([(left, 0.0), (left + 0.8 / m, *count as f64)], fill)
+                }))
+                .map_err(draw_err)?
+                .label(g.label.clone())
+                .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], legend_fill));
+        }
+        if !groups.is_empty() {
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::UpperRight)
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK)
+                .label_font((FONT, 14))
+                .draw()
+                .map_err(draw_err)?;
+        }
+        root.present().map_err(draw_err)?;
+    }
+    Ok(svg)
+}
+
+/// Timeline series of one arm block from metrics.csv rows: engine running requests per
+/// role (rows with a value) and the client's in-flight count (rows of role `client`).
+pub fn block_series(rows: &[MetricsPoint]) -> Vec<Series> {
+    let mut by_role: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+    let mut client: Vec<(f64, f64)> = Vec::new();
+    for r in rows {
+        if r.role == crate::driver::metrics::CLIENT_ROLE {
+            client.push((r.t_s, r.client_inflight));
+        } else if let Some(running) = r.running {
+            by_role
+                .entry(format!("{} running", r.role))
+                .or_default()
+                .push((r.t_s, running));
+        }
+    }
+    let mut out: Vec<Series> = by_role
+        .into_iter()
+        .map(|(name, points)| Series { name, points })
+        .collect();
+    if !client.is_empty() {
+        out.push(Series {
+            name: "client in-flight".into(),
+            points: client,
+        });
+    }
+    for s in &mut out {
+        s.points.sort_by(|a, b| a.0.total_cmp(&b.0));
+    }
+    out
+}
+
+/// One metrics.csv row, as much of it as the timeline needs.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+pub struct MetricsPoint {
+    pub t_s: f64,
+    pub role: String,
+    #[serde(default)]
+    pub running: Option<f64>,
+    #[serde(default)]
+    pub client_inflight: f64,
+    /// Arm block, e.g. `on-r0`.
+    #[serde(default)]
+    pub label: String,
+}
+
+/// Reads metrics.csv into blocks (label -> rows), in the order blocks first appear.
+/// Unreadable rows are skipped: a report must render from a half-written file.
+pub fn read_metrics(path: &std::path::Path) -> Vec<(String, Vec<MetricsPoint>)> {
+    let Ok(mut reader) = csv::Reader::from_path(path) else {
+        return Vec::new();
+    };
+    let mut blocks: Vec<(String, Vec<MetricsPoint>)> = Vec::new();
+    for row in reader.deserialize::<MetricsPoint>().flatten() {
+        match blocks.iter_mut().find(|(l, _)| *l == row.label) {
+            Some((_, rows)) => rows.push(row),
+            None => blocks.push((row.label.clone(), vec![row])),
+        }
+    }
+    blocks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bar(label: &str, k: u64, n: u64) -> RateBar {
+        let (lo, hi) = crate::core::stats::wilson(k, n, 0.95);
+        RateBar {
+            label: label.into(),
+            corrupted: k,
+            sessions: n,
+            rate: k as f64 / n as f64,
+            ci95: [lo, hi],
+        }
+    }
+
+    #[test]
+    fn rate_bars_draw_one_bar_and_whisker_per_arm_with_labels() {
+        let svg = rate_bars("rate", &[bar("on (X=1)", 14, 80), bar("off (X=0)", 0, 80)]).unwrap();
+        assert!(svg.starts_with("<svg"), "{}", &svg[..80]);
+        assert!(svg.contains("on (X=1)") && svg.contains("off (X=0)"));
+        assert!(svg.contains("14/80 = 17.5%") && svg.contains("0/80 = 0.0%"));
+        // Background and two bars; the whiskers are lines.
+        assert_eq!(svg.matches("<rect").count(), 3, "{svg}");
+        assert!(svg.contains("<line") || svg.contains("<polyline"));
+    }
+
+    #[test]
+    fn timeline_has_a_line_and_legend_entry_per_series() {
+        let series = block_series(&[
+            MetricsPoint {
+                t_s: 0.0,
+                role: "client".into(),
+                running: None,
+                client_inflight: 0.0,
+                label: "on-r0".into(),
+            },
+            MetricsPoint {
+                t_s: 0.0,
+                role: "decode".into(),
+                running: Some(3.0),
+                client_inflight: 0.0,
+                label: "on-r0".into(),
+            },
+            MetricsPoint {
+                t_s: 0.5,
+                role: "client".into(),
+                running: None,
+                client_inflight: 8.0,
+                label: "on-r0".into(),
+            },
+            MetricsPoint {
+                t_s: 0.5,
+                role: "decode".into(),
+                running: Some(7.0),
+                client_inflight: 8.0,
+                label: "on-r0".into(),
+            },
+            MetricsPoint {
+                t_s: 0.7,
+                role: "prefill".into(),
+                running: None,
+                client_inflight: 8.0,
+                label: "on-r0".into(),
+            },
+        ]);
+        let names: Vec<&str> = series.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["decode running", "client in-flight"]);
+        assert_eq!(series[1].points, vec![(0.0, 0.0), (0.5, 8.0)]);
+        let svg = timeline("on-r0", &series).unwrap();
+        let thick = svg
+            .lines()
+            .filter(|l| l.starts_with("<polyline") && l.contains("stroke-width=\"2\""))
+            .count();
+        assert_eq!(thick, 4, "two lines + two legend marks: {svg}");
+        assert!(svg.contains("decode running") && svg.contains("client in-flight"));
+    }
+
+    #[test]
+    fn first_bad_round_histogram_has_a_bar_per_round_and_arm() {
+        let svg = first_bad_rounds(
+            "first bad round",
+            &[
+                RoundCounts {
+                    label: "on".into(),
+                    per_round: vec![0, 9, 3],
+                },
+                RoundCounts {
+                    label: "off".into(),
+                    per_round: vec![1],
+                },
+            ],
+        )
+        .unwrap();
+        // background, plot area, 3 + 1 bars, 2 legend swatches (+ legend box).
+        assert!(svg.matches("<rect").count() >= 8, "{svg}");
+        assert!(svg.contains("\non\n") && svg.contains("\noff\n"), "{svg}");
+    }
+
+    #[test]
+    fn metrics_csv_is_split_into_blocks_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.csv");
+        std::fs::write(
+            &path,
+            "t_s,role,running,queued,client_inflight,label,error\n\
+             0.0,client,,,0,on-r0,\n0.1,decode,4,0,3,on-r0,\n0.1,prefill,,,3,on-r0,timeout\n\
+             not,a,row\n0.0,client,,,1,off-r0,\n",
+        )
+        .unwrap();
+        let blocks = read_metrics(&path);
+        let labels: Vec<&str> = blocks.iter().map(|(l, _)| l.as_str()).collect();
+        assert_eq!(labels, ["on-r0", "off-r0"]);
+        assert_eq!(blocks[0].1.len(), 3);
+        assert_eq!(blocks[0].1[1].running, Some(4.0));
+        assert!(read_metrics(&dir.path().join("missing.csv")).is_empty());
+    }
+}

@@ -1,0 +1,118 @@
+//! `summary.md`: the run as a human pastes it into a PR or an incident channel.
+
+use super::run_record::RunRecord;
+use super::table::{arm_cells, compact, fmt_p, signed_pct, HEADER};
+use super::Exporter;
+
+pub struct SummaryMarkdown;
+
+impl Exporter for SummaryMarkdown {
+    fn file_name(&self) -> &'static str {
+        "summary.md"
+    }
+
+    fn render(&self, r: &RunRecord) -> anyhow::Result<String> {
+        let mut s = String::new();
+        s.push_str(&format!("# bisect run `{}`: {}\n\n", r.flag.name, r.id));
+        let setting = r
+            .flag
+            .env
+            .as_ref()
+            .map(|v| format!("env `{v}`"))
+            .or_else(|| r.flag.arg.as_ref().map(|v| format!("arg `{v}`")))
+            .or_else(|| r.flag.switch.as_ref().map(|v| format!("switch `{v}`")))
+            .unwrap_or_default();
+        s.push_str(&format!(
+            "- flag: `{}` ({setting}) in roles {}; on = `{}`, off = `{}`\n",
+            r.flag.name,
+            r.flag.roles.join(", "),
+            r.flag.on,
+            r.flag.off
+        ));
+        s.push_str(&format!(
+            "- target: {} (`{}`, model `{}`)\n",
+            r.target.name, r.target.api, r.target.model
+        ));
+        s.push_str(&format!("- workload: `{}`\n", compact(&r.workload)));
+        if !r.sets.is_empty() {
+            let sets: Vec<String> = r.sets.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            s.push_str(&format!("- pinned: {}\n", sets.join(", ")));
+        }
+        s.push_str(&format!("- status: {}\n\n", r.status));
+        if let Some(v) = &r.verdict {
+            s.push_str(&format!("**Verdict: {}**\n\n", v.summary));
+            for reason in &v.reasons {
+                s.push_str(&format!("- {reason}\n"));
+            }
+            s.push('\n');
+        }
+        s.push_str(&format!("| {} |\n", HEADER.join(" | ")));
+        s.push_str(&format!("|{}\n", "---|".repeat(HEADER.len())));
+        for arm in &r.arms {
+            s.push_str(&format!(
+                "| {} |\n",
+                arm_cells(&r.flag.name, arm).join(" | ")
+            ));
+        }
+        if r.runs.len() > r.arms.len() {
+            s.push_str("\nArm blocks in execution order:\n\n");
+            s.push_str(&format!("| {} |\n", HEADER.join(" | ")));
+            s.push_str(&format!("|{}\n", "---|".repeat(HEADER.len())));
+            for arm in &r.runs {
+                let mut cells = arm_cells(&r.flag.name, arm);
+                cells[0] = format!("{} r{}", cells[0], arm.repeat.unwrap_or(0));
+                s.push_str(&format!("| {} |\n", cells.join(" | ")));
+            }
+        }
+        if let Some(c) = &r.comparison {
+            s.push_str(&format!(
+                "\nDifference on - off: {} (95% Newcombe interval {} to {}); Fisher exact two-sided p = {}; min effect {}.\n",
+                signed_pct(c.rate_diff),
+                signed_pct(c.diff_ci95[0]),
+                signed_pct(c.diff_ci95[1]),
+                fmt_p(c.p_value),
+                c.min_effect
+            ));
+        }
+        if !r.confounds.is_empty() {
+            s.push_str("\n| confound | on | off | severity | note |\n|---|---|---|---|---|\n");
+            for c in &r.confounds {
+                s.push_str(&format!(
+                    "| {} | {} | {} | {} | {} |\n",
+                    c.name,
+                    compact(&c.on),
+                    compact(&c.off),
+                    serde_json::to_value(c.severity)
+                        .ok()
+                        .and_then(|v| v.as_str().map(String::from))
+                        .unwrap_or_default(),
+                    c.note
+                ));
+            }
+        }
+        let rounds: Vec<String> = r
+            .arms
+            .iter()
+            .filter(|a| !a.first_bad_round.is_empty())
+            .map(|a| {
+                let per: Vec<String> = a
+                    .first_bad_round
+                    .iter()
+                    .enumerate()
+                    .map(|(i, n)| format!("r{} {n}", i + 1))
+                    .collect();
+                format!("{}: {}", a.label, per.join(", "))
+            })
+            .collect();
+        if !rounds.is_empty() {
+            s.push_str(&format!(
+                "\nFirst non-ok round per session: {}\n",
+                rounds.join("; ")
+            ));
+        }
+        if let Some(e) = &r.error {
+            s.push_str(&format!("\nError: {e}\n"));
+        }
+        Ok(s)
+    }
+}

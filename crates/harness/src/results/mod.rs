@@ -1,0 +1,175 @@
+//! Results directories and reports (DESIGN.md 3.6): `run.json`, `sessions.jsonl`,
+//! `metrics.csv`, `launch/`, `logs/`, `summary.md`, and the terminal table.
+//!
+//! Every whole-file format is an [`Exporter`]; the run record is re-exported after each
+//! arm block, so an interrupted run still leaves a readable directory. Streams
+//! (sessions, metrics) are appended as they arrive.
+
+pub mod charts;
+pub mod html;
+pub mod json;
+pub mod markdown;
+pub mod run_record;
+pub mod table;
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+
+use crate::config::TargetProfile;
+use crate::core::session::SessionResult;
+use crate::driver::metrics::MetricsLog;
+use run_record::RunRecord;
+
+/// One whole-file rendering of a run record.
+pub trait Exporter {
+    /// File name inside the results directory.
+    fn file_name(&self) -> &'static str;
+    fn render(&self, record: &RunRecord) -> anyhow::Result<String>;
+    /// Render with the results directory at hand (sessions.jsonl, metrics.csv), for
+    /// formats that show more than the record.
+    fn render_in(&self, record: &RunRecord, _dir: &Path) -> anyhow::Result<String> {
+        self.render(record)
+    }
+}
+
+/// The exporters rewritten after each arm.
+pub fn exporters() -> Vec<Box<dyn Exporter>> {
+    vec![
+        Box::new(json::RunJson),
+        Box::new(markdown::SummaryMarkdown),
+        Box::new(html::HtmlReport),
+    ]
+}
+
+/// A run's results directory.
+pub struct ResultsDir {
+    root: PathBuf,
+}
+
+impl ResultsDir {
+    pub fn create(root: &Path) -> anyhow::Result<Self> {
+        for sub in ["", "logs", "launch"] {
+            let d = root.join(sub);
+            std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
+        }
+        Ok(ResultsDir {
+            root: root.to_path_buf(),
+        })
+    }
+
+    pub fn open(root: &Path) -> Self {
+        ResultsDir {
+            root: root.to_path_buf(),
+        }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Rewrite run.json, summary.md and report.html atomically.
+    pub fn write_record(&self, record: &RunRecord) -> anyhow::Result<()> {
+        for exporter in exporters() {
+            let text = exporter.render_in(record, &self.root)?;
+            write_atomic(&self.root.join(exporter.file_name()), text.as_bytes())?;
+        }
+        Ok(())
+    }
+
+    pub fn sessions_writer(&self) -> anyhow::Result<JsonlWriter> {
+        JsonlWriter::open(&self.root.join("sessions.jsonl"))
+    }
+
+    /// Append one arm block's metrics (rows already labelled) to metrics.csv.
+    pub fn append_metrics(&self, log: &MetricsLog) -> anyhow::Result<()> {
+        crate::driver::write_csv(log, &self.root.join("metrics.csv"))
+    }
+
+    /// Copy every role's launch config, as applied for this block, into launch/.
+    pub fn snapshot_launch(
+        &self,
+        label: &str,
+        repeat: u32,
+        target: &TargetProfile,
+    ) -> anyhow::Result<()> {
+        let dir = self.root.join("launch").join(format!("{label}-r{repeat}"));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        for role in &target.roles {
+            let name = role
+                .launch
+                .file_name()
+                .map(|n| n.to_string_lossy().to_string())
+                .unwrap_or_else(|| format!("{}.sh", role.name));
+            let dest = dir.join(format!("{}--{}", role.name, name));
+            std::fs::copy(&role.launch, &dest).with_context(|| {
+                format!("copying {} to {}", role.launch.display(), dest.display())
+            })?;
+        }
+        Ok(())
+    }
+
+    pub fn read_record(&self) -> anyhow::Result<RunRecord> {
+        let path = self.root.join("run.json");
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+    }
+
+    pub fn read_sessions(&self) -> anyhow::Result<Vec<SessionResult>> {
+        let path = self.root.join("sessions.jsonl");
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        text.lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+            .map(|(i, l)| {
+                serde_json::from_str(l)
+                    .with_context(|| format!("{}:{}: bad session line", path.display(), i + 1))
+            })
+            .collect()
+    }
+}
+
+/// Appends one JSON document per line, flushed per line so a crash loses nothing written.
+pub struct JsonlWriter {
+    out: BufWriter<File>,
+    path: PathBuf,
+}
+
+impl JsonlWriter {
+    pub fn open(path: &Path) -> anyhow::Result<Self> {
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        Ok(JsonlWriter {
+            out: BufWriter::new(file),
+            path: path.to_path_buf(),
+        })
+    }
+
+    pub fn append_one<T: serde::Serialize>(&mut self, value: &T) -> anyhow::Result<()> {
+        serde_json::to_writer(&mut self.out, value)
+            .with_context(|| format!("writing {}", self.path.display()))?;
+        self.out.write_all(b"\n")?;
+        self.out.flush()?;
+        Ok(())
+    }
+
+    pub fn append(&mut self, result: &SessionResult) -> anyhow::Result<()> {
+        self.append_one(result)
+    }
+}
+
+/// Write via a temporary file and rename, so readers never see half a file.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    let tmp = path.with_extension("tmp~");
+    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path)
+        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
+    Ok(())
+}

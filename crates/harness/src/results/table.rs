@@ -1,0 +1,139 @@
+//! The terminal table printed at the end of `bisect run` (comfy-table), and the row
+//! formatting it shares with the markdown summary.
+
+use comfy_table::{presets, Cell, CellAlignment, ContentArrangement, Table};
+
+use super::run_record::{ArmRecord, RunRecord};
+
+pub const HEADER: [&str; 9] = [
+    "arm",
+    "sessions",
+    "done/max",
+    "leak/bad/wrong/no_tool",
+    "error/timeout",
+    "corrupted",
+    "peak running",
+    "wall",
+    "tok/s",
+];
+
+/// One arm's cells, in HEADER order.
+pub fn arm_cells(flag: &str, arm: &ArmRecord) -> [String; 9] {
+    let c = &arm.counts;
+    let peaks = arm
+        .peak_running
+        .iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    [
+        format!("{} ({flag}={})", arm.label, arm.value),
+        arm.sessions.to_string(),
+        format!("{}/{}", c.done, c.maxrounds),
+        format!("{}/{}/{}/{}", c.leak, c.bad_args, c.wrong_args, c.no_tool),
+        format!("{}/{}", c.error, c.timeout),
+        format!(
+            "{}/{} = {} [{}, {}]",
+            arm.corrupted,
+            arm.sessions,
+            pct(arm.corruption_rate),
+            pct(arm.ci95[0]),
+            pct(arm.ci95[1])
+        ),
+        peaks,
+        format!("{:.1}s", arm.wall_s),
+        format!("{:.0}", arm.tokens_per_s),
+    ]
+}
+
+pub fn pct(x: f64) -> String {
+    format!("{:.1}%", 100.0 * x)
+}
+
+/// p-values: fixed for readable ones, scientific below 1e-3.
+pub fn fmt_p(p: f64) -> String {
+    if p >= 1e-3 {
+        format!("{p:.3}")
+    } else {
+        format!("{p:.1e}")
+    }
+}
+
+/// The whole terminal report: arms table, comparison, confounds, verdict.
+pub fn render(record: &RunRecord) -> String {
+    let mut table = Table::new();
+    table
+        .load_preset(presets::UTF8_FULL_CONDENSED)
+        .set_content_arrangement(ContentArrangement::Dynamic)
+        .set_header(HEADER.iter().map(Cell::new));
+    for arm in &record.arms {
+        table.add_row(
+            arm_cells(&record.flag.name, arm)
+                .into_iter()
+                .enumerate()
+                .map(|(i, s)| {
+                    let cell = Cell::new(s);
+                    if (1..=5).contains(&i) || i >= 7 {
+                        cell.set_alignment(CellAlignment::Right)
+                    } else {
+                        cell
+                    }
+                }),
+        );
+    }
+    let mut out = format!(
+        "bisect run {}: workload {} ({} sessions x {} rounds, ctx {}), {} arm block(s)\n{table}\n",
+        record.flag.name,
+        record.workload["name"].as_str().unwrap_or("?"),
+        record.workload["sessions"],
+        record.workload["rounds"],
+        record.workload["ctx"],
+        record.runs.len(),
+    );
+    if let Some(c) = &record.comparison {
+        out.push_str(&format!(
+            "difference on-off: {} [{}, {}] (Newcombe 95%), Fisher exact two-sided p = {}\n",
+            signed_pct(c.rate_diff),
+            signed_pct(c.diff_ci95[0]),
+            signed_pct(c.diff_ci95[1]),
+            fmt_p(c.p_value)
+        ));
+    }
+    for c in &record.confounds {
+        out.push_str(&format!(
+            "confound [{}] {}: on {} / off {}: {}\n",
+            serde_json::to_value(c.severity)
+                .ok()
+                .and_then(|v| v.as_str().map(String::from))
+                .unwrap_or_default(),
+            c.name,
+            compact(&c.on),
+            compact(&c.off),
+            c.note
+        ));
+    }
+    if let Some(v) = &record.verdict {
+        out.push_str(&format!("verdict: {}\n", v.summary));
+        for r in &v.reasons {
+            out.push_str(&format!("  - {r}\n"));
+        }
+    } else if let Some(e) = &record.error {
+        out.push_str(&format!("no verdict ({}): {e}\n", record.status));
+    }
+    out
+}
+
+pub fn signed_pct(x: f64) -> String {
+    format!("{:+.1}%", 100.0 * x)
+}
+
+pub fn compact(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Number(n) => match n.as_f64() {
+            Some(f) if f.fract() != 0.0 => format!("{f:.2}"),
+            _ => n.to_string(),
+        },
+        other => other.to_string(),
+    }
+}
