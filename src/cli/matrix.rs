@@ -128,7 +128,7 @@ async fn matrix_cmd(args: MatrixArgs) -> anyhow::Result<ExitCode> {
         dir.display()
     );
     let progress = progress::Lines::new(false);
-    let mut record = matrix_run::run(&job, &mut control, &progress, cancel).await?;
+    let mut record = matrix_run::run_matrix(&job, &mut control, &progress, cancel).await?;
     if job.shard.is_none() && !args.no_baseline {
         let found = match &args.baseline {
             Some(b) => Some(baseline::load_explicit(b, &job.plan.name)?),

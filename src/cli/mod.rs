@@ -417,7 +417,7 @@ async fn run_cmd(args: RunArgs) -> anyhow::Result<ExitCode> {
         Box::new(progress::Lines::new(true))
     };
     eprintln!("results: {}", plan.run_dir.display());
-    let record = experiment::run(&plan, &mut control, progress.as_ref(), cancel).await?;
+    let record = experiment::run_experiment(&plan, &mut control, progress.as_ref(), cancel).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&record)?);
     } else {
@@ -493,7 +493,9 @@ async fn probe_cmd(args: ProbeArgs) -> anyhow::Result<ExitCode> {
         bisect_harness::control::ProcessControl::new(&plan.target, &plan.run_dir.join("logs"))?;
     let progress = progress::Lines::new(!args.json);
     let record =
-        match bisect_harness::commands::probe::run(&plan, &mut control, &progress, cancel).await {
+        match bisect_harness::commands::probe::run_probe(&plan, &mut control, &progress, cancel)
+            .await
+        {
             Ok(r) => r,
             Err(e) if matches!(e.downcast_ref::<Failure>(), Some(Failure::Interrupted)) => {
                 return Err(e)

@@ -5,9 +5,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use indicatif::{ProgressBar, ProgressStyle};
 use parking_lot::Mutex;
 
-use bisect_harness::commands::run::Progress;
+use bisect_harness::arm::{BlockName, Progress};
+use bisect_harness::core::arm_stats::ArmStats;
 use bisect_harness::core::session::SessionResult;
-use bisect_harness::results::run_record::ArmRecord;
 
 pub struct Bar {
     bar: Mutex<Option<ProgressBar>>,
@@ -24,7 +24,12 @@ impl Bar {
 }
 
 impl Progress for Bar {
-    fn arm_started(&self, label: &str, value: &str, repeat: u32, sessions: u64) {
+    fn arm_started(&self, block: BlockName<'_>, sessions: u64) {
+        let BlockName {
+            label,
+            value,
+            repeat,
+        } = block;
         let bar = ProgressBar::new(sessions);
         bar.set_style(
             ProgressStyle::with_template(
@@ -49,14 +54,14 @@ impl Progress for Bar {
             bar.inc(1);
         }
     }
-    fn arm_finished(&self, arm: &ArmRecord) {
+    fn arm_finished(&self, _: BlockName<'_>, stats: &ArmStats) {
         if let Some(bar) = self.bar.lock().take() {
             bar.finish_with_message(format!(
                 "corrupted {}/{}  error+timeout {}  {:.1}s",
-                arm.corrupted,
-                arm.sessions,
-                arm.counts.failed(),
-                arm.wall_s
+                stats.corrupted,
+                stats.sessions(),
+                stats.counts.failed(),
+                stats.wall_s
             ));
         }
     }
@@ -84,7 +89,12 @@ impl Lines {
 }
 
 impl Progress for Lines {
-    fn arm_started(&self, label: &str, value: &str, repeat: u32, sessions: u64) {
+    fn arm_started(&self, block: BlockName<'_>, sessions: u64) {
+        let BlockName {
+            label,
+            value,
+            repeat,
+        } = block;
         self.done.store(0, Ordering::Relaxed);
         if value.is_empty() {
             // Matrix cells and probes have a label but no flag value.
@@ -107,19 +117,19 @@ impl Progress for Lines {
             );
         }
     }
-    fn arm_finished(&self, arm: &ArmRecord) {
-        let name = if arm.value.is_empty() {
-            arm.label.clone()
+    fn arm_finished(&self, block: BlockName<'_>, stats: &ArmStats) {
+        let name = if block.value.is_empty() {
+            block.label.to_string()
         } else {
-            format!("arm {}={}", arm.label, arm.value)
+            format!("arm {}={}", block.label, block.value)
         };
         eprintln!(
             "{name}: corrupted {}/{} ({:.1}%), error+timeout {}, {:.1}s",
-            arm.corrupted,
-            arm.sessions,
-            100.0 * arm.corruption_rate,
-            arm.counts.failed(),
-            arm.wall_s
+            stats.corrupted,
+            stats.sessions(),
+            100.0 * stats.corruption_rate,
+            stats.counts.failed(),
+            stats.wall_s
         );
     }
     fn note(&self, message: &str) {

@@ -8,6 +8,7 @@ use std::time::Duration;
 use bisect_harness::commands::culprit::{self, CulpritPlan};
 use bisect_harness::commands::run::Quiet;
 use bisect_harness::config::Workload;
+use bisect_harness::core::arm_stats::RecordStatus;
 use bisect_harness::core::verdict::{Policy, Status};
 use tokio_util::sync::CancellationToken;
 
@@ -85,7 +86,7 @@ async fn racy_flag_is_the_culprit_within_budget() {
         before,
         "launch configs restored byte for byte"
     );
-    assert_eq!(record.status, "finished");
+    assert_eq!(record.status, RecordStatus::Finished);
     let names: Vec<&str> = record.culprits.iter().map(|c| c.flag.as_str()).collect();
     assert_eq!(names, ["FAKE_BF16"]);
     assert!(
@@ -98,9 +99,9 @@ async fn racy_flag_is_the_culprit_within_budget() {
     let bf16 = record.flags.iter().find(|f| f.name == "FAKE_BF16").unwrap();
     assert_eq!(bf16.status, Status::Implicated, "{bf16:?}");
     assert_eq!(bf16.looks, 1);
-    assert_eq!(bf16.arms[0].counts.leak, bf16_victims);
-    assert_eq!(bf16.arms[0].counts.done, n0 - bf16_victims);
-    assert_eq!(bf16.arms[1].counts.done, n0);
+    assert_eq!(bf16.arms[0].stats.counts.leak, bf16_victims);
+    assert_eq!(bf16.arms[0].stats.counts.done, n0 - bf16_victims);
+    assert_eq!(bf16.arms[1].stats.counts.done, n0);
     assert!(bf16.p_adjusted < record.alpha_per_look);
 
     // FAKE_NOISE changes only speed: both arms leak the same victims, look after look.
@@ -117,8 +118,8 @@ async fn racy_flag_is_the_culprit_within_budget() {
         "the whole rest of the budget goes to the open flag"
     );
     let noise_victims: u64 = (1..=3).map(|j| victims(&plan.workload, j, 50)).sum();
-    assert_eq!(noise.arms[0].counts.leak, noise_victims);
-    assert_eq!(noise.arms[1].counts.leak, noise_victims);
+    assert_eq!(noise.arms[0].stats.counts.leak, noise_victims);
+    assert_eq!(noise.arms[1].stats.counts.leak, noise_victims);
     assert_eq!(noise.p_value, 1.0);
 
     // The budget holds, and every pair is counted.
@@ -193,7 +194,7 @@ async fn slow_flag_is_degraded_and_gets_no_more_budget() {
     );
     assert_eq!(slow.looks, 1, "a degraded flag gets no extra look");
     assert_eq!(slow.sessions, 32);
-    assert_eq!(slow.arms[0].counts.timeout, 16);
+    assert_eq!(slow.arms[0].stats.counts.timeout, 16);
     let noise = record
         .flags
         .iter()

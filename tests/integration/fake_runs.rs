@@ -3,6 +3,7 @@
 use std::sync::atomic::Ordering;
 
 use bisect_harness::commands::run::{self as experiment, Quiet};
+use bisect_harness::core::arm_stats::ArmLabel;
 use bisect_harness::core::session::SessionClass;
 use bisect_harness::core::verdict::Status;
 use tokio_util::sync::CancellationToken;
@@ -20,16 +21,24 @@ async fn racy_flag_is_implicated_with_exact_counts() {
         "workload gives too few race victims ({victims}) for a decisive test"
     );
     let mut control = t.engine.control();
-    let record = experiment::run(&plan, &mut control, &Quiet, CancellationToken::new())
+    let record = experiment::run_experiment(&plan, &mut control, &Quiet, CancellationToken::new())
         .await
         .unwrap();
 
-    let on = record.arms.iter().find(|a| a.label == "on").unwrap();
-    let off = record.arms.iter().find(|a| a.label == "off").unwrap();
-    assert_eq!(on.counts.leak, victims);
-    assert_eq!(on.counts.done, 64 - victims);
-    assert_eq!(off.counts.done, 64);
-    assert_eq!(on.first_bad_round, vec![0, victims]);
+    let on = record
+        .arms
+        .iter()
+        .find(|a| a.label == ArmLabel::On)
+        .unwrap();
+    let off = record
+        .arms
+        .iter()
+        .find(|a| a.label == ArmLabel::Off)
+        .unwrap();
+    assert_eq!(on.stats.counts.leak, victims);
+    assert_eq!(on.stats.counts.done, 64 - victims);
+    assert_eq!(off.stats.counts.done, 64);
+    assert_eq!(on.stats.first_bad_round, vec![0, victims]);
     assert_eq!(on.readback.get("prefill").map(String::as_str), Some("1"));
     assert_eq!(off.readback.get("decode").map(String::as_str), Some("0"));
     let verdict = record.verdict.as_ref().unwrap();
@@ -79,12 +88,12 @@ async fn speed_only_flag_is_cleared() {
     plan.sets
         .push((t.catalog.get("FAKE_BF16").unwrap().clone(), "0".into()));
     let mut control = t.engine.control();
-    let record = experiment::run(&plan, &mut control, &Quiet, CancellationToken::new())
+    let record = experiment::run_experiment(&plan, &mut control, &Quiet, CancellationToken::new())
         .await
         .unwrap();
     let verdict = record.verdict.as_ref().unwrap();
     assert_eq!(verdict.status, Status::Cleared, "{verdict:?}");
-    assert!(record.arms.iter().all(|a| a.counts.done == 100));
+    assert!(record.arms.iter().all(|a| a.stats.counts.done == 100));
     assert_eq!(record.sets.get("FAKE_BF16").map(String::as_str), Some("0"));
 }
 
@@ -94,11 +103,11 @@ async fn small_difference_is_inconclusive_underpowered() {
     let plan = t.plan("FAKE_BF16", 12, 4);
     let victims = fake_race_victims(&plan.workload, 12);
     let mut control = t.engine.control();
-    let record = experiment::run(&plan, &mut control, &Quiet, CancellationToken::new())
+    let record = experiment::run_experiment(&plan, &mut control, &Quiet, CancellationToken::new())
         .await
         .unwrap();
     let verdict = record.verdict.as_ref().unwrap();
-    assert_eq!(record.arms[0].counts.leak, victims);
+    assert_eq!(record.arms[0].stats.counts.leak, victims);
     assert_eq!(verdict.status, Status::Inconclusive, "{verdict:?}");
     assert!(
         verdict.reasons.iter().any(|r| r.contains("underpowered")),
@@ -114,11 +123,15 @@ async fn slow_arm_is_degraded_not_a_verdict() {
     plan.sets
         .push((t.catalog.get("FAKE_BF16").unwrap().clone(), "0".into()));
     let mut control = t.engine.control();
-    let record = experiment::run(&plan, &mut control, &Quiet, CancellationToken::new())
+    let record = experiment::run_experiment(&plan, &mut control, &Quiet, CancellationToken::new())
         .await
         .unwrap();
-    let on = record.arms.iter().find(|a| a.label == "on").unwrap();
-    assert_eq!(on.counts.timeout, 20);
+    let on = record
+        .arms
+        .iter()
+        .find(|a| a.label == ArmLabel::On)
+        .unwrap();
+    assert_eq!(on.stats.counts.timeout, 20);
     let verdict = record.verdict.as_ref().unwrap();
     assert_eq!(verdict.status, Status::Inconclusive);
     assert!(
@@ -136,7 +149,7 @@ async fn half_applied_flag_is_refused_before_any_restart() {
     let before = t.launch_bytes();
     let plan = t.plan("FAKE_BF16_DECODE_ONLY", 4, 1);
     let mut control = t.engine.control();
-    let err = experiment::run(&plan, &mut control, &Quiet, CancellationToken::new())
+    let err = experiment::run_experiment(&plan, &mut control, &Quiet, CancellationToken::new())
         .await
         .unwrap_err();
     let msg = format!("{err:#}");
@@ -156,12 +169,16 @@ async fn half_applied_flag_is_refused_before_any_restart() {
     let mut plan = plan;
     plan.allow_partial = true;
     plan.run_dir = plan.run_dir.with_file_name("partial-allowed");
-    let record = experiment::run(&plan, &mut control, &Quiet, CancellationToken::new())
+    let record = experiment::run_experiment(&plan, &mut control, &Quiet, CancellationToken::new())
         .await
         .unwrap();
-    let off = record.arms.iter().find(|a| a.label == "off").unwrap();
+    let off = record
+        .arms
+        .iter()
+        .find(|a| a.label == ArmLabel::Off)
+        .unwrap();
     assert_eq!(
-        off.counts.error, 4,
+        off.stats.counts.error, 4,
         "prefill 1 vs decode 0 disagree: every request fails"
     );
     assert_eq!(t.launch_bytes(), before);
@@ -174,7 +191,7 @@ async fn repeats_interleave_and_pool() {
     plan.repeats = 2;
     let victims = fake_race_victims(&plan.workload, 16);
     let mut control = t.engine.control();
-    let record = experiment::run(&plan, &mut control, &Quiet, CancellationToken::new())
+    let record = experiment::run_experiment(&plan, &mut control, &Quiet, CancellationToken::new())
         .await
         .unwrap();
     let order: Vec<String> = record
@@ -183,9 +200,13 @@ async fn repeats_interleave_and_pool() {
         .map(|r| format!("{}{}", r.label, r.repeat.unwrap()))
         .collect();
     assert_eq!(order, ["on0", "off0", "off1", "on1"]);
-    let on = record.arms.iter().find(|a| a.label == "on").unwrap();
+    let on = record
+        .arms
+        .iter()
+        .find(|a| a.label == ArmLabel::On)
+        .unwrap();
     assert_eq!(on.sessions, 32);
-    assert_eq!(on.counts.leak, 2 * victims);
+    assert_eq!(on.stats.counts.leak, 2 * victims);
     assert_eq!(control.restarts.load(Ordering::Relaxed), 4);
 }
 
@@ -198,7 +219,7 @@ async fn configs_restored_when_a_restart_fails_midway() {
         inner: t.engine.control(),
         calls: 0,
     };
-    let err = experiment::run(&plan, &mut control, &Quiet, CancellationToken::new())
+    let err = experiment::run_experiment(&plan, &mut control, &Quiet, CancellationToken::new())
         .await
         .unwrap_err();
     assert!(format!("{err:#}").contains("simulated restart failure"));
@@ -226,7 +247,7 @@ async fn cancellation_restores_and_reports_interrupted() {
         trigger.cancel();
     });
     let mut control = t.engine.control();
-    let err = experiment::run(&plan, &mut control, &Quiet, cancel)
+    let err = experiment::run_experiment(&plan, &mut control, &Quiet, cancel)
         .await
         .unwrap_err();
     assert_eq!(
@@ -307,10 +328,14 @@ async fn probe_says_corrupted_then_clean_and_never_edits() {
     let before = t.launch_bytes();
     let plan = probe_plan(&t, 64);
     let mut control = t.engine.control();
-    let record =
-        bisect_harness::commands::probe::run(&plan, &mut control, &Quiet, CancellationToken::new())
-            .await
-            .unwrap();
+    let record = bisect_harness::commands::probe::run_probe(
+        &plan,
+        &mut control,
+        &Quiet,
+        CancellationToken::new(),
+    )
+    .await
+    .unwrap();
     assert_eq!(
         record.outcome,
         Some(Outcome::Corrupted),
@@ -329,10 +354,14 @@ async fn probe_says_corrupted_then_clean_and_never_edits() {
     }
     let mut plan = probe_plan(&t, 64);
     plan.run_dir = t.dir.path().join("results/probe2");
-    let record =
-        bisect_harness::commands::probe::run(&plan, &mut control, &Quiet, CancellationToken::new())
-            .await
-            .unwrap();
+    let record = bisect_harness::commands::probe::run_probe(
+        &plan,
+        &mut control,
+        &Quiet,
+        CancellationToken::new(),
+    )
+    .await
+    .unwrap();
     assert_eq!(record.outcome, Some(Outcome::Clean), "{}", record.reason);
     assert!(
         plan.run_dir.join("probe.json").exists() && plan.run_dir.join("sessions.jsonl").exists()

@@ -9,6 +9,7 @@ mod culprit;
 mod embedded;
 mod fake;
 mod fake_runs;
+mod fixture_v1;
 mod matrix;
 mod reclassify;
 mod report_diff;

@@ -15,6 +15,7 @@ use bisect_harness::commands::matrix::record::{CellStatus, MatrixRecord};
 use bisect_harness::commands::matrix::run::{self as matrix_run, MatrixJob};
 use bisect_harness::commands::matrix::{merge, Plan, Shard};
 use bisect_harness::commands::run::Quiet;
+use bisect_harness::core::arm_stats::RecordStatus;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
@@ -59,7 +60,7 @@ fn job(t: &FakeTarget, plan: &Plan, shard: Option<Shard>, id: &str) -> MatrixJob
 
 async fn run(t: &FakeTarget, job: &MatrixJob) -> MatrixRecord {
     let mut control = t.engine.control();
-    matrix_run::run(job, &mut control, &Quiet, CancellationToken::new())
+    matrix_run::run_matrix(job, &mut control, &Quiet, CancellationToken::new())
         .await
         .unwrap()
 }
@@ -98,10 +99,10 @@ async fn matrix_cells_have_exact_counts_and_one_restart_per_group() {
     let plan = load_plan(&t, &plan_text(""));
     let job = job(&t, &plan, None, "night");
     let mut control = t.engine.control();
-    let record = matrix_run::run(&job, &mut control, &Quiet, CancellationToken::new())
+    let record = matrix_run::run_matrix(&job, &mut control, &Quiet, CancellationToken::new())
         .await
         .unwrap();
-    assert_eq!(record.status, "finished");
+    assert_eq!(record.status, RecordStatus::Finished);
     assert_eq!(
         control.restarts.load(Ordering::Relaxed),
         4,
@@ -135,11 +136,11 @@ async fn matrix_cells_have_exact_counts_and_one_restart_per_group() {
         } else {
             0
         };
-        assert_eq!(cell.status, "finished", "{}", cell.id);
-        assert_eq!(cell.counts.total(), n as u64, "{}", cell.id);
-        assert_eq!(cell.counts.leak, victims, "{}", cell.id);
-        assert_eq!(cell.counts.done, n as u64 - victims, "{}", cell.id);
-        assert_eq!(cell.corrupted, victims, "{}", cell.id);
+        assert_eq!(cell.status, RecordStatus::Finished, "{}", cell.id);
+        assert_eq!(cell.stats.counts.total(), n as u64, "{}", cell.id);
+        assert_eq!(cell.stats.counts.leak, victims, "{}", cell.id);
+        assert_eq!(cell.stats.counts.done, n as u64 - victims, "{}", cell.id);
+        assert_eq!(cell.stats.corrupted, victims, "{}", cell.id);
         assert_eq!(cell.rounds, plan.workload.rounds);
         assert_eq!(
             cell.readback["FAKE_BF16"]["prefill"],
@@ -153,8 +154,11 @@ async fn matrix_cells_have_exact_counts_and_one_restart_per_group() {
             cell.readback["FAKE_NOISE"]["decode"],
             cell.flags["FAKE_NOISE"]
         );
-        assert!(cell.ci95[0] <= cell.corruption_rate && cell.corruption_rate <= cell.ci95[1]);
-        assert!(cell.peak_running["client"] >= 1);
+        assert!(
+            cell.stats.ci95[0] <= cell.stats.corruption_rate
+                && cell.stats.corruption_rate <= cell.stats.ci95[1]
+        );
+        assert!(cell.stats.peak_running["client"] >= 1);
         let sessions = read(&job.dir.join(&cell.dir).join("sessions.jsonl"));
         assert_eq!(sessions.lines().count(), n as usize, "{}", cell.id);
         assert!(sessions
@@ -172,12 +176,12 @@ async fn matrix_cells_have_exact_counts_and_one_restart_per_group() {
         )));
     }
     assert!(
-        record.cells[1].corrupted >= 10,
+        record.cells[1].stats.corrupted >= 10,
         "the 64-session racy cell needs enough victims for the baseline tests"
     );
     assert_eq!(
-        record.cells[1].first_bad_round,
-        vec![0, record.cells[1].corrupted]
+        record.cells[1].stats.first_bad_round,
+        vec![0, record.cells[1].stats.corrupted]
     );
 
     let on_disk: Value = serde_json::from_str(&read(&job.dir.join("matrix.json"))).unwrap();
@@ -186,7 +190,7 @@ async fn matrix_cells_have_exact_counts_and_one_restart_per_group() {
     assert_eq!(on_disk["plan"]["cells"].as_array().unwrap().len(), 8);
     assert_eq!(
         on_disk["cells"][1]["counts"]["leak"],
-        record.cells[1].corrupted
+        record.cells[1].stats.corrupted
     );
     assert_eq!(on_disk["cells"][0]["flags"]["FAKE_NOISE"], "0");
     assert!(on_disk["cells"][0]["config_hash"].as_str().unwrap().len() == 16);
@@ -224,7 +228,7 @@ async fn shards_merge_into_the_unsharded_matrix() {
             &format!("shard{i}"),
         );
         let mut control = t.engine.control();
-        let r = matrix_run::run(&j, &mut control, &Quiet, CancellationToken::new())
+        let r = matrix_run::run_matrix(&j, &mut control, &Quiet, CancellationToken::new())
             .await
             .unwrap();
         assert_eq!(r.cells.len(), 4, "shard {i} runs two whole groups");
@@ -311,10 +315,10 @@ fn redacted(record: &MatrixRecord, exporter: &dyn MatrixExporter) -> String {
     r.workload_hash = "[hash]".into();
     r.target.api = "http://[addr]/v1".into();
     for c in &mut r.cells {
-        c.wall_s = 1.0;
-        c.tokens_per_s = 100.0;
-        c.health_wait_s = 0.0;
-        c.peak_running = [("client".to_string(), c.sessions as u64)].into();
+        c.stats.wall_s = 1.0;
+        c.stats.tokens_per_s = 100.0;
+        c.stats.health_wait_s = 0.0;
+        c.stats.peak_running = [("client".to_string(), c.sessions as u64)].into();
         if let Some(cmp) = &mut c.comparison {
             cmp.baseline_tokens_per_s = 100.0;
             cmp.tokens_per_s_ratio = Some(1.0);
@@ -341,7 +345,7 @@ async fn race_turned_on_regresses_against_a_clean_baseline() {
     let plan = load_plan(&t, &plan_text(""));
     set_race(&t, false);
     let clean = run(&t, &job(&t, &plan, None, "clean")).await;
-    assert!(clean.cells.iter().all(|c| c.corrupted == 0));
+    assert!(clean.cells.iter().all(|c| c.stats.corrupted == 0));
     set_race(&t, true);
     let racy_job = job(&t, &plan, None, "racy");
     let mut racy = run(&t, &racy_job).await;
@@ -425,10 +429,10 @@ async fn identical_nights_pass_and_a_changed_workload_is_not_comparable() {
     let base = baseline::load_explicit(&t.dir.path().join("results/n1"), "fake-nightly").unwrap();
     let mut clean_base = base.record.clone();
     for c in &mut clean_base.cells {
-        c.counts = Default::default();
-        c.counts.done = c.sessions as u64;
-        c.corrupted = 0;
-        c.corruption_rate = 0.0;
+        c.stats.counts = Default::default();
+        c.stats.counts.done = c.sessions as u64;
+        c.stats.corrupted = 0;
+        c.stats.corruption_rate = 0.0;
     }
     let clean_base = Baseline {
         record: clean_base,

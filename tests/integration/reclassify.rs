@@ -4,6 +4,7 @@
 use std::process::Command;
 
 use bisect_harness::commands::run::{self as experiment, Quiet};
+use bisect_harness::core::arm_stats::ArmLabel;
 use bisect_harness::core::session::{RoundClass, SessionClass};
 use bisect_harness::core::verdict::{Policy, Status};
 use bisect_harness::results::ResultsDir;
@@ -18,7 +19,7 @@ async fn reclassify_restores_leaks_an_old_rule_missed_and_keeps_the_originals() 
     let plan = t.plan("FAKE_BF16", 64, 4);
     let victims = fake_race_victims(&plan.workload, 64);
     let mut control = t.engine.control();
-    experiment::run(&plan, &mut control, &Quiet, CancellationToken::new())
+    experiment::run_experiment(&plan, &mut control, &Quiet, CancellationToken::new())
         .await
         .unwrap();
     let dir = ResultsDir::open(&plan.run_dir);
@@ -38,7 +39,7 @@ async fn reclassify_restores_leaks_an_old_rule_missed_and_keeps_the_originals() 
     }
     let mut old = dir.read_record().unwrap();
     bisect_harness::commands::reclassify::recount(&mut old, &sessions, &Policy::default());
-    assert_eq!(old.arms[0].counts.leak, 0);
+    assert_eq!(old.arms[0].stats.counts.leak, 0);
     let old_status = old.verdict.as_ref().unwrap().status;
     assert_ne!(old_status, Status::Implicated);
     let old_lines: String = sessions
@@ -69,10 +70,10 @@ async fn reclassify_restores_leaks_an_old_rule_missed_and_keeps_the_originals() 
     );
 
     let new = dir.read_record().unwrap();
-    let on = new.arms.iter().find(|a| a.label == "on").unwrap();
-    assert_eq!(on.counts.leak, victims);
-    assert_eq!(on.counts.done, 64 - victims);
-    assert_eq!(on.first_bad_round, vec![0, victims]);
+    let on = new.arms.iter().find(|a| a.label == ArmLabel::On).unwrap();
+    assert_eq!(on.stats.counts.leak, victims);
+    assert_eq!(on.stats.counts.done, 64 - victims);
+    assert_eq!(on.stats.first_bad_round, vec![0, victims]);
     assert_eq!(new.verdict.as_ref().unwrap().status, Status::Implicated);
     let reclassified = dir.read_sessions().unwrap();
     assert_eq!(

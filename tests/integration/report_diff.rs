@@ -28,7 +28,7 @@ async fn diff_of_two_runs_markdown_snapshot() {
     b.run_dir = b.run_dir.with_file_name("night-2");
     for plan in [&a, &b] {
         let mut control = t.engine.control();
-        experiment::run(plan, &mut control, &Quiet, CancellationToken::new())
+        experiment::run_experiment(plan, &mut control, &Quiet, CancellationToken::new())
             .await
             .unwrap();
     }

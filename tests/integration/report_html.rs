@@ -62,7 +62,7 @@ async fn report_html_renders_in_headless_chromium() {
     let plan = t.plan("FAKE_BF16", 48, 4);
     let victims = fake_race_victims(&plan.workload, 48);
     let mut control = t.engine.control();
-    experiment::run(&plan, &mut control, &Quiet, CancellationToken::new())
+    experiment::run_experiment(&plan, &mut control, &Quiet, CancellationToken::new())
         .await
         .unwrap();
     let page = plan.run_dir.join("report.html");
@@ -133,7 +133,7 @@ async fn summary_md_snapshot() {
     let t = FakeTarget::new().await;
     let plan = t.plan("FAKE_BF16", 32, 3);
     let mut control = t.engine.control();
-    experiment::run(&plan, &mut control, &Quiet, CancellationToken::new())
+    experiment::run_experiment(&plan, &mut control, &Quiet, CancellationToken::new())
         .await
         .unwrap();
     let summary = crate::common::read(&plan.run_dir.join("summary.md"));

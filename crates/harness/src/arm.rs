@@ -1,1 +1,371 @@
-//! The arm lifecycle shared by every command (placeholder while the move lands).
+//! The one arm lifecycle that `run`, `probe`, `matrix` and `culprit` share
+//! (docs/design.md 2.2): a [`Testbed`] is a target under bisect's control for the
+//! length of one command.
+//!
+//! 1. [`Testbed::open`]: refuse a half-applied flag before touching anything, then
+//!    journal the launch configs (a probe opens read-only: nothing is journaled or
+//!    written).
+//! 2. [`Testbed::pin`] / [`Testbed::set`]: write flag values into every role's launch
+//!    config and read them back.
+//! 3. [`Testbed::restart`]: restart the engines, wait for health, record what each
+//!    engine reports about itself.
+//! 4. [`Testbed::drive`]: drive one arm block's sessions with the metrics poller beside
+//!    them; the one collector aggregates into an [`ArmStats`] and streams
+//!    `sessions.jsonl` and `metrics.csv`.
+//! 5. [`Testbed::close`]: stop the engines and restore the configs byte for byte, on
+//!    every path; [`settle`] turns the command's outcome into the record's status.
+//!
+//! Commands differ only in which values they set, how blocks are ordered (ABBA repeats,
+//! restart groups, looks) and what they decide from the stats.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{FlagSpec, TargetProfile, Workload};
+use crate::control::EngineControl;
+use crate::core::arm_stats::{ArmStats, RecordStatus};
+use crate::core::classify::Classifier;
+use crate::core::session::SessionResult;
+use crate::driver::{drive, metrics, DrivePlan, InFlight};
+use crate::exit::Failure;
+use crate::launch::Editor;
+use crate::results::ResultsDir;
+
+/// Role -> the value read back from its launch config after an edit.
+pub type Readback = BTreeMap<String, String>;
+
+/// One arm block as progress output names it: a run's `on`/`off` arm with its flag
+/// value, or a matrix cell / probe (empty value).
+#[derive(Debug, Clone, Copy)]
+pub struct BlockName<'a> {
+    pub label: &'a str,
+    pub value: &'a str,
+    pub repeat: u32,
+}
+
+/// Where progress goes: a bar on a TTY, plain lines otherwise, nothing in tests.
+pub trait Progress: Send + Sync {
+    fn arm_started(&self, block: BlockName<'_>, sessions: u64);
+    fn session_done(&self, result: &SessionResult);
+    fn arm_finished(&self, block: BlockName<'_>, stats: &ArmStats);
+    fn note(&self, message: &str);
+}
+
+/// Progress sink that says nothing.
+pub struct Quiet;
+impl Progress for Quiet {
+    fn arm_started(&self, _: BlockName<'_>, _: u64) {}
+    fn session_done(&self, _: &SessionResult) {}
+    fn arm_finished(&self, _: BlockName<'_>, _: &ArmStats) {}
+    fn note(&self, _: &str) {}
+}
+
+/// How a command opens its testbed.
+pub struct TestbedSpec<'a> {
+    pub target: &'a TargetProfile,
+    /// Where the launch-config journal lives; `None` opens read-only (probe).
+    pub journal_dir: Option<&'a Path>,
+    /// Every flag the command may write: refused up front if half-applied.
+    pub flags: Vec<&'a FlagSpec>,
+    pub allow_partial: bool,
+    pub api_key: Option<String>,
+    pub metrics_period: Duration,
+}
+
+/// What a restart measured.
+#[derive(Debug, Clone, Default)]
+pub struct Restarted {
+    /// Health wait summed over roles, seconds.
+    pub health_wait_s: f64,
+    /// Role -> what the engine reports about itself (`/server_info`), where it does.
+    pub engine_info: BTreeMap<String, serde_json::Value>,
+}
+
+/// What closing found: both are reported, the restore first (configs matter most).
+pub struct Closed {
+    pub stopped: anyhow::Result<()>,
+    pub restored: anyhow::Result<()>,
+}
+
+impl Closed {
+    /// The command's result once the testbed is closed: a failed restore wins, then the
+    /// command's own error, then a failed stop.
+    pub fn combine<T>(self, outcome: anyhow::Result<T>) -> anyhow::Result<T> {
+        self.restored
+            .context("restoring the original launch configs")?;
+        let value = outcome?;
+        self.stopped.context("stopping the engines")?;
+        Ok(value)
+    }
+}
+
+/// A target under bisect's control for the length of one command.
+pub struct Testbed<'a> {
+    target: &'a TargetProfile,
+    editor: Option<Editor>,
+    control: &'a mut dyn EngineControl,
+    progress: &'a dyn Progress,
+    cancel: CancellationToken,
+    api_key: Option<String>,
+    metrics_period: Duration,
+}
+
+impl<'a> Testbed<'a> {
+    /// Refuse half-applied flags (unless allowed), then journal the launch configs.
+    /// Nothing has been written when this fails.
+    pub fn open(
+        spec: TestbedSpec<'a>,
+        control: &'a mut dyn EngineControl,
+        progress: &'a dyn Progress,
+        cancel: CancellationToken,
+    ) -> anyhow::Result<Self> {
+        if !spec.allow_partial {
+            refuse_half_applied(spec.target, &spec.flags)?;
+        }
+        let editor = match spec.journal_dir {
+            None => None,
+            Some(dir) => {
+                let files: Vec<_> = spec.target.roles.iter().map(|r| r.launch.clone()).collect();
+                let editor = Editor::begin(dir, &files)
+                    .with_context(|| format!("journaling launch configs in {}", dir.display()))?;
+                for file in editor.recovered() {
+                    progress.note(&format!(
+                        "restored {} from the journal of an earlier run that did not finish",
+                        file.display()
+                    ));
+                }
+                Some(editor)
+            }
+        };
+        Ok(Testbed {
+            target: spec.target,
+            editor,
+            control,
+            progress,
+            cancel,
+            api_key: spec.api_key,
+            metrics_period: spec.metrics_period,
+        })
+    }
+
+    pub fn target(&self) -> &TargetProfile {
+        self.target
+    }
+
+    pub fn progress(&self) -> &dyn Progress {
+        self.progress
+    }
+
+    pub fn cancel(&self) -> &CancellationToken {
+        &self.cancel
+    }
+
+    /// Err(Interrupted) once Ctrl-C / SIGTERM / SIGHUP arrived: checked between blocks.
+    pub fn check_cancelled(&self) -> anyhow::Result<()> {
+        if self.cancel.is_cancelled() {
+            return Err(Failure::Interrupted.into());
+        }
+        Ok(())
+    }
+
+    /// Write `value` for `flag` into every role it lists and read it back.
+    pub fn set(&mut self, flag: &FlagSpec, value: &str) -> anyhow::Result<Readback> {
+        let editor = self
+            .editor
+            .as_mut()
+            .context("this command opened the launch configs read-only")?;
+        editor.apply(flag, value, &self.target.roles)
+    }
+
+    /// Pin flags for every arm (`--set`, a plan's `[set]`): written, read back, noted.
+    /// Returns flag -> read-back.
+    pub fn pin(
+        &mut self,
+        sets: &[(FlagSpec, String)],
+    ) -> anyhow::Result<BTreeMap<String, Readback>> {
+        let mut pinned = BTreeMap::new();
+        for (flag, value) in sets {
+            let readback = self.set(flag, value)?;
+            self.progress.note(&format!(
+                "pinned {}={value} (read back: {})",
+                flag.name,
+                fmt_readback(&readback)
+            ));
+            pinned.insert(flag.name.clone(), readback);
+        }
+        Ok(pinned)
+    }
+
+    /// Restart every role with its launch config as it is now, wait for health, and ask
+    /// each engine what it runs with. `label` names the block in log file names.
+    pub async fn restart(&mut self, label: &str) -> anyhow::Result<Restarted> {
+        let waits = self.control.restart(label, &self.cancel).await?;
+        let mut restarted = Restarted {
+            health_wait_s: waits.values().sum(),
+            engine_info: BTreeMap::new(),
+        };
+        for role in &self.target.roles {
+            if let Some(info) = fetch_server_info(&role.health).await {
+                restarted.engine_info.insert(role.name.clone(), info);
+            }
+        }
+        Ok(restarted)
+    }
+
+    /// Stop the engines this testbed started (between restart groups). Idempotent.
+    pub async fn stop(&mut self) -> anyhow::Result<()> {
+        self.control.stop().await
+    }
+
+    /// Drive one arm block against engines that are up: all sessions of `workload`,
+    /// the metrics poller, and the one collector that aggregates into the returned
+    /// stats and streams `sessions.jsonl` and `metrics.csv` into `results`. The stats
+    /// come back finished (derived fields computed); `health_wait_s` is the caller's.
+    pub async fn drive(
+        &self,
+        block: BlockName<'_>,
+        workload: &Workload,
+        classifier: &Arc<Classifier>,
+        results: &ResultsDir,
+    ) -> anyhow::Result<ArmStats> {
+        self.progress
+            .arm_started(block, u64::from(workload.sessions));
+        let drive_plan = DrivePlan {
+            api: self.target.api.clone(),
+            model: self.target.model.clone(),
+            api_key: self.api_key.clone(),
+            workload: workload.clone(),
+            label: block.label.to_string(),
+            repeat: block.repeat,
+            sessions: workload.sessions,
+        };
+        let inflight = Arc::new(InFlight::default());
+        let endpoints: Vec<(String, String)> = self
+            .target
+            .roles
+            .iter()
+            .filter_map(|r| r.metrics.clone().map(|m| (r.name.clone(), m)))
+            .collect();
+        let poll_cancel = self.cancel.child_token();
+        let poller = tokio::spawn(metrics::poll(
+            endpoints,
+            inflight.clone(),
+            self.metrics_period,
+            poll_cancel.clone(),
+        ));
+        let (tx, mut rx) = mpsc::channel::<SessionResult>(256);
+        let started = Instant::now();
+        let driver = {
+            let classifier = classifier.clone();
+            let inflight = inflight.clone();
+            let cancel = self.cancel.clone();
+            tokio::spawn(async move { drive(&drive_plan, classifier, tx, inflight, cancel).await })
+        };
+        // The one collector: owns the block's aggregate and the sessions.jsonl stream.
+        let mut stats = ArmStats::default();
+        let mut sessions_out = results.sessions_writer()?;
+        while let Some(result) = rx.recv().await {
+            stats.add_session(&result);
+            sessions_out.append(&result)?;
+            self.progress.session_done(&result);
+        }
+        let driven = driver.await.context("workload driver panicked")??;
+        stats.wall_s = driven
+            .wall_s
+            .max(started.elapsed().as_secs_f64().min(driven.wall_s.max(1e-9)));
+        poll_cancel.cancel();
+        let mut log = poller.await.context("metrics poller panicked")?;
+        stats.peak_running = log
+            .peak_running
+            .iter()
+            .map(|(role, peak)| (role.clone(), peak.round() as u64))
+            .collect();
+        stats.peak_running.insert("client".into(), inflight.peak());
+        log.set_label(&format!("{}-r{}", block.label, block.repeat));
+        results.append_metrics(&log)?;
+        self.check_cancelled()?;
+        stats.finish();
+        self.progress.arm_finished(block, &stats);
+        Ok(stats)
+    }
+
+    /// Stop the engines and restore the launch configs byte for byte. Call on every
+    /// path; [`Closed::combine`] orders the errors.
+    pub async fn close(mut self) -> Closed {
+        let stopped = self.control.stop().await;
+        let restored = match self.editor.as_mut() {
+            Some(editor) => editor.restore(),
+            None => Ok(()),
+        };
+        Closed { stopped, restored }
+    }
+}
+
+/// The status and error text a record gets from its command's outcome.
+pub fn settle<T>(outcome: &anyhow::Result<T>) -> (RecordStatus, Option<String>) {
+    match outcome {
+        Ok(_) => (RecordStatus::Finished, None),
+        Err(e) => {
+            let status = if matches!(e.downcast_ref::<Failure>(), Some(Failure::Interrupted)) {
+                RecordStatus::Interrupted
+            } else {
+                RecordStatus::Failed
+            };
+            (status, Some(format!("{e:#}")))
+        }
+    }
+}
+
+/// Refuse, before any edit, a flag whose setting also appears in the launch config of a
+/// role it does not list (docs/design.md 3.3): flipping it would half-apply it.
+pub fn refuse_half_applied(target: &TargetProfile, flags: &[&FlagSpec]) -> anyhow::Result<()> {
+    let mut texts = Vec::new();
+    for role in &target.roles {
+        let text = std::fs::read_to_string(&role.launch).map_err(|e| {
+            Failure::BadInput(format!(
+                "{}: cannot read launch config of role {}: {e}",
+                role.launch.display(),
+                role.name
+            ))
+        })?;
+        texts.push((role.name.clone(), role.launch.clone(), text));
+    }
+    for flag in flags {
+        crate::launch::check_partial(flag, &texts)?;
+    }
+    Ok(())
+}
+
+/// `/server_info` beside the health URL, if the engine serves one (sglang and ours do).
+pub async fn fetch_server_info(health_url: &str) -> Option<serde_json::Value> {
+    let base = health_url.strip_suffix("/health")?;
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .ok()?;
+    let resp = client
+        .get(format!("{base}/server_info"))
+        .send()
+        .await
+        .ok()?;
+    if !resp.status().is_success() {
+        return None;
+    }
+    resp.json().await.ok()
+}
+
+/// `prefill=1, decode=1`.
+pub fn fmt_readback(readback: &Readback) -> String {
+    readback
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}

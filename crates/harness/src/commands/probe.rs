@@ -15,9 +15,11 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use crate::commands::run::{drive_block, now, target_info, BlockSpec, Progress};
+use crate::arm::{BlockName, Progress, Testbed, TestbedSpec};
+use crate::commands::run::now;
 use crate::config::{FlagCatalog, TargetProfile, Workload};
 use crate::control::EngineControl;
+use crate::core::arm_stats::ArmLabel;
 use crate::core::classify::Classifier;
 use crate::results::run_record::{ArmRecord, TargetInfo};
 use crate::results::{write_atomic, ResultsDir};
@@ -140,7 +142,7 @@ fn effective_flags(plan: &ProbePlan) -> BTreeMap<String, BTreeMap<String, String
 }
 
 /// Run the probe. Launch configs are only read, never written.
-pub async fn run(
+pub async fn run_probe(
     plan: &ProbePlan,
     control: &mut dyn EngineControl,
     progress: &dyn Progress,
@@ -152,7 +154,7 @@ pub async fn run(
         id: plan.id.clone(),
         started_at: now(),
         finished_at: None,
-        target: target_info(&plan.target),
+        target: TargetInfo::of(&plan.target),
         workload: plan.workload.params_json(),
         flags: effective_flags(plan),
         arm: None,
@@ -165,29 +167,38 @@ pub async fn run(
         write_atomic(&plan.run_dir.join("probe.json"), text.as_bytes())
     };
     write(&record)?;
+    let spec = TestbedSpec {
+        target: &plan.target,
+        journal_dir: None,
+        flags: Vec::new(),
+        allow_partial: true,
+        api_key: plan.api_key.clone(),
+        metrics_period: plan.metrics_period,
+    };
+    let mut bed = Testbed::open(spec, control, progress, cancel)?;
     let outcome = async {
-        control.restart("probe", &cancel).await?;
+        let restarted = bed.restart("probe").await?;
         let classifier = Arc::new(Classifier::with_defaults(&plan.workload.tools)?);
-        let spec = BlockSpec {
-            target: &plan.target,
-            workload: &plan.workload,
-            api_key: plan.api_key.clone(),
-            metrics_period: plan.metrics_period,
+        let block = BlockName {
+            label: ArmLabel::Probe.as_str(),
+            value: "as-is",
+            repeat: 0,
         };
-        let mut arm = ArmRecord::new("probe", "as-is", Some(0));
-        progress.arm_started("probe", "as-is", 0, plan.workload.sessions as u64);
-        drive_block(&spec, &classifier, progress, &cancel, &results, &mut arm, 0).await?;
+        let mut arm = ArmRecord::new(ArmLabel::Probe, "as-is", Some(0));
+        arm.stats = bed
+            .drive(block, &plan.workload, &classifier, &results)
+            .await?;
+        arm.stats.health_wait_s = restarted.health_wait_s;
         arm.finish();
-        progress.arm_finished(&arm);
         anyhow::Ok(arm)
     }
     .await;
-    let stopped = control.stop().await;
-    match outcome {
+    let closed = bed.close().await;
+    match &outcome {
         Ok(arm) => {
             let (o, reason) = decide(
-                arm.corrupted,
-                arm.counts.failed(),
+                arm.stats.corrupted,
+                arm.stats.counts.failed(),
                 arm.sessions,
                 plan.background,
                 plan.bug_rate,
@@ -195,18 +206,13 @@ pub async fn run(
             );
             record.outcome = Some(o);
             record.reason = reason;
-            record.arm = Some(arm);
+            record.arm = Some(arm.clone());
         }
-        Err(e) => {
-            record.reason = format!("could not run: {e:#}");
-            record.finished_at = Some(now());
-            write(&record)?;
-            return Err(e);
-        }
+        Err(e) => record.reason = format!("could not run: {e:#}"),
     }
     record.finished_at = Some(now());
     write(&record)?;
-    stopped?;
+    closed.combine(outcome)?;
     Ok(record)
 }
 

@@ -22,10 +22,11 @@ use anyhow::Context;
 use serde_json::{json, Value};
 
 use crate::config::Workload;
+use crate::core::arm_stats::ArmLabel;
 use crate::core::classify::{Classifier, RoundOutcome};
 use crate::core::session::{RoundClass, RoundRecord, SessionClass, SessionResult};
 use crate::core::task::initial_conversation;
-use crate::core::verdict::{decide, ArmObservation, Policy};
+use crate::core::verdict::{decide, Policy};
 use crate::exit::Failure;
 use crate::results::run_record::{ArmRecord, RunRecord};
 use crate::results::{write_atomic, ResultsDir};
@@ -204,55 +205,40 @@ pub fn reclassify_session(
 pub fn recount(record: &mut RunRecord, sessions: &[SessionResult], policy: &Policy) {
     for block in &mut record.runs {
         let repeat = block.repeat.unwrap_or(0);
-        block.counts = Default::default();
-        block.first_bad_round.clear();
+        // Tokens and timings were measured live; only the classes are decided again.
+        let completion_tokens = block.stats.completion_tokens;
+        block.stats.clear_sessions();
         for s in sessions
             .iter()
-            .filter(|s| s.label == block.label && s.repeat == repeat)
+            .filter(|s| s.label == block.label.as_str() && s.repeat == repeat)
         {
-            block.counts.add(s.class);
-            if let Some(r) = s.first_bad_round {
-                let i = r.saturating_sub(1) as usize;
-                if block.first_bad_round.len() <= i {
-                    block.first_bad_round.resize(i + 1, 0);
-                }
-                block.first_bad_round[i] += 1;
-            }
+            block.stats.add_session(s);
         }
+        block.stats.completion_tokens = completion_tokens;
         block.finish();
     }
-    let labels: Vec<(String, String)> = record
+    let labels: Vec<(ArmLabel, String)> = record
         .arms
         .iter()
-        .map(|a| (a.label.clone(), a.value.clone()))
+        .map(|a| (a.label, a.value.clone()))
         .collect();
     record.arms = labels
         .iter()
         .map(|(label, value)| {
             let blocks: Vec<&ArmRecord> =
-                record.runs.iter().filter(|r| &r.label == label).collect();
-            ArmRecord::pool(label, value, &blocks)
+                record.runs.iter().filter(|r| r.label == *label).collect();
+            ArmRecord::pool(*label, value, &blocks)
         })
         .collect();
-    let (Some(on), Some(off)) = (
-        record.arms.iter().find(|a| a.label == "on"),
-        record.arms.iter().find(|a| a.label == "off"),
-    ) else {
+    let (Some(on), Some(off)) = (record.arm(ArmLabel::On), record.arm(ArmLabel::Off)) else {
         return;
     };
-    let observe = |a: &ArmRecord| ArmObservation {
-        label: a.label.clone(),
-        value: a.value.clone(),
-        sessions: a.sessions,
-        counts: a.counts,
-        readback: a.readback.clone(),
-        peak_running: a.peak_running.clone(),
-        wall_s: a.wall_s,
-        tokens_per_s: a.tokens_per_s,
-        workload: record.workload.clone(),
-    };
-    let (comparison, confounds, verdict) =
-        decide(&observe(on), &observe(off), policy, &record.flag.name);
+    let (comparison, confounds, verdict) = decide(
+        &on.observe(&record.workload),
+        &off.observe(&record.workload),
+        policy,
+        &record.flag.name,
+    );
     record.comparison = Some(comparison);
     record.confounds = confounds;
     record.verdict = Some(verdict);
@@ -298,9 +284,9 @@ fn arm_summary(arms: &[ArmRecord]) -> Value {
         arms.iter()
             .map(|a| {
                 json!({
-                    "label": a.label, "repeat": a.repeat, "sessions": a.sessions, "counts": a.counts,
-                    "corrupted": a.corrupted, "corruption_rate": a.corruption_rate, "ci95": a.ci95,
-                    "first_bad_round": a.first_bad_round,
+                    "label": a.label, "repeat": a.repeat, "sessions": a.sessions, "counts": a.stats.counts,
+                    "corrupted": a.stats.corrupted, "corruption_rate": a.stats.corruption_rate, "ci95": a.stats.ci95,
+                    "first_bad_round": a.stats.first_bad_round,
                 })
             })
             .collect(),

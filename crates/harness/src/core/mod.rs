@@ -1,6 +1,7 @@
 //! The pure core: the harness's vocabulary and every decision it makes, with no I/O
 //! (no files, no processes, no network), so it is tested with plain values.
 
+pub mod arm_stats;
 pub mod classify;
 pub mod session;
 pub mod stats;

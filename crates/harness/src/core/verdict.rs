@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::core::session::Counts;
+use crate::core::arm_stats::{ArmLabel, ArmStats};
 use crate::core::stats;
 
 /// The confidence of every interval the verdict reports.
@@ -45,33 +45,28 @@ impl Default for Policy {
     }
 }
 
-/// What one arm (pooled over repeats) contributes to the decision.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ArmObservation {
-    /// `on` or `off`.
-    pub label: String,
+/// What one arm (pooled over repeats) contributes to the decision: borrowed from the
+/// record that holds it, never copied.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ArmObservation<'a> {
+    pub label: ArmLabel,
     /// The flag value this arm set.
-    pub value: String,
-    pub sessions: u64,
-    pub counts: Counts,
+    pub value: &'a str,
+    pub stats: &'a ArmStats,
     /// Role -> the value read back from its launch config after the edit.
-    pub readback: BTreeMap<String, String>,
-    /// `client` (in-flight requests) or a role name -> peak running requests.
-    pub peak_running: BTreeMap<String, u64>,
-    pub wall_s: f64,
-    pub tokens_per_s: f64,
+    pub readback: &'a BTreeMap<String, String>,
     /// The workload parameters this arm ran with.
-    pub workload: Value,
+    pub workload: &'a Value,
 }
 
-impl ArmObservation {
+impl ArmObservation<'_> {
     /// Sessions that were classified; the denominator of every rate.
     fn classified(&self) -> u64 {
-        self.counts.total()
+        self.stats.sessions()
     }
 
     fn corrupted(&self) -> u64 {
-        self.counts.corrupted()
+        self.stats.counts.corrupted()
     }
 
     /// `on (=1)`: the label with the value it stands for.
@@ -205,7 +200,7 @@ fn readback_confounds(on: &ArmObservation, off: &ArmObservation) -> Vec<Confound
             let read_off = off.readback.get(role);
             let mismatched: Vec<String> = [(on, read_on), (off, read_off)]
                 .into_iter()
-                .filter(|(arm, read)| *read != Some(&arm.value))
+                .filter(|(arm, read)| read.map(String::as_str) != Some(arm.value))
                 .map(|(arm, read)| {
                     format!(
                         "arm {} set {} but {} read back {}",
@@ -240,14 +235,14 @@ fn degraded_confound(
     off: &ArmObservation,
     policy: &Policy,
 ) -> Option<Confound> {
-    if on.counts.failed() == 0 && off.counts.failed() == 0 {
+    if on.stats.counts.failed() == 0 && off.stats.counts.failed() == 0 {
         return None;
     }
     let failure_fraction = |arm: &ArmObservation| {
         if arm.classified() == 0 {
             0.0
         } else {
-            arm.counts.failed() as f64 / arm.classified() as f64
+            arm.stats.counts.failed() as f64 / arm.classified() as f64
         }
     };
     let degraded: Vec<String> = [on, off]
@@ -257,8 +252,8 @@ fn degraded_confound(
             format!(
                 "arm {} had {} error and {} timeout sessions of {} ({}% > {}%)",
                 arm.name(),
-                arm.counts.error,
-                arm.counts.timeout,
+                arm.stats.counts.error,
+                arm.stats.counts.timeout,
                 arm.classified(),
                 percent(failure_fraction(arm)),
                 percent(policy.degraded_fraction)
@@ -267,8 +262,8 @@ fn degraded_confound(
         .collect();
     let describe = |arm: &ArmObservation| {
         json!({
-            "error": arm.counts.error,
-            "timeout": arm.counts.timeout,
+            "error": arm.stats.counts.error,
+            "timeout": arm.stats.counts.timeout,
             "sessions": arm.classified(),
         })
     };
@@ -308,7 +303,7 @@ fn workload_confounds(on: &ArmObservation, off: &ArmObservation) -> Vec<Confound
         off: b.clone(),
         severity: Severity::Blocking,
     };
-    match (&on.workload, &off.workload) {
+    match (on.workload, off.workload) {
         (Value::Object(a), Value::Object(b)) => {
             let keys: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
             keys.into_iter()
@@ -337,9 +332,10 @@ fn workload_confounds(on: &ArmObservation, off: &ArmObservation) -> Vec<Confound
 /// cleaner for that reason alone).
 fn recorded_confounds(on: &ArmObservation, off: &ArmObservation, policy: &Policy) -> Vec<Confound> {
     let keys: BTreeSet<&String> = on
+        .stats
         .peak_running
         .keys()
-        .chain(off.peak_running.keys())
+        .chain(off.stats.peak_running.keys())
         .collect();
     let mut recorded: Vec<Confound> = keys
         .into_iter()
@@ -349,7 +345,7 @@ fn recorded_confounds(on: &ArmObservation, off: &ArmObservation, policy: &Policy
             } else {
                 format!("peak running requests reported by {key}")
             };
-            let value = |arm: &ArmObservation| arm.peak_running.get(key).map(|&v| v as f64);
+            let value = |arm: &ArmObservation| arm.stats.peak_running.get(key).map(|&v| v as f64);
             // A peak of 0 vs 2 polled requests is sampling noise, not a load confound.
             let mut confound = measured(
                 format!("peak_running.{key}"),
@@ -360,8 +356,12 @@ fn recorded_confounds(on: &ArmObservation, off: &ArmObservation, policy: &Policy
                 MIN_PEAK_DIFFERENCE,
             );
             // Peaks are request counts: integers in run.json, as in `peak_running`.
-            let count =
-                |arm: &ArmObservation| arm.peak_running.get(key).map_or(Value::Null, |&v| json!(v));
+            let count = |arm: &ArmObservation| {
+                arm.stats
+                    .peak_running
+                    .get(key)
+                    .map_or(Value::Null, |&v| json!(v))
+            };
             confound.on = count(on);
             confound.off = count(off);
             confound
@@ -370,16 +370,16 @@ fn recorded_confounds(on: &ArmObservation, off: &ArmObservation, policy: &Policy
     recorded.push(measured(
         "wall_s".to_string(),
         "wall time",
-        Some(on.wall_s),
-        Some(off.wall_s),
+        Some(on.stats.wall_s),
+        Some(off.stats.wall_s),
         policy,
         0.0,
     ));
     recorded.push(measured(
         "tokens_per_s".to_string(),
         "throughput (tokens/s)",
-        Some(on.tokens_per_s),
-        Some(off.tokens_per_s),
+        Some(on.stats.tokens_per_s),
+        Some(off.stats.tokens_per_s),
         policy,
         0.0,
     ));
@@ -687,46 +687,63 @@ fn number(value: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::session::Counts;
+
+    /// An arm's owned data, as a record holds it; [`TestArm::obs`] borrows it.
+    struct TestArm {
+        label: ArmLabel,
+        value: String,
+        stats: ArmStats,
+        readback: BTreeMap<String, String>,
+        workload: Value,
+    }
+
+    impl TestArm {
+        fn obs(&self) -> ArmObservation<'_> {
+            ArmObservation {
+                label: self.label,
+                value: &self.value,
+                stats: &self.stats,
+                readback: &self.readback,
+                workload: &self.workload,
+            }
+        }
+    }
 
     /// An arm with `corrupted` leak sessions, `timeouts` timeouts and the rest done, at
     /// matching readback, equal load and speed, and the default workload parameters.
-    fn arm(
-        label: &str,
-        value: &str,
-        corrupted: u64,
-        timeouts: u64,
-        sessions: u64,
-    ) -> ArmObservation {
+    fn arm(label: &str, value: &str, corrupted: u64, timeouts: u64, sessions: u64) -> TestArm {
         let counts = Counts {
             done: sessions - corrupted - timeouts,
             leak: corrupted,
             timeout: timeouts,
             ..Counts::default()
         };
-        ArmObservation {
-            label: label.to_string(),
-            value: value.to_string(),
-            sessions,
+        let mut stats = ArmStats {
             counts,
-            readback: [("prefill", value), ("decode", value)]
-                .into_iter()
-                .map(|(r, v)| (r.to_string(), v.to_string()))
-                .collect(),
             peak_running: [("client", 40), ("decode", 40), ("prefill", 12)]
                 .into_iter()
                 .map(|(k, v)| (k.to_string(), v))
                 .collect(),
             wall_s: 300.0,
-            tokens_per_s: 900.0,
+            ..ArmStats::default()
+        };
+        stats.finish();
+        stats.tokens_per_s = 900.0;
+        TestArm {
+            label: ArmLabel::parse(label).unwrap(),
+            value: value.to_string(),
+            stats,
+            readback: [("prefill", value), ("decode", value)]
+                .into_iter()
+                .map(|(r, v)| (r.to_string(), v.to_string()))
+                .collect(),
             workload: json!({"name": "agentic", "sessions": sessions, "rounds": 4, "ctx": 2000}),
         }
     }
 
-    fn decide_default(
-        on: &ArmObservation,
-        off: &ArmObservation,
-    ) -> (Comparison, Vec<Confound>, Verdict) {
-        decide(on, off, &Policy::default(), "BF16_INDEX_K")
+    fn decide_default(on: &TestArm, off: &TestArm) -> (Comparison, Vec<Confound>, Verdict) {
+        decide(&on.obs(), &off.obs(), &Policy::default(), "BF16_INDEX_K")
     }
 
     fn blocking_names(confounds: &[Confound]) -> Vec<&str> {
@@ -916,10 +933,10 @@ mod tests {
     fn unequal_load_warns_but_still_implicates() {
         let mut on = arm("on", "1", 14, 0, 80);
         let mut off = arm("off", "0", 0, 0, 80);
-        on.peak_running.insert("client".to_string(), 60);
-        off.peak_running.insert("client".to_string(), 20);
-        on.wall_s = 330.0; // 9% apart: recorded as info only.
-        off.wall_s = 300.0;
+        on.stats.peak_running.insert("client".to_string(), 60);
+        off.stats.peak_running.insert("client".to_string(), 20);
+        on.stats.wall_s = 330.0; // 9% apart: recorded as info only.
+        off.stats.wall_s = 300.0;
         let (_, confounds, verdict) = decide_default(&on, &off);
         assert_eq!(verdict.status, Status::Implicated);
         let client = confounds

@@ -69,7 +69,7 @@ pub fn render_run_html(record: &RunRecord, dir: Option<&Path>) -> String {
         "<h1>bisect run <code>{}</code></h1>\n<p class=\"meta\">{} &middot; status <b>{}</b> &middot; started {} &middot; finished {}</p>",
         escape(&record.flag.name),
         escape(&record.id),
-        escape(&record.status),
+        escape(record.status.as_str()),
         escape(&record.started_at),
         escape(record.finished_at.as_deref().unwrap_or("-"))
     );
@@ -111,7 +111,7 @@ pub fn render_run_html(record: &RunRecord, dir: Option<&Path>) -> String {
         let _ = writeln!(
             body,
             "<section class=\"verdict inconclusive\"><h2>No verdict ({})</h2><pre>{}</pre></section>",
-            escape(&record.status),
+            escape(record.status.as_str()),
             escape(e)
         );
     }
@@ -131,19 +131,10 @@ pub fn render_run_html(record: &RunRecord, dir: Option<&Path>) -> String {
         "corrupted sessions per arm, pooled over repeats",
         &bars,
     )));
-    body.push_str(&arms_table(&record.flag.name, &record.arms));
+    body.push_str(&arms_table(&record.flag.name, &record.arms, false));
     if record.runs.len() > record.arms.len() {
         body.push_str("<h3>Arm blocks in execution order</h3>\n");
-        let blocks: Vec<ArmRecord> = record
-            .runs
-            .iter()
-            .map(|a| {
-                let mut a = a.clone();
-                a.label = format!("{} r{}", a.label, a.repeat.unwrap_or(0));
-                a
-            })
-            .collect();
-        body.push_str(&arms_table(&record.flag.name, &blocks));
+        body.push_str(&arms_table(&record.flag.name, &record.runs, true));
     }
     if let Some(c) = &record.comparison {
         let _ = writeln!(
@@ -180,8 +171,8 @@ pub fn render_run_html(record: &RunRecord, dir: Option<&Path>) -> String {
         .arms
         .iter()
         .map(|a| RoundCounts {
-            label: a.label.clone(),
-            per_round: a.first_bad_round.clone(),
+            label: a.label.to_string(),
+            per_round: a.stats.first_bad_round.clone(),
         })
         .collect();
     body.push_str(&first_bad_round_section(&rounds));
@@ -378,10 +369,10 @@ pub fn cell_label(cell: &Value) -> String {
 fn arm_bar(label: &str, a: &ArmRecord) -> RateBar {
     RateBar {
         label: label.to_string(),
-        corrupted: a.corrupted,
+        corrupted: a.stats.corrupted,
         sessions: a.sessions,
-        rate: a.corruption_rate,
-        ci95: a.ci95,
+        rate: a.stats.corruption_rate,
+        ci95: a.stats.ci95,
     }
 }
 
@@ -592,7 +583,7 @@ fn sessions_section(sessions: &[SessionResult]) -> String {
     s
 }
 
-fn arms_table(flag: &str, arms: &[ArmRecord]) -> String {
+fn arms_table(flag: &str, arms: &[ArmRecord], with_repeat: bool) -> String {
     let mut s = String::from("<table><tr>");
     for h in HEADER {
         let _ = write!(s, "<th>{}</th>", escape(h));
@@ -600,7 +591,7 @@ fn arms_table(flag: &str, arms: &[ArmRecord]) -> String {
     s.push_str("</tr>\n");
     for arm in arms {
         s.push_str("<tr>");
-        for (i, cell) in arm_cells(flag, arm).iter().enumerate() {
+        for (i, cell) in arm_cells(flag, arm, with_repeat).iter().enumerate() {
             let class = if i == 0 || i == 6 {
                 ""
             } else {

@@ -51,7 +51,7 @@ impl Exporter for SummaryMarkdown {
         for arm in &r.arms {
             s.push_str(&format!(
                 "| {} |\n",
-                arm_cells(&r.flag.name, arm).join(" | ")
+                arm_cells(&r.flag.name, arm, false).join(" | ")
             ));
         }
         if r.runs.len() > r.arms.len() {
@@ -59,7 +59,7 @@ impl Exporter for SummaryMarkdown {
             s.push_str(&format!("| {} |\n", HEADER.join(" | ")));
             s.push_str(&format!("|{}\n", "---|".repeat(HEADER.len())));
             for arm in &r.runs {
-                let mut cells = arm_cells(&r.flag.name, arm);
+                let mut cells = arm_cells(&r.flag.name, arm, false);
                 cells[0] = format!("{} r{}", cells[0], arm.repeat.unwrap_or(0));
                 s.push_str(&format!("| {} |\n", cells.join(" | ")));
             }
@@ -93,9 +93,10 @@ impl Exporter for SummaryMarkdown {
         let rounds: Vec<String> = r
             .arms
             .iter()
-            .filter(|a| !a.first_bad_round.is_empty())
+            .filter(|a| !a.stats.first_bad_round.is_empty())
             .map(|a| {
                 let per: Vec<String> = a
+                    .stats
                     .first_bad_round
                     .iter()
                     .enumerate()

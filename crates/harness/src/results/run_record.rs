@@ -5,8 +5,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::core::session::Counts;
-use crate::core::verdict::{Comparison, Confound, Verdict};
+use crate::config::TargetProfile;
+
+use crate::core::arm_stats::{pool_readback, ArmLabel, ArmStats, RecordStatus};
+use crate::core::verdict::{ArmObservation, Comparison, Confound, Verdict};
 
 pub const SCHEMA: &str = "bisect.run/1";
 
@@ -17,8 +19,7 @@ pub struct RunRecord {
     pub command: String,
     pub started_at: String,
     pub finished_at: Option<String>,
-    /// running | finished | interrupted | failed
-    pub status: String,
+    pub status: RecordStatus,
     pub target: TargetInfo,
     pub flag: FlagInfo,
     pub workload: serde_json::Value,
@@ -51,6 +52,28 @@ pub struct TargetInfo {
     pub roles: Vec<RoleInfo>,
 }
 
+impl TargetInfo {
+    /// What a record says about the target it ran against.
+    pub fn of(t: &TargetProfile) -> TargetInfo {
+        TargetInfo {
+            name: t.name.clone(),
+            api: t.api.clone(),
+            model: t.model.clone(),
+            profile: t.source.as_ref().map(|p| p.display().to_string()),
+            roles: t
+                .roles
+                .iter()
+                .map(|r| RoleInfo {
+                    name: r.name.clone(),
+                    launch: r.launch.display().to_string(),
+                    restart: r.restart.clone(),
+                    health: r.health.clone(),
+                })
+                .collect(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RoleInfo {
     pub name: String,
@@ -74,98 +97,65 @@ pub struct FlagInfo {
     pub off: String,
 }
 
+/// One arm of a run: a block (`runs`, one per repeat) or the pool of an arm's blocks
+/// (`arms`). The measurements are the shared [`ArmStats`], flattened into the same keys.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ArmRecord {
-    pub label: String,
+    pub label: ArmLabel,
     pub value: String,
     /// Repeat index for a block in `runs`; absent for pooled arms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repeat: Option<u32>,
+    /// Role -> the value read back from its launch config after the edit.
     pub readback: BTreeMap<String, String>,
+    /// Sessions classified (`counts` summed), kept as its own key for readers of run.json.
     pub sessions: u64,
-    pub counts: Counts,
-    pub corrupted: u64,
-    pub corruption_rate: f64,
-    pub ci95: [f64; 2],
-    pub peak_running: BTreeMap<String, u64>,
-    pub wall_s: f64,
-    pub completion_tokens: u64,
-    pub tokens_per_s: f64,
-    pub health_wait_s: f64,
-    /// Per round (1-based index - 1): sessions whose first bad round this was.
-    #[serde(default)]
-    pub first_bad_round: Vec<u64>,
+    #[serde(flatten)]
+    pub stats: ArmStats,
 }
 
 impl ArmRecord {
-    pub fn new(label: &str, value: &str, repeat: Option<u32>) -> Self {
+    pub fn new(label: ArmLabel, value: &str, repeat: Option<u32>) -> Self {
         ArmRecord {
-            label: label.to_string(),
+            label,
             value: value.to_string(),
             repeat,
             readback: BTreeMap::new(),
             sessions: 0,
-            counts: Counts::default(),
-            corrupted: 0,
-            corruption_rate: 0.0,
-            ci95: [0.0, 1.0],
-            peak_running: BTreeMap::new(),
-            wall_s: 0.0,
-            completion_tokens: 0,
-            tokens_per_s: 0.0,
-            health_wait_s: 0.0,
-            first_bad_round: Vec::new(),
+            stats: ArmStats::default(),
         }
     }
 
-    /// Recompute the derived fields (corrupted, rate, interval, tokens/s) from counts.
+    /// Recompute the derived fields from the counts.
     pub fn finish(&mut self) {
-        self.sessions = self.counts.total();
-        self.corrupted = self.counts.corrupted();
-        self.corruption_rate = if self.sessions == 0 {
-            0.0
-        } else {
-            self.corrupted as f64 / self.sessions as f64
-        };
-        let (lo, hi) = crate::core::stats::wilson(self.corrupted, self.sessions, 0.95);
-        self.ci95 = [lo, hi];
-        self.tokens_per_s = if self.wall_s > 0.0 {
-            self.completion_tokens as f64 / self.wall_s
-        } else {
-            0.0
-        };
+        self.stats.finish();
+        self.sessions = self.stats.sessions();
     }
 
     /// Pool several blocks of the same arm (repeats) into one.
-    pub fn pool(label: &str, value: &str, blocks: &[&ArmRecord]) -> ArmRecord {
+    pub fn pool(label: ArmLabel, value: &str, blocks: &[&ArmRecord]) -> ArmRecord {
         let mut arm = ArmRecord::new(label, value, None);
-        for b in blocks {
-            arm.counts.merge(&b.counts);
-            for (role, v) in &b.readback {
-                // A mismatch in any block must survive pooling, so keep the first differing value.
-                let slot = arm
-                    .readback
-                    .entry(role.clone())
-                    .or_insert_with(|| v.clone());
-                if v != value {
-                    *slot = v.clone();
-                }
-            }
-            for (k, v) in &b.peak_running {
-                let slot = arm.peak_running.entry(k.clone()).or_insert(0);
-                *slot = (*slot).max(*v);
-            }
-            arm.wall_s += b.wall_s;
-            arm.completion_tokens += b.completion_tokens;
-            arm.health_wait_s += b.health_wait_s;
-            if arm.first_bad_round.len() < b.first_bad_round.len() {
-                arm.first_bad_round.resize(b.first_bad_round.len(), 0);
-            }
-            for (i, n) in b.first_bad_round.iter().enumerate() {
-                arm.first_bad_round[i] += n;
-            }
-        }
-        arm.finish();
+        arm.readback = pool_readback(value, blocks.iter().map(|b| &b.readback));
+        arm.stats = ArmStats::pool(blocks.iter().map(|b| &b.stats));
+        arm.sessions = arm.stats.sessions();
         arm
+    }
+
+    /// This arm as the verdict sees it, borrowed.
+    pub fn observe<'a>(&'a self, workload: &'a serde_json::Value) -> ArmObservation<'a> {
+        ArmObservation {
+            label: self.label,
+            value: &self.value,
+            stats: &self.stats,
+            readback: &self.readback,
+            workload,
+        }
+    }
+}
+
+impl RunRecord {
+    /// The pooled arm with this label, once it has run.
+    pub fn arm(&self, label: ArmLabel) -> Option<&ArmRecord> {
+        self.arms.iter().find(|a| a.label == label)
     }
 }

@@ -18,31 +18,38 @@ pub const HEADER: [&str; 9] = [
 ];
 
 /// One arm's cells, in HEADER order.
-pub fn arm_cells(flag: &str, arm: &ArmRecord) -> [String; 9] {
-    let c = &arm.counts;
+/// The row of one arm; blocks (`repeat` set) are named with their repeat, `on r1`,
+/// when `with_repeat` asks for it.
+pub fn arm_cells(flag: &str, arm: &ArmRecord, with_repeat: bool) -> [String; 9] {
+    let label = match (with_repeat, arm.repeat) {
+        (true, Some(r)) => format!("{} r{r}", arm.label),
+        _ => arm.label.to_string(),
+    };
+    let c = &arm.stats.counts;
     let peaks = arm
+        .stats
         .peak_running
         .iter()
         .map(|(k, v)| format!("{k} {v}"))
         .collect::<Vec<_>>()
         .join(", ");
     [
-        format!("{} ({flag}={})", arm.label, arm.value),
+        format!("{label} ({flag}={})", arm.value),
         arm.sessions.to_string(),
         format!("{}/{}", c.done, c.maxrounds),
         format!("{}/{}/{}/{}", c.leak, c.bad_args, c.wrong_args, c.no_tool),
         format!("{}/{}", c.error, c.timeout),
         format!(
             "{}/{} = {} [{}, {}]",
-            arm.corrupted,
+            arm.stats.corrupted,
             arm.sessions,
-            pct(arm.corruption_rate),
-            pct(arm.ci95[0]),
-            pct(arm.ci95[1])
+            pct(arm.stats.corruption_rate),
+            pct(arm.stats.ci95[0]),
+            pct(arm.stats.ci95[1])
         ),
         peaks,
-        format!("{:.1}s", arm.wall_s),
-        format!("{:.0}", arm.tokens_per_s),
+        format!("{:.1}s", arm.stats.wall_s),
+        format!("{:.0}", arm.stats.tokens_per_s),
     ]
 }
 
@@ -68,7 +75,7 @@ pub fn render(record: &RunRecord) -> String {
         .set_header(HEADER.iter().map(Cell::new));
     for arm in &record.arms {
         table.add_row(
-            arm_cells(&record.flag.name, arm)
+            arm_cells(&record.flag.name, arm, false)
                 .into_iter()
                 .enumerate()
                 .map(|(i, s)| {

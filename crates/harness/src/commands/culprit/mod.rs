@@ -50,11 +50,14 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
+use crate::arm::settle;
 use crate::commands::run::{self as experiment, Progress, RunPlan};
 use crate::config::{FlagSpec, TargetProfile, Workload};
 use crate::control::EngineControl;
+use crate::core::arm_stats::{ArmLabel, ArmStats, RecordStatus};
 use crate::core::verdict::{Policy, Severity, Status};
 use crate::exit::Failure;
+use crate::results::run_record::TargetInfo;
 use allocate::{Assessment, Tally};
 use record::{Culprit, CulpritRecord, FlagResult, Look, PooledArm, SCHEMA};
 
@@ -88,7 +91,7 @@ impl CulpritPlan {
         check_request(&self.flags, self.budget)?;
         if !self.allow_partial {
             let flags: Vec<&FlagSpec> = self.flags.iter().collect();
-            experiment::refuse_half_applied(&self.target, &flags)?;
+            crate::arm::refuse_half_applied(&self.target, &flags)?;
         }
         Ok(())
     }
@@ -150,8 +153,8 @@ pub async fn run(
         command: plan.command.clone(),
         started_at: experiment::now(),
         finished_at: None,
-        status: "running".into(),
-        target: experiment::target_info(&plan.target),
+        status: RecordStatus::Running,
+        target: TargetInfo::of(&plan.target),
         workload: plan.workload.params_json(),
         budget: plan.budget,
         sessions_spent: 0,
@@ -173,6 +176,7 @@ pub async fn run(
             .map(|f| Tally::new(&f.on, &f.off))
             .collect(),
         frozen: vec![None; k],
+        pooled: vec![Default::default(); k],
     };
     search.summarise(&mut record);
     record.write(&plan.dir)?;
@@ -182,17 +186,7 @@ pub async fn run(
         .await;
     search.summarise(&mut record);
     record.finished_at = Some(experiment::now());
-    match &outcome {
-        Ok(()) => record.status = "finished".into(),
-        Err(e) => {
-            record.status = if matches!(e.downcast_ref::<Failure>(), Some(Failure::Interrupted)) {
-                "interrupted".into()
-            } else {
-                "failed".into()
-            };
-            record.error = Some(format!("{e:#}"));
-        }
-    }
+    (record.status, record.error) = settle(&outcome);
     record.write(&plan.dir)?;
     outcome?;
     Ok(record)
@@ -201,6 +195,8 @@ pub async fn run(
 struct Search<'a> {
     plan: &'a CulpritPlan,
     tallies: Vec<Tally>,
+    /// Per flag, `on` and `off` stats pooled over its looks.
+    pooled: Vec<[ArmStats; 2]>,
     /// The assessment that decided a flag, kept as it was when it was taken.
     frozen: Vec<Option<Assessment>>,
 }
@@ -273,20 +269,20 @@ impl Search<'_> {
             metrics_period: self.plan.metrics_period,
         };
         let seed = run_plan.workload.seed;
-        let run = experiment::run(&run_plan, control, progress, cancel.clone())
+        let run = experiment::run_experiment(&run_plan, control, progress, cancel.clone())
             .await
             .with_context(|| {
                 format!("{} look {look} ({})", flag.name, run_plan.run_dir.display())
             })?;
-        let arm = |label: &str| {
-            run.arms
-                .iter()
-                .find(|a| a.label == label)
-                .map(|a| a.counts)
-                .unwrap_or_default()
-        };
+        let stats = |label| run.arm(label).map(|a| a.stats.clone()).unwrap_or_default();
+        let (on, off) = (stats(ArmLabel::On), stats(ArmLabel::Off));
         let tally = &mut self.tallies[i];
-        tally.add_look(&arm("on"), &arm("off"), self.plan.policy.degraded_fraction);
+        tally.add_look(&on.counts, &off.counts, self.plan.policy.degraded_fraction);
+        let pooled = &mut self.pooled[i];
+        *pooled = [
+            ArmStats::pool([&pooled[0], &on]),
+            ArmStats::pool([&pooled[1], &off]),
+        ];
         if tally.blocked.is_none() {
             // Degraded arms are caught on pooled counts above; the other blocking
             // confounds (readback mismatch, differing workloads) come from the pair itself.
@@ -333,7 +329,8 @@ impl Search<'_> {
             .zip(&self.tallies)
             .zip(current)
             .zip(&self.frozen)
-            .map(|(((flag, tally), now), frozen)| {
+            .zip(&self.pooled)
+            .map(|((((flag, tally), now), frozen), pooled)| {
                 let decided = frozen.as_ref().unwrap_or(&now);
                 let mut reasons = decided.reasons.clone();
                 if tally.looks == 0 {
@@ -344,8 +341,8 @@ impl Search<'_> {
                     on: flag.on.clone(),
                     off: flag.off.clone(),
                     arms: vec![
-                        PooledArm::new("on", &flag.on, tally.on),
-                        PooledArm::new("off", &flag.off, tally.off),
+                        PooledArm::new(ArmLabel::On, &flag.on, pooled[0].clone()),
+                        PooledArm::new(ArmLabel::Off, &flag.off, pooled[1].clone()),
                     ],
                     looks: tally.looks,
                     sessions: tally.sessions(),

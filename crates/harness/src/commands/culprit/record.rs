@@ -8,7 +8,7 @@ use comfy_table::{presets, Cell, CellAlignment, ContentArrangement, Table};
 use serde::{Deserialize, Serialize};
 
 use super::allocate::{fmt_p, points};
-use crate::core::session::Counts;
+use crate::core::arm_stats::{ArmLabel, ArmStats, RecordStatus};
 use crate::core::verdict::Status;
 use crate::results::run_record::TargetInfo;
 use crate::results::write_atomic;
@@ -23,8 +23,7 @@ pub struct CulpritRecord {
     pub command: String,
     pub started_at: String,
     pub finished_at: Option<String>,
-    /// running | finished | interrupted | failed
-    pub status: String,
+    pub status: RecordStatus,
     pub target: TargetInfo,
     /// The base workload; look j of a flag runs it with seed + j - 1 and its own size.
     pub workload: serde_json::Value,
@@ -70,29 +69,23 @@ pub struct FlagResult {
     pub runs: Vec<String>,
 }
 
+/// One arm of a flag, pooled over that flag's looks.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PooledArm {
-    pub label: String,
+    pub label: ArmLabel,
     pub value: String,
     pub sessions: u64,
-    pub counts: Counts,
-    pub corrupted: u64,
-    pub corruption_rate: f64,
-    pub ci95: [f64; 2],
+    #[serde(flatten)]
+    pub stats: ArmStats,
 }
 
 impl PooledArm {
-    pub fn new(label: &str, value: &str, counts: Counts) -> PooledArm {
-        let (sessions, corrupted) = (counts.total(), counts.corrupted());
-        let (lo, hi) = crate::core::stats::wilson(corrupted, sessions, 0.95);
+    pub fn new(label: ArmLabel, value: &str, stats: ArmStats) -> PooledArm {
         PooledArm {
-            label: label.to_string(),
+            label,
             value: value.to_string(),
-            sessions,
-            counts,
-            corrupted,
-            corruption_rate: crate::core::stats::rate(corrupted, sessions),
-            ci95: [lo, hi],
+            sessions: stats.sessions(),
+            stats,
         }
     }
 }
@@ -149,12 +142,12 @@ fn arm_cell(arm: Option<&PooledArm>) -> String {
     arm.map_or_else(
         || "-".to_string(),
         |a| {
-            let failed = a.counts.failed();
+            let failed = a.stats.counts.failed();
             let mut s = format!(
                 "{}/{} = {} (={})",
-                a.corrupted,
+                a.stats.corrupted,
                 a.sessions,
-                points(a.corruption_rate),
+                points(a.stats.corruption_rate),
                 a.value
             );
             if failed > 0 {
@@ -166,12 +159,12 @@ fn arm_cell(arm: Option<&PooledArm>) -> String {
 }
 
 fn row(f: &FlagResult) -> [String; 8] {
-    let arm = |label: &str| f.arms.iter().find(|a| a.label == label);
+    let arm = |label: ArmLabel| f.arms.iter().find(|a| a.label == label);
     [
         f.name.clone(),
         f.status.as_str().to_string() + if f.degraded { " (degraded)" } else { "" },
-        arm_cell(arm("on")),
-        arm_cell(arm("off")),
+        arm_cell(arm(ArmLabel::On)),
+        arm_cell(arm(ArmLabel::Off)),
         format!(
             "{} [{}, {}]",
             points(f.rate_diff),

@@ -173,16 +173,16 @@ pub fn compare(night: &mut MatrixRecord, baseline: &Baseline, policy: &Regressio
             continue;
         }
         let p = fisher_one_sided_greater(
-            cell.corrupted,
-            cell.counts.total() - cell.corrupted,
-            old.corrupted,
-            old.counts.total() - old.corrupted,
+            cell.stats.corrupted,
+            cell.stats.counts.total() - cell.stats.corrupted,
+            old.stats.corrupted,
+            old.stats.counts.total() - old.stats.corrupted,
         );
         let mut cmp = empty(CellStatus::Ok, Some(old), Vec::new());
         cmp.p_value = Some(p);
-        cmp.rate_diff = cell.corruption_rate - old.corruption_rate;
-        cmp.tokens_per_s_ratio =
-            (old.tokens_per_s > 0.0).then(|| cell.tokens_per_s / old.tokens_per_s);
+        cmp.rate_diff = cell.stats.corruption_rate - old.stats.corruption_rate;
+        cmp.tokens_per_s_ratio = (old.stats.tokens_per_s > 0.0)
+            .then(|| cell.stats.tokens_per_s / old.stats.tokens_per_s);
         cell.comparison = Some(cmp);
         comparable.push((i, p));
     }
@@ -245,40 +245,40 @@ fn regression_reasons(
     policy: &RegressionPolicy,
 ) -> Vec<String> {
     let mut reasons = Vec::new();
-    let (n, m) = (cell.counts.total(), old.counts.total());
-    let diff = cell.corruption_rate - old.corruption_rate;
+    let (n, m) = (cell.stats.counts.total(), old.stats.counts.total());
+    let diff = cell.stats.corruption_rate - old.stats.corruption_rate;
     if p_adjusted < policy.alpha && diff >= policy.min_effect {
         reasons.push(format!(
             "corruption rose from {}/{m} ({:.1}%) to {}/{n} ({:.1}%): one-sided Fisher p = {}, Holm-adjusted {} < alpha {}",
-            old.corrupted,
-            100.0 * old.corruption_rate,
-            cell.corrupted,
-            100.0 * cell.corruption_rate,
-            fmt_p(fisher_one_sided_greater(cell.corrupted, n - cell.corrupted, old.corrupted, m - old.corrupted)),
+            old.stats.corrupted,
+            100.0 * old.stats.corruption_rate,
+            cell.stats.corrupted,
+            100.0 * cell.stats.corruption_rate,
+            fmt_p(fisher_one_sided_greater(cell.stats.corrupted, n - cell.stats.corrupted, old.stats.corrupted, m - old.stats.corrupted)),
             fmt_p(p_adjusted),
             policy.alpha
         ));
     }
-    if old.tokens_per_s > 0.0
-        && cell.tokens_per_s < (1.0 - policy.tokens_per_s_noise) * old.tokens_per_s
+    if old.stats.tokens_per_s > 0.0
+        && cell.stats.tokens_per_s < (1.0 - policy.tokens_per_s_noise) * old.stats.tokens_per_s
     {
         reasons.push(format!(
             "tokens/s fell from {:.1} to {:.1} ({:+.0}%), beyond the noise threshold of -{:.0}%",
-            old.tokens_per_s,
-            cell.tokens_per_s,
-            100.0 * (cell.tokens_per_s / old.tokens_per_s - 1.0),
+            old.stats.tokens_per_s,
+            cell.stats.tokens_per_s,
+            100.0 * (cell.stats.tokens_per_s / old.stats.tokens_per_s - 1.0),
             100.0 * policy.tokens_per_s_noise
         ));
     }
     let degraded = |c: &CellRecord| {
-        let total = c.counts.total();
-        total > 0 && c.counts.failed() as f64 > policy.degraded_fraction * total as f64
+        let total = c.stats.counts.total();
+        total > 0 && c.stats.counts.failed() as f64 > policy.degraded_fraction * total as f64
     };
     if degraded(cell) && !degraded(old) {
         reasons.push(format!(
             "degraded: {} of {n} sessions error/timeout (baseline {} of {m})",
-            cell.counts.failed(),
-            old.counts.failed()
+            cell.stats.counts.failed(),
+            old.stats.counts.failed()
         ));
     }
     reasons
@@ -287,14 +287,14 @@ fn regression_reasons(
 fn empty(status: CellStatus, old: Option<&CellRecord>, reasons: Vec<String>) -> CellComparison {
     CellComparison {
         status,
-        baseline_sessions: old.map(|o| o.counts.total()).unwrap_or(0),
-        baseline_corrupted: old.map(|o| o.corrupted).unwrap_or(0),
-        baseline_rate: old.map(|o| o.corruption_rate).unwrap_or(0.0),
-        baseline_ci95: old.map(|o| o.ci95).unwrap_or([0.0, 1.0]),
+        baseline_sessions: old.map(|o| o.stats.counts.total()).unwrap_or(0),
+        baseline_corrupted: old.map(|o| o.stats.corrupted).unwrap_or(0),
+        baseline_rate: old.map(|o| o.stats.corruption_rate).unwrap_or(0.0),
+        baseline_ci95: old.map(|o| o.stats.ci95).unwrap_or([0.0, 1.0]),
         rate_diff: 0.0,
         p_value: None,
         p_adjusted: None,
-        baseline_tokens_per_s: old.map(|o| o.tokens_per_s).unwrap_or(0.0),
+        baseline_tokens_per_s: old.map(|o| o.stats.tokens_per_s).unwrap_or(0.0),
         tokens_per_s_ratio: None,
         reasons,
     }

@@ -11,6 +11,7 @@ use anyhow::Context;
 
 use super::export;
 use super::record::{MatrixRecord, MergedShard, SCHEMA};
+use crate::core::arm_stats::RecordStatus;
 use crate::exit::Failure;
 
 /// A joined matrix and, per cell id, the shard directory whose cell it took.
@@ -137,7 +138,7 @@ pub fn join(dirs: &[PathBuf], id: &str, command: &str) -> anyhow::Result<Merged>
             .iter()
             .filter_map(|(_, r)| r.finished_at.clone())
             .max(),
-        status: "finished".into(),
+        status: RecordStatus::Finished,
         target: first.target.clone(),
         workload: first.workload.clone(),
         workload_hash: first.workload_hash.clone(),

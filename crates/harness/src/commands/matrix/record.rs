@@ -12,8 +12,8 @@ use serde::{Deserialize, Serialize};
 
 use super::cells::{Cell, Shard};
 use super::plan::{Plan, RegressionPolicy};
-use crate::core::session::Counts;
-use crate::results::run_record::{ArmRecord, TargetInfo};
+use crate::core::arm_stats::{ArmStats, RecordStatus};
+use crate::results::run_record::TargetInfo;
 
 pub const SCHEMA: &str = "bisect.matrix/1";
 
@@ -36,8 +36,7 @@ pub struct MatrixRecord {
     pub merged_from: Vec<MergedShard>,
     pub started_at: String,
     pub finished_at: Option<String>,
-    /// running | finished | interrupted | failed
-    pub status: String,
+    pub status: RecordStatus,
     pub target: TargetInfo,
     pub workload: serde_json::Value,
     pub workload_hash: String,
@@ -84,21 +83,12 @@ pub struct CellRecord {
     pub rounds: u32,
     pub config_hash: String,
     pub workload_hash: String,
-    /// pending | finished | failed
-    pub status: String,
+    pub status: RecordStatus,
     /// Per flag, per role: the value read back after writing.
     pub readback: BTreeMap<String, BTreeMap<String, String>>,
-    pub counts: Counts,
-    pub corrupted: u64,
-    pub corruption_rate: f64,
-    pub ci95: [f64; 2],
-    pub peak_running: BTreeMap<String, u64>,
-    pub wall_s: f64,
-    pub completion_tokens: u64,
-    pub tokens_per_s: f64,
-    pub health_wait_s: f64,
-    #[serde(default)]
-    pub first_bad_round: Vec<u64>,
+    /// The cell's measurements, pooled over its repeats.
+    #[serde(flatten)]
+    pub stats: ArmStats,
     /// Sessions directory relative to the matrix directory.
     pub dir: String,
     pub comparison: Option<CellComparison>,
@@ -175,50 +165,26 @@ impl CellRecord {
             rounds: cell.rounds,
             config_hash: cell.config_hash.clone(),
             workload_hash: workload_hash.to_string(),
-            status: "pending".into(),
+            status: RecordStatus::Pending,
             readback: BTreeMap::new(),
-            counts: Counts::default(),
-            corrupted: 0,
-            corruption_rate: 0.0,
-            ci95: [0.0, 1.0],
-            peak_running: BTreeMap::new(),
-            wall_s: 0.0,
-            completion_tokens: 0,
-            tokens_per_s: 0.0,
-            health_wait_s: 0.0,
-            first_bad_round: Vec::new(),
+            stats: ArmStats::default(),
             dir: format!("cells/{}", cell.id),
             comparison: None,
         }
-    }
-
-    /// Take the measured fields from the cell's arm, pooled over repeats.
-    pub fn absorb(&mut self, pooled: &ArmRecord) {
-        self.counts = pooled.counts;
-        self.corrupted = pooled.corrupted;
-        self.corruption_rate = pooled.corruption_rate;
-        self.ci95 = pooled.ci95;
-        self.peak_running = pooled.peak_running.clone();
-        self.wall_s = pooled.wall_s;
-        self.completion_tokens = pooled.completion_tokens;
-        self.tokens_per_s = pooled.tokens_per_s;
-        self.health_wait_s = pooled.health_wait_s;
-        self.first_bad_round = pooled.first_bad_round.clone();
     }
 
     /// Recompute the fields derived from counts (rate, interval), exactly as a run does:
     /// a merged cell then serialises to the same digits as the unsharded one, even
     /// though reading matrix.json back rounds floats in the last place.
     pub fn rederive(&mut self) {
-        let sessions = self.counts.total();
-        self.corrupted = self.counts.corrupted();
-        self.corruption_rate = crate::core::stats::rate(self.corrupted, sessions);
-        let (lo, hi) = crate::core::stats::wilson(self.corrupted, sessions, 0.95);
-        self.ci95 = [lo, hi];
+        let tokens_per_s = self.stats.tokens_per_s;
+        self.stats.finish();
+        // tokens/s is a measurement, not derived from counts: keep it as recorded.
+        self.stats.tokens_per_s = tokens_per_s;
     }
 
     pub fn is_finished(&self) -> bool {
-        self.status == "finished"
+        self.status == RecordStatus::Finished
     }
 
     /// The comparison status, `None` when no baseline was compared.
@@ -249,7 +215,7 @@ impl MatrixRecord {
     /// Whole (not a shard) and finished: what a later night may use as its baseline.
     pub fn is_complete(&self) -> bool {
         self.shard.is_none()
-            && self.status == "finished"
+            && self.status == RecordStatus::Finished
             && self.cells.len() == self.plan.cells.len()
     }
 }

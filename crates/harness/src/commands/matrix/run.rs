@@ -18,15 +18,12 @@ use super::cells::{Cell, Shard};
 use super::export;
 use super::plan::Plan;
 use super::record::{CellRecord, MatrixRecord, PlanInfo, SCHEMA};
-use crate::commands::run::{
-    self as experiment, drive_block, fetch_server_info, BlockSpec, Progress,
-};
+use crate::arm::{settle, BlockName, Progress, Readback, Testbed, TestbedSpec};
 use crate::config::{FlagSpec, TargetProfile};
 use crate::control::EngineControl;
+use crate::core::arm_stats::{ArmStats, RecordStatus};
 use crate::core::classify::Classifier;
-use crate::exit::Failure;
-use crate::launch::Editor;
-use crate::results::run_record::ArmRecord;
+use crate::results::run_record::TargetInfo;
 use crate::results::ResultsDir;
 
 /// Everything one `bisect matrix` invocation needs, validated.
@@ -57,7 +54,7 @@ impl MatrixJob {
 
 /// Run the job's cells. Launch configs are restored before this returns, on every path;
 /// the record (also on disk) says how far it got.
-pub async fn run(
+pub async fn run_matrix(
     job: &MatrixJob,
     control: &mut dyn EngineControl,
     progress: &dyn Progress,
@@ -68,42 +65,30 @@ pub async fn run(
     let mut record = initial_record(job);
     export::write_all(&job.dir, &record)?;
 
-    if !job.allow_partial {
-        let mut flags: Vec<&FlagSpec> = job.plan.sets.iter().map(|(f, _)| f).collect();
-        for cell in &job.plan.cells {
-            for (f, _) in &cell.flags {
-                if !flags.iter().any(|g| g.name == f.name) {
-                    flags.push(f);
-                }
+    let mut flags: Vec<&FlagSpec> = job.plan.sets.iter().map(|(f, _)| f).collect();
+    for cell in &job.plan.cells {
+        for (f, _) in &cell.flags {
+            if !flags.iter().any(|g| g.name == f.name) {
+                flags.push(f);
             }
         }
-        experiment::refuse_half_applied(&job.target, &flags)?;
     }
+    let spec = TestbedSpec {
+        target: &job.target,
+        journal_dir: Some(&job.journal_dir),
+        flags,
+        allow_partial: job.allow_partial,
+        api_key: job.api_key.clone(),
+        metrics_period: job.metrics_period,
+    };
+    let mut bed = Testbed::open(spec, control, progress, cancel)?;
+    let outcome = run_groups(job, &mut bed, &mut record).await;
+    let closed = bed.close().await;
 
-    let files: Vec<PathBuf> = job.target.roles.iter().map(|r| r.launch.clone()).collect();
-    let mut editor = Editor::begin(&job.journal_dir, &files)
-        .with_context(|| format!("journaling launch configs in {}", job.journal_dir.display()))?;
-
-    let outcome = run_groups(job, control, progress, &cancel, &mut editor, &mut record).await;
-    let stopped = control.stop().await;
-    let restored = editor.restore();
-
-    match &outcome {
-        Ok(()) => record.status = "finished".into(),
-        Err(e) => {
-            record.status = if matches!(e.downcast_ref::<Failure>(), Some(Failure::Interrupted)) {
-                "interrupted".into()
-            } else {
-                "failed".into()
-            };
-            record.error = Some(format!("{e:#}"));
-        }
-    }
+    (record.status, record.error) = settle(&outcome);
     record.finished_at = Some(super::record::now());
     export::write_all(&job.dir, &record)?;
-    restored.context("restoring the original launch configs")?;
-    outcome?;
-    stopped.context("stopping the engines")?;
+    closed.combine(outcome)?;
     Ok(record)
 }
 
@@ -118,8 +103,8 @@ fn initial_record(job: &MatrixJob) -> MatrixRecord {
         merged_from: Vec::new(),
         started_at: super::record::now(),
         finished_at: None,
-        status: "running".into(),
-        target: experiment::target_info(&job.target),
+        status: RecordStatus::Running,
+        target: TargetInfo::of(&job.target),
         workload: job.plan.workload.params_json(),
         workload_hash: workload_hash.clone(),
         cells: job
@@ -136,23 +121,10 @@ fn initial_record(job: &MatrixJob) -> MatrixRecord {
 
 async fn run_groups(
     job: &MatrixJob,
-    control: &mut dyn EngineControl,
-    progress: &dyn Progress,
-    cancel: &CancellationToken,
-    editor: &mut Editor,
+    bed: &mut Testbed<'_>,
     record: &mut MatrixRecord,
 ) -> anyhow::Result<()> {
-    let roles = &job.target.roles;
-    let mut pinned: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
-    for (flag, value) in &job.plan.sets {
-        let readback = editor.apply(flag, value, roles)?;
-        progress.note(&format!(
-            "pinned {}={value} (read back: {})",
-            flag.name,
-            fmt_map(&readback)
-        ));
-        pinned.insert(flag.name.clone(), readback);
-    }
+    let pinned = bed.pin(&job.plan.sets)?;
     let classifier = Arc::new(Classifier::with_defaults(&job.plan.workload.tools)?);
     let cells = job.cells();
     let mut groups: Vec<Vec<(usize, &Cell)>> = Vec::new();
@@ -163,16 +135,14 @@ async fn run_groups(
         }
     }
     for group in groups {
-        if cancel.is_cancelled() {
-            return Err(Failure::Interrupted.into());
-        }
+        bed.check_cancelled()?;
         let first = group[0].1;
         let mut readback = pinned.clone();
         for (flag, value) in &first.flags {
-            readback.insert(flag.name.clone(), editor.apply(flag, value, roles)?);
+            readback.insert(flag.name.clone(), bed.set(flag, value)?);
         }
         let label = format!("group{}", first.group);
-        progress.note(&format!(
+        bed.progress().note(&format!(
             "{label} ({}): configs written and read back, restarting",
             first
                 .flags
@@ -181,92 +151,68 @@ async fn run_groups(
                 .collect::<Vec<_>>()
                 .join(", ")
         ));
-        let result = run_group(
-            job,
-            control,
-            progress,
-            cancel,
-            &classifier,
-            record,
-            &group,
-            &readback,
-            &label,
-        )
-        .await;
+        let result = run_group(job, bed, &classifier, record, &group, &readback, &label).await;
         if let Err(e) = result {
             for (i, _) in &group {
                 if !record.cells[*i].is_finished() {
-                    record.cells[*i].status = "failed".into();
+                    record.cells[*i].status = RecordStatus::Failed;
                 }
             }
             return Err(e);
         }
-        control.stop().await?;
+        bed.stop().await?;
     }
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn run_group(
     job: &MatrixJob,
-    control: &mut dyn EngineControl,
-    progress: &dyn Progress,
-    cancel: &CancellationToken,
+    bed: &mut Testbed<'_>,
     classifier: &Arc<Classifier>,
     record: &mut MatrixRecord,
     group: &[(usize, &Cell)],
-    readback: &BTreeMap<String, BTreeMap<String, String>>,
+    readback: &BTreeMap<String, Readback>,
     label: &str,
 ) -> anyhow::Result<()> {
-    let waits = control.restart(label, cancel).await?;
-    let health_wait_s: f64 = waits.values().sum();
-    for role in &job.target.roles {
-        if let Some(info) = fetch_server_info(&role.health).await {
-            record
-                .engine_info
-                .insert(format!("{label}/{}", role.name), info);
-        }
+    let restarted = bed.restart(label).await?;
+    for (role, info) in restarted.engine_info {
+        record.engine_info.insert(format!("{label}/{role}"), info);
     }
-    let mut blocks: Vec<Vec<ArmRecord>> = vec![Vec::new(); group.len()];
+    let mut blocks: Vec<Vec<ArmStats>> = vec![Vec::new(); group.len()];
     // A cell's repeats run back to back, cells in ascending load: a cell then never
     // starts on a pool that a heavier cell of its group just filled (its sessions would
     // be evicted and loaded back because of the cell before, not because of its own load).
     let mut order: Vec<(usize, &(usize, &Cell))> = group.iter().enumerate().collect();
     order.sort_by_key(|(_, (_, cell))| (cell.sessions, cell.rounds));
+    let repeats = job.plan.repeats.max(1);
     for (slot, (i, cell)) in order {
-        for repeat in 0..job.plan.repeats.max(1) {
-            if cancel.is_cancelled() {
-                return Err(Failure::Interrupted.into());
-            }
+        for repeat in 0..repeats {
+            bed.check_cancelled()?;
             let results = ResultsDir::create(&cell_dir(&job.dir, cell))?;
             results.snapshot_launch("cell", repeat, &job.target)?;
             let mut workload = job.plan.workload.clone();
             workload.sessions = cell.sessions;
             workload.rounds = cell.rounds;
-            let spec = BlockSpec {
-                target: &job.target,
-                workload: &workload,
-                api_key: job.api_key.clone(),
-                metrics_period: job.metrics_period,
+            record.cells[*i].status = RecordStatus::Running;
+            let block = BlockName {
+                label: &cell.id,
+                value: "",
+                repeat,
             };
-            let mut arm = ArmRecord::new(&cell.id, "", Some(repeat));
-            // The restart's health wait belongs to the whole group; each cell records it.
-            arm.health_wait_s = if repeat == 0 { health_wait_s } else { 0.0 };
-            record.cells[*i].status = "running".into();
-            progress.arm_started(&cell.id, "", repeat, cell.sessions as u64);
-            drive_block(
-                &spec, classifier, progress, cancel, &results, &mut arm, repeat,
-            )
-            .await?;
-            arm.finish();
-            progress.arm_finished(&arm);
-            blocks[slot].push(arm);
-            let pooled = ArmRecord::pool(&cell.id, "", &blocks[slot].iter().collect::<Vec<_>>());
+            let mut stats = bed.drive(block, &workload, classifier, &results).await?;
+            // The restart's health wait belongs to the whole group; the first block of
+            // each cell records it.
+            stats.health_wait_s = if repeat == 0 {
+                restarted.health_wait_s
+            } else {
+                0.0
+            };
+            blocks[slot].push(stats);
             let rec = &mut record.cells[*i];
-            rec.absorb(&pooled);
+            rec.stats = ArmStats::pool(&blocks[slot]);
             rec.readback = readback.clone();
-            if repeat + 1 == job.plan.repeats.max(1) {
-                rec.status = "finished".into();
+            if repeat + 1 == repeats {
+                rec.status = RecordStatus::Finished;
             }
             export::write_all(&job.dir, record)?;
         }
@@ -277,11 +223,4 @@ async fn run_group(
 /// `cells/<cell-id>/` under a matrix directory.
 pub fn cell_dir(matrix_dir: &Path, cell: &Cell) -> PathBuf {
     matrix_dir.join("cells").join(&cell.id)
-}
-
-fn fmt_map(m: &BTreeMap<String, String>) -> String {
-    m.iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect::<Vec<_>>()
-        .join(", ")
 }

@@ -23,7 +23,7 @@ impl MatrixExporter for MatrixCsv {
         let peaks: BTreeSet<&str> = r
             .cells
             .iter()
-            .flat_map(|c| c.peak_running.keys().map(String::as_str))
+            .flat_map(|c| c.stats.peak_running.keys().map(String::as_str))
             .collect();
         let mut out = ::csv::Writer::from_writer(Vec::new());
         let mut header: Vec<String> = vec!["cell".into(), "group".into()];
@@ -58,21 +58,22 @@ impl MatrixExporter for MatrixCsv {
             row.extend([
                 c.sessions.to_string(),
                 c.rounds.to_string(),
-                c.status.clone(),
+                c.status.to_string(),
             ]);
             row.extend(
                 SessionClass::ALL
                     .iter()
-                    .map(|k| c.counts.get(*k).to_string()),
+                    .map(|k| c.stats.counts.get(*k).to_string()),
             );
             row.extend([
-                c.corrupted.to_string(),
-                format!("{:.6}", c.corruption_rate),
-                format!("{:.6}", c.ci95[0]),
-                format!("{:.6}", c.ci95[1]),
+                c.stats.corrupted.to_string(),
+                format!("{:.6}", c.stats.corruption_rate),
+                format!("{:.6}", c.stats.ci95[0]),
+                format!("{:.6}", c.stats.ci95[1]),
             ]);
             row.extend(peaks.iter().map(|p| {
-                c.peak_running
+                c.stats
+                    .peak_running
                     .get(*p)
                     .map(u64::to_string)
                     .unwrap_or_default()
@@ -80,9 +81,9 @@ impl MatrixExporter for MatrixCsv {
             let cmp = c.comparison.as_ref();
             let opt = |v: Option<f64>| v.map(|x| format!("{x:.6e}")).unwrap_or_default();
             row.extend([
-                c.completion_tokens.to_string(),
-                format!("{:.3}", c.tokens_per_s),
-                format!("{:.3}", c.wall_s),
+                c.stats.completion_tokens.to_string(),
+                format!("{:.3}", c.stats.tokens_per_s),
+                format!("{:.3}", c.stats.wall_s),
                 c.config_hash.clone(),
                 c.workload_hash.clone(),
                 cmp.map(|x| x.status.name().to_string()).unwrap_or_default(),

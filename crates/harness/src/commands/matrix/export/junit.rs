@@ -54,7 +54,7 @@ impl MatrixExporter for JunitXml {
             .iter()
             .filter(|o| matches!(o, Outcome::Error(_)))
             .count();
-        let time: f64 = r.cells.iter().map(|c| c.wall_s).sum();
+        let time: f64 = r.cells.iter().map(|c| c.stats.wall_s).sum();
         let suite = format!("bisect.matrix.{}", r.plan.name);
         let mut x = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
         x.push_str(&format!(
@@ -73,7 +73,7 @@ impl MatrixExporter for JunitXml {
             ("matrix_id", r.id.clone()),
             ("plan_hash", r.plan.hash.clone()),
             ("workload_hash", r.workload_hash.clone()),
-            ("status", r.status.clone()),
+            ("status", r.status.to_string()),
         ];
         if let Some(s) = &r.shard {
             props.push(("shard", s.to_string()));
@@ -93,7 +93,7 @@ impl MatrixExporter for JunitXml {
                 "    <testcase classname=\"{}\" name=\"{}\" time=\"{:.3}\">\n",
                 esc(&suite),
                 esc(&c.id),
-                c.wall_s
+                c.stats.wall_s
             ));
             match o {
                 Outcome::Pass => {}
@@ -114,17 +114,17 @@ impl MatrixExporter for JunitXml {
                 "      <system-out>{}</system-out>\n",
                 esc(&format!(
                     "corrupted {}/{} = {} [{}, {}]; leak {} bad_args {} wrong_args {} no_tool {} error {} timeout {}; sessions in {}",
-                    c.corrupted,
-                    c.counts.total(),
-                    pct(c.corruption_rate),
-                    pct(c.ci95[0]),
-                    pct(c.ci95[1]),
-                    c.counts.leak,
-                    c.counts.bad_args,
-                    c.counts.wrong_args,
-                    c.counts.no_tool,
-                    c.counts.error,
-                    c.counts.timeout,
+                    c.stats.corrupted,
+                    c.stats.counts.total(),
+                    pct(c.stats.corruption_rate),
+                    pct(c.stats.ci95[0]),
+                    pct(c.stats.ci95[1]),
+                    c.stats.counts.leak,
+                    c.stats.counts.bad_args,
+                    c.stats.counts.wrong_args,
+                    c.stats.counts.no_tool,
+                    c.stats.counts.error,
+                    c.stats.counts.timeout,
                     c.dir
                 ))
             ));

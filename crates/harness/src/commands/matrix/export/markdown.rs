@@ -142,24 +142,25 @@ impl MatrixExporter for MatrixSummary {
                 c.sessions.to_string(),
                 c.rounds.to_string(),
                 if c.is_finished() {
-                    format!("{}/{}", c.corrupted, c.counts.total())
+                    format!("{}/{}", c.stats.corrupted, c.stats.counts.total())
                 } else {
-                    c.status.clone()
+                    c.status.to_string()
                 },
                 format!(
                     "{} [{}, {}]",
-                    pct(c.corruption_rate),
-                    pct(c.ci95[0]),
-                    pct(c.ci95[1])
+                    pct(c.stats.corruption_rate),
+                    pct(c.stats.ci95[0]),
+                    pct(c.stats.ci95[1])
                 ),
-                format!("{}/{}", c.counts.error, c.counts.timeout),
-                c.peak_running
+                format!("{}/{}", c.stats.counts.error, c.stats.counts.timeout),
+                c.stats
+                    .peak_running
                     .iter()
                     .map(|(k, v)| format!("{k} {v}"))
                     .collect::<Vec<_>>()
                     .join(", "),
-                format!("{:.0}", c.tokens_per_s),
-                format!("{:.1}s", c.wall_s),
+                format!("{:.0}", c.stats.tokens_per_s),
+                format!("{:.1}s", c.stats.wall_s),
                 baseline_cell(c),
                 change_cell(c),
             ]);

@@ -1,0 +1,312 @@
+//! The one record model of an arm's measurements: [`ArmStats`] is filled by the single
+//! collector of an arm block (`crate::arm`) and embedded, flattened, in every record
+//! that reports arms: a run's arms and blocks (`run.json`), a matrix cell
+//! (`matrix.json`), a culprit flag's pooled arms (`culprit.json`). Field names are the
+//! results contract of docs/design.md 3.6: flattening keeps the keys those files always
+//! had. Also the shared vocabulary of records: [`RecordStatus`] and [`ArmLabel`].
+//!
+//! Pure: derived fields come from [`crate::core::stats`].
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::core::session::{Counts, SessionResult};
+use crate::core::stats;
+
+/// The confidence of every per-arm interval.
+const CONFIDENCE: f64 = 0.95;
+
+/// Where a record (run, matrix, culprit search, matrix cell) stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum RecordStatus {
+    /// Not started (a matrix cell waiting for its group).
+    #[default]
+    Pending,
+    Running,
+    Finished,
+    /// Stopped by Ctrl-C, SIGTERM or SIGHUP; the configs were restored.
+    Interrupted,
+    Failed,
+}
+
+impl RecordStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RecordStatus::Pending => "pending",
+            RecordStatus::Running => "running",
+            RecordStatus::Finished => "finished",
+            RecordStatus::Interrupted => "interrupted",
+            RecordStatus::Failed => "failed",
+        }
+    }
+}
+
+impl fmt::Display for RecordStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which arm of an experiment a record is: the flag's `on` or `off` value, or a probe's
+/// single arm with the configs as they are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ArmLabel {
+    On,
+    Off,
+    Probe,
+}
+
+impl ArmLabel {
+    /// The two arms of an A/B, in the order they are reported.
+    pub const AB: [ArmLabel; 2] = [ArmLabel::On, ArmLabel::Off];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ArmLabel::On => "on",
+            ArmLabel::Off => "off",
+            ArmLabel::Probe => "probe",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<ArmLabel> {
+        match text {
+            "on" => Some(ArmLabel::On),
+            "off" => Some(ArmLabel::Off),
+            "probe" => Some(ArmLabel::Probe),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for ArmLabel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What an arm block measured. `counts`, `completion_tokens`, `first_bad_round` are
+/// accumulated session by session ([`ArmStats::add_session`]); `peak_running`,
+/// `wall_s` and `health_wait_s` are set by the arm lifecycle; the rest is derived by
+/// [`ArmStats::finish`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ArmStats {
+    pub counts: Counts,
+    pub corrupted: u64,
+    pub corruption_rate: f64,
+    /// Wilson 95% interval of `corruption_rate`.
+    pub ci95: [f64; 2],
+    /// `client` (in-flight requests) or a role name -> peak running requests.
+    pub peak_running: BTreeMap<String, u64>,
+    pub wall_s: f64,
+    pub completion_tokens: u64,
+    pub tokens_per_s: f64,
+    pub health_wait_s: f64,
+    /// Per round (1-based index - 1): sessions whose first bad round this was.
+    #[serde(default)]
+    pub first_bad_round: Vec<u64>,
+}
+
+impl Default for ArmStats {
+    fn default() -> Self {
+        ArmStats {
+            counts: Counts::default(),
+            corrupted: 0,
+            corruption_rate: 0.0,
+            ci95: [0.0, 1.0],
+            peak_running: BTreeMap::new(),
+            wall_s: 0.0,
+            completion_tokens: 0,
+            tokens_per_s: 0.0,
+            health_wait_s: 0.0,
+            first_bad_round: Vec::new(),
+        }
+    }
+}
+
+impl ArmStats {
+    /// Sessions classified: the denominator of every rate.
+    pub fn sessions(&self) -> u64 {
+        self.counts.total()
+    }
+
+    /// Count one finished session: the collector's and `reclassify`'s only way in.
+    pub fn add_session(&mut self, session: &SessionResult) {
+        self.counts.add(session.class);
+        self.completion_tokens += session.completion_tokens;
+        if let Some(round) = session.first_bad_round {
+            self.add_first_bad_round(round, 1);
+        }
+    }
+
+    fn add_first_bad_round(&mut self, round: u32, n: u64) {
+        let idx = round.saturating_sub(1) as usize;
+        if self.first_bad_round.len() <= idx {
+            self.first_bad_round.resize(idx + 1, 0);
+        }
+        self.first_bad_round[idx] += n;
+    }
+
+    /// Forget the session-derived fields (counts, tokens, first bad rounds), keeping
+    /// what the lifecycle measured (wall time, peaks, health wait): for recounting.
+    pub fn clear_sessions(&mut self) {
+        self.counts = Counts::default();
+        self.completion_tokens = 0;
+        self.first_bad_round.clear();
+    }
+
+    /// Recompute the derived fields (corrupted, rate, interval, tokens/s) from counts.
+    pub fn finish(&mut self) {
+        let n = self.sessions();
+        self.corrupted = self.counts.corrupted();
+        self.corruption_rate = stats::rate(self.corrupted, n);
+        let (lo, hi) = stats::wilson(self.corrupted, n, CONFIDENCE);
+        self.ci95 = [lo, hi];
+        self.tokens_per_s = if self.wall_s > 0.0 {
+            self.completion_tokens as f64 / self.wall_s
+        } else {
+            0.0
+        };
+    }
+
+    /// Pool several blocks of the same arm (repeats, looks, a cell's repeats): counts,
+    /// tokens, wall and health-wait time add up; peaks take the maximum.
+    pub fn pool<'a>(blocks: impl IntoIterator<Item = &'a ArmStats>) -> ArmStats {
+        let mut pooled = ArmStats::default();
+        for b in blocks {
+            pooled.counts.merge(&b.counts);
+            for (k, v) in &b.peak_running {
+                let slot = pooled.peak_running.entry(k.clone()).or_insert(0);
+                *slot = (*slot).max(*v);
+            }
+            pooled.wall_s += b.wall_s;
+            pooled.completion_tokens += b.completion_tokens;
+            pooled.health_wait_s += b.health_wait_s;
+            for (i, n) in b.first_bad_round.iter().enumerate() {
+                pooled.add_first_bad_round(i as u32 + 1, *n);
+            }
+        }
+        pooled.finish();
+        pooled
+    }
+}
+
+/// Pool read-backs (role -> value) of several blocks of one arm: a block whose read-back
+/// differs from the arm's intended `value` must survive pooling, so the first differing
+/// value wins over agreeing ones.
+pub fn pool_readback<'a>(
+    value: &str,
+    blocks: impl IntoIterator<Item = &'a BTreeMap<String, String>>,
+) -> BTreeMap<String, String> {
+    let mut pooled: BTreeMap<String, String> = BTreeMap::new();
+    for readback in blocks {
+        for (role, v) in readback {
+            let slot = pooled.entry(role.clone()).or_insert_with(|| v.clone());
+            if v != value && slot == value {
+                *slot = v.clone();
+            }
+        }
+    }
+    pooled
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::session::SessionClass;
+
+    fn block(done: u64, leak: u64, wall_s: f64, peak: u64) -> ArmStats {
+        let mut s = ArmStats {
+            wall_s,
+            ..ArmStats::default()
+        };
+        s.counts.done = done;
+        s.counts.leak = leak;
+        s.completion_tokens = 100 * (done + leak);
+        s.peak_running.insert("client".into(), peak);
+        s.first_bad_round = vec![0, leak];
+        s.finish();
+        s
+    }
+
+    #[test]
+    fn finish_derives_rate_interval_and_speed() {
+        let s = block(66, 14, 2.0, 80);
+        assert_eq!(s.sessions(), 80);
+        assert_eq!(s.corrupted, 14);
+        assert!((s.corruption_rate - 0.175).abs() < 1e-12);
+        // Wilson 95% for 14/80: 10.7% .. 27.3%.
+        assert!((s.ci95[0] - 0.1068).abs() < 5e-4, "{:?}", s.ci95);
+        assert!((s.ci95[1] - 0.2727).abs() < 5e-4, "{:?}", s.ci95);
+        assert!((s.tokens_per_s - 4000.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn pooling_adds_counts_and_takes_peak_maxima() {
+        let pooled = ArmStats::pool([&block(70, 10, 2.0, 80), &block(75, 5, 3.0, 60)]);
+        assert_eq!(pooled.sessions(), 160);
+        assert_eq!(pooled.corrupted, 15);
+        assert_eq!(pooled.wall_s, 5.0);
+        assert_eq!(pooled.peak_running["client"], 80);
+        assert_eq!(pooled.first_bad_round, vec![0, 15]);
+        assert!((pooled.tokens_per_s - 16000.0 / 5.0).abs() < 1e-9);
+    }
+
+    fn session(class: SessionClass) -> SessionResult {
+        SessionResult {
+            label: "on".into(),
+            repeat: 0,
+            index: 0,
+            class,
+            rounds_used: 1,
+            first_bad_round: None,
+            evidence: String::new(),
+            transcript: Vec::new(),
+            rounds: Vec::new(),
+            latency_ms: Vec::new(),
+            completion_tokens: 0,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn sessions_are_counted_once_each() {
+        let mut s = ArmStats::default();
+        let mut leak = session(SessionClass::Leak);
+        leak.first_bad_round = Some(3);
+        leak.completion_tokens = 42;
+        s.add_session(&leak);
+        s.add_session(&session(SessionClass::Done));
+        s.finish();
+        assert_eq!((s.sessions(), s.corrupted, s.completion_tokens), (2, 1, 42));
+        assert_eq!(s.first_bad_round, vec![0, 0, 1]);
+        s.clear_sessions();
+        assert_eq!(s.sessions(), 0);
+        assert!(s.first_bad_round.is_empty());
+    }
+
+    #[test]
+    fn a_mismatching_readback_survives_pooling() {
+        let ok: BTreeMap<String, String> = [("decode".to_string(), "1".to_string())].into();
+        let bad: BTreeMap<String, String> = [("decode".to_string(), "0".to_string())].into();
+        assert_eq!(pool_readback("1", [&ok, &bad, &ok])["decode"], "0");
+        assert_eq!(pool_readback("1", [&ok, &ok])["decode"], "1");
+    }
+
+    #[test]
+    fn labels_and_statuses_serialise_as_the_contract_names() {
+        assert_eq!(serde_json::to_string(&ArmLabel::Off).unwrap(), "\"off\"");
+        assert_eq!(ArmLabel::parse("probe"), Some(ArmLabel::Probe));
+        assert_eq!(
+            serde_json::to_string(&RecordStatus::Interrupted).unwrap(),
+            "\"interrupted\""
+        );
+        assert_eq!(
+            serde_json::from_str::<RecordStatus>("\"pending\"").unwrap(),
+            RecordStatus::Pending
+        );
+    }
+}
