@@ -69,6 +69,10 @@ impl RoleFlags {
 struct Shared {
     prefill: RwLock<RoleFlags>,
     decode: RwLock<RoleFlags>,
+    /// An engine that ignores restarts: once set, `/server_info` keeps reporting the
+    /// prefill env of the first restart after [`FakeEngine::ignore_restarts`].
+    ignore_restarts: std::sync::atomic::AtomicBool,
+    reported_prefill: RwLock<Option<BTreeMap<String, String>>>,
     running: AtomicU64,
     requests: AtomicU64,
 }
@@ -124,6 +128,12 @@ impl FakeEngine {
         }
     }
 
+    /// From the next restart on, report that restart's prefill config forever, like an
+    /// engine process that was never really restarted.
+    pub fn ignore_restarts(&self) {
+        self.shared.ignore_restarts.store(true, Ordering::Relaxed);
+    }
+
     pub fn requests(&self) -> u64 {
         self.shared.requests.load(Ordering::Relaxed)
     }
@@ -153,6 +163,12 @@ impl EngineControl for FakeControl {
                 RoleFlags::parse(&std::fs::read_to_string(&self.launch[0])?);
             *self.shared.decode.write() =
                 RoleFlags::parse(&std::fs::read_to_string(&self.launch[1])?);
+            if self.shared.ignore_restarts.load(Ordering::Relaxed) {
+                let mut reported = self.shared.reported_prefill.write();
+                if reported.is_none() {
+                    *reported = Some(self.shared.prefill.read().env.clone());
+                }
+            }
             self.restarts.fetch_add(1, Ordering::Relaxed);
             Ok(BTreeMap::from([
                 ("prefill".to_string(), 0.0),
@@ -183,7 +199,13 @@ async fn prefill_metrics() -> String {
 }
 
 async fn prefill_info(State(s): State<Arc<Shared>>) -> Json<Value> {
-    Json(json!({"role": "prefill", "env": s.prefill.read().env}))
+    let env = s.prefill.read().env.clone();
+    let reported = s
+        .reported_prefill
+        .read()
+        .clone()
+        .unwrap_or_else(|| env.clone());
+    Json(json!({"role": "prefill", "env": env, "flags": reported}))
 }
 
 async fn decode_metrics(State(s): State<Arc<Shared>>) -> String {

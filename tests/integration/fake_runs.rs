@@ -367,3 +367,69 @@ async fn probe_says_corrupted_then_clean_and_never_edits() {
         plan.run_dir.join("probe.json").exists() && plan.run_dir.join("sessions.jsonl").exists()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_bisect_did_not_start_is_refused_before_anything_runs() {
+    let t = FakeTarget::new().await;
+    let before = t.launch_bytes();
+    let mut plan = t.plan("FAKE_BF16", 8, 1);
+    // Without a restart command bisect spawns the roles itself, so nothing may answer
+    // on their health URLs before it does: the fake answering there is a leftover.
+    for role in &mut plan.target.roles {
+        role.restart = None;
+    }
+    let mut control = t.engine.control();
+    let err = experiment::run_experiment(&plan, &mut control, &Quiet, CancellationToken::new())
+        .await
+        .unwrap_err();
+    let msg = format!("{err:#}");
+    assert!(msg.contains("something already answers on"), "{msg}");
+    assert!(msg.contains("fix:"), "{msg}");
+    assert!(msg.contains("\"prefill\""), "names what answered: {msg}");
+    assert_eq!(
+        bisect_harness::exit::code_for_error(&err),
+        bisect_harness::exit::COULD_NOT_RUN
+    );
+    assert_eq!(control.restarts.load(Ordering::Relaxed), 0);
+    assert_eq!(
+        t.engine.requests(),
+        0,
+        "no session ran against a foreign engine"
+    );
+    assert_eq!(t.launch_bytes(), before);
+    let record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(plan.run_dir.join("run.json")).unwrap())
+            .unwrap();
+    assert_eq!(record["status"], "failed");
+    assert!(record["verdict"].is_null());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_that_ignores_its_launch_config_blocks_the_verdict() {
+    let t = FakeTarget::new().await;
+    let before = t.launch_bytes();
+    let plan = t.plan("FAKE_BF16", 32, 2);
+    t.engine.ignore_restarts();
+    let mut control = t.engine.control();
+    let record = experiment::run_experiment(&plan, &mut control, &Quiet, CancellationToken::new())
+        .await
+        .unwrap();
+    let on = record.arm(ArmLabel::On).unwrap();
+    let off = record.arm(ArmLabel::Off).unwrap();
+    // Both launch files read back what each arm wrote...
+    assert_eq!(off.readback["prefill"], "0");
+    // ...but the prefill engine kept reporting the first arm's value.
+    assert_eq!(on.effective["prefill"], "1");
+    assert_eq!(off.effective["prefill"], "1");
+    let verdict = record.verdict.as_ref().unwrap();
+    assert_eq!(verdict.status, Status::Inconclusive);
+    assert!(
+        verdict
+            .reasons
+            .iter()
+            .any(|r| r.contains("arm off set 0 but the prefill engine reports it runs with \"1\"")),
+        "{:?}",
+        verdict.reasons
+    );
+    assert_eq!(t.launch_bytes(), before);
+}

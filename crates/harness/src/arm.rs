@@ -31,6 +31,7 @@ use crate::config::{FlagSpec, TargetProfile, Workload};
 use crate::control::EngineControl;
 use crate::core::arm_stats::{ArmStats, RecordStatus};
 use crate::core::classify::Classifier;
+use crate::core::effective;
 use crate::core::session::SessionResult;
 use crate::driver::{drive, metrics, DrivePlan, InFlight};
 use crate::exit::Failure;
@@ -204,7 +205,13 @@ impl<'a> Testbed<'a> {
 
     /// Restart every role with its launch config as it is now, wait for health, and ask
     /// each engine what it runs with. `label` names the block in log file names.
+    ///
+    /// Before anything is spawned, the roles bisect spawns itself must be silent: an
+    /// engine that answers there is not ours (a run killed with -9 left it, or another
+    /// deployment uses the port), and measuring it would be measuring the wrong engine.
     pub async fn restart(&mut self, label: &str) -> anyhow::Result<Restarted> {
+        self.control.stop().await?;
+        self.refuse_foreign_engines().await?;
         let waits = self.control.restart(label, &self.cancel).await?;
         let mut restarted = Restarted {
             health_wait_s: waits.values().sum(),
@@ -216,6 +223,36 @@ impl<'a> Testbed<'a> {
             }
         }
         Ok(restarted)
+    }
+
+    async fn refuse_foreign_engines(&self) -> anyhow::Result<()> {
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(2))
+            .build()?;
+        for role in self.target.roles.iter().filter(|r| r.restart.is_none()) {
+            if let Ok(resp) = client.get(&role.health).send().await {
+                let who = match fetch_server_info(&role.health).await {
+                    Some(info) => format!(
+                        " (it reports role {}, pid {})",
+                        info.get("role").map_or("?".into(), |v| v.to_string()),
+                        info.get("pid").map_or("?".into(), |v| v.to_string())
+                    ),
+                    None => String::new(),
+                };
+                return Err(Failure::CouldNotRun(format!(
+                    "something already answers on {} (HTTP {}){who} before bisect started role {}: \
+                     an engine bisect did not start would be measured\n  \
+                     fix: stop that process (a run killed with -9 leaves its engines running), \
+                     or run `bisect restore`, or give the role another port in its launch config",
+                    role.health,
+                    resp.status().as_u16(),
+                    role.name
+                ))
+                .into());
+            }
+        }
+        Ok(())
     }
 
     /// Stop the engines this testbed started (between restart groups). Idempotent.
@@ -342,7 +379,8 @@ pub fn refuse_half_applied(target: &TargetProfile, flags: &[&FlagSpec]) -> anyho
     Ok(())
 }
 
-/// `/server_info` beside the health URL, if the engine serves one (sglang and ours do).
+/// What the engine reports about itself beside its health URL: `/server_info` (the
+/// embedded engine, older SGLang) or `/get_server_info` (SGLang), where it serves one.
 pub async fn fetch_server_info(health_url: &str) -> Option<serde_json::Value> {
     let base = health_url.strip_suffix("/health")?;
     let client = reqwest::Client::builder()
@@ -350,15 +388,29 @@ pub async fn fetch_server_info(health_url: &str) -> Option<serde_json::Value> {
         .timeout(Duration::from_secs(2))
         .build()
         .ok()?;
-    let resp = client
-        .get(format!("{base}/server_info"))
-        .send()
-        .await
-        .ok()?;
-    if !resp.status().is_success() {
-        return None;
+    for path in ["/server_info", "/get_server_info"] {
+        let Ok(resp) = client.get(format!("{base}{path}")).send().await else {
+            return None;
+        };
+        if resp.status().is_success() {
+            return resp.json().await.ok();
+        }
     }
-    resp.json().await.ok()
+    None
+}
+
+/// Role -> the flag's value as each engine of its roles reports it, where it does.
+pub fn effective_values(
+    flag: &FlagSpec,
+    engine_info: &BTreeMap<String, serde_json::Value>,
+) -> Readback {
+    flag.roles
+        .iter()
+        .filter_map(|role| {
+            let doc = engine_info.get(role)?;
+            Some((role.clone(), effective::reported(doc, flag)?))
+        })
+        .collect()
 }
 
 /// `prefill=1, decode=1`.

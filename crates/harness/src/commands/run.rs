@@ -15,13 +15,14 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::arm::{fmt_readback, settle, BlockName, Testbed, TestbedSpec};
+use crate::arm::{effective_values, fmt_readback, settle, BlockName, Testbed, TestbedSpec};
 pub use crate::arm::{Progress, Quiet};
 use crate::config::{FlagSpec, TargetProfile, Workload};
 use crate::control::EngineControl;
 use crate::core::arm_stats::{ArmLabel, RecordStatus};
 use crate::core::classify::Classifier;
 use crate::core::verdict::{decide, Policy};
+use crate::exit::Failure;
 use crate::results::run_record::{ArmRecord, FlagInfo, RunRecord, TargetInfo, SCHEMA};
 use crate::results::ResultsDir;
 
@@ -114,6 +115,21 @@ async fn run_blocks(
             fmt_readback(&readback)
         ));
         let restarted = bed.restart(&block_name).await?;
+        let effective = effective_values(&plan.flag, &restarted.engine_info);
+        for (flag, value) in &plan.sets {
+            for (role, ran) in effective_values(flag, &restarted.engine_info) {
+                if !crate::core::effective::agrees(value, &ran) {
+                    return Err(Failure::CouldNotRun(format!(
+                        "pinned {}={value}, but the {role} engine reports it runs with {ran:?}: \
+                         the launch config does not take effect\n  fix: check how role {role}'s \
+                         launch config sets {} (a conditional, an overriding later line)",
+                        flag.name,
+                        flag.setting.key()
+                    ))
+                    .into());
+                }
+            }
+        }
         for (role, info) in restarted.engine_info {
             record
                 .engine_info
@@ -126,6 +142,7 @@ async fn run_blocks(
         };
         let mut arm = ArmRecord::new(label, value, Some(repeat));
         arm.readback = readback;
+        arm.effective = effective;
         arm.stats = bed
             .drive(block, &plan.workload, &classifier, results)
             .await?;

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::core::arm_stats::{ArmLabel, ArmStats};
+use crate::core::effective;
 use crate::core::stats;
 
 /// The confidence of every interval the verdict reports.
@@ -55,6 +56,8 @@ pub struct ArmObservation<'a> {
     pub stats: &'a ArmStats,
     /// Role -> the value read back from its launch config after the edit.
     pub readback: &'a BTreeMap<String, String>,
+    /// Role -> the value the running engine reports, where it reports one.
+    pub effective: &'a BTreeMap<String, String>,
     /// The workload parameters this arm ran with.
     pub workload: &'a Value,
 }
@@ -183,6 +186,7 @@ fn compare(on: &ArmObservation, off: &ArmObservation, policy: &Policy) -> Compar
 fn confounds(on: &ArmObservation, off: &ArmObservation, policy: &Policy) -> Vec<Confound> {
     let mut found = Vec::new();
     found.extend(readback_confounds(on, off));
+    found.extend(effective_confounds(on, off));
     found.extend(degraded_confound(on, off, policy));
     found.extend(workload_confounds(on, off));
     found.extend(recorded_confounds(on, off, policy));
@@ -221,6 +225,45 @@ fn readback_confounds(on: &ArmObservation, off: &ArmObservation) -> Vec<Confound
                 severity: Severity::Blocking,
                 note: format!(
                     "readback mismatch in role {role}: {}",
+                    mismatched.join("; ")
+                ),
+            })
+        })
+        .collect()
+}
+
+/// A role whose running engine reports a value other than its arm's (docs/design.md
+/// 3.7): the launch file said one thing and the engine ran another (a dead conditional,
+/// an ignored variable, an engine that was not restarted). Roles whose engine reports
+/// nothing are not judged here; their absence is what `effective` in run.json shows.
+fn effective_confounds(on: &ArmObservation, off: &ArmObservation) -> Vec<Confound> {
+    let roles: BTreeSet<&String> = on.effective.keys().chain(off.effective.keys()).collect();
+    roles
+        .into_iter()
+        .filter_map(|role| {
+            let (ran_on, ran_off) = (on.effective.get(role), off.effective.get(role));
+            let mismatched: Vec<String> = [(on, ran_on), (off, ran_off)]
+                .into_iter()
+                .filter_map(|(arm, ran)| {
+                    let ran = ran?;
+                    (!effective::agrees(arm.value, ran)).then(|| {
+                        format!(
+                            "arm {} set {} but the {role} engine reports it runs with {ran:?}",
+                            arm.label, arm.value
+                        )
+                    })
+                })
+                .collect();
+            if mismatched.is_empty() {
+                return None;
+            }
+            Some(Confound {
+                name: format!("effective.{role}"),
+                on: ran_on.map_or(Value::Null, |v| json!(v)),
+                off: ran_off.map_or(Value::Null, |v| json!(v)),
+                severity: Severity::Blocking,
+                note: format!(
+                    "effective configuration differs from the launch config in role {role}: {}",
                     mismatched.join("; ")
                 ),
             })
@@ -695,6 +738,7 @@ mod tests {
         value: String,
         stats: ArmStats,
         readback: BTreeMap<String, String>,
+        effective: BTreeMap<String, String>,
         workload: Value,
     }
 
@@ -705,6 +749,7 @@ mod tests {
                 value: &self.value,
                 stats: &self.stats,
                 readback: &self.readback,
+                effective: &self.effective,
                 workload: &self.workload,
             }
         }
@@ -738,6 +783,7 @@ mod tests {
                 .into_iter()
                 .map(|(r, v)| (r.to_string(), v.to_string()))
                 .collect(),
+            effective: BTreeMap::new(),
             workload: json!({"name": "agentic", "sessions": sessions, "rounds": 4, "ctx": 2000}),
         }
     }
@@ -895,6 +941,31 @@ mod tests {
             verdict.reasons
         );
         assert!(verdict.reasons[1].contains("would implicate on (=1)"));
+    }
+
+    #[test]
+    fn an_engine_running_another_value_than_its_launch_file_blocks() {
+        // The launch script reads back 0 in both roles, but a dead conditional left the
+        // prefill engine running with 1: the `off` arm never ran off.
+        let mut on = arm("on", "1", 14, 0, 80);
+        let mut off = arm("off", "0", 0, 0, 80);
+        on.effective.insert("prefill".into(), "1".into());
+        off.effective.insert("prefill".into(), "1".into());
+        off.effective.insert("decode".into(), "false".into());
+        let (_, confounds, verdict) = decide_default(&on, &off);
+        assert_eq!(blocking_names(&confounds), vec!["effective.prefill"]);
+        assert_eq!(verdict.status, Status::Inconclusive);
+        assert!(
+            verdict.reasons[0]
+                .contains("arm off set 0 but the prefill engine reports it runs with \"1\""),
+            "{:?}",
+            verdict.reasons
+        );
+        // Agreeing reports (numbers or booleans for 0/1) pass.
+        off.effective.insert("prefill".into(), "0".into());
+        let (_, confounds, verdict) = decide_default(&on, &off);
+        assert!(blocking_names(&confounds).is_empty());
+        assert_eq!(verdict.status, Status::Implicated);
     }
 
     #[test]

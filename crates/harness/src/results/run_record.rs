@@ -108,6 +108,10 @@ pub struct ArmRecord {
     pub repeat: Option<u32>,
     /// Role -> the value read back from its launch config after the edit.
     pub readback: BTreeMap<String, String>,
+    /// Role -> the flag's value as the running engine reports it (its `/server_info`),
+    /// for the roles whose engine reports it; empty when no engine does.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub effective: BTreeMap<String, String>,
     /// Sessions classified (`counts` summed), kept as its own key for readers of run.json.
     pub sessions: u64,
     #[serde(flatten)]
@@ -121,6 +125,7 @@ impl ArmRecord {
             value: value.to_string(),
             repeat,
             readback: BTreeMap::new(),
+            effective: BTreeMap::new(),
             sessions: 0,
             stats: ArmStats::default(),
         }
@@ -136,6 +141,7 @@ impl ArmRecord {
     pub fn pool(label: ArmLabel, value: &str, blocks: &[&ArmRecord]) -> ArmRecord {
         let mut arm = ArmRecord::new(label, value, None);
         arm.readback = pool_readback(value, blocks.iter().map(|b| &b.readback));
+        arm.effective = pool_readback(value, blocks.iter().map(|b| &b.effective));
         arm.stats = ArmStats::pool(blocks.iter().map(|b| &b.stats));
         arm.sessions = arm.stats.sessions();
         arm
@@ -148,6 +154,7 @@ impl ArmRecord {
             value: &self.value,
             stats: &self.stats,
             readback: &self.readback,
+            effective: &self.effective,
             workload,
         }
     }
