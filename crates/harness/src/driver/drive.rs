@@ -1,7 +1,12 @@
-//! The workload driver of one arm block: all sessions run concurrently (one tokio task
-//! each) against the engine's chat API, each sending its `SessionResult` over a
-//! channel the moment it ends, so the caller's single collector can append
-//! sessions.jsonl incrementally (DESIGN.md 3.6).
+//! The workload driver of one arm block: sessions run against the engine's chat API,
+//! each sending its `SessionResult` over a channel the moment it ends, so the caller's
+//! single collector can append sessions.jsonl incrementally (docs/design.md 3.6).
+//!
+//! Load is a controlled variable (docs/design.md 3.4): `concurrency` C tokio tasks
+//! ("slots") each take the next session index when their session ends, a closed loop
+//! that keeps C sessions in flight until the sample is reached, so any number of
+//! sessions runs at the same load. Sessions start in index order. By default C equals
+//! the number of sessions: every session starts at once, as one burst.
 //!
 //! Cancellation: when the token fires, sessions still running are dropped mid-request
 //! and nothing is sent for them (they are counted in `DriveStats::cancelled`): an
@@ -15,6 +20,7 @@ use crate::config::Workload;
 use crate::core::classify::Classifier;
 use crate::core::session::{Counts, SessionResult};
 use anyhow::Context;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -35,6 +41,19 @@ pub struct DrivePlan {
     /// Sessions to run (indices 0..sessions); usually `workload.sessions`, or a
     /// `--sessions` override. Session i gets the same task in every arm and repeat.
     pub sessions: u32,
+    /// Sessions in flight at once; 0 (or anything >= `sessions`) starts them all at once.
+    pub concurrency: u32,
+}
+
+impl DrivePlan {
+    /// The number of sessions kept in flight.
+    pub fn slots(&self) -> u32 {
+        if self.concurrency == 0 {
+            self.sessions
+        } else {
+            self.concurrency.min(self.sessions)
+        }
+    }
 }
 
 /// Totals of one drive.
@@ -70,6 +89,56 @@ struct Finished {
     round_latency_us: Vec<u64>,
 }
 
+/// What one slot did: the sessions it finished, and whether the collector went away.
+#[derive(Default)]
+struct SlotOutcome {
+    finished: Vec<Finished>,
+    collector_gone: bool,
+}
+
+/// One of the `concurrency` slots: runs sessions one after another, each time taking
+/// the next index, until the sample is reached or the drive is stopped.
+struct Slot {
+    ctx: Arc<SessionContext>,
+    barrier: Option<Arc<RoundBarrier>>,
+    results: mpsc::Sender<SessionResult>,
+    stop: CancellationToken,
+    next_index: Arc<AtomicU32>,
+    sessions: u32,
+}
+
+impl Slot {
+    async fn run(self) -> SlotOutcome {
+        let mut outcome = SlotOutcome::default();
+        loop {
+            if self.stop.is_cancelled() {
+                return outcome;
+            }
+            let index = self.next_index.fetch_add(1, Ordering::Relaxed);
+            if index >= self.sessions {
+                return outcome;
+            }
+            let seat = self.barrier.as_deref().map(RoundBarrier::seat);
+            let run = tokio::select! {
+                biased;
+                run = run_session(&self.ctx, index, seat) => run,
+                _ = self.stop.cancelled() => return outcome,
+            };
+            let finished = Finished {
+                class: run.result.class,
+                completion_tokens: run.result.completion_tokens,
+                round_latency_us: run.round_latency_us,
+            };
+            if self.results.send(run.result).await.is_err() {
+                self.stop.cancel();
+                outcome.collector_gone = true;
+                return outcome;
+            }
+            outcome.finished.push(finished);
+        }
+    }
+}
+
 /// Runs every session of `plan`, sending each result on `results` as it ends.
 /// Fails if the HTTP client cannot be built, a session task panics, or the results
 /// receiver is gone (then the remaining sessions are stopped: their results would be lost).
@@ -93,46 +162,38 @@ pub async fn drive(
         label: plan.label.clone(),
         repeat: plan.repeat,
     });
+    let slots = plan.slots();
+    if workload.barrier && slots < plan.sessions {
+        anyhow::bail!(
+            "the round barrier needs every session in flight at once, but concurrency {slots} < {} sessions\n  fix: drop `barrier` from the workload, or run with --concurrency equal to --sessions",
+            plan.sessions
+        );
+    }
     let barrier = workload
         .barrier
         .then(|| Arc::new(RoundBarrier::new(plan.sessions as usize)));
     // Stops the sessions on the caller's cancel, or when the collector went away.
     let stop = cancel.child_token();
+    let next_index = Arc::new(AtomicU32::new(0));
 
-    // Sessions wait at this gate until all are spawned, so they start as one burst even
-    // when the spawning thread is slow or descheduled: the load shape must not depend
-    // on how fast tasks were created.
+    // Slots wait at this gate until all are spawned, so the first sessions start as one
+    // burst even when the spawning thread is slow or descheduled: the load shape must
+    // not depend on how fast tasks were created.
     let start = CancellationToken::new();
     let mut tasks = JoinSet::new();
-    for index in 0..plan.sessions {
-        let ctx = ctx.clone();
-        let barrier = barrier.clone();
-        let results = results.clone();
-        let stop = stop.clone();
+    for _ in 0..slots {
+        let slot = Slot {
+            ctx: ctx.clone(),
+            barrier: barrier.clone(),
+            results: results.clone(),
+            stop: stop.clone(),
+            next_index: next_index.clone(),
+            sessions: plan.sessions,
+        };
         let start = start.clone();
         tasks.spawn(async move {
-            let session = async {
-                let seat = barrier.as_deref().map(RoundBarrier::seat);
-                start.cancelled().await;
-                run_session(&ctx, index, seat).await
-            };
-            let run = tokio::select! {
-                biased;
-                run = session => run,
-                _ = stop.cancelled() => return Ok(None),
-            };
-            let finished = Finished {
-                class: run.result.class,
-                completion_tokens: run.result.completion_tokens,
-                round_latency_us: run.round_latency_us,
-            };
-            match results.send(run.result).await {
-                Ok(()) => Ok(Some(finished)),
-                Err(_) => {
-                    stop.cancel();
-                    Err(())
-                }
-            }
+            start.cancelled().await;
+            slot.run().await
         });
     }
     drop(results);
@@ -145,16 +206,14 @@ pub async fn drive(
     let mut panicked: Option<String> = None;
     while let Some(joined) = tasks.join_next().await {
         match joined {
-            Ok(Ok(Some(done))) => {
-                stats.sessions += 1;
-                stats.counts.add(done.class);
-                stats.completion_tokens += done.completion_tokens;
-                latencies.extend(done.round_latency_us);
-            }
-            Ok(Ok(None)) => stats.cancelled += 1,
-            Ok(Err(())) => {
-                collector_gone = true;
-                stats.cancelled += 1;
+            Ok(outcome) => {
+                for done in outcome.finished {
+                    stats.sessions += 1;
+                    stats.counts.add(done.class);
+                    stats.completion_tokens += done.completion_tokens;
+                    latencies.extend(done.round_latency_us);
+                }
+                collector_gone |= outcome.collector_gone;
             }
             Err(e) => {
                 stop.cancel();
@@ -162,6 +221,9 @@ pub async fn drive(
             }
         }
     }
+    // Sessions that never finished (stopped mid-flight, or never started because the
+    // run was stopped) are not recorded: count them, so nothing is silently missing.
+    stats.cancelled = plan.sessions - stats.sessions;
     stats.wall_s = started.elapsed().as_secs_f64();
     stats.peak_client_inflight = inflight.peak();
     stats.tokens_per_s = if stats.wall_s > 0.0 {
@@ -197,6 +259,15 @@ mod tests {
         workload: Workload,
         cancel_after: Option<Duration>,
     ) -> (DriveStats, Vec<SessionResult>, MockServer) {
+        run_at(config, workload, 0, cancel_after).await.unwrap()
+    }
+
+    async fn run_at(
+        config: MockConfig,
+        workload: Workload,
+        concurrency: u32,
+        cancel_after: Option<Duration>,
+    ) -> anyhow::Result<(DriveStats, Vec<SessionResult>, MockServer)> {
         let server = MockServer::start(config).await.unwrap();
         let classifier = Arc::new(Classifier::with_defaults(&workload.tools).unwrap());
         let plan = DrivePlan {
@@ -204,6 +275,7 @@ mod tests {
             model: "mock".into(),
             api_key: Some("sk-test".into()),
             sessions: workload.sessions,
+            concurrency,
             workload,
             label: "on".into(),
             repeat: 1,
@@ -224,12 +296,10 @@ mod tests {
                 cancel.cancel();
             });
         }
-        let stats = drive(&plan, classifier, tx, Arc::new(InFlight::new()), cancel)
-            .await
-            .unwrap();
+        let stats = drive(&plan, classifier, tx, Arc::new(InFlight::new()), cancel).await?;
         let mut results = collector.await.unwrap();
         results.sort_by_key(|r| r.index);
-        (stats, results, server)
+        Ok((stats, results, server))
     }
 
     /// The sessions whose task message a fault rule selects, computed like the mock does.
@@ -414,6 +484,42 @@ mod tests {
         assert_eq!(results.len(), 20 - sleepers.len());
         assert!(results.iter().all(|r| !sleepers.contains(&r.index)));
         assert!(results.iter().all(|r| r.class == SessionClass::Done));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn closed_loop_keeps_the_concurrency_until_the_sample_is_reached() {
+        let mut workload = sample_workload(24, 6);
+        workload.timeout_s = 30.0;
+        // Every first request takes 200 ms: the first four sessions overlap for sure.
+        let rule = FaultRule::new(1, 0, 1, Fault::Sleep(Duration::from_millis(200)));
+        let config = MockConfig {
+            faults: vec![rule],
+            ..Default::default()
+        };
+        let (stats, results, _server) = run_at(config, workload, 4, None).await.unwrap();
+        assert_eq!(stats.sessions, 24);
+        assert_eq!(stats.cancelled, 0);
+        assert_eq!(stats.peak_client_inflight, 4, "never more, and reached");
+        let indices: Vec<u32> = results.iter().map(|r| r.index).collect();
+        assert_eq!(indices, (0..24).collect::<Vec<_>>());
+        assert!(
+            results.iter().all(|r| r.class == SessionClass::Done),
+            "{:?}",
+            results.iter().map(|r| &r.evidence).collect::<Vec<_>>()
+        );
+        // Six waves of four sessions, each first round 200 ms: the loop really cycled.
+        assert!(stats.wall_s >= 1.2, "{}", stats.wall_s);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_round_barrier_below_full_concurrency_is_refused() {
+        let mut workload = sample_workload(8, 2);
+        workload.barrier = true;
+        let err = run_at(MockConfig::default(), workload, 4, None)
+            .await
+            .err()
+            .expect("refused");
+        assert!(format!("{err:#}").contains("round barrier"), "{err:#}");
     }
 
     #[test]
