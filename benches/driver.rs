@@ -64,6 +64,7 @@ async fn run_row(server: &MockServer, sessions: u32) -> anyhow::Result<Row> {
         label: format!("n{sessions}"),
         repeat: 1,
         sessions,
+        concurrency: 0,
     };
     server.stats().clear();
     let (tx, mut rx) = mpsc::channel(256);
