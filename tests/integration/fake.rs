@@ -72,6 +72,9 @@ struct Shared {
     /// An engine that ignores restarts: once set, `/server_info` keeps reporting the
     /// prefill env of the first restart after [`FakeEngine::ignore_restarts`].
     ignore_restarts: std::sync::atomic::AtomicBool,
+    /// Each chat request is held this long, so load is visible to a sampling poller
+    /// (a real engine's requests last seconds; the fake's would last microseconds).
+    hold_ms: AtomicU64,
     reported_prefill: RwLock<Option<BTreeMap<String, String>>>,
     running: AtomicU64,
     requests: AtomicU64,
@@ -132,6 +135,11 @@ impl FakeEngine {
     /// engine process that was never really restarted.
     pub fn ignore_restarts(&self) {
         self.shared.ignore_restarts.store(true, Ordering::Relaxed);
+    }
+
+    /// Hold every chat request `ms` milliseconds.
+    pub fn hold_requests(&self, ms: u64) {
+        self.shared.hold_ms.store(ms, Ordering::Relaxed);
     }
 
     pub fn requests(&self) -> u64 {
@@ -286,6 +294,10 @@ async fn chat(State(s): State<Arc<Shared>>, Json(body): Json<Value>) -> Response
     s.requests.fetch_add(1, Ordering::Relaxed);
     s.running.fetch_add(1, Ordering::Relaxed);
     let _running = Running(&s.running);
+    let hold = s.hold_ms.load(Ordering::Relaxed);
+    if hold > 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(hold)).await;
+    }
     let (prefill, decode) = (s.prefill.read().clone(), s.decode.read().clone());
     let p = prefill
         .env

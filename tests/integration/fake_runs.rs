@@ -87,6 +87,9 @@ async fn speed_only_flag_is_cleared() {
     let mut plan = t.plan("FAKE_NOISE", 100, 4);
     plan.sets
         .push((t.catalog.get("FAKE_BF16").unwrap().clone(), "0".into()));
+    // Cleared needs the engine to have seen the target load: requests last long enough
+    // for the 50 ms metrics poller to see the 100 in flight.
+    t.engine.hold_requests(300);
     let mut control = t.engine.control();
     let record = experiment::run_experiment(&plan, &mut control, &Quiet, CancellationToken::new())
         .await
@@ -95,6 +98,30 @@ async fn speed_only_flag_is_cleared() {
     assert_eq!(verdict.status, Status::Cleared, "{verdict:?}");
     assert!(record.arms.iter().all(|a| a.stats.counts.done == 100));
     assert_eq!(record.sets.get("FAKE_BF16").map(String::as_str), Some("0"));
+    assert!(record
+        .arms
+        .iter()
+        .all(|a| a.stats.peak_running["decode"] >= 90));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_difference_below_the_target_load_is_not_cleared() {
+    let t = FakeTarget::new().await;
+    let mut plan = t.plan("FAKE_NOISE", 100, 4);
+    plan.sets
+        .push((t.catalog.get("FAKE_BF16").unwrap().clone(), "0".into()));
+    // Requests answered at once: the engine never holds the 100 the run was meant to.
+    let mut control = t.engine.control();
+    let record = experiment::run_experiment(&plan, &mut control, &Quiet, CancellationToken::new())
+        .await
+        .unwrap();
+    let verdict = record.verdict.as_ref().unwrap();
+    assert_eq!(verdict.status, Status::Inconclusive, "{verdict:?}");
+    assert!(
+        verdict.summary.contains("of the target concurrency 100"),
+        "{}",
+        verdict.summary
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

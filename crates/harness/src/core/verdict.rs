@@ -32,6 +32,10 @@ pub struct Policy {
     pub warn_ratio: f64,
     /// Power used to size the "underpowered" advice.
     pub power: f64,
+    /// `cleared` needs the engine to have run at least this fraction of the target
+    /// concurrency (docs/design.md 3.7, "load"): a bug that needs load cannot be ruled
+    /// out at a lower one.
+    pub min_load_fraction: f64,
 }
 
 impl Default for Policy {
@@ -42,6 +46,7 @@ impl Default for Policy {
             degraded_fraction: 0.10,
             warn_ratio: 0.25,
             power: 0.8,
+            min_load_fraction: 0.9,
         }
     }
 }
@@ -482,6 +487,44 @@ fn measured(
     }
 }
 
+/// The concurrency an arm was meant to run at: the workload's `concurrency`, else its
+/// `sessions` (all at once); `None` when the workload says neither.
+fn target_concurrency(arm: &ArmObservation) -> Option<u64> {
+    arm.workload
+        .get("concurrency")
+        .and_then(Value::as_u64)
+        .or_else(|| arm.workload.get("sessions").and_then(Value::as_u64))
+}
+
+/// Why an arm's achieved load does not support `cleared`, if it does not: the engine
+/// side (the busiest role's peak running requests) below `min_load_fraction` of the
+/// target, or no engine role reporting its load at all.
+fn load_shortfall(arm: &ArmObservation, policy: &Policy) -> Option<String> {
+    let target = target_concurrency(arm)?;
+    let engine_peak = arm
+        .stats
+        .peak_running
+        .iter()
+        .filter(|(role, _)| role.as_str() != "client")
+        .map(|(role, peak)| (*peak, role))
+        .max();
+    let needed = (policy.min_load_fraction * target as f64).ceil() as u64;
+    match engine_peak {
+        None => Some(format!(
+            "arm {} has no engine-side load measurement (no role's metrics reported running \
+             requests), so the target concurrency {target} is unconfirmed",
+            arm.label
+        )),
+        Some((peak, role)) if peak < needed => Some(format!(
+            "arm {} reached at most {peak} running requests ({role}), below {needed} \
+             ({}% of the target concurrency {target})",
+            arm.label,
+            (policy.min_load_fraction * 100.0).round()
+        )),
+        Some(_) => None,
+    }
+}
+
 /// |a - b| relative to the larger magnitude; 0 when both are 0.
 fn relative_difference(a: f64, b: f64) -> f64 {
     let larger = a.abs().max(b.abs());
@@ -526,17 +569,31 @@ fn judge(
     );
     let p_text = format!("Fisher p = {}", p_value_text(p));
 
+    let load_shortfall = [on, off]
+        .into_iter()
+        .find_map(|arm| load_shortfall(arm, policy));
     let status = if !blocking.is_empty() {
         Status::Inconclusive
     } else if significant {
         Status::Implicated
-    } else if inside_min_effect {
+    } else if inside_min_effect && load_shortfall.is_none() {
         Status::Cleared
     } else {
         Status::Inconclusive
     };
 
     let mut reasons: Vec<String> = blocking.iter().map(|c| c.note.clone()).collect();
+    if let (Some(shortfall), Status::Inconclusive, true) = (
+        &load_shortfall,
+        status,
+        blocking.is_empty() && !significant && inside_min_effect,
+    ) {
+        reasons.push(format!(
+            "{interval_text} lies inside +-{} points, but {shortfall}: a bug that needs load \
+             is not ruled out at a lower one",
+            points(m)
+        ));
+    }
     match status {
         Status::Implicated => reasons.push(format!(
             "{p_text} < alpha {}: {} corrupts more",
@@ -556,11 +613,13 @@ fn judge(
                     corrupting.name()
                 ));
             } else if inside_min_effect {
-                reasons.push(format!(
-                    "{interval_text} lies inside +-{} points, but the blocking confounds \
-                     above void the comparison",
-                    points(m)
-                ));
+                if !blocking.is_empty() {
+                    reasons.push(format!(
+                        "{interval_text} lies inside +-{} points, but the blocking confounds \
+                         above void the comparison",
+                        points(m)
+                    ));
+                }
             } else {
                 reasons.push(format!(
                     "not significant (p = {} >= alpha {})",
@@ -784,7 +843,7 @@ mod tests {
                 .map(|(r, v)| (r.to_string(), v.to_string()))
                 .collect(),
             effective: BTreeMap::new(),
-            workload: json!({"name": "agentic", "sessions": sessions, "rounds": 4, "ctx": 2000}),
+            workload: json!({"name": "agentic", "sessions": sessions, "concurrency": 40, "rounds": 4, "ctx": 2000}),
         }
     }
 
@@ -965,6 +1024,35 @@ mod tests {
         off.effective.insert("prefill".into(), "0".into());
         let (_, confounds, verdict) = decide_default(&on, &off);
         assert!(blocking_names(&confounds).is_empty());
+        assert_eq!(verdict.status, Status::Implicated);
+    }
+
+    #[test]
+    fn cleared_needs_the_target_load_on_the_engine() {
+        // No difference on 400+400 sessions, but the engine never ran more than 20 of the
+        // 40 requests the experiment was meant to hold in flight.
+        let mut on = arm("on", "1", 0, 0, 400);
+        let off = arm("off", "0", 1, 0, 400);
+        on.stats.peak_running.insert("decode".into(), 20);
+        let (_, _, verdict) = decide_default(&on, &off);
+        assert_eq!(verdict.status, Status::Inconclusive);
+        assert!(
+            verdict.reasons.iter().any(|r| r.contains(
+                "arm on reached at most 20 running requests (decode), below 36 (90% of the target concurrency 40)"
+            )),
+            "{:?}",
+            verdict.reasons
+        );
+        // No engine-side measurement at all: cleared is not supported either.
+        let mut on = arm("on", "1", 0, 0, 400);
+        on.stats.peak_running.retain(|role, _| role == "client");
+        let (_, _, verdict) = decide_default(&on, &off);
+        assert_eq!(verdict.status, Status::Inconclusive);
+        assert!(verdict.reasons[0].contains("no engine-side load measurement"));
+        // A shortfall does not stop an implication: corruption seen at a lower load is seen.
+        let mut on = arm("on", "1", 14, 0, 80);
+        on.stats.peak_running.insert("decode".into(), 20);
+        let (_, _, verdict) = decide_default(&on, &arm("off", "0", 0, 0, 80));
         assert_eq!(verdict.status, Status::Implicated);
     }
 
