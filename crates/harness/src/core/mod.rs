@@ -3,6 +3,7 @@
 
 pub mod arm_stats;
 pub mod classify;
+pub mod format;
 pub mod session;
 pub mod stats;
 pub mod task;
