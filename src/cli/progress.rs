@@ -124,10 +124,8 @@ impl Progress for Lines {
             format!("arm {}={}", block.label, block.value)
         };
         eprintln!(
-            "{name}: corrupted {}/{} ({:.1}%), error+timeout {}, {:.1}s",
-            stats.corrupted,
-            stats.sessions(),
-            100.0 * stats.corruption_rate,
+            "{name}: corrupted {}, error+timeout {}, {:.1}s",
+            bisect_harness::core::format::rate(stats.corrupted, stats.sessions()),
             stats.counts.failed(),
             stats.wall_s
         );

@@ -9,6 +9,7 @@ use clap::{Args, ValueEnum};
 use serde_json::Value;
 
 use bisect_harness::commands::diff::{self, Format};
+use bisect_harness::commands::matrix::export::{html::render_matrix_html, read_matrix};
 use bisect_harness::exit::Failure;
 use bisect_harness::results::{write_atomic, ResultsDir};
 
@@ -105,15 +106,12 @@ pub(super) fn report(dir: &Path, json: bool) -> anyhow::Result<ExitCode> {
     let run_json = dir.join("run.json");
     let matrix_json = dir.join("matrix.json");
     if !run_json.is_file() && matrix_json.is_file() {
-        let text = std::fs::read_to_string(&matrix_json)
-            .map_err(|e| Failure::BadInput(format!("{}: {e}", matrix_json.display())))?;
-        let value: Value = serde_json::from_str(&text)
-            .map_err(|e| Failure::BadInput(format!("{}: {e}", matrix_json.display())))?;
-        let html = bisect_harness::results::html::render_matrix_html(&value, dir);
+        let record = read_matrix(dir).map_err(|e| Failure::BadInput(format!("{e:#}")))?;
+        let html = render_matrix_html(&record, Some(dir));
         let out = dir.join("report.html");
         write_atomic(&out, html.as_bytes())?;
         if json {
-            println!("{}", serde_json::to_string_pretty(&value)?);
+            println!("{}", serde_json::to_string_pretty(&record)?);
         } else {
             println!("wrote {}", out.display());
         }

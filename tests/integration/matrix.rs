@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use bisect_harness::commands::diff;
 use bisect_harness::commands::matrix::baseline::{self, Baseline};
 use bisect_harness::commands::matrix::export::{
     self, junit::JunitXml, markdown::MatrixSummary, MatrixExporter,
@@ -390,6 +391,25 @@ async fn race_turned_on_regresses_against_a_clean_baseline() {
         redacted(&racy, &MatrixSummary)
     );
     insta::assert_snapshot!("matrix_regressed_junit_xml", redacted(&racy, &JunitXml));
+
+    // `bisect diff` of the two nights pairs every cell with its own counterpart, and
+    // names the launch config that turned the race on.
+    let d = diff::diff_dirs(&t.dir.path().join("results/clean"), &racy_job.dir).unwrap();
+    assert_eq!(d.rows.len(), 8);
+    for (row, cell) in d.rows.iter().zip(&racy.cells) {
+        assert_eq!(row.key, cell.id);
+        assert_eq!(row.b.as_ref().unwrap().corrupted, cell.stats.corrupted);
+        assert_eq!(row.a.as_ref().unwrap().corrupted, 0, "{}", row.key);
+    }
+    let launch: Vec<_> = d.confounds.iter().filter(|c| c.scope == "launch").collect();
+    assert!(!launch.is_empty(), "{:?}", d.confounds);
+    assert!(
+        launch
+            .iter()
+            .all(|c| c.name.contains("/launch/cell-r0/decode--")
+                && c.b.as_str().unwrap().contains("FAKE_RACE=1")),
+        "{launch:?}"
+    );
 
     // The other direction is an improvement, never a regression.
     let fixed_base = Baseline {

@@ -21,6 +21,7 @@ use crate::config::{FlagCatalog, TargetProfile, Workload};
 use crate::control::EngineControl;
 use crate::core::arm_stats::ArmLabel;
 use crate::core::classify::Classifier;
+use crate::core::format;
 use crate::results::run_record::{ArmRecord, TargetInfo};
 use crate::results::{write_atomic, ResultsDir};
 
@@ -92,30 +93,33 @@ pub fn decide(
     }
     let (lo, hi) = crate::core::stats::wilson(corrupted, sessions, 0.95);
     let rate = format!(
-        "{corrupted}/{sessions} corrupted (95% CI {:.1}-{:.1}%)",
-        100.0 * lo,
-        100.0 * hi
+        "{corrupted}/{sessions} corrupted (95% CI {}-{}%)",
+        format::percent_digits(lo),
+        format::percent_digits(hi)
     );
     if lo > background {
         (
             Outcome::Corrupted,
             format!(
-                "{rate}: above the background rate {:.1}%",
-                100.0 * background
+                "{rate}: above the background rate {}",
+                format::percent(background)
             ),
         )
     } else if hi < bug_rate {
         (
             Outcome::Clean,
-            format!("{rate}: rules out the bug rate {:.1}%", 100.0 * bug_rate),
+            format!(
+                "{rate}: rules out the bug rate {}",
+                format::percent(bug_rate)
+            ),
         )
     } else {
         (
             Outcome::Unknown,
             format!(
-                "{rate}: neither above the background {:.1}% nor below the bug rate {:.1}%; run more sessions",
-                100.0 * background,
-                100.0 * bug_rate
+                "{rate}: neither above the background {} nor below the bug rate {}; run more sessions",
+                format::percent(background),
+                format::percent(bug_rate)
             ),
         )
     }

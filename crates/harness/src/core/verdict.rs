@@ -13,6 +13,7 @@ use serde_json::{json, Value};
 
 use crate::core::arm_stats::{ArmLabel, ArmStats};
 use crate::core::effective;
+use crate::core::format::{self, percent_digits, quantity};
 use crate::core::stats;
 
 /// The confidence of every interval the verdict reports.
@@ -88,10 +89,10 @@ impl ArmObservation<'_> {
         let (lo, hi) = stats::wilson(k, n, CONFIDENCE);
         format!(
             "{k}/{n} ({}%, {}{}-{}%)",
-            percent(stats::rate(k, n)),
+            percent_digits(stats::rate(k, n)),
             if with_ci_words { "95% CI " } else { "" },
-            percent(lo),
-            percent(hi)
+            percent_digits(lo),
+            percent_digits(hi)
         )
     }
 }
@@ -118,6 +119,17 @@ pub enum Severity {
     Warning,
     /// Recorded, within bounds.
     Info,
+}
+
+impl Severity {
+    /// The contract name (`blocking`, `warning`, `info`), also the CSS class of its row.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Severity::Blocking => "blocking",
+            Severity::Warning => "warning",
+            Severity::Info => "info",
+        }
+    }
 }
 
 /// One entry of `confounds` in run.json.
@@ -303,8 +315,8 @@ fn degraded_confound(
                 arm.stats.counts.error,
                 arm.stats.counts.timeout,
                 arm.classified(),
-                percent(failure_fraction(arm)),
-                percent(policy.degraded_fraction)
+                percent_digits(failure_fraction(arm)),
+                percent_digits(policy.degraded_fraction)
             )
         })
         .collect();
@@ -320,7 +332,7 @@ fn degraded_confound(
             Severity::Info,
             format!(
                 "error+timeout within {}% in both arms",
-                percent(policy.degraded_fraction)
+                percent_digits(policy.degraded_fraction)
             ),
         )
     } else {
@@ -458,10 +470,10 @@ fn measured(
                     format!(
                         "{what} differs by {}% (on {}, off {}), more than {}%: \
                          the arms ran at different load or speed",
-                        percent(difference),
-                        number(a),
-                        number(b),
-                        percent(policy.warn_ratio)
+                        percent_digits(difference),
+                        quantity(a),
+                        quantity(b),
+                        percent_digits(policy.warn_ratio)
                     ),
                 )
             } else {
@@ -469,9 +481,9 @@ fn measured(
                     Severity::Info,
                     format!(
                         "{what} within {}% (on {}, off {})",
-                        percent(policy.warn_ratio),
-                        number(a),
-                        number(b)
+                        percent_digits(policy.warn_ratio),
+                        quantity(a),
+                        quantity(b)
                     ),
                 )
             }
@@ -564,10 +576,10 @@ fn judge(
     };
     let interval_text = format!(
         "difference interval {} to {} points",
-        points(lo),
-        points(hi)
+        percent_digits(lo),
+        percent_digits(hi)
     );
-    let p_text = format!("Fisher p = {}", p_value_text(p));
+    let p_text = format!("Fisher p = {}", format::p_value(p));
 
     let load_shortfall = [on, off]
         .into_iter()
@@ -591,7 +603,7 @@ fn judge(
         reasons.push(format!(
             "{interval_text} lies inside +-{} points, but {shortfall}: a bug that needs load \
              is not ruled out at a lower one",
-            points(m)
+            percent_digits(m)
         ));
     }
     match status {
@@ -602,7 +614,7 @@ fn judge(
         )),
         Status::Cleared => reasons.push(format!(
             "{interval_text} lies inside +-{} points and {p_text}",
-            points(m)
+            percent_digits(m)
         )),
         Status::Inconclusive => {
             if significant {
@@ -617,18 +629,18 @@ fn judge(
                     reasons.push(format!(
                         "{interval_text} lies inside +-{} points, but the blocking confounds \
                          above void the comparison",
-                        points(m)
+                        percent_digits(m)
                     ));
                 }
             } else {
                 reasons.push(format!(
                     "not significant (p = {} >= alpha {})",
-                    p_value_text(p),
+                    format::p_value(p),
                     policy.alpha
                 ));
                 reasons.push(format!(
                     "{interval_text} is not inside +-{} points",
-                    points(m)
+                    percent_digits(m)
                 ));
                 reasons.push(power_reason(on, off, policy));
             }
@@ -667,10 +679,10 @@ fn judge(
             on.rate_text(true),
             off.name(),
             off.rate_text(false),
-            points(comparison.rate_diff),
-            points(lo),
-            points(hi),
-            points(m)
+            percent_digits(comparison.rate_diff),
+            percent_digits(lo),
+            percent_digits(hi),
+            percent_digits(m)
         ),
         Status::Inconclusive => {
             let shown: Vec<&str> = reasons
@@ -730,59 +742,6 @@ fn power_reason(on: &ArmObservation, off: &ArmObservation, policy: &Policy) -> S
              {smaller_arm} sessions per arm of this run are needed to call it",
             policy.min_effect
         )
-    }
-}
-
-/// A proportion as a percentage with one decimal: 0.175 -> `17.5`.
-fn percent(fraction: f64) -> String {
-    format!("{:.1}", 100.0 * fraction)
-}
-
-/// A difference of proportions in percentage points with one decimal: -0.0025 -> `-0.3`.
-fn points(fraction: f64) -> String {
-    let text = format!("{:.1}", 100.0 * fraction);
-    // A tiny negative rounds to "-0.0", which reads as a sign error.
-    if text == "-0.0" {
-        "0.0".to_string()
-    } else {
-        text
-    }
-}
-
-/// Two significant figures: `0.50`, `0.012`, below 0.001 as `6.6e-05`.
-fn p_value_text(p: f64) -> String {
-    if !p.is_finite() {
-        return "n/a".to_string();
-    }
-    if p >= 0.01 {
-        format!("{p:.2}")
-    } else if p >= 0.001 {
-        format!("{p:.4}")
-    } else if p <= 0.0 {
-        "0".to_string()
-    } else {
-        let exponent = p.log10().floor() as i32;
-        let mut mantissa = p / 10f64.powi(exponent);
-        let mut exponent = exponent;
-        // 9.96e-05 rounds up to 10.0: carry into the exponent.
-        if (mantissa * 10.0).round() >= 100.0 {
-            mantissa /= 10.0;
-            exponent += 1;
-        }
-        format!(
-            "{mantissa:.1}e{}{:02}",
-            if exponent < 0 { "-" } else { "+" },
-            exponent.abs()
-        )
-    }
-}
-
-/// A measured quantity without spurious decimals: 60 -> `60`, 12.345 -> `12.3`.
-fn number(value: f64) -> String {
-    if value.fract() == 0.0 && value.abs() < 1e15 {
-        format!("{value:.0}")
-    } else {
-        format!("{value:.1}")
     }
 }
 
@@ -875,7 +834,7 @@ mod tests {
         assert_eq!(
             verdict.summary,
             "implicated: BF16_INDEX_K on (=1) corrupts 14/80 (17.5%, 95% CI 10.7-27.3%) \
-             vs off (=0) 0/80 (0.0%, 0.0-4.6%), Fisher p = 6.6e-05"
+             vs off (=0) 0/80 (0.0%, 0.0-4.6%), Fisher p = 6.6e-5"
         );
     }
 
@@ -1167,15 +1126,5 @@ mod tests {
                 ..Policy::default()
             }
         );
-    }
-
-    #[test]
-    fn p_values_read_as_two_significant_figures() {
-        assert_eq!(p_value_text(0.4957983193277311), "0.50");
-        assert_eq!(p_value_text(0.0027594561852200836), "0.0028");
-        assert_eq!(p_value_text(6.553361437755207e-05), "6.6e-05");
-        assert_eq!(p_value_text(9.96e-5), "1.0e-04");
-        assert_eq!(p_value_text(1.0), "1.00");
-        assert_eq!(p_value_text(0.0), "0");
     }
 }

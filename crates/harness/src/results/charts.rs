@@ -14,6 +14,8 @@ use plotters::coord::ranged1d::SegmentValue;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
+use crate::core::format;
+
 /// One bar of the rate chart.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RateBar {
@@ -139,7 +141,12 @@ pub fn rate_bars(title: &str, bars: &[RateBar]) -> anyhow::Result<String> {
         chart
             .draw_series(bars.iter().enumerate().map(|(i, b)| {
                 Text::new(
-                    format!("{}/{} = {:.1}%", b.corrupted, b.sessions, b.rate * 100.0),
+                    format!(
+                        "{}/{} = {}",
+                        b.corrupted,
+                        b.sessions,
+                        format::percent(b.rate)
+                    ),
                     (
                         b.ci95[1].max(b.rate) + x_end * 0.015,
                         SegmentValue::CenterOf(row(i)),

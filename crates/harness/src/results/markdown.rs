@@ -1,7 +1,7 @@
 //! `summary.md`: the run as a human pastes it into a PR or an incident channel.
 
 use super::run_record::RunRecord;
-use super::table::{arm_cells, compact, fmt_p, signed_pct, HEADER};
+use super::table::{arm_cells, compact, comparison_sentence, HEADER};
 use super::Exporter;
 
 pub struct SummaryMarkdown;
@@ -65,14 +65,7 @@ impl Exporter for SummaryMarkdown {
             }
         }
         if let Some(c) = &r.comparison {
-            s.push_str(&format!(
-                "\nDifference on - off: {} (95% Newcombe interval {} to {}); Fisher exact two-sided p = {}; min effect {}.\n",
-                signed_pct(c.rate_diff),
-                signed_pct(c.diff_ci95[0]),
-                signed_pct(c.diff_ci95[1]),
-                fmt_p(c.p_value),
-                c.min_effect
-            ));
+            s.push_str(&format!("\n{}\n", comparison_sentence(c)));
         }
         if !r.confounds.is_empty() {
             s.push_str("\n| confound | on | off | severity | note |\n|---|---|---|---|---|\n");

@@ -1,9 +1,13 @@
 //! The terminal table printed at the end of `bisect run` (comfy-table), and the row
 //! formatting it shares with the markdown summary.
 
+use std::collections::BTreeMap;
+
 use comfy_table::{presets, Cell, CellAlignment, ContentArrangement, Table};
 
 use super::run_record::{ArmRecord, RunRecord};
+use crate::core::format;
+use crate::core::verdict::Comparison;
 
 pub const HEADER: [&str; 9] = [
     "arm",
@@ -17,7 +21,6 @@ pub const HEADER: [&str; 9] = [
     "tok/s",
 ];
 
-/// One arm's cells, in HEADER order.
 /// The row of one arm; blocks (`repeat` set) are named with their repeat, `on r1`,
 /// when `with_repeat` asks for it.
 pub fn arm_cells(flag: &str, arm: &ArmRecord, with_repeat: bool) -> [String; 9] {
@@ -26,44 +29,38 @@ pub fn arm_cells(flag: &str, arm: &ArmRecord, with_repeat: bool) -> [String; 9] 
         _ => arm.label.to_string(),
     };
     let c = &arm.stats.counts;
-    let peaks = arm
-        .stats
-        .peak_running
-        .iter()
-        .map(|(k, v)| format!("{k} {v}"))
-        .collect::<Vec<_>>()
-        .join(", ");
     [
         format!("{label} ({flag}={})", arm.value),
         arm.sessions.to_string(),
         format!("{}/{}", c.done, c.maxrounds),
         format!("{}/{}/{}/{}", c.leak, c.bad_args, c.wrong_args, c.no_tool),
         format!("{}/{}", c.error, c.timeout),
-        format!(
-            "{}/{} = {} [{}, {}]",
-            arm.stats.corrupted,
-            arm.sessions,
-            pct(arm.stats.corruption_rate),
-            pct(arm.stats.ci95[0]),
-            pct(arm.stats.ci95[1])
-        ),
-        peaks,
+        format::rate_interval(arm.stats.corrupted, arm.sessions, arm.stats.ci95),
+        peaks(&arm.stats.peak_running),
         format!("{:.1}s", arm.stats.wall_s),
         format!("{:.0}", arm.stats.tokens_per_s),
     ]
 }
 
-pub fn pct(x: f64) -> String {
-    format!("{:.1}%", 100.0 * x)
+/// Peak running requests per role and client: `client 80, decode 80, prefill 0`.
+pub fn peaks(peak_running: &BTreeMap<String, u64>) -> String {
+    peak_running
+        .iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
-/// p-values: fixed for readable ones, scientific below 1e-3.
-pub fn fmt_p(p: f64) -> String {
-    if p >= 1e-3 {
-        format!("{p:.3}")
-    } else {
-        format!("{p:.1e}")
-    }
+/// The comparison of a run's arms in one sentence, for summary.md and report.html.
+pub fn comparison_sentence(c: &Comparison) -> String {
+    format!(
+        "Difference on - off: {} (95% Newcombe interval {} to {}); Fisher exact two-sided p = {}; min effect {}.",
+        format::signed_percent(c.rate_diff),
+        format::signed_percent(c.diff_ci95[0]),
+        format::signed_percent(c.diff_ci95[1]),
+        format::p_value(c.p_value),
+        c.min_effect
+    )
 }
 
 /// The whole terminal report: arms table, comparison, confounds, verdict.
@@ -100,10 +97,10 @@ pub fn render(record: &RunRecord) -> String {
     if let Some(c) = &record.comparison {
         out.push_str(&format!(
             "difference on-off: {} [{}, {}] (Newcombe 95%), Fisher exact two-sided p = {}\n",
-            signed_pct(c.rate_diff),
-            signed_pct(c.diff_ci95[0]),
-            signed_pct(c.diff_ci95[1]),
-            fmt_p(c.p_value)
+            format::signed_percent(c.rate_diff),
+            format::signed_percent(c.diff_ci95[0]),
+            format::signed_percent(c.diff_ci95[1]),
+            format::p_value(c.p_value)
         ));
     }
     for c in &record.confounds {
@@ -130,10 +127,7 @@ pub fn render(record: &RunRecord) -> String {
     out
 }
 
-pub fn signed_pct(x: f64) -> String {
-    format!("{:+.1}%", 100.0 * x)
-}
-
+/// A JSON value as a short text: strings bare, fractions with two decimals.
 pub fn compact(v: &serde_json::Value) -> String {
     match v {
         serde_json::Value::String(s) => s.clone(),

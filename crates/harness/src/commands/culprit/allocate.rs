@@ -8,6 +8,7 @@
 //! allows, so that P(any flag wrongly implicated at any look) <= L * alpha / L = alpha.
 //! No I/O.
 
+use crate::core::format;
 use crate::core::session::Counts;
 use crate::core::stats;
 use crate::core::verdict::{Policy, Status};
@@ -117,9 +118,9 @@ impl Tally {
             .collect();
         (!over.is_empty()).then(|| {
             format!(
-                "degraded, not a same-speed toggle: {} (> {:.0}% error+timeout); given no more budget",
+                "degraded, not a same-speed toggle: {} (> {} error+timeout); given no more budget",
                 over.join("; "),
-                100.0 * degraded_fraction
+                format::percent(degraded_fraction)
             )
         })
     }
@@ -190,36 +191,36 @@ pub fn assess(tallies: &[Tally], policy: &Policy, looks: u32) -> Vec<Assessment>
                 ));
                 a.reasons.push(format!(
                     "Holm-adjusted p = {} < alpha / looks = {} / {looks} = {}",
-                    fmt_p(p_adjusted),
+                    format::p_value(p_adjusted),
                     policy.alpha,
-                    fmt_p(level)
+                    format::p_value(level)
                 ));
                 a.decided = true;
             } else if lo >= -policy.min_effect && hi <= policy.min_effect {
                 a.status = Status::Cleared;
                 a.reasons.push(format!(
                     "difference {} lies within +-{} (Newcombe 95% [{}, {}])",
-                    points(rate_diff),
-                    points(policy.min_effect),
-                    points(lo),
-                    points(hi)
+                    format::signed_percent(rate_diff),
+                    format::percent(policy.min_effect),
+                    format::signed_percent(lo),
+                    format::signed_percent(hi)
                 ));
                 a.decided = true;
             } else {
                 a.reasons.push(format!(
                     "Holm-adjusted p = {} >= {} and the difference interval [{}, {}] is not inside +-{}",
-                    fmt_p(p_adjusted),
-                    fmt_p(level),
-                    points(lo),
-                    points(hi),
-                    points(policy.min_effect)
+                    format::p_value(p_adjusted),
+                    format::p_value(level),
+                    format::signed_percent(lo),
+                    format::signed_percent(hi),
+                    format::percent(policy.min_effect)
                 ));
                 let pooled = stats::rate(k_on + k_off, n_on + n_off);
                 let needed =
                     stats::sessions_per_arm(pooled, policy.min_effect, level, policy.power);
                 a.reasons.push(format!(
                     "underpowered: about {needed} sessions per arm would resolve a difference of {}",
-                    points(policy.min_effect)
+                    format::percent(policy.min_effect)
                 ));
             }
             a
@@ -240,16 +241,6 @@ pub fn next_flag(tallies: &[Tally], assessments: &[Assessment], frozen: &[bool])
                 .then(tallies[i].sessions().cmp(&tallies[j].sessions()))
                 .then(i.cmp(&j))
         })
-}
-
-/// A difference of proportions in percentage points: 0.05 -> `5.0%`, -0.003 -> `-0.3%`.
-pub fn points(fraction: f64) -> String {
-    format!("{:.1}%", 100.0 * fraction)
-}
-
-/// p-values: fixed for readable ones, scientific below 1e-3.
-pub fn fmt_p(p: f64) -> String {
-    crate::results::table::fmt_p(p)
 }
 
 #[cfg(test)]

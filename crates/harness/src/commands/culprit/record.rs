@@ -7,8 +7,8 @@ use std::path::Path;
 use comfy_table::{presets, Cell, CellAlignment, ContentArrangement, Table};
 use serde::{Deserialize, Serialize};
 
-use super::allocate::{fmt_p, points};
 use crate::core::arm_stats::{ArmLabel, ArmStats, RecordStatus};
+use crate::core::format;
 use crate::core::verdict::Status;
 use crate::results::run_record::TargetInfo;
 use crate::results::write_atomic;
@@ -147,7 +147,7 @@ fn arm_cell(arm: Option<&PooledArm>) -> String {
                 "{}/{} = {} (={})",
                 a.stats.corrupted,
                 a.sessions,
-                points(a.stats.corruption_rate),
+                format::percent(a.stats.corruption_rate),
                 a.value
             );
             if failed > 0 {
@@ -167,12 +167,12 @@ fn row(f: &FlagResult) -> [String; 8] {
         arm_cell(arm(ArmLabel::Off)),
         format!(
             "{} [{}, {}]",
-            points(f.rate_diff),
-            points(f.diff_ci95[0]),
-            points(f.diff_ci95[1])
+            format::signed_percent(f.rate_diff),
+            format::signed_percent(f.diff_ci95[0]),
+            format::signed_percent(f.diff_ci95[1])
         ),
-        fmt_p(f.p_value),
-        fmt_p(f.p_adjusted),
+        format::p_value(f.p_value),
+        format::p_value(f.p_adjusted),
         format!("{} / {}", f.looks, f.sessions),
     ]
 }
@@ -194,7 +194,7 @@ fn headline(r: &CulpritRecord) -> String {
         r.budget,
         r.alpha,
         r.max_looks,
-        fmt_p(r.alpha_per_look)
+        format::p_value(r.alpha_per_look)
     )
 }
 

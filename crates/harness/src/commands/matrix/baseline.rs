@@ -27,7 +27,7 @@ use statrs::distribution::{Discrete, Hypergeometric};
 
 use super::plan::RegressionPolicy;
 use super::record::{BaselineInfo, CellComparison, CellRecord, CellStatus, MatrixRecord};
-use crate::results::table::fmt_p;
+use crate::core::format;
 
 pub const TEST_NAME: &str = "fisher_exact_one_sided_greater";
 pub const CORRECTION: &str = "holm";
@@ -249,13 +249,16 @@ fn regression_reasons(
     let diff = cell.stats.corruption_rate - old.stats.corruption_rate;
     if p_adjusted < policy.alpha && diff >= policy.min_effect {
         reasons.push(format!(
-            "corruption rose from {}/{m} ({:.1}%) to {}/{n} ({:.1}%): one-sided Fisher p = {}, Holm-adjusted {} < alpha {}",
-            old.stats.corrupted,
-            100.0 * old.stats.corruption_rate,
-            cell.stats.corrupted,
-            100.0 * cell.stats.corruption_rate,
-            fmt_p(fisher_one_sided_greater(cell.stats.corrupted, n - cell.stats.corrupted, old.stats.corrupted, m - old.stats.corrupted)),
-            fmt_p(p_adjusted),
+            "corruption rose from {} to {}: one-sided Fisher p = {}, Holm-adjusted {} < alpha {}",
+            format::rate(old.stats.corrupted, m),
+            format::rate(cell.stats.corrupted, n),
+            format::p_value(fisher_one_sided_greater(
+                cell.stats.corrupted,
+                n - cell.stats.corrupted,
+                old.stats.corrupted,
+                m - old.stats.corrupted
+            )),
+            format::p_value(p_adjusted),
             policy.alpha
         ));
     }
@@ -263,11 +266,11 @@ fn regression_reasons(
         && cell.stats.tokens_per_s < (1.0 - policy.tokens_per_s_noise) * old.stats.tokens_per_s
     {
         reasons.push(format!(
-            "tokens/s fell from {:.1} to {:.1} ({:+.0}%), beyond the noise threshold of -{:.0}%",
+            "tokens/s fell from {:.1} to {:.1} ({}), beyond the noise threshold of -{}",
             old.stats.tokens_per_s,
             cell.stats.tokens_per_s,
-            100.0 * (cell.stats.tokens_per_s / old.stats.tokens_per_s - 1.0),
-            100.0 * policy.tokens_per_s_noise
+            format::signed_percent(cell.stats.tokens_per_s / old.stats.tokens_per_s - 1.0),
+            format::percent(policy.tokens_per_s_noise)
         ));
     }
     let degraded = |c: &CellRecord| {

@@ -5,7 +5,7 @@
 
 use super::MatrixExporter;
 use crate::commands::matrix::record::{CellRecord, CellStatus, MatrixRecord};
-use crate::results::table::pct;
+use crate::core::format;
 
 pub struct JunitXml;
 
@@ -113,12 +113,8 @@ impl MatrixExporter for JunitXml {
             x.push_str(&format!(
                 "      <system-out>{}</system-out>\n",
                 esc(&format!(
-                    "corrupted {}/{} = {} [{}, {}]; leak {} bad_args {} wrong_args {} no_tool {} error {} timeout {}; sessions in {}",
-                    c.stats.corrupted,
-                    c.stats.counts.total(),
-                    pct(c.stats.corruption_rate),
-                    pct(c.stats.ci95[0]),
-                    pct(c.stats.ci95[1]),
+                    "corrupted {}; leak {} bad_args {} wrong_args {} no_tool {} error {} timeout {}; sessions in {}",
+                    format::rate_interval(c.stats.corrupted, c.stats.counts.total(), c.stats.ci95),
                     c.stats.counts.leak,
                     c.stats.counts.bad_args,
                     c.stats.counts.wrong_args,

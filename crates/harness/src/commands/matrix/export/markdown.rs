@@ -6,7 +6,8 @@ use std::collections::BTreeSet;
 
 use super::MatrixExporter;
 use crate::commands::matrix::record::{CellRecord, CellStatus, MatrixRecord};
-use crate::results::table::{compact, fmt_p, pct, signed_pct};
+use crate::core::format;
+use crate::results::table::{compact, peaks};
 
 pub struct MatrixSummary;
 
@@ -70,8 +71,8 @@ impl MatrixExporter for MatrixSummary {
                 b.test,
                 b.correction,
                 r.plan.policy.alpha,
-                pct(r.plan.policy.min_effect),
-                pct(r.plan.policy.tokens_per_s_noise),
+                format::percent(r.plan.policy.min_effect),
+                format::percent(r.plan.policy.tokens_per_s_noise),
                 b.not_comparable,
                 b.new,
                 b.missing.len()
@@ -146,19 +147,9 @@ impl MatrixExporter for MatrixSummary {
                 } else {
                     c.status.to_string()
                 },
-                format!(
-                    "{} [{}, {}]",
-                    pct(c.stats.corruption_rate),
-                    pct(c.stats.ci95[0]),
-                    pct(c.stats.ci95[1])
-                ),
+                format::percent_interval(c.stats.corruption_rate, c.stats.ci95),
                 format!("{}/{}", c.stats.counts.error, c.stats.counts.timeout),
-                c.stats
-                    .peak_running
-                    .iter()
-                    .map(|(k, v)| format!("{k} {v}"))
-                    .collect::<Vec<_>>()
-                    .join(", "),
+                peaks(&c.stats.peak_running),
                 format!("{:.0}", c.stats.tokens_per_s),
                 format!("{:.1}s", c.stats.wall_s),
                 baseline_cell(c),
@@ -214,7 +205,7 @@ fn baseline_cell(c: &CellRecord) -> String {
             "{}/{} = {}",
             x.baseline_corrupted,
             x.baseline_sessions,
-            pct(x.baseline_rate)
+            format::percent(x.baseline_rate)
         ),
     }
 }
@@ -226,12 +217,12 @@ fn change_cell(c: &CellRecord) -> String {
             CellStatus::New => "-".into(),
             CellStatus::NotComparable => "not comparable".into(),
             CellStatus::Ok | CellStatus::Regressed => {
-                let mut parts = vec![signed_pct(x.rate_diff)];
+                let mut parts = vec![format::signed_percent(x.rate_diff)];
                 if let Some(p) = x.p_adjusted {
-                    parts.push(format!("p_holm {}", fmt_p(p)));
+                    parts.push(format!("p_holm {}", format::p_value(p)));
                 }
                 if let Some(ratio) = x.tokens_per_s_ratio {
-                    parts.push(format!("tok/s {}", signed_pct(ratio - 1.0)));
+                    parts.push(format!("tok/s {}", format::signed_percent(ratio - 1.0)));
                 }
                 let text = parts.join(", ");
                 if x.status == CellStatus::Regressed {
