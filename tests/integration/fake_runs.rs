@@ -267,7 +267,7 @@ impl bisect_harness::control::EngineControl for FailingSecondRestart {
         &'a mut self,
         label: &'a str,
         cancel: &'a CancellationToken,
-    ) -> bisect_harness::control::async_trait_shim::BoxFuture<
+    ) -> futures::future::BoxFuture<
         'a,
         anyhow::Result<std::collections::BTreeMap<String, f64>>,
     > {
@@ -279,7 +279,7 @@ impl bisect_harness::control::EngineControl for FailingSecondRestart {
     }
     fn stop(
         &mut self,
-    ) -> bisect_harness::control::async_trait_shim::BoxFuture<'_, anyhow::Result<()>> {
+    ) -> futures::future::BoxFuture<'_, anyhow::Result<()>> {
         self.inner.stop()
     }
 }
