@@ -267,19 +267,15 @@ impl bisect_harness::control::EngineControl for FailingSecondRestart {
         &'a mut self,
         label: &'a str,
         cancel: &'a CancellationToken,
-    ) -> futures::future::BoxFuture<
-        'a,
-        anyhow::Result<std::collections::BTreeMap<String, f64>>,
-    > {
+    ) -> futures::future::BoxFuture<'a, anyhow::Result<std::collections::BTreeMap<String, f64>>>
+    {
         self.calls += 1;
         if self.calls == 2 {
             return Box::pin(async { Err(anyhow::anyhow!("simulated restart failure")) });
         }
         self.inner.restart(label, cancel)
     }
-    fn stop(
-        &mut self,
-    ) -> futures::future::BoxFuture<'_, anyhow::Result<()>> {
+    fn stop(&mut self) -> futures::future::BoxFuture<'_, anyhow::Result<()>> {
         self.inner.stop()
     }
 }

@@ -2,6 +2,7 @@
 //! (no files, no processes, no network), so it is tested with plain values.
 
 pub mod classify;
+pub mod ending;
 pub mod session;
 pub mod stats;
 pub mod task;
