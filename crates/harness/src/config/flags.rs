@@ -421,12 +421,7 @@ mod tests {
     }
 
     fn invalid_line(err: ConfigError) -> (usize, String) {
-        match err {
-            ConfigError::Invalid {
-                line, message, fix, ..
-            } => (line, format!("{message} | {fix}")),
-            other => panic!("expected Invalid, got {other}"),
-        }
+        err.line_and_text()
     }
 
     #[test]

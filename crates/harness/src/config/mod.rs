@@ -45,6 +45,20 @@ pub enum ConfigError {
     Usage { message: String, fix: String },
 }
 
+#[cfg(test)]
+impl ConfigError {
+    /// The line and `message | fix` of an [`ConfigError::Invalid`], for tests that check
+    /// where and what a file error says; panics on any other error.
+    pub(crate) fn line_and_text(self) -> (usize, String) {
+        match self {
+            ConfigError::Invalid {
+                line, message, fix, ..
+            } => (line, format!("{message} | {fix}")),
+            other => panic!("expected Invalid, got {other}"),
+        }
+    }
+}
+
 /// 1-based line number of byte `offset` in `text`.
 pub fn line_of(text: &str, offset: usize) -> usize {
     let end = offset.min(text.len());

@@ -659,12 +659,7 @@ mod tests {
     }
 
     fn error_line(text: &str) -> (usize, String) {
-        match parse(text).unwrap_err() {
-            ConfigError::Invalid {
-                line, message, fix, ..
-            } => (line, format!("{message} | {fix}")),
-            other => panic!("expected Invalid, got {other}"),
-        }
+        parse(text).unwrap_err().line_and_text()
     }
 
     const MINIMAL: &str = r#"sessions = 2

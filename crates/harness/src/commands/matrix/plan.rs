@@ -675,12 +675,7 @@ mod tests {
     }
 
     fn error_line(text: &str) -> (usize, String) {
-        match parse(text).unwrap_err() {
-            ConfigError::Invalid {
-                line, message, fix, ..
-            } => (line, format!("{message} | {fix}")),
-            other => panic!("expected Invalid, got {other}"),
-        }
+        parse(text).unwrap_err().line_and_text()
     }
 
     const AXES: &str = "name = \"t\"\nworkload = \"smoke\"\nsessions = [1, 4]\n\n[axes]\nHICACHE = [\"on\", \"off\"]\nBF16_INDEX_K = [1, 0]\n";
