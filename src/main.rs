@@ -1,10 +1,19 @@
-//! Thin entry point: parse, run, map the outcome to an exit code in one place.
+//! The `bisect` binary: parse the command line (`cli`), run it (`handlers`), and map
+//! the outcome to an exit code in one place.
+
 use std::process::ExitCode;
 
 mod cli;
+mod handlers;
+mod progress;
+mod signals;
 
 fn main() -> ExitCode {
-    match cli::run() {
+    let cli = match cli::parse() {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
+    match handlers::run(cli) {
         Ok(code) => code,
         Err(err) => {
             eprintln!("error: {err:#}");

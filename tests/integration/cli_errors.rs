@@ -3,10 +3,20 @@
 
 use crate::common::bisect;
 use std::path::Path;
-use std::process::Output;
 
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).to_string()
+/// Runs `bisect ARGS` in `dir`, checks its exit code and returns its stderr.
+fn exits_with(code: i32, args: &[&str], dir: &Path) -> String {
+    let out = bisect(args, dir);
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(code), "{stderr}");
+    stderr
+}
+
+/// `bisect run --flag FLAG --target PROFILE`, then `extra`.
+fn run_args<'a>(flag: &'a str, profile: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["run", "--flag", flag, "--target", profile.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    args
 }
 
 /// A target profile whose single role is `sh launch.sh`, on a dead port.
@@ -32,20 +42,14 @@ fn malformed_target_toml_names_file_and_line() {
         "name = \"t\"\napi = \"http://x/v1\"\nmodel = = \"m\"\n",
     )
     .unwrap();
-    let out = bisect(
-        &["run", "--flag", "BF16_INDEX_K", "--target", "target.toml"],
-        dir.path(),
-    );
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(stderr(&out).contains("target.toml:3"), "{}", stderr(&out));
+    let err = exits_with(2, &run_args("BF16_INDEX_K", &profile, &[]), dir.path());
+    assert!(err.contains("target.toml:3"), "{err}");
 }
 
 #[test]
 fn unknown_flag_lists_the_known_ones() {
     let dir = tempfile::tempdir().unwrap();
-    let out = bisect(&["run", "--flag", "NOPE"], dir.path());
-    assert_eq!(out.status.code(), Some(2));
-    let err = stderr(&out);
+    let err = exits_with(2, &["run", "--flag", "NOPE"], dir.path());
     assert!(
         err.contains("NOPE") && err.contains("BF16_INDEX_K") && err.contains("HICACHE"),
         "{err}"
@@ -59,17 +63,14 @@ fn unknown_flag_lists_the_known_ones() {
 #[test]
 fn shell_metacharacters_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let out = bisect(
-        &[
-            "run",
-            "--flag",
-            "BF16_INDEX_K",
-            "--set",
-            "TOPK_V2=1;rm -rf /",
-        ],
-        dir.path(),
-    );
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let set = [
+        "run",
+        "--flag",
+        "BF16_INDEX_K",
+        "--set",
+        "TOPK_V2=1;rm -rf /",
+    ];
+    exits_with(2, &set, dir.path());
     let flags = dir.path().join("flags");
     std::fs::create_dir_all(&flags).unwrap();
     std::fs::write(
@@ -77,12 +78,12 @@ fn shell_metacharacters_are_refused() {
         "doc = \"x\"\nenv = \"EVIL\"\nroles = [\"decode\"]\non = \"$(reboot)\"\noff = \"0\"\n",
     )
     .unwrap();
-    let out = bisect(
+    let err = exits_with(
+        2,
         &["run", "--flag", "EVIL", "--flags-dir", "flags"],
         dir.path(),
     );
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(stderr(&out).contains("EVIL.toml:4"), "{}", stderr(&out));
+    assert!(err.contains("EVIL.toml:4"), "{err}");
 }
 
 #[test]
@@ -90,18 +91,8 @@ fn missing_launch_file_is_bad_input() {
     let dir = tempfile::tempdir().unwrap();
     let profile = write_target(dir.path(), "#!/bin/sh\nexec true\n", "");
     std::fs::remove_file(dir.path().join("serve.sh")).unwrap();
-    let out = bisect(
-        &[
-            "run",
-            "--flag",
-            "BF16_INDEX_K",
-            "--target",
-            profile.to_str().unwrap(),
-        ],
-        dir.path(),
-    );
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(stderr(&out).contains("serve.sh"), "{}", stderr(&out));
+    let err = exits_with(2, &run_args("BF16_INDEX_K", &profile, &[]), dir.path());
+    assert!(err.contains("serve.sh"), "{err}");
 }
 
 #[test]
@@ -109,18 +100,8 @@ fn launch_file_without_a_place_for_the_setting() {
     let dir = tempfile::tempdir().unwrap();
     let text = "# only comments, no command to add --cuda-graph-max-bs to\n";
     let profile = write_target(dir.path(), text, "");
-    let out = bisect(
-        &[
-            "run",
-            "--flag",
-            "CUDA_GRAPH_MAX_BS",
-            "--target",
-            profile.to_str().unwrap(),
-        ],
-        dir.path(),
-    );
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(stderr(&out).contains("serve.sh"), "{}", stderr(&out));
+    let err = exits_with(2, &run_args("CUDA_GRAPH_MAX_BS", &profile, &[]), dir.path());
+    assert!(err.contains("serve.sh"), "{err}");
     assert_eq!(
         std::fs::read_to_string(dir.path().join("serve.sh")).unwrap(),
         text
@@ -132,20 +113,9 @@ fn engine_never_healthy_is_exit_3_and_configs_restored() {
     let dir = tempfile::tempdir().unwrap();
     let text = "#!/bin/sh\nexport SGLANG_DSV4_BF16_INDEX_K=1\nexec sleep 20\n";
     let profile = write_target(dir.path(), text, "");
-    let out = bisect(
-        &[
-            "run",
-            "--flag",
-            "BF16_INDEX_K",
-            "--target",
-            profile.to_str().unwrap(),
-            "--sessions",
-            "2",
-        ],
-        dir.path(),
-    );
-    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
-    assert!(stderr(&out).contains("not healthy"), "{}", stderr(&out));
+    let args = run_args("BF16_INDEX_K", &profile, &["--sessions", "2"]);
+    let err = exits_with(3, &args, dir.path());
+    assert!(err.contains("not healthy"), "{err}");
     assert_eq!(
         std::fs::read_to_string(dir.path().join("serve.sh")).unwrap(),
         text
@@ -174,11 +144,10 @@ fn flags_command_lists_catalog_with_docs() {
 #[test]
 fn usage_error_is_exit_2() {
     let dir = tempfile::tempdir().unwrap();
-    let out = bisect(&["run"], dir.path());
-    assert_eq!(out.status.code(), Some(2));
-    let out = bisect(
+    exits_with(2, &["run"], dir.path());
+    exits_with(
+        2,
         &["run", "--flag", "BF16_INDEX_K", "--repeats", "0"],
         dir.path(),
     );
-    assert_eq!(out.status.code(), Some(2));
 }

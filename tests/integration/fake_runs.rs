@@ -315,19 +315,15 @@ impl bisect_harness::control::EngineControl for FailingSecondRestart {
         &'a mut self,
         label: &'a str,
         cancel: &'a CancellationToken,
-    ) -> bisect_harness::control::async_trait_shim::BoxFuture<
-        'a,
-        anyhow::Result<std::collections::BTreeMap<String, f64>>,
-    > {
+    ) -> futures::future::BoxFuture<'a, anyhow::Result<std::collections::BTreeMap<String, f64>>>
+    {
         self.calls += 1;
         if self.calls == 2 {
             return Box::pin(async { Err(anyhow::anyhow!("simulated restart failure")) });
         }
         self.inner.restart(label, cancel)
     }
-    fn stop(
-        &mut self,
-    ) -> bisect_harness::control::async_trait_shim::BoxFuture<'_, anyhow::Result<()>> {
+    fn stop(&mut self) -> futures::future::BoxFuture<'_, anyhow::Result<()>> {
         self.inner.stop()
     }
 }

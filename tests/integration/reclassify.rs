@@ -1,10 +1,15 @@
-//! `bisect reclassify`: a run whose leak sessions an old, blind rule called `done` is
-//! reclassified from its stored transcripts; counts and verdict change, originals kept.
+//! `bisect reclassify`: a stored run replays to exactly the classes it was given live,
+//! and a run whose leak sessions an old, blind rule called `done` is reclassified from
+//! its stored transcripts; counts and verdict change, originals kept.
 
 use std::process::Command;
 
-use bisect_harness::commands::run::{self as experiment, Quiet};
+use std::collections::BTreeSet;
+
+use bisect_harness::commands::reclassify::{reclassify_session, recorded_workload};
+use bisect_harness::commands::run::{self as experiment, Quiet, RunPlan};
 use bisect_harness::core::arm_stats::ArmLabel;
+use bisect_harness::core::classify::Classifier;
 use bisect_harness::core::session::{RoundClass, SessionClass};
 use bisect_harness::core::verdict::{Policy, Status};
 use bisect_harness::results::ResultsDir;
@@ -12,6 +17,60 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::common::{fake_race_victims, read, FakeTarget};
+
+/// Runs `plan` against the fake, replays every stored session under the same rules and
+/// checks each comes back unchanged (class, first bad round, evidence, rounds, all of it);
+/// returns the classes seen.
+async fn replays_to_its_live_classes(t: &FakeTarget, plan: &RunPlan) -> BTreeSet<SessionClass> {
+    let mut control = t.engine.control();
+    experiment::run_experiment(plan, &mut control, &Quiet, CancellationToken::new())
+        .await
+        .unwrap();
+    let dir = ResultsDir::open(&plan.run_dir);
+    let record = dir.read_record().unwrap();
+    let workload = recorded_workload(&record.workload, None).unwrap();
+    let classifier = Classifier::with_defaults(&workload.tools).unwrap();
+    let sessions = dir.read_sessions().unwrap();
+    assert_eq!(sessions.len() as u32, 2 * plan.workload.sessions);
+    for live in &sessions {
+        let (replayed, incomplete) = reclassify_session(&classifier, &workload, live).unwrap();
+        assert!(!incomplete, "{}", live.evidence);
+        assert_eq!(
+            serde_json::to_value(&replayed).unwrap(),
+            serde_json::to_value(live).unwrap(),
+            "session {} #{} replays to another ending",
+            live.label,
+            live.index
+        );
+    }
+    sessions.iter().map(|s| s.class).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_run_reclassifies_to_exactly_its_live_classes() {
+    let t = FakeTarget::new().await;
+    // Four rounds for three steps: race victims leak in round 2, the rest are done.
+    let racy = t.plan("FAKE_BF16", 16, 4);
+    let seen = replays_to_its_live_classes(&t, &racy).await;
+    assert_eq!(
+        seen,
+        BTreeSet::from([SessionClass::Done, SessionClass::Leak])
+    );
+
+    // Three rounds: the arm with the race leaks or runs out of rounds; the slow arm
+    // times out (a transport round, kept as stored).
+    let mut slow = t.plan("FAKE_SLOW", 16, 3);
+    slow.workload.timeout_s = 0.2;
+    let seen = replays_to_its_live_classes(&t, &slow).await;
+    assert_eq!(
+        seen,
+        BTreeSet::from([
+            SessionClass::Maxrounds,
+            SessionClass::Leak,
+            SessionClass::Timeout
+        ])
+    );
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reclassify_restores_leaks_an_old_rule_missed_and_keeps_the_originals() {

@@ -12,21 +12,15 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context};
-use async_trait_shim::BoxFuture;
+use futures::future::BoxFuture;
 use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{RoleSpec, TargetProfile};
 use crate::exit::Failure;
 
-/// Object-safe async without a macro crate: methods return boxed futures.
-pub mod async_trait_shim {
-    use std::future::Future;
-    use std::pin::Pin;
-    pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-}
-
-/// What an arm needs from engine control.
+/// What an arm needs from engine control. Object-safe async without a macro crate: the
+/// methods return boxed futures.
 pub trait EngineControl: Send {
     /// (Re)start every role with its launch config as it is now on disk, then wait until
     /// all are healthy. `label` names the arm (used for log file names). Returns the

@@ -8,10 +8,11 @@
 //! with the recorded sessions/rounds/seed/...); every session's stored task message must
 //! equal the regenerated one, so a changed workload file is refused, not silently used.
 //!
-//! A session is replayed round by round exactly as `workload::session` ran it: the first
-//! non-ok round ends it. Transport rounds (error, timeout) have no reply to judge and keep
-//! their class. A session whose last stored round was non-ok and is now ok would have gone
-//! on; those rounds were never run, so it becomes `maxrounds` and is counted as incomplete.
+//! A session is replayed round by round through the [`SessionProgress`] the live driver
+//! uses (`core::ending`): the first non-ok round ends it. Transport rounds (error,
+//! timeout) have no reply to judge and keep their class. A session whose last stored
+//! round was non-ok and is now ok would have gone on; those rounds were never run, so it
+//! becomes `maxrounds` and is counted as incomplete.
 //!
 //! Kept: `sessions.jsonl.orig-<stamp>`, `run.json.orig-<stamp>`, and a `reclassified`
 //! entry in run.json holding the previous arms, runs, comparison and verdict.
@@ -24,6 +25,7 @@ use serde_json::{json, Value};
 use crate::config::Workload;
 use crate::core::arm_stats::ArmLabel;
 use crate::core::classify::{Classifier, RoundOutcome};
+use crate::core::ending::{Flow, SessionProgress};
 use crate::core::session::{RoundClass, RoundRecord, SessionClass, SessionResult};
 use crate::core::task::initial_conversation;
 use crate::core::verdict::{decide, Policy};
@@ -115,14 +117,11 @@ pub fn reclassify_session(
         .into());
     }
     let mut pos = prefix.len();
-    let mut step = 0usize;
-    let mut rounds: Vec<RoundRecord> = Vec::new();
-    let mut ending: Option<(SessionClass, String)> = None;
+    let mut progress = SessionProgress::new(task.steps.len());
     for stored_round in &old.rounds {
+        // Transport rounds have no reply to judge: they keep their stored class.
         if matches!(stored_round.class, RoundClass::Error | RoundClass::Timeout) {
-            let class = SessionClass::from_round(stored_round.class).expect("non-ok class");
-            rounds.push(stored_round.clone());
-            ending = Some((class, stored_round.evidence.clone()));
+            progress.record(stored_round.clone(), None);
             break;
         }
         let reply = old.transcript[pos.min(old.transcript.len())..]
@@ -138,64 +137,32 @@ pub fn reclassify_session(
         while old.transcript.get(pos).is_some_and(|m| m.role == "tool") {
             pos += 1;
         }
-        let expected = task.expected(step);
         let verdict = classifier.classify(
             &RoundOutcome::Reply(reply),
-            expected.as_ref(),
+            task.expected(progress.step()).as_ref(),
             workload.check_args,
         );
-        rounds.push(RoundRecord {
+        let round = RoundRecord {
             class: verdict.class,
-            evidence: verdict.evidence.clone(),
+            evidence: verdict.evidence,
             ..stored_round.clone()
-        });
-        if let Some(class) = SessionClass::from_round(verdict.class) {
-            ending = Some((class, verdict.evidence));
-            break;
-        }
-        if reply.tool_calls.as_ref().is_some_and(|c| !c.is_empty()) {
-            step = (step + 1).min(task.steps.len());
-        } else {
-            ending = Some((SessionClass::Done, verdict.evidence));
+        };
+        if progress.record(round, Some(reply)) == Flow::Stop {
             break;
         }
     }
-    let used = rounds.len() as u32;
-    let mut incomplete = false;
-    let (class, evidence) = ending.unwrap_or_else(|| {
-        if used < workload.rounds {
-            incomplete = true;
-            (
-                SessionClass::Maxrounds,
-                format!(
-                    "reclassified: round {used} is ok under the current rules, but the session ended there ({} of {} steps done); its later rounds were never run",
-                    step,
-                    task.steps.len()
-                ),
-            )
-        } else {
-            (
-                SessionClass::Maxrounds,
-                format!(
-                    "{} of {} steps done when the {} rounds ran out",
-                    step,
-                    task.steps.len(),
-                    workload.rounds
-                ),
-            )
-        }
-    });
-    let first_bad_round = rounds
-        .iter()
-        .find(|r| r.class != RoundClass::Ok)
-        .map(|r| r.round);
+    let mut ending = progress.finish(workload.rounds);
+    let incomplete = ending.cut_short;
+    if incomplete {
+        ending.evidence = format!("reclassified: {}", ending.evidence);
+    }
     let new = SessionResult {
-        class,
-        rounds_used: used,
-        first_bad_round,
-        evidence,
-        latency_ms: rounds.iter().map(|r| r.latency_ms).collect(),
-        rounds,
+        class: ending.class,
+        rounds_used: ending.rounds.len() as u32,
+        first_bad_round: ending.first_bad_round,
+        latency_ms: ending.latency_ms(),
+        evidence: ending.evidence,
+        rounds: ending.rounds,
         ..old.clone()
     };
     Ok((new, incomplete))

@@ -200,112 +200,9 @@ impl FlagSpec {
             }
         }
 
-        let kinds: Vec<(&str, &Spanned<String>)> = [
-            ("env", &raw.env),
-            ("arg", &raw.arg),
-            ("switch", &raw.switch),
-        ]
-        .into_iter()
-        .filter_map(|(k, v)| v.as_ref().map(|v| (k, v)))
-        .collect();
-        let setting = match kinds.as_slice() {
-            [] => {
-                return Err(src.invalid(
-                    raw.on.span(),
-                    "flag has none of env, arg, switch",
-                    "add exactly one: env = \"VAR\", arg = \"--arg\" or switch = \"--switch\"",
-                ))
-            }
-            [(kind, key)] => {
-                let k = key.get_ref().clone();
-                let ok = match *kind {
-                    "env" => is_env_name(&k),
-                    _ => is_option_name(&k),
-                };
-                if !ok {
-                    let expected = if *kind == "env" {
-                        "an environment variable name like SGLANG_DSV4_BF16_INDEX_K"
-                    } else {
-                        "a command-line option like --cuda-graph-max-bs"
-                    };
-                    return Err(src.invalid(
-                        key.span(),
-                        format!("{kind} = {k:?} is not {expected}"),
-                        format!("set {kind} to {expected}"),
-                    ));
-                }
-                match *kind {
-                    "env" => Setting::Env(k),
-                    "arg" => Setting::Arg(k),
-                    _ => Setting::Switch(k),
-                }
-            }
-            [_, (kind, key), ..] => {
-                return Err(src.invalid(
-                    key.span(),
-                    format!(
-                        "flag sets more than one of env, arg, switch (found {})",
-                        kinds.iter().map(|(k, _)| *k).collect::<Vec<_>>().join(", ")
-                    ),
-                    format!("keep exactly one; remove `{kind}` or the others"),
-                ))
-            }
-        };
-
-        if raw.roles.get_ref().is_empty() {
-            return Err(src.invalid(
-                raw.roles.span(),
-                "roles is empty: the flag would be written nowhere",
-                "list the roles whose launch configs carry it, e.g. roles = [\"prefill\", \"decode\"]",
-            ));
-        }
-        let mut seen = HashSet::new();
-        let mut roles = Vec::new();
-        for role in raw.roles.get_ref() {
-            let r = role.get_ref().trim();
-            if r.is_empty() {
-                return Err(src.invalid(
-                    role.span(),
-                    "empty role name in roles",
-                    "use the role names of the target profile, e.g. \"prefill\"",
-                ));
-            }
-            if !seen.insert(r.to_string()) {
-                return Err(src.invalid(
-                    role.span(),
-                    format!("role {r:?} is listed twice"),
-                    "list each role once",
-                ));
-            }
-            roles.push(r.to_string());
-        }
-
-        for v in [&raw.on, &raw.off] {
-            if let Err(msg) = validate_value(v.get_ref()) {
-                return Err(src.invalid(
-                    v.span(),
-                    msg,
-                    "use a plain value such as 1, 0, 32, on, off",
-                ));
-            }
-            if matches!(setting, Setting::Arg(_)) && v.get_ref().is_empty() {
-                return Err(src.invalid(
-                    v.span(),
-                    "an arg flag needs a non-empty value (`--arg VALUE`)",
-                    "give the value the argument takes, e.g. on = \"32\"",
-                ));
-            }
-        }
-        if raw.on.get_ref() == raw.off.get_ref() {
-            return Err(src.invalid(
-                raw.off.span(),
-                format!(
-                    "on and off are both {:?}: the A/B would compare a value with itself",
-                    raw.on.get_ref()
-                ),
-                "set on to the engine's default value and off to the other one",
-            ));
-        }
+        let setting = setting(&src, &raw)?;
+        let roles = roles(&src, &raw.roles)?;
+        on_off(&src, &raw, &setting)?;
 
         Ok(FlagSpec {
             name: stem.to_string(),
@@ -317,6 +214,119 @@ impl FlagSpec {
             source: path.to_path_buf(),
         })
     }
+}
+
+/// Exactly one of `env`, `arg`, `switch`, with a key of its kind.
+fn setting(src: &Source, raw: &RawFlag) -> Result<Setting, ConfigError> {
+    let kinds: Vec<(&str, &Spanned<String>)> = [
+        ("env", &raw.env),
+        ("arg", &raw.arg),
+        ("switch", &raw.switch),
+    ]
+    .into_iter()
+    .filter_map(|(k, v)| v.as_ref().map(|v| (k, v)))
+    .collect();
+    match kinds.as_slice() {
+        [] => Err(src.invalid(
+            raw.on.span(),
+            "flag has none of env, arg, switch",
+            "add exactly one: env = \"VAR\", arg = \"--arg\" or switch = \"--switch\"",
+        )),
+        [(kind, key)] => {
+            let k = key.get_ref().clone();
+            let ok = match *kind {
+                "env" => is_env_name(&k),
+                _ => is_option_name(&k),
+            };
+            if !ok {
+                let expected = if *kind == "env" {
+                    "an environment variable name like SGLANG_DSV4_BF16_INDEX_K"
+                } else {
+                    "a command-line option like --cuda-graph-max-bs"
+                };
+                return Err(src.invalid(
+                    key.span(),
+                    format!("{kind} = {k:?} is not {expected}"),
+                    format!("set {kind} to {expected}"),
+                ));
+            }
+            Ok(match *kind {
+                "env" => Setting::Env(k),
+                "arg" => Setting::Arg(k),
+                _ => Setting::Switch(k),
+            })
+        }
+        [_, (kind, key), ..] => Err(src.invalid(
+            key.span(),
+            format!(
+                "flag sets more than one of env, arg, switch (found {})",
+                kinds.iter().map(|(k, _)| *k).collect::<Vec<_>>().join(", ")
+            ),
+            format!("keep exactly one; remove `{kind}` or the others"),
+        )),
+    }
+}
+
+/// `roles`: at least one, none empty, none twice.
+fn roles(
+    src: &Source,
+    raw_roles: &Spanned<Vec<Spanned<String>>>,
+) -> Result<Vec<String>, ConfigError> {
+    if raw_roles.get_ref().is_empty() {
+        return Err(src.invalid(
+            raw_roles.span(),
+            "roles is empty: the flag would be written nowhere",
+            "list the roles whose launch configs carry it, e.g. roles = [\"prefill\", \"decode\"]",
+        ));
+    }
+    let mut seen = HashSet::new();
+    let mut roles = Vec::new();
+    for role in raw_roles.get_ref() {
+        let r = role.get_ref().trim();
+        if r.is_empty() {
+            return Err(src.invalid(
+                role.span(),
+                "empty role name in roles",
+                "use the role names of the target profile, e.g. \"prefill\"",
+            ));
+        }
+        if !seen.insert(r.to_string()) {
+            return Err(src.invalid(
+                role.span(),
+                format!("role {r:?} is listed twice"),
+                "list each role once",
+            ));
+        }
+        roles.push(r.to_string());
+    }
+    Ok(roles)
+}
+
+/// `on` and `off`: plain values that differ, non-empty for an arg flag.
+fn on_off(src: &Source, raw: &RawFlag, setting: &Setting) -> Result<(), ConfigError> {
+    for v in [&raw.on, &raw.off] {
+        if let Err(msg) = validate_value(v.get_ref()) {
+            return Err(src.invalid(v.span(), msg, "use a plain value such as 1, 0, 32, on, off"));
+        }
+        if matches!(setting, Setting::Arg(_)) && v.get_ref().is_empty() {
+            return Err(src.invalid(
+                v.span(),
+                "an arg flag needs a non-empty value (`--arg VALUE`)",
+                "give the value the argument takes, e.g. on = \"32\"",
+            ));
+        }
+    }
+    if raw.on.get_ref() == raw.off.get_ref() {
+        return Err(src.invalid(
+            raw.off.span(),
+            format!(
+                "on and off are both {:?}: the A/B would compare a value with itself",
+                raw.on.get_ref()
+            ),
+            "set on to the engine's default value and off to the other one",
+        ));
+    }
+    Ok(())
 }
 
 impl FlagCatalog {
@@ -411,12 +421,7 @@ mod tests {
     }
 
     fn invalid_line(err: ConfigError) -> (usize, String) {
-        match err {
-            ConfigError::Invalid {
-                line, message, fix, ..
-            } => (line, format!("{message} | {fix}")),
-            other => panic!("expected Invalid, got {other}"),
-        }
+        err.line_and_text()
     }
 
     #[test]

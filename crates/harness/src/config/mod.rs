@@ -14,6 +14,7 @@ pub mod workload;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use thiserror::Error;
+use toml::Spanned;
 
 pub use flags::{validate_value, FlagCatalog, FlagSpec, Setting};
 pub use target::{RoleSpec, TargetProfile};
@@ -42,6 +43,20 @@ pub enum ConfigError {
     UnknownWorkload { name: String, known: String },
     #[error("{message}\n  fix: {fix}")]
     Usage { message: String, fix: String },
+}
+
+#[cfg(test)]
+impl ConfigError {
+    /// The line and `message | fix` of an [`ConfigError::Invalid`], for tests that check
+    /// where and what a file error says; panics on any other error.
+    pub(crate) fn line_and_text(self) -> (usize, String) {
+        match self {
+            ConfigError::Invalid {
+                line, message, fix, ..
+            } => (line, format!("{message} | {fix}")),
+            other => panic!("expected Invalid, got {other}"),
+        }
+    }
 }
 
 /// 1-based line number of byte `offset` in `text`.
@@ -74,6 +89,19 @@ impl Source<'_> {
             message: message.into(),
             fix: fix.into(),
         }
+    }
+
+    /// A whole-number key of at least `min` that fits a `u32`.
+    pub fn whole_number(&self, key: &str, v: &Spanned<i64>, min: i64) -> Result<u32, ConfigError> {
+        let n = *v.get_ref();
+        if n < min || n > u32::MAX as i64 {
+            return Err(self.invalid(
+                v.span(),
+                format!("{key} = {n} is out of range (must be at least {min})"),
+                format!("set {key} to a whole number >= {min}"),
+            ));
+        }
+        Ok(n as u32)
     }
 
     /// Parses the whole file, turning a TOML syntax or shape error into

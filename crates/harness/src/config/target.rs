@@ -256,12 +256,7 @@ health = "http://127.0.0.1:30002/health"
 
     fn error_at(text: &str) -> (usize, String) {
         let (_dir, path) = write_profile(text);
-        match TargetProfile::load(&path).unwrap_err() {
-            ConfigError::Invalid {
-                line, message, fix, ..
-            } => (line, format!("{message} | {fix}")),
-            other => panic!("expected Invalid, got {other}"),
-        }
+        TargetProfile::load(&path).unwrap_err().line_and_text()
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! tool's result template.
 
 use std::collections::{BTreeMap, HashSet};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -195,17 +196,32 @@ impl ToolSpec {
     }
 }
 
-fn positive_u32(src: &Source, key: &str, v: &Spanned<i64>, min: i64) -> Result<u32, ConfigError> {
-    let n = *v.get_ref();
-    if n < min || n > u32::MAX as i64 {
+/// Every `[[tool]]` table, at least one, names distinct.
+fn validate_tools(src: &Source, raw: &RawWorkload) -> Result<Vec<ToolSpec>, ConfigError> {
+    if raw.tool.is_empty() {
         return Err(src.invalid(
-            v.span(),
-            format!("{key} = {n} is out of range (must be at least {min})"),
-            format!("set {key} to a whole number >= {min}"),
+            raw.task.span(),
+            "the workload offers no tools: every step is a tool call",
+            "add at least one [[tool]] table (see workloads/agentic.toml)",
         ));
     }
-    Ok(n as u32)
+    let mut seen = HashSet::new();
+    let mut tools = Vec::with_capacity(raw.tool.len());
+    for raw_tool in &raw.tool {
+        let tool = validate_tool(src, raw_tool)?;
+        if !seen.insert(tool.name.clone()) {
+            return Err(src.invalid(
+                raw_tool.get_ref().name.span(),
+                format!("tool {} is defined twice", tool.name),
+                "give every [[tool]] a distinct name",
+            ));
+        }
+        tools.push(tool);
+    }
+    Ok(tools)
 }
+
+const SCHEMA_FIX: &str = "write an object schema: type = \"object\" and one [tool.parameters.properties.NAME] table per argument";
 
 fn validate_tool(src: &Source, raw: &Spanned<RawTool>) -> Result<ToolSpec, ConfigError> {
     let t = raw.get_ref();
@@ -222,139 +238,23 @@ fn validate_tool(src: &Source, raw: &Spanned<RawTool>) -> Result<ToolSpec, Confi
             "use letters, digits, _ and - (at most 64 characters), e.g. read_file",
         ));
     }
-
-    let parameters = serde_json::to_value(t.parameters.get_ref()).map_err(|e| {
-        src.invalid(
-            t.parameters.span(),
-            format!("tool {name}: parameters cannot be expressed as JSON: {e}"),
-            "write the schema with strings, numbers, booleans, arrays and tables only",
-        )
-    })?;
-    let schema_fix = "write an object schema: type = \"object\" and one [tool.parameters.properties.NAME] table per argument";
-    if parameters.get("type").and_then(|v| v.as_str()) != Some("object") {
-        return Err(src.invalid(
-            t.parameters.span(),
-            format!("tool {name}: parameters must be a JSON schema with type = \"object\""),
-            schema_fix,
-        ));
-    }
-    let properties = match parameters.get("properties").and_then(|p| p.as_object()) {
-        Some(p) if !p.is_empty() => p.clone(),
-        _ => {
-            return Err(src.invalid(
-                t.parameters.span(),
-                format!("tool {name}: parameters has no properties (every step passes arguments)"),
-                schema_fix,
-            ))
-        }
+    let check = ToolCheck {
+        src,
+        tool: t,
+        name: &name,
     };
-    if let Err(e) = jsonschema::meta::validate(&parameters) {
-        return Err(src.invalid(
-            t.parameters.span(),
-            format!("tool {name}: parameters is not a valid JSON schema: {e}"),
-            schema_fix,
-        ));
-    }
-    let whole = jsonschema::validator_for(&parameters).map_err(|e| {
-        src.invalid(
-            t.parameters.span(),
-            format!("tool {name}: parameters cannot be compiled as a JSON schema: {e}"),
-            schema_fix,
-        )
-    })?;
-
+    let (parameters, whole) = check.parameters()?;
+    let properties = parameters["properties"]
+        .as_object()
+        .expect("parameters() checked the properties");
     let values_span = t
         .values
         .as_ref()
         .map(|v| v.span())
         .unwrap_or_else(|| raw.span());
-    let empty = BTreeMap::new();
-    let pools = t.values.as_ref().map(|v| v.get_ref()).unwrap_or(&empty);
-    for (key, pool) in pools {
-        if !properties.contains_key(key) {
-            return Err(src.invalid(
-                pool.span(),
-                format!("tool {name}: value pool `{key}` is not a property of its parameters"),
-                format!(
-                    "remove it or add [tool.parameters.properties.{key}]; properties: {}",
-                    properties.keys().cloned().collect::<Vec<_>>().join(", ")
-                ),
-            ));
-        }
-    }
-    let mut arg_values = BTreeMap::new();
-    for (prop, prop_schema) in &properties {
-        let Some(pool) = pools.get(prop) else {
-            return Err(src.invalid(
-                values_span.clone(),
-                format!("tool {name}: no value pool for argument `{prop}`"),
-                format!("add `{prop} = [...]` under [tool.values] with the values the task generator may use"),
-            ));
-        };
-        if pool.get_ref().is_empty() {
-            return Err(src.invalid(
-                pool.span(),
-                format!("tool {name}: the value pool for `{prop}` is empty"),
-                format!("list at least one value for `{prop}`"),
-            ));
-        }
-        let validator = jsonschema::validator_for(prop_schema).map_err(|e| {
-            src.invalid(
-                t.parameters.span(),
-                format!("tool {name}: schema of `{prop}` cannot be compiled: {e}"),
-                schema_fix,
-            )
-        })?;
-        let mut json_pool = Vec::with_capacity(pool.get_ref().len());
-        for v in pool.get_ref() {
-            let jv = serde_json::to_value(v).map_err(|e| {
-                src.invalid(
-                    pool.span(),
-                    format!("tool {name}: `{prop}` value {v} is not JSON: {e}"),
-                    "use strings, numbers or booleans",
-                )
-            })?;
-            if !validator.is_valid(&jv) {
-                return Err(src.invalid(
-                    pool.span(),
-                    format!("tool {name}: value {jv} for `{prop}` does not match its schema {prop_schema}"),
-                    format!("change the value or the schema of `{prop}` so every pool value is a valid argument"),
-                ));
-            }
-            json_pool.push(jv);
-        }
-        arg_values.insert(prop.clone(), json_pool);
-    }
-    // A generated call uses one value from every pool; check that such an object passes
-    // the whole schema (required, additionalProperties, ...), not just each property.
-    let sample: serde_json::Map<String, serde_json::Value> = arg_values
-        .iter()
-        .map(|(k, v): (&String, &Vec<serde_json::Value>)| (k.clone(), v[0].clone()))
-        .collect();
-    let sample = serde_json::Value::Object(sample);
-    if let Some(err) = whole.iter_errors(&sample).next() {
-        return Err(src.invalid(
-            t.parameters.span(),
-            format!("tool {name}: generated arguments {sample} fail the parameters schema: {err}"),
-            "make the schema accept one value of every pool (check `required` and additionalProperties)",
-        ));
-    }
-
-    for (_, placeholder) in placeholders(t.result.get_ref()) {
-        if placeholder != "tool" && placeholder != "args" && !properties.contains_key(placeholder) {
-            return Err(src.invalid(
-                t.result.span(),
-                format!(
-                    "tool {name}: result template uses {{{placeholder}}}, which is not an argument"
-                ),
-                format!(
-                    "use {{tool}}, {{args}} or an argument name: {}",
-                    properties.keys().cloned().collect::<Vec<_>>().join(", ")
-                ),
-            ));
-        }
-    }
-
+    let arg_values = check.value_pools(properties, values_span)?;
+    check.sample_passes(&whole, &arg_values)?;
+    check.result_placeholders(properties)?;
     Ok(ToolSpec {
         name,
         description: t.description.trim().to_string(),
@@ -362,6 +262,196 @@ fn validate_tool(src: &Source, raw: &Spanned<RawTool>) -> Result<ToolSpec, Confi
         arg_values,
         result: t.result.get_ref().clone(),
     })
+}
+
+/// The checks of one `[[tool]]` table after its name: schema, value pools, result template.
+struct ToolCheck<'a> {
+    src: &'a Source<'a>,
+    tool: &'a RawTool,
+    name: &'a str,
+}
+
+type Properties = serde_json::Map<String, serde_json::Value>;
+
+impl ToolCheck<'_> {
+    fn invalid(&self, span: Range<usize>, message: String, fix: impl Into<String>) -> ConfigError {
+        self.src
+            .invalid(span, format!("tool {}: {message}", self.name), fix)
+    }
+
+    /// The parameters as JSON: a valid object schema with at least one property, and
+    /// its compiled validator.
+    fn parameters(&self) -> Result<(serde_json::Value, jsonschema::Validator), ConfigError> {
+        let span = self.tool.parameters.span();
+        let parameters = serde_json::to_value(self.tool.parameters.get_ref()).map_err(|e| {
+            self.invalid(
+                span.clone(),
+                format!("parameters cannot be expressed as JSON: {e}"),
+                "write the schema with strings, numbers, booleans, arrays and tables only",
+            )
+        })?;
+        if parameters.get("type").and_then(|v| v.as_str()) != Some("object") {
+            return Err(self.invalid(
+                span,
+                "parameters must be a JSON schema with type = \"object\"".into(),
+                SCHEMA_FIX,
+            ));
+        }
+        if !parameters
+            .get("properties")
+            .and_then(|p| p.as_object())
+            .is_some_and(|p| !p.is_empty())
+        {
+            return Err(self.invalid(
+                span,
+                "parameters has no properties (every step passes arguments)".into(),
+                SCHEMA_FIX,
+            ));
+        }
+        if let Err(e) = jsonschema::meta::validate(&parameters) {
+            return Err(self.invalid(
+                span,
+                format!("parameters is not a valid JSON schema: {e}"),
+                SCHEMA_FIX,
+            ));
+        }
+        let whole = jsonschema::validator_for(&parameters).map_err(|e| {
+            self.invalid(
+                span,
+                format!("parameters cannot be compiled as a JSON schema: {e}"),
+                SCHEMA_FIX,
+            )
+        })?;
+        Ok((parameters, whole))
+    }
+
+    /// `[tool.values]`: one non-empty pool per property (and none for anything else),
+    /// every value valid under its property's schema.
+    fn value_pools(
+        &self,
+        properties: &Properties,
+        values_span: Range<usize>,
+    ) -> Result<BTreeMap<String, Vec<serde_json::Value>>, ConfigError> {
+        let empty = BTreeMap::new();
+        let pools = self
+            .tool
+            .values
+            .as_ref()
+            .map(|v| v.get_ref())
+            .unwrap_or(&empty);
+        for (key, pool) in pools {
+            if !properties.contains_key(key) {
+                return Err(self.invalid(
+                    pool.span(),
+                    format!("value pool `{key}` is not a property of its parameters"),
+                    format!(
+                        "remove it or add [tool.parameters.properties.{key}]; properties: {}",
+                        property_list(properties)
+                    ),
+                ));
+            }
+        }
+        let mut arg_values = BTreeMap::new();
+        for (prop, prop_schema) in properties {
+            let Some(pool) = pools.get(prop) else {
+                return Err(self.invalid(
+                    values_span,
+                    format!("no value pool for argument `{prop}`"),
+                    format!("add `{prop} = [...]` under [tool.values] with the values the task generator may use"),
+                ));
+            };
+            arg_values.insert(prop.clone(), self.pool(prop, prop_schema, pool)?);
+        }
+        Ok(arg_values)
+    }
+
+    /// One property's pool as JSON values, each valid under the property's schema.
+    fn pool(
+        &self,
+        prop: &str,
+        prop_schema: &serde_json::Value,
+        pool: &Spanned<Vec<toml::Value>>,
+    ) -> Result<Vec<serde_json::Value>, ConfigError> {
+        if pool.get_ref().is_empty() {
+            return Err(self.invalid(
+                pool.span(),
+                format!("the value pool for `{prop}` is empty"),
+                format!("list at least one value for `{prop}`"),
+            ));
+        }
+        let validator = jsonschema::validator_for(prop_schema).map_err(|e| {
+            self.invalid(
+                self.tool.parameters.span(),
+                format!("schema of `{prop}` cannot be compiled: {e}"),
+                SCHEMA_FIX,
+            )
+        })?;
+        let mut json_pool = Vec::with_capacity(pool.get_ref().len());
+        for v in pool.get_ref() {
+            let jv = serde_json::to_value(v).map_err(|e| {
+                self.invalid(
+                    pool.span(),
+                    format!("`{prop}` value {v} is not JSON: {e}"),
+                    "use strings, numbers or booleans",
+                )
+            })?;
+            if !validator.is_valid(&jv) {
+                return Err(self.invalid(
+                    pool.span(),
+                    format!("value {jv} for `{prop}` does not match its schema {prop_schema}"),
+                    format!("change the value or the schema of `{prop}` so every pool value is a valid argument"),
+                ));
+            }
+            json_pool.push(jv);
+        }
+        Ok(json_pool)
+    }
+
+    /// A generated call uses one value from every pool; check that such an object passes
+    /// the whole schema (required, additionalProperties, ...), not just each property.
+    fn sample_passes(
+        &self,
+        whole: &jsonschema::Validator,
+        arg_values: &BTreeMap<String, Vec<serde_json::Value>>,
+    ) -> Result<(), ConfigError> {
+        let sample: serde_json::Map<String, serde_json::Value> = arg_values
+            .iter()
+            .map(|(k, v)| (k.clone(), v[0].clone()))
+            .collect();
+        let sample = serde_json::Value::Object(sample);
+        if let Some(err) = whole.iter_errors(&sample).next() {
+            return Err(self.invalid(
+                self.tool.parameters.span(),
+                format!("generated arguments {sample} fail the parameters schema: {err}"),
+                "make the schema accept one value of every pool (check `required` and additionalProperties)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The result template's placeholders: `{tool}`, `{args}` or an argument name.
+    fn result_placeholders(&self, properties: &Properties) -> Result<(), ConfigError> {
+        for (_, placeholder) in placeholders(self.tool.result.get_ref()) {
+            if placeholder != "tool"
+                && placeholder != "args"
+                && !properties.contains_key(placeholder)
+            {
+                return Err(self.invalid(
+                    self.tool.result.span(),
+                    format!("result template uses {{{placeholder}}}, which is not an argument"),
+                    format!(
+                        "use {{tool}}, {{args}} or an argument name: {}",
+                        property_list(properties)
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn property_list(properties: &Properties) -> String {
+    properties.keys().cloned().collect::<Vec<_>>().join(", ")
 }
 
 impl Workload {
@@ -418,10 +508,10 @@ impl Workload {
             Some(n) => n.get_ref().trim().to_string(),
             None => stem.to_string(),
         };
-        let sessions = positive_u32(&src, "sessions", &raw.sessions, 1)?;
-        let rounds = positive_u32(&src, "rounds", &raw.rounds, 1)?;
-        let ctx = positive_u32(&src, "ctx", &raw.ctx, 0)?;
-        let max_tokens = positive_u32(&src, "max_tokens", &raw.max_tokens, 1)?;
+        let sessions = src.whole_number("sessions", &raw.sessions, 1)?;
+        let rounds = src.whole_number("rounds", &raw.rounds, 1)?;
+        let ctx = src.whole_number("ctx", &raw.ctx, 0)?;
+        let max_tokens = src.whole_number("max_tokens", &raw.max_tokens, 1)?;
         let timeout_s = *raw.timeout_s.get_ref();
         if !(timeout_s.is_finite() && timeout_s > 0.0) {
             return Err(src.invalid(
@@ -471,7 +561,7 @@ impl Workload {
         };
 
         let raw_task = raw.task.get_ref();
-        let steps = positive_u32(&src, "steps", &raw_task.steps, 1)?;
+        let steps = src.whole_number("steps", &raw_task.steps, 1)?;
         if raw_task.outro.get_ref().trim().is_empty() {
             return Err(src.invalid(
                 raw_task.outro.span(),
@@ -485,26 +575,7 @@ impl Workload {
             outro: raw_task.outro.get_ref().trim().to_string(),
         };
 
-        if raw.tool.is_empty() {
-            return Err(src.invalid(
-                raw.task.span(),
-                "the workload offers no tools: every step is a tool call",
-                "add at least one [[tool]] table (see workloads/agentic.toml)",
-            ));
-        }
-        let mut seen = HashSet::new();
-        let mut tools = Vec::with_capacity(raw.tool.len());
-        for raw_tool in &raw.tool {
-            let tool = validate_tool(&src, raw_tool)?;
-            if !seen.insert(tool.name.clone()) {
-                return Err(src.invalid(
-                    raw_tool.get_ref().name.span(),
-                    format!("tool {} is defined twice", tool.name),
-                    "give every [[tool]] a distinct name",
-                ));
-            }
-            tools.push(tool);
-        }
+        let tools = validate_tools(&src, &raw)?;
 
         Ok(Workload {
             name,
@@ -588,12 +659,7 @@ mod tests {
     }
 
     fn error_line(text: &str) -> (usize, String) {
-        match parse(text).unwrap_err() {
-            ConfigError::Invalid {
-                line, message, fix, ..
-            } => (line, format!("{message} | {fix}")),
-            other => panic!("expected Invalid, got {other}"),
-        }
+        parse(text).unwrap_err().line_and_text()
     }
 
     const MINIMAL: &str = r#"sessions = 2

@@ -1,8 +1,7 @@
-//! One session's state machine (DESIGN.md 3.4/3.5): filler + task message, then up to
-//! `rounds` requests. Each reply is classified against the current step; an ok tool
-//! call gets its simulated result and advances the step, an ok text answer after the
-//! last step ends the session `done`, the first non-ok round ends it with that class,
-//! and running out of rounds ends it `maxrounds`.
+//! One session against a live server (DESIGN.md 3.4/3.5): filler + task message, then up
+//! to `rounds` requests. Each reply is classified against the current step and recorded
+//! in [`SessionProgress`], which decides how the session ends (shared with `bisect
+//! reclassify`); an ok tool call gets its simulated result and the session goes on.
 //!
 //! When one ok reply carries several calls, every call gets its tool message (the chat
 //! API requires an answer per call id) but the task advances one step: the classifier
@@ -12,9 +11,8 @@ use super::barrier::BarrierSeat;
 use super::client::{ChatClient, ChatOutcome, InFlight, Sampling};
 use crate::config::Workload;
 use crate::core::classify::{Classifier, RoundOutcome};
-use crate::core::session::{
-    ChatMessage, RoundClass, RoundRecord, SessionClass, SessionResult, ToolCall,
-};
+use crate::core::ending::{Flow, SessionProgress};
+use crate::core::session::{ChatMessage, RoundRecord, SessionResult, ToolCall};
 use crate::core::task::{initial_conversation, Task};
 use crate::core::tools::{simulate, tool_message};
 use serde_json::Value;
@@ -54,11 +52,10 @@ pub async fn run_session(
         max_tokens: workload.max_tokens,
         temperature: workload.temperature,
     };
-    let mut step = 0usize;
-    let mut rounds: Vec<RoundRecord> = Vec::new();
+    let mut progress = SessionProgress::new(task.steps.len());
     let mut round_latency_us = Vec::new();
     let mut completion_tokens = 0u64;
-    let mut ending: Option<(SessionClass, String, Option<String>)> = None;
+    let mut error = None;
 
     for round in 1..=workload.rounds {
         let started = Instant::now();
@@ -69,74 +66,44 @@ pub async fn run_session(
         let elapsed = started.elapsed();
         round_latency_us.push(elapsed.as_micros() as u64);
 
-        let expected = task.expected(step);
-        let (verdict, reply, tokens, error) = match &outcome {
-            ChatOutcome::Reply(reply) => (
-                ctx.classifier.classify(
-                    &RoundOutcome::Reply(&reply.message),
-                    expected.as_ref(),
-                    workload.check_args,
-                ),
-                Some(reply.message.clone()),
-                reply.completion_tokens,
-                None,
-            ),
-            ChatOutcome::Error(text) => (
-                ctx.classifier.classify(
-                    &RoundOutcome::Error(text.clone()),
-                    expected.as_ref(),
-                    workload.check_args,
-                ),
-                None,
-                0,
-                Some(text.clone()),
-            ),
-            ChatOutcome::Timeout => (
-                ctx.classifier.classify(
-                    &RoundOutcome::Timeout,
-                    expected.as_ref(),
-                    workload.check_args,
-                ),
-                None,
-                0,
-                Some(format!("no response within {} s", workload.timeout_s)),
-            ),
+        let step = progress.step();
+        let judged = match &outcome {
+            ChatOutcome::Reply(reply) => RoundOutcome::Reply(&reply.message),
+            ChatOutcome::Error(text) => RoundOutcome::Error(text.clone()),
+            ChatOutcome::Timeout => RoundOutcome::Timeout,
+        };
+        let verdict =
+            ctx.classifier
+                .classify(&judged, task.expected(step).as_ref(), workload.check_args);
+        let (reply, tokens) = match outcome {
+            ChatOutcome::Reply(reply) => (Some(reply.message), reply.completion_tokens),
+            ChatOutcome::Error(text) => {
+                error = Some(text);
+                (None, 0)
+            }
+            ChatOutcome::Timeout => {
+                error = Some(format!("no response within {} s", workload.timeout_s));
+                (None, 0)
+            }
         };
         completion_tokens += tokens;
-        rounds.push(RoundRecord {
+        let record = RoundRecord {
             round,
             class: verdict.class,
             latency_ms: elapsed.as_millis() as u64,
             completion_tokens: tokens,
-            evidence: verdict.evidence.clone(),
-        });
-
-        if verdict.class != RoundClass::Ok {
-            if let Some(reply) = reply {
-                messages.push(reply);
-            }
-            let class = SessionClass::from_round(verdict.class).expect("non-ok round class");
-            ending = Some((class, verdict.evidence, error));
-            break;
-        }
-        let Some(mut reply) = reply else {
-            // A classifier that calls a transport failure ok is a bug; never loop on it.
-            ending = Some((SessionClass::Error, verdict.evidence, error));
-            break;
+            evidence: verdict.evidence,
         };
-        match reply.tool_calls.as_mut().filter(|calls| !calls.is_empty()) {
-            Some(calls) => {
-                let answers = answer_calls(workload, &task, index, step, round, calls);
-                messages.push(reply);
-                messages.extend(answers);
-                step = (step + 1).min(task.steps.len());
-            }
-            None => {
-                messages.push(reply);
-                ending = Some((SessionClass::Done, verdict.evidence, None));
-                break;
-            }
+        if progress.record(record, reply.as_ref()) == Flow::Stop {
+            messages.extend(reply);
+            break;
         }
+        // The session goes on only after an ok reply with tool calls.
+        let mut reply = reply.expect("a session goes on only after a reply");
+        let calls = reply.tool_calls.as_deref_mut().unwrap_or_default();
+        let answers = answer_calls(workload, &task, index, step, round, calls);
+        messages.push(reply);
+        messages.extend(answers);
         if round < workload.rounds {
             if let Some(seat) = &seat {
                 seat.wait().await;
@@ -145,34 +112,20 @@ pub async fn run_session(
     }
     drop(seat);
 
-    let (class, evidence, error) = ending.unwrap_or_else(|| {
-        (
-            SessionClass::Maxrounds,
-            format!(
-                "{} of {} steps done when the {} rounds ran out",
-                step,
-                task.steps.len(),
-                workload.rounds
-            ),
-            None,
-        )
-    });
-    let first_bad_round = rounds
-        .iter()
-        .find(|r| r.class != RoundClass::Ok)
-        .map(|r| r.round);
+    let ending = progress.finish(workload.rounds);
+    let latency_ms = ending.latency_ms();
     SessionRun {
         result: SessionResult {
             label: ctx.label.clone(),
             repeat: ctx.repeat,
             index,
-            class,
-            rounds_used: rounds.len() as u32,
-            first_bad_round,
-            evidence,
+            class: ending.class,
+            rounds_used: ending.rounds.len() as u32,
+            first_bad_round: ending.first_bad_round,
+            evidence: ending.evidence,
             transcript: messages,
-            latency_ms: rounds.iter().map(|r| r.latency_ms).collect(),
-            rounds,
+            latency_ms,
+            rounds: ending.rounds,
             completion_tokens,
             error,
         },

@@ -2,13 +2,15 @@
 //! each role's launch config, refuses half-applied flags, and journals the originals
 //! so every edit is undone, even after a crash.
 //!
-//! `edit` holds the pure text functions; `journal` the file operations ([`Editor`],
+//! `shell` lexes a launch config into words and commands; `edit` holds the pure text
+//! functions that read and write a setting with it; `journal` the file operations ([`Editor`],
 //! [`recover`]). Bad input (a value, a partial flag, a config with no place for the
 //! setting, a readback that disagrees) is a [`LaunchError`] (exit code 2); I/O failures
 //! are plain `anyhow` errors.
 
 mod edit;
 mod journal;
+mod shell;
 
 use std::path::PathBuf;
 

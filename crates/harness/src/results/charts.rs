@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use plotters::coord::ranged1d::SegmentValue;
+use plotters::coord::ranged1d::{AsRangedCoord, SegmentValue};
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
@@ -64,6 +64,46 @@ fn colour(i: usize) -> RGBColor {
     PALETTE[i % PALETTE.len()]
 }
 
+/// A chart drawn on the shared frame (white, `WIDTH` wide, caption, label areas) over
+/// the `x` and `y` ranges; `draw` adds the mesh and series, then the series legend is
+/// drawn if `legend`. Returns the SVG text.
+fn framed<X: AsRangedCoord, Y: AsRangedCoord>(
+    title: &str,
+    height: u32,
+    y_label_px: u32,
+    (x, y): (X, Y),
+    legend: bool,
+    draw: impl FnOnce(
+        &mut ChartContext<'_, SVGBackend<'_>, Cartesian2d<X::CoordDescType, Y::CoordDescType>>,
+    ) -> anyhow::Result<()>,
+) -> anyhow::Result<String> {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (WIDTH, height)).into_drawing_area();
+        root.fill(&WHITE).map_err(draw_err)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, (FONT, 19))
+            .margin(12)
+            .x_label_area_size(34)
+            .y_label_area_size(y_label_px)
+            .build_cartesian_2d(x, y)
+            .map_err(draw_err)?;
+        draw(&mut chart)?;
+        if legend {
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::UpperRight)
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK)
+                .label_font((FONT, 14))
+                .draw()
+                .map_err(draw_err)?;
+        }
+        root.present().map_err(draw_err)?;
+    }
+    Ok(svg)
+}
+
 /// Horizontal bars, one per arm or cell (first on top), with Wilson whiskers and the
 /// `k/n` count printed beside each bar.
 pub fn rate_bars(title: &str, bars: &[RateBar]) -> anyhow::Result<String> {
@@ -83,83 +123,79 @@ pub fn rate_bars(title: &str, bars: &[RateBar]) -> anyhow::Result<String> {
         .min(1.0);
     // Room to the right of the longest whisker for the count text.
     let x_end = (x_max * 1.25).min(1.3);
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, (WIDTH, height)).into_drawing_area();
-        root.fill(&WHITE).map_err(draw_err)?;
-        let mut chart = ChartBuilder::on(&root)
-            .caption(title, (FONT, 19))
-            .margin(12)
-            .x_label_area_size(34)
-            .y_label_area_size(label_px)
-            .build_cartesian_2d(0.0..x_end, (0..n - 1).into_segmented())
-            .map_err(draw_err)?;
-        // `a..b` segments into b-a+1 rows; row i is drawn at n-1-i so the first bar sits
-        // on top, in reading order.
-        let row = |i: usize| n - 1 - i;
-        let labels: Vec<String> = bars.iter().map(|b| b.label.clone()).collect();
-        chart
-            .configure_mesh()
-            .disable_y_mesh()
-            .y_labels(n)
-            .y_label_formatter(&|v| match v {
-                SegmentValue::CenterOf(r) if *r < n => {
-                    labels.get(n - 1 - *r).cloned().unwrap_or_default()
-                }
-                _ => String::new(),
-            })
-            .x_desc("corrupted sessions (Wilson 95% interval)")
-            .x_label_formatter(&|x| format!("{:.0}%", x * 100.0))
-            .label_style((FONT, 15))
-            .draw()
-            .map_err(draw_err)?;
-        chart
-            .draw_series(bars.iter().enumerate().map(|(i, b)| {
-                let mut bar = Rectangle::new(
-                    [
-                        (0.0, SegmentValue::Exact(row(i))),
-                        (b.rate, SegmentValue::Exact(row(i) + 1)),
-                    ],
-                    colour(i).mix(0.75).filled(),
-                );
-                bar.set_margin(7, 7, 0, 0);
-                bar
-            }))
-            .map_err(draw_err)?;
-        chart
-            .draw_series(bars.iter().enumerate().map(|(i, b)| {
-                ErrorBar::new_horizontal(
-                    SegmentValue::CenterOf(row(i)),
-                    b.ci95[0],
-                    b.rate,
-                    b.ci95[1],
-                    BLACK.stroke_width(2),
-                    12,
-                )
-            }))
-            .map_err(draw_err)?;
-        chart
-            .draw_series(bars.iter().enumerate().map(|(i, b)| {
-                Text::new(
-                    format!(
-                        "{}/{} = {}",
-                        b.corrupted,
-                        b.sessions,
-                        format::percent(b.rate)
-                    ),
-                    (
-                        b.ci95[1].max(b.rate) + x_end * 0.015,
+    framed(
+        title,
+        height,
+        label_px,
+        (0.0..x_end, (0..n - 1).into_segmented()),
+        false,
+        |chart| {
+            // `a..b` segments into b-a+1 rows; row i is drawn at n-1-i so the first bar sits
+            // on top, in reading order.
+            let row = |i: usize| n - 1 - i;
+            let labels: Vec<String> = bars.iter().map(|b| b.label.clone()).collect();
+            chart
+                .configure_mesh()
+                .disable_y_mesh()
+                .y_labels(n)
+                .y_label_formatter(&|v| match v {
+                    SegmentValue::CenterOf(r) if *r < n => {
+                        labels.get(n - 1 - *r).cloned().unwrap_or_default()
+                    }
+                    _ => String::new(),
+                })
+                .x_desc("corrupted sessions (Wilson 95% interval)")
+                .x_label_formatter(&|x| format!("{:.0}%", x * 100.0))
+                .label_style((FONT, 15))
+                .draw()
+                .map_err(draw_err)?;
+            chart
+                .draw_series(bars.iter().enumerate().map(|(i, b)| {
+                    let mut bar = Rectangle::new(
+                        [
+                            (0.0, SegmentValue::Exact(row(i))),
+                            (b.rate, SegmentValue::Exact(row(i) + 1)),
+                        ],
+                        colour(i).mix(0.75).filled(),
+                    );
+                    bar.set_margin(7, 7, 0, 0);
+                    bar
+                }))
+                .map_err(draw_err)?;
+            chart
+                .draw_series(bars.iter().enumerate().map(|(i, b)| {
+                    ErrorBar::new_horizontal(
                         SegmentValue::CenterOf(row(i)),
-                    ),
-                    TextStyle::from((FONT, 14).into_font())
-                        .color(&BLACK)
-                        .pos(Pos::new(HPos::Left, VPos::Center)),
-                )
-            }))
-            .map_err(draw_err)?;
-        root.present().map_err(draw_err)?;
-    }
-    Ok(svg)
+                        b.ci95[0],
+                        b.rate,
+                        b.ci95[1],
+                        BLACK.stroke_width(2),
+                        12,
+                    )
+                }))
+                .map_err(draw_err)?;
+            chart
+                .draw_series(bars.iter().enumerate().map(|(i, b)| {
+                    Text::new(
+                        format!(
+                            "{}/{} = {}",
+                            b.corrupted,
+                            b.sessions,
+                            format::percent(b.rate)
+                        ),
+                        (
+                            b.ci95[1].max(b.rate) + x_end * 0.015,
+                            SegmentValue::CenterOf(row(i)),
+                        ),
+                        TextStyle::from((FONT, 14).into_font())
+                            .color(&BLACK)
+                            .pos(Pos::new(HPos::Left, VPos::Center)),
+                    )
+                }))
+                .map_err(draw_err)?;
+            Ok(())
+        },
+    )
 }
 
 /// One arm block's concurrency over time: a line per series, legend in the corner.
@@ -175,47 +211,33 @@ pub fn timeline(title: &str, series: &[Series]) -> anyhow::Result<String> {
         .fold(0.0_f64, f64::max)
         .max(1.0)
         * 1.15;
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, (WIDTH, 300)).into_drawing_area();
-        root.fill(&WHITE).map_err(draw_err)?;
-        let mut chart = ChartBuilder::on(&root)
-            .caption(title, (FONT, 19))
-            .margin(12)
-            .x_label_area_size(34)
-            .y_label_area_size(44)
-            .build_cartesian_2d(0.0..t_max, 0.0..y_max)
-            .map_err(draw_err)?;
-        chart
-            .configure_mesh()
-            .x_desc("seconds since the block started")
-            .y_desc("requests")
-            .x_label_formatter(&|x| format!("{x:.2}"))
-            .y_label_formatter(&|y| format!("{y:.0}"))
-            .label_style((FONT, 14))
-            .draw()
-            .map_err(draw_err)?;
-        for (i, s) in series.iter().enumerate() {
-            let style = colour(i).stroke_width(2);
+    framed(
+        title,
+        300,
+        44,
+        (0.0..t_max, 0.0..y_max),
+        !series.is_empty(),
+        |chart| {
             chart
-                .draw_series(LineSeries::new(s.points.iter().copied(), style))
-                .map_err(draw_err)?
-                .label(s.name.clone())
-                .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], style));
-        }
-        if !series.is_empty() {
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::UpperRight)
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK)
-                .label_font((FONT, 14))
+                .configure_mesh()
+                .x_desc("seconds since the block started")
+                .y_desc("requests")
+                .x_label_formatter(&|x| format!("{x:.2}"))
+                .y_label_formatter(&|y| format!("{y:.0}"))
+                .label_style((FONT, 14))
                 .draw()
                 .map_err(draw_err)?;
-        }
-        root.present().map_err(draw_err)?;
-    }
-    Ok(svg)
+            for (i, s) in series.iter().enumerate() {
+                let style = colour(i).stroke_width(2);
+                chart
+                    .draw_series(LineSeries::new(s.points.iter().copied(), style))
+                    .map_err(draw_err)?
+                    .label(s.name.clone())
+                    .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], style));
+            }
+            Ok(())
+        },
+    )
 }
 
 /// Sessions per first bad round, bars grouped by round, one colour per arm or cell.
@@ -234,59 +256,47 @@ pub fn first_bad_rounds(title: &str, groups: &[RoundCounts]) -> anyhow::Result<S
         .max(1) as f64
         * 1.15;
     let m = groups.len().max(1) as f64;
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, (WIDTH, 300)).into_drawing_area();
-        root.fill(&WHITE).map_err(draw_err)?;
-        let mut chart = ChartBuilder::on(&root)
-            .caption(title, (FONT, 19))
-            .margin(12)
-            .x_label_area_size(34)
-            .y_label_area_size(44)
-            .build_cartesian_2d(0.5..rounds as f64 + 0.5, 0.0..y_max)
-            .map_err(draw_err)?;
-        chart
-            .configure_mesh()
-            .disable_x_mesh()
-            .x_labels(rounds)
-            .x_desc("round of the first non-ok reply")
-            .y_desc("sessions")
-            .x_label_formatter(&|x| {
-                if (x - x.round()).abs() < 1e-6 {
-                    format!("{}", x.round() as i64)
-                } else {
-                    String::new()
-                }
-            })
-            .y_label_formatter(&|y| format!("{y:.0}"))
-            .label_style((FONT, 14))
-            .draw()
-            .map_err(draw_err)?;
-        for (j, g) in groups.iter().enumerate() {
-            let fill = colour(j).mix(0.8).filled();
-            let legend_fill = fill;
+    framed(
+        title,
+        300,
+        44,
+        (0.5..rounds as f64 + 0.5, 0.0..y_max),
+        !groups.is_empty(),
+        |chart| {
             chart
-                .draw_series(g.per_round.iter().enumerate().map(|(r, count)| {
-                    let left = (r + 1) as f64 - 0.4 + 0.8 * j as f64 / m;
-                    Rectangle::new([(left, 0.0), (left + 0.8 / m, *count as f64)], fill)
-                }))
-                .map_err(draw_err)?
-                .label(g.label.clone())
-                .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], legend_fill));
-        }
-        if !groups.is_empty() {
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::UpperRight)
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK)
-                .label_font((FONT, 14))
+                .configure_mesh()
+                .disable_x_mesh()
+                .x_labels(rounds)
+                .x_desc("round of the first non-ok reply")
+                .y_desc("sessions")
+                .x_label_formatter(&|x| {
+                    if (x - x.round()).abs() < 1e-6 {
+                        format!("{}", x.round() as i64)
+                    } else {
+                        String::new()
+                    }
+                })
+                .y_label_formatter(&|y| format!("{y:.0}"))
+                .label_style((FONT, 14))
                 .draw()
                 .map_err(draw_err)?;
-        }
-        root.present().map_err(draw_err)?;
-    }
-    Ok(svg)
+            for (j, g) in groups.iter().enumerate() {
+                let fill = colour(j).mix(0.8).filled();
+                let legend_fill = fill;
+                chart
+                    .draw_series(g.per_round.iter().enumerate().map(|(r, count)| {
+                        let left = (r + 1) as f64 - 0.4 + 0.8 * j as f64 / m;
+                        Rectangle::new([(left, 0.0), (left + 0.8 / m, *count as f64)], fill)
+                    }))
+                    .map_err(draw_err)?
+                    .label(g.label.clone())
+                    .legend(move |(x, y)| {
+                        Rectangle::new([(x, y - 5), (x + 12, y + 5)], legend_fill)
+                    });
+            }
+            Ok(())
+        },
+    )
 }
 
 /// Timeline series of one arm block from metrics.csv rows: engine running requests per

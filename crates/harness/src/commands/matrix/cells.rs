@@ -42,6 +42,22 @@ impl Cell {
 
 /// Expand a layout into grouped cells. Errors (as text) when two cells get the same id.
 pub fn expand(layout: &Layout, default_rounds: u32) -> Result<Vec<Cell>, String> {
+    let cells = group(cell_specs(layout), default_rounds);
+    let mut seen = std::collections::BTreeSet::new();
+    for c in &cells {
+        if !seen.insert(c.id.as_str()) {
+            return Err(format!(
+                "two cells have the same configuration (id {})",
+                c.id
+            ));
+        }
+    }
+    Ok(cells)
+}
+
+/// Every cell of a layout in plan order: axes crossed in file order, then rounds, then
+/// sessions (innermost); an explicit list as it is.
+fn cell_specs(layout: &Layout) -> Vec<CellSpec> {
     let mut specs: Vec<CellSpec> = Vec::new();
     match layout {
         Layout::Axes {
@@ -82,8 +98,11 @@ pub fn expand(layout: &Layout, default_rounds: u32) -> Result<Vec<Cell>, String>
             specs.extend(list.iter().cloned());
         }
     }
+    specs
+}
 
-    // Group by flag values (order-insensitive), groups in order of first appearance.
+/// Cells grouped by flag values (order-insensitive), groups in order of first appearance.
+fn group(specs: Vec<CellSpec>, default_rounds: u32) -> Vec<Cell> {
     let key = |flags: &[(FlagSpec, String)]| -> BTreeMap<String, String> {
         flags
             .iter()
@@ -117,17 +136,7 @@ pub fn expand(layout: &Layout, default_rounds: u32) -> Result<Vec<Cell>, String>
             rounds: rounds_used,
         });
     }
-    let cells: Vec<Cell> = grouped.into_iter().flatten().collect();
-    let mut seen = std::collections::BTreeSet::new();
-    for c in &cells {
-        if !seen.insert(c.id.as_str()) {
-            return Err(format!(
-                "two cells have the same configuration (id {})",
-                c.id
-            ));
-        }
-    }
-    Ok(cells)
+    grouped.into_iter().flatten().collect()
 }
 
 /// Directory-safe id: characters a value may hold but a path should not (`/`, `:`) become `_`.

@@ -15,6 +15,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::cells::{self, Cell};
+use crate::config::workload::DEFAULT_WORKLOAD;
 use crate::config::{
     read_text, validate_value, ConfigError, FlagCatalog, FlagSpec, Setting, Source, Workload,
 };
@@ -182,167 +183,16 @@ impl Plan {
     pub fn parse(path: &Path, text: &str) -> Result<Plan, ConfigError> {
         let src = Source { path, text };
         let raw: RawPlan = src.parse(PLAN_FIX)?;
-        let base = path.parent().unwrap_or(Path::new("")).to_path_buf();
-        let whole = 0..0;
-
-        let name = match &raw.name {
-            Some(n) => {
-                let v = n.get_ref().trim();
-                let valid = !v.is_empty()
-                    && v.chars()
-                        .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
-                if !valid {
-                    return Err(src.invalid(
-                        n.span(),
-                        format!("plan name {v:?} is empty or has characters other than letters, digits and . _ -"),
-                        "name the plan like a file, e.g. name = \"nightly\" (results directories and baselines use it)",
-                    ));
-                }
-                v.to_string()
-            }
-            None => {
-                return Err(src.invalid(
-                    whole,
-                    "the plan has no name",
-                    "add name = \"nightly\": baselines are found by plan name",
-                ))
-            }
+        let base = path.parent().unwrap_or(Path::new(""));
+        let name = plan_name(&src, raw.name.as_ref())?;
+        let catalog = load_catalog(&src, base, &raw.flags_dir)?;
+        let target = target_path(&src, base, raw.target.as_ref())?;
+        let workload = load_workload(&src, base, &raw)?;
+        let flags = FlagValues {
+            src: &src,
+            catalog: &catalog,
         };
-
-        let flag_dirs: Vec<PathBuf> = raw
-            .flags_dir
-            .iter()
-            .map(|d| base.join(d.get_ref()))
-            .collect();
-        for (dir, raw_dir) in flag_dirs.iter().zip(&raw.flags_dir) {
-            if !dir.is_dir() {
-                return Err(src.invalid(
-                    raw_dir.span(),
-                    format!(
-                        "flags_dir {} is not a directory (resolved relative to this plan)",
-                        dir.display()
-                    ),
-                    "point flags_dir at a directory of flag catalog files, or remove it",
-                ));
-            }
-        }
-        let catalog = FlagCatalog::load(&flag_dirs)?;
-
-        let target = match &raw.target {
-            None => None,
-            Some(t) => {
-                let p = base.join(t.get_ref());
-                if !p.is_file() {
-                    return Err(src.invalid(
-                        t.span(),
-                        format!("target profile {} does not exist (resolved relative to this plan)", p.display()),
-                        "point target at a target profile TOML, or remove it to run the embedded engine",
-                    ));
-                }
-                Some(p)
-            }
-        };
-
-        let mut workload = match &raw.workload {
-            None => Workload::load("agentic")?,
-            Some(w) => {
-                let given = w.get_ref().trim();
-                let is_path = given.contains('/') || given.ends_with(".toml");
-                let resolved = if is_path {
-                    base.join(given).display().to_string()
-                } else {
-                    given.to_string()
-                };
-                Workload::load(&resolved).map_err(|e| match e {
-                    ConfigError::UnknownWorkload { name, known } => src.invalid(
-                        w.span(),
-                        format!("unknown workload `{name}`"),
-                        format!("use one of {known}, or a path to a workload TOML file"),
-                    ),
-                    other => other,
-                })?
-            }
-        };
-        if let Some(v) = &raw.ctx {
-            workload.ctx = ranged_u32(&src, "ctx", v, 0)?;
-        }
-        if let Some(v) = &raw.max_tokens {
-            workload.max_tokens = ranged_u32(&src, "max_tokens", v, 1)?;
-        }
-        if let Some(v) = &raw.timeout_s {
-            let t = *v.get_ref();
-            if !(t.is_finite() && t > 0.0) {
-                return Err(src.invalid(
-                    v.span(),
-                    format!("timeout_s = {t} must be a positive number of seconds"),
-                    "e.g. timeout_s = 60",
-                ));
-            }
-            workload.timeout_s = t;
-        }
-        if let Some(v) = &raw.seed {
-            if *v.get_ref() < 0 {
-                return Err(src.invalid(v.span(), "seed must not be negative", "e.g. seed = 1"));
-            }
-            workload.seed = *v.get_ref() as u64;
-        }
-
-        let flag = |name: &str, span: Range<usize>| -> Result<FlagSpec, ConfigError> {
-            catalog.get(name).cloned().map_err(|_| {
-                src.invalid(
-                    span,
-                    format!("unknown flag `{name}`"),
-                    format!(
-                        "use a catalog name ({}), or add its file to a flags_dir",
-                        catalog.names().join(", ")
-                    ),
-                )
-            })
-        };
-        let value = |f: &FlagSpec, v: &Spanned<RawValue>| -> Result<String, ConfigError> {
-            let text = v.get_ref().text();
-            validate_value(&text).map_err(|e| {
-                src.invalid(
-                    v.span(),
-                    format!("flag {}: {e}", f.name),
-                    "use a plain value",
-                )
-            })?;
-            if matches!(f.setting, Setting::Switch(_)) && text != f.on && text != f.off {
-                return Err(src.invalid(
-                    v.span(),
-                    format!(
-                        "flag {} is a switch: value {text:?} is neither {:?} nor {:?}",
-                        f.name, f.on, f.off
-                    ),
-                    format!(
-                        "use \"{}\" (switch present) or \"{}\" (absent)",
-                        f.on, f.off
-                    ),
-                ));
-            }
-            Ok(text)
-        };
-
-        let mut sets = Vec::new();
-        if let Some(table) = &raw.set {
-            for (k, v) in &table.0 {
-                let f = flag(k, v.span())?;
-                if sets
-                    .iter()
-                    .any(|(s, _): &(FlagSpec, String)| s.name == f.name)
-                {
-                    return Err(src.invalid(
-                        v.span(),
-                        format!("flag {} is pinned twice", f.name),
-                        "pin each flag once",
-                    ));
-                }
-                let val = value(&f, v)?;
-                sets.push((f, val));
-            }
-        }
-
+        let sets = flags.pinned(raw.set.as_ref())?;
         let layout = match (&raw.axes, raw.cell.is_empty()) {
             (Some(axes), false) => {
                 return Err(src.invalid(
@@ -353,157 +203,21 @@ impl Plan {
             }
             (None, true) => {
                 return Err(src.invalid(
-                    whole,
+                    0..0,
                     "the plan has neither [axes] nor [[cell]]",
                     "add [axes] FLAG = [\"on-value\", \"off-value\"] and sessions = [1, 16], or [[cell]] entries",
                 ))
             }
-            (Some(axes), true) => {
-                let mut flags: Vec<(FlagSpec, Vec<String>)> = Vec::new();
-                for (k, values) in &axes.get_ref().0 {
-                    let f = flag(k, values.span())?;
-                    if flags.iter().any(|(g, _)| g.name == f.name) {
-                        return Err(src.invalid(values.span(), format!("flag {} is an axis twice", f.name), "name each flag once"));
-                    }
-                    if values.get_ref().is_empty() {
-                        return Err(src.invalid(values.span(), format!("axis {k} has no values"), format!("e.g. {k} = [\"{}\", \"{}\"]", f.on, f.off)));
-                    }
-                    let mut seen = BTreeSet::new();
-                    let mut vals = Vec::new();
-                    for v in values.get_ref() {
-                        let text = value(&f, v)?;
-                        if !seen.insert(text.clone()) {
-                            return Err(src.invalid(v.span(), format!("axis {k} lists {text:?} twice"), "list each value once"));
-                        }
-                        vals.push(text);
-                    }
-                    flags.push((f, vals));
-                }
-                let sessions = match &raw.sessions {
-                    Some(s) => counts(&src, "sessions", s, 1)?,
-                    None => vec![workload.sessions],
-                };
-                let rounds = match &raw.rounds {
-                    Some(r) => Some(counts(&src, "rounds", r, 1)?),
-                    None => None,
-                };
-                Layout::Axes { flags, sessions, rounds }
-            }
-            (None, false) => {
-                if let Some(s) = &raw.sessions {
-                    return Err(src.invalid(s.span(), "sessions = [...] is an axis; with [[cell]] each cell sets its own", "move sessions into every [[cell]]"));
-                }
-                if let Some(r) = &raw.rounds {
-                    return Err(src.invalid(r.span(), "rounds = [...] is an axis; with [[cell]] each cell sets its own", "move rounds into the [[cell]] entries"));
-                }
-                let mut specs: Vec<CellSpec> = Vec::new();
-                let mut first_names: Option<Vec<String>> = None;
-                for raw_cell in &raw.cell {
-                    let c = raw_cell.get_ref();
-                    let mut flags: Vec<(FlagSpec, String)> = Vec::new();
-                    for (k, v) in &c.flags.get_ref().0 {
-                        let f = flag(k, v.span())?;
-                        if flags.iter().any(|(g, _)| g.name == f.name) {
-                            return Err(src.invalid(v.span(), format!("flag {} is set twice in this cell", f.name), "name each flag once"));
-                        }
-                        let val = value(&f, v)?;
-                        flags.push((f, val));
-                    }
-                    let mut names: Vec<String> = flags.iter().map(|(f, _)| f.name.clone()).collect();
-                    names.sort();
-                    // A flag named by some cells only would keep the previous group's value
-                    // in the others: their configuration would depend on execution order.
-                    match &first_names {
-                        None => first_names = Some(names),
-                        Some(first) if *first != names => {
-                            return Err(src.invalid(
-                                c.flags.span(),
-                                format!("this cell sets flags [{}] but the first cell sets [{}]", names.join(", "), first.join(", ")),
-                                "give every [[cell]] a value for the same flags (pin flags common to all cells under [set])",
-                            ))
-                        }
-                        Some(_) => {}
-                    }
-                    let sessions = ranged_u32(&src, "sessions", &c.sessions, 1)?;
-                    let rounds = match &c.rounds {
-                        Some(r) => Some(ranged_u32(&src, "rounds", r, 1)?),
-                        None => None,
-                    };
-                    specs.push(CellSpec { flags, sessions, rounds });
-                }
-                Layout::Cells(specs)
-            }
+            (Some(axes), true) => flags.axes(axes.get_ref(), &raw, workload.sessions)?,
+            (None, false) => flags.explicit_cells(&raw)?,
         };
-
-        for (f, _) in &sets {
-            let clash = match &layout {
-                Layout::Axes { flags, .. } => flags.iter().any(|(g, _)| g.name == f.name),
-                Layout::Cells(specs) => specs
-                    .iter()
-                    .any(|c| c.flags.iter().any(|(g, _)| g.name == f.name)),
-            };
-            if clash {
-                let span = raw
-                    .set
-                    .as_ref()
-                    .and_then(|t| {
-                        t.0.iter()
-                            .find(|(k, _)| {
-                                catalog.get(k).map(|g| g.name == f.name).unwrap_or(false)
-                            })
-                            .map(|(_, v)| v.span())
-                    })
-                    .unwrap_or(0..0);
-                return Err(src.invalid(
-                    span,
-                    format!(
-                        "flag {} is both pinned under [set] and varied by the cells",
-                        f.name
-                    ),
-                    "pin it or vary it, not both",
-                ));
-            }
-        }
-
+        flags.check_pins_not_varied(raw.set.as_ref(), &sets, &layout)?;
         let repeats = match &raw.repeats {
-            Some(r) => ranged_u32(&src, "repeats", r, 1)?,
+            Some(r) => src.whole_number("repeats", r, 1)?,
             None => 1,
         };
-        let fraction = |key: &str,
-                        v: &Option<Spanned<f64>>,
-                        default: f64,
-                        example: &str|
-         -> Result<f64, ConfigError> {
-            match v {
-                None => Ok(default),
-                Some(s) if s.get_ref().is_finite() && *s.get_ref() > 0.0 && *s.get_ref() < 1.0 => {
-                    Ok(*s.get_ref())
-                }
-                Some(s) => Err(src.invalid(
-                    s.span(),
-                    format!("{key} = {} must lie strictly between 0 and 1", s.get_ref()),
-                    format!("e.g. {key} = {example}"),
-                )),
-            }
-        };
-        let policy = RegressionPolicy {
-            alpha: fraction("alpha", &raw.alpha, DEFAULT_ALPHA, "0.01")?,
-            min_effect: fraction("min_effect", &raw.min_effect, DEFAULT_MIN_EFFECT, "0.05")?,
-            tokens_per_s_noise: fraction(
-                "tokens_per_s_noise",
-                &raw.tokens_per_s_noise,
-                DEFAULT_TOKENS_PER_S_NOISE,
-                "0.25",
-            )?,
-            degraded_fraction: fraction(
-                "degraded_fraction",
-                &raw.degraded_fraction,
-                DEFAULT_DEGRADED_FRACTION,
-                "0.10",
-            )?,
-        };
-
-        let expanded = cells::expand(&layout, workload.rounds).map_err(|message| {
+        let policy = regression_policy(&src, &raw)?;
+        let cells = cells::expand(&layout, workload.rounds).map_err(|message| {
             let span = raw
                 .axes
                 .as_ref()
@@ -516,7 +230,6 @@ impl Plan {
                 "make every cell's flag values, sessions and rounds distinct",
             )
         })?;
-
         Ok(Plan {
             name,
             source: path.to_path_buf(),
@@ -525,7 +238,7 @@ impl Plan {
             sets,
             repeats,
             policy,
-            cells: expanded,
+            cells,
         })
     }
 
@@ -551,16 +264,378 @@ impl Plan {
     }
 }
 
-fn ranged_u32(src: &Source, key: &str, v: &Spanned<i64>, min: i64) -> Result<u32, ConfigError> {
-    let n = *v.get_ref();
-    if n < min || n > u32::MAX as i64 {
+/// `name`: file-name-safe, since results directories and baselines are found by it.
+fn plan_name(src: &Source, name: Option<&Spanned<String>>) -> Result<String, ConfigError> {
+    let Some(n) = name else {
         return Err(src.invalid(
-            v.span(),
-            format!("{key} = {n} is out of range (must be at least {min})"),
-            format!("set {key} to a whole number >= {min}"),
+            0..0,
+            "the plan has no name",
+            "add name = \"nightly\": baselines are found by plan name",
+        ));
+    };
+    let v = n.get_ref().trim();
+    let valid = !v.is_empty()
+        && v.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+    if !valid {
+        return Err(src.invalid(
+            n.span(),
+            format!("plan name {v:?} is empty or has characters other than letters, digits and . _ -"),
+            "name the plan like a file, e.g. name = \"nightly\" (results directories and baselines use it)",
         ));
     }
-    Ok(n as u32)
+    Ok(v.to_string())
+}
+
+/// The flag catalog with the plan's `flags_dir` entries (relative to the plan) on top.
+fn load_catalog(
+    src: &Source,
+    base: &Path,
+    flags_dir: &[Spanned<String>],
+) -> Result<FlagCatalog, ConfigError> {
+    let mut dirs = Vec::new();
+    for raw_dir in flags_dir {
+        let dir = base.join(raw_dir.get_ref());
+        if !dir.is_dir() {
+            return Err(src.invalid(
+                raw_dir.span(),
+                format!(
+                    "flags_dir {} is not a directory (resolved relative to this plan)",
+                    dir.display()
+                ),
+                "point flags_dir at a directory of flag catalog files, or remove it",
+            ));
+        }
+        dirs.push(dir);
+    }
+    FlagCatalog::load(&dirs)
+}
+
+/// `target`, resolved against the plan's directory; `None` runs the embedded engine.
+fn target_path(
+    src: &Source,
+    base: &Path,
+    target: Option<&Spanned<String>>,
+) -> Result<Option<PathBuf>, ConfigError> {
+    let Some(t) = target else { return Ok(None) };
+    let p = base.join(t.get_ref());
+    if !p.is_file() {
+        return Err(src.invalid(
+            t.span(),
+            format!(
+                "target profile {} does not exist (resolved relative to this plan)",
+                p.display()
+            ),
+            "point target at a target profile TOML, or remove it to run the embedded engine",
+        ));
+    }
+    Ok(Some(p))
+}
+
+/// `workload` (a builtin name, or a file relative to the plan; default `agentic`) with
+/// the plan's `ctx`, `max_tokens`, `timeout_s` and `seed` on top.
+fn load_workload(src: &Source, base: &Path, raw: &RawPlan) -> Result<Workload, ConfigError> {
+    let mut workload = match &raw.workload {
+        None => Workload::load(DEFAULT_WORKLOAD)?,
+        Some(w) => {
+            let given = w.get_ref().trim();
+            let is_path = given.contains('/') || given.ends_with(".toml");
+            let resolved = if is_path {
+                base.join(given).display().to_string()
+            } else {
+                given.to_string()
+            };
+            Workload::load(&resolved).map_err(|e| match e {
+                ConfigError::UnknownWorkload { name, known } => src.invalid(
+                    w.span(),
+                    format!("unknown workload `{name}`"),
+                    format!("use one of {known}, or a path to a workload TOML file"),
+                ),
+                other => other,
+            })?
+        }
+    };
+    if let Some(v) = &raw.ctx {
+        workload.ctx = src.whole_number("ctx", v, 0)?;
+    }
+    if let Some(v) = &raw.max_tokens {
+        workload.max_tokens = src.whole_number("max_tokens", v, 1)?;
+    }
+    if let Some(v) = &raw.timeout_s {
+        let t = *v.get_ref();
+        if !(t.is_finite() && t > 0.0) {
+            return Err(src.invalid(
+                v.span(),
+                format!("timeout_s = {t} must be a positive number of seconds"),
+                "e.g. timeout_s = 60",
+            ));
+        }
+        workload.timeout_s = t;
+    }
+    if let Some(v) = &raw.seed {
+        if *v.get_ref() < 0 {
+            return Err(src.invalid(v.span(), "seed must not be negative", "e.g. seed = 1"));
+        }
+        workload.seed = *v.get_ref() as u64;
+    }
+    Ok(workload)
+}
+
+/// The regression rule's thresholds: each a fraction in (0, 1), defaulted when absent.
+fn regression_policy(src: &Source, raw: &RawPlan) -> Result<RegressionPolicy, ConfigError> {
+    let fraction = |key: &str, v: &Option<Spanned<f64>>, default: f64, example: &str| match v {
+        None => Ok(default),
+        Some(s) if s.get_ref().is_finite() && *s.get_ref() > 0.0 && *s.get_ref() < 1.0 => {
+            Ok(*s.get_ref())
+        }
+        Some(s) => Err(src.invalid(
+            s.span(),
+            format!("{key} = {} must lie strictly between 0 and 1", s.get_ref()),
+            format!("e.g. {key} = {example}"),
+        )),
+    };
+    Ok(RegressionPolicy {
+        alpha: fraction("alpha", &raw.alpha, DEFAULT_ALPHA, "0.01")?,
+        min_effect: fraction("min_effect", &raw.min_effect, DEFAULT_MIN_EFFECT, "0.05")?,
+        tokens_per_s_noise: fraction(
+            "tokens_per_s_noise",
+            &raw.tokens_per_s_noise,
+            DEFAULT_TOKENS_PER_S_NOISE,
+            "0.25",
+        )?,
+        degraded_fraction: fraction(
+            "degraded_fraction",
+            &raw.degraded_fraction,
+            DEFAULT_DEGRADED_FRACTION,
+            "0.10",
+        )?,
+    })
+}
+
+/// Flag names and values as the plan writes them, resolved through the catalog: the
+/// pinned `[set]`, the `[axes]` and the `[[cell]]` flags.
+struct FlagValues<'a> {
+    src: &'a Source<'a>,
+    catalog: &'a FlagCatalog,
+}
+
+impl FlagValues<'_> {
+    fn flag(&self, name: &str, span: Range<usize>) -> Result<FlagSpec, ConfigError> {
+        self.catalog.get(name).cloned().map_err(|_| {
+            self.src.invalid(
+                span,
+                format!("unknown flag `{name}`"),
+                format!(
+                    "use a catalog name ({}), or add its file to a flags_dir",
+                    self.catalog.names().join(", ")
+                ),
+            )
+        })
+    }
+
+    /// A plain value; for a switch, one of its two labels.
+    fn value(&self, f: &FlagSpec, v: &Spanned<RawValue>) -> Result<String, ConfigError> {
+        let text = v.get_ref().text();
+        validate_value(&text).map_err(|e| {
+            self.src.invalid(
+                v.span(),
+                format!("flag {}: {e}", f.name),
+                "use a plain value",
+            )
+        })?;
+        if matches!(f.setting, Setting::Switch(_)) && text != f.on && text != f.off {
+            return Err(self.src.invalid(
+                v.span(),
+                format!(
+                    "flag {} is a switch: value {text:?} is neither {:?} nor {:?}",
+                    f.name, f.on, f.off
+                ),
+                format!(
+                    "use \"{}\" (switch present) or \"{}\" (absent)",
+                    f.on, f.off
+                ),
+            ));
+        }
+        Ok(text)
+    }
+
+    /// A table of `FLAG = value`, each flag once (`twice` ends the message for a repeat).
+    fn assignments(
+        &self,
+        table: &Ordered<Spanned<RawValue>>,
+        twice: &str,
+    ) -> Result<Vec<(FlagSpec, String)>, ConfigError> {
+        let mut out: Vec<(FlagSpec, String)> = Vec::new();
+        for (k, v) in &table.0 {
+            let f = self.flag(k, v.span())?;
+            if out.iter().any(|(g, _)| g.name == f.name) {
+                return Err(self.src.invalid(
+                    v.span(),
+                    format!("flag {} {twice}", f.name),
+                    "name each flag once",
+                ));
+            }
+            let val = self.value(&f, v)?;
+            out.push((f, val));
+        }
+        Ok(out)
+    }
+
+    /// `[set]`: flags pinned to one value in every cell.
+    fn pinned(
+        &self,
+        set: Option<&Ordered<Spanned<RawValue>>>,
+    ) -> Result<Vec<(FlagSpec, String)>, ConfigError> {
+        match set {
+            Some(table) => self.assignments(table, "is pinned twice"),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// `[axes]` crossed with the `sessions` and `rounds` axes.
+    fn axes(
+        &self,
+        axes: &Ordered<RawAxis>,
+        raw: &RawPlan,
+        default_sessions: u32,
+    ) -> Result<Layout, ConfigError> {
+        let src = self.src;
+        let mut flags: Vec<(FlagSpec, Vec<String>)> = Vec::new();
+        for (k, values) in &axes.0 {
+            let f = self.flag(k, values.span())?;
+            if flags.iter().any(|(g, _)| g.name == f.name) {
+                return Err(src.invalid(
+                    values.span(),
+                    format!("flag {} is an axis twice", f.name),
+                    "name each flag once",
+                ));
+            }
+            if values.get_ref().is_empty() {
+                return Err(src.invalid(
+                    values.span(),
+                    format!("axis {k} has no values"),
+                    format!("e.g. {k} = [\"{}\", \"{}\"]", f.on, f.off),
+                ));
+            }
+            let mut seen = BTreeSet::new();
+            let mut vals = Vec::new();
+            for v in values.get_ref() {
+                let text = self.value(&f, v)?;
+                if !seen.insert(text.clone()) {
+                    return Err(src.invalid(
+                        v.span(),
+                        format!("axis {k} lists {text:?} twice"),
+                        "list each value once",
+                    ));
+                }
+                vals.push(text);
+            }
+            flags.push((f, vals));
+        }
+        let sessions = match &raw.sessions {
+            Some(s) => counts(src, "sessions", s, 1)?,
+            None => vec![default_sessions],
+        };
+        let rounds = match &raw.rounds {
+            Some(r) => Some(counts(src, "rounds", r, 1)?),
+            None => None,
+        };
+        Ok(Layout::Axes {
+            flags,
+            sessions,
+            rounds,
+        })
+    }
+
+    /// `[[cell]]`: an explicit list, every cell naming the same flags.
+    fn explicit_cells(&self, raw: &RawPlan) -> Result<Layout, ConfigError> {
+        let src = self.src;
+        if let Some(s) = &raw.sessions {
+            return Err(src.invalid(
+                s.span(),
+                "sessions = [...] is an axis; with [[cell]] each cell sets its own",
+                "move sessions into every [[cell]]",
+            ));
+        }
+        if let Some(r) = &raw.rounds {
+            return Err(src.invalid(
+                r.span(),
+                "rounds = [...] is an axis; with [[cell]] each cell sets its own",
+                "move rounds into the [[cell]] entries",
+            ));
+        }
+        let mut specs: Vec<CellSpec> = Vec::new();
+        let mut first_names: Option<Vec<String>> = None;
+        for raw_cell in &raw.cell {
+            let c = raw_cell.get_ref();
+            let flags = self.assignments(c.flags.get_ref(), "is set twice in this cell")?;
+            let mut names: Vec<String> = flags.iter().map(|(f, _)| f.name.clone()).collect();
+            names.sort();
+            // A flag named by some cells only would keep the previous group's value
+            // in the others: their configuration would depend on execution order.
+            match &first_names {
+                None => first_names = Some(names),
+                Some(first) if *first != names => {
+                    return Err(src.invalid(
+                        c.flags.span(),
+                        format!(
+                            "this cell sets flags [{}] but the first cell sets [{}]",
+                            names.join(", "),
+                            first.join(", ")
+                        ),
+                        "give every [[cell]] a value for the same flags (pin flags common to all cells under [set])",
+                    ))
+                }
+                Some(_) => {}
+            }
+            let sessions = src.whole_number("sessions", &c.sessions, 1)?;
+            let rounds = match &c.rounds {
+                Some(r) => Some(src.whole_number("rounds", r, 1)?),
+                None => None,
+            };
+            specs.push(CellSpec {
+                flags,
+                sessions,
+                rounds,
+            });
+        }
+        Ok(Layout::Cells(specs))
+    }
+
+    /// A flag is either pinned under `[set]` or varied by the cells, never both.
+    fn check_pins_not_varied(
+        &self,
+        set: Option<&Ordered<Spanned<RawValue>>>,
+        sets: &[(FlagSpec, String)],
+        layout: &Layout,
+    ) -> Result<(), ConfigError> {
+        for (f, _) in sets {
+            let clash = match layout {
+                Layout::Axes { flags, .. } => flags.iter().any(|(g, _)| g.name == f.name),
+                Layout::Cells(specs) => specs
+                    .iter()
+                    .any(|c| c.flags.iter().any(|(g, _)| g.name == f.name)),
+            };
+            if clash {
+                let span = set
+                    .and_then(|t| {
+                        t.0.iter()
+                            .find(|(k, _)| self.catalog.get(k).is_ok_and(|g| g.name == f.name))
+                            .map(|(_, v)| v.span())
+                    })
+                    .unwrap_or(0..0);
+                return Err(self.src.invalid(
+                    span,
+                    format!(
+                        "flag {} is both pinned under [set] and varied by the cells",
+                        f.name
+                    ),
+                    "pin it or vary it, not both",
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 fn counts(
@@ -578,7 +653,7 @@ fn counts(
     }
     let mut out = Vec::new();
     for v in list.get_ref() {
-        let n = ranged_u32(src, key, v, min)?;
+        let n = src.whole_number(key, v, min)?;
         if out.contains(&n) {
             return Err(src.invalid(
                 v.span(),
@@ -600,12 +675,7 @@ mod tests {
     }
 
     fn error_line(text: &str) -> (usize, String) {
-        match parse(text).unwrap_err() {
-            ConfigError::Invalid {
-                line, message, fix, ..
-            } => (line, format!("{message} | {fix}")),
-            other => panic!("expected Invalid, got {other}"),
-        }
+        parse(text).unwrap_err().line_and_text()
     }
 
     const AXES: &str = "name = \"t\"\nworkload = \"smoke\"\nsessions = [1, 4]\n\n[axes]\nHICACHE = [\"on\", \"off\"]\nBF16_INDEX_K = [1, 0]\n";

@@ -1,64 +1,25 @@
-//! Command line of the commands that read results directories instead of running engines:
-//! `bisect diff A B`, `bisect reclassify DIR` and the body of `bisect report DIR`
-//! (re-render run.json's companions, report.html included, for a run or a matrix).
+//! The commands that read results directories instead of running engines:
+//! `bisect diff A B`, `bisect reclassify DIR` and `bisect report DIR` (re-render
+//! run.json's companions, report.html included, for a run or a matrix).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 
-use clap::{Args, ValueEnum};
 use serde_json::Value;
 
-use bisect_harness::commands::diff::{self, Format};
+use crate::cli::{DiffArgs, ReclassifyArgs};
+use bisect_harness::commands::diff;
 use bisect_harness::commands::matrix::export::{html::render_matrix_html, read_matrix};
 use bisect_harness::exit::Failure;
 use bisect_harness::results::{write_atomic, ResultsDir};
 
-#[derive(Debug, Args)]
-pub(super) struct DiffArgs {
-    /// The earlier (baseline) results directory: a run or a matrix.
-    a: PathBuf,
-    /// The later results directory, of the same kind as A.
-    b: PathBuf,
-    /// Output format.
-    #[arg(long, value_enum, default_value_t = DiffFormat::Table)]
-    format: DiffFormat,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum DiffFormat {
-    /// Terminal table.
-    Table,
-    /// Markdown, for a PR or a ticket.
-    #[value(alias = "markdown")]
-    Md,
-    Json,
-}
-
-#[derive(Debug, Args)]
-pub(super) struct ReclassifyArgs {
-    /// A results directory written by `bisect run`.
-    dir: PathBuf,
-    /// The workload (builtin name or TOML file) the run used, when its recorded name does
-    /// not load; its parameters are still taken from run.json.
-    #[arg(long)]
-    workload: Option<String>,
-    /// Print the rewritten run.json instead of the table.
-    #[arg(long)]
-    json: bool,
-}
-
-pub(super) fn diff(args: DiffArgs) -> anyhow::Result<ExitCode> {
+pub fn diff(args: &DiffArgs) -> anyhow::Result<ExitCode> {
     let d = diff::diff_dirs(&args.a, &args.b)?;
-    let format = match args.format {
-        DiffFormat::Table => Format::Table,
-        DiffFormat::Md => Format::Markdown,
-        DiffFormat::Json => Format::Json,
-    };
-    print!("{}", diff::render(&d, format)?);
+    print!("{}", diff::render(&d, args.format())?);
     Ok(ExitCode::SUCCESS)
 }
 
-pub(super) fn reclassify(args: ReclassifyArgs) -> anyhow::Result<ExitCode> {
+pub fn reclassify(args: &ReclassifyArgs) -> anyhow::Result<ExitCode> {
     let summary =
         bisect_harness::commands::reclassify::reclassify_dir(&args.dir, args.workload.as_deref())?;
     if args.json {
@@ -102,7 +63,7 @@ pub(super) fn reclassify(args: ReclassifyArgs) -> anyhow::Result<ExitCode> {
 
 /// `bisect report DIR`: a run's run.json (keeping keys such as `reclassified`),
 /// summary.md and report.html, or a matrix's report.html.
-pub(super) fn report(dir: &Path, json: bool) -> anyhow::Result<ExitCode> {
+pub fn report(dir: &Path, json: bool) -> anyhow::Result<ExitCode> {
     let run_json = dir.join("run.json");
     let matrix_json = dir.join("matrix.json");
     if !run_json.is_file() && matrix_json.is_file() {

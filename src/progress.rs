@@ -1,4 +1,5 @@
-//! Progress output of `bisect run`: an indicatif bar on a TTY, plain lines otherwise.
+//! Progress output of the commands that drive sessions (run, probe, culprit, matrix):
+//! an indicatif bar on a terminal, plain lines otherwise.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -9,13 +10,15 @@ use bisect_harness::arm::{BlockName, Progress};
 use bisect_harness::core::arm_stats::ArmStats;
 use bisect_harness::core::session::SessionResult;
 
+/// An indicatif bar per arm block, with its corrupted count.
 pub struct Bar {
     bar: Mutex<Option<ProgressBar>>,
     corrupted: AtomicU64,
 }
 
 impl Bar {
-    pub fn new(_sessions: u64) -> Self {
+    /// A bar per arm block, sized when the block starts.
+    pub fn new() -> Self {
         Bar {
             bar: Mutex::new(None),
             corrupted: AtomicU64::new(0),

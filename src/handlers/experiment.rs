@@ -1,0 +1,75 @@
+//! `bisect run`, `bisect probe` and `bisect culprit`: restore what a dead run left, turn
+//! the arguments into a plan, start the engines and run it, print the record.
+
+use std::process::ExitCode;
+
+use super::{engines, print_record, progress, recover_journal};
+use crate::cli::{CulpritArgs, ProbeArgs, RunArgs};
+use crate::progress::Lines;
+use bisect_harness::commands::culprit;
+use bisect_harness::commands::probe::{self, Outcome};
+use bisect_harness::commands::run as experiment;
+use bisect_harness::exit::{self, Failure};
+use bisect_harness::results::table;
+
+pub async fn run(args: &RunArgs) -> anyhow::Result<ExitCode> {
+    let output = &args.common.output;
+    recover_journal(&output.journal_dir())?;
+    let plan = args.plan()?;
+    let (mut control, cancel) = engines(&plan.target, &plan.run_dir)?;
+    let progress = progress(output.json);
+    eprintln!("results: {}", plan.run_dir.display());
+    let record = experiment::run_experiment(&plan, &mut control, progress.as_ref(), cancel).await?;
+    print_record(
+        output.json,
+        || serde_json::to_string_pretty(&record),
+        || table::render(&record),
+        &plan.run_dir,
+    )?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn culprit(args: &CulpritArgs) -> anyhow::Result<ExitCode> {
+    let output = &args.common.output;
+    recover_journal(&output.journal_dir())?;
+    let plan = args.plan()?;
+    let (mut control, cancel) = engines(&plan.target, &plan.dir)?;
+    let progress = progress(output.json);
+    eprintln!("results: {}", plan.dir.display());
+    let record = culprit::run(&plan, &mut control, progress.as_ref(), cancel).await?;
+    print_record(
+        output.json,
+        || serde_json::to_string_pretty(&record),
+        || culprit::record::render_table(&record),
+        &plan.dir,
+    )?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Exit 0 clean, 1 corrupted, 125 could not tell (also when the probe could not run:
+/// `git bisect` skips such a commit), 130 interrupted.
+pub async fn probe(args: &ProbeArgs) -> anyhow::Result<ExitCode> {
+    recover_journal(&args.output.journal_dir())?;
+    let plan = args.plan()?;
+    let (mut control, cancel) = engines(&plan.target, &plan.run_dir)?;
+    let progress = Lines::new(!args.output.json);
+    let record = match probe::run_probe(&plan, &mut control, &progress, cancel).await {
+        Ok(r) => r,
+        Err(e) if matches!(e.downcast_ref::<Failure>(), Some(Failure::Interrupted)) => {
+            return Err(e)
+        }
+        Err(e) => {
+            // git bisect treats 125 as "skip this commit": a build that cannot serve.
+            eprintln!("probe could not run: {e:#}");
+            return Ok(ExitCode::from(exit::PROBE_UNKNOWN));
+        }
+    };
+    let outcome = record.outcome.unwrap_or(Outcome::Unknown);
+    print_record(
+        args.output.json,
+        || serde_json::to_string_pretty(&record),
+        || format!("probe: {outcome:?}: {}\n", record.reason),
+        &plan.run_dir,
+    )?;
+    Ok(ExitCode::from(outcome.exit_code()))
+}

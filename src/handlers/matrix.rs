@@ -1,0 +1,90 @@
+//! `bisect matrix PLAN.toml` and `bisect merge DIR...`: run (or join) a matrix, compare
+//! it with its baseline night, print the summary and map regressions to exit code 1.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use super::{engines, recover_journal};
+use crate::cli::matrix::{matrix_id, BaselineArgs};
+use crate::cli::{command_line, MatrixArgs, MergeArgs};
+use crate::progress::Lines;
+use bisect_harness::commands::matrix::record::MatrixRecord;
+use bisect_harness::commands::matrix::{baseline, export, merge as shards, run as matrix_run};
+use bisect_harness::exit::{self, Failure};
+
+pub async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
+    recover_journal(&args.output.journal_dir())?;
+    let job = args.job()?;
+    let (mut control, cancel) = engines(&job.target, &job.dir)?;
+    eprintln!(
+        "matrix {}: {} cells, results: {}",
+        job.plan.name,
+        job.cells().len(),
+        job.dir.display()
+    );
+    let mut record = matrix_run::run_matrix(&job, &mut control, &Lines::new(false), cancel).await?;
+    // A shard is compared when the shards are merged: the rule is matrix-wide.
+    if job.shard.is_none() {
+        compare_with_baseline(&mut record, &args.baseline, &args.output.results, &job.dir)?;
+    }
+    finish(&record, &job.dir, args.output.json)
+}
+
+pub fn merge(args: &MergeArgs) -> anyhow::Result<ExitCode> {
+    let first = export::read_matrix(&args.dirs[0]).map_err(|e| {
+        Failure::BadInput(format!(
+            "{e:#}\n  fix: pass directories written by `bisect matrix --shard I/N`"
+        ))
+    })?;
+    let out = match &args.out {
+        Some(o) => o.clone(),
+        None => args.output.results.join(matrix_id(&first.plan.name)),
+    };
+    let id = out
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_else(|| matrix_id(&first.plan.name));
+    let merged = shards::join(&args.dirs, &id, &command_line())?;
+    shards::write(&merged, &out)?;
+    let mut record = merged.record;
+    let root = out.parent().unwrap_or(Path::new("."));
+    compare_with_baseline(&mut record, &args.baseline, root, &out)?;
+    finish(&record, &out, args.output.json)
+}
+
+/// Unless `--no-baseline`: compare with `--baseline DIR`, else the newest earlier night
+/// of the plan under `root`; rewrite `dir`'s files when there was one.
+fn compare_with_baseline(
+    record: &mut MatrixRecord,
+    args: &BaselineArgs,
+    root: &Path,
+    dir: &Path,
+) -> anyhow::Result<()> {
+    if args.no_baseline {
+        return Ok(());
+    }
+    let found = match &args.baseline {
+        Some(b) => Some(baseline::load_explicit(b, &record.plan.name)?),
+        None => baseline::find_newest(root, &record.plan.name, &record.started_at, dir)?,
+    };
+    if let Some(b) = found {
+        let policy = record.plan.policy;
+        baseline::compare(record, &b, &policy);
+        export::write_all(dir, record)?;
+    }
+    Ok(())
+}
+
+fn finish(record: &MatrixRecord, dir: &Path, json: bool) -> anyhow::Result<ExitCode> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(record)?);
+    } else {
+        print!("{}", std::fs::read_to_string(dir.join("summary.md"))?);
+        println!("\nresults: {}", dir.display());
+    }
+    Ok(ExitCode::from(if record.regressions.is_empty() {
+        exit::OK
+    } else {
+        exit::REGRESSION
+    }))
+}

@@ -1,0 +1,103 @@
+//! Running a parsed command line: each handler takes its command's validated plan
+//! (built by `cli`), drives the harness or the embedded engine, and prints the result.
+//! Returns the exit code of a finished command; errors are mapped by `main`.
+//!
+//! - [`experiment`]: `run`, `probe` and `culprit`, which start engines and edit their
+//!   launch configs.
+//! - [`matrix`]: `matrix` and `merge`, and the comparison with a baseline night.
+//! - [`results`]: `report`, `diff` and `reclassify`, which read results directories.
+//! - [`tools`]: `flags`, `kernels`, `restore` and `engine`.
+
+mod experiment;
+mod matrix;
+mod results;
+mod tools;
+
+use std::io::IsTerminal;
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::{Cli, Command};
+use crate::{progress, signals};
+use bisect_harness::commands::run::Progress;
+use bisect_harness::config::TargetProfile;
+use bisect_harness::control::ProcessControl;
+
+/// Run a parsed command line to its exit code.
+pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Engine(args) => tools::engine(args),
+        Command::Flags(args) => tools::flags(&args),
+        Command::Kernels => tools::kernels(),
+        Command::Restore(args) => tools::restore(&args),
+        Command::Report(args) => results::report(&args.dir, args.json),
+        Command::Diff(args) => results::diff(&args),
+        Command::Reclassify(args) => results::reclassify(&args),
+        Command::Merge(args) => matrix::merge(&args),
+        Command::Matrix(args) => runtime()?.block_on(matrix::matrix(&args)),
+        Command::Run(args) => runtime()?.block_on(experiment::run(&args)),
+        Command::Probe(args) => runtime()?.block_on(experiment::probe(&args)),
+        Command::Culprit(args) => runtime()?.block_on(experiment::culprit(&args)),
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+/// Restore the launch configs a run that died (kill -9) left edited: every command that
+/// edits them replays its journal before anything else.
+fn recover_journal(journal_dir: &Path) -> anyhow::Result<()> {
+    for p in bisect_harness::launch::recover(journal_dir)? {
+        eprintln!(
+            "restored {} left edited by an earlier run that did not finish",
+            p.display()
+        );
+    }
+    Ok(())
+}
+
+/// Control of the target's engines (their logs under `dir/logs`) and the cancellation
+/// Ctrl-C or SIGTERM triggers, which stops them and restores the launch configs.
+fn engines(
+    target: &TargetProfile,
+    dir: &Path,
+) -> anyhow::Result<(ProcessControl, CancellationToken)> {
+    let cancel = signals::cancel_on_signal();
+    let control = ProcessControl::new(target, &dir.join("logs"))?;
+    Ok((control, cancel))
+}
+
+/// Progress on stderr: plain lines with `--json` or without a terminal (per session
+/// unless `--json`), a bar on a terminal.
+fn progress(json: bool) -> Box<dyn Progress> {
+    if json {
+        Box::new(progress::Lines::new(false))
+    } else if std::io::stderr().is_terminal() {
+        Box::new(progress::Bar::new())
+    } else {
+        Box::new(progress::Lines::new(true))
+    }
+}
+
+/// The finished record: as JSON with `--json`, else its table and where it is kept.
+fn print_record(
+    json: bool,
+    to_json: impl FnOnce() -> serde_json::Result<String>,
+    table: impl FnOnce() -> String,
+    dir: &Path,
+) -> anyhow::Result<()> {
+    if json {
+        println!("{}", to_json()?);
+    } else {
+        print!("{}", table());
+        println!("results: {}", dir.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,60 @@
+//! The commands that neither run an experiment nor read results: `bisect flags` (the
+//! catalog), `bisect kernels` (NVRTC compile check), `bisect restore` (replay the
+//! journal) and `bisect engine` (one role of the embedded engine).
+
+use std::process::ExitCode;
+
+use crate::cli::engine::EngineArgs;
+use crate::cli::{FlagsArgs, RestoreArgs};
+use bisect_harness::config::FlagCatalog;
+use bisect_harness::exit::Failure;
+
+pub fn engine(args: EngineArgs) -> anyhow::Result<ExitCode> {
+    let config = args
+        .into_config()
+        .map_err(|e| Failure::BadInput(format!("{e:#}")))?;
+    bisect_engine::run(config)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn flags(args: &FlagsArgs) -> anyhow::Result<ExitCode> {
+    let catalog = FlagCatalog::load(&args.flags_dir)?;
+    for f in &catalog.flags {
+        println!(
+            "{:<22} {} {:<36} roles={} on={} off={}",
+            f.name,
+            f.setting.kind(),
+            f.setting.key(),
+            f.roles.join(","),
+            f.on,
+            f.off
+        );
+        println!("{:<22} {}\n", "", f.doc.trim());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn kernels() -> anyhow::Result<ExitCode> {
+    use bisect_engine::backend::cuda;
+    match cuda::probe() {
+        Some(gpu) => println!("GPU: {gpu}"),
+        None => println!("GPU: none found (the engine runs on the CPU backend)"),
+    }
+    let compiled = cuda::compile_check_all()
+        .map_err(|e| Failure::CouldNotRun(format!("NVRTC compile check failed: {e:#}")))?;
+    for (file, ptx) in compiled {
+        println!("compiled {file}: {ptx} bytes of PTX");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn restore(args: &RestoreArgs) -> anyhow::Result<ExitCode> {
+    let restored = bisect_harness::launch::recover(&args.results.join(".bisect-journal"))?;
+    if restored.is_empty() {
+        println!("nothing to restore");
+    }
+    for p in restored {
+        println!("restored {}", p.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
