@@ -58,6 +58,9 @@ enum Command {
     Culprit(culprit::CulpritArgs),
     /// Run one role of the embedded prefill/decode engine.
     Engine(engine::EngineArgs),
+    /// Serve the zero-work mock chat engine (benchmarks only).
+    #[command(hide = true)]
+    MockEngine(engine::MockEngineArgs),
 }
 
 #[derive(Debug, Args)]
@@ -243,6 +246,10 @@ pub fn run() -> anyhow::Result<ExitCode> {
                 .into_config()
                 .map_err(|e| Failure::BadInput(format!("{e:#}")))?;
             bisect_engine::run(config)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::MockEngine(args) => {
+            engine::run_mock(args)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Flags(args) => flags(args),
