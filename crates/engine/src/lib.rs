@@ -267,6 +267,7 @@ pub fn run(config: EngineConfig) -> anyhow::Result<()> {
         device = backend.name(),
         flags = %serde_json::to_string(&config.flags).unwrap_or_default(),
         tuning = %serde_json::to_string(&config.tuning).unwrap_or_default(),
+        http = %serde_json::to_string(&config.http).unwrap_or_default(),
         "bisect engine starting: {}={} {}={} {}={} {}={} hierarchical_cache={} cuda_graph_max_bs={} index_k_checksum={}",
         ENV_BF16_INDEX_K, config.flags.bf16_index_k as u8,
         ENV_INDEX_K_HICACHE_SYNC, config.flags.index_k_hicache_sync as u8,
