@@ -1,6 +1,7 @@
-//! The embedded miniature prefill/decode engine (DESIGN.md section 4). Nothing in the
-//! harness imports this module; the CLI only starts it (`bisect engine ...`) through
-//! the two entry points `EngineConfig` (built by `cli::engine`) and `run`.
+//! The embedded miniature prefill/decode engine (DESIGN.md section 4). The harness
+//! never depends on this crate (its tests use `mock` as a dev-dependency only); the CLI
+//! starts a role through the two entry points `EngineConfig` (built by `cli::engine`)
+//! and `run`, and serves `mock` for benchmarks (`bisect mock-engine`, hidden).
 //!
 //! Layout: `tokenizer`, `template` (chat template, request types), `dsml` (tool-call
 //! markup), `keys` + `model` (the agent and its KV read-back), `kvpool` + `hicache` +
