@@ -1,5 +1,5 @@
 //! Benchmark of the workload driver alone: N concurrent sessions x 4 rounds against the
-//! in-process zero-work mock (`bisect_harness::driver::mock`), so every figure is harness
+//! in-process zero-work mock engine (`bisect_engine::mock`), so every figure is harness
 //! overhead. Rows: a 100-session baseline and 1000 sessions, in one process.
 //! Reports sessions/s, client-side round latency p50/p99 next to the mock's own
 //! handling time (the difference is what the client stack adds), peak client in-flight
@@ -7,8 +7,9 @@
 //!
 //! Run: `cargo bench --bench driver` (optionally `-- 100 1000 5000` for other sizes).
 
+use bisect_engine::mock::{MockConfig, MockServer};
 use bisect_harness::core::classify::Classifier;
-use bisect_harness::driver::mock::{sample_workload, MockConfig, MockServer};
+use bisect_harness::driver::sample::sample_workload;
 use bisect_harness::driver::{drive, DrivePlan, InFlight};
 use comfy_table::Table;
 use std::sync::Arc;

@@ -4,6 +4,10 @@
 // Whether the gather waits for an in-flight load-back is decided by the host (a stream
 // wait on the load-back's event); the kernel itself never synchronises with the copy,
 // so a missing wait is a real read-before-write race on the page.
+//
+// Launched only by LoadBackPool (crates/engine/src/backend/cuda/loadback.rs), which the
+// served engine does not use yet: a planned change moves prefill's page pool onto the
+// GPU through it. Until then only the crate's GPU test runs this kernel.
 
 extern "C" __global__ void gather_pages(const unsigned char* __restrict__ pool,
                                         const unsigned int* __restrict__ page_ids,

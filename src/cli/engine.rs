@@ -1,8 +1,13 @@
-//! clap arguments of `bisect engine` (the embedded prefill/decode engine). The
-//! environment flags of DESIGN.md section 4 are read here, once, at start.
+//! clap arguments of `bisect engine` (the embedded prefill/decode engine) and of the
+//! hidden `bisect mock-engine` (the zero-work mock, for benchmarks that need it in
+//! another process). The environment flags of DESIGN.md section 4 are read here, once,
+//! at start.
 
 use anyhow::Context;
+use bisect_engine::listen::HttpLimits;
+use bisect_engine::mock::{MockConfig, MockServer};
 use bisect_engine::{DeviceChoice, EngineConfig, EngineFlags, EngineTuning, Role};
+use std::net::SocketAddr;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum RoleArg {
@@ -120,6 +125,40 @@ impl EngineArgs {
             device,
             flags,
             tuning,
+            http: HttpLimits::default(),
         })
     }
+}
+
+/// Serve the zero-work mock chat engine (for benchmarks; not a user command).
+#[derive(Debug, Clone, clap::Args)]
+pub struct MockEngineArgs {
+    #[arg(long)]
+    pub port: u16,
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: std::net::IpAddr,
+    /// A deterministic delay of 0..this many ms per request.
+    #[arg(long, default_value_t = 0)]
+    pub jitter_ms: u64,
+}
+
+/// Serve the mock until the process is killed (blocking: starts its own runtime).
+pub fn run_mock(args: MockEngineArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async {
+        let config = MockConfig {
+            jitter_ms: args.jitter_ms,
+            ..MockConfig::default()
+        };
+        let addr = SocketAddr::new(args.host, args.port);
+        let server = MockServer::bind(addr, config)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
+        eprintln!("mock engine listening on {}", server.api());
+        std::future::pending::<()>().await;
+        Ok(())
+    })
 }

@@ -65,6 +65,9 @@ pub enum Command {
     Culprit(CulpritArgs),
     /// Run one role of the embedded prefill/decode engine.
     Engine(engine::EngineArgs),
+    /// Serve the zero-work mock chat engine (benchmarks only).
+    #[command(hide = true)]
+    MockEngine(engine::MockEngineArgs),
 }
 
 /// Parse the command line. `Err` carries the exit code when there is nothing to run:

@@ -30,6 +30,10 @@ use bisect_harness::control::ProcessControl;
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Engine(args) => tools::engine(args),
+        Command::MockEngine(args) => {
+            crate::cli::engine::run_mock(args)?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Flags(args) => tools::flags(&args),
         Command::Kernels => tools::kernels(),
         Command::Restore(args) => tools::restore(&args),

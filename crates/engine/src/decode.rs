@@ -100,10 +100,7 @@ impl DecodeEngine {
                 }
                 !gone
             });
-            self.stats
-                .running
-                .store(running.len() as u64, Ordering::Relaxed);
-            self.stats.used_tokens.store(used as u64, Ordering::Relaxed);
+            self.publish_batch(running.len(), used);
             if running.is_empty() {
                 continue;
             }
@@ -148,29 +145,45 @@ impl DecodeEngine {
                 window_tokens = 0;
             }
             if let Err(error) = outcome {
+                used = 0;
+                self.publish_batch(0, used);
                 for (job, _) in running.drain(..) {
                     let _ = job
                         .reply
                         .send(Err(anyhow::anyhow!("decode step failed: {error:#}")));
                 }
-                used = 0;
                 continue;
             }
+            let mut finished = Vec::new();
             let mut index = 0;
             while index < running.len() {
                 if running[index].0.generation.finish.is_some() {
                     let (job, need) = running.swap_remove(index);
                     used -= need;
-                    let _ = job.reply.send(Ok(job.generation));
+                    finished.push(job);
                 } else {
                     index += 1;
                 }
             }
-            if running.is_empty() {
-                self.stats
-                    .throughput_bits
-                    .store(0f64.to_bits(), Ordering::Relaxed);
+            // The gauges drop before the replies go out: once the last reply is sent the
+            // loop blocks waiting for work, so anything published after would never be.
+            self.publish_batch(running.len(), used);
+            for job in finished {
+                let _ = job.reply.send(Ok(job.generation));
             }
+        }
+    }
+
+    /// Publishes the running batch's size and pool use (and zero throughput once idle).
+    fn publish_batch(&self, running: usize, used_tokens: usize) {
+        self.stats.running.store(running as u64, Ordering::Relaxed);
+        self.stats
+            .used_tokens
+            .store(used_tokens as u64, Ordering::Relaxed);
+        if running == 0 {
+            self.stats
+                .throughput_bits
+                .store(0f64.to_bits(), Ordering::Relaxed);
         }
     }
 }

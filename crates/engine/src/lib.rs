@@ -1,12 +1,17 @@
-//! The embedded miniature prefill/decode engine (DESIGN.md section 4). Nothing in the
-//! harness imports this module; the CLI only starts it (`bisect engine ...`) through
-//! the two entry points `EngineConfig` (built by `cli::engine`) and `run`.
+//! The embedded miniature prefill/decode engine (DESIGN.md section 4). The harness
+//! never depends on this crate (its tests use `mock` as a dev-dependency only); the CLI
+//! starts a role through the two entry points `EngineConfig` (built by `cli::engine`)
+//! and `run`, and serves `mock` for benchmarks (`bisect mock-engine`, hidden).
 //!
 //! Layout: `tokenizer`, `template` (chat template, request types), `dsml` (tool-call
 //! markup), `keys` + `model` (the agent and its KV read-back), `kvpool` + `hicache` +
 //! `prefill` (prefill's pool, host tier, loader, scheduler), `transfer` (the KV payload),
-//! `decode` (batching), `server` (HTTP of both roles), `sim` (in-process load
-//! simulation), `backend/{cpu,cuda}`.
+//! `decode` (batching), `server/` (HTTP of both roles), `listen` (connection handling:
+//! timeouts, connection cap), `metrics` (the one `/metrics` table), `mock` (a zero-work
+//! chat server for the harness's tests and benchmarks), `backend/{cpu,cuda}`.
+//!
+//! Test-only (not in the binary): `sim` (in-process load simulation, how the tuning
+//! was chosen) and `needle` (context-length recall by index-K dtype).
 
 pub mod backend;
 pub mod decode;
@@ -14,11 +19,16 @@ pub mod dsml;
 pub mod hicache;
 pub mod keys;
 pub mod kvpool;
+pub mod listen;
+pub mod metrics;
+pub mod mock;
 pub mod model;
-pub mod needle;
+#[cfg(test)]
+mod needle;
 pub mod prefill;
 pub mod server;
-pub mod sim;
+#[cfg(test)]
+mod sim;
 pub mod template;
 pub mod tokenizer;
 pub mod transfer;
@@ -132,7 +142,7 @@ impl EngineFlags {
 /// Tuning knobs of the served engine.
 ///
 /// Pool and loader bandwidth are calibrated over HTTP through the harness (README,
-/// "Embedded engine: measured"), not taken from `sim`: real clients arrive less densely
+/// "Embedded engine: measured"), not taken from the (test-only) `sim`: real clients arrive less densely
 /// than the simulation's arrival model, so the served pool is larger (29 MiB: the
 /// default workload's 80 sessions fit with fp8 index-K, not with bf16) and the loader a
 /// little faster (576 KiB per step) than `PrefillOptions::tuned`.
@@ -168,7 +178,7 @@ impl Default for EngineTuning {
             loader_chunk_bytes: prefill.loader.chunk_bytes,
             step_token_budget: prefill.step_token_budget,
             prefill_step_floor_us: 1000,
-            top_k: sim::DEFAULT_TOP_K,
+            top_k: model::DEFAULT_TOP_K,
             max_running: 256,
             decode_pool_tokens: 1 << 20,
             max_body_bytes: 8 << 20,
@@ -186,6 +196,8 @@ pub struct EngineConfig {
     pub device: DeviceChoice,
     pub flags: EngineFlags,
     pub tuning: EngineTuning,
+    /// Connection timeouts and cap of the role's HTTP server.
+    pub http: listen::HttpLimits,
 }
 
 impl EngineConfig {
@@ -256,6 +268,7 @@ pub fn run(config: EngineConfig) -> anyhow::Result<()> {
         device = backend.name(),
         flags = %serde_json::to_string(&config.flags).unwrap_or_default(),
         tuning = %serde_json::to_string(&config.tuning).unwrap_or_default(),
+        http = %serde_json::to_string(&config.http).unwrap_or_default(),
         "bisect engine starting: {}={} {}={} {}={} {}={} hierarchical_cache={} cuda_graph_max_bs={} index_k_checksum={}",
         ENV_BF16_INDEX_K, config.flags.bf16_index_k as u8,
         ENV_INDEX_K_HICACHE_SYNC, config.flags.index_k_hicache_sync as u8,

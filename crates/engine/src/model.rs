@@ -23,6 +23,9 @@ use serde_json::{Map, Value};
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
+/// Indexer top-k of the engine.
+pub const DEFAULT_TOP_K: usize = 32;
+
 /// One step of the task: a tool name and its arguments.
 pub type Step = (String, Map<String, Value>);
 

@@ -94,7 +94,7 @@ pub fn limits(backend: &dyn Backend, top_k: usize, max: usize) -> anyhow::Result
 #[cfg(test)]
 mod tests {
     use super::super::backend::cpu::CpuBackend;
-    use super::super::sim::DEFAULT_TOP_K;
+    use super::super::model::DEFAULT_TOP_K;
     use super::*;
 
     #[test]

@@ -11,7 +11,9 @@
 
 use super::backend::{AttnPath, Backend, IndexKDtype, TopkImpl};
 use super::dsml;
-use super::model::{self, decide, decode_step, Generation, Intent, ReadPath, SequenceKv};
+use super::model::{
+    self, decide, decode_step, Generation, Intent, ReadPath, SequenceKv, DEFAULT_TOP_K,
+};
 use super::prefill::{PrefillCore, PrefillCounters, PrefillOptions};
 use super::template::{Conversation, ToolFunction, Turn};
 use super::tokenizer::Vocab;
@@ -64,9 +66,6 @@ impl SimConfig {
         }
     }
 }
-
-/// Indexer top-k of the engine.
-pub const DEFAULT_TOP_K: usize = 32;
 
 #[derive(Debug, Clone, Default)]
 pub struct SimReport {

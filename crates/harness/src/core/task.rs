@@ -142,7 +142,7 @@ pub fn render_call(tool: &str, args: &Map<String, Value>) -> String {
 
 /// Parses the numbered list of a task message back into (tool, args) pairs, in list
 /// order. Lines that are not `N. tool(name=JSON, ...)` are ignored; `None` when the text
-/// holds no such line. Used by the mock server and by tests to check rendering.
+/// holds no such line. Used by tests to check rendering.
 pub fn parse_task_message(text: &str) -> Option<Vec<(String, Map<String, Value>)>> {
     let mut calls = Vec::new();
     for line in text.lines() {
@@ -483,7 +483,7 @@ pub fn initial_conversation(workload: &Workload, session_index: u32) -> (Task, V
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::driver::mock::sample_workload;
+    use crate::driver::sample::sample_workload;
     use serde_json::json;
 
     fn read_file_tool(paths: Vec<Value>) -> ToolSpec {

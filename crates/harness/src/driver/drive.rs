@@ -252,7 +252,8 @@ pub async fn drive(
 mod tests {
     use super::*;
     use crate::core::session::SessionClass;
-    use crate::driver::mock::{sample_workload, Fault, FaultRule, MockConfig, MockServer};
+    use crate::driver::sample::sample_workload;
+    use bisect_engine::mock::{Fault, FaultRule, MockConfig, MockServer};
 
     async fn run(
         config: MockConfig,

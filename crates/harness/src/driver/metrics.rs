@@ -357,7 +357,7 @@ pub fn write_csv(log: &MetricsLog, path: &Path) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::driver::mock::{MockConfig, MockServer};
+    use bisect_engine::mock::{MockConfig, MockServer};
 
     const SGLANG: &str = r#"# HELP sglang:num_running_reqs The number of running requests.
 # TYPE sglang:num_running_reqs gauge

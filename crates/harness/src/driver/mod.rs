@@ -1,14 +1,15 @@
 //! The workload of `bisect run` (DESIGN.md 3.4-3.6): per-session tasks and ctx filler,
 //! simulated tools, the OpenAI chat client, the session state machine, the concurrent
 //! driver with its optional round barrier, the Prometheus poller behind metrics.csv,
-//! and a zero-work mock chat server for tests and benchmarks.
+//! and a sample workload for tests and benchmarks (the zero-work mock engine they run
+//! against is `bisect_engine::mock`).
 
 pub mod barrier;
 pub mod client;
 pub mod conversation;
 pub mod drive;
 pub mod metrics;
-pub mod mock;
+pub mod sample;
 
 pub use crate::core::task::{Step, Task};
 pub use client::{ChatClient, ChatOutcome, InFlight};

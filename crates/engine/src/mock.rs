@@ -1,13 +1,17 @@
-//! A zero-work OpenAI chat server for tests and benchmarks of the harness: it reads the
-//! task's numbered list from the request, counts the tool results already in the
-//! conversation and answers, instantly, with exactly the call the current step asks
-//! for (a short text answer once all steps are done). Fault rules corrupt chosen
-//! sessions in deterministic ways (a CRC-32 of the task message picks them, the round
-//! says when), so tests can predict every class and count; nothing here is random.
-//! Also serves `/health` and sglang-style `/metrics` (its own running requests).
+//! A zero-work OpenAI chat server for the harness's tests and benchmarks: it reads the
+//! task's numbered list from the request (with the embedded engine's own task parser,
+//! `model::parse_task`), counts the tool results already in the conversation and
+//! answers, instantly, with exactly the call the current step asks for (a short text
+//! answer once all steps are done). Fault rules corrupt chosen sessions in
+//! deterministic ways (a CRC-32 of the task message picks them, the round says when),
+//! so tests can predict every class and count; nothing here is random.
+//! Also serves `/health` and `/metrics` (its own running requests, from the engine's
+//! one metrics table), with the engine's connection handling (`listen`).
 
-use crate::config::{CheckArgs, TaskSpec, ToolSpec, Workload};
-use crate::core::task::{approx_tokens, parse_task_message};
+use crate::listen::{self, HttpLimits};
+use crate::metrics::{self, Metric};
+use crate::model::{parse_task, Step};
+use crate::tokenizer;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
@@ -15,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use parking_lot::Mutex;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -133,9 +137,17 @@ pub struct MockServer {
 impl MockServer {
     /// Binds 127.0.0.1 on a free port and serves until dropped.
     pub async fn start(config: MockConfig) -> anyhow::Result<MockServer> {
-        let socket = tokio::net::TcpSocket::new_v4()?;
+        Self::bind(SocketAddr::from(([127, 0, 0, 1], 0)), config).await
+    }
+
+    /// Binds `addr` and serves until dropped.
+    pub async fn bind(addr: SocketAddr, config: MockConfig) -> anyhow::Result<MockServer> {
+        let socket = match addr {
+            SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+            SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+        };
         socket.set_reuseaddr(true)?;
-        socket.bind(SocketAddr::from(([127, 0, 0, 1], 0)))?;
+        socket.bind(addr)?;
         // A deep accept queue: a thousand sessions connect at once.
         let listener = socket.listen(8192)?;
         let addr = listener.local_addr()?;
@@ -151,12 +163,15 @@ impl MockServer {
             .route("/health", get(|| async { "ok" }))
             .route("/metrics", get(metrics))
             .with_state(shared);
+        // Benchmarks open one connection per session, thousands of them.
+        let limits = HttpLimits {
+            max_connections: 1 << 16,
+            ..HttpLimits::default()
+        };
         let stop = shutdown.clone();
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app)
-                .with_graceful_shutdown(async move { stop.cancelled().await })
-                .await;
-        });
+        tokio::spawn(listen::serve(listener, app, limits, async move {
+            stop.cancelled().await
+        }));
         Ok(MockServer {
             addr,
             stats,
@@ -203,7 +218,7 @@ impl Drop for RunningGuard<'_> {
 /// Where a conversation stands: the task, its text, and the round about to be answered.
 struct Progress {
     task_text: String,
-    steps: Vec<(String, Map<String, Value>)>,
+    steps: Vec<Step>,
     done_steps: usize,
     round: u32,
 }
@@ -214,7 +229,7 @@ fn progress(messages: &[Value]) -> Option<Progress> {
             return None;
         }
         let text = m.get("content")?.as_str()?;
-        parse_task_message(text).map(|steps| (i, text.to_string(), steps))
+        parse_task(text).map(|task| (i, text.to_string(), task.steps))
     })?;
     let later = &messages[at + 1..];
     let count = |role: &str| later.iter().filter(|m| m["role"] == role).count();
@@ -245,6 +260,11 @@ fn altered(value: &Value) -> Value {
     }
 }
 
+/// Tokens of `text` by the embedded engine's tokenizer (for `usage`).
+fn token_count(text: &str) -> usize {
+    tokenizer::split(text).len()
+}
+
 fn completion(message: Value, completion_tokens: usize) -> Response {
     let body = json!({
         "id": "chatcmpl-mock",
@@ -261,7 +281,7 @@ fn completion(message: Value, completion_tokens: usize) -> Response {
 }
 
 fn tool_call_reply(round: u32, tool: &str, arguments: String) -> Response {
-    let tokens = approx_tokens(tool) + approx_tokens(&arguments);
+    let tokens = token_count(tool) + token_count(&arguments);
     completion(
         json!({
             "role": "assistant",
@@ -279,7 +299,7 @@ fn tool_call_reply(round: u32, tool: &str, arguments: String) -> Response {
 fn text_reply(text: &str) -> Response {
     completion(
         json!({"role": "assistant", "content": text}),
-        approx_tokens(text),
+        token_count(text),
     )
 }
 
@@ -372,131 +392,43 @@ async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes
     response
 }
 
-async fn metrics(State(shared): State<Arc<Shared>>) -> String {
+async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     let running = shared.stats.running.load(Ordering::SeqCst).max(0);
-    format!(
-        "# HELP sglang:num_running_reqs The number of running requests.\n\
-         # TYPE sglang:num_running_reqs gauge\n\
-         sglang:num_running_reqs{{model_name=\"mock\"}} {running}\n\
-         # HELP sglang:num_queue_reqs The number of requests in the waiting queue.\n\
-         # TYPE sglang:num_queue_reqs gauge\n\
-         sglang:num_queue_reqs{{model_name=\"mock\"}} 0\n"
-    )
-}
-
-fn tool(name: &str, description: &str, parameters: Value, pools: Value, result: &str) -> ToolSpec {
-    let arg_values = pools
-        .as_object()
-        .expect("pools object")
-        .iter()
-        .map(|(k, v)| (k.clone(), v.as_array().expect("pool array").clone()))
-        .collect();
-    ToolSpec {
-        name: name.to_string(),
-        description: description.to_string(),
-        parameters,
-        arg_values,
-        result: result.to_string(),
-    }
-}
-
-/// A small ops-agent workload (three tools, three steps per task) for tests, benches
-/// and the lead's integration tests; `rounds` should exceed 3 for sessions to finish.
-pub fn sample_workload(sessions: u32, rounds: u32) -> Workload {
-    let paths = json!([
-        "/srv/app/config.yaml",
-        "/var/log/nginx/error.log",
-        "/etc/sglang/decode.env",
-        "/srv/app/logs/worker-3.log",
-        "/opt/serve/launch_prefill.sh",
-        "/var/lib/app/queue \"pending\".json"
-    ]);
-    let tools = vec![
-        tool(
-            "read_file",
-            "Read the first lines of a file.",
-            json!({
-                "type": "object",
-                "properties": {
-                    "path": {"type": "string"},
-                    "max_lines": {"type": "integer", "minimum": 1}
-                },
-                "required": ["path"]
-            }),
-            json!({"path": paths, "max_lines": [20, 40, 100, 250]}),
-            "{path} (first {max_lines} lines):\nlisten: 0.0.0.0:8080\ntimeout: 30s",
-        ),
-        tool(
-            "grep",
-            "Search a file for a pattern.",
-            json!({
-                "type": "object",
-                "properties": {
-                    "pattern": {"type": "string"},
-                    "path": {"type": "string"},
-                    "ignore_case": {"type": "boolean"}
-                },
-                "required": ["pattern", "path"]
-            }),
-            json!({
-                "pattern": ["ERROR", "timeout", "kv_pool", "retry \"later\"", "index_k"],
-                "path": paths,
-                "ignore_case": [true, false]
-            }),
-            "{path}: 2 matches for \"{pattern}\"",
-        ),
-        tool(
-            "list_dir",
-            "List a directory.",
-            json!({
-                "type": "object",
-                "properties": {"path": {"type": "string"}},
-                "required": ["path"]
-            }),
-            json!({"path": ["/srv/app", "/var/log", "/etc/sglang", "/opt/serve"]}),
-            r#"{"path": "{path}", "entries": ["config.yaml", "logs", "src"]}"#,
-        ),
+    let values = [
+        (Metric::RunningRequests, running as f64),
+        (Metric::QueuedRequests, 0.0),
     ];
-    Workload {
-        name: "mock-ops".to_string(),
-        sessions,
-        rounds,
-        ctx: 0,
-        max_tokens: 256,
-        timeout_s: 30.0,
-        temperature: 0.0,
-        tools,
-        task: TaskSpec {
-            steps: 3,
-            intro:
-                "You are the on-call assistant. Do these steps in order, one tool call per step:"
-                    .to_string(),
-            outro: "When all steps are done, answer with a one-line summary.".to_string(),
-        },
-        check_args: CheckArgs::Strict,
-        barrier: false,
-        seed: 42,
-        source: None,
-    }
+    (
+        [(header::CONTENT_TYPE, metrics::CONTENT_TYPE)],
+        metrics::render(&values),
+    )
+        .into_response()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn task_message() -> Value {
+        json!({"role": "user", "content": "You are on call. Do these steps in order:\n\
+            1. read_file(path=\"/srv/app/config.yaml\", max_lines=40)\n\
+            2. list_dir(path=\"/srv/app\")\n\
+            When all steps are done, answer with a one-line summary."})
+    }
+
     #[test]
     fn progress_counts_steps_and_rounds_after_the_task() {
-        let workload = sample_workload(1, 4);
-        let (task, messages) = crate::core::task::initial_conversation(&workload, 0);
-        let mut conversation: Vec<Value> = messages
-            .iter()
-            .map(|m| serde_json::to_value(m).unwrap())
-            .collect();
+        let mut conversation = vec![
+            json!({"role": "system", "content": "tools"}),
+            task_message(),
+        ];
         let first = progress(&conversation).unwrap();
         assert_eq!(
             (first.done_steps, first.round, first.steps.len()),
-            (0, 1, task.steps.len())
+            (0, 1, 2)
         );
+        assert_eq!(first.steps[0].0, "read_file");
+        assert_eq!(first.steps[0].1["max_lines"], 40);
         conversation.push(json!({"role": "assistant", "content": null, "tool_calls": []}));
         conversation.push(json!({"role": "tool", "tool_call_id": "call_1", "content": "x"}));
         let second = progress(&conversation).unwrap();
@@ -518,5 +450,41 @@ mod tests {
         );
         let hits = picked.iter().filter(|p| **p).count();
         assert!((3..=20).contains(&hits), "{hits}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn answers_the_current_step_and_reports_metrics_from_the_table() {
+        let server = MockServer::start(MockConfig::default()).await.unwrap();
+        let client = reqwest::Client::new();
+        let reply: Value = client
+            .post(format!("{}/chat/completions", server.api()))
+            .json(&json!({"messages": [task_message()]}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let call = &reply["choices"][0]["message"]["tool_calls"][0]["function"];
+        assert_eq!(call["name"], "read_file");
+        let arguments: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+        assert_eq!(
+            arguments,
+            json!({"path": "/srv/app/config.yaml", "max_lines": 40})
+        );
+        let text = client
+            .get(server.metrics_url())
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let expected = metrics::render(&[
+            (Metric::RunningRequests, 0.0),
+            (Metric::QueuedRequests, 0.0),
+        ]);
+        assert_eq!(text, expected);
+        assert_eq!(server.stats().requests(), 1);
     }
 }

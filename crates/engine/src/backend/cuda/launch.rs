@@ -1,0 +1,305 @@
+//! The GPU implementation of [`Backend`]: uploads, kernel launches and downloads of
+//! index-K quantization, indexer scores + top-k, and both sparse attention paths. Each
+//! call runs on the compute stream and returns once its results are on the host.
+
+use anyhow::{bail, ensure, Context, Result};
+use cudarc::driver::PushKernelArg;
+
+use super::super::{
+    AttnJob, AttnOut, AttnPath, Backend, IndexKDtype, IndexerJob, TopkImpl, INDEX_DIM, MAIN_DIM,
+};
+use super::{
+    grid_for, per_job, row_starts, to_u32, CudaBackend, ATTN_THREADS, ELEMENTWISE_THREADS,
+    TOPK_THREADS,
+};
+
+impl Backend for CudaBackend {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn quantize_index_k(&self, dtype: IndexKDtype, keys: &[f32], out: &mut [u8]) -> Result<()> {
+        ensure!(
+            keys.len() % INDEX_DIM == 0,
+            "index-K keys: {} f32 is not a multiple of {INDEX_DIM}",
+            keys.len()
+        );
+        let n = keys.len() / INDEX_DIM;
+        ensure!(
+            out.len() == n * dtype.bytes_per_token(),
+            "index-K output: {} bytes for {n} tokens of {} ({} expected)",
+            out.len(),
+            dtype.name(),
+            n * dtype.bytes_per_token()
+        );
+        if n == 0 {
+            return Ok(());
+        }
+        let n32 = to_u32(n, "index-K tokens")?;
+        let d_keys = self.upload(keys)?;
+        let mut d_out = self.zeros::<u8>(out.len())?;
+        let (function, cfg) = match dtype {
+            IndexKDtype::Bf16 => (
+                &self.kernels.quantize_bf16,
+                grid_for(n * INDEX_DIM, ELEMENTWISE_THREADS),
+            ),
+            // One block of exactly INDEX_DIM threads per token (the kernel's amax reduction).
+            IndexKDtype::Fp8 => (&self.kernels.quantize_fp8, {
+                let mut cfg = grid_for(n, 1);
+                cfg.block_dim = (INDEX_DIM as u32, 1, 1);
+                cfg
+            }),
+        };
+        let mut launch = self.compute.launch_builder(function);
+        launch.arg(&d_keys).arg(&mut d_out).arg(&n32);
+        // SAFETY: argument types and order match the kernel signature in index_k.cu.
+        unsafe { launch.launch(cfg) }
+            .with_context(|| format!("launching quantize_index_k ({})", dtype.name()))?;
+        out.copy_from_slice(&self.download(&d_out, out.len())?);
+        Ok(())
+    }
+
+    fn indexer_topk(
+        &self,
+        dtype: IndexKDtype,
+        jobs: &[IndexerJob<'_>],
+        k: usize,
+        topk: TopkImpl,
+    ) -> Result<Vec<Vec<u32>>> {
+        let bytes_per_token = dtype.bytes_per_token();
+        for (j, job) in jobs.iter().enumerate() {
+            ensure!(
+                job.query.len() == INDEX_DIM,
+                "indexer job {j}: query has {} f32, not {INDEX_DIM}",
+                job.query.len()
+            );
+            ensure!(
+                job.index_k.len() >= job.n * bytes_per_token,
+                "indexer job {j}: {} index-K bytes for n = {} in {}",
+                job.index_k.len(),
+                job.n,
+                dtype.name()
+            );
+        }
+        let starts = row_starts(jobs.iter().map(|job| job.n))?;
+        let rows = *starts.last().unwrap_or(&0) as usize;
+        if jobs.is_empty() || k == 0 || rows == 0 {
+            return Ok(vec![Vec::new(); jobs.len()]);
+        }
+        let k32 = to_u32(k, "top-k")?;
+        let jobs32 = to_u32(jobs.len(), "indexer jobs")?;
+        to_u32(jobs.len() * k, "indexer output slots")?;
+
+        let queries: Vec<f32> = jobs
+            .iter()
+            .flat_map(|job| job.query.iter().copied())
+            .collect();
+        let index_k: Vec<u8> = jobs
+            .iter()
+            .flat_map(|job| job.index_k[..job.n * bytes_per_token].iter().copied())
+            .collect();
+        let d_queries = self.upload(&queries)?;
+        let d_index_k = self.upload(&index_k)?;
+        let d_starts = self.upload(&starts)?;
+        let mut d_scores = self.zeros::<f32>(rows)?;
+        let scores_fn = match dtype {
+            IndexKDtype::Bf16 => &self.kernels.scores_bf16,
+            IndexKDtype::Fp8 => &self.kernels.scores_fp8,
+        };
+        let mut launch = self.compute.launch_builder(scores_fn);
+        launch
+            .arg(&d_queries)
+            .arg(&d_index_k)
+            .arg(&d_starts)
+            .arg(&jobs32)
+            .arg(&mut d_scores);
+        // SAFETY: matches indexer_scores_* in indexer_topk.cu.
+        unsafe { launch.launch(grid_for(rows, ELEMENTWISE_THREADS)) }
+            .context("launching indexer_scores")?;
+
+        let mut d_out = self.zeros::<u32>(jobs.len() * k)?;
+        match topk {
+            TopkImpl::V1 => {
+                let mut scratch_starts = Vec::with_capacity(jobs.len());
+                let mut padded_total = 0u64;
+                for job in jobs {
+                    scratch_starts.push(padded_total);
+                    padded_total += job.n.max(1).next_power_of_two() as u64;
+                }
+                let d_scratch_starts = self.upload(&scratch_starts)?;
+                let mut d_scratch = self.zeros::<u64>(padded_total as usize)?;
+                let mut launch = self.compute.launch_builder(&self.kernels.topk_v1);
+                launch
+                    .arg(&d_scores)
+                    .arg(&d_starts)
+                    .arg(&d_scratch_starts)
+                    .arg(&mut d_scratch)
+                    .arg(&k32)
+                    .arg(&mut d_out);
+                // SAFETY: matches topk_v1_bitonic in indexer_topk.cu.
+                unsafe { launch.launch(per_job(jobs.len(), TOPK_THREADS)) }
+                    .context("launching topk_v1_bitonic")?;
+            }
+            TopkImpl::V2 => {
+                let mut d_scratch = self.zeros::<u64>(jobs.len() * k)?;
+                let mut launch = self.compute.launch_builder(&self.kernels.topk_v2);
+                launch
+                    .arg(&d_scores)
+                    .arg(&d_starts)
+                    .arg(&mut d_scratch)
+                    .arg(&k32)
+                    .arg(&mut d_out);
+                // SAFETY: matches topk_v2_radix_select in indexer_topk.cu.
+                unsafe { launch.launch(per_job(jobs.len(), TOPK_THREADS)) }
+                    .context("launching topk_v2_radix_select")?;
+            }
+        }
+        let flat = self.download(&d_out, jobs.len() * k)?;
+        Ok(jobs
+            .iter()
+            .zip(flat.chunks(k))
+            .map(|(job, slots)| slots[..job.n.min(k)].to_vec())
+            .collect())
+    }
+
+    fn sparse_attention(&self, jobs: &[AttnJob<'_>], path: AttnPath) -> Result<Vec<AttnOut>> {
+        check_attention_jobs(jobs)?;
+        if jobs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let jobs32 = to_u32(jobs.len(), "attention jobs")?;
+        let row_start = row_starts(jobs.iter().map(|job| job.n))?;
+        let sel_start = row_starts(jobs.iter().map(|job| job.selected.len()))?;
+        let rows = *row_start.last().unwrap_or(&0) as usize;
+        let selected_total = *sel_start.last().unwrap_or(&0) as usize;
+
+        let queries: Vec<f32> = jobs
+            .iter()
+            .flat_map(|job| job.query.iter().copied())
+            .collect();
+        let keys: Vec<f32> = jobs
+            .iter()
+            .flat_map(|job| job.keys[..job.n * MAIN_DIM].iter().copied())
+            .collect();
+        let selected: Vec<u32> = jobs
+            .iter()
+            .flat_map(|job| job.selected.iter().copied())
+            .collect();
+        let d_queries = self.upload(&queries)?;
+        let d_keys = self.upload(&keys)?;
+        let d_row_start = self.upload(&row_start)?;
+        let d_selected = self.upload(&selected)?;
+        let d_sel_start = self.upload(&sel_start)?;
+        let mut d_argmax = self.zeros::<u32>(jobs.len())?;
+        let mut d_weight = self.zeros::<f32>(jobs.len())?;
+        let query_threads = grid_for(jobs.len() * MAIN_DIM, ELEMENTWISE_THREADS);
+        let mut d_projected = self.zeros::<f32>(jobs.len() * MAIN_DIM)?;
+        let mut project = self.compute.launch_builder(&self.kernels.mla_project);
+        project
+            .arg(&self.up_projection)
+            .arg(&d_queries)
+            .arg(&jobs32)
+            .arg(&mut d_projected);
+        // SAFETY: matches mla_project_queries in sparse_attention.cu.
+        unsafe { project.launch(query_threads) }.context("launching mla_project_queries")?;
+
+        match path {
+            AttnPath::Mma => {
+                let mut d_absorbed = self.zeros::<f32>(jobs.len() * MAIN_DIM)?;
+                let mut absorb = self.compute.launch_builder(&self.kernels.mla_absorb);
+                absorb
+                    .arg(&self.up_projection)
+                    .arg(&d_projected)
+                    .arg(&jobs32)
+                    .arg(&mut d_absorbed);
+                // SAFETY: matches mla_absorb_queries in sparse_attention.cu.
+                unsafe { absorb.launch(query_threads) }.context("launching mla_absorb_queries")?;
+                let mut d_logits = self.zeros::<f32>(selected_total)?;
+                let mut launch = self.compute.launch_builder(&self.kernels.attn_mma);
+                launch
+                    .arg(&d_absorbed)
+                    .arg(&d_keys)
+                    .arg(&d_row_start)
+                    .arg(&d_selected)
+                    .arg(&d_sel_start)
+                    .arg(&mut d_logits)
+                    .arg(&mut d_argmax)
+                    .arg(&mut d_weight);
+                // SAFETY: matches sparse_attention_mma in sparse_attention.cu.
+                unsafe { launch.launch(per_job(jobs.len(), ATTN_THREADS)) }
+                    .context("launching sparse_attention_mma")?;
+            }
+            AttnPath::Legacy => {
+                let mut d_dense = self.zeros::<f32>(rows)?;
+                let mut d_mask = self.zeros::<u8>(rows)?;
+                let mut dense = self.compute.launch_builder(&self.kernels.attn_legacy_dense);
+                dense
+                    .arg(&self.up_projection)
+                    .arg(&d_projected)
+                    .arg(&d_keys)
+                    .arg(&d_row_start)
+                    .arg(&jobs32)
+                    .arg(&mut d_dense);
+                // SAFETY: matches sparse_attention_legacy_dense.
+                unsafe { dense.launch(grid_for(rows, ELEMENTWISE_THREADS)) }
+                    .context("launching legacy dense")?;
+                let mut mask = self.compute.launch_builder(&self.kernels.attn_legacy_mask);
+                mask.arg(&d_row_start)
+                    .arg(&d_selected)
+                    .arg(&d_sel_start)
+                    .arg(&jobs32)
+                    .arg(&mut d_mask);
+                // SAFETY: matches sparse_attention_legacy_mask.
+                unsafe { mask.launch(grid_for(selected_total, ELEMENTWISE_THREADS)) }
+                    .context("launching legacy mask")?;
+                let mut softmax = self
+                    .compute
+                    .launch_builder(&self.kernels.attn_legacy_softmax);
+                softmax
+                    .arg(&d_dense)
+                    .arg(&d_mask)
+                    .arg(&d_row_start)
+                    .arg(&mut d_argmax)
+                    .arg(&mut d_weight);
+                // SAFETY: matches sparse_attention_legacy_softmax.
+                unsafe { softmax.launch(per_job(jobs.len(), ATTN_THREADS)) }
+                    .context("launching legacy softmax")?;
+            }
+        }
+        let argmax = self.download(&d_argmax, jobs.len())?;
+        let weight = self.download(&d_weight, jobs.len())?;
+        Ok(argmax
+            .into_iter()
+            .zip(weight)
+            .map(|(argmax, weight)| AttnOut { argmax, weight })
+            .collect())
+    }
+}
+
+/// Shape checks of an attention batch, before anything is uploaded.
+fn check_attention_jobs(jobs: &[AttnJob<'_>]) -> Result<()> {
+    for (j, job) in jobs.iter().enumerate() {
+        ensure!(
+            job.query.len() == MAIN_DIM,
+            "attention job {j}: query has {} f32, not {MAIN_DIM}",
+            job.query.len()
+        );
+        ensure!(
+            job.keys.len() >= job.n * MAIN_DIM,
+            "attention job {j}: {} key f32 for n = {}",
+            job.keys.len(),
+            job.n
+        );
+        ensure!(
+            !job.selected.is_empty(),
+            "attention job {j}: empty selection"
+        );
+        if let Some(bad) = job.selected.iter().find(|&&p| p as usize >= job.n) {
+            bail!(
+                "attention job {j}: selected position {bad} is outside 0..{}",
+                job.n
+            );
+        }
+    }
+    Ok(())
+}

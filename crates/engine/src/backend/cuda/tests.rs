@@ -1,0 +1,399 @@
+use super::*;
+use crate::backend::cpu::CpuBackend;
+use crate::backend::{
+    AttnJob, AttnPath, Backend, IndexKDtype, IndexerJob, TopkImpl, INDEX_DIM, MAIN_DIM,
+};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// `extern "C" __global__ void NAME(` entry points declared in a kernel source.
+fn declared_kernels(source: &str) -> Vec<String> {
+    let pattern = regex::Regex::new(r#"extern "C" __global__ void (\w+)\("#).unwrap();
+    pattern
+        .captures_iter(source)
+        .map(|c| c[1].to_string())
+        .collect()
+}
+
+#[test]
+fn kernel_sources_cover_every_kernels_file() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels");
+    let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".cu"))
+        .collect();
+    on_disk.sort();
+    let mut embedded: Vec<String> = KERNEL_SOURCES
+        .iter()
+        .map(|(name, _)| name.to_string())
+        .collect();
+    embedded.sort();
+    assert_eq!(
+        on_disk, embedded,
+        "every kernels/*.cu must be listed in KERNEL_SOURCES"
+    );
+    for (name, source) in KERNEL_SOURCES {
+        assert!(
+            !declared_kernels(source).is_empty(),
+            "{name} declares no extern \"C\" kernel"
+        );
+        assert!(
+            !source.contains("#include"),
+            "{name}: NVRTC from PyPI ships no CUDA headers"
+        );
+    }
+}
+
+#[test]
+fn kernels_compile_with_nvrtc() {
+    if !nvrtc_library_present() {
+        // CI exports BISECT_NVRTC_DIR after installing NVRTC: there a skip would hide
+        // a broken install, so it fails instead.
+        if let Ok(dir) = std::env::var("BISECT_NVRTC_DIR") {
+            panic!("BISECT_NVRTC_DIR={dir} is set but libnvrtc is not loadable: is it on LD_LIBRARY_PATH?");
+        }
+        eprintln!(
+            "skipped: libnvrtc not loadable (run scripts/install-nvrtc.sh and put its output on LD_LIBRARY_PATH)"
+        );
+        return;
+    }
+    let compiled = compile_check_all().unwrap();
+    assert_eq!(compiled.len(), KERNEL_SOURCES.len());
+    for ((name, size), (file, source)) in compiled.iter().zip(KERNEL_SOURCES) {
+        assert_eq!(name, file);
+        assert!(*size > 0, "{name}: empty PTX");
+        let ptx = compile_kernel(file, source, COMPILE_CHECK_ARCH)
+            .unwrap()
+            .to_src();
+        for kernel in declared_kernels(source) {
+            assert!(
+                ptx.contains(&format!(".entry {kernel}(")),
+                "{name}: no PTX entry for {kernel}"
+            );
+        }
+    }
+}
+
+#[test]
+fn nvrtc_reports_compile_errors_with_the_log() {
+    if !nvrtc_library_present() {
+        eprintln!("skipped: libnvrtc not loadable");
+        return;
+    }
+    let error = compile_kernel(
+        "broken.cu",
+        "extern \"C\" __global__ void k() { undeclared(); }",
+        COMPILE_CHECK_ARCH,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        error.contains("kernels/broken.cu") && error.contains("undeclared"),
+        "{error}"
+    );
+}
+
+#[test]
+fn probe_and_new_never_panic_and_agree() {
+    match probe() {
+        Some(description) => assert!(description.contains("device(s)"), "{description}"),
+        None => {
+            let error = CudaBackend::new()
+                .err()
+                .expect("no device, yet CudaBackend::new succeeded");
+            assert!(!error.to_string().is_empty());
+        }
+    }
+}
+
+#[test]
+fn row_starts_are_prefix_sums() {
+    assert_eq!(
+        row_starts([3usize, 0, 5].into_iter()).unwrap(),
+        vec![0, 3, 3, 8]
+    );
+    assert_eq!(row_starts(std::iter::empty()).unwrap(), vec![0]);
+    assert!(row_starts([usize::MAX / 2, usize::MAX / 2].into_iter()).is_err());
+    let cfg = grid_for(10_000_000_000, 256);
+    assert_eq!(cfg.grid_dim.0, MAX_GRID_BLOCKS);
+    assert_eq!(grid_for(0, 256).grid_dim.0, 1);
+    assert_eq!(grid_for(257, 256).grid_dim.0, 2);
+}
+
+/// The GPU backend, or `None` (test skipped) on a machine without a CUDA device.
+fn gpu() -> Option<CudaBackend> {
+    if probe().is_none() {
+        eprintln!("skipped: no CUDA device");
+        return None;
+    }
+    Some(CudaBackend::new().expect("a CUDA device is present but the backend failed to start"))
+}
+
+/// Keys with a spread of magnitudes plus the conversions' edge cases: an all-zero
+/// token, exact rounding ties, values around the e4m3 saturation and subnormal range.
+fn edge_case_keys(rng: &mut ChaCha8Rng, tokens: usize) -> Vec<f32> {
+    let mut keys: Vec<f32> = (0..tokens * INDEX_DIM)
+        .map(|i| {
+            let magnitude = 10f32.powi((i % 7) as i32 - 3);
+            (rng.random::<f32>() - 0.5) * magnitude
+        })
+        .collect();
+    keys[..INDEX_DIM].fill(0.0);
+    let specials = [
+        1.0f32 + 1.0 / 256.0, // bf16 tie, even stays
+        1.0 + 3.0 / 256.0,    // bf16 tie, odd rounds up
+        448.0,
+        464.0,
+        470.0,
+        -1.0e6,
+        2.0f32.powi(-10),
+        2.0f32.powi(-9) * 1.5,
+        -2.0f32.powi(-7),
+        1.0e-30,
+        -0.0,
+    ];
+    keys[INDEX_DIM..INDEX_DIM + specials.len()].copy_from_slice(&specials);
+    keys
+}
+
+#[test]
+fn gpu_quantize_matches_cpu_bytes() {
+    let Some(gpu) = gpu() else { return };
+    let cpu = CpuBackend::new();
+    let mut rng = ChaCha8Rng::seed_from_u64(0x1dec);
+    let keys = edge_case_keys(&mut rng, 777);
+    for dtype in [IndexKDtype::Bf16, IndexKDtype::Fp8] {
+        let mut want = vec![0u8; 777 * dtype.bytes_per_token()];
+        let mut got = vec![0xAAu8; want.len()];
+        cpu.quantize_index_k(dtype, &keys, &mut want).unwrap();
+        gpu.quantize_index_k(dtype, &keys, &mut got).unwrap();
+        let first_difference = want.iter().zip(&got).position(|(a, b)| a != b);
+        assert_eq!(
+            first_difference, None,
+            "{dtype:?}: bytes differ from the CPU backend"
+        );
+    }
+}
+
+#[test]
+fn gpu_indexer_topk_matches_cpu_exactly() {
+    let Some(gpu) = gpu() else { return };
+    let cpu = CpuBackend::new();
+    let mut rng = ChaCha8Rng::seed_from_u64(0x70b);
+    let sizes = [0usize, 1, 5, 300, 4099];
+    for dtype in [IndexKDtype::Bf16, IndexKDtype::Fp8] {
+        let stored: Vec<(Vec<f32>, Vec<u8>)> = sizes
+            .iter()
+            .map(|&n| {
+                let mut keys = edge_case_keys(&mut rng, n.max(2));
+                keys.truncate(n * INDEX_DIM);
+                // Duplicated rows force exact score ties between positions.
+                if n > 200 {
+                    let row = keys[7 * INDEX_DIM..8 * INDEX_DIM].to_vec();
+                    keys[150 * INDEX_DIM..151 * INDEX_DIM].copy_from_slice(&row);
+                }
+                let mut bytes = vec![0u8; n * dtype.bytes_per_token()];
+                cpu.quantize_index_k(dtype, &keys, &mut bytes).unwrap();
+                let query: Vec<f32> = (0..INDEX_DIM).map(|_| rng.random::<f32>() - 0.5).collect();
+                (query, bytes)
+            })
+            .collect();
+        let jobs: Vec<IndexerJob<'_>> = stored
+            .iter()
+            .zip(sizes)
+            .map(|((query, bytes), n)| IndexerJob {
+                query,
+                index_k: bytes,
+                n,
+            })
+            .collect();
+        for k in [1usize, 64, 2048] {
+            for topk in [TopkImpl::V1, TopkImpl::V2] {
+                let want = cpu.indexer_topk(dtype, &jobs, k, topk).unwrap();
+                let got = gpu.indexer_topk(dtype, &jobs, k, topk).unwrap();
+                assert_eq!(got, want, "{dtype:?} k={k} {topk:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn gpu_sparse_attention_matches_cpu() {
+    let Some(gpu) = gpu() else { return };
+    let cpu = CpuBackend::new();
+    let mut rng = ChaCha8Rng::seed_from_u64(0xa77);
+    let sizes = [1usize, 17, 640, 3000];
+    let data: Vec<(Vec<f32>, Vec<f32>, Vec<u32>)> = sizes
+        .iter()
+        .map(|&n| {
+            let keys: Vec<f32> = (0..n * MAIN_DIM)
+                .map(|_| rng.random::<f32>() * 2.0 - 1.0)
+                .collect();
+            let target = rng.random_range(0..n);
+            // A query close to one stored row, so the argmax is meaningful.
+            let query: Vec<f32> = keys[target * MAIN_DIM..(target + 1) * MAIN_DIM]
+                .iter()
+                .map(|v| v * 4.0 + (rng.random::<f32>() - 0.5) * 0.1)
+                .collect();
+            let mut selected: Vec<u32> = (0..n as u32)
+                .filter(|p| p % 3 == 0 || *p == target as u32)
+                .collect();
+            selected.reverse();
+            (query, keys, selected)
+        })
+        .collect();
+    let jobs: Vec<AttnJob<'_>> = data
+        .iter()
+        .zip(sizes)
+        .map(|((query, keys, selected), n)| AttnJob {
+            query,
+            keys,
+            n,
+            selected,
+        })
+        .collect();
+    for path in [AttnPath::Mma, AttnPath::Legacy] {
+        let want = cpu.sparse_attention(&jobs, path).unwrap();
+        let got = gpu.sparse_attention(&jobs, path).unwrap();
+        for (j, (w, g)) in want.iter().zip(&got).enumerate() {
+            assert_eq!(g.argmax, w.argmax, "{path:?} job {j}");
+            let tolerance = 1e-5 * w.weight.abs().max(1e-6);
+            assert!(
+                (g.weight - w.weight).abs() <= tolerance,
+                "{path:?} job {j}: {} vs {}",
+                g.weight,
+                w.weight
+            );
+        }
+    }
+}
+
+#[test]
+fn gpu_gated_load_back_reads_the_loaded_page() {
+    let Some(gpu) = gpu() else { return };
+    let page_bytes = 64 * 256;
+    let pool = LoadBackPool::new(&gpu, page_bytes, 4, 4).unwrap();
+    let page = |fill: u8| vec![fill; page_bytes];
+    pool.write_page(1, &page(0x11)).unwrap();
+    pool.evict(1, 2).unwrap();
+    pool.write_page(1, &page(0x22)).unwrap();
+    for round in 0..50 {
+        pool.load_back(2, 1).unwrap();
+        let read = pool.read_pages(&[1, 0], true).unwrap();
+        assert!(
+            read[..page_bytes].iter().all(|&b| b == 0x11),
+            "round {round}: gated read saw stale bytes"
+        );
+        assert!(
+            read[page_bytes..].iter().all(|&b| b == 0),
+            "round {round}: page 0 changed"
+        );
+        pool.write_page(1, &page(0x22)).unwrap();
+    }
+    let stats = pool.stats();
+    assert_eq!((stats.evictions, stats.load_backs), (1, 50));
+    assert_eq!(stats.ungated_reads_of_loading_pages, 0);
+}
+
+/// One sequence of the decode benchmark: indexer query and index-K, main query and keys.
+struct BenchSequence {
+    query: Vec<f32>,
+    index_k: Vec<u8>,
+    main_keys: Vec<f32>,
+    main_query: Vec<f32>,
+}
+
+/// Decode-step benchmark (`cargo test --release --lib
+/// engine::backend::cuda::tests::decode_step_throughput -- --ignored --nocapture`):
+/// one step = indexer top-k + sparse attention for a batch of sequences, inputs
+/// uploaded per call as the Backend trait defines; prints tokens/s per backend and
+/// checks the GPU's selections equal the CPU's.
+#[test]
+#[ignore = "benchmark; run explicitly (scripts/gpu-check.sh)"]
+fn decode_step_throughput() {
+    const BATCH: usize = 32;
+    const CONTEXT: usize = 8192;
+    const TOP_K: usize = 2048;
+    const STEPS: usize = 10;
+    let cpu = CpuBackend::new();
+    let gpu = gpu();
+    let mut rng = ChaCha8Rng::seed_from_u64(0xbe7c);
+    for dtype in [IndexKDtype::Bf16, IndexKDtype::Fp8] {
+        let sequences: Vec<BenchSequence> = (0..BATCH)
+            .map(|_| {
+                let keys: Vec<f32> = (0..CONTEXT * INDEX_DIM)
+                    .map(|_| rng.random::<f32>() - 0.5)
+                    .collect();
+                let mut index_k = vec![0u8; CONTEXT * dtype.bytes_per_token()];
+                cpu.quantize_index_k(dtype, &keys, &mut index_k).unwrap();
+                let query: Vec<f32> = (0..INDEX_DIM).map(|_| rng.random::<f32>() - 0.5).collect();
+                let main_keys: Vec<f32> = (0..CONTEXT * MAIN_DIM)
+                    .map(|_| rng.random::<f32>() - 0.5)
+                    .collect();
+                let main_query: Vec<f32> =
+                    (0..MAIN_DIM).map(|_| rng.random::<f32>() - 0.5).collect();
+                BenchSequence {
+                    query,
+                    index_k,
+                    main_keys,
+                    main_query,
+                }
+            })
+            .collect();
+        let indexer_jobs: Vec<IndexerJob<'_>> = sequences
+            .iter()
+            .map(|sequence| IndexerJob {
+                query: &sequence.query,
+                index_k: &sequence.index_k,
+                n: CONTEXT,
+            })
+            .collect();
+        let mut backends: Vec<&dyn Backend> = vec![&cpu];
+        if let Some(gpu) = gpu.as_ref() {
+            backends.push(gpu);
+        }
+        let mut selections = Vec::new();
+        for backend in backends {
+            let started = std::time::Instant::now();
+            let mut last = Vec::new();
+            for _ in 0..STEPS {
+                let selected = backend
+                    .indexer_topk(dtype, &indexer_jobs, TOP_K, TopkImpl::V2)
+                    .unwrap();
+                let attention_jobs: Vec<AttnJob<'_>> = sequences
+                    .iter()
+                    .zip(&selected)
+                    .map(|(sequence, selected)| AttnJob {
+                        query: &sequence.main_query,
+                        keys: &sequence.main_keys,
+                        n: CONTEXT,
+                        selected,
+                    })
+                    .collect();
+                let out = backend
+                    .sparse_attention(&attention_jobs, AttnPath::Mma)
+                    .unwrap();
+                last = selected
+                    .into_iter()
+                    .zip(out.into_iter().map(|o| o.argmax))
+                    .collect::<Vec<_>>();
+            }
+            let seconds = started.elapsed().as_secs_f64();
+            eprintln!(
+                "decode step {} {}: batch {BATCH} x ctx {CONTEXT}, top-{TOP_K}: {:.1} ms/step, {:.0} tokens/s",
+                backend.name(),
+                dtype.name(),
+                seconds * 1e3 / STEPS as f64,
+                (BATCH * STEPS) as f64 / seconds
+            );
+            selections.push(last);
+        }
+        if selections.len() == 2 {
+            assert_eq!(
+                selections[0], selections[1],
+                "{dtype:?}: CUDA selections differ from the CPU's"
+            );
+        }
+    }
+}

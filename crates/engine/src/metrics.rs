@@ -1,0 +1,303 @@
+//! The one table of Prometheus metrics this crate serves on `/metrics` (text format
+//! 0.0.4), and its renderer. Both roles of the embedded engine and the zero-work mock
+//! (`crate::mock`) report values for rows of [`Metric`] and render them with
+//! [`render`], so a metric's name, type and help text exist in one place only.
+//!
+//! The `sglang:` rows carry sglang's names: the harness polls them from any engine
+//! (running and queued requests feed its load-confound check). The `bisect_engine_`
+//! rows are the embedded engine's own instrumentation.
+
+use std::fmt::Write as _;
+
+/// Prometheus metric type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Gauge,
+    Counter,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Gauge => "gauge",
+            Kind::Counter => "counter",
+        }
+    }
+}
+
+/// Every metric any server of this crate exports (keep `TransferErrors` last: a test
+/// checks the table has a row for each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Metric {
+    RunningRequests,
+    QueuedRequests,
+    TokenUsage,
+    CacheHitRate,
+    GenThroughput,
+    Requests,
+    PromptTokens,
+    CompletionTokens,
+    CachedTokens,
+    ComputedTokens,
+    HicacheLoadbacks,
+    HicacheLoadbackPages,
+    EvictedPages,
+    DroppedPages,
+    StaleIndexKReads,
+    StaleIndexKRequests,
+    LoaderBytes,
+    HostPages,
+    LoaderJobs,
+    AbortedRequests,
+    EagerDecodeSteps,
+    GraphDecodeSteps,
+    IndexKChecksumMatches,
+    IndexKChecksumMismatches,
+    StaleIndexKPagesReceived,
+    TransferErrors,
+}
+
+/// One row of the table: the metric, its exported name, type and `# HELP` text.
+pub struct Spec {
+    pub metric: Metric,
+    pub name: &'static str,
+    pub kind: Kind,
+    pub help: &'static str,
+}
+
+const fn row(metric: Metric, name: &'static str, kind: Kind, help: &'static str) -> Spec {
+    Spec {
+        metric,
+        name,
+        kind,
+        help,
+    }
+}
+
+/// The table, in [`Metric`]'s declaration order (a test checks it).
+const TABLE: [Spec; 26] = {
+    use Kind::{Counter, Gauge};
+    use Metric::*;
+    [
+        row(
+            RunningRequests,
+            "sglang:num_running_reqs",
+            Gauge,
+            "The number of running requests.",
+        ),
+        row(
+            QueuedRequests,
+            "sglang:num_queue_reqs",
+            Gauge,
+            "The number of requests in the waiting queue.",
+        ),
+        row(
+            TokenUsage,
+            "sglang:token_usage",
+            Gauge,
+            "Fraction of the KV pool in use.",
+        ),
+        row(
+            CacheHitRate,
+            "sglang:cache_hit_rate",
+            Gauge,
+            "Prompt tokens served from the prefix cache over all prompt tokens.",
+        ),
+        row(
+            GenThroughput,
+            "sglang:gen_throughput",
+            Gauge,
+            "Generated tokens per second over the last window.",
+        ),
+        row(
+            Requests,
+            "bisect_engine_requests_total",
+            Counter,
+            "Chat requests answered.",
+        ),
+        row(
+            PromptTokens,
+            "bisect_engine_prompt_tokens_total",
+            Counter,
+            "Prompt tokens received.",
+        ),
+        row(
+            CompletionTokens,
+            "bisect_engine_completion_tokens_total",
+            Counter,
+            "Tokens generated.",
+        ),
+        row(
+            CachedTokens,
+            "bisect_engine_cached_tokens_total",
+            Counter,
+            "Prompt tokens served from the prefix cache.",
+        ),
+        row(
+            ComputedTokens,
+            "bisect_engine_computed_tokens_total",
+            Counter,
+            "Prompt tokens computed.",
+        ),
+        row(
+            HicacheLoadbacks,
+            "bisect_engine_hicache_loadbacks_total",
+            Counter,
+            "Requests that loaded prefix pages back from the host tier.",
+        ),
+        row(
+            HicacheLoadbackPages,
+            "bisect_engine_hicache_loadback_pages_total",
+            Counter,
+            "Pages loaded back from the host tier.",
+        ),
+        row(
+            EvictedPages,
+            "bisect_engine_evicted_pages_total",
+            Counter,
+            "Device pages evicted.",
+        ),
+        row(
+            DroppedPages,
+            "bisect_engine_dropped_pages_total",
+            Counter,
+            "Evicted pages dropped (no host tier, or the host tier full).",
+        ),
+        row(
+            StaleIndexKReads,
+            "bisect_engine_stale_index_k_reads_total",
+            Counter,
+            "Index-K pages read before their load-back landed.",
+        ),
+        row(
+            StaleIndexKRequests,
+            "bisect_engine_stale_index_k_requests_total",
+            Counter,
+            "Requests shipped with at least one stale index-K page.",
+        ),
+        row(
+            LoaderBytes,
+            "bisect_engine_loader_bytes_total",
+            Counter,
+            "Bytes moved by the HiCache loader.",
+        ),
+        row(
+            HostPages,
+            "bisect_engine_host_pages",
+            Gauge,
+            "Pages held in the host tier.",
+        ),
+        row(
+            LoaderJobs,
+            "bisect_engine_loader_jobs",
+            Gauge,
+            "Load-backs in flight.",
+        ),
+        row(
+            AbortedRequests,
+            "bisect_engine_aborted_requests_total",
+            Counter,
+            "Requests dropped because their client went away.",
+        ),
+        row(
+            EagerDecodeSteps,
+            "bisect_engine_eager_decode_steps_total",
+            Counter,
+            "Decode steps on the eager path (batch above cuda_graph_max_bs).",
+        ),
+        row(
+            GraphDecodeSteps,
+            "bisect_engine_graph_decode_steps_total",
+            Counter,
+            "Decode steps on the graph path.",
+        ),
+        row(
+            IndexKChecksumMatches,
+            "bisect_engine_index_k_checksum_match_total",
+            Counter,
+            "Transfers whose index-K crc32 matched the sender's.",
+        ),
+        row(
+            IndexKChecksumMismatches,
+            "bisect_engine_index_k_checksum_mismatch_total",
+            Counter,
+            "Transfers whose index-K crc32 differed from the sender's.",
+        ),
+        row(
+            StaleIndexKPagesReceived,
+            "bisect_engine_stale_index_k_pages_received_total",
+            Counter,
+            "Stale index-K pages prefill reported in received transfers.",
+        ),
+        row(
+            TransferErrors,
+            "bisect_engine_transfer_errors_total",
+            Counter,
+            "KV transfers from prefill that failed.",
+        ),
+    ]
+};
+
+impl Metric {
+    /// This metric's row of the table.
+    pub fn spec(self) -> &'static Spec {
+        &TABLE[self as usize]
+    }
+}
+
+/// The Prometheus text of `values`, in the given order (the `Content-Type` to send it
+/// with is [`CONTENT_TYPE`]).
+pub fn render(values: &[(Metric, f64)]) -> String {
+    let mut out = String::new();
+    for &(metric, value) in values {
+        let Spec {
+            name, kind, help, ..
+        } = metric.spec();
+        let _ = write!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {}\n{name} {value}\n",
+            kind.name()
+        );
+    }
+    out
+}
+
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_help_type_and_value_per_row() {
+        let text = render(&[(Metric::RunningRequests, 3.0), (Metric::Requests, 7.0)]);
+        assert_eq!(
+            text,
+            "# HELP sglang:num_running_reqs The number of running requests.\n\
+             # TYPE sglang:num_running_reqs gauge\n\
+             sglang:num_running_reqs 3\n\
+             # HELP bisect_engine_requests_total Chat requests answered.\n\
+             # TYPE bisect_engine_requests_total counter\n\
+             bisect_engine_requests_total 7\n"
+        );
+    }
+
+    #[test]
+    fn the_table_is_in_declaration_order_with_unique_names() {
+        for (index, spec) in TABLE.iter().enumerate() {
+            assert_eq!(spec.metric as usize, index, "{}", spec.name);
+            assert_eq!(
+                spec.name.ends_with("_total"),
+                spec.kind == Kind::Counter,
+                "counters and only counters end in _total: {}",
+                spec.name
+            );
+        }
+        // A variant added without a row would index past the table.
+        assert_eq!(Metric::TransferErrors as usize, TABLE.len() - 1);
+        let mut names: Vec<&str> = TABLE.iter().map(|spec| spec.name).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), TABLE.len(), "names are unique");
+    }
+}
