@@ -4,6 +4,7 @@
 pub mod arm_stats;
 pub mod classify;
 pub mod effective;
+pub mod sequential;
 pub mod session;
 pub mod stats;
 pub mod task;
