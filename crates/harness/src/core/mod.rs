@@ -6,6 +6,7 @@ pub mod classify;
 pub mod effective;
 pub mod ending;
 pub mod format;
+pub mod sequential;
 pub mod session;
 pub mod stats;
 pub mod task;
