@@ -184,8 +184,13 @@ pub struct WorkloadArgs {
     /// Workload name (built-in) or TOML file.
     #[arg(long, default_value = "agentic")]
     workload: String,
+    /// Sessions per arm: the sample size.
     #[arg(long)]
     sessions: Option<u32>,
+    /// Sessions in flight at once: the load, held constant (closed loop: when one
+    /// ends the next starts) until --sessions are done. Default: all sessions at once.
+    #[arg(long)]
+    concurrency: Option<u32>,
     #[arg(long)]
     rounds: Option<u32>,
     /// Filler tokens of earlier conversation per session.
@@ -218,6 +223,30 @@ impl WorkloadArgs {
         }
         if let Some(s) = self.seed {
             workload.seed = s;
+        }
+        if let Some(c) = self.concurrency {
+            if c == 0 {
+                return Err(usage(
+                    "--concurrency must be positive",
+                    "pass the number of sessions to keep in flight, e.g. --concurrency 80",
+                ));
+            }
+            if c > workload.sessions {
+                return Err(usage(
+                    &format!(
+                        "--concurrency {c} is more than the {} sessions of an arm: the load could never be reached",
+                        workload.sessions
+                    ),
+                    "raise --sessions to at least --concurrency, or lower --concurrency",
+                ));
+            }
+            if workload.barrier && c < workload.sessions {
+                return Err(usage(
+                    "the workload's round barrier needs every session in flight at once",
+                    "drop --concurrency, or use a workload without `barrier`",
+                ));
+            }
+            workload.concurrency = Some(c);
         }
         if workload.sessions == 0
             || workload.rounds == 0

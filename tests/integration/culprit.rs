@@ -272,3 +272,19 @@ fn binary_exits_2_on_bad_input_and_touches_nothing() {
         "a refused search writes nothing"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_that_would_lower_the_load_is_refused() {
+    let t = FakeTarget::new().await;
+    let mut plan = culprit_plan(&t, &["FAKE_BF16", "FAKE_NOISE"], 64, 2);
+    // Screening looks of 64 / (4 * 2) = 8 sessions per arm, below a load of 32.
+    plan.workload.sessions = 32;
+    let err = plan.validate().unwrap_err();
+    let msg = format!("{err:#}");
+    assert!(msg.contains("below the load of 32"), "{msg}");
+    assert!(msg.contains("fix: pass --budget 256"), "{msg}");
+    assert_eq!(
+        bisect_harness::exit::code_for_error(&err),
+        bisect_harness::exit::BAD_INPUT
+    );
+}

@@ -456,3 +456,33 @@ async fn an_engine_that_ignores_its_launch_config_blocks_the_verdict() {
     );
     assert_eq!(t.launch_bytes(), before);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_larger_sample_runs_at_the_same_load() {
+    let t = FakeTarget::new().await;
+    let mut plan = t.plan("FAKE_BF16", 48, 2);
+    plan.workload.concurrency = Some(8);
+    t.engine.hold_requests(50);
+    let victims = fake_race_victims(&plan.workload, 48);
+    let mut control = t.engine.control();
+    let record = experiment::run_experiment(&plan, &mut control, &Quiet, CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(record.workload["concurrency"], 8);
+    assert_eq!(record.workload["sessions"], 48);
+    for arm in &record.arms {
+        assert_eq!(arm.sessions, 48);
+        assert!(
+            arm.stats.peak_running["client"] <= 8,
+            "{:?}",
+            arm.stats.peak_running
+        );
+        assert!(
+            arm.stats.peak_running["decode"] <= 8,
+            "{:?}",
+            arm.stats.peak_running
+        );
+    }
+    let on = record.arm(ArmLabel::On).unwrap();
+    assert_eq!(on.stats.counts.leak, victims);
+}

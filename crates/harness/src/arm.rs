@@ -281,7 +281,7 @@ impl<'a> Testbed<'a> {
             label: block.label.to_string(),
             repeat: block.repeat,
             sessions: workload.sessions,
-            concurrency: 0,
+            concurrency: workload.target_concurrency(),
         };
         let inflight = Arc::new(InFlight::default());
         let endpoints: Vec<(String, String)> = self

@@ -56,7 +56,11 @@ pub struct TaskSpec {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Workload {
     pub name: String,
+    /// The sample: sessions per arm block.
     pub sessions: u32,
+    /// The load: sessions kept in flight at once (closed loop, docs/design.md 3.4);
+    /// `None` starts every session at once (concurrency = sessions).
+    pub concurrency: Option<u32>,
     pub rounds: u32,
     /// Filler tokens of earlier conversation before the task message.
     pub ctx: u32,
@@ -580,6 +584,7 @@ impl Workload {
         Ok(Workload {
             name,
             sessions,
+            concurrency: None,
             rounds,
             ctx,
             max_tokens,
@@ -634,7 +639,7 @@ impl Workload {
     /// The parameters that make two runs comparable, for run.json's `workload` and the
     /// "workload parameters differ" confound.
     pub fn params_json(&self) -> serde_json::Value {
-        serde_json::json!({
+        let mut params = serde_json::json!({
             "name": self.name,
             "sessions": self.sessions,
             "rounds": self.rounds,
@@ -646,7 +651,17 @@ impl Workload {
             "steps": self.task.steps,
             "check_args": self.check_args.as_str(),
             "barrier": self.barrier,
-        })
+        });
+        // Only when set: runs and matrix hashes from before the option stay comparable.
+        if let Some(c) = self.concurrency {
+            params["concurrency"] = c.into();
+        }
+        params
+    }
+
+    /// Sessions in flight at once: `concurrency`, else all of them.
+    pub fn target_concurrency(&self) -> u32 {
+        self.concurrency.unwrap_or(self.sessions).min(self.sessions)
     }
 }
 

@@ -81,6 +81,7 @@ pub fn sample_workload(sessions: u32, rounds: u32) -> Workload {
     Workload {
         name: "mock-ops".to_string(),
         sessions,
+        concurrency: None,
         rounds,
         ctx: 0,
         max_tokens: 256,

@@ -89,6 +89,7 @@ impl CulpritPlan {
     /// of [`check_request`], then a half-applied flag.
     pub fn validate(&self) -> anyhow::Result<()> {
         check_request(&self.flags, self.budget)?;
+        check_load(&self.workload, self.flags.len(), self.budget)?;
         if !self.allow_partial {
             let flags: Vec<&FlagSpec> = self.flags.iter().collect();
             crate::arm::refuse_half_applied(&self.target, &flags)?;
@@ -125,6 +126,21 @@ pub fn check_request(flags: &[FlagSpec], budget: u64) -> Result<(), Failure> {
 }
 
 /// Directory of look `look` (1-based) of `flag`, relative to the culprit directory.
+/// Refuse a budget whose screening looks would run below the load the bug needs: a
+/// search at a lower load than the failing configuration's can only answer "no
+/// culprit" for a load-dependent bug (docs/design.md 3.10).
+pub fn check_load(workload: &Workload, flags: usize, budget: u64) -> Result<(), Failure> {
+    let load = u64::from(workload.target_concurrency());
+    let n0 = allocate::screening_sessions_per_arm(budget, flags);
+    if n0 < load {
+        let needed = 4 * flags as u64 * load;
+        return Err(Failure::BadInput(format!(
+            "--budget {budget} gives each of {flags} flags a screening look of {n0} sessions per arm, below the load of {load} sessions in flight that the experiment runs at: a load-dependent bug would not reproduce\n  fix: pass --budget {needed} or more, or a lower --concurrency (the load at which the failure still reproduces)"
+        )));
+    }
+    Ok(())
+}
+
 pub fn look_dir(flag: &str, look: u32) -> String {
     if look <= 1 {
         format!("flags/{flag}")
@@ -216,7 +232,12 @@ impl Search<'_> {
             self.look(i, n0, control, progress, cancel, record).await?;
         }
         self.freeze_decided(looks);
-        for size in allocate::extra_look_sizes(self.plan.budget, k) {
+        let load = u64::from(self.plan.workload.target_concurrency());
+        // A look smaller than the load would run below it: such leftovers stay unspent.
+        for size in allocate::extra_look_sizes(self.plan.budget, k)
+            .into_iter()
+            .filter(|&size| size >= load)
+        {
             let assessments = self.assessments(looks);
             let frozen: Vec<bool> = self.frozen.iter().map(Option::is_some).collect();
             let Some(i) = allocate::next_flag(&self.tallies, &assessments, &frozen) else {
@@ -246,6 +267,8 @@ impl Search<'_> {
         let flag = &self.plan.flags[i];
         let look = self.tallies[i].looks + 1;
         let mut workload = self.plan.workload.clone();
+        // Every look runs at the experiment's load, whatever its sample size.
+        workload.concurrency = Some(workload.target_concurrency());
         workload.sessions = u32::try_from(sessions).context("look size overflows u32")?;
         workload.seed = workload.seed.wrapping_add(u64::from(look - 1));
         let rel = look_dir(&flag.name, look);
