@@ -233,7 +233,7 @@ impl WorkloadArgs {
             }
             if c > workload.sessions {
                 return Err(usage(
-                    &format!(
+                    format!(
                         "--concurrency {c} is more than the {} sessions of an arm: the load could never be reached",
                         workload.sessions
                     ),
