@@ -184,7 +184,7 @@ fn inside((_, lower, upper): (f64, f64, f64), min_effect: f64) -> bool {
     lower > -min_effect && upper < min_effect
 }
 
-/// One fixed-size experiment decided as `bisect run`'s verdict does (DESIGN.md 3.7).
+/// One fixed-size experiment decided as `bisect run`'s verdict does (docs/design.md 3.7).
 fn run_fixed(n: u64, goal: &DesignGoal, scenario: &Scenario, rng: &mut ChaCha8Rng) -> SimulatedRun {
     let k_on = draw_binomial(rng, n, scenario.p_on);
     let k_off = draw_binomial(rng, n, scenario.p_off);

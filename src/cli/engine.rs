@@ -1,6 +1,6 @@
 //! clap arguments of `bisect engine` (the embedded prefill/decode engine) and of the
 //! hidden `bisect mock-engine` (the zero-work mock, for benchmarks that need it in
-//! another process). The environment flags of DESIGN.md section 4 are read here, once,
+//! another process). The environment flags of docs/design.md section 4 are read here, once,
 //! at start.
 
 use anyhow::Context;

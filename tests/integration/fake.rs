@@ -237,7 +237,7 @@ pub struct Step {
     pub args: serde_json::Map<String, Value>,
 }
 
-/// The fake's reading of a task message (the format of DESIGN.md 3.4).
+/// The fake's reading of a task message (the format of docs/design.md 3.4).
 pub fn parse_steps(text: &str) -> Vec<Step> {
     let mut steps = Vec::new();
     for line in text.lines() {

@@ -54,7 +54,7 @@ async fn racy_flag_is_implicated_with_exact_counts() {
         "launch configs must be restored byte for byte"
     );
 
-    // The results directory holds every artefact of DESIGN.md 3.6.
+    // The results directory holds every artefact of docs/design.md 3.6.
     let dir = &plan.run_dir;
     let run_json: serde_json::Value =
         serde_json::from_str(&crate::common::read(&dir.join("run.json"))).unwrap();

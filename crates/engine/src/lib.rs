@@ -1,4 +1,4 @@
-//! The embedded miniature prefill/decode engine (DESIGN.md section 4). The harness
+//! The embedded miniature prefill/decode engine (docs/design.md section 4). The harness
 //! never depends on this crate (its tests use `mock` as a dev-dependency only); the CLI
 //! starts a role through the two entry points `EngineConfig` (built by `cli::engine`)
 //! and `run`, and serves `mock` for benchmarks (`bisect mock-engine`, hidden).
@@ -59,7 +59,7 @@ pub enum DeviceChoice {
     Cuda,
 }
 
-/// The flags of DESIGN.md section 4, as read at start.
+/// The flags of docs/design.md section 4, as read at start.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct EngineFlags {
     pub bf16_index_k: bool,

@@ -1,6 +1,6 @@
 //! Engine control: bring a target's roles up with a given launch config and down again.
 //!
-//! Two ways, per role (DESIGN.md 3.2): a `restart` command run through `sh -c` and
+//! Two ways, per role (docs/design.md 3.2): a `restart` command run through `sh -c` and
 //! checked, or, without one, `sh LAUNCH` spawned by bisect in its own process group with
 //! stdout/stderr captured under the run's `logs/`. Either way the role is then waited on
 //! at its health URL. Everything here sits behind [`EngineControl`] so the experiment

@@ -1,4 +1,4 @@
-//! Exit codes of DESIGN.md 3.1, mapped in one place.
+//! Exit codes of docs/design.md 3.1, mapped in one place.
 //!
 //! 0 finished (whatever the verdict), 2 bad usage or bad input file, 3 the experiment
 //! could not run, 130 interrupted. `bisect probe` adds 1 (corrupted) and 125 (could not tell);

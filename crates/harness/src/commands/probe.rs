@@ -1,5 +1,5 @@
 //! `bisect probe`: one arm with the launch configs exactly as they are, for
-//! `git bisect run`. Exit 0 clean, 1 corrupted, 125 could not tell (DESIGN.md 3.1).
+//! `git bisect run`. Exit 0 clean, 1 corrupted, 125 could not tell (docs/design.md 3.1).
 //!
 //! Decision (Wilson 95% interval of the corruption rate, Wilson 1927):
 //! corrupted when the lower bound exceeds `background` (the rate a good build may show);

@@ -1,4 +1,4 @@
-//! The controlled A/B protocol of `bisect run` (DESIGN.md 3.1, 3.6, 3.7).
+//! The controlled A/B protocol of `bisect run` (docs/design.md 3.1, 3.6, 3.7).
 //!
 //! Owns the order of operations that the seed articles got wrong by hand: refuse a
 //! half-applied flag before touching anything, journal the launch configs, write the flag

@@ -1,4 +1,4 @@
-//! The flag catalog (DESIGN.md 3.3): `flags/NAME.toml` plus any `--flags-dir`.
+//! The flag catalog (docs/design.md 3.3): `flags/NAME.toml` plus any `--flags-dir`.
 //!
 //! Owns the flag file format, its validation (one of env/arg/switch, roles, on/off,
 //! value characters) and lookup by catalog name or by the setting's own key. The six
@@ -61,7 +61,7 @@ impl FlagSpec {
         }
     }
 
-    /// The `flag` object of run.json (DESIGN.md 3.6): name, env|arg|switch, roles, on, off.
+    /// The `flag` object of run.json (docs/design.md 3.6): name, env|arg|switch, roles, on, off.
     pub fn to_json(&self) -> serde_json::Value {
         let mut obj = serde_json::Map::new();
         obj.insert("name".into(), self.name.clone().into());

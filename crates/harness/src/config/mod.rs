@@ -1,4 +1,4 @@
-//! Validated configuration the core runs on: target profiles (DESIGN.md 3.2), the flag
+//! Validated configuration the core runs on: target profiles (docs/design.md 3.2), the flag
 //! catalog (3.3) and workload files (3.4). Loading turns TOML into these structs and
 //! reports every problem as a [`ConfigError`] naming the file, line and fix.
 //!

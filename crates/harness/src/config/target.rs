@@ -1,4 +1,4 @@
-//! Target profiles (DESIGN.md 3.2): where the engine's API, launch configs, restart
+//! Target profiles (docs/design.md 3.2): where the engine's API, launch configs, restart
 //! commands and health/metrics endpoints are. Without `--target` the CLI builds the
 //! embedded profile. This module owns the profile file format and its validation.
 
@@ -60,7 +60,7 @@ struct RawRole {
     health_timeout_s: Option<Spanned<i64>>,
 }
 
-const PROFILE_FIX: &str = "see DESIGN.md 3.2: name, api, model, optional api_key_env, then one [[role]] table per engine role (name, launch, health, optional restart, metrics, health_timeout_s)";
+const PROFILE_FIX: &str = "see docs/design.md 3.2: name, api, model, optional api_key_env, then one [[role]] table per engine role (name, launch, health, optional restart, metrics, health_timeout_s)";
 
 /// Checks an endpoint URL: plain http only, because this build has no TLS.
 fn check_url(src: &Source, key: &str, url: &Spanned<String>) -> Result<String, ConfigError> {

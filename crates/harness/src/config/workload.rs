@@ -1,4 +1,4 @@
-//! Workload files (DESIGN.md 3.4): sessions, rounds, ctx filler, limits, tool schemas
+//! Workload files (docs/design.md 3.4): sessions, rounds, ctx filler, limits, tool schemas
 //! and the task generator that gives each session its own numbered steps.
 //!
 //! This module owns the file format (documented key by key in `workloads/agentic.toml`),

@@ -1,4 +1,4 @@
-//! How a session ends (DESIGN.md 3.4/3.5), decided in one place for the live driver
+//! How a session ends (docs/design.md 3.4/3.5), decided in one place for the live driver
 //! (`driver::conversation`) and for `bisect reclassify`, which replays stored rounds, so
 //! that a stored run reclassifies to exactly the classes it was given live.
 //!

@@ -3,6 +3,7 @@
 
 pub mod arm_stats;
 pub mod classify;
+pub mod confounds;
 pub mod effective;
 pub mod ending;
 pub mod format;

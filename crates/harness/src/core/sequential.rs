@@ -112,7 +112,7 @@ pub struct DesignGoal {
 }
 
 impl Default for DesignGoal {
-    /// The verdict's policy (DESIGN.md 3.7): alpha 0.01, power 0.8, min_effect 0.05; a 1%
+    /// The verdict's policy (docs/design.md 3.7): alpha 0.01, power 0.8, min_effect 0.05; a 1%
     /// background rate and looks every 20 sessions per arm.
     fn default() -> Self {
         DesignGoal {

@@ -1,6 +1,6 @@
 //! Shared vocabulary of the harness: chat messages as the OpenAI API carries them,
-//! per-round and per-session classes (DESIGN.md 3.5), and one session's result record
-//! (a line of `sessions.jsonl`, DESIGN.md 3.6).
+//! per-round and per-session classes (docs/design.md 3.5), and one session's result record
+//! (a line of `sessions.jsonl`, docs/design.md 3.6).
 
 use serde::{Deserialize, Serialize};
 
@@ -51,7 +51,7 @@ pub struct FunctionCall {
     pub arguments: String,
 }
 
-/// The class of one round (one request/response), first match wins (DESIGN.md 3.5).
+/// The class of one round (one request/response), first match wins (docs/design.md 3.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RoundClass {
@@ -132,7 +132,7 @@ impl SessionClass {
     }
 }
 
-/// Counts per session class, serialised with the class names of DESIGN.md 3.6.
+/// Counts per session class, serialised with the class names of docs/design.md 3.6.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Counts {
     pub done: u64,

@@ -1,4 +1,4 @@
-//! Small pure statistics behind the verdict of `bisect run` (DESIGN.md 3.7): interval
+//! Small pure statistics behind the verdict of `bisect run` (docs/design.md 3.7): interval
 //! estimates for a corruption rate, the test and interval comparing two arms, the sample
 //! size that would resolve a given difference, and a multiplicity adjustment.
 //!

@@ -1,4 +1,4 @@
-//! Per-session tasks (DESIGN.md 3.4): the numbered tool-call steps each session must
+//! Per-session tasks (docs/design.md 3.4): the numbered tool-call steps each session must
 //! follow, the user message that lists them, and the ctx filler of earlier conversation
 //! placed before it. Everything here is a pure function of the workload and the session
 //! index (ChaCha8 seeded from `workload.seed`, the index and a purpose tag), so both arms

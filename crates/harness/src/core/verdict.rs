@@ -1,25 +1,25 @@
-//! The verdict of a two-arm run (DESIGN.md 3.7): from the pooled observations of the `on`
+//! The verdict of a two-arm run (docs/design.md 3.7): from the pooled observations of the `on`
 //! and `off` arms, the comparison (Fisher exact p, Newcombe difference interval), the
 //! confounds (blocking ones that void the comparison, recorded ones that qualify it) and
 //! the decision implicated / cleared / inconclusive with its reasons and a one-line summary.
 //!
-//! Field names of the serialised types are the `run.json` contract (DESIGN.md 3.6).
+//! Field names of the serialised types are the `run.json` contract (docs/design.md 3.6).
 //! Pure: no I/O, the statistics come from [`crate::core::stats`].
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::core::arm_stats::{ArmLabel, ArmStats};
-use crate::core::effective;
-use crate::core::format::{self, percent_digits, quantity};
+use crate::core::confounds::{confounds, load_shortfall};
+use crate::core::format::{self, percent_digits};
 use crate::core::stats;
 
 /// The confidence of every interval the verdict reports.
 const CONFIDENCE: f64 = 0.95;
 
-/// The decision thresholds. Defaults are those of DESIGN.md 3.7.
+/// The decision thresholds. Defaults are those of docs/design.md 3.7.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Policy {
@@ -70,16 +70,16 @@ pub struct ArmObservation<'a> {
 
 impl ArmObservation<'_> {
     /// Sessions that were classified; the denominator of every rate.
-    fn classified(&self) -> u64 {
+    pub(crate) fn classified(&self) -> u64 {
         self.stats.sessions()
     }
 
-    fn corrupted(&self) -> u64 {
+    pub(crate) fn corrupted(&self) -> u64 {
         self.stats.counts.corrupted()
     }
 
     /// `on (=1)`: the label with the value it stands for.
-    fn name(&self) -> String {
+    pub(crate) fn name(&self) -> String {
         format!("{} (={})", self.label, self.value)
     }
 
@@ -172,7 +172,7 @@ pub struct Verdict {
     pub summary: String,
 }
 
-/// Decides one flag's A/B run (DESIGN.md 3.7). `flag` only names the flag in the summary.
+/// Decides one flag's A/B run (docs/design.md 3.7). `flag` only names the flag in the summary.
 pub fn decide(
     on: &ArmObservation,
     off: &ArmObservation,
@@ -196,354 +196,6 @@ fn compare(on: &ArmObservation, off: &ArmObservation, policy: &Policy) -> Compar
         rate_diff,
         diff_ci95: [lo, hi],
         min_effect: policy.min_effect,
-    }
-}
-
-/// Every confound, blocking ones first, in a fixed order.
-fn confounds(on: &ArmObservation, off: &ArmObservation, policy: &Policy) -> Vec<Confound> {
-    let mut found = Vec::new();
-    found.extend(readback_confounds(on, off));
-    found.extend(effective_confounds(on, off));
-    found.extend(degraded_confound(on, off, policy));
-    found.extend(workload_confounds(on, off));
-    found.extend(recorded_confounds(on, off, policy));
-    found
-}
-
-/// A role whose launch config does not read back the value its arm set: the arm did not
-/// run the configuration it is labelled with (or prefill and decode disagreed).
-fn readback_confounds(on: &ArmObservation, off: &ArmObservation) -> Vec<Confound> {
-    let roles: BTreeSet<&String> = on.readback.keys().chain(off.readback.keys()).collect();
-    roles
-        .into_iter()
-        .filter_map(|role| {
-            let read_on = on.readback.get(role);
-            let read_off = off.readback.get(role);
-            let mismatched: Vec<String> = [(on, read_on), (off, read_off)]
-                .into_iter()
-                .filter(|(arm, read)| read.map(String::as_str) != Some(arm.value))
-                .map(|(arm, read)| {
-                    format!(
-                        "arm {} set {} but {} read back {}",
-                        arm.label,
-                        arm.value,
-                        role,
-                        read.map_or_else(|| "nothing".to_string(), |v| format!("{v:?}"))
-                    )
-                })
-                .collect();
-            if mismatched.is_empty() {
-                return None;
-            }
-            Some(Confound {
-                name: format!("readback.{role}"),
-                on: read_on.map_or(Value::Null, |v| json!(v)),
-                off: read_off.map_or(Value::Null, |v| json!(v)),
-                severity: Severity::Blocking,
-                note: format!(
-                    "readback mismatch in role {role}: {}",
-                    mismatched.join("; ")
-                ),
-            })
-        })
-        .collect()
-}
-
-/// A role whose running engine reports a value other than its arm's (docs/design.md
-/// 3.7): the launch file said one thing and the engine ran another (a dead conditional,
-/// an ignored variable, an engine that was not restarted). Roles whose engine reports
-/// nothing are not judged here; their absence is what `effective` in run.json shows.
-fn effective_confounds(on: &ArmObservation, off: &ArmObservation) -> Vec<Confound> {
-    let roles: BTreeSet<&String> = on.effective.keys().chain(off.effective.keys()).collect();
-    roles
-        .into_iter()
-        .filter_map(|role| {
-            let (ran_on, ran_off) = (on.effective.get(role), off.effective.get(role));
-            let mismatched: Vec<String> = [(on, ran_on), (off, ran_off)]
-                .into_iter()
-                .filter_map(|(arm, ran)| {
-                    let ran = ran?;
-                    (!effective::agrees(arm.value, ran)).then(|| {
-                        format!(
-                            "arm {} set {} but the {role} engine reports it runs with {ran:?}",
-                            arm.label, arm.value
-                        )
-                    })
-                })
-                .collect();
-            if mismatched.is_empty() {
-                return None;
-            }
-            Some(Confound {
-                name: format!("effective.{role}"),
-                on: ran_on.map_or(Value::Null, |v| json!(v)),
-                off: ran_off.map_or(Value::Null, |v| json!(v)),
-                severity: Severity::Blocking,
-                note: format!(
-                    "effective configuration differs from the launch config in role {role}: {}",
-                    mismatched.join("; ")
-                ),
-            })
-        })
-        .collect()
-}
-
-/// Error and timeout sessions: a toggle that makes the engine fail or crawl says nothing
-/// about corruption.
-fn degraded_confound(
-    on: &ArmObservation,
-    off: &ArmObservation,
-    policy: &Policy,
-) -> Option<Confound> {
-    if on.stats.counts.failed() == 0 && off.stats.counts.failed() == 0 {
-        return None;
-    }
-    let failure_fraction = |arm: &ArmObservation| {
-        if arm.classified() == 0 {
-            0.0
-        } else {
-            arm.stats.counts.failed() as f64 / arm.classified() as f64
-        }
-    };
-    let degraded: Vec<String> = [on, off]
-        .into_iter()
-        .filter(|arm| failure_fraction(arm) > policy.degraded_fraction)
-        .map(|arm| {
-            format!(
-                "arm {} had {} error and {} timeout sessions of {} ({}% > {}%)",
-                arm.name(),
-                arm.stats.counts.error,
-                arm.stats.counts.timeout,
-                arm.classified(),
-                percent_digits(failure_fraction(arm)),
-                percent_digits(policy.degraded_fraction)
-            )
-        })
-        .collect();
-    let describe = |arm: &ArmObservation| {
-        json!({
-            "error": arm.stats.counts.error,
-            "timeout": arm.stats.counts.timeout,
-            "sessions": arm.classified(),
-        })
-    };
-    let (severity, note) = if degraded.is_empty() {
-        (
-            Severity::Info,
-            format!(
-                "error+timeout within {}% in both arms",
-                percent_digits(policy.degraded_fraction)
-            ),
-        )
-    } else {
-        (
-            Severity::Blocking,
-            format!("degraded: not a same-speed toggle: {}", degraded.join("; ")),
-        )
-    };
-    Some(Confound {
-        name: "error_timeout".to_string(),
-        on: describe(on),
-        off: describe(off),
-        severity,
-        note,
-    })
-}
-
-/// Workload parameters (rounds, ctx, sessions, ...) that differ: a different experiment,
-/// not a different flag value.
-fn workload_confounds(on: &ArmObservation, off: &ArmObservation) -> Vec<Confound> {
-    let differing = |name: String, a: &Value, b: &Value| Confound {
-        note: format!(
-            "workload parameter {name} differs between arms (on {a}, off {b}): \
-             not the same experiment"
-        ),
-        name: format!("workload.{name}"),
-        on: a.clone(),
-        off: b.clone(),
-        severity: Severity::Blocking,
-    };
-    match (on.workload, off.workload) {
-        (Value::Object(a), Value::Object(b)) => {
-            let keys: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
-            keys.into_iter()
-                .filter_map(|key| {
-                    let (va, vb) = (
-                        a.get(key).unwrap_or(&Value::Null),
-                        b.get(key).unwrap_or(&Value::Null),
-                    );
-                    (va != vb).then(|| differing(key.clone(), va, vb))
-                })
-                .collect()
-        }
-        (a, b) if a != b => vec![Confound {
-            name: "workload".to_string(),
-            on: a.clone(),
-            off: b.clone(),
-            severity: Severity::Blocking,
-            note: "workload parameters differ between arms: not the same experiment".to_string(),
-        }],
-        _ => Vec::new(),
-    }
-}
-
-/// Achieved load and speed: recorded always, warned when they differ by more than
-/// `warn_ratio` (the faster arm finishes sooner, reaches lower concurrency and can look
-/// cleaner for that reason alone).
-fn recorded_confounds(on: &ArmObservation, off: &ArmObservation, policy: &Policy) -> Vec<Confound> {
-    let keys: BTreeSet<&String> = on
-        .stats
-        .peak_running
-        .keys()
-        .chain(off.stats.peak_running.keys())
-        .collect();
-    let mut recorded: Vec<Confound> = keys
-        .into_iter()
-        .map(|key| {
-            let what = if key == "client" {
-                "peak client in-flight requests".to_string()
-            } else {
-                format!("peak running requests reported by {key}")
-            };
-            let value = |arm: &ArmObservation| arm.stats.peak_running.get(key).map(|&v| v as f64);
-            // A peak of 0 vs 2 polled requests is sampling noise, not a load confound.
-            let mut confound = measured(
-                format!("peak_running.{key}"),
-                &what,
-                value(on),
-                value(off),
-                policy,
-                MIN_PEAK_DIFFERENCE,
-            );
-            // Peaks are request counts: integers in run.json, as in `peak_running`.
-            let count = |arm: &ArmObservation| {
-                arm.stats
-                    .peak_running
-                    .get(key)
-                    .map_or(Value::Null, |&v| json!(v))
-            };
-            confound.on = count(on);
-            confound.off = count(off);
-            confound
-        })
-        .collect();
-    recorded.push(measured(
-        "wall_s".to_string(),
-        "wall time",
-        Some(on.stats.wall_s),
-        Some(off.stats.wall_s),
-        policy,
-        0.0,
-    ));
-    recorded.push(measured(
-        "tokens_per_s".to_string(),
-        "throughput (tokens/s)",
-        Some(on.stats.tokens_per_s),
-        Some(off.stats.tokens_per_s),
-        policy,
-        0.0,
-    ));
-    recorded
-}
-
-/// Peak running requests must differ by at least this many to be warned about.
-pub const MIN_PEAK_DIFFERENCE: f64 = 8.0;
-
-fn measured(
-    name: String,
-    what: &str,
-    on: Option<f64>,
-    off: Option<f64>,
-    policy: &Policy,
-    min_abs_difference: f64,
-) -> Confound {
-    let to_json = |v: Option<f64>| {
-        v.filter(|v| v.is_finite())
-            .map_or(Value::Null, |v| json!(v))
-    };
-    let (severity, note) = match (on.filter(|v| v.is_finite()), off.filter(|v| v.is_finite())) {
-        (Some(a), Some(b)) => {
-            let difference = relative_difference(a, b);
-            if difference > policy.warn_ratio && (a - b).abs() >= min_abs_difference {
-                (
-                    Severity::Warning,
-                    format!(
-                        "{what} differs by {}% (on {}, off {}), more than {}%: \
-                         the arms ran at different load or speed",
-                        percent_digits(difference),
-                        quantity(a),
-                        quantity(b),
-                        percent_digits(policy.warn_ratio)
-                    ),
-                )
-            } else {
-                (
-                    Severity::Info,
-                    format!(
-                        "{what} within {}% (on {}, off {})",
-                        percent_digits(policy.warn_ratio),
-                        quantity(a),
-                        quantity(b)
-                    ),
-                )
-            }
-        }
-        _ => (Severity::Info, format!("{what} not measured in both arms")),
-    };
-    Confound {
-        name,
-        on: to_json(on),
-        off: to_json(off),
-        severity,
-        note,
-    }
-}
-
-/// The concurrency an arm was meant to run at: the workload's `concurrency`, else its
-/// `sessions` (all at once); `None` when the workload says neither.
-fn target_concurrency(arm: &ArmObservation) -> Option<u64> {
-    arm.workload
-        .get("concurrency")
-        .and_then(Value::as_u64)
-        .or_else(|| arm.workload.get("sessions").and_then(Value::as_u64))
-}
-
-/// Why an arm's achieved load does not support `cleared`, if it does not: the engine
-/// side (the busiest role's peak running requests) below `min_load_fraction` of the
-/// target, or no engine role reporting its load at all.
-fn load_shortfall(arm: &ArmObservation, policy: &Policy) -> Option<String> {
-    let target = target_concurrency(arm)?;
-    let engine_peak = arm
-        .stats
-        .peak_running
-        .iter()
-        .filter(|(role, _)| role.as_str() != "client")
-        .map(|(role, peak)| (*peak, role))
-        .max();
-    let needed = (policy.min_load_fraction * target as f64).ceil() as u64;
-    match engine_peak {
-        None => Some(format!(
-            "arm {} has no engine-side load measurement (no role's metrics reported running \
-             requests), so the target concurrency {target} is unconfirmed",
-            arm.label
-        )),
-        Some((peak, role)) if peak < needed => Some(format!(
-            "arm {} reached at most {peak} running requests ({role}), below {needed} \
-             ({}% of the target concurrency {target})",
-            arm.label,
-            (policy.min_load_fraction * 100.0).round()
-        )),
-        Some(_) => None,
-    }
-}
-
-/// |a - b| relative to the larger magnitude; 0 when both are 0.
-fn relative_difference(a: f64, b: f64) -> f64 {
-    let larger = a.abs().max(b.abs());
-    if larger == 0.0 {
-        0.0
-    } else {
-        (a - b).abs() / larger
     }
 }
 
@@ -616,35 +268,14 @@ fn judge(
             "{interval_text} lies inside +-{} points and {p_text}",
             percent_digits(m)
         )),
-        Status::Inconclusive => {
-            if significant {
-                reasons.push(format!(
-                    "{p_text} < alpha {} would implicate {}, but the blocking confounds above \
-                     void the comparison",
-                    policy.alpha,
-                    corrupting.name()
-                ));
-            } else if inside_min_effect {
-                if !blocking.is_empty() {
-                    reasons.push(format!(
-                        "{interval_text} lies inside +-{} points, but the blocking confounds \
-                         above void the comparison",
-                        percent_digits(m)
-                    ));
-                }
-            } else {
-                reasons.push(format!(
-                    "not significant (p = {} >= alpha {})",
-                    format::p_value(p),
-                    policy.alpha
-                ));
-                reasons.push(format!(
-                    "{interval_text} is not inside +-{} points",
-                    percent_digits(m)
-                ));
-                reasons.push(power_reason(on, off, policy));
-            }
-        }
+        Status::Inconclusive => reasons.extend(undecided_reasons(
+            (on, off),
+            corrupting,
+            policy,
+            p,
+            (significant, inside_min_effect, !blocking.is_empty()),
+            (&p_text, &interval_text),
+        )),
     }
     reasons.extend(warnings.iter().map(|c| format!("warning: {}", c.note)));
 
@@ -659,6 +290,84 @@ fn judge(
         )
     });
 
+    let summary = summary_line(
+        status,
+        flag,
+        (on, off),
+        (corrupting, clean),
+        comparison,
+        &p_text,
+        &reasons,
+        &warnings,
+        m,
+    );
+
+    Verdict {
+        status,
+        direction,
+        reasons,
+        summary,
+    }
+}
+
+/// Why a run that is neither implicated nor cleared is not, in words.
+fn undecided_reasons(
+    (on, off): (&ArmObservation, &ArmObservation),
+    corrupting: &ArmObservation,
+    policy: &Policy,
+    p: f64,
+    (significant, inside_min_effect, blocked): (bool, bool, bool),
+    (p_text, interval_text): (&str, &str),
+) -> Vec<String> {
+    let m = policy.min_effect;
+    if significant {
+        vec![format!(
+            "{p_text} < alpha {} would implicate {}, but the blocking confounds above \
+             void the comparison",
+            policy.alpha,
+            corrupting.name()
+        )]
+    } else if inside_min_effect {
+        // Blocked, or short of the target load (said above); nothing else to add.
+        if blocked {
+            vec![format!(
+                "{interval_text} lies inside +-{} points, but the blocking confounds \
+                 above void the comparison",
+                percent_digits(m)
+            )]
+        } else {
+            Vec::new()
+        }
+    } else {
+        vec![
+            format!(
+                "not significant (p = {} >= alpha {})",
+                format::p_value(p),
+                policy.alpha
+            ),
+            format!(
+                "{interval_text} is not inside +-{} points",
+                percent_digits(m)
+            ),
+            power_reason(on, off, policy),
+        ]
+    }
+}
+
+/// The one-line summary of a verdict, for a chat message.
+#[allow(clippy::too_many_arguments)]
+fn summary_line(
+    status: Status,
+    flag: &str,
+    (on, off): (&ArmObservation, &ArmObservation),
+    (corrupting, clean): (&ArmObservation, &ArmObservation),
+    comparison: &Comparison,
+    p_text: &str,
+    reasons: &[String],
+    warnings: &[&Confound],
+    m: f64,
+) -> String {
+    let [lo, hi] = comparison.diff_ci95;
     let subject = if flag.is_empty() {
         String::new()
     } else {
@@ -705,12 +414,7 @@ fn judge(
         summary.push_str(&format!(" (warnings: {})", names.join(", ")));
     }
 
-    Verdict {
-        status,
-        direction,
-        reasons,
-        summary,
-    }
+    summary
 }
 
 /// The "underpowered" reason: how many sessions per arm would resolve `min_effect` at the
@@ -749,6 +453,7 @@ fn power_reason(on: &ArmObservation, off: &ArmObservation, policy: &Policy) -> S
 mod tests {
     use super::*;
     use crate::core::session::Counts;
+    use serde_json::json;
 
     /// An arm's owned data, as a record holds it; [`TestArm::obs`] borrows it.
     struct TestArm {

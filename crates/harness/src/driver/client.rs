@@ -1,6 +1,6 @@
 //! The OpenAI chat client of the workload: one non-streaming
 //! `POST {api}/chat/completions` per round, with transport problems sorted into the
-//! round outcomes of DESIGN.md 3.5 (timeout; error: connect failure, non-2xx status,
+//! round outcomes of docs/design.md 3.5 (timeout; error: connect failure, non-2xx status,
 //! unparseable body). Also [`InFlight`], the client-side in-flight request counter the
 //! metrics poller samples and run.json reports as `peak_running.client`.
 

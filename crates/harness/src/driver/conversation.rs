@@ -1,4 +1,4 @@
-//! One session against a live server (DESIGN.md 3.4/3.5): filler + task message, then up
+//! One session against a live server (docs/design.md 3.4/3.5): filler + task message, then up
 //! to `rounds` requests. Each reply is classified against the current step and recorded
 //! in [`SessionProgress`], which decides how the session ends (shared with `bisect
 //! reclassify`); an ok tool call gets its simulated result and the session goes on.

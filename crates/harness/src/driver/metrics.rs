@@ -2,8 +2,8 @@
 //! format 0.0.4: `name{label="v",...} value [timestamp]`, `#` comments, escaped label
 //! values, NaN/±Inf, scientific notation) and a poller that samples every role's
 //! `sglang:num_running_reqs` / `sglang:num_queue_reqs` plus the client's in-flight
-//! count into the time series written as metrics.csv (DESIGN.md 3.6). Peak running
-//! requests per role feed the load-confound check of DESIGN.md 3.7.
+//! count into the time series written as metrics.csv (docs/design.md 3.6). Peak running
+//! requests per role feed the load-confound check of docs/design.md 3.7.
 
 use super::client::InFlight;
 use anyhow::Context;

@@ -1,4 +1,4 @@
-//! The workload of `bisect run` (DESIGN.md 3.4-3.6): per-session tasks and ctx filler,
+//! The workload of `bisect run` (docs/design.md 3.4-3.6): per-session tasks and ctx filler,
 //! simulated tools, the OpenAI chat client, the session state machine, the concurrent
 //! driver with its optional round barrier, the Prometheus poller behind metrics.csv,
 //! and a sample workload for tests and benchmarks (the zero-work mock engine they run

@@ -1,4 +1,4 @@
-//! Reading and writing one flag's setting in a launch config's text (DESIGN.md 3.3).
+//! Reading and writing one flag's setting in a launch config's text (docs/design.md 3.3).
 //!
 //! The shell lexer (`shell`) finds words and simple commands; edits then replace only
 //! the bytes of the setting's value, so comments, quoting style, line endings and the

@@ -1,4 +1,4 @@
-//! The launch-config editor (DESIGN.md 3.3): reads and writes one flag's setting in
+//! The launch-config editor (docs/design.md 3.3): reads and writes one flag's setting in
 //! each role's launch config, refuses half-applied flags, and journals the originals
 //! so every edit is undone, even after a crash.
 //!

@@ -1,4 +1,4 @@
-//! `run.json`: the machine-readable record (DESIGN.md 3.6).
+//! `run.json`: the machine-readable record (docs/design.md 3.6).
 
 use super::run_record::RunRecord;
 use super::Exporter;

@@ -1,4 +1,4 @@
-//! Results directories and reports (DESIGN.md 3.6): `run.json`, `sessions.jsonl`,
+//! Results directories and reports (docs/design.md 3.6): `run.json`, `sessions.jsonl`,
 //! `metrics.csv`, `launch/`, `logs/`, `summary.md`, and the terminal table.
 //!
 //! Every whole-file format is an [`Exporter`]; the run record is re-exported after each

@@ -1,4 +1,4 @@
-//! The run record: everything `run.json` holds (DESIGN.md 3.6). Field names are a
+//! The run record: everything `run.json` holds (docs/design.md 3.6). Field names are a
 //! contract; extend, never rename.
 
 use std::collections::BTreeMap;

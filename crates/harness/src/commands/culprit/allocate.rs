@@ -144,7 +144,7 @@ pub struct Assessment {
     pub decided: bool,
 }
 
-/// Assess every flag from its pooled counts (DESIGN.md 3.7 adapted to k flags and L
+/// Assess every flag from its pooled counts (docs/design.md 3.7 adapted to k flags and L
 /// looks): blocked -> inconclusive; Holm-adjusted p < alpha / L -> implicated; Newcombe
 /// interval inside +-min_effect -> cleared; otherwise inconclusive and still open.
 pub fn assess(tallies: &[Tally], policy: &Policy, looks: u32) -> Vec<Assessment> {

@@ -34,7 +34,7 @@ use crate::results::run_record::RunRecord;
 
 pub use render::{render, render_markdown, render_table};
 
-/// Relative change above which a recorded quantity is flagged (DESIGN.md 3.7's 25%).
+/// Relative change above which a recorded quantity is flagged (docs/design.md 3.7's 25%).
 pub const WARN_RATIO: f64 = 0.25;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -13,7 +13,7 @@
 //!   adjusted p < alpha **and** the rate rose by at least min_effect (absolute), so a
 //!   huge night cannot flag a negligible rise;
 //! - tokens/s lower beyond noise: below (1 - tokens_per_s_noise) x the baseline's
-//!   (relative drop; default 25%, the confound threshold of DESIGN.md 3.7);
+//!   (relative drop; default 25%, the confound threshold of docs/design.md 3.7);
 //! - newly degraded: more than degraded_fraction (10%) error+timeout sessions where
 //!   the baseline had at most that (a toggle that made the engine time out).
 //!

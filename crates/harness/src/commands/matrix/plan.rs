@@ -35,9 +35,9 @@ pub struct RegressionPolicy {
 
 pub const DEFAULT_ALPHA: f64 = 0.01;
 pub const DEFAULT_MIN_EFFECT: f64 = 0.05;
-/// The same 25% that DESIGN.md 3.7 uses to warn about a tokens/s confound.
+/// The same 25% that docs/design.md 3.7 uses to warn about a tokens/s confound.
 pub const DEFAULT_TOKENS_PER_S_NOISE: f64 = 0.25;
-/// The same 10% that makes an arm "degraded" in DESIGN.md 3.7.
+/// The same 10% that makes an arm "degraded" in docs/design.md 3.7.
 pub const DEFAULT_DEGRADED_FRACTION: f64 = 0.10;
 
 impl Default for RegressionPolicy {

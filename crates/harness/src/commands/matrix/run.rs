@@ -1,5 +1,5 @@
 //! Driving a matrix (or one shard of it) against the engines, with the same care as
-//! `bisect run` (DESIGN.md 3.3, 3.6): half-applied flags are refused before any edit,
+//! `bisect run` (docs/design.md 3.3, 3.6): half-applied flags are refused before any edit,
 //! launch configs are journaled, each restart group's flag values are written into every
 //! role and read back, the engines restart once per group, the group's cells run back
 //! to back, and the originals are restored byte for byte on every path (finished,

@@ -1,4 +1,4 @@
-//! Tool-call markup that must never reach the client as text (DESIGN.md 3.5, `leak`).
+//! Tool-call markup that must never reach the client as text (docs/design.md 3.5, `leak`).
 //!
 //! Each [`MarkupFamily`] is one chat template's tool-call syntax; a serving engine's
 //! parser turns that syntax into `tool_calls`, so any piece of it left in `content` or

@@ -1,4 +1,4 @@
-//! The round classifier (DESIGN.md 3.5): turns one request/response of a session into a
+//! The round classifier (docs/design.md 3.5): turns one request/response of a session into a
 //! [`RoundClass`] plus a short piece of evidence saying why.
 //!
 //! Rules, first match wins: `error` (transport, non-2xx, unparseable body) · `timeout` ·
@@ -241,7 +241,7 @@ impl Classifier {
         })
     }
 
-    /// A call's arguments as an object, or why they are bad (DESIGN.md 3.5 `bad_args`).
+    /// A call's arguments as an object, or why they are bad (docs/design.md 3.5 `bad_args`).
     fn check_call(
         &self,
         call: &ToolCall,

@@ -1,0 +1,367 @@
+//! The confounds of a two-arm run (docs/design.md 3.7): every reason the comparison of
+//! `on` and `off` might not measure the flag. Blocking ones void the comparison
+//! (read-back or effective value not the arm's, a degraded arm, differing workloads);
+//! recorded ones qualify it (load, wall time, throughput); [`load_shortfall`] says
+//! when the engine never ran the target concurrency, which only `cleared` needs.
+//!
+//! Pure: split from [`crate::core::verdict`], which decides from what is found here.
+
+use std::collections::BTreeSet;
+
+use serde_json::{json, Value};
+
+use crate::core::effective;
+use crate::core::format::{percent_digits, quantity};
+use crate::core::verdict::{ArmObservation, Confound, Policy, Severity};
+
+/// Every confound, blocking ones first, in a fixed order.
+pub(crate) fn confounds(
+    on: &ArmObservation,
+    off: &ArmObservation,
+    policy: &Policy,
+) -> Vec<Confound> {
+    let mut found = Vec::new();
+    found.extend(readback_confounds(on, off));
+    found.extend(effective_confounds(on, off));
+    found.extend(degraded_confound(on, off, policy));
+    found.extend(workload_confounds(on, off));
+    found.extend(recorded_confounds(on, off, policy));
+    found
+}
+
+/// A role whose launch config does not read back the value its arm set: the arm did not
+/// run the configuration it is labelled with (or prefill and decode disagreed).
+fn readback_confounds(on: &ArmObservation, off: &ArmObservation) -> Vec<Confound> {
+    let roles: BTreeSet<&String> = on.readback.keys().chain(off.readback.keys()).collect();
+    roles
+        .into_iter()
+        .filter_map(|role| {
+            let read_on = on.readback.get(role);
+            let read_off = off.readback.get(role);
+            let mismatched: Vec<String> = [(on, read_on), (off, read_off)]
+                .into_iter()
+                .filter(|(arm, read)| read.map(String::as_str) != Some(arm.value))
+                .map(|(arm, read)| {
+                    format!(
+                        "arm {} set {} but {} read back {}",
+                        arm.label,
+                        arm.value,
+                        role,
+                        read.map_or_else(|| "nothing".to_string(), |v| format!("{v:?}"))
+                    )
+                })
+                .collect();
+            if mismatched.is_empty() {
+                return None;
+            }
+            Some(Confound {
+                name: format!("readback.{role}"),
+                on: read_on.map_or(Value::Null, |v| json!(v)),
+                off: read_off.map_or(Value::Null, |v| json!(v)),
+                severity: Severity::Blocking,
+                note: format!(
+                    "readback mismatch in role {role}: {}",
+                    mismatched.join("; ")
+                ),
+            })
+        })
+        .collect()
+}
+
+/// A role whose running engine reports a value other than its arm's (docs/design.md
+/// 3.7): the launch file said one thing and the engine ran another (a dead conditional,
+/// an ignored variable, an engine that was not restarted). Roles whose engine reports
+/// nothing are not judged here; their absence is what `effective` in run.json shows.
+fn effective_confounds(on: &ArmObservation, off: &ArmObservation) -> Vec<Confound> {
+    let roles: BTreeSet<&String> = on.effective.keys().chain(off.effective.keys()).collect();
+    roles
+        .into_iter()
+        .filter_map(|role| {
+            let (ran_on, ran_off) = (on.effective.get(role), off.effective.get(role));
+            let mismatched: Vec<String> = [(on, ran_on), (off, ran_off)]
+                .into_iter()
+                .filter_map(|(arm, ran)| {
+                    let ran = ran?;
+                    (!effective::agrees(arm.value, ran)).then(|| {
+                        format!(
+                            "arm {} set {} but the {role} engine reports it runs with {ran:?}",
+                            arm.label, arm.value
+                        )
+                    })
+                })
+                .collect();
+            if mismatched.is_empty() {
+                return None;
+            }
+            Some(Confound {
+                name: format!("effective.{role}"),
+                on: ran_on.map_or(Value::Null, |v| json!(v)),
+                off: ran_off.map_or(Value::Null, |v| json!(v)),
+                severity: Severity::Blocking,
+                note: format!(
+                    "effective configuration differs from the launch config in role {role}: {}",
+                    mismatched.join("; ")
+                ),
+            })
+        })
+        .collect()
+}
+
+/// Error and timeout sessions: a toggle that makes the engine fail or crawl says nothing
+/// about corruption.
+fn degraded_confound(
+    on: &ArmObservation,
+    off: &ArmObservation,
+    policy: &Policy,
+) -> Option<Confound> {
+    if on.stats.counts.failed() == 0 && off.stats.counts.failed() == 0 {
+        return None;
+    }
+    let failure_fraction = |arm: &ArmObservation| {
+        if arm.classified() == 0 {
+            0.0
+        } else {
+            arm.stats.counts.failed() as f64 / arm.classified() as f64
+        }
+    };
+    let degraded: Vec<String> = [on, off]
+        .into_iter()
+        .filter(|arm| failure_fraction(arm) > policy.degraded_fraction)
+        .map(|arm| {
+            format!(
+                "arm {} had {} error and {} timeout sessions of {} ({}% > {}%)",
+                arm.name(),
+                arm.stats.counts.error,
+                arm.stats.counts.timeout,
+                arm.classified(),
+                percent_digits(failure_fraction(arm)),
+                percent_digits(policy.degraded_fraction)
+            )
+        })
+        .collect();
+    let describe = |arm: &ArmObservation| {
+        json!({
+            "error": arm.stats.counts.error,
+            "timeout": arm.stats.counts.timeout,
+            "sessions": arm.classified(),
+        })
+    };
+    let (severity, note) = if degraded.is_empty() {
+        (
+            Severity::Info,
+            format!(
+                "error+timeout within {}% in both arms",
+                percent_digits(policy.degraded_fraction)
+            ),
+        )
+    } else {
+        (
+            Severity::Blocking,
+            format!("degraded: not a same-speed toggle: {}", degraded.join("; ")),
+        )
+    };
+    Some(Confound {
+        name: "error_timeout".to_string(),
+        on: describe(on),
+        off: describe(off),
+        severity,
+        note,
+    })
+}
+
+/// Workload parameters (rounds, ctx, sessions, ...) that differ: a different experiment,
+/// not a different flag value.
+fn workload_confounds(on: &ArmObservation, off: &ArmObservation) -> Vec<Confound> {
+    let differing = |name: String, a: &Value, b: &Value| Confound {
+        note: format!(
+            "workload parameter {name} differs between arms (on {a}, off {b}): \
+             not the same experiment"
+        ),
+        name: format!("workload.{name}"),
+        on: a.clone(),
+        off: b.clone(),
+        severity: Severity::Blocking,
+    };
+    match (on.workload, off.workload) {
+        (Value::Object(a), Value::Object(b)) => {
+            let keys: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+            keys.into_iter()
+                .filter_map(|key| {
+                    let (va, vb) = (
+                        a.get(key).unwrap_or(&Value::Null),
+                        b.get(key).unwrap_or(&Value::Null),
+                    );
+                    (va != vb).then(|| differing(key.clone(), va, vb))
+                })
+                .collect()
+        }
+        (a, b) if a != b => vec![Confound {
+            name: "workload".to_string(),
+            on: a.clone(),
+            off: b.clone(),
+            severity: Severity::Blocking,
+            note: "workload parameters differ between arms: not the same experiment".to_string(),
+        }],
+        _ => Vec::new(),
+    }
+}
+
+/// Achieved load and speed: recorded always, warned when they differ by more than
+/// `warn_ratio` (the faster arm finishes sooner, reaches lower concurrency and can look
+/// cleaner for that reason alone).
+fn recorded_confounds(on: &ArmObservation, off: &ArmObservation, policy: &Policy) -> Vec<Confound> {
+    let keys: BTreeSet<&String> = on
+        .stats
+        .peak_running
+        .keys()
+        .chain(off.stats.peak_running.keys())
+        .collect();
+    let mut recorded: Vec<Confound> = keys
+        .into_iter()
+        .map(|key| {
+            let what = if key == "client" {
+                "peak client in-flight requests".to_string()
+            } else {
+                format!("peak running requests reported by {key}")
+            };
+            let value = |arm: &ArmObservation| arm.stats.peak_running.get(key).map(|&v| v as f64);
+            // A peak of 0 vs 2 polled requests is sampling noise, not a load confound.
+            let mut confound = measured(
+                format!("peak_running.{key}"),
+                &what,
+                value(on),
+                value(off),
+                policy,
+                MIN_PEAK_DIFFERENCE,
+            );
+            // Peaks are request counts: integers in run.json, as in `peak_running`.
+            let count = |arm: &ArmObservation| {
+                arm.stats
+                    .peak_running
+                    .get(key)
+                    .map_or(Value::Null, |&v| json!(v))
+            };
+            confound.on = count(on);
+            confound.off = count(off);
+            confound
+        })
+        .collect();
+    recorded.push(measured(
+        "wall_s".to_string(),
+        "wall time",
+        Some(on.stats.wall_s),
+        Some(off.stats.wall_s),
+        policy,
+        0.0,
+    ));
+    recorded.push(measured(
+        "tokens_per_s".to_string(),
+        "throughput (tokens/s)",
+        Some(on.stats.tokens_per_s),
+        Some(off.stats.tokens_per_s),
+        policy,
+        0.0,
+    ));
+    recorded
+}
+
+/// Peak running requests must differ by at least this many to be warned about.
+pub const MIN_PEAK_DIFFERENCE: f64 = 8.0;
+
+fn measured(
+    name: String,
+    what: &str,
+    on: Option<f64>,
+    off: Option<f64>,
+    policy: &Policy,
+    min_abs_difference: f64,
+) -> Confound {
+    let to_json = |v: Option<f64>| {
+        v.filter(|v| v.is_finite())
+            .map_or(Value::Null, |v| json!(v))
+    };
+    let (severity, note) = match (on.filter(|v| v.is_finite()), off.filter(|v| v.is_finite())) {
+        (Some(a), Some(b)) => {
+            let difference = relative_difference(a, b);
+            if difference > policy.warn_ratio && (a - b).abs() >= min_abs_difference {
+                (
+                    Severity::Warning,
+                    format!(
+                        "{what} differs by {}% (on {}, off {}), more than {}%: \
+                         the arms ran at different load or speed",
+                        percent_digits(difference),
+                        quantity(a),
+                        quantity(b),
+                        percent_digits(policy.warn_ratio)
+                    ),
+                )
+            } else {
+                (
+                    Severity::Info,
+                    format!(
+                        "{what} within {}% (on {}, off {})",
+                        percent_digits(policy.warn_ratio),
+                        quantity(a),
+                        quantity(b)
+                    ),
+                )
+            }
+        }
+        _ => (Severity::Info, format!("{what} not measured in both arms")),
+    };
+    Confound {
+        name,
+        on: to_json(on),
+        off: to_json(off),
+        severity,
+        note,
+    }
+}
+
+/// The concurrency an arm was meant to run at: the workload's `concurrency`, else its
+/// `sessions` (all at once); `None` when the workload says neither.
+fn target_concurrency(arm: &ArmObservation) -> Option<u64> {
+    arm.workload
+        .get("concurrency")
+        .and_then(Value::as_u64)
+        .or_else(|| arm.workload.get("sessions").and_then(Value::as_u64))
+}
+
+/// Why an arm's achieved load does not support `cleared`, if it does not: the engine
+/// side (the busiest role's peak running requests) below `min_load_fraction` of the
+/// target, or no engine role reporting its load at all.
+pub(crate) fn load_shortfall(arm: &ArmObservation, policy: &Policy) -> Option<String> {
+    let target = target_concurrency(arm)?;
+    let engine_peak = arm
+        .stats
+        .peak_running
+        .iter()
+        .filter(|(role, _)| role.as_str() != "client")
+        .map(|(role, peak)| (*peak, role))
+        .max();
+    let needed = (policy.min_load_fraction * target as f64).ceil() as u64;
+    match engine_peak {
+        None => Some(format!(
+            "arm {} has no engine-side load measurement (no role's metrics reported running \
+             requests), so the target concurrency {target} is unconfirmed",
+            arm.label
+        )),
+        Some((peak, role)) if peak < needed => Some(format!(
+            "arm {} reached at most {peak} running requests ({role}), below {needed} \
+             ({}% of the target concurrency {target})",
+            arm.label,
+            (policy.min_load_fraction * 100.0).round()
+        )),
+        Some(_) => None,
+    }
+}
+
+/// |a - b| relative to the larger magnitude; 0 when both are 0.
+fn relative_difference(a: f64, b: f64) -> f64 {
+    let larger = a.abs().max(b.abs());
+    if larger == 0.0 {
+        0.0
+    } else {
+        (a - b).abs() / larger
+    }
+}
