@@ -25,29 +25,8 @@ pub fn join(dirs: &[PathBuf], id: &str, command: &str) -> anyhow::Result<Merged>
     if dirs.is_empty() {
         return Err(bad("no directories to merge\n  fix: pass the shard directories, e.g. bisect merge results/night/*".into()));
     }
-    let mut shards = Vec::new();
-    for dir in dirs {
-        let record = export::read_matrix(dir).map_err(|e| {
-            bad(format!(
-                "{e:#}\n  fix: pass directories written by `bisect matrix --shard I/N`"
-            ))
-        })?;
-        shards.push((dir.clone(), record));
-    }
-    let (first_dir, first) = &shards[0];
-    for (dir, r) in &shards[1..] {
-        if r.plan.name != first.plan.name || r.plan.hash != first.plan.hash {
-            return Err(bad(format!(
-                "shards of different plans: {} is plan {:?} (hash {}), {} is plan {:?} (hash {})\n  fix: merge only the shards of one night of one plan",
-                first_dir.display(),
-                first.plan.name,
-                first.plan.hash,
-                dir.display(),
-                r.plan.name,
-                r.plan.hash
-            )));
-        }
-    }
+    let shards = read_shards(dirs)?;
+    let first = &shards[0].1;
 
     let mut owner: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
     for (s, (dir, r)) in shards.iter().enumerate() {
@@ -149,6 +128,34 @@ pub fn join(dirs: &[PathBuf], id: &str, command: &str) -> anyhow::Result<Merged>
         error: None,
     };
     Ok(Merged { record, sources })
+}
+
+/// Read every shard's matrix.json and check they are shards of one plan.
+fn read_shards(dirs: &[PathBuf]) -> anyhow::Result<Vec<(PathBuf, MatrixRecord)>> {
+    let mut shards = Vec::new();
+    for dir in dirs {
+        let record = export::read_matrix(dir).map_err(|e| {
+            bad(format!(
+                "{e:#}\n  fix: pass directories written by `bisect matrix --shard I/N`"
+            ))
+        })?;
+        shards.push((dir.clone(), record));
+    }
+    let (first_dir, first) = &shards[0];
+    for (dir, r) in &shards[1..] {
+        if r.plan.name != first.plan.name || r.plan.hash != first.plan.hash {
+            return Err(bad(format!(
+                "shards of different plans: {} is plan {:?} (hash {}), {} is plan {:?} (hash {})\n  fix: merge only the shards of one night of one plan",
+                first_dir.display(),
+                first.plan.name,
+                first.plan.hash,
+                dir.display(),
+                r.plan.name,
+                r.plan.hash
+            )));
+        }
+    }
+    Ok(shards)
 }
 
 /// Create `out` (which must not hold a matrix yet), copy each cell's sessions directory

@@ -18,182 +18,196 @@ impl MatrixExporter for MatrixSummary {
 
     fn render(&self, r: &MatrixRecord) -> anyhow::Result<String> {
         let mut s = String::new();
-        s.push_str(&format!("# bisect matrix `{}`: {}\n\n", r.plan.name, r.id));
-        let groups: BTreeSet<usize> = r.cells.iter().map(|c| c.group).collect();
+        header(&mut s, r);
+        cell_table(&mut s, r);
+        listed_cells(&mut s, r);
+        Ok(s)
+    }
+}
+
+/// Title, the plan, target, workload, baseline and the regressions line.
+fn header(s: &mut String, r: &MatrixRecord) {
+    s.push_str(&format!("# bisect matrix `{}`: {}\n\n", r.plan.name, r.id));
+    let groups: BTreeSet<usize> = r.cells.iter().map(|c| c.group).collect();
+    s.push_str(&format!(
+        "- plan: `{}` (hash `{}`): {} cells here in {} restart groups, repeats {}\n",
+        r.plan.path,
+        r.plan.hash,
+        r.cells.len(),
+        groups.len(),
+        r.plan.repeats
+    ));
+    if let Some(shard) = &r.shard {
         s.push_str(&format!(
-            "- plan: `{}` (hash `{}`): {} cells here in {} restart groups, repeats {}\n",
-            r.plan.path,
-            r.plan.hash,
-            r.cells.len(),
-            groups.len(),
-            r.plan.repeats
+            "- shard {shard} of a {}-cell plan: a partial matrix; join the shards with `bisect merge`\n",
+            r.plan.cells.len()
         ));
-        if let Some(shard) = &r.shard {
+    }
+    if !r.merged_from.is_empty() {
+        s.push_str(&format!("- merged from {} shards\n", r.merged_from.len()));
+    }
+    s.push_str(&format!(
+        "- target: {} (`{}`, model `{}`)\n",
+        r.target.name, r.target.api, r.target.model
+    ));
+    let workload: Vec<String> = r
+        .workload
+        .as_object()
+        .map(|o| {
+            o.iter()
+                .filter(|(k, _)| *k != "sessions" && *k != "rounds")
+                .map(|(k, v)| format!("{k}={}", compact(v)))
+                .collect()
+        })
+        .unwrap_or_default();
+    s.push_str(&format!(
+        "- workload: `{}` (hash `{}`)\n",
+        workload.join(" "),
+        r.workload_hash
+    ));
+    if !r.plan.set.is_empty() {
+        let sets: Vec<String> = r.plan.set.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        s.push_str(&format!("- pinned in every cell: {}\n", sets.join(", ")));
+    }
+    s.push_str(&format!("- status: {}\n", r.status));
+    match &r.baseline {
+        Some(b) => s.push_str(&format!(
+            "- baseline: `{}` ({}, started {}): {} compared ({}, {}-corrected, alpha {}, min effect {}, tokens/s noise {}), {} not comparable, {} new, {} missing here\n",
+            b.id,
+            b.chosen,
+            b.started_at,
+            b.compared,
+            b.test,
+            b.correction,
+            r.plan.policy.alpha,
+            format::percent(r.plan.policy.min_effect),
+            format::percent(r.plan.policy.tokens_per_s_noise),
+            b.not_comparable,
+            b.new,
+            b.missing.len()
+        )),
+        None if r.shard.is_some() => {
+            s.push_str("- baseline: compared when the shards are merged\n")
+        }
+        None => s.push_str("- baseline: none (no earlier matrix of this plan)\n"),
+    }
+    if let Some(e) = &r.error {
+        s.push_str(&format!("- error: {e}\n"));
+    }
+    s.push('\n');
+    if r.baseline.is_some() {
+        if r.regressions.is_empty() {
+            s.push_str("**No regressions.**\n\n");
+        } else {
             s.push_str(&format!(
-                "- shard {shard} of a {}-cell plan: a partial matrix; join the shards with `bisect merge`\n",
-                r.plan.cells.len()
+                "**Regressions in {} cell{}: {}**\n\n",
+                r.regressions.len(),
+                if r.regressions.len() == 1 { "" } else { "s" },
+                r.regressions
+                    .iter()
+                    .map(|id| format!("`{id}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ));
         }
-        if !r.merged_from.is_empty() {
-            s.push_str(&format!("- merged from {} shards\n", r.merged_from.len()));
-        }
-        s.push_str(&format!(
-            "- target: {} (`{}`, model `{}`)\n",
-            r.target.name, r.target.api, r.target.model
-        ));
-        let workload: Vec<String> = r
-            .workload
-            .as_object()
-            .map(|o| {
-                o.iter()
-                    .filter(|(k, _)| *k != "sessions" && *k != "rounds")
-                    .map(|(k, v)| format!("{k}={}", compact(v)))
-                    .collect()
-            })
-            .unwrap_or_default();
-        s.push_str(&format!(
-            "- workload: `{}` (hash `{}`)\n",
-            workload.join(" "),
-            r.workload_hash
-        ));
-        if !r.plan.set.is_empty() {
-            let sets: Vec<String> = r.plan.set.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            s.push_str(&format!("- pinned in every cell: {}\n", sets.join(", ")));
-        }
-        s.push_str(&format!("- status: {}\n", r.status));
-        match &r.baseline {
-            Some(b) => s.push_str(&format!(
-                "- baseline: `{}` ({}, started {}): {} compared ({}, {}-corrected, alpha {}, min effect {}, tokens/s noise {}), {} not comparable, {} new, {} missing here\n",
-                b.id,
-                b.chosen,
-                b.started_at,
-                b.compared,
-                b.test,
-                b.correction,
-                r.plan.policy.alpha,
-                format::percent(r.plan.policy.min_effect),
-                format::percent(r.plan.policy.tokens_per_s_noise),
-                b.not_comparable,
-                b.new,
-                b.missing.len()
-            )),
-            None if r.shard.is_some() => {
-                s.push_str("- baseline: compared when the shards are merged\n")
-            }
-            None => s.push_str("- baseline: none (no earlier matrix of this plan)\n"),
-        }
-        if let Some(e) = &r.error {
-            s.push_str(&format!("- error: {e}\n"));
-        }
-        s.push('\n');
-        if r.baseline.is_some() {
-            if r.regressions.is_empty() {
-                s.push_str("**No regressions.**\n\n");
-            } else {
-                s.push_str(&format!(
-                    "**Regressions in {} cell{}: {}**\n\n",
-                    r.regressions.len(),
-                    if r.regressions.len() == 1 { "" } else { "s" },
-                    r.regressions
-                        .iter()
-                        .map(|id| format!("`{id}`"))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ));
-            }
-        }
+    }
+}
 
-        let flags: BTreeSet<&str> = r
-            .cells
-            .iter()
-            .flat_map(|c| c.flags.keys().map(String::as_str))
-            .collect();
-        let mut header: Vec<String> = vec!["cell".into()];
-        header.extend(flags.iter().map(|f| f.to_string()));
-        header.extend(
-            [
-                "sessions",
-                "rounds",
-                "corrupted",
-                "rate [95% CI]",
-                "error/timeout",
-                "peak running",
-                "tok/s",
-                "wall",
-                "baseline",
-                "change",
-            ]
-            .map(String::from),
-        );
-        s.push_str(&format!("| {} |\n", header.join(" | ")));
-        s.push_str(&format!("|{}\n", "---|".repeat(header.len())));
-        for c in &r.cells {
-            let regressed = c.verdict() == Some(CellStatus::Regressed);
-            let mut row = vec![if regressed {
-                format!("**`{}` REGRESSED**", c.id)
-            } else {
-                format!("`{}`", c.id)
-            }];
-            row.extend(
-                flags
-                    .iter()
-                    .map(|f| c.flags.get(*f).cloned().unwrap_or_default()),
-            );
-            row.extend([
-                c.sessions.to_string(),
-                c.rounds.to_string(),
-                if c.is_finished() {
-                    format!("{}/{}", c.stats.corrupted, c.stats.counts.total())
-                } else {
-                    c.status.to_string()
-                },
-                format::percent_interval(c.stats.corruption_rate, c.stats.ci95),
-                format!("{}/{}", c.stats.counts.error, c.stats.counts.timeout),
-                peaks(&c.stats.peak_running),
-                format!("{:.0}", c.stats.tokens_per_s),
-                format!("{:.1}s", c.stats.wall_s),
-                baseline_cell(c),
-                change_cell(c),
-            ]);
-            s.push_str(&format!("| {} |\n", row.join(" | ")));
-        }
-
-        let listed = |status: CellStatus| -> Vec<&CellRecord> {
-            r.cells
+/// One row per cell, flag values in columns.
+fn cell_table(s: &mut String, r: &MatrixRecord) {
+    let flags: BTreeSet<&str> = r
+        .cells
+        .iter()
+        .flat_map(|c| c.flags.keys().map(String::as_str))
+        .collect();
+    let mut header: Vec<String> = vec!["cell".into()];
+    header.extend(flags.iter().map(|f| f.to_string()));
+    header.extend(
+        [
+            "sessions",
+            "rounds",
+            "corrupted",
+            "rate [95% CI]",
+            "error/timeout",
+            "peak running",
+            "tok/s",
+            "wall",
+            "baseline",
+            "change",
+        ]
+        .map(String::from),
+    );
+    s.push_str(&format!("| {} |\n", header.join(" | ")));
+    s.push_str(&format!("|{}\n", "---|".repeat(header.len())));
+    for c in &r.cells {
+        let regressed = c.verdict() == Some(CellStatus::Regressed);
+        let mut row = vec![if regressed {
+            format!("**`{}` REGRESSED**", c.id)
+        } else {
+            format!("`{}`", c.id)
+        }];
+        row.extend(
+            flags
                 .iter()
-                .filter(|c| c.verdict() == Some(status))
-                .collect()
-        };
-        for (status, title) in [
-            (CellStatus::Regressed, "Regressed cells"),
-            (
-                CellStatus::NotComparable,
-                "Not comparable (never regressions)",
-            ),
-        ] {
-            let cells = listed(status);
-            if cells.is_empty() {
-                continue;
-            }
-            s.push_str(&format!("\n## {title}\n\n"));
-            for c in cells {
-                let reasons = c
-                    .comparison
-                    .as_ref()
-                    .map(|x| x.reasons.join("; "))
-                    .unwrap_or_default();
-                s.push_str(&format!("- `{}`: {reasons}\n", c.id));
+                .map(|f| c.flags.get(*f).cloned().unwrap_or_default()),
+        );
+        row.extend([
+            c.sessions.to_string(),
+            c.rounds.to_string(),
+            if c.is_finished() {
+                format!("{}/{}", c.stats.corrupted, c.stats.counts.total())
+            } else {
+                c.status.to_string()
+            },
+            format::percent_interval(c.stats.corruption_rate, c.stats.ci95),
+            format!("{}/{}", c.stats.counts.error, c.stats.counts.timeout),
+            peaks(&c.stats.peak_running),
+            format!("{:.0}", c.stats.tokens_per_s),
+            format!("{:.1}s", c.stats.wall_s),
+            baseline_cell(c),
+            change_cell(c),
+        ]);
+        s.push_str(&format!("| {} |\n", row.join(" | ")));
+    }
+}
+
+/// The regressed and not-comparable cells with their reasons, and baseline cells this
+/// matrix lacks.
+fn listed_cells(s: &mut String, r: &MatrixRecord) {
+    let listed = |status: CellStatus| -> Vec<&CellRecord> {
+        r.cells
+            .iter()
+            .filter(|c| c.verdict() == Some(status))
+            .collect()
+    };
+    for (status, title) in [
+        (CellStatus::Regressed, "Regressed cells"),
+        (
+            CellStatus::NotComparable,
+            "Not comparable (never regressions)",
+        ),
+    ] {
+        let cells = listed(status);
+        if cells.is_empty() {
+            continue;
+        }
+        s.push_str(&format!("\n## {title}\n\n"));
+        for c in cells {
+            let reasons = c
+                .comparison
+                .as_ref()
+                .map(|x| x.reasons.join("; "))
+                .unwrap_or_default();
+            s.push_str(&format!("- `{}`: {reasons}\n", c.id));
+        }
+    }
+    if let Some(b) = &r.baseline {
+        if !b.missing.is_empty() {
+            s.push_str("\n## Baseline cells missing from this matrix\n\n");
+            for id in &b.missing {
+                s.push_str(&format!("- `{id}`\n"));
             }
         }
-        if let Some(b) = &r.baseline {
-            if !b.missing.is_empty() {
-                s.push_str("\n## Baseline cells missing from this matrix\n\n");
-                for id in &b.missing {
-                    s.push_str(&format!("- `{id}`\n"));
-                }
-            }
-        }
-        Ok(s)
     }
 }
 
