@@ -9,6 +9,8 @@
 
 mod edit;
 mod journal;
+#[cfg(test)]
+mod proptests;
 
 use std::path::PathBuf;
 
