@@ -8,6 +8,8 @@ pub mod client;
 pub mod conversation;
 pub mod drive;
 pub mod metrics;
+#[cfg(test)]
+mod metrics_proptests;
 pub mod mock;
 
 pub use crate::core::task::{Step, Task};

@@ -19,7 +19,7 @@ use proptest::sample::select;
 
 use super::{check_partial, read_setting, write_setting, Editor, LaunchError};
 use crate::config::{line_of, validate_value, FlagSpec, RoleSpec, Setting};
-use crate::proptest_config::config;
+use crate::proptest_config::{config, scratch_dir};
 
 const PATH: &str = "conf/serve.sh";
 
@@ -925,18 +925,6 @@ fn is_insertion(text: &str, with: &str, piece: &str) -> bool {
             })
 }
 
-/// A scratch directory in memory where the system has one: every journal step
-/// fsyncs, which on a disk makes 10,000 cases take minutes instead of seconds.
-fn memory_backed_tempdir() -> tempfile::TempDir {
-    let shm = Path::new("/dev/shm");
-    if shm.is_dir() {
-        if let Ok(dir) = tempfile::tempdir_in(shm) {
-            return dir;
-        }
-    }
-    tempfile::tempdir().unwrap()
-}
-
 proptest! {
     #![proptest_config(config())]
 
@@ -1034,7 +1022,7 @@ proptest! {
         let flag = spec(s.kind, &s.key, &on, &off);
         let value = if s.kind == Kind::Switch { on.clone() } else { value };
         let bytes = junk.unwrap_or_else(|| r.text.clone().into_bytes());
-        let dir = memory_backed_tempdir();
+        let dir = scratch_dir();
         let path = dir.path().join("serve.sh");
         fs::write(&path, &bytes).unwrap();
         fs::set_permissions(&path, fs::Permissions::from_mode(0o751)).unwrap();
