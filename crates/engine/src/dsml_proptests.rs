@@ -178,3 +178,15 @@ proptest! {
         prop_assert_eq!(parsed.content.as_deref(), (!rest.is_empty()).then_some(rest));
     }
 }
+
+/// Found by `rendered_calls_parse_back`: a float argument came back one ULP off,
+/// because serde_json's default float parser is not exact (now built with
+/// `float_roundtrip`).
+#[test]
+fn a_long_float_argument_survives_the_round_trip() {
+    let args: Map<String, Value> = [("A".to_string(), Value::from(-2.741493794126661e287))]
+        .into_iter()
+        .collect();
+    let parsed = parse(&render_calls(&[("A".to_string(), args.clone())]));
+    assert_eq!(parsed.tool_calls[0].arguments, Value::Object(args).to_string());
+}
