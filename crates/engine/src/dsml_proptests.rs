@@ -144,7 +144,9 @@ proptest! {
     /// Any output: no panic; every call's arguments are a JSON object; when nothing
     /// parses, the content is the whole output (trimmed), so no text is lost.
     #[test]
-    fn parse_never_panics_and_never_loses_text(output in prop_oneof![any::<String>(), dsml_soup()]) {
+    fn parse_never_panics_and_never_loses_text(
+        output in prop_oneof![any::<String>(), dsml_soup()],
+    ) {
         let parsed = parse(&output);
         for call in &parsed.tool_calls {
             let args: Value = serde_json::from_str(&call.arguments).expect("arguments are JSON");
@@ -164,7 +166,11 @@ proptest! {
     /// Rendering calls and parsing the text (with anything around the block) gives the
     /// same names and the same arguments, as the same JSON text, key order included.
     #[test]
-    fn rendered_calls_parse_back(calls in calls(), before in surrounding(), after in surrounding()) {
+    fn rendered_calls_parse_back(
+        calls in calls(),
+        before in surrounding(),
+        after in surrounding(),
+    ) {
         let block = render_calls(&calls);
         let parsed = parse(&format!("{before}{block}{after}"));
         let names: Vec<&str> = parsed.tool_calls.iter().map(|c| c.name.as_str()).collect();
@@ -188,5 +194,8 @@ fn a_long_float_argument_survives_the_round_trip() {
         .into_iter()
         .collect();
     let parsed = parse(&render_calls(&[("A".to_string(), args.clone())]));
-    assert_eq!(parsed.tool_calls[0].arguments, Value::Object(args).to_string());
+    assert_eq!(
+        parsed.tool_calls[0].arguments,
+        Value::Object(args).to_string()
+    );
 }

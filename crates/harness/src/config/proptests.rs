@@ -23,7 +23,8 @@ fn non_blank() -> impl Strategy<Value = String> {
     prop_oneof![
         3 => "[a-zA-Z0-9_.-]{1,10}",
         1 => (any::<String>(), "[a-z]", any::<String>()).prop_map(|(a, b, c)| format!("{a}{b}{c}")),
-        1 => "[ \t]{0,2}[a-z\"\\\\ ]{1,6}[ \t]{0,2}".prop_filter("not blank", |s| !s.trim().is_empty()),
+        1 => "[ \t]{0,2}[a-z\"\\\\ ]{1,6}[ \t]{0,2}"
+            .prop_filter("not blank", |s| !s.trim().is_empty()),
     ]
 }
 
@@ -644,7 +645,11 @@ proptest! {
     /// A generated profile loads to what it says (strings trimmed, launch resolved
     /// beside the profile); one bad value is refused at its line.
     #[test]
-    fn target_profiles_load_or_point_at_the_bad_line(t in gen_target(), crlf in any::<bool>(), bad in 0..6u8) {
+    fn target_profiles_load_or_point_at_the_bad_line(
+        t in gen_target(),
+        crlf in any::<bool>(),
+        bad in 0..6u8,
+    ) {
         with_scratch(|s| {
             let doc = target_doc(&t);
             let path = s.write("target.toml", doc.text(crlf).as_bytes());
@@ -660,7 +665,11 @@ proptest! {
                 prop_assert_eq!(got.restart.as_deref(), want.restart.as_deref().map(str::trim));
                 prop_assert_eq!(&got.health, &want.health);
                 prop_assert_eq!(&got.metrics, &want.metrics);
-                prop_assert_eq!(got.health_timeout_s, want.health_timeout_s.map_or(super::target::DEFAULT_HEALTH_TIMEOUT_S, |v| v as u64));
+                prop_assert_eq!(
+                    got.health_timeout_s,
+                    want.health_timeout_s
+                        .map_or(super::target::DEFAULT_HEALTH_TIMEOUT_S, |v| v as u64),
+                );
             }
 
             let (what, broken) = match bad {
@@ -668,7 +677,10 @@ proptest! {
                 1 => ("model", doc.with_line("model", "model = \"  \"".into())),
                 2 => ("launch", doc.with_line("launch", "launch = \"missing.sh\"".into())),
                 3 => ("health", doc.with_line("health", "health = \"127.0.0.1:1/health\"".into())),
-                4 => ("role.name", doc.with_line("role.name", format!("name = {}", toml_str(t.roles[0].name.trim())))),
+                4 => {
+                    let first = toml_str(t.roles[0].name.trim());
+                    ("role.name", doc.with_line("role.name", format!("name = {first}")))
+                }
                 _ => ("name", doc.with_line("name", "name = 7".into())),
             };
             if what == "role.name" && t.roles.len() < 2 {
@@ -684,7 +696,11 @@ proptest! {
     /// A generated flag file loads to its setting, roles and values; one bad value is
     /// refused at its line.
     #[test]
-    fn flag_files_load_or_point_at_the_bad_line(f in gen_flag(), crlf in any::<bool>(), bad in 0..4u8) {
+    fn flag_files_load_or_point_at_the_bad_line(
+        f in gen_flag(),
+        crlf in any::<bool>(),
+        bad in 0..4u8,
+    ) {
         with_scratch(|s| {
             let doc = flag_doc(&f);
             let (_, catalog) = load_flag(s, doc.text(crlf).as_bytes());
@@ -716,12 +732,19 @@ proptest! {
     /// A generated workload loads to the values written; one bad value is refused at
     /// its line.
     #[test]
-    fn workloads_load_or_point_at_the_bad_line(w in gen_workload(), crlf in any::<bool>(), bad in 0..8u8) {
+    fn workloads_load_or_point_at_the_bad_line(
+        w in gen_workload(),
+        crlf in any::<bool>(),
+        bad in 0..8u8,
+    ) {
         with_scratch(|s| {
             let doc = workload_doc(&w);
             let (_, loaded) = load_workload(s, doc.text(crlf).as_bytes());
             let got = loaded.map_err(|e| TestCaseError::fail(e.to_string()))?;
-            prop_assert_eq!(got.name, w.name.as_deref().map_or("gen_workload".to_string(), |n| n.trim().to_string()));
+            prop_assert_eq!(
+                got.name,
+                w.name.as_deref().map_or("gen_workload".to_string(), |n| n.trim().to_string()),
+            );
             prop_assert_eq!(
                 (got.sessions as i64, got.rounds as i64, got.ctx as i64, got.max_tokens as i64),
                 (w.sessions, w.rounds, w.ctx, w.max_tokens)

@@ -142,7 +142,8 @@ fn gen_sample() -> impl Strategy<Value = GenSample> {
 
 fn entry() -> impl Strategy<Value = Entry> {
     prop_oneof![
-        1 => (metric_name(), "[ -~]{0,30}").prop_map(|(n, h)| Entry::Help(n, h.replace('\\', "\\\\"))),
+        1 => (metric_name(), "[ -~]{0,30}")
+            .prop_map(|(n, h)| Entry::Help(n, h.replace('\\', "\\\\"))),
         1 => (metric_name(), select(vec!["gauge", "counter", "histogram", "summary", "untyped"]))
             .prop_map(|(n, t)| Entry::Type(n, t)),
         1 => any::<String>().prop_map(|c| Entry::Comment(c.replace(['\n', '\r'], " "))),
@@ -253,7 +254,10 @@ proptest! {
         for s in &exp.samples {
             prop_assert!(!s.name.is_empty());
             let sum = exp.sum(&s.name);
-            prop_assert_eq!(sum.is_some(), exp.samples.iter().any(|t| t.name == s.name && !t.value.is_nan()));
+            prop_assert_eq!(
+                sum.is_some(),
+                exp.samples.iter().any(|t| t.name == s.name && !t.value.is_nan()),
+            );
         }
     }
 
@@ -284,7 +288,13 @@ proptest! {
             };
             prop_assert_eq!(&got.name, &expected.name);
             prop_assert_eq!(&got.labels, &expected.labels, "{:?}", text);
-            prop_assert!(same_value(got.value, expected.value), "{} != {} in {:?}", got.value, expected.value, text);
+            prop_assert!(
+                same_value(got.value, expected.value),
+                "{} != {} in {:?}",
+                got.value,
+                expected.value,
+                text,
+            );
         }
         for s in &want {
             let values: Vec<f64> = want

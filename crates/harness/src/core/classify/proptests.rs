@@ -28,11 +28,18 @@ fn tools() -> Vec<ToolSpec> {
     vec![
         tool(
             "read_file",
-            json!({"type": "object", "properties": {"path": {"type": "string"}, "max_lines": {"type": "integer"}}, "required": ["path"]}),
+            json!({
+                "type": "object",
+                "properties": {"path": {"type": "string"}, "max_lines": {"type": "integer"}},
+                "required": ["path"],
+            }),
         ),
         tool(
             "grep",
-            json!({"type": "object", "properties": {"pattern": {"type": "string"}, "path": {"type": "string"}}}),
+            json!({
+                "type": "object",
+                "properties": {"pattern": {"type": "string"}, "path": {"type": "string"}},
+            }),
         ),
     ]
 }
@@ -257,7 +264,10 @@ fn json_value() -> impl Strategy<Value = Value> {
 fn arguments() -> impl Strategy<Value = String> {
     prop_oneof![
         2 => prop::collection::btree_map(
-            prop_oneof![select(vec!["path".to_string(), "pattern".to_string(), "max_lines".to_string()]), any::<String>()],
+            prop_oneof![
+                select(vec!["path".to_string(), "pattern".to_string(), "max_lines".to_string()]),
+                any::<String>(),
+            ],
             json_value(),
             0..4,
         )
@@ -274,7 +284,9 @@ proptest! {
     /// Any text: no panic, hits are char-aligned ranges, the all-family set finds the
     /// earliest of the single families' hits, and argument fragments include leaks.
     #[test]
-    fn markup_search_is_consistent_on_any_text(text in prop_oneof![any::<String>(), markup_soup()]) {
+    fn markup_search_is_consistent_on_any_text(
+        text in prop_oneof![any::<String>(), markup_soup()],
+    ) {
         let all = all_families();
         let leak = all.find_leak(&text);
         if let Some(hit) = leak {
@@ -306,11 +318,20 @@ proptest! {
         with_call in any::<bool>(),
     ) {
         let alone = one_family(family).find_leak(&markup);
-        let alone = alone.ok_or_else(|| TestCaseError::fail(format!("{markup:?} alone is not a {family} leak")))?;
+        let alone = alone.ok_or_else(|| {
+            TestCaseError::fail(format!("{markup:?} alone is not a {family} leak"))
+        })?;
         let text = format!("{before}{markup}{after}");
         let all = all_families();
-        let hit = all.find_leak(&text).ok_or_else(|| TestCaseError::fail(format!("no leak found in {text:?}")))?;
-        prop_assert!(hit.start <= before.len() + alone.start, "hit {:?} after the markup in {:?}", hit, text);
+        let hit = all
+            .find_leak(&text)
+            .ok_or_else(|| TestCaseError::fail(format!("no leak found in {text:?}")))?;
+        prop_assert!(
+            hit.start <= before.len() + alone.start,
+            "hit {:?} after the markup in {:?}",
+            hit,
+            text,
+        );
         // The family's own set finds it too.
         prop_assert!(one_family(family).find_leak(&text).is_some());
 
@@ -340,15 +361,20 @@ proptest! {
         let path = format!("{before}{markup}{after}");
         let arguments = json!({"path": path}).to_string();
         let message = reply(None, None, vec![call("read_file", &arguments)]);
-        let step = ExpectedCall { tool: "read_file".into(), args: Map::from_iter([("path".to_string(), json!("/a"))]) };
+        let step_for = |path: Value| ExpectedCall {
+            tool: "read_file".into(),
+            args: Map::from_iter([("path".to_string(), path)]),
+        };
+        let step = step_for(json!("/a"));
         for check in [CheckArgs::Strict, CheckArgs::Schema] {
             let verdict = classifier.classify(&RoundOutcome::Reply(&message), Some(&step), check);
             prop_assert_eq!(verdict.class, RoundClass::BadArgs, "{:?}", verdict.evidence);
             prop_assert!(verdict.evidence.starts_with("bad_args[markup]"), "{}", verdict.evidence);
             check_evidence(&verdict.evidence)?;
         }
-        let asked = ExpectedCall { tool: "read_file".into(), args: Map::from_iter([("path".to_string(), json!(path))]) };
-        let verdict = classifier.classify(&RoundOutcome::Reply(&message), Some(&asked), CheckArgs::Strict);
+        let asked = step_for(json!(path));
+        let outcome = RoundOutcome::Reply(&message);
+        let verdict = classifier.classify(&outcome, Some(&asked), CheckArgs::Strict);
         prop_assert_eq!(verdict.class, RoundClass::Ok, "{:?}", verdict.evidence);
     }
 
@@ -358,7 +384,13 @@ proptest! {
         content in proptest::option::of(prop_oneof![any::<String>(), markup_soup()]),
         reasoning in proptest::option::of(prop_oneof![any::<String>(), markup_soup()]),
         calls in prop::collection::vec(
-            (prop_oneof![select(vec!["read_file".to_string(), "grep".to_string()]), any::<String>()], arguments()),
+            (
+                prop_oneof![
+                    select(vec!["read_file".to_string(), "grep".to_string()]),
+                    any::<String>(),
+                ],
+                arguments(),
+            ),
             0..3,
         ),
         error in proptest::option::of(any::<String>()),
