@@ -16,6 +16,8 @@
 pub mod backend;
 pub mod decode;
 pub mod dsml;
+#[cfg(test)]
+mod dsml_proptests;
 pub mod hicache;
 pub mod keys;
 pub mod kvpool;

@@ -21,4 +21,6 @@ pub mod core;
 pub mod driver;
 pub mod exit;
 pub mod launch;
+#[cfg(test)]
+mod proptest_config;
 pub mod results;

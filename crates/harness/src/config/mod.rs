@@ -8,6 +8,8 @@
 
 pub mod embedded;
 pub mod flags;
+#[cfg(test)]
+mod proptests;
 pub mod target;
 pub mod workload;
 

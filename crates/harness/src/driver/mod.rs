@@ -9,6 +9,8 @@ pub mod client;
 pub mod conversation;
 pub mod drive;
 pub mod metrics;
+#[cfg(test)]
+mod metrics_proptests;
 pub mod sample;
 
 pub use crate::core::task::{Step, Task};

@@ -86,10 +86,19 @@ fn env_occurrences(text: &str, cmds: &[Command], var: &str) -> Vec<Occurrence> {
     out
 }
 
+/// Whether a command's words can be options of the engine: not those of a builtin like
+/// `echo "--arg=1 is the default"`, whose arguments are text (editing them would leave
+/// the engine's own setting unchanged while the readback agrees).
+fn may_pass_options(text: &str, cmd: &Command) -> bool {
+    parse_command(text, cmd)
+        .command
+        .map_or(true, |k| !NOT_LAUNCH.contains(&cmd.words[k].value.as_str()))
+}
+
 fn arg_occurrences(text: &str, cmds: &[Command], arg: &str) -> Vec<Occurrence> {
     let mut out = Vec::new();
     let with_eq = format!("{arg}=");
-    for cmd in cmds {
+    for cmd in cmds.iter().filter(|c| may_pass_options(text, c)) {
         let words = &cmd.words;
         for (i, w) in words.iter().enumerate() {
             if w.redirect {
@@ -113,8 +122,9 @@ fn arg_occurrences(text: &str, cmds: &[Command], arg: &str) -> Vec<Occurrence> {
     out
 }
 
-fn switch_words<'c>(cmds: &'c [Command], switch: &str) -> Vec<&'c Word> {
+fn switch_words<'c>(text: &str, cmds: &'c [Command], switch: &str) -> Vec<&'c Word> {
     cmds.iter()
+        .filter(|c| may_pass_options(text, c))
         .flat_map(|c| c.words.iter())
         .filter(|w| !w.redirect && w.value == switch)
         .collect()
@@ -131,7 +141,7 @@ pub fn read_setting(text: &str, setting: &Setting, flag: &FlagSpec) -> Option<St
     match setting {
         Setting::Env(var) => env_occurrences(text, &cmds, var).pop().map(|o| o.value),
         Setting::Arg(arg) => arg_occurrences(text, &cmds, arg).pop().map(|o| o.value),
-        Setting::Switch(sw) => Some(if switch_words(&cmds, sw).is_empty() {
+        Setting::Switch(sw) => Some(if switch_words(text, &cmds, sw).is_empty() {
             flag.off.clone()
         } else {
             flag.on.clone()
@@ -167,7 +177,9 @@ fn launch_command<'c>(text: &str, cmds: &'c [Command]) -> Option<&'c Command> {
         .iter()
         .filter(|c| {
             let p = parse_command(text, c);
-            !p.pure_assignment
+            // A bare redirection (`> server.log`) has no word to add an argument after.
+            c.words.iter().any(|w| !w.redirect)
+                && !p.pure_assignment
                 && p.command
                     .is_some_and(|k| !NOT_LAUNCH.contains(&c.words[k].value.as_str()))
         })
@@ -344,7 +356,7 @@ pub fn write_setting(
             }
         }
         Setting::Switch(sw) => {
-            let present = switch_words(&cmds, sw);
+            let present = switch_words(text, &cmds, sw);
             if value == flag.on {
                 if present.is_empty() {
                     append_to_command(text, &cmds, flag, sw, path)
@@ -379,7 +391,7 @@ fn setting_at(text: &str, setting: &Setting) -> Option<usize> {
     match setting {
         Setting::Env(var) => env_occurrences(text, &cmds, var).last().map(|o| o.key_at),
         Setting::Arg(arg) => arg_occurrences(text, &cmds, arg).last().map(|o| o.key_at),
-        Setting::Switch(sw) => switch_words(&cmds, sw).first().map(|w| w.span.start),
+        Setting::Switch(sw) => switch_words(text, &cmds, sw).first().map(|w| w.span.start),
     }
 }
 

@@ -10,6 +10,8 @@
 
 mod edit;
 mod journal;
+#[cfg(test)]
+mod proptests;
 mod shell;
 
 use std::path::PathBuf;

@@ -14,6 +14,8 @@
 
 mod markup;
 #[cfg(test)]
+mod proptests;
+#[cfg(test)]
 mod tests;
 
 use std::collections::BTreeMap;
