@@ -554,6 +554,7 @@ mod tests {
                     health: "http://127.0.0.1:1/health".into(),
                     metrics: None,
                     health_timeout_s: 1,
+                    restart_timeout_s: 300,
                 });
             }
             Setup { dir, roles }
