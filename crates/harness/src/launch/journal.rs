@@ -730,7 +730,7 @@ mod tests {
         let leftovers: Vec<_> = fs::read_dir(s.journal())
             .unwrap()
             .map(|e| e.unwrap().file_name())
-            .filter(|n| n != "files.json")
+            .filter(|n| n != "files.json" && n != ".lock-mutex")
             .collect();
         assert!(leftovers.is_empty(), "{leftovers:?}");
     }

@@ -25,6 +25,24 @@ use crate::exit::Failure;
 const LOCK_FILE: &str = "lock.json";
 const PROCESSES_FILE: &str = "processes.json";
 const FILES_FILE: &str = "files.json";
+/// Held (flock) only for the moment of checking and taking or dropping `lock.json`, so
+/// two processes that both find a stale lock cannot both take it over.
+const MUTEX_FILE: &str = ".lock-mutex";
+
+/// Serialises the check-and-take of `lock.json` between processes (and threads); the
+/// kernel drops it if the holder dies.
+fn lock_mutex(dir: &Path) -> anyhow::Result<nix::fcntl::Flock<fs::File>> {
+    let path = dir.join(MUTEX_FILE);
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, errno)| errno)
+        .with_context(|| format!("locking {}", path.display()))
+}
 
 /// Root of every target's state: `$XDG_STATE_HOME/bisect`, else `~/.local/state/bisect`.
 pub fn state_root() -> PathBuf {
@@ -149,6 +167,7 @@ impl Drop for LockGuard {
             return;
         }
         let path = self.dir.join(LOCK_FILE);
+        let _mutex = lock_mutex(&self.dir);
         if read_owner(&path).is_some_and(|o| o.pid == std::process::id()) {
             let _ = fs::remove_file(&path);
         }
@@ -190,6 +209,7 @@ pub fn lock(dir: &Path, reentry: Reentry) -> anyhow::Result<Option<LockGuard>> {
     let path = dir.join(LOCK_FILE);
     let me = Owner::me();
     let json = serde_json::to_vec_pretty(&me)?;
+    let _mutex = lock_mutex(dir)?;
     loop {
         match fs::OpenOptions::new()
             .write(true)
@@ -224,7 +244,7 @@ pub fn lock(dir: &Path, reentry: Reentry) -> anyhow::Result<Option<LockGuard>> {
             // Dead, recycled pid, or a lock file cut short by a crash: stale.
             _ => {}
         }
-        // Stale: remove and race for create_new again, so two takers cannot both win.
+        // Stale: remove it and create ours (under the mutex, so no other taker races).
         match fs::remove_file(&path) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
