@@ -278,6 +278,7 @@ fn sweep(root: &Path) -> anyhow::Result<Recovery> {
             .killed
             .extend(state::kill_stale_groups(guard.dir())?);
         recovery.restored.extend(replay(guard.dir())?);
+        state::remove_if_orphaned(guard);
     }
     Ok(recovery)
 }

@@ -343,6 +343,24 @@ pub fn kill_stale_groups(dir: &Path) -> anyhow::Result<Vec<SpawnedGroup>> {
     Ok(killed)
 }
 
+/// Removes a state directory whose launch configs are all gone (a deleted temp target):
+/// nothing can start on it again, since the key comes from existing files. Call after
+/// its recovery, with its lock (consumed here).
+pub fn remove_if_orphaned(guard: LockGuard) {
+    let dir = guard.dir.clone();
+    let files: Vec<PathBuf> = fs::read(dir.join(FILES_FILE))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
+    if files.is_empty() || files.iter().any(|f| f.exists()) {
+        return;
+    }
+    drop(guard);
+    if let Err(e) = fs::remove_dir_all(&dir) {
+        tracing::debug!("removing orphaned state {}: {e}", dir.display());
+    }
+}
+
 /// Every state directory under `root` (for the sweep that recovers stale ones).
 pub fn all_state_dirs(root: &Path) -> Vec<PathBuf> {
     let Ok(entries) = fs::read_dir(root) else {
@@ -379,6 +397,11 @@ mod tests {
         assert_ne!(one, two);
         assert_eq!(state_dir(root.path(), &[a, b]).unwrap(), one);
         assert_eq!(all_state_dirs(root.path()).len(), 2);
+        // Neither target's files exist: both states are orphans, removed once unlocked.
+        for dir in all_state_dirs(root.path()) {
+            remove_if_orphaned(lock(&dir, Reentry::TakeOver).unwrap().unwrap());
+        }
+        assert!(all_state_dirs(root.path()).is_empty());
     }
 
     #[test]
