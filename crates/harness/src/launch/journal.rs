@@ -267,6 +267,11 @@ fn recover_legacy(legacy_dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
 fn sweep(root: &Path) -> anyhow::Result<Recovery> {
     let mut recovery = Recovery::default();
     for dir in state::all_state_dirs(root) {
+        // Nothing to recover: leave it alone (it may be a state another process is just
+        // creating) unless its launch configs are gone for good.
+        if !state::has_leftovers(&dir) && !state::is_orphaned(&dir) {
+            continue;
+        }
         let guard = match state::lock(&dir, Reentry::Skip) {
             Ok(Some(guard)) => guard,
             Ok(None) => continue,

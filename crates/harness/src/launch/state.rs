@@ -348,17 +348,31 @@ pub fn kill_stale_groups(dir: &Path) -> anyhow::Result<Vec<SpawnedGroup>> {
 /// its recovery, with its lock (consumed here).
 pub fn remove_if_orphaned(guard: LockGuard) {
     let dir = guard.dir.clone();
-    let files: Vec<PathBuf> = fs::read(dir.join(FILES_FILE))
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default();
-    if files.is_empty() || files.iter().any(|f| f.exists()) {
+    if !is_orphaned(&dir) {
         return;
     }
     drop(guard);
     if let Err(e) = fs::remove_dir_all(&dir) {
         tracing::debug!("removing orphaned state {}: {e}", dir.display());
     }
+}
+
+/// Whether every launch config a state stands for is gone.
+pub fn is_orphaned(dir: &Path) -> bool {
+    let files: Vec<PathBuf> = fs::read(dir.join(FILES_FILE))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
+    !files.is_empty() && files.iter().all(|f| !f.exists())
+}
+
+/// Whether a state holds anything a dead owner may have left (a lock, a journal,
+/// spawned groups). The sweep skips the others: locking a state another process is
+/// just creating would make that process's lock attempt fail.
+pub fn has_leftovers(dir: &Path) -> bool {
+    [LOCK_FILE, PROCESSES_FILE, super::JOURNAL_FILE]
+        .iter()
+        .any(|f| dir.join(f).exists())
 }
 
 /// Every state directory under `root` (for the sweep that recovers stale ones).
