@@ -268,8 +268,8 @@ fn sweep(root: &Path) -> anyhow::Result<Recovery> {
     let mut recovery = Recovery::default();
     for dir in state::all_state_dirs(root) {
         // Nothing to recover: leave it alone (it may be a state another process is just
-        // creating) unless its launch configs are gone for good.
-        if !state::has_leftovers(&dir) && !state::is_orphaned(&dir) {
+        // creating; locking it would make that process's own lock attempt fail).
+        if !state::has_leftovers(&dir) {
             continue;
         }
         let guard = match state::lock(&dir, Reentry::Skip) {
@@ -283,7 +283,7 @@ fn sweep(root: &Path) -> anyhow::Result<Recovery> {
             .killed
             .extend(state::kill_stale_groups(guard.dir())?);
         recovery.restored.extend(replay(guard.dir())?);
-        state::remove_if_orphaned(guard);
+        drop(guard);
     }
     Ok(recovery)
 }

@@ -343,29 +343,6 @@ pub fn kill_stale_groups(dir: &Path) -> anyhow::Result<Vec<SpawnedGroup>> {
     Ok(killed)
 }
 
-/// Removes a state directory whose launch configs are all gone (a deleted temp target):
-/// nothing can start on it again, since the key comes from existing files. Call after
-/// its recovery, with its lock (consumed here).
-pub fn remove_if_orphaned(guard: LockGuard) {
-    let dir = guard.dir.clone();
-    if !is_orphaned(&dir) {
-        return;
-    }
-    drop(guard);
-    if let Err(e) = fs::remove_dir_all(&dir) {
-        tracing::debug!("removing orphaned state {}: {e}", dir.display());
-    }
-}
-
-/// Whether every launch config a state stands for is gone.
-pub fn is_orphaned(dir: &Path) -> bool {
-    let files: Vec<PathBuf> = fs::read(dir.join(FILES_FILE))
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default();
-    !files.is_empty() && files.iter().all(|f| !f.exists())
-}
-
 /// Whether a state holds anything a dead owner may have left (a lock, a journal,
 /// spawned groups). The sweep skips the others: locking a state another process is
 /// just creating would make that process's lock attempt fail.
@@ -411,11 +388,6 @@ mod tests {
         assert_ne!(one, two);
         assert_eq!(state_dir(root.path(), &[a, b]).unwrap(), one);
         assert_eq!(all_state_dirs(root.path()).len(), 2);
-        // Neither target's files exist: both states are orphans, removed once unlocked.
-        for dir in all_state_dirs(root.path()) {
-            remove_if_orphaned(lock(&dir, Reentry::TakeOver).unwrap().unwrap());
-        }
-        assert!(all_state_dirs(root.path()).is_empty());
     }
 
     #[test]
