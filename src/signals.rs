@@ -1,12 +1,24 @@
-//! Ctrl-C and SIGTERM become a cancellation: the running command stops its engines,
-//! restores the launch configs it edited and exits 130 (`Failure::Interrupted`).
+//! Ctrl-C (SIGINT), SIGTERM, SIGHUP (the terminal went away) and SIGQUIT (Ctrl-\)
+//! become a cancellation: the running command stops its engines, restores the launch
+//! configs it edited and exits 130 (`Failure::Interrupted`).
 
 use std::future::pending;
 
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 
-/// A token cancelled on the first Ctrl-C or SIGTERM. Needs a running tokio runtime.
+/// Resolves on the first `kind` signal; never, when its handler cannot be installed.
+async fn on(kind: SignalKind) {
+    match signal(kind) {
+        Ok(mut stream) => {
+            stream.recv().await;
+        }
+        Err(_) => pending::<()>().await,
+    }
+}
+
+/// A token cancelled on the first SIGINT, SIGTERM, SIGHUP or SIGQUIT. Needs a running
+/// tokio runtime.
 pub fn cancel_on_signal() -> CancellationToken {
     let cancel = CancellationToken::new();
     let token = cancel.clone();
@@ -17,17 +29,11 @@ pub fn cancel_on_signal() -> CancellationToken {
                 pending::<()>().await;
             }
         };
-        let term = async {
-            match signal(SignalKind::terminate()) {
-                Ok(mut term) => {
-                    term.recv().await;
-                }
-                Err(_) => pending::<()>().await,
-            }
-        };
         tokio::select! {
             _ = ctrl_c => {}
-            _ = term => {}
+            _ = on(SignalKind::terminate()) => {}
+            _ = on(SignalKind::hangup()) => {}
+            _ = on(SignalKind::quit()) => {}
         }
         eprintln!("interrupted: stopping engines and restoring launch configs");
         token.cancel();

@@ -1,6 +1,6 @@
 //! The commands that neither run an experiment nor read results: `bisect flags` (the
-//! catalog), `bisect kernels` (NVRTC compile check), `bisect restore` (replay the
-//! journal) and `bisect engine` (one role of the embedded engine).
+//! catalog), `bisect kernels` (NVRTC compile check), `bisect restore` (kill what a
+//! dead bisect left running, replay its journal) and `bisect engine` (one role of the embedded engine).
 
 use std::process::ExitCode;
 
@@ -48,12 +48,23 @@ pub fn kernels() -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Recovers every target a dead bisect left (its state found by the target's launch
+/// configs, under `$XDG_STATE_HOME/bisect`), plus a journal an older version left in the
+/// results root.
 pub fn restore(args: &RestoreArgs) -> anyhow::Result<ExitCode> {
-    let restored = bisect_harness::launch::recover(&args.results.join(".bisect-journal"))?;
-    if restored.is_empty() {
+    use bisect_harness::launch;
+    let recovery =
+        launch::recover_at(&launch::state_root(), &args.results.join(".bisect-journal"))?;
+    if recovery.restored.is_empty() && recovery.killed.is_empty() {
         println!("nothing to restore");
     }
-    for p in restored {
+    for group in recovery.killed {
+        println!(
+            "killed process group {} (role {}) left running by bisect pid {}",
+            group.pgid, group.role, group.owner_pid
+        );
+    }
+    for p in recovery.restored {
         println!("restored {}", p.display());
     }
     Ok(ExitCode::SUCCESS)

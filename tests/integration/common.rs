@@ -59,6 +59,7 @@ impl FakeTarget {
             health: format!("http://{addr}/health"),
             metrics: Some(format!("http://{addr}/metrics")),
             health_timeout_s: 10,
+            restart_timeout_s: 300,
         };
         let target = TargetProfile {
             name: "fake".into(),

@@ -1,10 +1,25 @@
 //! kill -9 in the middle of a run: the launch configs are left edited, and the next
-//! start (or `bisect restore`) puts the originals back byte for byte.
+//! start (or `bisect restore`) puts the originals back byte for byte. The journal lives
+//! in the target's state under `$XDG_STATE_HOME/bisect`, which these tests point into
+//! their temp dir.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common::FakeTarget;
+
+/// Where the bisect processes of a test keep their per-target state.
+pub fn state_home(t: &FakeTarget) -> std::path::PathBuf {
+    t.dir.path().join("state")
+}
+
+/// The journal of the one target under `dir/state`, if there is one.
+pub fn journal_path(dir: &std::path::Path) -> Option<std::path::PathBuf> {
+    std::fs::read_dir(dir.join("state/bisect"))
+        .ok()?
+        .map(|e| e.unwrap().path().join("journal.json"))
+        .find(|p| p.exists())
+}
 
 fn write_profile(t: &FakeTarget) -> std::path::PathBuf {
     let mut text = format!(
@@ -39,6 +54,7 @@ async fn start_run_until_edited(
     let before = t.launch_bytes();
     let profile = write_profile(t);
     let child = Command::new(env!("CARGO_BIN_EXE_bisect"))
+        .env("XDG_STATE_HOME", state_home(t))
         .args([
             "run",
             "--flag",
@@ -67,17 +83,14 @@ async fn start_run_until_edited(
 async fn kill_dash_nine_then_next_start_restores() {
     let t = FakeTarget::new().await;
     let (mut child, before) = start_run_until_edited(&t, Stdio::null()).await;
-    let journal = t.dir.path().join("results/.bisect-journal");
-    assert!(
-        journal.join("journal.json").exists(),
-        "journal written before the first edit"
-    );
+    let journal = journal_path(t.dir.path()).expect("journal written before the first edit");
     child.kill().unwrap(); // SIGKILL: no chance to clean up
     child.wait().unwrap();
     assert_ne!(t.launch_bytes(), before, "the kill left the configs edited");
 
     // The next start replays the journal before anything else, even a failing command.
     let out = Command::new(env!("CARGO_BIN_EXE_bisect"))
+        .env("XDG_STATE_HOME", state_home(&t))
         .args(["run", "--flag", "NOPE"])
         .current_dir(t.dir.path())
         .output()
@@ -86,7 +99,7 @@ async fn kill_dash_nine_then_next_start_restores() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("restored"), "{err}");
     assert_eq!(t.launch_bytes(), before);
-    assert!(!journal.join("journal.json").exists());
+    assert!(!journal.exists());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

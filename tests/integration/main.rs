@@ -11,6 +11,7 @@ mod fake;
 mod fake_runs;
 mod fixture_v1;
 mod matrix;
+mod ownership;
 mod reclassify;
 mod report_diff;
 mod report_html;

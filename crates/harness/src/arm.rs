@@ -141,6 +141,11 @@ impl<'a> Testbed<'a> {
                         file.display()
                     ));
                 }
+                for group in editor.killed() {
+                    progress.note(&format!(
+                        "stopped {group:?}, left running by an earlier run that did not finish"
+                    ));
+                }
                 Some(editor)
             }
         };

@@ -5,6 +5,12 @@
 //! stdout/stderr captured under the run's `logs/`. Either way the role is then waited on
 //! at its health URL. Everything here sits behind [`EngineControl`] so the experiment
 //! can be driven against fakes without processes.
+//!
+//! Bisect owns what it starts: every spawned role's process group is recorded (with its
+//! leader's start time) in the target's state under the target's lock, so that after a
+//! kill -9 the next bisect kills exactly those groups; every child also gets
+//! `PR_SET_PDEATHSIG(SIGKILL)` on Linux. A restart command runs in its own process
+//! group with a timeout (`restart_timeout_s`), and Ctrl-C kills that group at once.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -18,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{RoleSpec, TargetProfile};
 use crate::exit::Failure;
+use crate::launch::{self, LockGuard, SpawnedGroup};
 
 /// What an arm needs from engine control. Object-safe async without a macro crate: the
 /// methods return boxed futures.
@@ -41,6 +48,10 @@ pub struct ProcessControl {
     logs_dir: PathBuf,
     http: reqwest::Client,
     spawned: Vec<Spawned>,
+    /// The target's state directory and lock, taken at the first spawn (shared with
+    /// this process's launch-config editor when it holds the lock already).
+    state: Option<(PathBuf, LockGuard)>,
+    state_root: PathBuf,
 }
 
 struct Spawned {
@@ -62,14 +73,39 @@ impl ProcessControl {
             logs_dir: logs_dir.to_path_buf(),
             http,
             spawned: Vec::new(),
+            state: None,
+            state_root: launch::state_root(),
         })
+    }
+
+    /// Keeps the target's state under `root` instead of `$XDG_STATE_HOME/bisect`.
+    pub fn with_state_root(mut self, root: &Path) -> Self {
+        self.state_root = root.to_path_buf();
+        self
+    }
+
+    /// The target's state directory, its lock taken (refused while another live bisect
+    /// holds it).
+    fn state_dir(&mut self) -> anyhow::Result<PathBuf> {
+        if let Some((dir, _)) = &self.state {
+            return Ok(dir.clone());
+        }
+        let files: Vec<PathBuf> = self.roles.iter().map(|r| r.launch.clone()).collect();
+        let (dir, guard) = launch::lock_target(&self.state_root, &files)?;
+        self.state = Some((dir.clone(), guard));
+        Ok(dir)
     }
 
     async fn stop_all(&mut self) -> anyhow::Result<()> {
         let mut first_err = None;
         for mut s in self.spawned.drain(..) {
+            let pgid = s.child.id();
             if let Err(e) = stop_child(&mut s.child).await {
                 first_err.get_or_insert(anyhow!("stopping role {}: {e:#}", s.role));
+            } else if let (Some(pgid), Some((dir, _))) = (pgid, &self.state) {
+                if let Err(e) = launch::forget_group(dir, pgid) {
+                    first_err.get_or_insert(e);
+                }
             }
         }
         match first_err {
@@ -87,10 +123,23 @@ impl ProcessControl {
         let roles = self.roles.clone();
         for role in &roles {
             match &role.restart {
-                Some(cmd) => run_restart_command(&role.name, cmd, &self.logs_dir, label).await?,
+                Some(cmd) => run_restart_command(role, cmd, &self.logs_dir, label, cancel).await?,
                 None => {
+                    let state_dir = self.state_dir()?;
                     let spawned = spawn_launch(role, &self.logs_dir, label)?;
+                    let pgid = spawned.child.id();
                     self.spawned.push(spawned);
+                    if let Some(pgid) = pgid {
+                        launch::record_group(
+                            &state_dir,
+                            SpawnedGroup {
+                                role: role.name.clone(),
+                                pgid,
+                                start_ticks: launch::start_ticks(pgid).unwrap_or(0),
+                                owner_pid: std::process::id(),
+                            },
+                        )?;
+                    }
                 }
             }
         }
@@ -183,37 +232,107 @@ impl Drop for ProcessControl {
                     nix::unistd::Pid::from_raw(pid as i32),
                     nix::sys::signal::Signal::SIGKILL,
                 );
+                if let Some((dir, _)) = &self.state {
+                    let _ = launch::forget_group(dir, pid);
+                }
             }
         }
     }
 }
 
+/// Runs a role's restart command (`sh -c`) in its own process group, output to a log
+/// file, for at most the role's `restart_timeout_s`; a timeout or a cancellation kills
+/// the whole group (the command's children included) before returning.
 async fn run_restart_command(
-    role: &str,
+    role: &RoleSpec,
     cmd: &str,
     logs_dir: &Path,
     label: &str,
+    cancel: &CancellationToken,
 ) -> anyhow::Result<()> {
-    let log = logs_dir.join(format!("{label}-{role}-restart.log"));
-    let out = Command::new("sh")
+    let log = logs_dir.join(format!("{label}-{}-restart.log", role.name));
+    let out = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+    let err = out.try_clone()?;
+    let mut command = Command::new("sh");
+    command
         .arg("-c")
         .arg(cmd)
         .stdin(Stdio::null())
-        .output()
-        .await
-        .with_context(|| format!("running restart command for role {role}: {cmd}"))?;
-    let mut text = out.stdout.clone();
-    text.extend_from_slice(&out.stderr);
-    std::fs::write(&log, &text).with_context(|| format!("writing {}", log.display()))?;
-    if !out.status.success() {
+        .stdout(out)
+        .stderr(err)
+        .process_group(0)
+        .kill_on_drop(true);
+    die_with_parent(&mut command);
+    let mut child = command
+        .spawn()
+        .with_context(|| format!("running restart command for role {}: {cmd}", role.name))?;
+    let group = child.id();
+    let kill_group = || {
+        if let Some(pgid) = group {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pgid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    };
+    let limit = Duration::from_secs(role.restart_timeout_s.max(1));
+    let status = tokio::select! {
+        status = child.wait() => status
+            .with_context(|| format!("waiting for the restart command of role {}", role.name))?,
+        _ = tokio::time::sleep(limit) => {
+            kill_group();
+            let _ = child.wait().await;
+            return Err(Failure::CouldNotRun(format!(
+                "restart command for role {} did not finish within {} s and was killed: {cmd}\nlast lines of {}:\n{}\n  fix: make the command return once the restart is issued, or raise restart_timeout_s for the role in the target profile",
+                role.name,
+                limit.as_secs(),
+                log.display(),
+                log_tail(&log, 20)
+            ))
+            .into());
+        }
+        _ = cancel.cancelled() => {
+            kill_group();
+            let _ = child.wait().await;
+            return Err(Failure::Interrupted.into());
+        }
+    };
+    // A command that succeeded may leave a daemon in its group on purpose (`nohup
+    // server &`): that engine is the deployment's, so it is not killed here.
+    if !status.success() {
         return Err(Failure::CouldNotRun(format!(
-            "restart command for role {role} failed ({}): {cmd}\n{}",
-            out.status,
-            truncate(&String::from_utf8_lossy(&text), 2000)
+            "restart command for role {} failed ({status}): {cmd}\n{}",
+            role.name,
+            truncate(&log_tail(&log, 40), 2000)
         ))
         .into());
     }
     Ok(())
+}
+
+/// Makes a spawned child die with bisect (Linux `PR_SET_PDEATHSIG(SIGKILL)`), so even a
+/// kill -9 of bisect leaves no engine behind. The signal follows the child across
+/// `exec` (a launch script that ends in `exec server ...`); grandchildren are covered by
+/// the process-group record instead. It fires when the forking *thread* exits: the
+/// tokio worker threads and the main thread that spawn here live as long as the run.
+fn die_with_parent(command: &mut Command) {
+    #[cfg(target_os = "linux")]
+    {
+        let parent = nix::unistd::getpid();
+        // SAFETY: the closure runs in the forked child between fork and exec, where only
+        // async-signal-safe calls are allowed: it makes two system calls (prctl(2),
+        // getppid(2)), allocates nothing and touches no lock or shared state.
+        unsafe {
+            command.pre_exec(move || {
+                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
+                // The parent may have died before prctl took effect: then die now.
+                if nix::unistd::getppid() != parent {
+                    return Err(std::io::Error::from(nix::errno::Errno::ESRCH));
+                }
+                Ok(())
+            });
+        }
+    }
 }
 
 fn spawn_launch(role: &RoleSpec, logs_dir: &Path, label: &str) -> anyhow::Result<Spawned> {
@@ -227,14 +346,17 @@ fn spawn_launch(role: &RoleSpec, logs_dir: &Path, label: &str) -> anyhow::Result
     // Scripts may refer to files beside them, so run them from their own directory.
     let launch = std::path::absolute(&role.launch)
         .with_context(|| format!("resolving {}", role.launch.display()))?;
-    let child = Command::new("sh")
+    let mut command = Command::new("sh");
+    command
         .arg(&launch)
         .current_dir(launch.parent().unwrap_or(Path::new("/")))
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err)
         .process_group(0)
-        .kill_on_drop(true)
+        .kill_on_drop(true);
+    die_with_parent(&mut command);
+    let child = command
         .spawn()
         .with_context(|| format!("spawning sh {}", role.launch.display()))?;
     Ok(Spawned {
@@ -306,6 +428,7 @@ mod tests {
                 health: "http://127.0.0.1:9/health".into(),
                 metrics: None,
                 health_timeout_s,
+                restart_timeout_s: 300,
             }],
             source: None,
         }
@@ -326,7 +449,9 @@ mod tests {
         let launch = dir.path().join("role.sh");
         std::fs::write(&launch, "echo starting up\necho boom >&2\nexit 7\n").unwrap();
         let target = solo_target(launch, None, 30);
-        let mut ctl = ProcessControl::new(&target, &dir.path().join("logs")).unwrap();
+        let mut ctl = ProcessControl::new(&target, &dir.path().join("logs"))
+            .unwrap()
+            .with_state_root(&dir.path().join("state"));
         let err = ctl
             .restart("on", &CancellationToken::new())
             .await
@@ -339,6 +464,87 @@ mod tests {
             crate::exit::COULD_NOT_RUN
         );
         ctl.stop().await.unwrap();
+    }
+
+    fn solo_with_restart_timeout(dir: &Path, cmd: &str, restart_timeout_s: u64) -> TargetProfile {
+        let mut target = solo_target(dir.join("unused.sh"), Some(cmd), 1);
+        target.roles[0].restart_timeout_s = restart_timeout_s;
+        target
+    }
+
+    /// The pid the restart command wrote, once it has started.
+    async fn restart_pid(path: &Path) -> i32 {
+        loop {
+            if let Some(pid) = std::fs::read_to_string(path)
+                .ok()
+                .and_then(|t| t.trim().parse().ok())
+            {
+                return pid;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn group_gone(pgid: i32) -> bool {
+        nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), None).is_err()
+    }
+
+    #[tokio::test]
+    async fn cancelling_a_hanging_restart_command_kills_its_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("restart.pid");
+        let cmd = format!("echo $$ > {}; sleep 600 & wait", pid_file.display());
+        let target = solo_with_restart_timeout(dir.path(), &cmd, 600);
+        let mut ctl = ProcessControl::new(&target, &dir.path().join("logs")).unwrap();
+        let cancel = CancellationToken::new();
+        let canceller = {
+            let cancel = cancel.clone();
+            let pid_file = pid_file.clone();
+            tokio::spawn(async move {
+                let pid = restart_pid(&pid_file).await;
+                cancel.cancel();
+                pid
+            })
+        };
+        let err = ctl.restart("on", &cancel).await.unwrap_err();
+        assert_eq!(crate::exit::code_for_error(&err), crate::exit::INTERRUPTED);
+        let pgid = canceller.await.unwrap();
+        // SIGKILL is delivered before wait() returns for the leader; its background
+        // child may take a moment to be reaped by init.
+        for _ in 0..500 {
+            if group_gone(pgid) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            std::fs::read_dir("/proc").unwrap().all(|e| {
+                let stat =
+                    std::fs::read_to_string(e.unwrap().path().join("stat")).unwrap_or_default();
+                let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+                let fields: Vec<&str> = rest.split_whitespace().collect();
+                !(fields.len() > 2 && fields[2] == pgid.to_string() && fields[0] != "Z")
+            }),
+            "a live member of the restart command's group {pgid} survived"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_restart_command_past_its_timeout_is_killed() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = solo_with_restart_timeout(dir.path(), "echo hanging; sleep 600", 1);
+        let mut ctl = ProcessControl::new(&target, &dir.path().join("logs")).unwrap();
+        let err = ctl
+            .restart("on", &CancellationToken::new())
+            .await
+            .unwrap_err();
+        let msg = format!("{err:#}");
+        assert!(msg.contains("did not finish within 1 s"), "{msg}");
+        assert!(msg.contains("hanging") && msg.contains("fix:"), "{msg}");
+        assert_eq!(
+            crate::exit::code_for_error(&err),
+            crate::exit::COULD_NOT_RUN
+        );
     }
 
     #[tokio::test]

@@ -62,6 +62,7 @@ pub fn prepare(launch_dir: &Path, exe: &Path) -> anyhow::Result<TargetProfile> {
         health: format!("http://127.0.0.1:{port}/health"),
         metrics: Some(format!("http://127.0.0.1:{port}/metrics")),
         health_timeout_s: 60,
+        restart_timeout_s: 300,
     };
     Ok(TargetProfile {
         name: "embedded-pd".into(),

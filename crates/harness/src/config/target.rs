@@ -33,10 +33,15 @@ pub struct RoleSpec {
     pub health: String,
     pub metrics: Option<String>,
     pub health_timeout_s: u64,
+    /// How long the restart command may run before it is killed (its process group).
+    pub restart_timeout_s: u64,
 }
 
 /// How long a role may take to answer /health after a restart unless the profile says.
 pub const DEFAULT_HEALTH_TIMEOUT_S: u64 = 600;
+
+/// How long a role's restart command may run unless the profile says.
+pub const DEFAULT_RESTART_TIMEOUT_S: u64 = 300;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -58,9 +63,10 @@ struct RawRole {
     health: Spanned<String>,
     metrics: Option<Spanned<String>>,
     health_timeout_s: Option<Spanned<i64>>,
+    restart_timeout_s: Option<Spanned<i64>>,
 }
 
-const PROFILE_FIX: &str = "see docs/design.md 3.2: name, api, model, optional api_key_env, then one [[role]] table per engine role (name, launch, health, optional restart, metrics, health_timeout_s)";
+const PROFILE_FIX: &str = "see docs/design.md 3.2: name, api, model, optional api_key_env, then one [[role]] table per engine role (name, launch, health, optional restart, metrics, health_timeout_s, restart_timeout_s)";
 
 /// Checks an endpoint URL: plain http only, because this build has no TLS.
 fn check_url(src: &Source, key: &str, url: &Spanned<String>) -> Result<String, ConfigError> {
@@ -195,6 +201,17 @@ impl TargetProfile {
                     ))
                 }
             };
+            let restart_timeout_s = match &r.restart_timeout_s {
+                None => DEFAULT_RESTART_TIMEOUT_S,
+                Some(t) if *t.get_ref() > 0 => *t.get_ref() as u64,
+                Some(t) => {
+                    return Err(src.invalid(
+                        t.span(),
+                        format!("restart_timeout_s = {} must be positive", t.get_ref()),
+                        format!("give seconds the restart command may run before it is killed (default {DEFAULT_RESTART_TIMEOUT_S})"),
+                    ))
+                }
+            };
             roles.push(RoleSpec {
                 name: role_name,
                 launch,
@@ -202,6 +219,7 @@ impl TargetProfile {
                 health,
                 metrics,
                 health_timeout_s,
+                restart_timeout_s,
             });
         }
 
@@ -273,6 +291,7 @@ health = "http://127.0.0.1:30002/health"
             dir.path().join("scripts/serve_decode.sh")
         );
         assert_eq!(p.roles[1].health_timeout_s, DEFAULT_HEALTH_TIMEOUT_S);
+        assert_eq!(p.roles[1].restart_timeout_s, DEFAULT_RESTART_TIMEOUT_S);
         assert_eq!(p.roles[1].restart, None);
         assert_eq!(p.role("decode").unwrap().metrics, None);
         assert_eq!(p.source.as_deref(), Some(path.as_path()));

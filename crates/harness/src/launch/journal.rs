@@ -3,12 +3,13 @@
 //! (temp file + fsync + rename, permissions kept), and a journal left by a dead
 //! process is recovered on the next start or by `bisect restore`.
 //!
-//! Journal layout in `journal_dir`: `journal.json` ({pid, started_at, files: [{path,
-//! copy, mode, len, crc32}]}) and one `original-N` copy per file. The journal names the
-//! launch configs by canonical path, so a symlinked config is restored where it lives.
-//! One [`Editor`] per journal directory at a time: a journal held by another live
-//! bisect process is refused, one left by this very process counts as stale.
-
+//! The journal lives in the target's state directory (`state.rs`, keyed by the launch
+//! configs, not by `--results`), under the target's lock: `journal.json` ({pid,
+//! started_at, files: [{path, copy, mode, len, crc32}]}) and one `original-N` copy per
+//! file. The journal names the launch configs by canonical path, so a symlinked config
+//! is restored where it lives. Taking the lock replays a journal and kills the engines
+//! a dead bisect left (`processes.json`). Journals that older versions left in
+//! `<results>/.bisect-journal` are still recovered from there.
 use std::collections::BTreeMap;
 use std::fs::{self, File, Permissions};
 use std::io::{self, Write};
@@ -20,6 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{FlagSpec, RoleSpec};
 
+use super::state::{self, LockGuard, Reentry, SpawnedGroup};
 use super::{read_setting, write_setting, LaunchError};
 
 /// Name of the journal file inside the journal directory.
@@ -59,6 +61,53 @@ pub struct Editor {
     originals: Vec<Original>,
     restored: bool,
     recovered: Vec<PathBuf>,
+    killed: Vec<SpawnedGroup>,
+    /// The target's lock, released once the originals are back.
+    lock: Option<LockGuard>,
+}
+
+/// Refuses, before any edit, a launch config bisect could not write or restore: a
+/// read-only file (it would otherwise be silently replaced by the rename), a file this
+/// user cannot open for writing, or a folder where the atomic write's temp file cannot
+/// be created.
+fn check_writable(path: &Path, mode: u32) -> Result<(), LaunchError> {
+    let refuse = |reason: String, fix: String| LaunchError::NotWritable {
+        path: path.to_path_buf(),
+        reason,
+        fix,
+    };
+    if mode & 0o222 == 0 {
+        return Err(refuse(
+            format!("is read-only (mode {:04o})", mode & 0o7777),
+            format!("make it writable (chmod u+w {}) if bisect may edit it, or leave its flags out of the run", path.display()),
+        ));
+    }
+    if let Err(e) = fs::OpenOptions::new().write(true).open(path) {
+        return Err(refuse(
+            format!("cannot be opened for writing: {e}"),
+            "run bisect as a user who may write the launch configs".into(),
+        ));
+    }
+    let probe = temp_path(path);
+    let folder = path.parent().unwrap_or(Path::new("/"));
+    match fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+    {
+        Ok(_) => {
+            let _ = fs::remove_file(&probe);
+            Ok(())
+        }
+        Err(e) => Err(refuse(
+            format!(
+                "sits in {} where bisect cannot create {} for its atomic writes: {e}",
+                folder.display(),
+                probe.display()
+            ),
+            format!("make {} writable for this user", folder.display()),
+        )),
+    }
 }
 
 /// Where a file's in-progress atomic write goes: beside it, so the rename stays on one
@@ -79,7 +128,7 @@ fn sync_dir(dir: &Path) {
     }
 }
 
-fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+pub(super) fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
     let tmp = temp_path(path);
     let result = (|| {
         let mut f = File::create(&tmp)?;
@@ -132,12 +181,20 @@ fn remove_copies(dir: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// Restores every launch config recorded in a journal left in `journal_dir` by a
-/// process that is gone (killed, crashed), byte-for-byte with its permissions, and
-/// removes the journal. Returns the restored files (empty when there was no journal).
-/// Refuses while the bisect process that wrote the journal is still running.
-pub fn recover(journal_dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
-    let journal_path = journal_dir.join(JOURNAL_FILE);
+/// What recovery found and undid.
+#[derive(Debug, Default)]
+pub struct Recovery {
+    /// Launch configs restored from a journal.
+    pub restored: Vec<PathBuf>,
+    /// Process groups of a dead bisect that were killed.
+    pub killed: Vec<SpawnedGroup>,
+}
+
+/// Writes every original recorded in the journal in `dir` back byte-for-byte with its
+/// permissions, and removes the journal. The caller holds the lock (or the legacy
+/// journal's holder is gone).
+fn replay(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let journal_path = dir.join(JOURNAL_FILE);
     let bytes = match fs::read(&journal_path) {
         Ok(b) => b,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -149,17 +206,9 @@ pub fn recover(journal_dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
             journal_path.display()
         )
     })?;
-    if holder_alive(journal.pid) {
-        bail!(
-            "launch configs are being edited by another bisect (pid {}, started {}); journal {}\n  fix: wait for it to finish, or stop it (it restores the configs on exit)",
-            journal.pid,
-            journal.started_at,
-            journal_path.display()
-        );
-    }
     let mut restored = Vec::new();
     for entry in &journal.files {
-        let copy_path = journal_dir.join(&entry.copy);
+        let copy_path = dir.join(&entry.copy);
         let original = fs::read(&copy_path)
             .with_context(|| format!("reading the saved original {}", copy_path.display()))?;
         if original.len() as u64 != entry.len || crc32fast::hash(&original) != entry.crc32 {
@@ -171,23 +220,89 @@ pub fn recover(journal_dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
                 journal_path.display()
             );
         }
-        let current = fs::read(&entry.path).ok();
-        if current.as_deref() != Some(original.as_slice()) {
-            write_atomic(&entry.path, &original, entry.mode)
-                .with_context(|| format!("restoring {}", entry.path.display()))?;
-        } else {
-            fs::set_permissions(&entry.path, Permissions::from_mode(entry.mode & 0o7777))
-                .with_context(|| format!("restoring permissions of {}", entry.path.display()))?;
-        }
+        put_back(&entry.path, &original, entry.mode)?;
         let _ = fs::remove_file(temp_path(&entry.path));
         restored.push(entry.path.clone());
     }
     fs::remove_file(&journal_path)
         .with_context(|| format!("removing {}", journal_path.display()))?;
-    remove_copies(journal_dir)
-        .with_context(|| format!("removing saved originals in {}", journal_dir.display()))?;
-    sync_dir(journal_dir);
+    remove_copies(dir).with_context(|| format!("removing saved originals in {}", dir.display()))?;
+    sync_dir(dir);
     Ok(restored)
+}
+
+/// Makes `path` hold exactly `bytes` with permissions `mode` (content and mode both).
+fn put_back(path: &Path, bytes: &[u8], mode: u32) -> anyhow::Result<()> {
+    let current = fs::read(path).ok();
+    if current.as_deref() != Some(bytes) {
+        write_atomic(path, bytes, mode).with_context(|| format!("restoring {}", path.display()))
+    } else {
+        fs::set_permissions(path, Permissions::from_mode(mode & 0o7777))
+            .with_context(|| format!("restoring permissions of {}", path.display()))
+    }
+}
+
+/// Recovers a journal that an older bisect left in `legacy_dir` (refused while the
+/// process that wrote it runs).
+fn recover_legacy(legacy_dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let journal_path = legacy_dir.join(JOURNAL_FILE);
+    if let Ok(bytes) = fs::read(&journal_path) {
+        if let Ok(journal) = serde_json::from_slice::<Journal>(&bytes) {
+            if holder_alive(journal.pid) {
+                bail!(
+                    "launch configs are being edited by another bisect (pid {}, started {}); journal {}\n  fix: wait for it to finish, or stop it (it restores the configs on exit)",
+                    journal.pid,
+                    journal.started_at,
+                    journal_path.display()
+                );
+            }
+        }
+    }
+    replay(legacy_dir)
+}
+
+/// Takes the lock of every target state under `root` that no live process holds,
+/// kills the engines its dead owner left and replays its journal. States held by a
+/// live bisect (this one included) are left alone.
+fn sweep(root: &Path) -> anyhow::Result<Recovery> {
+    let mut recovery = Recovery::default();
+    for dir in state::all_state_dirs(root) {
+        // Nothing to recover: leave it alone (it may be a state another process is just
+        // creating; locking it would make that process's own lock attempt fail).
+        if !state::has_leftovers(&dir) {
+            continue;
+        }
+        let guard = match state::lock(&dir, Reentry::Skip) {
+            Ok(Some(guard)) => guard,
+            Ok(None) => continue,
+            // Held by another live bisect: it is not stale.
+            Err(e) if e.downcast_ref::<crate::exit::Failure>().is_some() => continue,
+            Err(e) => return Err(e),
+        };
+        recovery
+            .killed
+            .extend(state::kill_stale_groups(guard.dir())?);
+        recovery.restored.extend(replay(guard.dir())?);
+        drop(guard);
+    }
+    Ok(recovery)
+}
+
+/// Recovers what dead bisect processes left: the legacy journal in `legacy_dir`, then
+/// every target state under `root` (see [`recover`]).
+pub fn recover_at(root: &Path, legacy_dir: &Path) -> anyhow::Result<Recovery> {
+    let legacy = recover_legacy(legacy_dir)?;
+    let mut recovery = sweep(root)?;
+    recovery.restored.splice(0..0, legacy);
+    Ok(recovery)
+}
+
+/// Recovers after a bisect that died (kill -9, crash): kills the engines it spawned and
+/// restores every launch config it left edited, byte-for-byte with permissions, for
+/// every target whose lock no live bisect holds, plus a journal an older version left in
+/// `legacy_dir` (`<results>/.bisect-journal`). Returns the restored files.
+pub fn recover(legacy_dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    Ok(recover_at(&state::state_root(), legacy_dir)?.restored)
 }
 
 /// The value read back from a role's launch config after an edit, or why it differs.
@@ -213,20 +328,30 @@ fn verify_readback(
 }
 
 impl Editor {
-    /// Recovers any stale journal in `journal_dir` (see [`Editor::recovered`]), then
-    /// saves `files` and writes the journal durably, before any edit.
+    /// Takes the target's lock (refused while another live bisect holds it), recovers
+    /// what a dead bisect left on this target (its engines killed, its journal
+    /// replayed, see [`Editor::recovered`]) and a legacy journal in `journal_dir`
+    /// (the results root's `.bisect-journal`), checks that every launch config can be
+    /// written, then saves `files` and writes the journal durably, before any edit.
     pub fn begin(journal_dir: &Path, files: &[PathBuf]) -> anyhow::Result<Editor> {
-        fs::create_dir_all(journal_dir)
-            .with_context(|| format!("creating journal directory {}", journal_dir.display()))?;
-        let recovered = recover(journal_dir)?;
+        Editor::begin_at(&state::state_root(), journal_dir, files)
+    }
+
+    /// [`Editor::begin`] with the state under `root` instead of `$XDG_STATE_HOME/bisect`.
+    pub fn begin_at(root: &Path, legacy_dir: &Path, files: &[PathBuf]) -> anyhow::Result<Editor> {
+        let canonical = state::canonical_files(files)?;
+        let dir = state::state_dir(root, &canonical)?;
+        let lock = state::lock(&dir, Reentry::TakeOver)?;
+        let killed = state::kill_stale_groups(&dir)?;
+        let mut recovered = replay(&dir)?;
+        recovered.extend(recover_legacy(legacy_dir)?);
         for path in &recovered {
             tracing::warn!(
                 "restored {} from the journal of an earlier bisect that did not finish",
                 path.display()
             );
         }
-        remove_copies(journal_dir)
-            .with_context(|| format!("cleaning {}", journal_dir.display()))?;
+        remove_copies(&dir).with_context(|| format!("cleaning {}", dir.display()))?;
 
         let mut originals: Vec<Original> = Vec::new();
         for file in files {
@@ -240,13 +365,14 @@ impl Editor {
                 .with_context(|| format!("reading permissions of {}", path.display()))?
                 .permissions()
                 .mode();
+            check_writable(&path, mode)?;
             originals.push(Original { path, bytes, mode });
         }
 
         let mut entries = Vec::with_capacity(originals.len());
         for (i, o) in originals.iter().enumerate() {
             let copy = format!("{COPY_PREFIX}{i}");
-            let copy_path = journal_dir.join(&copy);
+            let copy_path = dir.join(&copy);
             write_atomic(&copy_path, &o.bytes, 0o600).with_context(|| {
                 format!(
                     "saving the original of {} to {}",
@@ -267,17 +393,29 @@ impl Editor {
             started_at: chrono::Utc::now().to_rfc3339(),
             files: entries,
         };
-        let journal_path = journal_dir.join(JOURNAL_FILE);
+        let journal_path = dir.join(JOURNAL_FILE);
         let json = serde_json::to_vec_pretty(&journal).context("encoding the journal")?;
         write_atomic(&journal_path, &json, 0o600)
             .with_context(|| format!("writing {}", journal_path.display()))?;
 
         Ok(Editor {
-            dir: journal_dir.to_path_buf(),
+            dir,
             originals,
             restored: false,
             recovered,
+            killed,
+            lock,
         })
+    }
+
+    /// The target's state directory (journal, lock, spawned process groups).
+    pub fn state_dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Process groups of a dead bisect that [`Editor::begin`] killed.
+    pub fn killed(&self) -> &[SpawnedGroup] {
+        &self.killed
     }
 
     /// Files a stale journal held and [`Editor::begin`] restored.
@@ -362,11 +500,7 @@ impl Editor {
             return Ok(());
         }
         for o in &self.originals {
-            let current = fs::read(&o.path).ok();
-            if current.as_deref() != Some(o.bytes.as_slice()) {
-                write_atomic(&o.path, &o.bytes, o.mode)
-                    .with_context(|| format!("restoring launch config {}", o.path.display()))?;
-            }
+            put_back(&o.path, &o.bytes, o.mode)?;
         }
         let journal_path = self.dir.join(JOURNAL_FILE);
         match fs::remove_file(&journal_path) {
@@ -380,6 +514,7 @@ impl Editor {
             .with_context(|| format!("removing saved originals in {}", self.dir.display()))?;
         sync_dir(&self.dir);
         self.restored = true;
+        self.lock = None;
         Ok(())
     }
 }
@@ -425,12 +560,48 @@ mod tests {
                     health: "http://127.0.0.1:1/health".into(),
                     metrics: None,
                     health_timeout_s: 1,
+                    restart_timeout_s: 300,
                 });
             }
             Setup { dir, roles }
         }
-        fn journal(&self) -> PathBuf {
+        /// The state root (what `$XDG_STATE_HOME/bisect` is outside tests).
+        fn root(&self) -> PathBuf {
+            self.dir.path().join("state")
+        }
+        fn legacy(&self) -> PathBuf {
             self.dir.path().join("results/.bisect-journal")
+        }
+        /// The target's state directory, where the journal lives.
+        fn journal(&self) -> PathBuf {
+            state::state_dir(
+                &self.root(),
+                &state::canonical_files(&self.files()).unwrap(),
+            )
+            .unwrap()
+        }
+        fn begin(&self, files: &[PathBuf]) -> anyhow::Result<Editor> {
+            Editor::begin_at(&self.root(), &self.legacy(), files)
+        }
+        fn recover(&self) -> anyhow::Result<Vec<PathBuf>> {
+            Ok(recover_at(&self.root(), &self.legacy())?.restored)
+        }
+        /// What a kill -9 leaves: the lock names a process that is gone.
+        fn orphan(&self) {
+            self.set_owner(u32::MAX, 0);
+        }
+        fn set_owner(&self, pid: u32, start_ticks: u64) {
+            let owner = state::Owner {
+                pid,
+                start_ticks,
+                cmdline: "bisect run".into(),
+                started_at: "earlier".into(),
+            };
+            fs::write(
+                self.journal().join("lock.json"),
+                serde_json::to_vec(&owner).unwrap(),
+            )
+            .unwrap();
         }
         fn files(&self) -> Vec<PathBuf> {
             self.roles.iter().map(|r| r.launch.clone()).collect()
@@ -459,7 +630,7 @@ mod tests {
     #[test]
     fn apply_edits_every_listed_role_reads_back_and_restore_undoes_it() {
         let s = Setup::new();
-        let mut ed = Editor::begin(&s.journal(), &s.files()).unwrap();
+        let mut ed = s.begin(&s.files()).unwrap();
         assert!(ed.recovered().is_empty());
         assert!(s.journal().join(JOURNAL_FILE).is_file());
         assert_eq!(ed.files().count(), 2);
@@ -510,7 +681,7 @@ mod tests {
     fn drop_restores_the_originals() {
         let s = Setup::new();
         {
-            let mut ed = Editor::begin(&s.journal(), &s.files()).unwrap();
+            let mut ed = s.begin(&s.files()).unwrap();
             ed.apply(&flag("BF16_INDEX_K"), "0", &s.roles).unwrap();
             assert_ne!(s.text(0), PREFILL);
         }
@@ -521,7 +692,7 @@ mod tests {
     #[test]
     fn a_crashed_run_is_recovered_by_the_next_begin() {
         let s = Setup::new();
-        let mut ed = Editor::begin(&s.journal(), &s.files()).unwrap();
+        let mut ed = s.begin(&s.files()).unwrap();
         ed.apply(&flag("BF16_INDEX_K"), "0", &s.roles).unwrap();
         ed.apply(&flag("CUDA_GRAPH_MAX_BS"), "64", &s.roles)
             .unwrap();
@@ -532,7 +703,7 @@ mod tests {
         // A half-finished atomic write left behind by the crash.
         fs::write(temp_path(&s.roles[1].launch), "partial").unwrap();
 
-        let mut next = Editor::begin(&s.journal(), &s.files()).unwrap();
+        let mut next = s.begin(&s.files()).unwrap();
         let mut recovered = next.recovered().to_vec();
         recovered.sort();
         let mut expected: Vec<PathBuf> = s
@@ -551,26 +722,34 @@ mod tests {
     #[test]
     fn recover_restores_a_stale_journal_and_is_a_no_op_without_one() {
         let s = Setup::new();
-        assert!(recover(&s.journal()).unwrap().is_empty());
-        let mut ed = Editor::begin(&s.journal(), &s.files()).unwrap();
+        assert!(s.recover().unwrap().is_empty());
+        let mut ed = s.begin(&s.files()).unwrap();
         ed.apply(&flag("HICACHE"), "off", &s.roles).unwrap();
         fs::set_permissions(&s.roles[0].launch, Permissions::from_mode(0o600)).unwrap();
         std::mem::forget(ed);
-        assert_eq!(recover(&s.journal()).unwrap().len(), 2);
+        // This process's own state is never swept: only a dead owner's is.
+        assert!(s.recover().unwrap().is_empty());
+        s.orphan();
+        assert_eq!(s.recover().unwrap().len(), 2);
         s.assert_pristine();
-        assert!(recover(&s.journal()).unwrap().is_empty());
-        let leftovers: Vec<_> = fs::read_dir(s.journal()).unwrap().collect();
+        assert!(s.recover().unwrap().is_empty());
+        let leftovers: Vec<_> = fs::read_dir(s.journal())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .filter(|n| n != "files.json" && n != ".lock-mutex")
+            .collect();
         assert!(leftovers.is_empty(), "{leftovers:?}");
     }
 
     #[test]
     fn a_damaged_saved_original_is_not_restored() {
         let s = Setup::new();
-        let mut ed = Editor::begin(&s.journal(), &s.files()).unwrap();
+        let mut ed = s.begin(&s.files()).unwrap();
         ed.apply(&flag("BF16_INDEX_K"), "0", &s.roles).unwrap();
         std::mem::forget(ed);
+        s.orphan();
         fs::write(s.journal().join("original-0"), "truncated").unwrap();
-        let err = recover(&s.journal()).unwrap_err();
+        let err = s.recover().unwrap_err();
         assert!(format!("{err:#}").contains("damaged"), "{err:#}");
         assert!(
             s.journal().join(JOURNAL_FILE).exists(),
@@ -581,40 +760,69 @@ mod tests {
     #[test]
     fn a_journal_held_by_a_live_bisect_is_refused_and_a_dead_ones_recovered() {
         let s = Setup::new();
-        let mut ed = Editor::begin(&s.journal(), &s.files()).unwrap();
+        let mut ed = s.begin(&s.files()).unwrap();
         ed.apply(&flag("BF16_INDEX_K"), "0", &s.roles).unwrap();
         std::mem::forget(ed);
-        let journal_path = s.journal().join(JOURNAL_FILE);
-        let set_pid = |pid: u32| {
-            let mut j: Journal = serde_json::from_slice(&fs::read(&journal_path).unwrap()).unwrap();
-            j.pid = pid;
-            fs::write(&journal_path, serde_json::to_vec(&j).unwrap()).unwrap();
-        };
 
-        // A live process whose name starts with "bisect" holds the journal.
-        let sleeper = s.dir.path().join("bisect-sleeper");
-        fs::copy("/bin/sleep", &sleeper).unwrap();
-        let mut child = std::process::Command::new(&sleeper)
+        // A live process (pid and start time) holds the target's lock.
+        let mut child = std::process::Command::new("sleep")
             .arg("30")
             .spawn()
             .unwrap();
-        set_pid(child.id());
-        let err = recover(&s.journal()).unwrap_err();
-        assert!(err.to_string().contains("another bisect"), "{err}");
-        assert!(Editor::begin(&s.journal(), &s.files()).is_err());
+        s.set_owner(child.id(), state::start_ticks(child.id()).unwrap());
+        assert!(
+            s.recover().unwrap().is_empty(),
+            "a live owner's state is not swept"
+        );
+        let err = s.begin(&s.files()).unwrap_err();
+        let msg = format!("{err:#}");
+        assert!(
+            msg.contains("another bisect") && msg.contains("fix:"),
+            "{msg}"
+        );
         assert_ne!(s.text(0), PREFILL, "nothing restored under a live holder");
         child.kill().unwrap();
         child.wait().unwrap();
 
-        // The same pid, now dead.
-        assert_eq!(recover(&s.journal()).unwrap().len(), 2);
+        // The same pid, now dead: the next begin recovers before journaling anew.
+        let mut next = s.begin(&s.files()).unwrap();
+        assert_eq!(next.recovered().len(), 2);
+        s.assert_pristine();
+        next.restore().unwrap();
+        assert!(!s.journal().join("lock.json").exists(), "lock released");
+    }
+
+    #[test]
+    fn a_read_only_launch_config_is_refused_before_any_edit() {
+        let s = Setup::new();
+        fs::set_permissions(&s.roles[1].launch, Permissions::from_mode(0o444)).unwrap();
+        let err = s.begin(&s.files()).unwrap_err();
+        assert!(
+            matches!(
+                err.downcast_ref::<LaunchError>(),
+                Some(LaunchError::NotWritable { .. })
+            ),
+            "{err:#}"
+        );
+        assert!(err.to_string().contains("fix:"), "{err}");
+        assert!(!s.journal().join(JOURNAL_FILE).exists());
+        assert!(!s.journal().join("lock.json").exists(), "lock released");
+        assert_eq!(s.mode(1), 0o444);
+    }
+
+    #[test]
+    fn restore_puts_a_changed_mode_back_even_when_the_bytes_match() {
+        let s = Setup::new();
+        let mut ed = s.begin(&s.files()).unwrap();
+        fs::set_permissions(&s.roles[0].launch, Permissions::from_mode(0o700)).unwrap();
+        ed.restore().unwrap();
         s.assert_pristine();
     }
 
     #[test]
     fn flags_for_roles_the_target_lacks_and_unjournaled_files_are_refused() {
         let s = Setup::new();
-        let mut ed = Editor::begin(&s.journal(), &s.files()[..1]).unwrap();
+        let mut ed = s.begin(&s.files()[..1]).unwrap();
         let mut only_server = s.roles.clone();
         only_server[0].name = "server".into();
         only_server.truncate(1);

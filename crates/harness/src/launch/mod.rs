@@ -13,11 +13,30 @@ mod journal;
 #[cfg(test)]
 mod proptests;
 mod shell;
+mod state;
 
 use std::path::PathBuf;
 
+use anyhow::Context;
+
 pub use edit::{check_partial, read_setting, write_setting};
-pub use journal::{recover, Editor, JOURNAL_FILE};
+pub use journal::{recover, recover_at, Editor, Recovery, JOURNAL_FILE};
+pub use state::{forget_group, record_group, start_ticks, state_root, SpawnedGroup};
+
+/// The state directory of the target with these launch configs (see `state.rs`),
+/// created if needed, and its lock shared with an editor of this process or taken.
+pub fn lock_target(
+    root: &std::path::Path,
+    files: &[PathBuf],
+) -> anyhow::Result<(PathBuf, state::LockGuard)> {
+    let canonical = state::canonical_files(files)?;
+    let dir = state::state_dir(root, &canonical)?;
+    let guard = state::lock(&dir, state::Reentry::Share)?
+        .context("a shared lock is always granted to its own process")?;
+    Ok((dir, guard))
+}
+
+pub use state::LockGuard;
 
 /// A launch config or flag value the editor refuses. `Display` names the file and line
 /// where known and says how to fix it.
@@ -67,5 +86,12 @@ pub enum LaunchError {
         key: String,
         expected: String,
         found: Option<String>,
+    },
+    /// Checked for every launch config before the first edit.
+    #[error("{path}: launch config {reason}\n  fix: {fix}", path = path.display())]
+    NotWritable {
+        path: PathBuf,
+        reason: String,
+        fix: String,
     },
 }

@@ -1086,9 +1086,10 @@ proptest! {
             health: "http://127.0.0.1:1/health".into(),
             metrics: None,
             health_timeout_s: 1,
+            restart_timeout_s: 1,
         };
         let journal = dir.path().join("journal");
-        let mut editor = Editor::begin(&journal, std::slice::from_ref(&path)).unwrap();
+        let mut editor = Editor::begin_at(&dir.path().join("state"), &journal, std::slice::from_ref(&path)).unwrap();
         let applied = editor.apply(&flag, &value, std::slice::from_ref(&role));
         let now = fs::read(&path).unwrap();
         match (&applied, std::str::from_utf8(&bytes)) {

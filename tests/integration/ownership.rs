@@ -1,0 +1,243 @@
+//! Bisect owns what it starts and edits (issue 8): the target's lock, journal and
+//! spawned process groups live in its state under `$XDG_STATE_HOME/bisect` (here, the
+//! test's temp dir), whatever `--results` says. A real `bisect run` is started against a
+//! one-role target whose engine never becomes healthy (it only sleeps), so the run is
+//! parked in a known place while the test kills, interrupts or races it.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+const LAUNCH: &str = "#!/bin/sh\n# solo role\nexport OWN_X=2\nsleep 600 &\nwait\n";
+
+const FLAG: &str = "name = \"OWN_X\"\ndoc = \"A test flag.\"\nenv = \"OWN_X\"\nroles = [\"solo\"]\non = \"1\"\noff = \"0\"\n";
+
+struct Target {
+    dir: tempfile::TempDir,
+}
+
+impl Target {
+    /// A one-role target; `restart` is the role's restart command, if any. Its health
+    /// URL is a port nothing listens on, so a spawned role waits for health until killed.
+    fn new(restart: Option<&str>) -> Target {
+        let dir = tempfile::tempdir().unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        std::fs::create_dir(dir.path().join("flags")).unwrap();
+        std::fs::write(dir.path().join("flags/OWN_X.toml"), FLAG).unwrap();
+        let launch = dir.path().join("solo.sh");
+        std::fs::write(&launch, LAUNCH).unwrap();
+        std::fs::set_permissions(&launch, std::fs::Permissions::from_mode(0o750)).unwrap();
+        let restart = restart
+            .map(|r| format!("restart = {r:?}\n"))
+            .unwrap_or_default();
+        std::fs::write(
+            dir.path().join("target.toml"),
+            format!(
+                "name = \"own\"\napi = \"http://127.0.0.1:{port}/v1\"\nmodel = \"m\"\n\n[[role]]\nname = \"solo\"\nlaunch = \"solo.sh\"\n{restart}health = \"http://127.0.0.1:{port}/health\"\nhealth_timeout_s = 600\n"
+            ),
+        )
+        .unwrap();
+        Target { dir }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn bisect(&self) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_bisect"));
+        cmd.env("XDG_STATE_HOME", self.path("state"))
+            .current_dir(self.dir.path());
+        cmd
+    }
+
+    fn run(&self, results: &str, stderr: Stdio) -> Child {
+        self.bisect()
+            .args(["run", "--flag", "OWN_X", "--flags-dir", "flags"])
+            .args(["--target", "target.toml", "--workload", "smoke"])
+            .args(["--sessions", "1", "--results", results])
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .unwrap()
+    }
+
+    fn launch(&self) -> (Vec<u8>, u32) {
+        let path = self.path("solo.sh");
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o7777;
+        (std::fs::read(&path).unwrap(), mode)
+    }
+
+    /// The target's state directory (there is one target per test).
+    fn state_dir(&self) -> Option<PathBuf> {
+        std::fs::read_dir(self.path("state/bisect"))
+            .ok()?
+            .map(|e| e.unwrap().path())
+            .next()
+    }
+
+    /// Waits until the run has spawned its role and recorded the group; returns pgids.
+    async fn spawned_groups(&self) -> Vec<i32> {
+        loop {
+            let recorded = self
+                .state_dir()
+                .and_then(|d| std::fs::read(d.join("processes.json")).ok())
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+            if let Some(groups) = recorded {
+                return groups
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|g| g["pgid"].as_i64().unwrap() as i32)
+                    .collect();
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits until the file `name` holds a pid.
+    async fn pid_in(&self, name: &str) -> i32 {
+        loop {
+            if let Some(pid) = std::fs::read_to_string(self.path(name))
+                .ok()
+                .and_then(|t| t.trim().parse().ok())
+            {
+                return pid;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Whether a process that is not a zombie still belongs to process group `pgid`.
+fn group_has_live_member(pgid: i32) -> bool {
+    std::fs::read_dir("/proc").unwrap().any(|e| {
+        let stat = std::fs::read_to_string(e.unwrap().path().join("stat")).unwrap_or_default();
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            return false;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        fields.len() > 2 && fields[0] != "Z" && fields[2] == pgid.to_string()
+    })
+}
+
+/// SIGKILL is asynchronous: give the kernel a moment to finish the group off.
+async fn assert_group_gone(pgid: i32) {
+    for _ in 0..500 {
+        if !group_has_live_member(pgid) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("a process of group {pgid} survived");
+}
+
+async fn wait_output(child: Child) -> Output {
+    tokio::task::spawn_blocking(move || child.wait_with_output().unwrap())
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_kill_dash_nine_the_next_start_kills_the_engines_and_restores() {
+    let t = Target::new(None);
+    let before = t.launch();
+    let mut run = t.run("r1", Stdio::null());
+    let groups = t.spawned_groups().await;
+    assert_eq!(groups.len(), 1);
+    assert_ne!(t.launch().0, before.0, "the run edited the launch config");
+    run.kill().unwrap(); // SIGKILL: no chance to clean up
+    run.wait().unwrap();
+    assert_ne!(t.launch().0, before.0, "the kill left the config edited");
+
+    let out = t
+        .bisect()
+        .args(["restore", "--results", "elsewhere"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("restored"), "{stdout}");
+    assert_eq!(t.launch(), before, "content and mode restored");
+    for pgid in groups {
+        assert_group_gone(pgid).await;
+    }
+    let state = t.state_dir().unwrap();
+    for leftover in ["journal.json", "processes.json", "lock.json"] {
+        assert!(!state.join(leftover).exists(), "{leftover} left behind");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_run_on_the_same_target_is_refused_whatever_its_results() {
+    let t = Target::new(None);
+    let before = t.launch();
+    let first = t.run("r1", Stdio::piped());
+    let groups = t.spawned_groups().await;
+    let edited = t.launch();
+
+    let second = wait_output(t.run("r2", Stdio::piped())).await;
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(second.status.code(), Some(3), "{err}");
+    assert!(err.contains(&format!("pid {}", first.id())), "{err}");
+    assert!(err.contains("bisect run") && err.contains("fix:"), "{err}");
+    assert_eq!(t.launch(), edited, "the second run touched nothing");
+
+    kill(Pid::from_raw(first.id() as i32), Signal::SIGTERM).unwrap();
+    let out = wait_output(first).await;
+    assert_eq!(
+        out.status.code(),
+        Some(130),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(t.launch(), before);
+    for pgid in groups {
+        assert_group_gone(pgid).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_during_a_hanging_restart_command_kills_it_and_restores() {
+    let t = Target::new(Some("echo $$ > restart.pid; exec sleep 600"));
+    let before = t.launch();
+    let run = t.run("r1", Stdio::piped());
+    let pgid = t.pid_in("restart.pid").await;
+    kill(Pid::from_raw(run.id() as i32), Signal::SIGINT).unwrap();
+    let out = wait_output(run).await;
+    assert_eq!(
+        out.status.code(),
+        Some(130),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(t.launch(), before);
+    assert_group_gone(pgid).await;
+}
+
+#[test]
+fn a_read_only_launch_config_is_refused_before_any_edit() {
+    let t = Target::new(None);
+    let path: &Path = &t.path("solo.sh");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o444)).unwrap();
+    let before = t.launch();
+    let out = t
+        .bisect()
+        .args(["run", "--flag", "OWN_X", "--flags-dir", "flags"])
+        .args(["--target", "target.toml", "--workload", "smoke"])
+        .args(["--sessions", "1"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("read-only") && err.contains("fix:"), "{err}");
+    assert_eq!(t.launch(), before, "content and mode untouched");
+}
