@@ -143,7 +143,8 @@ impl<'a> Testbed<'a> {
                 }
                 for group in editor.killed() {
                     progress.note(&format!(
-                        "stopped {group:?}, left running by an earlier run that did not finish"
+                        "stopped role {} (process group {}), left running by an earlier run that did not finish",
+                        group.role, group.pgid
                     ));
                 }
                 Some(editor)
