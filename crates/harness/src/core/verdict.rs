@@ -383,7 +383,7 @@ fn summary_line(
         ),
         Status::Cleared => format!(
             "cleared: {subject}{} {} vs {} {}, difference {} points (95% CI {} to {}) \
-             inside +-{}, {p_text}",
+             inside +-{}, {p_text}{}",
             on.name(),
             on.rate_text(true),
             off.name(),
@@ -391,7 +391,13 @@ fn summary_line(
             percent_digits(comparison.rate_diff),
             percent_digits(lo),
             percent_digits(hi),
-            percent_digits(m)
+            percent_digits(m),
+            // A chosen load is part of what was cleared: say it, so "cleared at 8 in
+            // flight" is never read as "cleared".
+            on.workload
+                .get("concurrency")
+                .and_then(Value::as_u64)
+                .map_or(String::new(), |c| format!(", at {c} sessions in flight"))
         ),
         Status::Inconclusive => {
             let shown: Vec<&str> = reasons
@@ -598,7 +604,7 @@ mod tests {
             verdict.summary,
             "cleared: BF16_INDEX_K on (=1) 0/400 (0.0%, 95% CI 0.0-1.0%) vs off (=0) 1/400 \
              (0.2%, 0.0-1.4%), difference -0.2 points (95% CI -1.4 to 0.7) inside +-5.0, \
-             Fisher p = 1.00"
+             Fisher p = 1.00, at 40 sessions in flight"
         );
     }
 
@@ -718,6 +724,19 @@ mod tests {
         on.stats.peak_running.insert("decode".into(), 20);
         let (_, _, verdict) = decide_default(&on, &arm("off", "0", 0, 0, 80));
         assert_eq!(verdict.status, Status::Implicated);
+    }
+
+    #[test]
+    fn cleared_names_the_load_it_was_cleared_at() {
+        let on = arm("on", "1", 0, 0, 400);
+        let off = arm("off", "0", 1, 0, 400);
+        let (_, _, verdict) = decide_default(&on, &off);
+        assert_eq!(verdict.status, Status::Cleared);
+        assert!(
+            verdict.summary.ends_with(", at 40 sessions in flight"),
+            "{}",
+            verdict.summary
+        );
     }
 
     #[test]
