@@ -28,11 +28,6 @@ impl Bar {
 
 impl Progress for Bar {
     fn arm_started(&self, block: BlockName<'_>, sessions: u64) {
-        let BlockName {
-            label,
-            value,
-            repeat,
-        } = block;
         let bar = ProgressBar::new(sessions);
         bar.set_style(
             ProgressStyle::with_template(
@@ -41,7 +36,7 @@ impl Progress for Bar {
             .unwrap_or_else(|_| ProgressStyle::default_bar())
             .progress_chars("=> "),
         );
-        bar.set_prefix(format!("{label}={value} r{repeat}"));
+        bar.set_prefix(format!("{}={} r{}", block.label, block.value, block.repeat));
         self.corrupted.store(0, Ordering::Relaxed);
         *self.bar.lock() = Some(bar);
     }

@@ -115,6 +115,8 @@ pub struct Testbed<'a> {
     cancel: CancellationToken,
     api_key: Option<String>,
     metrics_period: Duration,
+    /// For the lifecycle's own probes of the engines (health, self-reported config).
+    probe_http: reqwest::Client,
 }
 
 impl<'a> Testbed<'a> {
@@ -158,6 +160,10 @@ impl<'a> Testbed<'a> {
             cancel,
             api_key: spec.api_key,
             metrics_period: spec.metrics_period,
+            probe_http: reqwest::Client::builder()
+                .no_proxy()
+                .timeout(Duration::from_secs(2))
+                .build()?,
         })
     }
 
@@ -224,7 +230,7 @@ impl<'a> Testbed<'a> {
             engine_info: BTreeMap::new(),
         };
         for role in &self.target.roles {
-            if let Some(info) = fetch_server_info(&role.health).await {
+            if let Some(info) = fetch_server_info(&self.probe_http, &role.health).await {
                 restarted.engine_info.insert(role.name.clone(), info);
             }
         }
@@ -232,13 +238,9 @@ impl<'a> Testbed<'a> {
     }
 
     async fn refuse_foreign_engines(&self) -> anyhow::Result<()> {
-        let client = reqwest::Client::builder()
-            .no_proxy()
-            .timeout(Duration::from_secs(2))
-            .build()?;
         for role in self.target.roles.iter().filter(|r| r.restart.is_none()) {
-            if let Ok(resp) = client.get(&role.health).send().await {
-                let who = match fetch_server_info(&role.health).await {
+            if let Ok(resp) = self.probe_http.get(&role.health).send().await {
+                let who = match fetch_server_info(&self.probe_http, &role.health).await {
                     Some(info) => format!(
                         " (it reports role {}, pid {})",
                         info.get("role").map_or("?".into(), |v| v.to_string()),
@@ -388,13 +390,11 @@ pub fn refuse_half_applied(target: &TargetProfile, flags: &[&FlagSpec]) -> anyho
 
 /// What the engine reports about itself beside its health URL: `/server_info` (the
 /// embedded engine, older SGLang) or `/get_server_info` (SGLang), where it serves one.
-pub async fn fetch_server_info(health_url: &str) -> Option<serde_json::Value> {
+pub async fn fetch_server_info(
+    client: &reqwest::Client,
+    health_url: &str,
+) -> Option<serde_json::Value> {
     let base = health_url.strip_suffix("/health")?;
-    let client = reqwest::Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_secs(2))
-        .build()
-        .ok()?;
     for path in ["/server_info", "/get_server_info"] {
         let Ok(resp) = client.get(format!("{base}{path}")).send().await else {
             return None;
