@@ -16,7 +16,11 @@ fn main() -> ExitCode {
     match handlers::run(cli) {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            // The API key never reaches the terminal, even echoed in an engine's error.
+            eprintln!(
+                "error: {}",
+                bisect_harness::redact::scrub(&format!("{err:#}"))
+            );
             ExitCode::from(bisect_harness::exit::code_for_error(&err))
         }
     }

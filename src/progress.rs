@@ -65,8 +65,8 @@ impl Progress for Bar {
     }
     fn note(&self, message: &str) {
         match self.bar.lock().as_ref() {
-            Some(bar) => bar.println(message),
-            None => eprintln!("{message}"),
+            Some(bar) => bar.println(bisect_harness::redact::scrub(message)),
+            None => eprintln!("{}", bisect_harness::redact::scrub(message)),
         }
     }
 }
@@ -111,7 +111,7 @@ impl Progress for Lines {
                 result.label,
                 result.index,
                 result.class.name(),
-                short(&result.evidence)
+                short(&bisect_harness::redact::scrub(&result.evidence))
             );
         }
     }
@@ -129,7 +129,7 @@ impl Progress for Lines {
         );
     }
     fn note(&self, message: &str) {
-        eprintln!("{message}");
+        eprintln!("{}", bisect_harness::redact::scrub(message));
     }
 }
 

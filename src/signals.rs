@@ -37,6 +37,7 @@ pub fn cancel_on_signal() -> CancellationToken {
         }
         eprintln!("interrupted: stopping engines and restoring launch configs");
         token.cancel();
+        bisect_harness::fault::release();
     });
     cancel
 }

@@ -55,6 +55,7 @@ impl CulpritArgs {
             policy,
             dir,
             journal_dir: common.output.journal_dir(),
+            state_root: None,
             allow_partial: common.allow_partial,
             metrics_period: METRICS_PERIOD,
         };

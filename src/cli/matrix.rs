@@ -62,6 +62,7 @@ impl MatrixArgs {
             shard: self.shard,
             dir,
             journal_dir: self.output.journal_dir(),
+            state_root: None,
             api_key,
             metrics_period: METRICS_PERIOD,
             allow_partial: self.allow_partial,

@@ -128,6 +128,9 @@ pub fn resolve_target(
         })?),
         None => None,
     };
+    if let Some(key) = &api_key {
+        bisect_harness::redact::register(key);
+    }
     Ok((target, api_key))
 }
 
@@ -346,6 +349,7 @@ impl RunArgs {
             repeats: self.repeats,
             sets,
             journal_dir: common.output.journal_dir(),
+            state_root: None,
             run_dir,
             policy,
             allow_partial: common.allow_partial,

@@ -60,6 +60,9 @@ impl FakeTarget {
             metrics: Some(format!("http://{addr}/metrics")),
             health_timeout_s: 10,
             restart_timeout_s: 300,
+            effective_url: None,
+            effective_pointers: Default::default(),
+            pass_api_key: false,
         };
         let target = TargetProfile {
             name: "fake".into(),
@@ -104,6 +107,7 @@ impl FakeTarget {
             sets: Vec::new(),
             run_dir: results.join(format!("test-{flag}")),
             journal_dir: results.join(".bisect-journal"),
+            state_root: Some(self.dir.path().join("state")),
             policy: Policy::default(),
             allow_partial: false,
             api_key: None,
@@ -127,10 +131,13 @@ pub fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
 }
 
-/// Run the real binary in `cwd` and capture its output.
+/// Run the real binary in `cwd` and capture its output. Its per-target state goes to
+/// a temp dir removed when it returns, never to the user's `~/.local/state`.
 pub fn bisect(args: &[&str], cwd: &Path) -> std::process::Output {
+    let state = tempfile::tempdir().unwrap();
     std::process::Command::new(env!("CARGO_BIN_EXE_bisect"))
         .args(args)
+        .env("XDG_STATE_HOME", state.path())
         .current_dir(cwd)
         .output()
         .expect("running bisect")

@@ -21,16 +21,26 @@ pub fn journal_path(dir: &std::path::Path) -> Option<std::path::PathBuf> {
         .find(|p| p.exists())
 }
 
-fn write_profile(t: &FakeTarget) -> std::path::PathBuf {
+/// The fake target as a profile file for the real binary: each role's restart command
+/// touches the fake's restart marker (a real restart, in the fake's world), then runs
+/// `restart_tail`. `top` is added to the profile's top-level keys, `role_extra` to
+/// every role.
+pub fn write_profile_with(
+    t: &FakeTarget,
+    top: &str,
+    restart_tail: &str,
+    role_extra: &str,
+) -> std::path::PathBuf {
     let mut text = format!(
-        "name = \"fake\"\napi = \"{}\"\nmodel = \"fake\"\n",
+        "name = \"fake\"\napi = \"{}\"\nmodel = \"fake\"\n{top}",
         t.target.api
     );
-    for role in &t.target.roles {
+    for (i, role) in t.target.roles.iter().enumerate() {
         text.push_str(&format!(
-            "\n[[role]]\nname = \"{}\"\nlaunch = \"{}\"\nrestart = \"true\"\nhealth = \"{}\"\nmetrics = \"{}\"\n",
+            "\n[[role]]\nname = \"{}\"\nlaunch = \"{}\"\nrestart = \"touch '{}'{restart_tail}\"\nhealth = \"{}\"\nmetrics = \"{}\"\n{role_extra}",
             role.name,
             role.launch.file_name().unwrap().to_str().unwrap(),
+            t.engine.restart_marker(i).display(),
             role.health,
             role.metrics.as_deref().unwrap()
         ));
@@ -38,6 +48,10 @@ fn write_profile(t: &FakeTarget) -> std::path::PathBuf {
     let path = t.dir.path().join("target.toml");
     std::fs::write(&path, text).unwrap();
     path
+}
+
+fn write_profile(t: &FakeTarget) -> std::path::PathBuf {
+    write_profile_with(t, "", "", "")
 }
 
 /// Start `bisect run` as a child process against a slowed-down fake and return once it

@@ -32,6 +32,7 @@ fn culprit_plan(t: &FakeTarget, flags: &[&str], budget: u64, rounds: u32) -> Cul
         policy: Policy::default(),
         dir: results.join("test-culprit"),
         journal_dir: results.join(".bisect-journal"),
+        state_root: Some(t.dir.path().join("state")),
         allow_partial: false,
         api_key: None,
         metrics_period: Duration::from_millis(50),

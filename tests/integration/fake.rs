@@ -9,16 +9,24 @@
 //!   divisible by 4 leak DSML in round 2
 //! - `FAKE_SLOW=1` (decode): every request sleeps `FAKE_SLOW_MS` (default 1500 ms)
 //! - `--fake-noise N` (decode arg): speed noise only
+//! - `FAKE_ECHO_KEY=1` (decode): every chat fails with 401 and echoes the bearer token
+//!   it was sent, as careless servers do
+//!
+//! Restarts: both roles report `pid` and `started_at` (`gen-N`) in `/server_info`, N
+//! counting that role's restarts. A restart is [`FakeControl::restart`] in-process, or,
+//! for a `bisect` process driving the fake through restart commands, the command
+//! creating the role's marker file ([`FakeEngine::restart_marker`]), which the fake
+//! consumes at its next request.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -78,6 +86,55 @@ struct Shared {
     reported_prefill: RwLock<Option<BTreeMap<String, String>>>,
     running: AtomicU64,
     requests: AtomicU64,
+    /// Restarts per role (prefill, decode): `started_at` is `gen-N`.
+    generation: [AtomicU64; 2],
+    /// An engine a restart never reaches: configs and generations stay as they are.
+    never_restart: AtomicBool,
+    /// Launch configs, for the restart markers beside them.
+    launch: [PathBuf; 2],
+}
+
+impl Shared {
+    /// A restart of role `i` (0 prefill, 1 decode): re-read its launch config.
+    fn restart_role(&self, i: usize) -> std::io::Result<()> {
+        if self.never_restart.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let flags = RoleFlags::parse(&std::fs::read_to_string(&self.launch[i])?);
+        if i == 0 {
+            *self.prefill.write() = flags;
+        } else {
+            *self.decode.write() = flags;
+        }
+        self.generation[i].fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Consumes role `i`'s restart marker, restarting the role, if a command made one.
+    fn take_marker(&self, i: usize) {
+        if std::fs::remove_file(marker_of(&self.launch[i])).is_ok() {
+            let _ = self.restart_role(i);
+            if i == 0 && self.ignore_restarts.load(Ordering::Relaxed) {
+                let mut reported = self.reported_prefill.write();
+                if reported.is_none() {
+                    *reported = Some(self.prefill.read().env.clone());
+                }
+            }
+        }
+    }
+
+    fn identity(&self, i: usize) -> Value {
+        json!({
+            "pid": std::process::id(),
+            "started_at": format!("gen-{}", self.generation[i].load(Ordering::Relaxed)),
+        })
+    }
+}
+
+fn marker_of(launch: &std::path::Path) -> PathBuf {
+    let mut name = launch.as_os_str().to_owned();
+    name.push(".restart");
+    PathBuf::from(name)
 }
 
 /// The running fake: two listeners on loopback.
@@ -92,15 +149,19 @@ pub struct FakeEngine {
 
 impl FakeEngine {
     pub async fn start(prefill_launch: PathBuf, decode_launch: PathBuf) -> FakeEngine {
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(Shared {
+            launch: [prefill_launch.clone(), decode_launch.clone()],
+            ..Shared::default()
+        });
         let shutdown = CancellationToken::new();
         let prefill_app = Router::new()
-            .route("/health", get(|| async { "ok" }))
+            .route("/health", get(prefill_health))
             .route("/metrics", get(prefill_metrics))
             .route("/server_info", get(prefill_info))
             .with_state(shared.clone());
         let decode_app = Router::new()
-            .route("/health", get(|| async { "ok" }))
+            .route("/health", get(decode_health))
+            .route("/server_info", get(decode_info))
             .route("/metrics", get(decode_metrics))
             .route("/v1/chat/completions", post(chat))
             .with_state(shared.clone());
@@ -132,9 +193,20 @@ impl FakeEngine {
     }
 
     /// From the next restart on, report that restart's prefill config forever, like an
-    /// engine process that was never really restarted.
+    /// engine that restarts but does not honour its launch config (a dead conditional).
     pub fn ignore_restarts(&self) {
         self.shared.ignore_restarts.store(true, Ordering::Relaxed);
+    }
+
+    /// Restarts never reach this engine: same process, same config, same identity.
+    pub fn never_restart(&self) {
+        self.shared.never_restart.store(true, Ordering::Relaxed);
+    }
+
+    /// The file whose creation restarts role `i` (0 prefill, 1 decode): a restart
+    /// command for a `bisect` process is `touch` of it.
+    pub fn restart_marker(&self, i: usize) -> PathBuf {
+        marker_of(&self.launch[i])
     }
 
     /// Hold every chat request `ms` milliseconds.
@@ -167,10 +239,9 @@ impl EngineControl for FakeControl {
         _cancel: &'a CancellationToken,
     ) -> BoxFuture<'a, anyhow::Result<BTreeMap<String, f64>>> {
         Box::pin(async move {
-            *self.shared.prefill.write() =
-                RoleFlags::parse(&std::fs::read_to_string(&self.launch[0])?);
-            *self.shared.decode.write() =
-                RoleFlags::parse(&std::fs::read_to_string(&self.launch[1])?);
+            debug_assert_eq!(self.launch, self.shared.launch);
+            self.shared.restart_role(0)?;
+            self.shared.restart_role(1)?;
             if self.shared.ignore_restarts.load(Ordering::Relaxed) {
                 let mut reported = self.shared.reported_prefill.write();
                 if reported.is_none() {
@@ -206,14 +277,38 @@ async fn prefill_metrics() -> String {
     "# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{model_name=\"fake\"} 0\nsglang:num_queue_reqs{model_name=\"fake\"} 0\n".into()
 }
 
+async fn prefill_health(State(s): State<Arc<Shared>>) -> &'static str {
+    s.take_marker(0);
+    "ok"
+}
+
+async fn decode_health(State(s): State<Arc<Shared>>) -> &'static str {
+    s.take_marker(1);
+    "ok"
+}
+
 async fn prefill_info(State(s): State<Arc<Shared>>) -> Json<Value> {
+    s.take_marker(0);
     let env = s.prefill.read().env.clone();
     let reported = s
         .reported_prefill
         .read()
         .clone()
         .unwrap_or_else(|| env.clone());
-    Json(json!({"role": "prefill", "env": env, "flags": reported}))
+    let mut info = json!({"role": "prefill", "env": env, "flags": reported});
+    info.as_object_mut()
+        .unwrap()
+        .extend(s.identity(0).as_object().unwrap().clone());
+    Json(info)
+}
+
+async fn decode_info(State(s): State<Arc<Shared>>) -> Json<Value> {
+    s.take_marker(1);
+    let mut info = json!({"role": "decode"});
+    info.as_object_mut()
+        .unwrap()
+        .extend(s.identity(1).as_object().unwrap().clone());
+    Json(info)
 }
 
 async fn decode_metrics(State(s): State<Arc<Shared>>) -> String {
@@ -290,7 +385,11 @@ fn error(status: StatusCode, message: &str) -> Response {
     (status, Json(json!({"error": {"message": message}}))).into_response()
 }
 
-async fn chat(State(s): State<Arc<Shared>>, Json(body): Json<Value>) -> Response {
+async fn chat(
+    State(s): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
     s.requests.fetch_add(1, Ordering::Relaxed);
     s.running.fetch_add(1, Ordering::Relaxed);
     let _running = Running(&s.running);
@@ -299,6 +398,16 @@ async fn chat(State(s): State<Arc<Shared>>, Json(body): Json<Value>) -> Response
         tokio::time::sleep(std::time::Duration::from_millis(hold)).await;
     }
     let (prefill, decode) = (s.prefill.read().clone(), s.decode.read().clone());
+    if decode.env_is("FAKE_ECHO_KEY", "1") {
+        let sent = headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        return error(
+            StatusCode::UNAUTHORIZED,
+            &format!("invalid API key: {sent} is not a key of this deployment"),
+        );
+    }
     let p = prefill
         .env
         .get("FAKE_INDEX_BF16")

@@ -53,6 +53,7 @@ fn job(t: &FakeTarget, plan: &Plan, shard: Option<Shard>, id: &str) -> MatrixJob
         shard,
         dir: results.join(id),
         journal_dir: results.join(".bisect-journal"),
+        state_root: Some(t.dir.path().join("state")),
         api_key: None,
         metrics_period: Duration::from_millis(50),
         allow_partial: false,
@@ -474,28 +475,19 @@ async fn identical_nights_pass_and_a_changed_workload_is_not_comparable() {
     assert!(!junit.contains("<failure"));
 }
 
+/// The fake as a profile file; each restart command touches the fake's restart marker,
+/// so the fake re-reads its launch configs like a restarted engine.
 fn write_target(t: &FakeTarget) -> PathBuf {
-    let role = |name: &str, launch: &str, addr: std::net::SocketAddr| {
-        format!(
-            "[[role]]\nname = \"{name}\"\nlaunch = \"{launch}\"\nrestart = \"true\"\nhealth = \"http://{addr}/health\"\nmetrics = \"http://{addr}/metrics\"\n"
-        )
-    };
-    let text = format!(
-        "name = \"fake\"\napi = \"http://{}/v1\"\nmodel = \"fake\"\n\n{}\n{}",
-        t.engine.decode_addr,
-        role("prefill", "prefill.sh", t.engine.prefill_addr),
-        role("decode", "decode.sh", t.engine.decode_addr)
-    );
-    let path = t.dir.path().join("target.toml");
-    std::fs::write(&path, text).unwrap();
-    path
+    crate::crash::write_profile_with(t, "", "", "")
 }
 
 async fn bisect_cli(args: Vec<String>, cwd: &Path) -> std::process::Output {
     let cwd = cwd.to_path_buf();
     tokio::task::spawn_blocking(move || {
+        let state = tempfile::tempdir().unwrap();
         std::process::Command::new(env!("CARGO_BIN_EXE_bisect"))
             .args(&args)
+            .env("XDG_STATE_HOME", state.path())
             .current_dir(cwd)
             .output()
             .expect("running bisect")
@@ -505,8 +497,8 @@ async fn bisect_cli(args: Vec<String>, cwd: &Path) -> std::process::Output {
 }
 
 /// Through the binary: the newest earlier night is the baseline, and the exit code says
-/// whether a cell regressed. The fake does not re-read its launch configs on a `restart =
-/// "true"` command, so the nights differ by the launch config the fake was loaded with.
+/// whether a cell regressed. The nights differ by decode's `FAKE_RACE`, which the fake
+/// re-reads at every restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exit_code_is_one_on_regression_and_zero_for_an_identical_night() {
     let t = FakeTarget::new().await;

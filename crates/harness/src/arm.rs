@@ -72,6 +72,8 @@ pub struct TestbedSpec<'a> {
     pub target: &'a TargetProfile,
     /// Where the launch-config journal lives; `None` opens read-only (probe).
     pub journal_dir: Option<&'a Path>,
+    /// Where the target's state lives; `None`: `$XDG_STATE_HOME/bisect`.
+    pub state_root: Option<&'a Path>,
     /// Every flag the command may write: refused up front if half-applied.
     pub flags: Vec<&'a FlagSpec>,
     pub allow_partial: bool,
@@ -128,6 +130,9 @@ impl<'a> Testbed<'a> {
         progress: &'a dyn Progress,
         cancel: CancellationToken,
     ) -> anyhow::Result<Self> {
+        if let Some(key) = &spec.api_key {
+            crate::redact::register(key);
+        }
         if !spec.allow_partial {
             refuse_half_applied(spec.target, &spec.flags)?;
         }
@@ -135,7 +140,10 @@ impl<'a> Testbed<'a> {
             None => None,
             Some(dir) => {
                 let files: Vec<_> = spec.target.roles.iter().map(|r| r.launch.clone()).collect();
-                let editor = Editor::begin(dir, &files)
+                let root = spec
+                    .state_root
+                    .map_or_else(crate::launch::state_root, Path::to_path_buf);
+                let editor = Editor::begin_at(&root, dir, &files)
                     .with_context(|| format!("journaling launch configs in {}", dir.display()))?;
                 for file in editor.recovered() {
                     progress.note(&format!(
@@ -222,6 +230,8 @@ impl<'a> Testbed<'a> {
     /// engine that answers there is not ours (a run killed with -9 left it, or another
     /// deployment uses the port), and measuring it would be measuring the wrong engine.
     pub async fn restart(&mut self, label: &str) -> anyhow::Result<Restarted> {
+        // A signal that arrived while the configs were written starts no engine.
+        self.check_cancelled()?;
         self.control.stop().await?;
         self.refuse_foreign_engines().await?;
         let waits = self.control.restart(label, &self.cancel).await?;
@@ -230,7 +240,7 @@ impl<'a> Testbed<'a> {
             engine_info: BTreeMap::new(),
         };
         for role in &self.target.roles {
-            if let Some(info) = fetch_server_info(&self.probe_http, &role.health).await {
+            if let Some(info) = fetch_server_info(&self.probe_http, role).await {
                 restarted.engine_info.insert(role.name.clone(), info);
             }
         }
@@ -240,7 +250,7 @@ impl<'a> Testbed<'a> {
     async fn refuse_foreign_engines(&self) -> anyhow::Result<()> {
         for role in self.target.roles.iter().filter(|r| r.restart.is_none()) {
             if let Ok(resp) = self.probe_http.get(&role.health).send().await {
-                let who = match fetch_server_info(&self.probe_http, &role.health).await {
+                let who = match fetch_server_info(&self.probe_http, role).await {
                     Some(info) => format!(
                         " (it reports role {}, pid {})",
                         info.get("role").map_or("?".into(), |v| v.to_string()),
@@ -316,10 +326,15 @@ impl<'a> Testbed<'a> {
         // The one collector: owns the block's aggregate and the sessions.jsonl stream.
         let mut stats = ArmStats::default();
         let mut sessions_out = results.sessions_writer()?;
+        let mut received = 0u64;
         while let Some(result) = rx.recv().await {
             stats.add_session(&result);
             sessions_out.append(&result)?;
             self.progress.session_done(&result);
+            received += 1;
+            if received == 1 {
+                crate::fault::pause("workload");
+            }
         }
         let driven = driver.await.context("workload driver panicked")??;
         stats.wall_s = driven
@@ -388,13 +403,21 @@ pub fn refuse_half_applied(target: &TargetProfile, flags: &[&FlagSpec]) -> anyho
     Ok(())
 }
 
-/// What the engine reports about itself beside its health URL: `/server_info` (the
-/// embedded engine, older SGLang) or `/get_server_info` (SGLang), where it serves one.
+/// What the engine reports about itself (its effective configuration): the role's
+/// `effective_url` where the profile sets one, else, beside its health URL,
+/// `/server_info` (the embedded engine, older SGLang) or `/get_server_info` (SGLang).
 pub async fn fetch_server_info(
     client: &reqwest::Client,
-    health_url: &str,
+    role: &crate::config::RoleSpec,
 ) -> Option<serde_json::Value> {
-    let base = health_url.strip_suffix("/health")?;
+    if let Some(url) = &role.effective_url {
+        let resp = client.get(url).send().await.ok()?;
+        if !resp.status().is_success() {
+            return None;
+        }
+        return resp.json().await.ok();
+    }
+    let base = role.health.strip_suffix("/health")?;
     for path in ["/server_info", "/get_server_info"] {
         let Ok(resp) = client.get(format!("{base}{path}")).send().await else {
             return None;
@@ -406,8 +429,10 @@ pub async fn fetch_server_info(
     None
 }
 
-/// Role -> the flag's value as each engine of its roles reports it, where it does.
+/// Role -> the flag's value as each engine of its roles reports it, where it does: at
+/// the role's `effective_pointers` entry for the flag, else the default pointers.
 pub fn effective_values(
+    target: &TargetProfile,
     flag: &FlagSpec,
     engine_info: &BTreeMap<String, serde_json::Value>,
 ) -> Readback {
@@ -415,10 +440,22 @@ pub fn effective_values(
         .iter()
         .filter_map(|role| {
             let doc = engine_info.get(role)?;
-            Some((role.clone(), effective::reported(doc, flag)?))
+            let pointers = match target
+                .role(role)
+                .and_then(|r| r.effective_pointers.get(&flag.name))
+            {
+                Some(pointer) => vec![pointer.clone()],
+                None => effective::pointers(flag),
+            };
+            Some((role.clone(), effective::reported_at(doc, &pointers)?))
         })
         .collect()
 }
+
+/// The warning a run carries when no engine of the flag's roles reports the flag's
+/// effective value: then only the launch-file read-back says the arms differ.
+pub const NO_EFFECTIVE_WARNING: &str =
+    "no engine reports its effective configuration: only the launch-file read-back stands";
 
 /// `prefill=1, decode=1`.
 pub fn fmt_readback(readback: &Readback) -> String {

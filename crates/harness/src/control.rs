@@ -45,6 +45,9 @@ pub trait EngineControl: Send {
 /// Real processes: restart commands or spawned launch scripts.
 pub struct ProcessControl {
     roles: Vec<RoleSpec>,
+    /// The variable holding the API key: removed from engines' environments unless
+    /// their role says `pass_api_key = true`.
+    api_key_env: Option<String>,
     logs_dir: PathBuf,
     http: reqwest::Client,
     spawned: Vec<Spawned>,
@@ -70,6 +73,7 @@ impl ProcessControl {
             .build()?;
         Ok(ProcessControl {
             roles: target.roles.clone(),
+            api_key_env: target.api_key_env.clone(),
             logs_dir: logs_dir.to_path_buf(),
             http,
             spawned: Vec::new(),
@@ -121,12 +125,22 @@ impl ProcessControl {
     ) -> anyhow::Result<BTreeMap<String, f64>> {
         self.stop_all().await?;
         let roles = self.roles.clone();
+        let key_env = self.api_key_env.clone();
+        let hide_key = |role: &RoleSpec| key_env.clone().filter(|_| !role.pass_api_key);
+        let mut watches = BTreeMap::new();
         for role in &roles {
             match &role.restart {
-                Some(cmd) => run_restart_command(role, cmd, &self.logs_dir, label, cancel).await?,
+                Some(cmd) => {
+                    // Who answers before the command runs, and whether health goes down
+                    // while it runs: the evidence that the restart happened.
+                    let watch = RestartWatch::start(&self.http, role).await;
+                    run_restart_command(role, cmd, &self.logs_dir, label, cancel, hide_key(role))
+                        .await?;
+                    watches.insert(role.name.clone(), watch);
+                }
                 None => {
                     let state_dir = self.state_dir()?;
-                    let spawned = spawn_launch(role, &self.logs_dir, label)?;
+                    let spawned = spawn_launch(role, &self.logs_dir, label, hide_key(role))?;
                     let pgid = spawned.child.id();
                     self.spawned.push(spawned);
                     if let Some(pgid) = pgid {
@@ -143,22 +157,70 @@ impl ProcessControl {
                 }
             }
         }
+        crate::fault::pause("restarting");
         let mut waits = BTreeMap::new();
         for role in &roles {
             let started = Instant::now();
-            self.wait_healthy(role, cancel).await?;
+            let watch = watches.remove(&role.name);
+            self.wait_healthy(role, watch.as_ref(), cancel).await?;
+            if watch.is_none() {
+                self.check_own_engine(role).await?;
+            }
             waits.insert(role.name.clone(), started.elapsed().as_secs_f64());
         }
         Ok(waits)
     }
 
+    /// A spawned role's engine that reports its pid must be in the process group bisect
+    /// started for it: anything else answering there is an engine bisect did not start.
+    async fn check_own_engine(&self, role: &RoleSpec) -> anyhow::Result<()> {
+        let Some(group) = self
+            .spawned
+            .iter()
+            .find(|s| s.role == role.name)
+            .and_then(|s| s.child.id())
+        else {
+            return Ok(());
+        };
+        let Some(info) = crate::arm::fetch_server_info(&self.http, role).await else {
+            return Ok(());
+        };
+        let Some(pid) = info.get("pid").and_then(|p| p.as_u64()) else {
+            return Ok(());
+        };
+        match launch::process_group_of(pid as u32) {
+            Some(pgid) if pgid == group => Ok(()),
+            found => Err(Failure::CouldNotRun(format!(
+                "the engine answering on {} for role {} reports pid {pid}, which is not in the \
+                 process group {group} bisect started for it ({}): an engine bisect did not start \
+                 would be measured\n  fix: stop that process (a run killed with -9 leaves its \
+                 engines running), or give the role another port in its launch config",
+                role.health,
+                role.name,
+                match found {
+                    Some(other) => format!("its group is {other}"),
+                    None => "no such process here".to_string(),
+                }
+            ))
+            .into()),
+        }
+    }
+
     async fn wait_healthy(
         &mut self,
         role: &RoleSpec,
+        watch: Option<&RestartWatch>,
         cancel: &CancellationToken,
     ) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(role.health_timeout_s.max(1));
+        let grace = Duration::from_secs(role.health_timeout_s.clamp(1, RESTART_PROOF_GRACE_S));
+        let mut unproven_since: Option<Instant> = None;
+        let mut paused = false;
         loop {
+            if !paused {
+                paused = true;
+                crate::fault::pause("health");
+            }
             if cancel.is_cancelled() {
                 return Err(Failure::Interrupted.into());
             }
@@ -174,7 +236,29 @@ impl ProcessControl {
                 }
             }
             let last = match self.http.get(&role.health).send().await {
-                Ok(resp) if resp.status().is_success() => return Ok(()),
+                Ok(resp) if resp.status().is_success() => {
+                    let Some(watch) = watch else {
+                        return Ok(());
+                    };
+                    match watch.proof(&self.http, role).await {
+                        Ok(()) => return Ok(()),
+                        Err(why) => {
+                            let since = *unproven_since.get_or_insert_with(Instant::now);
+                            if since.elapsed() >= grace || Instant::now() >= deadline {
+                                return Err(Failure::CouldNotRun(format!(
+                                    "restart of {} did not happen: {why}\n  fix: make the role's \
+                                     restart command really restart the engine (a restart, not a \
+                                     reload; the right service or container), or have the engine \
+                                     report `pid` and `started_at` at its effective-config URL so a \
+                                     fast restart can be told apart",
+                                    role.name
+                                ))
+                                .into());
+                            }
+                            format!("HTTP 200, but {why}")
+                        }
+                    }
+                }
                 Ok(resp) => {
                     let status = resp.status();
                     let body = resp.text().await.unwrap_or_default();
@@ -240,6 +324,72 @@ impl Drop for ProcessControl {
     }
 }
 
+/// How long a role restarted by its own command may answer health without proof that
+/// it was restarted (health went down, or its reported pid / start time changed)
+/// before the restart is reported as not having happened.
+const RESTART_PROOF_GRACE_S: u64 = 10;
+
+/// The evidence that a role's restart command restarted its engine: who answered
+/// before (the engine's reported identity), and whether health was seen failing since.
+struct RestartWatch {
+    before: Option<String>,
+    down: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    poller: tokio::task::JoinHandle<()>,
+}
+
+impl RestartWatch {
+    /// Takes the engine's identity, then polls health every 100 ms until dropped.
+    async fn start(http: &reqwest::Client, role: &RoleSpec) -> RestartWatch {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let down = std::sync::Arc::new(AtomicBool::new(false));
+        let answers = |http: reqwest::Client, url: String| async move {
+            matches!(http.get(&url).send().await, Ok(r) if r.status().is_success())
+        };
+        if !answers(http.clone(), role.health.clone()).await {
+            down.store(true, Ordering::SeqCst);
+        }
+        let before = crate::arm::fetch_server_info(http, role)
+            .await
+            .as_ref()
+            .and_then(crate::core::effective::identity);
+        let poller = {
+            let (http, url, down) = (http.clone(), role.health.clone(), down.clone());
+            tokio::spawn(async move {
+                loop {
+                    if !answers(http.clone(), url.clone()).await {
+                        down.store(true, Ordering::SeqCst);
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            })
+        };
+        RestartWatch {
+            before,
+            down,
+            poller,
+        }
+    }
+
+    /// Ok once the restart is proven; else why not, in words.
+    async fn proof(&self, http: &reqwest::Client, role: &RoleSpec) -> Result<(), String> {
+        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+            return Ok(());
+        }
+        let after = crate::arm::fetch_server_info(http, role)
+            .await
+            .as_ref()
+            .and_then(crate::core::effective::identity);
+        crate::core::effective::restart_proven(self.before.as_deref(), after.as_deref(), false)
+    }
+}
+
+impl Drop for RestartWatch {
+    fn drop(&mut self) {
+        self.poller.abort();
+    }
+}
+
 /// Runs a role's restart command (`sh -c`) in its own process group, output to a log
 /// file, for at most the role's `restart_timeout_s`; a timeout or a cancellation kills
 /// the whole group (the command's children included) before returning.
@@ -249,6 +399,7 @@ async fn run_restart_command(
     logs_dir: &Path,
     label: &str,
     cancel: &CancellationToken,
+    hide_env: Option<String>,
 ) -> anyhow::Result<()> {
     let log = logs_dir.join(format!("{label}-{}-restart.log", role.name));
     let out = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
@@ -262,6 +413,9 @@ async fn run_restart_command(
         .stderr(err)
         .process_group(0)
         .kill_on_drop(true);
+    if let Some(var) = hide_env {
+        command.env_remove(var);
+    }
     die_with_parent(&mut command);
     let mut child = command
         .spawn()
@@ -335,7 +489,12 @@ fn die_with_parent(command: &mut Command) {
     }
 }
 
-fn spawn_launch(role: &RoleSpec, logs_dir: &Path, label: &str) -> anyhow::Result<Spawned> {
+fn spawn_launch(
+    role: &RoleSpec,
+    logs_dir: &Path,
+    label: &str,
+    hide_env: Option<String>,
+) -> anyhow::Result<Spawned> {
     let log = logs_dir.join(format!("{label}-{}.log", role.name));
     let out = std::fs::OpenOptions::new()
         .create(true)
@@ -355,6 +514,9 @@ fn spawn_launch(role: &RoleSpec, logs_dir: &Path, label: &str) -> anyhow::Result
         .stderr(err)
         .process_group(0)
         .kill_on_drop(true);
+    if let Some(var) = hide_env {
+        command.env_remove(var);
+    }
     die_with_parent(&mut command);
     let child = command
         .spawn()
@@ -429,6 +591,9 @@ mod tests {
                 metrics: None,
                 health_timeout_s,
                 restart_timeout_s: 300,
+                effective_url: None,
+                effective_pointers: Default::default(),
+                pass_api_key: false,
             }],
             source: None,
         }

@@ -20,7 +20,9 @@ pub mod control;
 pub mod core;
 pub mod driver;
 pub mod exit;
+pub mod fault;
 pub mod launch;
 #[cfg(test)]
 mod proptest_config;
+pub mod redact;
 pub mod results;

@@ -67,6 +67,9 @@ struct AppState {
     device: String,
     prefill: Option<Arc<PrefillShared>>,
     decode: Option<Arc<DecodeShared>>,
+    /// When this process started serving (RFC 3339, microseconds): with `pid` in
+    /// `/server_info`, how a harness tells that a restart really replaced the process.
+    started_at: String,
 }
 
 /// 200 when this role can serve; 503 with the reason otherwise (decode: its prefill is
@@ -109,6 +112,9 @@ async fn server_info(State(state): State<Arc<AppState>>) -> Response {
     let config = &state.config;
     let mut info = json!({
         "role": config.role,
+        "pid": std::process::id(),
+        "ppid": std::os::unix::process::parent_id(),
+        "started_at": state.started_at,
         "device": state.device,
         "index_k_dtype": config.flags.dtype().name(),
         "index_k_bytes_per_token": config.flags.dtype().bytes_per_token(),
@@ -155,6 +161,7 @@ pub async fn serve_listener(
         device: backend.name().to_string(),
         prefill: None,
         decode: None,
+        started_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
     };
     match config.role {
         Role::Prefill => state.prefill = Some(prefill_role::start(&config, backend)?),

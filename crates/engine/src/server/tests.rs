@@ -254,6 +254,9 @@ async fn end_to_end_over_http_with_bad_requests_and_dtype_mismatch() {
         .await
         .unwrap();
     assert_eq!(info["flags"]["SGLANG_DSV4_BF16_INDEX_K"], 1);
+    // Who is answering: a harness compares these before and after a restart.
+    assert_eq!(info["pid"], std::process::id());
+    assert!(info["started_at"].as_str().is_some_and(|t| t.contains('T')));
 
     // A decode configured for fp8 against a bf16 prefill refuses the transfer.
     let mismatched = start(config(Role::Decode, false, Some(prefill.clone()))).await;

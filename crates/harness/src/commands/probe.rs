@@ -174,6 +174,7 @@ pub async fn run_probe(
     let spec = TestbedSpec {
         target: &plan.target,
         journal_dir: None,
+        state_root: None,
         flags: Vec::new(),
         allow_partial: true,
         api_key: plan.api_key.clone(),

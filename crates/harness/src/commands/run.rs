@@ -15,7 +15,9 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::arm::{effective_values, fmt_readback, settle, BlockName, Testbed, TestbedSpec};
+use crate::arm::{
+    effective_values, fmt_readback, settle, BlockName, Testbed, TestbedSpec, NO_EFFECTIVE_WARNING,
+};
 pub use crate::arm::{Progress, Quiet};
 use crate::config::{FlagSpec, TargetProfile, Workload};
 use crate::control::EngineControl;
@@ -39,6 +41,9 @@ pub struct RunPlan {
     pub sets: Vec<(FlagSpec, String)>,
     pub run_dir: PathBuf,
     pub journal_dir: PathBuf,
+    /// Where the target's state lives (lock, journal, spawned groups); `None`:
+    /// `$XDG_STATE_HOME/bisect`. Tests point it into their temp dir.
+    pub state_root: Option<PathBuf>,
     pub policy: Policy,
     pub allow_partial: bool,
     pub api_key: Option<String>,
@@ -76,6 +81,7 @@ pub async fn run_experiment(
     let spec = TestbedSpec {
         target: &plan.target,
         journal_dir: Some(&plan.journal_dir),
+        state_root: plan.state_root.as_deref(),
         flags,
         allow_partial: plan.allow_partial,
         api_key: plan.api_key.clone(),
@@ -103,6 +109,7 @@ async fn run_blocks(
 ) -> anyhow::Result<()> {
     bed.pin(&plan.sets)?;
     let classifier = Arc::new(Classifier::with_defaults(&plan.workload.tools)?);
+    let mut warned_no_effective = false;
     for (label, repeat) in arm_order(plan.repeats) {
         bed.check_cancelled()?;
         let value = plan.flag.value_for(label == ArmLabel::On);
@@ -115,9 +122,15 @@ async fn run_blocks(
             fmt_readback(&readback)
         ));
         let restarted = bed.restart(&block_name).await?;
-        let effective = effective_values(&plan.flag, &restarted.engine_info);
+        let effective = effective_values(&plan.target, &plan.flag, &restarted.engine_info);
+        if effective.is_empty() && !warned_no_effective {
+            warned_no_effective = true;
+            bed.progress()
+                .note(&format!("warning: {NO_EFFECTIVE_WARNING}"));
+            push_warning(record, NO_EFFECTIVE_WARNING);
+        }
         for (flag, value) in &plan.sets {
-            for (role, ran) in effective_values(flag, &restarted.engine_info) {
+            for (role, ran) in effective_values(&plan.target, flag, &restarted.engine_info) {
                 if !crate::core::effective::agrees(value, &ran) {
                     return Err(Failure::CouldNotRun(format!(
                         "pinned {}={value}, but the {role} engine reports it runs with {ran:?}: \
@@ -154,6 +167,19 @@ async fn run_blocks(
         results.write_record(record)?;
     }
     Ok(())
+}
+
+/// Adds `warning` (once) to run.json's `warnings`: what the run could not check.
+fn push_warning(record: &mut RunRecord, warning: &str) {
+    let list = record
+        .extra
+        .entry("warnings")
+        .or_insert_with(|| serde_json::Value::Array(Vec::new()));
+    if let serde_json::Value::Array(items) = list {
+        if !items.iter().any(|w| w == warning) {
+            items.push(warning.into());
+        }
+    }
 }
 
 fn pooled_arms(plan: &RunPlan, runs: &[ArmRecord]) -> Vec<ArmRecord> {

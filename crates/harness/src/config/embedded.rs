@@ -63,6 +63,9 @@ pub fn prepare(launch_dir: &Path, exe: &Path) -> anyhow::Result<TargetProfile> {
         metrics: Some(format!("http://127.0.0.1:{port}/metrics")),
         health_timeout_s: 60,
         restart_timeout_s: 300,
+        effective_url: None,
+        effective_pointers: Default::default(),
+        pass_api_key: false,
     };
     Ok(TargetProfile {
         name: "embedded-pd".into(),

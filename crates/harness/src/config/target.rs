@@ -2,7 +2,7 @@
 //! commands and health/metrics endpoints are. Without `--target` the CLI builds the
 //! embedded profile. This module owns the profile file format and its validation.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -35,6 +35,15 @@ pub struct RoleSpec {
     pub health_timeout_s: u64,
     /// How long the restart command may run before it is killed (its process group).
     pub restart_timeout_s: u64,
+    /// Where the engine reports its effective configuration (a JSON document); `None`
+    /// probes `/server_info` then `/get_server_info` beside the health URL.
+    pub effective_url: Option<String>,
+    /// Flag name -> JSON pointer of its value in that document; a flag not listed is
+    /// looked up at `/flags/KEY` then `/KEY` (docs/design.md 3.2).
+    pub effective_pointers: BTreeMap<String, String>,
+    /// Whether engines bisect starts for this role (spawned or by `restart`) inherit
+    /// the API key's environment variable; by default it is removed from theirs.
+    pub pass_api_key: bool,
 }
 
 /// How long a role may take to answer /health after a restart unless the profile says.
@@ -64,9 +73,14 @@ struct RawRole {
     metrics: Option<Spanned<String>>,
     health_timeout_s: Option<Spanned<i64>>,
     restart_timeout_s: Option<Spanned<i64>>,
+    effective_url: Option<Spanned<String>>,
+    #[serde(default)]
+    effective_pointers: BTreeMap<String, Spanned<String>>,
+    #[serde(default)]
+    pass_api_key: bool,
 }
 
-const PROFILE_FIX: &str = "see docs/design.md 3.2: name, api, model, optional api_key_env, then one [[role]] table per engine role (name, launch, health, optional restart, metrics, health_timeout_s, restart_timeout_s)";
+const PROFILE_FIX: &str = "see docs/design.md 3.2: name, api, model, optional api_key_env, then one [[role]] table per engine role (name, launch, health, optional restart, metrics, health_timeout_s, restart_timeout_s, effective_url, effective_pointers, pass_api_key)";
 
 /// Checks an endpoint URL: plain http only, because this build has no TLS.
 fn check_url(src: &Source, key: &str, url: &Spanned<String>) -> Result<String, ConfigError> {
@@ -212,6 +226,22 @@ impl TargetProfile {
                     ))
                 }
             };
+            let effective_url = match &r.effective_url {
+                None => None,
+                Some(u) => Some(check_url(&src, "effective_url", u)?),
+            };
+            let mut effective_pointers = BTreeMap::new();
+            for (flag, pointer) in &r.effective_pointers {
+                let p = pointer.get_ref().trim();
+                if !p.is_empty() && !p.starts_with('/') {
+                    return Err(src.invalid(
+                        pointer.span(),
+                        format!("effective_pointers.{flag} = {p:?} is not a JSON pointer"),
+                        "write a JSON pointer (RFC 6901) into the effective-config document, e.g. \"/server_args/enable_hierarchical_cache\"",
+                    ));
+                }
+                effective_pointers.insert(flag.clone(), p.to_string());
+            }
             roles.push(RoleSpec {
                 name: role_name,
                 launch,
@@ -220,6 +250,9 @@ impl TargetProfile {
                 metrics,
                 health_timeout_s,
                 restart_timeout_s,
+                effective_url,
+                effective_pointers,
+                pass_api_key: r.pass_api_key,
             });
         }
 

@@ -34,7 +34,13 @@ pub fn pointers(flag: &FlagSpec) -> Vec<String> {
 
 /// The flag's value as the engine reports it, as text; `None` when it does not say.
 pub fn reported(doc: &Value, flag: &FlagSpec) -> Option<String> {
-    pointers(flag)
+    reported_at(doc, &pointers(flag))
+}
+
+/// The value at the first of `pointers` the document has, as text (a role's
+/// `effective_pointers` from the target profile, or [`pointers`]).
+pub fn reported_at(doc: &Value, pointers: &[String]) -> Option<String> {
+    pointers
         .iter()
         .find_map(|p| doc.pointer(p))
         .and_then(|v| match v {
@@ -44,6 +50,53 @@ pub fn reported(doc: &Value, flag: &FlagSpec) -> Option<String> {
             Value::Null => Some("null".into()),
             _ => None,
         })
+}
+
+/// Who an engine says it is (`pid` and `started_at` in its effective-config document),
+/// as text to compare before and after a restart; `None` when it says neither.
+pub fn identity(doc: &Value) -> Option<String> {
+    let field = |key: &str| {
+        doc.get(key).filter(|v| !v.is_null()).map(|v| match v {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        })
+    };
+    let (pid, started) = (field("pid"), field("started_at"));
+    if pid.is_none() && started.is_none() {
+        return None;
+    }
+    Some(format!(
+        "pid {} started {}",
+        pid.as_deref().unwrap_or("?"),
+        started.as_deref().unwrap_or("?")
+    ))
+}
+
+/// Whether a restart by the role's own command is proven (docs/design.md 3.2): health
+/// went down and came back, or the engine's reported identity changed. Else why not.
+pub fn restart_proven(
+    before: Option<&str>,
+    after: Option<&str>,
+    went_down: bool,
+) -> Result<(), String> {
+    if went_down {
+        return Ok(());
+    }
+    match (before, after) {
+        (Some(b), Some(a)) if a != b => Ok(()),
+        (Some(b), Some(_)) => Err(format!(
+            "its health URL answered throughout and the engine still reports {b}"
+        )),
+        (None, Some(a)) => Err(format!(
+            "its health URL answered throughout; it now reports {a}, but reported no pid or \
+             start time before the restart to compare with"
+        )),
+        (_, None) => Err(
+            "its health URL answered throughout and the engine reports no `pid` or `started_at` \
+             to tell a new process from the old one"
+                .to_string(),
+        ),
+    }
 }
 
 fn truth(text: &str) -> Option<bool> {
@@ -111,6 +164,37 @@ mod tests {
         assert_eq!(
             reported(&json!({"flags": {"SGLANG_DSV4_BF16_INDEX_K": [1]}}), &f),
             None
+        );
+    }
+
+    #[test]
+    fn a_restart_is_proven_by_going_down_or_a_new_identity() {
+        let old = identity(&json!({"pid": 41, "started_at": "t1"}));
+        assert_eq!(old.as_deref(), Some("pid 41 started t1"));
+        let new = identity(&json!({"pid": 42, "started_at": "t2"}));
+        assert_eq!(identity(&json!({"role": "prefill"})), None);
+        assert_eq!(
+            identity(&json!({"pid": 7})).as_deref(),
+            Some("pid 7 started ?")
+        );
+        assert!(restart_proven(old.as_deref(), new.as_deref(), false).is_ok());
+        assert!(restart_proven(None, None, true).is_ok());
+        let same = restart_proven(old.as_deref(), old.as_deref(), false).unwrap_err();
+        assert!(same.contains("still reports pid 41 started t1"), "{same}");
+        let silent = restart_proven(None, None, false).unwrap_err();
+        assert!(silent.contains("no `pid` or `started_at`"), "{silent}");
+        assert!(restart_proven(None, new.as_deref(), false).is_err());
+    }
+
+    #[test]
+    fn a_configured_pointer_reads_where_the_engine_reports() {
+        let vllm = json!({"server_args": {"enable_prefix_caching": false}});
+        let at = ["/server_args/enable_prefix_caching".to_string()];
+        assert_eq!(reported_at(&vllm, &at).as_deref(), Some("false"));
+        assert_eq!(reported_at(&vllm, &["/missing".to_string()]), None);
+        assert_eq!(
+            reported_at(&json!(7), &[String::new()]).as_deref(),
+            Some("7")
         );
     }
 

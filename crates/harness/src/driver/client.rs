@@ -206,6 +206,12 @@ impl ChatClient {
         };
         let text = String::from_utf8_lossy(&bytes);
         if !status.is_success() {
+            // A server may echo the key it rejected: mask it before the excerpt can cut
+            // it in half.
+            let text = match &self.api_key {
+                Some(key) => crate::redact::mask(&text, std::slice::from_ref(key)).into_owned(),
+                None => text.into_owned(),
+            };
             return ChatOutcome::Error(format!("HTTP {status}: {}", excerpt(&text, 200)));
         }
         parse_reply(&text)

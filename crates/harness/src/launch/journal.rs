@@ -473,7 +473,10 @@ impl Editor {
             resolved.push((role, path, original.mode));
         }
 
-        for (role, path, mode) in &resolved {
+        for (i, (role, path, mode)) in resolved.iter().enumerate() {
+            if i > 0 {
+                crate::fault::pause("editing");
+            }
             let text = fs::read_to_string(path)
                 .with_context(|| format!("reading launch config {}", path.display()))?;
             let edited = write_setting(&text, flag, value, &role.launch)?;
@@ -561,6 +564,9 @@ mod tests {
                     metrics: None,
                     health_timeout_s: 1,
                     restart_timeout_s: 300,
+                    effective_url: None,
+                    effective_pointers: Default::default(),
+                    pass_api_key: false,
                 });
             }
             Setup { dir, roles }

@@ -21,7 +21,9 @@ use anyhow::Context;
 
 pub use edit::{check_partial, read_setting, write_setting};
 pub use journal::{recover, recover_at, Editor, Recovery, JOURNAL_FILE};
-pub use state::{forget_group, record_group, start_ticks, state_root, SpawnedGroup};
+pub use state::{
+    forget_group, process_group_of, record_group, start_ticks, state_root, SpawnedGroup,
+};
 
 /// The state directory of the target with these launch configs (see `state.rs`),
 /// created if needed, and its lock shared with an editor of this process or taken.

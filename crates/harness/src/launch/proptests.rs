@@ -1087,6 +1087,9 @@ proptest! {
             metrics: None,
             health_timeout_s: 1,
             restart_timeout_s: 1,
+            effective_url: None,
+            effective_pointers: Default::default(),
+            pass_api_key: false,
         };
         let journal = dir.path().join("journal");
         let mut editor = Editor::begin_at(&dir.path().join("state"), &journal, std::slice::from_ref(&path)).unwrap();

@@ -98,6 +98,13 @@ pub fn start_ticks(pid: u32) -> Option<u64> {
     rest.split_whitespace().nth(19)?.parse().ok()
 }
 
+/// The process group of `pid` (field 5 of `/proc/PID/stat`), if it exists.
+pub fn process_group_of(pid: u32) -> Option<u32> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(2)?.parse().ok()
+}
+
 /// Whether `pid` is still the process that started at `ticks`.
 fn same_process(pid: u32, ticks: u64) -> bool {
     start_ticks(pid) == Some(ticks)

@@ -72,7 +72,10 @@ impl ResultsDir {
 
     /// Rewrite run.json, summary.md and report.html atomically.
     pub fn write_record(&self, record: &RunRecord) -> anyhow::Result<()> {
-        for exporter in exporters() {
+        for (i, exporter) in exporters().into_iter().enumerate() {
+            if i == 1 {
+                crate::fault::pause("results");
+            }
             let text = exporter.render_in(record, &self.root)?;
             write_atomic(&self.root.join(exporter.file_name()), text.as_bytes())?;
         }
@@ -104,7 +107,15 @@ impl ResultsDir {
                 .map(|n| n.to_string_lossy().to_string())
                 .unwrap_or_else(|| format!("{}.sh", role.name));
             let dest = dir.join(format!("{}--{}", role.name, name));
-            std::fs::copy(&role.launch, &dest).with_context(|| {
+            // A launch config may hold the key itself: the copy is masked like any
+            // other file bisect writes (bytes kept as they are when nothing matches).
+            let bytes = std::fs::read(&role.launch)
+                .with_context(|| format!("reading {}", role.launch.display()))?;
+            let bytes = match std::str::from_utf8(&bytes) {
+                Ok(text) => crate::redact::scrub(text).into_owned().into_bytes(),
+                Err(_) => bytes,
+            };
+            std::fs::write(&dest, bytes).with_context(|| {
                 format!("copying {} to {}", role.launch.display(), dest.display())
             })?;
         }
@@ -153,7 +164,10 @@ impl JsonlWriter {
     }
 
     pub fn append_one<T: serde::Serialize>(&mut self, value: &T) -> anyhow::Result<()> {
-        serde_json::to_writer(&mut self.out, value)
+        let line = serde_json::to_string(value)
+            .with_context(|| format!("encoding a line of {}", self.path.display()))?;
+        self.out
+            .write_all(crate::redact::scrub(&line).as_bytes())
             .with_context(|| format!("writing {}", self.path.display()))?;
         self.out.write_all(b"\n")?;
         self.out.flush()?;
@@ -165,8 +179,17 @@ impl JsonlWriter {
     }
 }
 
-/// Write via a temporary file and rename, so readers never see half a file.
+/// Write via a temporary file and rename, so readers never see half a file. Text has
+/// every registered secret masked first (`crate::redact`).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    let scrubbed;
+    let bytes = match std::str::from_utf8(bytes) {
+        Ok(text) => {
+            scrubbed = crate::redact::scrub(text);
+            scrubbed.as_bytes()
+        }
+        Err(_) => bytes,
+    };
     let tmp = path.with_extension("tmp~");
     std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, path)

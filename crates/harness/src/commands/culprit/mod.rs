@@ -79,6 +79,9 @@ pub struct CulpritPlan {
     /// `results/<id>/`.
     pub dir: PathBuf,
     pub journal_dir: PathBuf,
+    /// Where the target's state lives (lock, journal, spawned groups); `None`:
+    /// `$XDG_STATE_HOME/bisect`. Tests point it into their temp dir.
+    pub state_root: Option<PathBuf>,
     pub allow_partial: bool,
     pub api_key: Option<String>,
     pub metrics_period: Duration,
@@ -286,6 +289,7 @@ impl Search<'_> {
             sets: Vec::new(),
             run_dir: self.plan.dir.join(&rel),
             journal_dir: self.plan.journal_dir.clone(),
+            state_root: self.plan.state_root.clone(),
             policy: self.plan.policy,
             allow_partial: self.plan.allow_partial,
             api_key: self.plan.api_key.clone(),

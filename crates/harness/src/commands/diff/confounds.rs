@@ -265,6 +265,25 @@ fn leaves(prefix: &str, v: &Value, out: &mut BTreeMap<String, Value>) {
     }
 }
 
+/// Top-level `/server_info` keys that name the process, not its configuration: they
+/// differ between any two runs by design (they prove a restart happened).
+const IDENTITY_KEYS: [&str; 3] = ["pid", "ppid", "started_at"];
+
+/// [`leaves`] of one block's engine info without the process's identity.
+fn settings_leaves(block: &str, info: &Value, out: &mut BTreeMap<String, Value>) {
+    match info {
+        Value::Object(m) => {
+            for (k, x) in m
+                .iter()
+                .filter(|(k, _)| !IDENTITY_KEYS.contains(&k.as_str()))
+            {
+                leaves(&format!("{block}.{k}"), x, out);
+            }
+        }
+        other => leaves(block, other, out),
+    }
+}
+
 /// `/server_info` per block and role (`on-r0/prefill` -> the JSON it served).
 fn engine_info_confounds(
     a: &BTreeMap<String, Value>,
@@ -275,10 +294,10 @@ fn engine_info_confounds(
     // blocks, which is not an engine difference.
     let (mut la, mut lb) = (BTreeMap::new(), BTreeMap::new());
     for (block, info) in a.iter().filter(|(k, _)| b.contains_key(*k)) {
-        leaves(block, info, &mut la);
+        settings_leaves(block, info, &mut la);
     }
     for (block, info) in b.iter().filter(|(k, _)| a.contains_key(*k)) {
-        leaves(block, info, &mut lb);
+        settings_leaves(block, info, &mut lb);
     }
     let differ = differing(&la, &lb);
     let more = differ.len().saturating_sub(MAX_ENGINE_INFO_DIFFS);
@@ -365,6 +384,22 @@ mod tests {
     }
 
     #[test]
+    fn which_process_answered_is_not_an_engine_difference() {
+        let mut a = run(1, 10, 5);
+        let mut b = run(1, 10, 5);
+        a.engine_info.insert(
+            "on-r0/prefill".into(),
+            json!({"pid": 1, "started_at": "t1", "x": 1}),
+        );
+        b.engine_info.insert(
+            "on-r0/prefill".into(),
+            json!({"pid": 2, "started_at": "t2", "x": 1}),
+        );
+        let c = run_confounds(&a, &b);
+        assert!(!c.iter().any(|c| c.scope == "engine"), "{c:?}");
+    }
+
+    #[test]
     fn engine_info_is_capped() {
         let a = run(1, 10, 5);
         let mut b = run(1, 10, 5);
@@ -375,8 +410,9 @@ mod tests {
         let c = run_confounds(&a, &b);
         let engine: Vec<&ConfoundDiff> = c.iter().filter(|c| c.scope == "engine").collect();
         assert_eq!(engine.len(), MAX_ENGINE_INFO_DIFFS + 1);
+        // 50 new keys and env.X gone differ; A's `pid` names the process, not a setting.
         assert!(
-            engine.last().unwrap().note.starts_with("12 more"),
+            engine.last().unwrap().note.starts_with("11 more"),
             "{engine:?}"
         );
     }

@@ -37,6 +37,9 @@ pub struct MatrixJob {
     /// The matrix directory (`results/<id>/`).
     pub dir: PathBuf,
     pub journal_dir: PathBuf,
+    /// Where the target's state lives (lock, journal, spawned groups); `None`:
+    /// `$XDG_STATE_HOME/bisect`. Tests point it into their temp dir.
+    pub state_root: Option<PathBuf>,
     pub api_key: Option<String>,
     pub metrics_period: Duration,
     pub allow_partial: bool,
@@ -76,6 +79,7 @@ pub async fn run_matrix(
     let spec = TestbedSpec {
         target: &job.target,
         journal_dir: Some(&job.journal_dir),
+        state_root: job.state_root.as_deref(),
         flags,
         allow_partial: job.allow_partial,
         api_key: job.api_key.clone(),

@@ -1,0 +1,153 @@
+//! What bisect checks about the engines it measures (issue 8): a restart command that
+//! did not restart its engine fails the arm; the effective configuration is read where
+//! the profile says (URL, JSON pointer), and its absence is a recorded warning; the
+//! API key never reaches a file bisect writes, its terminal output, or an engine's
+//! environment.
+
+use std::path::Path;
+use std::process::Command;
+
+use bisect_harness::arm::NO_EFFECTIVE_WARNING;
+use bisect_harness::commands::run::{self as experiment, Quiet};
+use bisect_harness::core::arm_stats::ArmLabel;
+use tokio_util::sync::CancellationToken;
+
+use crate::common::{FakeTarget, DECODE_LAUNCH};
+use crate::crash::{state_home, write_profile_with};
+
+fn run_binary(t: &FakeTarget, extra: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_bisect"))
+        .env("XDG_STATE_HOME", state_home(t))
+        .envs(env.iter().copied())
+        .args(["run", "--flag", "FAKE_BF16", "--flags-dir", "flags"])
+        .args(["--target", "target.toml", "--workload", "smoke"])
+        .args(extra)
+        .current_dir(t.dir.path())
+        .output()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_command_that_restarts_nothing_fails_the_arm() {
+    let t = FakeTarget::new().await;
+    t.engine.reload().unwrap();
+    t.engine.never_restart();
+    write_profile_with(&t, "", "", "health_timeout_s = 2\n");
+    let before = t.launch_bytes();
+    let out = tokio::task::spawn_blocking(move || {
+        let out = run_binary(&t, &["--sessions", "2"], &[]);
+        (out, t)
+    })
+    .await
+    .unwrap();
+    let (out, t) = out;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.contains("restart of prefill did not happen"), "{err}");
+    assert!(err.contains("still reports pid"), "{err}");
+    assert!(err.contains("fix:"), "{err}");
+    assert_eq!(t.launch_bytes(), before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_profile_pointer_reads_the_flag_where_the_engine_reports_it() {
+    let t = FakeTarget::new().await;
+    let mut plan = t.plan("FAKE_BF16", 4, 2);
+    // The fake reports stale `flags` (never honoured) but its real `env`: the profile's
+    // pointer says to read the env, so the check sees what the engine runs with.
+    t.engine.ignore_restarts();
+    let prefill = &mut plan.target.roles[0];
+    prefill.effective_url = Some(format!("http://{}/server_info", t.engine.prefill_addr));
+    prefill
+        .effective_pointers
+        .insert("FAKE_BF16".into(), "/env/FAKE_INDEX_BF16".into());
+    let mut control = t.engine.control();
+    let record = experiment::run_experiment(&plan, &mut control, &Quiet, CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(record.arm(ArmLabel::On).unwrap().effective["prefill"], "1");
+    assert_eq!(record.arm(ArmLabel::Off).unwrap().effective["prefill"], "0");
+    assert!(!record.extra.contains_key("warnings"), "{:?}", record.extra);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_engine_reporting_the_flag_is_a_recorded_warning() {
+    let t = FakeTarget::new().await;
+    let mut plan = t.plan("FAKE_BF16", 4, 2);
+    // Decode's document names the process but no flag.
+    plan.target.roles[0].effective_url =
+        Some(format!("http://{}/server_info", t.engine.decode_addr));
+    let mut control = t.engine.control();
+    let record = experiment::run_experiment(&plan, &mut control, &Quiet, CancellationToken::new())
+        .await
+        .unwrap();
+    assert!(record.arm(ArmLabel::On).unwrap().effective.is_empty());
+    assert_eq!(
+        record.extra["warnings"],
+        serde_json::json!([NO_EFFECTIVE_WARNING])
+    );
+    let json = std::fs::read_to_string(plan.run_dir.join("run.json")).unwrap();
+    assert!(json.contains(NO_EFFECTIVE_WARNING));
+}
+
+/// Every file under `dir`, recursively.
+fn files_under(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files_under(&path, out);
+        } else {
+            out.push(path);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_key_reaches_no_file_no_terminal_and_no_engine() {
+    const KEY: &str = "sk-planted-3f9c2a7e51d04b88";
+    let t = FakeTarget::new().await;
+    let decode = DECODE_LAUNCH.replace(
+        "export FAKE_RACE=1\n",
+        "export FAKE_RACE=1\nexport FAKE_ECHO_KEY=1\n",
+    );
+    std::fs::write(&t.target.roles[1].launch, decode).unwrap();
+    // The restart command dumps its environment into the log bisect keeps.
+    write_profile_with(&t, "api_key_env = \"BISECT_TEST_KEY\"\n", "; env", "");
+    let before = t.launch_bytes();
+    let (out, t) = tokio::task::spawn_blocking(move || {
+        let out = run_binary(
+            &t,
+            &["--sessions", "2", "--rounds", "2", "--results", "results"],
+            &[("BISECT_TEST_KEY", KEY)],
+        );
+        (out, t)
+    })
+    .await
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(!err.contains(KEY) && !String::from_utf8_lossy(&out.stdout).contains(KEY));
+    assert_eq!(t.launch_bytes(), before);
+
+    let mut files = Vec::new();
+    files_under(&t.dir.path().join("results"), &mut files);
+    let mut seen_echo = false;
+    let mut seen_env = false;
+    for file in &files {
+        let text = String::from_utf8_lossy(&std::fs::read(file).unwrap()).into_owned();
+        assert!(!text.contains(KEY), "{} holds the key", file.display());
+        seen_echo |= text.contains("invalid API key: Bearer ***");
+        seen_env |= file.to_string_lossy().ends_with("-restart.log") && text.contains("PATH=");
+    }
+    assert!(seen_echo, "the fake echoed the key and it was masked");
+    assert!(
+        seen_env,
+        "a restart log holds the command's environment, without the key"
+    );
+    for name in ["run.json", "sessions.jsonl", "summary.md", "report.html"] {
+        assert!(
+            files.iter().any(|f| f.ends_with(name)),
+            "{name} was written and checked"
+        );
+    }
+}
