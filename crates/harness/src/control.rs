@@ -631,6 +631,40 @@ mod tests {
         ctl.stop().await.unwrap();
     }
 
+    /// What a spawned role sees of `$HOME` when the profile names HOME as the API key's
+    /// variable (a variable every test environment has, so no test sets one).
+    async fn home_seen_by_spawned_role(pass_api_key: bool) -> String {
+        let dir = tempfile::tempdir().unwrap();
+        let launch = dir.path().join("role.sh");
+        std::fs::write(&launch, "echo \"home=[$HOME]\"\nexit 7\n").unwrap();
+        let mut target = solo_target(launch, None, 30);
+        target.api_key_env = Some("HOME".into());
+        target.roles[0].pass_api_key = pass_api_key;
+        let mut ctl = ProcessControl::new(&target, &dir.path().join("logs"))
+            .unwrap()
+            .with_state_root(&dir.path().join("state"));
+        let err = ctl
+            .restart("on", &CancellationToken::new())
+            .await
+            .unwrap_err();
+        ctl.stop().await.unwrap();
+        let msg = format!("{err:#}");
+        let at = msg
+            .find("home=[")
+            .expect("the role's output is in the error");
+        msg[at..].lines().next().unwrap().to_string()
+    }
+
+    #[tokio::test]
+    async fn spawned_roles_do_not_inherit_the_key_variable_unless_the_profile_says() {
+        let home = std::env::var("HOME").expect("tests run with HOME set");
+        assert_eq!(home_seen_by_spawned_role(false).await, "home=[]");
+        assert_eq!(
+            home_seen_by_spawned_role(true).await,
+            format!("home=[{home}]")
+        );
+    }
+
     fn solo_with_restart_timeout(dir: &Path, cmd: &str, restart_timeout_s: u64) -> TargetProfile {
         let mut target = solo_target(dir.join("unused.sh"), Some(cmd), 1);
         target.roles[0].restart_timeout_s = restart_timeout_s;
