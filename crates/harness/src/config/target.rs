@@ -380,6 +380,36 @@ health = "http://127.0.0.1:30002/health"
     }
 
     #[test]
+    fn effective_config_and_key_passing_are_per_role() {
+        let text = GOOD.replace(
+            "health_timeout_s = 120\n",
+            "health_timeout_s = 120\neffective_url = \"http://127.0.0.1:30000/props\"\neffective_pointers = { HICACHE = \"/server_args/enable_hierarchical_cache\" }\npass_api_key = true\n",
+        );
+        let (_dir, path) = write_profile(&text);
+        let p = TargetProfile::load(&path).unwrap();
+        let prefill = &p.roles[0];
+        assert_eq!(
+            prefill.effective_url.as_deref(),
+            Some("http://127.0.0.1:30000/props")
+        );
+        assert_eq!(
+            prefill.effective_pointers["HICACHE"],
+            "/server_args/enable_hierarchical_cache"
+        );
+        assert!(prefill.pass_api_key);
+        let decode = &p.roles[1];
+        assert_eq!(decode.effective_url, None);
+        assert!(decode.effective_pointers.is_empty() && !decode.pass_api_key);
+
+        let bad = text.replace("\"/server_args/", "\"server_args/");
+        let (line, msg) = error_at(&bad);
+        assert_eq!(line, 14);
+        assert!(msg.contains("not a JSON pointer"), "{msg}");
+        let bad = text.replace("http://127.0.0.1:30000/props", "https://x/props");
+        assert_eq!(error_at(&bad).0, 13);
+    }
+
+    #[test]
     fn unreadable_profile_is_a_read_error() {
         let dir = tempfile::tempdir().unwrap();
         let err = TargetProfile::load(&dir.path().join("none.toml")).unwrap_err();
