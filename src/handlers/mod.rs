@@ -97,10 +97,11 @@ fn print_record(
     table: impl FnOnce() -> String,
     dir: &Path,
 ) -> anyhow::Result<()> {
+    use bisect_harness::redact::scrub;
     if json {
-        println!("{}", to_json()?);
+        println!("{}", scrub(&to_json()?));
     } else {
-        print!("{}", table());
+        print!("{}", scrub(&table()));
         println!("results: {}", dir.display());
     }
     Ok(())

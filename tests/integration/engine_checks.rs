@@ -117,7 +117,15 @@ async fn the_api_key_reaches_no_file_no_terminal_and_no_engine() {
     let (out, t) = tokio::task::spawn_blocking(move || {
         let out = run_binary(
             &t,
-            &["--sessions", "2", "--rounds", "2", "--results", "results"],
+            &[
+                "--sessions",
+                "2",
+                "--rounds",
+                "2",
+                "--results",
+                "results",
+                "--json",
+            ],
             &[("BISECT_TEST_KEY", KEY)],
         );
         (out, t)
@@ -126,7 +134,12 @@ async fn the_api_key_reaches_no_file_no_terminal_and_no_engine() {
     .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{err}");
-    assert!(!err.contains(KEY) && !String::from_utf8_lossy(&out.stdout).contains(KEY));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("\"verdict\""),
+        "the record was printed: {stdout}"
+    );
+    assert!(!err.contains(KEY) && !stdout.contains(KEY));
     assert_eq!(t.launch_bytes(), before);
 
     let mut files = Vec::new();
