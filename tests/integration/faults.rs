@@ -172,9 +172,9 @@ impl Embedded {
             let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
             let cmdline = String::from_utf8_lossy(&cmdline).into_owned();
             let in_group = fields[2].parse::<i32>().is_ok_and(|g| groups.contains(&g));
-            // The test's own bisect commands also name the directory (their cwd is
-            // elsewhere, but `--target` is relative): they are children this test
-            // waited for, so only engines and launch scripts can match here.
+            // The test's own bisect commands use relative paths (the directory is their
+            // cwd, which a command line does not show) and were waited for: only
+            // launch scripts (`sh DIR/prefill.sh`) and engines (`--port P`) match.
             if in_group || cmdline.contains(&dir) || ports.iter().any(|p| cmdline.contains(p)) {
                 found.push(format!("pid {pid}: {}", cmdline.replace('\0', " ")));
             }
