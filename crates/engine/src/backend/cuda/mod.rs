@@ -21,6 +21,7 @@
 
 mod launch;
 mod loadback;
+mod pool;
 #[cfg(test)]
 mod tests;
 
@@ -168,6 +169,11 @@ struct Kernels {
     attn_legacy_mask: CudaFunction,
     attn_legacy_softmax: CudaFunction,
     gather_pages: CudaFunction,
+    paged_scores_bf16: CudaFunction,
+    paged_scores_fp8: CudaFunction,
+    paged_attn_mma: CudaFunction,
+    paged_legacy_dense: CudaFunction,
+    paged_count_stale_main: CudaFunction,
 }
 
 impl Kernels {
@@ -202,6 +208,11 @@ impl Kernels {
                 "sparse_attention_legacy_softmax",
             )?,
             gather_pages: function("hicache_copy.cu", "gather_pages")?,
+            paged_scores_bf16: function("indexer_topk.cu", "paged_indexer_scores_bf16")?,
+            paged_scores_fp8: function("indexer_topk.cu", "paged_indexer_scores_fp8")?,
+            paged_attn_mma: function("sparse_attention.cu", "paged_sparse_attention_mma")?,
+            paged_legacy_dense: function("sparse_attention.cu", "paged_attention_legacy_dense")?,
+            paged_count_stale_main: function("sparse_attention.cu", "paged_count_stale_main")?,
         })
     }
 }
@@ -216,6 +227,8 @@ pub struct CudaBackend {
     /// The MLA up-projection W (`mla_up_projection()`), resident on the device.
     up_projection: CudaSlice<f32>,
     description: String,
+    /// Paged pools ([`super::paged`]), indexed by `PoolId`; `None` once released.
+    pools: parking_lot::Mutex<Vec<Option<pool::GpuPool>>>,
 }
 
 impl CudaBackend {
@@ -261,6 +274,7 @@ impl CudaBackend {
             kernels,
             up_projection,
             description,
+            pools: parking_lot::Mutex::new(Vec::new()),
         })
     }
 
