@@ -317,8 +317,7 @@ __device__ __forceinline__ unsigned int paged_tile_setup(const float* __restrict
     return pages;
 }
 
-extern "C" __global__ void __launch_bounds__(PAGED_THREADS)
-paged_indexer_scores_bf16(const float* __restrict__ queries, const unsigned char* __restrict__ index_pool,
+extern "C" __global__ __launch_bounds__(PAGED_THREADS) void paged_indexer_scores_bf16(const float* __restrict__ queries, const unsigned char* __restrict__ index_pool,
                           const unsigned int* __restrict__ index_tag, const unsigned int* __restrict__ page_table,
                           const unsigned int* __restrict__ page_expected, const unsigned int* __restrict__ page_start,
                           const unsigned int* __restrict__ tile_start, const unsigned int* __restrict__ row_start,
@@ -365,8 +364,7 @@ paged_indexer_scores_bf16(const float* __restrict__ queries, const unsigned char
     }
 }
 
-extern "C" __global__ void __launch_bounds__(PAGED_THREADS)
-paged_indexer_scores_fp8(const float* __restrict__ queries, const unsigned char* __restrict__ index_pool,
+extern "C" __global__ __launch_bounds__(PAGED_THREADS) void paged_indexer_scores_fp8(const float* __restrict__ queries, const unsigned char* __restrict__ index_pool,
                          const unsigned int* __restrict__ index_tag, const unsigned int* __restrict__ page_table,
                          const unsigned int* __restrict__ page_expected, const unsigned int* __restrict__ page_start,
                          const unsigned int* __restrict__ tile_start, const unsigned int* __restrict__ row_start,

@@ -14,6 +14,8 @@ pub mod cpu;
 mod cpu_pool;
 pub mod cuda;
 pub mod paged;
+#[cfg(test)]
+pub(crate) mod paged_tests;
 
 pub use paged::{
     PageContents, PagedAttnJob, PagedIndexerJob, PoolId, PoolSpec, PoolStats, MAX_PAGE_TOKENS,
