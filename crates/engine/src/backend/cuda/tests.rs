@@ -460,6 +460,14 @@ fn assert_paged_parity(gpu: &CudaBackend, cpu: &CpuBackend, fixture: &Fixture, w
     gpu.release_pool(gpu_pool).unwrap();
 }
 
+/// Main and index keys of a whole page of constant rows.
+fn occupant(page_tokens: usize) -> (Vec<f32>, Vec<f32>) {
+    (
+        vec![0.5; page_tokens * MAIN_DIM],
+        vec![1.0; page_tokens * INDEX_DIM],
+    )
+}
+
 #[test]
 fn gpu_paged_pools_match_cpu() {
     let Some(gpu) = gpu() else { return };
@@ -496,11 +504,14 @@ fn gpu_gated_paged_load_back_reads_the_loaded_pages() {
         let want = cpu
             .indexer_topk_paged(cpu_pool, &indexer_jobs(&fixture), 32, TopkImpl::V2, false)
             .unwrap();
+        // New occupants: whole pages of constant keys (every row ties), so a read that
+        // misses the load-back selects differently.
+        let (new_main, new_index) = occupant(64);
         for round in 0..20 {
             // Overwrite every page (new occupants), then load the old ones back and read
             // at once with the gate: every read must see the loaded pages.
             for &page in &pages {
-                gpu.write_rows(gpu_pool, page, 0, &[0.5; MAIN_DIM], &[1.0; INDEX_DIM])
+                gpu.write_rows(gpu_pool, page, 0, &new_main, &new_index)
                     .unwrap();
             }
             for (slot, &page) in pages.iter().enumerate() {
@@ -549,12 +560,13 @@ fn gpu_paged_load_back_race() {
             .indexer_topk_paged(cpu_pool, &indexer_jobs(&fixture), 32, TopkImpl::V2, false)
             .unwrap();
         let selections = want.clone();
+        let (new_main, new_index) = occupant(64);
         for gate in [false, true] {
             let before = gpu.pool_stats(gpu_pool).unwrap();
             let mut wrong = 0usize;
             for _ in 0..ROUNDS {
                 for &page in &pages {
-                    gpu.write_rows(gpu_pool, page, 0, &[0.5; MAIN_DIM], &[1.0; INDEX_DIM])
+                    gpu.write_rows(gpu_pool, page, 0, &new_main, &new_index)
                         .unwrap();
                 }
                 for (slot, &page) in pages.iter().enumerate() {
