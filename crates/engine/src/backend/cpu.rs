@@ -261,6 +261,18 @@ impl Backend for CpuBackend {
             .write_rows(pool, page, first_row, main_keys, index_keys)
     }
 
+    fn write_quantized_rows(
+        &self,
+        pool: PoolId,
+        page: u32,
+        first_row: usize,
+        main_keys: &[f32],
+        index_rows: &[u8],
+    ) -> anyhow::Result<()> {
+        self.pools
+            .write_quantized_rows(pool, page, first_row, main_keys, index_rows)
+    }
+
     fn evict_page(&self, pool: PoolId, page: u32, slot: u32) -> anyhow::Result<()> {
         self.pools.evict(pool, page, slot)
     }

@@ -121,6 +121,30 @@ impl CpuPools {
         })
     }
 
+    pub(super) fn write_quantized_rows(
+        &self,
+        pool: PoolId,
+        page: u32,
+        first_row: usize,
+        main_keys: &[f32],
+        index_rows: &[u8],
+    ) -> Result<()> {
+        self.with(pool, |p| {
+            let rows =
+                paged::check_write_quantized(&p.spec, page, first_row, main_keys, index_rows)?;
+            let width = p.spec.dtype.bytes_per_token();
+            let base = page as usize * p.spec.page_tokens + first_row;
+            p.main[base * MAIN_DIM..(base + rows) * MAIN_DIM].copy_from_slice(main_keys);
+            p.index_k[base * width..(base + rows) * width].copy_from_slice(index_rows);
+            let generation = p.next_generation;
+            p.next_generation = p.next_generation.wrapping_add(1).max(1);
+            p.main_tag[page as usize] = generation;
+            p.index_tag[page as usize] = generation;
+            p.expected[page as usize] = generation;
+            Ok(())
+        })
+    }
+
     pub(super) fn evict(&self, pool: PoolId, page: u32, slot: u32) -> Result<()> {
         self.with(pool, |p| {
             paged::check_slot(&p.spec, page, slot)?;

@@ -140,6 +140,16 @@ pub trait Backend: Send + Sync {
         main_keys: &[f32],
         index_keys: &[f32],
     ) -> anyhow::Result<()>;
+    /// Stores rows already quantized elsewhere (prefill's shipped index-K, stale or not:
+    /// its bytes are kept exactly). Otherwise as [`Backend::write_rows`].
+    fn write_quantized_rows(
+        &self,
+        pool: PoolId,
+        page: u32,
+        first_row: usize,
+        main_keys: &[f32],
+        index_rows: &[u8],
+    ) -> anyhow::Result<()>;
     /// HiCache eviction: page -> host slot (data and tags), after every read queued so
     /// far; returns once the copy has landed, so the page can be reused at once.
     fn evict_page(&self, pool: PoolId, page: u32, slot: u32) -> anyhow::Result<()>;

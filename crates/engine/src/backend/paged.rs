@@ -214,6 +214,25 @@ pub fn check_write(
     Ok(rows)
 }
 
+/// Checks of a `write_quantized_rows` call: whole rows inside one page.
+pub fn check_write_quantized(
+    spec: &PoolSpec,
+    page: u32,
+    first_row: usize,
+    main_keys: &[f32],
+    index_rows: &[u8],
+) -> Result<usize> {
+    let width = spec.dtype.bytes_per_token();
+    ensure!(
+        index_rows.len() % width == 0,
+        "write_quantized_rows: {} index-K bytes are not whole {}-byte rows",
+        index_rows.len(),
+        width
+    );
+    let placeholder = vec![0.0f32; index_rows.len() / width * super::INDEX_DIM];
+    check_write(spec, page, first_row, main_keys, &placeholder)
+}
+
 /// Range checks of evict / load-back.
 pub fn check_slot(spec: &PoolSpec, page: u32, slot: u32) -> Result<()> {
     ensure!(

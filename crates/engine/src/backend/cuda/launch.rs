@@ -252,6 +252,17 @@ impl Backend for CudaBackend {
         self.pool_write_rows(pool, page, first_row, main_keys, index_keys)
     }
 
+    fn write_quantized_rows(
+        &self,
+        pool: PoolId,
+        page: u32,
+        first_row: usize,
+        main_keys: &[f32],
+        index_rows: &[u8],
+    ) -> Result<()> {
+        self.pool_write_quantized_rows(pool, page, first_row, main_keys, index_rows)
+    }
+
     fn evict_page(&self, pool: PoolId, page: u32, slot: u32) -> Result<()> {
         self.pool_evict(pool, page, slot)
     }

@@ -316,6 +316,53 @@ impl CudaBackend {
         Ok(())
     }
 
+    pub(super) fn pool_write_quantized_rows(
+        &self,
+        pool: PoolId,
+        page: u32,
+        first_row: usize,
+        main_keys: &[f32],
+        index_rows: &[u8],
+    ) -> Result<()> {
+        let mut pools = self.pools.lock();
+        let p = pool_mut(&mut pools, pool)?;
+        let rows = paged::check_write_quantized(&p.spec, page, first_row, main_keys, index_rows)?;
+        if rows == 0 {
+            return Ok(());
+        }
+        for events in [&mut p.main_events, &mut p.index_events] {
+            if let Some(event) = events.remove(&page) {
+                self.compute.wait(&event)?;
+            }
+        }
+        let main_page = p.page_range(&p.layout.main, page, p.spec.main_page_bytes());
+        let main_start = main_page.start + first_row * MAIN_DIM * 4;
+        {
+            let mut bytes = p.kv.slice_mut(main_start..main_start + rows * MAIN_DIM * 4);
+            // SAFETY: 4-byte aligned, as in `pool_write_rows`.
+            let mut floats = unsafe { bytes.transmute_mut::<f32>(rows * MAIN_DIM) }
+                .ok_or_else(|| anyhow!("main-KV view of {rows} rows"))?;
+            self.compute.memcpy_htod(main_keys, &mut floats)?;
+        }
+        let width = p.spec.dtype.bytes_per_token();
+        let index_page = p.page_range(&p.layout.index, page, p.spec.index_page_bytes());
+        let index_start = index_page.start + first_row * width;
+        self.compute.memcpy_htod(
+            index_rows,
+            &mut p.kv.slice_mut(index_start..index_start + rows * width),
+        )?;
+        let generation = p.next_generation;
+        p.next_generation = p.next_generation.wrapping_add(1).max(1);
+        let tag = generation.to_le_bytes();
+        for region in [p.layout.main_tag.clone(), p.layout.index_tag.clone()] {
+            let range = p.tag_range(&region, page);
+            self.compute
+                .memcpy_htod(&tag[..], &mut p.kv.slice_mut(range))?;
+        }
+        p.expected[page as usize] = generation;
+        Ok(())
+    }
+
     pub(super) fn pool_evict(&self, pool: PoolId, page: u32, slot: u32) -> Result<()> {
         let mut pools = self.pools.lock();
         let p = pool_mut(&mut pools, pool)?;
