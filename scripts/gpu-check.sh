@@ -11,7 +11,7 @@
 #   parity.txt       the engine's backend tests, GPU ones included (NVRTC compile of
 #                    every kernel, CUDA == CPU for quantize bytes, indexer selections,
 #                    attention, the paged pools through page tables, the gated
-#                    load-back); fails if any GPU test skipped
+#                    load-back, resident decode); fails if any GPU test skipped
 #   race.txt         the load-back race on the GPU: stale index-K page reads counted by
 #                    the kernels and wrong selections, ungated vs gated, bf16 and fp8
 #   throughput.md    decode tokens/s CUDA vs CPU at batch 1/16/64/256 x ctx 8192/32768
@@ -19,6 +19,8 @@
 #   kernels.txt      `bisect kernels` (when the bundle has the bisect binary)
 #   summary.txt      each step's exit status and seconds
 # Each step has its own time limit; all of them together stay under 6 minutes.
+# GPU_CHECK_BENCH_ARGS adds arguments to the throughput run (e.g. "--batches 1,16
+# --contexts 1024" for a dry run on a small machine).
 #
 # NVRTC: /usr/local/cuda/lib64 when it has libnvrtc (the device image has CUDA 13),
 # else a CUDA_HOME or a Python environment's nvidia-cuda-nvrtc, else
@@ -105,14 +107,15 @@ run() {
     if [ -x "$dir/bisect" ]; then
         step kernels 60 kernels.txt "$dir/bisect" kernels || failed=1
     fi
-    step parity 90 parity.txt "$dir/engine-tests" backend:: --test-threads=1 --nocapture || failed=1
+    step parity 90 parity.txt "$dir/engine-tests" backend:: decode:: --test-threads=1 --nocapture || failed=1
     if grep -q "skipped: no CUDA device\|skipped: libnvrtc" "$OUT/parity.txt"; then
         echo "parity: GPU tests SKIPPED (no device or no NVRTC seen by the tests)" | tee -a "$OUT/summary.txt"
         failed=1
     fi
     step race 60 race.txt "$dir/engine-tests" gpu_paged_load_back_race --ignored --nocapture || failed=1
     grep '^race ' "$OUT/race.txt" | tee -a "$OUT/summary.txt"
-    step throughput 170 throughput.md "$dir/engine-decode" --paged || failed=1
+    # shellcheck disable=SC2086 # GPU_CHECK_BENCH_ARGS is a list of arguments
+    step throughput 170 throughput.md "$dir/engine-decode" --paged ${GPU_CHECK_BENCH_ARGS:-} || failed=1
     cat "$OUT/throughput.md"
     echo "load average: $(cat /proc/loadavg)" >>"$OUT/summary.txt"
     echo "== summary" && cat "$OUT/summary.txt"
