@@ -257,11 +257,23 @@ pub struct Resident<'a> {
     pub pages: &'a [&'a [u32]],
 }
 
-/// Append `token` to the sequence in `slot`, and to its pool pages when resident.
+/// New rows of a step for the pool of a resident batch, appended in one call at the end
+/// of the step (no read of the step needs them: a sequence that emits a literal does not
+/// read in that step).
+#[derive(Default)]
+struct PoolAppends {
+    rows: Vec<(u32, usize)>,
+    main: Vec<f32>,
+    index: Vec<f32>,
+}
+
+/// Append `token` to the sequence in `slot`, and queue its row for the pool pages when
+/// resident.
 fn append_token(
     backend: &dyn Backend,
     dtype: IndexKDtype,
     resident: Option<&Resident<'_>>,
+    appends: &mut PoolAppends,
     slot: usize,
     sequence: &mut SequenceKv,
     token: u32,
@@ -276,15 +288,25 @@ fn append_token(
                 pages.len()
             )
         })?;
-        backend.write_rows(
-            resident.pool,
-            page,
-            position % resident.page_tokens,
-            &main_key,
-            &index_key,
-        )?;
+        appends.rows.push((page, position % resident.page_tokens));
+        appends.main.extend_from_slice(&main_key);
+        appends.index.extend_from_slice(&index_key);
     }
     Ok(())
+}
+
+/// Appends the step's new rows to the pool of a resident batch.
+fn flush(
+    backend: &dyn Backend,
+    resident: Option<&Resident<'_>>,
+    appends: &PoolAppends,
+) -> anyhow::Result<()> {
+    match resident {
+        Some(resident) if !appends.rows.is_empty() => {
+            backend.append_rows(resident.pool, &appends.rows, &appends.main, &appends.index)
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Knobs of the read-back path (all from flags; none changes results except dtype).
@@ -438,6 +460,7 @@ fn step(
         index_query: Vec<f32>,
         main_query: Vec<f32>,
     }
+    let mut appends = PoolAppends::default();
     let mut reads = Vec::new();
     for (slot, (generation, sequence)) in batch.iter_mut().enumerate() {
         if generation.finish.is_some() {
@@ -446,7 +469,15 @@ fn step(
         match generation.target(sequence.len()) {
             None => generation.check_finished(),
             Some(Err(literal)) => {
-                append_token(backend, path.dtype, resident, slot, sequence, literal)?;
+                append_token(
+                    backend,
+                    path.dtype,
+                    resident,
+                    &mut appends,
+                    slot,
+                    sequence,
+                    literal,
+                )?;
                 generation.emitted.push(literal);
                 generation.advance();
                 generation.check_finished();
@@ -467,7 +498,7 @@ fn step(
         }
     }
     if reads.is_empty() {
-        return Ok(());
+        return flush(backend, resident, &appends);
     }
     let groups: Vec<&[Read]> = if reads.len() > path.max_graph_batch {
         reads.chunks(1).collect()
@@ -547,13 +578,21 @@ fn step(
         let (generation, sequence) = &mut batch[read.slot];
         debug_assert!(read.target < sequence.len());
         let token = sequence.stored_tokens[selected];
-        append_token(backend, path.dtype, resident, read.slot, sequence, token)?;
+        append_token(
+            backend,
+            path.dtype,
+            resident,
+            &mut appends,
+            read.slot,
+            sequence,
+            token,
+        )?;
         generation.emitted.push(token);
         generation.last_selected = selected;
         generation.advance();
         generation.check_finished();
     }
-    Ok(())
+    flush(backend, resident, &appends)
 }
 
 #[cfg(test)]

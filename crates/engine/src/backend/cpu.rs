@@ -273,6 +273,28 @@ impl Backend for CpuBackend {
             .write_quantized_rows(pool, page, first_row, main_keys, index_rows)
     }
 
+    fn append_rows(
+        &self,
+        pool: PoolId,
+        rows: &[(u32, usize)],
+        main_keys: &[f32],
+        index_keys: &[f32],
+    ) -> anyhow::Result<()> {
+        self.pools.with_spec(pool, |spec| {
+            super::paged::check_append(spec, rows, main_keys, index_keys)
+        })?;
+        for (i, &(page, row)) in rows.iter().enumerate() {
+            self.pools.write_rows(
+                pool,
+                page,
+                row,
+                &main_keys[i * MAIN_DIM..(i + 1) * MAIN_DIM],
+                &index_keys[i * INDEX_DIM..(i + 1) * INDEX_DIM],
+            )?;
+        }
+        Ok(())
+    }
+
     fn evict_page(&self, pool: PoolId, page: u32, slot: u32) -> anyhow::Result<()> {
         self.pools.evict(pool, page, slot)
     }

@@ -78,6 +78,14 @@ impl CpuPools {
         f(found)
     }
 
+    pub(super) fn with_spec<T>(
+        &self,
+        pool: PoolId,
+        f: impl FnOnce(&PoolSpec) -> Result<T>,
+    ) -> Result<T> {
+        self.with(pool, |p| f(&p.spec))
+    }
+
     pub(super) fn create(&self, spec: PoolSpec) -> Result<PoolId> {
         spec.validate()?;
         let mut pools = self.pools.lock();

@@ -150,6 +150,16 @@ pub trait Backend: Send + Sync {
         main_keys: &[f32],
         index_rows: &[u8],
     ) -> anyhow::Result<()>;
+    /// Appends one row per entry of `rows` (page, row in page), in one call: decode's new
+    /// tokens of a step. Keys as in [`Backend::write_rows`], `rows.len()` rows each. Each
+    /// page written gets one fresh generation.
+    fn append_rows(
+        &self,
+        pool: PoolId,
+        rows: &[(u32, usize)],
+        main_keys: &[f32],
+        index_keys: &[f32],
+    ) -> anyhow::Result<()>;
     /// HiCache eviction: page -> host slot (data and tags), after every read queued so
     /// far; returns once the copy has landed, so the page can be reused at once.
     fn evict_page(&self, pool: PoolId, page: u32, slot: u32) -> anyhow::Result<()>;

@@ -233,6 +233,34 @@ pub fn check_write_quantized(
     check_write(spec, page, first_row, main_keys, &placeholder)
 }
 
+/// Checks of an `append_rows` call.
+pub fn check_append(
+    spec: &PoolSpec,
+    rows: &[(u32, usize)],
+    main_keys: &[f32],
+    index_keys: &[f32],
+) -> Result<()> {
+    ensure!(
+        main_keys.len() == rows.len() * super::MAIN_DIM
+            && index_keys.len() == rows.len() * super::INDEX_DIM,
+        "append_rows: {} rows but {} main and {} index f32",
+        rows.len(),
+        main_keys.len(),
+        index_keys.len()
+    );
+    if let Some((page, row)) = rows
+        .iter()
+        .find(|(page, row)| *page as usize >= spec.device_pages || *row >= spec.page_tokens)
+    {
+        anyhow::bail!(
+            "append_rows: row {row} of page {page} is outside the pool ({} pages of {} rows)",
+            spec.device_pages,
+            spec.page_tokens
+        );
+    }
+    Ok(())
+}
+
 /// Range checks of evict / load-back.
 pub fn check_slot(spec: &PoolSpec, page: u32, slot: u32) -> Result<()> {
     ensure!(

@@ -280,6 +280,16 @@ fn bad_pool_use_is_an_error_naming_what_is_wrong() {
         .unwrap_err()
         .to_string();
     assert!(error.contains("1 pages cannot hold n = 9"), "{error}");
+    let error = cpu
+        .append_rows(pool, &[(0, 8)], &main[..MAIN_DIM], &index[..INDEX_DIM])
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("row 8 of page 0 is outside"), "{error}");
+    let error = cpu
+        .append_rows(pool, &[(0, 1)], &main, &index[..INDEX_DIM])
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("1 rows but 192 main"), "{error}");
     cpu.release_pool(pool).unwrap();
     let error = cpu.pool_stats(pool).unwrap_err().to_string();
     assert!(error.contains("unknown or released pool"), "{error}");

@@ -263,6 +263,16 @@ impl Backend for CudaBackend {
         self.pool_write_quantized_rows(pool, page, first_row, main_keys, index_rows)
     }
 
+    fn append_rows(
+        &self,
+        pool: PoolId,
+        rows: &[(u32, usize)],
+        main_keys: &[f32],
+        index_keys: &[f32],
+    ) -> Result<()> {
+        self.pool_append_rows(pool, rows, main_keys, index_keys)
+    }
+
     fn evict_page(&self, pool: PoolId, page: u32, slot: u32) -> Result<()> {
         self.pool_evict(pool, page, slot)
     }

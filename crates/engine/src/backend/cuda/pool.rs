@@ -363,6 +363,92 @@ impl CudaBackend {
         Ok(())
     }
 
+    pub(super) fn pool_append_rows(
+        &self,
+        pool: PoolId,
+        rows: &[(u32, usize)],
+        main_keys: &[f32],
+        index_keys: &[f32],
+    ) -> Result<()> {
+        let mut pools = self.pools.lock();
+        let p = pool_mut(&mut pools, pool)?;
+        paged::check_append(&p.spec, rows, main_keys, index_keys)?;
+        if rows.is_empty() {
+            return Ok(());
+        }
+        // One generation per page: blocks run in any order, so two rows of one page
+        // must not leave different tags behind.
+        let mut page_generation: HashMap<u32, u32> = HashMap::new();
+        for &(page, _) in rows {
+            if page_generation.contains_key(&page) {
+                continue;
+            }
+            for events in [&mut p.main_events, &mut p.index_events] {
+                if let Some(event) = events.remove(&page) {
+                    self.compute.wait(&event)?;
+                }
+            }
+            page_generation.insert(page, p.next_generation);
+            p.expected[page as usize] = p.next_generation;
+            p.next_generation = p.next_generation.wrapping_add(1).max(1);
+        }
+        let page_tokens = p.spec.page_tokens;
+        let dst_row: Vec<u32> = rows
+            .iter()
+            .map(|&(page, row)| to_u32(page as usize * page_tokens + row, "pool row"))
+            .collect::<Result<_>>()?;
+        let dst_page: Vec<u32> = rows.iter().map(|&(page, _)| page).collect();
+        let generation: Vec<u32> = rows.iter().map(|(page, _)| page_generation[page]).collect();
+        let d_main = self.upload(main_keys)?;
+        let d_index = self.upload(index_keys)?;
+        let d_row = self.upload(&dst_row)?;
+        let d_page = self.upload(&dst_page)?;
+        let d_generation = self.upload(&generation)?;
+        let rows32 = to_u32(rows.len(), "appended rows")?;
+        let fp8 = u32::from(p.spec.dtype == IndexKDtype::Fp8);
+        let layout = p.layout.clone();
+        let device_pages = p.spec.device_pages;
+        let (mut main_part, mut rest) = p.kv.split_at_mut(layout.index.start);
+        let (mut index_part, mut tags) =
+            rest.split_at_mut(layout.main_tag.start - layout.index.start);
+        let (mut main_tag_part, mut index_tag_part) =
+            tags.split_at_mut(layout.index_tag.start - layout.main_tag.start);
+        // SAFETY: each region starts 256-aligned and holds what is viewed.
+        let (mut main_pool, mut main_tag, mut index_tag) = unsafe {
+            (
+                main_part.transmute_mut::<f32>(layout.main.len() / 4),
+                main_tag_part.transmute_mut::<u32>(device_pages),
+                index_tag_part.transmute_mut::<u32>(device_pages),
+            )
+        };
+        let (Some(main_pool), Some(main_tag), Some(index_tag)) =
+            (main_pool.as_mut(), main_tag.as_mut(), index_tag.as_mut())
+        else {
+            anyhow::bail!("pool views for append_rows");
+        };
+        let mut launch = self.compute.launch_builder(&self.kernels.append_rows);
+        launch
+            .arg(&d_main)
+            .arg(&d_index)
+            .arg(&d_row)
+            .arg(&d_page)
+            .arg(&d_generation)
+            .arg(&rows32)
+            .arg(&fp8)
+            .arg(main_pool)
+            .arg(&mut index_part)
+            .arg(main_tag)
+            .arg(index_tag);
+        let cfg = cudarc::driver::LaunchConfig {
+            grid_dim: (rows32.min(super::MAX_GRID_BLOCKS), 1, 1),
+            block_dim: (INDEX_DIM as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: matches append_rows in index_k.cu; rows and pages were range-checked.
+        unsafe { launch.launch(cfg) }.context("launching append_rows")?;
+        Ok(())
+    }
+
     pub(super) fn pool_evict(&self, pool: PoolId, page: u32, slot: u32) -> Result<()> {
         let mut pools = self.pools.lock();
         let p = pool_mut(&mut pools, pool)?;

@@ -605,3 +605,39 @@ fn gpu_paged_load_back_race() {
         gpu.release_pool(gpu_pool).unwrap();
     }
 }
+
+#[test]
+fn gpu_append_rows_match_cpu_bytes_and_tags() {
+    let Some(gpu) = gpu() else { return };
+    let cpu = CpuBackend::new();
+    let mut rng = ChaCha8Rng::seed_from_u64(0xadd);
+    for dtype in [IndexKDtype::Bf16, IndexKDtype::Fp8] {
+        let spec = crate::backend::PoolSpec {
+            dtype,
+            page_tokens: 16,
+            device_pages: 8,
+            host_pages: 1,
+        };
+        // Two rows on page 3 in one call: one generation for the page.
+        let rows: Vec<(u32, usize)> = vec![(3, 0), (5, 15), (3, 7), (0, 1)];
+        let main: Vec<f32> = (0..rows.len() * MAIN_DIM)
+            .map(|_| rng.random::<f32>() - 0.5)
+            .collect();
+        let index = edge_case_keys(&mut rng, rows.len());
+        let pools = [
+            gpu.create_pool(spec).unwrap(),
+            cpu.create_pool(spec).unwrap(),
+        ];
+        gpu.append_rows(pools[0], &rows, &main, &index).unwrap();
+        cpu.append_rows(pools[1], &rows, &main, &index).unwrap();
+        for page in [0u32, 3, 5, 6] {
+            let got = gpu.read_page(pools[0], page).unwrap();
+            let want = cpu.read_page(pools[1], page).unwrap();
+            assert_eq!(got.main, want.main, "{dtype:?} page {page}");
+            assert_eq!(got.index_k, want.index_k, "{dtype:?} page {page}");
+            assert_eq!(got.index_tag, got.expected, "{dtype:?} page {page}");
+            assert_eq!(got.main_tag, got.expected, "{dtype:?} page {page}");
+        }
+        gpu.release_pool(pools[0]).unwrap();
+    }
+}
