@@ -226,9 +226,14 @@ impl SequenceKv {
 
     /// [`SequenceKv::append`], returning the new row's main and index keys (f32), for a
     /// copy of the sequence resident in a backend pool.
+    ///
+    /// The host row is quantized by the shared layout code (what the CPU backend runs,
+    /// and what every backend matches bit for bit), not through `backend`: on a GPU
+    /// that would be a device round trip per token, and the resident copy is quantized
+    /// on the device by `append_rows` anyway.
     fn append_keys(
         &mut self,
-        backend: &dyn Backend,
+        _backend: &dyn Backend,
         dtype: IndexKDtype,
         token: u32,
     ) -> anyhow::Result<([f32; MAIN_DIM], [f32; INDEX_DIM])> {
@@ -239,7 +244,7 @@ impl SequenceKv {
         keys::index_key(previous, token, position, &mut index_key);
         keys::main_key(previous, token, position, &mut main_key);
         let mut row = vec![0u8; dtype.bytes_per_token()];
-        backend.quantize_index_k(dtype, &index_key, &mut row)?;
+        super::backend::layout::quantize_row(dtype, &index_key, &mut row);
         self.truth.push(token);
         self.stored_tokens.push(token);
         self.main.extend_from_slice(&main_key);
