@@ -105,17 +105,17 @@ run() {
     echo "NVRTC: ${nvrtc:-not found}" | tee -a "$OUT/summary.txt"
     failed=0
     if [ -x "$dir/bisect" ]; then
-        step kernels 60 kernels.txt "$dir/bisect" kernels || failed=1
+        step kernels 30 kernels.txt "$dir/bisect" kernels || failed=1
     fi
-    step parity 90 parity.txt "$dir/engine-tests" backend:: decode:: --test-threads=1 --nocapture || failed=1
+    step parity 80 parity.txt "$dir/engine-tests" backend:: decode:: --test-threads=1 --nocapture || failed=1
     if grep -q "skipped: no CUDA device\|skipped: libnvrtc" "$OUT/parity.txt"; then
         echo "parity: GPU tests SKIPPED (no device or no NVRTC seen by the tests)" | tee -a "$OUT/summary.txt"
         failed=1
     fi
-    step race 60 race.txt "$dir/engine-tests" gpu_paged_load_back_race --ignored --nocapture || failed=1
+    step race 80 race.txt "$dir/engine-tests" gpu_paged_load_back_race --ignored --nocapture || failed=1
     grep '^race ' "$OUT/race.txt" | tee -a "$OUT/summary.txt"
     # shellcheck disable=SC2086 # GPU_CHECK_BENCH_ARGS is a list of arguments
-    step throughput 170 throughput.md "$dir/engine-decode" --paged ${GPU_CHECK_BENCH_ARGS:-} || failed=1
+    step throughput 160 throughput.md "$dir/engine-decode" --paged ${GPU_CHECK_BENCH_ARGS:-} || failed=1
     cat "$OUT/throughput.md"
     echo "load average: $(cat /proc/loadavg)" >>"$OUT/summary.txt"
     echo "== summary" && cat "$OUT/summary.txt"
