@@ -1,8 +1,9 @@
 //! CUDA backend of the embedded engine: the device probe, the NVRTC compilation of
 //! `kernels/*.cu`, the context and streams ([`CudaBackend`]) and the launch geometry.
-//! The [`Backend`](super::Backend) implementation (kernel launches) is in `launch`; the HiCache
-//! load-back primitive on the GPU ([`LoadBackPool`], not yet used by the served engine)
-//! in `loadback`.
+//! The [`Backend`](super::Backend) implementation (kernel launches) is in `launch`; the
+//! paged pools (device-resident KV, page tables, HiCache on the copy stream, generation
+//! tags; `super::paged`) in `pool`; the older load-back primitive ([`LoadBackPool`],
+//! superseded by the pools, used by one test only) in `loadback`.
 //!
 //! cudarc is built with dynamic loading, so this module compiles and links without CUDA.
 //! Nothing here may panic when the driver or NVRTC library is missing: cudarc panics on
