@@ -118,3 +118,60 @@ extern "C" __global__ void quantize_index_k_fp8(const float* __restrict__ keys,
         __syncthreads();
     }
 }
+
+// Appends rows to a paged pool in one launch (decode's new tokens, one row per running
+// sequence per step): row r goes to pool row dst_row[r] (page * page_tokens + row in
+// page) of page dst_page[r]. One block of INDEX_DIM threads per row: main key copied,
+// index key quantized exactly as the kernels above, then (after a barrier, so the data
+// precedes it) the page's two generation tags set to generation[r].
+extern "C" __global__ void append_rows(const float* __restrict__ main_keys, const float* __restrict__ index_keys,
+                                       const unsigned int* __restrict__ dst_row,
+                                       const unsigned int* __restrict__ dst_page,
+                                       const unsigned int* __restrict__ generation, unsigned int rows,
+                                       unsigned int fp8, float* __restrict__ main_pool,
+                                       unsigned char* __restrict__ index_pool, unsigned int* __restrict__ main_tag,
+                                       unsigned int* __restrict__ index_tag)
+{
+    __shared__ float amax_shared[INDEX_DIM];
+    for (unsigned int r = blockIdx.x; r < rows; r += gridDim.x) {
+        const unsigned long long dst = dst_row[r];
+        if (threadIdx.x < 64u) {
+            main_pool[dst * 64u + threadIdx.x] = main_keys[(unsigned long long)r * 64u + threadIdx.x];
+        }
+        const float x = index_keys[(unsigned long long)r * INDEX_DIM + threadIdx.x];
+        if (fp8 == 0u) {
+            const unsigned short bits = f32_to_bf16_bits(x);
+            unsigned char* out = index_pool + dst * (INDEX_DIM * 2);
+            out[2 * threadIdx.x] = (unsigned char)(bits & 0xFFu);
+            out[2 * threadIdx.x + 1] = (unsigned char)(bits >> 8);
+        } else {
+            amax_shared[threadIdx.x] = fabsf(x);
+            __syncthreads();
+            for (unsigned int stride = INDEX_DIM / 2; stride > 0; stride >>= 1) {
+                if (threadIdx.x < stride) {
+                    amax_shared[threadIdx.x] = fmaxf(amax_shared[threadIdx.x], amax_shared[threadIdx.x + stride]);
+                }
+                __syncthreads();
+            }
+            const float amax = amax_shared[0];
+            const float scale = amax > 0.0f ? __fdiv_rn(amax, E4M3_MAX) : 1.0f;
+            unsigned char* out = index_pool + dst * FP8_TOKEN_BYTES;
+            out[threadIdx.x] = f32_to_e4m3_bits(__fdiv_rn(x, scale));
+            if (threadIdx.x == 0) {
+                const unsigned int scale_bits = __float_as_uint(scale);
+                out[INDEX_DIM + 0] = (unsigned char)(scale_bits & 0xFFu);
+                out[INDEX_DIM + 1] = (unsigned char)((scale_bits >> 8) & 0xFFu);
+                out[INDEX_DIM + 2] = (unsigned char)((scale_bits >> 16) & 0xFFu);
+                out[INDEX_DIM + 3] = (unsigned char)(scale_bits >> 24);
+            }
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            __threadfence();
+            main_tag[dst_page[r]] = generation[r];
+            index_tag[dst_page[r]] = generation[r];
+        }
+        // amax_shared is rewritten by the next row of this block.
+        __syncthreads();
+    }
+}

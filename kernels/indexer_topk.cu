@@ -240,3 +240,171 @@ extern "C" __global__ void topk_v2_radix_select(const float* __restrict__ scores
         out[(unsigned long long)job * k + rank] = topk_key_position(key);
     }
 }
+
+// ---------------------------------------------------------------------------------
+// Paged indexer scores: the same scores (bit for bit) read straight from a device pool
+// through page tables (crates/engine/src/backend/paged.rs). Pool layout: page p's
+// index-K rows are the contiguous bytes index_pool[p * page_tokens * row_bytes ...].
+//
+// Job j owns the page-table entries page_start[j] .. page_start[j+1] and the score
+// slots row_start[j] .. row_start[j+1] (one per position < n_j). A block of
+// PAGED_THREADS handles one tile: tile_pages consecutive pages of one job (tile_pages *
+// page_tokens <= PAGED_TILE_ROWS). Blocks map to (job, tile) through tile_start (prefix
+// sums of tiles per job).
+//
+// Memory traffic: the tile's pages are read once, coalesced, in 16-byte loads, into
+// shared memory (bf16 rows padded to 65 words so that thread t reading word w of row t
+// hits bank (t + w) % 32; fp8 rows are 33 words, odd already). Each thread then
+// dequantizes its own row in registers and sums it sequentially over d = 0..127, the
+// CPU's order, so the score equals the CPU backend's. Only the scores (4 bytes per
+// row) go back to global memory, for the top-k kernels above.
+//
+// Stale reads: before any data is read, one thread per page loads the page's index-K
+// generation tag (ld.acquire.gpu) and compares it with the generation the host expects
+// (page_expected, parallel to the page table); a mismatch adds one to *stale. A
+// load-back copies a page's data and then its tag on one copy stream, so a matching tag
+// means the data landed; a mismatch means this read raced an unfinished load-back.
+
+#define PAGED_THREADS 128
+#define PAGED_TILE_ROWS 128
+#define BF16_ROW_WORDS 64
+#define BF16_SMEM_STRIDE 65
+#define FP8_ROW_WORDS 33
+
+__device__ __forceinline__ unsigned int load_acquire_u32(const unsigned int* address)
+{
+    unsigned int value;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(value) : "l"(address) : "memory");
+    return value;
+}
+
+__device__ __forceinline__ unsigned int tile_job(const unsigned int* tile_start, unsigned int jobs,
+                                                 unsigned int tile)
+{
+    return job_of_row(tile_start, jobs, tile);
+}
+
+// Common prologue: which job and pages this block reads; the query in shared memory;
+// the tag check. Returns the number of pages of this tile (0: nothing to do).
+__device__ __forceinline__ unsigned int paged_tile_setup(const float* __restrict__ queries,
+                                                         const unsigned int* __restrict__ page_table,
+                                                         const unsigned int* __restrict__ page_expected,
+                                                         const unsigned int* __restrict__ page_start,
+                                                         const unsigned int* __restrict__ tile_start,
+                                                         const unsigned int* __restrict__ index_tag,
+                                                         unsigned int jobs, unsigned int tile_pages,
+                                                         float* q_shared, unsigned int* job_out,
+                                                         unsigned int* first_entry_out,
+                                                         unsigned long long* __restrict__ stale)
+{
+    const unsigned int job = tile_job(tile_start, jobs, blockIdx.x);
+    const unsigned int tile = blockIdx.x - tile_start[job];
+    const unsigned int first_entry = page_start[job] + tile * tile_pages;
+    const unsigned int job_pages = page_start[job + 1] - page_start[job];
+    const unsigned int remaining = job_pages - tile * tile_pages;
+    const unsigned int pages = remaining < tile_pages ? remaining : tile_pages;
+    for (unsigned int d = threadIdx.x; d < INDEX_DIM; d += blockDim.x) {
+        q_shared[d] = queries[(unsigned long long)job * INDEX_DIM + d];
+    }
+    if (threadIdx.x < pages) {
+        const unsigned int page = page_table[first_entry + threadIdx.x];
+        if (load_acquire_u32(index_tag + page) != page_expected[first_entry + threadIdx.x]) {
+            atomicAdd(stale, 1ull);
+        }
+    }
+    *job_out = job;
+    *first_entry_out = first_entry;
+    return pages;
+}
+
+extern "C" __global__ __launch_bounds__(PAGED_THREADS) void paged_indexer_scores_bf16(const float* __restrict__ queries, const unsigned char* __restrict__ index_pool,
+                          const unsigned int* __restrict__ index_tag, const unsigned int* __restrict__ page_table,
+                          const unsigned int* __restrict__ page_expected, const unsigned int* __restrict__ page_start,
+                          const unsigned int* __restrict__ tile_start, const unsigned int* __restrict__ row_start,
+                          unsigned int jobs, unsigned int page_tokens, unsigned int tile_pages,
+                          float* __restrict__ scores, unsigned long long* __restrict__ stale)
+{
+    __shared__ unsigned int rows_shared[PAGED_TILE_ROWS * BF16_SMEM_STRIDE];
+    __shared__ float q_shared[INDEX_DIM];
+    unsigned int job, first_entry;
+    const unsigned int pages = paged_tile_setup(queries, page_table, page_expected, page_start, tile_start,
+                                                index_tag, jobs, tile_pages, q_shared, &job, &first_entry, stale);
+    __syncthreads();
+    // 16 chunks of 16 bytes per 256-byte row; consecutive threads read consecutive chunks.
+    const unsigned int chunks_per_page = page_tokens * (BF16_ROW_WORDS / 4);
+    const unsigned int chunks = pages * chunks_per_page;
+    // Unrolled so that several 16-byte loads are in flight before the first store.
+#pragma unroll 4
+    for (unsigned int c = threadIdx.x; c < chunks; c += PAGED_THREADS) {
+        const unsigned int page_in_tile = c / chunks_per_page;
+        const unsigned int chunk = c - page_in_tile * chunks_per_page;
+        const unsigned long long page = page_table[first_entry + page_in_tile];
+        const uint4 v = reinterpret_cast<const uint4*>(index_pool + page * page_tokens * (BF16_ROW_WORDS * 4))[chunk];
+        const unsigned int row = page_in_tile * page_tokens + chunk / (BF16_ROW_WORDS / 4);
+        unsigned int* dst = rows_shared + row * BF16_SMEM_STRIDE + (chunk % (BF16_ROW_WORDS / 4)) * 4;
+        dst[0] = v.x;
+        dst[1] = v.y;
+        dst[2] = v.z;
+        dst[3] = v.w;
+    }
+    __syncthreads();
+    const unsigned int n = row_start[job + 1] - row_start[job];
+    const unsigned int tile = blockIdx.x - tile_start[job];
+    const unsigned int position = (tile * tile_pages) * page_tokens + threadIdx.x;
+    if (threadIdx.x < pages * page_tokens && position < n) {
+        const unsigned int* row = rows_shared + threadIdx.x * BF16_SMEM_STRIDE;
+        float acc = -0.0f;
+#pragma unroll 8
+        for (unsigned int w = 0; w < BF16_ROW_WORDS; ++w) {
+            const unsigned int bits = row[w];
+            acc = __fadd_rn(acc, __fmul_rn(q_shared[2 * w], bf16_bits_to_f32(bits & 0xFFFFu)));
+            acc = __fadd_rn(acc, __fmul_rn(q_shared[2 * w + 1], bf16_bits_to_f32(bits >> 16)));
+        }
+        scores[row_start[job] + position] = sanitize_score(acc);
+    }
+}
+
+extern "C" __global__ __launch_bounds__(PAGED_THREADS) void paged_indexer_scores_fp8(const float* __restrict__ queries, const unsigned char* __restrict__ index_pool,
+                         const unsigned int* __restrict__ index_tag, const unsigned int* __restrict__ page_table,
+                         const unsigned int* __restrict__ page_expected, const unsigned int* __restrict__ page_start,
+                         const unsigned int* __restrict__ tile_start, const unsigned int* __restrict__ row_start,
+                         unsigned int jobs, unsigned int page_tokens, unsigned int tile_pages,
+                         float* __restrict__ scores, unsigned long long* __restrict__ stale)
+{
+    __shared__ uint4 rows_shared[PAGED_TILE_ROWS * FP8_ROW_WORDS / 4];
+    __shared__ float q_shared[INDEX_DIM];
+    unsigned int job, first_entry;
+    const unsigned int pages = paged_tile_setup(queries, page_table, page_expected, page_start, tile_start,
+                                                index_tag, jobs, tile_pages, q_shared, &job, &first_entry, stale);
+    __syncthreads();
+    // A page of page_tokens (a multiple of 4) rows of 132 bytes is a whole number of
+    // 16-byte chunks; the tile keeps the pages' bytes back to back.
+    const unsigned int chunks_per_page = page_tokens * FP8_ROW_WORDS / 4;
+    const unsigned int chunks = pages * chunks_per_page;
+#pragma unroll 4
+    for (unsigned int c = threadIdx.x; c < chunks; c += PAGED_THREADS) {
+        const unsigned int page_in_tile = c / chunks_per_page;
+        const unsigned int chunk = c - page_in_tile * chunks_per_page;
+        const unsigned long long page = page_table[first_entry + page_in_tile];
+        rows_shared[c] = reinterpret_cast<const uint4*>(index_pool + page * page_tokens * FP8_TOKEN_BYTES)[chunk];
+    }
+    __syncthreads();
+    const unsigned int n = row_start[job + 1] - row_start[job];
+    const unsigned int tile = blockIdx.x - tile_start[job];
+    const unsigned int position = (tile * tile_pages) * page_tokens + threadIdx.x;
+    if (threadIdx.x < pages * page_tokens && position < n) {
+        const unsigned int* row = reinterpret_cast<const unsigned int*>(rows_shared) + threadIdx.x * FP8_ROW_WORDS;
+        const float scale = __uint_as_float(row[INDEX_DIM / 4]);
+        float acc = -0.0f;
+#pragma unroll 4
+        for (unsigned int w = 0; w < INDEX_DIM / 4; ++w) {
+            const unsigned int bits = row[w];
+#pragma unroll
+            for (unsigned int i = 0; i < 4; ++i) {
+                const float dequantized = __fmul_rn(e4m3_bits_to_f32((bits >> (8 * i)) & 0xFFu), scale);
+                acc = __fadd_rn(acc, __fmul_rn(q_shared[4 * w + i], dequantized));
+            }
+        }
+        scores[row_start[job] + position] = sanitize_score(acc);
+    }
+}

@@ -229,3 +229,116 @@ extern "C" __global__ void sparse_attention_legacy_softmax(const float* __restri
     reduce_softmax_argmax(local_best, local_position, dense_logits + first, mask + first, n, job, out_argmax,
                           out_weight);
 }
+
+// ---------------------------------------------------------------------------------
+// Paged variants: the same logits (bit for bit) with the main keys read from a device
+// pool through page tables (crates/engine/src/backend/paged.rs). Row p of job j is row
+// p % page_tokens of page page_table[page_start[j] + p / page_tokens]; page q's rows are
+// main_pool[(q * page_tokens + row) * MAIN_DIM ...]. Only the selected rows are read
+// (Mma); Legacy reads every row of the job, as its dense pass does above.
+//
+// Main-KV reads are always gated on the host (the compute stream waits on the page's
+// main-KV load-back event), so the tag check here should never count; it is the
+// control of the index-K count in indexer_topk.cu: one thread per page of the job
+// compares the page's main-KV generation tag with the expected one.
+
+__device__ __forceinline__ const float* paged_row(const float* __restrict__ main_pool,
+                                                  const unsigned int* __restrict__ job_pages,
+                                                  unsigned int page_tokens, unsigned int position)
+{
+    const unsigned long long page = job_pages[position / page_tokens];
+    return main_pool + (page * page_tokens + position % page_tokens) * MAIN_DIM;
+}
+
+__device__ __forceinline__ void count_stale_main(const unsigned int* __restrict__ main_tag,
+                                                 const unsigned int* __restrict__ job_pages,
+                                                 const unsigned int* __restrict__ job_expected,
+                                                 unsigned int pages, unsigned long long* __restrict__ stale)
+{
+    for (unsigned int i = threadIdx.x; i < pages; i += blockDim.x) {
+        unsigned int tag;
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(tag) : "l"(main_tag + job_pages[i]) : "memory");
+        if (tag != job_expected[i]) {
+            atomicAdd(stale, 1ull);
+        }
+    }
+    __syncthreads();
+}
+
+extern "C" __global__ void paged_sparse_attention_mma(const float* __restrict__ absorbed_queries,
+                                                      const float* __restrict__ main_pool,
+                                                      const unsigned int* __restrict__ main_tag,
+                                                      const unsigned int* __restrict__ page_table,
+                                                      const unsigned int* __restrict__ page_expected,
+                                                      const unsigned int* __restrict__ page_start,
+                                                      unsigned int page_tokens,
+                                                      const unsigned int* __restrict__ selected,
+                                                      const unsigned int* __restrict__ sel_start,
+                                                      float* __restrict__ logits,
+                                                      unsigned int* __restrict__ out_argmax,
+                                                      float* __restrict__ out_weight,
+                                                      unsigned long long* __restrict__ stale)
+{
+    const unsigned int job = blockIdx.x;
+    const unsigned int* job_pages = page_table + page_start[job];
+    count_stale_main(main_tag, job_pages, page_expected + page_start[job], page_start[job + 1] - page_start[job],
+                     stale);
+    const float* q = absorbed_queries + (unsigned long long)job * MAIN_DIM;
+    const unsigned int first = sel_start[job];
+    const unsigned int count = sel_start[job + 1] - first;
+    float local_best = -__int_as_float(0x7F800000);
+    unsigned int local_position = 0xFFFFFFFFu;
+    for (unsigned int i = threadIdx.x; i < count; i += ATTN_THREADS) {
+        const unsigned int position = selected[first + i];
+        const float logit =
+            sanitize_logit(__fmul_rn(dot_sum(q, paged_row(main_pool, job_pages, page_tokens, position)), 0.125f));
+        logits[first + i] = logit;
+        if (beats(logit, position, local_best, local_position)) {
+            local_best = logit;
+            local_position = position;
+        }
+    }
+    reduce_softmax_argmax(local_best, local_position, logits + first, 0, count, job, out_argmax, out_weight);
+}
+
+// Dense pass of the Legacy path through page tables: one thread per row of every job.
+extern "C" __global__ void paged_attention_legacy_dense(const float* __restrict__ w,
+                                                        const float* __restrict__ projected_queries,
+                                                        const float* __restrict__ main_pool,
+                                                        const unsigned int* __restrict__ page_table,
+                                                        const unsigned int* __restrict__ page_start,
+                                                        unsigned int page_tokens,
+                                                        const unsigned int* __restrict__ row_start,
+                                                        unsigned int jobs,
+                                                        float* __restrict__ dense_logits)
+{
+    __shared__ float w_shared[MAIN_DIM * MAIN_DIM];
+    for (unsigned int i = threadIdx.x; i < MAIN_DIM * MAIN_DIM; i += blockDim.x) {
+        w_shared[i] = w[i];
+    }
+    __syncthreads();
+    const unsigned int rows = row_start[jobs];
+    for (unsigned int row = blockIdx.x * blockDim.x + threadIdx.x; row < rows; row += gridDim.x * blockDim.x) {
+        const unsigned int job = job_of_index(row_start, jobs, row);
+        const float* pq = projected_queries + (unsigned long long)job * MAIN_DIM;
+        const float* key = paged_row(main_pool, page_table + page_start[job], page_tokens, row - row_start[job]);
+        float acc = -0.0f;
+        for (unsigned int c = 0; c < MAIN_DIM; ++c) {
+            acc = __fadd_rn(acc, __fmul_rn(pq[c], dot_sum(w_shared + c * MAIN_DIM, key)));
+        }
+        dense_logits[row] = sanitize_logit(__fmul_rn(acc, 0.125f));
+    }
+}
+
+// Main-KV tag check of the Legacy path (its dense pass has no per-job block): one
+// block per job.
+extern "C" __global__ void paged_count_stale_main(const unsigned int* __restrict__ main_tag,
+                                                  const unsigned int* __restrict__ page_table,
+                                                  const unsigned int* __restrict__ page_expected,
+                                                  const unsigned int* __restrict__ page_start,
+                                                  unsigned long long* __restrict__ stale)
+{
+    const unsigned int job = blockIdx.x;
+    count_stale_main(main_tag, page_table + page_start[job], page_expected + page_start[job],
+                     page_start[job + 1] - page_start[job], stale);
+}

@@ -39,6 +39,8 @@ pub struct EngineArgs {
     /// Decode only: base URL of the prefill role.
     #[arg(long)]
     pub prefill_url: Option<String>,
+    /// Compute backend. `auto` is the CPU for now, even with a GPU present: the GPU path
+    /// is not yet verified on a device (README, "GPU"); `cuda` uses it anyway.
     #[arg(long, value_enum, default_value = "auto")]
     pub device: DeviceArg,
     /// Prefill's HiCache host tier: evicted prefix pages go to host memory and are loaded back.

@@ -3,9 +3,16 @@
 //! thread doing continuous batching: every step advances each running request by one
 //! token through the read-back path (`model::decode_step`). Requests whose HTTP client
 //! went away are dropped at the next step, so abandoned work stops burning CPU.
+//!
+//! On the CUDA backend the KV of admitted requests is also made resident in one device
+//! pool ([`ResidentPool`]): the prompt's rows are copied in once at admission, each new
+//! token's row is appended, and steps read through page tables
+//! (`model::decode_step_resident`), so a step uploads queries and page lists only. The
+//! CPU backend keeps the host-slice path (`decode_step`), unchanged. A request that gets
+//! no pages (pool full) runs on the host-slice path, in its own sub-batch.
 
-use super::backend::Backend;
-use super::model::{decode_step, Generation, ReadPath, SequenceKv};
+use super::backend::{Backend, PoolId, PoolSpec};
+use super::model::{decode_step, decode_step_resident, Generation, ReadPath, Resident, SequenceKv};
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -35,6 +42,80 @@ pub struct DecodeStats {
     pub graph_steps: AtomicU64,
     /// Tokens/s over the last completed ~1 s window, f64 bits.
     pub throughput_bits: AtomicU64,
+}
+
+/// Decode's device pool on the CUDA backend: pages handed to running requests.
+pub struct ResidentPool {
+    pool: PoolId,
+    page_tokens: usize,
+    free: Vec<u32>,
+}
+
+impl ResidentPool {
+    /// One pool of `pool_tokens` rows; `None` (with a warning) when it cannot be made.
+    fn create(
+        backend: &dyn Backend,
+        path: &ReadPath,
+        page_tokens: usize,
+        pool_tokens: usize,
+    ) -> Option<Self> {
+        let spec = PoolSpec {
+            dtype: path.dtype,
+            page_tokens,
+            device_pages: pool_tokens.div_ceil(page_tokens).max(1),
+            host_pages: 1,
+        };
+        match backend.create_pool(spec) {
+            Ok(pool) => Some(ResidentPool {
+                pool,
+                page_tokens,
+                free: (0..spec.device_pages as u32).rev().collect(),
+            }),
+            Err(error) => {
+                tracing::warn!(
+                    "decode: no device-resident KV pool ({error:#}); reading host slices"
+                );
+                None
+            }
+        }
+    }
+
+    /// Pages for `reserved` rows, with the sequence's rows copied in; empty when the pool
+    /// is short of pages or the copy fails (the request then reads host slices).
+    fn admit(&mut self, backend: &dyn Backend, sequence: &SequenceKv, reserved: usize) -> Vec<u32> {
+        let count = reserved.div_ceil(self.page_tokens);
+        if count > self.free.len() || sequence.is_empty() {
+            return Vec::new();
+        }
+        let pages = self.free.split_off(self.free.len() - count);
+        let width = sequence.index_k.len() / sequence.len();
+        let copied = (0..sequence.len())
+            .step_by(self.page_tokens)
+            .zip(&pages)
+            .try_for_each(|(start, &page)| {
+                let end = (start + self.page_tokens).min(sequence.len());
+                backend.write_quantized_rows(
+                    self.pool,
+                    page,
+                    0,
+                    &sequence.main
+                        [start * super::backend::MAIN_DIM..end * super::backend::MAIN_DIM],
+                    &sequence.index_k[start * width..end * width],
+                )
+            });
+        match copied {
+            Ok(()) => pages,
+            Err(error) => {
+                tracing::warn!("decode: copying a prompt into the device pool failed ({error:#}); reading host slices");
+                self.free.extend(pages);
+                Vec::new()
+            }
+        }
+    }
+
+    fn release(&mut self, pages: &mut Vec<u32>) {
+        self.free.append(pages);
+    }
 }
 
 pub struct DecodeEngine {
@@ -70,7 +151,13 @@ impl DecodeEngine {
 
     /// The compute loop (runs on its own thread until the process exits).
     pub fn run(self: Arc<Self>, backend: Box<dyn Backend>, path: ReadPath, max_running: usize) {
-        let mut running: Vec<(DecodeJob, usize)> = Vec::new();
+        // The CPU backend reads host slices: its behaviour is the reference, unchanged.
+        let mut resident = (backend.name() == "cuda")
+            .then(|| {
+                ResidentPool::create(backend.as_ref(), &path, self.page_tokens, self.pool_tokens)
+            })
+            .flatten();
+        let mut running: Vec<(DecodeJob, usize, Vec<u32>)> = Vec::new();
         let mut used = 0usize;
         let mut window_start = Instant::now();
         let mut window_tokens = 0u64;
@@ -89,14 +176,21 @@ impl DecodeEngine {
                     let job = queue.pop_front().expect("front exists");
                     self.stats.queued.fetch_sub(1, Ordering::Relaxed);
                     used += need;
-                    running.push((job, need));
+                    let pages = match resident.as_mut() {
+                        Some(pool) => pool.admit(backend.as_ref(), &job.sequence, need),
+                        None => Vec::new(),
+                    };
+                    running.push((job, need, pages));
                 }
             }
-            running.retain(|(job, need)| {
+            running.retain_mut(|(job, need, pages)| {
                 let gone = job.cancelled.load(Ordering::Relaxed) || job.reply.is_closed();
                 if gone {
-                    used -= need;
+                    used -= *need;
                     self.stats.aborted.fetch_add(1, Ordering::Relaxed);
+                    if let Some(pool) = resident.as_mut() {
+                        pool.release(pages);
+                    }
                 }
                 !gone
             });
@@ -111,18 +205,14 @@ impl DecodeEngine {
             }
             let before: usize = running
                 .iter()
-                .map(|(job, _)| job.generation.emitted.len())
+                .map(|(job, _, _)| job.generation.emitted.len())
                 .sum();
-            let mut batch: Vec<(&mut Generation, &mut SequenceKv)> = running
-                .iter_mut()
-                .map(|(job, _)| (&mut job.generation, &mut job.sequence))
-                .collect();
-            let outcome = decode_step(backend.as_ref(), &path, &mut batch);
+            let outcome = step_running(backend.as_ref(), &path, resident.as_ref(), &mut running);
             let after: usize = running
                 .iter()
-                .map(|(job, _)| job.generation.emitted.len())
+                .map(|(job, _, _)| job.generation.emitted.len())
                 .sum();
-            for (job, _) in running.iter_mut() {
+            for (job, _, _) in running.iter_mut() {
                 if let Some(tokens) = &job.tokens {
                     for &token in &job.generation.emitted[job.streamed..] {
                         let _ = tokens.send(token);
@@ -147,7 +237,10 @@ impl DecodeEngine {
             if let Err(error) = outcome {
                 used = 0;
                 self.publish_batch(0, used);
-                for (job, _) in running.drain(..) {
+                for (job, _, mut pages) in running.drain(..) {
+                    if let Some(pool) = resident.as_mut() {
+                        pool.release(&mut pages);
+                    }
                     let _ = job
                         .reply
                         .send(Err(anyhow::anyhow!("decode step failed: {error:#}")));
@@ -158,8 +251,11 @@ impl DecodeEngine {
             let mut index = 0;
             while index < running.len() {
                 if running[index].0.generation.finish.is_some() {
-                    let (job, need) = running.swap_remove(index);
+                    let (job, need, mut pages) = running.swap_remove(index);
                     used -= need;
+                    if let Some(pool) = resident.as_mut() {
+                        pool.release(&mut pages);
+                    }
                     finished.push(job);
                 } else {
                     index += 1;
@@ -185,5 +281,127 @@ impl DecodeEngine {
                 .throughput_bits
                 .store(0f64.to_bits(), Ordering::Relaxed);
         }
+    }
+}
+
+/// One step of every running request: those with pages through the device pool, the
+/// others through host slices (two sub-batches, so each sequence keeps one source).
+fn step_running(
+    backend: &dyn Backend,
+    path: &ReadPath,
+    resident: Option<&ResidentPool>,
+    running: &mut [(DecodeJob, usize, Vec<u32>)],
+) -> anyhow::Result<()> {
+    let mut on_host: Vec<(&mut Generation, &mut SequenceKv)> = Vec::new();
+    let mut on_device: Vec<(&mut Generation, &mut SequenceKv)> = Vec::new();
+    let mut page_lists: Vec<&[u32]> = Vec::new();
+    for (job, _, pages) in running.iter_mut() {
+        if pages.is_empty() {
+            on_host.push((&mut job.generation, &mut job.sequence));
+        } else {
+            on_device.push((&mut job.generation, &mut job.sequence));
+            page_lists.push(pages);
+        }
+    }
+    if !on_host.is_empty() {
+        decode_step(backend, path, &mut on_host)?;
+    }
+    if let (Some(pool), false) = (resident, on_device.is_empty()) {
+        let placement = Resident {
+            pool: pool.pool,
+            page_tokens: pool.page_tokens,
+            pages: &page_lists,
+        };
+        decode_step_resident(backend, path, &placement, &mut on_device)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::CpuBackend;
+    use crate::backend::{AttnPath, IndexKDtype, TopkImpl};
+    use crate::keys;
+    use crate::model::plan;
+
+    fn job(tokens: &[u32], wanted: &[u32], dtype: IndexKDtype) -> DecodeJob {
+        let backend = CpuBackend::new();
+        let mut index_k = vec![0u8; tokens.len() * dtype.bytes_per_token()];
+        backend
+            .quantize_index_k(dtype, &keys::index_keys(tokens, 0), &mut index_k)
+            .unwrap();
+        DecodeJob {
+            generation: Generation::new(plan(tokens, wanted), 40),
+            sequence: SequenceKv {
+                truth: tokens.to_vec(),
+                stored_tokens: tokens.to_vec(),
+                main: keys::main_keys(tokens, 0),
+                index_k,
+            },
+            cancelled: Arc::new(AtomicBool::new(false)),
+            reply: oneshot::channel().0,
+            tokens: None,
+            streamed: 0,
+        }
+    }
+
+    /// The CUDA path's bookkeeping, run on the CPU backend's pools: a resident request
+    /// and a host-slice one in the same step emit what host slices alone emit.
+    #[test]
+    fn resident_and_host_requests_step_together_and_pages_come_back() {
+        mixed_step(&CpuBackend::new());
+    }
+
+    /// The same on the GPU (skipped without one): resident reads through the device
+    /// pool's page tables emit the CPU's tokens.
+    #[test]
+    fn gpu_resident_decode_emits_the_cpu_tokens() {
+        if crate::backend::cuda::probe().is_none() {
+            eprintln!("skipped: no CUDA device");
+            return;
+        }
+        mixed_step(&crate::backend::cuda::CudaBackend::new().unwrap());
+    }
+
+    fn mixed_step(backend: &dyn Backend) {
+        let dtype = IndexKDtype::Fp8;
+        let path = ReadPath {
+            dtype,
+            top_k: 32,
+            topk: TopkImpl::V2,
+            attn: AttnPath::Mma,
+            max_graph_batch: 32,
+        };
+        let tokens: Vec<u32> = (0..300u32).map(|i| ((i * 7919) >> 3) % 89).collect();
+        let wanted = [tokens[200..230].to_vec(), tokens[10..25].to_vec()];
+        let mut pool = ResidentPool::create(backend, &path, 64, 7 * 64).unwrap();
+        let mut running: Vec<(DecodeJob, usize, Vec<u32>)> = wanted
+            .iter()
+            .map(|w| {
+                let job = job(&tokens, w, dtype);
+                // As `reserved_tokens`: 300 + 40 rounded up to pages, 6 pages each; the
+                // pool has 7, so the second request stays on the host.
+                let need = 384;
+                let pages = pool.admit(backend, &job.sequence, need);
+                (job, need, pages)
+            })
+            .collect();
+        assert_eq!(running[0].2.len(), 6);
+        assert!(running[1].2.is_empty());
+        assert_eq!(pool.free.len(), 1);
+        while running
+            .iter()
+            .any(|(job, _, _)| job.generation.finish.is_none())
+        {
+            step_running(backend, &path, Some(&pool), &mut running).unwrap();
+        }
+        for ((job, _, _), w) in running.iter().zip(&wanted) {
+            assert_eq!(&job.generation.emitted, w);
+        }
+        for (_, _, pages) in running.iter_mut() {
+            pool.release(pages);
+        }
+        assert_eq!(pool.free.len(), 7);
     }
 }

@@ -14,7 +14,8 @@
 //! wrong pick derails the rest of the span into the wrong neighbourhood.
 
 use super::backend::{
-    AttnJob, AttnPath, Backend, IndexKDtype, IndexerJob, TopkImpl, INDEX_DIM, MAIN_DIM,
+    AttnJob, AttnPath, Backend, IndexKDtype, IndexerJob, PagedAttnJob, PagedIndexerJob, PoolId,
+    TopkImpl, INDEX_DIM, MAIN_DIM,
 };
 use super::keys;
 use super::template::{Conversation, Turn};
@@ -220,6 +221,22 @@ impl SequenceKv {
         dtype: IndexKDtype,
         token: u32,
     ) -> anyhow::Result<()> {
+        self.append_keys(backend, dtype, token).map(|_| ())
+    }
+
+    /// [`SequenceKv::append`], returning the new row's main and index keys (f32), for a
+    /// copy of the sequence resident in a backend pool.
+    ///
+    /// The host row is quantized by the shared layout code (what the CPU backend runs,
+    /// and what every backend matches bit for bit), not through `backend`: on a GPU
+    /// that would be a device round trip per token, and the resident copy is quantized
+    /// on the device by `append_rows` anyway.
+    fn append_keys(
+        &mut self,
+        _backend: &dyn Backend,
+        dtype: IndexKDtype,
+        token: u32,
+    ) -> anyhow::Result<([f32; MAIN_DIM], [f32; INDEX_DIM])> {
         let position = self.truth.len();
         let previous = keys::previous_token(&self.truth, position);
         let mut index_key = [0.0f32; INDEX_DIM];
@@ -227,12 +244,73 @@ impl SequenceKv {
         keys::index_key(previous, token, position, &mut index_key);
         keys::main_key(previous, token, position, &mut main_key);
         let mut row = vec![0u8; dtype.bytes_per_token()];
-        backend.quantize_index_k(dtype, &index_key, &mut row)?;
+        super::backend::layout::quantize_row(dtype, &index_key, &mut row);
         self.truth.push(token);
         self.stored_tokens.push(token);
         self.main.extend_from_slice(&main_key);
         self.index_k.extend_from_slice(&row);
-        Ok(())
+        Ok((main_key, index_key))
+    }
+}
+
+/// Where a batch's sequences also live in a backend pool (decode with `--device cuda`):
+/// page lists parallel to the batch, each long enough for the sequence's whole budget.
+/// Reads go through the page tables; appended rows are written to the pool too.
+pub struct Resident<'a> {
+    pub pool: PoolId,
+    pub page_tokens: usize,
+    pub pages: &'a [&'a [u32]],
+}
+
+/// New rows of a step for the pool of a resident batch, appended in one call at the end
+/// of the step (no read of the step needs them: a sequence that emits a literal does not
+/// read in that step).
+#[derive(Default)]
+struct PoolAppends {
+    rows: Vec<(u32, usize)>,
+    main: Vec<f32>,
+    index: Vec<f32>,
+}
+
+/// Append `token` to the sequence in `slot`, and queue its row for the pool pages when
+/// resident.
+fn append_token(
+    backend: &dyn Backend,
+    dtype: IndexKDtype,
+    resident: Option<&Resident<'_>>,
+    appends: &mut PoolAppends,
+    slot: usize,
+    sequence: &mut SequenceKv,
+    token: u32,
+) -> anyhow::Result<()> {
+    let (main_key, index_key) = sequence.append_keys(backend, dtype, token)?;
+    if let Some(resident) = resident {
+        let position = sequence.len() - 1;
+        let pages = resident.pages[slot];
+        let page = *pages.get(position / resident.page_tokens).ok_or_else(|| {
+            anyhow::anyhow!(
+                "row {position} is past the {} pages reserved for this sequence",
+                pages.len()
+            )
+        })?;
+        appends.rows.push((page, position % resident.page_tokens));
+        appends.main.extend_from_slice(&main_key);
+        appends.index.extend_from_slice(&index_key);
+    }
+    Ok(())
+}
+
+/// Appends the step's new rows to the pool of a resident batch.
+fn flush(
+    backend: &dyn Backend,
+    resident: Option<&Resident<'_>>,
+    appends: &PoolAppends,
+) -> anyhow::Result<()> {
+    match resident {
+        Some(resident) if !appends.rows.is_empty() => {
+            backend.append_rows(resident.pool, &appends.rows, &appends.main, &appends.index)
+        }
+        _ => Ok(()),
     }
 }
 
@@ -354,12 +432,40 @@ pub fn decode_step(
     path: &ReadPath,
     batch: &mut [(&mut Generation, &mut SequenceKv)],
 ) -> anyhow::Result<()> {
+    step(backend, path, None, batch)
+}
+
+/// [`decode_step`] with the batch's KV read from a backend pool through page tables
+/// (only queries, page lists and results cross to the device). Same tokens as
+/// `decode_step` on the same rows.
+pub fn decode_step_resident(
+    backend: &dyn Backend,
+    path: &ReadPath,
+    resident: &Resident<'_>,
+    batch: &mut [(&mut Generation, &mut SequenceKv)],
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        resident.pages.len() == batch.len(),
+        "{} page lists for a batch of {}",
+        resident.pages.len(),
+        batch.len()
+    );
+    step(backend, path, Some(resident), batch)
+}
+
+fn step(
+    backend: &dyn Backend,
+    path: &ReadPath,
+    resident: Option<&Resident<'_>>,
+    batch: &mut [(&mut Generation, &mut SequenceKv)],
+) -> anyhow::Result<()> {
     struct Read {
         slot: usize,
         target: usize,
         index_query: Vec<f32>,
         main_query: Vec<f32>,
     }
+    let mut appends = PoolAppends::default();
     let mut reads = Vec::new();
     for (slot, (generation, sequence)) in batch.iter_mut().enumerate() {
         if generation.finish.is_some() {
@@ -368,7 +474,15 @@ pub fn decode_step(
         match generation.target(sequence.len()) {
             None => generation.check_finished(),
             Some(Err(literal)) => {
-                sequence.append(backend, path.dtype, literal)?;
+                append_token(
+                    backend,
+                    path.dtype,
+                    resident,
+                    &mut appends,
+                    slot,
+                    sequence,
+                    literal,
+                )?;
                 generation.emitted.push(literal);
                 generation.advance();
                 generation.check_finished();
@@ -389,7 +503,7 @@ pub fn decode_step(
         }
     }
     if reads.is_empty() {
-        return Ok(());
+        return flush(backend, resident, &appends);
     }
     let groups: Vec<&[Read]> = if reads.len() > path.max_graph_batch {
         reads.chunks(1).collect()
@@ -398,49 +512,92 @@ pub fn decode_step(
     };
     let mut picks = Vec::with_capacity(reads.len());
     for group in groups {
-        let index_jobs: Vec<IndexerJob<'_>> = group
-            .iter()
-            .map(|read| {
-                let sequence = &batch[read.slot].1;
-                IndexerJob {
-                    query: &read.index_query,
-                    index_k: &sequence.index_k,
-                    n: sequence.len(),
-                }
-            })
-            .collect();
-        let selections = backend.indexer_topk(path.dtype, &index_jobs, path.top_k, path.topk)?;
-        let attn_jobs: Vec<AttnJob<'_>> = group
-            .iter()
-            .zip(&selections)
-            .map(|(read, selected)| {
-                let sequence = &batch[read.slot].1;
-                AttnJob {
-                    query: &read.main_query,
-                    keys: &sequence.main,
-                    n: sequence.len(),
-                    selected,
-                }
-            })
-            .collect();
-        picks.extend(
-            backend
-                .sparse_attention(&attn_jobs, path.attn)?
-                .into_iter()
-                .map(|out| out.argmax as usize),
-        );
+        let selections = match resident {
+            None => {
+                let index_jobs: Vec<IndexerJob<'_>> = group
+                    .iter()
+                    .map(|read| {
+                        let sequence = &batch[read.slot].1;
+                        IndexerJob {
+                            query: &read.index_query,
+                            index_k: &sequence.index_k,
+                            n: sequence.len(),
+                        }
+                    })
+                    .collect();
+                backend.indexer_topk(path.dtype, &index_jobs, path.top_k, path.topk)?
+            }
+            Some(resident) => {
+                let index_jobs: Vec<PagedIndexerJob<'_>> = group
+                    .iter()
+                    .map(|read| PagedIndexerJob {
+                        query: &read.index_query,
+                        pages: resident.pages[read.slot],
+                        n: batch[read.slot].1.len(),
+                    })
+                    .collect();
+                // Decode's pool has no load-backs: nothing to gate.
+                backend.indexer_topk_paged(
+                    resident.pool,
+                    &index_jobs,
+                    path.top_k,
+                    path.topk,
+                    false,
+                )?
+            }
+        };
+        let outputs = match resident {
+            None => {
+                let attn_jobs: Vec<AttnJob<'_>> = group
+                    .iter()
+                    .zip(&selections)
+                    .map(|(read, selected)| {
+                        let sequence = &batch[read.slot].1;
+                        AttnJob {
+                            query: &read.main_query,
+                            keys: &sequence.main,
+                            n: sequence.len(),
+                            selected,
+                        }
+                    })
+                    .collect();
+                backend.sparse_attention(&attn_jobs, path.attn)?
+            }
+            Some(resident) => {
+                let attn_jobs: Vec<PagedAttnJob<'_>> = group
+                    .iter()
+                    .zip(&selections)
+                    .map(|(read, selected)| PagedAttnJob {
+                        query: &read.main_query,
+                        pages: resident.pages[read.slot],
+                        n: batch[read.slot].1.len(),
+                        selected,
+                    })
+                    .collect();
+                backend.sparse_attention_paged(resident.pool, &attn_jobs, path.attn)?
+            }
+        };
+        picks.extend(outputs.into_iter().map(|out| out.argmax as usize));
     }
     for (read, selected) in reads.iter().zip(picks) {
         let (generation, sequence) = &mut batch[read.slot];
         debug_assert!(read.target < sequence.len());
         let token = sequence.stored_tokens[selected];
-        sequence.append(backend, path.dtype, token)?;
+        append_token(
+            backend,
+            path.dtype,
+            resident,
+            &mut appends,
+            read.slot,
+            sequence,
+            token,
+        )?;
         generation.emitted.push(token);
         generation.last_selected = selected;
         generation.advance();
         generation.check_finished();
     }
-    Ok(())
+    flush(backend, resident, &appends)
 }
 
 #[cfg(test)]
@@ -526,6 +683,102 @@ mod tests {
                 decode_step(&backend, &path, &mut [(&mut generation, &mut broken)]).unwrap();
             }
             assert_ne!(generation.emitted, wanted, "{dtype:?}");
+        }
+    }
+
+    /// Stores `sequence`'s rows in `pages` of `pool` as decode does on admission.
+    pub(crate) fn make_resident(
+        backend: &dyn Backend,
+        pool: PoolId,
+        page_tokens: usize,
+        pages: &[u32],
+        sequence: &SequenceKv,
+    ) {
+        let width = sequence.index_k.len() / sequence.len();
+        for (index, start) in (0..sequence.len()).step_by(page_tokens).enumerate() {
+            let end = (start + page_tokens).min(sequence.len());
+            backend
+                .write_quantized_rows(
+                    pool,
+                    pages[index],
+                    0,
+                    &sequence.main[start * MAIN_DIM..end * MAIN_DIM],
+                    &sequence.index_k[start * width..end * width],
+                )
+                .unwrap();
+        }
+    }
+
+    #[test]
+    fn resident_decode_emits_the_same_tokens_through_page_tables() {
+        use super::super::backend::PoolSpec;
+        let backend = CpuBackend::new();
+        let tokens: Vec<u32> = (0..600u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 7) % 97)
+            .collect();
+        // A literal (token 500 is in no context) between two copied spans.
+        let wanted: [Vec<u32>; 2] = [
+            [&tokens[300..320], &[500][..], &tokens[40..50]].concat(),
+            tokens[100..130].to_vec(),
+        ];
+        for dtype in [IndexKDtype::Bf16, IndexKDtype::Fp8] {
+            for max_graph_batch in [32, 1] {
+                let path = ReadPath {
+                    dtype,
+                    top_k: 32,
+                    topk: TopkImpl::V2,
+                    attn: AttnPath::Mma,
+                    max_graph_batch,
+                };
+                let run = |resident: bool| -> Vec<Vec<u32>> {
+                    let mut sequences: Vec<SequenceKv> = (0..2)
+                        .map(|_| clean_sequence(&backend, dtype, &tokens))
+                        .collect();
+                    let mut generations: Vec<Generation> = wanted
+                        .iter()
+                        .map(|w| Generation::new(plan(&tokens, w), 100))
+                        .collect();
+                    let page_tokens = 64;
+                    let per = (600 + 100usize).div_ceil(page_tokens);
+                    // Pages handed out backwards: page tables are not the identity.
+                    let all: Vec<u32> = (0..2 * per as u32).rev().collect();
+                    let page_lists: Vec<&[u32]> = all.chunks(per).collect();
+                    let pool = backend
+                        .create_pool(PoolSpec {
+                            dtype,
+                            page_tokens,
+                            device_pages: 2 * per,
+                            host_pages: 1,
+                        })
+                        .unwrap();
+                    for (sequence, pages) in sequences.iter().zip(&page_lists) {
+                        make_resident(&backend, pool, page_tokens, pages, sequence);
+                    }
+                    let placement = Resident {
+                        pool,
+                        page_tokens,
+                        pages: &page_lists,
+                    };
+                    while generations.iter().any(|g| g.finish.is_none()) {
+                        let mut batch: Vec<(&mut Generation, &mut SequenceKv)> =
+                            generations.iter_mut().zip(sequences.iter_mut()).collect();
+                        if resident {
+                            decode_step_resident(&backend, &path, &placement, &mut batch).unwrap();
+                        } else {
+                            decode_step(&backend, &path, &mut batch).unwrap();
+                        }
+                    }
+                    backend.release_pool(pool).unwrap();
+                    generations.into_iter().map(|g| g.emitted).collect()
+                };
+                let plain = run(false);
+                assert_eq!(plain, wanted.to_vec(), "{dtype:?}");
+                assert_eq!(
+                    run(true),
+                    plain,
+                    "{dtype:?} max_graph_batch {max_graph_batch}"
+                );
+            }
         }
     }
 }

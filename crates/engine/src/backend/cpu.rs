@@ -4,13 +4,15 @@
 
 use super::{
     layout, mla_up_projection, AttnJob, AttnOut, AttnPath, Backend, IndexKDtype, IndexerJob,
-    TopkImpl, INDEX_DIM, MAIN_DIM,
+    PageContents, PagedAttnJob, PagedIndexerJob, PoolId, PoolSpec, PoolStats, TopkImpl, INDEX_DIM,
+    MAIN_DIM,
 };
 use anyhow::ensure;
 use std::cmp::Ordering;
 
 pub struct CpuBackend {
     fp8_table: [f32; 256],
+    pools: super::cpu_pool::CpuPools,
 }
 
 impl Default for CpuBackend {
@@ -23,12 +25,13 @@ impl CpuBackend {
     pub fn new() -> Self {
         CpuBackend {
             fp8_table: layout::fp8_table(),
+            pools: Default::default(),
         }
     }
 }
 
 /// Scores that stale garbage turns into NaN/inf must not win: they rank last.
-fn sanitize(score: f32) -> f32 {
+pub(super) fn sanitize(score: f32) -> f32 {
     if score.is_finite() {
         score
     } else {
@@ -41,7 +44,7 @@ fn rank(a: &(f32, u32), b: &(f32, u32)) -> Ordering {
     b.0.total_cmp(&a.0).then(a.1.cmp(&b.1))
 }
 
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
@@ -60,6 +63,98 @@ fn project_transposed(matrix: &[f32], v: &[f32], out: &mut [f32]) {
             .zip(row)
             .for_each(|(dst, w)| *dst += w * scale);
     }
+}
+
+/// The top `k` of `scored` in the indexer's order; V1 sorts everything, V2 selects
+/// first. Same result, different work.
+pub(super) fn select_top(mut scored: Vec<(f32, u32)>, k: usize, topk: TopkImpl) -> Vec<u32> {
+    let keep = k.min(scored.len());
+    match topk {
+        TopkImpl::V1 => scored.sort_by(rank),
+        TopkImpl::V2 => {
+            if keep > 0 && keep < scored.len() {
+                scored.select_nth_unstable_by(keep - 1, rank);
+            }
+            scored[..keep].sort_by(rank);
+        }
+    }
+    scored[..keep]
+        .iter()
+        .map(|(_, position)| *position)
+        .collect()
+}
+
+/// Sparse attention of one query over rows `key(p)`, p < n (the reference arithmetic
+/// both the slice and the paged methods use).
+pub(super) fn attend<'k>(
+    query: &[f32],
+    n: usize,
+    selected: &[u32],
+    key: &dyn Fn(usize) -> &'k [f32],
+    path: AttnPath,
+) -> anyhow::Result<AttnOut> {
+    let matrix = mla_up_projection();
+    let inv_sqrt_dim = 1.0 / (MAIN_DIM as f32).sqrt();
+    let mut projected_query = [0.0f32; MAIN_DIM];
+    let mut absorbed_query = [0.0f32; MAIN_DIM];
+    let mut projected_key = [0.0f32; MAIN_DIM];
+    ensure!(
+        !selected.is_empty(),
+        "sparse attention over an empty selection"
+    );
+    project(matrix, query, &mut projected_query);
+    let selected_scores: Vec<(u32, f32)> = match path {
+        AttnPath::Mma => {
+            project_transposed(matrix, &projected_query, &mut absorbed_query);
+            selected
+                .iter()
+                .map(|&position| {
+                    let p = position as usize;
+                    ensure!(p < n, "selected position {p} outside {n} rows");
+                    Ok((position, dot(&absorbed_query, key(p)) * inv_sqrt_dim))
+                })
+                .collect::<anyhow::Result<_>>()?
+        }
+        AttnPath::Legacy => {
+            // Dense: every stored row is up-projected and scored, then masked.
+            let dense: Vec<f32> = (0..n)
+                .map(|p| {
+                    project(matrix, key(p), &mut projected_key);
+                    dot(&projected_query, &projected_key) * inv_sqrt_dim
+                })
+                .collect();
+            selected
+                .iter()
+                .map(|&position| {
+                    let p = position as usize;
+                    ensure!(p < n, "selected position {p} outside {n} rows");
+                    Ok((position, dense[p]))
+                })
+                .collect::<anyhow::Result<_>>()?
+        }
+    };
+    let max = selected_scores
+        .iter()
+        .map(|(_, s)| sanitize(*s))
+        .fold(f32::NEG_INFINITY, f32::max);
+    let mut best = (u32::MAX, f32::NEG_INFINITY);
+    let mut total = 0.0f32;
+    for &(position, score) in &selected_scores {
+        let score = sanitize(score);
+        total += (score - max).exp();
+        if score > best.1 || (score == best.1 && position < best.0) {
+            best = (position, score);
+        }
+    }
+    let weight = if total > 0.0 {
+        (best.1 - max).exp() / total
+    } else {
+        0.0
+    };
+    Ok(AttnOut {
+        argmax: best.0,
+        weight,
+    })
 }
 
 impl Backend for CpuBackend {
@@ -112,7 +207,7 @@ impl Backend for CpuBackend {
                 job.index_k.len() >= job.n * per_token,
                 "index-K buffer shorter than n rows"
             );
-            let mut scored: Vec<(f32, u32)> = job.index_k[..job.n * per_token]
+            let scored: Vec<(f32, u32)> = job.index_k[..job.n * per_token]
                 .chunks_exact(per_token)
                 .enumerate()
                 .map(|(position, bytes)| {
@@ -120,22 +215,7 @@ impl Backend for CpuBackend {
                     (sanitize(dot(job.query, &row)), position as u32)
                 })
                 .collect();
-            let keep = k.min(scored.len());
-            match topk {
-                TopkImpl::V1 => scored.sort_by(rank),
-                TopkImpl::V2 => {
-                    if keep > 0 && keep < scored.len() {
-                        scored.select_nth_unstable_by(keep - 1, rank);
-                    }
-                    scored[..keep].sort_by(rank);
-                }
-            }
-            results.push(
-                scored[..keep]
-                    .iter()
-                    .map(|(_, position)| *position)
-                    .collect(),
-            );
+            results.push(select_top(scored, k, topk));
         }
         Ok(results)
     }
@@ -145,11 +225,6 @@ impl Backend for CpuBackend {
         jobs: &[AttnJob<'_>],
         path: AttnPath,
     ) -> anyhow::Result<Vec<AttnOut>> {
-        let matrix = mla_up_projection();
-        let inv_sqrt_dim = 1.0 / (MAIN_DIM as f32).sqrt();
-        let mut projected_query = [0.0f32; MAIN_DIM];
-        let mut absorbed_query = [0.0f32; MAIN_DIM];
-        let mut projected_key = [0.0f32; MAIN_DIM];
         let mut outputs = Vec::with_capacity(jobs.len());
         for job in jobs {
             ensure!(
@@ -160,67 +235,102 @@ impl Backend for CpuBackend {
                 job.keys.len() >= job.n * MAIN_DIM,
                 "main key buffer shorter than n rows"
             );
-            ensure!(
-                !job.selected.is_empty(),
-                "sparse attention over an empty selection"
-            );
-            project(matrix, job.query, &mut projected_query);
-            let selected_scores: Vec<(u32, f32)> = match path {
-                AttnPath::Mma => {
-                    project_transposed(matrix, &projected_query, &mut absorbed_query);
-                    job.selected
-                        .iter()
-                        .map(|&position| {
-                            let p = position as usize;
-                            ensure!(p < job.n, "selected position {p} outside {} rows", job.n);
-                            let key = &job.keys[p * MAIN_DIM..(p + 1) * MAIN_DIM];
-                            Ok((position, dot(&absorbed_query, key) * inv_sqrt_dim))
-                        })
-                        .collect::<anyhow::Result<_>>()?
-                }
-                AttnPath::Legacy => {
-                    // Dense: every stored row is up-projected and scored, then masked.
-                    let dense: Vec<f32> = job.keys[..job.n * MAIN_DIM]
-                        .chunks_exact(MAIN_DIM)
-                        .map(|key| {
-                            project(matrix, key, &mut projected_key);
-                            dot(&projected_query, &projected_key) * inv_sqrt_dim
-                        })
-                        .collect();
-                    job.selected
-                        .iter()
-                        .map(|&position| {
-                            let p = position as usize;
-                            ensure!(p < job.n, "selected position {p} outside {} rows", job.n);
-                            Ok((position, dense[p]))
-                        })
-                        .collect::<anyhow::Result<_>>()?
-                }
-            };
-            let max = selected_scores
-                .iter()
-                .map(|(_, s)| sanitize(*s))
-                .fold(f32::NEG_INFINITY, f32::max);
-            let mut best = (u32::MAX, f32::NEG_INFINITY);
-            let mut total = 0.0f32;
-            for &(position, score) in &selected_scores {
-                let score = sanitize(score);
-                total += (score - max).exp();
-                if score > best.1 || (score == best.1 && position < best.0) {
-                    best = (position, score);
-                }
-            }
-            let weight = if total > 0.0 {
-                (best.1 - max).exp() / total
-            } else {
-                0.0
-            };
-            outputs.push(AttnOut {
-                argmax: best.0,
-                weight,
-            });
+            let key = |p: usize| &job.keys[p * MAIN_DIM..(p + 1) * MAIN_DIM];
+            outputs.push(attend(job.query, job.n, job.selected, &key, path)?);
         }
         Ok(outputs)
+    }
+
+    fn create_pool(&self, spec: PoolSpec) -> anyhow::Result<PoolId> {
+        self.pools.create(spec)
+    }
+
+    fn release_pool(&self, pool: PoolId) -> anyhow::Result<()> {
+        self.pools.release(pool)
+    }
+
+    fn write_rows(
+        &self,
+        pool: PoolId,
+        page: u32,
+        first_row: usize,
+        main_keys: &[f32],
+        index_keys: &[f32],
+    ) -> anyhow::Result<()> {
+        self.pools
+            .write_rows(pool, page, first_row, main_keys, index_keys)
+    }
+
+    fn write_quantized_rows(
+        &self,
+        pool: PoolId,
+        page: u32,
+        first_row: usize,
+        main_keys: &[f32],
+        index_rows: &[u8],
+    ) -> anyhow::Result<()> {
+        self.pools
+            .write_quantized_rows(pool, page, first_row, main_keys, index_rows)
+    }
+
+    fn append_rows(
+        &self,
+        pool: PoolId,
+        rows: &[(u32, usize)],
+        main_keys: &[f32],
+        index_keys: &[f32],
+    ) -> anyhow::Result<()> {
+        self.pools.with_spec(pool, |spec| {
+            super::paged::check_append(spec, rows, main_keys, index_keys)
+        })?;
+        for (i, &(page, row)) in rows.iter().enumerate() {
+            self.pools.write_rows(
+                pool,
+                page,
+                row,
+                &main_keys[i * MAIN_DIM..(i + 1) * MAIN_DIM],
+                &index_keys[i * INDEX_DIM..(i + 1) * INDEX_DIM],
+            )?;
+        }
+        Ok(())
+    }
+
+    fn evict_page(&self, pool: PoolId, page: u32, slot: u32) -> anyhow::Result<()> {
+        self.pools.evict(pool, page, slot)
+    }
+
+    fn load_back_page(&self, pool: PoolId, slot: u32, page: u32) -> anyhow::Result<()> {
+        self.pools.load_back(pool, slot, page)
+    }
+
+    fn indexer_topk_paged(
+        &self,
+        pool: PoolId,
+        jobs: &[PagedIndexerJob<'_>],
+        k: usize,
+        topk: TopkImpl,
+        _gate_index_k: bool,
+    ) -> anyhow::Result<Vec<Vec<u32>>> {
+        // Every CPU load-back has landed already: there is nothing to wait for.
+        self.pools
+            .indexer_topk(&self.fp8_table, pool, jobs, k, topk)
+    }
+
+    fn sparse_attention_paged(
+        &self,
+        pool: PoolId,
+        jobs: &[PagedAttnJob<'_>],
+        path: AttnPath,
+    ) -> anyhow::Result<Vec<AttnOut>> {
+        self.pools.sparse_attention(pool, jobs, path)
+    }
+
+    fn read_page(&self, pool: PoolId, page: u32) -> anyhow::Result<PageContents> {
+        self.pools.read_page(pool, page)
+    }
+
+    fn pool_stats(&self, pool: PoolId) -> anyhow::Result<PoolStats> {
+        self.pools.stats(pool)
     }
 }
 

@@ -3,12 +3,23 @@
 //! CUDA (cudarc, kernels in top-level `kernels/*.cu`, compiled with NVRTC at start) is
 //! used with `--device cuda` or when `--device auto` finds a GPU.
 //!
-//! All inputs are gathered, contiguous host buffers so both backends see identical
-//! bytes; results must be bit-identical between backends for the selected positions
-//! (scores may differ in the last ulp, ties are broken by the lower position).
+//! Two halves of one contract. The slice methods take gathered, contiguous host
+//! buffers (what the served roles use today). The paged methods ([`paged`]) take pool
+//! handles and page lists: the KV lives with the backend (one device allocation per
+//! pool on CUDA), and only new tokens' keys, queries, page lists and results cross.
+//! Results must be bit-identical between backends for the selected positions (ties are
+//! broken by the lower position), and between the slice and paged methods.
 
 pub mod cpu;
+mod cpu_pool;
 pub mod cuda;
+pub mod paged;
+#[cfg(test)]
+pub(crate) mod paged_tests;
+
+pub use paged::{
+    PageContents, PagedAttnJob, PagedIndexerJob, PoolId, PoolSpec, PoolStats, MAX_PAGE_TOKENS,
+};
 
 use serde::Serialize;
 
@@ -111,6 +122,72 @@ pub trait Backend: Send + Sync {
         jobs: &[AttnJob<'_>],
         path: AttnPath,
     ) -> anyhow::Result<Vec<AttnOut>>;
+
+    // --- Paged pools (module `paged`) ---
+
+    /// Creates a pool (zeroed pages and host slots, every tag 0).
+    fn create_pool(&self, spec: PoolSpec) -> anyhow::Result<PoolId>;
+    /// Frees a pool's memory; its id is invalid afterwards.
+    fn release_pool(&self, pool: PoolId) -> anyhow::Result<()>;
+    /// Stores new rows `first_row..` of `page`: their main keys (MAIN_DIM f32 each) as
+    /// they are, their index keys (INDEX_DIM f32 each) quantized in the pool's dtype.
+    /// Gives the page a fresh generation. Waits for any load-back still landing on it.
+    fn write_rows(
+        &self,
+        pool: PoolId,
+        page: u32,
+        first_row: usize,
+        main_keys: &[f32],
+        index_keys: &[f32],
+    ) -> anyhow::Result<()>;
+    /// Stores rows already quantized elsewhere (prefill's shipped index-K, stale or not:
+    /// its bytes are kept exactly). Otherwise as [`Backend::write_rows`].
+    fn write_quantized_rows(
+        &self,
+        pool: PoolId,
+        page: u32,
+        first_row: usize,
+        main_keys: &[f32],
+        index_rows: &[u8],
+    ) -> anyhow::Result<()>;
+    /// Appends one row per entry of `rows` (page, row in page), in one call: decode's new
+    /// tokens of a step. Keys as in [`Backend::write_rows`], `rows.len()` rows each. Each
+    /// page written gets one fresh generation.
+    fn append_rows(
+        &self,
+        pool: PoolId,
+        rows: &[(u32, usize)],
+        main_keys: &[f32],
+        index_keys: &[f32],
+    ) -> anyhow::Result<()>;
+    /// HiCache eviction: page -> host slot (data and tags), after every read queued so
+    /// far; returns once the copy has landed, so the page can be reused at once.
+    fn evict_page(&self, pool: PoolId, page: u32, slot: u32) -> anyhow::Result<()>;
+    /// HiCache load-back: host slot -> page, main KV first, then index-K. On CUDA it is
+    /// queued on the copy stream and returns before it lands.
+    fn load_back_page(&self, pool: PoolId, slot: u32, page: u32) -> anyhow::Result<()>;
+    /// [`Backend::indexer_topk`] over sequences in a pool. `gate_index_k`: wait for
+    /// unfinished index-K load-backs of the pages read
+    /// (`SGLANG_DSV4_INDEX_K_HICACHE_SYNC=1`); without it a read may race the copy.
+    fn indexer_topk_paged(
+        &self,
+        pool: PoolId,
+        jobs: &[PagedIndexerJob<'_>],
+        k: usize,
+        topk: TopkImpl,
+        gate_index_k: bool,
+    ) -> anyhow::Result<Vec<Vec<u32>>>;
+    /// [`Backend::sparse_attention`] over sequences in a pool; main-KV reads always
+    /// wait for unfinished main-KV load-backs.
+    fn sparse_attention_paged(
+        &self,
+        pool: PoolId,
+        jobs: &[PagedAttnJob<'_>],
+        path: AttnPath,
+    ) -> anyhow::Result<Vec<AttnOut>>;
+    /// A page's bytes and tags once every copy queued on it has landed.
+    fn read_page(&self, pool: PoolId, page: u32) -> anyhow::Result<PageContents>;
+    fn pool_stats(&self, pool: PoolId) -> anyhow::Result<PoolStats>;
 }
 
 /// Byte layout of one quantized index-K row, shared by every backend so that pages

@@ -3,10 +3,11 @@
 //! call runs on the compute stream and returns once its results are on the host.
 
 use anyhow::{bail, ensure, Context, Result};
-use cudarc::driver::PushKernelArg;
+use cudarc::driver::{CudaSlice, PushKernelArg};
 
 use super::super::{
-    AttnJob, AttnOut, AttnPath, Backend, IndexKDtype, IndexerJob, TopkImpl, INDEX_DIM, MAIN_DIM,
+    AttnJob, AttnOut, AttnPath, Backend, IndexKDtype, IndexerJob, PageContents, PagedAttnJob,
+    PagedIndexerJob, PoolId, PoolSpec, PoolStats, TopkImpl, INDEX_DIM, MAIN_DIM,
 };
 use super::{
     grid_for, per_job, row_starts, to_u32, CudaBackend, ATTN_THREADS, ELEMENTWISE_THREADS,
@@ -86,9 +87,7 @@ impl Backend for CudaBackend {
         if jobs.is_empty() || k == 0 || rows == 0 {
             return Ok(vec![Vec::new(); jobs.len()]);
         }
-        let k32 = to_u32(k, "top-k")?;
         let jobs32 = to_u32(jobs.len(), "indexer jobs")?;
-        to_u32(jobs.len() * k, "indexer output slots")?;
 
         let queries: Vec<f32> = jobs
             .iter()
@@ -117,49 +116,8 @@ impl Backend for CudaBackend {
         unsafe { launch.launch(grid_for(rows, ELEMENTWISE_THREADS)) }
             .context("launching indexer_scores")?;
 
-        let mut d_out = self.zeros::<u32>(jobs.len() * k)?;
-        match topk {
-            TopkImpl::V1 => {
-                let mut scratch_starts = Vec::with_capacity(jobs.len());
-                let mut padded_total = 0u64;
-                for job in jobs {
-                    scratch_starts.push(padded_total);
-                    padded_total += job.n.max(1).next_power_of_two() as u64;
-                }
-                let d_scratch_starts = self.upload(&scratch_starts)?;
-                let mut d_scratch = self.zeros::<u64>(padded_total as usize)?;
-                let mut launch = self.compute.launch_builder(&self.kernels.topk_v1);
-                launch
-                    .arg(&d_scores)
-                    .arg(&d_starts)
-                    .arg(&d_scratch_starts)
-                    .arg(&mut d_scratch)
-                    .arg(&k32)
-                    .arg(&mut d_out);
-                // SAFETY: matches topk_v1_bitonic in indexer_topk.cu.
-                unsafe { launch.launch(per_job(jobs.len(), TOPK_THREADS)) }
-                    .context("launching topk_v1_bitonic")?;
-            }
-            TopkImpl::V2 => {
-                let mut d_scratch = self.zeros::<u64>(jobs.len() * k)?;
-                let mut launch = self.compute.launch_builder(&self.kernels.topk_v2);
-                launch
-                    .arg(&d_scores)
-                    .arg(&d_starts)
-                    .arg(&mut d_scratch)
-                    .arg(&k32)
-                    .arg(&mut d_out);
-                // SAFETY: matches topk_v2_radix_select in indexer_topk.cu.
-                unsafe { launch.launch(per_job(jobs.len(), TOPK_THREADS)) }
-                    .context("launching topk_v2_radix_select")?;
-            }
-        }
-        let flat = self.download(&d_out, jobs.len() * k)?;
-        Ok(jobs
-            .iter()
-            .zip(flat.chunks(k))
-            .map(|(job, slots)| slots[..job.n.min(k)].to_vec())
-            .collect())
+        let counts: Vec<usize> = jobs.iter().map(|job| job.n).collect();
+        self.topk_on_device(&d_scores, &d_starts, &counts, k, topk)
     }
 
     fn sparse_attention(&self, jobs: &[AttnJob<'_>], path: AttnPath) -> Result<Vec<AttnOut>> {
@@ -274,6 +232,82 @@ impl Backend for CudaBackend {
             .map(|(argmax, weight)| AttnOut { argmax, weight })
             .collect())
     }
+
+    fn create_pool(&self, spec: PoolSpec) -> Result<PoolId> {
+        self.pool_create(spec)
+    }
+
+    fn release_pool(&self, pool: PoolId) -> Result<()> {
+        self.pool_release(pool)
+    }
+
+    fn write_rows(
+        &self,
+        pool: PoolId,
+        page: u32,
+        first_row: usize,
+        main_keys: &[f32],
+        index_keys: &[f32],
+    ) -> Result<()> {
+        self.pool_write_rows(pool, page, first_row, main_keys, index_keys)
+    }
+
+    fn write_quantized_rows(
+        &self,
+        pool: PoolId,
+        page: u32,
+        first_row: usize,
+        main_keys: &[f32],
+        index_rows: &[u8],
+    ) -> Result<()> {
+        self.pool_write_quantized_rows(pool, page, first_row, main_keys, index_rows)
+    }
+
+    fn append_rows(
+        &self,
+        pool: PoolId,
+        rows: &[(u32, usize)],
+        main_keys: &[f32],
+        index_keys: &[f32],
+    ) -> Result<()> {
+        self.pool_append_rows(pool, rows, main_keys, index_keys)
+    }
+
+    fn evict_page(&self, pool: PoolId, page: u32, slot: u32) -> Result<()> {
+        self.pool_evict(pool, page, slot)
+    }
+
+    fn load_back_page(&self, pool: PoolId, slot: u32, page: u32) -> Result<()> {
+        self.pool_load_back(pool, slot, page)
+    }
+
+    fn indexer_topk_paged(
+        &self,
+        pool: PoolId,
+        jobs: &[PagedIndexerJob<'_>],
+        k: usize,
+        topk: TopkImpl,
+        gate_index_k: bool,
+    ) -> Result<Vec<Vec<u32>>> {
+        self.pool_indexer_topk(pool, jobs, k, topk, gate_index_k)
+    }
+
+    fn sparse_attention_paged(
+        &self,
+        pool: PoolId,
+        jobs: &[PagedAttnJob<'_>],
+        path: AttnPath,
+    ) -> Result<Vec<AttnOut>> {
+        self.pool_sparse_attention(pool, jobs, path)
+    }
+
+    fn read_page(&self, pool: PoolId, page: u32) -> Result<PageContents> {
+        self.pool_read_page(pool, page)
+    }
+
+    fn pool_stats(&self, pool: PoolId) -> Result<PoolStats> {
+        CudaBackend::pool_stats(self, pool)
+    }
 }
 
 /// Shape checks of an attention batch, before anything is uploaded.
@@ -302,4 +336,64 @@ fn check_attention_jobs(jobs: &[AttnJob<'_>]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+impl CudaBackend {
+    /// Top-k of per-job score rows already on the device (job j's scores are
+    /// `d_scores[d_starts[j]..d_starts[j + 1]]`, `counts[j]` of them): the slice and the
+    /// paged indexer share it. Returns min(k, n_j) positions per job.
+    pub(super) fn topk_on_device(
+        &self,
+        d_scores: &CudaSlice<f32>,
+        d_starts: &CudaSlice<u32>,
+        counts: &[usize],
+        k: usize,
+        topk: TopkImpl,
+    ) -> Result<Vec<Vec<u32>>> {
+        let k32 = to_u32(k, "top-k")?;
+        to_u32(counts.len() * k, "indexer output slots")?;
+        let mut d_out = self.zeros::<u32>(counts.len() * k)?;
+        match topk {
+            TopkImpl::V1 => {
+                let mut scratch_starts = Vec::with_capacity(counts.len());
+                let mut padded_total = 0u64;
+                for &n in counts {
+                    scratch_starts.push(padded_total);
+                    padded_total += n.max(1).next_power_of_two() as u64;
+                }
+                let d_scratch_starts = self.upload(&scratch_starts)?;
+                let mut d_scratch = self.zeros::<u64>(padded_total as usize)?;
+                let mut launch = self.compute.launch_builder(&self.kernels.topk_v1);
+                launch
+                    .arg(d_scores)
+                    .arg(d_starts)
+                    .arg(&d_scratch_starts)
+                    .arg(&mut d_scratch)
+                    .arg(&k32)
+                    .arg(&mut d_out);
+                // SAFETY: matches topk_v1_bitonic in indexer_topk.cu.
+                unsafe { launch.launch(per_job(counts.len(), TOPK_THREADS)) }
+                    .context("launching topk_v1_bitonic")?;
+            }
+            TopkImpl::V2 => {
+                let mut d_scratch = self.zeros::<u64>(counts.len() * k)?;
+                let mut launch = self.compute.launch_builder(&self.kernels.topk_v2);
+                launch
+                    .arg(d_scores)
+                    .arg(d_starts)
+                    .arg(&mut d_scratch)
+                    .arg(&k32)
+                    .arg(&mut d_out);
+                // SAFETY: matches topk_v2_radix_select in indexer_topk.cu.
+                unsafe { launch.launch(per_job(counts.len(), TOPK_THREADS)) }
+                    .context("launching topk_v2_radix_select")?;
+            }
+        }
+        let flat = self.download(&d_out, counts.len() * k)?;
+        Ok(counts
+            .iter()
+            .zip(flat.chunks(k))
+            .map(|(&n, slots)| slots[..n.min(k)].to_vec())
+            .collect())
+    }
 }

@@ -2,11 +2,10 @@
 //! its page-locked host tier, load-backs on a dedicated copy stream, and the gather
 //! (`kernels/hicache_copy.cu`) that does or does not wait for them.
 //!
-//! Not yet used by the served engine: today only this crate's GPU test
-//! (`gpu_gated_load_back_reads_the_loaded_page`) drives it, and the prefill role keeps
-//! its pool on the host (`kvpool`, `hicache`). It stays compiled, and its kernel loaded
-//! with the others, because a planned change moves prefill's pool onto the GPU through
-//! this type, making the missing index-K gate a real cross-stream race there too.
+//! Not used by the served engine: only this crate's GPU test
+//! (`gpu_gated_load_back_reads_the_loaded_page`) drives it. The paged pools of
+//! `pool.rs` (one allocation per pool, page tables, generation tags) supersede it as
+//! the GPU HiCache; moving prefill's pool onto the GPU should go through those.
 
 use std::collections::HashMap;
 use std::sync::Arc;

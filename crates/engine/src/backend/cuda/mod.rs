@@ -1,8 +1,9 @@
 //! CUDA backend of the embedded engine: the device probe, the NVRTC compilation of
 //! `kernels/*.cu`, the context and streams ([`CudaBackend`]) and the launch geometry.
-//! The [`Backend`](super::Backend) implementation (kernel launches) is in `launch`; the HiCache
-//! load-back primitive on the GPU ([`LoadBackPool`], not yet used by the served engine)
-//! in `loadback`.
+//! The [`Backend`](super::Backend) implementation (kernel launches) is in `launch`; the
+//! paged pools (device-resident KV, page tables, HiCache on the copy stream, generation
+//! tags; `super::paged`) in `pool`; the older load-back primitive ([`LoadBackPool`],
+//! superseded by the pools, used by one test only) in `loadback`.
 //!
 //! cudarc is built with dynamic loading, so this module compiles and links without CUDA.
 //! Nothing here may panic when the driver or NVRTC library is missing: cudarc panics on
@@ -21,6 +22,7 @@
 
 mod launch;
 mod loadback;
+mod pool;
 #[cfg(test)]
 mod tests;
 
@@ -168,6 +170,12 @@ struct Kernels {
     attn_legacy_mask: CudaFunction,
     attn_legacy_softmax: CudaFunction,
     gather_pages: CudaFunction,
+    append_rows: CudaFunction,
+    paged_scores_bf16: CudaFunction,
+    paged_scores_fp8: CudaFunction,
+    paged_attn_mma: CudaFunction,
+    paged_legacy_dense: CudaFunction,
+    paged_count_stale_main: CudaFunction,
 }
 
 impl Kernels {
@@ -202,6 +210,12 @@ impl Kernels {
                 "sparse_attention_legacy_softmax",
             )?,
             gather_pages: function("hicache_copy.cu", "gather_pages")?,
+            append_rows: function("index_k.cu", "append_rows")?,
+            paged_scores_bf16: function("indexer_topk.cu", "paged_indexer_scores_bf16")?,
+            paged_scores_fp8: function("indexer_topk.cu", "paged_indexer_scores_fp8")?,
+            paged_attn_mma: function("sparse_attention.cu", "paged_sparse_attention_mma")?,
+            paged_legacy_dense: function("sparse_attention.cu", "paged_attention_legacy_dense")?,
+            paged_count_stale_main: function("sparse_attention.cu", "paged_count_stale_main")?,
         })
     }
 }
@@ -216,6 +230,8 @@ pub struct CudaBackend {
     /// The MLA up-projection W (`mla_up_projection()`), resident on the device.
     up_projection: CudaSlice<f32>,
     description: String,
+    /// Paged pools ([`super::paged`]), indexed by `PoolId`; `None` once released.
+    pools: parking_lot::Mutex<Vec<Option<pool::GpuPool>>>,
 }
 
 impl CudaBackend {
@@ -261,6 +277,7 @@ impl CudaBackend {
             kernels,
             up_projection,
             description,
+            pools: parking_lot::Mutex::new(Vec::new()),
         })
     }
 

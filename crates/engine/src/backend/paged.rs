@@ -1,0 +1,277 @@
+//! The paged half of the [`Backend`](super::Backend) contract: KV pools that live with
+//! the backend (host memory for the CPU, one device allocation for CUDA), addressed by
+//! a [`PoolId`] handle and per-sequence page lists. Only new tokens' keys, per-step
+//! queries and page lists cross the boundary; results come back as positions.
+//!
+//! A pool holds `device_pages` pages of `page_tokens` rows. Each row stores the main
+//! key (MAIN_DIM f32) and the quantized index-K row (`dtype.bytes_per_token()` bytes,
+//! [`super::layout`]); a page's rows are contiguous in each region, so a reader that
+//! walks a page reads one contiguous run of bytes. Its HiCache host tier holds
+//! `host_pages` slots (page-locked memory on CUDA) that pages are evicted to and loaded
+//! back from.
+//!
+//! Generation tags make stale reads countable, on every backend the same way: every
+//! write of a page gives it a fresh generation, stored next to the page's main KV and
+//! next to its index-K (two tags, because a load-back copies the two separately, main
+//! first). Eviction carries the tags to the host slot with the data; a load-back copies
+//! the data, then its tag. The pool remembers the generation each page should hold;
+//! the reading kernels compare each page's tag with it before reading the page and
+//! count a mismatch as a stale read ([`PoolStats`]). On CUDA a load-back is an async
+//! copy on the copy stream, so an ungated read can run before it lands; on the CPU it
+//! lands before `load_back_page` returns, so the CPU pool never reads stale (the CPU
+//! race of the served engine is the virtual-time loader in `hicache`, unchanged).
+
+use super::IndexKDtype;
+use anyhow::{ensure, Result};
+use serde::Serialize;
+
+/// Handle of a pool created by [`Backend::create_pool`](super::Backend::create_pool);
+/// only meaningful to the backend that made it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PoolId(pub u32);
+
+/// Shape of a paged pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolSpec {
+    pub dtype: IndexKDtype,
+    /// Rows per page: a multiple of 4 in 4..=128 (the CUDA indexer stages whole pages
+    /// of up to 128 rows in shared memory with 16-byte loads).
+    pub page_tokens: usize,
+    pub device_pages: usize,
+    /// HiCache host-tier slots (at least 1).
+    pub host_pages: usize,
+}
+
+/// Largest page the paged kernels accept (rows staged per block).
+pub const MAX_PAGE_TOKENS: usize = 128;
+
+impl PoolSpec {
+    pub fn validate(&self) -> Result<()> {
+        ensure!(
+            self.page_tokens >= 4
+                && self.page_tokens <= MAX_PAGE_TOKENS
+                && self.page_tokens % 4 == 0,
+            "page_tokens = {} must be a multiple of 4 in 4..={MAX_PAGE_TOKENS}",
+            self.page_tokens
+        );
+        ensure!(
+            self.device_pages > 0 && self.host_pages > 0,
+            "a pool needs at least one device page and one host slot ({} and {} asked)",
+            self.device_pages,
+            self.host_pages
+        );
+        ensure!(
+            u32::try_from(self.device_pages.max(self.host_pages)).is_ok(),
+            "page counts must fit 32-bit page ids"
+        );
+        Ok(())
+    }
+
+    /// Bytes of one page's main KV (MAIN_DIM f32 per row).
+    pub fn main_page_bytes(&self) -> usize {
+        self.page_tokens * super::MAIN_DIM * 4
+    }
+
+    /// Bytes of one page's index-K.
+    pub fn index_page_bytes(&self) -> usize {
+        self.page_tokens * self.dtype.bytes_per_token()
+    }
+
+    /// Device bytes of the whole pool's KV (both regions).
+    pub fn kv_bytes(&self) -> usize {
+        self.device_pages * (self.main_page_bytes() + self.index_page_bytes())
+    }
+}
+
+/// One indexer query over a sequence stored in a pool: row `p` of the sequence is row
+/// `p % page_tokens` of page `pages[p / page_tokens]`.
+pub struct PagedIndexerJob<'a> {
+    /// INDEX_DIM f32.
+    pub query: &'a [f32],
+    pub pages: &'a [u32],
+    pub n: usize,
+}
+
+/// One sparse-attention query over a sequence stored in a pool.
+pub struct PagedAttnJob<'a> {
+    /// MAIN_DIM f32.
+    pub query: &'a [f32],
+    pub pages: &'a [u32],
+    pub n: usize,
+    /// Positions chosen by the indexer (no duplicates), each < n.
+    pub selected: &'a [u32],
+}
+
+/// Counters of one pool (exported on /metrics by whoever owns the pool).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct PoolStats {
+    pub evictions: u64,
+    pub load_backs: u64,
+    /// Reads that waited on an unfinished load-back of a page they read.
+    pub gated_waits: u64,
+    /// Page reads of the indexer whose index-K tag did not match the generation the
+    /// page should hold (counted by the reading kernel).
+    pub stale_index_k_reads: u64,
+    /// The same for main-KV reads of attention (always gated, so 0 unless broken).
+    pub stale_main_reads: u64,
+}
+
+/// What a page holds, read back after every copy queued on it has landed (tests).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PageContents {
+    /// page_tokens * MAIN_DIM f32.
+    pub main: Vec<f32>,
+    /// page_tokens * bytes_per_token bytes.
+    pub index_k: Vec<u8>,
+    pub main_tag: u32,
+    pub index_tag: u32,
+    /// The generation the pool expects the page to hold.
+    pub expected: u32,
+}
+
+/// Shape checks shared by every backend, before anything is read.
+pub fn check_indexer_jobs(spec: &PoolSpec, jobs: &[PagedIndexerJob<'_>]) -> Result<()> {
+    for (j, job) in jobs.iter().enumerate() {
+        ensure!(
+            job.query.len() == super::INDEX_DIM,
+            "paged indexer job {j}: query has {} f32, not {}",
+            job.query.len(),
+            super::INDEX_DIM
+        );
+        check_pages(spec, j, job.pages, job.n)?;
+    }
+    Ok(())
+}
+
+pub fn check_attention_jobs(spec: &PoolSpec, jobs: &[PagedAttnJob<'_>]) -> Result<()> {
+    for (j, job) in jobs.iter().enumerate() {
+        ensure!(
+            job.query.len() == super::MAIN_DIM,
+            "paged attention job {j}: query has {} f32, not {}",
+            job.query.len(),
+            super::MAIN_DIM
+        );
+        check_pages(spec, j, job.pages, job.n)?;
+        ensure!(
+            !job.selected.is_empty(),
+            "paged attention job {j}: empty selection"
+        );
+        if let Some(bad) = job.selected.iter().find(|&&p| p as usize >= job.n) {
+            anyhow::bail!(
+                "paged attention job {j}: selected position {bad} is outside 0..{}",
+                job.n
+            );
+        }
+    }
+    Ok(())
+}
+
+fn check_pages(spec: &PoolSpec, job: usize, pages: &[u32], n: usize) -> Result<()> {
+    ensure!(
+        pages.len() >= n.div_ceil(spec.page_tokens),
+        "paged job {job}: {} pages cannot hold n = {n} rows of {} per page",
+        pages.len(),
+        spec.page_tokens
+    );
+    if let Some(bad) = pages.iter().find(|&&p| p as usize >= spec.device_pages) {
+        anyhow::bail!(
+            "paged job {job}: page {bad} is outside the pool's 0..{}",
+            spec.device_pages
+        );
+    }
+    Ok(())
+}
+
+/// Checks of a `write_rows` call: the rows must lie inside one page.
+pub fn check_write(
+    spec: &PoolSpec,
+    page: u32,
+    first_row: usize,
+    main_keys: &[f32],
+    index_keys: &[f32],
+) -> Result<usize> {
+    ensure!(
+        (page as usize) < spec.device_pages,
+        "write to page {page} outside the pool's 0..{}",
+        spec.device_pages
+    );
+    ensure!(
+        main_keys.len() % super::MAIN_DIM == 0 && index_keys.len() % super::INDEX_DIM == 0,
+        "write_rows: keys are not whole rows"
+    );
+    let rows = main_keys.len() / super::MAIN_DIM;
+    ensure!(
+        index_keys.len() / super::INDEX_DIM == rows,
+        "write_rows: {rows} main rows but {} index rows",
+        index_keys.len() / super::INDEX_DIM
+    );
+    ensure!(
+        first_row + rows <= spec.page_tokens,
+        "write_rows: rows {first_row}..{} do not fit a page of {}",
+        first_row + rows,
+        spec.page_tokens
+    );
+    Ok(rows)
+}
+
+/// Checks of a `write_quantized_rows` call: whole rows inside one page.
+pub fn check_write_quantized(
+    spec: &PoolSpec,
+    page: u32,
+    first_row: usize,
+    main_keys: &[f32],
+    index_rows: &[u8],
+) -> Result<usize> {
+    let width = spec.dtype.bytes_per_token();
+    ensure!(
+        index_rows.len() % width == 0,
+        "write_quantized_rows: {} index-K bytes are not whole {}-byte rows",
+        index_rows.len(),
+        width
+    );
+    let placeholder = vec![0.0f32; index_rows.len() / width * super::INDEX_DIM];
+    check_write(spec, page, first_row, main_keys, &placeholder)
+}
+
+/// Checks of an `append_rows` call.
+pub fn check_append(
+    spec: &PoolSpec,
+    rows: &[(u32, usize)],
+    main_keys: &[f32],
+    index_keys: &[f32],
+) -> Result<()> {
+    ensure!(
+        main_keys.len() == rows.len() * super::MAIN_DIM
+            && index_keys.len() == rows.len() * super::INDEX_DIM,
+        "append_rows: {} rows but {} main and {} index f32",
+        rows.len(),
+        main_keys.len(),
+        index_keys.len()
+    );
+    if let Some((page, row)) = rows
+        .iter()
+        .find(|(page, row)| *page as usize >= spec.device_pages || *row >= spec.page_tokens)
+    {
+        anyhow::bail!(
+            "append_rows: row {row} of page {page} is outside the pool ({} pages of {} rows)",
+            spec.device_pages,
+            spec.page_tokens
+        );
+    }
+    Ok(())
+}
+
+/// Range checks of evict / load-back.
+pub fn check_slot(spec: &PoolSpec, page: u32, slot: u32) -> Result<()> {
+    ensure!(
+        (page as usize) < spec.device_pages,
+        "page {page} outside the pool's 0..{}",
+        spec.device_pages
+    );
+    ensure!(
+        (slot as usize) < spec.host_pages,
+        "host slot {slot} outside the pool's 0..{}",
+        spec.host_pages
+    );
+    Ok(())
+}
