@@ -164,10 +164,20 @@ fn adaptive_usage_errors_are_exit_2_before_anything_runs() {
     // Adaptive blocks alternate on their own: --repeats does not apply.
     let out = exits_with(
         2,
-        &["run", "--flag", "BF16_INDEX_K", "--adaptive", "--repeats", "2"],
+        &[
+            "run",
+            "--flag",
+            "BF16_INDEX_K",
+            "--adaptive",
+            "--repeats",
+            "2",
+        ],
         dir.path(),
     );
-    assert!(out.contains("--repeats does not apply to --adaptive"), "{out}");
+    assert!(
+        out.contains("--repeats does not apply to --adaptive"),
+        "{out}"
+    );
     // A cap below one block at the load.
     let out = exits_with(
         2,
@@ -183,6 +193,9 @@ fn adaptive_usage_errors_are_exit_2_before_anything_runs() {
         ],
         dir.path(),
     );
-    assert!(out.contains("--max-sessions 20 is below the concurrency 40"), "{out}");
+    assert!(
+        out.contains("--max-sessions 20 is below the concurrency 40"),
+        "{out}"
+    );
     assert!(!dir.path().join("results").exists(), "nothing was started");
 }
