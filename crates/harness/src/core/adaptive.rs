@@ -24,7 +24,9 @@
 //!   factor has no earlier data, its plug-in rates are equal and it is exactly 1, so a
 //!   first pair of 80 + 80 would be spent learning; in sub-blocks only the first 20 + 20
 //!   are. The first sub-look that decides ends the e-process; the rest of that pair is
-//!   still counted in the pooled arms (the table, and every blocking check).
+//!   still counted in the pooled arms (the table, and every blocking check), and must not
+//!   contradict the decision: a `cleared` whose pooled arms differ significantly, or an
+//!   `implicated` whose pooled difference points the other way, is `inconclusive`.
 //! - The cap (sessions per arm) is the smallest that gives the goal's power with looks at
 //!   block boundaries ([`SequentialDesign::plan`] at blocks of C; conservative for the
 //!   finer sub-block feeding: docs/sequential.md's table gives 560 per arm at blocks of
@@ -602,7 +604,44 @@ pub fn verdict(
     }
     let m = record.design.min_effect;
     let mut reasons: Vec<String> = blocking.iter().map(|c| c.note.clone()).collect();
+    // Sessions drained after a mid-pair decision were not fed to the e-process; they
+    // must not contradict it (the pooled arms hold every session run).
+    let overrun: u64 = record.blocks.iter().map(|b| b.sessions - b.fed).sum();
+    let contradiction = match record.decision {
+        _ if overrun == 0 => None,
+        Some(Decision::Implicated { direction }) => {
+            let pooled_on_higher = comparison.rate_diff > 0.0;
+            (pooled_on_higher != (direction == Direction::On)).then(|| {
+                format!(
+                    "the pooled arms, with the {overrun} sessions drained after the decision, \
+                     point the other way (difference {} points)",
+                    percent_digits(comparison.rate_diff)
+                )
+            })
+        }
+        Some(Decision::Cleared) if comparison.p_value < policy.alpha => Some(format!(
+            "the pooled arms, with the {overrun} sessions drained after the decision, differ \
+             significantly (Fisher p = {} < alpha {})",
+            format::p_value(comparison.p_value),
+            policy.alpha
+        )),
+        _ => None,
+    };
     let status = match (&record.decision, blocking.is_empty()) {
+        (Some(d @ (Decision::Implicated { .. } | Decision::Cleared)), true)
+            if contradiction.is_some() =>
+        {
+            reasons.push(format!(
+                "the sequential test {path} says {}, but {}",
+                if matches!(d, Decision::Cleared) {
+                    "cleared"
+                } else {
+                    "implicated"
+                },
+                contradiction.as_deref().unwrap_or_default()
+            ));
+            Status::Inconclusive
+        }
         (_, false) => {
             reasons.push(format!(
                 "the sequential test {path}, but the blocking checks above void the comparison"
@@ -1028,6 +1067,25 @@ mod tests {
         let (_, _, v) = verdict(&on, &off, &policy, "F", c.record());
         assert_eq!(v.status, Status::Cleared, "{v:?}");
         assert!(v.summary.contains("at 20 sessions in flight"), "{v:?}");
+
+        // Cleared by the e-process, but the pooled arms (with the sessions drained after
+        // the decision) differ significantly: not cleared.
+        // Blocks of 80: cleared at 140 per arm, in the second pair's third sub-block, so
+        // 20 sessions per arm ran after the decision.
+        let mut big = Schedule::new(spec(80, Some(800))).unwrap();
+        run(&mut big, |_, n| block(n, 0));
+        assert_eq!(big.record().decision, Some(Decision::Cleared));
+        assert_eq!(big.record().sessions_per_arm(), (160, 160));
+        assert_eq!(big.record().blocks[3].fed, 60);
+        let (hot_on, cold_off) = (arm_stats(20, 160, 80), arm_stats(0, 160, 80));
+        let on = observe(ArmLabel::On, "1", &hot_on, &good_on);
+        let off = observe(ArmLabel::Off, "0", &cold_off, &good_off);
+        let (_, _, v) = verdict(&on, &off, &policy, "F", big.record());
+        assert_eq!(v.status, Status::Inconclusive, "{v:?}");
+        assert!(
+            v.summary.contains("says cleared, but the pooled arms"),
+            "{v:?}"
+        );
 
         // The cap: underpowered, with the interval reached.
         let mut u = Schedule::new(spec(10, Some(20))).unwrap();
