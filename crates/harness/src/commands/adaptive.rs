@@ -85,12 +85,12 @@ pub async fn run_adaptive(
     phases.plan_s += planning.elapsed().as_secs_f64();
     let design = &schedule.record().design;
     progress.note(&format!(
-        "sequential design: blocks of {} sessions per arm at {} in flight, cap {} per arm ({:?}), \
+        "sequential design: blocks of {} sessions per arm at {} in flight, cap {} per arm ({}), \
          alpha {}, min effect {} points",
         design.block_per_arm,
         design.concurrency,
         design.max_per_arm,
-        design.cap_source,
+        design.cap_source.describe(),
         design.alpha,
         percent_digits(design.min_effect)
     ));

@@ -87,6 +87,17 @@ pub enum CapSource {
     MaxSessions,
 }
 
+impl CapSource {
+    /// In words, for summaries and progress.
+    pub fn describe(self) -> &'static str {
+        match self {
+            CapSource::Planned => "planned for power",
+            CapSource::PlannedForCost => "planned for power and the measured cost",
+            CapSource::MaxSessions => "--max-sessions",
+        }
+    }
+}
+
 /// One (re)planning of the cap and block length.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct CapPlan {

@@ -82,12 +82,7 @@ pub fn design_sentence(seq: &AdaptiveRecord) -> String {
         d.concurrency,
         d.granularity,
         d.max_per_arm,
-        match d.cap_source {
-            crate::core::adaptive::CapSource::Planned => "planned for power",
-            crate::core::adaptive::CapSource::PlannedForCost =>
-                "planned for power and the measured cost",
-            crate::core::adaptive::CapSource::MaxSessions => "--max-sessions",
-        },
+        d.cap_source.describe(),
         seq.pairs()
     )
 }
