@@ -15,6 +15,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
+use bisect_harness::commands::adaptive::AdaptiveOptions;
 use bisect_harness::commands::probe::ProbePlan;
 use bisect_harness::commands::run::RunPlan;
 use bisect_harness::config::{ConfigError, FlagCatalog, TargetProfile, Workload};
@@ -295,11 +296,26 @@ pub struct RunArgs {
     /// Pin another flag for both arms: NAME=VALUE (repeatable).
     #[arg(long = "set")]
     set: Vec<String>,
+    /// Sequential A/B: arm blocks of at least --concurrency sessions (else the workload's
+    /// sessions) alternate until an always-valid test decides (docs/sequential.md).
+    #[arg(long)]
+    adaptive: bool,
+    /// With --adaptive: the cap, sessions per arm (default: planned from --alpha,
+    /// --min-effect, power 0.8 and the measured cost of sessions and restarts).
+    #[arg(long = "max-sessions", requires = "adaptive")]
+    max_sessions: Option<u64>,
     #[command(flatten)]
     pub common: ExperimentArgs,
 }
 
 impl RunArgs {
+    /// `Some` for a sequential run (`--adaptive`); checked by [`RunArgs::plan`].
+    pub fn adaptive(&self) -> Option<AdaptiveOptions> {
+        self.adaptive.then_some(AdaptiveOptions {
+            max_sessions: self.max_sessions,
+        })
+    }
+
     /// Validate the arguments into a plan; the embedded engine's launch scripts are
     /// the only thing written.
     pub fn plan(&self) -> anyhow::Result<RunPlan> {
@@ -314,6 +330,23 @@ impl RunArgs {
             ));
         }
         let policy = common.decision.policy()?;
+        if self.adaptive && self.repeats != 1 {
+            return Err(usage(
+                "--repeats does not apply to --adaptive: its blocks alternate until the test decides",
+                "drop --repeats (or --adaptive)",
+            ));
+        }
+        if let Some(cap) = self.max_sessions {
+            let c = u64::from(workload.target_concurrency());
+            if cap < c {
+                return Err(usage(
+                    format!(
+                        "--max-sessions {cap} is below the concurrency {c}: not one block at the target load fits"
+                    ),
+                    format!("pass --max-sessions {c} or more, or lower --concurrency"),
+                ));
+            }
+        }
         let mut sets = Vec::new();
         for s in &self.set {
             let Some((name, value)) = s.split_once('=') else {

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use super::{engines, print_record, progress, recover_journal};
 use crate::cli::{CulpritArgs, ProbeArgs, RunArgs};
 use crate::progress::Lines;
+use bisect_harness::commands::adaptive;
 use bisect_harness::commands::culprit;
 use bisect_harness::commands::probe::{self, Outcome};
 use bisect_harness::commands::run as experiment;
@@ -19,7 +20,12 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<ExitCode> {
     let (mut control, cancel) = engines(&plan.target, &plan.run_dir)?;
     let progress = progress(output.json);
     eprintln!("results: {}", plan.run_dir.display());
-    let record = experiment::run_experiment(&plan, &mut control, progress.as_ref(), cancel).await?;
+    let record = match args.adaptive() {
+        Some(options) => {
+            adaptive::run_adaptive(&plan, &options, &mut control, progress.as_ref(), cancel).await?
+        }
+        None => experiment::run_experiment(&plan, &mut control, progress.as_ref(), cancel).await?,
+    };
     print_record(
         output.json,
         || serde_json::to_string_pretty(&record),

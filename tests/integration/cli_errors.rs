@@ -151,3 +151,51 @@ fn usage_error_is_exit_2() {
         dir.path(),
     );
 }
+
+#[test]
+fn adaptive_usage_errors_are_exit_2_before_anything_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    // --max-sessions belongs to --adaptive.
+    exits_with(
+        2,
+        &["run", "--flag", "BF16_INDEX_K", "--max-sessions", "400"],
+        dir.path(),
+    );
+    // Adaptive blocks alternate on their own: --repeats does not apply.
+    let out = exits_with(
+        2,
+        &[
+            "run",
+            "--flag",
+            "BF16_INDEX_K",
+            "--adaptive",
+            "--repeats",
+            "2",
+        ],
+        dir.path(),
+    );
+    assert!(
+        out.contains("--repeats does not apply to --adaptive"),
+        "{out}"
+    );
+    // A cap below one block at the load.
+    let out = exits_with(
+        2,
+        &[
+            "run",
+            "--flag",
+            "BF16_INDEX_K",
+            "--adaptive",
+            "--concurrency",
+            "40",
+            "--max-sessions",
+            "20",
+        ],
+        dir.path(),
+    );
+    assert!(
+        out.contains("--max-sessions 20 is below the concurrency 40"),
+        "{out}"
+    );
+    assert!(!dir.path().join("results").exists(), "nothing was started");
+}

@@ -239,3 +239,68 @@ impl Drop for Kill {
         let _ = self.0.wait();
     }
 }
+
+/// `--adaptive` through real engine processes, kept small (16 in flight, a cap of two
+/// pairs): the blocks alternate with a restart each, the record holds the design, the
+/// looks and the phases; at this load and cap nothing can be decided.
+#[test]
+fn adaptive_run_alternates_restarted_blocks_up_to_its_cap() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_bisect"))
+        .args([
+            "run",
+            "--flag",
+            "TOPK_V2",
+            "--adaptive",
+            "--concurrency",
+            "16",
+            "--sessions",
+            "16",
+            "--rounds",
+            "2",
+            "--max-sessions",
+            "32",
+            "--json",
+        ])
+        .env("XDG_STATE_HOME", dir.path().join("state"))
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let seq = &run["adaptive"];
+    assert_eq!(seq["design"]["cap_source"], "max_sessions");
+    assert_eq!(seq["design"]["concurrency"], 16);
+    let labels: Vec<&str> = seq["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["label"].as_str().unwrap())
+        .collect();
+    assert_eq!(labels, ["on", "off", "off", "on"]);
+    assert_eq!(seq["looks"].as_array().unwrap().len(), 2);
+    assert_eq!(run["phases"]["restarts"], 4);
+    assert!(run["phases"]["health_wait_s"].as_f64().unwrap() > 0.0);
+    assert_eq!(
+        run["verdict"]["status"], "inconclusive",
+        "{}",
+        run["verdict"]
+    );
+    assert!(
+        run["verdict"]["summary"]
+            .as_str()
+            .unwrap()
+            .contains("underpowered: the cap of 32 sessions per arm"),
+        "{}",
+        run["verdict"]
+    );
+    for block in run["runs"].as_array().unwrap() {
+        assert_eq!(block["readback"]["decode"], block["value"]);
+        assert_eq!(block["effective"]["decode"], block["value"]);
+    }
+}

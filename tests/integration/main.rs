@@ -2,6 +2,7 @@
 //! (in-process, deterministic bugs) and against the embedded engine (real processes),
 //! plus the command line's exit codes and error messages.
 
+mod adaptive;
 mod cli_errors;
 mod common;
 mod crash;

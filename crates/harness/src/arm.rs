@@ -86,6 +86,12 @@ pub struct TestbedSpec<'a> {
 pub struct Restarted {
     /// Health wait summed over roles, seconds.
     pub health_wait_s: f64,
+    /// The health poller's padding summed over roles, seconds: an upper bound on the
+    /// time between an engine being ready and bisect noticing (0 where not measured).
+    pub health_padding_s: f64,
+    /// The rest of the restart, seconds: stopping, the foreign-engine check, spawning or
+    /// the restart command, and asking each engine what it runs with.
+    pub restart_s: f64,
     /// Role -> what the engine reports about itself (`/server_info`), where it does.
     pub engine_info: BTreeMap<String, serde_json::Value>,
 }
@@ -232,11 +238,14 @@ impl<'a> Testbed<'a> {
     pub async fn restart(&mut self, label: &str) -> anyhow::Result<Restarted> {
         // A signal that arrived while the configs were written starts no engine.
         self.check_cancelled()?;
+        let started = Instant::now();
         self.control.stop().await?;
         self.refuse_foreign_engines().await?;
         let waits = self.control.restart(label, &self.cancel).await?;
         let mut restarted = Restarted {
             health_wait_s: waits.values().sum(),
+            health_padding_s: self.control.health_padding().values().sum(),
+            restart_s: 0.0,
             engine_info: BTreeMap::new(),
         };
         for role in &self.target.roles {
@@ -244,6 +253,7 @@ impl<'a> Testbed<'a> {
                 restarted.engine_info.insert(role.name.clone(), info);
             }
         }
+        restarted.restart_s = (started.elapsed().as_secs_f64() - restarted.health_wait_s).max(0.0);
         Ok(restarted)
     }
 
@@ -289,6 +299,21 @@ impl<'a> Testbed<'a> {
         classifier: &Arc<Classifier>,
         results: &ResultsDir,
     ) -> anyhow::Result<ArmStats> {
+        self.drive_observed(block, workload, classifier, results, &mut |_| {})
+            .await
+            .map(|(stats, _)| stats)
+    }
+
+    /// [`Testbed::drive`], also handing every finished session to `observe` (in the
+    /// order they finish) and returning the driver's own totals (classification time).
+    pub async fn drive_observed(
+        &self,
+        block: BlockName<'_>,
+        workload: &Workload,
+        classifier: &Arc<Classifier>,
+        results: &ResultsDir,
+        observe: &mut (dyn FnMut(&SessionResult) + Send),
+    ) -> anyhow::Result<(ArmStats, crate::driver::DriveStats)> {
         self.progress
             .arm_started(block, u64::from(workload.sessions));
         let drive_plan = DrivePlan {
@@ -330,6 +355,7 @@ impl<'a> Testbed<'a> {
         while let Some(result) = rx.recv().await {
             stats.add_session(&result);
             sessions_out.append(&result)?;
+            observe(&result);
             self.progress.session_done(&result);
             received += 1;
             if received == 1 {
@@ -353,7 +379,7 @@ impl<'a> Testbed<'a> {
         self.check_cancelled()?;
         stats.finish();
         self.progress.arm_finished(block, &stats);
-        Ok(stats)
+        Ok((stats, driven))
     }
 
     /// Stop the engines and restore the launch configs byte for byte. Call on every

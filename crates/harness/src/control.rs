@@ -40,7 +40,22 @@ pub trait EngineControl: Send {
 
     /// Stop whatever this controller started (spawned roles). Idempotent.
     fn stop(&mut self) -> BoxFuture<'_, anyhow::Result<()>>;
+
+    /// Per role, for the latest restart: an upper bound on the health poller's padding,
+    /// the time from the last probe that found the role unhealthy to the probe that
+    /// found it healthy (the engine became ready somewhere in between). Empty where the
+    /// controller does not poll.
+    fn health_padding(&self) -> BTreeMap<String, f64> {
+        BTreeMap::new()
+    }
 }
+
+/// The health poller's first gap between probes; it grows by half each probe up to
+/// [`HEALTH_POLL_MAX`]. Probes of a port nothing listens on are refused at once, so
+/// polling often costs little, and the padding between an engine being ready and bisect
+/// noticing stays below the longest gap (it was up to 200 ms with a fixed interval).
+const HEALTH_POLL_FIRST: Duration = Duration::from_millis(2);
+const HEALTH_POLL_MAX: Duration = Duration::from_millis(20);
 
 /// Real processes: restart commands or spawned launch scripts.
 pub struct ProcessControl {
@@ -55,6 +70,8 @@ pub struct ProcessControl {
     /// this process's launch-config editor when it holds the lock already).
     state: Option<(PathBuf, LockGuard)>,
     state_root: PathBuf,
+    /// Role -> padding bound of the latest restart ([`EngineControl::health_padding`]).
+    padding: BTreeMap<String, f64>,
 }
 
 struct Spawned {
@@ -79,6 +96,7 @@ impl ProcessControl {
             spawned: Vec::new(),
             state: None,
             state_root: launch::state_root(),
+            padding: BTreeMap::new(),
         })
     }
 
@@ -159,14 +177,16 @@ impl ProcessControl {
         }
         crate::fault::pause("restarting");
         let mut waits = BTreeMap::new();
+        self.padding.clear();
         for role in &roles {
             let started = Instant::now();
             let watch = watches.remove(&role.name);
-            self.wait_healthy(role, watch.as_ref(), cancel).await?;
+            let padding = self.wait_healthy(role, watch.as_ref(), cancel).await?;
             if watch.is_none() {
                 self.check_own_engine(role).await?;
             }
             waits.insert(role.name.clone(), started.elapsed().as_secs_f64());
+            self.padding.insert(role.name.clone(), padding);
         }
         Ok(waits)
     }
@@ -206,16 +226,21 @@ impl ProcessControl {
         }
     }
 
+    /// Polls the role's health URL until it answers 2xx; returns the padding bound in
+    /// seconds (from the end of the last failed probe to the healthy answer; 0 when the
+    /// first probe found it healthy).
     async fn wait_healthy(
         &mut self,
         role: &RoleSpec,
         watch: Option<&RestartWatch>,
         cancel: &CancellationToken,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<f64> {
         let deadline = Instant::now() + Duration::from_secs(role.health_timeout_s.max(1));
         let grace = Duration::from_secs(role.health_timeout_s.clamp(1, RESTART_PROOF_GRACE_S));
         let mut unproven_since: Option<Instant> = None;
         let mut paused = false;
+        let mut gap = HEALTH_POLL_FIRST;
+        let mut last_failed: Option<Instant> = None;
         loop {
             if !paused {
                 paused = true;
@@ -237,11 +262,12 @@ impl ProcessControl {
             }
             let last = match self.http.get(&role.health).send().await {
                 Ok(resp) if resp.status().is_success() => {
+                    let padding = last_failed.map_or(0.0, |t| t.elapsed().as_secs_f64());
                     let Some(watch) = watch else {
-                        return Ok(());
+                        return Ok(padding);
                     };
                     match watch.proof(&self.http, role).await {
-                        Ok(()) => return Ok(()),
+                        Ok(()) => return Ok(padding),
                         Err(why) => {
                             let since = *unproven_since.get_or_insert_with(Instant::now);
                             if since.elapsed() >= grace || Instant::now() >= deadline {
@@ -285,10 +311,12 @@ impl ProcessControl {
                 ))
                 .into());
             }
+            last_failed = Some(Instant::now());
             tokio::select! {
                 _ = cancel.cancelled() => return Err(Failure::Interrupted.into()),
-                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                _ = tokio::time::sleep(gap) => {}
             }
+            gap = (gap * 3 / 2).min(HEALTH_POLL_MAX);
         }
     }
 }
@@ -304,6 +332,10 @@ impl EngineControl for ProcessControl {
 
     fn stop(&mut self) -> BoxFuture<'_, anyhow::Result<()>> {
         Box::pin(self.stop_all())
+    }
+
+    fn health_padding(&self) -> BTreeMap<String, f64> {
+        self.padding.clone()
     }
 }
 

@@ -1,6 +1,7 @@
 //! One module per subcommand. Each takes a validated plan (built by the binary's
 //! command line from clap arguments) and runs it through the layers below.
 
+pub mod adaptive;
 pub mod culprit;
 pub mod diff;
 pub mod matrix;

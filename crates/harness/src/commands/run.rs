@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
@@ -23,6 +23,7 @@ use crate::config::{FlagSpec, TargetProfile, Workload};
 use crate::control::EngineControl;
 use crate::core::arm_stats::{ArmLabel, RecordStatus};
 use crate::core::classify::Classifier;
+use crate::core::phases::Phases;
 use crate::core::verdict::{decide, Policy};
 use crate::exit::Failure;
 use crate::results::run_record::{ArmRecord, FlagInfo, RunRecord, TargetInfo, SCHEMA};
@@ -72,28 +73,23 @@ pub async fn run_experiment(
     progress: &dyn Progress,
     cancel: CancellationToken,
 ) -> anyhow::Result<RunRecord> {
+    let started = Instant::now();
+    let mut phases = Phases::default();
     let results = ResultsDir::create(&plan.run_dir)?;
     let mut record = initial_record(plan);
-    results.write_record(&record)?;
+    write_timed(&results, &record, &mut phases)?;
 
-    let mut flags = vec![&plan.flag];
-    flags.extend(plan.sets.iter().map(|(f, _)| f));
-    let spec = TestbedSpec {
-        target: &plan.target,
-        journal_dir: Some(&plan.journal_dir),
-        state_root: plan.state_root.as_deref(),
-        flags,
-        allow_partial: plan.allow_partial,
-        api_key: plan.api_key.clone(),
-        metrics_period: plan.metrics_period,
-    };
-    let mut bed = Testbed::open(spec, control, progress, cancel)?;
-    let outcome = run_blocks(plan, &mut bed, &results, &mut record).await;
+    let mut bed = Testbed::open(testbed_spec(plan), control, progress, cancel)?;
+    let outcome = run_blocks(plan, &mut bed, &results, &mut record, &mut phases).await;
+    let closing = Instant::now();
     let closed = bed.close().await;
+    phases.close_s = closing.elapsed().as_secs_f64();
 
     if outcome.is_ok() {
         finish_verdict(plan, &mut record);
     }
+    phases.finish(started.elapsed().as_secs_f64());
+    record.phases = Some(phases);
     (record.status, record.error) = settle(&outcome);
     record.finished_at = Some(now());
     results.write_record(&record)?;
@@ -101,72 +97,66 @@ pub async fn run_experiment(
     Ok(record)
 }
 
+/// How `run` (fixed or adaptive) opens its testbed: the flag under test and the pins.
+pub(crate) fn testbed_spec(plan: &RunPlan) -> TestbedSpec<'_> {
+    let mut flags = vec![&plan.flag];
+    flags.extend(plan.sets.iter().map(|(f, _)| f));
+    TestbedSpec {
+        target: &plan.target,
+        journal_dir: Some(&plan.journal_dir),
+        state_root: plan.state_root.as_deref(),
+        flags,
+        allow_partial: plan.allow_partial,
+        api_key: plan.api_key.clone(),
+        metrics_period: plan.metrics_period,
+    }
+}
+
+/// Rewrite the record's files, counting the time as writing.
+pub(crate) fn write_timed(
+    results: &ResultsDir,
+    record: &RunRecord,
+    phases: &mut Phases,
+) -> anyhow::Result<()> {
+    let started = Instant::now();
+    results.write_record(record)?;
+    phases.write_s += started.elapsed().as_secs_f64();
+    Ok(())
+}
+
 async fn run_blocks(
     plan: &RunPlan,
     bed: &mut Testbed<'_>,
     results: &ResultsDir,
     record: &mut RunRecord,
+    phases: &mut Phases,
 ) -> anyhow::Result<()> {
+    let editing = Instant::now();
     bed.pin(&plan.sets)?;
+    phases.edit_s += editing.elapsed().as_secs_f64();
     let classifier = Arc::new(Classifier::with_defaults(&plan.workload.tools)?);
-    let mut warned_no_effective = false;
     for (label, repeat) in arm_order(plan.repeats) {
         bed.check_cancelled()?;
-        let value = plan.flag.value_for(label == ArmLabel::On);
-        let readback = bed.set(&plan.flag, value)?;
-        results.snapshot_launch(label.as_str(), repeat, &plan.target)?;
-        let block_name = format!("{label}-r{repeat}");
-        bed.progress().note(&format!(
-            "arm {label} ({}={value}): configs written and read back ({}), restarting",
-            plan.flag.name,
-            fmt_readback(&readback)
-        ));
-        let restarted = bed.restart(&block_name).await?;
-        let effective = effective_values(&plan.target, &plan.flag, &restarted.engine_info);
-        if effective.is_empty() && !warned_no_effective {
-            warned_no_effective = true;
-            bed.progress()
-                .note(&format!("warning: {NO_EFFECTIVE_WARNING}"));
-            push_warning(record, NO_EFFECTIVE_WARNING);
-        }
-        for (flag, value) in &plan.sets {
-            for (role, ran) in effective_values(&plan.target, flag, &restarted.engine_info) {
-                if !crate::core::effective::agrees(value, &ran) {
-                    return Err(Failure::CouldNotRun(format!(
-                        "pinned {}={value}, but the {role} engine reports it runs with {ran:?}: \
-                         the launch config does not take effect\n  fix: check how role {role}'s \
-                         launch config sets {} (a conditional, an overriding later line)",
-                        flag.name,
-                        flag.setting.key()
-                    ))
-                    .into());
-                }
-            }
-        }
-        for (role, info) in restarted.engine_info {
-            record
-                .engine_info
-                .insert(format!("{block_name}/{role}"), info);
-        }
-        let block = BlockName {
-            label: label.as_str(),
-            value,
+        let block = BlockSpec {
+            label,
             repeat,
+            workload: &plan.workload,
         };
-        let mut arm = ArmRecord::new(label, value, Some(repeat));
-        arm.readback = readback;
-        arm.effective = effective;
-        arm.stats = bed
-            .drive(block, &plan.workload, &classifier, results)
-            .await?;
-        arm.stats.health_wait_s = restarted.health_wait_s;
-        arm.finish();
-        bed.stop().await?;
-        record.runs.push(arm);
+        let ran = run_block(plan, bed, results, record, &classifier, block, phases).await?;
+        record.runs.push(ran.arm);
         record.arms = pooled_arms(plan, &record.runs);
-        results.write_record(record)?;
+        write_timed(results, record, phases)?;
     }
     Ok(())
+}
+
+/// Whether run.json's `warnings` already holds `warning`.
+fn has_warning(record: &RunRecord, warning: &str) -> bool {
+    record
+        .extra
+        .get("warnings")
+        .and_then(|w| w.as_array())
+        .is_some_and(|items| items.iter().any(|w| w == warning))
 }
 
 /// Adds `warning` (once) to run.json's `warnings`: what the run could not check.
@@ -182,7 +172,121 @@ fn push_warning(record: &mut RunRecord, warning: &str) {
     }
 }
 
-fn pooled_arms(plan: &RunPlan, runs: &[ArmRecord]) -> Vec<ArmRecord> {
+/// One arm block to run: its arm, its repeat (pair) index, its sessions and load.
+pub(crate) struct BlockSpec<'w> {
+    pub label: ArmLabel,
+    pub repeat: u32,
+    pub workload: &'w Workload,
+}
+
+/// What one arm block produced.
+pub(crate) struct BlockRun {
+    pub arm: ArmRecord,
+    /// Per session index: `Some(corrupted)` when classified, `None` when it failed
+    /// (error, timeout) or never finished.
+    pub outcomes: Vec<Option<bool>>,
+    /// Stop + restart + health wait, seconds.
+    pub restart_s: f64,
+    /// Driving, seconds.
+    pub drive_s: f64,
+}
+
+/// One arm block through the lifecycle: write the flag and read it back, snapshot the
+/// configs, restart, refuse a pinned flag the engine does not run with, drive, stop.
+/// Each step's time is added to `phases`; engine self-reports go into `record`.
+pub(crate) async fn run_block(
+    plan: &RunPlan,
+    bed: &mut Testbed<'_>,
+    results: &ResultsDir,
+    record: &mut RunRecord,
+    classifier: &Arc<Classifier>,
+    spec: BlockSpec<'_>,
+    phases: &mut Phases,
+) -> anyhow::Result<BlockRun> {
+    let BlockSpec {
+        label,
+        repeat,
+        workload,
+    } = spec;
+    let value = plan.flag.value_for(label == ArmLabel::On);
+    let editing = Instant::now();
+    let readback = bed.set(&plan.flag, value)?;
+    phases.edit_s += editing.elapsed().as_secs_f64();
+    let writing = Instant::now();
+    results.snapshot_launch(label.as_str(), repeat, &plan.target)?;
+    phases.write_s += writing.elapsed().as_secs_f64();
+    let block_name = format!("{label}-r{repeat}");
+    bed.progress().note(&format!(
+        "arm {label} ({}={value}): configs written and read back ({}), restarting",
+        plan.flag.name,
+        fmt_readback(&readback)
+    ));
+    let restarted = bed.restart(&block_name).await?;
+    phases.restarts += 1;
+    phases.restart_s += restarted.restart_s;
+    phases.health_wait_s += restarted.health_wait_s;
+    phases.health_padding_s += restarted.health_padding_s;
+    let effective = effective_values(&plan.target, &plan.flag, &restarted.engine_info);
+    if effective.is_empty() && !has_warning(record, NO_EFFECTIVE_WARNING) {
+        bed.progress()
+            .note(&format!("warning: {NO_EFFECTIVE_WARNING}"));
+        push_warning(record, NO_EFFECTIVE_WARNING);
+    }
+    for (flag, value) in &plan.sets {
+        for (role, ran) in effective_values(&plan.target, flag, &restarted.engine_info) {
+            if !crate::core::effective::agrees(value, &ran) {
+                return Err(Failure::CouldNotRun(format!(
+                    "pinned {}={value}, but the {role} engine reports it runs with {ran:?}: \
+                     the launch config does not take effect\n  fix: check how role {role}'s \
+                     launch config sets {} (a conditional, an overriding later line)",
+                    flag.name,
+                    flag.setting.key()
+                ))
+                .into());
+            }
+        }
+    }
+    for (role, info) in restarted.engine_info {
+        record
+            .engine_info
+            .insert(format!("{block_name}/{role}"), info);
+    }
+    let block = BlockName {
+        label: label.as_str(),
+        value,
+        repeat,
+    };
+    let mut arm = ArmRecord::new(label, value, Some(repeat));
+    arm.readback = readback;
+    arm.effective = effective;
+    let mut outcomes = vec![None; workload.sessions as usize];
+    let driving = Instant::now();
+    let (stats, driven) = bed
+        .drive_observed(block, workload, classifier, results, &mut |session| {
+            if let Some(slot) = outcomes.get_mut(session.index as usize) {
+                *slot = (!session.class.is_failure()).then(|| session.class.is_corrupted());
+            }
+        })
+        .await?;
+    let drive_s = driving.elapsed().as_secs_f64();
+    phases.drive_s += drive_s;
+    phases.classify_s += driven.classify_s;
+    arm.stats = stats;
+    arm.stats.health_wait_s = restarted.health_wait_s;
+    arm.finish();
+    let stopping = Instant::now();
+    bed.stop().await?;
+    let stop_s = stopping.elapsed().as_secs_f64();
+    phases.restart_s += stop_s;
+    Ok(BlockRun {
+        arm,
+        outcomes,
+        restart_s: restarted.restart_s + restarted.health_wait_s + stop_s,
+        drive_s,
+    })
+}
+
+pub(crate) fn pooled_arms(plan: &RunPlan, runs: &[ArmRecord]) -> Vec<ArmRecord> {
     ArmLabel::AB
         .iter()
         .filter_map(|&label| {
@@ -215,7 +319,7 @@ fn finish_verdict(plan: &RunPlan, record: &mut RunRecord) {
     record.verdict = Some(verdict);
 }
 
-fn initial_record(plan: &RunPlan) -> RunRecord {
+pub(crate) fn initial_record(plan: &RunPlan) -> RunRecord {
     let f = &plan.flag;
     let mut flag = FlagInfo {
         name: f.name.clone(),
@@ -253,6 +357,8 @@ fn initial_record(plan: &RunPlan) -> RunRecord {
         verdict: None,
         engine_info: BTreeMap::new(),
         error: None,
+        adaptive: None,
+        phases: None,
         extra: serde_json::Map::new(),
     }
 }

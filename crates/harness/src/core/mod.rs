@@ -1,12 +1,14 @@
 //! The pure core: the harness's vocabulary and every decision it makes, with no I/O
 //! (no files, no processes, no network), so it is tested with plain values.
 
+pub mod adaptive;
 pub mod arm_stats;
 pub mod classify;
 pub mod confounds;
 pub mod effective;
 pub mod ending;
 pub mod format;
+pub mod phases;
 pub mod sequential;
 pub mod session;
 pub mod stats;

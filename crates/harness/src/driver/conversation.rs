@@ -29,6 +29,9 @@ pub struct SessionContext {
     pub inflight: Arc<InFlight>,
     pub label: String,
     pub repeat: u32,
+    /// Nanoseconds spent classifying replies, all sessions of the block together (the
+    /// run's phase accounting).
+    pub classify_ns: std::sync::atomic::AtomicU64,
 }
 
 /// A finished session plus the per-round client latency at microsecond resolution
@@ -72,9 +75,14 @@ pub async fn run_session(
             ChatOutcome::Error(text) => RoundOutcome::Error(text.clone()),
             ChatOutcome::Timeout => RoundOutcome::Timeout,
         };
+        let classify_started = Instant::now();
         let verdict =
             ctx.classifier
                 .classify(&judged, task.expected(step).as_ref(), workload.check_args);
+        ctx.classify_ns.fetch_add(
+            classify_started.elapsed().as_nanos() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
         let (reply, tokens) = match outcome {
             ChatOutcome::Reply(reply) => (Some(reply.message), reply.completion_tokens),
             ChatOutcome::Error(text) => {

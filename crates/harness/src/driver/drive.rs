@@ -72,6 +72,8 @@ pub struct DriveStats {
     /// Client-side round latency percentiles over all rounds, milliseconds.
     pub round_latency_p50_ms: f64,
     pub round_latency_p99_ms: f64,
+    /// CPU seconds spent classifying replies (inside `wall_s`, concurrent with serving).
+    pub classify_s: f64,
 }
 
 /// Nearest-rank percentile of an ascending slice (`q` in 0..=1); 0 for an empty one.
@@ -161,6 +163,7 @@ pub async fn drive(
         inflight: inflight.clone(),
         label: plan.label.clone(),
         repeat: plan.repeat,
+        classify_ns: Default::default(),
     });
     let slots = plan.slots();
     if workload.barrier && slots < plan.sessions {
@@ -225,6 +228,7 @@ pub async fn drive(
     // run was stopped) are not recorded: count them, so nothing is silently missing.
     stats.cancelled = plan.sessions - stats.sessions;
     stats.wall_s = started.elapsed().as_secs_f64();
+    stats.classify_s = ctx.classify_ns.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e9;
     stats.peak_client_inflight = inflight.peak();
     stats.tokens_per_s = if stats.wall_s > 0.0 {
         stats.completion_tokens as f64 / stats.wall_s

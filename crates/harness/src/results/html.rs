@@ -90,6 +90,7 @@ pub fn render_run_html(record: &RunRecord, dir: Option<&Path>) -> String {
         let _ = writeln!(body, "<p>{}</p>", escape(&comparison_sentence(c)));
     }
     body.push_str(&run_confounds(record));
+    body.push_str(&super::sequential_view::html(record));
     let rounds: Vec<RoundCounts> = record
         .arms
         .iter()

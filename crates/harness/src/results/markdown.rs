@@ -104,6 +104,7 @@ impl Exporter for SummaryMarkdown {
                 rounds.join("; ")
             ));
         }
+        s.push_str(&super::sequential_view::markdown(r));
         if let Some(e) = &r.error {
             s.push_str(&format!("\nError: {e}\n"));
         }

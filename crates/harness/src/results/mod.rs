@@ -10,6 +10,7 @@ pub mod html;
 pub mod json;
 pub mod markdown;
 pub mod run_record;
+pub mod sequential_view;
 pub mod table;
 
 use std::fs::{File, OpenOptions};

@@ -7,6 +7,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::TargetProfile;
 
+use crate::core::adaptive::AdaptiveRecord;
+use crate::core::phases::Phases;
+
 use crate::core::arm_stats::{pool_readback, ArmLabel, ArmStats, RecordStatus};
 use crate::core::verdict::{ArmObservation, Comparison, Confound, Verdict};
 
@@ -38,6 +41,12 @@ pub struct RunRecord {
     #[serde(default)]
     pub engine_info: BTreeMap<String, serde_json::Value>,
     pub error: Option<String>,
+    /// `bisect run --adaptive`: the sequential design, every block and every look.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adaptive: Option<AdaptiveRecord>,
+    /// Where the run's wall time went (absent in records written before it existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phases: Option<Phases>,
     /// Keys written by other commands (e.g. `reclassified` history), kept on rewrite.
     #[serde(flatten)]
     pub extra: serde_json::Map<String, serde_json::Value>,

@@ -116,6 +116,7 @@ pub fn render(record: &RunRecord) -> String {
             c.note
         ));
     }
+    out.push_str(&super::sequential_view::text(record));
     if let Some(v) = &record.verdict {
         out.push_str(&format!("verdict: {}\n", v.summary));
         for r in &v.reasons {

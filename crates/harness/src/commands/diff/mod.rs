@@ -309,6 +309,8 @@ pub(crate) mod tests {
             )]
             .into(),
             error: None,
+            adaptive: None,
+            phases: None,
             extra: Default::default(),
         }
     }

@@ -1,0 +1,276 @@
+//! `bisect run --adaptive` (docs/sequential.md, "bisect run --adaptive"): the sequential
+//! A/B. The same protocol as a fixed run (refuse a half-applied flag, journal, write and
+//! read back, restart, drive, restore) through the one arm lifecycle, with the order and
+//! length of the blocks and the moment to stop taken from [`Schedule`]. After every pair
+//! of blocks the blocking checks of a fixed run are computed over that pair and over all
+//! blocks pooled; one that fails stops the run (more blocks would not make it valid).
+//! The verdict is the sequential decision with every blocking check on top
+//! ([`crate::core::adaptive::verdict`]). The record is rewritten after every block.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::arm::{settle, Progress, Testbed};
+use crate::commands::run::{
+    initial_record, now, pooled_arms, run_block, testbed_spec, write_timed, BlockSpec, RunPlan,
+};
+use crate::config::Workload;
+use crate::control::EngineControl;
+use crate::core::adaptive::{
+    self, e_value_text, AdaptiveError, AdaptiveSpec, BlockOutcome, PairCheck, Schedule,
+};
+use crate::core::arm_stats::ArmLabel;
+use crate::core::classify::Classifier;
+use crate::core::confounds::{confounds, load_shortfall};
+use crate::core::format::percent_digits;
+use crate::core::phases::Phases;
+use crate::core::sequential::{Decision, DesignGoal};
+use crate::core::verdict::Severity;
+use crate::exit::Failure;
+use crate::results::run_record::{ArmRecord, RunRecord};
+use crate::results::ResultsDir;
+
+/// What `--adaptive` adds to a run plan.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AdaptiveOptions {
+    /// `--max-sessions`: the cap per arm instead of the planned one.
+    pub max_sessions: Option<u64>,
+}
+
+/// The workload every block runs: the plan's, held at its target concurrency C. Its
+/// `sessions` is set per block; the record shows C as both.
+pub fn block_workload(plan: &RunPlan) -> Workload {
+    let c = plan.workload.target_concurrency();
+    let mut workload = plan.workload.clone();
+    workload.sessions = c;
+    workload.concurrency = Some(c);
+    workload
+}
+
+/// Run the sequential experiment. Launch configs are restored before this returns, on
+/// every path.
+pub async fn run_adaptive(
+    plan: &RunPlan,
+    options: &AdaptiveOptions,
+    control: &mut dyn EngineControl,
+    progress: &dyn Progress,
+    cancel: CancellationToken,
+) -> anyhow::Result<RunRecord> {
+    let started = Instant::now();
+    let mut phases = Phases::default();
+    let workload = block_workload(plan);
+    let spec = AdaptiveSpec {
+        goal: DesignGoal {
+            alpha: plan.policy.alpha,
+            power: plan.policy.power,
+            min_effect: plan.policy.min_effect,
+            ..DesignGoal::default()
+        },
+        concurrency: u64::from(workload.sessions),
+        max_sessions: options.max_sessions,
+    };
+    let planning = Instant::now();
+    let mut schedule = Schedule::new(spec).map_err(|e| match e {
+        AdaptiveError::CapBelowLoad { .. } | AdaptiveError::NoLoad => Failure::BadInput(format!(
+            "{e}\n  fix: pass --max-sessions of at least the concurrency ({}), or lower --concurrency",
+            spec.concurrency
+        )),
+        other => Failure::BadInput(format!(
+            "{other}\n  fix: choose --alpha, --min-effect within (0, 1) that a design can reach, \
+             or pass --max-sessions"
+        )),
+    })?;
+    phases.plan_s += planning.elapsed().as_secs_f64();
+    let design = &schedule.record().design;
+    progress.note(&format!(
+        "sequential design: blocks of {} sessions per arm at {} in flight, cap {} per arm ({}), \
+         alpha {}, min effect {} points",
+        design.block_per_arm,
+        design.concurrency,
+        design.max_per_arm,
+        design.cap_source.describe(),
+        design.alpha,
+        percent_digits(design.min_effect)
+    ));
+
+    let results = ResultsDir::create(&plan.run_dir)?;
+    let mut record = initial_record(plan);
+    record.workload = workload.params_json();
+    record.adaptive = Some(schedule.record().clone());
+    write_timed(&results, &record, &mut phases)?;
+
+    let mut bed = Testbed::open(testbed_spec(plan), control, progress, cancel)?;
+    let mut run = Run {
+        plan,
+        workload: &workload,
+        results: &results,
+        record: &mut record,
+        phases: &mut phases,
+        schedule: &mut schedule,
+    };
+    let outcome = run.blocks(&mut bed).await;
+    let closing = Instant::now();
+    let closed = bed.close().await;
+    phases.close_s = closing.elapsed().as_secs_f64();
+
+    record.adaptive = Some(schedule.record().clone());
+    if outcome.is_ok() {
+        finish_verdict(plan, &workload, &mut record);
+    }
+    phases.finish(started.elapsed().as_secs_f64());
+    record.phases = Some(phases);
+    (record.status, record.error) = settle(&outcome);
+    record.finished_at = Some(now());
+    results.write_record(&record)?;
+    closed.combine(outcome)?;
+    Ok(record)
+}
+
+struct Run<'a> {
+    plan: &'a RunPlan,
+    workload: &'a Workload,
+    results: &'a ResultsDir,
+    record: &'a mut RunRecord,
+    phases: &'a mut Phases,
+    schedule: &'a mut Schedule,
+}
+
+impl Run<'_> {
+    async fn blocks(&mut self, bed: &mut Testbed<'_>) -> anyhow::Result<()> {
+        let editing = Instant::now();
+        bed.pin(&self.plan.sets)?;
+        self.phases.edit_s += editing.elapsed().as_secs_f64();
+        let classifier = Arc::new(Classifier::with_defaults(&self.workload.tools)?);
+        while let Some(next) = self.schedule.next_block() {
+            bed.check_cancelled()?;
+            let mut workload = self.workload.clone();
+            workload.sessions = u32::try_from(next.sessions)?;
+            let spec = BlockSpec {
+                label: next.label,
+                repeat: u32::try_from(next.pair - 1)?,
+                workload: &workload,
+            };
+            let ran = run_block(
+                self.plan,
+                bed,
+                self.results,
+                self.record,
+                &classifier,
+                spec,
+                self.phases,
+            )
+            .await?;
+            self.record.runs.push(ran.arm);
+            self.record.arms = pooled_arms(self.plan, &self.record.runs);
+            let planning = Instant::now();
+            let decided = self.schedule.block_done(BlockOutcome {
+                sessions: ran.outcomes,
+                restart_s: ran.restart_s,
+                drive_s: ran.drive_s,
+            })?;
+            self.phases.plan_s += planning.elapsed().as_secs_f64();
+            if let Some(decision) = decided {
+                self.after_pair(bed.progress(), next.pair, decision);
+            }
+            self.record.adaptive = Some(self.schedule.record().clone());
+            write_timed(self.results, self.record, self.phases)?;
+        }
+        Ok(())
+    }
+
+    /// The blocking checks after a pair, recorded; a failed one over the pooled blocks
+    /// stops the run. Says where the e-process stands.
+    fn after_pair(&mut self, progress: &dyn Progress, pair: u64, decision: Decision) {
+        let check = pair_check(self.plan, self.workload, self.record, pair);
+        if !check.pooled_blocking.is_empty() {
+            self.schedule.stop(format!(
+                "a blocking check failed after block pair {pair}: {}",
+                check.pooled_blocking.join("; ")
+            ));
+        }
+        self.schedule.add_check(check);
+        if let Some(look) = self.schedule.record().looks.last() {
+            let l = &look.record;
+            progress.note(&format!(
+                "look {} (block pair {pair}): on {}/{} vs off {}/{}, e-value {} (implicates at {}), \
+                 always-valid interval {} to {} points: {}",
+                l.look,
+                l.on.corrupted,
+                l.on.sessions,
+                l.off.corrupted,
+                l.off.sessions,
+                e_value_text(l.e_value),
+                e_value_text(l.threshold),
+                percent_digits(l.diff_interval[0]),
+                percent_digits(l.diff_interval[1]),
+                decision_word(&decision)
+            ));
+        }
+    }
+}
+
+/// `continue`, `implicated (on)`, `cleared`, `underpowered`.
+pub fn decision_word(decision: &Decision) -> String {
+    match decision {
+        Decision::Continue => "continue".into(),
+        Decision::Implicated { direction } => format!("implicated ({direction:?})").to_lowercase(),
+        Decision::Cleared => "cleared".into(),
+        Decision::Underpowered { .. } => "underpowered".into(),
+    }
+}
+
+/// The checks of a fixed run over the pair's two blocks, over all blocks pooled, and the
+/// load each block of the pair reached.
+fn pair_check(plan: &RunPlan, workload: &Workload, record: &RunRecord, pair: u64) -> PairCheck {
+    let params = workload.params_json();
+    let pair_blocks = &record.runs[record.runs.len().saturating_sub(2)..];
+    let load_shortfall = pair_blocks
+        .iter()
+        .filter_map(|b| {
+            load_shortfall(&b.observe(&params), &plan.policy)
+                .map(|s| format!("block pair {pair}: {s}"))
+        })
+        .collect();
+    PairCheck {
+        pair,
+        pair_blocking: blocking_notes(plan, &params, pair_blocks),
+        pooled_blocking: blocking_notes(plan, &params, &record.arms),
+        load_shortfall,
+    }
+}
+
+/// The notes of the blocking confounds between the `on` and `off` records in `arms`.
+fn blocking_notes(plan: &RunPlan, params: &serde_json::Value, arms: &[ArmRecord]) -> Vec<String> {
+    let find = |label| arms.iter().find(|a| a.label == label);
+    let (Some(on), Some(off)) = (find(ArmLabel::On), find(ArmLabel::Off)) else {
+        return Vec::new();
+    };
+    confounds(&on.observe(params), &off.observe(params), &plan.policy)
+        .into_iter()
+        .filter(|c| c.severity == Severity::Blocking)
+        .map(|c| c.note)
+        .collect()
+}
+
+fn finish_verdict(plan: &RunPlan, workload: &Workload, record: &mut RunRecord) {
+    let (Some(on), Some(off), Some(seq)) = (
+        record.arm(ArmLabel::On),
+        record.arm(ArmLabel::Off),
+        record.adaptive.as_ref(),
+    ) else {
+        return;
+    };
+    let params = workload.params_json();
+    let (comparison, confounds, verdict) = adaptive::verdict(
+        &on.observe(&params),
+        &off.observe(&params),
+        &plan.policy,
+        &plan.flag.name,
+        seq,
+    );
+    record.comparison = Some(comparison);
+    record.confounds = confounds;
+    record.verdict = Some(verdict);
+}

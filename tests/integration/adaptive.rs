@@ -1,0 +1,197 @@
+//! `bisect run --adaptive` against the fake engine, whose race hits the same sessions
+//! (by task) in every block: exact counts, so the sequential path is deterministic.
+
+use std::sync::atomic::Ordering;
+
+use bisect_harness::commands::adaptive::{run_adaptive, AdaptiveOptions};
+use bisect_harness::commands::run::Quiet;
+use bisect_harness::core::adaptive::CapSource;
+use bisect_harness::core::sequential::{Decision, Direction};
+use bisect_harness::core::verdict::Status;
+use tokio_util::sync::CancellationToken;
+
+use crate::common::{fake_race_victims, FakeTarget};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_racy_flag_is_implicated_early_at_the_load() {
+    let t = FakeTarget::new().await;
+    let before = t.launch_bytes();
+    let mut plan = t.plan("FAKE_BF16", 40, 2);
+    plan.workload.concurrency = Some(40);
+    let victims = fake_race_victims(&plan.workload, 40);
+    assert!(victims >= 6, "too few race victims ({victims})");
+    let mut control = t.engine.control();
+    // The cap is planned (power 0.8 at 5 points from 1%, blocks of 40), then re-planned
+    // from the measured cost after the first pair if that pair does not decide.
+    let record = run_adaptive(
+        &plan,
+        &AdaptiveOptions::default(),
+        &mut control,
+        &Quiet,
+        CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    let seq = record.adaptive.as_ref().unwrap();
+    assert_eq!(
+        seq.decision,
+        Some(Decision::Implicated {
+            direction: Direction::On
+        })
+    );
+    assert_ne!(seq.design.cap_source, CapSource::MaxSessions);
+    assert_eq!(seq.design.concurrency, 40);
+    // Every block ran the whole block at the load, blocks pair up ABBA.
+    assert!(seq.blocks.iter().all(|b| b.sessions == 40));
+    let labels: Vec<&str> = seq.blocks.iter().map(|b| b.label.as_str()).collect();
+    assert_eq!(&labels[..2], ["on", "off"]);
+    assert!(seq.blocks.len() <= 4, "stopped early: {labels:?}");
+    let pairs = seq.blocks.len() as u64 / 2;
+    let on = record
+        .arm(bisect_harness::core::arm_stats::ArmLabel::On)
+        .unwrap();
+    assert_eq!(on.stats.counts.leak, victims * pairs);
+    assert_eq!(record.runs.len(), seq.blocks.len());
+    assert_eq!(
+        control.restarts.load(Ordering::Relaxed),
+        seq.blocks.len() as u64
+    );
+    let verdict = record.verdict.as_ref().unwrap();
+    assert_eq!(verdict.status, Status::Implicated, "{verdict:?}");
+    assert!(
+        verdict.summary.contains("sequential e-value"),
+        "{verdict:?}"
+    );
+    assert_eq!(t.launch_bytes(), before, "launch configs restored");
+
+    // run.json: the design, every look, the phases; summary.md shows the path.
+    let dir = &plan.run_dir;
+    let json: serde_json::Value =
+        serde_json::from_str(&crate::common::read(&dir.join("run.json"))).unwrap();
+    let looks = json["adaptive"]["looks"].as_array().unwrap();
+    assert_eq!(looks.len(), seq.looks.len());
+    let last = looks.last().unwrap();
+    for key in [
+        "pair",
+        "sub_block",
+        "look",
+        "on",
+        "off",
+        "e_value",
+        "threshold",
+    ] {
+        assert!(!last[key].is_null(), "look lacks {key}: {last}");
+    }
+    assert_eq!(last["decision"]["status"], "implicated");
+    assert_eq!(json["adaptive"]["design"]["alpha"], 0.01);
+    assert!(json["adaptive"]["design"]["max_per_arm"].as_u64().unwrap() >= 480);
+    assert_eq!(json["phases"]["restarts"], seq.blocks.len() as u64);
+    assert!(json["phases"]["drive_s"].as_f64().unwrap() > 0.0);
+    let summary = crate::common::read(&dir.join("summary.md"));
+    assert!(summary.contains("Sequential looks"), "{summary}");
+    assert!(summary.contains("Where the time went"), "{summary}");
+    let html = crate::common::read(&dir.join("report.html"));
+    assert!(html.contains("Sequential looks"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn equal_arms_at_zero_clear_at_the_load() {
+    let t = FakeTarget::new().await;
+    let mut plan = t.plan("FAKE_NOISE", 20, 2);
+    plan.workload.concurrency = Some(20);
+    plan.sets
+        .push((t.catalog.get("FAKE_BF16").unwrap().clone(), "0".into()));
+    // Long enough requests for the 50 ms metrics poller to see the 20 in flight.
+    t.engine.hold_requests(150);
+    let mut control = t.engine.control();
+    let record = run_adaptive(
+        &plan,
+        &AdaptiveOptions {
+            max_sessions: Some(400),
+        },
+        &mut control,
+        &Quiet,
+        CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    let seq = record.adaptive.as_ref().unwrap();
+    assert_eq!(seq.decision, Some(Decision::Cleared));
+    // docs/sequential.md: 0 vs 0 clears after 140 sessions per arm.
+    assert_eq!(seq.sessions_per_arm(), (140, 140));
+    assert_eq!(seq.checks.len(), 7);
+    assert!(seq.checks.iter().all(|c| c.pooled_blocking.is_empty()));
+    let verdict = record.verdict.as_ref().unwrap();
+    assert_eq!(verdict.status, Status::Cleared, "{verdict:?}");
+    assert!(
+        verdict.summary.contains("at 20 sessions in flight"),
+        "{verdict:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn equal_corrupting_arms_reach_the_cap_underpowered() {
+    let t = FakeTarget::new().await;
+    // The race corrupts both arms alike (FAKE_NOISE only changes speed).
+    let mut plan = t.plan("FAKE_NOISE", 20, 2);
+    plan.workload.concurrency = Some(20);
+    let mut control = t.engine.control();
+    let record = run_adaptive(
+        &plan,
+        &AdaptiveOptions {
+            max_sessions: Some(40),
+        },
+        &mut control,
+        &Quiet,
+        CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    let seq = record.adaptive.as_ref().unwrap();
+    assert!(
+        matches!(seq.decision, Some(Decision::Underpowered { .. })),
+        "{:?}",
+        seq.decision
+    );
+    assert_eq!(seq.sessions_per_arm(), (40, 40));
+    assert_eq!(seq.design.cap_source, CapSource::MaxSessions);
+    let verdict = record.verdict.as_ref().unwrap();
+    assert_eq!(verdict.status, Status::Inconclusive);
+    assert!(
+        verdict
+            .summary
+            .contains("underpowered: the cap of 40 sessions per arm"),
+        "{verdict:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_that_ignores_its_config_stops_the_adaptive_run() {
+    let t = FakeTarget::new().await;
+    t.engine.ignore_restarts();
+    let mut plan = t.plan("FAKE_BF16", 20, 2);
+    plan.workload.concurrency = Some(20);
+    let mut control = t.engine.control();
+    let record = run_adaptive(
+        &plan,
+        &AdaptiveOptions {
+            max_sessions: Some(200),
+        },
+        &mut control,
+        &Quiet,
+        CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    let seq = record.adaptive.as_ref().unwrap();
+    assert_eq!(seq.blocks.len(), 2, "stopped after the first pair");
+    assert!(
+        seq.stopped
+            .as_deref()
+            .unwrap()
+            .contains("blocking check failed"),
+        "{seq:?}"
+    );
+    let verdict = record.verdict.as_ref().unwrap();
+    assert_eq!(verdict.status, Status::Inconclusive, "{verdict:?}");
+}
