@@ -133,7 +133,7 @@ async fn the_interaction_is_found_and_the_slow_flag_held_out() {
     let mut kept = Vec::new();
     let mut blocks = 0;
     for line in text.lines() {
-        if line.contains("\"kind\":\"block\"") {
+        if line.contains("\"line\":\"block\"") {
             blocks += 1;
             if blocks > 4 {
                 break;

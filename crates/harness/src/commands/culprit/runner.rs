@@ -62,7 +62,10 @@ impl StepRunner for TestbedRunner<'_, '_> {
         for flag in &self.flags {
             let value = &request.config[&flag.name];
             let reported = effective_values(flag, &restarted.engine_info);
-            if let Some((role, got)) = reported.iter().find(|(_, got)| *got != value) {
+            if let Some((role, got)) = reported
+                .iter()
+                .find(|(_, got)| !crate::core::effective::agrees(value, got))
+            {
                 return Err(Failure::CouldNotRun(format!(
                     "block {}: the {role} engine reports {}={got} after the restart, but its launch config sets {value}: the engine does not run with what the search set\n  fix: check the launch script applies the flag (a dead conditional, an ignored variable)",
                     request.block, flag.name

@@ -81,8 +81,8 @@ pub struct SearchParams {
     pub look: u64,
     /// Level of the ends and of the re-test: the claims the answer rests on.
     pub alpha: f64,
-    /// Level of a ddmin step's "fails" (the step against the passing end): a wrong
-    /// "fails" only steers the search to a set that the re-test at `alpha` then rejects.
+    /// Level of a ddmin step's decisions (either e-process): a wrong step steers the
+    /// search; the answer is then re-tested at `alpha`.
     pub navigate_alpha: f64,
     pub min_effect: f64,
     pub clear_alpha: f64,
@@ -141,7 +141,7 @@ pub const MIN_BLOCK: u64 = 80;
 /// step (up to a dozen), and a real change of failure mode (salad against no tool calls)
 /// gives p far below it even on a dozen corrupted sessions.
 pub const MIX_ALPHA: f64 = 0.001;
-/// Level of a ddmin step's "fails".
+/// Level of a ddmin step's decisions.
 pub const NAVIGATE_ALPHA: f64 = 0.05;
 /// Sessions per sequential look.
 pub const LOOK_SESSIONS: u64 = 10;
@@ -947,14 +947,15 @@ impl Search<'_> {
             Vec::new()
         };
         let f = looks_of(self.blocks_of(&(self.all(), 0)), self.p.look);
-        // A re-test (generation 1) decides at the full level; ddmin steps navigate.
+        // A re-test (generation 1) decides at the full level; ddmin steps navigate, both
+        // ways: a wrong step only steers the search, and the answer is re-tested.
         let fails_design = if key.1 == 0 {
             &self.navigate
         } else {
             &self.design
         };
         let mut vp = SequentialState::new(*fails_design);
-        let mut vf = SequentialState::new(self.design);
+        let mut vf = SequentialState::new(*fails_design);
         for i in 0..s.len().min(f.len()) {
             if vp.decision().is_none() && i < p.len() {
                 vp.look(s[i], p[i]).expect("counts from classes");

@@ -1,12 +1,12 @@
 //! The culprit search's step log, `steps.jsonl` (docs/culprit.md, "Step log"): one JSON
 //! document per line, flushed as it happens, so a killed search loses nothing it ran.
 //!
-//! - line 1, `{"kind": "search", ...}`: what the search was started with (flags with
+//! - line 1, `{"line": "search", ...}`: what the search was started with (flags with
 //!   their failing and passing values, load, block and look sizes, seed, budget);
-//! - `{"kind": "block", "request": ..., "outcome": ...}`: every block run, with the
+//! - `{"line": "block", "request": ..., "outcome": ...}`: every block run, with the
 //!   classes of its sessions in index order as a string of one letter per session
 //!   (see [`CODES`]);
-//! - `{"kind": "step", ...}`: every step decided.
+//! - `{"line": "step", ...}`: every step decided.
 //!
 //! The search is a deterministic function of its blocks' outcomes, so replaying the
 //! blocks ([`Replay`]) walks the same path; `--resume DIR` does that and runs live only
@@ -66,7 +66,7 @@ struct LoggedOutcome {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
+#[serde(tag = "line", rename_all = "snake_case")]
 enum Line {
     Search(Header),
     Block {
@@ -259,7 +259,7 @@ mod tests {
         let mut kept = Vec::new();
         let mut blocks = 0;
         for line in text.lines() {
-            if line.contains("\"kind\":\"block\"") {
+            if line.contains("\"line\":\"block\"") {
                 blocks += 1;
                 if blocks > 5 {
                     break;
@@ -267,7 +267,7 @@ mod tests {
             }
             kept.push(line);
         }
-        std::fs::write(&path, kept.join("\n") + "\n{\"kind\":\"blo").unwrap();
+        std::fs::write(&path, kept.join("\n") + "\n{\"line\":\"blo").unwrap();
 
         let logged = read(&path).unwrap();
         assert_eq!(logged.header, header);
