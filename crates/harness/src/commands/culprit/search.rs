@@ -738,12 +738,36 @@ impl Search<'_> {
             }
         }
         let flag = candidates[0];
+        // Confirm with the flag flipped alone: a degradation that comes and goes (a flip
+        // near the timeout) can mislead the halving; then every flag is screened alone.
+        let mut alone = self.all();
+        alone.remove(&flag);
+        let alone_key = (alone, 0);
+        if self.blocks_of(&alone_key).is_empty() {
+            self.run_block(&alone_key, runner, observer).await?;
+        }
+        if self.degraded(self.blocks_of(&alone_key)).is_none() {
+            let before = self.held.len();
+            self.screen_single_flips(runner, observer).await?;
+            if self.held.len() > before {
+                return Ok(());
+            }
+            self.held.insert(flag);
+            self.untestable.push(Untestable {
+                flag,
+                reason: format!(
+                    "flipping it to {} degrades the engine together with the other flips ({evidence}), though not alone",
+                    self.p.flags[flag].passing
+                ),
+            });
+            return Ok(());
+        }
         self.held.insert(flag);
         self.untestable.push(Untestable {
             flag,
             reason: format!(
-                "flipping it to {} degrades the engine ({evidence}); with it held at {} the other flips do not",
-                self.p.flags[flag].passing, self.p.flags[flag].failing
+                "flipping it to {} degrades the engine, alone and with the other flips ({evidence})",
+                self.p.flags[flag].passing
             ),
         });
         Ok(())
