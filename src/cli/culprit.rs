@@ -1,5 +1,7 @@
-//! `bisect culprit --flags A,B,C [--budget SESSIONS]`: clap arguments and their
-//! conversion into a [`CulpritPlan`].
+//! `bisect culprit --flags A,B,C [--budget SESSIONS] [--set NAME=VALUE]... [--resume DIR]`:
+//! clap arguments and their conversion into a [`CulpritPlan`].
+
+use std::path::PathBuf;
 
 use clap::Args;
 
@@ -8,14 +10,22 @@ use bisect_harness::commands::culprit::{self, CulpritPlan};
 
 #[derive(Debug, Args)]
 pub struct CulpritArgs {
-    /// Flags to search, comma-separated catalog names (at least two), each flipped alone.
+    /// Flags to search, comma-separated catalog names (at least two). Their values in
+    /// the launch configs as they are make the failing configuration; the search finds
+    /// the minimal set of those values that still fails (docs/culprit.md).
     #[arg(long, value_delimiter = ',', required = true)]
     flags: Vec<String>,
-    /// Total sessions (both arms, all flags): half screens every flag, the rest goes to
-    /// the most promising undecided ones.
+    /// Most sessions the search may spend, all blocks together.
     #[arg(long, default_value_t = culprit::DEFAULT_BUDGET)]
     budget: u64,
-    // The search goes to RESULTS/<id>/, each A/B pair to RESULTS/<id>/flags/<FLAG>/.
+    /// Pin another flag for every block: NAME=VALUE (repeatable).
+    #[arg(long = "set")]
+    set: Vec<String>,
+    /// Carry on a search that stopped: replay DIR/steps.jsonl (nothing it ran is run
+    /// again) and continue in DIR. Pass the same flags and options.
+    #[arg(long, value_name = "DIR")]
+    resume: Option<PathBuf>,
+    // The search goes to RESULTS/<id>/, each block to RESULTS/<id>/blocks/bNNN/.
     #[command(flatten)]
     pub common: ExperimentArgs,
 }
@@ -32,22 +42,52 @@ impl CulpritArgs {
             .filter(|name| !name.trim().is_empty())
             .map(|name| catalog.get(name).cloned())
             .collect::<Result<Vec<_>, _>>()?;
-        culprit::check_request(&flags, self.budget)?;
+        let workload = common.load.load()?;
+        culprit::check_request(&flags, self.budget, &workload)?;
         if common.load.sessions.is_some() {
             return Err(usage(
-                "--sessions does not apply to `bisect culprit`: each pair's size comes from --budget",
-                "drop --sessions and set --budget SESSIONS (both arms, all flags)",
+                "--sessions does not apply to `bisect culprit`: every block runs max(--concurrency, 80) sessions at the load, and the search decides how many blocks",
+                "drop --sessions; set the load with --concurrency and the most sessions with --budget",
             ));
         }
-        let workload = common.load.load()?;
+        let mut sets = Vec::new();
+        for s in &self.set {
+            let Some((name, value)) = s.split_once('=') else {
+                return Err(usage(
+                    format!("--set {s}: expected NAME=VALUE"),
+                    "e.g. --set HICACHE=off",
+                ));
+            };
+            let f = catalog.get(name)?.clone();
+            bisect_harness::config::flags::validate_value(value).map_err(|e| {
+                usage(
+                    format!("--set {s}: {e}"),
+                    "use only letters, digits and ._:/,=+-",
+                )
+            })?;
+            sets.push((f, value.to_string()));
+        }
         let policy = common.decision.policy()?;
-        let id = run_id("culprit", common.tag.as_deref());
-        let dir = common.output.results.join(&id);
+        let (id, dir) = match &self.resume {
+            Some(dir) => {
+                let id = dir
+                    .file_name()
+                    .map(|n| n.to_string_lossy().to_string())
+                    .unwrap_or_else(|| "culprit".into());
+                (id, dir.clone())
+            }
+            None => {
+                let id = run_id("culprit", common.tag.as_deref());
+                let dir = common.output.results.join(&id);
+                (id, dir)
+            }
+        };
         let (target, api_key) = common.target.resolve(&dir)?;
         let plan = CulpritPlan {
             id,
             command: command_line(),
             flags,
+            sets,
             api_key,
             target,
             workload,
@@ -58,6 +98,7 @@ impl CulpritArgs {
             state_root: None,
             allow_partial: common.allow_partial,
             metrics_period: METRICS_PERIOD,
+            resume: self.resume.is_some(),
         };
         plan.validate()?;
         Ok(plan)

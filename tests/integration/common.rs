@@ -27,6 +27,10 @@ pub const FAKE_FLAGS: &[(&str, &str)] = &[
         "doc = \"slow decode\"\nenv = \"FAKE_SLOW\"\nroles = [\"decode\"]\non = \"1\"\noff = \"0\"\n",
     ),
     (
+        "FAKE_RACE",
+        "doc = \"the fake's race: with FAKE_BF16 on, a quarter of sessions corrupt\"\nenv = \"FAKE_RACE\"\nroles = [\"decode\"]\non = \"1\"\noff = \"0\"\n",
+    ),
+    (
         "FAKE_NOISE",
         "doc = \"speed noise only\"\narg = \"--fake-noise\"\nroles = [\"decode\"]\non = \"0\"\noff = \"3\"\n",
     ),

@@ -1,68 +1,50 @@
-//! `bisect culprit --flags A,B,C [--budget SESSIONS]`: which of many flags causes the
-//! corruption, on a fixed session budget.
+//! `bisect culprit --flags A,B,C [--budget SESSIONS] [--set NAME=VALUE]... [--resume DIR]`:
+//! which values of the listed flags, in the configuration as it is, make the engine fail
+//! (docs/culprit.md). Orchestration only: the search itself is [`search`] (pure, behind
+//! [`search::StepRunner`]); this module reads each flag's failing value from the launch
+//! configs, opens the [`crate::arm::Testbed`] (journal, pins), runs the search with the
+//! real [`runner::TestbedRunner`] (or replays `steps.jsonl` first on `--resume`), writes
+//! `culprit.json`, `summary.md` and `report.html` after every block, and closes the
+//! testbed (configs restored byte for byte) on every path.
 //!
-//! Each flag is flipped individually between its catalog `on` and `off` values, every
-//! other flag held as in the launch configs, through exactly the protocol of `bisect run`
-//! ([`crate::commands::run::run`]: journal, write and read back every role, restart, drive,
-//! restore byte for byte). Every A/B pair is a normal run directory under
-//! `<culprit dir>/flags/<FLAG>/` (screening) and `flags/<FLAG>-look<j>/` (extra looks), so
-//! `bisect report` and `bisect diff` work on each.
+//! Refused before any edit (exit 2): fewer than two flags, a flag given twice, a flag
+//! both listed and pinned, a half-applied flag, a flag whose value in the launch configs
+//! differs between its roles, and a budget below the two blocks that the ends need.
 //!
-//! Refused before any edit (exit 2): an unknown flag, a flag given twice, fewer than two
-//! flags, a half-applied flag, a budget too small for one screening pair per flag.
-//!
-//! Allocation and stopping rule ([`allocate`]):
-//! 1. Screening: every flag gets one pair of n0 = max(8, round(budget / 4k)) sessions per
-//!    arm (about half the budget).
-//! 2. The rest of the budget is cut, in advance and independently of the data, into extra
-//!    looks of min(n0, remaining / 2) sessions per arm while that is at least 8. L = 1 +
-//!    their number bounds how many times a decision is taken.
-//! 3. After every look, each flag's counts are pooled over its looks and assessed: a
-//!    blocking confound (an arm over 10% error+timeout: "degraded, not a same-speed
-//!    toggle"; a readback mismatch) makes it inconclusive and closes it; otherwise it is
-//!    implicated when its Fisher p, Holm-adjusted across all k flags, is below alpha / L;
-//!    cleared when the Newcombe 95% interval of the difference lies inside +-min_effect;
-//!    else it stays open. A decided flag's status is frozen.
-//! 4. The next extra look goes to the open flag with the smallest raw p (ties: fewest
-//!    sessions, then the order given). The search stops when no flag is open or the looks
-//!    are spent; whatever is still open is inconclusive with the sessions that would
-//!    resolve it.
-//!
-//! Repeated looks at accumulating data inflate the type-I error: testing at alpha after
-//! every look would implicate a harmless flag more often than alpha. The bound used here
-//! is a Bonferroni split across looks on top of Holm across flags: at each of the at most
-//! L looks the family of k flags is tested at alpha / L, so by the union bound the chance
-//! of wrongly implicating any flag over the whole search stays at most alpha. It is
-//! conservative (a group-sequential spending function would be sharper). Clearing is
-//! judged on uncorrected 95% intervals at every look, so "cleared" carries the same
-//! optimism as in `bisect run`, slightly more with several looks.
-//!
-//! Look j of a flag runs the workload with seed + j - 1: the tasks of a session index are
-//! a function of the seed, so each look draws fresh sessions instead of replaying the same
-//! ones (pooling replays would count one session several times).
+//! Results: `<results>/<id>/` holds culprit.json, summary.md, report.html, steps.jsonl
+//! and `blocks/bNNN/` (each block's sessions.jsonl, metrics.csv and launch configs).
 
-pub mod allocate;
+pub mod mix;
 pub mod record;
+pub mod runner;
+pub mod search;
+pub mod simulate;
+pub mod steplog;
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
-use crate::arm::settle;
-use crate::commands::run::{self as experiment, Progress, RunPlan};
-use crate::config::{FlagSpec, TargetProfile, Workload};
+use crate::arm::{settle, Progress, Testbed, TestbedSpec};
+use crate::commands::run as experiment;
+use crate::config::{FlagSpec, Setting, TargetProfile, Workload};
 use crate::control::EngineControl;
-use crate::core::arm_stats::{ArmLabel, ArmStats, RecordStatus};
-use crate::core::verdict::{Policy, Severity, Status};
+use crate::core::arm_stats::RecordStatus;
+use crate::core::classify::Classifier;
+use crate::core::verdict::Policy;
 use crate::exit::Failure;
+use crate::launch::read_setting;
 use crate::results::run_record::TargetInfo;
-use allocate::{Assessment, Tally};
-use record::{Culprit, CulpritRecord, FlagResult, Look, PooledArm, SCHEMA};
+use record::{BlockSummary, CulpritRecord, FlagValue, UntestableFlag, SCHEMA};
+use search::{Answer, BlockOutcome, BlockRequest, FlagValues, Observer, SearchParams, StepRecord};
 
-/// The budget when `--budget` is not given.
-pub const DEFAULT_BUDGET: u64 = 640;
+/// The budget when `--budget` is not given: sessions, all blocks together. Sized by the
+/// simulation (`cargo bench --bench culprit`): the 95th percentile of the costliest
+/// scenario with six flags, a flaky background, stays under it.
+pub const DEFAULT_BUDGET: u64 = 2400;
 
 /// Everything `bisect culprit` needs, validated by [`CulpritPlan::validate`].
 #[derive(Debug, Clone)]
@@ -70,13 +52,14 @@ pub struct CulpritPlan {
     pub id: String,
     pub command: String,
     pub flags: Vec<FlagSpec>,
+    /// Pinned for every block.
+    pub sets: Vec<(FlagSpec, String)>,
     pub target: TargetProfile,
-    /// The base workload; its `sessions` is replaced by each look's size.
+    /// The base workload: its concurrency is the load every block runs at.
     pub workload: Workload,
-    /// Sessions, both arms and all flags together.
     pub budget: u64,
     pub policy: Policy,
-    /// `results/<id>/`.
+    /// `results/<id>/` (on `--resume`, the directory resumed).
     pub dir: PathBuf,
     pub journal_dir: PathBuf,
     /// Where the target's state lives (lock, journal, spawned groups); `None`:
@@ -85,25 +68,53 @@ pub struct CulpritPlan {
     pub allow_partial: bool,
     pub api_key: Option<String>,
     pub metrics_period: Duration,
+    /// Replay `dir/steps.jsonl` before running anything.
+    pub resume: bool,
 }
 
 impl CulpritPlan {
-    /// Refuse, before any edit, what cannot give a meaningful search (exit 2): the checks
-    /// of [`check_request`], then a half-applied flag.
+    /// Refuse, before any edit, what cannot give a meaningful search (exit 2).
     pub fn validate(&self) -> anyhow::Result<()> {
-        check_request(&self.flags, self.budget)?;
-        check_load(&self.workload, self.flags.len(), self.budget)?;
+        check_request(&self.flags, self.budget, &self.workload)?;
+        for (pinned, _) in &self.sets {
+            if self.flags.iter().any(|f| f.name == pinned.name) {
+                return Err(Failure::BadInput(format!(
+                    "--set {}: the flag is also listed in --flags\n  fix: list it or pin it, not both",
+                    pinned.name
+                ))
+                .into());
+            }
+        }
         if !self.allow_partial {
-            let flags: Vec<&FlagSpec> = self.flags.iter().collect();
+            let flags: Vec<&FlagSpec> = self
+                .flags
+                .iter()
+                .chain(self.sets.iter().map(|(f, _)| f))
+                .collect();
             crate::arm::refuse_half_applied(&self.target, &flags)?;
         }
+        failing_values(&self.target, &self.flags)?;
         Ok(())
+    }
+
+    pub fn search_params(&self, flags: Vec<FlagValues>) -> SearchParams {
+        let mut p = SearchParams::new(
+            flags,
+            self.workload.target_concurrency(),
+            self.budget,
+            self.workload.seed,
+        );
+        p.alpha = self.policy.alpha;
+        p.min_effect = self.policy.min_effect;
+        p.degraded_fraction = self.policy.degraded_fraction;
+        p.min_load_fraction = self.policy.min_load_fraction;
+        p
     }
 }
 
 /// The checks that need no launch config: at least two flags, none twice, and a budget
-/// that pays one screening pair per flag.
-pub fn check_request(flags: &[FlagSpec], budget: u64) -> Result<(), Failure> {
+/// that pays for both ends.
+pub fn check_request(flags: &[FlagSpec], budget: u64, workload: &Workload) -> Result<(), Failure> {
     let k = flags.len();
     if k < 2 {
         return Err(Failure::BadInput(format!(
@@ -118,43 +129,119 @@ pub fn check_request(flags: &[FlagSpec], budget: u64) -> Result<(), Failure> {
             )));
         }
     }
-    let needed = allocate::screening_cost(budget, k);
-    if budget < needed {
+    let block = u64::from(workload.target_concurrency()).max(search::MIN_BLOCK);
+    if budget < 2 * block {
         return Err(Failure::BadInput(format!(
-            "--budget {budget} is too small for one screening pair of {} sessions per arm for each of {k} flags ({needed} sessions)\n  fix: pass --budget {needed} or more, or fewer flags",
-            allocate::MIN_SESSIONS_PER_ARM
+            "--budget {budget} cannot pay for the two ends of the search (a block of {block} sessions each, at {} in flight)\n  fix: pass --budget {} or more (the default is {DEFAULT_BUDGET})",
+            workload.target_concurrency(),
+            2 * block
         )));
     }
     Ok(())
 }
 
-/// Directory of look `look` (1-based) of `flag`, relative to the culprit directory.
-/// Refuse a budget whose screening looks would run below the load the bug needs: a
-/// search at a lower load than the failing configuration's can only answer "no
-/// culprit" for a load-dependent bug (docs/design.md 3.10).
-pub fn check_load(workload: &Workload, flags: usize, budget: u64) -> Result<(), Failure> {
-    let load = u64::from(workload.target_concurrency());
-    let n0 = allocate::screening_sessions_per_arm(budget, flags);
-    if n0 < load {
-        let needed = 4 * flags as u64 * load;
-        return Err(Failure::BadInput(format!(
-            "--budget {budget} gives each of {flags} flags a screening look of {n0} sessions per arm, below the load of {load} sessions in flight that the experiment runs at: a load-dependent bug would not reproduce\n  fix: pass --budget {needed} or more, or a lower --concurrency (the load at which the failure still reproduces)"
-        )));
-    }
-    Ok(())
-}
-
-pub fn look_dir(flag: &str, look: u32) -> String {
-    if look <= 1 {
-        format!("flags/{flag}")
-    } else {
-        format!("flags/{flag}-look{look}")
+/// How the launch config spells `flag` at `value`.
+pub fn setting_words(flag: &FlagSpec, value: &str) -> String {
+    match &flag.setting {
+        Setting::Env(var) => format!("{var}={value}"),
+        Setting::Arg(arg) => format!("{arg} {value}"),
+        Setting::Switch(sw) if value == flag.on => sw.clone(),
+        Setting::Switch(sw) => format!("no {sw}"),
     }
 }
 
-/// Run the search. Launch configs are restored after every A/B pair (by
-/// [`experiment::run`]) and culprit.json is rewritten after each, so an interrupted search
-/// keeps every finished pair.
+/// Each flag's value in the launch configs as they are (the failing configuration), and
+/// the value that flips it: `off` for a flag at `on`, else `on`. A flag absent from the
+/// configs runs at the engine's default, which the catalog's `on` names.
+pub fn failing_values(
+    target: &TargetProfile,
+    flags: &[FlagSpec],
+) -> anyhow::Result<Vec<FlagValues>> {
+    let mut out = Vec::new();
+    for flag in flags {
+        let mut seen: Vec<(String, String)> = Vec::new();
+        for role in target.roles.iter().filter(|r| flag.roles.contains(&r.name)) {
+            let text = std::fs::read_to_string(&role.launch).map_err(|e| {
+                Failure::BadInput(format!(
+                    "{}: cannot read launch config of role {}: {e}",
+                    role.launch.display(),
+                    role.name
+                ))
+            })?;
+            let value = read_setting(&text, &flag.setting, flag).unwrap_or_else(|| flag.on.clone());
+            seen.push((role.name.clone(), value));
+        }
+        let Some((_, failing)) = seen.first().cloned() else {
+            return Err(Failure::BadInput(format!(
+                "flag {} lists roles {:?}, none of which the target has\n  fix: correct the flag's roles in {}",
+                flag.name,
+                flag.roles,
+                flag.source.display()
+            ))
+            .into());
+        };
+        if let Some((role, other)) = seen.iter().find(|(_, v)| *v != failing) {
+            return Err(Failure::BadInput(format!(
+                "flag {} is {failing} in role {}'s launch config but {other} in role {role}'s: the configuration as it is is half-applied\n  fix: make the roles agree, or pin the flag with --set",
+                flag.name, seen[0].0
+            ))
+            .into());
+        }
+        let passing = if failing == flag.on {
+            flag.off.clone()
+        } else {
+            flag.on.clone()
+        };
+        out.push(FlagValues {
+            name: flag.name.clone(),
+            failing,
+            passing,
+        });
+    }
+    Ok(out)
+}
+
+/// Rewrites the record after every block and step, and the step log.
+struct Recorder<'a> {
+    log: steplog::StepLog,
+    record: &'a mut CulpritRecord,
+    dir: PathBuf,
+    started: Instant,
+}
+
+impl Observer for Recorder<'_> {
+    fn block(&mut self, request: &BlockRequest, outcome: &BlockOutcome) -> anyhow::Result<()> {
+        self.log.block(request, outcome)?;
+        self.record.blocks.push(summary(request, outcome));
+        self.record.sessions_spent += request.sessions;
+        self.record.restarts += 1;
+        self.record.wall_s = self.started.elapsed().as_secs_f64();
+        self.record.write(&self.dir)
+    }
+
+    fn step(&mut self, step: &StepRecord) -> anyhow::Result<()> {
+        self.log.step(step)?;
+        self.record.steps.push(step.clone());
+        self.record.write(&self.dir)
+    }
+}
+
+fn summary(request: &BlockRequest, outcome: &BlockOutcome) -> BlockSummary {
+    BlockSummary {
+        block: request.block,
+        failing: request.failing.clone(),
+        sessions: request.sessions,
+        corrupted: outcome.classes.iter().filter(|c| c.is_corrupted()).count() as u64,
+        error_timeout: outcome.classes.iter().filter(|c| c.is_failure()).count() as u64,
+        peak_engine: outcome.peak_engine,
+        seed: request.seed,
+        wall_s: outcome.wall_s,
+        dir: runner::block_dir(request.block),
+    }
+}
+
+/// Run the search. Launch configs are restored before this returns, on every path;
+/// culprit.json says how far it got.
 pub async fn run(
     plan: &CulpritPlan,
     control: &mut dyn EngineControl,
@@ -164,8 +251,38 @@ pub async fn run(
     plan.validate()?;
     std::fs::create_dir_all(&plan.dir)
         .with_context(|| format!("creating {}", plan.dir.display()))?;
-    let k = plan.flags.len();
-    let looks = allocate::max_looks(plan.budget, k);
+    let flags = failing_values(&plan.target, &plan.flags)?;
+    let params = plan.search_params(flags.clone());
+    let pinned: Vec<String> = plan
+        .sets
+        .iter()
+        .map(|(f, v)| format!("{}={v}", f.name))
+        .collect();
+    let header = steplog::Header {
+        flags: flags.clone(),
+        concurrency: params.concurrency,
+        block: params.block,
+        look: params.look,
+        seed: params.seed,
+        budget: params.budget,
+        pinned: pinned.clone(),
+    };
+    let log_path = plan.dir.join("steps.jsonl");
+    let logged = if plan.resume {
+        let logged = steplog::read(&log_path)?;
+        if logged.header != header {
+            return Err(Failure::BadInput(format!(
+                "{}: the search it logged differs from this one (logged {:?}; now {:?})\n  fix: resume with the same --flags, --set, --concurrency, --seed and --budget, and unchanged launch configs",
+                log_path.display(),
+                logged.header,
+                header
+            ))
+            .into());
+        }
+        logged.blocks
+    } else {
+        Vec::new()
+    };
     let mut record = CulpritRecord {
         schema: SCHEMA.into(),
         id: plan.id.clone(),
@@ -175,232 +292,114 @@ pub async fn run(
         status: RecordStatus::Running,
         target: TargetInfo::of(&plan.target),
         workload: plan.workload.params_json(),
-        budget: plan.budget,
+        concurrency: params.concurrency,
+        block_sessions: params.block,
+        look_sessions: params.look,
+        budget: params.budget,
+        alpha: params.alpha,
+        navigate_alpha: params.navigate_alpha,
+        min_effect: params.min_effect,
+        pinned,
+        flags: flags.clone(),
+        answer: None,
+        verdict: None,
+        culprit: Vec::new(),
+        untestable: Vec::new(),
+        other_failures: Vec::new(),
+        steps: Vec::new(),
+        blocks: Vec::new(),
         sessions_spent: 0,
-        screening_sessions_per_arm: allocate::screening_sessions_per_arm(plan.budget, k),
-        max_looks: looks,
-        alpha: plan.policy.alpha,
-        alpha_per_look: allocate::alpha_per_look(plan.policy.alpha, looks),
-        min_effect: plan.policy.min_effect,
-        flags: Vec::new(),
-        culprits: Vec::new(),
-        looks: Vec::new(),
+        restarts: 0,
+        replayed_blocks: 0,
+        wall_s: 0.0,
         error: None,
     };
-    let mut search = Search {
-        plan,
-        tallies: plan
-            .flags
-            .iter()
-            .map(|f| Tally::new(&f.on, &f.off))
-            .collect(),
-        frozen: vec![None; k],
-        pooled: vec![Default::default(); k],
-    };
-    search.summarise(&mut record);
     record.write(&plan.dir)?;
 
-    let outcome = search
-        .drive(control, progress, &cancel, &mut record, looks)
-        .await;
-    search.summarise(&mut record);
+    let spec = TestbedSpec {
+        target: &plan.target,
+        journal_dir: Some(&plan.journal_dir),
+        state_root: plan.state_root.as_deref(),
+        flags: plan
+            .flags
+            .iter()
+            .chain(plan.sets.iter().map(|(f, _)| f))
+            .collect(),
+        allow_partial: plan.allow_partial,
+        api_key: plan.api_key.clone(),
+        metrics_period: plan.metrics_period,
+    };
+    let started = Instant::now();
+    let mut bed = Testbed::open(spec, control, progress, cancel)?;
+    let mut replayed = 0;
+    let outcome = async {
+        bed.pin(&plan.sets)?;
+        let classifier = Arc::new(Classifier::with_defaults(&plan.workload.tools)?);
+        let live = runner::TestbedRunner {
+            bed: &mut bed,
+            flags: plan.flags.clone(),
+            workload: plan.workload.clone(),
+            classifier,
+            dir: plan.dir.clone(),
+        };
+        let mut runner = steplog::Replay::new(logged, live);
+        let mut recorder = Recorder {
+            log: steplog::StepLog::create(&log_path, &header)?,
+            record: &mut record,
+            dir: plan.dir.clone(),
+            started,
+        };
+        let report = search::search(&params, &mut runner, &mut recorder).await;
+        replayed = runner.replayed;
+        report
+    }
+    .await;
+    let closed = bed.close().await;
+    let outcome = closed.combine(outcome);
+    if let Ok(report) = &outcome {
+        let show = |i: usize| {
+            let spec = &plan.flags[i];
+            FlagValue {
+                flag: spec.name.clone(),
+                value: flags[i].failing.clone(),
+                setting: setting_words(spec, &flags[i].failing),
+            }
+        };
+        record.answer = Some(
+            match &report.answer {
+                Answer::Culprit { .. } => "culprit",
+                Answer::NoCulprit => "no_culprit",
+                Answer::CouldNotReproduce => "could_not_reproduce",
+                Answer::Inconclusive => "inconclusive",
+            }
+            .into(),
+        );
+        if let Answer::Culprit { flags: set } = &report.answer {
+            record.culprit = set.iter().map(|&i| show(i)).collect();
+        }
+        record.untestable = report
+            .untestable
+            .iter()
+            .map(|u| {
+                let v = show(u.flag);
+                UntestableFlag {
+                    flag: v.flag,
+                    value: v.value,
+                    setting: v.setting,
+                    reason: u.reason.clone(),
+                }
+            })
+            .collect();
+        record.other_failures = report.other_failures.clone();
+        record.verdict = Some(report.verdict.clone());
+        record.sessions_spent = report.sessions_spent;
+        record.restarts = report.restarts;
+    }
+    record.replayed_blocks = replayed;
+    record.wall_s = started.elapsed().as_secs_f64();
     record.finished_at = Some(experiment::now());
     (record.status, record.error) = settle(&outcome);
     record.write(&plan.dir)?;
     outcome?;
     Ok(record)
-}
-
-struct Search<'a> {
-    plan: &'a CulpritPlan,
-    tallies: Vec<Tally>,
-    /// Per flag, `on` and `off` stats pooled over its looks.
-    pooled: Vec<[ArmStats; 2]>,
-    /// The assessment that decided a flag, kept as it was when it was taken.
-    frozen: Vec<Option<Assessment>>,
-}
-
-impl Search<'_> {
-    async fn drive(
-        &mut self,
-        control: &mut dyn EngineControl,
-        progress: &dyn Progress,
-        cancel: &CancellationToken,
-        record: &mut CulpritRecord,
-        looks: u32,
-    ) -> anyhow::Result<()> {
-        let k = self.plan.flags.len();
-        let n0 = allocate::screening_sessions_per_arm(self.plan.budget, k);
-        for i in 0..k {
-            self.look(i, n0, control, progress, cancel, record).await?;
-        }
-        self.freeze_decided(looks);
-        let load = u64::from(self.plan.workload.target_concurrency());
-        // A look smaller than the load would run below it: such leftovers stay unspent.
-        for size in allocate::extra_look_sizes(self.plan.budget, k)
-            .into_iter()
-            .filter(|&size| size >= load)
-        {
-            let assessments = self.assessments(looks);
-            let frozen: Vec<bool> = self.frozen.iter().map(Option::is_some).collect();
-            let Some(i) = allocate::next_flag(&self.tallies, &assessments, &frozen) else {
-                progress.note("every flag is decided; the rest of the budget is not spent");
-                break;
-            };
-            self.look(i, size, control, progress, cancel, record)
-                .await?;
-            self.freeze_decided(looks);
-        }
-        Ok(())
-    }
-
-    /// One more A/B pair of `sessions` per arm for flag `i`, pooled into its tally.
-    async fn look(
-        &mut self,
-        i: usize,
-        sessions: u64,
-        control: &mut dyn EngineControl,
-        progress: &dyn Progress,
-        cancel: &CancellationToken,
-        record: &mut CulpritRecord,
-    ) -> anyhow::Result<()> {
-        if cancel.is_cancelled() {
-            return Err(Failure::Interrupted.into());
-        }
-        let flag = &self.plan.flags[i];
-        let look = self.tallies[i].looks + 1;
-        let mut workload = self.plan.workload.clone();
-        // Every look runs at the experiment's load, whatever its sample size.
-        workload.concurrency = Some(workload.target_concurrency());
-        workload.sessions = u32::try_from(sessions).context("look size overflows u32")?;
-        workload.seed = workload.seed.wrapping_add(u64::from(look - 1));
-        let rel = look_dir(&flag.name, look);
-        progress.note(&format!(
-            "culprit: {} look {look}: {sessions} sessions per arm (seed {})",
-            flag.name, workload.seed
-        ));
-        let run_plan = RunPlan {
-            id: format!("{}-{}-look{look}", self.plan.id, flag.name),
-            command: self.plan.command.clone(),
-            flag: flag.clone(),
-            target: self.plan.target.clone(),
-            workload,
-            repeats: 1,
-            sets: Vec::new(),
-            run_dir: self.plan.dir.join(&rel),
-            journal_dir: self.plan.journal_dir.clone(),
-            state_root: self.plan.state_root.clone(),
-            policy: self.plan.policy,
-            allow_partial: self.plan.allow_partial,
-            api_key: self.plan.api_key.clone(),
-            metrics_period: self.plan.metrics_period,
-        };
-        let seed = run_plan.workload.seed;
-        let run = experiment::run_experiment(&run_plan, control, progress, cancel.clone())
-            .await
-            .with_context(|| {
-                format!("{} look {look} ({})", flag.name, run_plan.run_dir.display())
-            })?;
-        let stats = |label| run.arm(label).map(|a| a.stats.clone()).unwrap_or_default();
-        let (on, off) = (stats(ArmLabel::On), stats(ArmLabel::Off));
-        let tally = &mut self.tallies[i];
-        tally.add_look(&on.counts, &off.counts, self.plan.policy.degraded_fraction);
-        let pooled = &mut self.pooled[i];
-        *pooled = [
-            ArmStats::pool([&pooled[0], &on]),
-            ArmStats::pool([&pooled[1], &off]),
-        ];
-        if tally.blocked.is_none() {
-            // Degraded arms are caught on pooled counts above; the other blocking
-            // confounds (readback mismatch, differing workloads) come from the pair itself.
-            tally.blocked = run
-                .confounds
-                .iter()
-                .find(|c| c.severity == Severity::Blocking)
-                .map(|c| format!("blocked: {}; given no more budget", c.note));
-        }
-        record.looks.push(Look {
-            flag: flag.name.clone(),
-            look,
-            sessions_per_arm: sessions,
-            seed,
-            run_dir: rel,
-            run_status: run.verdict.as_ref().map(|v| v.status),
-        });
-        self.summarise(record);
-        record.write(&self.plan.dir)?;
-        Ok(())
-    }
-
-    fn assessments(&self, looks: u32) -> Vec<Assessment> {
-        allocate::assess(&self.tallies, &self.plan.policy, looks)
-    }
-
-    fn freeze_decided(&mut self, looks: u32) {
-        let assessments = self.assessments(looks);
-        for (slot, a) in self.frozen.iter_mut().zip(assessments) {
-            if slot.is_none() && a.decided {
-                *slot = Some(a);
-            }
-        }
-    }
-
-    /// Refresh the per-flag results, culprits and sessions spent in `record`. Frozen flags
-    /// keep the status and reasons they were decided with; p-values are the current ones.
-    fn summarise(&self, record: &mut CulpritRecord) {
-        let current = self.assessments(record.max_looks);
-        record.flags = self
-            .plan
-            .flags
-            .iter()
-            .zip(&self.tallies)
-            .zip(current)
-            .zip(&self.frozen)
-            .zip(&self.pooled)
-            .map(|((((flag, tally), now), frozen), pooled)| {
-                let decided = frozen.as_ref().unwrap_or(&now);
-                let mut reasons = decided.reasons.clone();
-                if tally.looks == 0 {
-                    reasons = vec!["not run".to_string()];
-                }
-                FlagResult {
-                    name: flag.name.clone(),
-                    on: flag.on.clone(),
-                    off: flag.off.clone(),
-                    arms: vec![
-                        PooledArm::new(ArmLabel::On, &flag.on, pooled[0].clone()),
-                        PooledArm::new(ArmLabel::Off, &flag.off, pooled[1].clone()),
-                    ],
-                    looks: tally.looks,
-                    sessions: tally.sessions(),
-                    p_value: now.p_value,
-                    p_adjusted: now.p_adjusted,
-                    rate_diff: now.rate_diff,
-                    diff_ci95: now.diff_ci95,
-                    status: if tally.looks == 0 {
-                        Status::Inconclusive
-                    } else {
-                        decided.status
-                    },
-                    direction: decided.direction.clone(),
-                    degraded: tally
-                        .blocked
-                        .as_deref()
-                        .is_some_and(|b| b.starts_with("degraded")),
-                    reasons,
-                    runs: (1..=tally.looks).map(|j| look_dir(&flag.name, j)).collect(),
-                }
-            })
-            .collect();
-        record.culprits = record
-            .flags
-            .iter()
-            .filter(|f| f.status == Status::Implicated)
-            .map(|f| Culprit {
-                flag: f.name.clone(),
-                direction: f.direction.clone().unwrap_or_default(),
-            })
-            .collect();
-        record.sessions_spent = self.tallies.iter().map(Tally::sessions).sum();
-    }
 }

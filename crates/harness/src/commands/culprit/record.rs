@@ -1,19 +1,19 @@
 //! What `bisect culprit` writes and prints: `culprit.json` (the record below; field names
-//! are a contract, extend, never rename), `summary.md`, and the terminal table sorted by
-//! Holm-adjusted p.
+//! are a contract, extend, never rename), `summary.md`, `report.html` and the terminal
+//! summary. The step log (`steps.jsonl`) is [`super::steplog`]'s.
 
 use std::path::Path;
 
-use comfy_table::{presets, Cell, CellAlignment, ContentArrangement, Table};
+use comfy_table::{presets, Cell, ContentArrangement, Table};
 use serde::{Deserialize, Serialize};
 
-use crate::core::arm_stats::{ArmLabel, ArmStats, RecordStatus};
-use crate::core::format;
-use crate::core::verdict::Status;
+use super::search::{FlagValues, Outcome, StepRecord};
+use crate::core::arm_stats::RecordStatus;
+use crate::results::html::{escape, facts_list, page, verdict_box};
 use crate::results::run_record::TargetInfo;
 use crate::results::write_atomic;
 
-pub const SCHEMA: &str = "bisect.culprit/1";
+pub const SCHEMA: &str = "bisect.culprit/2";
 
 /// `culprit.json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -25,242 +25,295 @@ pub struct CulpritRecord {
     pub finished_at: Option<String>,
     pub status: RecordStatus,
     pub target: TargetInfo,
-    /// The base workload; look j of a flag runs it with seed + j - 1 and its own size.
+    /// The base workload; block b runs it with seed + b, `block_sessions` sessions at
+    /// `concurrency` in flight.
     pub workload: serde_json::Value,
-    /// Sessions (both arms, all flags) the search may spend, and has spent.
+    pub concurrency: u32,
+    pub block_sessions: u64,
+    pub look_sessions: u64,
     pub budget: u64,
-    pub sessions_spent: u64,
-    pub screening_sessions_per_arm: u64,
-    /// L: screening plus the extra looks the budget allows; alpha is split across them.
-    pub max_looks: u32,
     pub alpha: f64,
-    pub alpha_per_look: f64,
+    pub navigate_alpha: f64,
     pub min_effect: f64,
-    /// In the order given on the command line.
-    pub flags: Vec<FlagResult>,
-    /// The implicated flags.
-    pub culprits: Vec<Culprit>,
-    /// Every A/B pair run, in execution order.
-    pub looks: Vec<Look>,
+    /// Pinned for every block (`--set NAME=VALUE`).
+    pub pinned: Vec<String>,
+    /// The listed flags with their failing (as found) and passing (flipped) values.
+    pub flags: Vec<FlagValues>,
+    /// `culprit`, `no_culprit`, `could_not_reproduce`, `inconclusive`; None while running.
+    pub answer: Option<String>,
+    /// The verdict in words.
+    pub verdict: Option<String>,
+    /// The minimal failure-inducing set: catalog names with their failing values.
+    pub culprit: Vec<FlagValue>,
+    pub untestable: Vec<UntestableFlag>,
+    /// Steps that failed with another class mix than the reference failure.
+    pub other_failures: Vec<StepRecord>,
+    pub steps: Vec<StepRecord>,
+    pub blocks: Vec<BlockSummary>,
+    pub sessions_spent: u64,
+    pub restarts: u64,
+    /// Blocks answered from the step log of an earlier run (`--resume`).
+    pub replayed_blocks: u64,
+    pub wall_s: f64,
     pub error: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct FlagResult {
-    pub name: String,
-    pub on: String,
-    pub off: String,
-    /// `on` and `off`, pooled over this flag's looks.
-    pub arms: Vec<PooledArm>,
-    pub looks: u32,
-    /// Both arms, all looks.
-    pub sessions: u64,
-    /// Fisher exact two-sided on the pooled counts.
-    pub p_value: f64,
-    /// Holm-adjusted across all flags; compared with `alpha_per_look`.
-    pub p_adjusted: f64,
-    pub rate_diff: f64,
-    pub diff_ci95: [f64; 2],
-    pub status: Status,
-    pub direction: Option<String>,
-    pub degraded: bool,
-    pub reasons: Vec<String>,
-    /// Run directories of this flag's looks, relative to the culprit directory.
-    pub runs: Vec<String>,
-}
-
-/// One arm of a flag, pooled over that flag's looks.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct PooledArm {
-    pub label: ArmLabel,
+/// A flag at a value, as the catalog names it and as the launch config spells it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FlagValue {
+    pub flag: String,
     pub value: String,
+    /// `SGLANG_DSV4_BF16_INDEX_K=1`, `--enable-hierarchical-cache`, `--cuda-graph-max-bs 32`.
+    pub setting: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UntestableFlag {
+    pub flag: String,
+    /// The value it is held at (its failing value).
+    pub value: String,
+    pub setting: String,
+    pub reason: String,
+}
+
+/// One block, without its sessions (those are in `blocks/bNNN/sessions.jsonl`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BlockSummary {
+    pub block: u64,
+    pub failing: Vec<String>,
     pub sessions: u64,
-    #[serde(flatten)]
-    pub stats: ArmStats,
-}
-
-impl PooledArm {
-    pub fn new(label: ArmLabel, value: &str, stats: ArmStats) -> PooledArm {
-        PooledArm {
-            label,
-            value: value.to_string(),
-            sessions: stats.sessions(),
-            stats,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Culprit {
-    pub flag: String,
-    pub direction: String,
-}
-
-/// One A/B pair: a normal `bisect run` directory.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Look {
-    pub flag: String,
-    /// 1 = screening.
-    pub look: u32,
-    pub sessions_per_arm: u64,
+    pub corrupted: u64,
+    pub error_timeout: u64,
+    pub peak_engine: Option<u64>,
     pub seed: u64,
-    pub run_dir: String,
-    /// The verdict of this pair alone (`bisect run`'s rule, uncorrected).
-    pub run_status: Option<Status>,
+    pub wall_s: f64,
+    pub dir: String,
 }
 
 impl CulpritRecord {
-    /// Rewrite culprit.json and summary.md atomically.
+    /// Rewrite culprit.json, summary.md and report.html atomically.
     pub fn write(&self, dir: &Path) -> anyhow::Result<()> {
         write_atomic(
             &dir.join("culprit.json"),
             serde_json::to_string_pretty(self)?.as_bytes(),
         )?;
-        write_atomic(&dir.join("summary.md"), render_markdown(self).as_bytes())
-    }
-
-    /// Flags by Holm-adjusted p, smallest first (NaN last), ties in the order given.
-    fn ranked(&self) -> Vec<&FlagResult> {
-        let mut flags: Vec<&FlagResult> = self.flags.iter().collect();
-        flags.sort_by(|a, b| a.p_adjusted.total_cmp(&b.p_adjusted));
-        flags
+        write_atomic(&dir.join("summary.md"), render_markdown(self).as_bytes())?;
+        write_atomic(&dir.join("report.html"), render_html(self).as_bytes())
     }
 }
 
-const HEADER: [&str; 8] = [
-    "flag",
-    "status",
-    "on: corrupted",
-    "off: corrupted",
-    "on - off [95%]",
-    "p",
-    "p Holm",
-    "looks / sessions",
-];
-
-fn arm_cell(arm: Option<&PooledArm>) -> String {
-    arm.map_or_else(
-        || "-".to_string(),
-        |a| {
-            let failed = a.stats.counts.failed();
-            let mut s = format!(
-                "{}/{} = {} (={})",
-                a.stats.corrupted,
-                a.sessions,
-                format::percent(a.stats.corruption_rate),
-                a.value
-            );
-            if failed > 0 {
-                s.push_str(&format!(", {failed} err/timeout"));
-            }
-            s
-        },
-    )
+fn outcome_word(o: Outcome) -> &'static str {
+    match o {
+        Outcome::Fails => "fails",
+        Outcome::Passes => "passes",
+        Outcome::OtherFailure => "other failure",
+        Outcome::Degraded => "degraded",
+        Outcome::Unresolved => "unresolved",
+    }
 }
 
-fn row(f: &FlagResult) -> [String; 8] {
-    let arm = |label: ArmLabel| f.arms.iter().find(|a| a.label == label);
-    [
-        f.name.clone(),
-        f.status.as_str().to_string() + if f.degraded { " (degraded)" } else { "" },
-        arm_cell(arm(ArmLabel::On)),
-        arm_cell(arm(ArmLabel::Off)),
-        format!(
-            "{} [{}, {}]",
-            format::signed_percent(f.rate_diff),
-            format::signed_percent(f.diff_ci95[0]),
-            format::signed_percent(f.diff_ci95[1])
-        ),
-        format::p_value(f.p_value),
-        format::p_value(f.p_adjusted),
-        format!("{} / {}", f.looks, f.sessions),
-    ]
-}
-
-fn headline(r: &CulpritRecord) -> String {
-    let culprits = if r.culprits.is_empty() {
-        "none implicated".to_string()
+fn failing_words(record: &CulpritRecord, step: &StepRecord) -> String {
+    if step.failing.len() == record.flags.len() {
+        "all (as found)".into()
+    } else if step.failing.is_empty() {
+        "none (all flipped)".into()
     } else {
-        r.culprits
-            .iter()
-            .map(|c| format!("{}: {}", c.flag, c.direction))
-            .collect::<Vec<_>>()
-            .join("; ")
-    };
-    format!(
-        "bisect culprit over {} flags: {} of {} sessions spent, alpha {} split over {} looks ({} each)\nculprit: {culprits}\n",
-        r.flags.len(),
-        r.sessions_spent,
-        r.budget,
-        r.alpha,
-        r.max_looks,
-        format::p_value(r.alpha_per_look)
-    )
+        step.failing.join(", ")
+    }
 }
 
-/// The terminal table, sorted by Holm-adjusted p, with every flag's reasons under it.
-pub fn render_table(r: &CulpritRecord) -> String {
+fn head(record: &CulpritRecord) -> Vec<String> {
+    let mut lines = vec![format!(
+        "{} sessions in {} blocks of {} at {} in flight ({} restarts, {:.0} s), budget {}",
+        record.sessions_spent,
+        record.blocks.len(),
+        record.block_sessions,
+        record.concurrency,
+        record.restarts,
+        record.wall_s,
+        record.budget
+    )];
+    if !record.pinned.is_empty() {
+        lines.push(format!("pinned: {}", record.pinned.join(", ")));
+    }
+    if record.replayed_blocks > 0 {
+        lines.push(format!(
+            "{} blocks replayed from the step log of the earlier run",
+            record.replayed_blocks
+        ));
+    }
+    for u in &record.untestable {
+        lines.push(format!(
+            "untestable: {} ({}): {}",
+            u.flag, u.setting, u.reason
+        ));
+    }
+    for o in &record.other_failures {
+        lines.push(format!(
+            "another failure mode with failing values {}: {}",
+            o.failing.join(", "),
+            o.reason
+        ));
+    }
+    if let Some(e) = &record.error {
+        lines.push(format!("error: {e}"));
+    }
+    lines
+}
+
+/// The terminal summary: verdict, then the steps.
+pub fn render_table(record: &CulpritRecord) -> String {
     let mut table = Table::new();
     table
         .load_preset(presets::UTF8_FULL_CONDENSED)
         .set_content_arrangement(ContentArrangement::Dynamic)
-        .set_header(HEADER.iter().map(Cell::new));
-    for f in r.ranked() {
-        table.add_row(row(f).into_iter().enumerate().map(|(i, s)| {
-            let cell = Cell::new(s);
-            if i >= 5 {
-                cell.set_alignment(CellAlignment::Right)
-            } else {
-                cell
-            }
-        }));
+        .set_header(vec![
+            "step",
+            "kind",
+            "failing values",
+            "outcome",
+            "corrupted",
+            "blocks",
+        ]);
+    for s in &record.steps {
+        table.add_row(vec![
+            Cell::new(s.step),
+            Cell::new(format!("{:?}", s.kind).to_lowercase()),
+            Cell::new(failing_words(record, s)),
+            Cell::new(outcome_word(s.outcome)),
+            Cell::new(format!("{}/{}", s.corrupted, s.classified)),
+            Cell::new(
+                s.blocks
+                    .iter()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
+        ]);
     }
-    let mut out = headline(r);
-    out.push_str(&format!("{table}\n"));
-    out.push_str(&reasons(r, "  "));
-    if let Some(e) = &r.error {
-        out.push_str(&format!("stopped ({}): {e}\n", r.status));
+    let mut out = format!("{table}\n");
+    for line in head(record) {
+        out.push_str(&line);
+        out.push('\n');
     }
+    out.push_str(&format!(
+        "verdict: {}\n",
+        record.verdict.as_deref().unwrap_or("(not finished)")
+    ));
     out
 }
 
-fn reasons(r: &CulpritRecord, indent: &str) -> String {
-    let mut out = String::new();
-    for f in r.ranked() {
-        out.push_str(&format!("{}: {}\n", f.name, f.status.as_str()));
-        for reason in &f.reasons {
-            out.push_str(&format!("{indent}- {reason}\n"));
-        }
+pub fn render_markdown(record: &CulpritRecord) -> String {
+    let mut s = format!("# bisect culprit {}\n\n`{}`\n\n", record.id, record.command);
+    s.push_str(&format!(
+        "**{}**\n\n",
+        record.verdict.as_deref().unwrap_or("(not finished)")
+    ));
+    for line in head(record) {
+        s.push_str(&format!("- {line}\n"));
     }
-    out
-}
-
-/// `summary.md`.
-pub fn render_markdown(r: &CulpritRecord) -> String {
-    let mut out = format!("# bisect culprit {}\n\n", r.id);
-    out.push_str(&format!("Status: {}\n\n", r.status));
-    out.push_str(&headline(r).replace('\n', "\n\n"));
-    out.push_str(&format!("| {} |\n", HEADER.join(" | ")));
-    out.push_str(&format!("|{}\n", "---|".repeat(HEADER.len())));
-    for f in r.ranked() {
-        out.push_str(&format!("| {} |\n", row(f).join(" | ")));
-    }
-    out.push_str("\n## Reasons\n\n");
-    out.push_str(&reasons(r, "  "));
-    out.push_str("\n## Runs\n\n");
-    for l in &r.looks {
-        out.push_str(&format!(
-            "- {} look {}: {} sessions per arm, seed {}, `{}` ({})\n",
-            l.flag,
-            l.look,
-            l.sessions_per_arm,
-            l.seed,
-            l.run_dir,
-            l.run_status.map_or("no verdict", |s| s.as_str())
+    s.push_str("\n| step | kind | failing values | outcome | corrupted | blocks | reason |\n|---|---|---|---|---|---|---|\n");
+    for st in &record.steps {
+        s.push_str(&format!(
+            "| {} | {:?} | {} | {} | {}/{} | {} | {} |\n",
+            st.step,
+            st.kind,
+            failing_words(record, st),
+            outcome_word(st.outcome),
+            st.corrupted,
+            st.classified,
+            st.blocks
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+            st.reason.replace('|', "\\|")
         ));
     }
-    if let Some(e) = &r.error {
-        out.push_str(&format!("\nStopped ({}): {e}\n", r.status));
+    s
+}
+
+pub fn render_html(record: &CulpritRecord) -> String {
+    let class = match record.answer.as_deref() {
+        Some("culprit") => "implicated",
+        Some("no_culprit") | Some("could_not_reproduce") => "cleared",
+        _ => "inconclusive",
+    };
+    let heading = match record.answer.as_deref() {
+        Some("culprit") => "culprit found",
+        Some("no_culprit") => "no culprit among the listed flags",
+        Some("could_not_reproduce") => "could not reproduce",
+        Some(_) => "inconclusive",
+        None => "running",
+    };
+    let mut body = format!(
+        "<h1>bisect culprit {}</h1>\n<p class=\"meta\"><code>{}</code></p>\n",
+        escape(&record.id),
+        escape(&record.command)
+    );
+    let culprit: Vec<String> = record
+        .culprit
+        .iter()
+        .map(|c| format!("<code>{}</code> ({})", escape(&c.setting), escape(&c.flag)))
+        .collect();
+    let mut inner = format!(
+        "<p>{}</p>",
+        escape(record.verdict.as_deref().unwrap_or("(not finished)"))
+    );
+    if !culprit.is_empty() {
+        inner.push_str(&format!(
+            "<p>minimal failure-inducing set: {}</p>",
+            culprit.join(", ")
+        ));
     }
-    out
+    body.push_str(&verdict_box(class, heading, &inner));
+    body.push_str(&facts_list(
+        &head(record).iter().map(|l| escape(l)).collect::<Vec<_>>(),
+    ));
+    body.push_str("<h2>Flags</h2>\n<table><tr><th>flag</th><th>failing (as found)</th><th>passing (flipped)</th></tr>");
+    for f in &record.flags {
+        body.push_str(&format!(
+            "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
+            escape(&f.name),
+            escape(&f.failing),
+            escape(&f.passing)
+        ));
+    }
+    body.push_str("</table>\n<h2>Steps</h2>\n<table><tr><th>step</th><th>kind</th><th>failing values</th><th>outcome</th><th>corrupted</th><th>error+timeout</th><th>blocks</th><th>reason</th></tr>");
+    for st in &record.steps {
+        let links: Vec<String> = st
+            .blocks
+            .iter()
+            .map(|b| format!("<a href=\"blocks/b{b:03}/\">{b}</a>"))
+            .collect();
+        body.push_str(&format!(
+            "<tr><td>{}</td><td>{:?}</td><td>{}</td><td>{}</td><td>{}/{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            st.step,
+            st.kind,
+            escape(&failing_words(record, st)),
+            outcome_word(st.outcome),
+            st.corrupted,
+            st.classified,
+            st.error_timeout,
+            links.join(", "),
+            escape(&st.reason)
+        ));
+    }
+    body.push_str("</table>\n<h2>Blocks</h2>\n<table><tr><th>block</th><th>failing values</th><th>sessions</th><th>corrupted</th><th>error+timeout</th><th>engine peak running</th><th>seed</th><th>wall s</th></tr>");
+    for b in &record.blocks {
+        body.push_str(&format!(
+            "<tr><td><a href=\"{}/\">{}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1}</td></tr>",
+            escape(&b.dir),
+            b.block,
+            escape(&b.failing.join(", ")),
+            b.sessions,
+            b.corrupted,
+            b.error_timeout,
+            b.peak_engine.map_or("-".into(), |p| p.to_string()),
+            b.seed,
+            b.wall_s
+        ));
+    }
+    body.push_str("</table>\n<p class=\"meta\">Every step is a sequential A/B (anytime-valid e-process) against the verified ends; the step log is <code>steps.jsonl</code>. Method: docs/culprit.md.</p>\n");
+    page(&format!("bisect culprit {}", record.id), &body)
 }

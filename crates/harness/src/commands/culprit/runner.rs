@@ -1,0 +1,118 @@
+//! The culprit search's real step runner: one block on a [`Testbed`]. Every listed flag
+//! is written into every role it lists and read back (a value that does not read back
+//! stops the search), the engines restart, what they report about themselves is checked
+//! against the block's values, the block's sessions are driven at the experiment's
+//! concurrency into `blocks/bNNN/` (sessions.jsonl, metrics.csv, the launch configs as
+//! applied), and the engines stop. The launch configs are restored by the testbed's
+//! close, on every path (docs/design.md 2.2).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+
+use super::search::{BlockOutcome, BlockRequest, StepRunner};
+use crate::arm::{effective_values, BlockName, Testbed};
+use crate::config::{FlagSpec, Workload};
+use crate::core::classify::Classifier;
+use crate::exit::Failure;
+use crate::results::ResultsDir;
+
+pub struct TestbedRunner<'t, 'a> {
+    pub bed: &'t mut Testbed<'a>,
+    pub flags: Vec<FlagSpec>,
+    pub workload: Workload,
+    pub classifier: Arc<Classifier>,
+    /// The culprit directory.
+    pub dir: PathBuf,
+}
+
+/// `blocks/b007`, relative to the culprit directory.
+pub fn block_dir(block: u64) -> String {
+    format!("blocks/b{block:03}")
+}
+
+impl StepRunner for TestbedRunner<'_, '_> {
+    async fn run_block(&mut self, request: &BlockRequest) -> anyhow::Result<BlockOutcome> {
+        self.bed.check_cancelled()?;
+        for flag in &self.flags {
+            let value = request.config.get(&flag.name).ok_or_else(|| {
+                anyhow::anyhow!("block {} sets no value for {}", request.block, flag.name)
+            })?;
+            let readback = self.bed.set(flag, value)?;
+            if let Some((role, got)) = readback.iter().find(|(_, got)| *got != value) {
+                return Err(Failure::CouldNotRun(format!(
+                    "block {}: {} reads back as {got} in role {role}'s launch config, not {value}\n  fix: check the flag's catalog entry against the launch config",
+                    request.block, flag.name
+                ))
+                .into());
+            }
+        }
+        let label = format!("b{:03}", request.block);
+        let failing = if request.failing.is_empty() {
+            "none".to_string()
+        } else {
+            request.failing.join(", ")
+        };
+        self.bed.progress().note(&format!(
+            "culprit block {}: failing values: {failing}; restarting",
+            request.block
+        ));
+        let restarted = self.bed.restart(&label).await?;
+        for flag in &self.flags {
+            let value = &request.config[&flag.name];
+            let reported = effective_values(self.bed.target(), flag, &restarted.engine_info);
+            if let Some((role, got)) = reported
+                .iter()
+                .find(|(_, got)| !crate::core::effective::agrees(value, got))
+            {
+                return Err(Failure::CouldNotRun(format!(
+                    "block {}: the {role} engine reports {}={got} after the restart, but its launch config sets {value}: the engine does not run with what the search set\n  fix: check the launch script applies the flag (a dead conditional, an ignored variable)",
+                    request.block, flag.name
+                ))
+                .into());
+            }
+        }
+        let dir = self.dir.join(block_dir(request.block));
+        if dir.exists() {
+            // A block the step log does not hold (the search was killed while it ran):
+            // kept aside, never mixed into this block's sessions.
+            let aside = (1..)
+                .map(|n| dir.with_file_name(format!("b{:03}.unlogged-{n}", request.block)))
+                .find(|p| !p.exists())
+                .expect("a free name");
+            std::fs::rename(&dir, &aside).with_context(|| {
+                format!("moving {} aside to {}", dir.display(), aside.display())
+            })?;
+        }
+        let results = ResultsDir::create(&dir)?;
+        results.snapshot_launch(&label, 0, self.bed.target())?;
+        let mut workload = self.workload.clone();
+        workload.sessions = u32::try_from(request.sessions)?;
+        workload.concurrency = Some(request.concurrency);
+        workload.seed = request.seed;
+        let block = BlockName {
+            label: &label,
+            value: "",
+            repeat: 0,
+        };
+        let stats = self
+            .bed
+            .drive(block, &workload, &self.classifier, &results)
+            .await?;
+        self.bed.stop().await?;
+        let mut sessions = results.read_sessions()?;
+        sessions.sort_by_key(|s| s.index);
+        let peak_engine = stats
+            .peak_running
+            .iter()
+            .filter(|(role, _)| role.as_str() != "client")
+            .map(|(_, peak)| *peak)
+            .max();
+        Ok(BlockOutcome {
+            classes: sessions.iter().map(|s| s.class).collect(),
+            peak_engine,
+            wall_s: stats.wall_s + restarted.health_wait_s,
+        })
+    }
+}

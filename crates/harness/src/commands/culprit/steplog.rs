@@ -1,0 +1,306 @@
+//! The culprit search's step log, `steps.jsonl` (docs/culprit.md, "Step log"): one JSON
+//! document per line, flushed as it happens, so a killed search loses nothing it ran.
+//!
+//! - line 1, `{"line": "search", ...}`: what the search was started with (flags with
+//!   their failing and passing values, load, block and look sizes, seed, budget);
+//! - `{"line": "block", "request": ..., "outcome": ...}`: every block run, with the
+//!   classes of its sessions in index order as a string of one letter per session
+//!   (see [`CODES`]);
+//! - `{"line": "step", ...}`: every step decided.
+//!
+//! The search is a deterministic function of its blocks' outcomes, so replaying the
+//! blocks ([`Replay`]) walks the same path; `--resume DIR` does that and runs live only
+//! from the first block the log does not hold. No block already run is run again.
+
+use std::path::Path;
+
+use anyhow::{bail, Context};
+use serde::{Deserialize, Serialize};
+
+use super::search::{BlockOutcome, BlockRequest, FlagValues, Observer, StepRecord, StepRunner};
+use crate::core::session::SessionClass;
+use crate::results::JsonlWriter;
+
+/// One letter per session class, in `steps.jsonl`.
+pub const CODES: [(SessionClass, char); 8] = [
+    (SessionClass::Done, 'd'),
+    (SessionClass::Maxrounds, 'm'),
+    (SessionClass::Leak, 'l'),
+    (SessionClass::BadArgs, 'b'),
+    (SessionClass::WrongArgs, 'w'),
+    (SessionClass::NoTool, 'n'),
+    (SessionClass::Error, 'e'),
+    (SessionClass::Timeout, 't'),
+];
+
+pub fn encode(classes: &[SessionClass]) -> String {
+    classes
+        .iter()
+        .map(|c| CODES.iter().find(|(k, _)| k == c).map_or('?', |(_, l)| *l))
+        .collect()
+}
+
+pub fn decode(text: &str) -> Option<Vec<SessionClass>> {
+    text.chars()
+        .map(|l| CODES.iter().find(|(_, k)| *k == l).map(|(c, _)| *c))
+        .collect()
+}
+
+/// Line 1: the search's identity; a resume must match it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Header {
+    pub flags: Vec<FlagValues>,
+    pub concurrency: u32,
+    pub block: u64,
+    pub look: u64,
+    pub seed: u64,
+    pub budget: u64,
+    pub pinned: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct LoggedOutcome {
+    classes: String,
+    peak_engine: Option<u64>,
+    wall_s: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "line", rename_all = "snake_case")]
+enum Line {
+    Search(Header),
+    Block {
+        request: BlockRequest,
+        outcome: LoggedOutcome,
+    },
+    Step(Box<StepRecord>),
+}
+
+/// What a step log holds: its header and its blocks, in order.
+#[derive(Debug, Clone)]
+pub struct Logged {
+    pub header: Header,
+    pub blocks: Vec<(BlockRequest, BlockOutcome)>,
+}
+
+/// Read `steps.jsonl`. Errors name the file and line.
+pub fn read(path: &Path) -> anyhow::Result<Logged> {
+    let text = std::fs::read_to_string(path).with_context(|| {
+        format!(
+            "reading {}\n  fix: pass --resume the directory of an earlier `bisect culprit` (it holds steps.jsonl)",
+            path.display()
+        )
+    })?;
+    let mut header = None;
+    let mut blocks = Vec::new();
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let parsed: Line = match serde_json::from_str(line) {
+            Ok(l) => l,
+            // A search killed mid-write leaves at most its last line torn: drop it.
+            Err(_) if i + 1 == text.lines().count() => break,
+            Err(e) => bail!(
+                "{}:{}: not a step-log line: {e}\n  fix: restore the file, or start a new search without --resume",
+                path.display(),
+                i + 1
+            ),
+        };
+        match parsed {
+            Line::Search(h) if header.is_none() => header = Some(h),
+            Line::Search(_) => bail!("{}:{}: a second search header", path.display(), i + 1),
+            Line::Block { request, outcome } => {
+                let classes = decode(&outcome.classes).with_context(|| {
+                    format!(
+                        "{}:{}: unknown class letter in {:?}",
+                        path.display(),
+                        i + 1,
+                        outcome.classes
+                    )
+                })?;
+                blocks.push((
+                    request,
+                    BlockOutcome {
+                        classes,
+                        peak_engine: outcome.peak_engine,
+                        wall_s: outcome.wall_s,
+                    },
+                ));
+            }
+            Line::Step(_) => {}
+        }
+    }
+    let header =
+        header.with_context(|| format!("{}: no search header on line 1", path.display()))?;
+    Ok(Logged { header, blocks })
+}
+
+/// Writes the log as the search goes.
+pub struct StepLog {
+    out: JsonlWriter,
+}
+
+impl StepLog {
+    /// Start `path` afresh with `header` (a resume rewrites the replayed blocks too).
+    pub fn create(path: &Path, header: &Header) -> anyhow::Result<Self> {
+        if path.exists() {
+            std::fs::remove_file(path).with_context(|| format!("replacing {}", path.display()))?;
+        }
+        let mut out = JsonlWriter::open(path)?;
+        out.append_one(&Line::Search(header.clone()))?;
+        Ok(StepLog { out })
+    }
+}
+
+impl Observer for StepLog {
+    fn block(&mut self, request: &BlockRequest, outcome: &BlockOutcome) -> anyhow::Result<()> {
+        self.out.append_one(&Line::Block {
+            request: request.clone(),
+            outcome: LoggedOutcome {
+                classes: encode(&outcome.classes),
+                peak_engine: outcome.peak_engine,
+                wall_s: outcome.wall_s,
+            },
+        })
+    }
+
+    fn step(&mut self, step: &StepRecord) -> anyhow::Result<()> {
+        self.out.append_one(&Line::Step(Box::new(step.clone())))
+    }
+}
+
+/// Answers the blocks a log already holds, in order, then runs `live`.
+pub struct Replay<R> {
+    pub logged: std::collections::VecDeque<(BlockRequest, BlockOutcome)>,
+    pub live: R,
+    /// Blocks answered from the log.
+    pub replayed: u64,
+}
+
+impl<R> Replay<R> {
+    pub fn new(logged: Vec<(BlockRequest, BlockOutcome)>, live: R) -> Self {
+        Replay {
+            logged: logged.into(),
+            live,
+            replayed: 0,
+        }
+    }
+}
+
+impl<R: StepRunner> StepRunner for Replay<R> {
+    async fn run_block(&mut self, request: &BlockRequest) -> anyhow::Result<BlockOutcome> {
+        match self.logged.pop_front() {
+            Some((logged, outcome)) if &logged == request => {
+                self.replayed += 1;
+                Ok(outcome)
+            }
+            Some((logged, _)) => bail!(
+                "steps.jsonl: block {} of the log ran {:?} (seed {}), but the search now asks for {:?} (seed {}): the log is from another search\n  fix: resume with the same --flags, --set, --concurrency, --seed and --budget, or start a new search",
+                logged.block,
+                logged.failing,
+                logged.seed,
+                request.failing,
+                request.seed
+            ),
+            None => self.live.run_block(request).await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::commands::culprit::search::{search, SearchParams, Silent};
+    use crate::commands::culprit::simulate::{Expected, Oracle, OracleRunner, Rule};
+
+    #[test]
+    fn codes_round_trip() {
+        let all = SessionClass::ALL.to_vec();
+        assert_eq!(decode(&encode(&all)).unwrap(), all);
+        assert!(decode("dx").is_none());
+    }
+
+    /// Counts blocks that reach the live runner.
+    struct Counting<'a>(OracleRunner<'a>, u64);
+    impl StepRunner for Counting<'_> {
+        async fn run_block(&mut self, r: &BlockRequest) -> anyhow::Result<BlockOutcome> {
+            self.1 += 1;
+            self.0.run_block(r).await
+        }
+    }
+
+    #[test]
+    fn a_resumed_search_reruns_nothing_and_ends_the_same() {
+        let oracle = Oracle::new("t", 4, Rule::All(vec![1, 2]), 0.2, Expected::NoCulprit);
+        let params = SearchParams::new(oracle.flag_values(), 80, 4000, 11);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("steps.jsonl");
+        let header = Header {
+            flags: params.flags.clone(),
+            concurrency: 80,
+            block: params.block,
+            look: params.look,
+            seed: 11,
+            budget: 4000,
+            pinned: vec![],
+        };
+        let mut log = StepLog::create(&path, &header).unwrap();
+        let mut runner = OracleRunner {
+            oracle: &oracle,
+            seed: 11,
+        };
+        let full = futures::executor::block_on(search(&params, &mut runner, &mut log)).unwrap();
+        drop(log);
+
+        // Killed after 5 blocks: keep the header and the first 5 block lines.
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut kept = Vec::new();
+        let mut blocks = 0;
+        for line in text.lines() {
+            if line.contains("\"line\":\"block\"") {
+                blocks += 1;
+                if blocks > 5 {
+                    break;
+                }
+            }
+            kept.push(line);
+        }
+        std::fs::write(&path, kept.join("\n") + "\n{\"line\":\"blo").unwrap();
+
+        let logged = read(&path).unwrap();
+        assert_eq!(logged.header, header);
+        assert_eq!(logged.blocks.len(), 5);
+        let live = Counting(
+            OracleRunner {
+                oracle: &oracle,
+                seed: 11,
+            },
+            0,
+        );
+        let mut replay = Replay::new(logged.blocks, live);
+        let mut log = StepLog::create(&path, &header).unwrap();
+        let resumed = futures::executor::block_on(search(&params, &mut replay, &mut log)).unwrap();
+        assert_eq!(replay.replayed, 5);
+        assert_eq!(replay.live.1, full.blocks.len() as u64 - 5);
+        assert_eq!(resumed, full);
+        assert_eq!(read(&path).unwrap().blocks.len(), full.blocks.len());
+
+        // A log from another search is refused, naming the block.
+        let other = SearchParams::new(oracle.flag_values(), 80, 4000, 12);
+        let mut replay = Replay::new(
+            read(&path).unwrap().blocks,
+            OracleRunner {
+                oracle: &oracle,
+                seed: 12,
+            },
+        );
+        let err =
+            futures::executor::block_on(search(&other, &mut replay, &mut Silent)).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("the log is from another search"),
+            "{err:#}"
+        );
+    }
+}
