@@ -429,8 +429,12 @@ mod tests {
                 metrics: None,
                 health_timeout_s,
                 restart_timeout_s: 300,
+                ..RoleSpec::new("solo", PathBuf::new(), String::new(), None)
             }],
             source: None,
+            engine: Default::default(),
+            markup: crate::core::classify::MarkupFamily::ALL.to_vec(),
+            flags_dir: None,
         }
     }
 

@@ -55,11 +55,13 @@ impl Drop for InFlightGuard<'_> {
     }
 }
 
-/// A parsed reply: `choices[0].message` and `usage.completion_tokens` (0 when absent).
+/// A parsed reply: `choices[0].message`, `choices[0].finish_reason` and
+/// `usage.completion_tokens` (0 when absent).
 #[derive(Debug, Clone)]
 pub struct ChatReply {
     pub message: ChatMessage,
     pub completion_tokens: u64,
+    pub finish_reason: Option<String>,
 }
 
 /// What one request came to, before classification.
@@ -100,6 +102,8 @@ struct ChatResponse {
 #[derive(Deserialize)]
 struct Choice {
     message: ChatMessage,
+    #[serde(default)]
+    finish_reason: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -241,6 +245,7 @@ pub fn parse_reply(body: &str) -> ChatOutcome {
             Some(choice) => ChatOutcome::Reply(ChatReply {
                 message: choice.message,
                 completion_tokens: response.usage.map_or(0, |u| u.completion_tokens),
+                finish_reason: choice.finish_reason,
             }),
             None => ChatOutcome::Error(format!("response has no choices: {}", excerpt(body, 200))),
         },
@@ -261,6 +266,7 @@ mod tests {
             panic!("expected a reply")
         };
         assert_eq!(reply.completion_tokens, 17);
+        assert_eq!(reply.finish_reason.as_deref(), Some("tool_calls"));
         let calls = reply.message.tool_calls.unwrap();
         assert_eq!(calls[0].function.name, "read_file");
         assert_eq!(calls[0].function.arguments, r#"{"path":"/a"}"#);

@@ -561,6 +561,7 @@ mod tests {
                     metrics: None,
                     health_timeout_s: 1,
                     restart_timeout_s: 300,
+                    ..RoleSpec::new(name, PathBuf::new(), String::new(), None)
                 });
             }
             Setup { dir, roles }
