@@ -10,6 +10,7 @@ mod embedded;
 mod fake;
 mod fake_runs;
 mod fixture_v1;
+mod llama_cpp;
 mod matrix;
 mod ownership;
 mod reclassify;

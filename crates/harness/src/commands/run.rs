@@ -102,7 +102,7 @@ async fn run_blocks(
     record: &mut RunRecord,
 ) -> anyhow::Result<()> {
     bed.pin(&plan.sets)?;
-    let classifier = Arc::new(Classifier::with_defaults(&plan.workload.tools)?);
+    let classifier = Arc::new(Classifier::new(&plan.workload.tools, &plan.target.markup)?);
     for (label, repeat) in arm_order(plan.repeats) {
         bed.check_cancelled()?;
         let value = plan.flag.value_for(label == ArmLabel::On);

@@ -152,9 +152,14 @@ pub struct Counts {
     pub no_tool: u64,
     pub error: u64,
     pub timeout: u64,
-    /// Absent from records written before the class existed.
-    #[serde(default)]
+    /// Written only when non-zero, so records from before the class existed keep
+    /// their shape when rewritten; absent reads as 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub truncated: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Counts {
