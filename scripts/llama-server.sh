@@ -34,6 +34,10 @@ PREFIX="${BISECT_LLAMA_PREFIX:-$CACHE/bisect/llama-cpp-$VERSION-gemma3-270m-$MOD
 SERVER="$PREFIX/bin/llama-server"
 MODEL="$PREFIX/model/gemma-3-270m-q4_k_m.gguf"
 JOBS="${BISECT_LLAMA_JOBS:-$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)}"
+# GGML_NATIVE=OFF: a portable AVX2 build. A native build on a CPU with AMX compiles
+# ggml's AMX matmul, which segfaults at the first forward pass where the kernel does not
+# grant the process AMX tile state (containers, CI sandboxes).
+BUILD_FLAGS="-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DBUILD_SHARED_LIBS=OFF"
 
 log() { echo "llama-server.sh: $*" >&2; }
 
@@ -53,7 +57,8 @@ need_python() {
 
 mkdir -p "$PREFIX"
 
-if [ ! -x "$SERVER" ]; then
+# The binary is reused only if it was built with these flags (the stamp beside it).
+if [ ! -x "$SERVER" ] || [ "$(cat "$SERVER.flags" 2>/dev/null)" != "$BUILD_FLAGS" ]; then
     need_python
     CMAKE="$(command -v cmake || true)"
     if [ -z "$CMAKE" ]; then
@@ -83,10 +88,8 @@ if [ ! -x "$SERVER" ]; then
 
     BUILD="$PREFIX/build"
     log "configuring llama.cpp in $BUILD"
-    "$CMAKE" -S "$LLAMA_SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release \
-        -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_CURL=OFF \
-        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
-        -DBUILD_SHARED_LIBS=OFF >&2
+    # shellcheck disable=SC2086 # BUILD_FLAGS is a list of words
+    "$CMAKE" -S "$LLAMA_SRC" -B "$BUILD" $BUILD_FLAGS >&2
     log "building llama-server with $JOBS jobs (4-15 minutes on 2 cores)"
     "$CMAKE" --build "$BUILD" --target llama-server -j "$JOBS" >&2
     built="$(find "$BUILD" -name llama-server -type f -perm -u+x | head -n 1)"
@@ -99,6 +102,7 @@ if [ ! -x "$SERVER" ]; then
     # looks finished.
     cp "$built" "$SERVER.tmp"
     mv "$SERVER.tmp" "$SERVER"
+    printf '%s' "$BUILD_FLAGS" > "$SERVER.flags"
 fi
 
 if [ ! -f "$MODEL" ]; then
