@@ -90,14 +90,16 @@ pub struct TargetArgs {
     /// Target profile (TOML). Without it, the embedded engine is started.
     #[arg(long)]
     pub target: Option<PathBuf>,
-    /// Extra flag catalog directories (later ones override).
-    #[arg(long = "flags-dir")]
+    /// Extra flag catalog directories of *.toml flag files, loaded after the built-in
+    /// flags and the target's own `flags_dir` (a later file with the same name overrides).
+    #[arg(long = "flags-dir", value_name = "DIR")]
     pub flags_dir: Vec<PathBuf>,
 }
 
 impl TargetArgs {
+    /// The built-in flags, the target profile's `flags_dir`, then `--flags-dir`.
     pub fn catalog(&self) -> Result<FlagCatalog, ConfigError> {
-        FlagCatalog::load(&self.flags_dir)
+        catalog_for(self.target.as_deref(), &self.flags_dir)
     }
 
     /// The target profile (or the embedded engine's, its launch scripts written under
@@ -445,8 +447,24 @@ impl ProbeArgs {
 
 #[derive(Debug, Args)]
 pub struct FlagsArgs {
-    #[arg(long = "flags-dir")]
+    /// Target profile (TOML): list its own flags (`flags_dir`) and only the flags whose
+    /// roles it has; the others are named as not applying.
+    #[arg(long)]
+    pub target: Option<PathBuf>,
+    /// Extra flag catalog directories of *.toml flag files (later ones override).
+    #[arg(long = "flags-dir", value_name = "DIR")]
     pub flags_dir: Vec<PathBuf>,
+}
+
+/// The catalog a command sees: the built-in flags, the profile's `flags_dir` (when a
+/// profile is given), then `dirs`.
+pub fn catalog_for(target: Option<&Path>, dirs: &[PathBuf]) -> Result<FlagCatalog, ConfigError> {
+    let mut all = Vec::new();
+    if let Some(path) = target {
+        all.extend(TargetProfile::load(path)?.flags_dir);
+    }
+    all.extend(dirs.iter().cloned());
+    FlagCatalog::load(&all)
 }
 
 #[derive(Debug, Args)]

@@ -6,7 +6,6 @@ use std::process::ExitCode;
 
 use crate::cli::engine::EngineArgs;
 use crate::cli::{FlagsArgs, RestoreArgs};
-use bisect_harness::config::FlagCatalog;
 use bisect_harness::exit::Failure;
 
 pub fn engine(args: EngineArgs) -> anyhow::Result<ExitCode> {
@@ -18,8 +17,16 @@ pub fn engine(args: EngineArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub fn flags(args: &FlagsArgs) -> anyhow::Result<ExitCode> {
-    let catalog = FlagCatalog::load(&args.flags_dir)?;
-    for f in &catalog.flags {
+    let catalog = crate::cli::catalog_for(args.target.as_deref(), &args.flags_dir)?;
+    let (shown, not_applying) = match &args.target {
+        Some(path) => {
+            let target = bisect_harness::config::TargetProfile::load(path)?;
+            let (yes, no) = catalog.split_for(&target);
+            (yes, Some((target, no)))
+        }
+        None => (catalog.flags.iter().collect(), None),
+    };
+    for f in shown {
         println!(
             "{:<22} {} {:<36} roles={} on={} off={}",
             f.name,
@@ -30,6 +37,20 @@ pub fn flags(args: &FlagsArgs) -> anyhow::Result<ExitCode> {
             f.off
         );
         println!("{:<22} {}\n", "", f.doc.trim());
+    }
+    if let Some((target, no)) = not_applying {
+        if !no.is_empty() {
+            let roles: Vec<&str> = target.roles.iter().map(|r| r.name.as_str()).collect();
+            println!(
+                "not applying to target {} (roles {}): {}",
+                target.name,
+                roles.join(", "),
+                no.iter()
+                    .map(|f| format!("{} (roles {})", f.name, f.roles.join(",")))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

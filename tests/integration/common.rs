@@ -64,9 +64,7 @@ impl FakeTarget {
             metrics: Some(format!("http://{addr}/metrics")),
             health_timeout_s: 10,
             restart_timeout_s: 300,
-            effective_url: None,
-            effective_pointers: Default::default(),
-            pass_api_key: false,
+            ..RoleSpec::new(name, PathBuf::new(), String::new(), None)
         };
         let target = TargetProfile {
             name: "fake".into(),
@@ -78,6 +76,9 @@ impl FakeTarget {
                 role("decode", decode, engine.decode_addr),
             ],
             source: None,
+            engine: Default::default(),
+            markup: bisect_harness::core::classify::MarkupFamily::ALL.to_vec(),
+            flags_dir: None,
         };
         let catalog = FlagCatalog::load(&[flags]).unwrap();
         FakeTarget {

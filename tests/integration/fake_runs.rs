@@ -300,7 +300,8 @@ fn session_classes_cover_design() {
             "wrong_args",
             "no_tool",
             "error",
-            "timeout"
+            "timeout",
+            "truncated"
         ]
     );
 }

@@ -13,6 +13,7 @@ mod fake;
 mod fake_runs;
 mod faults;
 mod fixture_v1;
+mod llama_cpp;
 mod matrix;
 mod ownership;
 mod reclassify;

@@ -27,7 +27,7 @@ use anyhow::Context;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{FlagSpec, TargetProfile, Workload};
+use crate::config::{Engine, FlagSpec, TargetProfile, Workload};
 use crate::control::EngineControl;
 use crate::core::arm_stats::{ArmStats, RecordStatus};
 use crate::core::classify::Classifier;
@@ -249,7 +249,25 @@ impl<'a> Testbed<'a> {
             engine_info: BTreeMap::new(),
         };
         for role in &self.target.roles {
-            if let Some(info) = fetch_server_info(&self.probe_http, role).await {
+            let info = match &role.effective_url {
+                Some(url) => {
+                    let doc = fetch_effective(&self.probe_http, url, self.api_key.as_deref()).await;
+                    if doc.is_none() {
+                        self.progress.note(&format!(
+                            "warning: role {} did not answer its effective-config URL {url} with JSON: \
+                             what it runs with is not checked (set effective_url in the profile)",
+                            role.name
+                        ));
+                    }
+                    doc
+                }
+                // No preset or profile names a document: the guesses bisect always made.
+                None if self.target.engine == Engine::Custom => {
+                    fetch_server_info(&self.probe_http, role).await
+                }
+                None => None,
+            };
+            if let Some(info) = info {
                 restarted.engine_info.insert(role.name.clone(), info);
             }
         }
@@ -327,15 +345,23 @@ impl<'a> Testbed<'a> {
             concurrency: workload.target_concurrency(),
         };
         let inflight = Arc::new(InFlight::default());
-        let endpoints: Vec<(String, String)> = self
+        let endpoints: Vec<metrics::MetricsEndpoint> = self
             .target
             .roles
             .iter()
-            .filter_map(|r| r.metrics.clone().map(|m| (r.name.clone(), m)))
+            .filter_map(|r| {
+                r.metrics.clone().map(|url| metrics::MetricsEndpoint {
+                    role: r.name.clone(),
+                    url,
+                    running_metric: r.running_metric.clone(),
+                    queued_metric: r.queued_metric.clone(),
+                })
+            })
             .collect();
         let poll_cancel = self.cancel.child_token();
         let poller = tokio::spawn(metrics::poll(
             endpoints,
+            self.api_key.clone(),
             inflight.clone(),
             self.metrics_period,
             poll_cancel.clone(),
@@ -374,6 +400,13 @@ impl<'a> Testbed<'a> {
             .map(|(role, peak)| (role.clone(), peak.round() as u64))
             .collect();
         stats.peak_running.insert("client".into(), inflight.peak());
+        stats.metrics_failed = log.all_failed();
+        for (role, why) in &stats.metrics_failed {
+            self.progress.note(&format!(
+                "warning: no load measured for role {role} in block {}-r{}: {why}",
+                block.label, block.repeat
+            ));
+        }
         log.set_label(&format!("{}-r{}", block.label, block.repeat));
         results.append_metrics(&log)?;
         self.check_cancelled()?;
@@ -427,6 +460,24 @@ pub fn refuse_half_applied(target: &TargetProfile, flags: &[&FlagSpec]) -> anyho
         crate::launch::check_partial(flag, &texts)?;
     }
     Ok(())
+}
+
+/// The effective-configuration document a role names (`effective_url`, or its engine
+/// preset's), fetched with the API key; `None` when it does not answer with JSON.
+pub async fn fetch_effective(
+    client: &reqwest::Client,
+    url: &str,
+    api_key: Option<&str>,
+) -> Option<serde_json::Value> {
+    let mut request = client.get(url);
+    if let Some(key) = api_key {
+        request = request.bearer_auth(key);
+    }
+    let resp = request.send().await.ok()?;
+    if !resp.status().is_success() {
+        return None;
+    }
+    resp.json().await.ok()
 }
 
 /// What the engine reports about itself (its effective configuration): the role's

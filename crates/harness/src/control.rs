@@ -623,11 +623,12 @@ mod tests {
                 metrics: None,
                 health_timeout_s,
                 restart_timeout_s: 300,
-                effective_url: None,
-                effective_pointers: Default::default(),
-                pass_api_key: false,
+                ..RoleSpec::new("solo", PathBuf::new(), String::new(), None)
             }],
             source: None,
+            engine: Default::default(),
+            markup: crate::core::classify::MarkupFamily::ALL.to_vec(),
+            flags_dir: None,
         }
     }
 

@@ -24,7 +24,7 @@ use serde_json::{json, Value};
 
 use crate::config::Workload;
 use crate::core::arm_stats::ArmLabel;
-use crate::core::classify::{Classifier, RoundOutcome};
+use crate::core::classify::{account_for_truncation, Classifier, RoundOutcome};
 use crate::core::ending::{Flow, SessionProgress};
 use crate::core::session::{RoundClass, RoundRecord, SessionClass, SessionResult};
 use crate::core::task::initial_conversation;
@@ -137,10 +137,13 @@ pub fn reclassify_session(
         while old.transcript.get(pos).is_some_and(|m| m.role == "tool") {
             pos += 1;
         }
-        let verdict = classifier.classify(
-            &RoundOutcome::Reply(reply),
-            task.expected(progress.step()).as_ref(),
-            workload.check_args,
+        let verdict = account_for_truncation(
+            classifier.classify(
+                &RoundOutcome::Reply(reply),
+                task.expected(progress.step()).as_ref(),
+                workload.check_args,
+            ),
+            stored_round.finish_reason.as_deref(),
         );
         let round = RoundRecord {
             class: verdict.class,
@@ -434,6 +437,7 @@ mod tests {
             latency_ms: 10 * n as u64,
             completion_tokens: 20,
             evidence: "old".into(),
+            finish_reason: None,
         }
     }
 

@@ -134,7 +134,7 @@ async fn run_blocks(
     let editing = Instant::now();
     bed.pin(&plan.sets)?;
     phases.edit_s += editing.elapsed().as_secs_f64();
-    let classifier = Arc::new(Classifier::with_defaults(&plan.workload.tools)?);
+    let classifier = Arc::new(Classifier::new(&plan.workload.tools, &plan.target.markup)?);
     for (label, repeat) in arm_order(plan.repeats) {
         bed.check_cancelled()?;
         let block = BlockSpec {

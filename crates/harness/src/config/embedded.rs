@@ -7,7 +7,7 @@ use std::path::Path;
 
 use anyhow::Context;
 
-use crate::config::{RoleSpec, TargetProfile};
+use crate::config::{Engine, RoleSpec, TargetProfile};
 
 /// Ports for the two roles: free loopback ports, so parallel runs and tests don't collide.
 pub fn free_port() -> anyhow::Result<u16> {
@@ -63,9 +63,11 @@ pub fn prepare(launch_dir: &Path, exe: &Path) -> anyhow::Result<TargetProfile> {
         metrics: Some(format!("http://127.0.0.1:{port}/metrics")),
         health_timeout_s: 60,
         restart_timeout_s: 300,
-        effective_url: None,
         effective_pointers: Default::default(),
         pass_api_key: false,
+        running_metric: Engine::Embedded.preset().running_metric.to_string(),
+        queued_metric: Engine::Embedded.preset().queued_metric.to_string(),
+        effective_url: Engine::Embedded.effective_url(&format!("http://127.0.0.1:{port}/health")),
     };
     Ok(TargetProfile {
         name: "embedded-pd".into(),
@@ -77,6 +79,9 @@ pub fn prepare(launch_dir: &Path, exe: &Path) -> anyhow::Result<TargetProfile> {
             role("decode", decode, decode_port),
         ],
         source: None,
+        engine: Engine::Embedded,
+        markup: Engine::Embedded.preset().markup.to_vec(),
+        flags_dir: None,
     })
 }
 

@@ -12,7 +12,7 @@ use regex::Regex;
 use serde::Deserialize;
 use toml::Spanned;
 
-use super::{read_text, ConfigError, Source};
+use super::{read_text, ConfigError, Source, TargetProfile};
 
 /// Where a flag lives in a launch config.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -386,6 +386,23 @@ impl FlagCatalog {
             Some(existing) => *existing = spec,
             None => self.flags.push(spec),
         }
+    }
+
+    /// Whether `flag` can be flipped on `target`: every role it lists is one of the
+    /// target's (the built-in SGLang flags name prefill and decode, which a one-role
+    /// llama.cpp target does not have).
+    pub fn applies_to(flag: &FlagSpec, target: &TargetProfile) -> bool {
+        flag.roles.iter().all(|r| target.role(r).is_some())
+    }
+
+    /// The catalog's flags that apply to `target`, and those that do not, in catalog order.
+    pub fn split_for<'a>(
+        &'a self,
+        target: &TargetProfile,
+    ) -> (Vec<&'a FlagSpec>, Vec<&'a FlagSpec>) {
+        self.flags
+            .iter()
+            .partition(|f| FlagCatalog::applies_to(f, target))
     }
 
     /// Catalog names, in catalog order.

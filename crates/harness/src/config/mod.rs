@@ -7,6 +7,7 @@
 //! (`toml::de::Error::span`, `toml::Spanned`), so a message points at the exact key.
 
 pub mod embedded;
+pub mod engine;
 pub mod flags;
 #[cfg(test)]
 mod proptests;
@@ -18,6 +19,7 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 use toml::Spanned;
 
+pub use engine::{Engine, Preset};
 pub use flags::{validate_value, FlagCatalog, FlagSpec, Setting};
 pub use target::{RoleSpec, TargetProfile};
 pub use workload::{CheckArgs, TaskSpec, ToolSpec, Workload};

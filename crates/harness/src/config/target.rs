@@ -1,6 +1,7 @@
 //! Target profiles (docs/design.md 3.2): where the engine's API, launch configs, restart
 //! commands and health/metrics endpoints are. Without `--target` the CLI builds the
-//! embedded profile. This module owns the profile file format and its validation.
+//! embedded profile. This module owns the profile file format and its validation;
+//! `engine = "..."` fills per-role defaults from the preset table in `engine.rs`.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -8,7 +9,9 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use toml::Spanned;
 
+use super::engine::Engine;
 use super::{read_text, ConfigError, Source};
+use crate::core::classify::MarkupFamily;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct TargetProfile {
@@ -21,6 +24,13 @@ pub struct TargetProfile {
     pub roles: Vec<RoleSpec>,
     /// The profile file (None for the built-in embedded profile).
     pub source: Option<PathBuf>,
+    /// The engine preset the roles' defaults came from (`custom` when none was named).
+    pub engine: Engine,
+    /// Tool-call markup families counted as leaks (the preset's unless `markup = [...]`).
+    pub markup: Vec<MarkupFamily>,
+    /// The profile's own flag catalog (`flags_dir`, relative to the profile), loaded
+    /// after the built-in flags and before any `--flags-dir`.
+    pub flags_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -44,6 +54,32 @@ pub struct RoleSpec {
     /// Whether engines bisect starts for this role (spawned or by `restart`) inherit
     /// the API key's environment variable; by default it is removed from theirs.
     pub pass_api_key: bool,
+    /// Prometheus gauge of requests running in this role (the engine preset's unless
+    /// the role sets `running_metric`).
+    pub running_metric: String,
+    /// Prometheus gauge of requests queued in this role.
+    pub queued_metric: String,
+}
+
+impl RoleSpec {
+    /// A role with the `custom` preset's defaults (tests and built-in targets).
+    pub fn new(name: &str, launch: PathBuf, health: String, metrics: Option<String>) -> Self {
+        let preset = Engine::Custom.preset();
+        RoleSpec {
+            name: name.to_string(),
+            launch,
+            restart: None,
+            health,
+            metrics,
+            health_timeout_s: DEFAULT_HEALTH_TIMEOUT_S,
+            restart_timeout_s: DEFAULT_RESTART_TIMEOUT_S,
+            running_metric: preset.running_metric.to_string(),
+            queued_metric: preset.queued_metric.to_string(),
+            effective_url: None,
+            effective_pointers: BTreeMap::new(),
+            pass_api_key: false,
+        }
+    }
 }
 
 /// How long a role may take to answer /health after a restart unless the profile says.
@@ -59,6 +95,9 @@ struct RawProfile {
     api: Spanned<String>,
     model: Spanned<String>,
     api_key_env: Option<Spanned<String>>,
+    engine: Option<Spanned<String>>,
+    markup: Option<Spanned<Vec<String>>>,
+    flags_dir: Option<Spanned<String>>,
     #[serde(default)]
     role: Vec<Spanned<RawRole>>,
 }
@@ -78,9 +117,44 @@ struct RawRole {
     effective_pointers: BTreeMap<String, Spanned<String>>,
     #[serde(default)]
     pass_api_key: bool,
+    engine: Option<Spanned<String>>,
+    running_metric: Option<Spanned<String>>,
+    queued_metric: Option<Spanned<String>>,
 }
 
-const PROFILE_FIX: &str = "see docs/design.md 3.2: name, api, model, optional api_key_env, then one [[role]] table per engine role (name, launch, health, optional restart, metrics, health_timeout_s, restart_timeout_s, effective_url, effective_pointers, pass_api_key)";
+const PROFILE_FIX: &str = "see docs/design.md 3.2: name, api, model, optional api_key_env, engine, markup, flags_dir, then one [[role]] table per engine role (name, launch, health, optional restart, metrics, health_timeout_s, restart_timeout_s, engine, running_metric, queued_metric, effective_url, effective_pointers, pass_api_key)";
+
+fn parse_engine(src: &Source, v: &Spanned<String>) -> Result<Engine, ConfigError> {
+    v.get_ref().parse::<Engine>().map_err(|e| {
+        src.invalid(
+            v.span(),
+            e.to_string(),
+            "set engine to the serving engine (sglang, vllm, llamacpp, embedded), or custom and name running_metric / queued_metric / effective_url per role",
+        )
+    })
+}
+
+/// A Prometheus metric name (`[a-zA-Z_:][a-zA-Z0-9_:]*`).
+fn metric_name(src: &Source, key: &str, v: &Spanned<String>) -> Result<String, ConfigError> {
+    let name = v.get_ref().trim();
+    let valid = name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == ':')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':');
+    if !valid {
+        return Err(src.invalid(
+            v.span(),
+            format!("{key} = {name:?} is not a Prometheus metric name"),
+            format!(
+                "name the gauge as /metrics writes it, e.g. {key} = \"vllm:num_requests_running\""
+            ),
+        ));
+    }
+    Ok(name.to_string())
+}
 
 /// Checks an endpoint URL: plain http only, because this build has no TLS.
 fn check_url(src: &Source, key: &str, url: &Spanned<String>) -> Result<String, ConfigError> {
@@ -158,6 +232,48 @@ impl TargetProfile {
             }
         };
 
+        let engine = match &raw.engine {
+            None => Engine::default(),
+            Some(v) => parse_engine(&src, v)?,
+        };
+        let markup = match &raw.markup {
+            None => engine.preset().markup.to_vec(),
+            Some(list) => {
+                let mut families = Vec::new();
+                for name in list.get_ref() {
+                    let family = name.parse::<MarkupFamily>().map_err(|e| {
+                        src.invalid(
+                            list.span(),
+                            e.to_string(),
+                            "list the tool-call markup families to count as leaks, e.g. markup = [\"dsml\", \"hermes\"]",
+                        )
+                    })?;
+                    if !families.contains(&family) {
+                        families.push(family);
+                    }
+                }
+                families
+            }
+        };
+
+        let flags_dir = match &raw.flags_dir {
+            None => None,
+            Some(v) => {
+                let dir = base.join(non_empty(&src, "flags_dir", v, "flags")?);
+                if !dir.is_dir() {
+                    return Err(src.invalid(
+                        v.span(),
+                        format!(
+                            "flags_dir {} is not a directory (resolved relative to this profile's directory)",
+                            dir.display()
+                        ),
+                        "point flags_dir at the directory of this target's flag files (*.toml), or remove it",
+                    ));
+                }
+                Some(dir)
+            }
+        };
+
         if raw.role.is_empty() {
             return Err(src.invalid(
                 text.len()..text.len(),
@@ -226,10 +342,6 @@ impl TargetProfile {
                     ))
                 }
             };
-            let effective_url = match &r.effective_url {
-                None => None,
-                Some(u) => Some(check_url(&src, "effective_url", u)?),
-            };
             let mut effective_pointers = BTreeMap::new();
             for (flag, pointer) in &r.effective_pointers {
                 let p = pointer.get_ref().trim();
@@ -242,6 +354,23 @@ impl TargetProfile {
                 }
                 effective_pointers.insert(flag.clone(), p.to_string());
             }
+            let role_engine = match &r.engine {
+                None => engine,
+                Some(v) => parse_engine(&src, v)?,
+            };
+            let preset = role_engine.preset();
+            let running_metric = match &r.running_metric {
+                None => preset.running_metric.to_string(),
+                Some(v) => metric_name(&src, "running_metric", v)?,
+            };
+            let queued_metric = match &r.queued_metric {
+                None => preset.queued_metric.to_string(),
+                Some(v) => metric_name(&src, "queued_metric", v)?,
+            };
+            let effective_url = match &r.effective_url {
+                None => role_engine.effective_url(&health),
+                Some(v) => Some(check_url(&src, "effective_url", v)?),
+            };
             roles.push(RoleSpec {
                 name: role_name,
                 launch,
@@ -253,6 +382,8 @@ impl TargetProfile {
                 effective_url,
                 effective_pointers,
                 pass_api_key: r.pass_api_key,
+                running_metric,
+                queued_metric,
             });
         }
 
@@ -263,6 +394,9 @@ impl TargetProfile {
             api_key_env,
             roles,
             source: Some(path.to_path_buf()),
+            engine,
+            markup,
+            flags_dir,
         })
     }
 
@@ -407,6 +541,67 @@ health = "http://127.0.0.1:30002/health"
         assert!(msg.contains("not a JSON pointer"), "{msg}");
         let bad = text.replace("http://127.0.0.1:30000/props", "https://x/props");
         assert_eq!(error_at(&bad).0, 13);
+    }
+
+    #[test]
+    fn an_engine_preset_fills_role_defaults_and_roles_override_them() {
+        let text = GOOD.replace(
+            "api_key_env = \"OPENAI_API_KEY\"\n",
+            "api_key_env = \"OPENAI_API_KEY\"\nengine = \"llamacpp\"\n",
+        );
+        let text = text.replace(
+            "health_timeout_s = 120\n",
+            "health_timeout_s = 120\nengine = \"vllm\"\n",
+        ) + "running_metric = \"my:running\"\neffective_url = \"http://127.0.0.1:30002/config\"\n";
+        let (_dir, path) = write_profile(&text);
+        let p = TargetProfile::load(&path).unwrap();
+        assert_eq!(p.engine, Engine::Llamacpp);
+        assert_eq!(p.markup, MarkupFamily::ALL.to_vec());
+        let prefill = p.role("prefill").unwrap();
+        assert_eq!(prefill.running_metric, "vllm:num_requests_running");
+        assert_eq!(prefill.queued_metric, "vllm:num_requests_waiting");
+        assert_eq!(
+            prefill.effective_url, None,
+            "vLLM serves no config document"
+        );
+        let decode = p.role("decode").unwrap();
+        assert_eq!(decode.running_metric, "my:running");
+        assert_eq!(decode.queued_metric, "llamacpp:requests_deferred");
+        assert_eq!(
+            decode.effective_url.as_deref(),
+            Some("http://127.0.0.1:30002/config")
+        );
+
+        // Without `engine` the profile keeps bisect's old defaults.
+        let (_dir, path) = write_profile(GOOD);
+        let p = TargetProfile::load(&path).unwrap();
+        assert_eq!(p.engine, Engine::Custom);
+        assert_eq!(p.roles[0].running_metric, "sglang:num_running_reqs");
+        assert_eq!(p.roles[0].effective_url, None);
+
+        let sglang = GOOD.replace("model = ", "engine = \"sglang\"\nmodel = ");
+        let (_dir, path) = write_profile(&sglang);
+        let p = TargetProfile::load(&path).unwrap();
+        assert_eq!(
+            p.roles[0].effective_url.as_deref(),
+            Some("http://127.0.0.1:30000/get_server_info")
+        );
+    }
+
+    #[test]
+    fn bad_engines_metric_names_and_markup_point_at_their_line() {
+        let text = GOOD.replace("model = ", "engine = \"tgi\"\nmodel = ");
+        let (line, msg) = error_at(&text);
+        assert_eq!(line, 3);
+        assert!(msg.contains("unknown engine `tgi`"), "{msg}");
+        let text = GOOD.replace("health_timeout_s = 120", "running_metric = \"num running\"");
+        let (line, msg) = error_at(&text);
+        assert_eq!(line, 12);
+        assert!(msg.contains("not a Prometheus metric name"), "{msg}");
+        let text = GOOD.replace("model = ", "markup = [\"dsml\", \"xml\"]\nmodel = ");
+        let (line, msg) = error_at(&text);
+        assert_eq!(line, 3);
+        assert!(msg.contains("unknown markup family `xml`"), "{msg}");
     }
 
     #[test]

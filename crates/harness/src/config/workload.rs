@@ -3,7 +3,10 @@
 //!
 //! This module owns the file format (documented key by key in `workloads/agentic.toml`),
 //! its validation, the embedded builtin workloads, and the deterministic fill of a
-//! tool's result template.
+//! tool's result template. [`RequestOptions`] carries what real agents send besides the
+//! conversation: a system prompt, few-shot example turns, `tool_choice`, extra request
+//! fields passed through verbatim (`chat_template_kwargs`, sampling extras) and
+//! streaming.
 
 use std::collections::{BTreeMap, HashSet};
 use std::ops::Range;
@@ -13,6 +16,53 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::{read_text, ConfigError, Source};
+use crate::core::session::{ChatMessage, FunctionCall, ToolCall};
+
+/// Request fields bisect sets itself; `[request]` may not override them.
+pub const RESERVED_REQUEST_FIELDS: [&str; 8] = [
+    "model",
+    "messages",
+    "tools",
+    "max_tokens",
+    "temperature",
+    "stream",
+    "stream_options",
+    "tool_choice",
+];
+
+/// How each request of a workload is made, beyond the conversation itself.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RequestOptions {
+    /// A system message first in every session.
+    pub system: Option<String>,
+    /// Example turns after the system message and before the filler (few-shot: a
+    /// model that needs to see a tool call before it makes one).
+    pub examples: Vec<ChatMessage>,
+    /// Sent as `tool_choice` when set (`"auto"`, `"required"`, or a table).
+    pub tool_choice: Option<serde_json::Value>,
+    /// Extra top-level request fields, passed through as they are.
+    pub extra: serde_json::Map<String, serde_json::Value>,
+    /// `stream: true`: the reply arrives as server-sent events and is assembled as
+    /// OpenAI clients do (tool-call deltas joined by index).
+    pub stream: bool,
+}
+
+impl RequestOptions {
+    /// What run.json records; `None` when nothing is set, so records from before these
+    /// options compare equal.
+    pub fn params_json(&self) -> Option<serde_json::Value> {
+        if *self == RequestOptions::default() {
+            return None;
+        }
+        Some(serde_json::json!({
+            "system": self.system,
+            "examples": self.examples.len(),
+            "tool_choice": self.tool_choice,
+            "extra": self.extra,
+            "stream": self.stream,
+        }))
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CheckArgs {
@@ -74,6 +124,8 @@ pub struct Workload {
     pub barrier: bool,
     pub seed: u64,
     pub source: Option<PathBuf>,
+    /// System prompt, example turns, tool_choice, extra fields, streaming.
+    pub request: RequestOptions,
 }
 
 /// The shipped workloads, embedded at build time: (name, contents).
@@ -109,6 +161,38 @@ struct RawWorkload {
     task: Spanned<RawTask>,
     #[serde(default)]
     tool: Vec<Spanned<RawTool>>,
+    #[serde(default)]
+    system: Option<Spanned<String>>,
+    #[serde(default)]
+    example: Vec<Spanned<RawExample>>,
+    #[serde(default)]
+    tool_choice: Option<Spanned<toml::Value>>,
+    #[serde(default)]
+    request: Option<Spanned<toml::Table>>,
+    #[serde(default)]
+    stream: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawExample {
+    role: Spanned<String>,
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default)]
+    tool_calls: Vec<RawExampleCall>,
+    #[serde(default)]
+    tool_call_id: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawExampleCall {
+    #[serde(default)]
+    id: Option<String>,
+    name: String,
+    #[serde(default)]
+    arguments: toml::Table,
 }
 
 #[derive(Deserialize)]
@@ -134,6 +218,136 @@ struct RawTool {
 
 const WORKLOAD_FIX: &str =
     "see workloads/agentic.toml, which documents every key of the workload format";
+
+fn toml_to_json(value: &toml::Value) -> serde_json::Value {
+    serde_json::to_value(value).unwrap_or(serde_json::Value::Null)
+}
+
+/// `system`, `[[example]]`, `tool_choice`, `[request]`, `stream`, checked.
+fn request_options(
+    src: &Source,
+    raw: &RawWorkload,
+    tools: &[ToolSpec],
+) -> Result<RequestOptions, ConfigError> {
+    let system = match &raw.system {
+        Some(s) if s.get_ref().trim().is_empty() => {
+            return Err(src.invalid(
+                s.span(),
+                "system is empty",
+                "write the system prompt, or remove the key",
+            ))
+        }
+        Some(s) => Some(s.get_ref().trim().to_string()),
+        None => None,
+    };
+    let mut examples = Vec::new();
+    for (i, spanned) in raw.example.iter().enumerate() {
+        let e = spanned.get_ref();
+        let role = e.role.get_ref().as_str();
+        if !["user", "assistant", "tool"].contains(&role) {
+            return Err(src.invalid(
+                e.role.span(),
+                format!("example {} has role {role:?}", i + 1),
+                "an example turn is role = \"user\", \"assistant\" or \"tool\" (the system prompt is `system`)",
+            ));
+        }
+        let mut calls = Vec::new();
+        for (j, c) in e.tool_calls.iter().enumerate() {
+            if role != "assistant" {
+                return Err(src.invalid(
+                    spanned.span(),
+                    format!("example {} has tool_calls but role {role:?}", i + 1),
+                    "only assistant turns carry tool_calls",
+                ));
+            }
+            if !tools.iter().any(|t| t.name == c.name) {
+                return Err(src.invalid(
+                    spanned.span(),
+                    format!(
+                        "example {} calls tool {:?}, which the workload does not define",
+                        i + 1,
+                        c.name
+                    ),
+                    "call one of the workload's [[tool]]s in examples",
+                ));
+            }
+            let arguments =
+                serde_json::to_string(&toml_to_json(&toml::Value::Table(c.arguments.clone())))
+                    .unwrap_or_else(|_| "{}".into());
+            calls.push(ToolCall {
+                id: c
+                    .id
+                    .clone()
+                    .unwrap_or_else(|| format!("example_{}_{}", i + 1, j + 1)),
+                kind: "function".into(),
+                function: FunctionCall {
+                    name: c.name.clone(),
+                    arguments,
+                },
+            });
+        }
+        if role == "tool" && e.tool_call_id.is_none() {
+            return Err(src.invalid(
+                spanned.span(),
+                format!("example {} is a tool turn without tool_call_id", i + 1),
+                "give the id of the assistant example's call it answers (tool_calls = [{id = \"example_1\", ...}])",
+            ));
+        }
+        if e.content.is_none() && calls.is_empty() {
+            return Err(src.invalid(
+                spanned.span(),
+                format!("example {} has neither content nor tool_calls", i + 1),
+                "give the turn's text as content (or an assistant turn's tool_calls)",
+            ));
+        }
+        examples.push(ChatMessage {
+            role: role.to_string(),
+            content: e.content.clone(),
+            tool_calls: (!calls.is_empty()).then_some(calls),
+            tool_call_id: e.tool_call_id.clone(),
+            ..Default::default()
+        });
+    }
+    let tool_choice = match &raw.tool_choice {
+        None => None,
+        Some(v) => match v.get_ref() {
+            toml::Value::String(s) if ["auto", "required", "none"].contains(&s.as_str()) => {
+                Some(serde_json::Value::String(s.clone()))
+            }
+            toml::Value::Table(_) => Some(toml_to_json(v.get_ref())),
+            other => {
+                return Err(src.invalid(
+                    v.span(),
+                    format!("tool_choice = {other} is not a tool choice"),
+                    "use \"auto\", \"required\", \"none\", or a table {type = \"function\", function = {name = \"read_file\"}}",
+                ))
+            }
+        },
+    };
+    let mut extra = serde_json::Map::new();
+    if let Some(table) = &raw.request {
+        for (key, value) in table.get_ref() {
+            if RESERVED_REQUEST_FIELDS.contains(&key.as_str()) {
+                return Err(src.invalid(
+                    table.span(),
+                    format!("[request] sets {key:?}, which bisect sets itself"),
+                    format!(
+                        "remove {key} from [request] (bisect sets {}; tool_choice and stream are workload keys)",
+                        RESERVED_REQUEST_FIELDS.join(", ")
+                    ),
+                ));
+            }
+            extra.insert(key.clone(), toml_to_json(value));
+        }
+    }
+    Ok(RequestOptions {
+        system,
+        examples,
+        tool_choice,
+        extra,
+        stream: raw.stream,
+    })
+}
 
 /// A `{...}` placeholder of a result template, with its byte range in the template.
 fn placeholders(template: &str) -> Vec<(usize, &str)> {
@@ -580,6 +794,7 @@ impl Workload {
         };
 
         let tools = validate_tools(&src, &raw)?;
+        let request = request_options(&src, &raw, &tools)?;
 
         Ok(Workload {
             name,
@@ -596,6 +811,7 @@ impl Workload {
             barrier: raw.barrier,
             seed,
             source: Some(path.to_path_buf()),
+            request,
         })
     }
 
@@ -656,6 +872,9 @@ impl Workload {
         if let Some(c) = self.concurrency {
             params["concurrency"] = c.into();
         }
+        if let Some(request) = self.request.params_json() {
+            params["request"] = request;
+        }
         params
     }
 
@@ -696,6 +915,57 @@ type = "string"
 [tool.values]
 path = ["/a", "/b"]
 "#;
+
+    #[test]
+    fn request_options_build_the_conversation_and_the_body() {
+        let text = format!(
+            "system = \"You call tools.\"\ntool_choice = \"required\"\nstream = true\n{MINIMAL}\
+             [request]\nchat_template_kwargs = {{enable_thinking = false}}\ntop_k = 1\n\
+             [[example]]\nrole = \"user\"\ncontent = \"Read /a.\"\n\
+             [[example]]\nrole = \"assistant\"\ntool_calls = [{{id = \"ex1\", name = \"read_file\", arguments = {{path = \"/a\"}}}}]\n\
+             [[example]]\nrole = \"tool\"\ntool_call_id = \"ex1\"\ncontent = \"/a: ok\"\n"
+        );
+        let w = parse(&text).unwrap();
+        let r = &w.request;
+        assert_eq!(r.system.as_deref(), Some("You call tools."));
+        assert_eq!(r.tool_choice, Some(serde_json::json!("required")));
+        assert!(r.stream);
+        assert_eq!(
+            serde_json::Value::Object(r.extra.clone()),
+            serde_json::json!({"chat_template_kwargs": {"enable_thinking": false}, "top_k": 1})
+        );
+        assert_eq!(r.examples.len(), 3);
+        let call = &r.examples[1].tool_calls.as_ref().unwrap()[0];
+        assert_eq!(call.function.arguments, r#"{"path":"/a"}"#);
+        let (_, messages) = crate::core::task::initial_conversation(&w, 0);
+        assert_eq!(messages[0].role, "system");
+        assert_eq!(messages[1].content.as_deref(), Some("Read /a."));
+        assert_eq!(messages[3].tool_call_id.as_deref(), Some("ex1"));
+        assert_eq!(w.params_json()["request"]["examples"], 3);
+        assert!(parse(MINIMAL)
+            .unwrap()
+            .params_json()
+            .get("request")
+            .is_none());
+    }
+
+    #[test]
+    fn request_options_refuse_what_bisect_sets_and_bad_examples() {
+        let (line, msg) = error_line(&format!("{MINIMAL}[request]\nmax_tokens = 9\n"));
+        assert_eq!(line, 19);
+        assert!(msg.contains("which bisect sets itself"), "{msg}");
+        let (_, msg) = error_line(&format!(
+            "{MINIMAL}[[example]]\nrole = \"assistant\"\ntool_calls = [{{name = \"rm\"}}]\n"
+        ));
+        assert!(msg.contains("does not define"), "{msg}");
+        let (_, msg) = error_line(&format!(
+            "{MINIMAL}[[example]]\nrole = \"tool\"\ncontent = \"x\"\n"
+        ));
+        assert!(msg.contains("without tool_call_id"), "{msg}");
+        let (line, msg) = error_line(&format!("tool_choice = \"always\"\n{MINIMAL}"));
+        assert_eq!(line, 1);
+        assert!(msg.contains("not a tool choice"), "{msg}");
+    }
 
     #[test]
     fn builtins_load_with_the_documented_parameters() {

@@ -108,6 +108,10 @@ pub struct ArmStats {
     /// Per round (1-based index - 1): sessions whose first bad round this was.
     #[serde(default)]
     pub first_bad_round: Vec<u64>,
+    /// Role -> why none of its metrics scrapes gave a running-requests sample: that
+    /// role's load is unmeasured, which the record must say (docs/design.md 3.7).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metrics_failed: BTreeMap<String, String>,
 }
 
 impl Default for ArmStats {
@@ -123,6 +127,7 @@ impl Default for ArmStats {
             tokens_per_s: 0.0,
             health_wait_s: 0.0,
             first_bad_round: Vec::new(),
+            metrics_failed: BTreeMap::new(),
         }
     }
 }
@@ -187,6 +192,12 @@ impl ArmStats {
             pooled.health_wait_s += b.health_wait_s;
             for (i, n) in b.first_bad_round.iter().enumerate() {
                 pooled.add_first_bad_round(i as u32 + 1, *n);
+            }
+            for (role, why) in &b.metrics_failed {
+                pooled
+                    .metrics_failed
+                    .entry(role.clone())
+                    .or_insert_with(|| why.clone());
             }
         }
         pooled.finish();

@@ -1,8 +1,9 @@
 //! The confounds of a two-arm run (docs/design.md 3.7): every reason the comparison of
 //! `on` and `off` might not measure the flag. Blocking ones void the comparison
 //! (read-back or effective value not the arm's, a degraded arm, differing workloads);
-//! recorded ones qualify it (load, wall time, throughput); [`load_shortfall`] says
-//! when the engine never ran the target concurrency, which only `cleared` needs.
+//! recorded ones qualify it (load, wall time, throughput, replies truncated at
+//! `max_tokens`, roles whose load was never measured); [`load_shortfall`] says when the
+//! engine never ran the target concurrency, which only `cleared` needs.
 //!
 //! Pure: split from [`crate::core::verdict`], which decides from what is found here.
 
@@ -11,7 +12,8 @@ use std::collections::BTreeSet;
 use serde_json::{json, Value};
 
 use crate::core::effective;
-use crate::core::format::{percent_digits, quantity};
+use crate::core::format::{p_value, percent_digits, quantity};
+use crate::core::stats;
 use crate::core::verdict::{ArmObservation, Confound, Policy, Severity};
 
 /// Every confound, blocking ones first, in a fixed order.
@@ -26,7 +28,95 @@ pub(crate) fn confounds(
     found.extend(degraded_confound(on, off, policy));
     found.extend(workload_confounds(on, off));
     found.extend(recorded_confounds(on, off, policy));
+    found.extend(truncated_confound(on, off, policy));
+    found.extend(metrics_confounds(on, off));
     found
+}
+
+/// Significance below which truncation rates are said to differ: a screening level,
+/// not the verdict's alpha, because this only warns.
+const TRUNCATED_ALPHA: f64 = 0.05;
+
+/// Replies cut off at `max_tokens`: not corruption, but a truncated session cannot show
+/// corruption either, so an arm that truncates more can look cleaner for that alone
+/// (a flag that makes the model wordier). Warned when the rates differ by at least
+/// `min_effect` and Fisher's exact test says the difference is real (p < 0.05).
+fn truncated_confound(
+    on: &ArmObservation,
+    off: &ArmObservation,
+    policy: &Policy,
+) -> Option<Confound> {
+    let (t_on, t_off) = (on.stats.counts.truncated, off.stats.counts.truncated);
+    if t_on == 0 && t_off == 0 {
+        return None;
+    }
+    let (n_on, n_off) = (on.classified(), off.classified());
+    let (r_on, r_off) = (stats::rate(t_on, n_on), stats::rate(t_off, n_off));
+    let p = stats::fisher_exact_two_sided(t_on, n_on - t_on, t_off, n_off - t_off);
+    let rates = format!(
+        "on {t_on}/{n_on} ({}%), off {t_off}/{n_off} ({}%), Fisher p = {}",
+        percent_digits(r_on),
+        percent_digits(r_off),
+        p_value(p)
+    );
+    let (severity, note) = if (r_on - r_off).abs() >= policy.min_effect && p < TRUNCATED_ALPHA {
+        (
+            Severity::Warning,
+            format!(
+                "replies truncated at max_tokens differ between arms ({rates}): truncated \
+                 sessions cannot show corruption, so the arm that truncates more can look \
+                 cleaner; raise --max-tokens"
+            ),
+        )
+    } else {
+        (
+            Severity::Info,
+            format!("replies truncated at max_tokens, not counted as corruption: {rates}"),
+        )
+    };
+    Some(Confound {
+        name: "truncated".to_string(),
+        on: json!(t_on),
+        off: json!(t_off),
+        severity,
+        note,
+    })
+}
+
+/// A role none of whose metrics scrapes worked in an arm: its load is unmeasured, and
+/// the peak-running comparison silently lacks it unless this says so.
+fn metrics_confounds(on: &ArmObservation, off: &ArmObservation) -> Vec<Confound> {
+    let roles: BTreeSet<&String> = on
+        .stats
+        .metrics_failed
+        .keys()
+        .chain(off.stats.metrics_failed.keys())
+        .collect();
+    roles
+        .into_iter()
+        .map(|role| {
+            let why = |arm: &ArmObservation| {
+                arm.stats
+                    .metrics_failed
+                    .get(role)
+                    .map_or(Value::Null, |w| json!(w))
+            };
+            let reason = on
+                .stats
+                .metrics_failed
+                .get(role)
+                .or_else(|| off.stats.metrics_failed.get(role))
+                .cloned()
+                .unwrap_or_default();
+            Confound {
+                name: format!("metrics.{role}"),
+                on: why(on),
+                off: why(off),
+                severity: Severity::Warning,
+                note: format!("no load measured for role {role}: {reason}"),
+            }
+        })
+        .collect()
 }
 
 /// A role whose launch config does not read back the value its arm set: the arm did not
@@ -152,6 +242,18 @@ fn degraded_confound(
             format!(
                 "error+timeout within {}% in both arms",
                 percent_digits(policy.degraded_fraction)
+            ),
+        )
+    } else if degraded.len() == 2 {
+        // Both arms failing is the engine, the machine or the workload (a timeout too
+        // short for this hardware), not a flag that changed the speed.
+        (
+            Severity::Blocking,
+            format!(
+                "degraded: both arms failed too often, so the engine, the machine or the \
+                 workload (e.g. timeout_s too short for this hardware) is at fault, not the \
+                 flag: {}",
+                degraded.join("; ")
             ),
         )
     } else {

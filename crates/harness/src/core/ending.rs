@@ -139,6 +139,7 @@ mod tests {
             latency_ms: n as u64,
             completion_tokens: 1,
             evidence: format!("round {n}"),
+            finish_reason: None,
         }
     }
 

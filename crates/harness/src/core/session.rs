@@ -62,6 +62,9 @@ pub enum RoundClass {
     BadArgs,
     WrongArgs,
     NoTool,
+    /// The reply was cut off by `max_tokens` (`finish_reason: "length"`) and would
+    /// otherwise have been judged corrupted: the cut, not the engine, explains it.
+    Truncated,
 }
 
 /// The class of a whole session: its first non-ok round's class, else done/maxrounds.
@@ -76,10 +79,13 @@ pub enum SessionClass {
     NoTool,
     Error,
     Timeout,
+    /// Ended by a reply cut off at `max_tokens`: neither corruption nor failure,
+    /// reported beside the rates (docs/design.md 3.5).
+    Truncated,
 }
 
 impl SessionClass {
-    pub const ALL: [SessionClass; 8] = [
+    pub const ALL: [SessionClass; 9] = [
         SessionClass::Done,
         SessionClass::Maxrounds,
         SessionClass::Leak,
@@ -88,6 +94,7 @@ impl SessionClass {
         SessionClass::NoTool,
         SessionClass::Error,
         SessionClass::Timeout,
+        SessionClass::Truncated,
     ];
 
     pub fn name(self) -> &'static str {
@@ -100,6 +107,7 @@ impl SessionClass {
             SessionClass::NoTool => "no_tool",
             SessionClass::Error => "error",
             SessionClass::Timeout => "timeout",
+            SessionClass::Truncated => "truncated",
         }
     }
 
@@ -128,6 +136,7 @@ impl SessionClass {
             RoundClass::BadArgs => SessionClass::BadArgs,
             RoundClass::WrongArgs => SessionClass::WrongArgs,
             RoundClass::NoTool => SessionClass::NoTool,
+            RoundClass::Truncated => SessionClass::Truncated,
         })
     }
 }
@@ -143,6 +152,14 @@ pub struct Counts {
     pub no_tool: u64,
     pub error: u64,
     pub timeout: u64,
+    /// Written only when non-zero, so records from before the class existed keep
+    /// their shape when rewritten; absent reads as 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub truncated: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Counts {
@@ -160,6 +177,7 @@ impl Counts {
             SessionClass::NoTool => self.no_tool,
             SessionClass::Error => self.error,
             SessionClass::Timeout => self.timeout,
+            SessionClass::Truncated => self.truncated,
         }
     }
 
@@ -173,6 +191,7 @@ impl Counts {
             SessionClass::NoTool => &mut self.no_tool,
             SessionClass::Error => &mut self.error,
             SessionClass::Timeout => &mut self.timeout,
+            SessionClass::Truncated => &mut self.truncated,
         }
     }
 
@@ -206,6 +225,11 @@ pub struct RoundRecord {
     /// The text that decided the class (for ok rounds: the call that was accepted).
     #[serde(default)]
     pub evidence: String,
+    /// `choices[0].finish_reason` as the engine sent it (`stop`, `tool_calls`,
+    /// `length`); absent in records written before it was kept, and for rounds with no
+    /// reply.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finish_reason: Option<String>,
 }
 
 /// One session's result: a line of sessions.jsonl.

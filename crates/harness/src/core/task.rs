@@ -472,7 +472,14 @@ pub fn filler(workload: &Workload, session_index: u32) -> Vec<ChatMessage> {
 /// The messages a session starts with (filler, then the task message) and its task.
 pub fn initial_conversation(workload: &Workload, session_index: u32) -> (Task, Vec<ChatMessage>) {
     let task = Task::generate(workload, session_index);
-    let mut messages = filler(workload, session_index);
+    let mut messages: Vec<ChatMessage> = workload
+        .request
+        .system
+        .iter()
+        .map(|text| ChatMessage::new("system", text.clone()))
+        .collect();
+    messages.extend(workload.request.examples.iter().cloned());
+    messages.extend(filler(workload, session_index));
     messages.push(ChatMessage::new(
         "user",
         task.render_message(&workload.task),

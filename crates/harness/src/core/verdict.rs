@@ -633,6 +633,78 @@ mod tests {
     }
 
     #[test]
+    fn both_arms_degraded_blames_the_setup_not_the_flag() {
+        let (_, confounds, verdict) =
+            decide_default(&arm("on", "1", 0, 40, 80), &arm("off", "0", 0, 50, 80));
+        assert_eq!(blocking_names(&confounds), vec!["error_timeout"]);
+        assert_eq!(verdict.status, Status::Inconclusive);
+        let degraded = &verdict.reasons[0];
+        assert!(degraded.starts_with("degraded: both arms"), "{degraded}");
+        assert!(degraded.contains("not the flag"), "{degraded}");
+        assert!(!degraded.contains("same-speed"), "{degraded}");
+    }
+
+    #[test]
+    fn truncation_is_not_corruption_and_differing_rates_are_warned() {
+        let mut on = arm("on", "1", 0, 0, 80);
+        on.stats.counts.done = 60;
+        on.stats.counts.truncated = 20;
+        on.stats.finish();
+        let off = arm("off", "0", 0, 0, 80);
+        let (comparison, confounds, verdict) = decide_default(&on, &off);
+        assert_eq!(on.stats.corrupted, 0, "truncated is not corrupted");
+        assert_eq!(comparison.rate_diff, 0.0);
+        let t = confounds.iter().find(|c| c.name == "truncated").unwrap();
+        assert_eq!(t.severity, Severity::Warning);
+        assert_eq!((t.on.clone(), t.off.clone()), (json!(20), json!(0)));
+        // 20/80 vs 0/80: Fisher two-sided p = 2.3e-7 (R: fisher.test(matrix(c(20,60,0,80),2))).
+        assert!(
+            t.note.contains("on 20/80 (25.0%), off 0/80 (0.0%)"),
+            "{}",
+            t.note
+        );
+        assert!(verdict
+            .reasons
+            .iter()
+            .any(|r| r.starts_with("warning: replies truncated")));
+
+        // One truncated reply per arm is recorded, not warned.
+        let mut on = arm("on", "1", 0, 0, 80);
+        on.stats.counts.done = 79;
+        on.stats.counts.truncated = 1;
+        let mut off = arm("off", "0", 0, 0, 80);
+        off.stats.counts.done = 79;
+        off.stats.counts.truncated = 1;
+        let (_, confounds, _) = decide_default(&on, &off);
+        let t = confounds.iter().find(|c| c.name == "truncated").unwrap();
+        assert_eq!(t.severity, Severity::Info);
+        let (_, confounds, _) = decide_default(&arm("on", "1", 0, 0, 8), &arm("off", "0", 0, 0, 8));
+        assert!(!confounds.iter().any(|c| c.name == "truncated"));
+    }
+
+    #[test]
+    fn a_role_whose_scrapes_all_failed_is_a_warning() {
+        let mut on = arm("on", "1", 0, 0, 80);
+        on.stats.metrics_failed.insert(
+            "decode".into(),
+            "all 12 scrapes failed, last: http://h/metrics: HTTP 401".into(),
+        );
+        let off = arm("off", "0", 0, 0, 80);
+        let (_, confounds, verdict) = decide_default(&on, &off);
+        let m = confounds
+            .iter()
+            .find(|c| c.name == "metrics.decode")
+            .unwrap();
+        assert_eq!(m.severity, Severity::Warning);
+        assert!(m.note.contains("HTTP 401"), "{}", m.note);
+        assert_eq!(m.off, Value::Null);
+        assert!(verdict
+            .reasons
+            .iter()
+            .any(|r| r.starts_with("warning: no load measured for role decode")));
+    }
+
+    #[test]
     fn failures_within_the_limit_are_recorded_not_blocking() {
         let (_, confounds, verdict) =
             decide_default(&arm("on", "1", 14, 8, 80), &arm("off", "0", 0, 2, 80));

@@ -1,11 +1,16 @@
-//! The OpenAI chat client of the workload: one non-streaming
-//! `POST {api}/chat/completions` per round, with transport problems sorted into the
-//! round outcomes of docs/design.md 3.5 (timeout; error: connect failure, non-2xx status,
-//! unparseable body). Also [`InFlight`], the client-side in-flight request counter the
+//! The OpenAI chat client of the workload: one `POST {api}/chat/completions` per round,
+//! non-streaming or (workload `stream = true`) server-sent events assembled into one
+//! message the way OpenAI's client libraries do ([`assemble_stream`]: content and
+//! reasoning concatenated, tool-call deltas joined by their `index`, the last
+//! `finish_reason`, usage from the final chunk), with the workload's `tool_choice` and
+//! extra fields in the body, and transport problems sorted into the round outcomes of
+//! docs/design.md 3.5 (timeout; error: connect failure, non-2xx status, unparseable
+//! body or stream). Also [`InFlight`], the client-side in-flight request counter the
 //! metrics poller samples and run.json reports as `peak_running.client`.
 
+use crate::config::workload::RequestOptions;
 use crate::config::ToolSpec;
-use crate::core::session::ChatMessage;
+use crate::core::session::{ChatMessage, ToolCall};
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -55,11 +60,13 @@ impl Drop for InFlightGuard<'_> {
     }
 }
 
-/// A parsed reply: `choices[0].message` and `usage.completion_tokens` (0 when absent).
+/// A parsed reply: `choices[0].message`, `choices[0].finish_reason` and
+/// `usage.completion_tokens` (0 when absent).
 #[derive(Debug, Clone)]
 pub struct ChatReply {
     pub message: ChatMessage,
     pub completion_tokens: u64,
+    pub finish_reason: Option<String>,
 }
 
 /// What one request came to, before classification.
@@ -100,6 +107,8 @@ struct ChatResponse {
 #[derive(Deserialize)]
 struct Choice {
     message: ChatMessage,
+    #[serde(default)]
+    finish_reason: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -141,9 +150,20 @@ pub struct ChatClient {
     model: String,
     api_key: Option<String>,
     timeout: Duration,
+    tool_choice: Option<Value>,
+    extra: serde_json::Map<String, Value>,
+    stream: bool,
 }
 
 impl ChatClient {
+    /// The workload's request options: `tool_choice`, extra fields, streaming.
+    pub fn with_options(mut self, options: &RequestOptions) -> Self {
+        self.tool_choice = options.tool_choice.clone();
+        self.extra = options.extra.clone();
+        self.stream = options.stream;
+        self
+    }
+
     /// `api` is the OpenAI base URL (`http://host:port/v1`). The pool keeps an idle
     /// connection per session, so a thousand sessions reuse sockets between rounds, and
     /// proxies are ignored: the engine is usually on loopback.
@@ -167,6 +187,9 @@ impl ChatClient {
             model: model.to_string(),
             api_key,
             timeout,
+            tool_choice: None,
+            extra: serde_json::Map::new(),
+            stream: false,
         })
     }
 
@@ -189,8 +212,24 @@ impl ChatClient {
             tools,
             max_tokens: sampling.max_tokens,
             temperature: sampling.temperature,
-            stream: false,
+            stream: self.stream,
         };
+        let mut body = match serde_json::to_value(&body) {
+            Ok(Value::Object(map)) => map,
+            _ => return ChatOutcome::Error("could not encode the request".into()),
+        };
+        if self.stream {
+            body.insert(
+                "stream_options".into(),
+                serde_json::json!({"include_usage": true}),
+            );
+        }
+        if let Some(choice) = &self.tool_choice {
+            body.insert("tool_choice".into(), choice.clone());
+        }
+        for (key, value) in &self.extra {
+            body.insert(key.clone(), value.clone());
+        }
         let mut request = self.http.post(&self.url).timeout(self.timeout).json(&body);
         if let Some(key) = &self.api_key {
             request = request.bearer_auth(key);
@@ -214,7 +253,11 @@ impl ChatClient {
             };
             return ChatOutcome::Error(format!("HTTP {status}: {}", excerpt(&text, 200)));
         }
-        parse_reply(&text)
+        if self.stream {
+            assemble_stream(&text)
+        } else {
+            parse_reply(&text)
+        }
     }
 }
 
@@ -247,11 +290,155 @@ pub fn parse_reply(body: &str) -> ChatOutcome {
             Some(choice) => ChatOutcome::Reply(ChatReply {
                 message: choice.message,
                 completion_tokens: response.usage.map_or(0, |u| u.completion_tokens),
+                finish_reason: choice.finish_reason,
             }),
             None => ChatOutcome::Error(format!("response has no choices: {}", excerpt(body, 200))),
         },
         Err(e) => ChatOutcome::Error(format!("unparseable body ({e}): {}", excerpt(body, 200))),
     }
+}
+
+#[derive(Deserialize)]
+struct StreamChunk {
+    #[serde(default)]
+    choices: Vec<StreamChoice>,
+    #[serde(default)]
+    usage: Option<Usage>,
+}
+
+#[derive(Deserialize)]
+struct StreamChoice {
+    #[serde(default)]
+    delta: StreamDelta,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+struct StreamDelta {
+    #[serde(default)]
+    role: Option<String>,
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default)]
+    reasoning_content: Option<String>,
+    #[serde(default)]
+    tool_calls: Vec<ToolCallDelta>,
+}
+
+#[derive(Deserialize)]
+struct ToolCallDelta {
+    #[serde(default)]
+    index: usize,
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default, rename = "type")]
+    kind: Option<String>,
+    #[serde(default)]
+    function: Option<FunctionDelta>,
+}
+
+#[derive(Deserialize)]
+struct FunctionDelta {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    arguments: Option<String>,
+}
+
+fn append(slot: &mut Option<String>, piece: Option<String>) {
+    if let Some(piece) = piece {
+        slot.get_or_insert_with(String::new).push_str(&piece);
+    }
+}
+
+/// Assembles a server-sent-event body (`data: {chunk}` lines, `data: [DONE]`) into one
+/// reply as OpenAI's clients do: text fields concatenated, each tool call built from the
+/// deltas with its `index` (id and type from the first delta that has them, name and
+/// arguments concatenated), the last non-null `finish_reason`, usage from the chunk
+/// that carries it. A stream with no chunk, or a chunk that does not parse, is an error
+/// quoting it.
+pub fn assemble_stream(body: &str) -> ChatOutcome {
+    let mut message = ChatMessage {
+        role: "assistant".into(),
+        ..Default::default()
+    };
+    let mut calls: Vec<ToolCall> = Vec::new();
+    let mut finish_reason = None;
+    let mut completion_tokens = 0;
+    let mut chunks = 0;
+    for line in body.lines() {
+        let Some(data) = line.strip_prefix("data:") else {
+            continue;
+        };
+        let data = data.trim();
+        if data == "[DONE]" {
+            break;
+        }
+        let chunk: StreamChunk = match serde_json::from_str(data) {
+            Ok(c) => c,
+            Err(e) => {
+                return ChatOutcome::Error(format!(
+                    "unparseable stream chunk ({e}): {}",
+                    excerpt(data, 200)
+                ))
+            }
+        };
+        chunks += 1;
+        if let Some(usage) = chunk.usage {
+            completion_tokens = usage.completion_tokens;
+        }
+        let Some(choice) = chunk.choices.into_iter().next() else {
+            continue;
+        };
+        if let Some(reason) = choice.finish_reason {
+            finish_reason = Some(reason);
+        }
+        let delta = choice.delta;
+        if let Some(role) = delta.role {
+            message.role = role;
+        }
+        append(&mut message.content, delta.content);
+        append(&mut message.reasoning_content, delta.reasoning_content);
+        for d in delta.tool_calls {
+            while calls.len() <= d.index {
+                calls.push(ToolCall {
+                    id: String::new(),
+                    kind: "function".into(),
+                    function: crate::core::session::FunctionCall {
+                        name: String::new(),
+                        arguments: String::new(),
+                    },
+                });
+            }
+            let call = &mut calls[d.index];
+            if let Some(id) = d.id.filter(|id| !id.is_empty()) {
+                if call.id.is_empty() {
+                    call.id = id;
+                }
+            }
+            if let Some(kind) = d.kind {
+                call.kind = kind;
+            }
+            if let Some(f) = d.function {
+                call.function.name.push_str(&f.name.unwrap_or_default());
+                call.function
+                    .arguments
+                    .push_str(&f.arguments.unwrap_or_default());
+            }
+        }
+    }
+    if chunks == 0 {
+        return ChatOutcome::Error(format!("stream has no data chunks: {}", excerpt(body, 200)));
+    }
+    if !calls.is_empty() {
+        message.tool_calls = Some(calls);
+    }
+    ChatOutcome::Reply(ChatReply {
+        message,
+        completion_tokens,
+        finish_reason,
+    })
 }
 
 #[cfg(test)]
@@ -267,9 +454,58 @@ mod tests {
             panic!("expected a reply")
         };
         assert_eq!(reply.completion_tokens, 17);
+        assert_eq!(reply.finish_reason.as_deref(), Some("tool_calls"));
         let calls = reply.message.tool_calls.unwrap();
         assert_eq!(calls[0].function.name, "read_file");
         assert_eq!(calls[0].function.arguments, r#"{"path":"/a"}"#);
+    }
+
+    #[test]
+    fn streamed_tool_call_deltas_assemble_like_an_openai_client() {
+        // The shape llama.cpp and vLLM send: id and name first, arguments in pieces,
+        // finish_reason on its own chunk, usage last.
+        let body = concat!(
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":null}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"read_file\",\"arguments\":\"\"}}]}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"{\\\"path\\\": \"}}]}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"\\\"/a\\\"}\"}}]}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":1,\"id\":\"call_2\",\"function\":{\"name\":\"grep\",\"arguments\":\"{}\"}}]}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"tool_calls\"}]}\n\n",
+            "data: {\"choices\":[],\"usage\":{\"completion_tokens\":21}}\n\n",
+            "data: [DONE]\n\n",
+        );
+        let ChatOutcome::Reply(reply) = assemble_stream(body) else {
+            panic!("expected a reply")
+        };
+        assert_eq!(reply.finish_reason.as_deref(), Some("tool_calls"));
+        assert_eq!(reply.completion_tokens, 21);
+        assert_eq!(reply.message.content, None);
+        let calls = reply.message.tool_calls.unwrap();
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[0].id, "call_1");
+        assert_eq!(calls[0].function.name, "read_file");
+        assert_eq!(calls[0].function.arguments, r#"{"path": "/a"}"#);
+        assert_eq!(calls[1].function.name, "grep");
+
+        // Text in pieces, cut at the limit.
+        let body = "data: {\"choices\":[{\"delta\":{\"content\":\"DONE: all \"}}]}\n\
+                    data: {\"choices\":[{\"delta\":{\"content\":\"steps\"},\"finish_reason\":\"length\"}]}\n\
+                    data: [DONE]\n";
+        let ChatOutcome::Reply(reply) = assemble_stream(body) else {
+            panic!("expected a reply")
+        };
+        assert_eq!(reply.message.content.as_deref(), Some("DONE: all steps"));
+        assert_eq!(reply.finish_reason.as_deref(), Some("length"));
+        assert!(reply.message.tool_calls.is_none());
+
+        let ChatOutcome::Error(e) = assemble_stream("data: {oops\n") else {
+            panic!()
+        };
+        assert!(e.starts_with("unparseable stream chunk"), "{e}");
+        let ChatOutcome::Error(e) = assemble_stream("<html>502</html>") else {
+            panic!()
+        };
+        assert!(e.contains("no data chunks"), "{e}");
     }
 
     #[test]

@@ -10,7 +10,7 @@
 use super::barrier::BarrierSeat;
 use super::client::{ChatClient, ChatOutcome, InFlight, Sampling};
 use crate::config::Workload;
-use crate::core::classify::{Classifier, RoundOutcome};
+use crate::core::classify::{account_for_truncation, Classifier, RoundOutcome};
 use crate::core::ending::{Flow, SessionProgress};
 use crate::core::session::{ChatMessage, RoundRecord, SessionResult, ToolCall};
 use crate::core::task::{initial_conversation, Task};
@@ -83,17 +83,22 @@ pub async fn run_session(
             classify_started.elapsed().as_nanos() as u64,
             std::sync::atomic::Ordering::Relaxed,
         );
-        let (reply, tokens) = match outcome {
-            ChatOutcome::Reply(reply) => (Some(reply.message), reply.completion_tokens),
+        let (reply, tokens, finish_reason) = match outcome {
+            ChatOutcome::Reply(reply) => (
+                Some(reply.message),
+                reply.completion_tokens,
+                reply.finish_reason,
+            ),
             ChatOutcome::Error(text) => {
                 error = Some(text);
-                (None, 0)
+                (None, 0, None)
             }
             ChatOutcome::Timeout => {
                 error = Some(format!("no response within {} s", workload.timeout_s));
-                (None, 0)
+                (None, 0, None)
             }
         };
+        let verdict = account_for_truncation(verdict, finish_reason.as_deref());
         completion_tokens += tokens;
         let record = RoundRecord {
             round,
@@ -101,6 +106,7 @@ pub async fn run_session(
             latency_ms: elapsed.as_millis() as u64,
             completion_tokens: tokens,
             evidence: verdict.evidence,
+            finish_reason,
         };
         if progress.record(record, reply.as_ref()) == Flow::Stop {
             messages.extend(reply);

@@ -154,7 +154,8 @@ pub async fn drive(
     let workload = Arc::new(plan.workload.clone());
     let timeout = Duration::from_secs_f64(workload.timeout_s.max(0.001));
     let client = ChatClient::new(&plan.api, &plan.model, plan.api_key.clone(), timeout)
-        .with_context(|| format!("chat client for {}", plan.api))?;
+        .with_context(|| format!("chat client for {}", plan.api))?
+        .with_options(&workload.request);
     let ctx = Arc::new(SessionContext {
         tools_payload: tools_payload(&workload.tools),
         workload: workload.clone(),

@@ -1,9 +1,13 @@
 //! Engine load while a workload runs: a Prometheus text-format parser (exposition
 //! format 0.0.4: `name{label="v",...} value [timestamp]`, `#` comments, escaped label
 //! values, NaN/±Inf, scientific notation) and a poller that samples every role's
-//! `sglang:num_running_reqs` / `sglang:num_queue_reqs` plus the client's in-flight
-//! count into the time series written as metrics.csv (docs/design.md 3.6). Peak running
-//! requests per role feed the load-confound check of docs/design.md 3.7.
+//! running/queued gauges (named by the target's engine preset: `sglang:num_running_reqs`,
+//! `vllm:num_requests_running`, `llamacpp:requests_processing`, ...) plus the client's
+//! in-flight count into the time series written as metrics.csv (docs/design.md 3.6).
+//! Peak running requests per role feed the load-confound check of docs/design.md 3.7;
+//! a role none of whose scrapes succeeded is reported ([`MetricsLog::all_failed`]) so
+//! a missing load measurement is a warning, never silent. Scrapes carry the target's API
+//! key (a server started with one answers 401 to an anonymous `/metrics`).
 
 use super::client::InFlight;
 use anyhow::Context;
@@ -21,6 +25,27 @@ pub const RUNNING_METRIC: &str = "sglang:num_running_reqs";
 pub const QUEUED_METRIC: &str = "sglang:num_queue_reqs";
 /// Role name of the rows that carry only the client's own in-flight count.
 pub const CLIENT_ROLE: &str = "client";
+
+/// One role's Prometheus endpoint and the gauges to read from it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetricsEndpoint {
+    pub role: String,
+    pub url: String,
+    pub running_metric: String,
+    pub queued_metric: String,
+}
+
+impl MetricsEndpoint {
+    /// An endpoint read with SGLang's gauge names (the embedded engine and its mock).
+    pub fn sglang(role: &str, url: String) -> Self {
+        MetricsEndpoint {
+            role: role.to_string(),
+            url,
+            running_metric: RUNNING_METRIC.to_string(),
+            queued_metric: QUEUED_METRIC.to_string(),
+        }
+    }
+}
 
 /// Label (name, value) pairs of a sample, in exposition order.
 pub type Labels = Vec<(String, String)>;
@@ -194,6 +219,10 @@ pub struct MetricsLog {
     /// Highest client in-flight count sampled (`InFlight::peak` is the exact one).
     pub peak_client_inflight: u64,
     pub scrape_failures: BTreeMap<String, u64>,
+    /// Scrapes attempted per role.
+    pub scrapes: BTreeMap<String, u64>,
+    /// The last failure's reason per role.
+    pub last_error: BTreeMap<String, String>,
 }
 
 impl MetricsLog {
@@ -202,6 +231,22 @@ impl MetricsLog {
         for row in &mut self.rows {
             row.label = label.to_string();
         }
+    }
+
+    /// Role -> why, for every role none of whose scrapes gave its running gauge: the
+    /// arm has no engine-side load for that role, and the user must hear why.
+    pub fn all_failed(&self) -> BTreeMap<String, String> {
+        self.scrapes
+            .iter()
+            .filter(|(role, &n)| n > 0 && self.scrape_failures.get(*role) == Some(&n))
+            .map(|(role, n)| {
+                let last = self.last_error.get(role).map_or("", String::as_str);
+                (
+                    role.clone(),
+                    format!("all {n} scrapes failed, last: {last}"),
+                )
+            })
+            .collect()
     }
 
     fn record_client(&mut self, t_s: f64, inflight: u64) {
@@ -220,23 +265,29 @@ impl MetricsLog {
     fn record_scrape(
         &mut self,
         t_s: f64,
-        role: &str,
+        endpoint: &MetricsEndpoint,
         inflight: u64,
         scraped: Result<String, String>,
     ) {
+        let role = endpoint.role.as_str();
         let (running, queued, error) = match scraped {
             Ok(text) => {
                 let exposition = parse_exposition(&text);
-                let running = exposition.sum(RUNNING_METRIC);
-                let error = running
-                    .is_none()
-                    .then(|| format!("no {RUNNING_METRIC} sample"));
-                (running, exposition.sum(QUEUED_METRIC), error)
+                let running = exposition.sum(&endpoint.running_metric);
+                let error = running.is_none().then(|| {
+                    format!(
+                        "{}: no {} sample (set running_metric for role {role}, or the engine preset)",
+                        endpoint.url, endpoint.running_metric
+                    )
+                });
+                (running, exposition.sum(&endpoint.queued_metric), error)
             }
             Err(e) => (None, None, Some(e)),
         };
-        if error.is_some() {
+        *self.scrapes.entry(role.to_string()).or_default() += 1;
+        if let Some(e) = &error {
             *self.scrape_failures.entry(role.to_string()).or_default() += 1;
+            self.last_error.insert(role.to_string(), e.clone());
         }
         if let Some(r) = running {
             let peak = self.peak_running.entry(role.to_string()).or_insert(r);
@@ -254,23 +305,36 @@ impl MetricsLog {
     }
 }
 
-async fn scrape(http: &reqwest::Client, url: &str) -> Result<String, String> {
-    let response = http
-        .get(url)
-        .send()
-        .await
-        .map_err(|e| format!("{url}: {e}"))?;
+async fn scrape(
+    http: &reqwest::Client,
+    url: &str,
+    api_key: Option<&str>,
+) -> Result<String, String> {
+    let mut request = http.get(url);
+    if let Some(key) = api_key {
+        request = request.bearer_auth(key);
+    }
+    let response = request.send().await.map_err(|e| format!("{url}: {e}"))?;
     let status = response.status();
     if !status.is_success() {
-        return Err(format!("{url}: HTTP {status}"));
+        let hint = match status.as_u16() {
+            401 | 403 => " (the server wants an API key: set api_key_env in the target profile)",
+            404 => {
+                " (no metrics here: llama-server needs --metrics, vLLM and SGLang serve /metrics)"
+            }
+            _ => "",
+        };
+        return Err(format!("{url}: HTTP {status}{hint}"));
     }
     response.text().await.map_err(|e| format!("{url}: {e}"))
 }
 
-/// Samples every `(role, url)` endpoint and the client in-flight count every `period`
-/// until `cancel` fires. Scrape failures are recorded as rows with an error, never fatal.
+/// Samples every endpoint and the client in-flight count every `period` until `cancel`
+/// fires, sending `api_key` as a bearer token when set. Scrape failures are recorded as
+/// rows with an error, never fatal.
 pub async fn poll(
-    endpoints: Vec<(String, String)>,
+    endpoints: Vec<MetricsEndpoint>,
+    api_key: Option<String>,
     inflight: Arc<InFlight>,
     period: Duration,
     cancel: CancellationToken,
@@ -284,8 +348,13 @@ pub async fn poll(
     {
         Ok(client) => client,
         Err(e) => {
-            for (role, _) in &endpoints {
-                log.record_scrape(0.0, role, 0, Err(format!("building the HTTP client: {e}")));
+            for endpoint in &endpoints {
+                log.record_scrape(
+                    0.0,
+                    endpoint,
+                    0,
+                    Err(format!("building the HTTP client: {e}")),
+                );
             }
             return log;
         }
@@ -308,8 +377,11 @@ pub async fn poll(
         let t_s = started.elapsed().as_secs_f64();
         let client_now = inflight.current();
         log.record_client(t_s, client_now);
-        let scrapes =
-            futures::future::join_all(endpoints.iter().map(|(_, url)| scrape(&http, url)));
+        let scrapes = futures::future::join_all(
+            endpoints
+                .iter()
+                .map(|e| scrape(&http, &e.url, api_key.as_deref())),
+        );
         let scraped = if first {
             first = false;
             scrapes.await
@@ -319,8 +391,8 @@ pub async fn poll(
                 scraped = scrapes => scraped,
             }
         };
-        for ((role, _), result) in endpoints.iter().zip(scraped) {
-            log.record_scrape(t_s, role, client_now, result);
+        for (endpoint, result) in endpoints.iter().zip(scraped) {
+            log.record_scrape(t_s, endpoint, client_now, result);
         }
     }
     log
@@ -413,10 +485,11 @@ process_cpu_seconds_total 4.2E-3
         let cancel = CancellationToken::new();
         let poller = tokio::spawn(poll(
             vec![
-                ("decode".into(), server.metrics_url()),
-                ("prefill".into(), dead_url),
-                ("health".into(), server.health_url()),
+                MetricsEndpoint::sglang("decode", server.metrics_url()),
+                MetricsEndpoint::sglang("prefill", dead_url),
+                MetricsEndpoint::sglang("health", server.health_url()),
             ],
+            None,
             inflight.clone(),
             Duration::from_millis(50),
             cancel.clone(),
@@ -435,6 +508,13 @@ process_cpu_seconds_total 4.2E-3
             "a page without the metric is a failure"
         );
         assert!(!log.scrape_failures.contains_key("decode"));
+        let failed = log.all_failed();
+        assert_eq!(
+            failed.keys().collect::<Vec<_>>(),
+            vec!["health", "prefill"],
+            "the roles none of whose scrapes worked"
+        );
+        assert!(failed["health"].contains("no sglang:num_running_reqs sample"));
         let decode = log.rows.iter().find(|r| r.role == "decode").unwrap();
         assert_eq!(
             (decode.running, decode.queued, decode.client_inflight),

@@ -99,5 +99,6 @@ pub fn sample_workload(sessions: u32, rounds: u32) -> Workload {
         barrier: false,
         seed: 42,
         source: None,
+        request: Default::default(),
     }
 }

@@ -564,9 +564,7 @@ mod tests {
                     metrics: None,
                     health_timeout_s: 1,
                     restart_timeout_s: 300,
-                    effective_url: None,
-                    effective_pointers: Default::default(),
-                    pass_api_key: false,
+                    ..RoleSpec::new(name, PathBuf::new(), String::new(), None)
                 });
             }
             Setup { dir, roles }

@@ -1087,9 +1087,7 @@ proptest! {
             metrics: None,
             health_timeout_s: 1,
             restart_timeout_s: 1,
-            effective_url: None,
-            effective_pointers: Default::default(),
-            pass_api_key: false,
+            ..RoleSpec::new("prefill", PathBuf::new(), String::new(), None)
         };
         let journal = dir.path().join("journal");
         let mut editor = Editor::begin_at(&dir.path().join("state"), &journal, std::slice::from_ref(&path)).unwrap();

@@ -596,6 +596,7 @@ mod tests {
                 latency_ms: 12,
                 completion_tokens: 20,
                 evidence: "read_file(path=\"/a\")".into(),
+                finish_reason: None,
             }],
             latency_ms: vec![12],
             completion_tokens: 20,

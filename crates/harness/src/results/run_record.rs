@@ -59,6 +59,10 @@ pub struct TargetInfo {
     pub model: String,
     pub profile: Option<String>,
     pub roles: Vec<RoleInfo>,
+    /// The engine preset (`sglang`, `vllm`, `llamacpp`, `embedded`, `custom`); absent
+    /// in records written before presets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
 }
 
 impl TargetInfo {
@@ -77,8 +81,12 @@ impl TargetInfo {
                     launch: r.launch.display().to_string(),
                     restart: r.restart.clone(),
                     health: r.health.clone(),
+                    metrics: r.metrics.clone(),
+                    running_metric: r.metrics.as_ref().map(|_| r.running_metric.clone()),
+                    effective_url: r.effective_url.clone(),
                 })
                 .collect(),
+            engine: Some(t.engine.name().to_string()),
         }
     }
 }
@@ -89,6 +97,14 @@ pub struct RoleInfo {
     pub launch: String,
     pub restart: Option<String>,
     pub health: String,
+    /// The Prometheus endpoint scraped for load, and the gauge read from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running_metric: Option<String>,
+    /// Where the engine's effective configuration was read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effective_url: Option<String>,
 }
 
 /// `{name, env|arg|switch, roles, on, off}`: exactly one of env/arg/switch is present.

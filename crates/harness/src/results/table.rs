@@ -14,7 +14,7 @@ pub const HEADER: [&str; 9] = [
     "sessions",
     "done/max",
     "leak/bad/wrong/no_tool",
-    "error/timeout",
+    "error/timeout/truncated",
     "corrupted",
     "peak running",
     "wall",
@@ -34,7 +34,9 @@ pub fn arm_cells(flag: &str, arm: &ArmRecord, with_repeat: bool) -> [String; 9] 
         arm.sessions.to_string(),
         format!("{}/{}", c.done, c.maxrounds),
         format!("{}/{}/{}/{}", c.leak, c.bad_args, c.wrong_args, c.no_tool),
-        format!("{}/{}", c.error, c.timeout),
+        // Truncated (cut off at max_tokens) sits beside the failures: neither is in
+        // the corruption rate, and both say the run measured less than it meant to.
+        format!("{}/{}/{}", c.error, c.timeout, c.truncated),
         format::rate_interval(arm.stats.corrupted, arm.sessions, arm.stats.ci95),
         peaks(&arm.stats.peak_running),
         format!("{:.1}s", arm.stats.wall_s),

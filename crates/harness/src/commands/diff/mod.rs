@@ -283,6 +283,7 @@ pub(crate) mod tests {
                 model: "m".into(),
                 profile: None,
                 roles: Vec::new(),
+                engine: None,
             },
             flag: FlagInfo {
                 name: "BF16_INDEX_K".into(),

@@ -9,6 +9,12 @@
 //! not the task's current step, a call when no step remains, or more than one call) ·
 //! `no_tool` (no call while a step remains, or an empty final answer) · `ok`.
 //!
+//! Then [`account_for_truncation`]: a reply the engine cut off at `max_tokens`
+//! (`finish_reason: "length"`) that would be judged corrupted is `truncated` instead: a
+//! half-written call does not parse and a half-written answer misses its call, so the
+//! cut, not the engine, explains it. Replies without a finish reason (records written
+//! before it was kept) keep their class, so old runs reclassify unchanged.
+//!
 //! Everything expensive (regexes, JSON schema validators) is compiled once per run in
 //! [`Classifier::new`]; [`Classifier::classify`] is a pure function of its inputs.
 
@@ -369,6 +375,26 @@ impl Classifier {
 }
 
 /// The first schema violation of a call's arguments, with a count of the others.
+/// The round's verdict once its `finish_reason` is known (module doc): a corrupted-looking
+/// reply cut off by `max_tokens` becomes `truncated`, keeping what it looked like as
+/// evidence; every other verdict is returned as it is.
+pub fn account_for_truncation(verdict: RoundVerdict, finish_reason: Option<&str>) -> RoundVerdict {
+    let corrupted_looking = matches!(
+        verdict.class,
+        RoundClass::Leak | RoundClass::BadArgs | RoundClass::WrongArgs | RoundClass::NoTool
+    );
+    if finish_reason != Some("length") || !corrupted_looking {
+        return verdict;
+    }
+    RoundVerdict::new(
+        RoundClass::Truncated,
+        format!(
+            "truncated[length]: the reply stopped at max_tokens; as cut off it reads {}",
+            verdict.evidence
+        ),
+    )
+}
+
 fn schema_problem(
     name: &str,
     validator: &jsonschema::Validator,

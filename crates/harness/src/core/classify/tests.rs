@@ -764,3 +764,53 @@ fn expected_call_renders_like_a_task_step() {
         r#"read_file(path="/srv/app/config.yaml", max_lines=40)"#
     );
 }
+
+#[test]
+fn a_corrupted_looking_reply_cut_at_max_tokens_is_truncated() {
+    let classifier = Classifier::with_defaults(&tools()).unwrap();
+    // The call's arguments stop mid-string: bad_args[json] as sent.
+    let message = calls(None, vec![call("read_file", r#"{"path": "/srv/app/con"#)]);
+    let verdict = classifier.classify(
+        &RoundOutcome::Reply(&message),
+        read_step().as_ref(),
+        CheckArgs::Strict,
+    );
+    assert_eq!(verdict.class, RoundClass::BadArgs);
+    let cut = account_for_truncation(verdict.clone(), Some("length"));
+    assert_eq!(cut.class, RoundClass::Truncated);
+    assert!(
+        cut.evidence.starts_with(
+            "truncated[length]: the reply stopped at max_tokens; as cut off it reads bad_args"
+        ),
+        "{}",
+        cut.evidence
+    );
+    assert!(cut.evidence.chars().count() <= EVIDENCE_MAX_CHARS);
+    // Any other finish reason, or none (records from before it was kept), keeps the class.
+    for reason in [None, Some("stop"), Some("tool_calls")] {
+        assert_eq!(account_for_truncation(verdict.clone(), reason), verdict);
+    }
+    // An ok reply that also hit the limit stays ok: nothing is wrong with it.
+    let ok = calls(
+        None,
+        vec![call(
+            "read_file",
+            r#"{"path": "/srv/app/config.yaml", "max_lines": 40}"#,
+        )],
+    );
+    let verdict = classifier.classify(
+        &RoundOutcome::Reply(&ok),
+        read_step().as_ref(),
+        CheckArgs::Strict,
+    );
+    assert_eq!(
+        account_for_truncation(verdict.clone(), Some("length")).class,
+        verdict.class
+    );
+    // Transport failures are never truncation.
+    let timeout = classifier.classify(&RoundOutcome::Timeout, None, CheckArgs::Strict);
+    assert_eq!(
+        account_for_truncation(timeout, Some("length")).class,
+        RoundClass::Timeout
+    );
+}

@@ -291,6 +291,7 @@ pub(crate) mod tests {
                 model: "m".into(),
                 profile: None,
                 roles: Vec::new(),
+                engine: None,
             },
             workload: serde_json::json!({"name": "smoke"}),
             workload_hash: "w".into(),

@@ -1,0 +1,18 @@
+#!/bin/sh
+# Launch config of the llama-cpp target (target.toml): llama-server on 127.0.0.1:8093.
+# bisect edits the LLAMA_ARG_* lines below (llama-server reads every option from its
+# LLAMA_ARG_* variable too) and runs this script from its own directory.
+# LLAMA_SERVER and LLAMA_MODEL come from the environment: scripts/llama-server.sh
+# prints them.
+export LLAMA_ARG_CACHE_TYPE_K=f16
+export LLAMA_ARG_CACHE_TYPE_V=f16
+export LLAMA_ARG_FLASH_ATTN=auto
+# Four slots: four requests decode together, the rest wait (llamacpp:requests_deferred).
+export LLAMA_ARG_N_PARALLEL=4
+# Context for all slots together: 4 x 4096 tokens.
+export LLAMA_ARG_CTX_SIZE=16384
+exec "${LLAMA_SERVER:?set LLAMA_SERVER to the llama-server binary: eval \"\$(scripts/llama-server.sh)\"}" \
+    --model "${LLAMA_MODEL:?set LLAMA_MODEL to a .gguf model: eval \"\$(scripts/llama-server.sh)\"}" \
+    --alias gemma-3-270m \
+    --host 127.0.0.1 --port 8093 \
+    --jinja --metrics

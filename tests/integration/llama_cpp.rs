@@ -1,0 +1,173 @@
+//! The harness against a real engine: llama.cpp's `llama-server` through the shipped
+//! profile `targets/llama-cpp/` (engine preset `llamacpp`), flag `CACHE_TYPE_K` f16 vs
+//! q4_0, at a small N. It needs the server binary and a model, which
+//! `scripts/llama-server.sh` installs, passed as `BISECT_LLAMA_SERVER` and
+//! `BISECT_LLAMA_MODEL`; without them the test says it is skipped and passes (a
+//! developer machine without the 10-minute build). Not in `.ci/run` yet: on the shared
+//! 2-core machine one run took 16 minutes with most rounds timing out. The model's answers are not
+//! asserted (a 270M model on a busy CPU), only that the run is complete and every check
+//! an arm rests on ran: read-backs, engine-side load from `llamacpp:` gauges,
+//! finish reasons, the effective configuration from `/props`, a verdict with reasons,
+//! and the profile's files restored byte for byte.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+fn copy_dir(from: &Path, to: &Path, port: u16) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        let dest = to.join(path.file_name().unwrap());
+        if path.is_dir() {
+            copy_dir(&path, &dest, port);
+        } else {
+            // A free port instead of the profile's 8093, so parallel tests and a server
+            // the developer runs do not collide.
+            let text = std::fs::read_to_string(&path).unwrap();
+            std::fs::write(&dest, text.replace("8093", &port.to_string())).unwrap();
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn cache_type_k_on_llama_server_gives_a_complete_checked_run() {
+    let (Some(server), Some(model)) = (
+        std::env::var_os("BISECT_LLAMA_SERVER"),
+        std::env::var_os("BISECT_LLAMA_MODEL"),
+    ) else {
+        eprintln!(
+            "SKIPPED: llama_cpp test: BISECT_LLAMA_SERVER / BISECT_LLAMA_MODEL are not set \
+             (scripts/llama-server.sh prints the paths)"
+        );
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let profile_dir = dir.path().join("llama-cpp");
+    let shipped = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("targets/llama-cpp");
+    copy_dir(&shipped, &profile_dir, free_port());
+    let serve_before = std::fs::read(profile_dir.join("serve.sh")).unwrap();
+    let results = dir.path().join("results");
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_bisect"))
+        .args([
+            "run",
+            "--target",
+            profile_dir.join("target.toml").to_str().unwrap(),
+            "--flag",
+            "CACHE_TYPE_K",
+            "--workload",
+            "smoke",
+            "--sessions",
+            "8",
+            "--rounds",
+            "2",
+            "--concurrency",
+            "4",
+            // Generous: a shared 2-core CI machine prefills slowly.
+            "--timeout",
+            "240",
+            "--results",
+            results.to_str().unwrap(),
+            "--json",
+        ])
+        .env("LLAMA_SERVER", &server)
+        .env("LLAMA_MODEL", &model)
+        .env("XDG_STATE_HOME", dir.path().join("state"))
+        .current_dir(dir.path())
+        .output()
+        .expect("running bisect");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let run: Value = serde_json::from_slice(&out.stdout).expect("run.json on stdout");
+
+    assert_eq!(run["status"], "finished", "{run}");
+    assert_eq!(run["target"]["engine"], "llamacpp");
+    let role = &run["target"]["roles"][0];
+    assert!(role["metrics"].as_str().unwrap().ends_with("/metrics"));
+    assert_eq!(role["running_metric"], "llamacpp:requests_processing");
+    assert!(role["effective_url"].as_str().unwrap().ends_with("/props"));
+
+    // Both arms, every session classified, nothing silently unmeasured.
+    let arms = run["arms"].as_array().unwrap();
+    assert_eq!(arms.len(), 2);
+    for arm in arms {
+        assert_eq!(arm["sessions"], 8, "{arm}");
+        let peak = arm["peak_running"]["server"].as_u64();
+        assert!(
+            peak.is_some_and(|p| p >= 1),
+            "engine-side load from llamacpp:requests_processing: {arm}"
+        );
+        assert!(arm.get("metrics_failed").is_none(), "{arm}");
+    }
+    // Read-backs and the engine's own word on what it ran with, per block.
+    for block in run["runs"].as_array().unwrap() {
+        assert_eq!(block["readback"]["server"], block["value"], "{block}");
+    }
+    let info = run["engine_info"].as_object().unwrap();
+    assert!(
+        info.contains_key("on-r0/server") && info.contains_key("off-r0/server"),
+        "/props fetched for both arms: {:?}",
+        info.keys().collect::<Vec<_>>()
+    );
+    let confounds = run["confounds"].as_array().unwrap();
+    assert!(
+        !confounds.iter().any(|c| c["severity"] == "blocking"
+            && c["name"].as_str().unwrap().starts_with("effective.")),
+        "{confounds:?}"
+    );
+    // A verdict, with its reasons in words.
+    let verdict = &run["verdict"];
+    assert!(
+        ["implicated", "cleared", "inconclusive"].contains(&verdict["status"].as_str().unwrap())
+    );
+    assert!(
+        !verdict["summary"].as_str().unwrap().is_empty(),
+        "{verdict}"
+    );
+    if verdict["status"] != "implicated" {
+        assert!(
+            !verdict["reasons"].as_array().unwrap().is_empty(),
+            "{verdict}"
+        );
+    }
+
+    // Every round that got a reply says how it finished.
+    let run_dir = results.join(run["id"].as_str().unwrap());
+    let sessions = std::fs::read_to_string(run_dir.join("sessions.jsonl")).unwrap();
+    let mut replied = 0;
+    for line in sessions.lines() {
+        let session: Value = serde_json::from_str(line).unwrap();
+        for round in session["rounds"].as_array().unwrap() {
+            if round["class"] != "error" && round["class"] != "timeout" {
+                replied += 1;
+                assert!(round["finish_reason"].is_string(), "{round}");
+            }
+        }
+    }
+    // On a loaded 2-core machine most rounds can time out (measured: 3 of 16 replied
+    // in 16 minutes), so only "some reply, each with its finish reason" is required.
+    assert!(replied >= 1, "{replied} rounds with a reply");
+    // The engine-side gauge is in metrics.csv, not "no sample".
+    let metrics = std::fs::read_to_string(run_dir.join("metrics.csv")).unwrap();
+    assert!(
+        metrics.lines().any(|l| {
+            let cols: Vec<&str> = l.split(',').collect();
+            cols.get(1) == Some(&"server") && cols.get(2).is_some_and(|r| !r.is_empty())
+        }),
+        "{metrics}"
+    );
+    // The launch config is back, byte for byte.
+    assert_eq!(
+        std::fs::read(profile_dir.join("serve.sh")).unwrap(),
+        serve_before
+    );
+}
