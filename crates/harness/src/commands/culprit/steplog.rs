@@ -22,7 +22,7 @@ use crate::core::session::SessionClass;
 use crate::results::JsonlWriter;
 
 /// One letter per session class, in `steps.jsonl`.
-pub const CODES: [(SessionClass, char); 8] = [
+pub const CODES: [(SessionClass, char); 9] = [
     (SessionClass::Done, 'd'),
     (SessionClass::Maxrounds, 'm'),
     (SessionClass::Leak, 'l'),
@@ -31,6 +31,7 @@ pub const CODES: [(SessionClass, char); 8] = [
     (SessionClass::NoTool, 'n'),
     (SessionClass::Error, 'e'),
     (SessionClass::Timeout, 't'),
+    (SessionClass::Truncated, 'c'),
 ];
 
 pub fn encode(classes: &[SessionClass]) -> String {
