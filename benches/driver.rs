@@ -1,14 +1,28 @@
-//! Benchmark of the workload driver alone: N concurrent sessions x 4 rounds against the
-//! in-process zero-work mock engine (`bisect_engine::mock`), so every figure is harness
-//! overhead. Rows: a 100-session baseline and 1000 sessions, in one process.
-//! Reports sessions/s, client-side round latency p50/p99 next to the mock's own
-//! handling time (the difference is what the client stack adds), peak client in-flight
-//! requests and peak RSS (VmHWM, cumulative over the rows).
+//! Benchmark of the workload driver alone: N sessions x 4 rounds against a zero-work mock
+//! engine, so every figure is harness overhead. By default the mock runs in this process
+//! (`bisect_engine::mock`); with `--url` the driver runs against an external one (the
+//! hidden `bisect mock-engine --port P`, possibly pinned to another core), which is how
+//! `scripts/bench-clients.sh` compares it with the Python asyncio client of
+//! `benches/python/client.py` on the same server.
 //!
-//! Run: `cargo bench --bench driver` (optionally `-- 100 1000 5000` for other sizes).
+//! Per row: sessions/s, client CPU seconds per 1000 requests (utime + stime of this
+//! process, /proc/self/stat; with the in-process mock it includes the mock's),
+//! client-side round latency p50/p99 (and, in-process, the mock's own handling time),
+//! the harness's send lag p50/p99 (from a reply's arrival to the same session's next
+//! request), peak client in-flight requests against the target, peak RSS (VmHWM,
+//! cumulative over the rows).
+//!
+//! Run: `cargo bench --bench driver` (optionally sizes: `-- 100 1000 5000`), or
+//! `-- --url http://127.0.0.1:P/v1 [--concurrency C] [--json] SIZES...`;
+//! `-- --dump FILE N` writes the first N sessions' conversations, expected calls and tool
+//! results as JSON lines for the Python client (the same conversations the driver sends).
 
 use bisect_engine::mock::{MockConfig, MockServer};
 use bisect_harness::core::classify::Classifier;
+use bisect_harness::core::session::{FunctionCall, ToolCall};
+use bisect_harness::core::task::initial_conversation;
+use bisect_harness::core::tools::simulate;
+use bisect_harness::driver::client::tools_payload;
 use bisect_harness::driver::sample::sample_workload;
 use bisect_harness::driver::{drive, DrivePlan, InFlight};
 use comfy_table::Table;
@@ -39,8 +53,40 @@ fn percentile_ms(sorted_ns: &[u64], q: f64) -> f64 {
     sorted_ns[rank - 1] as f64 / 1e6
 }
 
+/// utime + stime of this process, seconds (/proc/self/stat fields 14 and 15, in clock
+/// ticks of 1/100 s on Linux).
+fn cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    // The command name (field 2) may hold spaces: count fields after its closing paren.
+    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
+        return 0.0;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+struct Options {
+    url: Option<String>,
+    concurrency: u32,
+    json: bool,
+    sizes: Vec<u32>,
+}
+
 struct Row {
     sessions: u32,
+    target_inflight: u32,
+    requests: u64,
+    cpu_s_per_1000: f64,
+    lag_p50: f64,
+    lag_p99: f64,
     wall_s: f64,
     sessions_per_s: f64,
     client_p50: f64,
@@ -52,22 +98,89 @@ struct Row {
     done: u64,
 }
 
-async fn run_row(server: &MockServer, sessions: u32) -> anyhow::Result<Row> {
+fn bench_workload(sessions: u32) -> bisect_harness::config::Workload {
     let mut workload = sample_workload(sessions, ROUNDS);
     workload.ctx = CTX_TOKENS;
     workload.timeout_s = 120.0;
+    workload
+}
+
+/// Writes what the Python client needs to run the same sessions: a header line (model,
+/// rounds, sampling, the `tools` payload), then per session its initial messages and,
+/// per step, the expected call and the tool result the driver would answer it with.
+fn dump(path: &str, sessions: u32) -> anyhow::Result<()> {
+    use std::io::Write;
+    let workload = bench_workload(sessions);
+    let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
+    let header = serde_json::json!({
+        "model": "mock",
+        "rounds": workload.rounds,
+        "max_tokens": workload.max_tokens,
+        "temperature": workload.temperature,
+        "tools": tools_payload(&workload.tools),
+    });
+    writeln!(out, "{header}")?;
+    for index in 0..sessions {
+        let (task, messages) = initial_conversation(&workload, index);
+        let steps: Vec<serde_json::Value> = task
+            .steps
+            .iter()
+            .map(|step| {
+                let tool = workload
+                    .tools
+                    .iter()
+                    .find(|t| t.name == step.tool)
+                    .expect("a step names a workload tool");
+                let call = ToolCall {
+                    id: String::new(),
+                    kind: "function".into(),
+                    function: FunctionCall {
+                        name: step.tool.clone(),
+                        arguments: serde_json::Value::Object(step.args.clone()).to_string(),
+                    },
+                };
+                serde_json::json!({
+                    "name": step.tool,
+                    "arguments": step.args,
+                    "result": simulate(tool, &call, &step.args),
+                })
+            })
+            .collect();
+        let line = serde_json::json!({"index": index, "messages": messages, "steps": steps});
+        writeln!(out, "{line}")?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+async fn run_row(
+    server: Option<&MockServer>,
+    url: Option<&str>,
+    sessions: u32,
+    concurrency: u32,
+) -> anyhow::Result<Row> {
+    let workload = bench_workload(sessions);
     let classifier = Arc::new(Classifier::with_defaults(&workload.tools)?);
+    let api = match (server, url) {
+        (Some(server), _) => server.api(),
+        (None, Some(url)) => url.to_string(),
+        (None, None) => anyhow::bail!("no server to drive"),
+    };
     let plan = DrivePlan {
-        api: server.api(),
+        api,
         model: "mock".into(),
         api_key: None,
         workload,
         label: format!("n{sessions}"),
         repeat: 1,
         sessions,
-        concurrency: 0,
+        concurrency,
     };
-    server.stats().clear();
+    let target_inflight = plan.slots();
+    if let Some(server) = server {
+        server.stats().clear();
+    }
+    let cpu_before = cpu_seconds();
     let (tx, mut rx) = mpsc::channel(256);
     let collector = tokio::spawn(async move {
         let mut received = 0u64;
@@ -79,14 +192,24 @@ async fn run_row(server: &MockServer, sessions: u32) -> anyhow::Result<Row> {
     let inflight = Arc::new(InFlight::new());
     let stats = drive(&plan, classifier, tx, inflight, CancellationToken::new()).await?;
     let received = collector.await?;
+    let cpu = cpu_seconds() - cpu_before;
     anyhow::ensure!(
         received == u64::from(sessions),
         "only {received} results arrived"
     );
-    let mut handling = server.stats().handling_ns();
+    let mut handling = server.map(|s| s.stats().handling_ns()).unwrap_or_default();
     handling.sort_unstable();
     Ok(Row {
         sessions,
+        target_inflight,
+        requests: stats.requests,
+        cpu_s_per_1000: if stats.requests > 0 {
+            cpu * 1000.0 / stats.requests as f64
+        } else {
+            0.0
+        },
+        lag_p50: stats.send_lag_p50_ms,
+        lag_p99: stats.send_lag_p99_ms,
         wall_s: stats.wall_s,
         sessions_per_s: f64::from(sessions) / stats.wall_s,
         client_p50: stats.round_latency_p50_ms,
@@ -99,19 +222,54 @@ async fn run_row(server: &MockServer, sessions: u32) -> anyhow::Result<Row> {
     })
 }
 
-fn main() -> anyhow::Result<()> {
-    let sizes: Vec<u32> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.parse().ok())
-        .collect();
-    let sizes = if sizes.is_empty() {
-        vec![100, 1000]
-    } else {
-        sizes
+fn parse_options() -> anyhow::Result<Option<Options>> {
+    let mut args = std::env::args().skip(1);
+    let mut options = Options {
+        url: None,
+        concurrency: 0,
+        json: false,
+        sizes: Vec::new(),
     };
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--url" => options.url = args.next(),
+            "--concurrency" => {
+                options.concurrency = args.next().unwrap_or_default().parse()?;
+            }
+            "--json" => options.json = true,
+            "--dump" => {
+                let path = args.next().unwrap_or_default();
+                let n: u32 = args.next().unwrap_or_default().parse()?;
+                dump(&path, n)?;
+                return Ok(None);
+            }
+            // `cargo bench` passes `--bench` to every bench binary.
+            "--bench" => {}
+            other => {
+                if let Ok(n) = other.parse() {
+                    options.sizes.push(n);
+                }
+            }
+        }
+    }
+    if options.sizes.is_empty() {
+        options.sizes = vec![100, 1000];
+    }
+    Ok(Some(options))
+}
+
+fn main() -> anyhow::Result<()> {
+    let Some(options) = parse_options()? else {
+        return Ok(());
+    };
+    let sizes = options.sizes.clone();
     let largest = u64::from(*sizes.iter().max().unwrap_or(&0));
     // Client and server sockets live in this one process: two descriptors per session.
-    let needed = 2 * largest + 256;
+    let needed = if options.url.is_some() {
+        largest
+    } else {
+        2 * largest
+    } + 256;
     match open_files_soft_limit() {
         Some(limit) if limit < needed => eprintln!(
             "warning: open-files soft limit {limit} is below the ~{needed} this run needs; \
@@ -124,14 +282,45 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let rows = runtime.block_on(async {
-        let server = MockServer::start(MockConfig::default()).await?;
+        let server = match &options.url {
+            Some(_) => None,
+            None => Some(MockServer::start(MockConfig::default()).await?),
+        };
         let mut rows = Vec::new();
         for &n in &sizes {
-            rows.push(run_row(&server, n).await?);
+            let row = run_row(
+                server.as_ref(),
+                options.url.as_deref(),
+                n,
+                options.concurrency,
+            );
+            rows.push(row.await?);
         }
         anyhow::Ok(rows)
     })?;
 
+    if options.json {
+        for r in &rows {
+            let line = serde_json::json!({
+                "client": "bisect",
+                "sessions": r.sessions,
+                "done": r.done,
+                "wall_s": r.wall_s,
+                "sessions_per_s": r.sessions_per_s,
+                "requests": r.requests,
+                "cpu_s_per_1000_requests": r.cpu_s_per_1000,
+                "round_p50_ms": r.client_p50,
+                "round_p99_ms": r.client_p99,
+                "lag_p50_ms": r.lag_p50,
+                "lag_p99_ms": r.lag_p99,
+                "target_inflight": r.target_inflight,
+                "peak_inflight": r.peak_inflight,
+                "peak_rss_mib": r.hwm_mib,
+            });
+            println!("{line}");
+        }
+        return Ok(());
+    }
     let mut table = Table::new();
     table.set_header(vec![
         "sessions",
@@ -139,13 +328,14 @@ fn main() -> anyhow::Result<()> {
         "wall s",
         "sessions/s",
         "ratio vs first",
+        "CPU s / 1000 req",
         "client p50 ms",
         "client p99 ms",
         "mock p50 ms",
         "mock p99 ms",
-        "added p50 ms",
-        "added p99 ms",
-        "peak in-flight",
+        "send lag p50 ms",
+        "send lag p99 ms",
+        "in-flight peak/target",
         "VmHWM MiB",
     ]);
     let base = rows.first().map_or(1.0, |r| r.sessions_per_s);
@@ -156,18 +346,20 @@ fn main() -> anyhow::Result<()> {
             format!("{:.3}", r.wall_s),
             format!("{:.0}", r.sessions_per_s),
             format!("{:.2}", r.sessions_per_s / base),
+            format!("{:.3}", r.cpu_s_per_1000),
             format!("{:.3}", r.client_p50),
             format!("{:.3}", r.client_p99),
             format!("{:.3}", r.mock_p50),
             format!("{:.3}", r.mock_p99),
-            format!("{:.3}", r.client_p50 - r.mock_p50),
-            format!("{:.3}", r.client_p99 - r.mock_p99),
-            r.peak_inflight.to_string(),
+            format!("{:.3}", r.lag_p50),
+            format!("{:.3}", r.lag_p99),
+            format!("{}/{}", r.peak_inflight, r.target_inflight),
             format!("{:.1}", r.hwm_mib),
         ]);
     }
     println!(
-        "workload driver vs zero-work mock: {ROUNDS} rounds, ctx {CTX_TOKENS} tokens, {} worker threads",
+        "workload driver vs zero-work mock ({}): {ROUNDS} rounds, ctx {CTX_TOKENS} tokens, {} worker threads",
+        options.url.as_deref().unwrap_or("in-process"),
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
     println!("{table}");

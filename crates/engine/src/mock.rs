@@ -6,7 +6,9 @@
 //! deterministic ways (a CRC-32 of the task message picks them, the round says when),
 //! so tests can predict every class and count; nothing here is random.
 //! Also serves `/health` and `/metrics` (its own running requests, from the engine's
-//! one metrics table), with the engine's connection handling (`listen`).
+//! one metrics table), with the engine's connection handling (`listen`), and `/stats`
+//! (`/stats/reset`): handling time and the client's think time between rounds, as seen
+//! by the server, for benchmarks that drive it from another process.
 
 use crate::listen::{self, HttpLimits};
 use crate::metrics::{self, Metric};
@@ -20,6 +22,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -88,6 +91,10 @@ pub struct MockStats {
     running: AtomicI64,
     rounds: Mutex<Vec<u32>>,
     handling_ns: Mutex<Vec<u64>>,
+    /// When each session's last reply left the handler, keyed by a hash of the
+    /// conversation up to its task message.
+    replied: Mutex<HashMap<u32, Instant>>,
+    think_ns: Mutex<Vec<u64>>,
 }
 
 impl MockStats {
@@ -113,11 +120,42 @@ impl MockStats {
     }
 
     /// Forgets everything recorded (between benchmark rows).
+    /// The client's turn-around as this server sees it: from a session's reply leaving
+    /// the handler to the same session's next request arriving. It covers both kernel
+    /// crossings, the client's event loop and its own work per round, whichever client it
+    /// is, so clients are compared by the same clock (benches/python, scripts/bench-clients.sh).
+    pub fn think_ns(&self) -> Vec<u64> {
+        self.think_ns.lock().clone()
+    }
+
     pub fn clear(&self) {
         self.requests.store(0, Ordering::SeqCst);
         self.bearer.store(0, Ordering::SeqCst);
         self.rounds.lock().clear();
         self.handling_ns.lock().clear();
+        self.replied.lock().clear();
+        self.think_ns.lock().clear();
+    }
+
+    /// Request count and percentiles (microseconds) of handling and think time, for an
+    /// external client's benchmark (`GET /stats`).
+    pub fn summary(&self) -> Value {
+        fn percentiles(mut ns: Vec<u64>) -> Value {
+            ns.sort_unstable();
+            let at = |q: f64| {
+                if ns.is_empty() {
+                    return 0.0;
+                }
+                let rank = ((q * ns.len() as f64).ceil() as usize).clamp(1, ns.len());
+                ns[rank - 1] as f64 / 1000.0
+            };
+            json!({"samples": ns.len(), "p50_us": at(0.50), "p99_us": at(0.99)})
+        }
+        json!({
+            "requests": self.requests(),
+            "handling": percentiles(self.handling_ns()),
+            "think": percentiles(self.think_ns()),
+        })
     }
 }
 
@@ -162,6 +200,8 @@ impl MockServer {
             .route("/v1/chat/completions", post(chat))
             .route("/health", get(|| async { "ok" }))
             .route("/metrics", get(metrics))
+            .route("/stats", get(stats_summary))
+            .route("/stats/reset", post(stats_reset))
             .with_state(shared);
         // Benchmarks open one connection per session, thousands of them.
         let limits = HttpLimits {
@@ -217,6 +257,8 @@ impl Drop for RunningGuard<'_> {
 
 /// Where a conversation stands: the task, its text, and the round about to be answered.
 struct Progress {
+    /// Which session this is: a hash of every message up to and including the task.
+    session_key: u32,
     task_text: String,
     steps: Vec<Step>,
     done_steps: usize,
@@ -233,7 +275,14 @@ fn progress(messages: &[Value]) -> Option<Progress> {
     })?;
     let later = &messages[at + 1..];
     let count = |role: &str| later.iter().filter(|m| m["role"] == role).count();
+    let mut hasher = crc32fast::Hasher::new();
+    for message in &messages[..=at] {
+        if let Some(text) = message.get("content").and_then(Value::as_str) {
+            hasher.update(text.as_bytes());
+        }
+    }
     Some(Progress {
+        session_key: hasher.finalize(),
         task_text,
         steps,
         done_steps: count("tool"),
@@ -329,6 +378,12 @@ async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes
         return text_reply("There is no task to work on.");
     };
     stats.rounds.lock().push(state.round);
+    if state.round > 1 {
+        if let Some(replied) = stats.replied.lock().remove(&state.session_key) {
+            let think = started.saturating_duration_since(replied);
+            stats.think_ns.lock().push(think.as_nanos() as u64);
+        }
+    }
     let fault = shared
         .config
         .faults
@@ -389,7 +444,24 @@ async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes
         .handling_ns
         .lock()
         .push(started.elapsed().saturating_sub(waited).as_nanos() as u64);
+    stats
+        .replied
+        .lock()
+        .insert(state.session_key, Instant::now());
     response
+}
+
+async fn stats_summary(State(shared): State<Arc<Shared>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        shared.stats.summary().to_string(),
+    )
+        .into_response()
+}
+
+async fn stats_reset(State(shared): State<Arc<Shared>>) -> StatusCode {
+    shared.stats.clear();
+    StatusCode::NO_CONTENT
 }
 
 async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
@@ -486,5 +558,61 @@ mod tests {
         ]);
         assert_eq!(text, expected);
         assert_eq!(server.stats().requests(), 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn stats_count_think_time_between_a_sessions_rounds_only() {
+        let server = MockServer::start(MockConfig::default()).await.unwrap();
+        let client = reqwest::Client::new();
+        let url = format!("{}/chat/completions", server.api());
+        let first = vec![task_message()];
+        let reply: Value = client
+            .post(&url)
+            .json(&json!({"messages": first}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        // Another session's first round: no think time.
+        let other = vec![
+            json!({"role": "system", "content": "other"}),
+            task_message(),
+        ];
+        client
+            .post(&url)
+            .json(&json!({"messages": other}))
+            .send()
+            .await
+            .unwrap();
+        let mut second = first.clone();
+        second.push(reply["choices"][0]["message"].clone());
+        second.push(json!({"role": "tool", "tool_call_id": "call_1", "content": "x"}));
+        client
+            .post(&url)
+            .json(&json!({"messages": second}))
+            .send()
+            .await
+            .unwrap();
+        let summary: Value = client
+            .get(format!("http://{}/stats", server.addr()))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(summary["requests"], 3);
+        assert_eq!(summary["think"]["samples"], 1);
+        assert_eq!(summary["handling"]["samples"], 3);
+        let status = client
+            .post(format!("http://{}/stats/reset", server.addr()))
+            .send()
+            .await
+            .unwrap()
+            .status();
+        assert_eq!(status, reqwest::StatusCode::NO_CONTENT);
+        assert!(server.stats().think_ns().is_empty());
     }
 }

@@ -35,11 +35,14 @@ pub struct SessionContext {
 }
 
 /// A finished session plus the per-round client latency at microsecond resolution
-/// (the driver's percentiles; `SessionResult` keeps milliseconds).
+/// (the driver's percentiles; `SessionResult` keeps milliseconds), and the harness's
+/// own turn-around between rounds: from a reply's arrival to the next request's send
+/// (classifying, answering the tool calls, waiting at the barrier if any).
 #[derive(Debug, Clone)]
 pub struct SessionRun {
     pub result: SessionResult,
     pub round_latency_us: Vec<u64>,
+    pub send_lag_us: Vec<u64>,
 }
 
 /// Runs session `index` to its end. `seat` is its place at the round barrier, if the
@@ -57,16 +60,23 @@ pub async fn run_session(
     };
     let mut progress = SessionProgress::new(task.steps.len());
     let mut round_latency_us = Vec::new();
+    let mut send_lag_us = Vec::new();
+    let mut replied_at: Option<Instant> = None;
     let mut completion_tokens = 0u64;
     let mut error = None;
 
     for round in 1..=workload.rounds {
         let started = Instant::now();
+        if let Some(replied) = replied_at {
+            send_lag_us.push(started.duration_since(replied).as_micros() as u64);
+        }
         let outcome = ctx
             .client
             .complete(&messages, &ctx.tools_payload, sampling, &ctx.inflight)
             .await;
-        let elapsed = started.elapsed();
+        let replied = Instant::now();
+        replied_at = Some(replied);
+        let elapsed = replied.duration_since(started);
         round_latency_us.push(elapsed.as_micros() as u64);
 
         let step = progress.step();
@@ -144,6 +154,7 @@ pub async fn run_session(
             error,
         },
         round_latency_us,
+        send_lag_us,
     }
 }
 

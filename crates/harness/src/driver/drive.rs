@@ -74,6 +74,12 @@ pub struct DriveStats {
     pub round_latency_p99_ms: f64,
     /// CPU seconds spent classifying replies (inside `wall_s`, concurrent with serving).
     pub classify_s: f64,
+    /// The harness's turn-around between a reply's arrival and the same session's next
+    /// request (classification, tool answers, scheduling), milliseconds.
+    pub send_lag_p50_ms: f64,
+    pub send_lag_p99_ms: f64,
+    /// Chat requests sent (rounds over all finished sessions).
+    pub requests: u64,
 }
 
 /// Nearest-rank percentile of an ascending slice (`q` in 0..=1); 0 for an empty one.
@@ -89,6 +95,7 @@ struct Finished {
     class: crate::core::session::SessionClass,
     completion_tokens: u64,
     round_latency_us: Vec<u64>,
+    send_lag_us: Vec<u64>,
 }
 
 /// What one slot did: the sessions it finished, and whether the collector went away.
@@ -130,6 +137,7 @@ impl Slot {
                 class: run.result.class,
                 completion_tokens: run.result.completion_tokens,
                 round_latency_us: run.round_latency_us,
+                send_lag_us: run.send_lag_us,
             };
             if self.results.send(run.result).await.is_err() {
                 self.stop.cancel();
@@ -206,6 +214,7 @@ pub async fn drive(
 
     let mut stats = DriveStats::default();
     let mut latencies: Vec<u64> = Vec::new();
+    let mut lags: Vec<u64> = Vec::new();
     let mut collector_gone = false;
     let mut panicked: Option<String> = None;
     while let Some(joined) = tasks.join_next().await {
@@ -215,7 +224,9 @@ pub async fn drive(
                     stats.sessions += 1;
                     stats.counts.add(done.class);
                     stats.completion_tokens += done.completion_tokens;
+                    stats.requests += done.round_latency_us.len() as u64;
                     latencies.extend(done.round_latency_us);
+                    lags.extend(done.send_lag_us);
                 }
                 collector_gone |= outcome.collector_gone;
             }
@@ -239,6 +250,9 @@ pub async fn drive(
     latencies.sort_unstable();
     stats.round_latency_p50_ms = percentile(&latencies, 0.50) as f64 / 1000.0;
     stats.round_latency_p99_ms = percentile(&latencies, 0.99) as f64 / 1000.0;
+    lags.sort_unstable();
+    stats.send_lag_p50_ms = percentile(&lags, 0.50) as f64 / 1000.0;
+    stats.send_lag_p99_ms = percentile(&lags, 0.99) as f64 / 1000.0;
 
     if let Some(message) = panicked {
         anyhow::bail!("a session task of arm {} failed: {message}", plan.label);

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# bisect's workload driver vs a Python asyncio client (benches/python/client.py), against
+# the same zero-work mock engine (`bisect mock-engine`), in one go (issue: the harness is
+# never the bottleneck). Both clients run the same sessions (the driver bench's --dump),
+# at 100, 1000 and 5000 sessions, all in flight at once (closed loop, C = sessions) unless
+# CONCURRENCY is set. Where the machine has 2+ cores the mock is pinned to the last core
+# and the clients to the others (taskset), so a client never shares its core with the
+# server; on a 2-core machine that leaves each client exactly one core.
+#
+# Figures per client and size: sessions/s, client CPU seconds per 1000 requests, round
+# latency p50/p99 (client side), think time p50/p99 as the *server* sees it (a reply
+# leaving the mock to the same session's next request arriving: both kernel crossings,
+# the client's event loop and its per-round work), peak in-flight vs target, peak RSS.
+#
+#   scripts/bench-clients.sh               # SIZES="100 1000 5000"
+#   SIZES="100 1000" CONCURRENCY=100 scripts/bench-clients.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SIZES=${SIZES:-"100 1000 5000"}
+CONCURRENCY=${CONCURRENCY:-0}
+PORT=${PORT:-18937}
+OUT=${OUT_DIR:-target/bench-clients}
+mkdir -p "$OUT"
+
+echo "== build (release)" >&2
+cargo build --release --bin bisect >&2
+cargo bench --bench driver --no-run >&2
+
+echo "== Python client environment" >&2
+VENV=target/bench-python
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv "$VENV"
+fi
+"$VENV/bin/pip" install -q -r benches/python/requirements.txt >&2
+
+cores=$(nproc)
+if [ "$cores" -ge 2 ]; then
+  server_cpus=$((cores - 1))
+  client_cpus="0-$((cores - 2))"
+  pin_server=(taskset -c "$server_cpus")
+  pin_client=(taskset -c "$client_cpus")
+  echo "mock on CPU $server_cpus, clients on CPU $client_cpus" >&2
+else
+  pin_server=()
+  pin_client=()
+  echo "one core: mock and client share it" >&2
+fi
+ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" || true
+
+largest=0
+for n in $SIZES; do [ "$n" -gt "$largest" ] && largest=$n; done
+dump="$OUT/sessions.jsonl"
+cargo bench --bench driver -- --dump "$dump" "$largest" >&2
+
+"${pin_server[@]}" target/release/bisect mock-engine --port "$PORT" >"$OUT/mock.log" 2>&1 &
+mock=$!
+trap 'kill $mock 2>/dev/null || true' EXIT
+base="http://127.0.0.1:$PORT"
+for _ in $(seq 100); do
+  curl -sf "$base/health" >/dev/null && break
+  sleep 0.1
+done
+
+results="$OUT/results.jsonl"
+: >"$results"
+run_one() { # client size command...
+  local client=$1 n=$2
+  shift 2
+  curl -sf -X POST "$base/stats/reset" >/dev/null
+  local line
+  line=$("$@" | tail -n 1)
+  local server
+  server=$(curl -sf "$base/stats")
+  python3 - "$line" "$server" "$client" "$n" >>"$results" <<'PY'
+import json, sys
+row = json.loads(sys.argv[1]); server = json.loads(sys.argv[2])
+row["client"] = sys.argv[3]
+row["server_requests"] = server["requests"]
+row["think_p50_ms"] = server["think"]["p50_us"] / 1000.0
+row["think_p99_ms"] = server["think"]["p99_us"] / 1000.0
+print(json.dumps(row))
+PY
+}
+
+for n in $SIZES; do
+  c=$CONCURRENCY
+  [ "$c" -eq 0 ] && c=$n
+  echo "== $n sessions, $c in flight" >&2
+  run_one bisect "$n" "${pin_client[@]}" cargo bench -q --bench driver -- --url "$base/v1" --concurrency "$c" --json "$n"
+  run_one python-aiohttp "$n" "${pin_client[@]}" "$VENV/bin/python" benches/python/client.py --url "$base/v1" --dump "$dump" --sessions "$n" --concurrency "$c"
+done
+
+python3 - "$results" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+by = {(r["client"], r["sessions"]): r for r in rows}
+print("| client | sessions | done | sessions/s | vs python | vs own 100 | CPU s / 1000 req | round p50 / p99 ms | think p50 / p99 ms (server-side) | in-flight peak / target | peak RSS MiB |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+for r in rows:
+    py = by.get(("python-aiohttp", r["sessions"]))
+    first = min((x for x in rows if x["client"] == r["client"]), key=lambda x: x["sessions"])
+    vs_py = r["sessions_per_s"] / py["sessions_per_s"] if py else float("nan")
+    print(f'| {r["client"]} | {r["sessions"]} | {r["done"]} | {r["sessions_per_s"]:.0f} | {vs_py:.2f}x | '
+          f'{r["sessions_per_s"] / first["sessions_per_s"]:.2f} | {r["cpu_s_per_1000_requests"]:.3f} | '
+          f'{r["round_p50_ms"]:.1f} / {r["round_p99_ms"]:.1f} | {r["think_p50_ms"]:.2f} / {r["think_p99_ms"]:.2f} | '
+          f'{r["peak_inflight"]} / {r["target_inflight"]} | {r["peak_rss_mib"]:.0f} |')
+PY
