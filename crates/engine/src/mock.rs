@@ -21,6 +21,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use parking_lot::Mutex;
+use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -265,19 +266,36 @@ struct Progress {
     round: u32,
 }
 
-fn progress(messages: &[Value]) -> Option<Progress> {
+/// The part of a chat request the mock reads: roles and texts. Tool calls and every
+/// other field are skipped unparsed, so the mock's cost per request stays small next to
+/// the client it is benchmarking (a `serde_json::Value` tree of the whole conversation
+/// cost more than the client's own work per round).
+#[derive(Debug, Default, Deserialize)]
+struct ChatRequest {
+    #[serde(default)]
+    messages: Vec<RequestMessage>,
+}
+
+#[derive(Debug, Deserialize)]
+struct RequestMessage {
+    role: String,
+    #[serde(default)]
+    content: Option<String>,
+}
+
+fn progress(messages: &[RequestMessage]) -> Option<Progress> {
     let (at, task_text, steps) = messages.iter().enumerate().rev().find_map(|(i, m)| {
-        if m.get("role")?.as_str()? != "user" {
+        if m.role != "user" {
             return None;
         }
-        let text = m.get("content")?.as_str()?;
+        let text = m.content.as_deref()?;
         parse_task(text).map(|task| (i, text.to_string(), task.steps))
     })?;
     let later = &messages[at + 1..];
-    let count = |role: &str| later.iter().filter(|m| m["role"] == role).count();
+    let count = |role: &str| later.iter().filter(|m| m.role == role).count();
     let mut hasher = crc32fast::Hasher::new();
     for message in &messages[..=at] {
-        if let Some(text) = message.get("content").and_then(Value::as_str) {
+        if let Some(text) = &message.content {
             hasher.update(text.as_bytes());
         }
     }
@@ -366,15 +384,11 @@ async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes
         stats.bearer.fetch_add(1, Ordering::SeqCst);
     }
 
-    let request: Value = match serde_json::from_slice(&body) {
+    let request: ChatRequest = match serde_json::from_slice(&body) {
         Ok(v) => v,
         Err(e) => return (StatusCode::BAD_REQUEST, format!("bad json: {e}")).into_response(),
     };
-    let messages = request["messages"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or(&[]);
-    let Some(state) = progress(messages) else {
+    let Some(state) = progress(&request.messages) else {
         return text_reply("There is no task to work on.");
     };
     stats.rounds.lock().push(state.round);
@@ -488,13 +502,17 @@ mod tests {
             When all steps are done, answer with a one-line summary."})
     }
 
+    fn typed(conversation: &[Value]) -> Vec<RequestMessage> {
+        serde_json::from_value(Value::Array(conversation.to_vec())).unwrap()
+    }
+
     #[test]
     fn progress_counts_steps_and_rounds_after_the_task() {
         let mut conversation = vec![
             json!({"role": "system", "content": "tools"}),
             task_message(),
         ];
-        let first = progress(&conversation).unwrap();
+        let first = progress(&typed(&conversation)).unwrap();
         assert_eq!(
             (first.done_steps, first.round, first.steps.len()),
             (0, 1, 2)
@@ -503,9 +521,9 @@ mod tests {
         assert_eq!(first.steps[0].1["max_lines"], 40);
         conversation.push(json!({"role": "assistant", "content": null, "tool_calls": []}));
         conversation.push(json!({"role": "tool", "tool_call_id": "call_1", "content": "x"}));
-        let second = progress(&conversation).unwrap();
+        let second = progress(&typed(&conversation)).unwrap();
         assert_eq!((second.done_steps, second.round), (1, 2));
-        assert!(progress(&[json!({"role": "user", "content": "hello"})]).is_none());
+        assert!(progress(&typed(&[json!({"role": "user", "content": "hello"})])).is_none());
     }
 
     #[test]

@@ -95,6 +95,14 @@ struct ChatRequest<'a> {
     max_tokens: u32,
     temperature: f64,
     stream: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream_options: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<&'a Value>,
+    /// The workload's extra request fields (the loader refuses names bisect sets), written
+    /// in place: no `Value` copy of the growing conversation per request.
+    #[serde(flatten)]
+    extra: &'a serde_json::Map<String, Value>,
 }
 
 #[derive(Deserialize)]
@@ -146,7 +154,8 @@ fn excerpt(text: &str, n: usize) -> &str {
 #[derive(Debug, Clone)]
 pub struct ChatClient {
     http: reqwest::Client,
-    url: String,
+    /// Parsed once: parsing it per request was a measurable share of the client's work.
+    url: reqwest::Url,
     model: String,
     api_key: Option<String>,
     timeout: Duration,
@@ -179,11 +188,17 @@ impl ChatClient {
             .pool_idle_timeout(Duration::from_secs(90))
             .tcp_nodelay(true)
             .connect_timeout(timeout.min(Duration::from_secs(30)))
+            // An engine answers its chat endpoint itself; a redirect is a misconfigured
+            // URL, reported as the HTTP status it is (and the redirect policy's per-request
+            // URL bookkeeping is not paid).
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .context("building the HTTP client")?;
+        let url = format!("{}/chat/completions", api.trim_end_matches('/'));
+        let url = reqwest::Url::parse(&url).with_context(|| format!("chat URL {url}"))?;
         Ok(ChatClient {
             http,
-            url: format!("{}/chat/completions", api.trim_end_matches('/')),
+            url,
             model: model.to_string(),
             api_key,
             timeout,
@@ -194,7 +209,7 @@ impl ChatClient {
     }
 
     pub fn url(&self) -> &str {
-        &self.url
+        self.url.as_str()
     }
 
     /// Sends one round and sorts what came back; never fails otherwise.
@@ -213,35 +228,28 @@ impl ChatClient {
             max_tokens: sampling.max_tokens,
             temperature: sampling.temperature,
             stream: self.stream,
+            stream_options: self
+                .stream
+                .then(|| serde_json::json!({"include_usage": true})),
+            tool_choice: self.tool_choice.as_ref(),
+            extra: &self.extra,
         };
-        let mut body = match serde_json::to_value(&body) {
-            Ok(Value::Object(map)) => map,
-            _ => return ChatOutcome::Error("could not encode the request".into()),
-        };
-        if self.stream {
-            body.insert(
-                "stream_options".into(),
-                serde_json::json!({"include_usage": true}),
-            );
-        }
-        if let Some(choice) = &self.tool_choice {
-            body.insert("tool_choice".into(), choice.clone());
-        }
-        for (key, value) in &self.extra {
-            body.insert(key.clone(), value.clone());
-        }
-        let mut request = self.http.post(&self.url).timeout(self.timeout).json(&body);
+        let mut request = self
+            .http
+            .post(self.url.clone())
+            .timeout(self.timeout)
+            .json(&body);
         if let Some(key) = &self.api_key {
             request = request.bearer_auth(key);
         }
         let response = match request.send().await {
             Ok(r) => r,
-            Err(e) => return transport_outcome(&self.url, e),
+            Err(e) => return transport_outcome(self.url.as_str(), e),
         };
         let status = response.status();
         let bytes = match response.bytes().await {
             Ok(b) => b,
-            Err(e) => return transport_outcome(&self.url, e),
+            Err(e) => return transport_outcome(self.url.as_str(), e),
         };
         let text = String::from_utf8_lossy(&bytes);
         if !status.is_success() {
