@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::{command_line, run_id, usage, ExperimentArgs, METRICS_PERIOD};
+use super::{command_line, parse_pins, run_id, usage, ExperimentArgs, METRICS_PERIOD};
 use bisect_harness::commands::culprit::{self, CulpritPlan};
 
 #[derive(Debug, Args)]
@@ -50,23 +50,7 @@ impl CulpritArgs {
                 "drop --sessions; set the load with --concurrency and the most sessions with --budget",
             ));
         }
-        let mut sets = Vec::new();
-        for s in &self.set {
-            let Some((name, value)) = s.split_once('=') else {
-                return Err(usage(
-                    format!("--set {s}: expected NAME=VALUE"),
-                    "e.g. --set HICACHE=off",
-                ));
-            };
-            let f = catalog.get(name)?.clone();
-            bisect_harness::config::flags::validate_value(value).map_err(|e| {
-                usage(
-                    format!("--set {s}: {e}"),
-                    "use only letters, digits and ._:/,=+-",
-                )
-            })?;
-            sets.push((f, value.to_string()));
-        }
+        let sets = parse_pins(&catalog, &self.set, None)?;
         let policy = common.decision.policy()?;
         let (id, dir) = match &self.resume {
             Some(dir) => {

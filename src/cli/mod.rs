@@ -349,29 +349,7 @@ impl RunArgs {
                 ));
             }
         }
-        let mut sets = Vec::new();
-        for s in &self.set {
-            let Some((name, value)) = s.split_once('=') else {
-                return Err(usage(
-                    format!("--set {s}: expected NAME=VALUE"),
-                    "e.g. --set HICACHE=off",
-                ));
-            };
-            let f = catalog.get(name)?.clone();
-            if f.name == flag.name {
-                return Err(usage(
-                    format!("--set {s}: {} is the flag under test", f.name),
-                    "pin only other flags",
-                ));
-            }
-            bisect_harness::config::flags::validate_value(value).map_err(|e| {
-                usage(
-                    format!("--set {s}: {e}"),
-                    "use only letters, digits and ._:/,=+-",
-                )
-            })?;
-            sets.push((f, value.to_string()));
-        }
+        let sets = parse_pins(&catalog, &self.set, Some(&flag.name))?;
         let id = run_id(&flag.name, common.tag.as_deref());
         let run_dir = common.output.results.join(&id);
         let (target, api_key) = common.target.resolve(&run_dir)?;
@@ -480,6 +458,39 @@ pub struct RestoreArgs {
     /// Results root whose journal to replay.
     #[arg(long, default_value = "results")]
     pub results: PathBuf,
+}
+
+/// `--set NAME=VALUE` pins, looked up in the catalog and their values checked;
+/// `under_test` (the flag the run flips) cannot be pinned.
+fn parse_pins(
+    catalog: &FlagCatalog,
+    pins: &[String],
+    under_test: Option<&str>,
+) -> anyhow::Result<Vec<(bisect_harness::config::FlagSpec, String)>> {
+    let mut sets = Vec::new();
+    for s in pins {
+        let Some((name, value)) = s.split_once('=') else {
+            return Err(usage(
+                format!("--set {s}: expected NAME=VALUE"),
+                "e.g. --set HICACHE=off",
+            ));
+        };
+        let f = catalog.get(name)?.clone();
+        if under_test == Some(f.name.as_str()) {
+            return Err(usage(
+                format!("--set {s}: {} is the flag under test", f.name),
+                "pin only other flags",
+            ));
+        }
+        bisect_harness::config::flags::validate_value(value).map_err(|e| {
+            usage(
+                format!("--set {s}: {e}"),
+                "use only letters, digits and ._:/,=+-",
+            )
+        })?;
+        sets.push((f, value.to_string()));
+    }
+    Ok(sets)
 }
 
 fn usage(message: impl Into<String>, fix: impl Into<String>) -> anyhow::Error {

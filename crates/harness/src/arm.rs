@@ -442,19 +442,24 @@ pub fn settle<T>(outcome: &anyhow::Result<T>) -> (RecordStatus, Option<String>) 
     }
 }
 
+/// A role's launch config as text; unreadable is bad input naming the file.
+pub fn read_launch(role: &crate::config::RoleSpec) -> anyhow::Result<String> {
+    std::fs::read_to_string(&role.launch).map_err(|e| {
+        Failure::BadInput(format!(
+            "{}: cannot read launch config of role {}: {e}",
+            role.launch.display(),
+            role.name
+        ))
+        .into()
+    })
+}
+
 /// Refuse, before any edit, a flag whose setting also appears in the launch config of a
 /// role it does not list (docs/design.md 3.3): flipping it would half-apply it.
 pub fn refuse_half_applied(target: &TargetProfile, flags: &[&FlagSpec]) -> anyhow::Result<()> {
     let mut texts = Vec::new();
     for role in &target.roles {
-        let text = std::fs::read_to_string(&role.launch).map_err(|e| {
-            Failure::BadInput(format!(
-                "{}: cannot read launch config of role {}: {e}",
-                role.launch.display(),
-                role.name
-            ))
-        })?;
-        texts.push((role.name.clone(), role.launch.clone(), text));
+        texts.push((role.name.clone(), role.launch.clone(), read_launch(role)?));
     }
     for flag in flags {
         crate::launch::check_partial(flag, &texts)?;
@@ -488,11 +493,7 @@ pub async fn fetch_server_info(
     role: &crate::config::RoleSpec,
 ) -> Option<serde_json::Value> {
     if let Some(url) = &role.effective_url {
-        let resp = client.get(url).send().await.ok()?;
-        if !resp.status().is_success() {
-            return None;
-        }
-        return resp.json().await.ok();
+        return fetch_effective(client, url, None).await;
     }
     let base = role.health.strip_suffix("/health")?;
     for path in ["/server_info", "/get_server_info"] {

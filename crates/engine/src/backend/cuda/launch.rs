@@ -201,36 +201,23 @@ impl Backend for CudaBackend {
                 // SAFETY: matches sparse_attention_legacy_dense.
                 unsafe { dense.launch(grid_for(rows, ELEMENTWISE_THREADS)) }
                     .context("launching legacy dense")?;
-                let mut mask = self.compute.launch_builder(&self.kernels.attn_legacy_mask);
-                mask.arg(&d_row_start)
-                    .arg(&d_selected)
-                    .arg(&d_sel_start)
-                    .arg(&jobs32)
-                    .arg(&mut d_mask);
-                // SAFETY: matches sparse_attention_legacy_mask.
-                unsafe { mask.launch(grid_for(selected_total, ELEMENTWISE_THREADS)) }
-                    .context("launching legacy mask")?;
-                let mut softmax = self
-                    .compute
-                    .launch_builder(&self.kernels.attn_legacy_softmax);
-                softmax
-                    .arg(&d_dense)
-                    .arg(&d_mask)
-                    .arg(&d_row_start)
-                    .arg(&mut d_argmax)
-                    .arg(&mut d_weight);
-                // SAFETY: matches sparse_attention_legacy_softmax.
-                unsafe { softmax.launch(per_job(jobs.len(), ATTN_THREADS)) }
-                    .context("launching legacy softmax")?;
+                let selection = Selection {
+                    row_start: &d_row_start,
+                    selected: &d_selected,
+                    sel_start: &d_sel_start,
+                    jobs32,
+                    selected_total,
+                };
+                self.legacy_mask_softmax(
+                    &selection,
+                    &d_dense,
+                    &mut d_mask,
+                    &mut d_argmax,
+                    &mut d_weight,
+                )?;
             }
         }
-        let argmax = self.download(&d_argmax, jobs.len())?;
-        let weight = self.download(&d_weight, jobs.len())?;
-        Ok(argmax
-            .into_iter()
-            .zip(weight)
-            .map(|(argmax, weight)| AttnOut { argmax, weight })
-            .collect())
+        self.download_attn(&d_argmax, &d_weight, jobs.len())
     }
 
     fn create_pool(&self, spec: PoolSpec) -> Result<PoolId> {
@@ -394,6 +381,68 @@ impl CudaBackend {
             .iter()
             .zip(flat.chunks(k))
             .map(|(&n, slots)| slots[..n.min(k)].to_vec())
+            .collect())
+    }
+}
+
+/// The device buffers that say which rows each attention job selected.
+pub(super) struct Selection<'a> {
+    pub row_start: &'a CudaSlice<u32>,
+    pub selected: &'a CudaSlice<u32>,
+    pub sel_start: &'a CudaSlice<u32>,
+    pub jobs32: u32,
+    pub selected_total: usize,
+}
+
+impl CudaBackend {
+    /// The legacy path after its dense pass (slice or paged): mask each job's selected
+    /// rows, then softmax over them into each job's argmax and weight.
+    pub(super) fn legacy_mask_softmax(
+        &self,
+        selection: &Selection<'_>,
+        d_dense: &CudaSlice<f32>,
+        d_mask: &mut CudaSlice<u8>,
+        d_argmax: &mut CudaSlice<u32>,
+        d_weight: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let jobs = selection.jobs32 as usize;
+        let mut mask = self.compute.launch_builder(&self.kernels.attn_legacy_mask);
+        mask.arg(selection.row_start)
+            .arg(selection.selected)
+            .arg(selection.sel_start)
+            .arg(&selection.jobs32)
+            .arg(&mut *d_mask);
+        // SAFETY: matches sparse_attention_legacy_mask.
+        unsafe { mask.launch(grid_for(selection.selected_total, ELEMENTWISE_THREADS)) }
+            .context("launching legacy mask")?;
+        let mut softmax = self
+            .compute
+            .launch_builder(&self.kernels.attn_legacy_softmax);
+        softmax
+            .arg(d_dense)
+            .arg(&*d_mask)
+            .arg(selection.row_start)
+            .arg(d_argmax)
+            .arg(d_weight);
+        // SAFETY: matches sparse_attention_legacy_softmax.
+        unsafe { softmax.launch(per_job(jobs, ATTN_THREADS)) }
+            .context("launching legacy softmax")?;
+        Ok(())
+    }
+
+    /// Each job's argmax and weight, downloaded.
+    pub(super) fn download_attn(
+        &self,
+        d_argmax: &CudaSlice<u32>,
+        d_weight: &CudaSlice<f32>,
+        jobs: usize,
+    ) -> Result<Vec<AttnOut>> {
+        let argmax = self.download(d_argmax, jobs)?;
+        let weight = self.download(d_weight, jobs)?;
+        Ok(argmax
+            .into_iter()
+            .zip(weight)
+            .map(|(argmax, weight)| AttnOut { argmax, weight })
             .collect())
     }
 }

@@ -35,6 +35,7 @@ use super::super::paged::{
     self, PageContents, PagedAttnJob, PagedIndexerJob, PoolId, PoolSpec, PoolStats, MAX_PAGE_TOKENS,
 };
 use super::super::{AttnOut, AttnPath, IndexKDtype, TopkImpl, INDEX_DIM, MAIN_DIM};
+use super::launch::Selection;
 use super::{
     grid_for, per_job, row_starts, to_u32, CudaBackend, ATTN_THREADS, ELEMENTWISE_THREADS,
 };
@@ -731,36 +732,23 @@ impl CudaBackend {
                 // SAFETY: matches paged_attention_legacy_dense in sparse_attention.cu.
                 unsafe { dense.launch(grid_for(rows, ELEMENTWISE_THREADS)) }
                     .context("launching paged legacy dense")?;
-                let mut mask = self.compute.launch_builder(&self.kernels.attn_legacy_mask);
-                mask.arg(&d_row_start)
-                    .arg(&d_selected)
-                    .arg(&d_sel_start)
-                    .arg(&jobs32)
-                    .arg(&mut d_mask);
-                // SAFETY: matches sparse_attention_legacy_mask.
-                unsafe { mask.launch(grid_for(selected_total, ELEMENTWISE_THREADS)) }
-                    .context("launching legacy mask")?;
-                let mut softmax = self
-                    .compute
-                    .launch_builder(&self.kernels.attn_legacy_softmax);
-                softmax
-                    .arg(&d_dense)
-                    .arg(&d_mask)
-                    .arg(&d_row_start)
-                    .arg(&mut d_argmax)
-                    .arg(&mut d_weight);
-                // SAFETY: matches sparse_attention_legacy_softmax.
-                unsafe { softmax.launch(per_job(jobs.len(), ATTN_THREADS)) }
-                    .context("launching legacy softmax")?;
+                let selection = Selection {
+                    row_start: &d_row_start,
+                    selected: &d_selected,
+                    sel_start: &d_sel_start,
+                    jobs32,
+                    selected_total,
+                };
+                self.legacy_mask_softmax(
+                    &selection,
+                    &d_dense,
+                    &mut d_mask,
+                    &mut d_argmax,
+                    &mut d_weight,
+                )?;
             }
         }
-        let argmax = self.download(&d_argmax, jobs.len())?;
-        let weight = self.download(&d_weight, jobs.len())?;
-        Ok(argmax
-            .into_iter()
-            .zip(weight)
-            .map(|(argmax, weight)| AttnOut { argmax, weight })
-            .collect())
+        self.download_attn(&d_argmax, &d_weight, jobs.len())
     }
 
     pub(super) fn pool_read_page(&self, pool: PoolId, page: u32) -> Result<PageContents> {

@@ -161,13 +161,7 @@ pub fn failing_values(
     for flag in flags {
         let mut seen: Vec<(String, String)> = Vec::new();
         for role in target.roles.iter().filter(|r| flag.roles.contains(&r.name)) {
-            let text = std::fs::read_to_string(&role.launch).map_err(|e| {
-                Failure::BadInput(format!(
-                    "{}: cannot read launch config of role {}: {e}",
-                    role.launch.display(),
-                    role.name
-                ))
-            })?;
+            let text = crate::arm::read_launch(role)?;
             let value = read_setting(&text, &flag.setting, flag).unwrap_or_else(|| flag.on.clone());
             seen.push((role.name.clone(), value));
         }
