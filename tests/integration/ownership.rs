@@ -24,16 +24,21 @@ impl Target {
     /// A one-role target; `restart` is the role's restart command, if any. Its health
     /// URL is a port nothing listens on, so a spawned role waits for health until killed.
     fn new(restart: Option<&str>) -> Target {
-        let dir = tempfile::tempdir().unwrap();
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()
             .port();
+        Target::with_launch(restart, port, LAUNCH)
+    }
+
+    /// A one-role target on `port` whose launch script is `launch`.
+    fn with_launch(restart: Option<&str>, port: u16, launch_text: &str) -> Target {
+        let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("flags")).unwrap();
         std::fs::write(dir.path().join("flags/OWN_X.toml"), FLAG).unwrap();
         let launch = dir.path().join("solo.sh");
-        std::fs::write(&launch, LAUNCH).unwrap();
+        std::fs::write(&launch, launch_text).unwrap();
         std::fs::set_permissions(&launch, std::fs::Permissions::from_mode(0o750)).unwrap();
         let restart = restart
             .map(|r| format!("restart = {r:?}\n"))
@@ -230,6 +235,42 @@ async fn ctrl_c_during_a_hanging_restart_command_kills_it_and_restores() {
     );
     assert_eq!(t.launch(), before);
     assert_group_gone(pgid).await;
+}
+
+/// The launch script starts the engine in a session of its own (`setsid`), so the engine
+/// that answers on the role's port is not in the process group bisect spawned: what a
+/// script that daemonises, or an engine some other tool started in between, looks like.
+/// The arm must stop with exit 3 and say so, instead of measuring that engine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_outside_the_spawned_group_is_refused() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let launch = format!(
+        "#!/bin/sh\n# solo role\nexport OWN_X=2\nsetsid '{}' engine --role prefill --port {port} &\necho $! > engine.pid\nwait\n",
+        env!("CARGO_BIN_EXE_bisect")
+    );
+    let t = Target::with_launch(None, port, &launch);
+    let before = t.launch();
+    let out = wait_output(t.run("r1", Stdio::piped())).await;
+    let engine = std::fs::read_to_string(t.path("engine.pid"))
+        .ok()
+        .and_then(|p| p.trim().parse::<i32>().ok());
+    // The detached engine is the test's to stop: bisect rightly does not own it.
+    if let Some(pid) = engine {
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    let pid = engine.expect("the launch script recorded the engine's pid");
+    assert!(
+        err.contains(&format!("reports pid {pid}, which is not in the process group")),
+        "{err}"
+    );
+    assert!(err.contains("fix:"), "{err}");
+    assert_eq!(t.launch(), before, "launch config restored");
 }
 
 #[test]
