@@ -6,6 +6,9 @@
 //! clean when the upper bound is below `bug_rate` (the rate the bad build showed), so
 //! the bug, had it been present, would have been seen; otherwise, and whenever more
 //! than 10% of sessions errored or timed out, "could not tell" (git bisect skips it).
+//! The rate's denominator is the judged sessions: neither failed nor truncated at
+//! max_tokens (`Counts::judged`), so replies cut off before they could go wrong never
+//! make a build look clean.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -22,6 +25,7 @@ use crate::control::EngineControl;
 use crate::core::arm_stats::ArmLabel;
 use crate::core::classify::Classifier;
 use crate::core::format;
+use crate::core::session::Counts;
 use crate::results::run_record::{ArmRecord, TargetInfo};
 use crate::results::{write_atomic, ResultsDir};
 
@@ -75,13 +79,12 @@ pub struct ProbeRecord {
 
 /// The decision rule of this module's header, as a pure function of the counts.
 pub fn decide(
-    corrupted: u64,
-    failed: u64,
-    sessions: u64,
+    counts: &Counts,
     background: f64,
     bug_rate: f64,
     degraded: f64,
 ) -> (Outcome, String) {
+    let (corrupted, failed, sessions) = (counts.corrupted(), counts.failed(), counts.total());
     if sessions == 0 {
         return (Outcome::Unknown, "no session finished".into());
     }
@@ -91,9 +94,28 @@ pub fn decide(
             format!("degraded: {failed}/{sessions} sessions errored or timed out; corruption cannot be judged"),
         );
     }
-    let (lo, hi) = crate::core::stats::wilson(corrupted, sessions, 0.95);
+    let judged = counts.judged();
+    if judged == 0 {
+        return (
+            Outcome::Unknown,
+            format!(
+                "no session could show corruption: {} of {sessions} were truncated at max_tokens \
+                 and {failed} failed; raise --max-tokens",
+                counts.truncated
+            ),
+        );
+    }
+    let (lo, hi) = crate::core::stats::wilson(corrupted, judged, 0.95);
+    let unjudged = if judged < sessions {
+        format!(
+            " of {judged} judged ({} truncated, {failed} failed, not counted)",
+            counts.truncated
+        )
+    } else {
+        String::new()
+    };
     let rate = format!(
-        "{corrupted}/{sessions} corrupted (95% CI {}-{}%)",
+        "{corrupted}/{judged} corrupted{unjudged} (95% CI {}-{}%)",
         format::percent_digits(lo),
         format::percent_digits(hi)
     );
@@ -202,9 +224,7 @@ pub async fn run_probe(
     match &outcome {
         Ok(arm) => {
             let (o, reason) = decide(
-                arm.stats.corrupted,
-                arm.stats.counts.failed(),
-                arm.sessions,
+                &arm.stats.counts,
                 plan.background,
                 plan.bug_rate,
                 plan.degraded_fraction,
@@ -225,24 +245,56 @@ pub async fn run_probe(
 mod tests {
     use super::*;
 
+    /// Counts of an arm: `corrupted` bad_args, `failed` timeouts, `truncated`, and
+    /// done sessions filling up to `sessions`.
+    fn counts(corrupted: u64, failed: u64, truncated: u64, sessions: u64) -> Counts {
+        Counts {
+            bad_args: corrupted,
+            timeout: failed,
+            truncated,
+            done: sessions - corrupted - failed - truncated,
+            ..Counts::default()
+        }
+    }
+
+    fn outcome(c: u64, f: u64, t: u64, n: u64) -> Outcome {
+        decide(&counts(c, f, t, n), 0.02, 0.10, 0.10).0
+    }
+
     #[test]
     fn decision_table() {
         // 14/80: Wilson lower bound 10.7% > 2% background.
-        assert_eq!(decide(14, 0, 80, 0.02, 0.10, 0.10).0, Outcome::Corrupted);
+        assert_eq!(outcome(14, 0, 0, 80), Outcome::Corrupted);
         // 0/80: upper bound 4.6% < 10% bug rate.
-        assert_eq!(decide(0, 0, 80, 0.02, 0.10, 0.10).0, Outcome::Clean);
+        assert_eq!(outcome(0, 0, 0, 80), Outcome::Clean);
         // 2/80: upper 8.7%.
-        assert_eq!(decide(2, 0, 80, 0.02, 0.10, 0.10).0, Outcome::Clean);
+        assert_eq!(outcome(2, 0, 0, 80), Outcome::Clean);
         // 3/80: lower 1.3% <= 2%, upper 10.5% >= 10%: cannot tell.
-        assert_eq!(decide(3, 0, 80, 0.02, 0.10, 0.10).0, Outcome::Unknown);
+        assert_eq!(outcome(3, 0, 0, 80), Outcome::Unknown);
         // 0/10: upper 27.8%: too few sessions to rule the bug out.
-        assert_eq!(decide(0, 0, 10, 0.02, 0.10, 0.10).0, Outcome::Unknown);
+        assert_eq!(outcome(0, 0, 0, 10), Outcome::Unknown);
         // Degraded beats everything.
-        let (o, why) = decide(14, 40, 80, 0.02, 0.10, 0.10);
+        let (o, why) = decide(&counts(14, 40, 0, 80), 0.02, 0.10, 0.10);
         assert_eq!(o, Outcome::Unknown);
         assert!(why.contains("degraded"));
         assert_eq!(Outcome::Corrupted.exit_code(), 1);
         assert_eq!(Outcome::Unknown.exit_code(), 125);
         assert_eq!(Outcome::Clean.exit_code(), 0);
+    }
+
+    #[test]
+    fn truncated_sessions_never_make_a_build_clean() {
+        // 80 sessions all cut off at max_tokens: nothing was judged. Counted as clean
+        // they would give 0/80 and "clean" (git bisect good) for a build never tested.
+        let (o, why) = decide(&counts(0, 0, 80, 80), 0.02, 0.10, 0.10);
+        assert_eq!(o, Outcome::Unknown);
+        assert!(why.contains("no session could show corruption"), "{why}");
+        assert!(why.contains("raise --max-tokens"), "{why}");
+        // 0 of 10 judged (70 truncated): the upper bound 27.8% cannot rule out 10%.
+        let (o, why) = decide(&counts(0, 0, 70, 80), 0.02, 0.10, 0.10);
+        assert_eq!(o, Outcome::Unknown, "{why}");
+        assert!(why.contains("0/10 corrupted of 10 judged (70 truncated"), "{why}");
+        // Failures within the degraded limit are left out of the rate too: 2/72 judged.
+        assert_eq!(outcome(2, 8, 0, 80), Outcome::Clean);
     }
 }

@@ -549,7 +549,7 @@ fn interval_text([lo, hi]: [f64; 2]) -> String {
 
 /// `14/160 (8.8%, 95% CI 5.3-14.2%)` of a pooled arm.
 fn rate_text(arm: &ArmObservation, words: bool) -> String {
-    let (k, n) = (arm.stats.counts.corrupted(), arm.stats.sessions());
+    let (k, n) = (arm.stats.counts.corrupted(), arm.stats.judged());
     let (lo, hi) = stats::wilson(k, n, 0.95);
     format!(
         "{k}/{n} ({}%, {}{}-{}%)",

@@ -133,9 +133,15 @@ impl Default for ArmStats {
 }
 
 impl ArmStats {
-    /// Sessions classified: the denominator of every rate.
+    /// Sessions classified, whatever their class.
     pub fn sessions(&self) -> u64 {
         self.counts.total()
+    }
+
+    /// Sessions that could show corruption ([`Counts::judged`]): the denominator of
+    /// every corruption rate.
+    pub fn judged(&self) -> u64 {
+        self.counts.judged()
     }
 
     /// Count one finished session: the collector's and `reclassify`'s only way in.
@@ -165,7 +171,7 @@ impl ArmStats {
 
     /// Recompute the derived fields (corrupted, rate, interval, tokens/s) from counts.
     pub fn finish(&mut self) {
-        let n = self.sessions();
+        let n = self.judged();
         self.corrupted = self.counts.corrupted();
         self.corruption_rate = stats::rate(self.corrupted, n);
         let (lo, hi) = stats::wilson(self.corrupted, n, CONFIDENCE);

@@ -127,6 +127,12 @@ impl SessionClass {
         matches!(self, SessionClass::Error | SessionClass::Timeout)
     }
 
+    /// Could this session show corruption: neither failed nor cut off at max_tokens
+    /// (`Counts::judged` counts these).
+    pub fn is_judged(self) -> bool {
+        !self.is_failure() && self != SessionClass::Truncated
+    }
+
     pub fn from_round(class: RoundClass) -> Option<SessionClass> {
         Some(match class {
             RoundClass::Ok => return None,
@@ -211,6 +217,17 @@ impl Counts {
 
     pub fn failed(&self) -> u64 {
         self.error + self.timeout
+    }
+
+    /// Sessions that could show corruption: neither failed (error, timeout) nor cut off
+    /// at max_tokens. The denominator of every corruption rate: a session that never
+    /// got a whole reply in is not evidence of a clean engine, so counting it as clean
+    /// would let an arm that times out or truncates look cleaner, or let a run where
+    /// nothing was judged look like one where nothing went wrong.
+    pub fn judged(&self) -> u64 {
+        self.total()
+            .saturating_sub(self.failed())
+            .saturating_sub(self.truncated)
     }
 }
 

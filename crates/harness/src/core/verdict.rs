@@ -69,9 +69,15 @@ pub struct ArmObservation<'a> {
 }
 
 impl ArmObservation<'_> {
-    /// Sessions that were classified; the denominator of every rate.
+    /// Sessions that were classified, whatever their class.
     pub(crate) fn classified(&self) -> u64 {
         self.stats.sessions()
+    }
+
+    /// Sessions that could show corruption: the denominator of every rate
+    /// ([`crate::core::session::Counts::judged`]).
+    pub(crate) fn judged(&self) -> u64 {
+        self.stats.judged()
     }
 
     pub(crate) fn corrupted(&self) -> u64 {
@@ -85,7 +91,7 @@ impl ArmObservation<'_> {
 
     /// `14/80 (17.5%, 95% CI 10.7-27.3%)`, or without the "95% CI" words.
     fn rate_text(&self, with_ci_words: bool) -> String {
-        let (k, n) = (self.corrupted(), self.classified());
+        let (k, n) = (self.corrupted(), self.judged());
         let (lo, hi) = stats::wilson(k, n, CONFIDENCE);
         format!(
             "{k}/{n} ({}%, {}{}-{}%)",
@@ -186,8 +192,8 @@ pub fn decide(
 }
 
 fn compare(on: &ArmObservation, off: &ArmObservation, policy: &Policy) -> Comparison {
-    let (k_on, n_on) = (on.corrupted().min(on.classified()), on.classified());
-    let (k_off, n_off) = (off.corrupted().min(off.classified()), off.classified());
+    let (k_on, n_on) = (on.corrupted().min(on.judged()), on.judged());
+    let (k_off, n_off) = (off.corrupted().min(off.judged()), off.judged());
     let p_value = stats::fisher_exact_two_sided(k_on, n_on - k_on, k_off, n_off - k_off);
     let (rate_diff, lo, hi) = stats::newcombe_diff(k_on, n_on, k_off, n_off, CONFIDENCE);
     Comparison {
@@ -284,9 +290,9 @@ fn judge(
             "{} corrupts: {}/{} vs {}/{}",
             corrupting.name(),
             corrupting.corrupted(),
-            corrupting.classified(),
+            corrupting.judged(),
             clean.corrupted(),
-            clean.classified()
+            clean.judged()
         )
     });
 
@@ -427,12 +433,9 @@ fn summary_line(
 /// pooled corruption rate, or, where the run already had that many, that the observed
 /// difference sits too close to `min_effect` to call.
 fn power_reason(on: &ArmObservation, off: &ArmObservation, policy: &Policy) -> String {
-    let pooled = stats::rate(
-        on.corrupted() + off.corrupted(),
-        on.classified() + off.classified(),
-    );
+    let pooled = stats::rate(on.corrupted() + off.corrupted(), on.judged() + off.judged());
     let needed = stats::sessions_per_arm(pooled, policy.min_effect, policy.alpha, policy.power);
-    let smaller_arm = on.classified().min(off.classified());
+    let smaller_arm = on.judged().min(off.judged());
     if needed == u64::MAX {
         format!(
             "underpowered: no number of sessions resolves a difference of {}",
@@ -441,16 +444,43 @@ fn power_reason(on: &ArmObservation, off: &ArmObservation, policy: &Policy) -> S
     } else if needed > smaller_arm {
         format!(
             "underpowered: about {needed} sessions per arm would resolve a difference of {} \
-             (this run had {} and {})",
+             (this run had {} and {}{})",
             policy.min_effect,
-            on.classified(),
-            off.classified()
+            on.judged(),
+            off.judged(),
+            unjudged_text(on, off)
         )
     } else {
         format!(
             "borderline: the observed difference lies close to min_effect {}; more than the \
              {smaller_arm} sessions per arm of this run are needed to call it",
             policy.min_effect
+        )
+    }
+}
+
+/// `` that could show corruption; on: 16 truncated at max_tokens ...``: why the judged
+/// sessions are fewer than the sessions run, or nothing when they are not.
+fn unjudged_text(on: &ArmObservation, off: &ArmObservation) -> String {
+    let why = |arm: &ArmObservation| {
+        let c = &arm.stats.counts;
+        let mut parts = Vec::new();
+        if c.truncated > 0 {
+            parts.push(format!("{} truncated at max_tokens", c.truncated));
+        }
+        if c.failed() > 0 {
+            parts.push(format!("{} errored or timed out", c.failed()));
+        }
+        (!parts.is_empty()).then(|| format!("{}: {}", arm.label, parts.join(", ")))
+    };
+    let excluded: Vec<String> = [on, off].into_iter().filter_map(why).collect();
+    if excluded.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " sessions that could show corruption; not counted, as they never got a whole \
+             reply in: {}",
+            excluded.join("; ")
         )
     }
 }
@@ -592,6 +622,37 @@ mod tests {
     }
 
     #[test]
+    fn sessions_that_could_not_show_corruption_never_clear_a_flag() {
+        // 400 sessions per arm, 380 of them cut off at max_tokens: counted as clean they
+        // would give 0/400 vs 1/400 and "cleared" (the test above), on 20 judged ones.
+        let truncating = |label, value, corrupted| {
+            let mut a = arm(label, value, corrupted, 0, 400);
+            a.stats.counts.done -= 380;
+            a.stats.counts.truncated = 380;
+            a.stats.finish();
+            a
+        };
+        let (on, off) = (truncating("on", "1", 0), truncating("off", "0", 1));
+        assert_eq!((on.obs().judged(), on.obs().classified()), (20, 400));
+        let (comparison, _, verdict) = decide_default(&on, &off);
+        assert_eq!(verdict.status, Status::Inconclusive, "{:?}", verdict.reasons);
+        // The interval is the one of 0/20 vs 1/20, far wider than +-5 points.
+        assert!(comparison.diff_ci95[0] < -0.2, "{comparison:?}");
+        assert!(verdict.summary.contains("0/20"), "{}", verdict.summary);
+        assert!(
+            verdict.reasons.iter().any(|r| r.contains("this run had 20 and 20 sessions that \
+                could show corruption")
+                && r.contains("on: 380 truncated at max_tokens; off: 380 truncated")),
+            "{:?}",
+            verdict.reasons
+        );
+        // Timeouts within the degraded limit are left out too: 2/360 judged, not 2/400.
+        let with_timeouts = arm("on", "1", 2, 40, 400);
+        assert_eq!(with_timeouts.obs().judged(), 360);
+        assert!((with_timeouts.stats.corruption_rate - 2.0 / 360.0).abs() < 1e-12);
+    }
+
+    #[test]
     fn no_difference_on_many_sessions_is_cleared() {
         let (comparison, _, verdict) =
             decide_default(&arm("on", "1", 0, 0, 400), &arm("off", "0", 1, 0, 400));
@@ -610,10 +671,11 @@ mod tests {
 
     #[test]
     fn degraded_arm_blocks_even_a_tiny_p() {
-        // MMA off: 70 of 80 sessions time out, the 10 that finish are clean.
+        // MMA off: 70 of 80 sessions time out, the 10 that finish are clean. The
+        // comparison is 60/80 vs 0/10 judged (timeouts are not clean sessions).
         let (comparison, confounds, verdict) =
-            decide_default(&arm("on", "1", 14, 0, 80), &arm("off", "0", 0, 70, 80));
-        assert!(comparison.p_value < 0.001);
+            decide_default(&arm("on", "1", 60, 0, 80), &arm("off", "0", 0, 70, 80));
+        assert!(comparison.p_value < 0.001, "{comparison:?}");
         assert_eq!(blocking_names(&confounds), vec!["error_timeout"]);
         assert_eq!(verdict.status, Status::Inconclusive);
         assert_eq!(verdict.direction, None);

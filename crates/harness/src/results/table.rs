@@ -37,7 +37,7 @@ pub fn arm_cells(flag: &str, arm: &ArmRecord, with_repeat: bool) -> [String; 9] 
         // Truncated (cut off at max_tokens) sits beside the failures: neither is in
         // the corruption rate, and both say the run measured less than it meant to.
         format!("{}/{}/{}", c.error, c.timeout, c.truncated),
-        format::rate_interval(arm.stats.corrupted, arm.sessions, arm.stats.ci95),
+        format::rate_interval(arm.stats.corrupted, arm.stats.judged(), arm.stats.ci95),
         peaks(&arm.stats.peak_running),
         format!("{:.1}s", arm.stats.wall_s),
         format!("{:.0}", arm.stats.tokens_per_s),

@@ -13,7 +13,8 @@ const CONFIDENCE: f64 = 0.95;
 /// The rate of an arm or a cell, recomputed from its counts (the source of truth, which
 /// `reclassify` rewrites) so the two sides are always computed alike.
 pub fn rate_of(s: &ArmStats) -> Rate {
-    let (sessions, corrupted) = (s.counts.total(), s.counts.corrupted());
+    // Judged sessions, as in a run's own rate (`Counts::judged`).
+    let (sessions, corrupted) = (s.counts.judged(), s.counts.corrupted());
     let (lo, hi) = stats::wilson(corrupted, sessions, CONFIDENCE);
     Rate {
         sessions,
