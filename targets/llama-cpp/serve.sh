@@ -9,10 +9,16 @@ export LLAMA_ARG_CACHE_TYPE_V=f16
 export LLAMA_ARG_FLASH_ATTN=auto
 # Four slots: four requests decode together, the rest wait (llamacpp:requests_deferred).
 export LLAMA_ARG_N_PARALLEL=4
+# One compute thread. ggml's threads spin-wait for each other at every graph node; on a
+# machine whose cores are also busy (bisect's own client, a build, other tests) a
+# descheduled thread stalls the others for a whole timeslice per node. Measured on two
+# busy cores: 0.6 tokens/s with the default 2 threads, 5.2 with 1. Raise it on a machine
+# with cores to spare.
+export LLAMA_ARG_THREADS=1
 # Context for all slots together: 4 x 4096 tokens.
 export LLAMA_ARG_CTX_SIZE=16384
 exec "${LLAMA_SERVER:?set LLAMA_SERVER to the llama-server binary: eval \"\$(scripts/llama-server.sh)\"}" \
     --model "${LLAMA_MODEL:?set LLAMA_MODEL to a .gguf model: eval \"\$(scripts/llama-server.sh)\"}" \
     --alias gemma-3-270m \
     --host 127.0.0.1 --port 8093 \
-    --jinja --metrics
+    --jinja --chat-template-file gemma3.jinja --metrics
