@@ -90,6 +90,40 @@ async fn no_engine_reporting_the_flag_is_a_recorded_warning() {
     assert!(json.contains(NO_EFFECTIVE_WARNING));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_that_restarts_by_itself_during_an_arm_blocks_the_verdict() {
+    let t = FakeTarget::new().await;
+    let plan = t.plan("FAKE_BF16", 4, 2);
+    // Decode "crashes" at the arm's second request and comes back at once, as under
+    // systemd's Restart=always: every request still gets an answer.
+    t.engine.crash_decode_after(2);
+    let mut control = t.engine.control();
+    let record = experiment::run_experiment(&plan, &mut control, &Quiet, CancellationToken::new())
+        .await
+        .unwrap();
+    let on = record.arm(ArmLabel::On).unwrap();
+    assert_eq!(on.stats.engine_replaced.len(), 1, "{:?}", on.stats);
+    assert!(
+        on.stats.engine_replaced[0].starts_with("role decode is another process")
+            && on.stats.engine_replaced[0].contains("started_at \"gen-1\" then")
+            && on.stats.engine_replaced[0].contains("started_at \"gen-2\" now"),
+        "{:?}",
+        on.stats.engine_replaced
+    );
+    assert!(record.arm(ArmLabel::Off).unwrap().stats.engine_replaced.is_empty());
+    let blocking: Vec<&str> = record
+        .confounds
+        .iter()
+        .filter(|c| c.severity == bisect_harness::core::verdict::Severity::Blocking)
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(blocking, vec!["engine_replaced"]);
+    assert_eq!(
+        record.verdict.as_ref().unwrap().status,
+        bisect_harness::core::verdict::Status::Inconclusive
+    );
+}
+
 /// Every file under `dir`, recursively.
 fn files_under(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
     for entry in std::fs::read_dir(dir).unwrap() {

@@ -86,6 +86,10 @@ struct Shared {
     reported_prefill: RwLock<Option<BTreeMap<String, String>>>,
     running: AtomicU64,
     requests: AtomicU64,
+    /// When non-zero: the chat request with this number (1-based, counted from the
+    /// setting) "crashes" decode, which its supervisor restarts at once: decode's
+    /// generation moves on, its config stays.
+    crash_at: AtomicU64,
     /// Restarts per role (prefill, decode): `started_at` is `gen-N`.
     generation: [AtomicU64; 2],
     /// An engine a restart never reaches: configs and generations stay as they are.
@@ -216,6 +220,14 @@ impl FakeEngine {
 
     pub fn requests(&self) -> u64 {
         self.shared.requests.load(Ordering::Relaxed)
+    }
+
+    /// Decode restarts by itself (a crash its supervisor recovers) at the `n`-th chat
+    /// request from now: `/server_info` then reports a new `started_at`.
+    pub fn crash_decode_after(&self, n: u64) {
+        self.shared
+            .crash_at
+            .store(self.requests() + n, Ordering::Relaxed);
     }
 }
 
@@ -390,7 +402,10 @@ async fn chat(
     headers: HeaderMap,
     Json(body): Json<Value>,
 ) -> Response {
-    s.requests.fetch_add(1, Ordering::Relaxed);
+    let n = s.requests.fetch_add(1, Ordering::Relaxed) + 1;
+    if s.crash_at.load(Ordering::Relaxed) == n {
+        s.generation[1].fetch_add(1, Ordering::Relaxed);
+    }
     s.running.fetch_add(1, Ordering::Relaxed);
     let _running = Running(&s.running);
     let hold = s.hold_ms.load(Ordering::Relaxed);

@@ -125,6 +125,31 @@ pub struct Testbed<'a> {
     metrics_period: Duration,
     /// For the lifecycle's own probes of the engines (health, self-reported config).
     probe_http: reqwest::Client,
+    /// Role -> how its engine identified itself after the last restart
+    /// ([`IDENTITY_FIELDS`]), where it did: checked again at the end of every block.
+    identities: BTreeMap<String, BTreeMap<String, serde_json::Value>>,
+}
+
+/// The fields by which an engine's self-report says which process it is. Where a role
+/// reports them, a change between the restart and the end of a block means another
+/// process answered part of the block: a crash and an automatic restart (systemd's
+/// `Restart=`, a Kubernetes pod), with a cold cache and a lower load after it.
+pub const IDENTITY_FIELDS: [&str; 3] = ["pid", "started_at", "start_time"];
+
+fn identity_of(doc: &serde_json::Value) -> Option<BTreeMap<String, serde_json::Value>> {
+    let found: BTreeMap<String, serde_json::Value> = IDENTITY_FIELDS
+        .iter()
+        .filter_map(|f| Some((f.to_string(), doc.get(*f)?.clone())))
+        .collect();
+    (!found.is_empty()).then_some(found)
+}
+
+fn identity_text(identity: &BTreeMap<String, serde_json::Value>) -> String {
+    identity
+        .iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 impl<'a> Testbed<'a> {
@@ -178,6 +203,7 @@ impl<'a> Testbed<'a> {
                 .no_proxy()
                 .timeout(Duration::from_secs(2))
                 .build()?,
+            identities: BTreeMap::new(),
         })
     }
 
@@ -248,31 +274,67 @@ impl<'a> Testbed<'a> {
             restart_s: 0.0,
             engine_info: BTreeMap::new(),
         };
+        self.identities.clear();
         for role in &self.target.roles {
-            let info = match &role.effective_url {
-                Some(url) => {
-                    let doc = fetch_effective(&self.probe_http, url, self.api_key.as_deref()).await;
-                    if doc.is_none() {
-                        self.progress.note(&format!(
-                            "warning: role {} did not answer its effective-config URL {url} with JSON: \
-                             what it runs with is not checked (set effective_url in the profile)",
-                            role.name
-                        ));
-                    }
-                    doc
+            let info = self.self_report(role).await;
+            if info.is_none() {
+                if let Some(url) = &role.effective_url {
+                    self.progress.note(&format!(
+                        "warning: role {} did not answer its effective-config URL {url} with JSON: \
+                         what it runs with is not checked (set effective_url in the profile)",
+                        role.name
+                    ));
                 }
-                // No preset or profile names a document: the guesses bisect always made.
-                None if self.target.engine == Engine::Custom => {
-                    fetch_server_info(&self.probe_http, role).await
-                }
-                None => None,
-            };
+            }
             if let Some(info) = info {
+                if let Some(identity) = identity_of(&info) {
+                    self.identities.insert(role.name.clone(), identity);
+                }
                 restarted.engine_info.insert(role.name.clone(), info);
             }
         }
         restarted.restart_s = (started.elapsed().as_secs_f64() - restarted.health_wait_s).max(0.0);
         Ok(restarted)
+    }
+
+    /// What the role's engine reports about itself: its `effective_url` document, or,
+    /// where no preset or profile names one, the guesses bisect always made.
+    async fn self_report(&self, role: &crate::config::RoleSpec) -> Option<serde_json::Value> {
+        match &role.effective_url {
+            Some(url) => fetch_effective(&self.probe_http, url, self.api_key.as_deref()).await,
+            None if self.target.engine == Engine::Custom => {
+                fetch_server_info(&self.probe_http, role).await
+            }
+            None => None,
+        }
+    }
+
+    /// Whether every engine that identified itself after the restart is still that
+    /// process: one line per role that is not, or no longer answers.
+    async fn engines_replaced(&self) -> Vec<String> {
+        let mut found = Vec::new();
+        for (name, before) in &self.identities {
+            let Some(role) = self.target.role(name) else {
+                continue;
+            };
+            match self.self_report(role).await.as_ref().and_then(identity_of) {
+                Some(after) if after == *before => {}
+                Some(after) => found.push(format!(
+                    "role {name} is another process at the end of the block than after its \
+                     restart ({} then, {} now): it restarted during the block (a crash and an \
+                     automatic restart?), so part of the sessions ran on a fresh engine",
+                    identity_text(before),
+                    identity_text(&after)
+                )),
+                None => found.push(format!(
+                    "role {name} no longer reported which process it is at the end of the \
+                     block (it did after its restart, {}): whether one engine served the \
+                     whole block is unknown",
+                    identity_text(before)
+                )),
+            }
+        }
+        found
     }
 
     async fn refuse_foreign_engines(&self) -> anyhow::Result<()> {
@@ -410,6 +472,10 @@ impl<'a> Testbed<'a> {
         log.set_label(&format!("{}-r{}", block.label, block.repeat));
         results.append_metrics(&log)?;
         self.check_cancelled()?;
+        stats.engine_replaced = self.engines_replaced().await;
+        for line in &stats.engine_replaced {
+            self.progress.note(&format!("warning: {line}"));
+        }
         stats.finish();
         self.progress.arm_finished(block, &stats);
         Ok((stats, driven))

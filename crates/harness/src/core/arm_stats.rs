@@ -112,6 +112,10 @@ pub struct ArmStats {
     /// role's load is unmeasured, which the record must say (docs/design.md 3.7).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub metrics_failed: BTreeMap<String, String>,
+    /// Roles whose engine was not the same process at the end of the block as after its
+    /// restart, in words (`arm::IDENTITY_FIELDS`): blocks the verdict.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub engine_replaced: Vec<String>,
 }
 
 impl Default for ArmStats {
@@ -128,6 +132,7 @@ impl Default for ArmStats {
             health_wait_s: 0.0,
             first_bad_round: Vec::new(),
             metrics_failed: BTreeMap::new(),
+            engine_replaced: Vec::new(),
         }
     }
 }
@@ -205,6 +210,7 @@ impl ArmStats {
                     .entry(role.clone())
                     .or_insert_with(|| why.clone());
             }
+            pooled.engine_replaced.extend(b.engine_replaced.iter().cloned());
         }
         pooled.finish();
         pooled

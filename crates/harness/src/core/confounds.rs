@@ -25,12 +25,39 @@ pub(crate) fn confounds(
     let mut found = Vec::new();
     found.extend(readback_confounds(on, off));
     found.extend(effective_confounds(on, off));
+    found.extend(replaced_confound(on, off));
     found.extend(degraded_confound(on, off, policy));
     found.extend(workload_confounds(on, off));
     found.extend(recorded_confounds(on, off, policy));
     found.extend(truncated_confound(on, off, policy));
     found.extend(metrics_confounds(on, off));
     found
+}
+
+/// An engine that was another process at the end of a block than after its restart
+/// (`ArmStats::engine_replaced`): part of the arm ran on an engine bisect did not
+/// restart for it, cold and at a lower load, so the arm is not the configuration it
+/// names. Blocking.
+fn replaced_confound(on: &ArmObservation, off: &ArmObservation) -> Option<Confound> {
+    let (r_on, r_off) = (&on.stats.engine_replaced, &off.stats.engine_replaced);
+    if r_on.is_empty() && r_off.is_empty() {
+        return None;
+    }
+    let lines: Vec<String> = [(on, r_on), (off, r_off)]
+        .into_iter()
+        .flat_map(|(arm, lines)| lines.iter().map(move |l| format!("arm {}: {l}", arm.name())))
+        .collect();
+    Some(Confound {
+        name: "engine_replaced".to_string(),
+        on: json!(r_on),
+        off: json!(r_off),
+        severity: Severity::Blocking,
+        note: format!(
+            "an engine changed during an arm: {}\n  fix: find why it restarted (its logs, \
+             `journalctl -u`, `kubectl describe pod`) and run again",
+            lines.join("; ")
+        ),
+    })
 }
 
 /// Significance below which truncation rates are said to differ: a screening level,

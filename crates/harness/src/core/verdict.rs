@@ -832,6 +832,31 @@ mod tests {
     }
 
     #[test]
+    fn an_engine_replaced_during_an_arm_blocks_even_a_clear_result() {
+        // 400+400 clean sessions would clear, but decode crashed and was restarted by
+        // its supervisor halfway through `off`: that arm is not one engine's.
+        let on = arm("on", "1", 0, 0, 400);
+        let mut off = arm("off", "0", 1, 0, 400);
+        off.stats.engine_replaced.push(
+            "role decode is another process at the end of the block than after its restart \
+             (pid 10 then, pid 11 now)"
+                .into(),
+        );
+        let (_, confounds, verdict) = decide_default(&on, &off);
+        assert_eq!(blocking_names(&confounds), vec!["engine_replaced"]);
+        assert_eq!(verdict.status, Status::Inconclusive);
+        assert!(
+            verdict.reasons[0].contains("arm off (=0): role decode is another process")
+                && verdict.reasons[0].contains("fix:"),
+            "{:?}",
+            verdict.reasons
+        );
+        // Pooling keeps a block's finding.
+        let pooled = ArmStats::pool([&on.stats, &off.stats]);
+        assert_eq!(pooled.engine_replaced.len(), 1);
+    }
+
+    #[test]
     fn cleared_needs_the_target_load_on_the_engine() {
         // No difference on 400+400 sessions, but the engine never ran more than 20 of the
         // 40 requests the experiment was meant to hold in flight.
