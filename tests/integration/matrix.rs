@@ -745,3 +745,23 @@ async fn blocked_cells_exit_three_for_a_whole_matrix_and_zero_for_a_shard() {
     assert!(String::from_utf8_lossy(&shard.stdout).contains("## Blocked cells"));
     assert_eq!(t.launch_bytes(), before);
 }
+
+/// docs/matrix.md shows the Slurm scripts that scripts/slurm-ci.sh submits in CI, byte
+/// for byte: the documented scripts are the tested ones.
+#[test]
+fn the_documented_slurm_scripts_are_the_ones_ci_submits() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = read(&root.join("docs/matrix.md"));
+    for name in ["nightly-shards.sbatch", "nightly-merge.sbatch"] {
+        let script = read(&root.join("scripts/slurm").join(name));
+        assert!(
+            doc.contains(&format!("```sh\n{script}```\n")),
+            "docs/matrix.md does not show scripts/slurm/{name} as it is: paste the file into its block"
+        );
+    }
+    let ci = read(&root.join("scripts/slurm-ci.sh"));
+    assert!(
+        ci.contains("scripts/slurm/nightly-shards.sbatch")
+            && ci.contains("scripts/slurm/nightly-merge.sbatch")
+    );
+}
