@@ -580,7 +580,12 @@ async fn an_engine_that_ignores_its_config_blocks_the_cells() {
     assert_eq!(t.launch_bytes(), before, "launch configs restored");
     let noise_warning = format!("FAKE_NOISE: {}", bisect_harness::arm::NO_EFFECTIVE_WARNING);
     for cell in &night.cells {
-        assert_eq!(cell.warnings, [noise_warning.clone()], "{}", cell.id);
+        assert_eq!(
+            cell.warnings,
+            std::slice::from_ref(&noise_warning),
+            "{}",
+            cell.id
+        );
         assert_eq!(cell.effective["FAKE_BF16"]["prefill"], "1", "{}", cell.id);
         assert_eq!(
             cell.readback["FAKE_BF16"]["prefill"], cell.flags["FAKE_BF16"],
