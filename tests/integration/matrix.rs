@@ -665,6 +665,29 @@ async fn an_engine_that_ignores_its_config_blocks_the_cells() {
         untimed(&whole_cells)
     );
     assert_eq!(t.launch_bytes(), before);
+
+    // A later night against the blocked one: its blocked cells are not comparable.
+    let blocked_base = Baseline {
+        dir: night_job.dir.clone(),
+        record: whole,
+        chosen: "explicit",
+    };
+    let mut later = clean.clone();
+    baseline::compare(&mut later, &blocked_base, &plan.policy);
+    for cell in &later.cells {
+        let cmp = cell.comparison.as_ref().unwrap();
+        if cell.flags["FAKE_BF16"] == "0" {
+            assert_eq!(cmp.status, CellStatus::NotComparable, "{}", cell.id);
+            assert!(
+                cmp.reasons[0]
+                    .starts_with("the baseline cell was blocked: FAKE_BF16=0 was written"),
+                "{:?}",
+                cmp.reasons
+            );
+        } else {
+            assert_eq!(cmp.status, CellStatus::Ok, "{}", cell.id);
+        }
+    }
 }
 
 /// Cells classify with the target profile's markup families, as `bisect run` does: the

@@ -160,7 +160,12 @@ pub fn compare(night: &mut MatrixRecord, baseline: &Baseline, policy: &Regressio
         if !cell.is_finished() {
             reasons.push(format!("this cell did not finish ({})", cell.status));
         }
-        if !old.is_finished() {
+        if old.is_blocked() {
+            reasons.push(format!(
+                "the baseline cell was blocked: {}",
+                old.blocked.join("; ")
+            ));
+        } else if !old.is_finished() {
             reasons.push(format!("the baseline cell did not finish ({})", old.status));
         }
         if cell.config_hash != old.config_hash {
