@@ -193,6 +193,8 @@ while :; do
     seen=$queue
   fi
   [ -z "$queue" ] && break
+  # A shard failed: the merge can never run (Slurm keeps it pending); stop waiting.
+  grep -q DependencyNeverSatisfied <<<"$queue" && break
   [ "$(date +%s)" -lt "$deadline" ] || die "jobs still queued or running after ${timeout_s}s"
   sleep 0.5
 done
