@@ -1,5 +1,6 @@
 //! `bisect matrix PLAN.toml` and `bisect merge DIR...`: run (or join) a matrix, compare
-//! it with its baseline night, print the summary and map regressions to exit code 1.
+//! it with its baseline night, print the summary and map regressions to exit code 1
+//! (blocked cells of a whole matrix to 3).
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -82,9 +83,29 @@ fn finish(record: &MatrixRecord, dir: &Path, json: bool) -> anyhow::Result<ExitC
         print!("{}", std::fs::read_to_string(dir.join("summary.md"))?);
         println!("\nresults: {}", dir.display());
     }
-    Ok(ExitCode::from(if record.regressions.is_empty() {
-        exit::OK
-    } else {
+    Ok(ExitCode::from(exit_code(record)))
+}
+
+/// 1 on a regression; else 3 when a whole matrix holds blocked cells (cells that could
+/// not be checked are no pass); else 0. A shard leaves the night's result to the merge,
+/// so a scheduler still runs the merge job after it.
+fn exit_code(record: &MatrixRecord) -> u8 {
+    let blocked: Vec<&str> = record
+        .cells
+        .iter()
+        .filter(|c| c.is_blocked())
+        .map(|c| c.id.as_str())
+        .collect();
+    if !record.regressions.is_empty() {
         exit::REGRESSION
-    }))
+    } else if record.shard.is_none() && !blocked.is_empty() {
+        eprintln!(
+            "{} cell(s) blocked: the engine did not run the cell's configuration ({}); reasons in summary.md\n  fix: make the launch configs apply the flags (see the reasons), then run the matrix again",
+            blocked.len(),
+            blocked.join(", ")
+        );
+        exit::COULD_NOT_RUN
+    } else {
+        exit::OK
+    }
 }

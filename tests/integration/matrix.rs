@@ -555,3 +555,241 @@ async fn exit_code_is_one_on_regression_and_zero_for_an_identical_night() {
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("0 <= I < N"));
 }
+
+/// The effective-config check of `bisect run`, per restart group: the fake's prefill
+/// keeps reporting the first restart's `FAKE_INDEX_BF16` (an engine that does not honour
+/// its launch config), so the groups that wrote 0 are blocked with the reason, never
+/// driven, never compared; the flag no engine reports is a warning on every cell. A
+/// blocked shard cell merges exactly as the unsharded run recorded it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_that_ignores_its_config_blocks_the_cells() {
+    let t = FakeTarget::new().await;
+    let before = t.launch_bytes();
+    let plan = load_plan(&t, &plan_text(""));
+    let clean = run(&t, &job(&t, &plan, None, "clean")).await;
+    assert!(clean
+        .cells
+        .iter()
+        .all(|c| c.is_finished() && c.blocked.is_empty()));
+    assert_eq!(clean.cells[4].effective["FAKE_BF16"]["prefill"], "0");
+
+    t.engine.ignore_restarts();
+    let night_job = job(&t, &plan, None, "ignoring");
+    let mut night = run(&t, &night_job).await;
+    assert_eq!(night.status, RecordStatus::Finished);
+    assert_eq!(t.launch_bytes(), before, "launch configs restored");
+    let noise_warning = format!("FAKE_NOISE: {}", bisect_harness::arm::NO_EFFECTIVE_WARNING);
+    for cell in &night.cells {
+        assert_eq!(
+            cell.warnings,
+            std::slice::from_ref(&noise_warning),
+            "{}",
+            cell.id
+        );
+        assert_eq!(cell.effective["FAKE_BF16"]["prefill"], "1", "{}", cell.id);
+        assert_eq!(
+            cell.readback["FAKE_BF16"]["prefill"], cell.flags["FAKE_BF16"],
+            "the launch file says what was written: {}",
+            cell.id
+        );
+        let sessions = night_job.dir.join(&cell.dir).join("sessions.jsonl");
+        if cell.flags["FAKE_BF16"] == "1" {
+            assert_eq!(cell.status, RecordStatus::Finished, "{}", cell.id);
+            assert!(cell.blocked.is_empty());
+            assert!(sessions.is_file());
+        } else {
+            assert_eq!(cell.status, RecordStatus::Blocked, "{}", cell.id);
+            assert_eq!(cell.blocked.len(), 1, "{:?}", cell.blocked);
+            assert!(
+                cell.blocked[0].starts_with(
+                    "FAKE_BF16=0 was written and read back, but the prefill engine reports it runs with \"1\""
+                ),
+                "{:?}",
+                cell.blocked
+            );
+            assert_eq!(cell.stats.counts.total(), 0, "a blocked cell is not driven");
+            assert!(!sessions.exists(), "{}", sessions.display());
+        }
+    }
+
+    // Compared with the clean night: the blocked cells are neither passes nor regressions.
+    let base =
+        baseline::load_explicit(&t.dir.path().join("results/clean"), "fake-nightly").unwrap();
+    baseline::compare(&mut night, &base, &plan.policy);
+    let info = night.baseline.as_ref().unwrap();
+    assert_eq!((info.compared, info.blocked, info.regressed), (4, 4, 0));
+    for cell in night.cells.iter().filter(|c| c.is_blocked()) {
+        let cmp = cell.comparison.as_ref().unwrap();
+        assert_eq!(cmp.status, CellStatus::Blocked);
+        assert_eq!(cmp.reasons, cell.blocked);
+        assert!(cmp.p_value.is_none() && cmp.p_adjusted.is_none());
+    }
+    export::write_all(&night_job.dir, &night).unwrap();
+    let junit = read(&night_job.dir.join("junit.xml"));
+    assert_eq!(junit.matches("<error ").count(), 4, "{junit}");
+    assert!(
+        junit.contains("blocked: FAKE_BF16=0 was written"),
+        "{junit}"
+    );
+    let summary = read(&night_job.dir.join("summary.md"));
+    assert!(
+        summary.contains("## Blocked cells (not driven, never compared)")
+            && summary.contains("- `FAKE_BF16=0,FAKE_NOISE=3,s64`: FAKE_BF16=0 was written")
+            && summary.contains(&format!("## Warnings\n\n- {noise_warning}\n")),
+        "{summary}"
+    );
+
+    // Shards of the same engine: the merge takes blocked cells as settled, unchanged.
+    let shards: Vec<PathBuf> = (0..2u32)
+        .map(|i| t.dir.path().join(format!("results/ignoring-shard{i}")))
+        .collect();
+    for (i, dir) in (0..2u32).zip(&shards) {
+        let j = job(
+            &t,
+            &plan,
+            Some(Shard { index: i, count: 2 }),
+            dir.file_name().unwrap().to_str().unwrap(),
+        );
+        run(&t, &j).await;
+    }
+    let merged = merge::join(&shards, "merged", "bisect merge").unwrap();
+    let out = t.dir.path().join("results/ignoring-merged");
+    merge::write(&merged, &out).unwrap();
+    let whole = export::read_matrix(&night_job.dir).unwrap();
+    let mut whole_cells = whole.cells.clone();
+    for c in &mut whole_cells {
+        c.comparison = None;
+    }
+    assert_eq!(
+        untimed(&export::read_matrix(&out).unwrap().cells),
+        untimed(&whole_cells)
+    );
+    assert_eq!(t.launch_bytes(), before);
+
+    // A later night against the blocked one: its blocked cells are not comparable.
+    let blocked_base = Baseline {
+        dir: night_job.dir.clone(),
+        record: whole,
+        chosen: "explicit",
+    };
+    let mut later = clean.clone();
+    baseline::compare(&mut later, &blocked_base, &plan.policy);
+    for cell in &later.cells {
+        let cmp = cell.comparison.as_ref().unwrap();
+        if cell.flags["FAKE_BF16"] == "0" {
+            assert_eq!(cmp.status, CellStatus::NotComparable, "{}", cell.id);
+            assert!(
+                cmp.reasons[0]
+                    .starts_with("the baseline cell was blocked: FAKE_BF16=0 was written"),
+                "{:?}",
+                cmp.reasons
+            );
+        } else {
+            assert_eq!(cmp.status, CellStatus::Ok, "{}", cell.id);
+        }
+    }
+}
+
+/// Cells classify with the target profile's markup families, as `bisect run` does: the
+/// fake's race leaks DSML, a leak only where the profile counts DSML.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cells_classify_with_the_profiles_markup() {
+    use bisect_harness::core::classify::MarkupFamily;
+    let t = FakeTarget::new().await;
+    let plan = load_plan(
+        &t,
+        &plan_text("")
+            .replace("FAKE_NOISE = [\"0\", \"3\"]\n", "")
+            .replace("[4, 64]", "[64]"),
+    );
+    let victims = fake_race_victims(&plan.workload, 64);
+    assert!(victims >= 10);
+    let all = run(&t, &job(&t, &plan, None, "all-families")).await;
+    assert_eq!(all.cells[0].stats.counts.leak, victims);
+    let mut hermes_only = job(&t, &plan, None, "hermes-only");
+    hermes_only.target.markup = vec![MarkupFamily::Hermes];
+    let hermes = run(&t, &hermes_only).await;
+    let counts = &hermes.cells[0].stats.counts;
+    assert_eq!(counts.leak, 0, "DSML is not a family this profile counts");
+    assert_eq!(counts.total(), 64);
+    assert_eq!(
+        hermes.cells[1].stats.corrupted, 0,
+        "the clean cell stays clean"
+    );
+}
+
+/// Through the binary: a whole matrix with blocked cells exits 3 (no pass), naming them;
+/// a shard exits 0, leaving the night's result to the merge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocked_cells_exit_three_for_a_whole_matrix_and_zero_for_a_shard() {
+    let t = FakeTarget::new().await;
+    write_target(&t);
+    let plan = plan_text("target = \"target.toml\"")
+        .replace("FAKE_NOISE = [\"0\", \"3\"]\n", "")
+        .replace("[4, 64]", "[4]");
+    load_plan(&t, &plan);
+    let before = t.launch_bytes();
+    t.engine.ignore_restarts();
+    let whole = bisect_cli(
+        [
+            "matrix",
+            "nightly.toml",
+            "--results",
+            "results",
+            "--no-baseline",
+        ]
+        .map(String::from)
+        .to_vec(),
+        t.dir.path(),
+    )
+    .await;
+    let stderr = String::from_utf8_lossy(&whole.stderr);
+    assert_eq!(whole.status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.contains("1 cell(s) blocked") && stderr.contains("FAKE_BF16=0,s4"),
+        "{stderr}"
+    );
+    assert!(String::from_utf8_lossy(&whole.stdout).contains("## Blocked cells"));
+    let shard = bisect_cli(
+        [
+            "matrix",
+            "nightly.toml",
+            "--results",
+            "results",
+            "--shard",
+            "1/2",
+        ]
+        .map(String::from)
+        .to_vec(),
+        t.dir.path(),
+    )
+    .await;
+    assert_eq!(
+        shard.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&shard.stderr)
+    );
+    assert!(String::from_utf8_lossy(&shard.stdout).contains("## Blocked cells"));
+    assert_eq!(t.launch_bytes(), before);
+}
+
+/// docs/matrix.md shows the Slurm scripts that scripts/slurm-ci.sh submits in CI, byte
+/// for byte: the documented scripts are the tested ones.
+#[test]
+fn the_documented_slurm_scripts_are_the_ones_ci_submits() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = read(&root.join("docs/matrix.md"));
+    for name in ["nightly-shards.sbatch", "nightly-merge.sbatch"] {
+        let script = read(&root.join("scripts/slurm").join(name));
+        assert!(
+            doc.contains(&format!("```sh\n{script}```\n")),
+            "docs/matrix.md does not show scripts/slurm/{name} as it is: paste the file into its block"
+        );
+    }
+    let ci = read(&root.join("scripts/slurm-ci.sh"));
+    assert!(
+        ci.contains("scripts/slurm/nightly-shards.sbatch")
+            && ci.contains("scripts/slurm/nightly-merge.sbatch")
+    );
+}

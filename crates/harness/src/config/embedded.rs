@@ -1,6 +1,7 @@
 //! The built-in target profile for the embedded engine: two generated launch scripts
 //! (`export` lines + `exec bisect engine ...`), exactly like a real deployment's, so the
-//! default path exercises the same edit/verify/restart code as a real one.
+//! default path exercises the same edit/verify/restart code as a real one. Also the
+//! roles' ports: leased for the process's life, below the ephemeral range ([`free_port`]).
 
 use std::net::TcpListener;
 use std::path::Path;
@@ -9,10 +10,81 @@ use anyhow::Context;
 
 use crate::config::{Engine, RoleSpec, TargetProfile};
 
-/// Ports for the two roles: free loopback ports, so parallel runs and tests don't collide.
+/// Lowest port picked: above the well-known and common service ports.
+const LOWEST_PORT: u16 = 10_000;
+
+/// A port lease: a listening abstract-namespace Unix socket named for the port. The
+/// kernel refuses a second socket of that name on the machine and frees the name when
+/// its holder exits, however it exits; no file is left behind.
+type Lease = std::os::unix::net::UnixListener;
+
+/// Leases this process holds, for its whole life.
+static LEASES: std::sync::Mutex<Vec<Lease>> = std::sync::Mutex::new(Vec::new());
+
+/// A free loopback port for an embedded role, kept for the life of this process.
+///
+/// The launch scripts carry the port for the whole command, and the engines restart on
+/// it once per arm or restart group, so a port merely free when picked is not enough:
+/// - it is taken below the kernel's ephemeral range (`ip_local_port_range`), so no
+///   outgoing connection (this run's clients, another process's) can hold it while its
+///   engine is down between restarts;
+/// - it is leased (an abstract socket `bisect-port-<port>`), so concurrent bisect
+///   processes on one machine, such as the shards of one Slurm array on one node, never
+///   pick the same port.
+///
+/// Where the range cannot be read, it falls back to a port the kernel picks; a restart
+/// still refuses a port something else answers on.
 pub fn free_port() -> anyhow::Result<u16> {
+    if let Some(port) = leased_port("bisect-port") {
+        return Ok(port);
+    }
     let l = TcpListener::bind("127.0.0.1:0").context("finding a free loopback port")?;
     Ok(l.local_addr()?.port())
+}
+
+/// The first port below the ephemeral range, from a per-process starting point, that
+/// this process can lease (`<prefix>-<port>`) and bind; `None` when there is none.
+fn leased_port(prefix: &str) -> Option<u16> {
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse::<u16>()
+        .ok()?;
+    if ephemeral_low <= LOWEST_PORT + 100 {
+        return None;
+    }
+    let span = u32::from(ephemeral_low - LOWEST_PORT);
+    let seed = std::process::id().wrapping_mul(2_654_435_761)
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+    for i in 0..span {
+        let port = LOWEST_PORT + (seed.wrapping_add(i) % span) as u16;
+        let Some(lease) = lease(prefix, port) else {
+            continue;
+        };
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            LEASES.lock().unwrap_or_else(|e| e.into_inner()).push(lease);
+            return Some(port);
+        }
+    }
+    None
+}
+
+/// The lease of `port`, or `None` when a live socket (this process's or another's)
+/// holds it.
+#[cfg(target_os = "linux")]
+fn lease(prefix: &str, port: u16) -> Option<Lease> {
+    use std::os::linux::net::SocketAddrExt;
+    let name =
+        std::os::unix::net::SocketAddr::from_abstract_name(format!("{prefix}-{port}")).ok()?;
+    Lease::bind_addr(&name).ok()
+}
+
+#[cfg(not(target_os = "linux"))]
+fn lease(_prefix: &str, _port: u16) -> Option<Lease> {
+    None
 }
 
 /// Launch script of the embedded prefill role with the engine's defaults.
@@ -116,6 +188,30 @@ mod tests {
             p.contains("SGLANG_DSV4_INDEX_K_HICACHE_SYNC")
                 && !d.contains("SGLANG_DSV4_INDEX_K_HICACHE_SYNC")
         );
+    }
+
+    #[test]
+    fn leased_ports_are_below_the_ephemeral_range_and_never_handed_out_twice() {
+        let Some(low) = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()
+            .and_then(|t| t.split_whitespace().next()?.parse::<u16>().ok())
+        else {
+            return; // no procfs: free_port falls back to the kernel's pick
+        };
+        // A prefix of this test's own, so parallel tests' real leases don't interfere.
+        let prefix = format!("bisect-port-test-{}", std::process::id());
+        let ports: Vec<u16> = (0..20).map(|_| leased_port(&prefix).unwrap()).collect();
+        let mut distinct = ports.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), ports.len(), "{ports:?}");
+        assert!(
+            ports.iter().all(|p| (LOWEST_PORT..low).contains(p)),
+            "{ports:?}"
+        );
+        // Another process's lease is the same abstract name: refused while held.
+        assert!(lease(&prefix, ports[0]).is_none(), "a leased port is held");
+        assert!(lease(&prefix, 9_999).is_some(), "an unleased name is free");
     }
 
     #[test]

@@ -30,6 +30,9 @@ pub enum RecordStatus {
     /// Stopped by Ctrl-C, SIGTERM or SIGHUP; the configs were restored.
     Interrupted,
     Failed,
+    /// A matrix cell whose engine reported a configuration other than the cell's after
+    /// the restart: not driven, never compared (its reasons are in the cell's `blocked`).
+    Blocked,
 }
 
 impl RecordStatus {
@@ -40,6 +43,7 @@ impl RecordStatus {
             RecordStatus::Finished => "finished",
             RecordStatus::Interrupted => "interrupted",
             RecordStatus::Failed => "failed",
+            RecordStatus::Blocked => "blocked",
         }
     }
 }

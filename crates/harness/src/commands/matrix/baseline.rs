@@ -4,7 +4,8 @@
 //! same plan name under the results root. Cells are matched by id. A cell is comparable
 //! only when both sides finished and its configuration hash (flag settings and values,
 //! sessions, rounds) and workload hash agree; otherwise it is "not comparable", never a
-//! regression. A comparable cell regresses when any of these holds:
+//! regression. A blocked cell (its engine reported another configuration than the
+//! cell's) is "blocked": never compared. A comparable cell regresses when any of these holds:
 //!
 //! - corruption significantly higher: Fisher's exact test, **one-sided** (H1: this
 //!   night's corruption rate is greater than the baseline's; a drop is an improvement,
@@ -141,6 +142,12 @@ pub fn compare(night: &mut MatrixRecord, baseline: &Baseline, policy: &Regressio
     let base = &baseline.record;
     let mut comparable: Vec<(usize, f64)> = Vec::new();
     for (i, cell) in night.cells.iter_mut().enumerate() {
+        // A cell whose engine ran another configuration says nothing about this one.
+        if cell.is_blocked() {
+            let old = base.cells.iter().find(|c| c.id == cell.id);
+            cell.comparison = Some(empty(CellStatus::Blocked, old, cell.blocked.clone()));
+            continue;
+        }
         let Some(old) = base.cells.iter().find(|c| c.id == cell.id) else {
             cell.comparison = Some(empty(
                 CellStatus::New,
@@ -153,7 +160,12 @@ pub fn compare(night: &mut MatrixRecord, baseline: &Baseline, policy: &Regressio
         if !cell.is_finished() {
             reasons.push(format!("this cell did not finish ({})", cell.status));
         }
-        if !old.is_finished() {
+        if old.is_blocked() {
+            reasons.push(format!(
+                "the baseline cell was blocked: {}",
+                old.blocked.join("; ")
+            ));
+        } else if !old.is_finished() {
             reasons.push(format!("the baseline cell did not finish ({})", old.status));
         }
         if cell.config_hash != old.config_hash {
@@ -229,6 +241,7 @@ pub fn compare(night: &mut MatrixRecord, baseline: &Baseline, policy: &Regressio
         regressed: count(CellStatus::Regressed),
         not_comparable: count(CellStatus::NotComparable),
         new: count(CellStatus::New),
+        blocked: count(CellStatus::Blocked),
         missing: base
             .cells
             .iter()

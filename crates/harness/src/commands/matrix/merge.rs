@@ -1,6 +1,7 @@
 //! `bisect merge DIR...`: join the shard directories of one night into one matrix
 //! directory whose cells are those an unsharded run would have written (same order,
-//! same fields; only timing fields differ). Refused, with the directories named: shards
+//! same fields; only timing fields differ). A blocked cell (docs/matrix.md) is settled
+//! like a finished one and merged as its shard recorded it. Refused, with the directories named: shards
 //! of different plans (name or plan hash differ), a cell present in two shards, and
 //! cells of the plan that no shard finished.
 
@@ -31,7 +32,7 @@ pub fn join(dirs: &[PathBuf], id: &str, command: &str) -> anyhow::Result<Merged>
     let mut owner: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
     for (s, (dir, r)) in shards.iter().enumerate() {
         for (c, cell) in r.cells.iter().enumerate() {
-            if !cell.is_finished() {
+            if !cell.is_settled() {
                 continue;
             }
             if let Some((other, _)) = owner.insert(cell.id.as_str(), (s, c)) {
@@ -82,7 +83,10 @@ pub fn join(dirs: &[PathBuf], id: &str, command: &str) -> anyhow::Result<Merged>
             let (s, c) = owner[id.as_str()];
             let mut cell = shards[s].1.cells[c].clone();
             cell.comparison = None;
-            cell.rederive();
+            // A blocked cell never ran: its stats stay as its shard wrote them.
+            if cell.is_finished() {
+                cell.rederive();
+            }
             cell
         })
         .collect();

@@ -86,6 +86,17 @@ pub struct CellRecord {
     pub status: RecordStatus,
     /// Per flag, per role: the value read back after writing.
     pub readback: BTreeMap<String, BTreeMap<String, String>>,
+    /// Per flag (the cell's and the pinned ones), per role: the value the running engine
+    /// reports after the group's restart, for the roles whose engine reports it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub effective: BTreeMap<String, BTreeMap<String, String>>,
+    /// Why the cell is blocked (status `blocked`): an engine reports a value other than
+    /// the cell's configuration. A blocked cell is not driven and never compared.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blocked: Vec<String>,
+    /// What the cell could not check (a flag no engine reports), one sentence each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
     /// The cell's measurements, pooled over its repeats.
     #[serde(flatten)]
     pub stats: ArmStats,
@@ -105,6 +116,8 @@ pub enum CellStatus {
     NotComparable,
     /// The baseline has no cell with this id.
     New,
+    /// The cell's engine did not run the cell's configuration: not compared.
+    Blocked,
 }
 
 impl CellStatus {
@@ -114,6 +127,7 @@ impl CellStatus {
             CellStatus::Regressed => "regressed",
             CellStatus::NotComparable => "not comparable",
             CellStatus::New => "new",
+            CellStatus::Blocked => "blocked",
         }
     }
 }
@@ -150,6 +164,9 @@ pub struct BaselineInfo {
     pub regressed: usize,
     pub not_comparable: usize,
     pub new: usize,
+    /// Cells blocked by the effective-config check, not compared.
+    #[serde(default)]
+    pub blocked: usize,
     /// Baseline cells this matrix does not have.
     pub missing: Vec<String>,
 }
@@ -167,6 +184,9 @@ impl CellRecord {
             workload_hash: workload_hash.to_string(),
             status: RecordStatus::Pending,
             readback: BTreeMap::new(),
+            effective: BTreeMap::new(),
+            blocked: Vec::new(),
+            warnings: Vec::new(),
             stats: ArmStats::default(),
             dir: format!("cells/{}", cell.id),
             comparison: None,
@@ -185,6 +205,16 @@ impl CellRecord {
 
     pub fn is_finished(&self) -> bool {
         self.status == RecordStatus::Finished
+    }
+
+    pub fn is_blocked(&self) -> bool {
+        self.status == RecordStatus::Blocked
+    }
+
+    /// Finished or blocked: the cell's outcome is settled (a rerun of the same engines
+    /// would settle it the same way), so merge takes it from its shard.
+    pub fn is_settled(&self) -> bool {
+        self.is_finished() || self.is_blocked()
     }
 
     /// The comparison status, `None` when no baseline was compared.

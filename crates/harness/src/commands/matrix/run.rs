@@ -18,7 +18,10 @@ use super::cells::{Cell, Shard};
 use super::export;
 use super::plan::Plan;
 use super::record::{CellRecord, MatrixRecord, PlanInfo, SCHEMA};
-use crate::arm::{settle, BlockName, Progress, Readback, Testbed, TestbedSpec};
+use crate::arm::{
+    effective_values, settle, BlockName, Progress, Readback, Testbed, TestbedSpec,
+    NO_EFFECTIVE_WARNING,
+};
 use crate::config::{FlagSpec, TargetProfile};
 use crate::control::EngineControl;
 use crate::core::arm_stats::{ArmStats, RecordStatus};
@@ -129,7 +132,10 @@ async fn run_groups(
     record: &mut MatrixRecord,
 ) -> anyhow::Result<()> {
     let pinned = bed.pin(&job.plan.sets)?;
-    let classifier = Arc::new(Classifier::with_defaults(&job.plan.workload.tools)?);
+    let classifier = Arc::new(Classifier::new(
+        &job.plan.workload.tools,
+        &job.target.markup,
+    )?);
     let cells = job.cells();
     let mut groups: Vec<Vec<(usize, &Cell)>> = Vec::new();
     for (i, cell) in cells.iter().enumerate() {
@@ -179,8 +185,34 @@ async fn run_group(
     label: &str,
 ) -> anyhow::Result<()> {
     let restarted = bed.restart(label).await?;
+    let first = group[0].1;
+    let check = check_effective(&job.plan.sets, &first.flags, job, &restarted.engine_info);
+    for warning in &check.warnings {
+        if !record.cells.iter().any(|c| c.warnings.contains(warning)) {
+            bed.progress().note(&format!("warning: {warning}"));
+        }
+    }
     for (role, info) in restarted.engine_info {
         record.engine_info.insert(format!("{label}/{role}"), info);
+    }
+    for (i, _) in group {
+        let rec = &mut record.cells[*i];
+        rec.readback = readback.clone();
+        rec.effective = check.effective.clone();
+        rec.warnings = check.warnings.clone();
+    }
+    if !check.blocked.is_empty() {
+        bed.progress().note(&format!(
+            "{label}: cells blocked, not driven: {}",
+            check.blocked.join("; ")
+        ));
+        for (i, _) in group {
+            let rec = &mut record.cells[*i];
+            rec.status = RecordStatus::Blocked;
+            rec.blocked = check.blocked.clone();
+        }
+        export::write_all(&job.dir, record)?;
+        return Ok(());
     }
     let mut blocks: Vec<Vec<ArmStats>> = vec![Vec::new(); group.len()];
     // A cell's repeats run back to back, cells in ascending load: a cell then never
@@ -214,7 +246,6 @@ async fn run_group(
             blocks[slot].push(stats);
             let rec = &mut record.cells[*i];
             rec.stats = ArmStats::pool(&blocks[slot]);
-            rec.readback = readback.clone();
             if repeat + 1 == repeats {
                 rec.status = RecordStatus::Finished;
             }
@@ -222,6 +253,55 @@ async fn run_group(
         }
     }
     Ok(())
+}
+
+/// What the engines of a restart group report about the group's configuration.
+#[derive(Debug, Default)]
+struct EffectiveCheck {
+    /// Flag -> role -> the reported value, for the roles that report it.
+    effective: BTreeMap<String, BTreeMap<String, String>>,
+    /// One sentence per role whose reported value is not the configuration's.
+    blocked: Vec<String>,
+    /// One sentence per flag no engine reports.
+    warnings: Vec<String>,
+}
+
+/// Compare every pinned and cell flag value with what the engines report after the
+/// restart (`engine_info`, role -> document).
+fn check_effective(
+    pinned: &[(FlagSpec, String)],
+    cell: &[(FlagSpec, String)],
+    job: &MatrixJob,
+    engine_info: &BTreeMap<String, serde_json::Value>,
+) -> EffectiveCheck {
+    let mut check = EffectiveCheck::default();
+    let all = pinned
+        .iter()
+        .map(|(f, v)| (f, v, "pinned "))
+        .chain(cell.iter().map(|(f, v)| (f, v, "")));
+    for (flag, value, kind) in all {
+        let reported = effective_values(&job.target, flag, engine_info);
+        if reported.is_empty() {
+            check
+                .warnings
+                .push(format!("{}: {NO_EFFECTIVE_WARNING}", flag.name));
+            continue;
+        }
+        for (role, ran) in &reported {
+            if !crate::core::effective::agrees(value, ran) {
+                check.blocked.push(format!(
+                    "{kind}{}={value} was written and read back, but the {role} engine reports \
+                     it runs with {ran:?}: the cell's configuration did not take effect \
+                     (check how role {role}'s launch config sets {}: a conditional, an \
+                     overriding later line, an ignored variable)",
+                    flag.name,
+                    flag.setting.key()
+                ));
+            }
+        }
+        check.effective.insert(flag.name.clone(), reported);
+    }
+    check
 }
 
 /// `cells/<cell-id>/` under a matrix directory.

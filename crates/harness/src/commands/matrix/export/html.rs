@@ -145,6 +145,19 @@ fn facts(r: &MatrixRecord) -> Vec<String> {
         ),
         None => "baseline: none compared".to_string(),
     });
+    for c in r.cells.iter().filter(|c| c.is_blocked()) {
+        facts.push(format!(
+            "<b>blocked</b> (not driven, never compared) <code>{}</code>: {}",
+            escape(&c.id),
+            escape(&c.blocked.join("; "))
+        ));
+    }
+    let mut warnings: Vec<&String> = r.cells.iter().flat_map(|c| &c.warnings).collect();
+    warnings.sort();
+    warnings.dedup();
+    for w in warnings {
+        facts.push(format!("warning: {}", escape(w)));
+    }
     if let Some(e) = &r.error {
         facts.push(format!("error <code>{}</code>", escape(e)));
     }
@@ -259,6 +272,9 @@ pub(crate) mod tests {
             workload_hash: "w".into(),
             status: RecordStatus::Finished,
             readback: Default::default(),
+            effective: Default::default(),
+            blocked: Vec::new(),
+            warnings: Vec::new(),
             stats,
             dir: format!("cells/{id}"),
             comparison: None,
@@ -387,6 +403,7 @@ pub(crate) mod tests {
             regressed: 1,
             not_comparable: 0,
             new: 0,
+            blocked: 0,
             missing: Vec::new(),
         });
         let html = render_matrix_html(&record, None);

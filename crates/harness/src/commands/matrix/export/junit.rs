@@ -1,7 +1,8 @@
 //! `junit.xml`: one test case per cell, so CI systems show the night like a test run.
 //! A regressed cell is a `<failure>` carrying its reasons; a cell that cannot be
 //! compared (configuration or workload changed) is `<skipped>`; a cell that did not
-//! finish is an `<error>`; every other cell passes.
+//! finish, or was blocked because its engine ran another configuration, is an
+//! `<error>`; every other cell passes.
 
 use super::MatrixExporter;
 use crate::commands::matrix::record::{CellRecord, CellStatus, MatrixRecord};
@@ -23,6 +24,9 @@ fn outcome(c: &CellRecord) -> Outcome {
             .map(|x| x.reasons.join("; "))
             .unwrap_or_default()
     };
+    if c.is_blocked() {
+        return Outcome::Error(format!("blocked: {}", c.blocked.join("; ")));
+    }
     if !c.is_finished() {
         return Outcome::Error(format!("cell did not finish ({})", c.status));
     }

@@ -201,6 +201,23 @@ fn listed_cells(s: &mut String, r: &MatrixRecord) {
             s.push_str(&format!("- `{}`: {reasons}\n", c.id));
         }
     }
+    // Blocked cells are listed with or without a baseline: they were never measured.
+    let blocked: Vec<&CellRecord> = r.cells.iter().filter(|c| c.is_blocked()).collect();
+    if !blocked.is_empty() {
+        s.push_str("\n## Blocked cells (not driven, never compared)\n\n");
+        for c in blocked {
+            s.push_str(&format!("- `{}`: {}\n", c.id, c.blocked.join("; ")));
+        }
+    }
+    let mut warnings: Vec<&String> = r.cells.iter().flat_map(|c| &c.warnings).collect();
+    warnings.sort();
+    warnings.dedup();
+    if !warnings.is_empty() {
+        s.push_str("\n## Warnings\n\n");
+        for w in warnings {
+            s.push_str(&format!("- {w}\n"));
+        }
+    }
     if let Some(b) = &r.baseline {
         if !b.missing.is_empty() {
             s.push_str("\n## Baseline cells missing from this matrix\n\n");
@@ -230,6 +247,7 @@ fn change_cell(c: &CellRecord) -> String {
         Some(x) => match x.status {
             CellStatus::New => "-".into(),
             CellStatus::NotComparable => "not comparable".into(),
+            CellStatus::Blocked => "blocked".into(),
             CellStatus::Ok | CellStatus::Regressed => {
                 let mut parts = vec![format::signed_percent(x.rate_diff)];
                 if let Some(p) = x.p_adjusted {
