@@ -184,11 +184,12 @@ pub fn compare(night: &mut MatrixRecord, baseline: &Baseline, policy: &Regressio
             cell.comparison = Some(empty(CellStatus::NotComparable, Some(old), reasons));
             continue;
         }
+        // Judged sessions only (`Counts::judged`), as every rate.
         let p = fisher_one_sided_greater(
             cell.stats.corrupted,
-            cell.stats.counts.total() - cell.stats.corrupted,
+            cell.stats.judged().saturating_sub(cell.stats.corrupted),
             old.stats.corrupted,
-            old.stats.counts.total() - old.stats.corrupted,
+            old.stats.judged().saturating_sub(old.stats.corrupted),
         );
         let mut cmp = empty(CellStatus::Ok, Some(old), Vec::new());
         cmp.p_value = Some(p);
@@ -258,7 +259,7 @@ fn regression_reasons(
     policy: &RegressionPolicy,
 ) -> Vec<String> {
     let mut reasons = Vec::new();
-    let (n, m) = (cell.stats.counts.total(), old.stats.counts.total());
+    let (n, m) = (cell.stats.judged(), old.stats.judged());
     let diff = cell.stats.corruption_rate - old.stats.corruption_rate;
     if p_adjusted < policy.alpha && diff >= policy.min_effect {
         reasons.push(format!(
@@ -292,9 +293,11 @@ fn regression_reasons(
     };
     if degraded(cell) && !degraded(old) {
         reasons.push(format!(
-            "degraded: {} of {n} sessions error/timeout (baseline {} of {m})",
+            "degraded: {} of {} sessions error/timeout (baseline {} of {})",
             cell.stats.counts.failed(),
-            old.stats.counts.failed()
+            cell.stats.counts.total(),
+            old.stats.counts.failed(),
+            old.stats.counts.total()
         ));
     }
     reasons

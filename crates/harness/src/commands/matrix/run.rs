@@ -247,7 +247,14 @@ async fn run_group(
             let rec = &mut record.cells[*i];
             rec.stats = ArmStats::pool(&blocks[slot]);
             if repeat + 1 == repeats {
-                rec.status = RecordStatus::Finished;
+                // An engine that restarted by itself during the cell (`engine_replaced`)
+                // ran part of it cold: the cell is measured but not compared.
+                if rec.stats.engine_replaced.is_empty() {
+                    rec.status = RecordStatus::Finished;
+                } else {
+                    rec.status = RecordStatus::Blocked;
+                    rec.blocked = rec.stats.engine_replaced.clone();
+                }
             }
             export::write_all(&job.dir, record)?;
         }

@@ -208,7 +208,7 @@ fn cells_table(cells: &[CellRecord]) -> String {
             "<tr><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}/{}</td><td>{}</td><td class=\"num\">{:.0}</td><td class=\"num\">{:.1}s</td><td>{}</td></tr>",
             escape(&c.id),
             c.stats.sessions(),
-            format::rate_interval(c.stats.corrupted, c.stats.sessions(), c.stats.ci95),
+            format::rate_interval(c.stats.corrupted, c.stats.judged(), c.stats.ci95),
             c.stats.counts.error,
             c.stats.counts.timeout,
             escape(&peaks(&c.stats.peak_running)),

@@ -118,7 +118,7 @@ impl MatrixExporter for JunitXml {
                 "      <system-out>{}</system-out>\n",
                 esc(&format!(
                     "corrupted {}; leak {} bad_args {} wrong_args {} no_tool {} error {} timeout {}; sessions in {}",
-                    format::rate_interval(c.stats.corrupted, c.stats.counts.total(), c.stats.ci95),
+                    format::rate_interval(c.stats.corrupted, c.stats.judged(), c.stats.ci95),
                     c.stats.counts.leak,
                     c.stats.counts.bad_args,
                     c.stats.counts.wrong_args,

@@ -155,7 +155,7 @@ fn cell_table(s: &mut String, r: &MatrixRecord) {
             c.sessions.to_string(),
             c.rounds.to_string(),
             if c.is_finished() {
-                format!("{}/{}", c.stats.corrupted, c.stats.counts.total())
+                format!("{}/{}", c.stats.corrupted, c.stats.judged())
             } else {
                 c.status.to_string()
             },
