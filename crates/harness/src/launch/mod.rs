@@ -19,7 +19,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
-pub use edit::{check_partial, read_setting, write_setting};
+pub use edit::{check_partial, read_setting, setting_line, write_setting};
 pub use journal::{recover, recover_at, Editor, Recovery, JOURNAL_FILE};
 pub use state::{
     forget_group, process_group_of, record_group, start_ticks, state_root, SpawnedGroup,
