@@ -498,16 +498,25 @@ pub fn changed_lines(old: &str, new: &str) -> (usize, Vec<String>, Vec<String>) 
     };
     let old_end = span_end(old, a.len() - suffix);
     let new_end = span_end(new, b.len() - suffix);
-    let lines = |s: &str| {
+    let lines = |s: &str| -> Vec<String> {
         s.lines()
             .map(|l| l.trim_end_matches('\r').to_string())
             .collect()
     };
-    (
-        line_of(old, start),
-        lines(&old[start..old_end]),
-        lines(&new[start..new_end]),
-    )
+    let (mut before, mut after) = (lines(&old[start..old_end]), lines(&new[start..new_end]));
+    // Byte-level matching can start or end inside a line the edit left alone (a new
+    // `export` line before `exec` shares its first letters): drop such whole lines.
+    let mut line = line_of(old, start);
+    while !before.is_empty() && !after.is_empty() && before[0] == after[0] {
+        before.remove(0);
+        after.remove(0);
+        line += 1;
+    }
+    while !before.is_empty() && !after.is_empty() && before.last() == after.last() {
+        before.pop();
+        after.pop();
+    }
+    (line, before, after)
 }
 
 /// The line of `profile_text` where `needle` (a URL) first appears, for fixes.
@@ -814,6 +823,12 @@ mod tests {
         assert_eq!(
             changed_lines(old, new),
             (3, vec![], vec!["export B=0".into()])
+        );
+        // The new line shares its first letters with the line it goes before.
+        let new = "#!/bin/sh\nexport A=1\nexport EXEC=1\nexec srv\n";
+        assert_eq!(
+            changed_lines(old, new),
+            (3, vec![], vec!["export EXEC=1".into()])
         );
         // A removed continuation line.
         let old = "exec srv \\\n  --sw \\\n  --x 1\n";
