@@ -80,6 +80,7 @@ pub async fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
         api_key,
         api_key_missing,
         timeout,
+        state_root: bisect_harness::launch::state_root(),
     })
     .await;
     if args.json {

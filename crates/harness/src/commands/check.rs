@@ -28,6 +28,9 @@ pub struct CheckPlan<'a> {
     pub api_key_missing: Option<String>,
     /// Per URL: an engine that is down must not hang the check.
     pub timeout: Duration,
+    /// Where bisect keeps per-target state (`launch::state_root()`), to find a journal
+    /// of edits a run left in the launch configs.
+    pub state_root: std::path::PathBuf,
 }
 
 /// One failed check: what it concerns, what is wrong, and how to fix it.
@@ -169,6 +172,20 @@ pub async fn check(plan: &CheckPlan<'_>) -> CheckReport {
                 ),
             }),
         }
+    }
+
+    // The files as they are now are what every dry run below starts from: if a run
+    // is editing them, or died with an arm's edits in them, "now" is not the original.
+    let files: Vec<_> = target.roles.iter().map(|r| r.launch.clone()).collect();
+    if let Some(journal) = crate::launch::pending_journal(&plan.state_root, &files) {
+        problems.push(Problem {
+            subject: "launch configs".into(),
+            message: format!(
+                "a bisect journal of edits to these launch configs exists ({}): a run on this target is in progress, or one died and left an arm's values in the files",
+                journal.display()
+            ),
+            fix: "if no bisect is running on this target, `bisect restore` puts the original launch configs back; then check again".into(),
+        });
     }
 
     let mut flags = Vec::new();
@@ -844,6 +861,113 @@ mod tests {
             changed_lines(old, new),
             (2, vec!["exec srv".into()], vec!["exec srv --sw".into()])
         );
+    }
+
+    /// A two-role target in `dir` with the embedded engine's launch scripts.
+    fn target_in(dir: &Path) -> TargetProfile {
+        let prefill = dir.join("prefill.sh");
+        let decode = dir.join("decode.sh");
+        std::fs::write(&prefill, crate::config::embedded::prefill_script("srv", 1)).unwrap();
+        std::fs::write(&decode, crate::config::embedded::decode_script("srv", 2, 1)).unwrap();
+        TargetProfile {
+            name: "t".into(),
+            api: "http://127.0.0.1:2/v1".into(),
+            model: "m".into(),
+            api_key_env: None,
+            roles: vec![
+                RoleSpec::new("prefill", prefill, "http://127.0.0.1:1/health".into(), None),
+                RoleSpec::new("decode", decode, "http://127.0.0.1:2/health".into(), None),
+            ],
+            source: None,
+            engine: Default::default(),
+            markup: Vec::new(),
+            flags_dir: None,
+        }
+    }
+
+    fn offline<'a>(
+        target: &'a TargetProfile,
+        catalog: &'a FlagCatalog,
+        root: &Path,
+    ) -> CheckPlan<'a> {
+        CheckPlan {
+            target,
+            catalog,
+            offline: true,
+            api_key: None,
+            api_key_missing: Some("SOME_KEY".into()),
+            timeout: Duration::from_secs(1),
+            state_root: root.to_path_buf(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_journal_left_for_the_target_is_a_problem_and_nothing_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = target_in(dir.path());
+        let catalog = FlagCatalog::builtin();
+        let root = dir.path().join("state");
+        let before: Vec<String> = target
+            .roles
+            .iter()
+            .map(|r| std::fs::read_to_string(&r.launch).unwrap())
+            .collect();
+
+        let report = check(&offline(&target, &catalog, &root)).await;
+        assert!(report.passed(), "{:#?}", report.problems);
+        assert_eq!(report.flags.len(), 6);
+        // Offline, an unset api_key_env is a note, not a problem.
+        assert!(report.notes.iter().any(|n| n.contains("$SOME_KEY")));
+        // The check created no state of its own.
+        assert!(!root.exists());
+
+        let files: Vec<_> = target.roles.iter().map(|r| r.launch.clone()).collect();
+        let canonical: Vec<_> = {
+            let mut c: Vec<_> = files.iter().map(|f| f.canonicalize().unwrap()).collect();
+            c.sort();
+            c
+        };
+        let state = crate::launch::state_root_for_tests(&root, &canonical);
+        std::fs::create_dir_all(&state).unwrap();
+        std::fs::write(state.join(crate::launch::JOURNAL_FILE), "{}").unwrap();
+        let report = check(&offline(&target, &catalog, &root)).await;
+        assert_eq!(report.problems.len(), 1, "{:#?}", report.problems);
+        assert!(report.problems[0].fix.contains("bisect restore"));
+
+        let after: Vec<String> = target
+            .roles
+            .iter()
+            .map(|r| std::fs::read_to_string(&r.launch).unwrap())
+            .collect();
+        assert_eq!(before, after);
+    }
+
+    #[tokio::test]
+    async fn a_half_applied_flag_is_a_problem_with_its_fix() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = target_in(dir.path());
+        // MMA_FLASHMLA lists decode only; setting it in prefill too would half-apply it.
+        let prefill = &target.roles[0].launch;
+        let text = std::fs::read_to_string(prefill).unwrap();
+        std::fs::write(
+            prefill,
+            text.replace("exec ", "export SGLANG_SM120_MMA_FLASHMLA=1\nexec "),
+        )
+        .unwrap();
+        let catalog = FlagCatalog::builtin();
+        let mut plan = offline(&target, &catalog, dir.path());
+        plan.api_key_missing = None;
+        let report = check(&plan).await;
+        assert_eq!(report.problems.len(), 1, "{:#?}", report.problems);
+        let p = &report.problems[0];
+        assert_eq!(p.subject, "flag MMA_FLASHMLA");
+        assert!(
+            p.message
+                .contains("prefill.sh:6: SGLANG_SM120_MMA_FLASHMLA")
+                && p.message.contains("which the flag does not list"),
+            "{p:?}"
+        );
+        assert!(p.fix.contains("--allow-partial"), "{p:?}");
     }
 
     #[test]
