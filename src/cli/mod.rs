@@ -457,17 +457,20 @@ pub struct CheckArgs {
     pub json: bool,
 }
 
+/// What `bisect check` runs on, loaded and validated from [`CheckArgs`].
+pub struct CheckInputs {
+    pub target: TargetProfile,
+    pub catalog: FlagCatalog,
+    /// The key `api_key_env` names, when that variable is set.
+    pub api_key: Option<String>,
+    /// `api_key_env`'s variable when it is not set.
+    pub api_key_missing: Option<String>,
+    pub timeout: Duration,
+}
+
 impl CheckArgs {
     /// The profile, its catalog, and the plan options (the API key read, never printed).
-    pub fn plan_parts(
-        &self,
-    ) -> anyhow::Result<(
-        TargetProfile,
-        FlagCatalog,
-        Option<String>,
-        Option<String>,
-        Duration,
-    )> {
+    pub fn inputs(&self) -> anyhow::Result<CheckInputs> {
         if !(self.timeout.is_finite() && self.timeout > 0.0) {
             return Err(usage(
                 format!(
@@ -479,7 +482,7 @@ impl CheckArgs {
         }
         let target = TargetProfile::load(&self.target)?;
         let catalog = catalog_for(Some(&self.target), &self.flags_dir)?;
-        let (key, missing) = match &target.api_key_env {
+        let (api_key, api_key_missing) = match &target.api_key_env {
             Some(var) => match std::env::var(var) {
                 Ok(key) => {
                     bisect_harness::redact::register(&key);
@@ -489,13 +492,13 @@ impl CheckArgs {
             },
             None => (None, None),
         };
-        Ok((
+        Ok(CheckInputs {
             target,
             catalog,
-            key,
-            missing,
-            Duration::from_secs_f64(self.timeout),
-        ))
+            api_key,
+            api_key_missing,
+            timeout: Duration::from_secs_f64(self.timeout),
+        })
     }
 }
 

@@ -72,14 +72,14 @@ pub fn flags(args: &FlagsArgs) -> anyhow::Result<ExitCode> {
 /// passed, [`exit::CHECK_FAILED`] when one did. A profile that does not load is an
 /// error (exit 2) before anything is checked.
 pub async fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
-    let (target, catalog, api_key, api_key_missing, timeout) = args.plan_parts()?;
+    let inputs = args.inputs()?;
     let report = bisect_harness::commands::check::check(&CheckPlan {
-        target: &target,
-        catalog: &catalog,
+        target: &inputs.target,
+        catalog: &inputs.catalog,
         offline: args.offline,
-        api_key,
-        api_key_missing,
-        timeout,
+        api_key: inputs.api_key,
+        api_key_missing: inputs.api_key_missing,
+        timeout: inputs.timeout,
         state_root: bisect_harness::launch::state_root(),
     })
     .await;
