@@ -254,6 +254,12 @@ pub async fn check(plan: &CheckPlan<'_>) -> CheckReport {
         }
     }
     for role in &target.roles {
+        if let Some(program) = role.restart.as_deref().and_then(missing_program) {
+            notes.push(format!(
+                "role {}: the restart command's program `{program}` is not on this machine's PATH: a run from here would fail at the first restart (fine where bisect runs on the serving host)",
+                role.name
+            ));
+        }
         if role.effective_url.is_none() {
             notes.push(format!(
                 "role {}: no effective-config URL (the {} preset knows of none): only the launch-file read-back says what it runs with; set effective_url where the engine reports its configuration",
@@ -293,6 +299,19 @@ pub async fn check(plan: &CheckPlan<'_>) -> CheckReport {
         notes,
         problems,
     }
+}
+
+/// The program a restart command starts with (after `VAR=value` words), when this
+/// machine does not have it: by path, or on `$PATH`.
+fn missing_program(command: &str) -> Option<String> {
+    let program = command.split_whitespace().find(|w| !w.contains('='))?;
+    let found = if program.contains('/') {
+        Path::new(program).is_file()
+    } else {
+        std::env::var_os("PATH")
+            .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
+    };
+    (!found).then(|| program.to_string())
 }
 
 fn role_names(target: &TargetProfile) -> String {
@@ -968,6 +987,19 @@ mod tests {
             "{p:?}"
         );
         assert!(p.fix.contains("--allow-partial"), "{p:?}");
+    }
+
+    #[test]
+    fn a_restart_program_this_machine_lacks_is_named() {
+        assert_eq!(missing_program("sh -c true"), None);
+        assert_eq!(
+            missing_program("FOO=1 no-such-program-here restart x"),
+            Some("no-such-program-here".into())
+        );
+        assert_eq!(
+            missing_program("/no/such/kubectl rollout"),
+            Some("/no/such/kubectl".into())
+        );
     }
 
     #[test]
