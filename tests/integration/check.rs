@@ -241,10 +241,13 @@ fn url_checks_pass_against_live_engines_and_catch_one_not_running_its_config() {
     wait_healthy(prefill);
     let _d = Role::start(&dir.path().join("decode.sh"));
     wait_healthy(decode);
+    // Per-target state is looked up (for a journal a run left), never in the user's.
+    let state = dir.path().join("state");
 
     let out = Command::new(env!("CARGO_BIN_EXE_bisect"))
         .args(["check", "--json", "--target", profile.to_str().unwrap()])
         .env("BISECT_CHECK_TEST_KEY", "sk-check-test")
+        .env("XDG_STATE_HOME", &state)
         .current_dir(dir.path())
         .output()
         .unwrap();
@@ -282,6 +285,7 @@ fn url_checks_pass_against_live_engines_and_catch_one_not_running_its_config() {
     let out = Command::new(env!("CARGO_BIN_EXE_bisect"))
         .args(["check", "--json", "--target", profile.to_str().unwrap()])
         .env("BISECT_CHECK_TEST_KEY", "sk-check-test")
+        .env("XDG_STATE_HOME", &state)
         .current_dir(dir.path())
         .output()
         .unwrap();
