@@ -11,13 +11,16 @@
 # Adapt: the model, --served-model-name (the profile's model), the tool-call parser of
 # your model, --tensor-parallel-size, the port (the profile's URLs). Keep the flags'
 # options written out, even at their defaults, so `bisect check` shows each edit as a
-# replaced line.
+# replaced line. --max-num-batched-tokens covers --max-model-len so that the
+# NO_CHUNKED_PREFILL arm can start (vLLM refuses unchunked prefill otherwise).
 export VLLM_LOGGING_LEVEL=INFO
 exec vllm serve Qwen/Qwen3-8B \
     --served-model-name qwen3-8b \
     --host 0.0.0.0 --port 8000 \
     --tensor-parallel-size 1 \
     --enable-auto-tool-choice --tool-call-parser hermes \
+    --max-model-len 16384 \
+    --max-num-batched-tokens 16384 \
     --kv-cache-dtype auto \
     --attention-backend FLASH_ATTN \
     --max-num-seqs 256
