@@ -694,6 +694,7 @@ async fn check_role_urls(
                                 .any(|w| n.contains(w))
                         })
                         .collect();
+                    similar.sort_unstable();
                     similar.dedup();
                     similar.truncate(6);
                     Err((
@@ -987,6 +988,114 @@ mod tests {
             "{p:?}"
         );
         assert!(p.fix.contains("--allow-partial"), "{p:?}");
+    }
+
+    /// A server that wants `Bearer KEY` on /health and /metrics; its metrics use vLLM's
+    /// names, its /server_info reports bf16 index-K.
+    async fn keyed_server() -> std::net::SocketAddr {
+        use axum::http::{HeaderMap, StatusCode};
+        use axum::routing::get;
+        fn authed(h: &HeaderMap) -> bool {
+            h.get("authorization").and_then(|v| v.to_str().ok()) == Some("Bearer sk-test")
+        }
+        let app = axum::Router::new()
+            .route(
+                "/health",
+                get(|h: HeaderMap| async move {
+                    if authed(&h) {
+                        StatusCode::OK
+                    } else {
+                        StatusCode::UNAUTHORIZED
+                    }
+                }),
+            )
+            .route(
+                "/metrics",
+                get(|h: HeaderMap| async move {
+                    if authed(&h) {
+                        (
+                            StatusCode::OK,
+                            "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} 3\nvllm:num_requests_waiting{model_name=\"m\"} 0\n",
+                        )
+                    } else {
+                        (StatusCode::UNAUTHORIZED, "")
+                    }
+                }),
+            )
+            .route(
+                "/server_info",
+                get(|| async {
+                    axum::Json(serde_json::json!({"flags": {"SGLANG_DSV4_BF16_INDEX_K": "1"}}))
+                }),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        addr
+    }
+
+    #[tokio::test]
+    async fn urls_are_asked_with_the_key_and_a_missing_gauge_names_the_ones_there() {
+        let addr = keyed_server().await;
+        let dir = tempfile::tempdir().unwrap();
+        let mut target = target_in(dir.path());
+        for role in &mut target.roles {
+            role.health = format!("http://{addr}/health");
+            role.metrics = Some(format!("http://{addr}/metrics"));
+            role.effective_url = Some(format!("http://{addr}/server_info"));
+            role.running_metric = "vllm:num_requests_running".into();
+            // The SGLang name on a vLLM server: the gauge a wrong preset would expect.
+            role.queued_metric = "sglang:num_queue_reqs".into();
+        }
+        let catalog = FlagCatalog::builtin();
+        let mut plan = offline(&target, &catalog, dir.path());
+        plan.offline = false;
+        plan.api_key_missing = None;
+        plan.api_key = Some("sk-test".into());
+
+        let report = check(&plan).await;
+        let kinds: Vec<(&str, &str, bool)> = report
+            .urls
+            .iter()
+            .map(|u| (u.role.as_str(), u.kind.as_str(), u.ok))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                ("prefill", "health", true),
+                ("prefill", "metrics", false),
+                ("prefill", "effective", true),
+                ("decode", "health", true),
+                ("decode", "metrics", false),
+                ("decode", "effective", true)
+            ]
+        );
+        assert_eq!(report.problems.len(), 2, "{:#?}", report.problems);
+        let p = &report.problems[0];
+        assert_eq!(p.subject, "role prefill metrics");
+        assert!(
+            p.message
+                .contains("no sglang:num_queue_reqs among its 2 samples"),
+            "{p:?}"
+        );
+        assert!(
+            p.fix.contains("queued_metric") && p.fix.contains("vllm:num_requests_waiting"),
+            "{p:?}"
+        );
+        assert!(
+            report.notes.iter().any(|n| n
+                == "role decode: the engine reports BF16_INDEX_K=1, as its launch config says"),
+            "{:#?}",
+            report.notes
+        );
+
+        // Without the key the server refuses, and the fix says what it wants.
+        plan.api_key = None;
+        let report = check(&plan).await;
+        let health = &report.problems[0];
+        assert_eq!(health.subject, "role prefill health");
+        assert!(health.message.ends_with("HTTP 401"), "{health:?}");
+        assert!(health.fix.contains("api_key_env"), "{health:?}");
     }
 
     #[test]
