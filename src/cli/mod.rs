@@ -48,6 +48,9 @@ pub enum Command {
     Probe(ProbeArgs),
     /// List the flag catalog with docs.
     Flags(FlagsArgs),
+    /// Validate a target profile without touching anything: each flag's edit as lines,
+    /// the URLs (unless --offline); exit 0 when every check passes, 1 when one fails.
+    Check(CheckArgs),
     /// Compile every CUDA kernel with NVRTC (needs libnvrtc, not a GPU) and probe for a GPU.
     Kernels,
     /// Re-render a results directory's summary and print its table.
@@ -432,6 +435,71 @@ pub struct FlagsArgs {
     /// Extra flag catalog directories of *.toml flag files (later ones override).
     #[arg(long = "flags-dir", value_name = "DIR")]
     pub flags_dir: Vec<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// Target profile (TOML) to validate.
+    #[arg(long)]
+    pub target: PathBuf,
+    /// Extra flag catalog directories of *.toml flag files (later ones override).
+    #[arg(long = "flags-dir", value_name = "DIR")]
+    pub flags_dir: Vec<PathBuf>,
+    /// Skip the URL checks (health, metrics, effective config): for CI, or before the
+    /// engines exist.
+    #[arg(long)]
+    pub offline: bool,
+    /// Seconds to wait for each URL.
+    #[arg(long, default_value_t = 3.0, value_name = "SECS")]
+    pub timeout: f64,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// What `bisect check` runs on, loaded and validated from [`CheckArgs`].
+pub struct CheckInputs {
+    pub target: TargetProfile,
+    pub catalog: FlagCatalog,
+    /// The key `api_key_env` names, when that variable is set.
+    pub api_key: Option<String>,
+    /// `api_key_env`'s variable when it is not set.
+    pub api_key_missing: Option<String>,
+    pub timeout: Duration,
+}
+
+impl CheckArgs {
+    /// The profile, its catalog, and the plan options (the API key read, never printed).
+    pub fn inputs(&self) -> anyhow::Result<CheckInputs> {
+        if !(self.timeout.is_finite() && self.timeout > 0.0) {
+            return Err(usage(
+                format!(
+                    "--timeout {} must be a positive number of seconds",
+                    self.timeout
+                ),
+                "pass --timeout 3 (the default) or more for a slow network",
+            ));
+        }
+        let target = TargetProfile::load(&self.target)?;
+        let catalog = catalog_for(Some(&self.target), &self.flags_dir)?;
+        let (api_key, api_key_missing) = match &target.api_key_env {
+            Some(var) => match std::env::var(var) {
+                Ok(key) => {
+                    bisect_harness::redact::register(&key);
+                    (Some(key), None)
+                }
+                Err(_) => (None, Some(var.clone())),
+            },
+            None => (None, None),
+        };
+        Ok(CheckInputs {
+            target,
+            catalog,
+            api_key,
+            api_key_missing,
+            timeout: Duration::from_secs_f64(self.timeout),
+        })
+    }
 }
 
 /// The catalog a command sees: the built-in flags, the profile's `flags_dir` (when a

@@ -35,6 +35,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Flags(args) => tools::flags(&args),
+        Command::Check(args) => runtime()?.block_on(tools::check(&args)),
         Command::Kernels => tools::kernels(),
         Command::Restore(args) => tools::restore(&args),
         Command::Report(args) => results::report(&args.dir, args.json),

@@ -5,8 +5,11 @@
 use std::process::ExitCode;
 
 use crate::cli::engine::EngineArgs;
-use crate::cli::{FlagsArgs, RestoreArgs};
-use bisect_harness::exit::Failure;
+use crate::cli::{CheckArgs, FlagsArgs, RestoreArgs};
+use bisect_harness::commands::check::{CheckPlan, CheckReport};
+use bisect_harness::config::{Coverage, FlagCatalog};
+use bisect_harness::exit::{self, Failure};
+use bisect_harness::redact::scrub;
 
 pub fn engine(args: EngineArgs) -> anyhow::Result<ExitCode> {
     let config = args
@@ -41,18 +44,185 @@ pub fn flags(args: &FlagsArgs) -> anyhow::Result<ExitCode> {
     if let Some((target, no)) = not_applying {
         if !no.is_empty() {
             let roles: Vec<&str> = target.roles.iter().map(|r| r.name.as_str()).collect();
+            // The same coverage `bisect check` reports: a flag with only some of its
+            // roles in the target is named with the roles it lacks.
             println!(
                 "not applying to target {} (roles {}): {}",
                 target.name,
                 roles.join(", "),
                 no.iter()
-                    .map(|f| format!("{} (roles {})", f.name, f.roles.join(",")))
+                    .map(|f| match FlagCatalog::coverage(f, &target) {
+                        Coverage::Partial { missing } => format!(
+                            "{} (roles {}; partial: the target has no {})",
+                            f.name,
+                            f.roles.join(","),
+                            missing.join(",")
+                        ),
+                        _ => format!("{} (roles {})", f.name, f.roles.join(",")),
+                    })
                     .collect::<Vec<_>>()
                     .join(", ")
             );
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `bisect check --target FILE`: the report (text or JSON) and exit 0 when every check
+/// passed, [`exit::CHECK_FAILED`] when one did. A profile that does not load is an
+/// error (exit 2) before anything is checked.
+pub async fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
+    let inputs = args.inputs()?;
+    let report = bisect_harness::commands::check::check(&CheckPlan {
+        target: &inputs.target,
+        catalog: &inputs.catalog,
+        offline: args.offline,
+        api_key: inputs.api_key,
+        api_key_missing: inputs.api_key_missing,
+        timeout: inputs.timeout,
+        state_root: bisect_harness::launch::state_root(),
+    })
+    .await;
+    if args.json {
+        println!("{}", scrub(&serde_json::to_string_pretty(&report)?));
+    } else {
+        print!("{}", scrub(&render_check(&report)));
+    }
+    Ok(ExitCode::from(if report.passed() {
+        exit::OK
+    } else {
+        exit::CHECK_FAILED
+    }))
+}
+
+/// The terminal rendering of a check: roles, each flag's edits as -/+ lines, the flags
+/// that do not apply, the URLs, notes, then every problem with its fix.
+fn render_check(r: &CheckReport) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "target {} ({}), engine {}, {} role(s)",
+        r.name,
+        r.profile,
+        r.engine,
+        r.roles.len()
+    );
+    for role in &r.roles {
+        let restart = match &role.restart {
+            Some(cmd) => format!("restart `{cmd}`"),
+            None => "spawned by bisect (sh LAUNCH)".into(),
+        };
+        let _ = writeln!(
+            out,
+            "  {}: launch {}, {restart}, health {}, metrics {} ({} / {}), effective config {}",
+            role.name,
+            role.launch,
+            role.health,
+            role.metrics.as_deref().unwrap_or("none"),
+            role.running_metric,
+            role.queued_metric,
+            role.effective_url.as_deref().unwrap_or("none")
+        );
+    }
+    let _ = writeln!(out, "\nflags applying ({}):", r.flags.len());
+    for f in &r.flags {
+        let _ = writeln!(
+            out,
+            "  {} ({} {}, roles {}, on={} off={}){}",
+            f.name,
+            f.kind,
+            f.key,
+            f.roles.join(","),
+            f.on,
+            f.off,
+            if f.missing_roles.is_empty() {
+                String::new()
+            } else {
+                format!(" PARTIAL: the target has no {}", f.missing_roles.join(","))
+            }
+        );
+        for e in &f.edits {
+            let now = match (&e.current, e.line) {
+                (Some(v), Some(l)) => format!("now {v} (line {l})"),
+                (Some(v), None) => format!("now {v} (not set)"),
+                (None, _) => "not set".into(),
+            };
+            let _ = writeln!(out, "    {} {}: {now}", e.role, e.launch);
+            for a in &e.arms {
+                let head = format!("      {:<3} = {}:", a.arm, a.value);
+                match a.change.as_str() {
+                    "refused" => {
+                        let _ = writeln!(
+                            out,
+                            "{head} REFUSED: {}",
+                            a.error.as_deref().unwrap_or("").replace('\n', " ")
+                        );
+                    }
+                    "unchanged" => {
+                        let shown = a
+                            .before
+                            .first()
+                            .map(|l| format!(" line {}: {}", a.line, l.trim()));
+                        let _ = writeln!(out, "{head} unchanged{}", shown.unwrap_or_default());
+                    }
+                    change => {
+                        let _ = writeln!(out, "{head} {change} at line {}", a.line);
+                        for l in &a.before {
+                            let _ = writeln!(out, "          - {l}");
+                        }
+                        for l in &a.after {
+                            let _ = writeln!(out, "          + {l}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if !r.not_applying.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nnot applying (the target has none of their roles): {}",
+            r.not_applying
+                .iter()
+                .map(|f| format!("{} (roles {})", f.name, f.roles.join(",")))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    if r.offline {
+        let _ = writeln!(out, "\nurls: not checked (--offline)");
+    } else {
+        let _ = writeln!(out, "\nurls:");
+        for u in &r.urls {
+            let _ = writeln!(
+                out,
+                "  {:<4} {} {:<9} {}  {}",
+                if u.ok { "ok" } else { "FAIL" },
+                u.role,
+                u.kind,
+                u.url,
+                u.detail
+            );
+        }
+    }
+    if !r.notes.is_empty() {
+        let _ = writeln!(out, "\nnotes:");
+        for n in &r.notes {
+            let _ = writeln!(out, "  - {n}");
+        }
+    }
+    if r.problems.is_empty() {
+        let _ = writeln!(out, "\ncheck: ok, every check passed");
+    } else {
+        let _ = writeln!(out, "\nproblems ({}):", r.problems.len());
+        for (i, p) in r.problems.iter().enumerate() {
+            let _ = writeln!(out, "  {}. {}: {}", i + 1, p.subject, p.message);
+            let _ = writeln!(out, "     fix: {}", p.fix);
+        }
+        let _ = writeln!(out, "check: {} problem(s)", r.problems.len());
+    }
+    out
 }
 
 pub fn kernels() -> anyhow::Result<ExitCode> {

@@ -3,6 +3,7 @@
 //! plus the command line's exit codes and error messages.
 
 mod adaptive;
+mod check;
 mod cli_errors;
 mod common;
 mod crash;

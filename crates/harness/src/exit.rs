@@ -2,7 +2,7 @@
 //!
 //! 0 finished (whatever the verdict), 2 bad usage or bad input file, 3 the experiment
 //! could not run, 130 interrupted. `bisect probe` adds 1 (corrupted) and 125 (could not tell);
-//! `bisect matrix`/`merge` add 1 (a cell regressed).
+//! `bisect matrix`/`merge` add 1 (a cell regressed); `bisect check` adds 1 (a check failed).
 
 use thiserror::Error;
 
@@ -14,6 +14,9 @@ pub const PROBE_CORRUPTED: u8 = 1;
 pub const PROBE_UNKNOWN: u8 = 125;
 /// `bisect matrix` / `bisect merge`: at least one cell regressed against the baseline.
 pub const REGRESSION: u8 = 1;
+/// `bisect check`: the profile loaded, but at least one check found a problem (each
+/// printed with its fix). A profile that does not load is bad input (2) as everywhere.
+pub const CHECK_FAILED: u8 = 1;
 
 /// Errors whose kind decides the exit code. Anything else that reaches `main` is a
 /// could-not-run failure (3).

@@ -2,6 +2,7 @@
 //! command line from clap arguments) and runs it through the layers below.
 
 pub mod adaptive;
+pub mod check;
 pub mod culprit;
 pub mod diff;
 pub mod matrix;

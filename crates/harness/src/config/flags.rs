@@ -73,6 +73,17 @@ impl FlagSpec {
     }
 }
 
+/// How a flag's roles meet a target's roles ([`FlagCatalog::coverage`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Coverage {
+    /// The target has every role the flag lists.
+    Full,
+    /// The target lacks these of the flag's roles.
+    Partial { missing: Vec<String> },
+    /// The target has none of the flag's roles.
+    None,
+}
+
 /// All known flags, by catalog name (later directories override earlier ones).
 #[derive(Debug, Clone, Default)]
 pub struct FlagCatalog {
@@ -393,6 +404,25 @@ impl FlagCatalog {
     /// llama.cpp target does not have).
     pub fn applies_to(flag: &FlagSpec, target: &TargetProfile) -> bool {
         flag.roles.iter().all(|r| target.role(r).is_some())
+    }
+
+    /// Which of `flag`'s roles `target` has: all of them (the flag applies), some of
+    /// them (a run would flip it in those only), or none. `bisect flags --target` and
+    /// `bisect check` both say this from here, so they never disagree.
+    pub fn coverage(flag: &FlagSpec, target: &TargetProfile) -> Coverage {
+        let missing: Vec<String> = flag
+            .roles
+            .iter()
+            .filter(|r| target.role(r).is_none())
+            .cloned()
+            .collect();
+        if missing.is_empty() {
+            Coverage::Full
+        } else if missing.len() == flag.roles.len() {
+            Coverage::None
+        } else {
+            Coverage::Partial { missing }
+        }
     }
 
     /// The catalog's flags that apply to `target`, and those that do not, in catalog order.

@@ -20,7 +20,7 @@ use thiserror::Error;
 use toml::Spanned;
 
 pub use engine::{Engine, Preset};
-pub use flags::{validate_value, FlagCatalog, FlagSpec, Setting};
+pub use flags::{validate_value, Coverage, FlagCatalog, FlagSpec, Setting};
 pub use target::{RoleSpec, TargetProfile};
 pub use workload::{CheckArgs, TaskSpec, ToolSpec, Workload};
 

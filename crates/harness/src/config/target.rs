@@ -306,6 +306,22 @@ impl TargetProfile {
                     "point launch at the role's launch script, relative to the profile file or absolute",
                 ));
             }
+            // The editor lexes shell. A YAML or JSON manifest would be edited as if it
+            // were a script (an `export` line added to a Deployment) and could even read
+            // back as agreeing, so it is refused here rather than found out at restart.
+            let ext = launch
+                .extension()
+                .map(|e| e.to_string_lossy().to_ascii_lowercase());
+            if let Some(ext @ ("yaml" | "yml" | "json")) = ext.as_deref() {
+                return Err(src.invalid(
+                    r.launch.span(),
+                    format!(
+                        "launch config {} of role {role_name:?} is a .{ext} file, but bisect edits shell launch configs only (`export VAR=...` lines and the launch command's options)",
+                        launch.display()
+                    ),
+                    "keep the engine's options in a shell script that the manifest runs (a ConfigMap or a mounted directory; see targets/vllm/target-k8s.toml and targets/sglang-pd/target-compose.toml) and point launch at that script",
+                ));
+            }
             let restart = match &r.restart {
                 None => None,
                 Some(cmd) => Some(non_empty(
@@ -462,6 +478,23 @@ health = "http://127.0.0.1:30002/health"
         assert_eq!(p.roles[1].restart, None);
         assert_eq!(p.role("decode").unwrap().metrics, None);
         assert_eq!(p.source.as_deref(), Some(path.as_path()));
+    }
+
+    #[test]
+    fn a_yaml_manifest_as_launch_config_is_refused_with_the_script_form() {
+        let (dir, path) = write_profile(GOOD);
+        std::fs::write(dir.path().join("deployment.yaml"), "kind: Deployment\n").unwrap();
+        std::fs::write(
+            &path,
+            GOOD.replace("scripts/serve_decode.sh", "deployment.yaml"),
+        )
+        .unwrap();
+        let (line, msg) = TargetProfile::load(&path).unwrap_err().line_and_text();
+        assert_eq!(line, 16);
+        assert!(
+            msg.contains(".yaml file") && msg.contains("targets/vllm/target-k8s.toml"),
+            "{msg}"
+        );
     }
 
     #[test]

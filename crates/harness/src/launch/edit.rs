@@ -395,6 +395,12 @@ fn setting_at(text: &str, setting: &Setting) -> Option<usize> {
     }
 }
 
+/// The 1-based line where the launch config sets the setting (env: its last assignment,
+/// arg: its last occurrence, switch: its first), if it does; for `bisect check`.
+pub fn setting_line(text: &str, setting: &Setting) -> Option<usize> {
+    setting_at(text, setting).map(|at| line_of(text, at))
+}
+
 /// Refuses a half-applied flag: one whose variable or argument appears in the launch
 /// config of a role the flag does not list (that role would keep the old value).
 /// `roles` holds (role name, launch config path, its text) for every role of the target.

@@ -19,7 +19,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
-pub use edit::{check_partial, read_setting, write_setting};
+pub use edit::{check_partial, read_setting, setting_line, write_setting};
 pub use journal::{recover, recover_at, Editor, Recovery, JOURNAL_FILE};
 pub use state::{
     forget_group, process_group_of, record_group, start_ticks, state_root, SpawnedGroup,
@@ -39,6 +39,22 @@ pub fn lock_target(
 }
 
 pub use state::LockGuard;
+
+/// The journal of edits a bisect keeps for the target with these launch configs, if
+/// one exists under `root`: a run in progress, or one that died with its edits still in
+/// the files. Creates nothing (for `bisect check`).
+pub fn pending_journal(root: &std::path::Path, files: &[PathBuf]) -> Option<PathBuf> {
+    let canonical = state::canonical_files(files).ok()?;
+    let journal = state::state_path(root, &canonical).join(JOURNAL_FILE);
+    journal.is_file().then_some(journal)
+}
+
+/// The state directory path for sorted canonical launch configs (tests that plant
+/// state where bisect would look).
+#[cfg(test)]
+pub(crate) fn state_root_for_tests(root: &std::path::Path, canonical: &[PathBuf]) -> PathBuf {
+    state::state_path(root, canonical)
+}
 
 /// A launch config or flag value the editor refuses. `Display` names the file and line
 /// where known and says how to fix it.

@@ -67,9 +67,9 @@ pub fn canonical_files(files: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
     Ok(canonical)
 }
 
-/// The state directory of the target whose launch configs are `canonical` (sorted),
-/// created if needed.
-pub fn state_dir(root: &Path, canonical: &[PathBuf]) -> anyhow::Result<PathBuf> {
+/// Where the state directory of the target whose launch configs are `canonical`
+/// (sorted) is, created or not.
+pub fn state_path(root: &Path, canonical: &[PathBuf]) -> PathBuf {
     use std::hash::Hasher;
     use std::os::unix::ffi::OsStrExt;
     let mut hasher = fnv::FnvHasher::default();
@@ -77,7 +77,13 @@ pub fn state_dir(root: &Path, canonical: &[PathBuf]) -> anyhow::Result<PathBuf> 
         hasher.write(path.as_os_str().as_bytes());
         hasher.write(&[0]);
     }
-    let dir = root.join(format!("{:016x}", hasher.finish()));
+    root.join(format!("{:016x}", hasher.finish()))
+}
+
+/// The state directory of the target whose launch configs are `canonical` (sorted),
+/// created if needed.
+pub fn state_dir(root: &Path, canonical: &[PathBuf]) -> anyhow::Result<PathBuf> {
+    let dir = state_path(root, canonical);
     fs::create_dir_all(&dir)
         .with_context(|| format!("creating state directory {}", dir.display()))?;
     let listing = dir.join(FILES_FILE);

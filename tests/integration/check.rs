@@ -1,0 +1,464 @@
+//! `bisect check`: every shipped profile under targets/ passes offline (and is left
+//! byte for byte as it was), the URL checks pass against live embedded engines started
+//! from their launch scripts and fail with a fix against a dead port, a flag matching
+//! no launch line and an engine not running its launch config are problems, a profile
+//! with a syntax error names its file and line, and `bisect flags --target` agrees with
+//! check about which flags do not apply.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::common::bisect;
+
+/// The repository's targets/ directory.
+fn targets_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("targets")
+}
+
+/// Every file under `dir` with its bytes and permissions.
+fn snapshot(dir: &Path) -> BTreeMap<PathBuf, (Vec<u8>, u32)> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+                out.insert(path.clone(), (std::fs::read(&path).unwrap(), mode));
+            }
+        }
+    }
+    out
+}
+
+/// `bisect check ARGS --json`: (exit code, report, stderr).
+fn check_json(args: &[&str], cwd: &Path) -> (i32, Value, String) {
+    let mut all = vec!["check", "--json"];
+    all.extend_from_slice(args);
+    let out = bisect(&all, cwd);
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let report = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("no JSON report ({e}); stderr: {stderr}"));
+    (out.status.code().unwrap(), report, stderr)
+}
+
+fn problems(report: &Value) -> Vec<String> {
+    report["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| format!("{}: {} | fix: {}", p["subject"], p["message"], p["fix"]))
+        .collect()
+}
+
+fn names(list: &Value) -> Vec<String> {
+    let mut v: Vec<String> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap().to_string())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn every_shipped_profile_passes_offline_and_is_left_untouched() {
+    let dir = targets_dir();
+    let before = snapshot(&dir);
+    let mut profiles = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let sub = entry.unwrap().path();
+        for file in std::fs::read_dir(&sub).unwrap() {
+            let path = file.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().to_string();
+            if name.starts_with("target") && name.ends_with(".toml") {
+                profiles.push(path);
+            }
+        }
+    }
+    profiles.sort();
+    // llama-cpp, sglang-pd (systemd, compose), vllm (systemd, k8s) at least.
+    assert!(profiles.len() >= 5, "{profiles:?}");
+    let cwd = tempfile::tempdir().unwrap();
+    for profile in &profiles {
+        let (code, report, stderr) = check_json(
+            &["--offline", "--target", profile.to_str().unwrap()],
+            cwd.path(),
+        );
+        assert_eq!(
+            code,
+            0,
+            "{}: {:#?}\n{stderr}",
+            profile.display(),
+            problems(&report)
+        );
+        assert!(report["urls"].as_array().unwrap().is_empty());
+        let flags = report["flags"].as_array().unwrap();
+        assert!(!flags.is_empty(), "{}", profile.display());
+        // Every applying flag's edit of every role is shown: the off arm of a flag
+        // the launch config sets changes exactly one setting, line by line.
+        for f in flags {
+            for e in f["edits"].as_array().unwrap() {
+                for arm in e["arms"].as_array().unwrap() {
+                    assert_ne!(arm["change"], "refused", "{}: {arm}", profile.display());
+                }
+            }
+        }
+    }
+    // The sglang-pd profiles flip all six built-in flags, each in its catalog roles.
+    let (_, pd, _) = check_json(
+        &[
+            "--offline",
+            "--target",
+            dir.join("sglang-pd/target.toml").to_str().unwrap(),
+        ],
+        cwd.path(),
+    );
+    assert_eq!(
+        names(&pd["flags"]),
+        [
+            "BF16_INDEX_K",
+            "CUDA_GRAPH_MAX_BS",
+            "HICACHE",
+            "INDEX_K_HICACHE_SYNC",
+            "MMA_FLASHMLA",
+            "TOPK_V2"
+        ]
+    );
+    let bf16 = &pd["flags"][0];
+    assert_eq!(bf16["edits"].as_array().unwrap().len(), 2);
+    let off = &bf16["edits"][0]["arms"][1];
+    assert_eq!(off["change"], "replace");
+    assert_eq!(off["before"][0], "export SGLANG_DSV4_BF16_INDEX_K=1");
+    assert_eq!(off["after"][0], "export SGLANG_DSV4_BF16_INDEX_K=0");
+    assert_eq!(snapshot(&dir), before, "a file under targets/ changed");
+}
+
+/// A profile for two embedded engine roles on `ports`, their launch scripts written
+/// beside it (the generated scripts bisect itself uses), `extra` appended to the
+/// top-level keys.
+fn embedded_profile(dir: &Path, prefill: u16, decode: u16, extra: &str) -> PathBuf {
+    let exe = env!("CARGO_BIN_EXE_bisect");
+    std::fs::write(
+        dir.join("prefill.sh"),
+        bisect_harness::config::embedded::prefill_script(exe, prefill),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("decode.sh"),
+        bisect_harness::config::embedded::decode_script(exe, decode, prefill),
+    )
+    .unwrap();
+    let profile = dir.join("target.toml");
+    let role = |name: &str, port: u16| {
+        format!(
+            "[[role]]\nname = \"{name}\"\nlaunch = \"{name}.sh\"\nhealth = \"http://127.0.0.1:{port}/health\"\nmetrics = \"http://127.0.0.1:{port}/metrics\"\n\n"
+        )
+    };
+    std::fs::write(
+        &profile,
+        format!(
+            "name = \"embedded-check\"\napi = \"http://127.0.0.1:{decode}/v1\"\nmodel = \"m\"\nengine = \"embedded\"\n{extra}\n{}{}",
+            role("prefill", prefill),
+            role("decode", decode)
+        ),
+    )
+    .unwrap();
+    profile
+}
+
+fn free_port() -> u16 {
+    bisect_harness::config::embedded::free_port().unwrap()
+}
+
+/// An engine role started the way bisect spawns one (`sh LAUNCH` in its directory),
+/// killed when dropped.
+struct Role(std::process::Child);
+
+impl Role {
+    fn start(script: &Path) -> Role {
+        Role(
+            Command::new("sh")
+                .arg(script)
+                .current_dir(script.parent().unwrap())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        )
+    }
+}
+
+impl Drop for Role {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn wait_healthy(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    loop {
+        // A plain HTTP/1.0 request: the test needs no client library for one GET.
+        if let Ok(mut s) = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+            use std::io::{Read, Write};
+            let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+            let _ = s.write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+            let mut head = [0u8; 12];
+            if s.read_exact(&mut head).is_ok() && &head[9..12] == b"200" {
+                return;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "port {port} never became healthy"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn url_checks_pass_against_live_engines_and_catch_one_not_running_its_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let (prefill, decode) = (free_port(), free_port());
+    // The key is sent as a bearer token; the embedded engine takes any.
+    let profile = embedded_profile(
+        dir.path(),
+        prefill,
+        decode,
+        "api_key_env = \"BISECT_CHECK_TEST_KEY\"",
+    );
+    let _p = Role::start(&dir.path().join("prefill.sh"));
+    wait_healthy(prefill);
+    let _d = Role::start(&dir.path().join("decode.sh"));
+    wait_healthy(decode);
+    // Per-target state is looked up (for a journal a run left), never in the user's.
+    let state = dir.path().join("state");
+
+    let out = Command::new(env!("CARGO_BIN_EXE_bisect"))
+        .args(["check", "--json", "--target", profile.to_str().unwrap()])
+        .env("BISECT_CHECK_TEST_KEY", "sk-check-test")
+        .env("XDG_STATE_HOME", &state)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{:#?}\n{}",
+        problems(&report),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let urls = report["urls"].as_array().unwrap();
+    // health, metrics and effective config for each of the two roles.
+    assert_eq!(urls.len(), 6, "{urls:#?}");
+    assert!(urls.iter().all(|u| u["ok"] == true), "{urls:#?}");
+    let metrics = urls.iter().find(|u| u["kind"] == "metrics").unwrap();
+    assert!(
+        metrics["detail"]
+            .as_str()
+            .unwrap()
+            .contains("sglang:num_running_reqs"),
+        "{metrics}"
+    );
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("sk-check-test"));
+
+    // The decode script now says fp8 index-K, but the running engine was started with
+    // bf16: a run would measure an engine that is not running its launch config.
+    let script = dir.path().join("decode.sh");
+    let text = std::fs::read_to_string(&script).unwrap();
+    std::fs::write(
+        &script,
+        text.replace("SGLANG_DSV4_BF16_INDEX_K=1", "SGLANG_DSV4_BF16_INDEX_K=0"),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_bisect"))
+        .args(["check", "--json", "--target", profile.to_str().unwrap()])
+        .env("BISECT_CHECK_TEST_KEY", "sk-check-test")
+        .env("XDG_STATE_HOME", &state)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let found = problems(&report);
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert!(
+        found[0].contains("role decode flag BF16_INDEX_K")
+            && found[0].contains("not running from its launch config")
+            && found[0].contains("restart the role"),
+        "{found:#?}"
+    );
+}
+
+#[test]
+fn a_dead_port_fails_each_url_with_a_fix_and_offline_skips_them() {
+    let dir = tempfile::tempdir().unwrap();
+    // Bound and dropped: nothing listens there.
+    let (prefill, decode) = (free_port(), free_port());
+    let profile = embedded_profile(dir.path(), prefill, decode, "");
+    let out = bisect(
+        &["check", "--target", profile.to_str().unwrap()],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!(
+            "http://127.0.0.1:{prefill}/health: connection refused"
+        )),
+        "{text}"
+    );
+    // The fix names how to start the role and where the URL is in the profile.
+    let profile_at = format!("{}:9", profile.display());
+    assert!(text.contains("fix: start it (`sh "), "{text}");
+    assert!(text.contains(&profile_at), "{profile_at} in {text}");
+    assert!(text.contains("check: 6 problem(s)"), "{text}");
+
+    let out = bisect(
+        &["check", "--offline", "--target", profile.to_str().unwrap()],
+        dir.path(),
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[test]
+fn a_flag_that_matches_no_launch_line_is_a_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = embedded_profile(dir.path(), 1, 2, "flags_dir = \"flags\"");
+    let flags = dir.path().join("flags");
+    std::fs::create_dir(&flags).unwrap();
+    // One letter short of the real variable: a run would add it, the engine ignore it.
+    std::fs::write(
+        flags.join("BF16_TYPO.toml"),
+        "doc = \"typo\"\nenv = \"SGLANG_DSV4_BF16_INDEXK\"\nroles = [\"prefill\", \"decode\"]\non = \"1\"\noff = \"0\"\n",
+    )
+    .unwrap();
+    let before = snapshot(dir.path());
+    let (code, report, _) = check_json(
+        &["--offline", "--target", profile.to_str().unwrap()],
+        dir.path(),
+    );
+    assert_eq!(code, 1);
+    let found = problems(&report);
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert!(
+        found[0].contains("flag BF16_TYPO")
+            && found[0].contains("SGLANG_DSV4_BF16_INDEXK matches no line")
+            && found[0].contains("check the spelling"),
+        "{found:#?}"
+    );
+    // The dry run shows where it would go, and nothing was written.
+    let typo = report["flags"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == "BF16_TYPO")
+        .unwrap();
+    assert_eq!(typo["edits"][0]["arms"][0]["change"], "insert");
+    assert_eq!(snapshot(dir.path()), before);
+}
+
+#[test]
+fn a_profile_with_a_syntax_error_names_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = embedded_profile(dir.path(), 1, 2, "");
+    let text = std::fs::read_to_string(&profile).unwrap();
+    std::fs::write(&profile, text.replace("model = \"m\"", "model = \"m")).unwrap();
+    let out = bisect(
+        &["check", "--target", profile.to_str().unwrap()],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("{}:3:", profile.display())) && err.contains("fix:"),
+        "{err}"
+    );
+}
+
+#[test]
+fn flags_and_check_agree_on_what_does_not_apply() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = embedded_profile(dir.path(), 1, 2, "flags_dir = \"flags\"");
+    let flags = dir.path().join("flags");
+    std::fs::create_dir(&flags).unwrap();
+    // Lists a role the target lacks: partial, a problem for check, not applying for flags.
+    std::fs::write(
+        flags.join("ROUTER_TOO.toml"),
+        "doc = \"x\"\nenv = \"SGLANG_OPT_USE_TOPK_V2\"\nroles = [\"prefill\", \"decode\", \"router\"]\non = \"1\"\noff = \"0\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        flags.join("ROUTER_ONLY.toml"),
+        "doc = \"x\"\nenv = \"ROUTER_X\"\nroles = [\"router\"]\non = \"1\"\noff = \"0\"\n",
+    )
+    .unwrap();
+    let (code, report, _) = check_json(
+        &["--offline", "--target", profile.to_str().unwrap()],
+        dir.path(),
+    );
+    assert_eq!(code, 1);
+    assert_eq!(names(&report["not_applying"]), ["ROUTER_ONLY"]);
+    let partial = report["flags"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == "ROUTER_TOO")
+        .unwrap();
+    assert_eq!(partial["coverage"], "partial");
+    assert_eq!(partial["missing_roles"][0], "router");
+    assert!(problems(&report)
+        .iter()
+        .any(|p| p.contains("flag ROUTER_TOO") && p.contains("applies partially")));
+
+    let out = bisect(
+        &["flags", "--target", profile.to_str().unwrap()],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("not applying"))
+        .unwrap();
+    assert!(line.contains("ROUTER_ONLY (roles router)"), "{line}");
+    assert!(
+        line.contains(
+            "ROUTER_TOO (roles prefill,decode,router; partial: the target has no router)"
+        ),
+        "{line}"
+    );
+    // Every flag check shows as applying is listed by `flags`, and no other.
+    let shown: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with(' ') && !l.is_empty() && !l.starts_with("not applying"))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    let mut shown: Vec<String> = shown.into_iter().map(String::from).collect();
+    shown.sort();
+    let mut full: Vec<String> = report["flags"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["coverage"] == "full")
+        .map(|f| f["name"].as_str().unwrap().to_string())
+        .collect();
+    full.sort();
+    assert_eq!(shown, full);
+}
