@@ -110,7 +110,12 @@ async fn an_engine_that_restarts_by_itself_during_an_arm_blocks_the_verdict() {
         "{:?}",
         on.stats.engine_replaced
     );
-    assert!(record.arm(ArmLabel::Off).unwrap().stats.engine_replaced.is_empty());
+    assert!(record
+        .arm(ArmLabel::Off)
+        .unwrap()
+        .stats
+        .engine_replaced
+        .is_empty());
     let blocking: Vec<&str> = record
         .confounds
         .iter()

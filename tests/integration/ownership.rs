@@ -266,7 +266,9 @@ async fn an_engine_outside_the_spawned_group_is_refused() {
     assert_eq!(out.status.code(), Some(3), "{err}");
     let pid = engine.expect("the launch script recorded the engine's pid");
     assert!(
-        err.contains(&format!("reports pid {pid}, which is not in the process group")),
+        err.contains(&format!(
+            "reports pid {pid}, which is not in the process group"
+        )),
         "{err}"
     );
     assert!(err.contains("fix:"), "{err}");

@@ -78,12 +78,7 @@ pub struct ProbeRecord {
 }
 
 /// The decision rule of this module's header, as a pure function of the counts.
-pub fn decide(
-    counts: &Counts,
-    background: f64,
-    bug_rate: f64,
-    degraded: f64,
-) -> (Outcome, String) {
+pub fn decide(counts: &Counts, background: f64, bug_rate: f64, degraded: f64) -> (Outcome, String) {
     let (corrupted, failed, sessions) = (counts.corrupted(), counts.failed(), counts.total());
     if sessions == 0 {
         return (Outcome::Unknown, "no session finished".into());
@@ -293,7 +288,10 @@ mod tests {
         // 0 of 10 judged (70 truncated): the upper bound 27.8% cannot rule out 10%.
         let (o, why) = decide(&counts(0, 0, 70, 80), 0.02, 0.10, 0.10);
         assert_eq!(o, Outcome::Unknown, "{why}");
-        assert!(why.contains("0/10 corrupted of 10 judged (70 truncated"), "{why}");
+        assert!(
+            why.contains("0/10 corrupted of 10 judged (70 truncated"),
+            "{why}"
+        );
         // Failures within the degraded limit are left out of the rate too: 2/72 judged.
         assert_eq!(outcome(2, 8, 0, 80), Outcome::Clean);
     }

@@ -264,7 +264,10 @@ pub(crate) async fn run_block(
     let (stats, driven) = bed
         .drive_observed(block, workload, classifier, results, &mut |session| {
             if let Some(slot) = outcomes.get_mut(session.index as usize) {
-                *slot = session.class.is_judged().then(|| session.class.is_corrupted());
+                *slot = session
+                    .class
+                    .is_judged()
+                    .then(|| session.class.is_corrupted());
             }
         })
         .await?;

@@ -214,7 +214,9 @@ impl ArmStats {
                     .entry(role.clone())
                     .or_insert_with(|| why.clone());
             }
-            pooled.engine_replaced.extend(b.engine_replaced.iter().cloned());
+            pooled
+                .engine_replaced
+                .extend(b.engine_replaced.iter().cloned());
         }
         pooled.finish();
         pooled

@@ -45,7 +45,11 @@ fn replaced_confound(on: &ArmObservation, off: &ArmObservation) -> Option<Confou
     }
     let lines: Vec<String> = [(on, r_on), (off, r_off)]
         .into_iter()
-        .flat_map(|(arm, lines)| lines.iter().map(move |l| format!("arm {}: {l}", arm.name())))
+        .flat_map(|(arm, lines)| {
+            lines
+                .iter()
+                .map(move |l| format!("arm {}: {l}", arm.name()))
+        })
         .collect();
     Some(Confound {
         name: "engine_replaced".to_string(),

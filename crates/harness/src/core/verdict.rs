@@ -635,14 +635,21 @@ mod tests {
         let (on, off) = (truncating("on", "1", 0), truncating("off", "0", 1));
         assert_eq!((on.obs().judged(), on.obs().classified()), (20, 400));
         let (comparison, _, verdict) = decide_default(&on, &off);
-        assert_eq!(verdict.status, Status::Inconclusive, "{:?}", verdict.reasons);
+        assert_eq!(
+            verdict.status,
+            Status::Inconclusive,
+            "{:?}",
+            verdict.reasons
+        );
         // The interval is the one of 0/20 vs 1/20, far wider than +-5 points.
         assert!(comparison.diff_ci95[0] < -0.2, "{comparison:?}");
         assert!(verdict.summary.contains("0/20"), "{}", verdict.summary);
         assert!(
-            verdict.reasons.iter().any(|r| r.contains("this run had 20 and 20 sessions that \
-                could show corruption")
-                && r.contains("on: 380 truncated at max_tokens; off: 380 truncated")),
+            verdict.reasons.iter().any(|r| r.contains(
+                "this run had 20 and 20 sessions that \
+                could show corruption"
+            ) && r
+                .contains("on: 380 truncated at max_tokens; off: 380 truncated")),
             "{:?}",
             verdict.reasons
         );
