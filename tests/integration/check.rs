@@ -462,3 +462,78 @@ fn flags_and_check_agree_on_what_does_not_apply() {
     full.sort();
     assert_eq!(shown, full);
 }
+
+/// A vLLM stand-in: `/health`, and `/metrics` with the preset's gauges and the
+/// `vllm:cache_config_info` info metric reporting `cache_dtype`.
+fn fake_vllm(cache_dtype: &'static str) -> (u16, tokio::runtime::Runtime) {
+    use axum::routing::get;
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let metrics = format!(
+        "# TYPE vllm:num_requests_running gauge\n\
+         vllm:num_requests_running{{model_name=\"qwen3-8b\"}} 0.0\n\
+         vllm:num_requests_waiting{{model_name=\"qwen3-8b\"}} 0.0\n\
+         # TYPE vllm:cache_config_info gauge\n\
+         vllm:cache_config_info{{block_size=\"16\",cache_dtype=\"{cache_dtype}\",enable_prefix_caching=\"True\"}} 1.0\n\
+         process_start_time_seconds 1.7e9\n"
+    );
+    let app = axum::Router::new()
+        .route("/health", get(|| async { "" }))
+        .route("/metrics", get(move || async move { metrics }));
+    runtime.spawn(async move { axum::serve(listener, app).await });
+    (port, runtime)
+}
+
+#[test]
+fn vllm_reports_its_kv_cache_dtype_through_its_info_metrics() {
+    for (served, agrees) in [("fp8", false), ("auto", true)] {
+        let (port, _server) = fake_vllm(served);
+        let dir = tempfile::tempdir().unwrap();
+        let profile_dir = dir.path().join("vllm");
+        std::fs::create_dir_all(profile_dir.join("flags")).unwrap();
+        for rel in ["target.toml", "serve.sh"] {
+            let text = std::fs::read_to_string(targets_dir().join("vllm").join(rel)).unwrap();
+            std::fs::write(
+                profile_dir.join(rel),
+                text.replace("127.0.0.1:8000", &format!("127.0.0.1:{port}")),
+            )
+            .unwrap();
+        }
+        for entry in std::fs::read_dir(targets_dir().join("vllm/flags")).unwrap() {
+            let path = entry.unwrap().path();
+            std::fs::copy(
+                &path,
+                profile_dir.join("flags").join(path.file_name().unwrap()),
+            )
+            .unwrap();
+        }
+        let (code, report, stderr) = check_json(
+            &[
+                "--target",
+                profile_dir.join("target.toml").to_str().unwrap(),
+            ],
+            dir.path(),
+        );
+        let found = problems(&report);
+        let kv: Vec<&String> = found
+            .iter()
+            .filter(|p| p.contains("flag KV_CACHE_DTYPE"))
+            .collect();
+        if agrees {
+            assert!(kv.is_empty(), "{found:#?}\n{stderr}");
+            assert_eq!(code, 0, "{found:#?}\n{stderr}");
+        } else {
+            // serve.sh says auto; the engine says it runs fp8: not running that file.
+            assert_eq!(code, 1, "{found:#?}\n{stderr}");
+            assert_eq!(kv.len(), 1, "{found:#?}");
+            assert!(
+                kv[0].contains("reports kv_cache_dtype=fp8") && kv[0].contains("sets auto"),
+                "{}",
+                kv[0]
+            );
+        }
+    }
+}

@@ -548,7 +548,11 @@ pub async fn fetch_effective(
     if !resp.status().is_success() {
         return None;
     }
-    resp.json().await.ok()
+    let text = resp.text().await.ok()?;
+    // JSON, or (vLLM's only self-report) a Prometheus exposition's info metrics.
+    serde_json::from_str(&text)
+        .ok()
+        .or_else(|| crate::core::effective::prometheus_doc(&text))
 }
 
 /// What the engine reports about itself (its effective configuration): the role's

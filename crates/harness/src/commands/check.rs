@@ -740,12 +740,21 @@ async fn check_role_urls(
     if let Some(url) = &role.effective_url {
         let result = match get(http, url, key).await {
                 Ok((status, body)) if (200..300).contains(&status) => {
-                    match serde_json::from_str::<serde_json::Value>(&body) {
-                        Ok(doc) => {
+                    // As the run reads it (arm::fetch_effective): JSON, else the info
+                    // metrics of a Prometheus exposition (vLLM).
+                    let parsed = serde_json::from_str::<serde_json::Value>(&body)
+                        .ok()
+                        .map(|doc| (doc, "a JSON document"))
+                        .or_else(|| {
+                            crate::core::effective::prometheus_doc(&body)
+                                .map(|doc| (doc, "Prometheus info metrics"))
+                        });
+                    match parsed {
+                        Some((doc, kind)) => {
                             compare_effective(plan, role, &doc, &mut disagreements, notes);
-                            Ok(format!("HTTP {status}, a JSON document"))
+                            Ok(format!("HTTP {status}, {kind}"))
                         }
-                        Err(_) => Err((
+                        None => Err((
                             format!("HTTP {status}, but not JSON"),
                             format!(
                                 "point effective_url at the engine's configuration document (SGLang: /get_server_info) at {}",

@@ -76,12 +76,15 @@ impl Engine {
                 effective_path: Some("/get_server_info"),
                 markup: ALL_MARKUP,
             },
-            // vLLM serves no document of its effective engine arguments (as of 0.11):
-            // the effective-config check does not run unless the profile names one.
+            // vLLM serves no document of its engine arguments (as of 0.11), but its
+            // /metrics carries info metrics (`vllm:cache_config_info{cache_dtype=...}`)
+            // and the process start time: read as a document (effective::prometheus_doc),
+            // a profile's pointer checks the KV cache dtype, and the start time names
+            // the process.
             Engine::Vllm => Preset {
                 running_metric: "vllm:num_requests_running",
                 queued_metric: "vllm:num_requests_waiting",
-                effective_path: None,
+                effective_path: Some("/metrics"),
                 markup: ALL_MARKUP,
             },
             Engine::Llamacpp => Preset {
@@ -171,7 +174,10 @@ mod tests {
             Engine::Vllm.preset().running_metric,
             "vllm:num_requests_running"
         );
-        assert_eq!(Engine::Vllm.effective_url("http://h:1/health"), None);
+        assert_eq!(
+            Engine::Vllm.effective_url("http://h:1/health").as_deref(),
+            Some("http://h:1/metrics")
+        );
         assert_eq!(Engine::Custom.effective_url("http://h:1/health"), None);
     }
 

@@ -594,8 +594,9 @@ health = "http://127.0.0.1:30002/health"
         assert_eq!(prefill.running_metric, "vllm:num_requests_running");
         assert_eq!(prefill.queued_metric, "vllm:num_requests_waiting");
         assert_eq!(
-            prefill.effective_url, None,
-            "vLLM serves no config document"
+            prefill.effective_url.as_deref(),
+            Some("http://127.0.0.1:30000/metrics"),
+            "vLLM's self-report is its /metrics (info metrics, process start time)"
         );
         let decode = p.role("decode").unwrap();
         assert_eq!(decode.running_metric, "my:running");

@@ -24,6 +24,78 @@ pub fn report_key(setting: &Setting) -> String {
     }
 }
 
+/// An effective-configuration document from a Prometheus text exposition, for engines
+/// whose only self-report is `/metrics` (vLLM): every info metric (a name ending in
+/// `_info`) becomes `{"<name>": {label: value}}`, so a profile points at
+/// `/vllm:cache_config_info/cache_dtype`; `process_start_time_seconds` (the Python
+/// client's process collector) becomes `start_time`, which names the process for the
+/// check that one engine served a whole block. `None` when the text has neither.
+pub fn prometheus_doc(text: &str) -> Option<Value> {
+    let mut doc = serde_json::Map::new();
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let name_end = line
+            .find(|c: char| c == '{' || c.is_whitespace())
+            .unwrap_or(line.len());
+        let name = &line[..name_end];
+        if name == "process_start_time_seconds" {
+            let value = line[name_end..].split_whitespace().next();
+            if let Some(v) = value.and_then(|v| v.parse::<f64>().ok()) {
+                doc.insert("start_time".into(), serde_json::json!(v));
+            }
+        } else if name.ends_with("_info") && line[name_end..].starts_with('{') {
+            if let Some(labels) = prometheus_labels(&line[name_end + 1..]) {
+                doc.insert(name.to_string(), Value::Object(labels));
+            }
+        }
+    }
+    (!doc.is_empty()).then_some(Value::Object(doc))
+}
+
+/// `a="1",b="x\"y"} 1.0` -> {a: "1", b: "x\"y"}; `None` when the braces do not close.
+fn prometheus_labels(text: &str) -> Option<serde_json::Map<String, Value>> {
+    let mut labels = serde_json::Map::new();
+    let mut rest = text;
+    loop {
+        rest = rest.trim_start_matches([',', ' ']);
+        if let Some(after) = rest.strip_prefix('}') {
+            let _ = after;
+            return Some(labels);
+        }
+        let eq = rest.find('=')?;
+        let key = rest[..eq].trim().to_string();
+        let mut chars = rest[eq + 1..].char_indices();
+        if chars.next()?.1 != '"' {
+            return None;
+        }
+        let mut value = String::new();
+        let mut escaped = false;
+        let mut end = None;
+        for (i, c) in chars {
+            match (escaped, c) {
+                (true, 'n') => {
+                    value.push('\n');
+                    escaped = false;
+                }
+                (true, c) => {
+                    value.push(c);
+                    escaped = false;
+                }
+                (false, '\\') => escaped = true,
+                (false, '"') => {
+                    end = Some(eq + 1 + i + 1);
+                    break;
+                }
+                (false, c) => value.push(c),
+            }
+        }
+        labels.insert(key, Value::String(value));
+        rest = &rest[end?..];
+    }
+}
+
 /// JSON pointers tried, in order, in an engine's configuration document.
 pub fn pointers(flag: &FlagSpec) -> Vec<String> {
     let key = report_key(&flag.setting)
@@ -209,5 +281,25 @@ mod tests {
         assert!(!agrees("on", "false"));
         assert!(!agrees("32", "16"));
         assert!(!agrees("bf16", "fp8"));
+    }
+
+    #[test]
+    fn a_prometheus_exposition_becomes_a_document_of_its_info_metrics() {
+        let text = "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\
+            # TYPE vllm:cache_config_info gauge\n\
+            vllm:cache_config_info{block_size=\"16\",cache_dtype=\"fp8\",enable_prefix_caching=\"True\",note=\"a \\\"q\\\" b\"} 1.0\n\
+            vllm:num_requests_running{model_name=\"m\"} 3.0\n\
+            process_start_time_seconds 1.7e9\n";
+        let doc = prometheus_doc(text).unwrap();
+        assert_eq!(
+            reported_at(&doc, &["/vllm:cache_config_info/cache_dtype".to_string()]).as_deref(),
+            Some("fp8")
+        );
+        assert_eq!(doc["vllm:cache_config_info"]["note"], "a \"q\" b");
+        assert_eq!(doc["start_time"], 1.7e9);
+        assert!(doc.get("vllm:num_requests_running").is_none());
+        assert_eq!(prometheus_doc("up 1\n# only this\n"), None);
+        // A label list that never closes is not half read.
+        assert!(prometheus_doc("x_info{a=\"1\"").is_none());
     }
 }
