@@ -53,13 +53,29 @@ fn main() {
         "|---|---|---|---|---|---|---|---|".to_string(),
     ];
     let (mut total_s, mut total_b, mut count) = (0.0, 0.0, 0.0);
-    for (oracle, load) in scenarios() {
+    let only = std::env::var("BISECT_CULPRIT_ONLY").unwrap_or_default();
+    for (oracle, load) in scenarios()
+        .into_iter()
+        .filter(|(o, _)| o.name.contains(&only))
+    {
         let search: Vec<Scored> = (0..reps)
             .map(|i| simulate_search(&oracle, load, DEFAULT_BUDGET, SEED + i))
             .collect();
         let base: Vec<Scored> = (0..reps)
             .map(|i| simulate_one_at_a_time(&oracle, load, 0.01, SEED + i))
             .collect();
+        if std::env::var_os("BISECT_CULPRIT_SHOW_WRONG").is_some() {
+            let all = std::env::var_os("BISECT_CULPRIT_SHOW_ALL").is_some();
+            for (i, r) in search.iter().enumerate().filter(|(_, r)| all || !r.correct) {
+                println!(
+                    "WRONG {} seed {}: {}\n{}\n",
+                    oracle.name,
+                    SEED + i as u64,
+                    r.answer,
+                    r.path
+                );
+            }
+        }
         let (s, b) = (summarise(&search), summarise(&base));
         total_s += s.accuracy;
         total_b += b.accuracy;
