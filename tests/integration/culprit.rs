@@ -260,3 +260,39 @@ fn binary_exits_2_on_bad_input_and_touches_nothing() {
     assert_eq!(out.status.code(), Some(2));
     assert!(!dir.path().join("results").exists());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_profiles_markup_decides_what_a_leak_is() {
+    // The fake's race leaks DSML markup. A profile whose markup families leave DSML out
+    // (hermes only) does not count those replies as leaks, as `bisect run` would not:
+    // no session of any block is a leak (the race still shows, as other classes).
+    let mut t = FakeTarget::new().await;
+    t.target.markup = vec![bisect_harness::core::classify::MarkupFamily::Hermes];
+    let plan = culprit_plan(&t, &["FAKE_BF16", "FAKE_RACE"], &[]);
+    let record = run(&t, &plan).await.unwrap();
+    assert_eq!(
+        record.markup,
+        vec![bisect_harness::core::classify::MarkupFamily::Hermes]
+    );
+    let leaks = |dir: &std::path::Path| {
+        let log = std::fs::read_to_string(dir.join("steps.jsonl")).unwrap();
+        log.lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter_map(|v| v["outcome"]["classes"].as_str().map(str::to_string))
+            .map(|classes| classes.matches('l').count())
+            .sum::<usize>()
+    };
+    assert_eq!(leaks(&plan.dir), 0);
+    // With every family (the fake profile's default), the same race is counted as leaks.
+    let mut t = FakeTarget::new().await;
+    t.target.markup = bisect_harness::core::classify::MarkupFamily::ALL.to_vec();
+    let plan = culprit_plan(&t, &["FAKE_BF16", "FAKE_RACE"], &[]);
+    let record = run(&t, &plan).await.unwrap();
+    assert_eq!(
+        record.answer.as_deref(),
+        Some("culprit"),
+        "{:?}",
+        record.verdict
+    );
+    assert!(leaks(&plan.dir) > 0);
+}

@@ -97,6 +97,12 @@ impl CulpritPlan {
         Ok(())
     }
 
+    /// The classifier every block uses: the workload's tools, and the target profile's
+    /// markup families (what counts as a leak), as `bisect run` classifies.
+    pub fn classifier(&self) -> anyhow::Result<Classifier> {
+        Classifier::new(&self.workload.tools, &self.target.markup)
+    }
+
     pub fn search_params(&self, flags: Vec<FlagValues>) -> SearchParams {
         let mut p = SearchParams::new(
             flags,
@@ -294,6 +300,7 @@ pub async fn run(
         navigate_alpha: params.navigate_alpha,
         min_effect: params.min_effect,
         pinned,
+        markup: plan.target.markup.clone(),
         flags: flags.clone(),
         answer: None,
         verdict: None,
@@ -328,7 +335,7 @@ pub async fn run(
     let mut replayed = 0;
     let outcome = async {
         bed.pin(&plan.sets)?;
-        let classifier = Arc::new(Classifier::with_defaults(&plan.workload.tools)?);
+        let classifier = Arc::new(plan.classifier()?);
         let live = runner::TestbedRunner {
             bed: &mut bed,
             flags: plan.flags.clone(),

@@ -1023,7 +1023,7 @@ impl Search<'_> {
             self.run_block(&alone_key, runner, observer).await?;
         }
         if self.slower(self.blocks_of(&alone_key)).is_some() {
-            self.machine_check(&[alone_key.clone()], runner, observer)
+            self.machine_check(std::slice::from_ref(&alone_key), runner, observer)
                 .await?;
         }
         if self.degraded(&alone_key).is_none() {
