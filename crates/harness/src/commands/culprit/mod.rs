@@ -111,6 +111,7 @@ impl CulpritPlan {
             self.workload.seed,
         );
         p.alpha = self.policy.alpha;
+        p.navigate_alpha = search::navigate_alpha(self.policy.alpha);
         p.min_effect = self.policy.min_effect;
         p.degraded_fraction = self.policy.degraded_fraction;
         p.min_load_fraction = self.policy.min_load_fraction;

@@ -209,6 +209,12 @@ fn matches(expected: &Expected, answer: &Answer, oracle: &Oracle, untestable: &[
 /// Run the real search once against `oracle` at `concurrency`.
 pub fn simulate_search(oracle: &Oracle, concurrency: u32, budget: u64, seed: u64) -> Scored {
     let params = SearchParams::new(oracle.flag_values(), concurrency, budget, seed);
+    simulate_with(oracle, &params)
+}
+
+/// Run the real search once against `oracle` with `params` (the flags are the oracle's).
+pub fn simulate_with(oracle: &Oracle, params: &SearchParams) -> Scored {
+    let (params, seed) = (params.clone(), params.seed);
     let mut runner = OracleRunner { oracle, seed };
     let report = futures::executor::block_on(search(&params, &mut runner, &mut Silent))
         .expect("the oracle runner never fails");
