@@ -1356,11 +1356,13 @@ impl Search<'_> {
         };
         let mut vp = SequentialState::new(design);
         let mut vf = SequentialState::new(design);
-        for i in 0..s.len().min(f.len()) {
+        // Each e-process reads the looks its reference has: a step leaning one way only
+        // needs more of the reference that can decide it (see `evaluate`).
+        for i in 0..s.len() {
             if vp.decision().is_none() && i < p.len() {
                 vp.look(s[i], p[i]).expect("counts from classes");
             }
-            if vf.decision().is_none() {
+            if vf.decision().is_none() && i < f.len() {
                 vf.look(f[i], s[i]).expect("counts from classes");
             }
             if step_verdict(&vp, &vf).is_some() {
@@ -1443,12 +1445,22 @@ impl Search<'_> {
             _ => {
                 let s = looks_of(blocks, self.p.look).len();
                 let f = looks_of(self.blocks_of(&(self.all(), 0)), self.p.look).len();
-                if f < s {
+                let pass_key = (self.passing_end(), 0);
+                // Which reference can decide it: a step whose rate is nearer the failing
+                // end's can only come to "fails", against the passing end; one nearer the
+                // passing end's, to "passes", against the failing end. Only that one runs
+                // another block (the other keeps the looks it has).
+                let fr = totals(self.blocks_of(&(self.all(), 0)));
+                let pr = totals(self.blocks_of(&pass_key));
+                let rate = stats::rate(t.corrupted, t.classified);
+                let leans_fails = self.passing_ok()
+                    && rate - stats::rate(pr.corrupted, pr.classified)
+                        >= stats::rate(fr.corrupted, fr.classified) - rate;
+                if f < s && !leans_fails {
                     return Eval::NeedFailing;
                 }
-                let pass_key = (self.passing_end(), 0);
                 if self.passing_ok() {
-                    if looks_of(self.blocks_of(&pass_key), self.p.look).len() < s {
+                    if leans_fails && looks_of(self.blocks_of(&pass_key), self.p.look).len() < s {
                         return Eval::NeedPassing(s);
                     }
                 } else {
