@@ -754,6 +754,38 @@ impl Search<'_> {
             .await?;
         let finest = self.degraded(&(self.passing_end(), 0)).is_some();
         if finest {
+            // Screening every flip costs a block per flag: first make sure the failing
+            // end can fail at all (its own always-valid bounds), as the ends would.
+            loop {
+                let f = totals(self.blocks_of(&fail_key));
+                let [lower, upper] = mixture_confidence_sequence(
+                    f.corrupted,
+                    f.classified,
+                    self.p.clear_alpha / 2.0,
+                );
+                if upper < self.p.min_effect {
+                    let words = format!(
+                        "could not reproduce: raise --concurrency or the workload (the configuration as it is: {}, at {} sessions in flight; its always-valid upper bound {:.1}% is below the {:.0}-point effect sought)",
+                        pct(f.corrupted, f.classified),
+                        self.p.concurrency,
+                        100.0 * upper,
+                        100.0 * self.p.min_effect
+                    );
+                    self.record_step(
+                        StepKind::Ends,
+                        &fail_key,
+                        (Outcome::Passes, words.clone()),
+                        Level::Claim,
+                        observer,
+                    )?;
+                    return Ok((Answer::CouldNotReproduce, words));
+                }
+                let f_blocks = self.blocks_of(&fail_key).len() as u64;
+                if lower > 0.0 || f_blocks >= self.p.ends_cap_blocks {
+                    break;
+                }
+                self.run_block(&fail_key, runner, observer).await?;
+            }
             self.screen_single_flips(runner, observer).await?;
         }
         self.ensure_passing_end(0, runner, observer).await?;

@@ -494,6 +494,30 @@ mod tests {
     }
 
     #[test]
+    fn a_slow_flip_does_not_make_could_not_reproduce_screen_every_flag() {
+        // At 8 in flight the bug does not fire, and every flag flipped is slow (a slow
+        // fallback path): the failing end's own bound ends the search before a block is
+        // spent per flag on finding the slow one.
+        let (mut oracle, _) = scenario("load-dependent, searched at 8");
+        oracle.degraders = vec![3];
+        oracle.timeout_share = 0.0;
+        oracle.slowdown = 17.0;
+        let report = run(&oracle, 8);
+        assert_eq!(
+            report.answer,
+            Answer::CouldNotReproduce,
+            "{}",
+            report.verdict
+        );
+        assert!(report.blocks.len() <= 4, "{} blocks", report.blocks.len());
+        assert!(
+            report.verdict.contains("always-valid upper bound"),
+            "{}",
+            report.verdict
+        );
+    }
+
+    #[test]
     fn no_culprit_when_the_flipped_end_fails_too() {
         let report = run(&crisp(Rule::Always, vec![]), 80);
         assert_eq!(report.answer, Answer::NoCulprit, "{}", report.verdict);
