@@ -329,7 +329,7 @@ fn embedded_red_herrings_alone_give_no_culprit() {
 }
 
 #[test]
-#[ignore = "minutes in release mode (10-17 blocks of 80 sessions, one 17x slower): run with `cargo test --release --test integration culprit::embedded_six -- --ignored`"]
+#[ignore = "10-15 blocks of 80 sessions, two of them 10-17x slower: about 70 s in release on a quiet 2-core machine, much longer in debug; run with `cargo test --release --test integration culprit::embedded_six -- --ignored`"]
 fn embedded_six_catalog_flags_find_the_interaction() {
     let dir = tempfile::tempdir().unwrap();
     let record = culprit_json(
