@@ -13,8 +13,9 @@
 
 use std::time::Instant;
 
+use bisect_harness::commands::culprit::search::{navigate_alpha, SearchParams};
 use bisect_harness::commands::culprit::simulate::{
-    scenarios, simulate_one_at_a_time, simulate_search, Scored,
+    scenarios, simulate_one_at_a_time, simulate_search, simulate_with, Scored,
 };
 use bisect_harness::commands::culprit::DEFAULT_BUDGET;
 
@@ -53,13 +54,29 @@ fn main() {
         "|---|---|---|---|---|---|---|---|".to_string(),
     ];
     let (mut total_s, mut total_b, mut count) = (0.0, 0.0, 0.0);
-    for (oracle, load) in scenarios() {
+    let only = std::env::var("BISECT_CULPRIT_ONLY").unwrap_or_default();
+    for (oracle, load) in scenarios()
+        .into_iter()
+        .filter(|(o, _)| o.name.contains(&only))
+    {
         let search: Vec<Scored> = (0..reps)
             .map(|i| simulate_search(&oracle, load, DEFAULT_BUDGET, SEED + i))
             .collect();
         let base: Vec<Scored> = (0..reps)
             .map(|i| simulate_one_at_a_time(&oracle, load, 0.01, SEED + i))
             .collect();
+        if std::env::var_os("BISECT_CULPRIT_SHOW_WRONG").is_some() {
+            let all = std::env::var_os("BISECT_CULPRIT_SHOW_ALL").is_some();
+            for (i, r) in search.iter().enumerate().filter(|(_, r)| all || !r.correct) {
+                println!(
+                    "WRONG {} seed {}: {}\n{}\n",
+                    oracle.name,
+                    SEED + i as u64,
+                    r.answer,
+                    r.path
+                );
+            }
+        }
         let (s, b) = (summarise(&search), summarise(&base));
         total_s += s.accuracy;
         total_b += b.accuracy;
@@ -88,4 +105,47 @@ fn main() {
         started.elapsed().as_secs_f64()
     );
     println!("{}", lines.join("\n"));
+
+    // The navigation level: ddmin steps at 0.01 (= alpha), 0.02, 0.05 (the default,
+    // 5 x alpha) and 0.1; ends, re-tests and confirmations stay at alpha 0.01. Fewer
+    // searches per scenario (a fifth).
+    let reps = (reps / 5).max(1);
+    let mut lines = vec![
+        "| ddmin steps at | mean accuracy | worst scenario | mean sessions | mean p95 sessions | wrong culprits reported |".to_string(),
+        "|---|---|---|---|---|---|".to_string(),
+    ];
+    for level in [0.01, 0.02, navigate_alpha(0.01), 0.1] {
+        let (mut acc, mut worst, mut sessions, mut p95, mut wrong, mut count) =
+            (0.0, 1.0f64, 0.0, 0.0, 0usize, 0.0);
+        for (oracle, load) in scenarios() {
+            let runs: Vec<Scored> = (0..reps)
+                .map(|i| {
+                    let mut p =
+                        SearchParams::new(oracle.flag_values(), load, DEFAULT_BUDGET, SEED + i);
+                    p.navigate_alpha = level;
+                    simulate_with(&oracle, &p)
+                })
+                .collect();
+            let row = summarise(&runs);
+            wrong += runs
+                .iter()
+                .filter(|r| !r.correct && r.answer.starts_with("culprit:"))
+                .count();
+            acc += row.accuracy;
+            worst = worst.min(row.accuracy);
+            sessions += row.mean_sessions;
+            p95 += row.p95_sessions as f64;
+            count += 1.0;
+        }
+        let line = format!(
+            "| {level} | {:.3} | {worst:.3} | {:.0} | {:.0} | {wrong} of {} |",
+            acc / count,
+            sessions / count,
+            p95 / count,
+            reps as usize * count as usize
+        );
+        println!("{line}");
+        lines.push(line);
+    }
+    println!("\n{}", lines.join("\n"));
 }

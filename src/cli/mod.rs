@@ -65,7 +65,7 @@ pub enum Command {
     Merge(MergeArgs),
     /// Restore launch configs left edited by an interrupted (kill -9) run.
     Restore(RestoreArgs),
-    /// Which of many flags corrupts: screen each, then spend the budget on the most promising.
+    /// Which values of the listed flags, as configured, make the engine fail: the minimal set (delta debugging, docs/culprit.md).
     Culprit(CulpritArgs),
     /// Run one role of the embedded prefill/decode engine.
     Engine(engine::EngineArgs),

@@ -97,6 +97,12 @@ impl CulpritPlan {
         Ok(())
     }
 
+    /// The classifier every block uses: the workload's tools, and the target profile's
+    /// markup families (what counts as a leak), as `bisect run` classifies.
+    pub fn classifier(&self) -> anyhow::Result<Classifier> {
+        Classifier::new(&self.workload.tools, &self.target.markup)
+    }
+
     pub fn search_params(&self, flags: Vec<FlagValues>) -> SearchParams {
         let mut p = SearchParams::new(
             flags,
@@ -105,6 +111,7 @@ impl CulpritPlan {
             self.workload.seed,
         );
         p.alpha = self.policy.alpha;
+        p.navigate_alpha = search::navigate_alpha(self.policy.alpha);
         p.min_effect = self.policy.min_effect;
         p.degraded_fraction = self.policy.degraded_fraction;
         p.min_load_fraction = self.policy.min_load_fraction;
@@ -294,6 +301,7 @@ pub async fn run(
         navigate_alpha: params.navigate_alpha,
         min_effect: params.min_effect,
         pinned,
+        markup: plan.target.markup.clone(),
         flags: flags.clone(),
         answer: None,
         verdict: None,
@@ -328,7 +336,7 @@ pub async fn run(
     let mut replayed = 0;
     let outcome = async {
         bed.pin(&plan.sets)?;
-        let classifier = Arc::new(Classifier::with_defaults(&plan.workload.tools)?);
+        let classifier = Arc::new(plan.classifier()?);
         let live = runner::TestbedRunner {
             bed: &mut bed,
             flags: plan.flags.clone(),

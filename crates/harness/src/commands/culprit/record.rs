@@ -37,6 +37,10 @@ pub struct CulpritRecord {
     pub min_effect: f64,
     /// Pinned for every block (`--set NAME=VALUE`).
     pub pinned: Vec<String>,
+    /// The markup families whose tool-call syntax in a reply counts as a leak (the target
+    /// profile's `markup`, as `bisect run` classifies).
+    #[serde(default)]
+    pub markup: Vec<crate::core::classify::MarkupFamily>,
     /// The listed flags with their failing (as found) and passing (flipped) values.
     pub flags: Vec<FlagValues>,
     /// `culprit`, `no_culprit`, `could_not_reproduce`, `inconclusive`; None while running.

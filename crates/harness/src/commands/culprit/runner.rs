@@ -113,6 +113,7 @@ impl StepRunner for TestbedRunner<'_, '_> {
             classes: sessions.iter().map(|s| s.class).collect(),
             peak_engine,
             wall_s: stats.wall_s + restarted.health_wait_s,
+            tokens_per_s: (stats.completion_tokens > 0).then_some(stats.tokens_per_s),
         })
     }
 }

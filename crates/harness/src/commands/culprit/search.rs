@@ -14,7 +14,11 @@
 //!    implicates P, or the ends run out undecided while P's own always-valid lower bound
 //!    is above zero).
 //! 2. **Untestable flags**: if P is degraded (error+timeout share over the policy's
-//!    threshold: not a same-speed toggle), one degrader at a time is found by halving:
+//!    threshold, or its fastest block over [`SLOW_RATIO`] times slower in tokens/s than
+//!    the failing end's slowest: not a same-speed toggle; before a flag is blamed for
+//!    slowness the failing end runs again if it has not since, so a machine that slowed
+//!    down is not blamed on a flag), each flag is flipped alone once and those that
+//!    degrade are held out; a degradation found later, one degrader at a time, by halving:
 //!    hold back half the candidates (keep them at their failing values); if the rest
 //!    flipped no longer degrades, the degrader is in the held half, else in the other.
 //!    The flag found is held at its failing value from then on, untestable, with its
@@ -27,8 +31,23 @@
 //!    are cached, and implied by monotonicity (a superset of a failing set fails, a
 //!    subset of a passing set passes), which is the assumption that a failure needs its
 //!    ingredients. The answer is 1-minimal: each of its flag values is needed.
-//! 4. **Re-test**: the answer runs again as a fresh step (new blocks, new seeds) and
-//!    must fail again before it is reported.
+//! 4. **The answer's claims at alpha**: it fails again as a fresh step (new blocks, new
+//!    seeds; a test that would end ddmin runs as this re-test directly), and each of its
+//!    values is needed: the configuration without it (or a tested superset of that
+//!    without it) passes at alpha, from its blocks or by carrying its e-process on.
+//!
+//! **Error control.** ddmin steps decide at `navigate_alpha` ([`navigate_alpha`]:
+//! 5 x alpha); the ends, re-tests and confirmations at `alpha`. A reported culprit of k
+//! values rests on k + 1 claims at alpha (the re-test; per value, the configuration
+//! without it passes, for k = 1 the verified passing end), so by the union bound it is
+//! wrong with probability at most (k + 1) x alpha, given monotonicity. A navigation step's
+//! error is not a claim: it can cost sessions or end inconclusive, never make a reported
+//! answer wrong, because the answer's claims are re-decided at alpha. Carrying a step's
+//! e-process on from 1/navigate_alpha to 1/alpha is valid: by Ville's inequality the
+//! bound holds for the supremum over every look. The first claim that fails means a
+//! navigation step erred: ddmin runs again, once, with every step at alpha (the blocks
+//! kept, what was decided at the navigation level forgotten); a second failure, or a
+//! claim undecided within `claim_cap_blocks`, is inconclusive with the reason.
 //!
 //! **A step** is a sequential A/B decided with [`crate::core::sequential`] (the
 //! anytime-valid e-process of Turner, Ly and Grunwald 2021), twice over: the step against
@@ -44,7 +63,10 @@
 //! different failure mode, reported and not merged ("unresolved" to ddmin). "Passes" is
 //! blocked when a block's engine-side peak concurrency fell below `min_load_fraction`
 //! of the target (a load-dependent bug cannot be ruled out below its load). A step that
-//! reaches `step_cap_blocks` undecided, or whose own blocks are degraded, is unresolved.
+//! reaches `step_cap_blocks` undecided (`claim_cap_blocks` at alpha), or whose own blocks
+//! are degraded, is unresolved. The ends get twice their cap when their counts lean
+//! towards a culprit over a background (differ by min_effect, the passing end at most
+//! half the failing end's rate) before "no culprit" is considered.
 //!
 //! Budget: a block that would take the sessions spent past `budget` is not run; the
 //! search stops there and says what it had.
@@ -59,6 +81,7 @@ use crate::core::sequential::{
     SequentialState,
 };
 use crate::core::session::SessionClass;
+use crate::core::stats;
 
 /// One listed flag: the value it has in the failing configuration and the value that
 /// flips it.
@@ -87,12 +110,17 @@ pub struct SearchParams {
     pub min_effect: f64,
     pub clear_alpha: f64,
     pub degraded_fraction: f64,
+    /// A configuration this many times slower than the failing end is degraded.
+    pub slow_ratio: f64,
     pub min_load_fraction: f64,
     pub mix_alpha: f64,
     /// Sessions the whole search may spend.
     pub budget: u64,
     /// A step gives up (unresolved) after this many of its own blocks.
     pub step_cap_blocks: u64,
+    /// The same for a step deciding at `alpha` (a re-test, a confirmation, any step once
+    /// a navigation error was caught): a claim is worth more blocks than a direction.
+    pub claim_cap_blocks: u64,
     /// Each end runs at most this many blocks before the ends are judged undecided.
     pub ends_cap_blocks: u64,
     /// Block b runs the workload with seed + b (fresh sessions every block).
@@ -108,14 +136,16 @@ impl SearchParams {
             concurrency,
             look: LOOK_SESSIONS,
             alpha: 0.01,
-            navigate_alpha: NAVIGATE_ALPHA,
+            navigate_alpha: navigate_alpha(0.01),
             min_effect: 0.05,
             clear_alpha: 0.05,
             degraded_fraction: 0.10,
+            slow_ratio: SLOW_RATIO,
             min_load_fraction: 0.9,
             mix_alpha: MIX_ALPHA,
             budget,
             step_cap_blocks: 3,
+            claim_cap_blocks: 5,
             ends_cap_blocks: 3,
             seed,
         }
@@ -141,8 +171,23 @@ pub const MIN_BLOCK: u64 = 80;
 /// step (up to a dozen), and a real change of failure mode (salad against no tool calls)
 /// gives p far below it even on a dozen corrupted sessions.
 pub const MIX_ALPHA: f64 = 0.001;
-/// Level of a ddmin step's decisions.
-pub const NAVIGATE_ALPHA: f64 = 0.05;
+/// A ddmin step decides at `NAVIGATE_FACTOR * alpha` (0.05 at the default 0.01): its
+/// errors cost sessions, not the answer, whose claims are re-decided at alpha (the
+/// `//!` header). Chosen by the bench (mean over its nine scenarios): at 0.01 and 0.02
+/// the searches cost more (656 and 646 sessions against 636) for no better accuracy; at
+/// 0.1 they cost 633 but the worst scenario drops from 0.990 to 0.985.
+pub const NAVIGATE_FACTOR: f64 = 5.0;
+
+/// The level of a ddmin step for a search at `alpha`.
+pub fn navigate_alpha(alpha: f64) -> f64 {
+    (NAVIGATE_FACTOR * alpha).min(0.2)
+}
+/// A configuration whose fastest block drives fewer than 1/SLOW_RATIO of the tokens per
+/// second of the failing end's slowest block is degraded: a slow fallback path, not a
+/// same-speed toggle. 4x: the embedded engine's MMA fallback (SGLANG_SM120_MMA_FLASHMLA=0)
+/// measured about 17x slower (26 s blocks against 1.5 s); blocks of one configuration on
+/// a 2-core machine shared with builds varied by up to about 2x.
+pub const SLOW_RATIO: f64 = 4.0;
 /// Sessions per sequential look.
 pub const LOOK_SESSIONS: u64 = 10;
 
@@ -172,6 +217,11 @@ pub struct BlockOutcome {
     /// Peak running requests of the busiest engine role; None when no role reports it.
     pub peak_engine: Option<u64>,
     pub wall_s: f64,
+    /// Completion tokens per second of driving (restart and health wait left out); None
+    /// when the engine reports no token counts. Compared with the failing end's to tell
+    /// a same-speed toggle from a slow fallback path.
+    #[serde(default)]
+    pub tokens_per_s: Option<f64>,
 }
 
 /// Runs one configuration for one block: the only side effect of the search.
@@ -201,6 +251,8 @@ pub enum StepKind {
     Degrade,
     Ddmin,
     Retest,
+    /// A value of the answer shown needed at `alpha`: the configuration without it passes.
+    Confirm,
 }
 
 /// One decided step, as culprit.json and the step log record it.
@@ -225,6 +277,10 @@ pub struct StepRecord {
     /// Freeman-Halton p of the step's corrupted-class mix against the failing end's.
     pub mix_p: Option<f64>,
     pub reason: String,
+    /// The level its e-processes decided at: `navigate_alpha` for a ddmin step (until a
+    /// navigation error is caught), `alpha` for the ends, re-tests and confirmations.
+    #[serde(default)]
+    pub alpha: Option<f64>,
 }
 
 /// The answer.
@@ -317,6 +373,10 @@ pub async fn search(
         tested: Vec::new(),
         ends_verified: None,
         other_failures: Vec::new(),
+        strict: false,
+        retests: 0,
+        final_tested: None,
+        caught: Vec::new(),
     };
     let answer = match s.run(runner, observer).await {
         Ok(answer) => answer,
@@ -355,11 +415,46 @@ struct Search<'p> {
     /// Untestable flags: at their failing values in every configuration.
     held: BTreeSet<usize>,
     untestable: Vec<Untestable>,
-    /// ddmin's cache: failing set (held flags included) -> outcome.
-    tested: Vec<(FailingSet, Outcome)>,
+    /// ddmin's cache: failing set (held flags included) -> outcome, and whether it was
+    /// decided at the claims' level.
+    tested: Vec<Tested>,
     /// The held set for which the passing end was verified against the failing end.
     ends_verified: Option<FailingSet>,
     other_failures: Vec<StepRecord>,
+    /// Every step decides at `alpha` (after a navigation error was caught).
+    strict: bool,
+    /// Re-tests run: generation of the next re-test's evidence.
+    retests: u32,
+    /// The last test run as a re-test inside ddmin ([`Search::final_test`]).
+    final_tested: Option<(EvidenceKey, Outcome, String)>,
+    /// The navigation errors caught, in words.
+    caught: Vec<String>,
+}
+
+/// One entry of ddmin's cache.
+struct Tested {
+    set: FailingSet,
+    outcome: Outcome,
+    /// Decided at `alpha` (else at `navigate_alpha`).
+    claim: bool,
+}
+
+/// The level a step decides at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Level {
+    /// `navigate_alpha`: a ddmin step, whose error only steers the search.
+    Navigate,
+    /// `alpha`: a claim the answer rests on.
+    Claim,
+}
+
+/// What the confirmation of an answer's values came to.
+enum Confirmation {
+    Confirmed,
+    /// A value is not needed: the configuration without it fails at alpha.
+    Refuted(String),
+    /// A value could not be shown needed (undecided, degraded, another failure).
+    Unconfirmed(String),
 }
 
 /// A step's state after reading the blocks it has.
@@ -510,26 +605,74 @@ impl Search<'_> {
         self.evidence.get(key).map_or(&[], Vec::as_slice)
     }
 
-    fn degraded(&self, blocks: &[BlockOutcome]) -> Option<String> {
+    /// Why the configuration at `key` is not a same-speed toggle of the failing end, if
+    /// it is not: too many sessions in error or timeout, or much slower.
+    fn degraded(&self, key: &EvidenceKey) -> Option<String> {
+        let blocks = self.blocks_of(key);
         let t = totals(blocks);
         if t.sessions > 0 && t.error_timeout as f64 > self.p.degraded_fraction * t.sessions as f64 {
-            Some(format!(
+            return Some(format!(
                 "{} of {} sessions ended in error or timeout (over {:.0}%): not a same-speed toggle",
                 t.error_timeout,
                 t.sessions,
                 100.0 * self.p.degraded_fraction
-            ))
-        } else {
-            None
+            ));
         }
+        if key.0 == self.all() {
+            return None; // the failing end is the speed reference
+        }
+        self.slower(blocks)
+    }
+
+    /// Speed against the failing end: the configuration's fastest block against the
+    /// failing end's slowest, so a machine that slowed down during either is given the
+    /// benefit of the doubt (when both are slow, the machine is, not the flag). Slower by
+    /// more than `slow_ratio` is degraded.
+    fn slower(&self, blocks: &[BlockOutcome]) -> Option<String> {
+        let fastest = blocks
+            .iter()
+            .filter_map(|b| b.tokens_per_s)
+            .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))))?;
+        let reference: Vec<f64> = self
+            .blocks_of(&(self.all(), 0))
+            .iter()
+            .filter_map(|b| b.tokens_per_s)
+            .collect();
+        let slowest = reference.iter().copied().reduce(f64::min)?;
+        if slowest <= 0.0 || fastest * self.p.slow_ratio >= slowest {
+            return None;
+        }
+        let ratio = if fastest > 0.0 {
+            format!("{:.1}x slower", slowest / fastest)
+        } else {
+            "no tokens at all".to_string()
+        };
+        Some(format!(
+            "it ran at {fastest:.0} tokens/s (its fastest of {} blocks) against {slowest:.0} tokens/s for the configuration as it is (its slowest of {}): {ratio}, over the {}x allowed: not a same-speed toggle",
+            blocks.len(),
+            reference.len(),
+            self.p.slow_ratio
+        ))
+    }
+
+    /// Hold `flag` at its failing value from now on, untestable, with the reason.
+    fn hold_out(&mut self, flag: usize, how: &str, why: &str) {
+        self.held.insert(flag);
+        self.untestable.push(Untestable {
+            flag,
+            reason: format!(
+                "flipping it {how}to {} degrades the engine ({why})",
+                self.p.flags[flag].passing
+            ),
+        });
     }
 
     fn record_step(
         &mut self,
         kind: StepKind,
         key: &EvidenceKey,
-        outcome: Outcome,
-        reason: String,
+        (outcome, reason): (Outcome, String),
+        level: Level,
         observer: &mut dyn Observer,
     ) -> Result<(), Halt> {
         let blocks = self.blocks_of(key);
@@ -547,7 +690,7 @@ impl Search<'_> {
             let (state, _) = self.ends_state();
             (state.looks().last().copied(), None, None)
         } else {
-            let (vp, vf) = self.step_states(key);
+            let (vp, vf) = self.step_states(key, level);
             let mix_p = (t.corrupted > 0).then(|| self.mix_p(key));
             (
                 vp.looks().last().copied(),
@@ -569,6 +712,10 @@ impl Search<'_> {
             vs_failing,
             mix_p,
             reason,
+            alpha: Some(match level {
+                Level::Navigate => self.p.navigate_alpha,
+                Level::Claim => self.p.alpha,
+            }),
         };
         observer.step(&record)?;
         if outcome == Outcome::OtherFailure {
@@ -586,13 +733,13 @@ impl Search<'_> {
         let fail_key = (self.all(), 0);
         // 1. The failing end first: nothing else means anything if it does not fail.
         self.run_block(&fail_key, runner, observer).await?;
-        if let Some(why) = self.degraded(self.blocks_of(&fail_key)) {
+        if let Some(why) = self.degraded(&fail_key) {
             let reason = format!("the configuration as it is is degraded: {why}");
             self.record_step(
                 StepKind::Ends,
                 &fail_key,
-                Outcome::Degraded,
-                reason.clone(),
+                (Outcome::Degraded, reason.clone()),
+                Level::Claim,
                 observer,
             )?;
             return Ok((
@@ -606,42 +753,113 @@ impl Search<'_> {
         // and verifies the passing end once the degrading flags are held out.
         self.run_block(&(self.passing_end(), 0), runner, observer)
             .await?;
-        let finest = self
-            .degraded(self.blocks_of(&(self.passing_end(), 0)))
-            .is_some();
+        let finest = self.degraded(&(self.passing_end(), 0)).is_some();
         if finest {
+            // Screening every flip costs a block per flag: first make sure the failing
+            // end can fail at all (its own always-valid bounds), as the ends would.
+            loop {
+                let f = totals(self.blocks_of(&fail_key));
+                let [lower, upper] = mixture_confidence_sequence(
+                    f.corrupted,
+                    f.classified,
+                    self.p.clear_alpha / 2.0,
+                );
+                if upper < self.p.min_effect {
+                    let words = format!(
+                        "could not reproduce: raise --concurrency or the workload (the configuration as it is: {}, at {} sessions in flight; its always-valid upper bound {:.1}% is below the {:.0}-point effect sought)",
+                        pct(f.corrupted, f.classified),
+                        self.p.concurrency,
+                        100.0 * upper,
+                        100.0 * self.p.min_effect
+                    );
+                    self.record_step(
+                        StepKind::Ends,
+                        &fail_key,
+                        (Outcome::Passes, words.clone()),
+                        Level::Claim,
+                        observer,
+                    )?;
+                    return Ok((Answer::CouldNotReproduce, words));
+                }
+                let f_blocks = self.blocks_of(&fail_key).len() as u64;
+                if lower > 0.0 || f_blocks >= self.p.ends_cap_blocks {
+                    break;
+                }
+                self.run_block(&fail_key, runner, observer).await?;
+            }
             self.screen_single_flips(runner, observer).await?;
         }
         self.ensure_passing_end(0, runner, observer).await?;
-        // 3. ddmin over the testable flags.
-        let testable = self.testable();
-        let answer = self.ddmin(testable, finest, runner, observer).await?;
-        self.ensure_passing_end(0, runner, observer).await?;
-        // 4. Re-test the answer on fresh blocks.
-        let answer_set: FailingSet = answer
-            .iter()
-            .copied()
-            .chain(self.held.iter().copied())
-            .collect();
-        let retest_key = (answer_set.clone(), 1);
-        let (outcome, reason) = self.decide_step(&retest_key, runner, observer).await?;
-        self.record_step(
-            StepKind::Retest,
-            &retest_key,
-            outcome,
-            reason.clone(),
-            observer,
-        )?;
+        // 3. ddmin over the testable flags, 4. the answer's claims at alpha. A claim that
+        // does not hold is a navigation error caught: the search runs again once with
+        // every step at alpha (the blocks it has are kept: each step's e-process carries
+        // on from them).
+        let (answer, retest_key) = loop {
+            let testable = self.testable();
+            let answer = self.ddmin(testable, finest, runner, observer).await?;
+            self.ensure_passing_end(0, runner, observer).await?;
+            let answer_set: FailingSet = answer
+                .iter()
+                .copied()
+                .chain(self.held.iter().copied())
+                .collect();
+            let (retest_key, outcome, reason) = match self.final_tested.take() {
+                // ddmin ended on a set it tested as the re-test: fresh blocks, at alpha.
+                Some((key, outcome, reason)) if key.0 == answer_set => (key, outcome, reason),
+                _ => {
+                    self.retests += 1;
+                    let retest_key = (answer_set.clone(), self.retests);
+                    let (outcome, reason) = self
+                        .decide_step(&retest_key, Level::Claim, runner, observer)
+                        .await?;
+                    self.record_step(
+                        StepKind::Retest,
+                        &retest_key,
+                        (outcome, reason.clone()),
+                        Level::Claim,
+                        observer,
+                    )?;
+                    (retest_key, outcome, reason)
+                }
+            };
+            let shown = self.show(&answer);
+            if outcome != Outcome::Fails {
+                if outcome == Outcome::Passes {
+                    self.tested.push(Tested {
+                        set: answer_set,
+                        outcome,
+                        claim: true,
+                    });
+                }
+                let why = format!("{shown} did not fail again on re-test ({reason})");
+                if self.escalate(&why) {
+                    continue;
+                }
+                return Ok((
+                    Answer::Inconclusive,
+                    format!(
+                        "inconclusive: the minimal set {shown} did not fail again on re-test ({reason}){}; rerun with a larger --budget or check for flakiness{}",
+                        self.caught_words(),
+                        self.untestable_words()
+                    ),
+                ));
+            }
+            match self.confirm_needed(&answer, runner, observer).await? {
+                Confirmation::Confirmed => break (answer, retest_key),
+                Confirmation::Refuted(why) if self.escalate(&why) => continue,
+                Confirmation::Refuted(why) | Confirmation::Unconfirmed(why) => {
+                    return Ok((
+                        Answer::Inconclusive,
+                        format!(
+                            "inconclusive: {shown} fails (re-tested: {reason}) but is not shown minimal: {why}{}{}",
+                            self.caught_words(),
+                            self.untestable_words()
+                        ),
+                    ));
+                }
+            }
+        };
         let shown = self.show(&answer);
-        if outcome != Outcome::Fails {
-            return Ok((
-                Answer::Inconclusive,
-                format!(
-                    "inconclusive: the minimal set {shown} did not fail again on re-test ({reason}); rerun with a larger --budget or check for flakiness{}",
-                    self.untestable_words()
-                ),
-            ));
-        }
         let t = totals(self.blocks_of(&retest_key));
         let p = totals(self.blocks_of(&(self.passing_end(), 0)));
         let f = totals(self.blocks_of(&fail_key));
@@ -651,14 +869,129 @@ impl Search<'_> {
             "flipping it passes"
         };
         let mut verdict = format!(
-            "culprit: {shown} is the minimal failure-inducing set ({needed}); re-tested: {} corrupted vs {} with every testable flag flipped (the configuration as it is: {}), at {} sessions in flight",
+            "culprit: {shown} is the minimal failure-inducing set ({needed}, at alpha {}); re-tested: {} corrupted vs {} with every testable flag flipped (the configuration as it is: {}), at {} sessions in flight",
+            self.p.alpha,
             pct(t.corrupted, t.classified),
             pct(p.corrupted, p.classified),
             pct(f.corrupted, f.classified),
             self.p.concurrency
         );
+        verdict.push_str(&self.caught_words());
         verdict.push_str(&self.untestable_words());
         Ok((Answer::Culprit { flags: answer }, verdict))
+    }
+
+    /// A claim did not hold at alpha: a navigation step erred. Once: every step from now
+    /// on decides at alpha, and ddmin forgets what it decided at the navigation level.
+    /// False when the search already ran at alpha.
+    fn escalate(&mut self, why: &str) -> bool {
+        if self.strict {
+            return false;
+        }
+        self.strict = true;
+        self.tested.retain(|t| t.claim);
+        self.caught.push(why.to_string());
+        true
+    }
+
+    fn caught_words(&self) -> String {
+        self.caught
+            .iter()
+            .map(|w| {
+                format!(
+                    "; searched again with every step at alpha {} after {w}",
+                    self.p.alpha
+                )
+            })
+            .collect()
+    }
+
+    /// Each value of `answer` is needed: the configuration without it (or a tested one
+    /// without it that holds the rest of the answer, which passes only if it does, by
+    /// monotonicity) passes at alpha. Decided from the blocks already run where they
+    /// suffice; else the step's own e-process is carried on to 1/alpha (valid at any
+    /// stopping time). A one-value answer needs nothing here: without it is the passing
+    /// end, verified at alpha.
+    async fn confirm_needed(
+        &mut self,
+        answer: &[usize],
+        runner: &mut impl StepRunner,
+        observer: &mut dyn Observer,
+    ) -> Result<Confirmation, Halt> {
+        for &flag in answer {
+            let without: FailingSet = answer
+                .iter()
+                .copied()
+                .filter(|&x| x != flag)
+                .chain(self.held.iter().copied())
+                .collect();
+            if without == self.passing_end() {
+                continue;
+            }
+            let mut candidates: Vec<FailingSet> = Vec::new();
+            for t in &self.tested {
+                let evidence = !t.set.contains(&flag)
+                    && t.set.is_superset(&without)
+                    && (t.outcome == Outcome::Passes || t.set == without)
+                    && !self.blocks_of(&(t.set.clone(), 0)).is_empty();
+                if evidence && !candidates.contains(&t.set) {
+                    candidates.push(t.set.clone());
+                }
+            }
+            let decided = candidates.iter().any(|c| {
+                matches!(
+                    self.evaluate(&(c.clone(), 0), Level::Claim),
+                    Eval::Decided(Outcome::Passes, _)
+                )
+            });
+            if decided {
+                continue;
+            }
+            // The configuration itself if it ran, else the tested one with most blocks.
+            let pick = if candidates.contains(&without) {
+                without.clone()
+            } else {
+                candidates
+                    .iter()
+                    .max_by_key(|c| self.blocks_of(&((*c).clone(), 0)).len())
+                    .cloned()
+                    .unwrap_or_else(|| without.clone())
+            };
+            let key: EvidenceKey = (pick.clone(), 0);
+            let (outcome, reason) = self
+                .decide_step(&key, Level::Claim, runner, observer)
+                .await?;
+            self.record_step(
+                StepKind::Confirm,
+                &key,
+                (outcome, reason.clone()),
+                Level::Claim,
+                observer,
+            )?;
+            self.tested.retain(|t| t.set != pick);
+            self.tested.push(Tested {
+                set: pick.clone(),
+                outcome,
+                claim: true,
+            });
+            let name = format!("{}={}", self.p.flags[flag].name, self.p.flags[flag].failing);
+            let config = format!("{{{}}}", self.names(&pick).join(", "));
+            match outcome {
+                Outcome::Passes => {}
+                Outcome::Fails => {
+                    return Ok(Confirmation::Refuted(format!(
+                        "{name} is not needed: {config} fails without it at alpha ({reason})"
+                    )))
+                }
+                _ => {
+                    return Ok(Confirmation::Unconfirmed(format!(
+                        "{name} could not be shown needed at alpha {}: {config} {reason}",
+                        self.p.alpha
+                    )))
+                }
+            }
+        }
+        Ok(Confirmation::Confirmed)
     }
 
     fn show(&self, set: &[usize]) -> String {
@@ -707,16 +1040,19 @@ impl Search<'_> {
             if self.blocks_of(&key).is_empty() {
                 self.run_block(&key, runner, observer).await?;
             }
-            match self.degraded(self.blocks_of(&key)) {
+            match self.degraded(&key) {
                 Some(w) => {
                     self.record_step(
                         StepKind::Degrade,
                         &key,
-                        Outcome::Degraded,
-                        format!(
-                            "still degraded with {} held back: {w}",
-                            self.names(&first.iter().copied().collect()).join(", ")
+                        (
+                            Outcome::Degraded,
+                            format!(
+                                "still degraded with {} held back: {w}",
+                                self.names(&first.iter().copied().collect()).join(", ")
+                            ),
                         ),
+                        Level::Claim,
                         observer,
                     )?;
                     evidence = w;
@@ -726,11 +1062,14 @@ impl Search<'_> {
                     self.record_step(
                         StepKind::Degrade,
                         &key,
-                        Outcome::Unresolved,
-                        format!(
-                            "not degraded with {} held back: the degrader is among them",
-                            self.names(&first.iter().copied().collect()).join(", ")
+                        (
+                            Outcome::Unresolved,
+                            format!(
+                                "not degraded with {} held back: the degrader is among them",
+                                self.names(&first.iter().copied().collect()).join(", ")
+                            ),
                         ),
+                        Level::Claim,
                         observer,
                     )?;
                     candidates = first.to_vec();
@@ -746,30 +1085,29 @@ impl Search<'_> {
         if self.blocks_of(&alone_key).is_empty() {
             self.run_block(&alone_key, runner, observer).await?;
         }
-        if self.degraded(self.blocks_of(&alone_key)).is_none() {
+        if self.slower(self.blocks_of(&alone_key)).is_some() {
+            self.machine_check(std::slice::from_ref(&alone_key), runner, observer)
+                .await?;
+        }
+        if self.degraded(&alone_key).is_none() {
             let before = self.held.len();
             self.screen_single_flips(runner, observer).await?;
             if self.held.len() > before {
                 return Ok(());
             }
-            self.held.insert(flag);
-            self.untestable.push(Untestable {
+            self.hold_out(
                 flag,
-                reason: format!(
-                    "flipping it to {} degrades the engine together with the other flips ({evidence}), though not alone",
-                    self.p.flags[flag].passing
-                ),
-            });
+                "",
+                &format!("together with the other flips: {evidence}; though not alone"),
+            );
             return Ok(());
         }
-        self.held.insert(flag);
-        self.untestable.push(Untestable {
+        let alone = self.degraded(&alone_key).unwrap_or_default();
+        self.hold_out(
             flag,
-            reason: format!(
-                "flipping it to {} degrades the engine, alone and with the other flips ({evidence})",
-                self.p.flags[flag].passing
-            ),
-        });
+            "",
+            &format!("alone: {alone}; with the other flips: {evidence}"),
+        );
         Ok(())
     }
 
@@ -793,30 +1131,65 @@ impl Search<'_> {
         runner: &mut impl StepRunner,
         observer: &mut dyn Observer,
     ) -> Result<(), Halt> {
-        for flag in self.testable() {
-            let mut set = self.all();
-            set.remove(&flag);
-            let key = (set, 0);
-            if self.blocks_of(&key).is_empty() {
-                self.run_block(&key, runner, observer).await?;
+        let singles: Vec<(usize, EvidenceKey)> = self
+            .testable()
+            .into_iter()
+            .map(|flag| {
+                let mut set = self.all();
+                set.remove(&flag);
+                (flag, (set, 0))
+            })
+            .collect();
+        for (_, key) in &singles {
+            if self.blocks_of(key).is_empty() {
+                self.run_block(key, runner, observer).await?;
             }
-            if let Some(why) = self.degraded(self.blocks_of(&key)) {
+        }
+        let slow: Vec<EvidenceKey> = singles
+            .iter()
+            .filter(|(_, k)| self.slower(self.blocks_of(k)).is_some())
+            .map(|(_, k)| k.clone())
+            .collect();
+        self.machine_check(&slow, runner, observer).await?;
+        for (flag, key) in singles {
+            if let Some(why) = self.degraded(&key) {
                 self.record_step(
                     StepKind::Degrade,
                     &key,
-                    Outcome::Degraded,
-                    why.clone(),
+                    (Outcome::Degraded, why.clone()),
+                    Level::Claim,
                     observer,
                 )?;
-                self.held.insert(flag);
-                self.untestable.push(Untestable {
-                    flag,
-                    reason: format!(
-                        "flipping it alone to {} degrades the engine ({why})",
-                        self.p.flags[flag].passing
-                    ),
-                });
+                self.hold_out(flag, "alone ", &why);
             }
+        }
+        Ok(())
+    }
+
+    /// Before a flag is blamed for slowness: if the failing end has not run since the
+    /// slow blocks of `keys`, run it once more now. A machine that slowed down slows the
+    /// failing end too, and its slowest block is the speed reference, so the flag is then
+    /// not blamed; the block is evidence like any other of the failing end.
+    async fn machine_check(
+        &mut self,
+        keys: &[EvidenceKey],
+        runner: &mut impl StepRunner,
+        observer: &mut dyn Observer,
+    ) -> Result<(), Halt> {
+        let last_of = |failing: &[String], blocks: &[(BlockRequest, BlockOutcome)]| {
+            blocks
+                .iter()
+                .filter(|(r, _)| r.failing == failing)
+                .map(|(r, _)| r.block)
+                .max()
+        };
+        let failing_last = last_of(&self.names(&self.all()), &self.blocks).unwrap_or(0);
+        let slow_last = keys
+            .iter()
+            .filter_map(|k| last_of(&self.names(&k.0), &self.blocks))
+            .max();
+        if slow_last.is_some_and(|slow| slow > failing_last) {
+            self.run_block(&(self.all(), 0), runner, observer).await?;
         }
         Ok(())
     }
@@ -836,7 +1209,7 @@ impl Search<'_> {
                 self.run_block(&key, runner, observer).await?;
                 continue;
             }
-            if let Some(why) = self.degraded(self.blocks_of(&key)) {
+            if let Some(why) = self.degraded(&key) {
                 if self.testable().is_empty() {
                     return Err(Halt::Answer(
                         Answer::Inconclusive,
@@ -870,7 +1243,7 @@ impl Search<'_> {
         let fail_key = (self.all(), 0);
         loop {
             let pass_key = (self.passing_end(), 0);
-            if self.degraded(self.blocks_of(&pass_key)).is_some() {
+            if self.degraded(&pass_key).is_some() {
                 // A later block of the passing end degraded: the caller holds out again.
                 return Ok(());
             }
@@ -918,8 +1291,33 @@ impl Search<'_> {
             } else {
                 let f_blocks = self.blocks_of(&fail_key).len() as u64;
                 let p_blocks = self.blocks_of(&pass_key).len() as u64;
-                if f_blocks >= self.p.ends_cap_blocks && p_blocks >= self.p.ends_cap_blocks {
-                    if p_bounds[0] > 0.0 {
+                // Ends that differ by min_effect or more on their counts, the passing end at
+                // most half the failing end's rate, undecided at the cap, are likely a
+                // culprit over a background rate that fails the passing end too: they get
+                // as many blocks again before "no culprit" is considered.
+                let (f_rate, p_rate) = (
+                    stats::rate(f.corrupted, f.classified),
+                    stats::rate(p.corrupted, p.classified),
+                );
+                let leaning = f_rate - p_rate >= self.p.min_effect && f_rate >= 2.0 * p_rate;
+                let cap = if leaning {
+                    2 * self.p.ends_cap_blocks
+                } else {
+                    self.p.ends_cap_blocks
+                };
+                if f_blocks >= cap && p_blocks >= cap {
+                    if leaning {
+                        Some((
+                            Outcome::Unresolved,
+                            Some((
+                                Answer::Inconclusive,
+                                format!(
+                                    "inconclusive: the ends differ but not at alpha {} after {cap} blocks each ({words})",
+                                    self.p.alpha
+                                ),
+                            )),
+                        ))
+                    } else if p_bounds[0] > 0.0 {
                         Some((Outcome::Fails, Some(no_culprit(&words))))
                     } else {
                         Some((
@@ -947,13 +1345,27 @@ impl Search<'_> {
                     Some((_, words)) => words.clone(),
                     None => format!("both ends verified: {words}"),
                 };
-                self.record_step(StepKind::Ends, &fail_key, outcome, reason, observer)?;
+                self.record_step(
+                    StepKind::Ends,
+                    &fail_key,
+                    (outcome, reason),
+                    Level::Claim,
+                    observer,
+                )?;
                 if let Some((a, w)) = answer {
                     return Err(Halt::Answer(a, format!("{w}{}", self.untestable_words())));
                 }
                 self.ends_verified = Some(self.held.clone());
-                self.tested.push((self.all(), Outcome::Fails));
-                self.tested.push((self.held.clone(), Outcome::Passes));
+                self.tested.push(Tested {
+                    set: self.all(),
+                    outcome: Outcome::Fails,
+                    claim: true,
+                });
+                self.tested.push(Tested {
+                    set: self.held.clone(),
+                    outcome: Outcome::Passes,
+                    claim: true,
+                });
                 return Ok(());
             }
         }
@@ -963,7 +1375,7 @@ impl Search<'_> {
         self.ends_verified.as_ref() == Some(&self.held)
     }
 
-    fn step_states(&self, key: &EvidenceKey) -> (SequentialState, SequentialState) {
+    fn step_states(&self, key: &EvidenceKey, level: Level) -> (SequentialState, SequentialState) {
         let s = looks_of(self.blocks_of(key), self.p.look);
         let p = if self.passing_ok() {
             looks_of(self.blocks_of(&(self.passing_end(), 0)), self.p.look)
@@ -971,20 +1383,19 @@ impl Search<'_> {
             Vec::new()
         };
         let f = looks_of(self.blocks_of(&(self.all(), 0)), self.p.look);
-        // A re-test (generation 1) decides at the full level; ddmin steps navigate, both
-        // ways: a wrong step only steers the search, and the answer is re-tested.
-        let fails_design = if key.1 == 0 {
-            &self.navigate
-        } else {
-            &self.design
+        let design = match level {
+            Level::Navigate => self.navigate,
+            Level::Claim => self.design,
         };
-        let mut vp = SequentialState::new(*fails_design);
-        let mut vf = SequentialState::new(*fails_design);
-        for i in 0..s.len().min(f.len()) {
+        let mut vp = SequentialState::new(design);
+        let mut vf = SequentialState::new(design);
+        // Each e-process reads the looks its reference has: a step leaning one way only
+        // needs more of the reference that can decide it (see `evaluate`).
+        for i in 0..s.len() {
             if vp.decision().is_none() && i < p.len() {
                 vp.look(s[i], p[i]).expect("counts from classes");
             }
-            if vf.decision().is_none() {
+            if vf.decision().is_none() && i < f.len() {
                 vf.look(f[i], s[i]).expect("counts from classes");
             }
             if step_verdict(&vp, &vf).is_some() {
@@ -1004,15 +1415,15 @@ impl Search<'_> {
         mix::mix_p_value(&step, &reference)
     }
 
-    fn evaluate(&self, key: &EvidenceKey) -> Eval {
+    fn evaluate(&self, key: &EvidenceKey, level: Level) -> Eval {
         let blocks = self.blocks_of(key);
         if blocks.is_empty() {
             return Eval::NeedStep;
         }
-        if let Some(why) = self.degraded(blocks) {
+        if let Some(why) = self.degraded(key) {
             return Eval::Decided(Outcome::Degraded, why);
         }
-        let (vp, vf) = self.step_states(key);
+        let (vp, vf) = self.step_states(key, level);
         let t = totals(blocks);
         match step_verdict(&vp, &vf) {
             Some(Outcome::Fails) => {
@@ -1067,12 +1478,22 @@ impl Search<'_> {
             _ => {
                 let s = looks_of(blocks, self.p.look).len();
                 let f = looks_of(self.blocks_of(&(self.all(), 0)), self.p.look).len();
-                if f < s {
+                let pass_key = (self.passing_end(), 0);
+                // Which reference can decide it: a step whose rate is nearer the failing
+                // end's can only come to "fails", against the passing end; one nearer the
+                // passing end's, to "passes", against the failing end. Only that one runs
+                // another block (the other keeps the looks it has).
+                let fr = totals(self.blocks_of(&(self.all(), 0)));
+                let pr = totals(self.blocks_of(&pass_key));
+                let rate = stats::rate(t.corrupted, t.classified);
+                let leans_fails = self.passing_ok()
+                    && rate - stats::rate(pr.corrupted, pr.classified)
+                        >= stats::rate(fr.corrupted, fr.classified) - rate;
+                if f < s && !leans_fails {
                     return Eval::NeedFailing;
                 }
-                let pass_key = (self.passing_end(), 0);
                 if self.passing_ok() {
-                    if looks_of(self.blocks_of(&pass_key), self.p.look).len() < s {
+                    if leans_fails && looks_of(self.blocks_of(&pass_key), self.p.look).len() < s {
                         return Eval::NeedPassing(s);
                     }
                 } else {
@@ -1084,7 +1505,11 @@ impl Search<'_> {
                         return Eval::NeedPassing(s);
                     }
                 }
-                if blocks.len() as u64 >= self.p.step_cap_blocks {
+                let cap = match level {
+                    Level::Navigate => self.p.step_cap_blocks,
+                    Level::Claim => self.p.claim_cap_blocks,
+                };
+                if blocks.len() as u64 >= cap {
                     return Eval::Decided(
                         Outcome::Unresolved,
                         format!(
@@ -1103,11 +1528,12 @@ impl Search<'_> {
     async fn decide_step(
         &mut self,
         key: &EvidenceKey,
+        level: Level,
         runner: &mut impl StepRunner,
         observer: &mut dyn Observer,
     ) -> Result<(Outcome, String), Halt> {
         loop {
-            match self.evaluate(key) {
+            match self.evaluate(key, level) {
                 Eval::Decided(outcome, reason) => return Ok((outcome, reason)),
                 Eval::NeedStep => self.run_block(key, runner, observer).await?,
                 Eval::NeedFailing => self.run_block(&(self.all(), 0), runner, observer).await?,
@@ -1139,20 +1565,102 @@ impl Search<'_> {
             .copied()
             .chain(self.held.iter().copied())
             .collect();
-        if let Some((_, outcome)) = self.tested.iter().find(|(t, _)| t == &set) {
-            return Ok(*outcome);
+        if let Some(outcome) = self.cached(&set) {
+            return Ok(outcome);
         }
-        for (tested, outcome) in &self.tested {
-            let implied = (*outcome == Outcome::Fails && tested.is_subset(&set))
-                || (*outcome == Outcome::Passes && tested.is_superset(&set));
-            if implied {
-                return Ok(*outcome);
-            }
-        }
+        let level = if self.strict {
+            Level::Claim
+        } else {
+            Level::Navigate
+        };
         let key: EvidenceKey = (set.clone(), 0);
-        let (outcome, reason) = self.decide_step(&key, runner, observer).await?;
-        self.record_step(StepKind::Ddmin, &key, outcome, reason, observer)?;
-        self.tested.push((set, outcome));
+        let (outcome, reason) = self.decide_step(&key, level, runner, observer).await?;
+        self.record_step(StepKind::Ddmin, &key, (outcome, reason), level, observer)?;
+        self.tested.push(Tested {
+            set,
+            outcome,
+            claim: level == Level::Claim,
+        });
+        Ok(outcome)
+    }
+
+    /// The outcome of `set` as ddmin's cache has it: tested, or implied by monotonicity
+    /// (a superset of a failing set fails, a subset of a passing set passes).
+    fn cached(&self, set: &FailingSet) -> Option<Outcome> {
+        if let Some(t) = self.tested.iter().rev().find(|t| &t.set == set) {
+            return Some(t.outcome);
+        }
+        self.tested
+            .iter()
+            .find(|t| {
+                (t.outcome == Outcome::Fails && t.set.is_subset(set))
+                    || (t.outcome == Outcome::Passes && t.set.is_superset(set))
+            })
+            .map(|t| t.outcome)
+    }
+
+    /// Whether `subset` failing would end ddmin with it as the answer: every one-smaller
+    /// subset of it is known to pass (cached, or implied by a passing superset), and it
+    /// was never tested.
+    fn would_end(&self, subset: &[usize]) -> bool {
+        let set = |s: &mut dyn Iterator<Item = usize>| -> FailingSet {
+            s.chain(self.held.iter().copied()).collect()
+        };
+        let whole = set(&mut subset.iter().copied());
+        if subset.is_empty() || self.cached(&whole).is_some() {
+            return false;
+        }
+        subset.iter().all(|&x| {
+            let smaller = set(&mut subset.iter().copied().filter(|&y| y != x));
+            self.tested
+                .iter()
+                .any(|t| t.outcome == Outcome::Passes && t.set.is_superset(&smaller))
+        })
+    }
+
+    /// A test that can only end the search, so it is the answer's re-test: fresh blocks
+    /// decided at alpha, never at the navigation level.
+    async fn final_test(
+        &mut self,
+        subset: &[usize],
+        runner: &mut impl StepRunner,
+        observer: &mut dyn Observer,
+    ) -> Result<Outcome, Halt> {
+        let set: FailingSet = subset
+            .iter()
+            .copied()
+            .chain(self.held.iter().copied())
+            .collect();
+        // Its own blocks when it has none yet (they are fresh, and a confirmation finds
+        // them there), else a new generation.
+        let key: EvidenceKey = if self.blocks_of(&(set.clone(), 0)).is_empty() {
+            (set.clone(), 0)
+        } else {
+            self.retests += 1;
+            (set.clone(), self.retests)
+        };
+        let (outcome, reason) = self
+            .decide_step(&key, Level::Claim, runner, observer)
+            .await?;
+        // Failing, it is the answer's re-test; otherwise a ddmin step decided at alpha.
+        let kind = if outcome == Outcome::Fails {
+            StepKind::Retest
+        } else {
+            StepKind::Ddmin
+        };
+        self.record_step(
+            kind,
+            &key,
+            (outcome, reason.clone()),
+            Level::Claim,
+            observer,
+        )?;
+        self.tested.push(Tested {
+            set,
+            outcome,
+            claim: true,
+        });
+        self.final_tested = Some((key, outcome, reason));
         Ok(outcome)
     }
 
@@ -1184,7 +1692,12 @@ impl Search<'_> {
                     };
                     let flipped_alone =
                         complements && part.len() == 1 && c.len() == self.testable().len();
-                    match self.test(&candidate, runner, observer).await? {
+                    let outcome = if self.would_end(&candidate) {
+                        self.final_test(&candidate, runner, observer).await?
+                    } else {
+                        self.test(&candidate, runner, observer).await?
+                    };
+                    match outcome {
                         Outcome::Fails => {
                             c = candidate;
                             n = if complements { (n - 1).max(2) } else { 2 };
@@ -1197,14 +1710,7 @@ impl Search<'_> {
                                 .last()
                                 .map(|s| s.reason.clone())
                                 .unwrap_or_default();
-                            self.held.insert(flag);
-                            self.untestable.push(Untestable {
-                                flag,
-                                reason: format!(
-                                    "flipping it alone to {} degrades the engine ({why})",
-                                    self.p.flags[flag].passing
-                                ),
-                            });
+                            self.hold_out(flag, "alone ", &why);
                             c.retain(|&x| x != flag);
                             n = n.min(c.len()).max(2);
                             continue 'search;

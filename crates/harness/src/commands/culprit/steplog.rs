@@ -64,6 +64,8 @@ struct LoggedOutcome {
     classes: String,
     peak_engine: Option<u64>,
     wall_s: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tokens_per_s: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -127,6 +129,7 @@ pub fn read(path: &Path) -> anyhow::Result<Logged> {
                         classes,
                         peak_engine: outcome.peak_engine,
                         wall_s: outcome.wall_s,
+                        tokens_per_s: outcome.tokens_per_s,
                     },
                 ));
             }
@@ -163,6 +166,7 @@ impl Observer for StepLog {
                 classes: encode(&outcome.classes),
                 peak_engine: outcome.peak_engine,
                 wall_s: outcome.wall_s,
+                tokens_per_s: outcome.tokens_per_s,
             },
         })
     }
