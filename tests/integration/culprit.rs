@@ -197,6 +197,22 @@ async fn a_pinned_fix_cannot_reproduce() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_that_restarts_by_itself_stops_the_search() {
+    let t = FakeTarget::new().await;
+    let before = t.launch_bytes();
+    let plan = culprit_plan(&t, &["FAKE_NOISE", "FAKE_SLOW"], &[]);
+    // Decode crashes and comes back during the first block: no step may use it.
+    t.engine.crash_decode_after(5);
+    let err = run(&t, &plan).await.unwrap_err();
+    let text = format!("{err:#}");
+    assert!(
+        text.contains("block 1: role decode is another process") && text.contains("fix:"),
+        "{text}"
+    );
+    assert_eq!(t.launch_bytes(), before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_are_refused_before_any_edit() {
     let t = FakeTarget::new().await;
     let before = t.launch_bytes();

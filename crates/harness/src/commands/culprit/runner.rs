@@ -101,6 +101,17 @@ impl StepRunner for TestbedRunner<'_, '_> {
             .drive(block, &workload, &self.classifier, &results)
             .await?;
         self.bed.stop().await?;
+        if !stats.engine_replaced.is_empty() {
+            // Part of the block ran on an engine that restarted by itself: its sessions
+            // are not this configuration's, and the search's steps compare blocks.
+            return Err(Failure::CouldNotRun(format!(
+                "block {}: {}\n  fix: find why the engine restarted (its logs) and resume \
+                 the search with --resume",
+                request.block,
+                stats.engine_replaced.join("; ")
+            ))
+            .into());
+        }
         let mut sessions = results.read_sessions()?;
         sessions.sort_by_key(|s| s.index);
         let peak_engine = stats

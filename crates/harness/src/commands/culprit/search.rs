@@ -468,8 +468,9 @@ enum Eval {
     NeedPassing(usize),
 }
 
-/// Looks (corrupted, classified) of `look` sessions each, in session-index order across
-/// blocks; a trailing partial look waits for the next block.
+/// Looks (corrupted, judged) of `look` sessions each, in session-index order across
+/// blocks; a trailing partial look waits for the next block. Judged: neither failed
+/// nor truncated at max_tokens (`SessionClass::is_judged`), as every rate.
 fn looks_of(blocks: &[BlockOutcome], look: u64) -> Vec<(u64, u64)> {
     let all: Vec<SessionClass> = blocks
         .iter()
@@ -477,7 +478,7 @@ fn looks_of(blocks: &[BlockOutcome], look: u64) -> Vec<(u64, u64)> {
         .collect();
     all.chunks_exact(look as usize)
         .map(|chunk| {
-            let classified = chunk.iter().filter(|c| !c.is_failure()).count() as u64;
+            let classified = chunk.iter().filter(|c| c.is_judged()).count() as u64;
             let corrupted = chunk.iter().filter(|c| c.is_corrupted()).count() as u64;
             (corrupted, classified)
         })
@@ -495,7 +496,7 @@ fn totals(blocks: &[BlockOutcome]) -> Totals {
     let all = || blocks.iter().flat_map(|b| b.classes.iter());
     Totals {
         corrupted: all().filter(|c| c.is_corrupted()).count() as u64,
-        classified: all().filter(|c| !c.is_failure()).count() as u64,
+        classified: all().filter(|c| c.is_judged()).count() as u64,
         sessions: all().count() as u64,
         error_timeout: all().filter(|c| c.is_failure()).count() as u64,
     }
