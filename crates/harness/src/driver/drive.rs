@@ -14,7 +14,8 @@
 //! recorded as if it had a class.
 
 use super::barrier::RoundBarrier;
-use super::client::{tools_payload, ChatClient, InFlight};
+use super::body::Sampling;
+use super::client::{tools_payload, ChatClient, Connection, InFlight};
 use super::conversation::{run_session, SessionContext};
 use crate::config::Workload;
 use crate::core::classify::Classifier;
@@ -114,10 +115,12 @@ struct Slot {
     stop: CancellationToken,
     next_index: Arc<AtomicU32>,
     sessions: u32,
+    /// Kept alive from one session of this slot to the next, like a pooled connection.
+    connection: Connection,
 }
 
 impl Slot {
-    async fn run(self) -> SlotOutcome {
+    async fn run(mut self) -> SlotOutcome {
         let mut outcome = SlotOutcome::default();
         loop {
             if self.stop.is_cancelled() {
@@ -130,7 +133,7 @@ impl Slot {
             let seat = self.barrier.as_deref().map(RoundBarrier::seat);
             let run = tokio::select! {
                 biased;
-                run = run_session(&self.ctx, index, seat) => run,
+                run = run_session(&self.ctx, index, seat, &mut self.connection) => run,
                 _ = self.stop.cancelled() => return outcome,
             };
             let finished = Finished {
@@ -163,9 +166,15 @@ pub async fn drive(
     let timeout = Duration::from_secs_f64(workload.timeout_s.max(0.001));
     let client = ChatClient::new(&plan.api, &plan.model, plan.api_key.clone(), timeout)
         .with_context(|| format!("chat client for {}", plan.api))?
-        .with_options(&workload.request);
+        .with_request(
+            &tools_payload(&workload.tools),
+            Sampling {
+                max_tokens: workload.max_tokens,
+                temperature: workload.temperature,
+            },
+            &workload.request,
+        );
     let ctx = Arc::new(SessionContext {
-        tools_payload: tools_payload(&workload.tools),
         workload: workload.clone(),
         client,
         classifier,
@@ -201,6 +210,7 @@ pub async fn drive(
             stop: stop.clone(),
             next_index: next_index.clone(),
             sessions: plan.sessions,
+            connection: Connection::new(),
         };
         let start = start.clone();
         tasks.spawn(async move {
