@@ -310,6 +310,15 @@ impl ChatClient {
         }
     }
 
+    /// Opens `connection` ahead of its first request; true when it is open. A failure is
+    /// not reported here: the next request on it connects again and records the error.
+    pub async fn open(&self, connection: &mut Connection) -> bool {
+        if !connection.is_open() {
+            connection.sender = self.connect().await.ok();
+        }
+        connection.is_open()
+    }
+
     fn request(&self, body: Bytes) -> Request<Full<Bytes>> {
         let mut request = Request::new(Full::new(body));
         *request.method_mut() = Method::POST;

@@ -44,18 +44,44 @@ pub struct SessionRun {
     pub send_lag_us: Vec<u64>,
 }
 
-/// Runs session `index` to its end on `connection` (its slot's). `seat` is its place at
-/// the round barrier, if the workload has one; dropping the future (cancellation) leaves
+/// A session ready for its first round: its task and opening messages, serialised.
+pub struct Prepared {
+    index: u32,
+    task: Task,
+    transcript: Transcript,
+}
+
+impl Prepared {
+    /// Session `index` of `workload` (the same task in every arm and repeat).
+    pub fn new(workload: &Workload, index: u32) -> Self {
+        let (task, messages) = initial_conversation(workload, index);
+        Prepared {
+            index,
+            task,
+            transcript: Transcript::new(messages),
+        }
+    }
+
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+}
+
+/// Runs a session to its end on `connection` (its slot's). `seat` is its place at the
+/// round barrier, if the workload has one; dropping the future (cancellation) leaves
 /// the barrier.
 pub async fn run_session(
     ctx: &SessionContext,
-    index: u32,
+    session: Prepared,
     seat: Option<BarrierSeat<'_>>,
     connection: &mut Connection,
 ) -> SessionRun {
     let workload = &*ctx.workload;
-    let (task, messages) = initial_conversation(workload, index);
-    let mut transcript = Transcript::new(messages);
+    let Prepared {
+        index,
+        task,
+        mut transcript,
+    } = session;
     let mut progress = SessionProgress::new(task.steps.len());
     let mut round_latency_us = Vec::new();
     let mut send_lag_us = Vec::new();

@@ -16,7 +16,7 @@
 use super::barrier::RoundBarrier;
 use super::body::Sampling;
 use super::client::{tools_payload, ChatClient, Connection, InFlight};
-use super::conversation::{run_session, SessionContext};
+use super::conversation::{run_session, Prepared, SessionContext};
 use crate::config::Workload;
 use crate::core::classify::Classifier;
 use crate::core::session::{Counts, SessionResult};
@@ -117,6 +117,8 @@ struct Slot {
     sessions: u32,
     /// Kept alive from one session of this slot to the next, like a pooled connection.
     connection: Connection,
+    /// The slot's first session, built before the clock started.
+    first: Option<Prepared>,
 }
 
 impl Slot {
@@ -126,14 +128,20 @@ impl Slot {
             if self.stop.is_cancelled() {
                 return outcome;
             }
-            let index = self.next_index.fetch_add(1, Ordering::Relaxed);
-            if index >= self.sessions {
-                return outcome;
-            }
+            let session = match self.first.take() {
+                Some(first) => first,
+                None => {
+                    let index = self.next_index.fetch_add(1, Ordering::Relaxed);
+                    if index >= self.sessions {
+                        return outcome;
+                    }
+                    Prepared::new(&self.ctx.workload, index)
+                }
+            };
             let seat = self.barrier.as_deref().map(RoundBarrier::seat);
             let run = tokio::select! {
                 biased;
-                run = run_session(&self.ctx, index, seat, &mut self.connection) => run,
+                run = run_session(&self.ctx, session, seat, &mut self.connection) => run,
                 _ = self.stop.cancelled() => return outcome,
             };
             let finished = Finished {
@@ -195,14 +203,29 @@ pub async fn drive(
         .then(|| Arc::new(RoundBarrier::new(plan.sessions as usize)));
     // Stops the sessions on the caller's cancel, or when the collector went away.
     let stop = cancel.child_token();
-    let next_index = Arc::new(AtomicU32::new(0));
+    // Before the clock: each slot's first session is built and its connection opened,
+    // so the opening burst is the sessions' first requests, not thousands of connects and
+    // task set-ups racing the first sessions' later rounds (at 1000 in flight the first
+    // sessions used to finish before the last had connected, so the target load was
+    // never reached). A connection that cannot be opened now is opened by its session's
+    // first request, which records any error as usual.
+    let opened = tokio::select! {
+        opened = futures::future::join_all((0..slots).map(|_| async {
+            let mut connection = Connection::new();
+            ctx.client.open(&mut connection).await;
+            connection
+        })) => opened,
+        _ = stop.cancelled() => Vec::new(),
+    };
+    let mut connections = opened.into_iter();
+    let next_index = Arc::new(AtomicU32::new(slots));
 
     // Slots wait at this gate until all are spawned, so the first sessions start as one
     // burst even when the spawning thread is slow or descheduled: the load shape must
     // not depend on how fast tasks were created.
     let start = CancellationToken::new();
     let mut tasks = JoinSet::new();
-    for _ in 0..slots {
+    for index in 0..slots {
         let slot = Slot {
             ctx: ctx.clone(),
             barrier: barrier.clone(),
@@ -210,7 +233,8 @@ pub async fn drive(
             stop: stop.clone(),
             next_index: next_index.clone(),
             sessions: plan.sessions,
-            connection: Connection::new(),
+            connection: connections.next().unwrap_or_default(),
+            first: Some(Prepared::new(&workload, index)),
         };
         let start = start.clone();
         tasks.spawn(async move {
