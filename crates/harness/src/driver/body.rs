@@ -212,17 +212,15 @@ mod tests {
     }
 
     fn options(stream: bool, extra_text: &str) -> RequestOptions {
-        let mut options = RequestOptions::default();
-        options.stream = stream;
-        options.tool_choice = Some(serde_json::json!({"type": "function", "note": extra_text}));
-        options
-            .extra
-            .insert("top_p".into(), serde_json::json!(0.95));
-        options.extra.insert(
-            format!("x_{}", extra_text.len()),
-            serde_json::json!(extra_text),
-        );
-        options
+        let mut extra = serde_json::Map::new();
+        extra.insert("top_p".into(), serde_json::json!(0.95));
+        extra.insert(format!("x_{}", extra_text.len()), serde_json::json!(extra_text));
+        RequestOptions {
+            stream,
+            tool_choice: Some(serde_json::json!({"type": "function", "note": extra_text})),
+            extra,
+            ..Default::default()
+        }
     }
 
     fn assert_spliced_equals_serde(
@@ -259,7 +257,7 @@ mod tests {
     #[test]
     fn spliced_body_is_serdes_whole_request_byte_for_byte() {
         let tools =
-            vec![serde_json::json!({"type": "function", "function": {"name": "read_file \"x\""}})];
+            [serde_json::json!({"type": "function", "function": {"name": "read_file \"x\""}})];
         let sampling = Sampling {
             max_tokens: 512,
             temperature: 0.7,
