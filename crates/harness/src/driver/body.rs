@@ -214,7 +214,10 @@ mod tests {
     fn options(stream: bool, extra_text: &str) -> RequestOptions {
         let mut extra = serde_json::Map::new();
         extra.insert("top_p".into(), serde_json::json!(0.95));
-        extra.insert(format!("x_{}", extra_text.len()), serde_json::json!(extra_text));
+        extra.insert(
+            format!("x_{}", extra_text.len()),
+            serde_json::json!(extra_text),
+        );
         RequestOptions {
             stream,
             tool_choice: Some(serde_json::json!({"type": "function", "note": extra_text})),

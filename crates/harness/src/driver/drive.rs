@@ -576,6 +576,63 @@ mod tests {
         assert!(format!("{err:#}").contains("round barrier"), "{err:#}");
     }
 
+    /// A TCP relay in front of `upstream` that counts the connections it accepts.
+    async fn counting_relay(upstream: std::net::SocketAddr) -> (String, Arc<AtomicU32>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicU32::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut outbound = tokio::net::TcpStream::connect(upstream).await.unwrap();
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                });
+            }
+        });
+        (format!("http://{addr}/v1"), accepted)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn each_slot_keeps_one_connection_for_all_its_rounds_and_sessions() {
+        let server = MockServer::start(MockConfig::default()).await.unwrap();
+        for (sessions, concurrency) in [(40u32, 8u32), (30, 0)] {
+            let (api, accepted) = counting_relay(server.addr()).await;
+            let workload = sample_workload(sessions, 4);
+            let classifier = Arc::new(Classifier::with_defaults(&workload.tools).unwrap());
+            let plan = DrivePlan {
+                api,
+                model: "mock".into(),
+                api_key: None,
+                sessions,
+                concurrency,
+                workload,
+                label: "on".into(),
+                repeat: 1,
+            };
+            let (tx, mut rx) = mpsc::channel(64);
+            let collector = tokio::spawn(async move { while rx.recv().await.is_some() {} });
+            let stats = drive(
+                &plan,
+                classifier,
+                tx,
+                Arc::new(InFlight::new()),
+                CancellationToken::new(),
+            )
+            .await
+            .unwrap();
+            collector.await.unwrap();
+            assert_eq!(stats.counts.done, u64::from(sessions), "{:?}", stats.counts);
+            assert!(stats.requests >= 4 * u64::from(sessions));
+            assert_eq!(
+                accepted.load(Ordering::SeqCst),
+                plan.slots(),
+                "{sessions} sessions at {concurrency}: one connection per slot"
+            );
+        }
+    }
+
     #[test]
     fn percentile_is_nearest_rank() {
         let v: Vec<u64> = (1..=100).collect();
