@@ -19,6 +19,9 @@
 # a real engine's round takes), where neither side is saturated: its think time is the
 # client's scheduling lag at that many sessions in flight.
 #
+# Each client runs each size REPEATS times (default 3), alternating with the other client;
+# the table shows the run with the median sessions/s and the range over the repeats.
+#
 #   scripts/bench-clients.sh               # SIZES="100 1000 5000"
 #   SIZES="100 1000" CONCURRENCY=100 ENGINE_SIZES="" scripts/bench-clients.sh
 set -euo pipefail
@@ -27,6 +30,7 @@ cd "$(dirname "$0")/.."
 SIZES=${SIZES:-"100 1000 5000"}
 ENGINE_SIZES=${ENGINE_SIZES-"1000"}
 DELAY_MS=${DELAY_MS:-200}
+REPEATS=${REPEATS:-3}
 CONCURRENCY=${CONCURRENCY:-0}
 PORT=${PORT:-18937}
 OUT=${OUT_DIR:-target/bench-clients}
@@ -104,9 +108,11 @@ phase() { # mock-label jitter-ms sizes...
   for n in "$@"; do
     c=$CONCURRENCY
     [ "$c" -eq 0 ] && c=$n
-    echo "== $label mock: $n sessions, $c in flight" >&2
-    run_one "$label" bisect "$n" "${pin_client[@]}" cargo bench -q --bench driver -- --url "$base/v1" --concurrency "$c" --json "$n"
-    run_one "$label" python-aiohttp "$n" "${pin_client[@]}" "$VENV/bin/python" benches/python/client.py --url "$base/v1" --dump "$dump" --sessions "$n" --concurrency "$c"
+    for r in $(seq "$REPEATS"); do
+      echo "== $label mock: $n sessions, $c in flight (run $r of $REPEATS)" >&2
+      run_one "$label" bisect "$n" "${pin_client[@]}" cargo bench -q --bench driver -- --url "$base/v1" --concurrency "$c" --json "$n"
+      run_one "$label" python-aiohttp "$n" "${pin_client[@]}" "$VENV/bin/python" benches/python/client.py --url "$base/v1" --dump "$dump" --sessions "$n" --concurrency "$c"
+    done
   done
 }
 # shellcheck disable=SC2086 # the size lists are meant to split
@@ -118,15 +124,24 @@ fi
 
 python3 - "$results" <<'PY'
 import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
+runs = [json.loads(l) for l in open(sys.argv[1])]
+groups = {}
+for r in runs:
+    groups.setdefault((r["mock"], r["client"], r["sessions"]), []).append(r)
+rows = []
+for group in groups.values():
+    group.sort(key=lambda r: r["sessions_per_s"])
+    row = dict(group[len(group) // 2])
+    row["range"] = f'{group[0]["sessions_per_s"]:.0f}-{group[-1]["sessions_per_s"]:.0f}'
+    rows.append(row)
 by = {(r["mock"], r["client"], r["sessions"]): r for r in rows}
-print("| mock | client | sessions | done | sessions/s | vs python | vs own 100 | CPU s / 1000 req | round p50 / p99 ms | think p50 / p99 ms (server-side) | in-flight peak / target | peak RSS MiB |")
+print("| mock | client | sessions | done | sessions/s (median, range) | vs python | vs own 100 | CPU s / 1000 req | round p50 / p99 ms | think p50 / p99 ms (server-side) | in-flight peak / target | peak RSS MiB |")
 print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for r in rows:
     py = by.get((r["mock"], "python-aiohttp", r["sessions"]))
     first = min((x for x in rows if x["client"] == r["client"] and x["mock"] == r["mock"]), key=lambda x: x["sessions"])
     vs_py = r["sessions_per_s"] / py["sessions_per_s"] if py else float("nan")
-    print(f'| {r["mock"]} | {r["client"]} | {r["sessions"]} | {r["done"]} | {r["sessions_per_s"]:.0f} | {vs_py:.2f}x | '
+    print(f'| {r["mock"]} | {r["client"]} | {r["sessions"]} | {r["done"]} | {r["sessions_per_s"]:.0f} ({r["range"]}) | {vs_py:.2f}x | '
           f'{r["sessions_per_s"] / first["sessions_per_s"]:.2f} | {r["cpu_s_per_1000_requests"]:.3f} | '
           f'{r["round_p50_ms"]:.1f} / {r["round_p99_ms"]:.1f} | {r["think_p50_ms"]:.2f} / {r["think_p99_ms"]:.2f} | '
           f'{r["peak_inflight"]} / {r["target_inflight"]} | {r["peak_rss_mib"]:.0f} |')
