@@ -9,7 +9,7 @@
 
 use super::barrier::BarrierSeat;
 use super::body::Transcript;
-use super::client::{ChatClient, ChatOutcome, Connection, InFlight};
+use super::client::{ChatClient, ChatOutcome, Connection, InFlight, WaveSeat};
 use crate::config::Workload;
 use crate::core::classify::{account_for_truncation, Classifier, RoundOutcome};
 use crate::core::ending::{Flow, SessionProgress};
@@ -75,6 +75,7 @@ pub async fn run_session(
     session: Prepared,
     seat: Option<BarrierSeat<'_>>,
     connection: &mut Connection,
+    mut wave: Option<WaveSeat>,
 ) -> SessionRun {
     let workload = &*ctx.workload;
     let Prepared {
@@ -96,7 +97,7 @@ pub async fn run_session(
         }
         let outcome = ctx
             .client
-            .complete(connection, &transcript, &ctx.inflight)
+            .complete(connection, &transcript, &ctx.inflight, wave.take())
             .await;
         let replied = Instant::now();
         replied_at = Some(replied);

@@ -15,7 +15,7 @@
 
 use super::barrier::RoundBarrier;
 use super::body::Sampling;
-use super::client::{tools_payload, ChatClient, Connection, InFlight};
+use super::client::{tools_payload, ChatClient, Connection, FirstWave, InFlight, WaveSeat};
 use super::conversation::{run_session, Prepared, SessionContext};
 use crate::config::Workload;
 use crate::core::classify::Classifier;
@@ -119,6 +119,8 @@ struct Slot {
     connection: Connection,
     /// The slot's first session, built before the clock started.
     first: Option<Prepared>,
+    /// Its place in the opening burst (its first request only).
+    wave: Option<WaveSeat>,
 }
 
 impl Slot {
@@ -141,7 +143,7 @@ impl Slot {
             let seat = self.barrier.as_deref().map(RoundBarrier::seat);
             let run = tokio::select! {
                 biased;
-                run = run_session(&self.ctx, session, seat, &mut self.connection) => run,
+                run = run_session(&self.ctx, session, seat, &mut self.connection, self.wave.take()) => run,
                 _ = self.stop.cancelled() => return outcome,
             };
             let finished = Finished {
@@ -219,6 +221,7 @@ pub async fn drive(
     };
     let mut connections = opened.into_iter();
     let next_index = Arc::new(AtomicU32::new(slots));
+    let wave = Arc::new(FirstWave::new(slots));
 
     // Slots wait at this gate until all are spawned, so the first sessions start as one
     // burst even when the spawning thread is slow or descheduled: the load shape must
@@ -235,6 +238,7 @@ pub async fn drive(
             sessions: plan.sessions,
             connection: connections.next().unwrap_or_default(),
             first: Some(Prepared::new(&workload, index)),
+            wave: Some(wave.seat()),
         };
         let start = start.clone();
         tasks.spawn(async move {
@@ -595,7 +599,7 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn each_slot_keeps_one_connection_for_all_its_rounds_and_sessions() {
+    async fn each_slot_keeps_one_connection_and_the_opening_burst_reaches_every_slot() {
         let server = MockServer::start(MockConfig::default()).await.unwrap();
         for (sessions, concurrency) in [(40u32, 8u32), (30, 0)] {
             let (api, accepted) = counting_relay(server.addr()).await;
@@ -630,6 +634,9 @@ mod tests {
                 plan.slots(),
                 "{sessions} sessions at {concurrency}: one connection per slot"
             );
+            // The opening burst is delivered whatever the server's speed: every slot's
+            // first request is out before any first reply is acted on.
+            assert_eq!(stats.peak_client_inflight, u64::from(plan.slots()));
         }
     }
 
