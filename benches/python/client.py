@@ -7,7 +7,10 @@ ends the next one starts). The conversations, expected calls and tool results co
 `cargo bench --bench driver -- --dump FILE N`, so both clients send the same bytes.
 
 This is how the usual clients for this job are written (the seeds' repro agent, the
-engines' multi-turn benchmarks): one event loop, one shared connection pool.
+engines' multi-turn benchmarks): one event loop, one shared connection pool. Like
+bisect's driver, it opens its C connections before the clock starts (one concurrent
+`GET /health` each, the pool keeps them), so both clients' opening burst is requests, not
+connects; `--no-warm` skips that.
 
 Prints one JSON line per run: sessions/s, client CPU seconds per 1000 requests, round
 latency and send lag (reply arrival to the same session's next request) p50/p99, achieved
@@ -128,6 +131,7 @@ async def main():
     parser.add_argument("--dump", required=True, help="JSON lines from the driver bench's --dump")
     parser.add_argument("--sessions", type=int, required=True)
     parser.add_argument("--concurrency", type=int, default=0, help="0: all sessions at once")
+    parser.add_argument("--no-warm", action="store_true", help="do not open connections before the clock")
     args = parser.parse_args()
 
     with open(args.dump, encoding="utf-8") as f:
@@ -143,6 +147,14 @@ async def main():
     timeout = aiohttp.ClientTimeout(total=120)
     cpu_before = time.process_time()
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
+        if not args.no_warm:
+            health = url.rsplit("/v1/", 1)[0] + "/health"
+
+            async def warm():
+                async with http.get(health) as response:
+                    await response.read()
+
+            await asyncio.gather(*(warm() for _ in range(concurrency)))
         started = time.perf_counter()
         await asyncio.gather(*(slot(run, http, url, sessions) for _ in range(concurrency)))
         wall = time.perf_counter() - started

@@ -21,8 +21,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use parking_lot::Mutex;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -164,6 +165,50 @@ struct Shared {
     config: MockConfig,
     stats: Arc<MockStats>,
     shutdown: CancellationToken,
+    /// Every user message text seen, with its parsed task (None: not a task). A session
+    /// sends its task message every round; parsing it (regexes) and tokenizing the
+    /// answers once per session instead of once per round keeps the mock cheaper than
+    /// the clients it measures.
+    tasks: Mutex<HashMap<Box<str>, Option<Arc<ParsedTask>>>>,
+}
+
+/// A task message's steps, with each step's arguments as the JSON text the reply carries
+/// and the reply's token count.
+struct ParsedTask {
+    steps: Vec<Step>,
+    arguments: Vec<String>,
+    tokens: Vec<usize>,
+}
+
+impl ParsedTask {
+    fn parse(text: &str) -> Option<ParsedTask> {
+        let steps = parse_task(text)?.steps;
+        let arguments: Vec<String> = steps
+            .iter()
+            .map(|(_, args)| Value::Object(args.clone()).to_string())
+            .collect();
+        let tokens = steps
+            .iter()
+            .zip(&arguments)
+            .map(|((tool, _), arguments)| token_count(tool) + token_count(arguments))
+            .collect();
+        Some(ParsedTask {
+            steps,
+            arguments,
+            tokens,
+        })
+    }
+}
+
+impl Shared {
+    fn task(&self, text: &str) -> Option<Arc<ParsedTask>> {
+        if let Some(known) = self.tasks.lock().get(text) {
+            return known.clone();
+        }
+        let parsed = ParsedTask::parse(text).map(Arc::new);
+        self.tasks.lock().insert(text.into(), parsed.clone());
+        parsed
+    }
 }
 
 /// A running mock; stops when dropped.
@@ -196,6 +241,7 @@ impl MockServer {
             config,
             stats: stats.clone(),
             shutdown: shutdown.clone(),
+            tasks: Mutex::default(),
         });
         let app = Router::new()
             .route("/v1/chat/completions", post(chat))
@@ -257,11 +303,11 @@ impl Drop for RunningGuard<'_> {
 }
 
 /// Where a conversation stands: the task, its text, and the round about to be answered.
-struct Progress {
+struct Progress<'a> {
     /// Which session this is: a hash of every message up to and including the task.
     session_key: u32,
-    task_text: String,
-    steps: Vec<Step>,
+    task_text: &'a str,
+    task: Arc<ParsedTask>,
     done_steps: usize,
     round: u32,
 }
@@ -270,26 +316,28 @@ struct Progress {
 /// other field are skipped unparsed, so the mock's cost per request stays small next to
 /// the client it is benchmarking (a `serde_json::Value` tree of the whole conversation
 /// cost more than the client's own work per round).
+/// Strings without escapes are borrowed from the body, not copied.
 #[derive(Debug, Default, Deserialize)]
-struct ChatRequest {
-    #[serde(default)]
-    messages: Vec<RequestMessage>,
+struct ChatRequest<'a> {
+    #[serde(default, borrow)]
+    messages: Vec<RequestMessage<'a>>,
 }
 
 #[derive(Debug, Deserialize)]
-struct RequestMessage {
-    role: String,
-    #[serde(default)]
-    content: Option<String>,
+struct RequestMessage<'a> {
+    #[serde(borrow)]
+    role: Cow<'a, str>,
+    #[serde(default, borrow)]
+    content: Option<Cow<'a, str>>,
 }
 
-fn progress(messages: &[RequestMessage]) -> Option<Progress> {
-    let (at, task_text, steps) = messages.iter().enumerate().rev().find_map(|(i, m)| {
+fn progress<'a>(shared: &Shared, messages: &'a [RequestMessage<'a>]) -> Option<Progress<'a>> {
+    let (at, task_text, task) = messages.iter().enumerate().rev().find_map(|(i, m)| {
         if m.role != "user" {
             return None;
         }
         let text = m.content.as_deref()?;
-        parse_task(text).map(|task| (i, text.to_string(), task.steps))
+        shared.task(text).map(|task| (i, text, task))
     })?;
     let later = &messages[at + 1..];
     let count = |role: &str| later.iter().filter(|m| m.role == role).count();
@@ -302,7 +350,7 @@ fn progress(messages: &[RequestMessage]) -> Option<Progress> {
     Some(Progress {
         session_key: hasher.finalize(),
         task_text,
-        steps,
+        task,
         done_steps: count("tool"),
         round: count("assistant") as u32 + 1,
     })
@@ -332,40 +380,103 @@ fn token_count(text: &str) -> usize {
     tokenizer::split(text).len()
 }
 
-fn completion(message: Value, completion_tokens: usize) -> Response {
-    let body = json!({
-        "id": "chatcmpl-mock",
-        "object": "chat.completion",
-        "model": "mock",
-        "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 0, "completion_tokens": completion_tokens},
-    });
-    (
-        [(header::CONTENT_TYPE, "application/json")],
-        body.to_string(),
-    )
-        .into_response()
+/// A reply body, typed: serialising a `json!` tree per reply was a visible share of
+/// the mock's cost. Field order as OpenAI's.
+#[derive(Serialize)]
+struct Completion<'a> {
+    id: &'static str,
+    object: &'static str,
+    model: &'static str,
+    choices: [Choice<'a>; 1],
+    usage: Usage,
 }
 
-fn tool_call_reply(round: u32, tool: &str, arguments: String) -> Response {
-    let tokens = token_count(tool) + token_count(&arguments);
+#[derive(Serialize)]
+struct Choice<'a> {
+    index: u32,
+    message: ReplyMessage<'a>,
+    finish_reason: &'static str,
+}
+
+#[derive(Serialize)]
+struct ReplyMessage<'a> {
+    role: &'static str,
+    content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_calls: Option<[ReplyCall<'a>; 1]>,
+}
+
+#[derive(Serialize)]
+struct ReplyCall<'a> {
+    id: String,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: ReplyFunction<'a>,
+}
+
+#[derive(Serialize)]
+struct ReplyFunction<'a> {
+    name: &'a str,
+    arguments: &'a str,
+}
+
+#[derive(Serialize)]
+struct Usage {
+    prompt_tokens: usize,
+    completion_tokens: usize,
+}
+
+fn completion(message: ReplyMessage<'_>, completion_tokens: usize) -> Response {
+    let body = Completion {
+        id: "chatcmpl-mock",
+        object: "chat.completion",
+        model: "mock",
+        choices: [Choice {
+            index: 0,
+            message,
+            finish_reason: "stop",
+        }],
+        usage: Usage {
+            prompt_tokens: 0,
+            completion_tokens,
+        },
+    };
+    let body = serde_json::to_vec(&body).expect("a reply always serialises");
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+/// A reply calling `tool` with `arguments`; `tokens` is its completion token count.
+fn tool_call_reply(round: u32, tool: &str, arguments: &str, tokens: usize) -> Response {
     completion(
-        json!({
-            "role": "assistant",
-            "content": null,
-            "tool_calls": [{
-                "id": format!("call_{round}"),
-                "type": "function",
-                "function": {"name": tool, "arguments": arguments},
-            }],
-        }),
+        ReplyMessage {
+            role: "assistant",
+            content: None,
+            tool_calls: Some([ReplyCall {
+                id: format!("call_{round}"),
+                kind: "function",
+                function: ReplyFunction {
+                    name: tool,
+                    arguments,
+                },
+            }]),
+        },
         tokens,
     )
 }
 
+/// A tool-call reply whose arguments were altered by a fault: tokens counted afresh.
+fn faulty_call_reply(round: u32, tool: &str, arguments: String) -> Response {
+    let tokens = token_count(tool) + token_count(&arguments);
+    tool_call_reply(round, tool, &arguments, tokens)
+}
+
 fn text_reply(text: &str) -> Response {
     completion(
-        json!({"role": "assistant", "content": text}),
+        ReplyMessage {
+            role: "assistant",
+            content: Some(text),
+            tool_calls: None,
+        },
         token_count(text),
     )
 }
@@ -388,7 +499,7 @@ async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes
         Ok(v) => v,
         Err(e) => return (StatusCode::BAD_REQUEST, format!("bad json: {e}")).into_response(),
     };
-    let Some(state) = progress(&request.messages) else {
+    let Some(state) = progress(&shared, &request.messages) else {
         return text_reply("There is no task to work on.");
     };
     stats.rounds.lock().push(state.round);
@@ -402,9 +513,9 @@ async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes
         .config
         .faults
         .iter()
-        .find(|rule| rule.round == state.round && rule.selects(&state.task_text))
+        .find(|rule| rule.round == state.round && rule.selects(state.task_text))
         .map(|rule| rule.fault);
-    let mut waited = jitter(&shared.config, &state.task_text, state.round);
+    let mut waited = jitter(&shared.config, state.task_text, state.round);
     if let Some(Fault::Sleep(extra)) = fault {
         waited += extra;
     }
@@ -415,7 +526,7 @@ async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes
         }
     }
 
-    let step = state.steps.get(state.done_steps);
+    let step = state.task.steps.get(state.done_steps);
     let response = match (fault, step) {
         (Some(Fault::Status500), _) => {
             (StatusCode::INTERNAL_SERVER_ERROR, "injected failure").into_response()
@@ -442,15 +553,21 @@ async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes
             if let Some((_, value)) = args.iter_mut().next() {
                 *value = altered(value);
             }
-            tool_call_reply(state.round, tool, Value::Object(args).to_string())
+            faulty_call_reply(state.round, tool, Value::Object(args).to_string())
         }
         (Some(Fault::BadJsonArgs), Some((tool, args))) => {
             let mut text = Value::Object(args.clone()).to_string();
             text.truncate(text.len().saturating_sub(3).max(1));
-            tool_call_reply(state.round, tool, text)
+            faulty_call_reply(state.round, tool, text)
         }
-        (_, Some((tool, args))) => {
-            tool_call_reply(state.round, tool, Value::Object(args.clone()).to_string())
+        (_, Some((tool, _))) => {
+            let at = state.done_steps;
+            tool_call_reply(
+                state.round,
+                tool,
+                &state.task.arguments[at],
+                state.task.tokens[at],
+            )
         }
         (_, None) => text_reply("All steps are done; nothing unusual found."),
     };
@@ -502,28 +619,90 @@ mod tests {
             When all steps are done, answer with a one-line summary."})
     }
 
-    fn typed(conversation: &[Value]) -> Vec<RequestMessage> {
-        serde_json::from_value(Value::Array(conversation.to_vec())).unwrap()
+    fn shared() -> Shared {
+        Shared {
+            config: MockConfig::default(),
+            stats: Arc::default(),
+            shutdown: CancellationToken::new(),
+            tasks: Mutex::default(),
+        }
+    }
+
+    /// (done steps, round, steps, first step's tool, its max_lines) of a conversation.
+    fn progress_of(
+        shared: &Shared,
+        conversation: &[Value],
+    ) -> Option<(usize, u32, usize, String, Value)> {
+        let text = Value::Array(conversation.to_vec()).to_string();
+        let messages: Vec<RequestMessage> = serde_json::from_str(&text).unwrap();
+        let p = progress(shared, &messages)?;
+        let (tool, args) = &p.task.steps[0];
+        let max_lines = args.get("max_lines").cloned().unwrap_or(Value::Null);
+        Some((
+            p.done_steps,
+            p.round,
+            p.task.steps.len(),
+            tool.clone(),
+            max_lines,
+        ))
     }
 
     #[test]
     fn progress_counts_steps_and_rounds_after_the_task() {
+        let shared = shared();
         let mut conversation = vec![
             json!({"role": "system", "content": "tools"}),
             task_message(),
         ];
-        let first = progress(&typed(&conversation)).unwrap();
-        assert_eq!(
-            (first.done_steps, first.round, first.steps.len()),
-            (0, 1, 2)
-        );
-        assert_eq!(first.steps[0].0, "read_file");
-        assert_eq!(first.steps[0].1["max_lines"], 40);
+        let first = progress_of(&shared, &conversation).unwrap();
+        assert_eq!(first, (0, 1, 2, "read_file".to_string(), json!(40)));
         conversation.push(json!({"role": "assistant", "content": null, "tool_calls": []}));
         conversation.push(json!({"role": "tool", "tool_call_id": "call_1", "content": "x"}));
-        let second = progress(&typed(&conversation)).unwrap();
-        assert_eq!((second.done_steps, second.round), (1, 2));
-        assert!(progress(&typed(&[json!({"role": "user", "content": "hello"})])).is_none());
+        let second = progress_of(&shared, &conversation).unwrap();
+        assert_eq!((second.0, second.1), (1, 2));
+        assert!(progress_of(&shared, &[json!({"role": "user", "content": "hello"})]).is_none());
+        // Parsed once per text: the task and the non-task message.
+        assert_eq!(shared.tasks.lock().len(), 2);
+        // Escaped text (an owned string, not borrowed) parses the same.
+        let escaped = json!({"role": "user", "content": format!("\"quoted\"\n{}", task_message()["content"].as_str().unwrap())});
+        let third = progress_of(&shared, &[escaped]).unwrap();
+        assert_eq!(third.2, 2);
+    }
+
+    async fn body_json(response: Response) -> Value {
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    #[tokio::test]
+    async fn typed_replies_have_the_openai_shape() {
+        let call = body_json(tool_call_reply(3, "read_file", r#"{"path":"/a \"b\""}"#, 9)).await;
+        assert_eq!(
+            call,
+            json!({
+                "id": "chatcmpl-mock",
+                "object": "chat.completion",
+                "model": "mock",
+                "choices": [{"index": 0, "message": {
+                    "role": "assistant",
+                    "content": null,
+                    "tool_calls": [{"id": "call_3", "type": "function",
+                        "function": {"name": "read_file", "arguments": "{\"path\":\"/a \\\"b\\\"\"}"}}],
+                }, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 0, "completion_tokens": 9},
+            })
+        );
+        let text = body_json(text_reply("done \u{1}")).await;
+        assert_eq!(
+            text["choices"][0]["message"],
+            json!({"role": "assistant", "content": "done \u{1}"})
+        );
+        assert_eq!(
+            text["usage"]["completion_tokens"],
+            token_count("done \u{1}")
+        );
     }
 
     #[test]

@@ -8,11 +8,19 @@
 //! body or stream). Also [`InFlight`], the client-side in-flight request counter the
 //! metrics poller samples and run.json reports as `peak_running.client`.
 
+pub use super::body::Sampling;
+use super::body::{RequestTemplate, Transcript};
 use crate::config::workload::RequestOptions;
 use crate::config::ToolSpec;
 use crate::core::session::{ChatMessage, ToolCall};
 use anyhow::Context;
-use serde::{Deserialize, Serialize};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper::client::conn::http1;
+use hyper::header::{self, HeaderValue};
+use hyper::{Method, Request, StatusCode, Uri};
+use hyper_util::rt::TokioIo;
+use serde::Deserialize;
 use serde_json::Value;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -79,32 +87,6 @@ pub enum ChatOutcome {
     Timeout,
 }
 
-/// Sampling limits sent with every request of a workload.
-#[derive(Debug, Clone, Copy)]
-pub struct Sampling {
-    pub max_tokens: u32,
-    pub temperature: f64,
-}
-
-#[derive(Serialize)]
-struct ChatRequest<'a> {
-    model: &'a str,
-    messages: &'a [ChatMessage],
-    #[serde(skip_serializing_if = "<[Value]>::is_empty")]
-    tools: &'a [Value],
-    max_tokens: u32,
-    temperature: f64,
-    stream: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    stream_options: Option<Value>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tool_choice: Option<&'a Value>,
-    /// The workload's extra request fields (the loader refuses names bisect sets), written
-    /// in place: no `Value` copy of the growing conversation per request.
-    #[serde(flatten)]
-    extra: &'a serde_json::Map<String, Value>,
-}
-
 #[derive(Deserialize)]
 struct ChatResponse {
     choices: Vec<Choice>,
@@ -150,106 +132,241 @@ fn excerpt(text: &str, n: usize) -> &str {
     }
 }
 
-/// One engine's chat endpoint; cheap to share (`reqwest::Client` pools connections).
+/// One HTTP/1.1 connection to the engine, owned by one driver slot and kept alive
+/// across its rounds and sessions. A slot has at most one request in flight, so a
+/// connection of its own is all it needs: no pool to check out from, and no second
+/// connection opened because the first had not yet been handed back (a shared pool did
+/// that for most sessions at 1000 in flight, each one an extra accept on the engine).
+/// Empty until the first request; dropped and reopened after any failure.
+#[derive(Default)]
+pub struct Connection {
+    sender: Option<http1::SendRequest<Full<Bytes>>>,
+}
+
+impl Connection {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.sender.as_ref().is_some_and(|s| !s.is_closed())
+    }
+}
+
+/// The opening burst: every slot's first request is dispatched before any slot acts on
+/// its first reply. Without it, against a fast server, the runtime ran the first
+/// sessions' later rounds (woken tasks go first) before it had even polled the last
+/// slots, and the burst of C requests never happened (185 in flight of 1000 against the
+/// zero-work mock). Real engines take longer than dispatching C requests, so there it
+/// changes nothing.
+#[derive(Debug)]
+pub struct FirstWave {
+    remaining: AtomicU64,
+    all_sent: tokio_util::sync::CancellationToken,
+}
+
+impl FirstWave {
+    pub fn new(slots: u32) -> Self {
+        let wave = FirstWave {
+            remaining: AtomicU64::new(u64::from(slots)),
+            all_sent: tokio_util::sync::CancellationToken::new(),
+        };
+        if slots == 0 {
+            wave.all_sent.cancel();
+        }
+        wave
+    }
+
+    /// One slot's place in the wave; it counts as sent when dispatched or dropped (a
+    /// slot that fails or stops before sending never holds the others).
+    pub fn seat(self: &std::sync::Arc<Self>) -> WaveSeat {
+        WaveSeat {
+            wave: Some(self.clone()),
+        }
+    }
+
+    fn arrive(&self) {
+        if self.remaining.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.all_sent.cancel();
+        }
+    }
+}
+
+pub struct WaveSeat {
+    wave: Option<std::sync::Arc<FirstWave>>,
+}
+
+impl WaveSeat {
+    fn sent(&mut self) {
+        if let Some(wave) = self.wave.take() {
+            wave.arrive();
+        }
+    }
+}
+
+impl Drop for WaveSeat {
+    fn drop(&mut self) {
+        self.sent();
+    }
+}
+
+/// Why a request got no reply.
+enum Failure {
+    Timeout,
+    Error(String),
+}
+
+/// One engine's chat endpoint: where it is, the fixed parts of every request body, and
+/// the limits. Cheap to share; the connections are the slots' ([`Connection`]).
 #[derive(Debug, Clone)]
 pub struct ChatClient {
-    http: reqwest::Client,
-    /// Parsed once: parsing it per request was a measurable share of the client's work.
-    url: reqwest::Url,
-    model: String,
+    url: String,
+    /// Host name or address to connect to (IPv6 without brackets) and port.
+    host: String,
+    port: u16,
+    /// `Host` header and request target (origin form), computed once.
+    host_header: HeaderValue,
+    path: Uri,
+    /// `Bearer <key>`, marked sensitive.
+    authorization: Option<HeaderValue>,
     api_key: Option<String>,
     timeout: Duration,
-    tool_choice: Option<Value>,
-    extra: serde_json::Map<String, Value>,
+    connect_timeout: Duration,
+    model: String,
+    template: RequestTemplate,
     stream: bool,
 }
 
 impl ChatClient {
-    /// The workload's request options: `tool_choice`, extra fields, streaming.
-    pub fn with_options(mut self, options: &RequestOptions) -> Self {
-        self.tool_choice = options.tool_choice.clone();
-        self.extra = options.extra.clone();
-        self.stream = options.stream;
-        self
-    }
-
-    /// `api` is the OpenAI base URL (`http://host:port/v1`). The pool keeps an idle
-    /// connection per session, so a thousand sessions reuse sockets between rounds, and
-    /// proxies are ignored: the engine is usually on loopback.
+    /// `api` is the OpenAI base URL (`http://host:port/v1`); plain HTTP only (bisect is
+    /// built without TLS), no proxies (the engine is usually on loopback), no redirects
+    /// (an engine answers its chat endpoint itself: a redirect is a misconfigured URL,
+    /// reported as the HTTP status it is). Requests carry no tools and default sampling
+    /// until [`ChatClient::with_request`].
     pub fn new(
         api: &str,
         model: &str,
         api_key: Option<String>,
         timeout: Duration,
     ) -> anyhow::Result<Self> {
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .pool_max_idle_per_host(16_384)
-            .pool_idle_timeout(Duration::from_secs(90))
-            .tcp_nodelay(true)
-            .connect_timeout(timeout.min(Duration::from_secs(30)))
-            // An engine answers its chat endpoint itself; a redirect is a misconfigured
-            // URL, reported as the HTTP status it is (and the redirect policy's per-request
-            // URL bookkeeping is not paid).
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .context("building the HTTP client")?;
         let url = format!("{}/chat/completions", api.trim_end_matches('/'));
-        let url = reqwest::Url::parse(&url).with_context(|| format!("chat URL {url}"))?;
+        let parsed = reqwest::Url::parse(&url).with_context(|| format!("chat URL {url}"))?;
+        if parsed.scheme() != "http" {
+            anyhow::bail!(
+                "chat URL {url}: bisect's workload client speaks plain http only (it is built without TLS)\n  fix: point the target's api at the engine's http:// address"
+            );
+        }
+        let Some(host) = parsed.host_str() else {
+            anyhow::bail!("chat URL {url} has no host");
+        };
+        let port = parsed
+            .port_or_known_default()
+            .with_context(|| format!("chat URL {url} has no port"))?;
+        let host_header = match parsed.port() {
+            Some(port) => format!("{host}:{port}"),
+            None => host.to_string(),
+        };
+        let host_header = HeaderValue::from_str(&host_header)
+            .with_context(|| format!("chat URL {url}: host {host_header:?}"))?;
+        let target = match parsed.query() {
+            Some(query) => format!("{}?{query}", parsed.path()),
+            None => parsed.path().to_string(),
+        };
+        let path = Uri::try_from(target.as_str())
+            .with_context(|| format!("chat URL {url}: path {target:?}"))?;
+        let authorization = match &api_key {
+            Some(key) => {
+                let mut value = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
+                    anyhow::anyhow!(
+                        "the API key holds characters an HTTP header cannot carry (control characters or non-ASCII)\n  fix: check the key's environment variable for a stray newline"
+                    )
+                })?;
+                value.set_sensitive(true);
+                Some(value)
+            }
+            None => None,
+        };
+        let sampling = Sampling {
+            max_tokens: 0,
+            temperature: 0.0,
+        };
+        let options = RequestOptions::default();
         Ok(ChatClient {
-            http,
-            url,
-            model: model.to_string(),
+            template: RequestTemplate::new(model, &[], sampling, &options),
+            url: parsed.to_string(),
+            host: host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string(),
+            port,
+            host_header,
+            path,
+            authorization,
             api_key,
             timeout,
-            tool_choice: None,
-            extra: serde_json::Map::new(),
+            connect_timeout: timeout.min(Duration::from_secs(30)),
+            model: model.to_string(),
             stream: false,
         })
     }
 
-    pub fn url(&self) -> &str {
-        self.url.as_str()
-    }
-
-    /// Sends one round and sorts what came back; never fails otherwise.
-    pub async fn complete(
-        &self,
-        messages: &[ChatMessage],
+    /// What every request of a workload carries besides the conversation: the `tools`
+    /// array, sampling limits, `tool_choice`, extra fields, streaming.
+    pub fn with_request(
+        mut self,
         tools: &[Value],
         sampling: Sampling,
+        options: &RequestOptions,
+    ) -> Self {
+        self.template = RequestTemplate::new(&self.model, tools, sampling, options);
+        self.stream = options.stream;
+        self
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Sends one round on `connection` (opening it if needed) and sorts what came back;
+    /// never fails otherwise. The timeout covers connecting, sending and reading the
+    /// whole reply.
+    ///
+    /// With `wave` (a slot's first request), the reply is handed back only once every
+    /// slot of the wave has dispatched its first request ([`FirstWave`]); the timeout
+    /// still runs from the send.
+    pub async fn complete(
+        &self,
+        connection: &mut Connection,
+        transcript: &Transcript,
         inflight: &InFlight,
+        wave: Option<WaveSeat>,
     ) -> ChatOutcome {
         let _counted = inflight.enter();
-        let body = ChatRequest {
-            model: &self.model,
-            messages,
-            tools,
-            max_tokens: sampling.max_tokens,
-            temperature: sampling.temperature,
-            stream: self.stream,
-            stream_options: self
-                .stream
-                .then(|| serde_json::json!({"include_usage": true})),
-            tool_choice: self.tool_choice.as_ref(),
-            extra: &self.extra,
+        let body = Bytes::from(self.template.body(transcript));
+        let held = wave.as_ref().and_then(|seat| seat.wave.clone());
+        let mut seat = wave;
+        let exchange =
+            tokio::time::timeout(self.timeout, self.exchange(connection, body, &mut seat));
+        let exchanged = match &held {
+            Some(wave) => {
+                let (exchanged, ()) = tokio::join!(exchange, async {
+                    wave.all_sent.cancelled().await;
+                });
+                exchanged
+            }
+            None => exchange.await,
         };
-        let mut request = self
-            .http
-            .post(self.url.clone())
-            .timeout(self.timeout)
-            .json(&body);
-        if let Some(key) = &self.api_key {
-            request = request.bearer_auth(key);
-        }
-        let response = match request.send().await {
-            Ok(r) => r,
-            Err(e) => return transport_outcome(self.url.as_str(), e),
-        };
-        let status = response.status();
-        let bytes = match response.bytes().await {
-            Ok(b) => b,
-            Err(e) => return transport_outcome(self.url.as_str(), e),
+        drop(seat);
+        let (status, bytes) = match exchanged {
+            Ok(Ok(reply)) => reply,
+            Ok(Err(Failure::Timeout)) | Err(_) => {
+                connection.sender = None;
+                return ChatOutcome::Timeout;
+            }
+            Ok(Err(Failure::Error(text))) => {
+                connection.sender = None;
+                return ChatOutcome::Error(text);
+            }
         };
         let text = String::from_utf8_lossy(&bytes);
         if !status.is_success() {
@@ -267,28 +384,123 @@ impl ChatClient {
             parse_reply(&text)
         }
     }
-}
 
-fn transport_outcome(url: &str, error: reqwest::Error) -> ChatOutcome {
-    if error.is_timeout() {
-        return ChatOutcome::Timeout;
+    /// Opens `connection` ahead of its first request; true when it is open. A failure is
+    /// not reported here: the next request on it connects again and records the error.
+    pub async fn open(&self, connection: &mut Connection) -> bool {
+        if !connection.is_open() {
+            connection.sender = self.connect().await.ok();
+        }
+        connection.is_open()
     }
-    let kind = if error.is_connect() {
-        "connect error"
-    } else if error.is_body() || error.is_decode() {
-        "error reading the response body"
-    } else {
-        "request error"
-    };
-    // The source chain holds the useful part ("Connection refused", "reset by peer").
-    let mut detail = error.to_string();
-    let mut source = std::error::Error::source(&error);
-    while let Some(s) = source {
-        detail.push_str(": ");
-        detail.push_str(&s.to_string());
-        source = s.source();
+
+    fn request(&self, body: Bytes) -> Request<Full<Bytes>> {
+        let mut request = Request::new(Full::new(body));
+        *request.method_mut() = Method::POST;
+        *request.uri_mut() = self.path.clone();
+        let headers = request.headers_mut();
+        headers.insert(header::HOST, self.host_header.clone());
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        headers.insert(header::ACCEPT, HeaderValue::from_static("*/*"));
+        if let Some(value) = &self.authorization {
+            headers.insert(header::AUTHORIZATION, value.clone());
+        }
+        request
     }
-    ChatOutcome::Error(format!("{kind} ({url}): {detail}"))
+
+    async fn connect(&self) -> Result<http1::SendRequest<Full<Bytes>>, Failure> {
+        let connecting = tokio::net::TcpStream::connect((self.host.as_str(), self.port));
+        let stream = match tokio::time::timeout(self.connect_timeout, connecting).await {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(e)) => {
+                return Err(Failure::Error(format!(
+                    "connect error ({}): tcp connect error: {e}",
+                    self.url
+                )))
+            }
+            Err(_) => return Err(Failure::Timeout),
+        };
+        // Requests are single writes; Nagle would only hold the last segment back.
+        let _ = stream.set_nodelay(true);
+        let (sender, connection) = http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| self.transport_error("connect error", &e))?;
+        tokio::spawn(async move {
+            // Ends when the sender is dropped or the peer closes; a failure shows on the
+            // request that was in flight.
+            let _ = connection.await;
+        });
+        Ok(sender)
+    }
+
+    /// One request and its whole reply. A kept-alive connection the engine has closed
+    /// in the meantime (its idle timeout) is replaced once, and only when the request
+    /// was never written to it, so no request is ever sent twice.
+    async fn exchange(
+        &self,
+        connection: &mut Connection,
+        body: Bytes,
+        seat: &mut Option<WaveSeat>,
+    ) -> Result<(StatusCode, Bytes), Failure> {
+        let mut request = self.request(body);
+        loop {
+            let reused = connection.sender.is_some();
+            let sender = match &mut connection.sender {
+                Some(sender) => sender,
+                None => connection.sender.insert(self.connect().await?),
+            };
+            if let Err(e) = sender.ready().await {
+                connection.sender = None;
+                if reused {
+                    continue;
+                }
+                return Err(self.transport_error("request error", &e));
+            }
+            // The request is queued to the connection when this is called, before the
+            // future is polled: that is the moment it counts as sent.
+            let pending = sender.try_send_request(request);
+            if let Some(seat) = seat {
+                seat.sent();
+            }
+            match pending.await {
+                Ok(response) => {
+                    let status = response.status();
+                    let bytes = response
+                        .into_body()
+                        .collect()
+                        .await
+                        .map_err(|e| self.transport_error("error reading the response body", &e))?
+                        .to_bytes();
+                    return Ok((status, bytes));
+                }
+                Err(mut e) => {
+                    connection.sender = None;
+                    match e.take_message() {
+                        Some(unsent) if reused => request = unsent,
+                        _ => return Err(self.transport_error("request error", e.error())),
+                    }
+                }
+            }
+        }
+    }
+
+    fn transport_error(&self, kind: &str, error: &hyper::Error) -> Failure {
+        if error.is_timeout() {
+            return Failure::Timeout;
+        }
+        // The source chain holds the useful part ("Connection refused", "reset by peer").
+        let mut detail = error.to_string();
+        let mut source = std::error::Error::source(error);
+        while let Some(s) = source {
+            detail.push_str(": ");
+            detail.push_str(&s.to_string());
+            source = s.source();
+        }
+        Failure::Error(format!("{kind} ({}): {detail}", self.url))
+    }
 }
 
 /// Parses a 2xx body into a reply; anything else is an `Error` quoting the body.
@@ -452,6 +664,7 @@ pub fn assemble_stream(body: &str) -> ChatOutcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     #[test]
     fn parses_tool_call_replies_and_usage() {
@@ -549,6 +762,10 @@ mod tests {
         assert_eq!(counter.peak(), 1);
     }
 
+    fn transcript() -> Transcript {
+        Transcript::new(vec![ChatMessage::new("user", "say \"hi\"")])
+    }
+
     #[tokio::test]
     async fn connection_refused_is_an_error_not_a_timeout() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -565,16 +782,249 @@ mod tests {
             client.url(),
             format!("http://127.0.0.1:{port}/v1/chat/completions")
         );
-        let sampling = Sampling {
-            max_tokens: 8,
-            temperature: 0.0,
-        };
         let counter = InFlight::new();
-        let ChatOutcome::Error(e) = client.complete(&[], &[], sampling, &counter).await else {
+        let mut connection = Connection::new();
+        let ChatOutcome::Error(e) = client
+            .complete(&mut connection, &transcript(), &counter, None)
+            .await
+        else {
             panic!("expected an error")
         };
         assert!(e.starts_with("connect error"), "{e}");
+        assert!(e.contains("refused"), "{e}");
+        assert!(!connection.is_open());
         assert_eq!(counter.current(), 0);
         assert_eq!(counter.peak(), 1);
+    }
+
+    #[test]
+    fn urls_it_cannot_serve_are_refused_up_front_with_a_fix() {
+        let timeout = Duration::from_secs(1);
+        let e = ChatClient::new("https://engine:443/v1", "m", None, timeout).unwrap_err();
+        assert!(format!("{e:#}").contains("plain http only"), "{e:#}");
+        let e = ChatClient::new("not a url", "m", None, timeout).unwrap_err();
+        assert!(format!("{e:#}").contains("chat URL"), "{e:#}");
+        let e = ChatClient::new("http://h:1/v1", "m", Some("sk\n".into()), timeout).unwrap_err();
+        assert!(format!("{e:#}").contains("API key"), "{e:#}");
+        let client = ChatClient::new("http://[::1]:8000/v1/", "m", None, timeout).unwrap();
+        assert_eq!((client.host.as_str(), client.port), ("::1", 8000));
+        assert_eq!(client.host_header, "[::1]:8000");
+        assert_eq!(client.path, "/v1/chat/completions");
+        let client = ChatClient::new("http://engine/v1", "m", None, timeout).unwrap();
+        assert_eq!(
+            (client.port, client.host_header.to_str().unwrap()),
+            (80, "engine")
+        );
+    }
+
+    /// One request as a raw HTTP/1.1 server saw it.
+    #[derive(Debug, Clone)]
+    struct Seen {
+        connection: usize,
+        head: String,
+        body: Vec<u8>,
+    }
+
+    /// A hand-written HTTP/1.1 server: answers every request with `reply` and keeps the
+    /// connection open, or closes it after `close_after` requests on it. Records every
+    /// request and the connection it came on.
+    async fn raw_server(
+        reply: &'static str,
+        close_after: Option<usize>,
+        answer: bool,
+    ) -> (u16, Arc<parking_lot::Mutex<Vec<Seen>>>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let log = seen.clone();
+        tokio::spawn(async move {
+            for connection in 0.. {
+                let (mut stream, _) = listener.accept().await.unwrap();
+                let log = log.clone();
+                tokio::spawn(async move {
+                    let mut buffer = Vec::new();
+                    let mut served = 0;
+                    loop {
+                        let head_end = loop {
+                            if let Some(at) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+                                break at + 4;
+                            }
+                            let mut chunk = [0u8; 4096];
+                            match stream.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+                            }
+                        };
+                        let head = String::from_utf8_lossy(&buffer[..head_end]).to_string();
+                        let length: usize = head
+                            .lines()
+                            .find_map(|l| {
+                                l.to_ascii_lowercase()
+                                    .strip_prefix("content-length:")
+                                    .map(|v| v.trim().parse().unwrap())
+                            })
+                            .unwrap_or(0);
+                        while buffer.len() < head_end + length {
+                            let mut chunk = [0u8; 4096];
+                            match stream.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+                            }
+                        }
+                        let body = buffer[head_end..head_end + length].to_vec();
+                        buffer.drain(..head_end + length);
+                        log.lock().push(Seen {
+                            connection,
+                            head,
+                            body,
+                        });
+                        if !answer {
+                            std::future::pending::<()>().await;
+                        }
+                        let response = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{reply}",
+                            reply.len()
+                        );
+                        stream.write_all(response.as_bytes()).await.unwrap();
+                        served += 1;
+                        if close_after == Some(served) {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (port, seen)
+    }
+
+    const REPLY: &str = r#"{"choices":[{"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"completion_tokens":1}}"#;
+
+    fn sampling() -> Sampling {
+        Sampling {
+            max_tokens: 16,
+            temperature: 0.5,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_connection_carries_every_round_with_the_spliced_body_and_headers() {
+        let (port, seen) = raw_server(REPLY, None, true).await;
+        let tools = vec![serde_json::json!({"type": "function"})];
+        let options = RequestOptions::default();
+        let client = ChatClient::new(
+            &format!("http://127.0.0.1:{port}/v1"),
+            "model-x",
+            Some("sk-secret".into()),
+            Duration::from_secs(10),
+        )
+        .unwrap()
+        .with_request(&tools, sampling(), &options);
+        let counter = InFlight::new();
+        let mut connection = Connection::new();
+        let mut conversation = transcript();
+        for round in 0..3 {
+            let ChatOutcome::Reply(reply) = client
+                .complete(&mut connection, &conversation, &counter, None)
+                .await
+            else {
+                panic!("round {round}: expected a reply")
+            };
+            assert_eq!(reply.message.content.as_deref(), Some("ok"));
+            assert!(connection.is_open());
+            conversation.push(reply.message);
+            conversation.push(ChatMessage::new("tool", format!("result {round} \u{1}")));
+        }
+        let seen = seen.lock().clone();
+        assert_eq!(seen.len(), 3);
+        assert!(
+            seen.iter().all(|s| s.connection == 0),
+            "one connection for all rounds"
+        );
+        let first = &seen[0];
+        assert!(
+            first
+                .head
+                .starts_with("POST /v1/chat/completions HTTP/1.1\r\n"),
+            "{}",
+            first.head
+        );
+        let head = first.head.to_ascii_lowercase();
+        for line in [
+            format!("host: 127.0.0.1:{port}\r\n"),
+            "content-type: application/json\r\n".to_string(),
+            "authorization: bearer sk-secret\r\n".to_string(),
+            format!("content-length: {}\r\n", first.body.len()),
+        ] {
+            assert!(head.contains(&line), "{line:?} missing in {head}");
+        }
+        // Round 3's body is serde's serialisation of the conversation it was sent with.
+        let sent: Vec<ChatMessage> = conversation.messages()[..5].to_vec();
+        assert_eq!(
+            seen[2].body,
+            super::super::body::reference_body("model-x", &sent, &tools, sampling(), &options)
+        );
+        assert_eq!(counter.current(), 0);
+    }
+
+    /// Waits (bounded) until the client has noticed the server closed the connection.
+    async fn until_closed(connection: &Connection) {
+        for _ in 0..500 {
+            if !connection.is_open() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the client never noticed the close");
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_server_closed_is_replaced_and_nothing_is_sent_twice() {
+        let (port, seen) = raw_server(REPLY, Some(1), true).await;
+        let client = ChatClient::new(
+            &format!("http://127.0.0.1:{port}/v1"),
+            "m",
+            None,
+            Duration::from_secs(10),
+        )
+        .unwrap();
+        let counter = InFlight::new();
+        let mut connection = Connection::new();
+        for round in 0..3 {
+            let outcome = client
+                .complete(&mut connection, &transcript(), &counter, None)
+                .await;
+            assert!(
+                matches!(outcome, ChatOutcome::Reply(_)),
+                "round {round}: {outcome:?}"
+            );
+            until_closed(&connection).await;
+        }
+        let connections: Vec<usize> = seen.lock().iter().map(|s| s.connection).collect();
+        assert_eq!(connections, vec![0, 1, 2]);
+    }
+
+    #[tokio::test]
+    async fn no_reply_in_time_is_a_timeout_and_the_next_round_gets_a_new_connection() {
+        let (port, seen) = raw_server(REPLY, None, false).await;
+        let client = ChatClient::new(
+            &format!("http://127.0.0.1:{port}/v1"),
+            "m",
+            None,
+            Duration::from_millis(300),
+        )
+        .unwrap();
+        let counter = InFlight::new();
+        let mut connection = Connection::new();
+        for _ in 0..2 {
+            let outcome = client
+                .complete(&mut connection, &transcript(), &counter, None)
+                .await;
+            assert!(matches!(outcome, ChatOutcome::Timeout), "{outcome:?}");
+            assert!(!connection.is_open());
+        }
+        let connections: Vec<usize> = seen.lock().iter().map(|s| s.connection).collect();
+        assert_eq!(connections, vec![0, 1]);
+        assert_eq!(counter.current(), 0);
     }
 }

@@ -8,23 +8,22 @@
 //! judges a round against one expected call.
 
 use super::barrier::BarrierSeat;
-use super::client::{ChatClient, ChatOutcome, InFlight, Sampling};
+use super::body::Transcript;
+use super::client::{ChatClient, ChatOutcome, Connection, InFlight, WaveSeat};
 use crate::config::Workload;
 use crate::core::classify::{account_for_truncation, Classifier, RoundOutcome};
 use crate::core::ending::{Flow, SessionProgress};
 use crate::core::session::{ChatMessage, RoundRecord, SessionResult, ToolCall};
 use crate::core::task::{initial_conversation, Task};
 use crate::core::tools::{simulate, tool_message};
-use serde_json::Value;
 use std::sync::Arc;
 use std::time::Instant;
 
 /// Everything the sessions of one arm block share.
 pub struct SessionContext {
     pub workload: Arc<Workload>,
+    /// The chat endpoint, with the workload's tools, sampling and request options.
     pub client: ChatClient,
-    /// The OpenAI `tools` array, built once.
-    pub tools_payload: Vec<Value>,
     pub classifier: Arc<Classifier>,
     pub inflight: Arc<InFlight>,
     pub label: String,
@@ -45,19 +44,45 @@ pub struct SessionRun {
     pub send_lag_us: Vec<u64>,
 }
 
-/// Runs session `index` to its end. `seat` is its place at the round barrier, if the
-/// workload has one; dropping the future (cancellation) leaves the barrier.
+/// A session ready for its first round: its task and opening messages, serialised.
+pub struct Prepared {
+    index: u32,
+    task: Task,
+    transcript: Transcript,
+}
+
+impl Prepared {
+    /// Session `index` of `workload` (the same task in every arm and repeat).
+    pub fn new(workload: &Workload, index: u32) -> Self {
+        let (task, messages) = initial_conversation(workload, index);
+        Prepared {
+            index,
+            task,
+            transcript: Transcript::new(messages),
+        }
+    }
+
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+}
+
+/// Runs a session to its end on `connection` (its slot's). `seat` is its place at the
+/// round barrier, if the workload has one; dropping the future (cancellation) leaves
+/// the barrier.
 pub async fn run_session(
     ctx: &SessionContext,
-    index: u32,
+    session: Prepared,
     seat: Option<BarrierSeat<'_>>,
+    connection: &mut Connection,
+    mut wave: Option<WaveSeat>,
 ) -> SessionRun {
     let workload = &*ctx.workload;
-    let (task, mut messages) = initial_conversation(workload, index);
-    let sampling = Sampling {
-        max_tokens: workload.max_tokens,
-        temperature: workload.temperature,
-    };
+    let Prepared {
+        index,
+        task,
+        mut transcript,
+    } = session;
     let mut progress = SessionProgress::new(task.steps.len());
     let mut round_latency_us = Vec::new();
     let mut send_lag_us = Vec::new();
@@ -72,7 +97,7 @@ pub async fn run_session(
         }
         let outcome = ctx
             .client
-            .complete(&messages, &ctx.tools_payload, sampling, &ctx.inflight)
+            .complete(connection, &transcript, &ctx.inflight, wave.take())
             .await;
         let replied = Instant::now();
         replied_at = Some(replied);
@@ -119,15 +144,15 @@ pub async fn run_session(
             finish_reason,
         };
         if progress.record(record, reply.as_ref()) == Flow::Stop {
-            messages.extend(reply);
+            transcript.extend(reply);
             break;
         }
         // The session goes on only after an ok reply with tool calls.
         let mut reply = reply.expect("a session goes on only after a reply");
         let calls = reply.tool_calls.as_deref_mut().unwrap_or_default();
         let answers = answer_calls(workload, &task, index, step, round, calls);
-        messages.push(reply);
-        messages.extend(answers);
+        transcript.push(reply);
+        transcript.extend(answers);
         if round < workload.rounds {
             if let Some(seat) = &seat {
                 seat.wait().await;
@@ -147,7 +172,7 @@ pub async fn run_session(
             rounds_used: ending.rounds.len() as u32,
             first_bad_round: ending.first_bad_round,
             evidence: ending.evidence,
-            transcript: messages,
+            transcript: transcript.into_messages(),
             latency_ms,
             rounds: ending.rounds,
             completion_tokens,

@@ -14,8 +14,9 @@
 //! recorded as if it had a class.
 
 use super::barrier::RoundBarrier;
-use super::client::{tools_payload, ChatClient, InFlight};
-use super::conversation::{run_session, SessionContext};
+use super::body::Sampling;
+use super::client::{tools_payload, ChatClient, Connection, FirstWave, InFlight, WaveSeat};
+use super::conversation::{run_session, Prepared, SessionContext};
 use crate::config::Workload;
 use crate::core::classify::Classifier;
 use crate::core::session::{Counts, SessionResult};
@@ -114,23 +115,35 @@ struct Slot {
     stop: CancellationToken,
     next_index: Arc<AtomicU32>,
     sessions: u32,
+    /// Kept alive from one session of this slot to the next, like a pooled connection.
+    connection: Connection,
+    /// The slot's first session, built before the clock started.
+    first: Option<Prepared>,
+    /// Its place in the opening burst (its first request only).
+    wave: Option<WaveSeat>,
 }
 
 impl Slot {
-    async fn run(self) -> SlotOutcome {
+    async fn run(mut self) -> SlotOutcome {
         let mut outcome = SlotOutcome::default();
         loop {
             if self.stop.is_cancelled() {
                 return outcome;
             }
-            let index = self.next_index.fetch_add(1, Ordering::Relaxed);
-            if index >= self.sessions {
-                return outcome;
-            }
+            let session = match self.first.take() {
+                Some(first) => first,
+                None => {
+                    let index = self.next_index.fetch_add(1, Ordering::Relaxed);
+                    if index >= self.sessions {
+                        return outcome;
+                    }
+                    Prepared::new(&self.ctx.workload, index)
+                }
+            };
             let seat = self.barrier.as_deref().map(RoundBarrier::seat);
             let run = tokio::select! {
                 biased;
-                run = run_session(&self.ctx, index, seat) => run,
+                run = run_session(&self.ctx, session, seat, &mut self.connection, self.wave.take()) => run,
                 _ = self.stop.cancelled() => return outcome,
             };
             let finished = Finished {
@@ -163,9 +176,15 @@ pub async fn drive(
     let timeout = Duration::from_secs_f64(workload.timeout_s.max(0.001));
     let client = ChatClient::new(&plan.api, &plan.model, plan.api_key.clone(), timeout)
         .with_context(|| format!("chat client for {}", plan.api))?
-        .with_options(&workload.request);
+        .with_request(
+            &tools_payload(&workload.tools),
+            Sampling {
+                max_tokens: workload.max_tokens,
+                temperature: workload.temperature,
+            },
+            &workload.request,
+        );
     let ctx = Arc::new(SessionContext {
-        tools_payload: tools_payload(&workload.tools),
         workload: workload.clone(),
         client,
         classifier,
@@ -186,14 +205,30 @@ pub async fn drive(
         .then(|| Arc::new(RoundBarrier::new(plan.sessions as usize)));
     // Stops the sessions on the caller's cancel, or when the collector went away.
     let stop = cancel.child_token();
-    let next_index = Arc::new(AtomicU32::new(0));
+    // Before the clock: each slot's first session is built and its connection opened,
+    // so the opening burst is the sessions' first requests, not thousands of connects and
+    // task set-ups racing the first sessions' later rounds (at 1000 in flight the first
+    // sessions used to finish before the last had connected, so the target load was
+    // never reached). A connection that cannot be opened now is opened by its session's
+    // first request, which records any error as usual.
+    let opened = tokio::select! {
+        opened = futures::future::join_all((0..slots).map(|_| async {
+            let mut connection = Connection::new();
+            ctx.client.open(&mut connection).await;
+            connection
+        })) => opened,
+        _ = stop.cancelled() => Vec::new(),
+    };
+    let mut connections = opened.into_iter();
+    let next_index = Arc::new(AtomicU32::new(slots));
+    let wave = Arc::new(FirstWave::new(slots));
 
     // Slots wait at this gate until all are spawned, so the first sessions start as one
     // burst even when the spawning thread is slow or descheduled: the load shape must
     // not depend on how fast tasks were created.
     let start = CancellationToken::new();
     let mut tasks = JoinSet::new();
-    for _ in 0..slots {
+    for index in 0..slots {
         let slot = Slot {
             ctx: ctx.clone(),
             barrier: barrier.clone(),
@@ -201,6 +236,9 @@ pub async fn drive(
             stop: stop.clone(),
             next_index: next_index.clone(),
             sessions: plan.sessions,
+            connection: connections.next().unwrap_or_default(),
+            first: Some(Prepared::new(&workload, index)),
+            wave: Some(wave.seat()),
         };
         let start = start.clone();
         tasks.spawn(async move {
@@ -540,6 +578,66 @@ mod tests {
             .err()
             .expect("refused");
         assert!(format!("{err:#}").contains("round barrier"), "{err:#}");
+    }
+
+    /// A TCP relay in front of `upstream` that counts the connections it accepts.
+    async fn counting_relay(upstream: std::net::SocketAddr) -> (String, Arc<AtomicU32>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicU32::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut outbound = tokio::net::TcpStream::connect(upstream).await.unwrap();
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                });
+            }
+        });
+        (format!("http://{addr}/v1"), accepted)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn each_slot_keeps_one_connection_and_the_opening_burst_reaches_every_slot() {
+        let server = MockServer::start(MockConfig::default()).await.unwrap();
+        for (sessions, concurrency) in [(40u32, 8u32), (30, 0)] {
+            let (api, accepted) = counting_relay(server.addr()).await;
+            let workload = sample_workload(sessions, 4);
+            let classifier = Arc::new(Classifier::with_defaults(&workload.tools).unwrap());
+            let plan = DrivePlan {
+                api,
+                model: "mock".into(),
+                api_key: None,
+                sessions,
+                concurrency,
+                workload,
+                label: "on".into(),
+                repeat: 1,
+            };
+            let (tx, mut rx) = mpsc::channel(64);
+            let collector = tokio::spawn(async move { while rx.recv().await.is_some() {} });
+            let stats = drive(
+                &plan,
+                classifier,
+                tx,
+                Arc::new(InFlight::new()),
+                CancellationToken::new(),
+            )
+            .await
+            .unwrap();
+            collector.await.unwrap();
+            assert_eq!(stats.counts.done, u64::from(sessions), "{:?}", stats.counts);
+            assert!(stats.requests >= 4 * u64::from(sessions));
+            assert_eq!(
+                accepted.load(Ordering::SeqCst),
+                plan.slots(),
+                "{sessions} sessions at {concurrency}: one connection per slot"
+            );
+            // The opening burst is delivered whatever the server's speed: every slot's
+            // first request is out before any first reply is acted on.
+            assert_eq!(stats.peak_client_inflight, u64::from(plan.slots()));
+        }
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! against is `bisect_engine::mock`).
 
 pub mod barrier;
+pub mod body;
 pub mod client;
 pub mod conversation;
 pub mod drive;
@@ -14,6 +15,6 @@ mod metrics_proptests;
 pub mod sample;
 
 pub use crate::core::task::{Step, Task};
-pub use client::{ChatClient, ChatOutcome, InFlight};
+pub use client::{ChatClient, ChatOutcome, Connection, InFlight};
 pub use drive::{drive, DrivePlan, DriveStats};
 pub use metrics::{poll, write_csv, MetricsLog, MetricsRow};
