@@ -11,7 +11,7 @@ use super::cpu::{attend, dot, sanitize, select_top};
 use super::paged::{
     self, PageContents, PagedAttnJob, PagedIndexerJob, PoolId, PoolSpec, PoolStats,
 };
-use super::{layout, AttnOut, AttnPath, TopkImpl, INDEX_DIM, MAIN_DIM};
+use super::{layout, AttnOut, AttnPath, IndexKDtype, TopkImpl, INDEX_DIM, MAIN_DIM};
 use anyhow::{anyhow, Result};
 use parking_lot::Mutex;
 
@@ -49,6 +49,32 @@ impl HostPool {
             next_generation: 1,
             stats: PoolStats::default(),
         }
+    }
+
+    /// Stores checked rows `first_row..` of `page`: the main keys as they are, the
+    /// index-K bytes of those rows filled by `fill_index` (given the pool's dtype), then
+    /// a fresh generation on both tags: the one write path of `write_rows` and
+    /// `write_quantized_rows`.
+    fn store_rows(
+        &mut self,
+        page: u32,
+        first_row: usize,
+        main_keys: &[f32],
+        fill_index: impl FnOnce(IndexKDtype, &mut [u8]),
+    ) {
+        let rows = main_keys.len() / MAIN_DIM;
+        let width = self.spec.dtype.bytes_per_token();
+        let base = page as usize * self.spec.page_tokens + first_row;
+        self.main[base * MAIN_DIM..(base + rows) * MAIN_DIM].copy_from_slice(main_keys);
+        fill_index(
+            self.spec.dtype,
+            &mut self.index_k[base * width..(base + rows) * width],
+        );
+        let generation = self.next_generation;
+        self.next_generation = self.next_generation.wrapping_add(1).max(1);
+        self.main_tag[page as usize] = generation;
+        self.index_tag[page as usize] = generation;
+        self.expected[page as usize] = generation;
     }
 
     fn main_row(&self, page: u32, row: usize) -> &[f32] {
@@ -112,19 +138,16 @@ impl CpuPools {
         index_keys: &[f32],
     ) -> Result<()> {
         self.with(pool, |p| {
-            let rows = paged::check_write(&p.spec, page, first_row, main_keys, index_keys)?;
-            let width = p.spec.dtype.bytes_per_token();
-            let base = page as usize * p.spec.page_tokens + first_row;
-            p.main[base * MAIN_DIM..(base + rows) * MAIN_DIM].copy_from_slice(main_keys);
-            for (r, key) in index_keys.chunks_exact(INDEX_DIM).enumerate() {
-                let start = (base + r) * width;
-                layout::quantize_row(p.spec.dtype, key, &mut p.index_k[start..start + width]);
-            }
-            let generation = p.next_generation;
-            p.next_generation = p.next_generation.wrapping_add(1).max(1);
-            p.main_tag[page as usize] = generation;
-            p.index_tag[page as usize] = generation;
-            p.expected[page as usize] = generation;
+            paged::check_write(&p.spec, page, first_row, main_keys, index_keys)?;
+            p.store_rows(page, first_row, main_keys, |dtype, index_k| {
+                let width = dtype.bytes_per_token();
+                for (key, out) in index_keys
+                    .chunks_exact(INDEX_DIM)
+                    .zip(index_k.chunks_exact_mut(width))
+                {
+                    layout::quantize_row(dtype, key, out);
+                }
+            });
             Ok(())
         })
     }
@@ -138,17 +161,10 @@ impl CpuPools {
         index_rows: &[u8],
     ) -> Result<()> {
         self.with(pool, |p| {
-            let rows =
-                paged::check_write_quantized(&p.spec, page, first_row, main_keys, index_rows)?;
-            let width = p.spec.dtype.bytes_per_token();
-            let base = page as usize * p.spec.page_tokens + first_row;
-            p.main[base * MAIN_DIM..(base + rows) * MAIN_DIM].copy_from_slice(main_keys);
-            p.index_k[base * width..(base + rows) * width].copy_from_slice(index_rows);
-            let generation = p.next_generation;
-            p.next_generation = p.next_generation.wrapping_add(1).max(1);
-            p.main_tag[page as usize] = generation;
-            p.index_tag[page as usize] = generation;
-            p.expected[page as usize] = generation;
+            paged::check_write_quantized(&p.spec, page, first_row, main_keys, index_rows)?;
+            p.store_rows(page, first_row, main_keys, |_, index_k| {
+                index_k.copy_from_slice(index_rows)
+            });
             Ok(())
         })
     }

@@ -253,6 +253,47 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// The shared first half of `pool_write_rows` and `pool_write_quantized_rows`: wait
+    /// for a load-back still landing on `page` (it would overwrite the new rows), then
+    /// copy the checked rows' main keys into it.
+    fn store_main_rows(
+        &self,
+        p: &mut GpuPool,
+        page: u32,
+        first_row: usize,
+        main_keys: &[f32],
+    ) -> Result<()> {
+        let rows = main_keys.len() / MAIN_DIM;
+        for events in [&mut p.main_events, &mut p.index_events] {
+            if let Some(event) = events.remove(&page) {
+                self.compute.wait(&event)?;
+            }
+        }
+        let main_page = p.page_range(&p.layout.main, page, p.spec.main_page_bytes());
+        let main_start = main_page.start + first_row * MAIN_DIM * 4;
+        let mut bytes = p.kv.slice_mut(main_start..main_start + rows * MAIN_DIM * 4);
+        // SAFETY: the range is 4-byte aligned (regions are 256-aligned, rows 256 B).
+        let mut floats = unsafe { bytes.transmute_mut::<f32>(rows * MAIN_DIM) }
+            .ok_or_else(|| anyhow!("main-KV view of {rows} rows"))?;
+        self.compute.memcpy_htod(main_keys, &mut floats)?;
+        Ok(())
+    }
+
+    /// The shared last step of both writes: a fresh generation in both of the page's
+    /// tags, and as the page's expected generation.
+    fn stamp_page(&self, p: &mut GpuPool, page: u32) -> Result<()> {
+        let generation = p.next_generation;
+        p.next_generation = p.next_generation.wrapping_add(1).max(1);
+        let tag = generation.to_le_bytes();
+        for region in [p.layout.main_tag.clone(), p.layout.index_tag.clone()] {
+            let range = p.tag_range(&region, page);
+            self.compute
+                .memcpy_htod(&tag[..], &mut p.kv.slice_mut(range))?;
+        }
+        p.expected[page as usize] = generation;
+        Ok(())
+    }
+
     pub(super) fn pool_write_rows(
         &self,
         pool: PoolId,
@@ -267,21 +308,7 @@ impl CudaBackend {
         if rows == 0 {
             return Ok(());
         }
-        // A load-back still landing on this page would overwrite the new rows.
-        for events in [&mut p.main_events, &mut p.index_events] {
-            if let Some(event) = events.remove(&page) {
-                self.compute.wait(&event)?;
-            }
-        }
-        let main_page = p.page_range(&p.layout.main, page, p.spec.main_page_bytes());
-        let main_start = main_page.start + first_row * MAIN_DIM * 4;
-        {
-            let mut bytes = p.kv.slice_mut(main_start..main_start + rows * MAIN_DIM * 4);
-            // SAFETY: the range is 4-byte aligned (regions are 256-aligned, rows 256 B).
-            let mut floats = unsafe { bytes.transmute_mut::<f32>(rows * MAIN_DIM) }
-                .ok_or_else(|| anyhow!("main-KV view of {rows} rows"))?;
-            self.compute.memcpy_htod(main_keys, &mut floats)?;
-        }
+        self.store_main_rows(p, page, first_row, main_keys)?;
         let width = p.spec.dtype.bytes_per_token();
         let index_page = p.page_range(&p.layout.index, page, p.spec.index_page_bytes());
         let index_start = index_page.start + first_row * width;
@@ -305,16 +332,7 @@ impl CudaBackend {
             // SAFETY: matches quantize_index_k_* in index_k.cu; `out` holds rows * width bytes.
             unsafe { launch.launch(cfg) }.context("launching quantize_index_k into a pool page")?;
         }
-        let generation = p.next_generation;
-        p.next_generation = p.next_generation.wrapping_add(1).max(1);
-        let tag = generation.to_le_bytes();
-        for region in [p.layout.main_tag.clone(), p.layout.index_tag.clone()] {
-            let range = p.tag_range(&region, page);
-            self.compute
-                .memcpy_htod(&tag[..], &mut p.kv.slice_mut(range))?;
-        }
-        p.expected[page as usize] = generation;
-        Ok(())
+        self.stamp_page(p, page)
     }
 
     pub(super) fn pool_write_quantized_rows(
@@ -331,20 +349,7 @@ impl CudaBackend {
         if rows == 0 {
             return Ok(());
         }
-        for events in [&mut p.main_events, &mut p.index_events] {
-            if let Some(event) = events.remove(&page) {
-                self.compute.wait(&event)?;
-            }
-        }
-        let main_page = p.page_range(&p.layout.main, page, p.spec.main_page_bytes());
-        let main_start = main_page.start + first_row * MAIN_DIM * 4;
-        {
-            let mut bytes = p.kv.slice_mut(main_start..main_start + rows * MAIN_DIM * 4);
-            // SAFETY: 4-byte aligned, as in `pool_write_rows`.
-            let mut floats = unsafe { bytes.transmute_mut::<f32>(rows * MAIN_DIM) }
-                .ok_or_else(|| anyhow!("main-KV view of {rows} rows"))?;
-            self.compute.memcpy_htod(main_keys, &mut floats)?;
-        }
+        self.store_main_rows(p, page, first_row, main_keys)?;
         let width = p.spec.dtype.bytes_per_token();
         let index_page = p.page_range(&p.layout.index, page, p.spec.index_page_bytes());
         let index_start = index_page.start + first_row * width;
@@ -352,16 +357,7 @@ impl CudaBackend {
             index_rows,
             &mut p.kv.slice_mut(index_start..index_start + rows * width),
         )?;
-        let generation = p.next_generation;
-        p.next_generation = p.next_generation.wrapping_add(1).max(1);
-        let tag = generation.to_le_bytes();
-        for region in [p.layout.main_tag.clone(), p.layout.index_tag.clone()] {
-            let range = p.tag_range(&region, page);
-            self.compute
-                .memcpy_htod(&tag[..], &mut p.kv.slice_mut(range))?;
-        }
-        p.expected[page as usize] = generation;
-        Ok(())
+        self.stamp_page(p, page)
     }
 
     pub(super) fn pool_append_rows(
