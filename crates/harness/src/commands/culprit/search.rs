@@ -799,11 +799,7 @@ impl Search<'_> {
             let testable = self.testable();
             let answer = self.ddmin(testable, finest, runner, observer).await?;
             self.ensure_passing_end(0, runner, observer).await?;
-            let answer_set: FailingSet = answer
-                .iter()
-                .copied()
-                .chain(self.held.iter().copied())
-                .collect();
+            let answer_set = self.with_held(answer.iter().copied());
             let (retest_key, outcome, reason) = match self.final_tested.take() {
                 // ddmin ended on a set it tested as the re-test: fresh blocks, at alpha.
                 Some((key, outcome, reason)) if key.0 == answer_set => (key, outcome, reason),
@@ -920,12 +916,7 @@ impl Search<'_> {
         observer: &mut dyn Observer,
     ) -> Result<Confirmation, Halt> {
         for &flag in answer {
-            let without: FailingSet = answer
-                .iter()
-                .copied()
-                .filter(|&x| x != flag)
-                .chain(self.held.iter().copied())
-                .collect();
+            let without = self.with_held(answer.iter().copied().filter(|&x| x != flag));
             if without == self.passing_end() {
                 continue;
             }
@@ -1561,11 +1552,7 @@ impl Search<'_> {
         runner: &mut impl StepRunner,
         observer: &mut dyn Observer,
     ) -> Result<Outcome, Halt> {
-        let set: FailingSet = subset
-            .iter()
-            .copied()
-            .chain(self.held.iter().copied())
-            .collect();
+        let set = self.with_held(subset.iter().copied());
         if let Some(outcome) = self.cached(&set) {
             return Ok(outcome);
         }
@@ -1583,6 +1570,12 @@ impl Search<'_> {
             claim: level == Level::Claim,
         });
         Ok(outcome)
+    }
+
+    /// The failing set of a configuration: the given testable flags failing, and the
+    /// held-out ones, which every step keeps at their failing values.
+    fn with_held(&self, failing: impl Iterator<Item = usize>) -> FailingSet {
+        failing.chain(self.held.iter().copied()).collect()
     }
 
     /// The outcome of `set` as ddmin's cache has it: tested, or implied by monotonicity
@@ -1604,15 +1597,12 @@ impl Search<'_> {
     /// subset of it is known to pass (cached, or implied by a passing superset), and it
     /// was never tested.
     fn would_end(&self, subset: &[usize]) -> bool {
-        let set = |s: &mut dyn Iterator<Item = usize>| -> FailingSet {
-            s.chain(self.held.iter().copied()).collect()
-        };
-        let whole = set(&mut subset.iter().copied());
+        let whole = self.with_held(subset.iter().copied());
         if subset.is_empty() || self.cached(&whole).is_some() {
             return false;
         }
         subset.iter().all(|&x| {
-            let smaller = set(&mut subset.iter().copied().filter(|&y| y != x));
+            let smaller = self.with_held(subset.iter().copied().filter(|&y| y != x));
             self.tested
                 .iter()
                 .any(|t| t.outcome == Outcome::Passes && t.set.is_superset(&smaller))
@@ -1627,11 +1617,7 @@ impl Search<'_> {
         runner: &mut impl StepRunner,
         observer: &mut dyn Observer,
     ) -> Result<Outcome, Halt> {
-        let set: FailingSet = subset
-            .iter()
-            .copied()
-            .chain(self.held.iter().copied())
-            .collect();
+        let set = self.with_held(subset.iter().copied());
         // Its own blocks when it has none yet (they are fresh, and a confirmation finds
         // them there), else a new generation.
         let key: EvidenceKey = if self.blocks_of(&(set.clone(), 0)).is_empty() {
