@@ -549,10 +549,7 @@ pub async fn fetch_effective(
         return None;
     }
     let text = resp.text().await.ok()?;
-    // JSON, or (vLLM's only self-report) a Prometheus exposition's info metrics.
-    serde_json::from_str(&text)
-        .ok()
-        .or_else(|| crate::core::effective::prometheus_doc(&text))
+    crate::core::effective::parse_document(&text).map(|(doc, _)| doc)
 }
 
 /// What the engine reports about itself (its effective configuration): the role's

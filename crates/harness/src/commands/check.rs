@@ -740,16 +740,7 @@ async fn check_role_urls(
     if let Some(url) = &role.effective_url {
         let result = match get(http, url, key).await {
                 Ok((status, body)) if (200..300).contains(&status) => {
-                    // As the run reads it (arm::fetch_effective): JSON, else the info
-                    // metrics of a Prometheus exposition (vLLM).
-                    let parsed = serde_json::from_str::<serde_json::Value>(&body)
-                        .ok()
-                        .map(|doc| (doc, "a JSON document"))
-                        .or_else(|| {
-                            crate::core::effective::prometheus_doc(&body)
-                                .map(|doc| (doc, "Prometheus info metrics"))
-                        });
-                    match parsed {
+                    match crate::core::effective::parse_document(&body) {
                         Some((doc, kind)) => {
                             compare_effective(plan, role, &doc, &mut disagreements, notes);
                             Ok(format!("HTTP {status}, {kind}"))

@@ -54,6 +54,16 @@ pub fn prometheus_doc(text: &str) -> Option<Value> {
     (!doc.is_empty()).then_some(Value::Object(doc))
 }
 
+/// An engine's self-report as served: a JSON document, else the info metrics of a
+/// Prometheus exposition ([`prometheus_doc`], vLLM); with which of the two it was. The
+/// one reading of an effective-config URL, for `run` and `bisect check` alike.
+pub fn parse_document(text: &str) -> Option<(Value, &'static str)> {
+    serde_json::from_str(text)
+        .ok()
+        .map(|doc| (doc, "a JSON document"))
+        .or_else(|| prometheus_doc(text).map(|doc| (doc, "Prometheus info metrics")))
+}
+
 /// `a="1",b="x\"y"} 1.0` -> {a: "1", b: "x\"y"}; `None` when the braces do not close.
 fn prometheus_labels(text: &str) -> Option<serde_json::Map<String, Value>> {
     let mut labels = serde_json::Map::new();
