@@ -67,11 +67,22 @@ fn main() {
             .collect();
         if std::env::var_os("BISECT_CULPRIT_SHOW_WRONG").is_some() {
             let all = std::env::var_os("BISECT_CULPRIT_SHOW_ALL").is_some();
-            for (i, r) in search.iter().enumerate().filter(|(_, r)| all || !r.correct) {
+            // BISECT_CULPRIT_SHOW_OVER=880: also the searches that spent more sessions.
+            let over: u64 = std::env::var("BISECT_CULPRIT_SHOW_OVER")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(u64::MAX);
+            for (i, r) in search
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| all || !r.correct || r.sessions > over)
+            {
                 println!(
-                    "WRONG {} seed {}: {}\n{}\n",
+                    "{} {} seed {} ({} sessions): {}\n{}\n",
+                    if r.correct { "SHOWN" } else { "WRONG" },
                     oracle.name,
                     SEED + i as u64,
+                    r.sessions,
                     r.answer,
                     r.path
                 );

@@ -77,11 +77,15 @@ use serde::{Deserialize, Serialize};
 
 use super::mix;
 use crate::core::sequential::{
-    mixture_confidence_sequence, Decision, DesignGoal, Direction, LookRecord, SequentialDesign,
-    SequentialState,
+    mixture_confidence_sequence, ArmPrior, Decision, DesignGoal, Direction, LookRecord,
+    PlugInPrior, SequentialDesign, SequentialState,
 };
 use crate::core::session::SessionClass;
 use crate::core::stats;
+
+/// Weight, in sessions, of the guesses a step's e-process against the passing end starts
+/// from ([`Search::step_prior`]).
+const PRIOR_SESSIONS: f64 = 10.0;
 
 /// One listed flag: the value it has in the failing configuration and the value that
 /// flips it.
@@ -366,6 +370,7 @@ pub async fn search(
         design: params.design(params.alpha),
         navigate: params.design(params.navigate_alpha),
         evidence: HashMap::new(),
+        pinned: HashMap::new(),
         blocks: Vec::new(),
         steps: Vec::new(),
         held: BTreeSet::new(),
@@ -410,6 +415,10 @@ struct Search<'p> {
     /// The design of a ddmin step's "fails" (at `navigate_alpha`).
     navigate: SequentialDesign,
     evidence: HashMap<EvidenceKey, Vec<BlockOutcome>>,
+    /// What the failing end had shown when each configuration was first evaluated: fixes,
+    /// before anything has read the configuration's corruption counts, how its looks pair
+    /// with the failing end's and where its e-process starts.
+    pinned: HashMap<EvidenceKey, Pinned>,
     blocks: Vec<(BlockRequest, BlockOutcome)>,
     steps: Vec<StepRecord>,
     /// Untestable flags: at their failing values in every configuration.
@@ -429,6 +438,12 @@ struct Search<'p> {
     final_tested: Option<(EvidenceKey, Outcome, String)>,
     /// The navigation errors caught, in words.
     caught: Vec<String>,
+}
+
+/// The failing end as a configuration's first evaluation found it ([`Search::pin_pairing`]).
+struct Pinned {
+    failing_looks: usize,
+    failing_rate: f64,
 }
 
 /// One entry of ddmin's cache.
@@ -602,6 +617,22 @@ impl Search<'_> {
         Ok(())
     }
 
+    /// Fix how the configuration at `key` pairs with the failing end, at its first
+    /// evaluation. Until then only its speed and error share have been read (the
+    /// degradation checks, the machine check), never its corruption counts, so the
+    /// pairing cannot depend on the data it will weigh.
+    fn pin_pairing(&mut self, key: &EvidenceKey) {
+        if !self.blocks_of(key).is_empty() && !self.pinned.contains_key(key) {
+            let failing = self.blocks_of(&(self.all(), 0));
+            let t = totals(failing);
+            let pinned = Pinned {
+                failing_looks: looks_of(failing, self.p.look).len(),
+                failing_rate: stats::rate(t.corrupted, t.classified),
+            };
+            self.pinned.insert(key.clone(), pinned);
+        }
+    }
+
     fn blocks_of(&self, key: &EvidenceKey) -> &[BlockOutcome] {
         self.evidence.get(key).map_or(&[], Vec::as_slice)
     }
@@ -676,6 +707,7 @@ impl Search<'_> {
         level: Level,
         observer: &mut dyn Observer,
     ) -> Result<(), Halt> {
+        self.pin_pairing(key);
         let blocks = self.blocks_of(key);
         let t = totals(blocks);
         let ids = self
@@ -1104,8 +1136,9 @@ impl Search<'_> {
     }
 
     fn ends_state(&self) -> (SequentialState, Vec<(u64, u64)>) {
-        let f = looks_of(self.blocks_of(&(self.all(), 0)), self.p.look);
-        let p = looks_of(self.blocks_of(&(self.passing_end(), 0)), self.p.look);
+        let pass_key = (self.passing_end(), 0);
+        let f = self.failing_pairs(&pass_key);
+        let p = looks_of(self.blocks_of(&pass_key), self.p.look);
         let mut state = SequentialState::new(self.design);
         for (a, b) in f.iter().zip(&p) {
             if state.look(*a, *b).expect("counts from classes").is_final() {
@@ -1239,6 +1272,7 @@ impl Search<'_> {
                 // A later block of the passing end degraded: the caller holds out again.
                 return Ok(());
             }
+            self.pin_pairing(&pass_key);
             let (state, _) = self.ends_state();
             let f = totals(self.blocks_of(&fail_key));
             let p = totals(self.blocks_of(&pass_key));
@@ -1367,6 +1401,70 @@ impl Search<'_> {
         self.ends_verified.as_ref() == Some(&self.held)
     }
 
+    /// The failing end's looks paired with each look of the configuration at `key`, as
+    /// far as the failing end has them. The pairing is fixed by what existed when the
+    /// configuration was first evaluated (`pinned`: m looks), never by its own data,
+    /// so the e-process stays valid: with m >= 2L (L looks per block), look i
+    /// of the first block pairs with the r = m / L failing looks r i .. r i + r - 1
+    /// (merged), so every failing-end session already run counts, instead of the first
+    /// block's alone; later looks pair one to one with the failing end's looks from r L
+    /// on. Turner, Ly and Grunwald's e-variable allows any group sizes per look
+    /// (`block_log_e_value`), and a failing end with two blocks against a step's one is
+    /// what the search has whenever the machine check has run: the claims "without this
+    /// value it passes" then decide in the step's first block far more often.
+    fn failing_pairs(&self, key: &EvidenceKey) -> Vec<(u64, u64)> {
+        let f = looks_of(self.blocks_of(&(self.all(), 0)), self.p.look);
+        if key.0 == self.all() {
+            return f;
+        }
+        let per_block = (self.p.block / self.p.look).max(1) as usize;
+        let m = self.pinned.get(key).map_or(f.len(), |p| p.failing_looks);
+        let r = (m / per_block).max(1);
+        let steps = looks_of(self.blocks_of(key), self.p.look)
+            .len()
+            .max(per_block);
+        let mut out = Vec::new();
+        for i in 0..steps {
+            let range = if i < per_block {
+                r * i..r * i + r
+            } else {
+                r * per_block + (i - per_block)..r * per_block + (i - per_block) + 1
+            };
+            if range.end > f.len() {
+                break;
+            }
+            out.push(
+                f[range]
+                    .iter()
+                    .fold((0, 0), |(k, n), &(dk, dn)| (k + dk, n + dn)),
+            );
+        }
+        out
+    }
+
+    /// Where a step's e-process against the passing end (step "on", passing end "off")
+    /// starts its plug-in estimates: the step is guessed to fail like the failing end did
+    /// when the step was first evaluated (sessions this e-process never reads), the
+    /// passing end to be clean, each guess worth [`PRIOR_SESSIONS`] sessions. Without it
+    /// both start at 1/2, where the first look's e-value is exactly 1 and the next ones
+    /// learn the rates slowly; the data outweigh a wrong guess within a block. The e-process
+    /// against the failing end keeps safestats' uninformed start: a guess there could only
+    /// come from the passing end, and it made "passes" decide on an unusually high sample
+    /// of the failing end more often (README, culprit bench).
+    fn step_prior(&self, key: &EvidenceKey) -> PlugInPrior {
+        let failing = self.pinned.get(key).map_or_else(
+            || {
+                let t = totals(self.blocks_of(&(self.all(), 0)));
+                stats::rate(t.corrupted, t.classified)
+            },
+            |p| p.failing_rate,
+        );
+        PlugInPrior {
+            on: ArmPrior::guess(failing, PRIOR_SESSIONS),
+            off: ArmPrior::guess(0.0, PRIOR_SESSIONS),
+        }
+    }
+
     fn step_states(&self, key: &EvidenceKey, level: Level) -> (SequentialState, SequentialState) {
         let s = looks_of(self.blocks_of(key), self.p.look);
         let p = if self.passing_ok() {
@@ -1374,12 +1472,12 @@ impl Search<'_> {
         } else {
             Vec::new()
         };
-        let f = looks_of(self.blocks_of(&(self.all(), 0)), self.p.look);
+        let f = self.failing_pairs(key);
         let design = match level {
             Level::Navigate => self.navigate,
             Level::Claim => self.design,
         };
-        let mut vp = SequentialState::new(design);
+        let mut vp = SequentialState::with_prior(design, self.step_prior(key));
         let mut vf = SequentialState::new(design);
         // Each e-process reads the looks its reference has: a step leaning one way only
         // needs more of the reference that can decide it (see `evaluate`).
@@ -1469,7 +1567,7 @@ impl Search<'_> {
             }
             _ => {
                 let s = looks_of(blocks, self.p.look).len();
-                let f = looks_of(self.blocks_of(&(self.all(), 0)), self.p.look).len();
+                let f = self.failing_pairs(key).len();
                 let pass_key = (self.passing_end(), 0);
                 // Which reference can decide it: a step whose rate is nearer the failing
                 // end's can only come to "fails", against the passing end; one nearer the
@@ -1525,6 +1623,7 @@ impl Search<'_> {
         observer: &mut dyn Observer,
     ) -> Result<(Outcome, String), Halt> {
         loop {
+            self.pin_pairing(key);
             match self.evaluate(key, level) {
                 Eval::Decided(outcome, reason) => return Ok((outcome, reason)),
                 Eval::NeedStep => self.run_block(key, runner, observer).await?,

@@ -237,7 +237,17 @@ pub fn simulate_with(oracle: &Oracle, params: &SearchParams) -> Scored {
                 )
             })
             .collect::<Vec<_>>()
-            .join("\n"),
+            .join("\n")
+            + "\nblocks: "
+            + &report
+                .blocks
+                .iter()
+                .map(|(r, o)| {
+                    let bad = o.classes.iter().filter(|c| c.is_corrupted()).count();
+                    format!("{{{}}} {bad}", r.failing.join(","))
+                })
+                .collect::<Vec<_>>()
+                .join(" | "),
     }
 }
 
@@ -397,6 +407,7 @@ pub fn scenarios() -> Vec<(Oracle, u32)> {
 mod tests {
     use super::super::search::StepKind;
     use super::*;
+    use crate::core::sequential::LookRecord;
 
     const BUDGET: u64 = 4000;
 
@@ -419,6 +430,48 @@ mod tests {
         let params = SearchParams::new(oracle.flag_values(), concurrency, BUDGET, 7);
         let mut runner = OracleRunner { oracle, seed: 7 };
         futures::executor::block_on(search(&params, &mut runner, &mut Silent)).unwrap()
+    }
+
+    #[test]
+    fn steps_weigh_every_failing_end_block_run_before_them() {
+        // The seeds' catalog shape: F3's flip is slow, so the failing end runs a second
+        // block (the machine check) before the screening steps are first evaluated. Each
+        // of their looks then pairs with two of the failing end's, and the ends pair the
+        // re-verified passing end the same way: all 160 failing-end sessions count.
+        let (oracle, load) = scenario("3-flag interaction + a slow flag");
+        let report = run(&oracle, load);
+        assert!(
+            matches!(report.answer, Answer::Culprit { .. }),
+            "{}",
+            report.verdict
+        );
+        let doubled = |look: &LookRecord, failing_on: bool| {
+            let (f, other) = if failing_on {
+                (look.on, look.off)
+            } else {
+                (look.off, look.on)
+            };
+            f.sessions >= 2 * other.sessions - other.sessions / 10
+        };
+        let screens: Vec<_> = report
+            .steps
+            .iter()
+            .filter(|s| s.kind == StepKind::Ddmin && s.blocks.len() == 1 && s.failing.len() == 5)
+            .collect();
+        assert!(!screens.is_empty(), "{}", report.verdict);
+        for step in screens {
+            let look = step
+                .vs_failing
+                .expect("a screen is compared with the failing end");
+            assert!(doubled(&look, true), "{:?}: {look:?}", step.failing);
+        }
+        let ends = report
+            .steps
+            .iter()
+            .rfind(|s| s.kind == StepKind::Ends)
+            .and_then(|s| s.vs_passing)
+            .expect("the ends were verified");
+        assert!(doubled(&ends, true), "{ends:?}");
     }
 
     #[test]

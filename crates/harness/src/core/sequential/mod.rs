@@ -354,9 +354,55 @@ impl Tally {
     }
 
     /// Posterior mean under Beta(PLUG_IN_PRIOR, PLUG_IN_PRIOR): always inside (0, 1).
+    #[cfg(test)]
     fn plug_in(self) -> f64 {
-        (self.corrupted as f64 + PLUG_IN_PRIOR) / (self.sessions as f64 + 2.0 * PLUG_IN_PRIOR)
+        self.plug_in_with(ArmPrior::default())
     }
+
+    /// Posterior mean under the arm's prior: always inside (0, 1).
+    fn plug_in_with(self, prior: ArmPrior) -> f64 {
+        (self.corrupted as f64 + prior.corrupted)
+            / (self.sessions as f64 + prior.corrupted + prior.clean)
+    }
+}
+
+/// Beta prior of one arm's plug-in estimate, in pseudo-sessions. The default is safestats'
+/// Beta(0.18, 0.18). Any prior is valid: the e-variable has expectation at most 1 under
+/// the null for every plug-in rate that does not depend on the look's own data
+/// (`block_e_value_has_expectation_at_most_one_under_every_null`), so a prior may come
+/// from a design or from data the e-process never reads; it only moves power.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ArmPrior {
+    pub corrupted: f64,
+    pub clean: f64,
+}
+
+impl Default for ArmPrior {
+    fn default() -> Self {
+        ArmPrior {
+            corrupted: PLUG_IN_PRIOR,
+            clean: PLUG_IN_PRIOR,
+        }
+    }
+}
+
+impl ArmPrior {
+    /// A guess of the arm's rate worth `weight` sessions, over the default prior (so the
+    /// plug-in stays inside (0, 1) even for a guess of 0 or 1).
+    pub fn guess(rate: f64, weight: f64) -> Self {
+        let rate = rate.clamp(0.0, 1.0);
+        ArmPrior {
+            corrupted: PLUG_IN_PRIOR + rate * weight,
+            clean: PLUG_IN_PRIOR + (1.0 - rate) * weight,
+        }
+    }
+}
+
+/// The priors of both arms' plug-in estimates.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct PlugInPrior {
+    pub on: ArmPrior,
+    pub off: ArmPrior,
 }
 
 /// The arm that corrupts more.
@@ -433,11 +479,22 @@ pub struct SequentialState {
     on_bounds: [f64; 2],
     off_bounds: [f64; 2],
     looks: Vec<LookRecord>,
+    /// Where the plug-in estimates start (safestats' default unless a caller knows more).
+    #[serde(default)]
+    prior: PlugInPrior,
 }
 
 impl SequentialState {
     pub fn new(design: SequentialDesign) -> Self {
+        Self::with_prior(design, PlugInPrior::default())
+    }
+
+    /// An experiment whose plug-in estimates start from `prior` instead of safestats'
+    /// uninformed Beta(0.18, 0.18): valid as long as the prior does not come from data
+    /// this experiment's looks will contain.
+    pub fn with_prior(design: SequentialDesign, prior: PlugInPrior) -> Self {
         SequentialState {
+            prior,
             design,
             on: Tally::default(),
             off: Tally::default(),
@@ -461,7 +518,8 @@ impl SequentialState {
         }
         let on_block = Tally::checked("on", on)?;
         let off_block = Tally::checked("off", off)?;
-        let block_log_e = block_log_e_value(self.on, self.off, on_block, off_block);
+        let block_log_e =
+            block_log_e_value_with(self.on, self.off, self.prior, on_block, off_block);
         self.log_e += block_log_e;
         self.on = self.on.add(on_block);
         self.off = self.off.add(off_block);
@@ -547,12 +605,23 @@ impl SequentialState {
 /// `ta`, `tb` (from the earlier blocks `past_on`, `past_off`) over its likelihood under the
 /// common rate `t0 = (na ta + nb tb) / (na + nb)`.
 pub fn block_log_e_value(past_on: Tally, past_off: Tally, on: Tally, off: Tally) -> f64 {
+    block_log_e_value_with(past_on, past_off, PlugInPrior::default(), on, off)
+}
+
+/// [`block_log_e_value`] with the plug-in estimates starting from `prior`.
+pub fn block_log_e_value_with(
+    past_on: Tally,
+    past_off: Tally,
+    prior: PlugInPrior,
+    on: Tally,
+    off: Tally,
+) -> f64 {
     let (na, nb) = (on.sessions as f64, off.sessions as f64);
     if na + nb == 0.0 {
         return 0.0;
     }
-    let theta_a = past_on.plug_in();
-    let theta_b = past_off.plug_in();
+    let theta_a = past_on.plug_in_with(prior.on);
+    let theta_b = past_off.plug_in_with(prior.off);
     let theta_0 = (na * theta_a + nb * theta_b) / (na + nb);
     let log_ratio = |block: Tally, theta: f64| {
         let (k, n) = (block.corrupted as f64, block.sessions as f64);
@@ -704,6 +773,55 @@ mod tests {
 
     // The GROW property the e-process rests on: under any common rate p, a block's
     // e-variable has expectation <= 1, with equality at p = t0 (exact sums over outcomes).
+    #[test]
+    fn informed_priors_keep_the_e_value_at_most_one_under_every_null() {
+        // Priors from a design or from another configuration's data (the culprit search's
+        // steps): wrong guesses, right guesses, guesses of 0 and 1.
+        let priors = [
+            (ArmPrior::guess(0.18, 20.0), ArmPrior::guess(0.0, 20.0)),
+            (ArmPrior::guess(0.0, 40.0), ArmPrior::guess(0.3, 10.0)),
+            (ArmPrior::guess(1.0, 80.0), ArmPrior::guess(0.0, 80.0)),
+        ];
+        for (on, off) in priors {
+            let prior = PlugInPrior { on, off };
+            for (past_on, past_off) in [(tally(0, 0), tally(0, 0)), (tally(2, 13), tally(7, 17))] {
+                for (na, nb) in [(10, 10), (20, 10), (5, 9)] {
+                    for p in [0.0, 0.01, 0.05, 0.18, 0.5, 1.0] {
+                        let mut expectation = 0.0;
+                        for ya in 0..=na {
+                            for yb in 0..=nb {
+                                let ln_probability =
+                                    ln_binomial_pmf(ya, na, p) + ln_binomial_pmf(yb, nb, p);
+                                let log_e = block_log_e_value_with(
+                                    past_on,
+                                    past_off,
+                                    prior,
+                                    tally(ya, na),
+                                    tally(yb, nb),
+                                );
+                                expectation += (ln_probability + log_e).exp();
+                            }
+                        }
+                        assert!(expectation <= 1.0 + 1e-9, "p {p}: E[e] = {expectation}");
+                    }
+                }
+            }
+        }
+        // A guess moves the first look's plug-in from 1/2 to near the guess.
+        let prior = PlugInPrior {
+            on: ArmPrior::guess(0.18, 20.0),
+            off: ArmPrior::guess(0.0, 20.0),
+        };
+        assert!(
+            block_log_e_value_with(tally(0, 0), tally(0, 0), prior, tally(2, 10), tally(0, 10))
+                > 0.5
+        );
+        assert_eq!(
+            block_log_e_value(tally(0, 0), tally(0, 0), tally(2, 10), tally(0, 10)),
+            0.0
+        );
+    }
+
     #[test]
     fn block_e_value_has_expectation_at_most_one_under_every_null() {
         let pasts = [
