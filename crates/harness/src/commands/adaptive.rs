@@ -7,6 +7,7 @@
 //! The verdict is the sequential decision with every blocking check on top
 //! ([`crate::core::adaptive::verdict`]). The record is rewritten after every block.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -29,6 +30,7 @@ use crate::core::phases::Phases;
 use crate::core::sequential::{Decision, DesignGoal};
 use crate::core::verdict::Severity;
 use crate::exit::Failure;
+use crate::launch::state_root;
 use crate::results::run_record::{ArmRecord, RunRecord};
 use crate::results::ResultsDir;
 
@@ -72,7 +74,9 @@ pub async fn run_adaptive(
         max_sessions: options.max_sessions,
     };
     let planning = Instant::now();
-    let mut schedule = Schedule::new(spec).map_err(|e| match e {
+    let cache = PlanCache::new(plan.state_root.clone().unwrap_or_else(state_root), spec);
+    let known = cache.as_ref().and_then(PlanCache::read);
+    let mut schedule = Schedule::with_plan(spec, known).map_err(|e| match e {
         AdaptiveError::CapBelowLoad { .. } | AdaptiveError::NoLoad => Failure::BadInput(format!(
             "{e}\n  fix: pass --max-sessions of at least the concurrency ({}), or lower --concurrency",
             spec.concurrency
@@ -82,6 +86,10 @@ pub async fn run_adaptive(
              or pass --max-sessions"
         )),
     })?;
+    if let (Some(cache), None) = (&cache, known) {
+        let d = &schedule.record().design;
+        cache.write(d.block_per_arm, d.max_per_arm);
+    }
     phases.plan_s += planning.elapsed().as_secs_f64();
     let design = &schedule.record().design;
     progress.note(&format!(
@@ -273,4 +281,120 @@ fn finish_verdict(plan: &RunPlan, workload: &Workload, record: &mut RunRecord) {
     record.comparison = Some(comparison);
     record.confounds = confounds;
     record.verdict = Some(verdict);
+}
+
+/// Earlier runs' initial plans, in bisect's state directory (`plans.json`): planning
+/// simulates the stopping rule (0.2-0.8 s on a 2-core machine, before the first restart)
+/// and its result is a pure function of the goal and the concurrency, so a plan is kept
+/// and reused, keyed by those and by the running executable's size and modification time
+/// (a rebuilt planner never reads an older one's plans). Any failure to read or write it
+/// only means planning again.
+struct PlanCache {
+    path: PathBuf,
+    key: String,
+}
+
+impl PlanCache {
+    fn new(root: PathBuf, spec: AdaptiveSpec) -> Option<PlanCache> {
+        if spec.max_sessions.is_some() {
+            return None;
+        }
+        let exe = std::fs::metadata(std::env::current_exe().ok()?).ok()?;
+        let built = exe
+            .modified()
+            .ok()?
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()?
+            .as_nanos();
+        let g = spec.goal;
+        let key = format!(
+            "exe {}:{built}; alpha {} power {} min_effect {} baseline {} clear_alpha {}; concurrency {}",
+            exe.len(),
+            g.alpha,
+            g.power,
+            g.min_effect,
+            g.baseline,
+            g.clear_alpha,
+            spec.concurrency
+        );
+        Some(PlanCache {
+            path: root.join("plans.json"),
+            key,
+        })
+    }
+
+    fn entries(&self) -> std::collections::BTreeMap<String, (u64, u64)> {
+        std::fs::read(&self.path)
+            .ok()
+            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+            .unwrap_or_default()
+    }
+
+    fn read(&self) -> Option<(u64, u64)> {
+        self.entries().get(&self.key).copied()
+    }
+
+    fn write(&self, block: u64, cap: u64) {
+        let mut entries = self.entries();
+        // Plans of other executables are stale: keep only this one's.
+        let exe = self.key.split(';').next().unwrap_or_default().to_string();
+        entries.retain(|k, _| k.starts_with(&exe));
+        entries.insert(self.key.clone(), (block, cap));
+        let Ok(text) = serde_json::to_vec_pretty(&entries) else {
+            return;
+        };
+        if let Some(dir) = self.path.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        let partial = self.path.with_extension("json.partial");
+        if std::fs::write(&partial, text).is_ok() {
+            let _ = std::fs::rename(&partial, &self.path);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(concurrency: u64, max_sessions: Option<u64>) -> AdaptiveSpec {
+        AdaptiveSpec {
+            goal: DesignGoal::default(),
+            concurrency,
+            max_sessions,
+        }
+    }
+
+    #[test]
+    fn a_plan_is_kept_per_goal_and_reused_exactly() {
+        let dir = tempfile::tempdir().unwrap();
+        let at = |c| PlanCache::new(dir.path().to_path_buf(), spec(c, None)).unwrap();
+        assert_eq!(at(80).read(), None);
+        let planned = adaptive::plan(DesignGoal::default(), 80, None).unwrap();
+        at(80).write(planned.0, planned.1);
+        at(40).write(40, 480);
+        assert_eq!(at(80).read(), Some(planned));
+        assert_eq!(at(40).read(), Some((40, 480)));
+        // The schedule built from the kept plan is the one planning gives.
+        let fresh = Schedule::new(spec(80, None)).unwrap();
+        let kept = Schedule::with_plan(spec(80, None), at(80).read()).unwrap();
+        assert_eq!(fresh.record().design, kept.record().design);
+    }
+
+    #[test]
+    fn another_executables_plans_are_dropped_and_a_given_cap_is_not_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("plans.json");
+        std::fs::write(&path, r#"{"exe 1:2; alpha 0.01 ...": [80, 560]}"#).unwrap();
+        let cache = PlanCache::new(dir.path().to_path_buf(), spec(80, None)).unwrap();
+        cache.write(80, 480);
+        let kept: std::collections::BTreeMap<String, (u64, u64)> =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(kept.len(), 1, "{kept:?}");
+        assert_eq!(cache.read(), Some((80, 480)));
+        assert!(PlanCache::new(dir.path().to_path_buf(), spec(80, Some(160))).is_none());
+        // A broken file only means planning again.
+        std::fs::write(&path, "not json").unwrap();
+        assert_eq!(cache.read(), None);
+    }
 }

@@ -282,6 +282,16 @@ pub struct Schedule {
 impl Schedule {
     /// Plans the run (a simulation of the stopping rule, unless `max_sessions` is given).
     pub fn new(spec: AdaptiveSpec) -> Result<Self, AdaptiveError> {
+        Self::with_plan(spec, None)
+    }
+
+    /// As [`Schedule::new`], with the `(block, cap)` that [`plan`] gives for this goal and
+    /// concurrency when the caller already has it (a design is a pure function of its
+    /// goal, so a cache of earlier plans is exact); `None` plans here.
+    pub fn with_plan(
+        spec: AdaptiveSpec,
+        planned: Option<(u64, u64)>,
+    ) -> Result<Self, AdaptiveError> {
         let c = spec.concurrency;
         if c == 0 {
             return Err(AdaptiveError::NoLoad);
@@ -295,7 +305,10 @@ impl Schedule {
             }
             Some(given) => (c, given.div_ceil(c) * c, CapSource::MaxSessions),
             None => {
-                let (block, cap) = plan(spec.goal, c, None)?;
+                let (block, cap) = match planned {
+                    Some(known) => known,
+                    None => plan(spec.goal, c, None)?,
+                };
                 (block, cap, CapSource::Planned)
             }
         };
