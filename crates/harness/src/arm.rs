@@ -597,6 +597,25 @@ pub fn effective_values(
         .collect()
 }
 
+/// Every role whose engine reports one of `settings` (a flag and the value written for
+/// it) as another value, flag by flag in their order, roles in name order: the flag with
+/// its [`effective::Disagreement`]. Roles whose engine does not report a flag are not
+/// judged.
+pub fn engine_disagreements<'f>(
+    target: &TargetProfile,
+    settings: impl IntoIterator<Item = (&'f FlagSpec, &'f str)>,
+    engine_info: &BTreeMap<String, serde_json::Value>,
+) -> Vec<(&'f FlagSpec, effective::Disagreement)> {
+    settings
+        .into_iter()
+        .flat_map(|(flag, value)| {
+            effective::disagreements(value, &effective_values(target, flag, engine_info))
+                .into_iter()
+                .map(move |d| (flag, d))
+        })
+        .collect()
+}
+
 /// The warning a run carries when no engine of the flag's roles reports the flag's
 /// effective value: then only the launch-file read-back says the arms differ.
 pub const NO_EFFECTIVE_WARNING: &str =

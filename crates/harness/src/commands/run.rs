@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::arm::{
-    effective_values, fmt_readback, settle, BlockName, Testbed, TestbedSpec, NO_EFFECTIVE_WARNING,
+    effective_values, engine_disagreements, fmt_readback, settle, BlockName, Testbed, TestbedSpec,
+    NO_EFFECTIVE_WARNING,
 };
 pub use crate::arm::{Progress, Quiet};
 use crate::config::{FlagSpec, TargetProfile, Workload};
@@ -232,19 +233,20 @@ pub(crate) async fn run_block(
             .note(&format!("warning: {NO_EFFECTIVE_WARNING}"));
         push_warning(record, NO_EFFECTIVE_WARNING);
     }
-    for (flag, value) in &plan.sets {
-        for (role, ran) in effective_values(&plan.target, flag, &restarted.engine_info) {
-            if !crate::core::effective::agrees(value, &ran) {
-                return Err(Failure::CouldNotRun(format!(
-                    "pinned {}={value}, but the {role} engine reports it runs with {ran:?}: \
-                     the launch config does not take effect\n  fix: check how role {role}'s \
-                     launch config sets {} (a conditional, an overriding later line)",
-                    flag.name,
-                    flag.setting.key()
-                ))
-                .into());
-            }
-        }
+    let pinned = plan.sets.iter().map(|(flag, value)| (flag, value.as_str()));
+    if let Some((flag, d)) = engine_disagreements(&plan.target, pinned, &restarted.engine_info)
+        .into_iter()
+        .next()
+    {
+        let (role, value, ran) = (d.role, d.expected, d.reported);
+        return Err(Failure::CouldNotRun(format!(
+            "pinned {}={value}, but the {role} engine reports it runs with {ran:?}: \
+             the launch config does not take effect\n  fix: check how role {role}'s \
+             launch config sets {} (a conditional, an overriding later line)",
+            flag.name,
+            flag.setting.key()
+        ))
+        .into());
     }
     for (role, info) in restarted.engine_info {
         record

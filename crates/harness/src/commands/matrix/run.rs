@@ -294,17 +294,16 @@ fn check_effective(
                 .push(format!("{}: {NO_EFFECTIVE_WARNING}", flag.name));
             continue;
         }
-        for (role, ran) in &reported {
-            if !crate::core::effective::agrees(value, ran) {
-                check.blocked.push(format!(
-                    "{kind}{}={value} was written and read back, but the {role} engine reports \
-                     it runs with {ran:?}: the cell's configuration did not take effect \
-                     (check how role {role}'s launch config sets {}: a conditional, an \
-                     overriding later line, an ignored variable)",
-                    flag.name,
-                    flag.setting.key()
-                ));
-            }
+        for d in crate::core::effective::disagreements(value, &reported) {
+            let (role, ran) = (d.role, d.reported);
+            check.blocked.push(format!(
+                "{kind}{}={value} was written and read back, but the {role} engine reports \
+                 it runs with {ran:?}: the cell's configuration did not take effect \
+                 (check how role {role}'s launch config sets {}: a conditional, an \
+                 overriding later line, an ignored variable)",
+                flag.name,
+                flag.setting.key()
+            ));
         }
         check.effective.insert(flag.name.clone(), reported);
     }
