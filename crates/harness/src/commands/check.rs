@@ -993,11 +993,9 @@ mod tests {
     /// A server that wants `Bearer KEY` on /health and /metrics; its metrics use vLLM's
     /// names, its /server_info reports bf16 index-K.
     async fn keyed_server() -> std::net::SocketAddr {
+        use crate::test_http::authed;
         use axum::http::{HeaderMap, StatusCode};
         use axum::routing::get;
-        fn authed(h: &HeaderMap) -> bool {
-            h.get("authorization").and_then(|v| v.to_str().ok()) == Some("Bearer sk-test")
-        }
         let app = axum::Router::new()
             .route(
                 "/health",
@@ -1028,10 +1026,7 @@ mod tests {
                     axum::Json(serde_json::json!({"flags": {"SGLANG_DSV4_BF16_INDEX_K": "1"}}))
                 }),
             );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        addr
+        crate::test_http::serve(app).await
     }
 
     #[tokio::test]
@@ -1051,7 +1046,7 @@ mod tests {
         let mut plan = offline(&target, &catalog, dir.path());
         plan.offline = false;
         plan.api_key_missing = None;
-        plan.api_key = Some("sk-test".into());
+        plan.api_key = Some(crate::test_http::KEY.into());
 
         let report = check(&plan).await;
         let kinds: Vec<(&str, &str, bool)> = report
