@@ -67,18 +67,58 @@ impl Progress for Quiet {
     fn note(&self, _: &str) {}
 }
 
-/// How a command opens its testbed.
+/// How a command opens its testbed: built by [`TestbedSpec::read_only`], then
+/// [`TestbedSpec::editing`] for a command that writes flags.
 pub struct TestbedSpec<'a> {
-    pub target: &'a TargetProfile,
+    target: &'a TargetProfile,
     /// Where the launch-config journal lives; `None` opens read-only (probe).
-    pub journal_dir: Option<&'a Path>,
+    journal_dir: Option<&'a Path>,
     /// Where the target's state lives; `None`: `$XDG_STATE_HOME/bisect`.
-    pub state_root: Option<&'a Path>,
+    state_root: Option<&'a Path>,
     /// Every flag the command may write: refused up front if half-applied.
-    pub flags: Vec<&'a FlagSpec>,
-    pub allow_partial: bool,
-    pub api_key: Option<String>,
-    pub metrics_period: Duration,
+    flags: Vec<&'a FlagSpec>,
+    allow_partial: bool,
+    api_key: Option<String>,
+    metrics_period: Duration,
+}
+
+impl<'a> TestbedSpec<'a> {
+    /// A testbed over `target` that edits nothing: no journal, no flag to refuse (a
+    /// probe). Commands that write flags add [`TestbedSpec::editing`].
+    pub fn read_only(
+        target: &'a TargetProfile,
+        api_key: Option<String>,
+        metrics_period: Duration,
+    ) -> Self {
+        TestbedSpec {
+            target,
+            journal_dir: None,
+            state_root: None,
+            flags: Vec::new(),
+            allow_partial: true,
+            api_key,
+            metrics_period,
+        }
+    }
+
+    /// Writes `flags` (each refused up front if half-applied, unless `allow_partial`),
+    /// the launch configs journaled in `journal_dir`, the target's state under
+    /// `state_root`.
+    pub fn editing(
+        self,
+        journal_dir: &'a Path,
+        state_root: Option<&'a Path>,
+        flags: Vec<&'a FlagSpec>,
+        allow_partial: bool,
+    ) -> Self {
+        TestbedSpec {
+            journal_dir: Some(journal_dir),
+            state_root,
+            flags,
+            allow_partial,
+            ..self
+        }
+    }
 }
 
 /// What a restart measured.

@@ -102,15 +102,12 @@ pub async fn run_experiment(
 pub(crate) fn testbed_spec(plan: &RunPlan) -> TestbedSpec<'_> {
     let mut flags = vec![&plan.flag];
     flags.extend(plan.sets.iter().map(|(f, _)| f));
-    TestbedSpec {
-        target: &plan.target,
-        journal_dir: Some(&plan.journal_dir),
-        state_root: plan.state_root.as_deref(),
+    TestbedSpec::read_only(&plan.target, plan.api_key.clone(), plan.metrics_period).editing(
+        &plan.journal_dir,
+        plan.state_root.as_deref(),
         flags,
-        allow_partial: plan.allow_partial,
-        api_key: plan.api_key.clone(),
-        metrics_period: plan.metrics_period,
-    }
+        plan.allow_partial,
+    )
 }
 
 /// Rewrite the record's files, counting the time as writing.

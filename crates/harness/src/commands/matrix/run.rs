@@ -79,15 +79,13 @@ pub async fn run_matrix(
             }
         }
     }
-    let spec = TestbedSpec {
-        target: &job.target,
-        journal_dir: Some(&job.journal_dir),
-        state_root: job.state_root.as_deref(),
-        flags,
-        allow_partial: job.allow_partial,
-        api_key: job.api_key.clone(),
-        metrics_period: job.metrics_period,
-    };
+    let spec = TestbedSpec::read_only(&job.target, job.api_key.clone(), job.metrics_period)
+        .editing(
+            &job.journal_dir,
+            job.state_root.as_deref(),
+            flags,
+            job.allow_partial,
+        );
     let mut bed = Testbed::open(spec, control, progress, cancel)?;
     let outcome = run_groups(job, &mut bed, &mut record).await;
     let closed = bed.close().await;
