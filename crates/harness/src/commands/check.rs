@@ -15,6 +15,7 @@ use serde::Serialize;
 use crate::config::{line_of, Coverage, FlagCatalog, FlagSpec, RoleSpec, TargetProfile};
 use crate::driver::metrics::parse_exposition;
 use crate::launch::{check_partial, read_setting, setting_line, write_setting};
+use crate::results::run_record;
 
 /// What to check.
 pub struct CheckPlan<'a> {
@@ -60,17 +61,24 @@ pub struct CheckReport {
     pub problems: Vec<Problem>,
 }
 
+/// A role as the check reports it: what a run records of it (`run.json`'s
+/// `target.roles`, the one [`run_record::RoleInfo`], so the two cannot drift), and,
+/// beside its metrics URL, the queued gauge the metrics check also looks for.
 #[derive(Debug, Clone, Serialize)]
 pub struct RoleInfo {
-    pub name: String,
-    pub launch: String,
-    /// The restart command, or `None` when bisect spawns `sh LAUNCH` itself.
-    pub restart: Option<String>,
-    pub health: String,
-    pub metrics: Option<String>,
-    pub effective_url: Option<String>,
-    pub running_metric: String,
-    pub queued_metric: String,
+    #[serde(flatten)]
+    pub recorded: run_record::RoleInfo,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queued_metric: Option<String>,
+}
+
+impl RoleInfo {
+    fn of(role: &RoleSpec) -> RoleInfo {
+        RoleInfo {
+            recorded: run_record::RoleInfo::of(role),
+            queued_metric: role.metrics.as_ref().map(|_| role.queued_metric.clone()),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -278,20 +286,7 @@ pub async fn check(plan: &CheckPlan<'_>) -> CheckReport {
         profile: profile_path,
         name: target.name.clone(),
         engine: target.engine.to_string(),
-        roles: target
-            .roles
-            .iter()
-            .map(|r| RoleInfo {
-                name: r.name.clone(),
-                launch: r.launch.display().to_string(),
-                restart: r.restart.clone(),
-                health: r.health.clone(),
-                metrics: r.metrics.clone(),
-                effective_url: r.effective_url.clone(),
-                running_metric: r.running_metric.clone(),
-                queued_metric: r.queued_metric.clone(),
-            })
-            .collect(),
+        roles: target.roles.iter().map(RoleInfo::of).collect(),
         flags,
         not_applying,
         offline: plan.offline,
