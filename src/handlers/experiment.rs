@@ -17,7 +17,7 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<ExitCode> {
     let output = &args.common.output;
     recover_journal(&output.journal_dir())?;
     let plan = args.plan()?;
-    let (mut control, cancel) = engines(&plan.target, &plan.run_dir)?;
+    let (mut control, cancel) = engines(&plan.target, &plan.run_dir, plan.api_key.as_deref())?;
     let progress = progress(output.json);
     eprintln!("results: {}", plan.run_dir.display());
     let record = match args.adaptive() {
@@ -39,7 +39,7 @@ pub async fn culprit(args: &CulpritArgs) -> anyhow::Result<ExitCode> {
     let output = &args.common.output;
     recover_journal(&output.journal_dir())?;
     let plan = args.plan()?;
-    let (mut control, cancel) = engines(&plan.target, &plan.dir)?;
+    let (mut control, cancel) = engines(&plan.target, &plan.dir, plan.api_key.as_deref())?;
     let progress = progress(output.json);
     eprintln!("results: {}", plan.dir.display());
     let record = culprit::run(&plan, &mut control, progress.as_ref(), cancel).await?;
@@ -57,7 +57,7 @@ pub async fn culprit(args: &CulpritArgs) -> anyhow::Result<ExitCode> {
 pub async fn probe(args: &ProbeArgs) -> anyhow::Result<ExitCode> {
     recover_journal(&args.output.journal_dir())?;
     let plan = args.plan()?;
-    let (mut control, cancel) = engines(&plan.target, &plan.run_dir)?;
+    let (mut control, cancel) = engines(&plan.target, &plan.run_dir, plan.api_key.as_deref())?;
     let progress = Lines::new(!args.output.json);
     let record = match probe::run_probe(&plan, &mut control, &progress, cancel).await {
         Ok(r) => r,

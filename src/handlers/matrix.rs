@@ -16,7 +16,7 @@ use bisect_harness::exit::{self, Failure};
 pub async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
     recover_journal(&args.output.journal_dir())?;
     let job = args.job()?;
-    let (mut control, cancel) = engines(&job.target, &job.dir)?;
+    let (mut control, cancel) = engines(&job.target, &job.dir, job.api_key.as_deref())?;
     eprintln!(
         "matrix {}: {} cells, results: {}",
         job.plan.name,

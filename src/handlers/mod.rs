@@ -68,14 +68,16 @@ fn recover_journal(journal_dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Control of the target's engines (their logs under `dir/logs`) and the cancellation
-/// Ctrl-C or SIGTERM triggers, which stops them and restores the launch configs.
+/// Control of the target's engines (their logs under `dir/logs`, their self-reports read
+/// with `api_key`) and the cancellation Ctrl-C or SIGTERM triggers, which stops them and
+/// restores the launch configs.
 fn engines(
     target: &TargetProfile,
     dir: &Path,
+    api_key: Option<&str>,
 ) -> anyhow::Result<(ProcessControl, CancellationToken)> {
     let cancel = signals::cancel_on_signal();
-    let control = ProcessControl::new(target, &dir.join("logs"))?;
+    let control = ProcessControl::new(target, &dir.join("logs"), api_key.map(String::from))?;
     Ok((control, cancel))
 }
 

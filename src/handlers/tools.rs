@@ -108,20 +108,23 @@ fn render_check(r: &CheckReport) -> String {
         r.engine,
         r.roles.len()
     );
-    for role in &r.roles {
+    for info in &r.roles {
+        let role = &info.recorded;
         let restart = match &role.restart {
             Some(cmd) => format!("restart `{cmd}`"),
             None => "spawned by bisect (sh LAUNCH)".into(),
         };
+        let metrics = match (&role.metrics, &role.running_metric, &info.queued_metric) {
+            (Some(url), Some(running), Some(queued)) => format!("{url} ({running} / {queued})"),
+            (Some(url), ..) => url.clone(),
+            (None, ..) => "none".into(),
+        };
         let _ = writeln!(
             out,
-            "  {}: launch {}, {restart}, health {}, metrics {} ({} / {}), effective config {}",
+            "  {}: launch {}, {restart}, health {}, metrics {metrics}, effective config {}",
             role.name,
             role.launch,
             role.health,
-            role.metrics.as_deref().unwrap_or("none"),
-            role.running_metric,
-            role.queued_metric,
             role.effective_url.as_deref().unwrap_or("none")
         );
     }

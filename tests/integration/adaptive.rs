@@ -4,34 +4,52 @@
 use std::sync::atomic::Ordering;
 
 use bisect_harness::commands::adaptive::{run_adaptive, AdaptiveOptions};
-use bisect_harness::commands::run::Quiet;
+use bisect_harness::commands::run::{Quiet, RunPlan};
 use bisect_harness::core::adaptive::CapSource;
 use bisect_harness::core::sequential::{Decision, Direction};
 use bisect_harness::core::verdict::Status;
+use bisect_harness::results::run_record::RunRecord;
 use tokio_util::sync::CancellationToken;
 
 use crate::common::{fake_race_victims, FakeTarget};
+use crate::fake::FakeControl;
+
+/// A run of `flag` with blocks of `load` sessions, all in flight at once.
+fn plan_at_load(t: &FakeTarget, flag: &str, load: u32) -> RunPlan {
+    let mut plan = t.plan(flag, load, 2);
+    plan.workload.concurrency = Some(load);
+    plan
+}
+
+/// The adaptive run of `plan` against the fake, its cap `max_sessions` per arm (planned
+/// where `None`); it must finish.
+async fn adaptive(
+    plan: &RunPlan,
+    control: &mut FakeControl,
+    max_sessions: Option<u64>,
+) -> RunRecord {
+    run_adaptive(
+        plan,
+        &AdaptiveOptions { max_sessions },
+        control,
+        &Quiet,
+        CancellationToken::new(),
+    )
+    .await
+    .unwrap()
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_racy_flag_is_implicated_early_at_the_load() {
     let t = FakeTarget::new().await;
     let before = t.launch_bytes();
-    let mut plan = t.plan("FAKE_BF16", 40, 2);
-    plan.workload.concurrency = Some(40);
+    let plan = plan_at_load(&t, "FAKE_BF16", 40);
     let victims = fake_race_victims(&plan.workload, 40);
     assert!(victims >= 6, "too few race victims ({victims})");
     let mut control = t.engine.control();
     // The cap is planned (power 0.8 at 5 points from 1%, blocks of 40), then re-planned
     // from the measured cost after the first pair if that pair does not decide.
-    let record = run_adaptive(
-        &plan,
-        &AdaptiveOptions::default(),
-        &mut control,
-        &Quiet,
-        CancellationToken::new(),
-    )
-    .await
-    .unwrap();
+    let record = adaptive(&plan, &mut control, None).await;
     let seq = record.adaptive.as_ref().unwrap();
     assert_eq!(
         seq.decision,
@@ -97,24 +115,13 @@ async fn a_racy_flag_is_implicated_early_at_the_load() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn equal_arms_at_zero_clear_at_the_load() {
     let t = FakeTarget::new().await;
-    let mut plan = t.plan("FAKE_NOISE", 20, 2);
-    plan.workload.concurrency = Some(20);
+    let mut plan = plan_at_load(&t, "FAKE_NOISE", 20);
     plan.sets
         .push((t.catalog.get("FAKE_BF16").unwrap().clone(), "0".into()));
     // Long enough requests for the 50 ms metrics poller to see the 20 in flight.
     t.engine.hold_requests(150);
     let mut control = t.engine.control();
-    let record = run_adaptive(
-        &plan,
-        &AdaptiveOptions {
-            max_sessions: Some(400),
-        },
-        &mut control,
-        &Quiet,
-        CancellationToken::new(),
-    )
-    .await
-    .unwrap();
+    let record = adaptive(&plan, &mut control, Some(400)).await;
     let seq = record.adaptive.as_ref().unwrap();
     assert_eq!(seq.decision, Some(Decision::Cleared));
     // docs/sequential.md: 0 vs 0 clears after 140 sessions per arm.
@@ -133,20 +140,9 @@ async fn equal_arms_at_zero_clear_at_the_load() {
 async fn equal_corrupting_arms_reach_the_cap_underpowered() {
     let t = FakeTarget::new().await;
     // The race corrupts both arms alike (FAKE_NOISE only changes speed).
-    let mut plan = t.plan("FAKE_NOISE", 20, 2);
-    plan.workload.concurrency = Some(20);
+    let plan = plan_at_load(&t, "FAKE_NOISE", 20);
     let mut control = t.engine.control();
-    let record = run_adaptive(
-        &plan,
-        &AdaptiveOptions {
-            max_sessions: Some(40),
-        },
-        &mut control,
-        &Quiet,
-        CancellationToken::new(),
-    )
-    .await
-    .unwrap();
+    let record = adaptive(&plan, &mut control, Some(40)).await;
     let seq = record.adaptive.as_ref().unwrap();
     assert!(
         matches!(seq.decision, Some(Decision::Underpowered { .. })),
@@ -169,20 +165,9 @@ async fn equal_corrupting_arms_reach_the_cap_underpowered() {
 async fn an_engine_that_ignores_its_config_stops_the_adaptive_run() {
     let t = FakeTarget::new().await;
     t.engine.ignore_restarts();
-    let mut plan = t.plan("FAKE_BF16", 20, 2);
-    plan.workload.concurrency = Some(20);
+    let plan = plan_at_load(&t, "FAKE_BF16", 20);
     let mut control = t.engine.control();
-    let record = run_adaptive(
-        &plan,
-        &AdaptiveOptions {
-            max_sessions: Some(200),
-        },
-        &mut control,
-        &Quiet,
-        CancellationToken::new(),
-    )
-    .await
-    .unwrap();
+    let record = adaptive(&plan, &mut control, Some(200)).await;
     let seq = record.adaptive.as_ref().unwrap();
     assert_eq!(seq.blocks.len(), 2, "stopped after the first pair");
     assert!(

@@ -49,6 +49,18 @@ fn check_json(args: &[&str], cwd: &Path) -> (i32, Value, String) {
     (out.status.code().unwrap(), report, stderr)
 }
 
+/// `bisect check --offline --target PROFILE --json`: (exit code, report, stderr).
+fn check_offline(profile: &Path, cwd: &Path) -> (i32, Value, String) {
+    check_json(&["--offline", "--target", profile.to_str().unwrap()], cwd)
+}
+
+/// `bisect check --target PROFILE` as a person reads it: (exit code, stdout).
+fn check_text(profile: &Path, cwd: &Path) -> (Option<i32>, String) {
+    let out = bisect(&["check", "--target", profile.to_str().unwrap()], cwd);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    (out.status.code(), text)
+}
+
 fn problems(report: &Value) -> Vec<String> {
     report["problems"]
         .as_array()
@@ -89,10 +101,7 @@ fn every_shipped_profile_passes_offline_and_is_left_untouched() {
     assert!(profiles.len() >= 5, "{profiles:?}");
     let cwd = tempfile::tempdir().unwrap();
     for profile in &profiles {
-        let (code, report, stderr) = check_json(
-            &["--offline", "--target", profile.to_str().unwrap()],
-            cwd.path(),
-        );
+        let (code, report, stderr) = check_offline(profile, cwd.path());
         assert_eq!(
             code,
             0,
@@ -114,14 +123,7 @@ fn every_shipped_profile_passes_offline_and_is_left_untouched() {
         }
     }
     // The sglang-pd profiles flip all six built-in flags, each in its catalog roles.
-    let (_, pd, _) = check_json(
-        &[
-            "--offline",
-            "--target",
-            dir.join("sglang-pd/target.toml").to_str().unwrap(),
-        ],
-        cwd.path(),
-    );
+    let (_, pd, _) = check_offline(&dir.join("sglang-pd/target.toml"), cwd.path());
     assert_eq!(
         names(&pd["flags"]),
         [
@@ -172,6 +174,26 @@ fn embedded_profile(dir: &Path, prefill: u16, decode: u16, extra: &str) -> PathB
         ),
     )
     .unwrap();
+    profile
+}
+
+/// [`embedded_profile`] on ports nothing uses, with a flag catalog of its own: each
+/// `(NAME, env, roles)` an env flag `NAME.toml` (on 1, off 0) in `flags/`.
+fn profile_with_flags(dir: &Path, flags: &[(&str, &str, &[&str])]) -> PathBuf {
+    let profile = embedded_profile(dir, 1, 2, "flags_dir = \"flags\"");
+    let flags_dir = dir.join("flags");
+    std::fs::create_dir(&flags_dir).unwrap();
+    for (name, env, roles) in flags {
+        let roles: Vec<String> = roles.iter().map(|r| format!("{r:?}")).collect();
+        std::fs::write(
+            flags_dir.join(format!("{name}.toml")),
+            format!(
+                "doc = \"x\"\nenv = \"{env}\"\nroles = [{}]\non = \"1\"\noff = \"0\"\n",
+                roles.join(", ")
+            ),
+        )
+        .unwrap();
+    }
     profile
 }
 
@@ -242,15 +264,17 @@ fn url_checks_pass_against_live_engines_and_catch_one_not_running_its_config() {
     let _d = Role::start(&dir.path().join("decode.sh"));
     wait_healthy(decode);
     // Per-target state is looked up (for a journal a run left), never in the user's.
-    let state = dir.path().join("state");
+    let check = || {
+        Command::new(env!("CARGO_BIN_EXE_bisect"))
+            .args(["check", "--json", "--target", profile.to_str().unwrap()])
+            .env("BISECT_CHECK_TEST_KEY", "sk-check-test")
+            .env("XDG_STATE_HOME", dir.path().join("state"))
+            .current_dir(dir.path())
+            .output()
+            .unwrap()
+    };
 
-    let out = Command::new(env!("CARGO_BIN_EXE_bisect"))
-        .args(["check", "--json", "--target", profile.to_str().unwrap()])
-        .env("BISECT_CHECK_TEST_KEY", "sk-check-test")
-        .env("XDG_STATE_HOME", &state)
-        .current_dir(dir.path())
-        .output()
-        .unwrap();
+    let out = check();
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
         out.status.code(),
@@ -282,13 +306,7 @@ fn url_checks_pass_against_live_engines_and_catch_one_not_running_its_config() {
         text.replace("SGLANG_DSV4_BF16_INDEX_K=1", "SGLANG_DSV4_BF16_INDEX_K=0"),
     )
     .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_bisect"))
-        .args(["check", "--json", "--target", profile.to_str().unwrap()])
-        .env("BISECT_CHECK_TEST_KEY", "sk-check-test")
-        .env("XDG_STATE_HOME", &state)
-        .current_dir(dir.path())
-        .output()
-        .unwrap();
+    let out = check();
     assert_eq!(out.status.code(), Some(1));
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     let found = problems(&report);
@@ -307,12 +325,8 @@ fn a_dead_port_fails_each_url_with_a_fix_and_offline_skips_them() {
     // Bound and dropped: nothing listens there.
     let (prefill, decode) = (free_port(), free_port());
     let profile = embedded_profile(dir.path(), prefill, decode, "");
-    let out = bisect(
-        &["check", "--target", profile.to_str().unwrap()],
-        dir.path(),
-    );
-    assert_eq!(out.status.code(), Some(1));
-    let text = String::from_utf8_lossy(&out.stdout);
+    let (code, text) = check_text(&profile, dir.path());
+    assert_eq!(code, Some(1));
     assert!(
         text.contains(&format!(
             "http://127.0.0.1:{prefill}/health: connection refused"
@@ -325,35 +339,23 @@ fn a_dead_port_fails_each_url_with_a_fix_and_offline_skips_them() {
     assert!(text.contains(&profile_at), "{profile_at} in {text}");
     assert!(text.contains("check: 6 problem(s)"), "{text}");
 
-    let out = bisect(
-        &["check", "--offline", "--target", profile.to_str().unwrap()],
-        dir.path(),
-    );
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    let (code, report, _) = check_offline(&profile, dir.path());
+    assert_eq!(code, 0, "{:#?}", problems(&report));
+    assert!(report["urls"].as_array().unwrap().is_empty());
 }
 
 #[test]
 fn a_flag_that_matches_no_launch_line_is_a_problem() {
     let dir = tempfile::tempdir().unwrap();
-    let profile = embedded_profile(dir.path(), 1, 2, "flags_dir = \"flags\"");
-    let flags = dir.path().join("flags");
-    std::fs::create_dir(&flags).unwrap();
     // One letter short of the real variable: a run would add it, the engine ignore it.
-    std::fs::write(
-        flags.join("BF16_TYPO.toml"),
-        "doc = \"typo\"\nenv = \"SGLANG_DSV4_BF16_INDEXK\"\nroles = [\"prefill\", \"decode\"]\non = \"1\"\noff = \"0\"\n",
-    )
-    .unwrap();
-    let before = snapshot(dir.path());
-    let (code, report, _) = check_json(
-        &["--offline", "--target", profile.to_str().unwrap()],
-        dir.path(),
+    let typo = (
+        "BF16_TYPO",
+        "SGLANG_DSV4_BF16_INDEXK",
+        &["prefill", "decode"][..],
     );
+    let profile = profile_with_flags(dir.path(), &[typo]);
+    let before = snapshot(dir.path());
+    let (code, report, _) = check_offline(&profile, dir.path());
     assert_eq!(code, 1);
     let found = problems(&report);
     assert_eq!(found.len(), 1, "{found:#?}");
@@ -395,24 +397,15 @@ fn a_profile_with_a_syntax_error_names_file_and_line() {
 #[test]
 fn flags_and_check_agree_on_what_does_not_apply() {
     let dir = tempfile::tempdir().unwrap();
-    let profile = embedded_profile(dir.path(), 1, 2, "flags_dir = \"flags\"");
-    let flags = dir.path().join("flags");
-    std::fs::create_dir(&flags).unwrap();
     // Lists a role the target lacks: partial, a problem for check, not applying for flags.
-    std::fs::write(
-        flags.join("ROUTER_TOO.toml"),
-        "doc = \"x\"\nenv = \"SGLANG_OPT_USE_TOPK_V2\"\nroles = [\"prefill\", \"decode\", \"router\"]\non = \"1\"\noff = \"0\"\n",
-    )
-    .unwrap();
-    std::fs::write(
-        flags.join("ROUTER_ONLY.toml"),
-        "doc = \"x\"\nenv = \"ROUTER_X\"\nroles = [\"router\"]\non = \"1\"\noff = \"0\"\n",
-    )
-    .unwrap();
-    let (code, report, _) = check_json(
-        &["--offline", "--target", profile.to_str().unwrap()],
-        dir.path(),
+    let too = (
+        "ROUTER_TOO",
+        "SGLANG_OPT_USE_TOPK_V2",
+        &["prefill", "decode", "router"][..],
     );
+    let only = ("ROUTER_ONLY", "ROUTER_X", &["router"][..]);
+    let profile = profile_with_flags(dir.path(), &[too, only]);
+    let (code, report, _) = check_offline(&profile, dir.path());
     assert_eq!(code, 1);
     assert_eq!(names(&report["not_applying"]), ["ROUTER_ONLY"]);
     let partial = report["flags"]

@@ -67,18 +67,58 @@ impl Progress for Quiet {
     fn note(&self, _: &str) {}
 }
 
-/// How a command opens its testbed.
+/// How a command opens its testbed: built by [`TestbedSpec::read_only`], then
+/// [`TestbedSpec::editing`] for a command that writes flags.
 pub struct TestbedSpec<'a> {
-    pub target: &'a TargetProfile,
+    target: &'a TargetProfile,
     /// Where the launch-config journal lives; `None` opens read-only (probe).
-    pub journal_dir: Option<&'a Path>,
+    journal_dir: Option<&'a Path>,
     /// Where the target's state lives; `None`: `$XDG_STATE_HOME/bisect`.
-    pub state_root: Option<&'a Path>,
+    state_root: Option<&'a Path>,
     /// Every flag the command may write: refused up front if half-applied.
-    pub flags: Vec<&'a FlagSpec>,
-    pub allow_partial: bool,
-    pub api_key: Option<String>,
-    pub metrics_period: Duration,
+    flags: Vec<&'a FlagSpec>,
+    allow_partial: bool,
+    api_key: Option<String>,
+    metrics_period: Duration,
+}
+
+impl<'a> TestbedSpec<'a> {
+    /// A testbed over `target` that edits nothing: no journal, no flag to refuse (a
+    /// probe). Commands that write flags add [`TestbedSpec::editing`].
+    pub fn read_only(
+        target: &'a TargetProfile,
+        api_key: Option<String>,
+        metrics_period: Duration,
+    ) -> Self {
+        TestbedSpec {
+            target,
+            journal_dir: None,
+            state_root: None,
+            flags: Vec::new(),
+            allow_partial: true,
+            api_key,
+            metrics_period,
+        }
+    }
+
+    /// Writes `flags` (each refused up front if half-applied, unless `allow_partial`),
+    /// the launch configs journaled in `journal_dir`, the target's state under
+    /// `state_root`.
+    pub fn editing(
+        self,
+        journal_dir: &'a Path,
+        state_root: Option<&'a Path>,
+        flags: Vec<&'a FlagSpec>,
+        allow_partial: bool,
+    ) -> Self {
+        TestbedSpec {
+            journal_dir: Some(journal_dir),
+            state_root,
+            flags,
+            allow_partial,
+            ..self
+        }
+    }
 }
 
 /// What a restart measured.
@@ -265,6 +305,8 @@ impl<'a> Testbed<'a> {
         // A signal that arrived while the configs were written starts no engine.
         self.check_cancelled()?;
         let started = Instant::now();
+        // The restart's one stop: the control's restart expects its engines stopped, so
+        // that what answers now is not ours.
         self.control.stop().await?;
         self.refuse_foreign_engines().await?;
         let waits = self.control.restart(label, &self.cancel).await?;
@@ -300,13 +342,10 @@ impl<'a> Testbed<'a> {
     /// What the role's engine reports about itself: its `effective_url` document, or,
     /// where no preset or profile names one, the guesses bisect always made.
     async fn self_report(&self, role: &crate::config::RoleSpec) -> Option<serde_json::Value> {
-        match &role.effective_url {
-            Some(url) => fetch_effective(&self.probe_http, url, self.api_key.as_deref()).await,
-            None if self.target.engine == Engine::Custom => {
-                fetch_server_info(&self.probe_http, role).await
-            }
-            None => None,
+        if role.effective_url.is_none() && self.target.engine != Engine::Custom {
+            return None;
         }
+        fetch_server_info(&self.probe_http, role, self.api_key.as_deref()).await
     }
 
     /// Whether every engine that identified itself after the restart is still that
@@ -340,7 +379,9 @@ impl<'a> Testbed<'a> {
     async fn refuse_foreign_engines(&self) -> anyhow::Result<()> {
         for role in self.target.roles.iter().filter(|r| r.restart.is_none()) {
             if let Ok(resp) = self.probe_http.get(&role.health).send().await {
-                let who = match fetch_server_info(&self.probe_http, role).await {
+                let who = match fetch_server_info(&self.probe_http, role, self.api_key.as_deref())
+                    .await
+                {
                     Some(info) => format!(
                         " (it reports role {}, pid {})",
                         info.get("role").map_or("?".into(), |v| v.to_string()),
@@ -533,18 +574,14 @@ pub fn refuse_half_applied(target: &TargetProfile, flags: &[&FlagSpec]) -> anyho
     Ok(())
 }
 
-/// The effective-configuration document a role names (`effective_url`, or its engine
-/// preset's), fetched with the API key; `None` when it does not answer with JSON.
-pub async fn fetch_effective(
+/// The effective-configuration document at `url`, fetched with the API key where one
+/// is configured; `None` when it does not answer with a document.
+async fn fetch_effective(
     client: &reqwest::Client,
     url: &str,
     api_key: Option<&str>,
 ) -> Option<serde_json::Value> {
-    let mut request = client.get(url);
-    if let Some(key) = api_key {
-        request = request.bearer_auth(key);
-    }
-    let resp = request.send().await.ok()?;
+    let resp = keyed_get(client, url, api_key).send().await.ok()?;
     if !resp.status().is_success() {
         return None;
     }
@@ -552,19 +589,41 @@ pub async fn fetch_effective(
     crate::core::effective::parse_document(&text).map(|(doc, _)| doc)
 }
 
+/// A GET carrying the API key as a bearer token where one is configured.
+fn keyed_get(
+    client: &reqwest::Client,
+    url: &str,
+    api_key: Option<&str>,
+) -> reqwest::RequestBuilder {
+    let request = client.get(url);
+    match api_key {
+        Some(key) => request.bearer_auth(key),
+        None => request,
+    }
+}
+
 /// What the engine reports about itself (its effective configuration): the role's
-/// `effective_url` where the profile sets one, else, beside its health URL,
-/// `/server_info` (the embedded engine, older SGLang) or `/get_server_info` (SGLang).
+/// `effective_url` where the profile or its engine preset names one, else, beside its
+/// health URL, `/server_info` (the embedded engine, older SGLang) or `/get_server_info`
+/// (SGLang). The one reading of an engine's self-report, for the lifecycle's checks
+/// (what it runs with, which process it is) and engine control's (a restart's proof,
+/// the ownership of a spawned role's engine, the foreign-engine refusal): every path
+/// sends the API key (`api_key_env`'s) when the target has one, as the engines that
+/// want it on their metrics want it here too.
 pub async fn fetch_server_info(
     client: &reqwest::Client,
     role: &crate::config::RoleSpec,
+    api_key: Option<&str>,
 ) -> Option<serde_json::Value> {
     if let Some(url) = &role.effective_url {
-        return fetch_effective(client, url, None).await;
+        return fetch_effective(client, url, api_key).await;
     }
     let base = role.health.strip_suffix("/health")?;
     for path in ["/server_info", "/get_server_info"] {
-        let Ok(resp) = client.get(format!("{base}{path}")).send().await else {
+        let Ok(resp) = keyed_get(client, &format!("{base}{path}"), api_key)
+            .send()
+            .await
+        else {
             return None;
         };
         if resp.status().is_success() {
@@ -597,6 +656,25 @@ pub fn effective_values(
         .collect()
 }
 
+/// Every role whose engine reports one of `settings` (a flag and the value written for
+/// it) as another value, flag by flag in their order, roles in name order: the flag with
+/// its [`effective::Disagreement`]. Roles whose engine does not report a flag are not
+/// judged.
+pub fn engine_disagreements<'f>(
+    target: &TargetProfile,
+    settings: impl IntoIterator<Item = (&'f FlagSpec, &'f str)>,
+    engine_info: &BTreeMap<String, serde_json::Value>,
+) -> Vec<(&'f FlagSpec, effective::Disagreement)> {
+    settings
+        .into_iter()
+        .flat_map(|(flag, value)| {
+            effective::disagreements(value, &effective_values(target, flag, engine_info))
+                .into_iter()
+                .map(move |d| (flag, d))
+        })
+        .collect()
+}
+
 /// The warning a run carries when no engine of the flag's roles reports the flag's
 /// effective value: then only the launch-file read-back says the arms differ.
 pub const NO_EFFECTIVE_WARNING: &str =
@@ -609,4 +687,33 @@ pub fn fmt_readback(readback: &Readback) -> String {
         .map(|(k, v)| format!("{k}={v}"))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    #[tokio::test]
+    async fn the_self_report_is_read_with_the_key_on_every_path() {
+        let addr = crate::test_http::keyed_engine().await;
+        let http = reqwest::Client::builder().no_proxy().build().unwrap();
+        let guessed = crate::config::RoleSpec::new(
+            "prefill",
+            PathBuf::new(),
+            format!("http://{addr}/health"),
+            None,
+        );
+        // Its health on a dead port: only the effective URL can answer for it.
+        let named = crate::config::RoleSpec {
+            health: "http://127.0.0.1:9/health".into(),
+            effective_url: Some(format!("http://{addr}/config")),
+            ..guessed.clone()
+        };
+        for role in [&named, &guessed] {
+            let doc = fetch_server_info(&http, role, Some(crate::test_http::KEY)).await;
+            assert!(doc.is_some_and(|d| d["pid"].is_u64()), "{role:?}");
+            assert_eq!(fetch_server_info(&http, role, None).await, None);
+        }
+    }
 }

@@ -29,9 +29,13 @@ use crate::launch::{self, LockGuard, SpawnedGroup};
 /// What an arm needs from engine control. Object-safe async without a macro crate: the
 /// methods return boxed futures.
 pub trait EngineControl: Send {
-    /// (Re)start every role with its launch config as it is now on disk, then wait until
-    /// all are healthy. `label` names the arm (used for log file names). Returns the
-    /// health wait per role in seconds.
+    /// Start every role with its launch config as it is now on disk (a role with a
+    /// restart command: restart it), then wait until all are healthy. `label` names the
+    /// arm (used for log file names). Returns the health wait per role in seconds.
+    ///
+    /// The caller has stopped what this controller started ([`EngineControl::stop`]):
+    /// the arm lifecycle stops once, then checks that nothing answers where bisect is
+    /// about to spawn, then restarts ([`crate::arm::Testbed::restart`]).
     fn restart<'a>(
         &'a mut self,
         label: &'a str,
@@ -63,6 +67,9 @@ pub struct ProcessControl {
     /// The variable holding the API key: removed from engines' environments unless
     /// their role says `pass_api_key = true`.
     api_key_env: Option<String>,
+    /// The key itself, sent with every read of an engine's self-report (a restart's
+    /// proof, a spawned role's ownership check) as the lifecycle's reads send it.
+    api_key: Option<String>,
     logs_dir: PathBuf,
     http: reqwest::Client,
     spawned: Vec<Spawned>,
@@ -81,7 +88,13 @@ struct Spawned {
 }
 
 impl ProcessControl {
-    pub fn new(target: &TargetProfile, logs_dir: &Path) -> anyhow::Result<Self> {
+    /// Control of `target`'s roles, their logs under `logs_dir`; `api_key` is the key
+    /// `api_key_env` names, where the target has one.
+    pub fn new(
+        target: &TargetProfile,
+        logs_dir: &Path,
+        api_key: Option<String>,
+    ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(logs_dir)
             .with_context(|| format!("creating logs directory {}", logs_dir.display()))?;
         let http = reqwest::Client::builder()
@@ -91,6 +104,7 @@ impl ProcessControl {
         Ok(ProcessControl {
             roles: target.roles.clone(),
             api_key_env: target.api_key_env.clone(),
+            api_key,
             logs_dir: logs_dir.to_path_buf(),
             http,
             spawned: Vec::new(),
@@ -98,6 +112,10 @@ impl ProcessControl {
             state_root: launch::state_root(),
             padding: BTreeMap::new(),
         })
+    }
+
+    fn api_key(&self) -> Option<&str> {
+        self.api_key.as_deref()
     }
 
     /// Keeps the target's state under `root` instead of `$XDG_STATE_HOME/bisect`.
@@ -141,7 +159,14 @@ impl ProcessControl {
         label: &str,
         cancel: &CancellationToken,
     ) -> anyhow::Result<BTreeMap<String, f64>> {
-        self.stop_all().await?;
+        // The one stop is the caller's, before its foreign-engine check: an engine of ours
+        // still running here would be a second engine on the role's port.
+        if let Some(running) = self.spawned.first() {
+            return Err(anyhow!(
+                "restarting while role {} is still running: stop the engines first",
+                running.role
+            ));
+        }
         let roles = self.roles.clone();
         let key_env = self.api_key_env.clone();
         let hide_key = |role: &RoleSpec| key_env.clone().filter(|_| !role.pass_api_key);
@@ -151,7 +176,7 @@ impl ProcessControl {
                 Some(cmd) => {
                     // Who answers before the command runs, and whether health goes down
                     // while it runs: the evidence that the restart happened.
-                    let watch = RestartWatch::start(&self.http, role).await;
+                    let watch = RestartWatch::start(&self.http, role, self.api_key()).await;
                     run_restart_command(role, cmd, &self.logs_dir, label, cancel, hide_key(role))
                         .await?;
                     watches.insert(role.name.clone(), watch);
@@ -202,7 +227,9 @@ impl ProcessControl {
         else {
             return Ok(());
         };
-        let Some(info) = crate::arm::fetch_server_info(&self.http, role).await else {
+        let Some(info) =
+            crate::arm::fetch_server_info(&self.http, role, self.api_key.as_deref()).await
+        else {
             return Ok(());
         };
         let Some(pid) = info.get("pid").and_then(|p| p.as_u64()) else {
@@ -266,7 +293,7 @@ impl ProcessControl {
                     let Some(watch) = watch else {
                         return Ok(padding);
                     };
-                    match watch.proof(&self.http, role).await {
+                    match watch.proof(&self.http, role, self.api_key()).await {
                         Ok(()) => return Ok(padding),
                         Err(why) => {
                             let since = *unproven_since.get_or_insert_with(Instant::now);
@@ -371,7 +398,7 @@ struct RestartWatch {
 
 impl RestartWatch {
     /// Takes the engine's identity, then polls health every 100 ms until dropped.
-    async fn start(http: &reqwest::Client, role: &RoleSpec) -> RestartWatch {
+    async fn start(http: &reqwest::Client, role: &RoleSpec, api_key: Option<&str>) -> RestartWatch {
         use std::sync::atomic::{AtomicBool, Ordering};
         let down = std::sync::Arc::new(AtomicBool::new(false));
         let answers = |http: reqwest::Client, url: String| async move {
@@ -380,7 +407,7 @@ impl RestartWatch {
         if !answers(http.clone(), role.health.clone()).await {
             down.store(true, Ordering::SeqCst);
         }
-        let before = crate::arm::fetch_server_info(http, role)
+        let before = crate::arm::fetch_server_info(http, role, api_key)
             .await
             .as_ref()
             .and_then(crate::core::effective::identity);
@@ -404,11 +431,16 @@ impl RestartWatch {
     }
 
     /// Ok once the restart is proven; else why not, in words.
-    async fn proof(&self, http: &reqwest::Client, role: &RoleSpec) -> Result<(), String> {
+    async fn proof(
+        &self,
+        http: &reqwest::Client,
+        role: &RoleSpec,
+        api_key: Option<&str>,
+    ) -> Result<(), String> {
         if self.down.load(std::sync::atomic::Ordering::SeqCst) {
             return Ok(());
         }
-        let after = crate::arm::fetch_server_info(http, role)
+        let after = crate::arm::fetch_server_info(http, role, api_key)
             .await
             .as_ref()
             .and_then(crate::core::effective::identity);
@@ -641,19 +673,33 @@ mod tests {
         assert_eq!(log_tail(&p, 10), "a\nb\nc\nd");
     }
 
+    /// A one-role target whose role bisect spawns from `script`, written into `dir`.
+    fn spawned_solo(dir: &Path, script: &str, health_timeout_s: u64) -> TargetProfile {
+        let launch = dir.join("role.sh");
+        std::fs::write(&launch, script).unwrap();
+        solo_target(launch, None, health_timeout_s)
+    }
+
+    /// Control of `target` without an API key, its logs and state kept in `dir`.
+    fn control_in(dir: &Path, target: &TargetProfile) -> ProcessControl {
+        ProcessControl::new(target, &dir.join("logs"), None)
+            .unwrap()
+            .with_state_root(&dir.join("state"))
+    }
+
+    /// The error of a restart that must fail.
+    async fn failed_restart(ctl: &mut ProcessControl, label: &str) -> anyhow::Error {
+        ctl.restart(label, &CancellationToken::new())
+            .await
+            .unwrap_err()
+    }
+
     #[tokio::test]
     async fn spawned_role_that_exits_reports_its_log() {
         let dir = tempfile::tempdir().unwrap();
-        let launch = dir.path().join("role.sh");
-        std::fs::write(&launch, "echo starting up\necho boom >&2\nexit 7\n").unwrap();
-        let target = solo_target(launch, None, 30);
-        let mut ctl = ProcessControl::new(&target, &dir.path().join("logs"))
-            .unwrap()
-            .with_state_root(&dir.path().join("state"));
-        let err = ctl
-            .restart("on", &CancellationToken::new())
-            .await
-            .unwrap_err();
+        let script = "echo starting up\necho boom >&2\nexit 7\n";
+        let mut ctl = control_in(dir.path(), &spawned_solo(dir.path(), script, 30));
+        let err = failed_restart(&mut ctl, "on").await;
         let msg = format!("{err:#}");
         assert!(msg.contains("exited"), "{msg}");
         assert!(msg.contains("boom"), "{msg}");
@@ -664,22 +710,28 @@ mod tests {
         ctl.stop().await.unwrap();
     }
 
+    #[tokio::test]
+    async fn a_restart_does_not_stop_for_its_caller_and_refuses_over_a_running_role() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ctl = control_in(dir.path(), &spawned_solo(dir.path(), "exec sleep 600\n", 1));
+        // Never healthy on the dead port: the spawned role is left running.
+        let err = failed_restart(&mut ctl, "on").await;
+        assert!(format!("{err:#}").contains("not healthy"), "{err:#}");
+        let err = failed_restart(&mut ctl, "off").await;
+        assert!(format!("{err:#}").contains("still running"), "{err:#}");
+        ctl.stop().await.unwrap();
+        assert!(ctl.spawned.is_empty());
+    }
+
     /// What a spawned role sees of `$HOME` when the profile names HOME as the API key's
     /// variable (a variable every test environment has, so no test sets one).
     async fn home_seen_by_spawned_role(pass_api_key: bool) -> String {
         let dir = tempfile::tempdir().unwrap();
-        let launch = dir.path().join("role.sh");
-        std::fs::write(&launch, "echo \"home=[$HOME]\"\nexit 7\n").unwrap();
-        let mut target = solo_target(launch, None, 30);
+        let mut target = spawned_solo(dir.path(), "echo \"home=[$HOME]\"\nexit 7\n", 30);
         target.api_key_env = Some("HOME".into());
         target.roles[0].pass_api_key = pass_api_key;
-        let mut ctl = ProcessControl::new(&target, &dir.path().join("logs"))
-            .unwrap()
-            .with_state_root(&dir.path().join("state"));
-        let err = ctl
-            .restart("on", &CancellationToken::new())
-            .await
-            .unwrap_err();
+        let mut ctl = control_in(dir.path(), &target);
+        let err = failed_restart(&mut ctl, "on").await;
         ctl.stop().await.unwrap();
         let msg = format!("{err:#}");
         let at = msg
@@ -727,7 +779,7 @@ mod tests {
         let pid_file = dir.path().join("restart.pid");
         let cmd = format!("echo $$ > {}; sleep 600 & wait", pid_file.display());
         let target = solo_with_restart_timeout(dir.path(), &cmd, 600);
-        let mut ctl = ProcessControl::new(&target, &dir.path().join("logs")).unwrap();
+        let mut ctl = control_in(dir.path(), &target);
         let cancel = CancellationToken::new();
         let canceller = {
             let cancel = cancel.clone();
@@ -765,11 +817,8 @@ mod tests {
     async fn a_restart_command_past_its_timeout_is_killed() {
         let dir = tempfile::tempdir().unwrap();
         let target = solo_with_restart_timeout(dir.path(), "echo hanging; sleep 600", 1);
-        let mut ctl = ProcessControl::new(&target, &dir.path().join("logs")).unwrap();
-        let err = ctl
-            .restart("on", &CancellationToken::new())
-            .await
-            .unwrap_err();
+        let mut ctl = control_in(dir.path(), &target);
+        let err = failed_restart(&mut ctl, "on").await;
         let msg = format!("{err:#}");
         assert!(msg.contains("did not finish within 1 s"), "{msg}");
         assert!(msg.contains("hanging") && msg.contains("fix:"), "{msg}");
@@ -780,14 +829,32 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_restart_is_proven_through_an_effective_url_that_wants_the_key() {
+        let addr = crate::test_http::keyed_engine().await;
+        let dir = tempfile::tempdir().unwrap();
+        let mut target = solo_target(dir.path().join("unused.sh"), Some("true"), 1);
+        target.roles[0].health = format!("http://{addr}/health");
+        target.roles[0].effective_url = Some(format!("http://{addr}/config"));
+        // Health never goes down, so only the pid read with the key proves the restart.
+        let mut ctl = ProcessControl::new(
+            &target,
+            &dir.path().join("logs"),
+            Some(crate::test_http::KEY.into()),
+        )
+        .unwrap();
+        ctl.restart("on", &CancellationToken::new()).await.unwrap();
+        // Without the key the engine says nothing about itself: no proof.
+        let mut keyless = control_in(dir.path(), &target);
+        let err = failed_restart(&mut keyless, "off").await;
+        assert!(format!("{err:#}").contains("did not happen"), "{err:#}");
+    }
+
+    #[tokio::test]
     async fn failing_restart_command_is_could_not_run() {
         let dir = tempfile::tempdir().unwrap();
         let target = solo_target(dir.path().join("unused.sh"), Some("echo nope; exit 3"), 1);
-        let mut ctl = ProcessControl::new(&target, &dir.path().join("logs")).unwrap();
-        let err = ctl
-            .restart("off", &CancellationToken::new())
-            .await
-            .unwrap_err();
+        let mut ctl = control_in(dir.path(), &target);
+        let err = failed_restart(&mut ctl, "off").await;
         assert!(format!("{err:#}").contains("nope"));
         assert_eq!(
             crate::exit::code_for_error(&err),

@@ -26,3 +26,5 @@ pub mod launch;
 mod proptest_config;
 pub mod redact;
 pub mod results;
+#[cfg(test)]
+mod test_http;

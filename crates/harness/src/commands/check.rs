@@ -15,6 +15,7 @@ use serde::Serialize;
 use crate::config::{line_of, Coverage, FlagCatalog, FlagSpec, RoleSpec, TargetProfile};
 use crate::driver::metrics::parse_exposition;
 use crate::launch::{check_partial, read_setting, setting_line, write_setting};
+use crate::results::run_record;
 
 /// What to check.
 pub struct CheckPlan<'a> {
@@ -60,17 +61,24 @@ pub struct CheckReport {
     pub problems: Vec<Problem>,
 }
 
+/// A role as the check reports it: what a run records of it (`run.json`'s
+/// `target.roles`, the one [`run_record::RoleInfo`], so the two cannot drift), and,
+/// beside its metrics URL, the queued gauge the metrics check also looks for.
 #[derive(Debug, Clone, Serialize)]
 pub struct RoleInfo {
-    pub name: String,
-    pub launch: String,
-    /// The restart command, or `None` when bisect spawns `sh LAUNCH` itself.
-    pub restart: Option<String>,
-    pub health: String,
-    pub metrics: Option<String>,
-    pub effective_url: Option<String>,
-    pub running_metric: String,
-    pub queued_metric: String,
+    #[serde(flatten)]
+    pub recorded: run_record::RoleInfo,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queued_metric: Option<String>,
+}
+
+impl RoleInfo {
+    fn of(role: &RoleSpec) -> RoleInfo {
+        RoleInfo {
+            recorded: run_record::RoleInfo::of(role),
+            queued_metric: role.metrics.as_ref().map(|_| role.queued_metric.clone()),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -278,20 +286,7 @@ pub async fn check(plan: &CheckPlan<'_>) -> CheckReport {
         profile: profile_path,
         name: target.name.clone(),
         engine: target.engine.to_string(),
-        roles: target
-            .roles
-            .iter()
-            .map(|r| RoleInfo {
-                name: r.name.clone(),
-                launch: r.launch.display().to_string(),
-                restart: r.restart.clone(),
-                health: r.health.clone(),
-                metrics: r.metrics.clone(),
-                effective_url: r.effective_url.clone(),
-                running_metric: r.running_metric.clone(),
-                queued_metric: r.queued_metric.clone(),
-            })
-            .collect(),
+        roles: target.roles.iter().map(RoleInfo::of).collect(),
         flags,
         not_applying,
         offline: plan.offline,
@@ -993,11 +988,9 @@ mod tests {
     /// A server that wants `Bearer KEY` on /health and /metrics; its metrics use vLLM's
     /// names, its /server_info reports bf16 index-K.
     async fn keyed_server() -> std::net::SocketAddr {
+        use crate::test_http::authed;
         use axum::http::{HeaderMap, StatusCode};
         use axum::routing::get;
-        fn authed(h: &HeaderMap) -> bool {
-            h.get("authorization").and_then(|v| v.to_str().ok()) == Some("Bearer sk-test")
-        }
         let app = axum::Router::new()
             .route(
                 "/health",
@@ -1028,10 +1021,7 @@ mod tests {
                     axum::Json(serde_json::json!({"flags": {"SGLANG_DSV4_BF16_INDEX_K": "1"}}))
                 }),
             );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        addr
+        crate::test_http::serve(app).await
     }
 
     #[tokio::test]
@@ -1051,7 +1041,7 @@ mod tests {
         let mut plan = offline(&target, &catalog, dir.path());
         plan.offline = false;
         plan.api_key_missing = None;
-        plan.api_key = Some("sk-test".into());
+        plan.api_key = Some(crate::test_http::KEY.into());
 
         let report = check(&plan).await;
         let kinds: Vec<(&str, &str, bool)> = report

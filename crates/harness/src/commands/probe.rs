@@ -188,15 +188,7 @@ pub async fn run_probe(
         write_atomic(&plan.run_dir.join("probe.json"), text.as_bytes())
     };
     write(&record)?;
-    let spec = TestbedSpec {
-        target: &plan.target,
-        journal_dir: None,
-        state_root: None,
-        flags: Vec::new(),
-        allow_partial: true,
-        api_key: plan.api_key.clone(),
-        metrics_period: plan.metrics_period,
-    };
+    let spec = TestbedSpec::read_only(&plan.target, plan.api_key.clone(), plan.metrics_period);
     let mut bed = Testbed::open(spec, control, progress, cancel)?;
     let outcome = async {
         let restarted = bed.restart("probe").await?;

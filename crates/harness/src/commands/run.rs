@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::arm::{
-    effective_values, fmt_readback, settle, BlockName, Testbed, TestbedSpec, NO_EFFECTIVE_WARNING,
+    effective_values, engine_disagreements, fmt_readback, settle, BlockName, Testbed, TestbedSpec,
+    NO_EFFECTIVE_WARNING,
 };
 pub use crate::arm::{Progress, Quiet};
 use crate::config::{FlagSpec, TargetProfile, Workload};
@@ -101,15 +102,12 @@ pub async fn run_experiment(
 pub(crate) fn testbed_spec(plan: &RunPlan) -> TestbedSpec<'_> {
     let mut flags = vec![&plan.flag];
     flags.extend(plan.sets.iter().map(|(f, _)| f));
-    TestbedSpec {
-        target: &plan.target,
-        journal_dir: Some(&plan.journal_dir),
-        state_root: plan.state_root.as_deref(),
+    TestbedSpec::read_only(&plan.target, plan.api_key.clone(), plan.metrics_period).editing(
+        &plan.journal_dir,
+        plan.state_root.as_deref(),
         flags,
-        allow_partial: plan.allow_partial,
-        api_key: plan.api_key.clone(),
-        metrics_period: plan.metrics_period,
-    }
+        plan.allow_partial,
+    )
 }
 
 /// Rewrite the record's files, counting the time as writing.
@@ -232,19 +230,20 @@ pub(crate) async fn run_block(
             .note(&format!("warning: {NO_EFFECTIVE_WARNING}"));
         push_warning(record, NO_EFFECTIVE_WARNING);
     }
-    for (flag, value) in &plan.sets {
-        for (role, ran) in effective_values(&plan.target, flag, &restarted.engine_info) {
-            if !crate::core::effective::agrees(value, &ran) {
-                return Err(Failure::CouldNotRun(format!(
-                    "pinned {}={value}, but the {role} engine reports it runs with {ran:?}: \
-                     the launch config does not take effect\n  fix: check how role {role}'s \
-                     launch config sets {} (a conditional, an overriding later line)",
-                    flag.name,
-                    flag.setting.key()
-                ))
-                .into());
-            }
-        }
+    let pinned = plan.sets.iter().map(|(flag, value)| (flag, value.as_str()));
+    if let Some((flag, d)) = engine_disagreements(&plan.target, pinned, &restarted.engine_info)
+        .into_iter()
+        .next()
+    {
+        let (role, value, ran) = (d.role, d.expected, d.reported);
+        return Err(Failure::CouldNotRun(format!(
+            "pinned {}={value}, but the {role} engine reports it runs with {ran:?}: \
+             the launch config does not take effect\n  fix: check how role {role}'s \
+             launch config sets {} (a conditional, an overriding later line)",
+            flag.name,
+            flag.setting.key()
+        ))
+        .into());
     }
     for (role, info) in restarted.engine_info {
         record

@@ -194,36 +194,40 @@ fn readback_confounds(on: &ArmObservation, off: &ArmObservation) -> Vec<Confound
 /// an ignored variable, an engine that was not restarted). Roles whose engine reports
 /// nothing are not judged here; their absence is what `effective` in run.json shows.
 fn effective_confounds(on: &ArmObservation, off: &ArmObservation) -> Vec<Confound> {
-    let roles: BTreeSet<&String> = on.effective.keys().chain(off.effective.keys()).collect();
+    let found: Vec<(&ArmObservation, effective::Disagreement)> = [on, off]
+        .into_iter()
+        .flat_map(|arm| {
+            effective::disagreements(arm.value, arm.effective)
+                .into_iter()
+                .map(move |d| (arm, d))
+        })
+        .collect();
+    let roles: BTreeSet<&str> = found.iter().map(|(_, d)| d.role.as_str()).collect();
     roles
         .into_iter()
-        .filter_map(|role| {
-            let (ran_on, ran_off) = (on.effective.get(role), off.effective.get(role));
-            let mismatched: Vec<String> = [(on, ran_on), (off, ran_off)]
-                .into_iter()
-                .filter_map(|(arm, ran)| {
-                    let ran = ran?;
-                    (!effective::agrees(arm.value, ran)).then(|| {
-                        format!(
-                            "arm {} set {} but the {role} engine reports it runs with {ran:?}",
-                            arm.label, arm.value
-                        )
-                    })
+        .map(|role| {
+            let mismatched: Vec<String> = found
+                .iter()
+                .filter(|(_, d)| d.role == role)
+                .map(|(arm, d)| {
+                    format!(
+                        "arm {} set {} but the {role} engine reports it runs with {:?}",
+                        arm.label, d.expected, d.reported
+                    )
                 })
                 .collect();
-            if mismatched.is_empty() {
-                return None;
-            }
-            Some(Confound {
+            let ran =
+                |arm: &ArmObservation| arm.effective.get(role).map_or(Value::Null, |v| json!(v));
+            Confound {
                 name: format!("effective.{role}"),
-                on: ran_on.map_or(Value::Null, |v| json!(v)),
-                off: ran_off.map_or(Value::Null, |v| json!(v)),
+                on: ran(on),
+                off: ran(off),
                 severity: Severity::Blocking,
                 note: format!(
                     "effective configuration differs from the launch config in role {role}: {}",
                     mismatched.join("; ")
                 ),
-            })
+            }
         })
         .collect()
 }

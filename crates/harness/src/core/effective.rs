@@ -204,6 +204,35 @@ pub fn agrees(intended: &str, reported: &str) -> bool {
     matches!((truth(intended), truth(reported)), (Some(a), Some(b)) if a == b)
 }
 
+/// A role whose engine reports a flag's value other than the one written for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Disagreement {
+    pub role: String,
+    /// The value written into the role's launch config.
+    pub expected: String,
+    /// The value its engine reports.
+    pub reported: String,
+}
+
+/// Every role of `reported` (role -> the value its engine reports) whose value does not
+/// [`agrees`] with `expected`, in role order. The one comparison of a written value
+/// with the engines' reports: `run`'s pins, the matrix's cells, the culprit search's
+/// blocks and the run's `effective` confounds all judge with it, each in its own words.
+pub fn disagreements(
+    expected: &str,
+    reported: &std::collections::BTreeMap<String, String>,
+) -> Vec<Disagreement> {
+    reported
+        .iter()
+        .filter(|(_, ran)| !agrees(expected, ran))
+        .map(|(role, ran)| Disagreement {
+            role: role.clone(),
+            expected: expected.to_string(),
+            reported: ran.clone(),
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -291,6 +320,29 @@ mod tests {
         assert!(!agrees("on", "false"));
         assert!(!agrees("32", "16"));
         assert!(!agrees("bf16", "fp8"));
+    }
+
+    #[test]
+    fn disagreements_are_the_roles_whose_report_means_another_value() {
+        let reported: std::collections::BTreeMap<String, String> =
+            [("decode", "true"), ("prefill", "0"), ("router", "1.0")]
+                .into_iter()
+                .map(|(r, v)| (r.to_string(), v.to_string()))
+                .collect();
+        assert_eq!(
+            disagreements("1", &reported),
+            vec![Disagreement {
+                role: "prefill".into(),
+                expected: "1".into(),
+                reported: "0".into(),
+            }]
+        );
+        let roles: Vec<String> = disagreements("off", &reported)
+            .into_iter()
+            .map(|d| d.role)
+            .collect();
+        assert_eq!(roles, ["decode", "router"]);
+        assert!(disagreements("1", &Default::default()).is_empty());
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use super::charts::{self, RateBar, RoundCounts};
-use super::run_record::{ArmRecord, RunRecord};
+use super::run_record::{ArmRecord, RunRecord, TargetInfo};
 use super::table::{arm_cells, compact, comparison_sentence, HEADER};
 use super::Exporter;
 use crate::core::arm_stats::ArmStats;
@@ -145,12 +145,7 @@ fn run_header(record: &RunRecord) -> String {
             escape(&flag.on),
             escape(&flag.off),
         ),
-        format!(
-            "target {} (<code>{}</code>, model <code>{}</code>)",
-            escape(&record.target.name),
-            escape(&record.target.api),
-            escape(&record.target.model),
-        ),
+        target_fact(&record.target),
         format!(
             "workload <code>{}</code>",
             escape(&compact(&record.workload))
@@ -255,6 +250,17 @@ pub fn verdict_box(class: &str, heading: &str, inner: &str) -> String {
 }
 
 /// A bullet list of facts; each item is HTML already escaped.
+/// `target NAME (<code>API</code>, model <code>MODEL</code>)`: how every report.html
+/// names its target among its facts.
+pub fn target_fact(t: &TargetInfo) -> String {
+    format!(
+        "target {} (<code>{}</code>, model <code>{}</code>)",
+        escape(&t.name),
+        escape(&t.api),
+        escape(&t.model),
+    )
+}
+
 pub fn facts_list(items: &[String]) -> String {
     if items.is_empty() {
         return String::new();

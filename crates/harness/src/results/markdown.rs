@@ -1,6 +1,6 @@
 //! `summary.md`: the run as a human pastes it into a PR or an incident channel.
 
-use super::run_record::RunRecord;
+use super::run_record::{RunRecord, TargetInfo};
 use super::table::{arm_cells, compact, comparison_sentence, HEADER};
 use super::Exporter;
 
@@ -29,10 +29,7 @@ impl Exporter for SummaryMarkdown {
             r.flag.on,
             r.flag.off
         ));
-        s.push_str(&format!(
-            "- target: {} (`{}`, model `{}`)\n",
-            r.target.name, r.target.api, r.target.model
-        ));
+        s.push_str(&format!("- target: {}\n", target_words(&r.target)));
         s.push_str(&format!("- workload: `{}`\n", compact(&r.workload)));
         if !r.sets.is_empty() {
             let sets: Vec<String> = r.sets.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -46,8 +43,7 @@ impl Exporter for SummaryMarkdown {
             }
             s.push('\n');
         }
-        s.push_str(&format!("| {} |\n", HEADER.join(" | ")));
-        s.push_str(&format!("|{}\n", "---|".repeat(HEADER.len())));
+        s.push_str(&table_header(&HEADER));
         for arm in &r.arms {
             s.push_str(&format!(
                 "| {} |\n",
@@ -56,8 +52,7 @@ impl Exporter for SummaryMarkdown {
         }
         if r.runs.len() > r.arms.len() {
             s.push_str("\nArm blocks in execution order:\n\n");
-            s.push_str(&format!("| {} |\n", HEADER.join(" | ")));
-            s.push_str(&format!("|{}\n", "---|".repeat(HEADER.len())));
+            s.push_str(&table_header(&HEADER));
             for arm in &r.runs {
                 let mut cells = arm_cells(&r.flag.name, arm, false);
                 cells[0] = format!("{} r{}", cells[0], arm.repeat.unwrap_or(0));
@@ -68,7 +63,10 @@ impl Exporter for SummaryMarkdown {
             s.push_str(&format!("\n{}\n", comparison_sentence(c)));
         }
         if !r.confounds.is_empty() {
-            s.push_str("\n| confound | on | off | severity | note |\n|---|---|---|---|---|\n");
+            s.push('\n');
+            s.push_str(&table_header(&[
+                "confound", "on", "off", "severity", "note",
+            ]));
             for c in &r.confounds {
                 s.push_str(&format!(
                     "| {} | {} | {} | {} | {} |\n",
@@ -109,5 +107,33 @@ impl Exporter for SummaryMarkdown {
             s.push_str(&format!("\nError: {e}\n"));
         }
         Ok(s)
+    }
+}
+
+/// The header row and rule of a Markdown table (`| a | b |`, then `|---|---|`): every
+/// summary.md table starts with it.
+pub fn table_header<S: AsRef<str>>(columns: &[S]) -> String {
+    let names: Vec<&str> = columns.iter().map(AsRef::as_ref).collect();
+    format!(
+        "| {} |\n|{}\n",
+        names.join(" | "),
+        "---|".repeat(names.len())
+    )
+}
+
+/// `NAME (`API`, model `MODEL`)`: how every summary.md names its target.
+pub fn target_words(t: &TargetInfo) -> String {
+    format!("{} (`{}`, model `{}`)", t.name, t.api, t.model)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_table_header_has_its_rule_one_cell_per_column() {
+        assert_eq!(table_header(&["a", "b c"]), "| a | b c |\n|---|---|\n");
+        let owned = vec!["x".to_string()];
+        assert_eq!(table_header(&owned), "| x |\n|---|\n");
     }
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::TargetProfile;
+use crate::config::{RoleSpec, TargetProfile};
 
 use crate::core::adaptive::AdaptiveRecord;
 use crate::core::phases::Phases;
@@ -73,19 +73,7 @@ impl TargetInfo {
             api: t.api.clone(),
             model: t.model.clone(),
             profile: t.source.as_ref().map(|p| p.display().to_string()),
-            roles: t
-                .roles
-                .iter()
-                .map(|r| RoleInfo {
-                    name: r.name.clone(),
-                    launch: r.launch.display().to_string(),
-                    restart: r.restart.clone(),
-                    health: r.health.clone(),
-                    metrics: r.metrics.clone(),
-                    running_metric: r.metrics.as_ref().map(|_| r.running_metric.clone()),
-                    effective_url: r.effective_url.clone(),
-                })
-                .collect(),
+            roles: t.roles.iter().map(RoleInfo::of).collect(),
             engine: Some(t.engine.name().to_string()),
         }
     }
@@ -105,6 +93,21 @@ pub struct RoleInfo {
     /// Where the engine's effective configuration was read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub effective_url: Option<String>,
+}
+
+impl RoleInfo {
+    /// What a record (and `bisect check`'s report) says about a role of the target.
+    pub fn of(r: &RoleSpec) -> RoleInfo {
+        RoleInfo {
+            name: r.name.clone(),
+            launch: r.launch.display().to_string(),
+            restart: r.restart.clone(),
+            health: r.health.clone(),
+            metrics: r.metrics.clone(),
+            running_metric: r.metrics.as_ref().map(|_| r.running_metric.clone()),
+            effective_url: r.effective_url.clone(),
+        }
+    }
 }
 
 /// `{name, env|arg|switch, roles, on, off}`: exactly one of env/arg/switch is present.

@@ -92,8 +92,7 @@ pub fn markdown(record: &RunRecord) -> String {
     let mut s = String::new();
     if let Some(seq) = &record.adaptive {
         let _ = writeln!(s, "\n## Sequential looks\n\n{}\n", design_sentence(seq));
-        let _ = writeln!(s, "| {} |", HEADER.join(" | "));
-        let _ = writeln!(s, "|{}", "---|".repeat(HEADER.len()));
+        s.push_str(&super::markdown::table_header(&HEADER));
         for row in rows(seq) {
             let _ = writeln!(s, "| {} |", row.join(" | "));
         }

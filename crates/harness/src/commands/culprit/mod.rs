@@ -318,19 +318,14 @@ pub async fn run(
     };
     record.write(&plan.dir)?;
 
-    let spec = TestbedSpec {
-        target: &plan.target,
-        journal_dir: Some(&plan.journal_dir),
-        state_root: plan.state_root.as_deref(),
-        flags: plan
-            .flags
-            .iter()
-            .chain(plan.sets.iter().map(|(f, _)| f))
-            .collect(),
-        allow_partial: plan.allow_partial,
-        api_key: plan.api_key.clone(),
-        metrics_period: plan.metrics_period,
-    };
+    let written = plan.flags.iter().chain(plan.sets.iter().map(|(f, _)| f));
+    let spec = TestbedSpec::read_only(&plan.target, plan.api_key.clone(), plan.metrics_period)
+        .editing(
+            &plan.journal_dir,
+            plan.state_root.as_deref(),
+            written.collect(),
+            plan.allow_partial,
+        );
     let started = Instant::now();
     let mut bed = Testbed::open(spec, control, progress, cancel)?;
     let mut replayed = 0;

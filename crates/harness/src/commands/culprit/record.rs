@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use super::search::{FlagValues, Outcome, StepRecord};
 use crate::core::arm_stats::RecordStatus;
 use crate::results::html::{escape, facts_list, page, verdict_box};
+use crate::results::markdown::table_header;
 use crate::results::run_record::TargetInfo;
 use crate::results::write_atomic;
 
@@ -165,20 +166,24 @@ fn head(record: &CulpritRecord) -> Vec<String> {
     lines
 }
 
+/// The columns of the step tables: the terminal's leaves out the reason.
+const STEP_COLUMNS: [&str; 7] = [
+    "step",
+    "kind",
+    "failing values",
+    "outcome",
+    "corrupted",
+    "blocks",
+    "reason",
+];
+
 /// The terminal summary: verdict, then the steps.
 pub fn render_table(record: &CulpritRecord) -> String {
     let mut table = Table::new();
     table
         .load_preset(presets::UTF8_FULL_CONDENSED)
         .set_content_arrangement(ContentArrangement::Dynamic)
-        .set_header(vec![
-            "step",
-            "kind",
-            "failing values",
-            "outcome",
-            "corrupted",
-            "blocks",
-        ]);
+        .set_header(&STEP_COLUMNS[..6]);
     for s in &record.steps {
         table.add_row(vec![
             Cell::new(s.step),
@@ -216,7 +221,8 @@ pub fn render_markdown(record: &CulpritRecord) -> String {
     for line in head(record) {
         s.push_str(&format!("- {line}\n"));
     }
-    s.push_str("\n| step | kind | failing values | outcome | corrupted | blocks | reason |\n|---|---|---|---|---|---|---|\n");
+    s.push('\n');
+    s.push_str(&table_header(&STEP_COLUMNS));
     for st in &record.steps {
         s.push_str(&format!(
             "| {} | {:?} | {} | {} | {}/{} | {} | {} |\n",

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use super::search::{BlockOutcome, BlockRequest, StepRunner};
-use crate::arm::{effective_values, BlockName, Testbed};
+use crate::arm::{engine_disagreements, BlockName, Testbed};
 use crate::config::{FlagSpec, Workload};
 use crate::core::classify::Classifier;
 use crate::exit::Failure;
@@ -59,19 +59,21 @@ impl StepRunner for TestbedRunner<'_, '_> {
             request.block
         ));
         let restarted = self.bed.restart(&label).await?;
-        for flag in &self.flags {
-            let value = &request.config[&flag.name];
-            let reported = effective_values(self.bed.target(), flag, &restarted.engine_info);
-            if let Some((role, got)) = reported
-                .iter()
-                .find(|(_, got)| !crate::core::effective::agrees(value, got))
-            {
-                return Err(Failure::CouldNotRun(format!(
-                    "block {}: the {role} engine reports {}={got} after the restart, but its launch config sets {value}: the engine does not run with what the search set\n  fix: check the launch script applies the flag (a dead conditional, an ignored variable)",
-                    request.block, flag.name
-                ))
-                .into());
-            }
+        let set = self
+            .flags
+            .iter()
+            .map(|flag| (flag, request.config[&flag.name].as_str()));
+        if let Some((flag, d)) =
+            engine_disagreements(self.bed.target(), set, &restarted.engine_info)
+                .into_iter()
+                .next()
+        {
+            let (role, got, value) = (d.role, d.reported, d.expected);
+            return Err(Failure::CouldNotRun(format!(
+                "block {}: the {role} engine reports {}={got} after the restart, but its launch config sets {value}: the engine does not run with what the search set\n  fix: check the launch script applies the flag (a dead conditional, an ignored variable)",
+                request.block, flag.name
+            ))
+            .into());
         }
         let dir = self.dir.join(block_dir(request.block));
         if dir.exists() {

@@ -5,6 +5,7 @@ use comfy_table::{presets, Cell, CellAlignment, ContentArrangement, Table};
 
 use super::{Diff, Format, Kind, Rate, Row, Side};
 use crate::core::format;
+use crate::results::markdown::table_header;
 use crate::results::table::compact;
 
 const ROW_HEADER: [&str; 5] = [
@@ -145,14 +146,6 @@ fn md_row(cells: &[String]) -> String {
     format!("| {} |\n", cells.join(" | "))
 }
 
-fn md_header(header: &[&str]) -> String {
-    format!(
-        "| {} |\n|{}\n",
-        header.join(" | "),
-        "---|".repeat(header.len())
-    )
-}
-
 /// Markdown for a PR or an incident channel.
 pub fn render_markdown(d: &Diff) -> String {
     let mut s = format!("# bisect diff of two {}\n\n", kind_word(d.kind));
@@ -161,7 +154,7 @@ pub fn render_markdown(d: &Diff) -> String {
         md_cell(&side_text("A", &d.a)),
         md_cell(&side_text("B", &d.b))
     ));
-    s.push_str(&md_header(&ROW_HEADER));
+    s.push_str(&table_header(&ROW_HEADER));
     for r in &d.rows {
         s.push_str(&md_row(&row_cells(r)));
     }
@@ -169,7 +162,7 @@ pub fn render_markdown(d: &Diff) -> String {
         s.push_str("\nNo confound differs.\n");
     } else {
         s.push_str("\n## Confounds\n\n");
-        s.push_str(&md_header(&CONFOUND_HEADER));
+        s.push_str(&table_header(&CONFOUND_HEADER));
         for cells in confound_cells(d) {
             s.push_str(&md_row(&cells));
         }

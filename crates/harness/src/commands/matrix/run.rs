@@ -79,15 +79,13 @@ pub async fn run_matrix(
             }
         }
     }
-    let spec = TestbedSpec {
-        target: &job.target,
-        journal_dir: Some(&job.journal_dir),
-        state_root: job.state_root.as_deref(),
-        flags,
-        allow_partial: job.allow_partial,
-        api_key: job.api_key.clone(),
-        metrics_period: job.metrics_period,
-    };
+    let spec = TestbedSpec::read_only(&job.target, job.api_key.clone(), job.metrics_period)
+        .editing(
+            &job.journal_dir,
+            job.state_root.as_deref(),
+            flags,
+            job.allow_partial,
+        );
     let mut bed = Testbed::open(spec, control, progress, cancel)?;
     let outcome = run_groups(job, &mut bed, &mut record).await;
     let closed = bed.close().await;
@@ -294,17 +292,16 @@ fn check_effective(
                 .push(format!("{}: {NO_EFFECTIVE_WARNING}", flag.name));
             continue;
         }
-        for (role, ran) in &reported {
-            if !crate::core::effective::agrees(value, ran) {
-                check.blocked.push(format!(
-                    "{kind}{}={value} was written and read back, but the {role} engine reports \
-                     it runs with {ran:?}: the cell's configuration did not take effect \
-                     (check how role {role}'s launch config sets {}: a conditional, an \
-                     overriding later line, an ignored variable)",
-                    flag.name,
-                    flag.setting.key()
-                ));
-            }
+        for d in crate::core::effective::disagreements(value, &reported) {
+            let (role, ran) = (d.role, d.reported);
+            check.blocked.push(format!(
+                "{kind}{}={value} was written and read back, but the {role} engine reports \
+                 it runs with {ran:?}: the cell's configuration did not take effect \
+                 (check how role {role}'s launch config sets {}: a conditional, an \
+                 overriding later line, an ignored variable)",
+                flag.name,
+                flag.setting.key()
+            ));
         }
         check.effective.insert(flag.name.clone(), reported);
     }

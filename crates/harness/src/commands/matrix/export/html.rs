@@ -15,7 +15,8 @@ use crate::core::session::SessionResult;
 use crate::results::charts::{self, RateBar, RoundCounts};
 use crate::results::html::{
     escape, facts_list, figure, find_files, first_bad_histogram, first_bad_round_section, list,
-    page, rate_bar, read_sessions_lenient, sessions_section, timelines_section, verdict_box,
+    page, rate_bar, read_sessions_lenient, sessions_section, target_fact, timelines_section,
+    verdict_box,
 };
 use crate::results::table::{compact, peaks};
 
@@ -110,12 +111,7 @@ fn facts(r: &MatrixRecord) -> Vec<String> {
     if !r.merged_from.is_empty() {
         facts.push(format!("merged from {} shards", r.merged_from.len()));
     }
-    facts.push(format!(
-        "target {} (<code>{}</code>, model <code>{}</code>)",
-        escape(&r.target.name),
-        escape(&r.target.api),
-        escape(&r.target.model)
-    ));
+    facts.push(target_fact(&r.target));
     facts.push(format!(
         "workload <code>{}</code> (hash <code>{}</code>)",
         escape(&compact(&r.workload)),

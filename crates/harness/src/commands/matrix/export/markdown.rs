@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 use super::MatrixExporter;
 use crate::commands::matrix::record::{CellRecord, CellStatus, MatrixRecord};
 use crate::core::format;
+use crate::results::markdown::{table_header, target_words};
 use crate::results::table::{compact, peaks};
 
 pub struct MatrixSummary;
@@ -46,10 +47,7 @@ fn header(s: &mut String, r: &MatrixRecord) {
     if !r.merged_from.is_empty() {
         s.push_str(&format!("- merged from {} shards\n", r.merged_from.len()));
     }
-    s.push_str(&format!(
-        "- target: {} (`{}`, model `{}`)\n",
-        r.target.name, r.target.api, r.target.model
-    ));
+    s.push_str(&format!("- target: {}\n", target_words(&r.target)));
     let workload: Vec<String> = r
         .workload
         .as_object()
@@ -137,8 +135,7 @@ fn cell_table(s: &mut String, r: &MatrixRecord) {
         ]
         .map(String::from),
     );
-    s.push_str(&format!("| {} |\n", header.join(" | ")));
-    s.push_str(&format!("|{}\n", "---|".repeat(header.len())));
+    s.push_str(&table_header(&header));
     for c in &r.cells {
         let regressed = c.verdict() == Some(CellStatus::Regressed);
         let mut row = vec![if regressed {
