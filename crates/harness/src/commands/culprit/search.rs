@@ -55,8 +55,12 @@
 //! failing end against the step ("passes" when it implicates the failing end; also when
 //! the step's interval against the passing end clears). Both ends' blocks are reused by
 //! every step: the step's sessions, in session-index order, are cut into looks of
-//! `look` sessions and paired with the references' looks of the same rank; a reference
-//! runs another block only when a step needs looks it does not have yet. Every block
+//! `look` sessions and paired with the passing end's looks of the same rank and with
+//! every failing-end look run before the step's first evaluation
+//! ([`Search::failing_pairs`]: unequal looks, fixed before its counts are read); a
+//! reference runs another block only when a step needs looks it does not have yet. The
+//! e-process against the passing end starts from the failing end's rate
+//! ([`Search::step_prior`]: a plug-in prior from sessions it never reads). Every block
 //! runs at the experiment's concurrency (never fewer sessions than that load). "Fails"
 //! also needs the class mix of the step's corrupted sessions to match the failing end's
 //! ([`super::mix`], Freeman-Halton exact test at `mix_alpha`): a different mix is a
