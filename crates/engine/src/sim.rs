@@ -288,7 +288,7 @@ pub fn run(config: &SimConfig, backend: &dyn Backend) -> anyhow::Result<SimRepor
     );
     let vocab = Vocab::new();
     let tools = sim_tools();
-    let mut prefill = PrefillCore::new(config.prefill.clone());
+    let mut prefill = PrefillCore::for_backend(config.prefill.clone(), backend)?;
     let mut sessions: Vec<SessionState> = (0..config.sessions)
         .map(|session| SessionState {
             turns: session_opening(config.seed, session, config.ctx_tokens, config.steps),

@@ -294,3 +294,74 @@ fn bad_pool_use_is_an_error_naming_what_is_wrong() {
     let error = cpu.pool_stats(pool).unwrap_err().to_string();
     assert!(error.contains("unknown or released pool"), "{error}");
 }
+
+/// Every sequence's rows, gathered through `gather_sequence`: (main, index-K bytes).
+pub(crate) fn gather_all(
+    backend: &dyn Backend,
+    pool: PoolId,
+    fixture: &Fixture,
+    gate_index_k: bool,
+) -> Vec<(Vec<f32>, Vec<u8>, usize)> {
+    fixture
+        .sequences
+        .iter()
+        .map(|s| {
+            let kv = backend
+                .gather_sequence(pool, &s.pages, s.n, gate_index_k)
+                .unwrap();
+            assert_eq!(kv.stale_main_pages, 0, "main-KV reads are gated");
+            (kv.main, kv.index_k, kv.stale_index_pages)
+        })
+        .collect()
+}
+
+#[test]
+fn gather_returns_the_stored_rows_before_and_after_a_batched_load_back() {
+    let cpu = CpuBackend::new();
+    for dtype in [IndexKDtype::Bf16, IndexKDtype::Fp8] {
+        for page_tokens in [4usize, 64] {
+            let fixture = fixture(dtype, page_tokens, SIZES, 3 + page_tokens as u64);
+            let pool = store(&cpu, &fixture);
+            let gathered = gather_all(&cpu, pool, &fixture, false);
+            for (s, (main, index_k, stale)) in fixture.sequences.iter().zip(&gathered) {
+                let mut want = vec![0u8; s.n * dtype.bytes_per_token()];
+                cpu.quantize_index_k(dtype, &s.index_keys, &mut want)
+                    .unwrap();
+                assert_eq!((main, index_k, *stale), (&s.main, &want, 0));
+            }
+            // Evict every page, give the pages new occupants, load the old ones back as
+            // one job: the gather sees the old rows again.
+            let pages: Vec<u32> = fixture
+                .sequences
+                .iter()
+                .flat_map(|s| s.pages.clone())
+                .collect();
+            for (slot, &page) in pages.iter().enumerate() {
+                cpu.evict_page(pool, page, slot as u32).unwrap();
+                cpu.write_rows(
+                    pool,
+                    page,
+                    0,
+                    &vec![0.25; page_tokens * MAIN_DIM],
+                    &vec![2.0; page_tokens * INDEX_DIM],
+                )
+                .unwrap();
+            }
+            assert_ne!(gather_all(&cpu, pool, &fixture, false), gathered);
+            let pairs: Vec<(u32, u32)> = pages
+                .iter()
+                .enumerate()
+                .map(|(slot, &page)| (slot as u32, page))
+                .collect();
+            cpu.load_back_pages(pool, &pairs).unwrap();
+            assert_eq!(gather_all(&cpu, pool, &fixture, false), gathered);
+            let stats = cpu.pool_stats(pool).unwrap();
+            assert_eq!(stats.load_backs, pages.len() as u64);
+            assert_eq!(stats.stale_index_k_reads, 0);
+        }
+    }
+    let fixture = fixture(IndexKDtype::Fp8, 4, &[5], 1);
+    let pool = store(&cpu, &fixture);
+    let error = cpu.gather_sequence(pool, &[0], 5, false).unwrap_err();
+    assert!(error.to_string().contains("cannot hold n = 5"), "{error}");
+}
