@@ -107,7 +107,7 @@ pub struct PagedAttnJob<'a> {
 pub struct PoolStats {
     pub evictions: u64,
     pub load_backs: u64,
-    /// Reads that waited on an unfinished load-back of a page they read.
+    /// Page reads that waited on an unfinished load-back of the page.
     pub gated_waits: u64,
     /// Page reads of the indexer whose index-K tag did not match the generation the
     /// page should hold (counted by the reading kernel).

@@ -88,6 +88,7 @@ fn prefill_loop(
     floor: Duration,
 ) {
     let mut waiting: HashMap<u64, (PrefillReply, Arc<AtomicBool>)> = HashMap::new();
+    let mut logged = (Instant::now(), PrefillCounters::default());
     loop {
         {
             let mut incoming = shared.incoming.lock();
@@ -152,12 +153,44 @@ fn prefill_loop(
                 }
             }
         }
+        let due = logged.0.elapsed() >= COUNTERS_LOG_PERIOD || !core.has_work();
+        if due && core.counters != logged.1 {
+            log_counters(&core.counters, *shared.pool_stats.lock());
+            logged = (Instant::now(), core.counters.clone());
+        }
         let elapsed = started.elapsed();
         if elapsed < floor && core.has_work() {
             // Modelled forward duration (see EngineTuning::prefill_step_floor_us).
             std::thread::sleep(floor - elapsed);
         }
     }
+}
+
+/// How often the compute thread logs its counters while they change (and once more when
+/// it runs out of work): the engine log is
+/// where a run's race figures survive the engine (scripts/gpu-check.sh reads the last
+/// line of each arm's prefill log).
+const COUNTERS_LOG_PERIOD: Duration = Duration::from_secs(1);
+
+fn log_counters(counters: &PrefillCounters, pool: Option<PoolStats>) {
+    let kernel = pool.map_or_else(
+        || "kernel_stale_index_k_reads=- loadback_waits=-".to_string(),
+        |stats| {
+            format!(
+                "kernel_stale_index_k_reads={} kernel_stale_main_reads={} loadback_waits={}",
+                stats.stale_index_k_reads, stats.stale_main_reads, stats.gated_waits
+            )
+        },
+    );
+    tracing::info!(
+        "prefill counters: requests={} loadback_requests={} loadback_pages={} evicted_pages={} stale_index_k_requests={} stale_index_k_pages={} {kernel}",
+        counters.requests,
+        counters.loadback_requests,
+        counters.loadback_pages,
+        counters.evicted_pages,
+        counters.stale_index_k_requests,
+        counters.stale_index_k_pages,
+    );
 }
 
 pub(super) async fn prefill_handler(

@@ -160,6 +160,8 @@ impl GpuPool {
         } else {
             &mut self.main_events
         };
+        // A load-back job's pages share its events: one stream wait per event.
+        let mut waited: Vec<*const CudaEvent> = Vec::new();
         for page in pages {
             let Some(event) = events.get(page) else {
                 continue;
@@ -167,8 +169,11 @@ impl GpuPool {
             if event.is_complete() {
                 events.remove(page);
             } else if wait {
-                compute.wait(event)?;
                 self.stats.gated_waits += 1;
+                if !waited.contains(&Arc::as_ptr(event)) {
+                    compute.wait(event)?;
+                    waited.push(Arc::as_ptr(event));
+                }
             }
         }
         Ok(())
