@@ -25,6 +25,22 @@ extern "C" __global__ void gather_pages(const unsigned char* __restrict__ pool,
     }
 }
 
+// The modelled duration of a prefill forward on the compute stream (one thread spins on
+// the GPU's global timer): the miniature model's own kernels take microseconds where a
+// real model's forward over the same tokens takes milliseconds, and the HiCache race is
+// decided by how long the copy engine has before the prompt's KV is read for shipping.
+// Launched between a step's writes and its gathers only when the engine is tuned with a
+// nonzero --prefill-forward-ns-per-token.
+extern "C" __global__ void model_forward_delay(unsigned long long ns)
+{
+    unsigned long long start;
+    unsigned long long now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (now - start < ns);
+}
+
 #define GATHER_MAIN_DIM 64
 
 __device__ __forceinline__ unsigned int gather_load_acquire_u32(const unsigned int* address)

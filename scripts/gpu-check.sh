@@ -30,6 +30,10 @@
 #                    and the indexer call's bandwidth against HBM peak
 #   summary.txt      each step's exit status and seconds, and the key lines above
 # Each step has its own time limit; all of them together stay under 6 minutes.
+# Calibration without a rebuild: GPU_RACE_FORWARD_NS=0,20,100 makes race-served try
+# those modelled forward times (ns per prompt token) at the defaults;
+# BISECT_PREFILL_FORWARD_NS_PER_TOKEN=N sets it for the served engines (both are 0 by
+# default: the gather follows the step's writes at once).
 # GPU_CHECK_STEPS picks steps (default: "kernels parity race race-served served
 # throughput"), e.g. to rerun one that failed. GPU_CHECK_BENCH_ARGS adds arguments to
 # the throughput run (e.g. "--batches 1,16 --contexts 1024" for a dry run).

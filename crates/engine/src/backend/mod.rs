@@ -186,6 +186,14 @@ pub trait Backend: Send + Sync {
     fn load_back_is_async(&self) -> bool {
         false
     }
+    /// Occupies the compute stream for `ns` nanoseconds of device time without waiting
+    /// for it: the modelled duration of a prefill forward, queued between a step's writes
+    /// and its gathers (kernels/hicache_copy.cu, `model_forward_delay`). The CPU models
+    /// step time on the host instead (`EngineTuning::prefill_step_floor_us`) and ignores
+    /// this.
+    fn model_forward_delay(&self, _ns: u64) -> anyhow::Result<()> {
+        Ok(())
+    }
     /// Rows 0..n of the sequence stored in `pages` (row p in page pages[p / page_tokens]),
     /// gathered for shipping: main-KV reads wait for unfinished main-KV load-backs of
     /// those pages, index-K reads only with `gate_index_k`. The reader compares every

@@ -276,6 +276,22 @@ impl Backend for CudaBackend {
         true
     }
 
+    fn model_forward_delay(&self, ns: u64) -> Result<()> {
+        if ns == 0 {
+            return Ok(());
+        }
+        let mut launch = self.compute.launch_builder(&self.kernels.forward_delay);
+        launch.arg(&ns);
+        let cfg = cudarc::driver::LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: matches model_forward_delay in hicache_copy.cu (one u64 by value).
+        unsafe { launch.launch(cfg) }.context("launching model_forward_delay")?;
+        Ok(())
+    }
+
     fn gather_sequence(
         &self,
         pool: PoolId,

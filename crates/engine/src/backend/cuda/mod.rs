@@ -177,6 +177,7 @@ struct Kernels {
     paged_legacy_dense: CudaFunction,
     paged_count_stale_main: CudaFunction,
     paged_gather: CudaFunction,
+    forward_delay: CudaFunction,
 }
 
 impl Kernels {
@@ -218,6 +219,7 @@ impl Kernels {
             paged_legacy_dense: function("sparse_attention.cu", "paged_attention_legacy_dense")?,
             paged_count_stale_main: function("sparse_attention.cu", "paged_count_stale_main")?,
             paged_gather: function("hicache_copy.cu", "paged_gather_sequence")?,
+            forward_delay: function("hicache_copy.cu", "model_forward_delay")?,
         })
     }
 }

@@ -717,21 +717,39 @@ fn gpu_served_prefill_race() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(80);
+    // Modelled forward time per token to try at the defaults (calibration of
+    // --prefill-forward-ns-per-token against the CPU's 10-25%), e.g. "0,20,100".
+    let forward_ns: Vec<u64> = std::env::var("GPU_RACE_FORWARD_NS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![crate::EngineTuning::default().prefill_forward_ns_per_token]);
     let tuning = crate::EngineTuning::default();
-    for (label, dtype, hicache, sync) in [
-        ("defaults", IndexKDtype::Bf16, true, false),
-        ("INDEX_K_HICACHE_SYNC=1", IndexKDtype::Bf16, true, true),
-        ("BF16_INDEX_K=0", IndexKDtype::Fp8, true, false),
-        ("HiCache off", IndexKDtype::Bf16, false, false),
-    ] {
+    let mut configs = Vec::new();
+    for &ns in &forward_ns {
+        configs.push(("defaults", IndexKDtype::Bf16, true, false, ns));
+    }
+    let last = *forward_ns.last().unwrap_or(&0);
+    configs.extend([
+        (
+            "INDEX_K_HICACHE_SYNC=1",
+            IndexKDtype::Bf16,
+            true,
+            true,
+            last,
+        ),
+        ("BF16_INDEX_K=0", IndexKDtype::Fp8, true, false, last),
+        ("HiCache off", IndexKDtype::Bf16, false, false, last),
+    ]);
+    for (label, dtype, hicache, sync, ns) in configs {
         let mut config = SimConfig::default_workload(dtype, hicache, sync);
         config.sessions = sessions;
         config.prefill.pool_bytes = tuning.pool_bytes * sessions / 80;
+        config.prefill.forward_ns_per_token = ns;
         let started = std::time::Instant::now();
         let report = run(&config, &gpu).unwrap();
         let c = &report.counters;
         println!(
-            "race-served {label}: corrupted {}/{} ({:.1}%), stale requests {}, kernel stale index-K page reads {}, load-back requests {} ({} pages), evicted pages {}, {:.1} s",
+            "race-served {label} forward_ns_per_token={ns}: corrupted {}/{} ({:.1}%), stale requests {}, kernel stale index-K page reads {}, load-back requests {} ({} pages), evicted pages {}, {:.1} s",
             report.corrupted,
             report.sessions,
             100.0 * report.rate(),
