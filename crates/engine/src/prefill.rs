@@ -239,6 +239,15 @@ impl PrefillCore {
         }
     }
 
+    /// Frees the backend pool of a resident store (its page-locked host tier with it).
+    /// Nothing to do for the virtual store.
+    pub fn close(self, backend: &dyn Backend) -> anyhow::Result<()> {
+        match self.store {
+            Store::Resident { pool, .. } => backend.release_pool(pool),
+            Store::Virtual { .. } => Ok(()),
+        }
+    }
+
     fn loads_in_flight(&self) -> usize {
         match &self.store {
             Store::Virtual { loader, .. } => loader.active_jobs(),
@@ -734,6 +743,11 @@ mod tests {
         assert_eq!(stats.evictions, counters.evicted_pages);
         assert_eq!((stats.stale_index_k_reads, stats.stale_main_reads), (0, 0));
         assert!(reference.pool_stats(&backend).is_none());
+        resident.close(&backend).unwrap();
+        assert!(
+            backend.pool_stats(PoolId(0)).is_err(),
+            "the pool is released"
+        );
     }
 
     /// Records the modelled forward delays a store asks for.

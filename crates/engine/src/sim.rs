@@ -436,6 +436,7 @@ pub fn run(config: &SimConfig, backend: &dyn Backend) -> anyhow::Result<SimRepor
     }
     report.counters = prefill.counters.clone();
     report.ticks = tick;
+    prefill.close(backend)?;
     Ok(report)
 }
 
