@@ -665,10 +665,7 @@ impl PrefillCore {
 mod tests {
     use super::*;
     use crate::backend::cpu::CpuBackend;
-    use crate::backend::{
-        AttnJob, AttnOut, AttnPath, GatheredKv, IndexerJob, PageContents, PagedAttnJob,
-        PagedIndexerJob, TopkImpl,
-    };
+    use crate::backend::paged_tests::CpuAsAsync;
 
     /// Six sessions of growing prompts, one request at a time, in a pool of 12 pages of
     /// 16 tokens: later sessions evict earlier ones' prefixes to the host tier and each
@@ -750,127 +747,14 @@ mod tests {
         );
     }
 
-    /// Records the modelled forward delays a store asks for.
-    struct DelayLog(CpuBackend, std::sync::Mutex<Vec<u64>>);
-
-    impl Backend for DelayLog {
-        fn model_forward_delay(&self, ns: u64) -> anyhow::Result<()> {
-            self.1.lock().unwrap().push(ns);
-            Ok(())
-        }
-        fn name(&self) -> &'static str {
-            self.0.name()
-        }
-        fn quantize_index_k(
-            &self,
-            dtype: IndexKDtype,
-            keys: &[f32],
-            out: &mut [u8],
-        ) -> anyhow::Result<()> {
-            self.0.quantize_index_k(dtype, keys, out)
-        }
-        fn indexer_topk(
-            &self,
-            dtype: IndexKDtype,
-            jobs: &[IndexerJob<'_>],
-            k: usize,
-            topk: TopkImpl,
-        ) -> anyhow::Result<Vec<Vec<u32>>> {
-            self.0.indexer_topk(dtype, jobs, k, topk)
-        }
-        fn sparse_attention(
-            &self,
-            jobs: &[AttnJob<'_>],
-            path: AttnPath,
-        ) -> anyhow::Result<Vec<AttnOut>> {
-            self.0.sparse_attention(jobs, path)
-        }
-        fn create_pool(&self, spec: PoolSpec) -> anyhow::Result<PoolId> {
-            self.0.create_pool(spec)
-        }
-        fn release_pool(&self, pool: PoolId) -> anyhow::Result<()> {
-            self.0.release_pool(pool)
-        }
-        fn write_rows(
-            &self,
-            pool: PoolId,
-            page: u32,
-            first_row: usize,
-            main_keys: &[f32],
-            index_keys: &[f32],
-        ) -> anyhow::Result<()> {
-            self.0
-                .write_rows(pool, page, first_row, main_keys, index_keys)
-        }
-        fn write_quantized_rows(
-            &self,
-            pool: PoolId,
-            page: u32,
-            first_row: usize,
-            main_keys: &[f32],
-            index_rows: &[u8],
-        ) -> anyhow::Result<()> {
-            self.0
-                .write_quantized_rows(pool, page, first_row, main_keys, index_rows)
-        }
-        fn append_rows(
-            &self,
-            pool: PoolId,
-            rows: &[(u32, usize)],
-            main_keys: &[f32],
-            index_keys: &[f32],
-        ) -> anyhow::Result<()> {
-            self.0.append_rows(pool, rows, main_keys, index_keys)
-        }
-        fn evict_page(&self, pool: PoolId, page: u32, slot: u32) -> anyhow::Result<()> {
-            self.0.evict_page(pool, page, slot)
-        }
-        fn load_back_page(&self, pool: PoolId, slot: u32, page: u32) -> anyhow::Result<()> {
-            self.0.load_back_page(pool, slot, page)
-        }
-        fn gather_sequence(
-            &self,
-            pool: PoolId,
-            pages: &[u32],
-            n: usize,
-            gate_index_k: bool,
-        ) -> anyhow::Result<GatheredKv> {
-            self.0.gather_sequence(pool, pages, n, gate_index_k)
-        }
-        fn indexer_topk_paged(
-            &self,
-            pool: PoolId,
-            jobs: &[PagedIndexerJob<'_>],
-            k: usize,
-            topk: TopkImpl,
-            gate_index_k: bool,
-        ) -> anyhow::Result<Vec<Vec<u32>>> {
-            self.0.indexer_topk_paged(pool, jobs, k, topk, gate_index_k)
-        }
-        fn sparse_attention_paged(
-            &self,
-            pool: PoolId,
-            jobs: &[PagedAttnJob<'_>],
-            path: AttnPath,
-        ) -> anyhow::Result<Vec<AttnOut>> {
-            self.0.sparse_attention_paged(pool, jobs, path)
-        }
-        fn read_page(&self, pool: PoolId, page: u32) -> anyhow::Result<PageContents> {
-            self.0.read_page(pool, page)
-        }
-        fn pool_stats(&self, pool: PoolId) -> anyhow::Result<PoolStats> {
-            self.0.pool_stats(pool)
-        }
-    }
-
     #[test]
     fn resident_store_queues_the_modelled_forward_before_shipping() {
-        let backend = DelayLog(CpuBackend::new(), Default::default());
+        let backend = CpuAsAsync::default();
         let mut options = options();
         options.forward_ns_per_token = 10;
         let mut resident = PrefillCore::resident(options.clone(), &backend).unwrap();
         serve(&mut resident, &backend);
-        let delays = backend.1.lock().unwrap().clone();
+        let delays = backend.delays.lock().unwrap().clone();
         assert_eq!(
             delays.iter().sum::<u64>(),
             10 * resident.counters.computed_tokens
@@ -878,9 +762,9 @@ mod tests {
         assert!(delays.iter().all(|&ns| ns > 0));
         // The virtual store models step time on the host: it never asks.
         let mut reference = PrefillCore::new(options);
-        let before = backend.1.lock().unwrap().len();
+        let before = backend.delays.lock().unwrap().len();
         serve(&mut reference, &backend);
-        assert_eq!(backend.1.lock().unwrap().len(), before);
+        assert_eq!(backend.delays.lock().unwrap().len(), before);
     }
 
     #[test]

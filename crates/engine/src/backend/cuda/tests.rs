@@ -703,7 +703,7 @@ fn gpu_gather_matches_cpu_through_a_batched_load_back() {
 /// The served race on the GPU, measured in process (scripts/gpu-check.sh): the engine's
 /// own load simulation (`crate::sim`, 80 sessions x 4 rounds, the served tuning's pool)
 /// with prefill's prefix cache resident in a CUDA pool, load-backs on the copy stream
-/// and the shipping gather gated as the flags say. Prints one `race-served` line per
+/// and the shipping gather gated as the flags say (decode reads back on the CPU). Prints one `race-served` line per
 /// configuration: corrupted sessions, requests shipped with stale index-K (as the gather
 /// kernel counted them), the kernel's stale page reads, load-back requests. Asserts
 /// only what the fix guarantees: no stale read with the gate, with fp8 (the pool holds
@@ -711,8 +711,9 @@ fn gpu_gather_matches_cpu_through_a_batched_load_back() {
 #[test]
 #[ignore = "measurement; run explicitly (scripts/gpu-check.sh)"]
 fn gpu_served_prefill_race() {
-    use crate::sim::{run, SimConfig};
+    use crate::sim::{run_split, SimConfig};
     let Some(gpu) = gpu() else { return };
+    let cpu = CpuBackend::new();
     let sessions: usize = std::env::var("GPU_RACE_SESSIONS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -746,7 +747,7 @@ fn gpu_served_prefill_race() {
         config.prefill.pool_bytes = tuning.pool_bytes * sessions / 80;
         config.prefill.forward_ns_per_token = ns;
         let started = std::time::Instant::now();
-        let report = run(&config, &gpu).unwrap();
+        let report = run_split(&config, &gpu, &cpu).unwrap();
         let c = &report.counters;
         println!(
             "race-served {label} forward_ns_per_token={ns}: corrupted {}/{} ({:.1}%), stale requests {}, kernel stale index-K page reads {}, load-back requests {} ({} pages), evicted pages {}, {:.1} s",
