@@ -11,16 +11,18 @@
 //! pageable upload.
 //!
 //! HiCache: eviction copies a page to its host slot on the copy stream after the work
-//! queued on the compute stream and returns at once; its completion event stands in
-//! the page's event maps, so the page's next writer waits for it (a load-back into the
-//! page is behind it on the copy stream anyway). A load-back job over a request's pages
-//! is queued on the copy stream: every main-KV page and main tag, one event; every
-//! index-K page and index tag, one event; it returns at once. Main-KV readers (attention) make the compute stream wait on the main event of
-//! every page they read; index-K readers (the indexer) wait on the index event only
-//! with `gate_index_k` (`SGLANG_DSV4_INDEX_K_HICACHE_SYNC=1`). Without it the indexer
-//! kernel can run while the copy engine is still writing the page: the seeds' race,
-//! for real, and the longer the copy stream's queue (bf16 pages are twice fp8's), the
-//! likelier. The reading kernels count it through the tags (kernels/indexer_topk.cu).
+//! queued on the compute stream and returns at once; its completion event stands in the
+//! page's event maps, so the page's next writer waits for it (a load-back into the page
+//! is behind it on the copy stream anyway). A load-back job over a request's pages is
+//! queued on the copy stream: every main-KV page and main tag, one event; every index-K
+//! page and index tag, one event; it returns at once. Main-KV readers (attention) make
+//! the compute stream wait on the main event of every page they read; index-K readers
+//! (the indexer) wait on the index event only with `gate_index_k`
+//! (`SGLANG_DSV4_INDEX_K_HICACHE_SYNC=1`). Without it the indexer kernel can run while
+//! the copy engine is still writing the page: the seeds' race, for real, and the longer
+//! the copy stream's queue (bf16 pages are twice fp8's), the likelier. The reading
+//! kernels count it through the tags (kernels/indexer_topk.cu). Served prefill's reader
+//! is the shipping gather (`pool_gather`, kernels/hicache_copy.cu), gated the same way.
 //!
 //! cudarc's automatic synchronisation must stay out of the way, or it would order every
 //! read after every copy touching the same allocation and hide the race: per-buffer
