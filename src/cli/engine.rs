@@ -40,8 +40,10 @@ pub struct EngineArgs {
     #[arg(long)]
     pub prefill_url: Option<String>,
     /// Compute backend. `auto` is the CPU for now, even with a GPU present: the GPU path
-    /// is not yet verified on a device (README, "GPU"); `cuda` uses it anyway.
-    #[arg(long, value_enum, default_value = "auto")]
+    /// is not yet verified on a device (README, "GPU"); `cuda` uses it anyway (prefill's
+    /// prefix cache and HiCache then live on the device). The environment variable
+    /// reaches engines started by `bisect run` through their launch scripts.
+    #[arg(long, value_enum, default_value = "auto", env = "BISECT_ENGINE_DEVICE")]
     pub device: DeviceArg,
     /// Prefill's HiCache host tier: evicted prefix pages go to host memory and are loaded back.
     #[arg(long)]
@@ -64,6 +66,11 @@ pub struct EngineArgs {
     /// Modelled floor of one prefill step in microseconds (maps steps onto wall time).
     #[arg(long)]
     pub prefill_step_floor_us: Option<u64>,
+    /// With --device cuda: modelled device time of prefill's forward per prompt token,
+    /// queued before a step's KV is gathered for shipping (0: none; ignored on the CPU).
+    /// The environment variable reaches engines started by `bisect run`.
+    #[arg(long, env = "BISECT_PREFILL_FORWARD_NS_PER_TOKEN")]
+    pub prefill_forward_ns_per_token: Option<u64>,
     /// Prompt tokens computed per prefill step.
     #[arg(long)]
     pub chunked_prefill_size: Option<usize>,
@@ -96,6 +103,9 @@ impl EngineArgs {
             prefill_step_floor_us: self
                 .prefill_step_floor_us
                 .unwrap_or(defaults.prefill_step_floor_us),
+            prefill_forward_ns_per_token: self
+                .prefill_forward_ns_per_token
+                .unwrap_or(defaults.prefill_forward_ns_per_token),
             step_token_budget: self
                 .chunked_prefill_size
                 .unwrap_or(defaults.step_token_budget)

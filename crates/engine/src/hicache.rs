@@ -75,6 +75,75 @@ impl HostTier {
     }
 }
 
+/// The host tier of a backend-resident prefix cache (`PrefillCore` on a backend with
+/// asynchronous load-backs): page key -> host slot of the backend's pool, bounded, least
+/// recently used dropped first. Slots named by a load-back not yet queued are pinned:
+/// the data must still be in the slot when the copy runs.
+pub struct SlotTier {
+    slots: HashMap<u64, (u32, u64)>,
+    free: Vec<u32>,
+    pinned: Vec<u32>,
+    clock: u64,
+}
+
+impl SlotTier {
+    pub fn new(capacity_slots: u32) -> Self {
+        SlotTier {
+            slots: HashMap::new(),
+            free: (0..capacity_slots.max(1)).rev().collect(),
+            pinned: Vec::new(),
+            clock: 0,
+        }
+    }
+
+    /// A slot for `key`'s page: a free one, else the least recently used unpinned one
+    /// (whose key is returned as dropped). None when every slot is pinned.
+    pub fn insert(&mut self, key: u64) -> Option<(u32, Option<u64>)> {
+        self.clock += 1;
+        if let Some((slot, stamp)) = self.slots.get_mut(&key) {
+            *stamp = self.clock;
+            return Some((*slot, None));
+        }
+        let (slot, dropped) = match self.free.pop() {
+            Some(slot) => (slot, None),
+            None => {
+                let (&oldest, &(slot, _)) = self
+                    .slots
+                    .iter()
+                    .filter(|(_, (slot, _))| !self.pinned.contains(slot))
+                    .min_by_key(|(key, (_, stamp))| (*stamp, **key))?;
+                self.slots.remove(&oldest);
+                (slot, Some(oldest))
+            }
+        };
+        self.slots.insert(key, (slot, self.clock));
+        Some((slot, dropped))
+    }
+
+    /// The slot holding `key`'s page, pinned until [`SlotTier::unpin_all`].
+    pub fn get_pinned(&mut self, key: u64) -> Option<u32> {
+        self.clock += 1;
+        let clock = self.clock;
+        let (slot, stamp) = self.slots.get_mut(&key)?;
+        *stamp = clock;
+        self.pinned.push(*slot);
+        Some(*slot)
+    }
+
+    /// The pinned slots' load-backs are queued: their data is safe to replace again.
+    pub fn unpin_all(&mut self) {
+        self.pinned.clear();
+    }
+
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+}
+
 /// Loader bandwidth model (virtual time).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LoaderOptions {
@@ -267,6 +336,29 @@ mod tests {
         // Alone a job would finish its main copy in one step; two share the bandwidth.
         assert_eq!(loader.step(&mut pool).main_jobs_done, 0);
         assert_eq!(loader.step(&mut pool).main_jobs_done, 2);
+    }
+
+    #[test]
+    fn slot_tier_reuses_the_oldest_unpinned_slot() {
+        let mut tier = SlotTier::new(2);
+        assert_eq!(tier.insert(10), Some((0, None)));
+        assert_eq!(tier.insert(11), Some((1, None)));
+        assert_eq!(
+            tier.insert(10),
+            Some((0, None)),
+            "a stored key keeps its slot"
+        );
+        // 11 is the oldest now, but pinned by a load-back not queued yet.
+        assert_eq!(tier.get_pinned(11), Some(1));
+        assert_eq!(tier.insert(12), Some((0, Some(10))));
+        assert_eq!(tier.insert(13), Some((0, Some(12))), "slot 1 stays pinned");
+        tier.unpin_all();
+        assert_eq!(tier.insert(14), Some((1, Some(11))));
+        assert_eq!(tier.len(), 2);
+        let mut one = SlotTier::new(1);
+        assert_eq!(one.insert(1), Some((0, None)));
+        one.get_pinned(1);
+        assert_eq!(one.insert(2), None, "every slot pinned");
     }
 
     #[test]

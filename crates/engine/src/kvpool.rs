@@ -72,6 +72,32 @@ impl DevicePool {
         }
     }
 
+    /// The same pages as [`DevicePool::new`] without their bytes: the bookkeeping of a
+    /// pool whose data lives with a backend (prefill's resident store). `write_row` and
+    /// the byte fields must not be used on it.
+    pub fn bookkeeping(pool_bytes: usize, page_tokens: usize, dtype: IndexKDtype) -> Self {
+        let count = (pool_bytes / Self::page_bytes(page_tokens, dtype)).max(1);
+        let pages = (0..count)
+            .map(|_| DevicePage {
+                tokens: Vec::new(),
+                main: Vec::new(),
+                index_k: Vec::new(),
+                state: PageState::Free,
+                refs: 0,
+                last_use: 0,
+                depth: 0,
+                main_rows_valid: page_tokens,
+                index_rows_valid: page_tokens,
+            })
+            .collect();
+        DevicePool {
+            page_tokens,
+            dtype,
+            pages,
+            free: (0..count).rev().collect(),
+        }
+    }
+
     pub fn capacity(&self) -> usize {
         self.pages.len()
     }

@@ -160,6 +160,12 @@ pub struct EngineTuning {
     /// takes less than its launch latency). The loader's bandwidth is per step, so this
     /// maps virtual time onto wall time; 0 runs steps back to back.
     pub prefill_step_floor_us: u64,
+    /// With prefill's pool on the device (`--device cuda`): modelled device time of the
+    /// forward per prompt token computed, queued before the step's KV is gathered for
+    /// shipping; the longer, the more time the copy stream has to land a load-back's
+    /// index-K before it is read. 0 (the default, uncalibrated): the gather follows at
+    /// once. Ignored on the CPU.
+    pub prefill_forward_ns_per_token: u64,
     pub top_k: usize,
     /// Decode's running batch cap.
     pub max_running: usize,
@@ -180,6 +186,7 @@ impl Default for EngineTuning {
             loader_chunk_bytes: prefill.loader.chunk_bytes,
             step_token_budget: prefill.step_token_budget,
             prefill_step_floor_us: 1000,
+            prefill_forward_ns_per_token: 0,
             top_k: model::DEFAULT_TOP_K,
             max_running: 256,
             decode_pool_tokens: 1 << 20,
@@ -216,6 +223,7 @@ impl EngineConfig {
                 chunk_bytes: self.tuning.loader_chunk_bytes,
             },
             step_token_budget: self.tuning.step_token_budget,
+            forward_ns_per_token: self.tuning.prefill_forward_ns_per_token,
         }
     }
 

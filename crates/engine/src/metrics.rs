@@ -54,6 +54,9 @@ pub enum Metric {
     IndexKChecksumMatches,
     IndexKChecksumMismatches,
     StaleIndexKPagesReceived,
+    KernelStaleIndexKReads,
+    KernelStaleMainReads,
+    LoadBackWaits,
     TransferErrors,
 }
 
@@ -75,7 +78,7 @@ const fn row(metric: Metric, name: &'static str, kind: Kind, help: &'static str)
 }
 
 /// The table, in [`Metric`]'s declaration order (a test checks it).
-const TABLE: [Spec; 26] = {
+const TABLE: [Spec; 29] = {
     use Kind::{Counter, Gauge};
     use Metric::*;
     [
@@ -228,6 +231,24 @@ const TABLE: [Spec; 26] = {
             "bisect_engine_stale_index_k_pages_received_total",
             Counter,
             "Stale index-K pages prefill reported in received transfers.",
+        ),
+        row(
+            KernelStaleIndexKReads,
+            "bisect_engine_kernel_stale_index_k_reads_total",
+            Counter,
+            "Index-K page reads whose generation tag the reading GPU kernel found stale (load-back not landed); served only by a device-resident prefill pool (--device cuda).",
+        ),
+        row(
+            KernelStaleMainReads,
+            "bisect_engine_kernel_stale_main_reads_total",
+            Counter,
+            "The same for main-KV page reads (always gated: 0 unless broken); device-resident prefill pool only.",
+        ),
+        row(
+            LoadBackWaits,
+            "bisect_engine_loadback_waits_total",
+            Counter,
+            "Page reads whose stream waited on an unfinished HiCache load-back; device-resident prefill pool only.",
         ),
         row(
             TransferErrors,

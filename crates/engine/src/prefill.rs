@@ -9,12 +9,26 @@
 //! it waits for the index-K rows only with `index_k_sync` (the fix). What it ships is
 //! whatever bytes its index-K pages hold at that moment: a freshly allocated page still
 //! holds its previous occupant's rows until the index-K copy reaches them.
+//!
+//! Where the pages' bytes live ([`Store`]): on the CPU (and in every CPU test) in host
+//! memory with the virtual-time `hicache::Loader`, the deterministic reference. On a
+//! backend whose load-backs are asynchronous (CUDA, `Backend::load_back_is_async`) in
+//! one of the backend's paged pools ([`PrefillCore::for_backend`]): evictions go to the
+//! pool's page-locked host slots, a request's load-backs are one job on the copy stream
+//! (all main KV, then all index-K), new rows are written on the device, and the finished
+//! prompt is gathered by a kernel whose stream waits on the main-KV load-back event and,
+//! only with `index_k_sync`, on the index-K one. The race is then the GPU's own: the
+//! gather can run while the copy engine is still writing the index-K pages, and the
+//! kernel counts it through the pages' generation tags (`backend::paged`). The
+//! scheduler's bookkeeping (prefix cache, LRU, refcounts) is the same in both.
 
-use super::backend::{Backend, IndexKDtype, MAIN_DIM};
-use super::hicache::{HostPage, HostTier, Loader, LoaderOptions};
+use super::backend::{Backend, IndexKDtype, PoolId, PoolSpec, PoolStats, MAIN_DIM};
+use super::hicache::{HostPage, HostTier, Loader, LoaderOptions, SlotTier};
 use super::keys;
 use super::kvpool::{DevicePool, PageState};
+use anyhow::Context;
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct PrefillOptions {
@@ -29,6 +43,10 @@ pub struct PrefillOptions {
     pub loader: LoaderOptions,
     /// Prompt tokens computed per step, all requests together (chunked prefill).
     pub step_token_budget: usize,
+    /// Resident store only: modelled device time of the forward per token computed in a
+    /// step, queued on the compute stream before the step's gathers
+    /// (`Backend::model_forward_delay`). 0: the gathers follow the writes at once.
+    pub forward_ns_per_token: u64,
 }
 
 impl PrefillOptions {
@@ -46,6 +64,7 @@ impl PrefillOptions {
                 chunk_bytes: 16 << 10,
             },
             step_token_budget: 1024,
+            forward_ns_per_token: 0,
         }
     }
 }
@@ -103,11 +122,23 @@ pub struct PrefillGauges {
     pub loader_jobs: usize,
 }
 
+/// Where the prefix cache's page bytes live (see the module doc).
+enum Store {
+    /// Host memory: `pool`'s pages hold the bytes, the loader runs in virtual time.
+    Virtual { host: HostTier, loader: Loader },
+    /// A backend pool: `pool`'s pages are bookkeeping only, page i of it is page i of
+    /// the backend's pool; the host tier is the backend pool's slots.
+    Resident { pool: PoolId, slots: SlotTier },
+}
+
+/// Host slots of a resident pool per device page: the served workloads reuse far fewer
+/// evicted pages than this, and each slot is page-locked memory (33 KiB with bf16).
+const RESIDENT_SLOTS_PER_PAGE: usize = 8;
+
 pub struct PrefillCore {
     options: PrefillOptions,
     pool: DevicePool,
-    host: HostTier,
-    loader: Loader,
+    store: Store,
     cache: HashMap<u64, Location>,
     queue: VecDeque<(u64, Vec<u32>)>,
     active: Vec<Active>,
@@ -128,17 +159,99 @@ fn chain_key(previous: u64, tokens: &[u32]) -> u64 {
 }
 
 impl PrefillCore {
+    /// The virtual-time store (the CPU reference).
     pub fn new(options: PrefillOptions) -> Self {
         PrefillCore {
             pool: DevicePool::new(options.pool_bytes, options.page_tokens, options.dtype),
-            host: HostTier::new(options.host_pages),
-            loader: Loader::new(options.loader),
+            store: Store::Virtual {
+                host: HostTier::new(options.host_pages),
+                loader: Loader::new(options.loader),
+            },
             cache: HashMap::new(),
             queue: VecDeque::new(),
             active: Vec::new(),
             step: 0,
             counters: PrefillCounters::default(),
             options,
+        }
+    }
+
+    /// The store `backend` calls for: a pool of the backend when its load-backs are
+    /// asynchronous (CUDA), else the virtual-time one ([`PrefillCore::new`]).
+    pub fn for_backend(options: PrefillOptions, backend: &dyn Backend) -> anyhow::Result<Self> {
+        if backend.load_back_is_async() {
+            Self::resident(options, backend)
+        } else {
+            Ok(Self::new(options))
+        }
+    }
+
+    /// The store in a pool of `backend` (on any backend; the CPU's pools never read
+    /// stale, which the tests use to check the bookkeeping against the reference).
+    /// Same page count as the virtual store for the same options.
+    pub fn resident(options: PrefillOptions, backend: &dyn Backend) -> anyhow::Result<Self> {
+        let pool = DevicePool::bookkeeping(options.pool_bytes, options.page_tokens, options.dtype);
+        let host_pages = options
+            .host_pages
+            .min(pool.capacity() * RESIDENT_SLOTS_PER_PAGE)
+            .max(1);
+        let spec = PoolSpec {
+            dtype: options.dtype,
+            page_tokens: options.page_tokens,
+            device_pages: pool.capacity(),
+            host_pages,
+        };
+        let id = backend.create_pool(spec).with_context(|| {
+            format!(
+                "creating prefill's {} pool ({} pages of {} tokens, {} host slots)",
+                backend.name(),
+                spec.device_pages,
+                spec.page_tokens,
+                host_pages
+            )
+        })?;
+        Ok(PrefillCore {
+            pool,
+            store: Store::Resident {
+                pool: id,
+                slots: SlotTier::new(host_pages as u32),
+            },
+            cache: HashMap::new(),
+            queue: VecDeque::new(),
+            active: Vec::new(),
+            step: 0,
+            counters: PrefillCounters::default(),
+            options,
+        })
+    }
+
+    /// True when the pages live in a backend pool ([`PrefillCore::resident`]).
+    pub fn is_resident(&self) -> bool {
+        matches!(self.store, Store::Resident { .. })
+    }
+
+    /// The backend pool's counters (stale reads counted by the reading kernel), when
+    /// resident.
+    pub fn pool_stats(&self, backend: &dyn Backend) -> Option<anyhow::Result<PoolStats>> {
+        match &self.store {
+            Store::Resident { pool, .. } => Some(backend.pool_stats(*pool)),
+            Store::Virtual { .. } => None,
+        }
+    }
+
+    /// Frees the backend pool of a resident store (its page-locked host tier with it).
+    /// Nothing to do for the virtual store.
+    pub fn close(self, backend: &dyn Backend) -> anyhow::Result<()> {
+        match self.store {
+            Store::Resident { pool, .. } => backend.release_pool(pool),
+            Store::Virtual { .. } => Ok(()),
+        }
+    }
+
+    fn loads_in_flight(&self) -> usize {
+        match &self.store {
+            Store::Virtual { loader, .. } => loader.active_jobs(),
+            Store::Resident { .. } => 0,
         }
     }
 
@@ -160,7 +273,7 @@ impl PrefillCore {
     }
 
     pub fn has_work(&self) -> bool {
-        !self.queue.is_empty() || !self.active.is_empty() || self.loader.active_jobs() > 0
+        !self.queue.is_empty() || !self.active.is_empty() || self.loads_in_flight() > 0
     }
 
     pub fn gauges(&self) -> PrefillGauges {
@@ -169,8 +282,11 @@ impl PrefillCore {
             queued: self.queue.len(),
             used_pages: self.pool.used_pages(),
             total_pages: self.pool.capacity(),
-            host_pages: self.host.len(),
-            loader_jobs: self.loader.active_jobs(),
+            host_pages: match &self.store {
+                Store::Virtual { host, .. } => host.len(),
+                Store::Resident { slots, .. } => slots.len(),
+            },
+            loader_jobs: self.loads_in_flight(),
         }
     }
 
@@ -179,43 +295,87 @@ impl PrefillCore {
     }
 
     /// Free a page for a new occupant, evicting the LRU idle cached page if needed.
-    fn allocate(&mut self, depth: usize) -> Option<usize> {
+    fn allocate(&mut self, backend: &dyn Backend, depth: usize) -> anyhow::Result<Option<usize>> {
         if let Some(id) = self.pool.take_free(depth, self.step) {
-            return Some(id);
+            return Ok(Some(id));
         }
-        let victim = self.pool.eviction_victim()?;
+        let Some(victim) = self.pool.eviction_victim() else {
+            return Ok(None);
+        };
         let PageState::Cached(key) = self.pool.pages[victim].state else {
             unreachable!("victims are cached")
         };
         self.counters.evicted_pages += 1;
+        let mut kept = false;
         if self.options.hicache {
-            let page = &self.pool.pages[victim];
-            let data = HostPage {
-                tokens: page.tokens.clone(),
-                main: page.main.clone(),
-                index_k: page.index_k.clone(),
+            let dropped = match &mut self.store {
+                Store::Virtual { host, .. } => {
+                    let page = &self.pool.pages[victim];
+                    let data = HostPage {
+                        tokens: page.tokens.clone(),
+                        main: page.main.clone(),
+                        index_k: page.index_k.clone(),
+                    };
+                    kept = true;
+                    host.insert(key, data)
+                }
+                Store::Resident { pool, slots } => match slots.insert(key) {
+                    Some((slot, dropped)) => {
+                        backend.evict_page(*pool, victim as u32, slot)?;
+                        kept = true;
+                        dropped
+                    }
+                    // Every slot awaits a load-back: the page is dropped instead.
+                    None => None,
+                },
             };
-            self.cache.insert(key, Location::Host);
-            if let Some(dropped) = self.host.insert(key, data) {
+            if kept {
+                self.cache.insert(key, Location::Host);
+            }
+            if let Some(dropped) = dropped {
                 if self.cache.get(&dropped) == Some(&Location::Host) {
                     self.cache.remove(&dropped);
                 }
             }
-        } else {
+        }
+        if !kept {
             self.cache.remove(&key);
             self.counters.dropped_pages += 1;
         }
         self.pool.release_to_free(victim);
-        self.pool.take_free(depth, self.step)
+        Ok(self.pool.take_free(depth, self.step))
+    }
+
+    /// Queues the load-backs `admit` started: the virtual loader's job, or one job on
+    /// the backend's copy stream.
+    fn queue_loads(
+        &mut self,
+        backend: &dyn Backend,
+        virtual_loads: Vec<(usize, Arc<HostPage>)>,
+        slot_loads: &[(u32, u32)],
+    ) -> anyhow::Result<()> {
+        match &mut self.store {
+            Store::Virtual { loader, .. } => loader.load_back(virtual_loads),
+            Store::Resident { pool, slots } => {
+                let queued = backend.load_back_pages(*pool, slot_loads);
+                slots.unpin_all();
+                queued?;
+                let page_bytes =
+                    DevicePool::page_bytes(self.options.page_tokens, self.options.dtype);
+                self.counters.loader_bytes += (slot_loads.len() * page_bytes) as u64;
+            }
+        }
+        Ok(())
     }
 
     /// Try to admit one request: match its prefix, allocate its pages, queue load-backs.
     /// Returns false (and changes nothing) when the pool cannot hold it now.
-    fn admit(&mut self, id: u64, tokens: Vec<u32>) -> bool {
+    fn admit(&mut self, backend: &dyn Backend, id: u64, tokens: Vec<u32>) -> anyhow::Result<bool> {
         let page_tokens = self.options.page_tokens;
         let total_pages = tokens.len().div_ceil(page_tokens);
         let mut pages: Vec<usize> = Vec::with_capacity(total_pages);
-        let mut loads = Vec::new();
+        let mut virtual_loads = Vec::new();
+        let mut slot_loads = Vec::new();
         let mut key = 0u64;
         // Keep at least the last token to compute.
         let matchable = tokens.len().saturating_sub(1) / page_tokens;
@@ -230,18 +390,28 @@ impl PrefillCore {
                     pages.push(page);
                 }
                 Some(Location::Host) => {
-                    let Some(source) = self.host.get(key) else {
+                    let source = match &mut self.store {
+                        Store::Virtual { host, .. } => host.get(key).map(Ok),
+                        Store::Resident { slots, .. } => slots.get_pinned(key).map(Err),
+                    };
+                    let Some(source) = source else {
                         break;
                     };
-                    let Some(page) = self.allocate(page_index) else {
+                    let Some(page) = self.allocate(backend, page_index)? else {
                         break;
                     };
                     let device = &mut self.pool.pages[page];
                     device.state = PageState::Cached(key);
-                    device.main_rows_valid = 0;
-                    device.index_rows_valid = 0;
                     self.cache.insert(key, Location::Device(page));
-                    loads.push((page, source));
+                    match source {
+                        Ok(data) => {
+                            device.main_rows_valid = 0;
+                            device.index_rows_valid = 0;
+                            virtual_loads.push((page, data));
+                        }
+                        // The backend's gates stand for the valid-row counts.
+                        Err(slot) => slot_loads.push((slot, page as u32)),
+                    }
                     pages.push(page);
                 }
                 None => break,
@@ -249,7 +419,7 @@ impl PrefillCore {
         }
         let matched = pages.len();
         for page_index in matched..total_pages {
-            match self.allocate(page_index) {
+            match self.allocate(backend, page_index)? {
                 Some(page) => pages.push(page),
                 None => {
                     // Undo: unpin matched pages, free fresh ones; started loads stay cached.
@@ -260,29 +430,34 @@ impl PrefillCore {
                             self.pool.release_to_free(*page);
                         }
                     }
-                    self.loader.load_back(loads);
-                    return false;
+                    self.queue_loads(backend, virtual_loads, &slot_loads)?;
+                    return Ok(false);
                 }
             }
         }
         self.counters.requests += 1;
         self.counters.prompt_tokens += tokens.len() as u64;
         self.counters.cached_tokens += (matched * page_tokens) as u64;
-        if !loads.is_empty() {
+        let loads = virtual_loads.len() + slot_loads.len();
+        if loads > 0 {
             self.counters.loadback_requests += 1;
-            self.counters.loadback_pages += loads.len() as u64;
+            self.counters.loadback_pages += loads as u64;
         }
-        self.loader.load_back(loads);
+        self.queue_loads(backend, virtual_loads, &slot_loads)?;
         self.active.push(Active {
             id,
             tokens,
             pages,
             computed: matched * page_tokens,
         });
-        true
+        Ok(true)
     }
 
     fn ready(&self, active: &Active) -> bool {
+        if self.is_resident() {
+            // The backend orders every read after the load-backs it must wait for.
+            return true;
+        }
         let full = self.options.page_tokens;
         active.pages.iter().all(|&page| {
             let page = &self.pool.pages[page];
@@ -306,6 +481,25 @@ impl PrefillCore {
         let window = &active.tokens[..to];
         let index_keys = keys::index_keys(window, from);
         let main_keys = keys::main_keys(window, from);
+        if let Store::Resident { pool, .. } = &self.store {
+            let mut position = from;
+            while position < to {
+                let row = position % page_tokens;
+                let end = to.min(position - row + page_tokens);
+                let (a, b) = (position - from, end - from);
+                backend.write_rows(
+                    *pool,
+                    active.pages[position / page_tokens] as u32,
+                    row,
+                    &main_keys[a * MAIN_DIM..b * MAIN_DIM],
+                    &index_keys[a * super::backend::INDEX_DIM..b * super::backend::INDEX_DIM],
+                )?;
+                position = end;
+            }
+            self.active[index].computed = to;
+            self.counters.computed_tokens += (to - from) as u64;
+            return Ok(());
+        }
         let mut quantized = vec![0u8; (to - from) * width];
         backend.quantize_index_k(dtype, &index_keys, &mut quantized)?;
         let pages = active.pages.clone();
@@ -324,8 +518,25 @@ impl PrefillCore {
         Ok(())
     }
 
-    fn gather(&self, active: &Active) -> PromptKv {
+    fn gather(&self, backend: &dyn Backend, active: &Active) -> anyhow::Result<PromptKv> {
         let page_tokens = self.options.page_tokens;
+        if let Store::Resident { pool, .. } = &self.store {
+            let pages: Vec<u32> = active.pages.iter().map(|&page| page as u32).collect();
+            let read = backend.gather_sequence(
+                *pool,
+                &pages,
+                active.tokens.len(),
+                self.options.index_k_sync,
+            )?;
+            return Ok(PromptKv {
+                dtype: self.options.dtype,
+                page_tokens,
+                tokens: active.tokens.clone(),
+                main: read.main,
+                index_k: read.index_k,
+                stale_index_pages: read.stale_index_pages,
+            });
+        }
         let width = self.options.dtype.bytes_per_token();
         let n = active.tokens.len();
         let mut kv = PromptKv {
@@ -346,7 +557,7 @@ impl PrefillCore {
             kv.main.extend_from_slice(&page.main[..rows * MAIN_DIM]);
             kv.index_k.extend_from_slice(&page.index_k[..rows * width]);
         }
-        kv
+        Ok(kv)
     }
 
     /// Unpin a request's pages; with `cache_new`, its new full pages join the prefix cache.
@@ -388,8 +599,8 @@ impl PrefillCore {
         let mut shipped = Vec::new();
         while let Some((id, tokens)) = self.queue.pop_front() {
             let length = tokens.len();
-            if !self.admit(id, tokens.clone()) {
-                if self.active.is_empty() && self.loader.active_jobs() == 0 {
+            if !self.admit(backend, id, tokens.clone())? {
+                if self.active.is_empty() && self.loads_in_flight() == 0 {
                     shipped.push((id, Err(format!(
                         "prompt of {length} tokens does not fit the prefill pool ({} pages of {} tokens)",
                         self.pool.capacity(),
@@ -401,9 +612,12 @@ impl PrefillCore {
                 break;
             }
         }
-        let events = self.loader.step(&mut self.pool);
-        self.counters.loader_bytes += events.bytes_moved as u64;
+        if let Store::Virtual { loader, .. } = &mut self.store {
+            let events = loader.step(&mut self.pool);
+            self.counters.loader_bytes += events.bytes_moved as u64;
+        }
         let mut budget = self.options.step_token_budget;
+        let computed_before = self.counters.computed_tokens;
         let mut index = 0;
         while index < self.active.len() && budget > 0 {
             if self.ready(&self.active[index]) {
@@ -416,6 +630,10 @@ impl PrefillCore {
             }
             index += 1;
         }
+        let computed = self.counters.computed_tokens - computed_before;
+        if self.is_resident() && computed > 0 && self.options.forward_ns_per_token > 0 {
+            backend.model_forward_delay(computed * self.options.forward_ns_per_token)?;
+        }
         let mut index = 0;
         while index < self.active.len() {
             let done = self.active[index].computed == self.active[index].tokens.len()
@@ -425,7 +643,13 @@ impl PrefillCore {
                 continue;
             }
             let active = self.active.remove(index);
-            let kv = self.gather(&active);
+            let kv = match self.gather(backend, &active) {
+                Ok(kv) => kv,
+                Err(error) => {
+                    self.release(&active, false);
+                    return Err(error);
+                }
+            };
             if kv.stale_index_pages > 0 {
                 self.counters.stale_index_k_pages += kv.stale_index_pages as u64;
                 self.counters.stale_index_k_requests += 1;
@@ -434,5 +658,128 @@ impl PrefillCore {
             shipped.push((active.id, Ok(kv)));
         }
         Ok(shipped)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::CpuBackend;
+    use crate::backend::paged_tests::CpuAsAsync;
+
+    /// Six sessions of growing prompts, one request at a time, in a pool of 12 pages of
+    /// 16 tokens: later sessions evict earlier ones' prefixes to the host tier and each
+    /// session's next round loads them back.
+    fn rounds() -> Vec<Vec<u32>> {
+        let mut prompts = Vec::new();
+        for round in 0..3u32 {
+            for session in 0..6u32 {
+                let len = 40 + 24 * round as usize;
+                prompts.push(
+                    (0..len as u32)
+                        .map(|i| 1 + (session * 7919 + i * 31) % 5000)
+                        .collect(),
+                );
+            }
+        }
+        prompts
+    }
+
+    fn options() -> PrefillOptions {
+        let mut options = PrefillOptions::tuned(IndexKDtype::Bf16, true, true);
+        options.page_tokens = 16;
+        options.pool_bytes = 12 * DevicePool::page_bytes(16, IndexKDtype::Bf16);
+        options.host_pages = 64;
+        options
+    }
+
+    /// Serves `prompts` one after the other; every prompt's shipped KV.
+    fn serve(core: &mut PrefillCore, backend: &dyn Backend) -> Vec<PromptKv> {
+        let mut shipped = Vec::new();
+        for (id, prompt) in rounds().into_iter().enumerate() {
+            core.submit(id as u64, prompt);
+            let mut steps = 0;
+            loop {
+                let done = core.step(backend).unwrap();
+                if let Some((_, kv)) = done.into_iter().next() {
+                    shipped.push(kv.unwrap());
+                    break;
+                }
+                steps += 1;
+                assert!(steps < 1000, "request {id} never shipped");
+            }
+        }
+        shipped
+    }
+
+    #[test]
+    fn resident_store_ships_the_virtual_stores_bytes_through_load_backs() {
+        let backend = CpuBackend::new();
+        let mut reference = PrefillCore::new(options());
+        let mut resident = PrefillCore::resident(options(), &backend).unwrap();
+        assert!(resident.is_resident() && !reference.is_resident());
+        assert_eq!(
+            resident.gauges().total_pages,
+            reference.gauges().total_pages
+        );
+        let want = serve(&mut reference, &backend);
+        let got = serve(&mut resident, &backend);
+        for (index, (got, want)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(got, want, "request {index}");
+        }
+        let counters = &resident.counters;
+        assert!(
+            counters.loadback_pages > 0 && counters.evicted_pages > 0,
+            "the fixture must exercise eviction and load-back: {counters:?}"
+        );
+        assert_eq!(counters.loadback_pages, reference.counters.loadback_pages);
+        assert_eq!(counters.cached_tokens, reference.counters.cached_tokens);
+        assert_eq!(counters.stale_index_k_pages, 0);
+        let stats = resident.pool_stats(&backend).unwrap().unwrap();
+        assert_eq!(stats.load_backs, counters.loadback_pages);
+        assert_eq!(stats.evictions, counters.evicted_pages);
+        assert_eq!((stats.stale_index_k_reads, stats.stale_main_reads), (0, 0));
+        assert!(reference.pool_stats(&backend).is_none());
+        resident.close(&backend).unwrap();
+        assert!(
+            backend.pool_stats(PoolId(0)).is_err(),
+            "the pool is released"
+        );
+    }
+
+    #[test]
+    fn resident_store_queues_the_modelled_forward_before_shipping() {
+        let backend = CpuAsAsync::default();
+        let mut options = options();
+        options.forward_ns_per_token = 10;
+        let mut resident = PrefillCore::resident(options.clone(), &backend).unwrap();
+        serve(&mut resident, &backend);
+        let delays = backend.delays.lock().unwrap().clone();
+        assert_eq!(
+            delays.iter().sum::<u64>(),
+            10 * resident.counters.computed_tokens
+        );
+        assert!(delays.iter().all(|&ns| ns > 0));
+        // The virtual store models step time on the host: it never asks.
+        let mut reference = PrefillCore::new(options);
+        let before = backend.delays.lock().unwrap().len();
+        serve(&mut reference, &backend);
+        assert_eq!(backend.delays.lock().unwrap().len(), before);
+    }
+
+    #[test]
+    fn for_backend_keeps_the_virtual_loader_on_the_cpu() {
+        let core = PrefillCore::for_backend(options(), &CpuBackend::new()).unwrap();
+        assert!(!core.is_resident());
+    }
+
+    #[test]
+    fn resident_pool_refuses_a_page_size_the_kernels_cannot_read() {
+        let mut options = options();
+        options.page_tokens = 6;
+        let error = PrefillCore::resident(options, &CpuBackend::new())
+            .err()
+            .unwrap();
+        assert!(format!("{error:#}").contains("multiple of 4"), "{error:#}");
     }
 }

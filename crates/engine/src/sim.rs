@@ -282,13 +282,25 @@ fn is_correct(expected: &Intent, output: &dsml::ParsedOutput) -> bool {
 
 /// Run the simulation to the end of every session.
 pub fn run(config: &SimConfig, backend: &dyn Backend) -> anyhow::Result<SimReport> {
+    run_split(config, backend, backend)
+}
+
+/// [`run`] with prefill and decode on different backends (the GPU race measurement
+/// runs prefill's pool on CUDA and decode's read-back on the CPU: the race is prefill's,
+/// and the CPU reads the shipped bytes the same way, in a fraction of the time the
+/// CUDA slice path's per-call uploads take).
+pub fn run_split(
+    config: &SimConfig,
+    backend: &dyn Backend,
+    decode_backend: &dyn Backend,
+) -> anyhow::Result<SimReport> {
     anyhow::ensure!(
         config.prefill.dtype == config.read.dtype,
         "prefill and decode index-K dtypes differ"
     );
     let vocab = Vocab::new();
     let tools = sim_tools();
-    let mut prefill = PrefillCore::new(config.prefill.clone());
+    let mut prefill = PrefillCore::for_backend(config.prefill.clone(), backend)?;
     let mut sessions: Vec<SessionState> = (0..config.sessions)
         .map(|session| SessionState {
             turns: session_opening(config.seed, session, config.ctx_tokens, config.steps),
@@ -378,7 +390,7 @@ pub fn run(config: &SimConfig, backend: &dyn Backend) -> anyhow::Result<SimRepor
                     .iter_mut()
                     .map(|(flight, sequence)| (&mut flight.generation, sequence))
                     .collect();
-                decode_step(backend, &config.read, &mut batch)?;
+                decode_step(decode_backend, &config.read, &mut batch)?;
             }
             let mut index = 0;
             while index < running.len() {
@@ -436,6 +448,7 @@ pub fn run(config: &SimConfig, backend: &dyn Backend) -> anyhow::Result<SimRepor
     }
     report.counters = prefill.counters.clone();
     report.ticks = tick;
+    prefill.close(backend)?;
     Ok(report)
 }
 
@@ -547,6 +560,23 @@ mod tests {
         assert_eq!(stale_requests(IndexKDtype::Bf16, false, false, 80), 0);
         assert_eq!(stale_requests(IndexKDtype::Bf16, true, true, 80), 0);
         assert_eq!(stale_requests(IndexKDtype::Bf16, true, false, 4), 0);
+    }
+
+    /// The resident store (prefill's bytes in a backend pool, as on CUDA) under the
+    /// default workload's pool pressure, on the CPU's pools whose load-backs land at
+    /// once: evictions and load-backs happen, no shipment is stale, no session is
+    /// corrupted.
+    #[test]
+    fn resident_store_under_load_never_ships_stale_on_the_cpu_pools() {
+        use super::super::backend::paged_tests::CpuAsAsync;
+        let mut config = SimConfig::default_workload(IndexKDtype::Bf16, true, false);
+        config.sessions = 24;
+        config.prefill.pool_bytes = config.prefill.pool_bytes * 24 / 80;
+        let resident = run(&config, &CpuAsAsync::default()).unwrap();
+        let c = &resident.counters;
+        assert!(c.loadback_requests > 0 && c.evicted_pages > 0, "{c:?}");
+        assert_eq!((c.stale_index_k_pages, resident.corrupted), (0, 0), "{c:?}");
+        assert_eq!(resident.done + resident.corrupted, resident.sessions);
     }
 
     #[test]

@@ -3,9 +3,9 @@
 //! threaded per call; the results define what every other backend must reproduce.
 
 use super::{
-    layout, mla_up_projection, AttnJob, AttnOut, AttnPath, Backend, IndexKDtype, IndexerJob,
-    PageContents, PagedAttnJob, PagedIndexerJob, PoolId, PoolSpec, PoolStats, TopkImpl, INDEX_DIM,
-    MAIN_DIM,
+    layout, mla_up_projection, AttnJob, AttnOut, AttnPath, Backend, GatheredKv, IndexKDtype,
+    IndexerJob, PageContents, PagedAttnJob, PagedIndexerJob, PoolId, PoolSpec, PoolStats, TopkImpl,
+    INDEX_DIM, MAIN_DIM,
 };
 use anyhow::ensure;
 use std::cmp::Ordering;
@@ -331,6 +331,17 @@ impl Backend for CpuBackend {
 
     fn pool_stats(&self, pool: PoolId) -> anyhow::Result<PoolStats> {
         self.pools.stats(pool)
+    }
+
+    fn gather_sequence(
+        &self,
+        pool: PoolId,
+        pages: &[u32],
+        n: usize,
+        _gate_index_k: bool,
+    ) -> anyhow::Result<GatheredKv> {
+        // Load-backs here have landed before they return: nothing to wait for.
+        self.pools.gather(pool, pages, n)
     }
 }
 

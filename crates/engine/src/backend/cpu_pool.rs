@@ -9,7 +9,7 @@
 
 use super::cpu::{attend, dot, sanitize, select_top};
 use super::paged::{
-    self, PageContents, PagedAttnJob, PagedIndexerJob, PoolId, PoolSpec, PoolStats,
+    self, GatheredKv, PageContents, PagedAttnJob, PagedIndexerJob, PoolId, PoolSpec, PoolStats,
 };
 use super::{layout, AttnOut, AttnPath, IndexKDtype, TopkImpl, INDEX_DIM, MAIN_DIM};
 use anyhow::{anyhow, Result};
@@ -260,6 +260,38 @@ impl CpuPools {
                 outputs.push(attend(job.query, job.n, job.selected, &key, path)?);
             }
             Ok(outputs)
+        })
+    }
+
+    pub(super) fn gather(&self, pool: PoolId, pages: &[u32], n: usize) -> Result<GatheredKv> {
+        self.with(pool, |p| {
+            paged::check_gather(&p.spec, pages, n)?;
+            let page_tokens = p.spec.page_tokens;
+            let width = p.spec.dtype.bytes_per_token();
+            let mut kv = GatheredKv {
+                main: Vec::with_capacity(n * MAIN_DIM),
+                index_k: Vec::with_capacity(n * width),
+                stale_index_pages: 0,
+                stale_main_pages: 0,
+            };
+            for (index, &page) in pages[..n.div_ceil(page_tokens)].iter().enumerate() {
+                let rows = page_tokens.min(n - index * page_tokens);
+                let page = page as usize;
+                if p.index_tag[page] != p.expected[page] {
+                    kv.stale_index_pages += 1;
+                }
+                if p.main_tag[page] != p.expected[page] {
+                    kv.stale_main_pages += 1;
+                }
+                let base = page * page_tokens;
+                kv.main
+                    .extend_from_slice(&p.main[base * MAIN_DIM..(base + rows) * MAIN_DIM]);
+                kv.index_k
+                    .extend_from_slice(&p.index_k[base * width..(base + rows) * width]);
+            }
+            p.stats.stale_index_k_reads += kv.stale_index_pages as u64;
+            p.stats.stale_main_reads += kv.stale_main_pages as u64;
+            Ok(kv)
         })
     }
 

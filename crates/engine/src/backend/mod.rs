@@ -18,7 +18,8 @@ pub mod paged;
 pub(crate) mod paged_tests;
 
 pub use paged::{
-    PageContents, PagedAttnJob, PagedIndexerJob, PoolId, PoolSpec, PoolStats, MAX_PAGE_TOKENS,
+    GatheredKv, PageContents, PagedAttnJob, PagedIndexerJob, PoolId, PoolSpec, PoolStats,
+    MAX_PAGE_TOKENS,
 };
 
 use serde::Serialize;
@@ -161,11 +162,50 @@ pub trait Backend: Send + Sync {
         index_keys: &[f32],
     ) -> anyhow::Result<()>;
     /// HiCache eviction: page -> host slot (data and tags), after every read queued so
-    /// far; returns once the copy has landed, so the page can be reused at once.
+    /// far. The page can be reused at once: later writes of it and load-backs into it
+    /// are ordered after the copy (on CUDA the copy is queued, not waited for).
     fn evict_page(&self, pool: PoolId, page: u32, slot: u32) -> anyhow::Result<()>;
     /// HiCache load-back: host slot -> page, main KV first, then index-K. On CUDA it is
     /// queued on the copy stream and returns before it lands.
     fn load_back_page(&self, pool: PoolId, slot: u32, page: u32) -> anyhow::Result<()>;
+    /// One load-back job over several (host slot, page) pairs: every main-KV page, then
+    /// every index-K page (the order of the seeds' deployment: the index-K copy of a
+    /// request's pages starts once all their main KV has landed). Same effect as
+    /// [`Backend::load_back_page`] per pair; on CUDA one main and one index-K event for
+    /// the whole job.
+    fn load_back_pages(&self, pool: PoolId, pairs: &[(u32, u32)]) -> anyhow::Result<()> {
+        for &(slot, page) in pairs {
+            self.load_back_page(pool, slot, page)?;
+        }
+        Ok(())
+    }
+    /// True when a load-back can still be landing after `load_back_page` returns (CUDA's
+    /// copy stream): an ungated read can then race it. The served prefill keeps its
+    /// prefix cache in a pool of this backend only then (docs/design.md 4.11); on the
+    /// CPU it keeps the virtual-time loader of `hicache`, the deterministic reference.
+    fn load_back_is_async(&self) -> bool {
+        false
+    }
+    /// Occupies the compute stream for `ns` nanoseconds of device time without waiting
+    /// for it: the modelled duration of a prefill forward, queued between a step's writes
+    /// and its gathers (kernels/hicache_copy.cu, `model_forward_delay`). The CPU models
+    /// step time on the host instead (`EngineTuning::prefill_step_floor_us`) and ignores
+    /// this.
+    fn model_forward_delay(&self, _ns: u64) -> anyhow::Result<()> {
+        Ok(())
+    }
+    /// Rows 0..n of the sequence stored in `pages` (row p in page pages[p / page_tokens]),
+    /// gathered for shipping: main-KV reads wait for unfinished main-KV load-backs of
+    /// those pages, index-K reads only with `gate_index_k`. The reader compares every
+    /// page's tags with the generation it should hold and counts mismatches (in the
+    /// result and in [`PoolStats`]).
+    fn gather_sequence(
+        &self,
+        pool: PoolId,
+        pages: &[u32],
+        n: usize,
+        gate_index_k: bool,
+    ) -> anyhow::Result<GatheredKv>;
     /// [`Backend::indexer_topk`] over sequences in a pool. `gate_index_k`: wait for
     /// unfinished index-K load-backs of the pages read
     /// (`SGLANG_DSV4_INDEX_K_HICACHE_SYNC=1`); without it a read may race the copy.

@@ -107,13 +107,28 @@ pub struct PagedAttnJob<'a> {
 pub struct PoolStats {
     pub evictions: u64,
     pub load_backs: u64,
-    /// Reads that waited on an unfinished load-back of a page they read.
+    /// Page reads that waited on an unfinished load-back of the page.
     pub gated_waits: u64,
     /// Page reads of the indexer whose index-K tag did not match the generation the
     /// page should hold (counted by the reading kernel).
     pub stale_index_k_reads: u64,
     /// The same for main-KV reads of attention (always gated, so 0 unless broken).
     pub stale_main_reads: u64,
+}
+
+/// A sequence's rows gathered out of a pool for shipping (prefill -> decode), read by
+/// [`Backend::gather_sequence`](super::Backend::gather_sequence).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GatheredKv {
+    /// n * MAIN_DIM f32.
+    pub main: Vec<f32>,
+    /// n * bytes_per_token bytes, whatever the pages held when the reader ran.
+    pub index_k: Vec<u8>,
+    /// Pages whose index-K tag did not match the generation they should hold: read
+    /// before their load-back landed (counted by the reader, on CUDA the kernel).
+    pub stale_index_pages: usize,
+    /// The same for main KV (always gated, so 0 unless broken).
+    pub stale_main_pages: usize,
 }
 
 /// What a page holds, read back after every copy queued on it has landed (tests).
@@ -259,6 +274,12 @@ pub fn check_append(
         );
     }
     Ok(())
+}
+
+/// Checks of a `gather_sequence` call.
+pub fn check_gather(spec: &PoolSpec, pages: &[u32], n: usize) -> Result<()> {
+    ensure!(n > 0, "gather_sequence: no rows asked");
+    check_pages(spec, 0, pages, n)
 }
 
 /// Range checks of evict / load-back.

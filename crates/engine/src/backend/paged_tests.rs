@@ -4,8 +4,8 @@
 
 use super::cpu::CpuBackend;
 use super::{
-    AttnJob, AttnPath, Backend, IndexKDtype, IndexerJob, PagedAttnJob, PagedIndexerJob, PoolId,
-    PoolSpec, TopkImpl, INDEX_DIM, MAIN_DIM,
+    AttnJob, AttnOut, AttnPath, Backend, GatheredKv, IndexKDtype, IndexerJob, PageContents,
+    PagedAttnJob, PagedIndexerJob, PoolId, PoolSpec, PoolStats, TopkImpl, INDEX_DIM, MAIN_DIM,
 };
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -293,4 +293,198 @@ fn bad_pool_use_is_an_error_naming_what_is_wrong() {
     cpu.release_pool(pool).unwrap();
     let error = cpu.pool_stats(pool).unwrap_err().to_string();
     assert!(error.contains("unknown or released pool"), "{error}");
+}
+
+/// Every sequence's rows, gathered through `gather_sequence`: (main, index-K bytes).
+pub(crate) fn gather_all(
+    backend: &dyn Backend,
+    pool: PoolId,
+    fixture: &Fixture,
+    gate_index_k: bool,
+) -> Vec<(Vec<f32>, Vec<u8>, usize)> {
+    fixture
+        .sequences
+        .iter()
+        .map(|s| {
+            let kv = backend
+                .gather_sequence(pool, &s.pages, s.n, gate_index_k)
+                .unwrap();
+            assert_eq!(kv.stale_main_pages, 0, "main-KV reads are gated");
+            (kv.main, kv.index_k, kv.stale_index_pages)
+        })
+        .collect()
+}
+
+#[test]
+fn gather_returns_the_stored_rows_before_and_after_a_batched_load_back() {
+    let cpu = CpuBackend::new();
+    for dtype in [IndexKDtype::Bf16, IndexKDtype::Fp8] {
+        for page_tokens in [4usize, 64] {
+            let fixture = fixture(dtype, page_tokens, SIZES, 3 + page_tokens as u64);
+            let pool = store(&cpu, &fixture);
+            let gathered = gather_all(&cpu, pool, &fixture, false);
+            for (s, (main, index_k, stale)) in fixture.sequences.iter().zip(&gathered) {
+                let mut want = vec![0u8; s.n * dtype.bytes_per_token()];
+                cpu.quantize_index_k(dtype, &s.index_keys, &mut want)
+                    .unwrap();
+                assert_eq!((main, index_k, *stale), (&s.main, &want, 0));
+            }
+            // Evict every page, give the pages new occupants, load the old ones back as
+            // one job: the gather sees the old rows again.
+            let pages: Vec<u32> = fixture
+                .sequences
+                .iter()
+                .flat_map(|s| s.pages.clone())
+                .collect();
+            for (slot, &page) in pages.iter().enumerate() {
+                cpu.evict_page(pool, page, slot as u32).unwrap();
+                cpu.write_rows(
+                    pool,
+                    page,
+                    0,
+                    &vec![0.25; page_tokens * MAIN_DIM],
+                    &vec![2.0; page_tokens * INDEX_DIM],
+                )
+                .unwrap();
+            }
+            assert_ne!(gather_all(&cpu, pool, &fixture, false), gathered);
+            let pairs: Vec<(u32, u32)> = pages
+                .iter()
+                .enumerate()
+                .map(|(slot, &page)| (slot as u32, page))
+                .collect();
+            cpu.load_back_pages(pool, &pairs).unwrap();
+            assert_eq!(gather_all(&cpu, pool, &fixture, false), gathered);
+            let stats = cpu.pool_stats(pool).unwrap();
+            assert_eq!(stats.load_backs, pages.len() as u64);
+            assert_eq!(stats.stale_index_k_reads, 0);
+        }
+    }
+    let fixture = fixture(IndexKDtype::Fp8, 4, &[5], 1);
+    let pool = store(&cpu, &fixture);
+    let error = cpu.gather_sequence(pool, &[0], 5, false).unwrap_err();
+    assert!(error.to_string().contains("cannot hold n = 5"), "{error}");
+}
+
+/// The CPU backend claiming asynchronous load-backs, so that `PrefillCore::for_backend`
+/// (and the load simulation) take the resident store as on CUDA; its load-backs still
+/// land at once, so nothing is ever stale. Records the modelled forward delays asked.
+#[derive(Default)]
+pub(crate) struct CpuAsAsync {
+    pub inner: CpuBackend,
+    pub delays: std::sync::Mutex<Vec<u64>>,
+}
+
+impl Backend for CpuAsAsync {
+    fn load_back_is_async(&self) -> bool {
+        true
+    }
+    fn model_forward_delay(&self, ns: u64) -> anyhow::Result<()> {
+        self.delays.lock().unwrap().push(ns);
+        Ok(())
+    }
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn quantize_index_k(
+        &self,
+        dtype: IndexKDtype,
+        keys: &[f32],
+        out: &mut [u8],
+    ) -> anyhow::Result<()> {
+        self.inner.quantize_index_k(dtype, keys, out)
+    }
+    fn indexer_topk(
+        &self,
+        dtype: IndexKDtype,
+        jobs: &[IndexerJob<'_>],
+        k: usize,
+        topk: TopkImpl,
+    ) -> anyhow::Result<Vec<Vec<u32>>> {
+        self.inner.indexer_topk(dtype, jobs, k, topk)
+    }
+    fn sparse_attention(
+        &self,
+        jobs: &[AttnJob<'_>],
+        path: AttnPath,
+    ) -> anyhow::Result<Vec<AttnOut>> {
+        self.inner.sparse_attention(jobs, path)
+    }
+    fn create_pool(&self, spec: PoolSpec) -> anyhow::Result<PoolId> {
+        self.inner.create_pool(spec)
+    }
+    fn release_pool(&self, pool: PoolId) -> anyhow::Result<()> {
+        self.inner.release_pool(pool)
+    }
+    fn write_rows(
+        &self,
+        pool: PoolId,
+        page: u32,
+        first_row: usize,
+        main_keys: &[f32],
+        index_keys: &[f32],
+    ) -> anyhow::Result<()> {
+        self.inner
+            .write_rows(pool, page, first_row, main_keys, index_keys)
+    }
+    fn write_quantized_rows(
+        &self,
+        pool: PoolId,
+        page: u32,
+        first_row: usize,
+        main_keys: &[f32],
+        index_rows: &[u8],
+    ) -> anyhow::Result<()> {
+        self.inner
+            .write_quantized_rows(pool, page, first_row, main_keys, index_rows)
+    }
+    fn append_rows(
+        &self,
+        pool: PoolId,
+        rows: &[(u32, usize)],
+        main_keys: &[f32],
+        index_keys: &[f32],
+    ) -> anyhow::Result<()> {
+        self.inner.append_rows(pool, rows, main_keys, index_keys)
+    }
+    fn evict_page(&self, pool: PoolId, page: u32, slot: u32) -> anyhow::Result<()> {
+        self.inner.evict_page(pool, page, slot)
+    }
+    fn load_back_page(&self, pool: PoolId, slot: u32, page: u32) -> anyhow::Result<()> {
+        self.inner.load_back_page(pool, slot, page)
+    }
+    fn gather_sequence(
+        &self,
+        pool: PoolId,
+        pages: &[u32],
+        n: usize,
+        gate_index_k: bool,
+    ) -> anyhow::Result<GatheredKv> {
+        self.inner.gather_sequence(pool, pages, n, gate_index_k)
+    }
+    fn indexer_topk_paged(
+        &self,
+        pool: PoolId,
+        jobs: &[PagedIndexerJob<'_>],
+        k: usize,
+        topk: TopkImpl,
+        gate_index_k: bool,
+    ) -> anyhow::Result<Vec<Vec<u32>>> {
+        self.inner
+            .indexer_topk_paged(pool, jobs, k, topk, gate_index_k)
+    }
+    fn sparse_attention_paged(
+        &self,
+        pool: PoolId,
+        jobs: &[PagedAttnJob<'_>],
+        path: AttnPath,
+    ) -> anyhow::Result<Vec<AttnOut>> {
+        self.inner.sparse_attention_paged(pool, jobs, path)
+    }
+    fn read_page(&self, pool: PoolId, page: u32) -> anyhow::Result<PageContents> {
+        self.inner.read_page(pool, page)
+    }
+    fn pool_stats(&self, pool: PoolId) -> anyhow::Result<PoolStats> {
+        self.inner.pool_stats(pool)
+    }
 }

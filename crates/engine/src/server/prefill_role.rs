@@ -3,7 +3,7 @@
 //! binary KV payload of `transfer`; plus this role's `/metrics` values.
 
 use super::{error_response, CancelOnDrop};
-use crate::backend::Backend;
+use crate::backend::{Backend, PoolStats};
 use crate::metrics::Metric;
 use crate::prefill::{PrefillCore, PrefillCounters, PrefillGauges};
 use crate::transfer::{self, PrefillRequest};
@@ -37,6 +37,9 @@ pub(super) struct PrefillShared {
     wake: Condvar,
     gauges: Mutex<PrefillGauges>,
     counters: Mutex<PrefillCounters>,
+    /// The backend pool's counters when the pool is device-resident (`--device cuda`):
+    /// stale reads as the reading kernel counted them.
+    pool_stats: Mutex<Option<PoolStats>>,
     next_id: AtomicU64,
     checksum: bool,
     pub(super) ready: AtomicBool,
@@ -52,11 +55,21 @@ pub(super) fn start(
         wake: Condvar::new(),
         gauges: Mutex::new(PrefillGauges::default()),
         counters: Mutex::new(PrefillCounters::default()),
+        pool_stats: Mutex::new(None),
         next_id: AtomicU64::new(0),
         checksum: config.flags.index_k_checksum,
         ready: AtomicBool::new(false),
     });
-    let core = PrefillCore::new(config.prefill_options());
+    // On CUDA the pool and its HiCache live on the device and the load-back race is the
+    // copy stream's; on the CPU the virtual-time loader (prefill.rs module doc).
+    let core = PrefillCore::for_backend(config.prefill_options(), backend.as_ref())?;
+    if core.is_resident() {
+        tracing::info!(
+            "prefill: prefix cache in a {} pool, HiCache load-backs on the copy stream",
+            backend.name()
+        );
+        *shared.pool_stats.lock() = Some(PoolStats::default());
+    }
     *shared.gauges.lock() = core.gauges();
     let floor = Duration::from_micros(config.tuning.prefill_step_floor_us);
     let worker = shared.clone();
@@ -75,6 +88,7 @@ fn prefill_loop(
     floor: Duration,
 ) {
     let mut waiting: HashMap<u64, (PrefillReply, Arc<AtomicBool>)> = HashMap::new();
+    let mut logged = (Instant::now(), PrefillCounters::default());
     loop {
         {
             let mut incoming = shared.incoming.lock();
@@ -102,6 +116,18 @@ fn prefill_loop(
         // Published before the replies go out, so a client that got its answer never
         // reads gauges that still count its request.
         *shared.gauges.lock() = core.gauges();
+        let shipped_any = matches!(&outcome, Ok(shipped) if !shipped.is_empty());
+        if shipped_any || core.counters.evicted_pages != shared.counters.lock().evicted_pages {
+            // Only when something was read or evicted: on CUDA this reads the kernels'
+            // counters back (a small copy and a sync of the compute stream).
+            match core.pool_stats(backend.as_ref()) {
+                Some(Ok(stats)) => *shared.pool_stats.lock() = Some(stats),
+                Some(Err(error)) => {
+                    tracing::warn!("prefill: reading the pool's counters: {error:#}")
+                }
+                None => {}
+            }
+        }
         *shared.counters.lock() = core.counters.clone();
         match outcome {
             Ok(shipped) => {
@@ -127,12 +153,44 @@ fn prefill_loop(
                 }
             }
         }
+        let due = logged.0.elapsed() >= COUNTERS_LOG_PERIOD || !core.has_work();
+        if due && core.counters != logged.1 {
+            log_counters(&core.counters, *shared.pool_stats.lock());
+            logged = (Instant::now(), core.counters.clone());
+        }
         let elapsed = started.elapsed();
         if elapsed < floor && core.has_work() {
             // Modelled forward duration (see EngineTuning::prefill_step_floor_us).
             std::thread::sleep(floor - elapsed);
         }
     }
+}
+
+/// How often the compute thread logs its counters while they change (and once more when
+/// it runs out of work): the engine log is
+/// where a run's race figures survive the engine (scripts/gpu-check.sh reads the last
+/// line of each arm's prefill log).
+const COUNTERS_LOG_PERIOD: Duration = Duration::from_secs(1);
+
+fn log_counters(counters: &PrefillCounters, pool: Option<PoolStats>) {
+    let kernel = pool.map_or_else(
+        || "kernel_stale_index_k_reads=- loadback_waits=-".to_string(),
+        |stats| {
+            format!(
+                "kernel_stale_index_k_reads={} kernel_stale_main_reads={} loadback_waits={}",
+                stats.stale_index_k_reads, stats.stale_main_reads, stats.gated_waits
+            )
+        },
+    );
+    tracing::info!(
+        "prefill counters: requests={} loadback_requests={} loadback_pages={} evicted_pages={} stale_index_k_requests={} stale_index_k_pages={} {kernel}",
+        counters.requests,
+        counters.loadback_requests,
+        counters.loadback_pages,
+        counters.evicted_pages,
+        counters.stale_index_k_requests,
+        counters.stale_index_k_pages,
+    );
 }
 
 pub(super) async fn prefill_handler(
@@ -190,7 +248,7 @@ impl PrefillShared {
     pub(super) fn metrics(&self) -> Vec<(Metric, f64)> {
         let gauges = *self.gauges.lock();
         let counters = self.counters.lock().clone();
-        vec![
+        let mut values = vec![
             (Metric::RunningRequests, gauges.running as f64),
             (Metric::QueuedRequests, gauges.queued as f64),
             (
@@ -220,7 +278,18 @@ impl PrefillShared {
             (Metric::LoaderBytes, counters.loader_bytes as f64),
             (Metric::HostPages, gauges.host_pages as f64),
             (Metric::LoaderJobs, gauges.loader_jobs as f64),
-        ]
+        ];
+        if let Some(stats) = *self.pool_stats.lock() {
+            values.extend([
+                (
+                    Metric::KernelStaleIndexKReads,
+                    stats.stale_index_k_reads as f64,
+                ),
+                (Metric::KernelStaleMainReads, stats.stale_main_reads as f64),
+                (Metric::LoadBackWaits, stats.gated_waits as f64),
+            ]);
+        }
+        values
     }
 
     /// The device pool's size, for `/server_info`.

@@ -6,8 +6,8 @@ use anyhow::{bail, ensure, Context, Result};
 use cudarc::driver::{CudaSlice, PushKernelArg};
 
 use super::super::{
-    AttnJob, AttnOut, AttnPath, Backend, IndexKDtype, IndexerJob, PageContents, PagedAttnJob,
-    PagedIndexerJob, PoolId, PoolSpec, PoolStats, TopkImpl, INDEX_DIM, MAIN_DIM,
+    AttnJob, AttnOut, AttnPath, Backend, GatheredKv, IndexKDtype, IndexerJob, PageContents,
+    PagedAttnJob, PagedIndexerJob, PoolId, PoolSpec, PoolStats, TopkImpl, INDEX_DIM, MAIN_DIM,
 };
 use super::{
     grid_for, per_job, row_starts, to_u32, CudaBackend, ATTN_THREADS, ELEMENTWISE_THREADS,
@@ -265,7 +265,41 @@ impl Backend for CudaBackend {
     }
 
     fn load_back_page(&self, pool: PoolId, slot: u32, page: u32) -> Result<()> {
-        self.pool_load_back(pool, slot, page)
+        self.pool_load_back(pool, &[(slot, page)])
+    }
+
+    fn load_back_pages(&self, pool: PoolId, pairs: &[(u32, u32)]) -> Result<()> {
+        self.pool_load_back(pool, pairs)
+    }
+
+    fn load_back_is_async(&self) -> bool {
+        true
+    }
+
+    fn model_forward_delay(&self, ns: u64) -> Result<()> {
+        if ns == 0 {
+            return Ok(());
+        }
+        let mut launch = self.compute.launch_builder(&self.kernels.forward_delay);
+        launch.arg(&ns);
+        let cfg = cudarc::driver::LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: matches model_forward_delay in hicache_copy.cu (one u64 by value).
+        unsafe { launch.launch(cfg) }.context("launching model_forward_delay")?;
+        Ok(())
+    }
+
+    fn gather_sequence(
+        &self,
+        pool: PoolId,
+        pages: &[u32],
+        n: usize,
+        gate_index_k: bool,
+    ) -> Result<GatheredKv> {
+        self.pool_gather(pool, pages, n, gate_index_k)
     }
 
     fn indexer_topk_paged(

@@ -176,6 +176,8 @@ struct Kernels {
     paged_attn_mma: CudaFunction,
     paged_legacy_dense: CudaFunction,
     paged_count_stale_main: CudaFunction,
+    paged_gather: CudaFunction,
+    forward_delay: CudaFunction,
 }
 
 impl Kernels {
@@ -216,6 +218,8 @@ impl Kernels {
             paged_attn_mma: function("sparse_attention.cu", "paged_sparse_attention_mma")?,
             paged_legacy_dense: function("sparse_attention.cu", "paged_attention_legacy_dense")?,
             paged_count_stale_main: function("sparse_attention.cu", "paged_count_stale_main")?,
+            paged_gather: function("hicache_copy.cu", "paged_gather_sequence")?,
+            forward_delay: function("hicache_copy.cu", "model_forward_delay")?,
         })
     }
 }
@@ -232,7 +236,37 @@ pub struct CudaBackend {
     description: String,
     /// Paged pools ([`super::paged`]), indexed by `PoolId`; `None` once released.
     pools: parking_lot::Mutex<Vec<Option<pool::GpuPool>>>,
+    /// Page-locked staging of the paged calls' per-call inputs (page tables, queries).
+    staging: parking_lot::Mutex<Staging>,
 }
+
+/// Page-locked host memory the paged calls stage their small per-call inputs in (page
+/// tables, expected generations, queries, new rows) before one async H2D copy each on
+/// the compute stream: from pageable memory the driver would stage every upload itself
+/// through a bounce buffer and block the host until it is copied.
+///
+/// The arena is used as a ring: each upload takes the next 256-aligned bytes and
+/// records `uploaded` on the compute stream behind its copy. When the ring wraps, the
+/// host waits on that event (every earlier copy is before it on the same stream) before
+/// overwriting bytes a queued copy may still read. Event tracking is off (see
+/// `CudaBackend::new`), so this event is the only thing that protects the bytes.
+struct Staging {
+    host: Option<cudarc::driver::PinnedHostSlice<u8>>,
+    cursor: usize,
+    uploaded: Option<cudarc::driver::CudaEvent>,
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        // A copy still queued from the ring must finish before its memory is freed.
+        if let Some(event) = self.uploaded.take() {
+            let _ = event.synchronize();
+        }
+    }
+}
+
+/// First size of the staging ring; it doubles when one upload does not fit.
+const STAGING_BYTES: usize = 4 << 20;
 
 impl CudaBackend {
     /// Opens device 0, disables cudarc's event tracking and compiles every kernel with
@@ -278,6 +312,11 @@ impl CudaBackend {
             up_projection,
             description,
             pools: parking_lot::Mutex::new(Vec::new()),
+            staging: parking_lot::Mutex::new(Staging {
+                host: None,
+                cursor: 0,
+                uploaded: None,
+            }),
         })
     }
 
@@ -294,6 +333,50 @@ impl CudaBackend {
             self.compute.clone_htod(data)?
         };
         Ok(slice)
+    }
+
+    /// As [`CudaBackend::upload`], through the page-locked staging ring ([`Staging`]):
+    /// one truly asynchronous H2D copy on the compute stream.
+    fn upload_pinned<T: DeviceRepr + Default + Clone>(&self, data: &[T]) -> Result<CudaSlice<T>> {
+        let one = [T::default()];
+        let data = if data.is_empty() { &one[..] } else { data };
+        let bytes = std::mem::size_of_val(data);
+        let mut staging = self.staging.lock();
+        let capacity = staging.host.as_ref().map_or(0, |host| host.len());
+        if bytes > capacity || staging.cursor + bytes > capacity {
+            if let Some(event) = staging.uploaded.take() {
+                event.synchronize()?;
+            }
+            staging.cursor = 0;
+            if bytes > capacity {
+                let size = bytes.next_power_of_two().max(STAGING_BYTES);
+                // SAFETY: every byte handed to a copy is written first (below).
+                let host = unsafe { self.ctx.alloc_pinned_with_flags::<u8>(size, 0) }
+                    .with_context(|| {
+                        format!("allocating {} MiB of page-locked staging", size >> 20)
+                    })?;
+                staging.host = Some(host);
+            }
+        }
+        let start = staging.cursor;
+        staging.cursor = (start + bytes).div_ceil(256) * 256;
+        let host = staging
+            .host
+            .as_mut()
+            .ok_or_else(|| anyhow!("no staging memory"))?
+            .as_mut_slice()?;
+        let window = &mut host[start..start + bytes];
+        // SAFETY: `window` is `bytes` long, 256-aligned inside a page-aligned allocation,
+        // and T is a plain device type (u32/f32): a byte copy of `data` is a valid [T].
+        let typed: &[T] = unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr() as *const u8, window.as_mut_ptr(), bytes);
+            std::slice::from_raw_parts(window.as_ptr() as *const T, data.len())
+        };
+        // SAFETY: fully written by the copy queued next, before any kernel reads it.
+        let mut device = unsafe { self.compute.alloc::<T>(data.len()) }?;
+        self.compute.memcpy_htod(typed, &mut device)?;
+        staging.uploaded = Some(self.compute.record_event(None)?);
+        Ok(device)
     }
 
     fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<CudaSlice<T>> {

@@ -6,17 +6,23 @@
 //! contiguous in each region. The host tier is one page-locked allocation of slots
 //! (main page, index page, main tag, index tag), so evictions and load-backs are real
 //! DMA. Per call only the queries, the page tables (4 bytes per page of 64 rows, plus
-//! the expected generation of each) and the results cross PCIe.
+//! the expected generation of each) and the results cross PCIe; they are staged in
+//! page-locked memory (`CudaBackend::upload_pinned`), so the host never blocks on a
+//! pageable upload.
 //!
 //! HiCache: eviction copies a page to its host slot on the copy stream after the work
-//! queued on the compute stream, and waits for it. A load-back is queued on the copy
-//! stream: main-KV page, main tag, event; index-K page, index tag, event; it returns at
-//! once. Main-KV readers (attention) make the compute stream wait on the main event of
-//! every page they read; index-K readers (the indexer) wait on the index event only
-//! with `gate_index_k` (`SGLANG_DSV4_INDEX_K_HICACHE_SYNC=1`). Without it the indexer
-//! kernel can run while the copy engine is still writing the page: the seeds' race,
-//! for real, and the longer the copy stream's queue (bf16 pages are twice fp8's), the
-//! likelier. The reading kernels count it through the tags (kernels/indexer_topk.cu).
+//! queued on the compute stream and returns at once; its completion event stands in the
+//! page's event maps, so the page's next writer waits for it (a load-back into the page
+//! is behind it on the copy stream anyway). A load-back job over a request's pages is
+//! queued on the copy stream: every main-KV page and main tag, one event; every index-K
+//! page and index tag, one event; it returns at once. Main-KV readers (attention) make
+//! the compute stream wait on the main event of every page they read; index-K readers
+//! (the indexer) wait on the index event only with `gate_index_k`
+//! (`SGLANG_DSV4_INDEX_K_HICACHE_SYNC=1`). Without it the indexer kernel can run while
+//! the copy engine is still writing the page: the seeds' race, for real, and the longer
+//! the copy stream's queue (bf16 pages are twice fp8's), the likelier. The reading
+//! kernels count it through the tags (kernels/indexer_topk.cu). Served prefill's reader
+//! is the shipping gather (`pool_gather`, kernels/hicache_copy.cu), gated the same way.
 //!
 //! cudarc's automatic synchronisation must stay out of the way, or it would order every
 //! read after every copy touching the same allocation and hide the race: per-buffer
@@ -27,12 +33,14 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
+use std::sync::Arc;
 
 use anyhow::{anyhow, Context, Result};
 use cudarc::driver::{CudaEvent, CudaSlice, PinnedHostSlice, PushKernelArg};
 
 use super::super::paged::{
-    self, PageContents, PagedAttnJob, PagedIndexerJob, PoolId, PoolSpec, PoolStats, MAX_PAGE_TOKENS,
+    self, GatheredKv, PageContents, PagedAttnJob, PagedIndexerJob, PoolId, PoolSpec, PoolStats,
+    MAX_PAGE_TOKENS,
 };
 use super::super::{AttnOut, AttnPath, IndexKDtype, TopkImpl, INDEX_DIM, MAIN_DIM};
 use super::launch::Selection;
@@ -42,6 +50,8 @@ use super::{
 
 /// Threads per block of the paged indexer kernels (`PAGED_THREADS` in the .cu).
 const PAGED_THREADS: u32 = 128;
+/// Threads per block (one page each) of `paged_gather_sequence`.
+const GATHER_THREADS: u32 = 256;
 
 fn align(offset: usize) -> usize {
     offset.div_ceil(256) * 256
@@ -120,8 +130,10 @@ pub(super) struct GpuPool {
     expected: Vec<u32>,
     slot_generation: Vec<u32>,
     next_generation: u32,
-    main_events: HashMap<u32, CudaEvent>,
-    index_events: HashMap<u32, CudaEvent>,
+    /// Unfinished copies landing on (load-back) or leaving (eviction) a page; one
+    /// load-back job shares its two events between its pages.
+    main_events: HashMap<u32, Arc<CudaEvent>>,
+    index_events: HashMap<u32, Arc<CudaEvent>>,
     stats: PoolStats,
 }
 
@@ -150,6 +162,8 @@ impl GpuPool {
         } else {
             &mut self.main_events
         };
+        // A load-back job's pages share its events: one stream wait per event.
+        let mut waited: Vec<*const CudaEvent> = Vec::new();
         for page in pages {
             let Some(event) = events.get(page) else {
                 continue;
@@ -157,8 +171,11 @@ impl GpuPool {
             if event.is_complete() {
                 events.remove(page);
             } else if wait {
-                compute.wait(event)?;
                 self.stats.gated_waits += 1;
+                if !waited.contains(&Arc::as_ptr(event)) {
+                    compute.wait(event)?;
+                    waited.push(Arc::as_ptr(event));
+                }
             }
         }
         Ok(())
@@ -312,7 +329,7 @@ impl CudaBackend {
         let width = p.spec.dtype.bytes_per_token();
         let index_page = p.page_range(&p.layout.index, page, p.spec.index_page_bytes());
         let index_start = index_page.start + first_row * width;
-        let d_keys = self.upload(index_keys)?;
+        let d_keys = self.upload_pinned(index_keys)?;
         let rows32 = to_u32(rows, "rows")?;
         {
             let mut out = p.kv.slice_mut(index_start..index_start + rows * width);
@@ -396,11 +413,11 @@ impl CudaBackend {
             .collect::<Result<_>>()?;
         let dst_page: Vec<u32> = rows.iter().map(|&(page, _)| page).collect();
         let generation: Vec<u32> = rows.iter().map(|(page, _)| page_generation[page]).collect();
-        let d_main = self.upload(main_keys)?;
-        let d_index = self.upload(index_keys)?;
-        let d_row = self.upload(&dst_row)?;
-        let d_page = self.upload(&dst_page)?;
-        let d_generation = self.upload(&generation)?;
+        let d_main = self.upload_pinned(main_keys)?;
+        let d_index = self.upload_pinned(index_keys)?;
+        let d_row = self.upload_pinned(&dst_row)?;
+        let d_page = self.upload_pinned(&dst_page)?;
+        let d_generation = self.upload_pinned(&generation)?;
         let rows32 = to_u32(rows.len(), "appended rows")?;
         let fp8 = u32::from(p.spec.dtype == IndexKDtype::Fp8);
         let layout = p.layout.clone();
@@ -471,61 +488,162 @@ impl CudaBackend {
                 p.slots.at(slot, &p.slots.index_tag),
             ),
         ];
+        // A plain view of the pinned tier, as for load-backs: no cudarc event on it.
         let host = p.host.as_mut_slice()?;
         for (device, host_range) in parts {
             self.copy
                 .memcpy_dtoh(&p.kv.slice(device), &mut host[host_range])?;
         }
-        self.copy.synchronize()?;
+        // Not waited for here: the page's next writer waits for this event
+        // (`store_main_rows`, `pool_append_rows`), a load-back into the page or out of
+        // the slot is behind it on the copy stream.
+        let done = Arc::new(self.copy.record_event(None)?);
+        p.main_events.insert(page, done.clone());
+        p.index_events.insert(page, done);
         p.slot_generation[slot as usize] = p.expected[page as usize];
         p.stats.evictions += 1;
         Ok(())
     }
 
-    pub(super) fn pool_load_back(&self, pool: PoolId, slot: u32, page: u32) -> Result<()> {
+    /// One load-back job: every pair's main-KV page and tag, one event, then every
+    /// pair's index-K page and tag, another event; queued on the copy stream, not waited
+    /// for.
+    pub(super) fn pool_load_back(&self, pool: PoolId, pairs: &[(u32, u32)]) -> Result<()> {
         let mut pools = self.pools.lock();
         let p = pool_mut(&mut pools, pool)?;
-        paged::check_slot(&p.spec, page, slot)?;
-        // Reads of the page's previous occupant queued so far must finish first: that
+        for &(slot, page) in pairs {
+            paged::check_slot(&p.spec, page, slot)?;
+        }
+        if pairs.is_empty() {
+            return Ok(());
+        }
+        // Reads of the pages' previous occupants queued so far must finish first: that
         // order is the allocator's, not the gate.
         self.copy.join(&self.compute)?;
-        let main = [
-            (
-                p.slots.at(slot, &p.slots.main),
-                p.page_range(&p.layout.main, page, p.spec.main_page_bytes()),
-            ),
-            (
-                p.slots.at(slot, &p.slots.main_tag),
-                p.tag_range(&p.layout.main_tag, page),
-            ),
-        ];
-        let index = [
-            (
-                p.slots.at(slot, &p.slots.index),
-                p.page_range(&p.layout.index, page, p.spec.index_page_bytes()),
-            ),
-            (
-                p.slots.at(slot, &p.slots.index_tag),
-                p.tag_range(&p.layout.index_tag, page),
-            ),
-        ];
         // A plain view of the pinned tier: cudarc records no event on it (see the header).
         let host = p.host.as_slice()?;
-        for (host_range, device) in main {
-            self.copy
-                .memcpy_htod(&host[host_range], &mut p.kv.slice_mut(device))?;
+        for &(slot, page) in pairs {
+            let main = [
+                (
+                    p.slots.at(slot, &p.slots.main),
+                    p.page_range(&p.layout.main, page, p.spec.main_page_bytes()),
+                ),
+                (
+                    p.slots.at(slot, &p.slots.main_tag),
+                    p.tag_range(&p.layout.main_tag, page),
+                ),
+            ];
+            for (host_range, device) in main {
+                self.copy
+                    .memcpy_htod(&host[host_range], &mut p.kv.slice_mut(device))?;
+            }
         }
-        let main_event = self.copy.record_event(None)?;
-        for (host_range, device) in index {
-            self.copy
-                .memcpy_htod(&host[host_range], &mut p.kv.slice_mut(device))?;
+        let main_event = Arc::new(self.copy.record_event(None)?);
+        for &(slot, page) in pairs {
+            let index = [
+                (
+                    p.slots.at(slot, &p.slots.index),
+                    p.page_range(&p.layout.index, page, p.spec.index_page_bytes()),
+                ),
+                (
+                    p.slots.at(slot, &p.slots.index_tag),
+                    p.tag_range(&p.layout.index_tag, page),
+                ),
+            ];
+            for (host_range, device) in index {
+                self.copy
+                    .memcpy_htod(&host[host_range], &mut p.kv.slice_mut(device))?;
+            }
         }
-        let index_event = self.copy.record_event(None)?;
-        p.main_events.insert(page, main_event);
-        p.index_events.insert(page, index_event);
-        p.expected[page as usize] = p.slot_generation[slot as usize];
-        p.stats.load_backs += 1;
+        let index_event = Arc::new(self.copy.record_event(None)?);
+        for &(slot, page) in pairs {
+            p.main_events.insert(page, main_event.clone());
+            p.index_events.insert(page, index_event.clone());
+            p.expected[page as usize] = p.slot_generation[slot as usize];
+        }
+        p.stats.load_backs += pairs.len() as u64;
         Ok(())
+    }
+
+    /// Rows 0..n of a sequence out of the pool for shipping: main KV gated on its
+    /// load-back events, index-K only with `gate_index_k`; the kernel checks both tags
+    /// of every page (kernels/hicache_copy.cu, `paged_gather_sequence`).
+    pub(super) fn pool_gather(
+        &self,
+        pool: PoolId,
+        pages: &[u32],
+        n: usize,
+        gate_index_k: bool,
+    ) -> Result<GatheredKv> {
+        let mut pools = self.pools.lock();
+        let p = pool_mut(&mut pools, pool)?;
+        paged::check_gather(&p.spec, pages, n)?;
+        let tables = page_tables(p, std::iter::once((pages, n)))?;
+        let used = tables.table.len();
+        p.gate(&self.compute, &tables.table, false, true)?;
+        p.gate(&self.compute, &tables.table, true, gate_index_k)?;
+        let width = p.spec.dtype.bytes_per_token();
+        let d_table = self.upload_pinned(&tables.table)?;
+        let d_expected = self.upload_pinned(&tables.expected)?;
+        let mut d_main = self.zeros::<f32>(n * MAIN_DIM)?;
+        let mut d_index = self.zeros::<u8>(n * width)?;
+        let mut d_flags = self.zeros::<u32>(used)?;
+        let used32 = to_u32(used, "gathered pages")?;
+        let rows32 = to_u32(n, "gathered rows")?;
+        let page_tokens32 = to_u32(p.spec.page_tokens, "page_tokens")?;
+        let width32 = width as u32;
+        {
+            let main_bytes = p.kv.slice(p.layout.main.clone());
+            // SAFETY: the main region is 256-aligned and holds whole f32 rows.
+            let main = unsafe { main_bytes.transmute::<f32>(p.layout.main.len() / 4) }
+                .ok_or_else(|| anyhow!("main-KV view"))?;
+            let index = p.kv.slice(p.layout.index.clone());
+            let main_tag_bytes = p.kv.slice(p.layout.main_tag.clone());
+            let index_tag_bytes = p.kv.slice(p.layout.index_tag.clone());
+            // SAFETY: each tag region is 256-aligned and holds device_pages u32.
+            let (main_tags, index_tags) = unsafe {
+                (
+                    main_tag_bytes.transmute::<u32>(p.spec.device_pages),
+                    index_tag_bytes.transmute::<u32>(p.spec.device_pages),
+                )
+            };
+            let (Some(main_tags), Some(index_tags)) = (main_tags, index_tags) else {
+                anyhow::bail!("tag views for the gather");
+            };
+            let mut stale = p.counters.slice_mut(0..2);
+            let mut launch = self.compute.launch_builder(&self.kernels.paged_gather);
+            launch
+                .arg(&main)
+                .arg(&index)
+                .arg(&main_tags)
+                .arg(&index_tags)
+                .arg(&d_table)
+                .arg(&d_expected)
+                .arg(&used32)
+                .arg(&rows32)
+                .arg(&page_tokens32)
+                .arg(&width32)
+                .arg(&mut d_main)
+                .arg(&mut d_index)
+                .arg(&mut d_flags)
+                .arg(&mut stale);
+            let cfg = cudarc::driver::LaunchConfig {
+                grid_dim: (used32, 1, 1),
+                block_dim: (GATHER_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: matches paged_gather_sequence in hicache_copy.cu; every page id was
+            // checked against the pool and the pages hold n rows.
+            unsafe { launch.launch(cfg) }.context("launching paged_gather_sequence")?;
+        }
+        drop(pools);
+        let flags = self.download(&d_flags, used)?;
+        Ok(GatheredKv {
+            main: self.download(&d_main, n * MAIN_DIM)?,
+            index_k: self.download(&d_index, n * width)?,
+            stale_index_pages: flags.iter().filter(|&&f| f & 1 != 0).count(),
+            stale_main_pages: flags.iter().filter(|&&f| f & 2 != 0).count(),
+        })
     }
 
     pub(super) fn pool_indexer_topk(
@@ -558,12 +676,12 @@ impl CudaBackend {
             .iter()
             .flat_map(|job| job.query.iter().copied())
             .collect();
-        let d_queries = self.upload(&queries)?;
-        let d_table = self.upload(&tables.table)?;
-        let d_expected = self.upload(&tables.expected)?;
-        let d_page_start = self.upload(&tables.page_start)?;
-        let d_tile_start = self.upload(&tile_start)?;
-        let d_starts = self.upload(&starts)?;
+        let d_queries = self.upload_pinned(&queries)?;
+        let d_table = self.upload_pinned(&tables.table)?;
+        let d_expected = self.upload_pinned(&tables.expected)?;
+        let d_page_start = self.upload_pinned(&tables.page_start)?;
+        let d_tile_start = self.upload_pinned(&tile_start)?;
+        let d_starts = self.upload_pinned(&starts)?;
         let mut d_scores = self.zeros::<f32>(rows)?;
         let jobs32 = to_u32(jobs.len(), "indexer jobs")?;
         let page_tokens32 = page_tokens as u32;
@@ -636,13 +754,13 @@ impl CudaBackend {
             .iter()
             .flat_map(|job| job.selected.iter().copied())
             .collect();
-        let d_queries = self.upload(&queries)?;
-        let d_table = self.upload(&tables.table)?;
-        let d_expected = self.upload(&tables.expected)?;
-        let d_page_start = self.upload(&tables.page_start)?;
-        let d_row_start = self.upload(&row_start)?;
-        let d_selected = self.upload(&selected)?;
-        let d_sel_start = self.upload(&sel_start)?;
+        let d_queries = self.upload_pinned(&queries)?;
+        let d_table = self.upload_pinned(&tables.table)?;
+        let d_expected = self.upload_pinned(&tables.expected)?;
+        let d_page_start = self.upload_pinned(&tables.page_start)?;
+        let d_row_start = self.upload_pinned(&row_start)?;
+        let d_selected = self.upload_pinned(&selected)?;
+        let d_sel_start = self.upload_pinned(&sel_start)?;
         let mut d_argmax = self.zeros::<u32>(jobs.len())?;
         let mut d_weight = self.zeros::<f32>(jobs.len())?;
         let page_tokens32 = p.spec.page_tokens as u32;
