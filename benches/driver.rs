@@ -16,6 +16,9 @@
 //! `-- --url http://127.0.0.1:P/v1 [--concurrency C] [--json] SIZES...`;
 //! `-- --dump FILE N` writes the first N sessions' conversations, expected calls and tool
 //! results as JSON lines for the Python client (the same conversations the driver sends).
+//! `--metrics-ms P` runs the engine metrics poller alongside, as `bisect run` does (one
+//! scrape of the mock's `/metrics` every P ms; `bisect run` uses 250), to measure its
+//! cost; the row then reports the scrapes taken.
 
 use bisect_engine::mock::{MockConfig, MockServer};
 use bisect_harness::core::classify::Classifier;
@@ -23,10 +26,12 @@ use bisect_harness::core::session::{FunctionCall, ToolCall};
 use bisect_harness::core::task::initial_conversation;
 use bisect_harness::core::tools::simulate;
 use bisect_harness::driver::client::tools_payload;
+use bisect_harness::driver::metrics::MetricsEndpoint;
 use bisect_harness::driver::sample::sample_workload;
-use bisect_harness::driver::{drive, DrivePlan, InFlight};
+use bisect_harness::driver::{drive, poll, DrivePlan, InFlight};
 use comfy_table::Table;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -76,6 +81,8 @@ fn cpu_seconds() -> f64 {
 struct Options {
     url: Option<String>,
     concurrency: u32,
+    /// Poll the mock's `/metrics` every this many ms during each row (0: no poller).
+    metrics_ms: u64,
     json: bool,
     sizes: Vec<u32>,
 }
@@ -96,6 +103,7 @@ struct Row {
     peak_inflight: u64,
     hwm_mib: f64,
     done: u64,
+    scrapes: u64,
 }
 
 fn bench_workload(sessions: u32) -> bisect_harness::config::Workload {
@@ -158,6 +166,7 @@ async fn run_row(
     url: Option<&str>,
     sessions: u32,
     concurrency: u32,
+    metrics_ms: u64,
 ) -> anyhow::Result<Row> {
     let workload = bench_workload(sessions);
     let classifier = Arc::new(Classifier::with_defaults(&workload.tools)?);
@@ -190,7 +199,31 @@ async fn run_row(
         received
     });
     let inflight = Arc::new(InFlight::new());
+    let stop_poller = CancellationToken::new();
+    let poller = (metrics_ms > 0).then(|| {
+        let metrics_url = format!("{}/metrics", plan.api.trim_end_matches("/v1"));
+        tokio::spawn(poll(
+            vec![MetricsEndpoint::sglang("mock", metrics_url)],
+            None,
+            inflight.clone(),
+            Duration::from_millis(metrics_ms),
+            stop_poller.clone(),
+        ))
+    });
     let stats = drive(&plan, classifier, tx, inflight, CancellationToken::new()).await?;
+    stop_poller.cancel();
+    let scrapes = match poller {
+        Some(poller) => {
+            let log = poller.await?;
+            anyhow::ensure!(
+                log.all_failed().is_empty(),
+                "metrics scrapes failed: {:?}",
+                log.all_failed()
+            );
+            log.rows.iter().filter(|r| r.role == "mock").count() as u64
+        }
+        None => 0,
+    };
     let received = collector.await?;
     let cpu = cpu_seconds() - cpu_before;
     anyhow::ensure!(
@@ -219,6 +252,7 @@ async fn run_row(
         peak_inflight: stats.peak_client_inflight,
         hwm_mib: proc_status_kib("VmHWM:").unwrap_or(0) as f64 / 1024.0,
         done: stats.counts.done,
+        scrapes,
     })
 }
 
@@ -227,6 +261,7 @@ fn parse_options() -> anyhow::Result<Option<Options>> {
     let mut options = Options {
         url: None,
         concurrency: 0,
+        metrics_ms: 0,
         json: false,
         sizes: Vec::new(),
     };
@@ -235,6 +270,9 @@ fn parse_options() -> anyhow::Result<Option<Options>> {
             "--url" => options.url = args.next(),
             "--concurrency" => {
                 options.concurrency = args.next().unwrap_or_default().parse()?;
+            }
+            "--metrics-ms" => {
+                options.metrics_ms = args.next().unwrap_or_default().parse()?;
             }
             "--json" => options.json = true,
             "--dump" => {
@@ -293,6 +331,7 @@ fn main() -> anyhow::Result<()> {
                 options.url.as_deref(),
                 n,
                 options.concurrency,
+                options.metrics_ms,
             );
             rows.push(row.await?);
         }
@@ -316,6 +355,7 @@ fn main() -> anyhow::Result<()> {
                 "target_inflight": r.target_inflight,
                 "peak_inflight": r.peak_inflight,
                 "peak_rss_mib": r.hwm_mib,
+                "metrics_scrapes": r.scrapes,
             });
             println!("{line}");
         }

@@ -3,7 +3,8 @@
 # the same zero-work mock engine (`bisect mock-engine`), in one go (issue: the harness is
 # never the bottleneck). Both clients run the same sessions (the driver bench's --dump),
 # at 100, 1000 and 5000 sessions, all in flight at once (closed loop, C = sessions) unless
-# CONCURRENCY is set. Where the machine has 2+ cores the mock is pinned to the last core
+# CONCURRENCY is set: one C, or several ("100 1000"), run in turn within each repeat, so a
+# rate at one load is compared with the other measured minutes, not runs, apart. Where the machine has 2+ cores the mock is pinned to the last core
 # and the clients to the others (taskset), so a client never shares its core with the
 # server; on a 2-core machine that leaves each client exactly one core.
 #
@@ -24,6 +25,7 @@
 #
 #   scripts/bench-clients.sh               # SIZES="100 1000 5000"
 #   SIZES="100 1000" CONCURRENCY=100 ENGINE_SIZES="" scripts/bench-clients.sh
+#   SIZES=5000 CONCURRENCY="100 1000" ENGINE_SIZES="" scripts/bench-clients.sh  # same sessions, two loads
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -111,12 +113,13 @@ phase() { # mock-label jitter-ms sizes...
   start_mock "$PORT" "$jitter"
   base="http://127.0.0.1:$PORT"
   for n in "$@"; do
-    c=$CONCURRENCY
-    [ "$c" -eq 0 ] && c=$n
     for r in $(seq "$REPEATS"); do
-      echo "== $label mock: $n sessions, $c in flight (run $r of $REPEATS)" >&2
-      run_one "$label" bisect "$n" "${pin_client[@]}" cargo bench -q --bench driver -- --url "$base/v1" --concurrency "$c" --json "$n"
-      run_one "$label" python-aiohttp "$n" "${pin_client[@]}" "$VENV/bin/python" benches/python/client.py --url "$base/v1" --dump "$dump" --sessions "$n" --concurrency "$c"
+      for c in $CONCURRENCY; do
+        [ "$c" -eq 0 ] && c=$n
+        echo "== $label mock: $n sessions, $c in flight (run $r of $REPEATS)" >&2
+        run_one "$label" bisect "$n" "${pin_client[@]}" cargo bench -q --bench driver -- --url "$base/v1" --concurrency "$c" --json "$n"
+        run_one "$label" python-aiohttp "$n" "${pin_client[@]}" "$VENV/bin/python" benches/python/client.py --url "$base/v1" --dump "$dump" --sessions "$n" --concurrency "$c"
+      done
     done
   done
 }
@@ -132,19 +135,19 @@ import json, sys
 runs = [json.loads(l) for l in open(sys.argv[1])]
 groups = {}
 for r in runs:
-    groups.setdefault((r["mock"], r["client"], r["sessions"]), []).append(r)
+    groups.setdefault((r["mock"], r["client"], r["sessions"], r["target_inflight"]), []).append(r)
 rows = []
 for group in groups.values():
     group.sort(key=lambda r: r["sessions_per_s"])
     row = dict(group[len(group) // 2])
     row["range"] = f'{group[0]["sessions_per_s"]:.0f}-{group[-1]["sessions_per_s"]:.0f}'
     rows.append(row)
-by = {(r["mock"], r["client"], r["sessions"]): r for r in rows}
+by = {(r["mock"], r["client"], r["sessions"], r["target_inflight"]): r for r in rows}
 print("| mock | client | sessions | done | sessions/s (median, range) | vs python | vs own 100 | CPU s / 1000 req (mock's) | round p50 / p99 ms | think p50 / p99 ms (server-side) | in-flight peak / target | peak RSS MiB |")
 print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for r in rows:
-    py = by.get((r["mock"], "python-aiohttp", r["sessions"]))
-    first = min((x for x in rows if x["client"] == r["client"] and x["mock"] == r["mock"]), key=lambda x: x["sessions"])
+    py = by.get((r["mock"], "python-aiohttp", r["sessions"], r["target_inflight"]))
+    first = min((x for x in rows if x["client"] == r["client"] and x["mock"] == r["mock"]), key=lambda x: (x["sessions"], x["target_inflight"]))
     vs_py = r["sessions_per_s"] / py["sessions_per_s"] if py else float("nan")
     print(f'| {r["mock"]} | {r["client"]} | {r["sessions"]} | {r["done"]} | {r["sessions_per_s"]:.0f} ({r["range"]}) | {vs_py:.2f}x | '
           f'{r["sessions_per_s"] / first["sessions_per_s"]:.2f} | {r["cpu_s_per_1000_requests"]:.3f} ({r["mock_cpu_s_per_1000_requests"]:.3f}) | '

@@ -22,8 +22,17 @@ use hyper::{Method, Request, StatusCode, Uri};
 use hyper_util::rt::TokioIo;
 use serde::Deserialize;
 use serde_json::Value;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::Poll;
 use std::time::Duration;
+
+/// How much of a reply hyper reads at a time ([`ChatClient::connect`]).
+const READ_BUFFER: usize = 1024;
+
+/// A deadline for a timeout too long to add to now: 30 years, as tokio's own.
+const FAR_FUTURE: Duration = Duration::from_secs(86400 * 365 * 30);
 
 /// Requests currently in flight from this client, and the most seen at once.
 #[derive(Debug, Default)]
@@ -138,18 +147,89 @@ fn excerpt(text: &str, n: usize) -> &str {
 /// connection opened because the first had not yet been handed back (a shared pool did
 /// that for most sessions at 1000 in flight, each one an extra accept on the engine).
 /// Empty until the first request; dropped and reopened after any failure.
+///
+/// The connection's I/O (hyper's dispatcher) runs in the slot's own task, polled while
+/// the slot waits on it, not in a task of its own: one task per session instead of two,
+/// and no wake-up passed between them twice a request: at 1000 sessions in flight their
+/// state no longer fits in a core's cache, and every task and wake-up a request touches
+/// costs (docs/design.md 3.4, README "Harness speed").
 #[derive(Default)]
 pub struct Connection {
-    sender: Option<http1::SendRequest<Full<Bytes>>>,
+    link: Link,
+    /// The request timeout: one timer per slot, moved forward at each request.
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
 }
+
+/// The open connection itself: hyper's request handle and the connection's I/O.
+#[derive(Default)]
+struct Link {
+    sender: Option<http1::SendRequest<Full<Bytes>>>,
+    /// hyper's dispatcher for this connection, polled by the slot's own task while it
+    /// waits on the connection ([`Link::drive`]); None when closed (or spawned).
+    io: Option<Pin<Box<Io>>>,
+}
+
+type Io = http1::Connection<TokioIo<tokio::net::TcpStream>, Full<Bytes>>;
 
 impl Connection {
     pub fn new() -> Self {
         Self::default()
     }
 
-    pub fn is_open(&self) -> bool {
-        self.sender.as_ref().is_some_and(|s| !s.is_closed())
+    /// Whether the connection is open, as far as can be seen without waiting: a close
+    /// by the server is noticed here only if its end of file has already arrived.
+    pub fn is_open(&mut self) -> bool {
+        if let Some(io) = &mut self.link.io {
+            let mut cx = std::task::Context::from_waker(futures::task::noop_waker_ref());
+            if io.as_mut().poll(&mut cx).is_ready() {
+                self.link.io = None;
+            }
+        }
+        self.link.sender.as_ref().is_some_and(|s| !s.is_closed())
+    }
+}
+
+impl Link {
+    fn close(&mut self) {
+        self.sender = None;
+        self.io = None;
+    }
+
+    /// Awaits `future` (a step of a request on this connection) while polling the
+    /// connection's I/O in the same task.
+    ///
+    /// Everything `future` waits for is produced by the connection, which is polled right
+    /// before it here, so `future` is polled with a no-op waker: hyper's channels between
+    /// the request handle and the connection would otherwise wake this very task for
+    /// nothing (each such wake-up re-queues the task behind every other ready one, a cold
+    /// re-poll at 1000 in flight). Before it returns pending, the connection is polled
+    /// once more with the task's waker, so every wake-up that means progress (socket
+    /// readiness, `future` taking data the connection waits to hand over) reaches the task.
+    async fn drive<F: Future>(io: &mut Option<Pin<Box<Io>>>, future: F) -> F::Output {
+        let mut future = std::pin::pin!(future);
+        std::future::poll_fn(|cx| {
+            let mut quiet = std::task::Context::from_waker(futures::task::noop_waker_ref());
+            for register in [false, true] {
+                let Some(connection) = io else {
+                    return future.as_mut().poll(cx);
+                };
+                let polled = if register {
+                    connection.as_mut().poll(cx)
+                } else {
+                    connection.as_mut().poll(&mut quiet)
+                };
+                if polled.is_ready() {
+                    // Closed: whatever `future` waits for is now settled (an error).
+                    *io = None;
+                    return future.as_mut().poll(cx);
+                }
+                if let Poll::Ready(output) = future.as_mut().poll(&mut quiet) {
+                    return Poll::Ready(output);
+                }
+            }
+            Poll::Pending
+        })
+        .await
     }
 }
 
@@ -342,29 +422,37 @@ impl ChatClient {
         wave: Option<WaveSeat>,
     ) -> ChatOutcome {
         let _counted = inflight.enter();
-        let body = Bytes::from(self.template.body(transcript));
+        let body = self.template.body(transcript);
         let held = wave.as_ref().and_then(|seat| seat.wave.clone());
         let mut seat = wave;
-        let exchange =
-            tokio::time::timeout(self.timeout, self.exchange(connection, body, &mut seat));
-        let exchanged = match &held {
-            Some(wave) => {
-                let (exchanged, ()) = tokio::join!(exchange, async {
-                    wave.all_sent.cancelled().await;
-                });
-                exchanged
-            }
-            None => exchange.await,
+        let Connection { link, deadline } = connection;
+        let deadline = deadline.get_or_insert_with(|| Box::pin(tokio::time::sleep(self.timeout)));
+        let now = tokio::time::Instant::now();
+        // A timer moved later is not re-registered (one atomic store), where a timeout
+        // per request inserted an entry into the runtime's timer wheel and removed it.
+        deadline.as_mut().reset(
+            now.checked_add(self.timeout)
+                .unwrap_or_else(|| now + FAR_FUTURE),
+        );
+        let exchanged = tokio::select! {
+            biased;
+            exchanged = self.exchange(link, body, &mut seat) => exchanged,
+            () = deadline.as_mut() => Err(Failure::Timeout),
         };
+        // A request that never went out (no connection) counts as sent here, or the
+        // wave would wait for it forever.
         drop(seat);
+        if let Some(wave) = &held {
+            wave.all_sent.cancelled().await;
+        }
         let (status, bytes) = match exchanged {
-            Ok(Ok(reply)) => reply,
-            Ok(Err(Failure::Timeout)) | Err(_) => {
-                connection.sender = None;
+            Ok(reply) => reply,
+            Err(Failure::Timeout) => {
+                connection.link.close();
                 return ChatOutcome::Timeout;
             }
-            Ok(Err(Failure::Error(text))) => {
-                connection.sender = None;
+            Err(Failure::Error(text)) => {
+                connection.link.close();
                 return ChatOutcome::Error(text);
             }
         };
@@ -389,7 +477,7 @@ impl ChatClient {
     /// not reported here: the next request on it connects again and records the error.
     pub async fn open(&self, connection: &mut Connection) -> bool {
         if !connection.is_open() {
-            connection.sender = self.connect().await.ok();
+            connection.link = self.connect().await.unwrap_or_default();
         }
         connection.is_open()
     }
@@ -411,7 +499,7 @@ impl ChatClient {
         request
     }
 
-    async fn connect(&self) -> Result<http1::SendRequest<Full<Bytes>>, Failure> {
+    async fn connect(&self) -> Result<Link, Failure> {
         let connecting = tokio::net::TcpStream::connect((self.host.as_str(), self.port));
         let stream = match tokio::time::timeout(self.connect_timeout, connecting).await {
             Ok(Ok(stream)) => stream,
@@ -425,15 +513,21 @@ impl ChatClient {
         };
         // Requests are single writes; Nagle would only hold the last segment back.
         let _ = stream.set_nodelay(true);
-        let (sender, connection) = http1::handshake(TokioIo::new(stream))
+        let (sender, io) = http1::Builder::new()
+            // Replies are read 1 KiB at a time instead of into a fresh 8 KiB buffer per
+            // reply (hyper allocates anew while the last reply's bytes are still held):
+            // a 1 KiB block comes back from the allocator's per-thread cache, still in
+            // the CPU cache, where 8 KiB blocks came from all over a heap that 1000
+            // sessions had spread (callgrind's cache simulation: 11 fewer misses a request
+            // at 1000 in flight). Replies longer than that take one more read per KiB.
+            .read_buf_exact_size(Some(READ_BUFFER))
+            .handshake(TokioIo::new(stream))
             .await
             .map_err(|e| self.transport_error("connect error", &e))?;
-        tokio::spawn(async move {
-            // Ends when the sender is dropped or the peer closes; a failure shows on the
-            // request that was in flight.
-            let _ = connection.await;
-        });
-        Ok(sender)
+        Ok(Link {
+            sender: Some(sender),
+            io: Some(Box::pin(io)),
+        })
     }
 
     /// One request and its whole reply. A kept-alive connection the engine has closed
@@ -441,19 +535,22 @@ impl ChatClient {
     /// was never written to it, so no request is ever sent twice.
     async fn exchange(
         &self,
-        connection: &mut Connection,
+        link: &mut Link,
         body: Bytes,
         seat: &mut Option<WaveSeat>,
     ) -> Result<(StatusCode, Bytes), Failure> {
         let mut request = self.request(body);
         loop {
-            let reused = connection.sender.is_some();
-            let sender = match &mut connection.sender {
-                Some(sender) => sender,
-                None => connection.sender.insert(self.connect().await?),
-            };
-            if let Err(e) = sender.ready().await {
-                connection.sender = None;
+            let reused = link.sender.is_some();
+            if !reused {
+                // Boxed: connecting is rare, and inline its future would make every
+                // request's future (moved at each round) larger.
+                *link = Box::pin(self.connect()).await?;
+            }
+            let Link { sender, io } = link;
+            let sender = sender.as_mut().expect("connected above");
+            if let Err(e) = Link::drive(io, sender.ready()).await {
+                link.close();
                 if reused {
                     continue;
                 }
@@ -465,19 +562,17 @@ impl ChatClient {
             if let Some(seat) = seat {
                 seat.sent();
             }
-            match pending.await {
+            match Link::drive(io, pending).await {
                 Ok(response) => {
                     let status = response.status();
-                    let bytes = response
-                        .into_body()
-                        .collect()
+                    let bytes = Link::drive(io, response.into_body().collect())
                         .await
                         .map_err(|e| self.transport_error("error reading the response body", &e))?
                         .to_bytes();
                     return Ok((status, bytes));
                 }
                 Err(mut e) => {
-                    connection.sender = None;
+                    link.close();
                     match e.take_message() {
                         Some(unsent) if reused => request = unsent,
                         _ => return Err(self.transport_error("request error", e.error())),
@@ -797,6 +892,35 @@ mod tests {
         assert_eq!(counter.peak(), 1);
     }
 
+    #[tokio::test]
+    async fn a_first_request_that_never_went_out_does_not_hold_the_wave() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        drop(listener);
+        let client = ChatClient::new(
+            &format!("http://127.0.0.1:{port}/v1"),
+            "m",
+            None,
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        // A wave of one: this request's own seat is all it waits for.
+        let wave = Arc::new(FirstWave::new(1));
+        let counter = InFlight::new();
+        let mut connection = Connection::new();
+        let outcome = tokio::time::timeout(
+            Duration::from_secs(30),
+            client.complete(&mut connection, &transcript(), &counter, Some(wave.seat())),
+        )
+        .await
+        .expect("a request that could not connect must not wait for itself at the wave");
+        assert!(
+            matches!(&outcome, ChatOutcome::Error(e) if e.starts_with("connect error")),
+            "{outcome:?}"
+        );
+        assert!(wave.all_sent.is_cancelled());
+    }
+
     #[test]
     fn urls_it_cannot_serve_are_refused_up_front_with_a_fix() {
         let timeout = Duration::from_secs(1);
@@ -968,7 +1092,7 @@ mod tests {
     }
 
     /// Waits (bounded) until the client has noticed the server closed the connection.
-    async fn until_closed(connection: &Connection) {
+    async fn until_closed(connection: &mut Connection) {
         for _ in 0..500 {
             if !connection.is_open() {
                 return;
@@ -998,7 +1122,7 @@ mod tests {
                 matches!(outcome, ChatOutcome::Reply(_)),
                 "round {round}: {outcome:?}"
             );
-            until_closed(&connection).await;
+            until_closed(&mut connection).await;
         }
         let connections: Vec<usize> = seen.lock().iter().map(|s| s.connection).collect();
         assert_eq!(connections, vec![0, 1, 2]);
