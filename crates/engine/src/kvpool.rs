@@ -49,12 +49,24 @@ impl DevicePool {
 
     /// As many pages as fit in `pool_bytes` (at least one).
     pub fn new(pool_bytes: usize, page_tokens: usize, dtype: IndexKDtype) -> Self {
+        Self::with_pages(pool_bytes, page_tokens, dtype, true)
+    }
+
+    /// The same pages as [`DevicePool::new`] without their bytes: the bookkeeping of a
+    /// pool whose data lives with a backend (prefill's resident store). `write_row` and
+    /// the byte fields must not be used on it.
+    pub fn bookkeeping(pool_bytes: usize, page_tokens: usize, dtype: IndexKDtype) -> Self {
+        Self::with_pages(pool_bytes, page_tokens, dtype, false)
+    }
+
+    fn with_pages(pool_bytes: usize, page_tokens: usize, dtype: IndexKDtype, bytes: bool) -> Self {
         let count = (pool_bytes / Self::page_bytes(page_tokens, dtype)).max(1);
+        let rows = if bytes { page_tokens } else { 0 };
         let pages = (0..count)
             .map(|_| DevicePage {
-                tokens: vec![0; page_tokens],
-                main: vec![0.0; page_tokens * MAIN_DIM],
-                index_k: vec![0; page_tokens * dtype.bytes_per_token()],
+                tokens: vec![0; rows],
+                main: vec![0.0; rows * MAIN_DIM],
+                index_k: vec![0; rows * dtype.bytes_per_token()],
                 state: PageState::Free,
                 refs: 0,
                 last_use: 0,
@@ -64,32 +76,6 @@ impl DevicePool {
             })
             .collect();
         // Pop from the end: page 0 is handed out first.
-        DevicePool {
-            page_tokens,
-            dtype,
-            pages,
-            free: (0..count).rev().collect(),
-        }
-    }
-
-    /// The same pages as [`DevicePool::new`] without their bytes: the bookkeeping of a
-    /// pool whose data lives with a backend (prefill's resident store). `write_row` and
-    /// the byte fields must not be used on it.
-    pub fn bookkeeping(pool_bytes: usize, page_tokens: usize, dtype: IndexKDtype) -> Self {
-        let count = (pool_bytes / Self::page_bytes(page_tokens, dtype)).max(1);
-        let pages = (0..count)
-            .map(|_| DevicePage {
-                tokens: Vec::new(),
-                main: Vec::new(),
-                index_k: Vec::new(),
-                state: PageState::Free,
-                refs: 0,
-                last_use: 0,
-                depth: 0,
-                main_rows_valid: page_tokens,
-                index_rows_valid: page_tokens,
-            })
-            .collect();
         DevicePool {
             page_tokens,
             dtype,

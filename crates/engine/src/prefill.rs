@@ -161,12 +161,18 @@ fn chain_key(previous: u64, tokens: &[u32]) -> u64 {
 impl PrefillCore {
     /// The virtual-time store (the CPU reference).
     pub fn new(options: PrefillOptions) -> Self {
+        let pool = DevicePool::new(options.pool_bytes, options.page_tokens, options.dtype);
+        let store = Store::Virtual {
+            host: HostTier::new(options.host_pages),
+            loader: Loader::new(options.loader),
+        };
+        Self::with_store(options, pool, store)
+    }
+
+    fn with_store(options: PrefillOptions, pool: DevicePool, store: Store) -> Self {
         PrefillCore {
-            pool: DevicePool::new(options.pool_bytes, options.page_tokens, options.dtype),
-            store: Store::Virtual {
-                host: HostTier::new(options.host_pages),
-                loader: Loader::new(options.loader),
-            },
+            pool,
+            store,
             cache: HashMap::new(),
             queue: VecDeque::new(),
             active: Vec::new(),
@@ -210,19 +216,11 @@ impl PrefillCore {
                 host_pages
             )
         })?;
-        Ok(PrefillCore {
-            pool,
-            store: Store::Resident {
-                pool: id,
-                slots: SlotTier::new(host_pages as u32),
-            },
-            cache: HashMap::new(),
-            queue: VecDeque::new(),
-            active: Vec::new(),
-            step: 0,
-            counters: PrefillCounters::default(),
-            options,
-        })
+        let store = Store::Resident {
+            pool: id,
+            slots: SlotTier::new(host_pages as u32),
+        };
+        Ok(Self::with_store(options, pool, store))
     }
 
     /// True when the pages live in a backend pool ([`PrefillCore::resident`]).
