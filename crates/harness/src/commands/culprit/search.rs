@@ -843,15 +843,14 @@ impl Search<'_> {
                     self.retests += 1;
                     let retest_key = (answer_set.clone(), self.retests);
                     let (outcome, reason) = self
-                        .decide_step(&retest_key, Level::Claim, runner, observer)
+                        .decide_and_record(
+                            &retest_key,
+                            Level::Claim,
+                            |_| StepKind::Retest,
+                            runner,
+                            observer,
+                        )
                         .await?;
-                    self.record_step(
-                        StepKind::Retest,
-                        &retest_key,
-                        (outcome, reason.clone()),
-                        Level::Claim,
-                        observer,
-                    )?;
                     (retest_key, outcome, reason)
                 }
             };
@@ -987,15 +986,8 @@ impl Search<'_> {
             };
             let key: EvidenceKey = (pick.clone(), 0);
             let (outcome, reason) = self
-                .decide_step(&key, Level::Claim, runner, observer)
+                .decide_and_record(&key, Level::Claim, |_| StepKind::Confirm, runner, observer)
                 .await?;
-            self.record_step(
-                StepKind::Confirm,
-                &key,
-                (outcome, reason.clone()),
-                Level::Claim,
-                observer,
-            )?;
             self.tested.retain(|t| t.set != pick);
             self.tested.push(Tested {
                 set: pick.clone(),
@@ -1647,6 +1639,26 @@ impl Search<'_> {
         }
     }
 
+    /// [`Search::decide_step`], then the step recorded as `kind_of(outcome)`.
+    async fn decide_and_record(
+        &mut self,
+        key: &EvidenceKey,
+        level: Level,
+        kind_of: impl FnOnce(Outcome) -> StepKind,
+        runner: &mut impl StepRunner,
+        observer: &mut dyn Observer,
+    ) -> Result<(Outcome, String), Halt> {
+        let (outcome, reason) = self.decide_step(key, level, runner, observer).await?;
+        self.record_step(
+            kind_of(outcome),
+            key,
+            (outcome, reason.clone()),
+            level,
+            observer,
+        )?;
+        Ok((outcome, reason))
+    }
+
     /// The outcome of the configuration with `subset` (testable flags) failing and every
     /// other testable flag flipped: cached, implied by monotonicity, or run as a step.
     async fn test(
@@ -1665,8 +1677,9 @@ impl Search<'_> {
             Level::Navigate
         };
         let key: EvidenceKey = (set.clone(), 0);
-        let (outcome, reason) = self.decide_step(&key, level, runner, observer).await?;
-        self.record_step(StepKind::Ddmin, &key, (outcome, reason), level, observer)?;
+        let (outcome, _) = self
+            .decide_and_record(&key, level, |_| StepKind::Ddmin, runner, observer)
+            .await?;
         self.tested.push(Tested {
             set,
             outcome,
@@ -1729,22 +1742,17 @@ impl Search<'_> {
             self.retests += 1;
             (set.clone(), self.retests)
         };
-        let (outcome, reason) = self
-            .decide_step(&key, Level::Claim, runner, observer)
-            .await?;
         // Failing, it is the answer's re-test; otherwise a ddmin step decided at alpha.
-        let kind = if outcome == Outcome::Fails {
-            StepKind::Retest
-        } else {
-            StepKind::Ddmin
+        let kind_of = |outcome| {
+            if outcome == Outcome::Fails {
+                StepKind::Retest
+            } else {
+                StepKind::Ddmin
+            }
         };
-        self.record_step(
-            kind,
-            &key,
-            (outcome, reason.clone()),
-            Level::Claim,
-            observer,
-        )?;
+        let (outcome, reason) = self
+            .decide_and_record(&key, Level::Claim, kind_of, runner, observer)
+            .await?;
         self.tested.push(Tested {
             set,
             outcome,
