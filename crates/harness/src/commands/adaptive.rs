@@ -291,7 +291,17 @@ fn finish_verdict(plan: &RunPlan, workload: &Workload, record: &mut RunRecord) {
 /// only means planning again.
 struct PlanCache {
     path: PathBuf,
-    key: String,
+    /// The running executable: size and modification time.
+    executable: String,
+    /// The goal and the concurrency.
+    goal: String,
+}
+
+/// `plans.json`: one executable's plans, goal -> (block, cap).
+#[derive(Default, serde::Serialize, serde::Deserialize)]
+struct KeptPlans {
+    executable: String,
+    plans: std::collections::BTreeMap<String, (u64, u64)>,
 }
 
 impl PlanCache {
@@ -307,48 +317,38 @@ impl PlanCache {
             .ok()?
             .as_nanos();
         let g = spec.goal;
-        let key = format!(
-            "exe {}:{built}; alpha {} power {} min_effect {} baseline {} clear_alpha {}; concurrency {}",
-            exe.len(),
-            g.alpha,
-            g.power,
-            g.min_effect,
-            g.baseline,
-            g.clear_alpha,
-            spec.concurrency
-        );
         Some(PlanCache {
             path: root.join("plans.json"),
-            key,
+            executable: format!("{} bytes, modified {built} ns", exe.len()),
+            goal: format!(
+                "alpha {} power {} min_effect {} baseline {} clear_alpha {}; concurrency {}",
+                g.alpha, g.power, g.min_effect, g.baseline, g.clear_alpha, spec.concurrency
+            ),
         })
     }
 
-    fn entries(&self) -> std::collections::BTreeMap<String, (u64, u64)> {
+    /// This executable's plans; another's are stale (a rebuilt planner may plan otherwise).
+    fn kept(&self) -> KeptPlans {
         std::fs::read(&self.path)
             .ok()
-            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
-            .unwrap_or_default()
+            .and_then(|bytes| serde_json::from_slice::<KeptPlans>(&bytes).ok())
+            .filter(|kept| kept.executable == self.executable)
+            .unwrap_or_else(|| KeptPlans {
+                executable: self.executable.clone(),
+                plans: Default::default(),
+            })
     }
 
     fn read(&self) -> Option<(u64, u64)> {
-        self.entries().get(&self.key).copied()
+        self.kept().plans.get(&self.goal).copied()
     }
 
     fn write(&self, block: u64, cap: u64) {
-        let mut entries = self.entries();
-        // Plans of other executables are stale: keep only this one's.
-        let exe = self.key.split(';').next().unwrap_or_default().to_string();
-        entries.retain(|k, _| k.starts_with(&exe));
-        entries.insert(self.key.clone(), (block, cap));
-        let Ok(text) = serde_json::to_vec_pretty(&entries) else {
-            return;
-        };
-        if let Some(dir) = self.path.parent() {
+        let mut kept = self.kept();
+        kept.plans.insert(self.goal.clone(), (block, cap));
+        if let (Ok(text), Some(dir)) = (serde_json::to_vec_pretty(&kept), self.path.parent()) {
             let _ = std::fs::create_dir_all(dir);
-        }
-        let partial = self.path.with_extension("json.partial");
-        if std::fs::write(&partial, text).is_ok() {
-            let _ = std::fs::rename(&partial, &self.path);
+            let _ = crate::results::write_atomic(&self.path, &text);
         }
     }
 }
@@ -385,12 +385,15 @@ mod tests {
     fn another_executables_plans_are_dropped_and_a_given_cap_is_not_kept() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("plans.json");
-        std::fs::write(&path, r#"{"exe 1:2; alpha 0.01 ...": [80, 560]}"#).unwrap();
+        std::fs::write(
+            &path,
+            r#"{"executable": "1 bytes, modified 2 ns", "plans": {"alpha 0.01 ...": [80, 560]}}"#,
+        )
+        .unwrap();
         let cache = PlanCache::new(dir.path().to_path_buf(), spec(80, None)).unwrap();
         cache.write(80, 480);
-        let kept: std::collections::BTreeMap<String, (u64, u64)> =
-            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-        assert_eq!(kept.len(), 1, "{kept:?}");
+        let kept: KeptPlans = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(kept.plans.len(), 1, "{:?}", kept.plans);
         assert_eq!(cache.read(), Some((80, 480)));
         assert!(PlanCache::new(dir.path().to_path_buf(), spec(80, Some(160))).is_none());
         // A broken file only means planning again.
