@@ -180,3 +180,24 @@ async fn an_engine_that_ignores_its_config_stops_the_adaptive_run() {
     let verdict = record.verdict.as_ref().unwrap();
     assert_eq!(verdict.status, Status::Inconclusive, "{verdict:?}");
 }
+
+/// Blocks classify with the target profile's markup families, as a fixed run does: the
+/// fake's race leaks DSML, which a hermes-only profile does not count as a leak.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adaptive_blocks_classify_with_the_profiles_markup() {
+    use bisect_harness::core::arm_stats::ArmLabel;
+    use bisect_harness::core::classify::MarkupFamily;
+    let t = FakeTarget::new().await;
+    let mut plan = plan_at_load(&t, "FAKE_BF16", 40);
+    assert!(fake_race_victims(&plan.workload, 40) >= 6);
+    plan.target.markup = vec![MarkupFamily::Hermes];
+    let mut control = t.engine.control();
+    let record = adaptive(&plan, &mut control, Some(40)).await;
+    let on = record.arm(ArmLabel::On).unwrap();
+    assert_eq!(on.stats.sessions(), 40);
+    assert_eq!(
+        on.stats.counts.leak, 0,
+        "DSML is not a family this profile counts: {:?}",
+        on.stats.counts
+    );
+}

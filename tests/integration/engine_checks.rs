@@ -10,6 +10,7 @@ use std::process::Command;
 use bisect_harness::arm::NO_EFFECTIVE_WARNING;
 use bisect_harness::commands::run::{self as experiment, Quiet};
 use bisect_harness::core::arm_stats::ArmLabel;
+use bisect_harness::core::verdict::Severity;
 use tokio_util::sync::CancellationToken;
 
 use crate::common::{FakeTarget, DECODE_LAUNCH};
@@ -88,6 +89,43 @@ async fn no_engine_reporting_the_flag_is_a_recorded_warning() {
     );
     let json = std::fs::read_to_string(plan.run_dir.join("run.json")).unwrap();
     assert!(json.contains(NO_EFFECTIVE_WARNING));
+    // Not only in run.json: the verdict's confounds, reasons and summary say the flag's
+    // value rests on the read-back alone, role by role, and so do summary.md and the page.
+    let unverified: Vec<(&str, Severity)> = record
+        .confounds
+        .iter()
+        .filter(|c| c.name.starts_with("unverified."))
+        .map(|c| (c.name.as_str(), c.severity))
+        .collect();
+    assert_eq!(
+        unverified,
+        [
+            ("unverified.decode", Severity::Warning),
+            ("unverified.prefill", Severity::Warning)
+        ]
+    );
+    let verdict = record.verdict.as_ref().unwrap();
+    assert!(
+        verdict
+            .reasons
+            .iter()
+            .any(|r| r.starts_with("warning: the prefill engine did not report the flag's value")),
+        "{verdict:?}"
+    );
+    assert!(
+        verdict
+            .summary
+            .contains("unverified.decode, unverified.prefill"),
+        "{}",
+        verdict.summary
+    );
+    for file in ["summary.md", "report.html"] {
+        let text = std::fs::read_to_string(plan.run_dir.join(file)).unwrap();
+        assert!(
+            text.contains("the decode engine did not report the flag"),
+            "{file}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -28,7 +28,7 @@ use crate::core::confounds::{confounds, load_shortfall};
 use crate::core::format::percent_digits;
 use crate::core::phases::Phases;
 use crate::core::sequential::{Decision, DesignGoal};
-use crate::core::verdict::Severity;
+use crate::core::verdict::{ArmObservation, Severity};
 use crate::exit::Failure;
 use crate::launch::state_root;
 use crate::results::run_record::{ArmRecord, RunRecord};
@@ -150,7 +150,7 @@ impl Run<'_> {
         let editing = Instant::now();
         bed.pin(&self.plan.sets)?;
         self.phases.edit_s += editing.elapsed().as_secs_f64();
-        let classifier = Arc::new(Classifier::with_defaults(&self.workload.tools)?);
+        let classifier = Arc::new(Classifier::for_target(self.workload, &self.plan.target)?);
         while let Some(next) = self.schedule.next_block() {
             bed.check_cancelled()?;
             let mut workload = self.workload.clone();
@@ -188,14 +188,21 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// The blocking checks after a pair, recorded; a failed one over the pooled blocks
-    /// stops the run. Says where the e-process stands.
+    /// The blocking checks after a pair, recorded; a failed one, over the pair or over
+    /// the pooled blocks, stops the run (it voids the verdict, so more blocks would not
+    /// make it valid). Says where the e-process stands.
     fn after_pair(&mut self, progress: &dyn Progress, pair: u64, decision: Decision) {
         let check = pair_check(self.plan, self.workload, self.record, pair);
-        if !check.pooled_blocking.is_empty() {
+        let failed: Vec<&str> = check
+            .pair_blocking
+            .iter()
+            .chain(&check.pooled_blocking)
+            .map(String::as_str)
+            .collect();
+        if !failed.is_empty() {
             self.schedule.stop(format!(
                 "a blocking check failed after block pair {pair}: {}",
-                check.pooled_blocking.join("; ")
+                failed.join("; ")
             ));
         }
         self.schedule.add_check(check);
@@ -243,23 +250,39 @@ fn pair_check(plan: &RunPlan, workload: &Workload, record: &RunRecord, pair: u64
         .collect();
     PairCheck {
         pair,
-        pair_blocking: blocking_notes(plan, &params, pair_blocks),
-        pooled_blocking: blocking_notes(plan, &params, &record.arms),
+        pair_blocking: blocking_notes(plan, &params, pair_blocks, &[]),
+        pooled_blocking: blocking_notes(
+            plan,
+            &params,
+            &record.arms,
+            &record.block_observations(&params),
+        ),
         load_shortfall,
     }
 }
 
-/// The notes of the blocking confounds between the `on` and `off` records in `arms`.
-fn blocking_notes(plan: &RunPlan, params: &serde_json::Value, arms: &[ArmRecord]) -> Vec<String> {
+/// The notes of the blocking confounds between the `on` and `off` records in `arms`,
+/// with `blocks` each checked on its own (as the verdict does).
+fn blocking_notes(
+    plan: &RunPlan,
+    params: &serde_json::Value,
+    arms: &[ArmRecord],
+    blocks: &[ArmObservation],
+) -> Vec<String> {
     let find = |label| arms.iter().find(|a| a.label == label);
     let (Some(on), Some(off)) = (find(ArmLabel::On), find(ArmLabel::Off)) else {
         return Vec::new();
     };
-    confounds(&on.observe(params), &off.observe(params), &plan.policy)
-        .into_iter()
-        .filter(|c| c.severity == Severity::Blocking)
-        .map(|c| c.note)
-        .collect()
+    confounds(
+        &on.observe(params),
+        &off.observe(params),
+        blocks,
+        &plan.policy,
+    )
+    .into_iter()
+    .filter(|c| c.severity == Severity::Blocking)
+    .map(|c| c.note)
+    .collect()
 }
 
 fn finish_verdict(plan: &RunPlan, workload: &Workload, record: &mut RunRecord) {
@@ -274,6 +297,7 @@ fn finish_verdict(plan: &RunPlan, workload: &Workload, record: &mut RunRecord) {
     let (comparison, confounds, verdict) = adaptive::verdict(
         &on.observe(&params),
         &off.observe(&params),
+        &record.block_observations(&params),
         &plan.policy,
         &plan.flag.name,
         seq,

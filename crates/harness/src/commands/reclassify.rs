@@ -206,6 +206,7 @@ pub fn recount(record: &mut RunRecord, sessions: &[SessionResult], policy: &Poli
     let (comparison, confounds, verdict) = decide(
         &on.observe(&record.workload),
         &off.observe(&record.workload),
+        &record.block_observations(&record.workload),
         policy,
         &record.flag.name,
     );

@@ -132,7 +132,7 @@ async fn run_blocks(
     let editing = Instant::now();
     bed.pin(&plan.sets)?;
     phases.edit_s += editing.elapsed().as_secs_f64();
-    let classifier = Arc::new(Classifier::new(&plan.workload.tools, &plan.target.markup)?);
+    let classifier = Arc::new(Classifier::for_target(&plan.workload, &plan.target)?);
     for (label, repeat) in arm_order(plan.repeats) {
         bed.check_cancelled()?;
         let block = BlockSpec {
@@ -313,6 +313,7 @@ fn finish_verdict(plan: &RunPlan, record: &mut RunRecord) {
     let (comparison, confounds, verdict) = decide(
         &on.observe(&params),
         &off.observe(&params),
+        &record.block_observations(&params),
         &plan.policy,
         &plan.flag.name,
     );

@@ -40,10 +40,11 @@
 //!   `sequential` module says); an arm with many is `degraded` by the fixed checks.
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use thiserror::Error;
 
 use crate::core::arm_stats::ArmLabel;
-use crate::core::confounds::{confounds, load_shortfall};
+use crate::core::confounds::{confounds, load_shortfalls};
 use crate::core::format::{self, percent_digits};
 use crate::core::sequential::{
     CostModel, Decision, DesignError, DesignGoal, Direction, LookError, LookRecord,
@@ -579,18 +580,36 @@ fn arm_name(arm: &ArmObservation) -> String {
 
 /// The verdict of an adaptive run: the sequential decision, voided by any blocking check
 /// of a fixed run (read-back, effective config, degraded arm, workload) over the pooled
-/// blocks, and `cleared` also by a block whose engine load fell short of the target. The
-/// pooled Fisher p and Newcombe interval are kept in `comparison` for reference only:
-/// they do not hold under optional stopping, and the verdict never rests on them.
+/// blocks and over each block (`blocks`, as [`decide`] takes them), by any block pair
+/// whose own check failed (`record.checks`), and `cleared` also by a block whose engine
+/// load fell short of the target. The pooled Fisher p and Newcombe interval are kept in
+/// `comparison` for reference only: they do not hold under optional stopping, and the
+/// verdict never rests on them.
 pub fn verdict(
     on: &ArmObservation,
     off: &ArmObservation,
+    blocks: &[ArmObservation],
     policy: &Policy,
     flag: &str,
     record: &AdaptiveRecord,
 ) -> (Comparison, Vec<Confound>, Verdict) {
-    let (comparison, _, _) = decide(on, off, policy, flag);
-    let found = confounds(on, off, policy);
+    let (comparison, _, _) = decide(on, off, blocks, policy, flag);
+    let mut found = confounds(on, off, blocks, policy);
+    let failed_pairs = record.checks.iter().filter(|c| !c.pair_blocking.is_empty());
+    found.splice(
+        0..0,
+        failed_pairs.map(|c| Confound {
+            name: format!("block_pair.{}", c.pair),
+            on: Value::Null,
+            off: Value::Null,
+            severity: Severity::Blocking,
+            note: format!(
+                "block pair {} on its own failed a blocking check: {}",
+                c.pair,
+                c.pair_blocking.join("; ")
+            ),
+        }),
+    );
     let blocking: Vec<&Confound> = found
         .iter()
         .filter(|c| c.severity == Severity::Blocking)
@@ -615,16 +634,16 @@ pub fn verdict(
         ),
         None => "before any look".to_string(),
     };
-    let mut shortfalls: Vec<String> = record
-        .checks
-        .iter()
-        .flat_map(|c| c.load_shortfall.iter().cloned())
-        .collect();
-    if let Some(s) = [on, off]
-        .into_iter()
-        .find_map(|a| load_shortfall(a, policy))
-    {
-        shortfalls.insert(0, s);
+    // Every block's own load (the pooled peak is the best block's); without the blocks,
+    // the pairs' recorded shortfalls and the pooled arms'.
+    let mut shortfalls = load_shortfalls(on, off, blocks, policy);
+    if blocks.is_empty() {
+        shortfalls.extend(
+            record
+                .checks
+                .iter()
+                .flat_map(|c| c.load_shortfall.iter().cloned()),
+        );
     }
     let m = record.design.min_effect;
     let mut reasons: Vec<String> = blocking.iter().map(|c| c.note.clone()).collect();
@@ -1046,6 +1065,7 @@ mod tests {
         let observe = |label, value, stats, readback| ArmObservation {
             label,
             value,
+            block: None,
             stats,
             readback,
             effective: Box::leak(Box::default()),
@@ -1054,7 +1074,7 @@ mod tests {
         let on = observe(ArmLabel::On, "1", &on_stats, &good_on);
         let off = observe(ArmLabel::Off, "0", &off_stats, &good_off);
         let policy = Policy::default();
-        let (_, _, v) = verdict(&on, &off, &policy, "F", s.record());
+        let (_, _, v) = verdict(&on, &off, &[], &policy, "F", s.record());
         assert_eq!(v.status, Status::Implicated, "{v:?}");
         assert!(v
             .summary
@@ -1072,7 +1092,7 @@ mod tests {
         // The same data with decode reading back the wrong value: blocked.
         let bad_off = BTreeMap::from([("decode".to_string(), "1".to_string())]);
         let off = observe(ArmLabel::Off, "0", &off_stats, &bad_off);
-        let (_, _, v) = verdict(&on, &off, &policy, "F", s.record());
+        let (_, _, v) = verdict(&on, &off, &[], &policy, "F", s.record());
         assert_eq!(v.status, Status::Inconclusive, "{v:?}");
         assert!(v.reasons[0].contains("read back"), "{v:?}");
 
@@ -1082,15 +1102,37 @@ mod tests {
         let (low_on, low_off) = (arm_stats(0, 140, 5), arm_stats(0, 140, 5));
         let on = observe(ArmLabel::On, "1", &low_on, &good_on);
         let off = observe(ArmLabel::Off, "0", &low_off, &good_off);
-        let (_, _, v) = verdict(&on, &off, &policy, "F", c.record());
+        let (_, _, v) = verdict(&on, &off, &[], &policy, "F", c.record());
         assert_eq!(v.status, Status::Inconclusive, "{v:?}");
         assert!(v.summary.contains("a bug that needs load"), "{v:?}");
         let (full_on, full_off) = (arm_stats(0, 140, 20), arm_stats(0, 140, 20));
         let on = observe(ArmLabel::On, "1", &full_on, &good_on);
         let off = observe(ArmLabel::Off, "0", &full_off, &good_off);
-        let (_, _, v) = verdict(&on, &off, &policy, "F", c.record());
+        let (_, _, v) = verdict(&on, &off, &[], &policy, "F", c.record());
         assert_eq!(v.status, Status::Cleared, "{v:?}");
         assert!(v.summary.contains("at 20 sessions in flight"), "{v:?}");
+
+        // The same, but one block pair failed a blocking check on its own (hidden in
+        // the pooled arms): the check blocks the verdict, it is not only recorded.
+        let mut failed_pair = c.clone();
+        failed_pair.add_check(PairCheck {
+            pair: 2,
+            pair_blocking: vec![
+                "degraded: not a same-speed toggle: arm on (=1) had 0 error \
+                                 and 4 timeout sessions of 20 (20.0% > 10.0%)"
+                    .into(),
+            ],
+            pooled_blocking: Vec::new(),
+            load_shortfall: Vec::new(),
+        });
+        let (_, confounds, v) = verdict(&on, &off, &[], &policy, "F", failed_pair.record());
+        assert_eq!(v.status, Status::Inconclusive, "{v:?}");
+        assert_eq!(confounds[0].name, "block_pair.2");
+        assert_eq!(confounds[0].severity, Severity::Blocking);
+        assert!(
+            v.reasons[0].starts_with("block pair 2 on its own failed a blocking check: degraded"),
+            "{v:?}"
+        );
 
         // Cleared by the e-process, but the pooled arms (with the sessions drained after
         // the decision) differ significantly: not cleared.
@@ -1104,7 +1146,7 @@ mod tests {
         let (hot_on, cold_off) = (arm_stats(20, 160, 80), arm_stats(0, 160, 80));
         let on = observe(ArmLabel::On, "1", &hot_on, &good_on);
         let off = observe(ArmLabel::Off, "0", &cold_off, &good_off);
-        let (_, _, v) = verdict(&on, &off, &policy, "F", big.record());
+        let (_, _, v) = verdict(&on, &off, &[], &policy, "F", big.record());
         assert_eq!(v.status, Status::Inconclusive, "{v:?}");
         assert!(
             v.summary.contains("says cleared, but the pooled arms"),
@@ -1114,7 +1156,7 @@ mod tests {
         // The cap: underpowered, with the interval reached.
         let mut u = Schedule::new(spec(10, Some(20))).unwrap();
         run(&mut u, |_, n| block(n, n / 5));
-        let (_, _, v) = verdict(&on, &off, &policy, "F", u.record());
+        let (_, _, v) = verdict(&on, &off, &[], &policy, "F", u.record());
         assert_eq!(v.status, Status::Inconclusive);
         assert!(
             v.summary

@@ -223,18 +223,22 @@ impl ArmStats {
     }
 }
 
-/// Pool read-backs (role -> value) of several blocks of one arm: a block whose read-back
-/// differs from the arm's intended `value` must survive pooling, so the first differing
-/// value wins over agreeing ones.
+/// Pool read-backs or effective values (role -> value) of several blocks of one arm: a
+/// block whose value does not `means` the arm's intended `value` must survive pooling,
+/// so the first such value wins over meaning ones. `means` is the check the verdict
+/// applies to what is pooled: text equality for a launch-file read-back,
+/// [`crate::core::effective::agrees`] for an engine's report (`"true"` means `"on"`,
+/// so comparing text would let an agreeing `"true"` hide a later `"false"`).
 pub fn pool_readback<'a>(
     value: &str,
     blocks: impl IntoIterator<Item = &'a BTreeMap<String, String>>,
+    means: impl Fn(&str, &str) -> bool,
 ) -> BTreeMap<String, String> {
     let mut pooled: BTreeMap<String, String> = BTreeMap::new();
     for readback in blocks {
         for (role, v) in readback {
             let slot = pooled.entry(role.clone()).or_insert_with(|| v.clone());
-            if v != value && slot == value {
+            if !means(value, v) && means(value, slot) {
                 *slot = v.clone();
             }
         }
@@ -319,10 +323,24 @@ mod tests {
 
     #[test]
     fn a_mismatching_readback_survives_pooling() {
+        let text = |a: &str, b: &str| a == b;
         let ok: BTreeMap<String, String> = [("decode".to_string(), "1".to_string())].into();
         let bad: BTreeMap<String, String> = [("decode".to_string(), "0".to_string())].into();
-        assert_eq!(pool_readback("1", [&ok, &bad, &ok])["decode"], "0");
-        assert_eq!(pool_readback("1", [&ok, &ok])["decode"], "1");
+        assert_eq!(pool_readback("1", [&ok, &bad, &ok], text)["decode"], "0");
+        assert_eq!(pool_readback("1", [&ok, &ok], text)["decode"], "1");
+    }
+
+    #[test]
+    fn an_engine_report_that_disagrees_survives_an_agreeing_one_in_other_words() {
+        // A switch set "on": the first block's engine reports `true` (agrees), the
+        // second's `false` (it did not take the config). Compared as text, `true` is
+        // already "not on" and would keep its slot, hiding the `false`.
+        let agrees = crate::core::effective::agrees;
+        let yes: BTreeMap<String, String> = [("prefill".to_string(), "true".to_string())].into();
+        let no: BTreeMap<String, String> = [("prefill".to_string(), "false".to_string())].into();
+        assert_eq!(pool_readback("on", [&yes, &no], agrees)["prefill"], "false");
+        assert_eq!(pool_readback("on", [&no, &yes], agrees)["prefill"], "false");
+        assert_eq!(pool_readback("on", [&yes, &yes], agrees)["prefill"], "true");
     }
 
     #[test]

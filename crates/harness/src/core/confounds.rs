@@ -2,8 +2,13 @@
 //! `on` and `off` might not measure the flag. Blocking ones void the comparison
 //! (read-back or effective value not the arm's, a degraded arm, differing workloads);
 //! recorded ones qualify it (load, wall time, throughput, replies truncated at
-//! `max_tokens`, roles whose load was never measured); [`load_shortfall`] says when the
-//! engine never ran the target concurrency, which only `cleared` needs.
+//! `max_tokens`, error+timeout rates that differ, roles whose load was never measured,
+//! roles whose engine does not report the flag's value); [`load_shortfalls`] says when
+//! the engine never ran the target concurrency, which only `cleared` needs.
+//!
+//! The checks that hold per engine start (read-back, effective value, load) are made on
+//! every block of an arm that pooled several ([`checked`]): pooling keeps a block's
+//! differing value and the highest peak, so only the block itself can say it failed.
 //!
 //! Pure: split from [`crate::core::verdict`], which decides from what is found here.
 
@@ -16,22 +21,40 @@ use crate::core::format::{p_value, percent_digits, quantity};
 use crate::core::stats;
 use crate::core::verdict::{ArmObservation, Confound, Policy, Severity};
 
-/// Every confound, blocking ones first, in a fixed order.
+/// Every confound, blocking ones first, in a fixed order. `blocks`: as
+/// [`crate::core::verdict::decide`] takes them.
 pub(crate) fn confounds(
     on: &ArmObservation,
     off: &ArmObservation,
+    blocks: &[ArmObservation],
     policy: &Policy,
 ) -> Vec<Confound> {
+    let checked = checked(on, off, blocks);
     let mut found = Vec::new();
-    found.extend(readback_confounds(on, off));
-    found.extend(effective_confounds(on, off));
+    found.extend(readback_confounds(on, off, &checked));
+    found.extend(effective_confounds(on, off, &checked));
     found.extend(replaced_confound(on, off));
     found.extend(degraded_confound(on, off, policy));
     found.extend(workload_confounds(on, off));
     found.extend(recorded_confounds(on, off, policy));
     found.extend(truncated_confound(on, off, policy));
     found.extend(metrics_confounds(on, off));
+    found.extend(unverified_confounds(on, off, &checked));
     found
+}
+
+/// What the per-engine-start checks look at: each block where the arms pooled blocks,
+/// else the two arms.
+fn checked<'a>(
+    on: &ArmObservation<'a>,
+    off: &ArmObservation<'a>,
+    blocks: &[ArmObservation<'a>],
+) -> Vec<ArmObservation<'a>> {
+    if blocks.is_empty() {
+        vec![*on, *off]
+    } else {
+        blocks.to_vec()
+    }
 }
 
 /// An engine that was another process at the end of a block than after its restart
@@ -64,14 +87,36 @@ fn replaced_confound(on: &ArmObservation, off: &ArmObservation) -> Option<Confou
     })
 }
 
-/// Significance below which truncation rates are said to differ: a screening level,
-/// not the verdict's alpha, because this only warns.
-const TRUNCATED_ALPHA: f64 = 0.05;
+/// Significance below which truncation or error+timeout rates are said to differ: a
+/// screening level, not the verdict's alpha, because this only warns.
+const SCREENING_ALPHA: f64 = 0.05;
+
+/// `on 9/100 (9.0%), off 0/100 (0.0%), Fisher p = 0.0032` for `k` of `n` sessions per
+/// arm, and whether the rates differ: by at least `min_effect`, and Fisher's exact test
+/// says the difference is real (p < [`SCREENING_ALPHA`]).
+fn differing_rates(
+    (k_on, n_on): (u64, u64),
+    (k_off, n_off): (u64, u64),
+    policy: &Policy,
+) -> (String, bool) {
+    let (r_on, r_off) = (stats::rate(k_on, n_on), stats::rate(k_off, n_off));
+    let p = stats::fisher_exact_two_sided(k_on, n_on - k_on, k_off, n_off - k_off);
+    let text = format!(
+        "on {k_on}/{n_on} ({}%), off {k_off}/{n_off} ({}%), Fisher p = {}",
+        percent_digits(r_on),
+        percent_digits(r_off),
+        p_value(p)
+    );
+    (
+        text,
+        (r_on - r_off).abs() >= policy.min_effect && p < SCREENING_ALPHA,
+    )
+}
 
 /// Replies cut off at `max_tokens`: not corruption, but a truncated session cannot show
 /// corruption either, so an arm that truncates more can look cleaner for that alone
-/// (a flag that makes the model wordier). Warned when the rates differ by at least
-/// `min_effect` and Fisher's exact test says the difference is real (p < 0.05).
+/// (a flag that makes the model wordier). Warned when the rates differ
+/// ([`differing_rates`]).
 fn truncated_confound(
     on: &ArmObservation,
     off: &ArmObservation,
@@ -81,16 +126,9 @@ fn truncated_confound(
     if t_on == 0 && t_off == 0 {
         return None;
     }
-    let (n_on, n_off) = (on.classified(), off.classified());
-    let (r_on, r_off) = (stats::rate(t_on, n_on), stats::rate(t_off, n_off));
-    let p = stats::fisher_exact_two_sided(t_on, n_on - t_on, t_off, n_off - t_off);
-    let rates = format!(
-        "on {t_on}/{n_on} ({}%), off {t_off}/{n_off} ({}%), Fisher p = {}",
-        percent_digits(r_on),
-        percent_digits(r_off),
-        p_value(p)
-    );
-    let (severity, note) = if (r_on - r_off).abs() >= policy.min_effect && p < TRUNCATED_ALPHA {
+    let (rates, differ) =
+        differing_rates((t_on, on.classified()), (t_off, off.classified()), policy);
+    let (severity, note) = if differ {
         (
             Severity::Warning,
             format!(
@@ -150,23 +188,28 @@ fn metrics_confounds(on: &ArmObservation, off: &ArmObservation) -> Vec<Confound>
         .collect()
 }
 
-/// A role whose launch config does not read back the value its arm set: the arm did not
-/// run the configuration it is labelled with (or prefill and decode disagreed).
-fn readback_confounds(on: &ArmObservation, off: &ArmObservation) -> Vec<Confound> {
-    let roles: BTreeSet<&String> = on.readback.keys().chain(off.readback.keys()).collect();
+/// A role whose launch config does not read back the value its arm set, in any arm or
+/// block checked: it did not run the configuration it is labelled with (or prefill and
+/// decode disagreed). `on` and `off` show the pooled arms' read-backs, which keep a
+/// block's differing one.
+fn readback_confounds(
+    on: &ArmObservation,
+    off: &ArmObservation,
+    checked: &[ArmObservation],
+) -> Vec<Confound> {
+    let roles: BTreeSet<&String> = checked.iter().flat_map(|c| c.readback.keys()).collect();
     roles
         .into_iter()
         .filter_map(|role| {
-            let read_on = on.readback.get(role);
-            let read_off = off.readback.get(role);
-            let mismatched: Vec<String> = [(on, read_on), (off, read_off)]
-                .into_iter()
-                .filter(|(arm, read)| read.map(String::as_str) != Some(arm.value))
-                .map(|(arm, read)| {
+            let mismatched: Vec<String> = checked
+                .iter()
+                .map(|c| (c, c.readback.get(role)))
+                .filter(|(c, read)| read.map(String::as_str) != Some(c.value))
+                .map(|(c, read)| {
                     format!(
-                        "arm {} set {} but {} read back {}",
-                        arm.label,
-                        arm.value,
+                        "{} set {} but {} read back {}",
+                        c.subject(),
+                        c.value,
                         role,
                         read.map_or_else(|| "nothing".to_string(), |v| format!("{v:?}"))
                     )
@@ -175,10 +218,12 @@ fn readback_confounds(on: &ArmObservation, off: &ArmObservation) -> Vec<Confound
             if mismatched.is_empty() {
                 return None;
             }
+            let read =
+                |arm: &ArmObservation| arm.readback.get(role).map_or(Value::Null, |v| json!(v));
             Some(Confound {
                 name: format!("readback.{role}"),
-                on: read_on.map_or(Value::Null, |v| json!(v)),
-                off: read_off.map_or(Value::Null, |v| json!(v)),
+                on: read(on),
+                off: read(off),
                 severity: Severity::Blocking,
                 note: format!(
                     "readback mismatch in role {role}: {}",
@@ -189,17 +234,21 @@ fn readback_confounds(on: &ArmObservation, off: &ArmObservation) -> Vec<Confound
         .collect()
 }
 
-/// A role whose running engine reports a value other than its arm's (docs/design.md
-/// 3.7): the launch file said one thing and the engine ran another (a dead conditional,
-/// an ignored variable, an engine that was not restarted). Roles whose engine reports
-/// nothing are not judged here; their absence is what `effective` in run.json shows.
-fn effective_confounds(on: &ArmObservation, off: &ArmObservation) -> Vec<Confound> {
-    let found: Vec<(&ArmObservation, effective::Disagreement)> = [on, off]
-        .into_iter()
-        .flat_map(|arm| {
-            effective::disagreements(arm.value, arm.effective)
+/// A role whose running engine reports a value other than its arm's, in any arm or
+/// block checked (docs/design.md 3.7): the launch file said one thing and the engine ran
+/// another (a dead conditional, an ignored variable, an engine that was not restarted).
+/// Roles whose engine reports nothing are [`unverified_confounds`].
+fn effective_confounds(
+    on: &ArmObservation,
+    off: &ArmObservation,
+    checked: &[ArmObservation],
+) -> Vec<Confound> {
+    let found: Vec<(&ArmObservation, effective::Disagreement)> = checked
+        .iter()
+        .flat_map(|c| {
+            effective::disagreements(c.value, c.effective)
                 .into_iter()
-                .map(move |d| (arm, d))
+                .map(move |d| (c, d))
         })
         .collect();
     let roles: BTreeSet<&str> = found.iter().map(|(_, d)| d.role.as_str()).collect();
@@ -209,10 +258,12 @@ fn effective_confounds(on: &ArmObservation, off: &ArmObservation) -> Vec<Confoun
             let mismatched: Vec<String> = found
                 .iter()
                 .filter(|(_, d)| d.role == role)
-                .map(|(arm, d)| {
+                .map(|(c, d)| {
                     format!(
-                        "arm {} set {} but the {role} engine reports it runs with {:?}",
-                        arm.label, d.expected, d.reported
+                        "{} set {} but the {role} engine reports it runs with {:?}",
+                        c.subject(),
+                        d.expected,
+                        d.reported
                     )
                 })
                 .collect();
@@ -232,8 +283,58 @@ fn effective_confounds(on: &ArmObservation, off: &ArmObservation) -> Vec<Confoun
         .collect()
 }
 
+/// A role of the flag (one that read back a value) whose engine did not report the
+/// flag's value, in some arm or block checked: only the launch-file read-back says that
+/// role ran the arm's value, and an engine that ignores the setting would run both arms
+/// alike (a `cleared` that cleared nothing). A warning, not blocking: nothing in the run
+/// can fix an engine that does not report, but the verdict must say it rests on the
+/// read-back alone (docs/design.md 3.7, "unverified").
+fn unverified_confounds(
+    on: &ArmObservation,
+    off: &ArmObservation,
+    checked: &[ArmObservation],
+) -> Vec<Confound> {
+    let roles: BTreeSet<&String> = checked.iter().flat_map(|c| c.readback.keys()).collect();
+    roles
+        .into_iter()
+        .filter_map(|role| {
+            let silent: Vec<&ArmObservation> = checked
+                .iter()
+                .filter(|c| !c.effective.contains_key(role))
+                .collect();
+            if silent.is_empty() {
+                return None;
+            }
+            let reported =
+                |arm: &ArmObservation| arm.effective.get(role).map_or(Value::Null, |v| json!(v));
+            let when = if silent.len() == checked.len() {
+                String::new()
+            } else {
+                let who: Vec<String> = silent.iter().map(|c| c.subject()).collect();
+                format!(" in {}", who.join(", "))
+            };
+            Some(Confound {
+                name: format!("unverified.{role}"),
+                on: reported(on),
+                off: reported(off),
+                severity: Severity::Warning,
+                note: format!(
+                    "the {role} engine did not report the flag's value{when}: only the \
+                     launch-file read-back says it ran each arm's value, and an engine that \
+                     ignores the setting would run both arms alike (the target profile's \
+                     effective_url and effective_pointers say where an engine reports it)"
+                ),
+            })
+        })
+        .collect()
+}
+
 /// Error and timeout sessions: a toggle that makes the engine fail or crawl says nothing
-/// about corruption.
+/// about corruption. Blocking when an arm fails more than `degraded_fraction`; below
+/// that, warned when the arms' rates differ ([`differing_rates`]): failed sessions are
+/// left out of the corruption rates, so the arm that fails more can look cleaner, and a
+/// flag whose corruption surfaces as failures (an HTTP 500 from a tool-call parser)
+/// would otherwise hide behind `cleared`.
 fn degraded_confound(
     on: &ArmObservation,
     off: &ArmObservation,
@@ -271,11 +372,26 @@ fn degraded_confound(
             "sessions": arm.classified(),
         })
     };
-    let (severity, note) = if degraded.is_empty() {
+    let (rates, differ) = differing_rates(
+        (on.stats.counts.failed(), on.classified()),
+        (off.stats.counts.failed(), off.classified()),
+        policy,
+    );
+    let (severity, note) = if degraded.is_empty() && differ {
+        (
+            Severity::Warning,
+            format!(
+                "error+timeout sessions differ between arms ({rates}): failed sessions \
+                 cannot show corruption, so the arm that fails more can look cleaner, and \
+                 the failures may be the flag's corruption itself; read their errors in \
+                 sessions.jsonl"
+            ),
+        )
+    } else if degraded.is_empty() {
         (
             Severity::Info,
             format!(
-                "error+timeout within {}% in both arms",
+                "error+timeout within {}% in both arms ({rates})",
                 percent_digits(policy.degraded_fraction)
             ),
         )
@@ -464,9 +580,23 @@ fn target_concurrency(arm: &ArmObservation) -> Option<u64> {
         .or_else(|| arm.workload.get("sessions").and_then(Value::as_u64))
 }
 
-/// Why an arm's achieved load does not support `cleared`, if it does not: the engine
+/// Why the achieved load does not support `cleared`, for every arm or block checked
+/// ([`checked`]: a pooled arm's peak is its best block's) that falls short: the engine
 /// side (the busiest role's peak running requests) below `min_load_fraction` of the
 /// target, or no engine role reporting its load at all.
+pub(crate) fn load_shortfalls(
+    on: &ArmObservation,
+    off: &ArmObservation,
+    blocks: &[ArmObservation],
+    policy: &Policy,
+) -> Vec<String> {
+    checked(on, off, blocks)
+        .iter()
+        .filter_map(|c| load_shortfall(c, policy))
+        .collect()
+}
+
+/// Why one arm's (or block's) achieved load does not support `cleared`, if it does not.
 pub(crate) fn load_shortfall(arm: &ArmObservation, policy: &Policy) -> Option<String> {
     let target = target_concurrency(arm)?;
     let engine_peak = arm
@@ -479,14 +609,14 @@ pub(crate) fn load_shortfall(arm: &ArmObservation, policy: &Policy) -> Option<St
     let needed = (policy.min_load_fraction * target as f64).ceil() as u64;
     match engine_peak {
         None => Some(format!(
-            "arm {} has no engine-side load measurement (no role's metrics reported running \
+            "{} has no engine-side load measurement (no role's metrics reported running \
              requests), so the target concurrency {target} is unconfirmed",
-            arm.label
+            arm.subject()
         )),
         Some((peak, role)) if peak < needed => Some(format!(
-            "arm {} reached at most {peak} running requests ({role}), below {needed} \
+            "{} reached at most {peak} running requests ({role}), below {needed} \
              ({}% of the target concurrency {target})",
-            arm.label,
+            arm.subject(),
             (policy.min_load_fraction * 100.0).round()
         )),
         Some(_) => None,

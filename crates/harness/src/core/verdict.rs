@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::core::arm_stats::{ArmLabel, ArmStats};
-use crate::core::confounds::{confounds, load_shortfall};
+use crate::core::confounds::{confounds, load_shortfalls};
 use crate::core::format::{self, percent_digits};
 use crate::core::stats;
 
@@ -52,13 +52,17 @@ impl Default for Policy {
     }
 }
 
-/// What one arm (pooled over repeats) contributes to the decision: borrowed from the
-/// record that holds it, never copied.
+/// What one arm (pooled over repeats) contributes to the decision, or one block of it
+/// judged on its own: borrowed from the record that holds it, never copied.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ArmObservation<'a> {
     pub label: ArmLabel,
     /// The flag value this arm set.
     pub value: &'a str,
+    /// The block's repeat index when this is one of several blocks its arm pooled (the
+    /// reasons then name the block, `on-r1`); `None` for a pooled arm, or an arm of one
+    /// block (which is its arm).
+    pub block: Option<u32>,
     pub stats: &'a ArmStats,
     /// Role -> the value read back from its launch config after the edit.
     pub readback: &'a BTreeMap<String, String>,
@@ -87,6 +91,14 @@ impl ArmObservation<'_> {
     /// `on (=1)`: the label with the value it stands for.
     pub(crate) fn name(&self) -> String {
         format!("{} (={})", self.label, self.value)
+    }
+
+    /// `arm on`, or `block on-r1` for one block of several: who a reason is about.
+    pub(crate) fn subject(&self) -> String {
+        match self.block {
+            Some(repeat) => format!("block {}-r{repeat}", self.label),
+            None => format!("arm {}", self.label),
+        }
     }
 
     /// `14/80 (17.5%, 95% CI 10.7-27.3%)`, or without the "95% CI" words.
@@ -178,16 +190,30 @@ pub struct Verdict {
     pub summary: String,
 }
 
-/// Decides one flag's A/B run (docs/design.md 3.7). `flag` only names the flag in the summary.
+/// Decides one flag's A/B run (docs/design.md 3.7) from the pooled arms `on` and `off`.
+/// `blocks`: every block of both arms, each on its own, where the arms pooled blocks
+/// (repeats, adaptive blocks); the checks that hold per engine start (read-back,
+/// effective value, load) are made on each of them, because a pooled arm can hide one
+/// bad block behind good ones. Empty: the arms are judged as they are. `flag` only names
+/// the flag in the summary.
 pub fn decide(
     on: &ArmObservation,
     off: &ArmObservation,
+    blocks: &[ArmObservation],
     policy: &Policy,
     flag: &str,
 ) -> (Comparison, Vec<Confound>, Verdict) {
     let comparison = compare(on, off, policy);
-    let confounds = confounds(on, off, policy);
-    let verdict = judge(on, off, policy, flag, &comparison, &confounds);
+    let confounds = confounds(on, off, blocks, policy);
+    let shortfalls = load_shortfalls(on, off, blocks, policy);
+    let verdict = judge(
+        (on, off),
+        policy,
+        flag,
+        &comparison,
+        &confounds,
+        &shortfalls,
+    );
     (comparison, confounds, verdict)
 }
 
@@ -206,12 +232,12 @@ fn compare(on: &ArmObservation, off: &ArmObservation, policy: &Policy) -> Compar
 }
 
 fn judge(
-    on: &ArmObservation,
-    off: &ArmObservation,
+    (on, off): (&ArmObservation, &ArmObservation),
     policy: &Policy,
     flag: &str,
     comparison: &Comparison,
     confounds: &[Confound],
+    shortfalls: &[String],
 ) -> Verdict {
     let p = comparison.p_value;
     let [lo, hi] = comparison.diff_ci95;
@@ -239,9 +265,7 @@ fn judge(
     );
     let p_text = format!("Fisher p = {}", format::p_value(p));
 
-    let load_shortfall = [on, off]
-        .into_iter()
-        .find_map(|arm| load_shortfall(arm, policy));
+    let load_shortfall = (!shortfalls.is_empty()).then(|| shortfalls.join("; "));
     let status = if !blocking.is_empty() {
         Status::Inconclusive
     } else if significant {
@@ -506,6 +530,7 @@ mod tests {
             ArmObservation {
                 label: self.label,
                 value: &self.value,
+                block: None,
                 stats: &self.stats,
                 readback: &self.readback,
                 effective: &self.effective,
@@ -515,7 +540,8 @@ mod tests {
     }
 
     /// An arm with `corrupted` leak sessions, `timeouts` timeouts and the rest done, at
-    /// matching readback, equal load and speed, and the default workload parameters.
+    /// matching readback and engine-reported value, equal load and speed, and the
+    /// default workload parameters.
     fn arm(label: &str, value: &str, corrupted: u64, timeouts: u64, sessions: u64) -> TestArm {
         let counts = Counts {
             done: sessions - corrupted - timeouts,
@@ -534,21 +560,28 @@ mod tests {
         };
         stats.finish();
         stats.tokens_per_s = 900.0;
+        let readback: BTreeMap<String, String> = [("prefill", value), ("decode", value)]
+            .into_iter()
+            .map(|(r, v)| (r.to_string(), v.to_string()))
+            .collect();
         TestArm {
             label: ArmLabel::parse(label).unwrap(),
             value: value.to_string(),
             stats,
-            readback: [("prefill", value), ("decode", value)]
-                .into_iter()
-                .map(|(r, v)| (r.to_string(), v.to_string()))
-                .collect(),
-            effective: BTreeMap::new(),
+            effective: readback.clone(),
+            readback,
             workload: json!({"name": "agentic", "sessions": sessions, "concurrency": 40, "rounds": 4, "ctx": 2000}),
         }
     }
 
     fn decide_default(on: &TestArm, off: &TestArm) -> (Comparison, Vec<Confound>, Verdict) {
-        decide(&on.obs(), &off.obs(), &Policy::default(), "BF16_INDEX_K")
+        decide(
+            &on.obs(),
+            &off.obs(),
+            &[],
+            &Policy::default(),
+            "BF16_INDEX_K",
+        )
     }
 
     fn blocking_names(confounds: &[Confound]) -> Vec<&str> {
@@ -836,6 +869,190 @@ mod tests {
         let (_, confounds, verdict) = decide_default(&on, &off);
         assert!(blocking_names(&confounds).is_empty());
         assert_eq!(verdict.status, Status::Implicated);
+    }
+
+    impl TestArm {
+        /// This arm as block `repeat` of several.
+        fn block(&self, repeat: u32) -> ArmObservation<'_> {
+            ArmObservation {
+                block: Some(repeat),
+                ..self.obs()
+            }
+        }
+    }
+
+    /// A switch set "on" in two blocks; the engine reports booleans. Block r0's engine
+    /// reports `true` (agrees), block r1's did not pick up the config and reports
+    /// `false`: the pooled arm keeps the `false`, and the block is named.
+    #[test]
+    fn a_block_whose_engine_ran_another_value_blocks_the_pooled_arm() {
+        let agrees = crate::core::effective::agrees;
+        let mut r0 = arm("on", "on", 0, 0, 200);
+        r0.effective.insert("prefill".into(), "true".into());
+        let mut r1 = arm("on", "on", 0, 0, 200);
+        r1.effective.insert("prefill".into(), "false".into());
+        let mut on = arm("on", "on", 0, 0, 400);
+        on.effective =
+            crate::core::arm_stats::pool_readback("on", [&r0.effective, &r1.effective], agrees);
+        let off = arm("off", "off", 1, 0, 400);
+        // Pooled alone: the disagreeing report survives pooling.
+        let (_, confounds, verdict) = decide_default(&on, &off);
+        assert_eq!(blocking_names(&confounds), vec!["effective.prefill"]);
+        assert_eq!(verdict.status, Status::Inconclusive);
+        // With the blocks: the reason names the block that ran another value.
+        let blocks = [r0.block(0), r1.block(1), off.obs()];
+        let (_, confounds, verdict) = decide(
+            &on.obs(),
+            &off.obs(),
+            &blocks,
+            &Policy::default(),
+            "HICACHE",
+        );
+        assert_eq!(blocking_names(&confounds), vec!["effective.prefill"]);
+        assert_eq!(verdict.status, Status::Inconclusive);
+        assert!(
+            verdict.reasons[0].contains(
+                "block on-r1 set on but the prefill engine reports it runs with \"false\""
+            ) && !verdict.reasons[0].contains("on-r0"),
+            "{:?}",
+            verdict.reasons
+        );
+    }
+
+    /// Pooled peaks are the best block's: a block that never reached the load must stop
+    /// `cleared` on its own.
+    #[test]
+    fn a_block_short_of_the_load_stops_cleared_though_the_pooled_peak_reached_it() {
+        let at = |peak: u64, sessions: u64| {
+            let mut a = arm("on", "1", 0, 0, sessions);
+            a.workload["concurrency"] = json!(80);
+            a.stats.peak_running.insert("decode".into(), peak);
+            a
+        };
+        let (r0, r1) = (at(80, 200), at(20, 200));
+        let mut on = at(0, 400);
+        on.stats = ArmStats::pool([&r0.stats, &r1.stats]);
+        assert_eq!(on.stats.peak_running["decode"], 80);
+        let mut off = arm("off", "0", 1, 0, 400);
+        off.workload["concurrency"] = json!(80);
+        off.stats.peak_running.insert("decode".into(), 80);
+        // Without the blocks the pooled peak (80) hides the short block.
+        let (_, _, verdict) = decide_default(&on, &off);
+        assert_eq!(verdict.status, Status::Cleared, "{:?}", verdict.reasons);
+        let blocks = [r0.block(0), r1.block(1), off.obs()];
+        let (_, _, verdict) = decide(&on.obs(), &off.obs(), &blocks, &Policy::default(), "F");
+        assert_eq!(verdict.status, Status::Inconclusive);
+        assert!(
+            verdict.reasons[0].contains(
+                "block on-r1 reached at most 20 running requests (decode), below 72 \
+                 (90% of the target concurrency 80)"
+            ) && verdict.reasons[0].contains("a bug that needs load"),
+            "{:?}",
+            verdict.reasons
+        );
+    }
+
+    /// Corruption that surfaces as failures (HTTP 500s from a tool-call parser) is left
+    /// out of the rates: 9/100 failed on vs 0/100 off is below the degraded limit, but
+    /// must qualify `cleared`, as differing truncation does.
+    #[test]
+    fn differing_error_rates_below_the_degraded_limit_are_warned() {
+        let mut on = arm("on", "1", 0, 0, 100);
+        on.stats.counts.done = 91;
+        on.stats.counts.error = 9;
+        let off = arm("off", "0", 0, 0, 100);
+        let (_, confounds, verdict) = decide_default(&on, &off);
+        let failures = confounds
+            .iter()
+            .find(|c| c.name == "error_timeout")
+            .unwrap();
+        assert_eq!(failures.severity, Severity::Warning);
+        // 9/100 vs 0/100: Fisher two-sided p = 2 C(100,9) / C(200,9) = 0.0032.
+        assert!(
+            failures
+                .note
+                .contains("on 9/100 (9.0%), off 0/100 (0.0%), Fisher p = 0.0032"),
+            "{}",
+            failures.note
+        );
+        assert_eq!(verdict.status, Status::Cleared);
+        assert!(verdict
+            .reasons
+            .iter()
+            .any(|r| r.starts_with("warning: error+timeout sessions differ between arms")));
+        assert!(
+            verdict.summary.ends_with("(warnings: error_timeout)"),
+            "{}",
+            verdict.summary
+        );
+        // Two failures against none: recorded, not warned.
+        let mut on = arm("on", "1", 0, 0, 100);
+        on.stats.counts.done = 98;
+        on.stats.counts.error = 2;
+        let (_, confounds, _) = decide_default(&on, &off);
+        let failures = confounds
+            .iter()
+            .find(|c| c.name == "error_timeout")
+            .unwrap();
+        assert_eq!(failures.severity, Severity::Info);
+    }
+
+    /// An engine that does not report the flag (SGLang and environment variables): the
+    /// verdict stands on the read-back alone, and says so in its reasons and summary.
+    #[test]
+    fn a_flag_value_no_engine_reports_is_a_warning_in_the_verdict() {
+        let mut on = arm("on", "1", 0, 0, 400);
+        let mut off = arm("off", "0", 1, 0, 400);
+        on.effective.clear();
+        off.effective.clear();
+        let (_, confounds, verdict) = decide_default(&on, &off);
+        let unverified: Vec<&Confound> = confounds
+            .iter()
+            .filter(|c| c.name.starts_with("unverified."))
+            .collect();
+        assert_eq!(unverified.len(), 2, "{confounds:?}");
+        assert!(unverified.iter().all(|c| c.severity == Severity::Warning));
+        assert_eq!(verdict.status, Status::Cleared);
+        assert!(
+            verdict.reasons.iter().any(|r| r.starts_with(
+                "warning: the decode engine did not report the flag's value: only the \
+                 launch-file read-back"
+            )),
+            "{:?}",
+            verdict.reasons
+        );
+        assert!(
+            verdict
+                .summary
+                .ends_with("(warnings: unverified.decode, unverified.prefill)"),
+            "{}",
+            verdict.summary
+        );
+        // One block whose engine was silent is named.
+        let r0 = arm("on", "1", 0, 0, 200);
+        let mut r1 = arm("on", "1", 0, 0, 200);
+        r1.effective.remove("decode");
+        let on = arm("on", "1", 0, 0, 400);
+        let off = arm("off", "0", 1, 0, 400);
+        let blocks = [r0.block(0), r1.block(1), off.obs()];
+        let (_, confounds, _) = decide(&on.obs(), &off.obs(), &blocks, &Policy::default(), "F");
+        let decode = confounds
+            .iter()
+            .find(|c| c.name == "unverified.decode")
+            .unwrap();
+        assert!(
+            decode
+                .note
+                .contains("did not report the flag's value in block on-r1:"),
+            "{}",
+            decode.note
+        );
+        // The pooled arms' reports, as for `effective.<role>`.
+        assert_eq!(
+            (decode.on.clone(), decode.off.clone()),
+            (json!("1"), json!("0"))
+        );
+        assert!(!confounds.iter().any(|c| c.name == "unverified.prefill"));
     }
 
     #[test]

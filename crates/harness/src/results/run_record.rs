@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::{RoleSpec, TargetProfile};
 
 use crate::core::adaptive::AdaptiveRecord;
+use crate::core::effective;
 use crate::core::phases::Phases;
 
 use crate::core::arm_stats::{pool_readback, ArmLabel, ArmStats, RecordStatus};
@@ -168,8 +169,12 @@ impl ArmRecord {
     /// Pool several blocks of the same arm (repeats) into one.
     pub fn pool(label: ArmLabel, value: &str, blocks: &[&ArmRecord]) -> ArmRecord {
         let mut arm = ArmRecord::new(label, value, None);
-        arm.readback = pool_readback(value, blocks.iter().map(|b| &b.readback));
-        arm.effective = pool_readback(value, blocks.iter().map(|b| &b.effective));
+        arm.readback = pool_readback(value, blocks.iter().map(|b| &b.readback), |a, b| a == b);
+        arm.effective = pool_readback(
+            value,
+            blocks.iter().map(|b| &b.effective),
+            effective::agrees,
+        );
         arm.stats = ArmStats::pool(blocks.iter().map(|b| &b.stats));
         arm.sessions = arm.stats.sessions();
         arm
@@ -180,6 +185,7 @@ impl ArmRecord {
         ArmObservation {
             label: self.label,
             value: &self.value,
+            block: None,
             stats: &self.stats,
             readback: &self.readback,
             effective: &self.effective,
@@ -192,5 +198,138 @@ impl RunRecord {
     /// The pooled arm with this label, once it has run.
     pub fn arm(&self, label: ArmLabel) -> Option<&ArmRecord> {
         self.arms.iter().find(|a| a.label == label)
+    }
+
+    /// Every arm block (`runs`) as the verdict checks it on its own
+    /// ([`crate::core::verdict::decide`]'s `blocks`): a block of an arm that pooled
+    /// several is named by its repeat (`on-r1`); the only block of its arm is the arm.
+    pub fn block_observations<'a>(
+        &'a self,
+        workload: &'a serde_json::Value,
+    ) -> Vec<ArmObservation<'a>> {
+        self.runs
+            .iter()
+            .map(|run| {
+                let several = self.runs.iter().filter(|r| r.label == run.label).count() > 1;
+                ArmObservation {
+                    block: run.repeat.filter(|_| several),
+                    ..run.observe(workload)
+                }
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::core::verdict::{decide, Policy, Severity, Status};
+
+    /// A finished block of the switch `HICACHE` (on = "on"): 200 clean sessions, its
+    /// engine reporting `reported` for prefill and peaking at `peak` running requests.
+    fn block(label: ArmLabel, repeat: u32, reported: &str, peak: u64) -> ArmRecord {
+        let value = if label == ArmLabel::On { "on" } else { "off" };
+        let mut b = ArmRecord::new(label, value, Some(repeat));
+        b.readback.insert("prefill".into(), value.into());
+        b.effective.insert("prefill".into(), reported.into());
+        b.stats.counts.done = 200;
+        b.stats.peak_running.insert("prefill".into(), peak);
+        b.finish();
+        b
+    }
+
+    fn record(runs: Vec<ArmRecord>) -> RunRecord {
+        let mut record: RunRecord = serde_json::from_value(json!({
+            "schema": SCHEMA, "id": "t", "command": "bisect run", "started_at": "t",
+            "finished_at": null, "status": "finished",
+            "target": {"name": "t", "api": "http://h/v1", "model": "m", "profile": null,
+                       "roles": []},
+            "flag": {"name": "HICACHE", "switch": "--enable-hierarchical-cache",
+                     "roles": ["prefill"], "on": "on", "off": "off"},
+            "workload": {"sessions": 200, "concurrency": 80},
+            "arms": [], "runs": [], "comparison": null, "verdict": null, "error": null
+        }))
+        .unwrap();
+        for (label, value) in [(ArmLabel::On, "on"), (ArmLabel::Off, "off")] {
+            let blocks: Vec<&ArmRecord> = runs.iter().filter(|r| r.label == label).collect();
+            record.arms.push(ArmRecord::pool(label, value, &blocks));
+        }
+        record.runs = runs;
+        record
+    }
+
+    fn verdict(record: &RunRecord) -> (Vec<crate::core::verdict::Confound>, Status, String) {
+        let (on, off) = (
+            record.arm(ArmLabel::On).unwrap(),
+            record.arm(ArmLabel::Off).unwrap(),
+        );
+        let (_, confounds, verdict) = decide(
+            &on.observe(&record.workload),
+            &off.observe(&record.workload),
+            &record.block_observations(&record.workload),
+            &Policy::default(),
+            "HICACHE",
+        );
+        (confounds, verdict.status, verdict.reasons.join("\n"))
+    }
+
+    /// `--repeats 2`: the second `on` block's engine did not take the config. Its report
+    /// survives pooling and the reason names the block.
+    #[test]
+    fn a_repeated_arm_with_one_bad_engine_report_is_not_judged_on_the_pool() {
+        let good = [
+            block(ArmLabel::On, 0, "true", 80),
+            block(ArmLabel::Off, 0, "false", 80),
+            block(ArmLabel::Off, 1, "false", 80),
+            block(ArmLabel::On, 1, "true", 80),
+        ];
+        let (_, status, reasons) = verdict(&record(good.to_vec()));
+        assert_eq!(status, Status::Cleared, "{reasons}");
+
+        let mut bad = good.to_vec();
+        bad[3] = block(ArmLabel::On, 1, "false", 80);
+        let record = record(bad);
+        assert_eq!(
+            record.arm(ArmLabel::On).unwrap().effective["prefill"],
+            "false"
+        );
+        let (confounds, status, reasons) = verdict(&record);
+        assert_eq!(status, Status::Inconclusive);
+        let blocking: Vec<&str> = confounds
+            .iter()
+            .filter(|c| c.severity == Severity::Blocking)
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(blocking, ["effective.prefill"]);
+        assert!(
+            reasons.contains(
+                "block on-r1 set on but the prefill engine reports it runs with \"false\""
+            ),
+            "{reasons}"
+        );
+    }
+
+    /// Peaks 80 and 20 in the two `on` blocks: the pooled peak is 80, the short block
+    /// still stops `cleared`.
+    #[test]
+    fn a_repeated_arm_with_one_block_short_of_the_load_is_not_cleared() {
+        let record = record(vec![
+            block(ArmLabel::On, 0, "true", 80),
+            block(ArmLabel::Off, 0, "false", 80),
+            block(ArmLabel::Off, 1, "false", 80),
+            block(ArmLabel::On, 1, "true", 20),
+        ]);
+        assert_eq!(
+            record.arm(ArmLabel::On).unwrap().stats.peak_running["prefill"],
+            80
+        );
+        let (_, status, reasons) = verdict(&record);
+        assert_eq!(status, Status::Inconclusive);
+        assert!(
+            reasons.contains("block on-r1 reached at most 20 running requests (prefill)"),
+            "{reasons}"
+        );
     }
 }

@@ -31,7 +31,7 @@ use serde_json::{Map, Value};
 
 pub use markup::{MarkupFamily, UnknownFamily};
 
-use crate::config::{CheckArgs, ToolSpec};
+use crate::config::{CheckArgs, TargetProfile, ToolSpec, Workload};
 use crate::core::session::{ChatMessage, RoundClass, ToolCall};
 use markup::{Hit, MarkupSet};
 
@@ -121,6 +121,12 @@ impl Classifier {
             }
         }
         Ok(Classifier { markup, validators })
+    }
+
+    /// The classifier of every command that drives a target: the workload's tools and
+    /// the target profile's markup families (what counts as a leak on that engine).
+    pub fn for_target(workload: &Workload, target: &TargetProfile) -> anyhow::Result<Self> {
+        Classifier::new(&workload.tools, &target.markup)
     }
 
     /// All markup families.
