@@ -95,8 +95,8 @@ impl fmt::Display for Kept {
             f,
             "{path} was changed by someone other than bisect while bisect had it edited: \
              the original from before the run is back in {path}, and the changed version \
-             is kept in {copy} (it also holds bisect's edit of the flag; compare the two \
-             and copy back what should stay)",
+             is kept in {copy} (it may also hold a value bisect wrote for the run; compare \
+             the two and copy back what should stay)",
             path = self.path.display(),
             copy = self.copy.display()
         )
