@@ -59,11 +59,15 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 /// Restore the launch configs a run that died (kill -9) left edited: every command that
 /// edits them replays its journal before anything else.
 fn recover_journal(journal_dir: &Path) -> anyhow::Result<()> {
-    for p in bisect_harness::launch::recover(journal_dir)? {
+    let recovery = bisect_harness::launch::recover(journal_dir)?;
+    for p in &recovery.restored {
         eprintln!(
             "restored {} left edited by an earlier run that did not finish",
             p.display()
         );
+    }
+    for kept in &recovery.kept {
+        eprintln!("warning: {kept}");
     }
     Ok(())
 }

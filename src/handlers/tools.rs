@@ -242,8 +242,8 @@ pub fn kernels() -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Recovers every target a dead bisect left (its state found by the target's launch
-/// configs, under `$XDG_STATE_HOME/bisect`), plus a journal an older version left in the
+/// Recovers every launch config a dead bisect left (its state found by the file's path,
+/// under `$XDG_STATE_HOME/bisect`), plus a journal an older version left in the
 /// results root.
 pub fn restore(args: &RestoreArgs) -> anyhow::Result<ExitCode> {
     use bisect_harness::launch;
@@ -260,6 +260,9 @@ pub fn restore(args: &RestoreArgs) -> anyhow::Result<ExitCode> {
     }
     for p in recovery.restored {
         println!("restored {}", p.display());
+    }
+    for kept in recovery.kept {
+        println!("warning: {kept}");
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -145,3 +145,167 @@ async fn sigterm_restores_and_exits_130() {
         serde_json::from_str(&std::fs::read_to_string(run_dir.join("run.json")).unwrap()).unwrap();
     assert_eq!(run["status"], "interrupted");
 }
+
+/// The fake's control with someone else's hand on the files: `after_restart(n)` runs
+/// after the n-th restart (1-based), `before_stop(n)` before each stop, n restarts done.
+struct Meddled {
+    inner: crate::fake::FakeControl,
+    restarts: u32,
+    after_restart: Box<dyn FnMut(u32) + Send>,
+    before_stop: Box<dyn FnMut(u32) + Send>,
+}
+
+impl Meddled {
+    fn new(t: &FakeTarget) -> Meddled {
+        Meddled {
+            inner: t.engine.control(),
+            restarts: 0,
+            after_restart: Box::new(|_| {}),
+            before_stop: Box::new(|_| {}),
+        }
+    }
+}
+
+impl bisect_harness::control::EngineControl for Meddled {
+    fn restart<'a>(
+        &'a mut self,
+        label: &'a str,
+        cancel: &'a tokio_util::sync::CancellationToken,
+    ) -> futures::future::BoxFuture<'a, anyhow::Result<std::collections::BTreeMap<String, f64>>>
+    {
+        Box::pin(async move {
+            let waits = self.inner.restart(label, cancel).await?;
+            self.restarts += 1;
+            (self.after_restart)(self.restarts);
+            Ok(waits)
+        })
+    }
+
+    fn stop(&mut self) -> futures::future::BoxFuture<'_, anyhow::Result<()>> {
+        (self.before_stop)(self.restarts);
+        self.inner.stop()
+    }
+}
+
+/// Issue: each arm's edit re-read the launch config, so a change someone made during
+/// the first arm ran in every later arm (the arms then differed by more than the flag,
+/// with no confound), and the restore then wrote over it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_by_someone_else_during_a_run_stops_it_and_is_kept() {
+    let t = FakeTarget::new().await;
+    let before = t.launch_bytes();
+    let plan = t.plan("FAKE_BF16", 4, 1);
+    let decode = t.target.roles[1].launch.canonicalize().unwrap();
+    let theirs = format!(
+        "{}# someone's own change\n",
+        crate::common::DECODE_LAUNCH.replace("FAKE_SLOW_MS=800", "FAKE_SLOW_MS=900")
+    );
+    let mut control = Meddled::new(&t);
+    {
+        let (decode, theirs) = (decode.clone(), theirs.clone());
+        control.after_restart = Box::new(move |n| {
+            if n == 1 {
+                let text = std::fs::read_to_string(&decode).unwrap();
+                // Whatever the first arm wrote, plus their change.
+                let line = text
+                    .lines()
+                    .find(|l| l.contains("FAKE_INDEX_BF16"))
+                    .unwrap();
+                std::fs::write(&decode, theirs.replace("export FAKE_INDEX_BF16=1", line)).unwrap();
+            }
+        });
+    }
+    let err = bisect_harness::commands::run::run_experiment(
+        &plan,
+        &mut control,
+        &bisect_harness::commands::run::Quiet,
+        tokio_util::sync::CancellationToken::new(),
+    )
+    .await
+    .unwrap_err();
+    let msg = format!("{err:#}");
+    assert!(
+        msg.contains(&decode.display().to_string())
+            && msg.contains("the arms would differ by more than the flag"),
+        "{msg}"
+    );
+    assert_eq!(bisect_harness::exit::code_for_error(&err), 3);
+    assert_eq!(control.restarts, 1, "no second arm");
+    assert_eq!(t.launch_bytes(), before, "the original is back");
+    let kept: Vec<_> = std::fs::read_dir(decode.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("decode.sh.changed-during-bisect-")
+        })
+        .collect();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    let kept_text = std::fs::read_to_string(&kept[0]).unwrap();
+    assert!(kept_text.contains("# someone's own change") && kept_text.contains("FAKE_SLOW_MS=900"));
+    let run: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(plan.run_dir.join("run.json")).unwrap())
+            .unwrap();
+    assert_eq!(run["status"], "failed");
+}
+
+/// Issue: on a full disk the restore failed, then writing run.json failed too, and its
+/// `?` returned before the restore's error was combined in: the user read only "writing
+/// run.tmp~: No space left on device", not that the launch configs were still edited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_restore_is_reported_first_when_the_results_cannot_be_written_either() {
+    let t = FakeTarget::new().await;
+    let before = t.launch_bytes();
+    let mut plan = t.plan("FAKE_BF16", 4, 1);
+    // Pinned for every arm, so decode.sh differs from its original at the end.
+    plan.sets
+        .push((t.catalog.get("FAKE_NOISE").unwrap().clone(), "3".into()));
+    let decode = &t.target.roles[1].launch;
+    let decode_tmp = decode.with_file_name(".decode.sh.bisect-tmp");
+    let record_tmp = plan.run_dir.join("run.tmp~");
+    // The close's stop (after both arms' restarts) leaves the disk as a full one would:
+    // a directory where the atomic writes of decode.sh and of run.json put their temp
+    // files, so both the restore and the record's write fail.
+    let mut control = Meddled::new(&t);
+    let blocked = [decode_tmp.clone(), record_tmp.clone()];
+    control.before_stop = Box::new(move |restarts| {
+        if restarts == 2 {
+            for path in &blocked {
+                std::fs::create_dir_all(path).unwrap();
+            }
+        }
+    });
+    let err = bisect_harness::commands::run::run_experiment(
+        &plan,
+        &mut control,
+        &bisect_harness::commands::run::Quiet,
+        tokio_util::sync::CancellationToken::new(),
+    )
+    .await
+    .unwrap_err();
+    let msg = format!("{err:#}");
+    assert!(
+        msg.starts_with("restoring the original launch configs"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains(&decode.canonicalize().unwrap().display().to_string()),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("the results could not be written either") && msg.contains("run.tmp~"),
+        "{msg}"
+    );
+    assert_ne!(t.launch_bytes(), before, "the configs are still edited");
+
+    // Once there is room again, the journal that was kept puts the originals back.
+    std::fs::remove_dir(&decode_tmp).unwrap();
+    std::fs::remove_dir(&record_tmp).unwrap();
+    let recovery =
+        bisect_harness::launch::recover_at(plan.state_root.as_deref().unwrap(), &plan.journal_dir)
+            .unwrap();
+    assert!(!recovery.restored.is_empty());
+    assert_eq!(t.launch_bytes(), before);
+}

@@ -131,22 +131,26 @@ impl Embedded {
         cmd.spawn().unwrap()
     }
 
-    /// The target's state directory, once a command created it.
-    fn state_dir(&self) -> Option<PathBuf> {
+    /// The state directories of the target's launch configs (one per file), once a
+    /// command created them.
+    fn state_dirs(&self) -> Vec<PathBuf> {
         std::fs::read_dir(self.path("state/bisect"))
-            .ok()?
-            .map(|e| e.unwrap().path())
-            .next()
+            .map(|dirs| {
+                dirs.map(|e| e.unwrap().path())
+                    .filter(|p| p.is_dir())
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
-    /// Process groups the run recorded (`processes.json`), if any.
+    /// Process groups the run recorded (`processes.json` of every launch config), if any.
     fn recorded_groups(&self) -> Vec<i32> {
-        self.state_dir()
-            .and_then(|d| std::fs::read(d.join("processes.json")).ok())
-            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-            .and_then(|v| v.as_array().cloned())
-            .unwrap_or_default()
+        self.state_dirs()
             .iter()
+            .filter_map(|d| std::fs::read(d.join("processes.json")).ok())
+            .filter_map(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .filter_map(|v| v.as_array().cloned())
+            .flatten()
             .filter_map(|g| g["pgid"].as_i64().map(|p| p as i32))
             .collect()
     }
@@ -198,10 +202,10 @@ impl Embedded {
     /// half-written launch configs.
     fn leftovers(&self) -> Vec<String> {
         let mut left = Vec::new();
-        if let Some(state) = self.state_dir() {
+        for state in self.state_dirs() {
             for name in ["journal.json", "processes.json", "lock.json"] {
                 if state.join(name).exists() {
-                    left.push(name.to_string());
+                    left.push(format!("{}/{name}", state.display()));
                 }
             }
         }

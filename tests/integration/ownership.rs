@@ -293,3 +293,102 @@ fn a_read_only_launch_config_is_refused_before_any_edit() {
     assert!(err.contains("read-only") && err.contains("fix:"), "{err}");
     assert_eq!(t.launch(), before, "content and mode untouched");
 }
+
+/// Issue: with restart commands, `bisect probe` took no lock: it restarted the engines
+/// in the middle of a run's arm and measured the run's edited config as the commit's
+/// "as-is". It now holds the launch configs like any bisect, so it is refused while a
+/// run holds one of them, before it reads or restarts anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_is_refused_while_a_run_holds_its_launch_config() {
+    let t = Target::new(Some("echo $$ > restart.pid; exec sleep 600"));
+    let before = t.launch();
+    let run = t.run("r1", Stdio::piped());
+    // The run sits in its first restart: the config edited, the lock held.
+    let pgid = t.pid_in("restart.pid").await;
+    let edited = t.launch();
+    std::fs::write(
+        t.path("probe.toml"),
+        "name = \"own\"\napi = \"http://127.0.0.1:9/v1\"\nmodel = \"m\"\n\n[[role]]\nname = \"solo\"\nlaunch = \"solo.sh\"\nrestart = \"touch probed\"\nhealth = \"http://127.0.0.1:9/health\"\nhealth_timeout_s = 1\n",
+    )
+    .unwrap();
+
+    let probe = t
+        .bisect()
+        .args(["probe", "--target", "probe.toml", "--flags-dir", "flags"])
+        .args(["--workload", "smoke", "--sessions", "1", "--results", "p"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&probe.stderr);
+    // 125: git bisect skips the commit rather than judging it on another run's config.
+    assert_eq!(probe.status.code(), Some(125), "{err}");
+    assert!(err.contains("in use by another bisect"), "{err}");
+    assert!(err.contains(&format!("pid {}", run.id())), "{err}");
+    assert!(!t.path("probed").exists(), "the probe restarted nothing");
+    assert_eq!(t.launch(), edited, "the probe touched nothing");
+
+    kill(Pid::from_raw(run.id() as i32), Signal::SIGINT).unwrap();
+    let out = wait_output(run).await;
+    assert_eq!(
+        out.status.code(),
+        Some(130),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(t.launch(), before);
+    assert_group_gone(pgid).await;
+}
+
+/// Issue: the lock was keyed by the set of a target's launch configs, so a run on a
+/// target that shares one file with a running one (its prefill.sh + decode.sh, and
+/// decode.sh alone) started, journaled the first run's edit as the original, and left
+/// the file edited for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_on_a_target_sharing_one_launch_config_is_refused() {
+    let t = Target::new(None);
+    let before = t.launch();
+    let first = t.run("r1", Stdio::piped());
+    t.spawned_groups().await;
+    let edited = t.launch();
+    let other = LAUNCH.replace("export OWN_X=2\n", "");
+    std::fs::write(t.path("other.sh"), &other).unwrap();
+    let text = std::fs::read_to_string(t.path("target.toml")).unwrap();
+    let other_role = text
+        .split_once("[[role]]")
+        .unwrap()
+        .1
+        .replace("name = \"solo\"", "name = \"other\"")
+        .replace("launch = \"solo.sh\"", "launch = \"other.sh\"");
+    std::fs::write(t.path("both.toml"), format!("{text}\n[[role]]{other_role}")).unwrap();
+
+    let second = t
+        .bisect()
+        .args(["run", "--flag", "OWN_X", "--flags-dir", "flags"])
+        .args(["--target", "both.toml", "--workload", "smoke"])
+        .args(["--sessions", "1", "--results", "r2"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(second.status.code(), Some(3), "{err}");
+    let solo = t.path("solo.sh").canonicalize().unwrap();
+    assert!(
+        err.contains(&format!("launch config {} is in use", solo.display())),
+        "{err}"
+    );
+    assert!(err.contains(&format!("pid {}", first.id())), "{err}");
+    assert_eq!(t.launch(), edited, "the second run touched nothing");
+    assert_eq!(std::fs::read_to_string(t.path("other.sh")).unwrap(), other);
+
+    kill(Pid::from_raw(first.id() as i32), Signal::SIGTERM).unwrap();
+    let out = wait_output(first).await;
+    assert_eq!(
+        out.status.code(),
+        Some(130),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        t.launch(),
+        before,
+        "the original is back, not the first run's edit"
+    );
+}

@@ -152,6 +152,34 @@ impl Closed {
         self.stopped.context("stopping the engines")?;
         Ok(value)
     }
+
+    /// [`Closed::combine`] for a command that writes its record after closing, `written`
+    /// being that write: see [`record_written`].
+    pub fn combine_written<T>(
+        self,
+        outcome: anyhow::Result<T>,
+        written: anyhow::Result<()>,
+    ) -> anyhow::Result<T> {
+        record_written(self.combine(outcome), written)
+    }
+}
+
+/// A command's result once its record is written: `result` (its outcome combined with
+/// the close, [`Closed::combine`]) and `written`, the record's write. A failure of the
+/// write never hides the result's error: a full disk fails a restore and then the
+/// record, and the restore (the launch configs still edited) is what the user must
+/// read first. When both failed, the message is the result's, then the write's.
+pub fn record_written<T>(
+    result: anyhow::Result<T>,
+    written: anyhow::Result<()>,
+) -> anyhow::Result<T> {
+    match (result, written) {
+        (result, Ok(())) => result,
+        (Ok(_), Err(unwritten)) => Err(unwritten),
+        (Err(first), Err(unwritten)) => Err(anyhow::anyhow!(
+            "{first:#}\n  and the results could not be written either: {unwritten:#}"
+        )),
+    }
 }
 
 /// A target under bisect's control for the length of one command.
@@ -214,7 +242,7 @@ impl<'a> Testbed<'a> {
                 let root = spec
                     .state_root
                     .map_or_else(crate::launch::state_root, Path::to_path_buf);
-                let editor = Editor::begin_at(&root, dir, &files)
+                let mut editor = Editor::begin_at(&root, dir, &files)
                     .with_context(|| format!("journaling launch configs in {}", dir.display()))?;
                 for file in editor.recovered() {
                     progress.note(&format!(
@@ -227,6 +255,9 @@ impl<'a> Testbed<'a> {
                         "stopped role {} (process group {}), left running by an earlier run that did not finish",
                         group.role, group.pgid
                     ));
+                }
+                for kept in editor.take_kept() {
+                    progress.note(&format!("warning: {kept}"));
                 }
                 Some(editor)
             }
@@ -304,6 +335,10 @@ impl<'a> Testbed<'a> {
     pub async fn restart(&mut self, label: &str) -> anyhow::Result<Restarted> {
         // A signal that arrived while the configs were written starts no engine.
         self.check_cancelled()?;
+        // Someone else's edit since bisect's last write would be measured as this arm's.
+        if let Some(editor) = &self.editor {
+            editor.check_unchanged()?;
+        }
         let started = Instant::now();
         // The restart's one stop: the control's restart expects its engines stopped, so
         // that what answers now is not ours.
@@ -527,7 +562,13 @@ impl<'a> Testbed<'a> {
     pub async fn close(mut self) -> Closed {
         let stopped = self.control.stop().await;
         let restored = match self.editor.as_mut() {
-            Some(editor) => editor.restore(),
+            Some(editor) => {
+                let restored = editor.restore();
+                for kept in editor.take_kept() {
+                    self.progress.note(&format!("warning: {kept}"));
+                }
+                restored
+            }
             None => Ok(()),
         };
         Closed { stopped, restored }

@@ -6,9 +6,12 @@
 //! at its health URL. Everything here sits behind [`EngineControl`] so the experiment
 //! can be driven against fakes without processes.
 //!
-//! Bisect owns what it starts: every spawned role's process group is recorded (with its
-//! leader's start time) in the target's state under the target's lock, so that after a
-//! kill -9 the next bisect kills exactly those groups; every child also gets
+//! Bisect owns what it starts: before restarting anything, the controller holds the lock
+//! of every launch config of the target (shared with this process's editor, or taken:
+//! a probe edits nothing but must neither restart engines nor read configs that another
+//! bisect has edited, nor let one start meanwhile). Every spawned role's process group
+//! is recorded (with its leader's start time) in its launch config's state, so that
+//! after a kill -9 the next bisect kills exactly those groups; every child also gets
 //! `PR_SET_PDEATHSIG(SIGKILL)` on Linux. A restart command runs in its own process
 //! group with a timeout (`restart_timeout_s`), and Ctrl-C kills that group at once.
 
@@ -24,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{RoleSpec, TargetProfile};
 use crate::exit::Failure;
-use crate::launch::{self, LockGuard, SpawnedGroup};
+use crate::launch::{self, SpawnedGroup, TargetLocks};
 
 /// What an arm needs from engine control. Object-safe async without a macro crate: the
 /// methods return boxed futures.
@@ -44,6 +47,16 @@ pub trait EngineControl: Send {
 
     /// Stop whatever this controller started (spawned roles). Idempotent.
     fn stop(&mut self) -> BoxFuture<'_, anyhow::Result<()>>;
+
+    /// Hold the target's launch configs for as long as this controller lives: refused
+    /// (exit 3, naming the file and its holder) while another bisect holds any of them,
+    /// and no other bisect starts on them meanwhile. A command that edits them already
+    /// holds them through its editor; a probe, which only reads them, calls this first.
+    /// Returns what was undone of a dead bisect's leftovers, one line each for the user.
+    /// Restarting claims them too.
+    fn claim(&mut self) -> anyhow::Result<Vec<String>> {
+        Ok(Vec::new())
+    }
 
     /// Per role, for the latest restart: an upper bound on the health poller's padding,
     /// the time from the last probe that found the role unhealthy to the probe that
@@ -73,9 +86,9 @@ pub struct ProcessControl {
     logs_dir: PathBuf,
     http: reqwest::Client,
     spawned: Vec<Spawned>,
-    /// The target's state directory and lock, taken at the first spawn (shared with
-    /// this process's launch-config editor when it holds the lock already).
-    state: Option<(PathBuf, LockGuard)>,
+    /// The locks of the target's launch configs, taken at the first claim or restart
+    /// (shared with this process's launch-config editor when it holds them already).
+    state: Option<TargetLocks>,
     state_root: PathBuf,
     /// Role -> padding bound of the latest restart ([`EngineControl::health_padding`]).
     padding: BTreeMap<String, f64>,
@@ -85,6 +98,8 @@ struct Spawned {
     role: String,
     child: Child,
     log: PathBuf,
+    /// The state directory where its group is recorded (its launch config's).
+    state_dir: Option<PathBuf>,
 }
 
 impl ProcessControl {
@@ -124,16 +139,25 @@ impl ProcessControl {
         self
     }
 
-    /// The target's state directory, its lock taken (refused while another live bisect
-    /// holds it).
-    fn state_dir(&mut self) -> anyhow::Result<PathBuf> {
-        if let Some((dir, _)) = &self.state {
-            return Ok(dir.clone());
+    /// The locks of every launch config of the target (refused while another live
+    /// bisect holds any of them); the lines say what was recovered on taking them.
+    fn hold(&mut self) -> anyhow::Result<Vec<String>> {
+        if self.state.is_some() {
+            return Ok(Vec::new());
         }
         let files: Vec<PathBuf> = self.roles.iter().map(|r| r.launch.clone()).collect();
-        let (dir, guard) = launch::lock_target(&self.state_root, &files)?;
-        self.state = Some((dir.clone(), guard));
-        Ok(dir)
+        let (locks, recovery) = launch::lock_target(&self.state_root, &files)?;
+        self.state = Some(locks);
+        Ok(recovery.lines())
+    }
+
+    /// The state directory of `role`'s launch config (its locks held).
+    fn state_dir(&mut self, role: &RoleSpec) -> anyhow::Result<PathBuf> {
+        self.hold()?;
+        self.state
+            .as_ref()
+            .context("the launch configs are held")?
+            .dir_of(&role.launch)
     }
 
     async fn stop_all(&mut self) -> anyhow::Result<()> {
@@ -142,7 +166,7 @@ impl ProcessControl {
             let pgid = s.child.id();
             if let Err(e) = stop_child(&mut s.child).await {
                 first_err.get_or_insert(anyhow!("stopping role {}: {e:#}", s.role));
-            } else if let (Some(pgid), Some((dir, _))) = (pgid, &self.state) {
+            } else if let (Some(pgid), Some(dir)) = (pgid, &s.state_dir) {
                 if let Err(e) = launch::forget_group(dir, pgid) {
                     first_err.get_or_insert(e);
                 }
@@ -167,6 +191,11 @@ impl ProcessControl {
                 running.role
             ));
         }
+        // Restart commands take no lock of their own: without this, a restart could act
+        // on engines whose configs another bisect has edited. What was recovered on
+        // taking the locks here was the claim's to report; a command that restarts
+        // claims first or holds the configs through its editor.
+        self.hold()?;
         let roles = self.roles.clone();
         let key_env = self.api_key_env.clone();
         let hide_key = |role: &RoleSpec| key_env.clone().filter(|_| !role.pass_api_key);
@@ -182,8 +211,9 @@ impl ProcessControl {
                     watches.insert(role.name.clone(), watch);
                 }
                 None => {
-                    let state_dir = self.state_dir()?;
-                    let spawned = spawn_launch(role, &self.logs_dir, label, hide_key(role))?;
+                    let state_dir = self.state_dir(role)?;
+                    let mut spawned = spawn_launch(role, &self.logs_dir, label, hide_key(role))?;
+                    spawned.state_dir = Some(state_dir.clone());
                     let pgid = spawned.child.id();
                     self.spawned.push(spawned);
                     if let Some(pgid) = pgid {
@@ -361,6 +391,10 @@ impl EngineControl for ProcessControl {
         Box::pin(self.stop_all())
     }
 
+    fn claim(&mut self) -> anyhow::Result<Vec<String>> {
+        self.hold()
+    }
+
     fn health_padding(&self) -> BTreeMap<String, f64> {
         self.padding.clone()
     }
@@ -375,7 +409,7 @@ impl Drop for ProcessControl {
                     nix::unistd::Pid::from_raw(pid as i32),
                     nix::sys::signal::Signal::SIGKILL,
                 );
-                if let Some((dir, _)) = &self.state {
+                if let Some(dir) = &s.state_dir {
                     let _ = launch::forget_group(dir, pid);
                 }
             }
@@ -589,6 +623,7 @@ fn spawn_launch(
         role: role.name.clone(),
         child,
         log,
+        state_dir: None,
     })
 }
 
@@ -642,6 +677,11 @@ mod tests {
 
     /// A one-role target on a dead port.
     fn solo_target(launch: PathBuf, restart: Option<&str>, health_timeout_s: u64) -> TargetProfile {
+        // A profile's launch config exists (loading checks it), and restarting takes its
+        // lock even where a restart command does the work.
+        if !launch.exists() {
+            std::fs::write(&launch, "#!/bin/sh\n").unwrap();
+        }
         TargetProfile {
             name: "t".into(),
             api: "http://127.0.0.1:9/v1".into(),
@@ -841,12 +881,61 @@ mod tests {
             &dir.path().join("logs"),
             Some(crate::test_http::KEY.into()),
         )
-        .unwrap();
+        .unwrap()
+        .with_state_root(&dir.path().join("state"));
         ctl.restart("on", &CancellationToken::new()).await.unwrap();
         // Without the key the engine says nothing about itself: no proof.
         let mut keyless = control_in(dir.path(), &target);
         let err = failed_restart(&mut keyless, "off").await;
         assert!(format!("{err:#}").contains("did not happen"), "{err:#}");
+    }
+
+    /// Issue: restart commands took no lock, so a probe restarted the engines in the
+    /// middle of a run's arm. Restarting (and a probe's claim) now holds the launch
+    /// configs first.
+    #[tokio::test]
+    async fn no_restart_command_runs_while_another_bisect_holds_the_launch_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let ran = dir.path().join("ran");
+        let target = solo_target(
+            dir.path().join("solo.sh"),
+            Some(&format!("touch '{}'", ran.display())),
+            1,
+        );
+        let mut other = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let canonical = std::fs::canonicalize(&target.roles[0].launch).unwrap();
+        let state = crate::launch::state_root_for_tests(&dir.path().join("state"), &[canonical]);
+        std::fs::create_dir_all(&state).unwrap();
+        let owner = serde_json::json!({
+            "pid": other.id(),
+            "start_ticks": launch::start_ticks(other.id()).unwrap(),
+            "cmdline": "bisect run --flag X",
+            "started_at": "earlier",
+        });
+        std::fs::write(state.join("lock.json"), owner.to_string()).unwrap();
+
+        let mut ctl = control_in(dir.path(), &target);
+        let err = ctl.claim().unwrap_err();
+        assert!(
+            format!("{err:#}").contains("in use by another bisect"),
+            "{err:#}"
+        );
+        let err = failed_restart(&mut ctl, "on").await;
+        assert!(
+            format!("{err:#}").contains(&format!("pid {}", other.id())),
+            "{err:#}"
+        );
+        assert!(!ran.exists(), "the restart command did not run");
+        other.kill().unwrap();
+        other.wait().unwrap();
+        // The holder gone, its lock is stale and taken over.
+        ctl.claim().unwrap();
+        assert!(std::fs::read_to_string(state.join("lock.json"))
+            .unwrap()
+            .contains(&format!("\"pid\": {}", std::process::id())));
     }
 
     #[tokio::test]

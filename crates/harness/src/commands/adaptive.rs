@@ -131,8 +131,8 @@ pub async fn run_adaptive(
     record.phases = Some(phases);
     (record.status, record.error) = settle(&outcome);
     record.finished_at = Some(now());
-    results.write_record(&record)?;
-    closed.combine(outcome)?;
+    let written = results.write_record(&record);
+    closed.combine_written(outcome, written)?;
     Ok(record)
 }
 

@@ -169,6 +169,11 @@ pub async fn run_probe(
     progress: &dyn Progress,
     cancel: CancellationToken,
 ) -> anyhow::Result<ProbeRecord> {
+    // Before the configs are read: another bisect's edits are not this commit's "as-is",
+    // and no other bisect may edit them or start engines while the probe runs.
+    for line in control.claim()? {
+        progress.note(&line);
+    }
     let results = ResultsDir::create(&plan.run_dir)?;
     let mut record = ProbeRecord {
         schema: "bisect.probe/1".into(),

@@ -3,23 +3,37 @@
 //! (temp file + fsync + rename, permissions kept), and a journal left by a dead
 //! process is recovered on the next start or by `bisect restore`.
 //!
-//! The journal lives in the target's state directory (`state.rs`, keyed by the launch
-//! configs, not by `--results`), under the target's lock: `journal.json` ({pid,
-//! started_at, files: [{path, copy, mode, len, crc32}]}) and one `original-N` copy per
-//! file. The journal names the launch configs by canonical path, so a symlinked config
-//! is restored where it lives. Taking the lock replays a journal and kills the engines
-//! a dead bisect left (`processes.json`). Journals that older versions left in
-//! `<results>/.bisect-journal` are still recovered from there.
+//! Each launch config has its own state (`state.rs`, keyed by its canonical path, not by
+//! `--results`) and its own lock. [`Editor::begin`] takes the lock of every file of the
+//! target in path order, so a bisect whose files overlap another live bisect's is
+//! refused, naming the file and its holder, before it reads anything: with one lock per
+//! set of files, a second target sharing one file journaled the first one's edit as
+//! the original and "restored" it last, leaving the file edited for good. A file's
+//! journal is `journal.json` ({pid, started_at, files: [{path, copy, mode, len, crc32,
+//! written}]}) and `original-0` in its state directory; `written` stamps (length, crc32)
+//! what bisect last wrote and is about to write, so that recovery tells bisect's own
+//! edit from someone else's. Taking a lock replays a dead owner's journal and kills the
+//! engines it left (`processes.json`). Journals that older versions left in
+//! `<results>/.bisect-journal`, or in a state keyed by a whole target's files, are still
+//! recovered.
+//!
+//! Someone else's change to a launch config while bisect has it edited is neither
+//! carried into later arms nor lost: before each edit and each restart the files must
+//! still hold what bisect last wrote, else the run stops (the arms would differ by more
+//! than the flag), and at the end the original is put back while the other version is
+//! kept beside the file ([`Kept`]).
 use std::collections::BTreeMap;
+use std::fmt;
 use std::fs::{self, File, Permissions};
 use std::io::{self, Write};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context};
 use serde::{Deserialize, Serialize};
 
 use crate::config::{FlagSpec, RoleSpec};
+use crate::exit::Failure;
 
 use super::state::{self, LockGuard, Reentry, SpawnedGroup};
 use super::{read_setting, write_setting, LaunchError};
@@ -28,14 +42,14 @@ use super::{read_setting, write_setting, LaunchError};
 pub const JOURNAL_FILE: &str = "journal.json";
 const COPY_PREFIX: &str = "original-";
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct Journal {
     pid: u32,
     started_at: String,
     files: Vec<JournalEntry>,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct JournalEntry {
     path: PathBuf,
     /// File name of the byte-for-byte copy, beside the journal.
@@ -43,27 +57,83 @@ struct JournalEntry {
     mode: u32,
     len: u64,
     crc32: u32,
+    /// What bisect last wrote into the file and what it is about to write (at most
+    /// two): content that is neither, nor the original, was written by someone else.
+    /// Empty before the first edit; absent in journals of older versions, whose files
+    /// are restored without this check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    written: Option<Vec<Stamp>>,
 }
 
-/// One launch config as it was before the first edit.
+/// A file content's fingerprint in the journal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+struct Stamp {
+    len: u64,
+    crc32: u32,
+}
+
+impl Stamp {
+    fn of(bytes: &[u8]) -> Stamp {
+        Stamp {
+            len: bytes.len() as u64,
+            crc32: crc32fast::hash(bytes),
+        }
+    }
+}
+
+/// A launch config that someone other than bisect changed while bisect had it edited:
+/// the original is back in `path`, and the version found there is kept in `copy`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Kept {
+    pub path: PathBuf,
+    pub copy: PathBuf,
+}
+
+impl fmt::Display for Kept {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{path} was changed by someone other than bisect while bisect had it edited: \
+             the original from before the run is back in {path}, and the changed version \
+             is kept in {copy} (it may also hold a value bisect wrote for the run; compare \
+             the two and copy back what should stay)",
+            path = self.path.display(),
+            copy = self.copy.display()
+        )
+    }
+}
+
+/// One journaled launch config of an [`Editor`].
 #[derive(Debug)]
-struct Original {
+struct Journaled {
+    /// Canonical path.
     path: PathBuf,
-    bytes: Vec<u8>,
+    /// Its state directory (lock, journal, spawned groups).
+    dir: PathBuf,
+    original: Vec<u8>,
     mode: u32,
+    /// What bisect last wrote (the original before the first edit): anything else found
+    /// in the file was written by someone else.
+    written: Vec<u8>,
+    /// The file's journal as on disk, rewritten when `written` changes.
+    journal: Journal,
+    /// Where someone else's version was kept at restore, once it was.
+    kept: Option<PathBuf>,
+    restored: bool,
 }
 
-/// Holds the journal for a set of launch configs: [`Editor::apply`] edits them,
+/// Holds the journals of a target's launch configs: [`Editor::apply`] edits them,
 /// [`Editor::restore`] (or dropping the editor) puts every original back.
 #[derive(Debug)]
 pub struct Editor {
-    dir: PathBuf,
-    originals: Vec<Original>,
+    files: Vec<Journaled>,
     restored: bool,
     recovered: Vec<PathBuf>,
     killed: Vec<SpawnedGroup>,
-    /// The target's lock, released once the originals are back.
-    lock: Option<LockGuard>,
+    /// Versions kept aside (at recovery or restore) and not yet handed to the caller.
+    kept: Vec<Kept>,
+    /// Every file's lock, released once all originals are back.
+    locks: Vec<LockGuard>,
 }
 
 /// Refuses, before any edit, a launch config bisect could not write or restore: a
@@ -148,6 +218,58 @@ pub(super) fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<(
     Ok(())
 }
 
+/// Saves someone else's version of the launch config `path` beside it, under a new name
+/// (`<name>.changed-during-bisect-<UTC time>[-N]`, never overwriting a file) that no
+/// `*.sh`-style glob picks up, without execute permission. Returns the copy's path.
+fn keep_aside(path: &Path, bytes: &[u8], mode: u32) -> anyhow::Result<PathBuf> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ");
+    for n in 1u32.. {
+        let suffix = if n == 1 {
+            String::new()
+        } else {
+            format!("-{n}")
+        };
+        let copy = path.with_file_name(format!("{name}.changed-during-bisect-{stamp}{suffix}"));
+        let mut file = match fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode & 0o666)
+            .open(&copy)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!(
+                        "keeping the changed version of {} in {}",
+                        path.display(),
+                        copy.display()
+                    )
+                })
+            }
+        };
+        if let Err(e) = file.write_all(bytes).and_then(|()| file.sync_all()) {
+            let _ = fs::remove_file(&copy);
+            return Err(e).with_context(|| {
+                format!(
+                    "keeping the changed version of {} in {}",
+                    path.display(),
+                    copy.display()
+                )
+            });
+        }
+        if let Some(dir) = copy.parent() {
+            sync_dir(dir);
+        }
+        return Ok(copy);
+    }
+    unreachable!("a free name is found before the counter runs out")
+}
+
 /// Whether the process that wrote a journal still holds it. A live process that is
 /// not bisect (its pid was reused) does not.
 fn holder_alive(pid: u32) -> bool {
@@ -181,6 +303,25 @@ fn remove_copies(dir: &Path) -> io::Result<()> {
     Ok(())
 }
 
+fn write_journal(dir: &Path, journal: &Journal) -> anyhow::Result<()> {
+    let path = dir.join(JOURNAL_FILE);
+    let json = serde_json::to_vec_pretty(journal).context("encoding the journal")?;
+    write_atomic(&path, &json, 0o600).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Removes the journal in `dir` and its saved originals: the originals are back.
+fn clear_journal(dir: &Path) -> anyhow::Result<()> {
+    let journal_path = dir.join(JOURNAL_FILE);
+    match fs::remove_file(&journal_path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("removing {}", journal_path.display())),
+    }
+    remove_copies(dir).with_context(|| format!("removing saved originals in {}", dir.display()))?;
+    sync_dir(dir);
+    Ok(())
+}
+
 /// What recovery found and undid.
 #[derive(Debug, Default)]
 pub struct Recovery {
@@ -188,16 +329,51 @@ pub struct Recovery {
     pub restored: Vec<PathBuf>,
     /// Process groups of a dead bisect that were killed.
     pub killed: Vec<SpawnedGroup>,
+    /// Launch configs someone else changed after the dead bisect's last edit: their
+    /// version kept beside them before the original was put back.
+    pub kept: Vec<Kept>,
+}
+
+impl Recovery {
+    fn absorb(&mut self, other: Recovery) {
+        self.restored.extend(other.restored);
+        self.killed.extend(other.killed);
+        self.kept.extend(other.kept);
+    }
+
+    /// One line per thing undone, for the user.
+    pub fn lines(&self) -> Vec<String> {
+        let mut lines: Vec<String> = self
+            .restored
+            .iter()
+            .map(|p| {
+                format!(
+                    "restored {} left edited by an earlier bisect that did not finish",
+                    p.display()
+                )
+            })
+            .collect();
+        lines.extend(self.killed.iter().map(|g| {
+            format!(
+                "stopped role {} (process group {}), left running by an earlier bisect that did not finish",
+                g.role, g.pgid
+            )
+        }));
+        lines.extend(self.kept.iter().map(|k| format!("warning: {k}")));
+        lines
+    }
 }
 
 /// Writes every original recorded in the journal in `dir` back byte-for-byte with its
-/// permissions, and removes the journal. The caller holds the lock (or the legacy
-/// journal's holder is gone).
-fn replay(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+/// permissions, and removes the journal. A file whose content is neither the original
+/// nor what the journal says bisect wrote was changed by someone else since: that
+/// version is kept beside it first. The caller holds the lock (or the legacy journal's
+/// holder is gone).
+fn replay(dir: &Path) -> anyhow::Result<Recovery> {
     let journal_path = dir.join(JOURNAL_FILE);
     let bytes = match fs::read(&journal_path) {
         Ok(b) => b,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Recovery::default()),
         Err(e) => return Err(e).with_context(|| format!("reading {}", journal_path.display())),
     };
     let journal: Journal = serde_json::from_slice(&bytes).with_context(|| {
@@ -206,7 +382,7 @@ fn replay(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
             journal_path.display()
         )
     })?;
-    let mut restored = Vec::new();
+    let mut recovery = Recovery::default();
     for entry in &journal.files {
         let copy_path = dir.join(&entry.copy);
         let original = fs::read(&copy_path)
@@ -220,15 +396,24 @@ fn replay(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
                 journal_path.display()
             );
         }
+        if let (Some(written), Ok(current)) = (&entry.written, fs::read(&entry.path)) {
+            if current != original && !written.contains(&Stamp::of(&current)) {
+                let copy = keep_aside(&entry.path, &current, entry.mode)?;
+                recovery.kept.push(Kept {
+                    path: entry.path.clone(),
+                    copy,
+                });
+            }
+        }
         put_back(&entry.path, &original, entry.mode)?;
         let _ = fs::remove_file(temp_path(&entry.path));
-        restored.push(entry.path.clone());
+        recovery.restored.push(entry.path.clone());
     }
     fs::remove_file(&journal_path)
         .with_context(|| format!("removing {}", journal_path.display()))?;
     remove_copies(dir).with_context(|| format!("removing saved originals in {}", dir.display()))?;
     sync_dir(dir);
-    Ok(restored)
+    Ok(recovery)
 }
 
 /// Makes `path` hold exactly `bytes` with permissions `mode` (content and mode both).
@@ -244,7 +429,7 @@ fn put_back(path: &Path, bytes: &[u8], mode: u32) -> anyhow::Result<()> {
 
 /// Recovers a journal that an older bisect left in `legacy_dir` (refused while the
 /// process that wrote it runs).
-fn recover_legacy(legacy_dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+fn recover_legacy(legacy_dir: &Path) -> anyhow::Result<Recovery> {
     let journal_path = legacy_dir.join(JOURNAL_FILE);
     if let Ok(bytes) = fs::read(&journal_path) {
         if let Ok(journal) = serde_json::from_slice::<Journal>(&bytes) {
@@ -261,9 +446,17 @@ fn recover_legacy(legacy_dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     replay(legacy_dir)
 }
 
-/// Takes the lock of every target state under `root` that no live process holds,
-/// kills the engines its dead owner left and replays its journal. States held by a
-/// live bisect (this one included) are left alone.
+/// Kills what a dead owner of the state in `guard` left running and replays its journal.
+fn recover_state(guard: &LockGuard) -> anyhow::Result<Recovery> {
+    let killed = state::kill_stale_groups(guard.dir())?;
+    let mut recovery = replay(guard.dir())?;
+    recovery.killed.splice(0..0, killed);
+    Ok(recovery)
+}
+
+/// Takes the lock of every state under `root` that no live process holds, kills the
+/// engines its dead owner left and replays its journal. States held by a live bisect
+/// (this one included) are left alone.
 fn sweep(root: &Path) -> anyhow::Result<Recovery> {
     let mut recovery = Recovery::default();
     for dir in state::all_state_dirs(root) {
@@ -276,33 +469,68 @@ fn sweep(root: &Path) -> anyhow::Result<Recovery> {
             Ok(Some(guard)) => guard,
             Ok(None) => continue,
             // Held by another live bisect: it is not stale.
-            Err(e) if e.downcast_ref::<crate::exit::Failure>().is_some() => continue,
+            Err(e) if e.downcast_ref::<Failure>().is_some() => continue,
             Err(e) => return Err(e),
         };
-        recovery
-            .killed
-            .extend(state::kill_stale_groups(guard.dir())?);
-        recovery.restored.extend(replay(guard.dir())?);
+        recovery.absorb(recover_state(&guard)?);
         drop(guard);
     }
     Ok(recovery)
 }
 
+/// The launch configs `canonical` (sorted), each one's lock taken in that order, with
+/// what dead owners left on them undone. The order matters: of two bisects whose files
+/// overlap, the first to reach a common file holds it and the other is refused there
+/// (naming the file and its holder), so they never each hold a part. Recovered: the
+/// states this call took rather than shared with this process's own editor, and the
+/// states of older versions, keyed by a whole target, that list one of the files (a live
+/// bisect holding one of those is refused like any holder).
+pub(super) fn take_files(
+    root: &Path,
+    canonical: &[PathBuf],
+    reentry: Reentry,
+) -> anyhow::Result<(Vec<(PathBuf, LockGuard)>, Recovery)> {
+    let mut locks = Vec::with_capacity(canonical.len());
+    for file in canonical {
+        let dir = state::file_state_dir(root, file)?;
+        let guard = state::lock(&dir, reentry)?
+            .context("only the sweep skips a lock this process holds")?;
+        locks.push((file.clone(), guard));
+    }
+    let mut recovery = Recovery::default();
+    for (_, guard) in locks.iter().filter(|(_, g)| g.owned()) {
+        recovery.absorb(recover_state(guard)?);
+    }
+    for dir in state::all_state_dirs(root) {
+        if locks.iter().any(|(_, g)| g.dir() == dir)
+            || !state::has_leftovers(&dir)
+            || !state::listed_files(&dir)
+                .iter()
+                .any(|f| canonical.contains(f))
+        {
+            continue;
+        }
+        if let Some(guard) = state::lock(&dir, Reentry::Skip)? {
+            recovery.absorb(recover_state(&guard)?);
+        }
+    }
+    Ok((locks, recovery))
+}
+
 /// Recovers what dead bisect processes left: the legacy journal in `legacy_dir`, then
-/// every target state under `root` (see [`recover`]).
+/// every state under `root` (see [`recover`]).
 pub fn recover_at(root: &Path, legacy_dir: &Path) -> anyhow::Result<Recovery> {
-    let legacy = recover_legacy(legacy_dir)?;
-    let mut recovery = sweep(root)?;
-    recovery.restored.splice(0..0, legacy);
+    let mut recovery = recover_legacy(legacy_dir)?;
+    recovery.absorb(sweep(root)?);
     Ok(recovery)
 }
 
 /// Recovers after a bisect that died (kill -9, crash): kills the engines it spawned and
 /// restores every launch config it left edited, byte-for-byte with permissions, for
-/// every target whose lock no live bisect holds, plus a journal an older version left in
-/// `legacy_dir` (`<results>/.bisect-journal`). Returns the restored files.
-pub fn recover(legacy_dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
-    Ok(recover_at(&state::state_root(), legacy_dir)?.restored)
+/// every launch config whose lock no live bisect holds, plus a journal an older version
+/// left in `legacy_dir` (`<results>/.bisect-journal`).
+pub fn recover(legacy_dir: &Path) -> anyhow::Result<Recovery> {
+    recover_at(&state::state_root(), legacy_dir)
 }
 
 /// The value read back from a role's launch config after an edit, or why it differs.
@@ -327,12 +555,44 @@ fn verify_readback(
     }
 }
 
+impl Journaled {
+    /// Records in the journal, before the file is written, that `next` replaces what
+    /// bisect last wrote: whenever the process dies, recovery finds one of the two.
+    fn stamp_next(&mut self, next: &[u8]) -> anyhow::Result<()> {
+        self.journal.files[0].written = Some(vec![Stamp::of(&self.written), Stamp::of(next)]);
+        write_journal(&self.dir, &self.journal)
+    }
+
+    /// Puts the original back (keeping someone else's version aside first) and removes
+    /// the journal. On failure the journal stays.
+    fn restore(&mut self) -> anyhow::Result<()> {
+        if self.kept.is_none() {
+            if let Ok(current) = fs::read(&self.path) {
+                if current != self.written && current != self.original {
+                    self.kept = Some(keep_aside(&self.path, &current, self.mode)?);
+                }
+            }
+        }
+        put_back(&self.path, &self.original, self.mode).map_err(|e| match &self.kept {
+            Some(copy) => e.context(format!(
+                "the version someone else wrote during the run is kept in {}",
+                copy.display()
+            )),
+            None => e,
+        })?;
+        clear_journal(&self.dir)?;
+        self.restored = true;
+        Ok(())
+    }
+}
+
 impl Editor {
-    /// Takes the target's lock (refused while another live bisect holds it), recovers
-    /// what a dead bisect left on this target (its engines killed, its journal
-    /// replayed, see [`Editor::recovered`]) and a legacy journal in `journal_dir`
-    /// (the results root's `.bisect-journal`), checks that every launch config can be
-    /// written, then saves `files` and writes the journal durably, before any edit.
+    /// Takes the lock of every launch config (refused while another live bisect holds
+    /// any of them), recovers what a dead bisect left on them (its engines killed, its
+    /// journals replayed, see [`Editor::recovered`]) and a legacy journal in
+    /// `journal_dir` (the results root's `.bisect-journal`), checks that every launch
+    /// config can be written, then saves `files` and writes their journals durably,
+    /// before any edit.
     pub fn begin(journal_dir: &Path, files: &[PathBuf]) -> anyhow::Result<Editor> {
         Editor::begin_at(&state::state_root(), journal_dir, files)
     }
@@ -340,77 +600,69 @@ impl Editor {
     /// [`Editor::begin`] with the state under `root` instead of `$XDG_STATE_HOME/bisect`.
     pub fn begin_at(root: &Path, legacy_dir: &Path, files: &[PathBuf]) -> anyhow::Result<Editor> {
         let canonical = state::canonical_files(files)?;
-        let dir = state::state_dir(root, &canonical)?;
-        let lock = state::lock(&dir, Reentry::TakeOver)?;
-        let killed = state::kill_stale_groups(&dir)?;
-        let mut recovered = replay(&dir)?;
-        recovered.extend(recover_legacy(legacy_dir)?);
-        for path in &recovered {
+        let (locks, mut recovery) = take_files(root, &canonical, Reentry::TakeOver)?;
+        recovery.absorb(recover_legacy(legacy_dir)?);
+        for path in &recovery.restored {
             tracing::warn!(
                 "restored {} from the journal of an earlier bisect that did not finish",
                 path.display()
             );
         }
-        remove_copies(&dir).with_context(|| format!("cleaning {}", dir.display()))?;
 
-        let mut originals: Vec<Original> = Vec::new();
-        for file in files {
-            let path = fs::canonicalize(file)
-                .with_context(|| format!("launch config {}", file.display()))?;
-            if originals.iter().any(|o| o.path == path) {
-                continue;
-            }
-            let bytes = fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-            let mode = fs::metadata(&path)
+        let started_at = chrono::Utc::now().to_rfc3339();
+        let mut journaled = Vec::with_capacity(locks.len());
+        for (path, guard) in &locks {
+            let dir = guard.dir().to_path_buf();
+            remove_copies(&dir).with_context(|| format!("cleaning {}", dir.display()))?;
+            let bytes = fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+            let mode = fs::metadata(path)
                 .with_context(|| format!("reading permissions of {}", path.display()))?
                 .permissions()
                 .mode();
-            check_writable(&path, mode)?;
-            originals.push(Original { path, bytes, mode });
+            check_writable(path, mode)?;
+            let entry = JournalEntry {
+                path: path.clone(),
+                copy: format!("{COPY_PREFIX}0"),
+                mode,
+                len: bytes.len() as u64,
+                crc32: crc32fast::hash(&bytes),
+                written: Some(Vec::new()),
+            };
+            journaled.push(Journaled {
+                path: path.clone(),
+                dir,
+                written: bytes.clone(),
+                original: bytes,
+                mode,
+                journal: Journal {
+                    pid: std::process::id(),
+                    started_at: started_at.clone(),
+                    files: vec![entry],
+                },
+                kept: None,
+                restored: false,
+            });
         }
-
-        let mut entries = Vec::with_capacity(originals.len());
-        for (i, o) in originals.iter().enumerate() {
-            let copy = format!("{COPY_PREFIX}{i}");
-            let copy_path = dir.join(&copy);
-            write_atomic(&copy_path, &o.bytes, 0o600).with_context(|| {
+        for j in &journaled {
+            let copy_path = j.dir.join(&j.journal.files[0].copy);
+            write_atomic(&copy_path, &j.original, 0o600).with_context(|| {
                 format!(
                     "saving the original of {} to {}",
-                    o.path.display(),
+                    j.path.display(),
                     copy_path.display()
                 )
             })?;
-            entries.push(JournalEntry {
-                path: o.path.clone(),
-                copy,
-                mode: o.mode,
-                len: o.bytes.len() as u64,
-                crc32: crc32fast::hash(&o.bytes),
-            });
+            write_journal(&j.dir, &j.journal)?;
         }
-        let journal = Journal {
-            pid: std::process::id(),
-            started_at: chrono::Utc::now().to_rfc3339(),
-            files: entries,
-        };
-        let journal_path = dir.join(JOURNAL_FILE);
-        let json = serde_json::to_vec_pretty(&journal).context("encoding the journal")?;
-        write_atomic(&journal_path, &json, 0o600)
-            .with_context(|| format!("writing {}", journal_path.display()))?;
 
         Ok(Editor {
-            dir,
-            originals,
+            files: journaled,
             restored: false,
-            recovered,
-            killed,
-            lock,
+            recovered: recovery.restored,
+            killed: recovery.killed,
+            kept: recovery.kept,
+            locks: locks.into_iter().map(|(_, guard)| guard).collect(),
         })
-    }
-
-    /// The target's state directory (journal, lock, spawned process groups).
-    pub fn state_dir(&self) -> &Path {
-        &self.dir
     }
 
     /// Process groups of a dead bisect that [`Editor::begin`] killed.
@@ -423,15 +675,48 @@ impl Editor {
         &self.recovered
     }
 
-    /// The journaled launch configs (canonical paths).
+    /// Launch configs whose changed version was kept aside (by recovery in
+    /// [`Editor::begin`], or by [`Editor::restore`]) since the last call: each is to be
+    /// told to the user.
+    pub fn take_kept(&mut self) -> Vec<Kept> {
+        std::mem::take(&mut self.kept)
+    }
+
+    /// The journaled launch configs (canonical paths, sorted).
     pub fn files(&self) -> impl Iterator<Item = &Path> {
-        self.originals.iter().map(|o| o.path.as_path())
+        self.files.iter().map(|f| f.path.as_path())
+    }
+
+    /// Errors (exit 3) unless every launch config still holds what bisect last wrote
+    /// (before the first edit, the original): a change by someone else would reach the
+    /// next arm and every later one, and the arms would differ by more than the flag.
+    pub fn check_unchanged(&self) -> anyhow::Result<()> {
+        if self.restored {
+            return Ok(());
+        }
+        for f in &self.files {
+            let now = fs::read(&f.path)
+                .with_context(|| format!("reading launch config {}", f.path.display()))?;
+            if now != f.written {
+                return Err(Failure::CouldNotRun(format!(
+                    "{} was changed by someone other than bisect while bisect had it edited: \
+                     the next arm and every later one would run with that change, so the arms \
+                     would differ by more than the flag; stopping\n  fix: leave the launch \
+                     configs alone while bisect runs on them, then run again (bisect puts the \
+                     original back now and keeps the changed version beside the file)",
+                    f.path.display()
+                ))
+                .into());
+            }
+        }
+        Ok(())
     }
 
     /// Writes `value` for `flag` into the launch config of every role in `roles` that
     /// the flag lists, then reads each back; returns {role: value read back}. Every
-    /// error comes before the caller restarts anything. Call
-    /// [`super::check_partial`] first unless `--allow-partial` was given.
+    /// error comes before the caller restarts anything, and nothing is written when a
+    /// launch config no longer holds what bisect last wrote ([`Editor::check_unchanged`]).
+    /// Call [`super::check_partial`] first unless `--allow-partial` was given.
     pub fn apply(
         &mut self,
         flag: &FlagSpec,
@@ -463,31 +748,41 @@ impl Editor {
                     role.name
                 )
             })?;
-            let original = self.originals.iter().find(|o| o.path == path).ok_or_else(|| {
+            let index = self.files.iter().position(|f| f.path == path).ok_or_else(|| {
                 anyhow!(
                     "launch config {} of role {} is not journaled; pass every launch config to Editor::begin",
                     role.launch.display(),
                     role.name
                 )
             })?;
-            resolved.push((role, path, original.mode));
+            resolved.push((role, index));
         }
+        self.check_unchanged()?;
 
-        for (i, (role, path, mode)) in resolved.iter().enumerate() {
+        for (i, (role, index)) in resolved.iter().enumerate() {
             if i > 0 {
                 crate::fault::pause("editing");
             }
-            let text = fs::read_to_string(path)
-                .with_context(|| format!("reading launch config {}", path.display()))?;
-            let edited = write_setting(&text, flag, value, &role.launch)?;
-            if edited != text {
-                write_atomic(path, edited.as_bytes(), *mode)
-                    .with_context(|| format!("writing launch config {}", path.display()))?;
+            let file = &mut self.files[*index];
+            // The file holds `written` (checked above): edit that, not a later re-read.
+            let text = std::str::from_utf8(&file.written).map_err(|e| {
+                anyhow!(
+                    "reading launch config {}: not UTF-8 text ({e})",
+                    file.path.display()
+                )
+            })?;
+            let edited = write_setting(text, flag, value, &role.launch)?;
+            if edited.as_bytes() != file.written {
+                file.stamp_next(edited.as_bytes())?;
+                write_atomic(&file.path, edited.as_bytes(), file.mode)
+                    .with_context(|| format!("writing launch config {}", file.path.display()))?;
+                file.written = edited.into_bytes();
             }
         }
 
         let mut readback = BTreeMap::new();
-        for (role, path, _) in &resolved {
+        for (role, index) in &resolved {
+            let path = &self.files[*index].path;
             let text = fs::read_to_string(path)
                 .with_context(|| format!("reading back launch config {}", path.display()))?;
             let got = verify_readback(&role.name, &role.launch, &text, flag, value)?;
@@ -497,27 +792,35 @@ impl Editor {
     }
 
     /// Puts every original back byte-for-byte (with its permissions) and removes the
-    /// journal. On failure the journal stays, so `bisect restore` can finish the job.
+    /// journals. A launch config someone else changed since bisect's last edit gets its
+    /// original back too, that version kept beside it ([`Editor::take_kept`]): the
+    /// configs end as they were before the run, and nobody's edit is lost. Every file
+    /// is tried; on failure its journal stays, so `bisect restore` can finish the job.
     pub fn restore(&mut self) -> anyhow::Result<()> {
         if self.restored {
             return Ok(());
         }
-        for o in &self.originals {
-            put_back(&o.path, &o.bytes, o.mode)?;
-        }
-        let journal_path = self.dir.join(JOURNAL_FILE);
-        match fs::remove_file(&journal_path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => {
-                return Err(e).with_context(|| format!("removing {}", journal_path.display()))
+        let mut failed = None;
+        for file in self.files.iter_mut().filter(|f| !f.restored) {
+            match file.restore() {
+                Ok(()) => {
+                    if let Some(copy) = &file.kept {
+                        self.kept.push(Kept {
+                            path: file.path.clone(),
+                            copy: copy.clone(),
+                        });
+                    }
+                }
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
             }
         }
-        remove_copies(&self.dir)
-            .with_context(|| format!("removing saved originals in {}", self.dir.display()))?;
-        sync_dir(&self.dir);
+        if let Some(e) = failed {
+            return Err(e);
+        }
         self.restored = true;
-        self.lock = None;
+        self.locks.clear();
         Ok(())
     }
 }
@@ -526,11 +829,24 @@ impl Drop for Editor {
     fn drop(&mut self) {
         if !self.restored {
             if let Err(e) = self.restore() {
-                tracing::error!(
-                    "could not restore the launch configs: {e:#}; run `bisect restore` (journal in {})",
-                    self.dir.display()
+                // The harness commands install no tracing subscriber: stderr is the one
+                // place the user sees this.
+                let journals: Vec<String> = self
+                    .files
+                    .iter()
+                    .filter(|f| !f.restored)
+                    .map(|f| f.dir.display().to_string())
+                    .collect();
+                eprintln!(
+                    "error: the launch configs are still edited: could not restore them: {e:#}\n  \
+                     fix: free what blocked the write (a full disk?), then run `bisect restore` \
+                     (journals in {})",
+                    journals.join(", ")
                 );
             }
+        }
+        for kept in self.kept.drain(..) {
+            eprintln!("warning: {kept}");
         }
     }
 }
@@ -576,13 +892,21 @@ mod tests {
         fn legacy(&self) -> PathBuf {
             self.dir.path().join("results/.bisect-journal")
         }
-        /// The target's state directory, where the journal lives.
-        fn journal(&self) -> PathBuf {
-            state::state_dir(
+        /// The state directory of role `i`'s launch config, where its journal lives.
+        fn state(&self, i: usize) -> PathBuf {
+            state::file_state_dir(
                 &self.root(),
-                &state::canonical_files(&self.files()).unwrap(),
+                &fs::canonicalize(&self.roles[i].launch).unwrap(),
             )
             .unwrap()
+        }
+        /// Every launch config's state directory.
+        fn states(&self) -> Vec<PathBuf> {
+            (0..self.roles.len()).map(|i| self.state(i)).collect()
+        }
+        /// Whether any launch config's state holds `name`.
+        fn any_state_has(&self, name: &str) -> bool {
+            self.states().iter().any(|d| d.join(name).exists())
         }
         fn begin(&self, files: &[PathBuf]) -> anyhow::Result<Editor> {
             Editor::begin_at(&self.root(), &self.legacy(), files)
@@ -601,11 +925,9 @@ mod tests {
                 cmdline: "bisect run".into(),
                 started_at: "earlier".into(),
             };
-            fs::write(
-                self.journal().join("lock.json"),
-                serde_json::to_vec(&owner).unwrap(),
-            )
-            .unwrap();
+            for dir in self.states() {
+                fs::write(dir.join("lock.json"), serde_json::to_vec(&owner).unwrap()).unwrap();
+            }
         }
         fn files(&self) -> Vec<PathBuf> {
             self.roles.iter().map(|r| r.launch.clone()).collect()
@@ -636,7 +958,7 @@ mod tests {
         let s = Setup::new();
         let mut ed = s.begin(&s.files()).unwrap();
         assert!(ed.recovered().is_empty());
-        assert!(s.journal().join(JOURNAL_FILE).is_file());
+        assert!(s.states().iter().all(|d| d.join(JOURNAL_FILE).is_file()));
         assert_eq!(ed.files().count(), 2);
 
         let bf16 = flag("BF16_INDEX_K");
@@ -674,7 +996,7 @@ mod tests {
 
         ed.restore().unwrap();
         s.assert_pristine();
-        assert!(!s.journal().join(JOURNAL_FILE).exists());
+        assert!(!s.any_state_has(JOURNAL_FILE));
         assert!(
             ed.apply(&bf16, "0", &s.roles).is_err(),
             "a restored editor edits nothing"
@@ -690,7 +1012,7 @@ mod tests {
             assert_ne!(s.text(0), PREFILL);
         }
         s.assert_pristine();
-        assert!(!s.journal().join(JOURNAL_FILE).exists());
+        assert!(!s.any_state_has(JOURNAL_FILE));
     }
 
     #[test]
@@ -737,8 +1059,10 @@ mod tests {
         assert_eq!(s.recover().unwrap().len(), 2);
         s.assert_pristine();
         assert!(s.recover().unwrap().is_empty());
-        let leftovers: Vec<_> = fs::read_dir(s.journal())
-            .unwrap()
+        let leftovers: Vec<_> = s
+            .states()
+            .iter()
+            .flat_map(|d| fs::read_dir(d).unwrap())
             .map(|e| e.unwrap().file_name())
             .filter(|n| n != "files.json" && n != ".lock-mutex")
             .collect();
@@ -752,11 +1076,11 @@ mod tests {
         ed.apply(&flag("BF16_INDEX_K"), "0", &s.roles).unwrap();
         std::mem::forget(ed);
         s.orphan();
-        fs::write(s.journal().join("original-0"), "truncated").unwrap();
+        fs::write(s.state(0).join("original-0"), "truncated").unwrap();
         let err = s.recover().unwrap_err();
         assert!(format!("{err:#}").contains("damaged"), "{err:#}");
         assert!(
-            s.journal().join(JOURNAL_FILE).exists(),
+            s.state(0).join(JOURNAL_FILE).exists(),
             "the journal is kept for a manual fix"
         );
     }
@@ -793,7 +1117,230 @@ mod tests {
         assert_eq!(next.recovered().len(), 2);
         s.assert_pristine();
         next.restore().unwrap();
-        assert!(!s.journal().join("lock.json").exists(), "lock released");
+        assert!(!s.any_state_has("lock.json"), "locks released");
+    }
+
+    /// A live process that is not this test's: what another bisect looks like.
+    fn other_bisect() -> std::process::Child {
+        std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap()
+    }
+
+    /// Issue: the lock was keyed by the set of files, so a target with decode.sh alone
+    /// and one with prefill.sh + decode.sh took different locks, and the second journaled
+    /// the first one's edit as decode.sh's original (then "restored" it, for good).
+    #[test]
+    fn an_overlapping_set_of_launch_configs_is_refused_naming_the_file_and_holder() {
+        let s = Setup::new();
+        let decode = fs::canonicalize(&s.roles[1].launch).unwrap();
+        let mut child = other_bisect();
+        let mut first = s.begin(&s.files()).unwrap();
+        first.apply(&flag("BF16_INDEX_K"), "0", &s.roles).unwrap();
+        let edited = s.text(1);
+        s.set_owner(child.id(), state::start_ticks(child.id()).unwrap());
+
+        let err = s
+            .begin(std::slice::from_ref(&s.roles[1].launch))
+            .unwrap_err();
+        let msg = format!("{err:#}");
+        assert!(
+            msg.contains(&format!("launch config {} is in use", decode.display())),
+            "{msg}"
+        );
+        assert!(msg.contains(&format!("pid {}", child.id())), "{msg}");
+        assert!(msg.contains("bisect run") && msg.contains("fix:"), "{msg}");
+        assert_eq!(
+            crate::exit::code_for_error(&err),
+            crate::exit::COULD_NOT_RUN
+        );
+        assert_eq!(s.text(1), edited, "the refused editor touched nothing");
+
+        child.kill().unwrap();
+        child.wait().unwrap();
+        first.restore().unwrap();
+        s.assert_pristine();
+    }
+
+    /// The other way round: the one-file target holds decode.sh; the two-file target is
+    /// refused there and does not keep prefill.sh's lock it took first.
+    #[test]
+    fn a_refused_editor_holds_none_of_the_files_it_took_before_the_refusal() {
+        let s = Setup::new();
+        let mut child = other_bisect();
+        let mut first = s.begin(std::slice::from_ref(&s.roles[1].launch)).unwrap();
+        first
+            .apply(&flag("BF16_INDEX_K"), "0", &s.roles[1..])
+            .unwrap();
+        let owner = state::Owner {
+            pid: child.id(),
+            start_ticks: state::start_ticks(child.id()).unwrap(),
+            cmdline: "bisect run --flag X".into(),
+            started_at: "earlier".into(),
+        };
+        fs::write(
+            s.state(1).join("lock.json"),
+            serde_json::to_vec(&owner).unwrap(),
+        )
+        .unwrap();
+
+        let err = s.begin(&s.files()).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("in use by another bisect"),
+            "{err:#}"
+        );
+        assert!(
+            !s.state(0).join("lock.json").exists(),
+            "prefill.sh released"
+        );
+        assert!(!s.state(0).join(JOURNAL_FILE).exists());
+        assert_eq!(s.text(0), PREFILL);
+
+        child.kill().unwrap();
+        child.wait().unwrap();
+        first.restore().unwrap();
+        s.assert_pristine();
+    }
+
+    #[test]
+    fn a_probe_claim_is_refused_while_another_bisect_holds_one_of_its_files() {
+        let s = Setup::new();
+        let mut child = other_bisect();
+        let ed = s.begin(&s.files()).unwrap();
+        s.set_owner(child.id(), state::start_ticks(child.id()).unwrap());
+        let err = super::super::lock_target(&s.root(), std::slice::from_ref(&s.roles[0].launch))
+            .unwrap_err();
+        assert!(
+            format!("{err:#}").contains("in use by another bisect"),
+            "{err:#}"
+        );
+        child.kill().unwrap();
+        child.wait().unwrap();
+        drop(ed);
+        // Free again: taken, and given back when dropped.
+        let (locks, recovery) =
+            super::super::lock_target(&s.root(), std::slice::from_ref(&s.roles[0].launch)).unwrap();
+        assert!(recovery.restored.is_empty());
+        assert!(s.state(0).join("lock.json").exists());
+        drop(locks);
+        assert!(!s.state(0).join("lock.json").exists());
+    }
+
+    /// Issue: each edit re-read the file, so a change made between two arms ran in every
+    /// later arm (the arms then differ by more than the flag), and the restore then
+    /// overwrote it.
+    #[test]
+    fn someone_elses_edit_stops_the_next_edit_and_is_kept_beside_the_file_at_restore() {
+        let s = Setup::new();
+        let prefill = fs::canonicalize(&s.roles[0].launch).unwrap();
+        let mut ed = s.begin(&s.files()).unwrap();
+        let bf16 = flag("BF16_INDEX_K");
+        ed.apply(&bf16, "0", &s.roles).unwrap();
+        let theirs = format!("{}# a port change made by hand\n", s.text(0));
+        fs::write(&s.roles[0].launch, &theirs).unwrap();
+
+        let err = ed.apply(&bf16, "1", &s.roles).unwrap_err();
+        assert!(
+            matches!(
+                err.downcast_ref::<Failure>(),
+                Some(Failure::CouldNotRun(m)) if m.contains(&prefill.display().to_string())
+                    && m.contains("differ by more than the flag")
+            ),
+            "{err:#}"
+        );
+        assert_eq!(s.text(0), theirs, "nothing written over it");
+        assert!(ed.check_unchanged().is_err(), "a restart is refused too");
+
+        ed.restore().unwrap();
+        s.assert_pristine();
+        let kept = ed.take_kept();
+        assert_eq!(kept.len(), 1, "{kept:?}");
+        assert_eq!(kept[0].path, prefill);
+        assert_eq!(fs::read_to_string(&kept[0].copy).unwrap(), theirs);
+        assert_eq!(kept[0].copy.parent(), prefill.parent());
+        let mode = fs::metadata(&kept[0].copy).unwrap().permissions().mode();
+        assert_eq!(mode & 0o111, 0, "the kept copy is not executable");
+        let msg = kept[0].to_string();
+        assert!(
+            msg.contains(&format!("is back in {}", prefill.display()))
+                && msg.contains(&format!("kept in {}", kept[0].copy.display())),
+            "{msg}"
+        );
+        assert!(ed.take_kept().is_empty(), "told once");
+    }
+
+    #[test]
+    fn an_edit_by_someone_else_after_bisect_died_is_kept_when_its_journal_is_replayed() {
+        let s = Setup::new();
+        let mut ed = s.begin(&s.files()).unwrap();
+        ed.apply(&flag("BF16_INDEX_K"), "0", &s.roles).unwrap();
+        ed.apply(&flag("CUDA_GRAPH_MAX_BS"), "64", &s.roles)
+            .unwrap();
+        std::mem::forget(ed);
+        let theirs = format!("{}# edited after the crash\n", s.text(1));
+        fs::write(&s.roles[1].launch, &theirs).unwrap();
+        s.orphan();
+
+        let recovery = recover_at(&s.root(), &s.legacy()).unwrap();
+        assert_eq!(recovery.restored.len(), 2);
+        s.assert_pristine();
+        // prefill.sh held bisect's own last edit: restored, nothing kept.
+        assert_eq!(recovery.kept.len(), 1, "{:?}", recovery.kept);
+        let kept = &recovery.kept[0];
+        assert_eq!(kept.path, fs::canonicalize(&s.roles[1].launch).unwrap());
+        assert_eq!(fs::read_to_string(&kept.copy).unwrap(), theirs);
+        assert!(recovery.lines().iter().any(|l| l.contains("kept in")));
+    }
+
+    /// States of older versions were keyed by the whole set of a target's files: one a
+    /// dead bisect left is recovered before an editor of one of its files journals it.
+    #[test]
+    fn a_dead_older_versions_state_for_a_whole_target_is_recovered_first() {
+        let s = Setup::new();
+        let canonical = state::canonical_files(&s.files()).unwrap();
+        let old = state::state_dir(&s.root(), &canonical).unwrap();
+        let mut entries = Vec::new();
+        for (i, path) in canonical.iter().enumerate() {
+            let bytes = fs::read(path).unwrap();
+            fs::write(old.join(format!("original-{i}")), &bytes).unwrap();
+            entries.push(JournalEntry {
+                path: path.clone(),
+                copy: format!("original-{i}"),
+                mode: fs::metadata(path).unwrap().permissions().mode(),
+                len: bytes.len() as u64,
+                crc32: crc32fast::hash(&bytes),
+                written: None,
+            });
+            fs::write(path, "#!/bin/sh\nexport SGLANG_DSV4_BF16_INDEX_K=0\n").unwrap();
+        }
+        write_journal(
+            &old,
+            &Journal {
+                pid: u32::MAX,
+                started_at: "earlier".into(),
+                files: entries,
+            },
+        )
+        .unwrap();
+        fs::write(
+            old.join("lock.json"),
+            serde_json::to_vec(&state::Owner {
+                pid: u32::MAX,
+                start_ticks: 0,
+                cmdline: "bisect run".into(),
+                started_at: "earlier".into(),
+            })
+            .unwrap(),
+        )
+        .unwrap();
+
+        let mut ed = s.begin(std::slice::from_ref(&s.roles[1].launch)).unwrap();
+        assert_eq!(ed.recovered().len(), 2);
+        s.assert_pristine();
+        assert!(!old.join(JOURNAL_FILE).exists());
+        ed.restore().unwrap();
+        s.assert_pristine();
     }
 
     #[test]
@@ -809,8 +1356,8 @@ mod tests {
             "{err:#}"
         );
         assert!(err.to_string().contains("fix:"), "{err}");
-        assert!(!s.journal().join(JOURNAL_FILE).exists());
-        assert!(!s.journal().join("lock.json").exists(), "lock released");
+        assert!(!s.any_state_has(JOURNAL_FILE));
+        assert!(!s.any_state_has("lock.json"), "locks released");
         assert_eq!(s.mode(1), 0o444);
     }
 

@@ -15,38 +15,68 @@ mod proptests;
 mod shell;
 mod state;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
 pub use edit::{check_partial, read_setting, setting_line, write_setting};
-pub use journal::{recover, recover_at, Editor, Recovery, JOURNAL_FILE};
+pub use journal::{recover, recover_at, Editor, Kept, Recovery, JOURNAL_FILE};
 pub use state::{
     forget_group, process_group_of, record_group, start_ticks, state_root, SpawnedGroup,
 };
 
-/// The state directory of the target with these launch configs (see `state.rs`),
-/// created if needed, and its lock shared with an editor of this process or taken.
-pub fn lock_target(
-    root: &std::path::Path,
-    files: &[PathBuf],
-) -> anyhow::Result<(PathBuf, state::LockGuard)> {
-    let canonical = state::canonical_files(files)?;
-    let dir = state::state_dir(root, &canonical)?;
-    let guard = state::lock(&dir, state::Reentry::Share)?
-        .context("a shared lock is always granted to its own process")?;
-    Ok((dir, guard))
+/// The launch configs of a target, held by this process: each file's lock, taken for a
+/// command that does not edit them (a probe) or shared with this process's editor.
+#[derive(Debug)]
+pub struct TargetLocks {
+    /// (canonical path, its state's lock), sorted by path.
+    held: Vec<(PathBuf, state::LockGuard)>,
 }
 
-pub use state::LockGuard;
+impl TargetLocks {
+    /// The state directory of the launch config `file` (where the process groups of the
+    /// roles it launches are recorded).
+    pub fn dir_of(&self, file: &Path) -> anyhow::Result<PathBuf> {
+        let canonical = std::fs::canonicalize(file)
+            .with_context(|| format!("launch config {}", file.display()))?;
+        self.held
+            .iter()
+            .find(|(path, _)| *path == canonical)
+            .map(|(_, guard)| guard.dir().to_path_buf())
+            .with_context(|| format!("launch config {} is not held", file.display()))
+    }
+}
 
-/// The journal of edits a bisect keeps for the target with these launch configs, if
-/// one exists under `root`: a run in progress, or one that died with its edits still in
-/// the files. Creates nothing (for `bisect check`).
-pub fn pending_journal(root: &std::path::Path, files: &[PathBuf]) -> Option<PathBuf> {
+/// Takes (or shares with this process's editor) the lock of every launch config in
+/// `files`, in path order, under `root`: refused (exit 3, naming the file and its
+/// holder) while another live bisect holds any of them. A lock taken rather than shared
+/// recovers what a dead owner left on that file first (its journal replayed, its engines
+/// killed), returned for the user.
+pub fn lock_target(root: &Path, files: &[PathBuf]) -> anyhow::Result<(TargetLocks, Recovery)> {
+    let canonical = state::canonical_files(files)?;
+    let (held, recovery) = journal::take_files(root, &canonical, state::Reentry::Share)?;
+    Ok((TargetLocks { held }, recovery))
+}
+
+/// The journal of edits a bisect keeps for one of these launch configs, if one exists
+/// under `root`: a run in progress, or one that died with its edits still in the files.
+/// Creates nothing (for `bisect check`).
+pub fn pending_journal(root: &Path, files: &[PathBuf]) -> Option<PathBuf> {
     let canonical = state::canonical_files(files).ok()?;
-    let journal = state::state_path(root, &canonical).join(JOURNAL_FILE);
-    journal.is_file().then_some(journal)
+    // Each file's own state, then states older versions keyed by a whole target.
+    let keyed = canonical
+        .iter()
+        .map(|f| state::state_path(root, std::slice::from_ref(f)))
+        .chain(std::iter::once(state::state_path(root, &canonical)));
+    let listing = state::all_state_dirs(root).into_iter().filter(|dir| {
+        state::listed_files(dir)
+            .iter()
+            .any(|f| canonical.contains(f))
+    });
+    keyed
+        .chain(listing)
+        .map(|dir| dir.join(JOURNAL_FILE))
+        .find(|journal| journal.is_file())
 }
 
 /// The state directory path for sorted canonical launch configs (tests that plant

@@ -1,17 +1,27 @@
-//! Per-target state: what bisect owns while it works on a target, kept where every
-//! invocation on the same launch configs finds it, whatever its `--results`.
+//! Per-launch-config state: what bisect owns while it works on a launch config, kept
+//! where every invocation that touches the same file finds it, whatever its `--results`
+//! and whatever other files its target has.
 //!
-//! The state directory is `$XDG_STATE_HOME/bisect/<key>` (`~/.local/state/bisect/<key>`
-//! without it), `<key>` a hash of the sorted canonical paths of the target's launch
-//! configs. It holds:
+//! The state directory of a launch config is `$XDG_STATE_HOME/bisect/<key>`
+//! (`~/.local/state/bisect/<key>` without it), `<key>` a hash of the file's canonical
+//! path. A command takes the state of every launch config of its target, in path order
+//! (`journal.rs`), so two targets that share one file (prefill.sh + decode.sh, and
+//! decode.sh alone) are never worked on at once: the lock is per file, not per set of
+//! files, because a set key let each of them journal the other's edits as originals.
+//! It holds:
 //! - `lock.json`: the owner ({pid, start_ticks, cmdline, started_at}). The lock is
 //!   held while the owner runs; a lock whose pid is gone, or belongs to a process that
 //!   started at another time (a recycled pid), is stale and taken over;
-//! - the launch-config journal (`journal.json` + `original-N`, see `journal.rs`);
-//! - `processes.json`: the process groups bisect spawned for the target's roles, each
-//!   with its leader's start time, so recovery kills exactly those and nothing else;
-//! - `files.json`: the launch configs the key stands for (for people and for the sweep
+//! - the file's journal (`journal.json` + `original-0`, see `journal.rs`);
+//! - `processes.json`: the process groups bisect spawned for roles launched from this
+//!   file, each with its leader's start time, so recovery kills exactly those and nothing
+//!   else;
+//! - `files.json`: the launch config the key stands for (for people and for the sweep
 //!   that recovers every stale state).
+//!
+//! Older versions keyed one state by the sorted set of a target's launch configs (the
+//! key of a one-file target is the same either way); such states are still found by
+//! their `files.json`, recovered, and respected while a live bisect holds them.
 
 use std::fs;
 use std::io;
@@ -67,8 +77,8 @@ pub fn canonical_files(files: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
     Ok(canonical)
 }
 
-/// Where the state directory of the target whose launch configs are `canonical`
-/// (sorted) is, created or not.
+/// Where the state directory keyed by the launch configs `canonical` (sorted) is,
+/// created or not: one file's (see [`file_state_dir`]), or an older version's target.
 pub fn state_path(root: &Path, canonical: &[PathBuf]) -> PathBuf {
     use std::hash::Hasher;
     use std::os::unix::ffi::OsStrExt;
@@ -80,8 +90,13 @@ pub fn state_path(root: &Path, canonical: &[PathBuf]) -> PathBuf {
     root.join(format!("{:016x}", hasher.finish()))
 }
 
-/// The state directory of the target whose launch configs are `canonical` (sorted),
-/// created if needed.
+/// The state directory of one launch config (its canonical path), created if needed.
+pub fn file_state_dir(root: &Path, file: &Path) -> anyhow::Result<PathBuf> {
+    state_dir(root, &[file.to_path_buf()])
+}
+
+/// The state directory keyed by the launch configs `canonical` (sorted), created if
+/// needed.
 pub fn state_dir(root: &Path, canonical: &[PathBuf]) -> anyhow::Result<PathBuf> {
     let dir = state_path(root, canonical);
     fs::create_dir_all(&dir)
@@ -172,6 +187,12 @@ impl LockGuard {
     pub fn dir(&self) -> &Path {
         &self.dir
     }
+
+    /// Whether this guard took the lock (rather than sharing one this process holds):
+    /// whatever the state holds was left by someone else, and is to be recovered.
+    pub fn owned(&self) -> bool {
+        self.owned
+    }
 }
 
 impl Drop for LockGuard {
@@ -191,21 +212,30 @@ fn read_owner(path: &Path) -> Option<Owner> {
     serde_json::from_slice(&fs::read(path).ok()?).ok()
 }
 
+/// The launch configs a state stands for (its `files.json`; empty when unreadable).
+pub fn listed_files(dir: &Path) -> Vec<PathBuf> {
+    fs::read(dir.join(FILES_FILE))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Vec<PathBuf>>(&b).ok())
+        .unwrap_or_default()
+}
+
 /// The lock could not be taken: `Ok(None)` from [`lock`] with [`Reentry::Skip`], or
 /// this error (exit 3) when another live bisect holds it.
 fn held_by(owner: &Owner, dir: &Path) -> anyhow::Error {
-    let files = fs::read(dir.join(FILES_FILE))
-        .ok()
-        .and_then(|b| serde_json::from_slice::<Vec<PathBuf>>(&b).ok())
-        .map(|f| {
-            f.iter()
+    let files = listed_files(dir);
+    let named = match files.as_slice() {
+        [one] => format!("the launch config {} is", one.display()),
+        many => format!(
+            "the launch configs {} are",
+            many.iter()
                 .map(|p| p.display().to_string())
                 .collect::<Vec<_>>()
                 .join(", ")
-        })
-        .unwrap_or_default();
+        ),
+    };
     Failure::CouldNotRun(format!(
-        "the launch configs {files} are in use by another bisect (pid {}, started {}): {}\n  \
+        "{named} in use by another bisect (pid {}, started {}): {}\n  \
          fix: wait for it to finish, or stop it (Ctrl-C or kill restores its configs; after kill -9 the next bisect recovers them); state in {}",
         owner.pid,
         owner.started_at,

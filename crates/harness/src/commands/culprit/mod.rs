@@ -396,7 +396,7 @@ pub async fn run(
     record.wall_s = started.elapsed().as_secs_f64();
     record.finished_at = Some(experiment::now());
     (record.status, record.error) = settle(&outcome);
-    record.write(&plan.dir)?;
-    outcome?;
+    let written = record.write(&plan.dir);
+    crate::arm::record_written(outcome, written)?;
     Ok(record)
 }

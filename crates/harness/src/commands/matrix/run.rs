@@ -92,8 +92,8 @@ pub async fn run_matrix(
 
     (record.status, record.error) = settle(&outcome);
     record.finished_at = Some(super::record::now());
-    export::write_all(&job.dir, &record)?;
-    closed.combine(outcome)?;
+    let written = export::write_all(&job.dir, &record);
+    closed.combine_written(outcome, written)?;
     Ok(record)
 }
 
