@@ -1,6 +1,6 @@
 //! `bisect matrix PLAN.toml` and `bisect merge DIR...`: run (or join) a matrix, compare
 //! it with its baseline night, print the summary and map regressions to exit code 1
-//! (blocked cells of a whole matrix to 3).
+//! (blocked or inconclusive cells of a whole matrix to 3).
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -9,7 +9,7 @@ use super::{engines, recover_journal};
 use crate::cli::matrix::{matrix_id, BaselineArgs};
 use crate::cli::{command_line, MatrixArgs, MergeArgs};
 use crate::progress::Lines;
-use bisect_harness::commands::matrix::record::MatrixRecord;
+use bisect_harness::commands::matrix::record::{CellRecord, CellStatus, MatrixRecord};
 use bisect_harness::commands::matrix::{baseline, export, merge as shards, run as matrix_run};
 use bisect_harness::exit::{self, Failure};
 
@@ -86,26 +86,40 @@ fn finish(record: &MatrixRecord, dir: &Path, json: bool) -> anyhow::Result<ExitC
     Ok(ExitCode::from(exit_code(record)))
 }
 
-/// 1 on a regression; else 3 when a whole matrix holds blocked cells (cells that could
-/// not be checked are no pass); else 0. A shard leaves the night's result to the merge,
+/// 1 on a regression; else 3 when a whole matrix holds blocked cells or compared cells
+/// that are inconclusive (cells that could not be checked, or whose measurement cannot
+/// show them ok, are no pass); else 0. A shard leaves the night's result to the merge,
 /// so a scheduler still runs the merge job after it.
 fn exit_code(record: &MatrixRecord) -> u8 {
-    let blocked: Vec<&str> = record
-        .cells
-        .iter()
-        .filter(|c| c.is_blocked())
-        .map(|c| c.id.as_str())
-        .collect();
+    let ids = |keep: &dyn Fn(&CellRecord) -> bool| -> Vec<&str> {
+        record
+            .cells
+            .iter()
+            .filter(|c| keep(c))
+            .map(|c| c.id.as_str())
+            .collect()
+    };
+    let blocked = ids(&|c| c.is_blocked());
+    let inconclusive = ids(&|c| c.verdict() == Some(CellStatus::Inconclusive));
     if !record.regressions.is_empty() {
-        exit::REGRESSION
-    } else if record.shard.is_none() && !blocked.is_empty() {
+        return exit::REGRESSION;
+    }
+    if record.shard.is_some() || (blocked.is_empty() && inconclusive.is_empty()) {
+        return exit::OK;
+    }
+    if !blocked.is_empty() {
         eprintln!(
             "{} cell(s) blocked: the engine did not run the cell's configuration ({}); reasons in summary.md\n  fix: make the launch configs apply the flags (see the reasons), then run the matrix again",
             blocked.len(),
             blocked.join(", ")
         );
-        exit::COULD_NOT_RUN
-    } else {
-        exit::OK
     }
+    if !inconclusive.is_empty() {
+        eprintln!(
+            "{} cell(s) inconclusive: no regression found, but the measurement cannot show the cell ok ({}); reasons in summary.md\n  fix: see each reason (raise max_tokens, restore the engine's load or its metrics), then run the matrix again",
+            inconclusive.len(),
+            inconclusive.join(", ")
+        );
+    }
+    exit::COULD_NOT_RUN
 }

@@ -170,6 +170,53 @@ async fn red_herrings_alone_give_no_culprit() {
         "{verdict}"
     );
     assert!(record.culprit.is_empty());
+    // The fake's decode reports neither flag: only the launch-file read-back stands for
+    // them, which culprit.json and summary.md say, as `bisect run` does.
+    let unreported = |flag: &str| format!("{flag}: {}", bisect_harness::arm::NO_EFFECTIVE_WARNING);
+    assert_eq!(
+        record.warnings,
+        [unreported("FAKE_NOISE"), unreported("FAKE_SLOW")]
+    );
+    let summary = crate::common::read(&plan.dir.join("summary.md"));
+    assert!(
+        summary.contains(&format!("- warning: {}", unreported("FAKE_NOISE"))),
+        "{summary}"
+    );
+    assert_eq!(t.launch_bytes(), before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pin_the_engine_does_not_run_with_stops_the_search() {
+    use bisect_harness::control::EngineControl;
+    let t = FakeTarget::new().await;
+    let before = t.launch_bytes();
+    // Prefill stops honouring its launch config: it keeps reporting (and running with)
+    // FAKE_INDEX_BF16=1, whatever is written. Pinned to 0, every block would measure
+    // another deployment than the one pinned: the search stops at the first block, as
+    // `bisect run` refuses such a pin (exit 3).
+    t.engine.ignore_restarts();
+    t.engine
+        .control()
+        .restart("before", &CancellationToken::new())
+        .await
+        .unwrap();
+    let plan = culprit_plan(&t, &["FAKE_NOISE", "FAKE_RACE"], &[("FAKE_BF16", "0")]);
+    let err = run(&t, &plan).await.unwrap_err();
+    let msg = format!("{err:#}");
+    assert!(
+        msg.contains(
+            "block 1: pinned FAKE_BF16=0, but the prefill engine reports it runs with \"1\""
+        ) && msg.contains("fix:"),
+        "{msg}"
+    );
+    assert_eq!(
+        bisect_harness::exit::code_for_error(&err),
+        bisect_harness::exit::COULD_NOT_RUN
+    );
+    let record: serde_json::Value =
+        serde_json::from_str(&crate::common::read(&plan.dir.join("culprit.json"))).unwrap();
+    assert_eq!(record["status"], "failed");
+    assert!(record["blocks"].as_array().unwrap().is_empty(), "{record}");
     assert_eq!(t.launch_bytes(), before);
 }
 

@@ -376,6 +376,9 @@ async fn probe_says_corrupted_then_clean_and_never_edits() {
             .replace("FAKE_INDEX_BF16=1", "FAKE_INDEX_BF16=0");
         std::fs::write(&role.launch, text).unwrap();
     }
+    // "Clean" needs the load seen on the engine side: requests held long enough for the
+    // metrics poller to see the 64 in flight.
+    t.engine.hold_requests(150);
     let mut plan = probe_plan(&t, 64);
     plan.run_dir = t.dir.path().join("results/probe2");
     let record = bisect_harness::commands::probe::run_probe(
@@ -390,6 +393,64 @@ async fn probe_says_corrupted_then_clean_and_never_edits() {
     assert!(
         plan.run_dir.join("probe.json").exists() && plan.run_dir.join("sessions.jsonl").exists()
     );
+
+    // The same clean build on a target whose roles serve no metrics: 0/64 at a load
+    // nobody measured is no "clean" (git bisect would mark the commit good); it cannot tell.
+    let mut plan = probe_plan(&t, 64);
+    plan.run_dir = t.dir.path().join("results/probe3");
+    for role in &mut plan.target.roles {
+        role.metrics = None;
+    }
+    let record = bisect_harness::commands::probe::run_probe(
+        &plan,
+        &mut control,
+        &Quiet,
+        CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(record.outcome, Some(Outcome::Unknown), "{}", record.reason);
+    assert_eq!(record.arm.as_ref().unwrap().stats.counts.done, 64);
+    assert!(
+        record.reason.contains("no engine-side load measurement"),
+        "{}",
+        record.reason
+    );
+    assert_eq!(Outcome::Unknown.exit_code(), 125);
+}
+
+/// The probe classifies with the target profile's markup families, as `bisect run`
+/// does: the fake's race leaks DSML, a leak only where the profile counts DSML.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_classifies_with_the_profiles_markup() {
+    use bisect_harness::core::classify::MarkupFamily;
+    let t = FakeTarget::new().await;
+    async fn probe(
+        t: &FakeTarget,
+        markup: Vec<MarkupFamily>,
+        dir: &str,
+    ) -> bisect_harness::commands::probe::ProbeRecord {
+        let mut plan = probe_plan(t, 64);
+        plan.target.markup = markup;
+        plan.run_dir = t.dir.path().join(dir);
+        let mut control = t.engine.control();
+        bisect_harness::commands::probe::run_probe(
+            &plan,
+            &mut control,
+            &Quiet,
+            CancellationToken::new(),
+        )
+        .await
+        .unwrap()
+    }
+    let victims = fake_race_victims(&probe_plan(&t, 64).workload, 64);
+    assert!(victims >= 10);
+    let all = probe(&t, MarkupFamily::ALL.to_vec(), "results/all").await;
+    assert_eq!(all.arm.unwrap().stats.counts.leak, victims);
+    let hermes = probe(&t, vec![MarkupFamily::Hermes], "results/hermes").await;
+    let counts = hermes.arm.unwrap().stats.counts;
+    assert_eq!(counts.leak, 0, "DSML is not a family this profile counts");
+    assert_eq!(counts.total(), 64);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

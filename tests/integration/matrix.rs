@@ -61,10 +61,17 @@ fn job(t: &FakeTarget, plan: &Plan, shard: Option<Shard>, id: &str) -> MatrixJob
 }
 
 async fn run(t: &FakeTarget, job: &MatrixJob) -> MatrixRecord {
+    hold_for_the_poller(t);
     let mut control = t.engine.control();
     matrix_run::run_matrix(job, &mut control, &Quiet, CancellationToken::new())
         .await
         .unwrap()
+}
+
+/// Requests held long enough for the metrics poller to see a cell's load: a compared
+/// cell is "ok" only at its target load, as measured on the engine side.
+fn hold_for_the_poller(t: &FakeTarget) {
+    t.engine.hold_requests(150);
 }
 
 fn set_race(t: &FakeTarget, on: bool) {
@@ -497,16 +504,18 @@ async fn bisect_cli(args: Vec<String>, cwd: &Path) -> std::process::Output {
 }
 
 /// Through the binary: the newest earlier night is the baseline, and the exit code says
-/// whether a cell regressed. The nights differ by decode's `FAKE_RACE`, which the fake
-/// re-reads at every restart.
+/// whether a cell regressed (1), none did (0), or none did but the cells' load was never
+/// measured (3). The nights differ by decode's `FAKE_RACE`, which the fake re-reads at
+/// every restart, and the last by its profile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn exit_code_is_one_on_regression_and_zero_for_an_identical_night() {
+async fn exit_code_is_one_on_regression_zero_when_identical_three_when_unmeasured() {
     let t = FakeTarget::new().await;
     write_target(&t);
     let plan = plan_text("target = \"target.toml\"")
         .replace("FAKE_BF16 = [\"1\", \"0\"]\n", "")
         .replace("[4, 64]", "[64]");
     load_plan(&t, &plan);
+    hold_for_the_poller(&t);
     let before = t.launch_bytes();
     let night = || {
         bisect_cli(
@@ -543,6 +552,31 @@ async fn exit_code_is_one_on_regression_and_zero_for_an_identical_night() {
     let stdout = String::from_utf8_lossy(&third.stdout);
     assert_eq!(third.status.code(), Some(0), "{stdout}");
     assert!(stdout.contains("**No regressions.**"), "{stdout}");
+    assert_eq!(t.launch_bytes(), before);
+
+    // The same clean night on a profile whose roles serve no metrics: no regression,
+    // but no cell can show it ran at its load, so the night is no pass (exit 3).
+    let profile = t.dir.path().join("target.toml");
+    let blind: String = read(&profile)
+        .lines()
+        .filter(|l| !l.starts_with("metrics ="))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&profile, blind).unwrap();
+    let fourth = night().await;
+    let stdout = String::from_utf8_lossy(&fourth.stdout);
+    let stderr = String::from_utf8_lossy(&fourth.stderr);
+    assert_eq!(fourth.status.code(), Some(3), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("2 cell(s) inconclusive") && stderr.contains("FAKE_NOISE=0,s64"),
+        "{stderr}"
+    );
+    assert!(
+        stdout.contains("**No regressions found, but 2 cells inconclusive**")
+            && stdout.contains("## Inconclusive (no regression found, but not shown ok)")
+            && stdout.contains("this night's cell has no engine-side load measurement"),
+        "{stdout}"
+    );
     assert_eq!(t.launch_bytes(), before);
 
     let bad = bisect_cli(

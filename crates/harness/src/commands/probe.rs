@@ -1,5 +1,5 @@
 //! `bisect probe`: one arm with the launch configs exactly as they are, for
-//! `git bisect run`. Exit 0 clean, 1 corrupted, 125 could not tell (docs/design.md 3.1).
+//! `git bisect run`. Exit 0 clean, 1 corrupted, 125 could not tell (docs/design.md 3.8).
 //!
 //! Decision (Wilson 95% interval of the corruption rate, Wilson 1927):
 //! corrupted when the lower bound exceeds `background` (the rate a good build may show);
@@ -9,6 +9,18 @@
 //! The rate's denominator is the judged sessions: neither failed nor truncated at
 //! max_tokens (`Counts::judged`), so replies cut off before they could go wrong never
 //! make a build look clean.
+//!
+//! The checks `bisect run` makes on an arm hold here too, each voiding what it
+//! undermines (git bisect trusts the exit code alone):
+//! - an engine that was another process at the end than after the restart
+//!   (`ArmStats::engine_replaced`, a crash its supervisor recovered) voids both answers:
+//!   part of the sessions did not run on the engine the probe started for this build;
+//! - the load (`core::confounds::load_shortfall`, run's rule for `cleared`: the busiest
+//!   engine role's peak running requests at least 90% of the target concurrency, and
+//!   measured at all) voids only "clean": a load-dependent bug cannot be ruled out at a
+//!   lower load, but corruption seen at a lower load is still the bug seen. Roles whose
+//!   metrics failed (`ArmStats::metrics_failed`) count through this rule: named when they
+//!   leave the load unmeasured, a warning when another role measured it.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -24,8 +36,9 @@ use crate::config::{FlagCatalog, TargetProfile, Workload};
 use crate::control::EngineControl;
 use crate::core::arm_stats::ArmLabel;
 use crate::core::classify::Classifier;
+use crate::core::confounds::load_shortfall;
 use crate::core::format;
-use crate::core::session::Counts;
+use crate::core::verdict::Policy;
 use crate::results::run_record::{ArmRecord, TargetInfo};
 use crate::results::{write_atomic, ResultsDir};
 
@@ -77,13 +90,44 @@ pub struct ProbeRecord {
     pub reason: String,
 }
 
-/// The decision rule of this module's header, as a pure function of the counts.
-pub fn decide(counts: &Counts, background: f64, bug_rate: f64, degraded: f64) -> (Outcome, String) {
+impl ProbePlan {
+    /// The thresholds `bisect run` decides with, at this probe's degraded fraction: the
+    /// load rule (`min_load_fraction`) is run's.
+    pub fn policy(&self) -> Policy {
+        Policy {
+            degraded_fraction: self.degraded_fraction,
+            ..Policy::default()
+        }
+    }
+}
+
+/// The decision rule of this module's header, as a pure function of the arm and the
+/// workload it ran (whose `concurrency`, else `sessions`, is the target load).
+pub fn decide(
+    arm: &ArmRecord,
+    workload: &serde_json::Value,
+    background: f64,
+    bug_rate: f64,
+    policy: &Policy,
+) -> (Outcome, String) {
+    let counts = &arm.stats.counts;
     let (corrupted, failed, sessions) = (counts.corrupted(), counts.failed(), counts.total());
     if sessions == 0 {
         return (Outcome::Unknown, "no session finished".into());
     }
-    if failed as f64 > degraded * sessions as f64 {
+    if !arm.stats.engine_replaced.is_empty() {
+        return (
+            Outcome::Unknown,
+            format!(
+                "an engine changed during the probe: {}; part of the sessions ran on an \
+                 engine the probe did not start for this build (cold, at a lower load), so \
+                 neither clean nor corrupted can be told; find why it restarted (its logs, \
+                 `journalctl -u`, `kubectl describe pod`) and probe again",
+                arm.stats.engine_replaced.join("; ")
+            ),
+        );
+    }
+    if failed as f64 > policy.degraded_fraction * sessions as f64 {
         return (
             Outcome::Unknown,
             format!("degraded: {failed}/{sessions} sessions errored or timed out; corruption cannot be judged"),
@@ -114,20 +158,38 @@ pub fn decide(counts: &Counts, background: f64, bug_rate: f64, degraded: f64) ->
         format::percent_digits(lo),
         format::percent_digits(hi)
     );
+    let load = load_unconfirmed(arm, workload, policy);
     if lo > background {
+        // Corruption seen at a lower load than targeted is still the bug seen.
+        let note = load
+            .map(|why| format!(" (seen although {why})"))
+            .unwrap_or_default();
         (
             Outcome::Corrupted,
             format!(
-                "{rate}: above the background rate {}",
+                "{rate}: above the background rate {}{note}",
                 format::percent(background)
             ),
         )
     } else if hi < bug_rate {
+        if let Some(why) = load {
+            return (
+                Outcome::Unknown,
+                format!(
+                    "{rate} would rule out the bug rate {}, but {why}: a bug that needs load \
+                     is not ruled out at a lower one; check what limits the engine's running \
+                     requests (a lower max running requests, a smaller pool) or give its roles \
+                     working metrics, and probe again",
+                    format::percent(bug_rate)
+                ),
+            );
+        }
         (
             Outcome::Clean,
             format!(
-                "{rate}: rules out the bug rate {}",
-                format::percent(bug_rate)
+                "{rate}: rules out the bug rate {}{}",
+                format::percent(bug_rate),
+                metrics_warnings(arm)
             ),
         )
     } else {
@@ -140,6 +202,35 @@ pub fn decide(counts: &Counts, background: f64, bug_rate: f64, degraded: f64) ->
             ),
         )
     }
+}
+
+/// Why the probe's load does not support "clean", by `bisect run`'s rule
+/// (`load_shortfall`), with the metrics failures behind an unmeasured load.
+fn load_unconfirmed(
+    arm: &ArmRecord,
+    workload: &serde_json::Value,
+    policy: &Policy,
+) -> Option<String> {
+    let why = load_shortfall(&arm.observe(workload), policy)?;
+    let failed = &arm.stats.metrics_failed;
+    if failed.is_empty() {
+        return Some(why);
+    }
+    let scrapes: Vec<String> = failed
+        .iter()
+        .map(|(role, reason)| format!("{role}: {reason}"))
+        .collect();
+    Some(format!("{why} (metrics failed for {})", scrapes.join("; ")))
+}
+
+/// `; warning: no load measured for role R: why` for each role whose metrics failed
+/// while another role measured the load (`bisect run` warns the same).
+fn metrics_warnings(arm: &ArmRecord) -> String {
+    arm.stats
+        .metrics_failed
+        .iter()
+        .map(|(role, why)| format!("; warning: no load measured for role {role}: {why}"))
+        .collect()
 }
 
 fn effective_flags(plan: &ProbePlan) -> BTreeMap<String, BTreeMap<String, String>> {
@@ -197,7 +288,8 @@ pub async fn run_probe(
     let mut bed = Testbed::open(spec, control, progress, cancel)?;
     let outcome = async {
         let restarted = bed.restart("probe").await?;
-        let classifier = Arc::new(Classifier::with_defaults(&plan.workload.tools)?);
+        // The profile's markup families decide what a leak is, as in `bisect run`.
+        let classifier = Arc::new(Classifier::new(&plan.workload.tools, &plan.target.markup)?);
         let block = BlockName {
             label: ArmLabel::Probe.as_str(),
             value: "as-is",
@@ -216,10 +308,11 @@ pub async fn run_probe(
     match &outcome {
         Ok(arm) => {
             let (o, reason) = decide(
-                &arm.stats.counts,
+                arm,
+                &record.workload,
                 plan.background,
                 plan.bug_rate,
-                plan.degraded_fraction,
+                &plan.policy(),
             );
             record.outcome = Some(o);
             record.reason = reason;
@@ -236,21 +329,39 @@ pub async fn run_probe(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::session::Counts;
 
-    /// Counts of an arm: `corrupted` bad_args, `failed` timeouts, `truncated`, and
-    /// done sessions filling up to `sessions`.
-    fn counts(corrupted: u64, failed: u64, truncated: u64, sessions: u64) -> Counts {
-        Counts {
+    /// The probe's arm: `corrupted` bad_args, `failed` timeouts, `truncated`, and done
+    /// sessions filling up to `sessions`; decode peaked at the full load (`sessions`).
+    fn arm(corrupted: u64, failed: u64, truncated: u64, sessions: u64) -> ArmRecord {
+        let mut arm = ArmRecord::new(ArmLabel::Probe, "as-is", Some(0));
+        arm.stats.counts = Counts {
             bad_args: corrupted,
             timeout: failed,
             truncated,
             done: sessions - corrupted - failed - truncated,
             ..Counts::default()
-        }
+        };
+        arm.stats.peak_running = [("client".into(), sessions), ("decode".into(), sessions)].into();
+        arm.finish();
+        arm
+    }
+
+    /// A workload of `sessions` sessions, all in flight at once (the target load).
+    fn workload(sessions: u64) -> serde_json::Value {
+        serde_json::json!({ "sessions": sessions })
+    }
+
+    fn probe(arm: &ArmRecord) -> (Outcome, String) {
+        let policy = Policy {
+            degraded_fraction: 0.10,
+            ..Policy::default()
+        };
+        decide(arm, &workload(arm.stats.sessions()), 0.02, 0.10, &policy)
     }
 
     fn outcome(c: u64, f: u64, t: u64, n: u64) -> Outcome {
-        decide(&counts(c, f, t, n), 0.02, 0.10, 0.10).0
+        probe(&arm(c, f, t, n)).0
     }
 
     #[test]
@@ -266,7 +377,7 @@ mod tests {
         // 0/10: upper 27.8%: too few sessions to rule the bug out.
         assert_eq!(outcome(0, 0, 0, 10), Outcome::Unknown);
         // Degraded beats everything.
-        let (o, why) = decide(&counts(14, 40, 0, 80), 0.02, 0.10, 0.10);
+        let (o, why) = probe(&arm(14, 40, 0, 80));
         assert_eq!(o, Outcome::Unknown);
         assert!(why.contains("degraded"));
         assert_eq!(Outcome::Corrupted.exit_code(), 1);
@@ -278,12 +389,12 @@ mod tests {
     fn truncated_sessions_never_make_a_build_clean() {
         // 80 sessions all cut off at max_tokens: nothing was judged. Counted as clean
         // they would give 0/80 and "clean" (git bisect good) for a build never tested.
-        let (o, why) = decide(&counts(0, 0, 80, 80), 0.02, 0.10, 0.10);
+        let (o, why) = probe(&arm(0, 0, 80, 80));
         assert_eq!(o, Outcome::Unknown);
         assert!(why.contains("no session could show corruption"), "{why}");
         assert!(why.contains("raise --max-tokens"), "{why}");
         // 0 of 10 judged (70 truncated): the upper bound 27.8% cannot rule out 10%.
-        let (o, why) = decide(&counts(0, 0, 70, 80), 0.02, 0.10, 0.10);
+        let (o, why) = probe(&arm(0, 0, 70, 80));
         assert_eq!(o, Outcome::Unknown, "{why}");
         assert!(
             why.contains("0/10 corrupted of 10 judged (70 truncated"),
@@ -291,5 +402,75 @@ mod tests {
         );
         // Failures within the degraded limit are left out of the rate too: 2/72 judged.
         assert_eq!(outcome(2, 8, 0, 80), Outcome::Clean);
+    }
+
+    #[test]
+    fn a_replaced_engine_voids_clean_and_corrupted() {
+        // Decode crashed and its supervisor restarted it mid-probe: a cold engine at a
+        // lower load answered part of the sessions. Neither 0/80 nor 14/80 is this build's.
+        for corrupted in [0, 14] {
+            let mut a = arm(corrupted, 0, 0, 80);
+            a.stats
+                .engine_replaced
+                .push("role decode is another process (pid 11 -> 12)".into());
+            let (o, why) = probe(&a);
+            assert_eq!(o, Outcome::Unknown, "{corrupted}: {why}");
+            assert!(why.contains("an engine changed during the probe"), "{why}");
+            assert!(why.contains("pid 11 -> 12"), "{why}");
+        }
+    }
+
+    #[test]
+    fn clean_needs_the_target_load_and_corrupted_does_not() {
+        // The build under test caps decode at 10 running requests at a target of 80: the
+        // load-dependent bug cannot fire, so 0/80 says nothing about it.
+        let mut low = arm(0, 0, 0, 80);
+        low.stats.peak_running.insert("decode".into(), 10);
+        let (o, why) = probe(&low);
+        assert_eq!(o, Outcome::Unknown, "{why}");
+        assert!(
+            why.contains("reached at most 10 running requests (decode), below 72"),
+            "{why}"
+        );
+        assert!(why.contains("not ruled out at a lower one"), "{why}");
+        // 72 of 80 is enough (90%).
+        low.stats.peak_running.insert("decode".into(), 72);
+        assert_eq!(probe(&low).0, Outcome::Clean);
+        // Corruption seen at a low load is still the bug seen; the reason says the load.
+        let mut bad = arm(14, 0, 0, 80);
+        bad.stats.peak_running.insert("decode".into(), 10);
+        let (o, why) = probe(&bad);
+        assert_eq!(o, Outcome::Corrupted, "{why}");
+        assert!(why.contains("seen although"), "{why}");
+    }
+
+    #[test]
+    fn an_unmeasured_load_is_no_clean_and_names_the_failed_metrics() {
+        // No engine role's metrics answered: only the client's own count, which says
+        // nothing about what the engine ran at once.
+        let mut blind = arm(0, 0, 0, 80);
+        blind.stats.peak_running.remove("decode");
+        blind
+            .stats
+            .metrics_failed
+            .insert("decode".into(), "connection refused".into());
+        let (o, why) = probe(&blind);
+        assert_eq!(o, Outcome::Unknown, "{why}");
+        assert!(why.contains("no engine-side load measurement"), "{why}");
+        assert!(
+            why.contains("metrics failed for decode: connection refused"),
+            "{why}"
+        );
+        // Another role measured the full load: clean, with the blind role named.
+        let mut half = arm(0, 0, 0, 80);
+        half.stats
+            .metrics_failed
+            .insert("prefill".into(), "404".into());
+        let (o, why) = probe(&half);
+        assert_eq!(o, Outcome::Clean, "{why}");
+        assert!(
+            why.contains("warning: no load measured for role prefill: 404"),
+            "{why}"
+        );
     }
 }

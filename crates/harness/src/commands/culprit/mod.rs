@@ -213,6 +213,11 @@ struct Recorder<'a> {
 impl Observer for Recorder<'_> {
     fn block(&mut self, request: &BlockRequest, outcome: &BlockOutcome) -> anyhow::Result<()> {
         self.log.block(request, outcome)?;
+        for warning in &outcome.warnings {
+            if !self.record.warnings.contains(warning) {
+                self.record.warnings.push(warning.clone());
+            }
+        }
         self.record.blocks.push(summary(request, outcome));
         self.record.sessions_spent += request.sessions;
         self.record.restarts += 1;
@@ -308,6 +313,7 @@ pub async fn run(
         culprit: Vec::new(),
         untestable: Vec::new(),
         other_failures: Vec::new(),
+        warnings: Vec::new(),
         steps: Vec::new(),
         blocks: Vec::new(),
         sessions_spent: 0,
@@ -335,6 +341,8 @@ pub async fn run(
         let live = runner::TestbedRunner {
             bed: &mut bed,
             flags: plan.flags.clone(),
+            pins: plan.sets.clone(),
+            warned: Vec::new(),
             workload: plan.workload.clone(),
             classifier,
             dir: plan.dir.clone(),

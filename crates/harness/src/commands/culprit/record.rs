@@ -53,6 +53,10 @@ pub struct CulpritRecord {
     pub untestable: Vec<UntestableFlag>,
     /// Steps that failed with another class mix than the reference failure.
     pub other_failures: Vec<StepRecord>,
+    /// What the blocks could not check, one sentence each (a listed or pinned flag that
+    /// no engine reports: only the launch-file read-back stands for it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
     pub steps: Vec<StepRecord>,
     pub blocks: Vec<BlockSummary>,
     pub sessions_spent: u64,
@@ -152,6 +156,9 @@ fn head(record: &CulpritRecord) -> Vec<String> {
             "untestable: {} ({}): {}",
             u.flag, u.setting, u.reason
         ));
+    }
+    for w in &record.warnings {
+        lines.push(format!("warning: {w}"));
     }
     for o in &record.other_failures {
         lines.push(format!(

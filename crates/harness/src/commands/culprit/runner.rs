@@ -1,7 +1,9 @@
 //! The culprit search's real step runner: one block on a [`Testbed`]. Every listed flag
 //! is written into every role it lists and read back (a value that does not read back
 //! stops the search), the engines restart, what they report about themselves is checked
-//! against the block's values, the block's sessions are driven at the experiment's
+//! against the block's values and the `--set` pins, as `bisect run` checks its arms and
+//! pins (a value the engine does not run with stops the search; a flag no engine
+//! reports is a warning of the block), the block's sessions are driven at the experiment's
 //! concurrency into `blocks/bNNN/` (sessions.jsonl, metrics.csv, the launch configs as
 //! applied), and the engines stop. The launch configs are restored by the testbed's
 //! close, on every path (docs/design.md 2.2).
@@ -12,7 +14,9 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use super::search::{BlockOutcome, BlockRequest, StepRunner};
-use crate::arm::{engine_disagreements, BlockName, Testbed};
+use crate::arm::{
+    effective_values, engine_disagreements, BlockName, Testbed, NO_EFFECTIVE_WARNING,
+};
 use crate::config::{FlagSpec, Workload};
 use crate::core::classify::Classifier;
 use crate::exit::Failure;
@@ -21,6 +25,10 @@ use crate::results::ResultsDir;
 pub struct TestbedRunner<'t, 'a> {
     pub bed: &'t mut Testbed<'a>,
     pub flags: Vec<FlagSpec>,
+    /// `--set` pins, written once by the testbed: checked after every restart.
+    pub pins: Vec<(FlagSpec, String)>,
+    /// Warnings already printed (each block still records its own).
+    pub warned: Vec<String>,
     pub workload: Workload,
     pub classifier: Arc<Classifier>,
     /// The culprit directory.
@@ -59,14 +67,18 @@ impl StepRunner for TestbedRunner<'_, '_> {
             request.block
         ));
         let restarted = self.bed.restart(&label).await?;
-        let set = self
+        let set: Vec<(&FlagSpec, &str)> = self
             .flags
             .iter()
-            .map(|flag| (flag, request.config[&flag.name].as_str()));
-        if let Some((flag, d)) =
-            engine_disagreements(self.bed.target(), set, &restarted.engine_info)
-                .into_iter()
-                .next()
+            .map(|flag| (flag, request.config[&flag.name].as_str()))
+            .collect();
+        if let Some((flag, d)) = engine_disagreements(
+            self.bed.target(),
+            set.iter().copied(),
+            &restarted.engine_info,
+        )
+        .into_iter()
+        .next()
         {
             let (role, got, value) = (d.role, d.reported, d.expected);
             return Err(Failure::CouldNotRun(format!(
@@ -74,6 +86,40 @@ impl StepRunner for TestbedRunner<'_, '_> {
                 request.block, flag.name
             ))
             .into());
+        }
+        let pinned = self.pins.iter().map(|(flag, value)| (flag, value.as_str()));
+        if let Some((flag, d)) =
+            engine_disagreements(self.bed.target(), pinned, &restarted.engine_info)
+                .into_iter()
+                .next()
+        {
+            // As `bisect run` refuses a pin the engine does not run with: every block
+            // would measure another deployment than the one pinned.
+            let (role, value, ran) = (d.role, d.expected, d.reported);
+            return Err(Failure::CouldNotRun(format!(
+                "block {}: pinned {}={value}, but the {role} engine reports it runs with {ran:?}: \
+                 the launch config does not take effect\n  fix: check how role {role}'s launch \
+                 config sets {} (a conditional, an overriding later line)",
+                request.block,
+                flag.name,
+                flag.setting.key()
+            ))
+            .into());
+        }
+        let all = set
+            .iter()
+            .map(|(flag, _)| *flag)
+            .chain(self.pins.iter().map(|(flag, _)| flag));
+        let mut warnings = Vec::new();
+        for flag in all {
+            if effective_values(self.bed.target(), flag, &restarted.engine_info).is_empty() {
+                let warning = format!("{}: {NO_EFFECTIVE_WARNING}", flag.name);
+                if !self.warned.contains(&warning) {
+                    self.bed.progress().note(&format!("warning: {warning}"));
+                    self.warned.push(warning.clone());
+                }
+                warnings.push(warning);
+            }
         }
         let dir = self.dir.join(block_dir(request.block));
         if dir.exists() {
@@ -127,6 +173,7 @@ impl StepRunner for TestbedRunner<'_, '_> {
             peak_engine,
             wall_s: stats.wall_s + restarted.health_wait_s,
             tokens_per_s: (stats.completion_tokens > 0).then_some(stats.tokens_per_s),
+            warnings,
         })
     }
 }

@@ -66,7 +66,9 @@
 //! ([`super::mix`], Freeman-Halton exact test at `mix_alpha`): a different mix is a
 //! different failure mode, reported and not merged ("unresolved" to ddmin). "Passes" is
 //! blocked when a block's engine-side peak concurrency fell below `min_load_fraction`
-//! of the target (a load-dependent bug cannot be ruled out below its load). A step that
+//! of the target, or was not measured at all (a load-dependent bug cannot be ruled out
+//! below its load, nor at a load nobody saw; `bisect run`'s rule for `cleared`); so is
+//! the passing end standing in for "without it, it passes" of a one-value answer. A step that
 //! reaches `step_cap_blocks` undecided (`claim_cap_blocks` at alpha), or whose own blocks
 //! are degraded, is unresolved. The ends get twice their cap when their counts lean
 //! towards a culprit over a background (differ by min_effect, the passing end at most
@@ -230,6 +232,10 @@ pub struct BlockOutcome {
     /// a same-speed toggle from a slow fallback path.
     #[serde(default)]
     pub tokens_per_s: Option<f64>,
+    /// What the block could not check, one sentence each (a flag no engine reports);
+    /// kept in the step log, so a resumed search still says it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// Runs one configuration for one block: the only side effect of the search.
@@ -942,8 +948,8 @@ impl Search<'_> {
     /// without it that holds the rest of the answer, which passes only if it does, by
     /// monotonicity) passes at alpha. Decided from the blocks already run where they
     /// suffice; else the step's own e-process is carried on to 1/alpha (valid at any
-    /// stopping time). A one-value answer needs nothing here: without it is the passing
-    /// end, verified at alpha.
+    /// stopping time). A one-value answer needs nothing more here than the passing end's
+    /// load: without it is the passing end, verified at alpha.
     async fn confirm_needed(
         &mut self,
         answer: &[usize],
@@ -953,6 +959,15 @@ impl Search<'_> {
         for &flag in answer {
             let without = self.with_held(answer.iter().copied().filter(|&x| x != flag));
             if without == self.passing_end() {
+                // The verified passing end is this claim ("without it, it passes"): a
+                // pass, so it needs the load as any step's does.
+                let pass_key = (self.passing_end(), 0);
+                if let Some(why) = self.load_unconfirmed(self.blocks_of(&pass_key)) {
+                    return Ok(Confirmation::Unconfirmed(format!(
+                        "{}={} could not be shown needed: the passing end passes, but {why}",
+                        self.p.flags[flag].name, self.p.flags[flag].failing
+                    )));
+                }
                 continue;
             }
             let mut candidates: Vec<FailingSet> = Vec::new();
@@ -1535,20 +1550,12 @@ impl Search<'_> {
                 )
             }
             Some(Outcome::Passes) => {
-                let target = self.p.min_load_fraction * f64::from(self.p.concurrency);
-                let low = blocks
-                    .iter()
-                    .filter_map(|b| b.peak_engine)
-                    .filter(|&peak| (peak as f64) < target)
-                    .min();
-                if let Some(peak) = low {
+                if let Some(why) = self.load_unconfirmed(blocks) {
                     return Eval::Decided(
                         Outcome::Unresolved,
                         format!(
-                            "passes ({}) but the engines peaked at {peak} running requests, below {:.0}% of the {} targeted: a load-dependent failure is not ruled out",
+                            "passes ({}) but {why}: a load-dependent failure is not ruled out",
                             pct(t.corrupted, t.classified),
-                            100.0 * self.p.min_load_fraction,
-                            self.p.concurrency
                         ),
                     );
                 }
@@ -1608,6 +1615,33 @@ impl Search<'_> {
                 Eval::NeedStep
             }
         }
+    }
+
+    /// Why `blocks` cannot show a pass at the experiment's load (`bisect run`'s rule for
+    /// `cleared`): a block whose busiest engine role peaked below `min_load_fraction` of
+    /// the target concurrency, or one no engine role measured at all (no metrics: the
+    /// load is unconfirmed, as in `run`, never taken for granted).
+    fn load_unconfirmed(&self, blocks: &[BlockOutcome]) -> Option<String> {
+        let unmeasured = blocks.iter().filter(|b| b.peak_engine.is_none()).count();
+        if unmeasured > 0 {
+            return Some(format!(
+                "{unmeasured} of its {} blocks had no engine-side load measurement (no role's \
+                 metrics reported running requests), so the {} in flight targeted are unconfirmed",
+                blocks.len(),
+                self.p.concurrency
+            ));
+        }
+        let target = self.p.min_load_fraction * f64::from(self.p.concurrency);
+        let low = blocks
+            .iter()
+            .filter_map(|b| b.peak_engine)
+            .filter(|&peak| (peak as f64) < target)
+            .min()?;
+        Some(format!(
+            "the engines peaked at {low} running requests, below {:.0}% of the {} targeted",
+            100.0 * self.p.min_load_fraction,
+            self.p.concurrency
+        ))
     }
 
     /// Run blocks until the step at `key` is decided.

@@ -168,6 +168,7 @@ impl StepRunner for OracleRunner<'_> {
             peak_engine: Some(u64::from(request.concurrency)),
             wall_s: 0.0,
             tokens_per_s: Some(o.speed * noise / slowdown),
+            warnings: Vec::new(),
         })
     }
 }
@@ -606,6 +607,99 @@ mod tests {
         let params = SearchParams::new(oracle.flag_values(), 80, BUDGET, 11);
         let mut runner = Speeds { oracle, speed };
         futures::executor::block_on(search(&params, &mut runner, &mut Silent)).unwrap()
+    }
+
+    /// Runs blocks like `OracleRunner`, but reports each block's engine-side peak from a
+    /// script: the failing flags of the block and the load -> peak (None: no role's
+    /// metrics measured it).
+    struct Peaks<'a> {
+        oracle: &'a Oracle,
+        peak: fn(&BTreeSet<usize>, u32) -> Option<u64>,
+    }
+
+    impl StepRunner for Peaks<'_> {
+        async fn run_block(&mut self, r: &BlockRequest) -> anyhow::Result<BlockOutcome> {
+            let mut out = OracleRunner {
+                oracle: self.oracle,
+                seed: 5,
+            }
+            .run_block(r)
+            .await?;
+            out.peak_engine = (self.peak)(&self.oracle.failing_set(r), r.concurrency);
+            Ok(out)
+        }
+    }
+
+    fn run_peaks(
+        oracle: &Oracle,
+        peak: fn(&BTreeSet<usize>, u32) -> Option<u64>,
+    ) -> super::super::search::SearchReport {
+        let params = SearchParams::new(oracle.flag_values(), 80, BUDGET, 5);
+        let mut runner = Peaks { oracle, peak };
+        futures::executor::block_on(search(&params, &mut runner, &mut Silent)).unwrap()
+    }
+
+    #[test]
+    fn a_step_without_load_evidence_never_passes() {
+        use super::super::search::Outcome;
+        // A target whose roles serve no metrics: no block has an engine-side peak. Clean
+        // steps are then unresolved, as `bisect run` will not clear at an unmeasured load,
+        // so no flag value can be shown needed and no culprit is reported.
+        let oracle = crisp(Rule::All(vec![0, 1]), vec![]);
+        let report = run_peaks(&oracle, |_, _| None);
+        assert!(
+            report.steps.iter().all(|s| s.outcome != Outcome::Passes),
+            "{:?}",
+            report.steps
+        );
+        let unmeasured = report
+            .steps
+            .iter()
+            .find(|s| s.outcome == Outcome::Unresolved)
+            .expect("a clean step is unresolved");
+        assert!(
+            unmeasured
+                .reason
+                .contains("had no engine-side load measurement"),
+            "{}",
+            unmeasured.reason
+        );
+        assert!(
+            !matches!(report.answer, Answer::Culprit { .. }),
+            "{}",
+            report.verdict
+        );
+        // A build whose engine never runs more than 10 at once: the same, by the peak.
+        let report = run_peaks(&oracle, |_, _| Some(10));
+        assert!(report.steps.iter().all(|s| s.outcome != Outcome::Passes));
+        assert!(
+            report.steps.iter().any(|s| s
+                .reason
+                .contains("the engines peaked at 10 running requests, below 90% of the 80")),
+            "{:?}",
+            report.steps
+        );
+        // The same search with the load measured finds the interaction.
+        let report = run_peaks(&oracle, |_, load| Some(u64::from(load)));
+        assert_eq!(report.answer, Answer::Culprit { flags: vec![0, 1] });
+    }
+
+    #[test]
+    fn a_one_value_answer_needs_the_passing_ends_load() {
+        // F2 alone fails; "without F2" is the passing end (every flag flipped), which here
+        // ran with no load measured: the value is not shown needed.
+        let oracle = crisp(Rule::All(vec![2]), vec![]);
+        let report = run_peaks(&oracle, |failing, load| {
+            (!failing.is_empty()).then_some(u64::from(load))
+        });
+        assert_eq!(report.answer, Answer::Inconclusive, "{}", report.verdict);
+        assert!(
+            report
+                .verdict
+                .contains("F2=1 could not be shown needed: the passing end passes, but 1 of its"),
+            "{}",
+            report.verdict
+        );
     }
 
     #[test]

@@ -66,6 +66,8 @@ struct LoggedOutcome {
     wall_s: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     tokens_per_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    warnings: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -130,6 +132,7 @@ pub fn read(path: &Path) -> anyhow::Result<Logged> {
                         peak_engine: outcome.peak_engine,
                         wall_s: outcome.wall_s,
                         tokens_per_s: outcome.tokens_per_s,
+                        warnings: outcome.warnings,
                     },
                 ));
             }
@@ -167,6 +170,7 @@ impl Observer for StepLog {
                 peak_engine: outcome.peak_engine,
                 wall_s: outcome.wall_s,
                 tokens_per_s: outcome.tokens_per_s,
+                warnings: outcome.warnings.clone(),
             },
         })
     }

@@ -18,6 +18,27 @@
 //! - newly degraded: more than degraded_fraction (10%) error+timeout sessions where
 //!   the baseline had at most that (a toggle that made the engine time out).
 //!
+//! A comparable cell that does not regress is "ok" only when its measurement can show
+//! it; otherwise it is **inconclusive**, with the reasons ([`unconfirmed_reasons`]),
+//! and a whole matrix with one is no pass (exit 3):
+//!
+//! - either night judged fewer than half its sessions (`Counts::judged`: not failed, not
+//!   truncated at max_tokens): a rate over the few judged, or over none (Fisher p = 1
+//!   on an empty row), says nothing about the cell;
+//! - replies truncated at max_tokens rose by at least min_effect, one-sided Fisher
+//!   p < 0.05 (the screening level at which `bisect run` warns about truncation): a
+//!   truncated session cannot show corruption, so a wordier model looks cleaner;
+//! - this night's load short of the target, by `bisect run`'s rule for `cleared`
+//!   (`core::confounds::load_shortfall`: the busiest engine role's peak running
+//!   requests at least 90% of the cell's target concurrency, and measured at all; roles
+//!   whose metrics failed are named). A build that caps the engine's running requests
+//!   cannot show a load-dependent bug. Not for a target of one session in flight, which
+//!   has no lower load, and whose requests the sampling poller mostly misses.
+//!
+//! A regression found despite these stands (corruption seen at a lower load is still
+//! corruption; a throughput drop is one), so they only decide between "ok" and
+//! "inconclusive".
+//!
 //! The one-sided p is the upper hypergeometric tail P(X >= a) with margins fixed
 //! (Fisher 1935; Agresti, "Categorical Data Analysis", 3rd ed., sec. 3.5.1).
 
@@ -28,10 +49,18 @@ use statrs::distribution::{Discrete, Hypergeometric};
 
 use super::plan::RegressionPolicy;
 use super::record::{BaselineInfo, CellComparison, CellRecord, CellStatus, MatrixRecord};
+use crate::core::arm_stats::{ArmLabel, ArmStats};
+use crate::core::confounds::load_shortfall;
 use crate::core::format;
+use crate::core::verdict::{ArmObservation, Policy};
 
 pub const TEST_NAME: &str = "fisher_exact_one_sided_greater";
 pub const CORRECTION: &str = "holm";
+
+/// Significance below which a rise in truncated replies makes a cell inconclusive: a
+/// screening level (as `bisect run`'s truncation warning), not the regression alpha,
+/// because it can only withhold "ok", never report a regression.
+const TRUNCATED_ALPHA: f64 = 0.05;
 
 /// One-sided Fisher exact p for `[[a, b], [c, d]]` = night (corrupted a, clean b) over
 /// baseline (corrupted c, clean d): the probability, margins fixed, of a night count of
@@ -210,11 +239,19 @@ pub fn compare(night: &mut MatrixRecord, baseline: &Baseline, policy: &Regressio
             .find(|c| c.id == cell.id)
             .expect("comparable cells have a baseline cell");
         let reasons = regression_reasons(cell, old, p_adj, policy);
+        let unconfirmed = if reasons.is_empty() {
+            unconfirmed_reasons(cell, old, &night.workload, policy)
+        } else {
+            Vec::new()
+        };
         let cmp = cell.comparison.as_mut().expect("filled above");
         cmp.p_adjusted = Some(p_adj);
         if !reasons.is_empty() {
             cmp.status = CellStatus::Regressed;
             cmp.reasons = reasons;
+        } else if !unconfirmed.is_empty() {
+            cmp.status = CellStatus::Inconclusive;
+            cmp.reasons = unconfirmed;
         }
     }
 
@@ -243,6 +280,7 @@ pub fn compare(night: &mut MatrixRecord, baseline: &Baseline, policy: &Regressio
         not_comparable: count(CellStatus::NotComparable),
         new: count(CellStatus::New),
         blocked: count(CellStatus::Blocked),
+        inconclusive: count(CellStatus::Inconclusive),
         missing: base
             .cells
             .iter()
@@ -303,6 +341,105 @@ fn regression_reasons(
     reasons
 }
 
+/// Why a comparable cell without a regression cannot be called "ok" (the module's
+/// rules): empty when it can.
+fn unconfirmed_reasons(
+    cell: &CellRecord,
+    old: &CellRecord,
+    workload: &serde_json::Value,
+    policy: &RegressionPolicy,
+) -> Vec<String> {
+    let mut reasons = Vec::new();
+    for (side, stats) in [
+        ("this night's cell", &cell.stats),
+        ("the baseline cell", &old.stats),
+    ] {
+        let (judged, total) = (stats.judged(), stats.sessions());
+        if total == 0 || judged * 2 < total {
+            reasons.push(format!(
+                "{side} judged only {judged} of {total} sessions ({} truncated at max_tokens, \
+                 {} error/timeout): too few could show corruption to call the cell ok; raise \
+                 max_tokens (or find why sessions fail)",
+                stats.counts.truncated,
+                stats.counts.failed()
+            ));
+        }
+    }
+    let (t, n) = (cell.stats.counts.truncated, cell.stats.sessions());
+    let (t0, n0) = (old.stats.counts.truncated, old.stats.sessions());
+    let rise = crate::core::stats::rate(t, n) - crate::core::stats::rate(t0, n0);
+    let p = fisher_one_sided_greater(t, n - t, t0, n0 - t0);
+    if rise >= policy.min_effect && p < TRUNCATED_ALPHA {
+        reasons.push(format!(
+            "replies truncated at max_tokens rose from {} to {} (one-sided Fisher p = {}): \
+             truncated sessions cannot show corruption, so the cell can look cleaner for that \
+             alone; raise max_tokens",
+            format::rate(t0, n0),
+            format::rate(t, n),
+            format::p_value(p)
+        ));
+    }
+    // A cell of one session in flight has no lower load to fall to: an engine that
+    // answered ran it. And its requests come one at a time, so the metrics poller, which
+    // samples, mostly sees none running (the shipped nightly's 1-session cells peak at 0).
+    let target = target_concurrency(cell, workload);
+    if target > 1 {
+        if let Some(why) = cell_load_shortfall(&cell.stats, target, policy) {
+            reasons.push(format!(
+                "{why}: a load-dependent regression is not ruled out at a lower load"
+            ));
+        }
+    }
+    reasons
+}
+
+/// The sessions a cell kept in flight: the workload's `concurrency`, capped at the
+/// cell's sessions, else all of them (`Workload::target_concurrency`).
+fn target_concurrency(cell: &CellRecord, workload: &serde_json::Value) -> u64 {
+    let sessions = u64::from(cell.sessions);
+    workload
+        .get("concurrency")
+        .and_then(serde_json::Value::as_u64)
+        .map_or(sessions, |c| c.min(sessions))
+}
+
+/// `bisect run`'s load rule (`load_shortfall`) on one cell's measurements, worded for a
+/// cell, with the roles whose metrics failed when they left the load unmeasured.
+fn cell_load_shortfall(stats: &ArmStats, target: u64, policy: &RegressionPolicy) -> Option<String> {
+    let workload = serde_json::json!({ "concurrency": target });
+    let none = Default::default();
+    let arm = ArmObservation {
+        label: ArmLabel::Probe,
+        value: "",
+        stats,
+        readback: &none,
+        effective: &none,
+        workload: &workload,
+    };
+    let rule = Policy {
+        alpha: policy.alpha,
+        min_effect: policy.min_effect,
+        degraded_fraction: policy.degraded_fraction,
+        ..Policy::default()
+    };
+    let why = load_shortfall(&arm, &rule)?;
+    // The rule words its subject as an arm of a run.
+    let subject = format!("arm {} ", ArmLabel::Probe);
+    let why = match why.strip_prefix(&subject) {
+        Some(rest) => format!("this night's cell {rest}"),
+        None => why,
+    };
+    if stats.metrics_failed.is_empty() {
+        return Some(why);
+    }
+    let failed: Vec<String> = stats
+        .metrics_failed
+        .iter()
+        .map(|(role, reason)| format!("{role}: {reason}"))
+        .collect();
+    Some(format!("{why} (metrics failed for {})", failed.join("; ")))
+}
+
 fn empty(status: CellStatus, old: Option<&CellRecord>, reasons: Vec<String>) -> CellComparison {
     CellComparison {
         status,
@@ -359,18 +496,163 @@ mod tests {
     }
 
     fn cell(id: &str, done: u64, leak: u64, timeout: u64, tokens_per_s: f64) -> CellRecord {
+        let mut c = measured(id, done, leak, 0, timeout);
+        c.stats.tokens_per_s = tokens_per_s;
+        c
+    }
+
+    /// A finished cell of `done + leak + truncated + timeout` sessions, all in flight at
+    /// once, decode's metrics having seen every one of them.
+    fn measured(id: &str, done: u64, leak: u64, truncated: u64, timeout: u64) -> CellRecord {
+        let sessions = done + leak + truncated + timeout;
         let mut c: CellRecord = serde_json::from_value(serde_json::json!({
-            "id": id, "group": 0, "flags": {}, "sessions": 0, "rounds": 4,
+            "id": id, "group": 0, "flags": {}, "sessions": sessions, "rounds": 4,
             "config_hash": "c", "workload_hash": "w", "status": "finished", "readback": {},
             "counts": {"done": done, "maxrounds": 0, "leak": leak, "bad_args": 0,
-                       "wrong_args": 0, "no_tool": 0, "error": 0, "timeout": timeout},
-            "corrupted": 0, "corruption_rate": 0.0, "ci95": [0.0, 1.0], "peak_running": {},
-            "wall_s": 1.0, "completion_tokens": 0, "tokens_per_s": tokens_per_s,
+                       "wrong_args": 0, "no_tool": 0, "error": 0, "timeout": timeout,
+                       "truncated": truncated},
+            "corrupted": 0, "corruption_rate": 0.0, "ci95": [0.0, 1.0],
+            "peak_running": {"client": sessions, "decode": sessions},
+            "wall_s": 1.0, "completion_tokens": 0, "tokens_per_s": 100.0,
             "health_wait_s": 0.0, "dir": "cells/x", "comparison": null
         }))
         .unwrap();
         c.rederive();
         c
+    }
+
+    fn compared(old: Vec<CellRecord>, new: Vec<CellRecord>) -> MatrixRecord {
+        let base = Baseline {
+            dir: PathBuf::from("b"),
+            record: night(old),
+            chosen: "explicit",
+        };
+        let mut n = night(new);
+        compare(&mut n, &base, &RegressionPolicy::default());
+        n
+    }
+
+    fn status_and_reasons(c: &CellRecord) -> (CellStatus, String) {
+        let cmp = c.comparison.as_ref().unwrap();
+        (cmp.status, cmp.reasons.join("; "))
+    }
+
+    #[test]
+    fn a_cell_that_judged_nothing_is_never_ok() {
+        // The baseline corrupted 14 of 80; tonight a wordier model runs into max_tokens in
+        // every session: 0/0 judged, Fisher p = 1, no regression rule fires. Not "ok".
+        let n = compared(
+            vec![measured("c", 66, 14, 0, 0)],
+            vec![measured("c", 0, 0, 80, 0)],
+        );
+        let (status, why) = status_and_reasons(&n.cells[0]);
+        assert_eq!(status, CellStatus::Inconclusive, "{why}");
+        assert!(
+            why.contains("this night's cell judged only 0 of 80 sessions (80 truncated"),
+            "{why}"
+        );
+        assert!(
+            why.contains("replies truncated at max_tokens rose from 0/80"),
+            "{why}"
+        );
+        assert!(n.regressions.is_empty());
+        assert_eq!(n.baseline.as_ref().unwrap().inconclusive, 1);
+        // A baseline that judged nothing cannot vouch for tonight either (an empty row
+        // gives p = 1 whatever tonight's rate).
+        let n = compared(
+            vec![measured("c", 0, 0, 80, 0)],
+            vec![measured("c", 66, 14, 0, 0)],
+        );
+        let (status, why) = status_and_reasons(&n.cells[0]);
+        assert_eq!(status, CellStatus::Inconclusive, "{why}");
+        assert!(
+            why.contains("the baseline cell judged only 0 of 80"),
+            "{why}"
+        );
+        // Half judged is enough, and truncation that did not rise is no reason.
+        let n = compared(
+            vec![measured("c", 40, 0, 40, 0)],
+            vec![measured("c", 40, 0, 40, 0)],
+        );
+        assert_eq!(n.cells[0].verdict(), Some(CellStatus::Ok));
+    }
+
+    #[test]
+    fn truncation_well_above_the_baselines_withholds_ok() {
+        // 60 of 80 judged tonight (above half), but 20 truncated against none: the
+        // truncated sessions are the ones that could have gone wrong.
+        let n = compared(
+            vec![measured("c", 80, 0, 0, 0)],
+            vec![measured("c", 60, 0, 20, 0)],
+        );
+        let (status, why) = status_and_reasons(&n.cells[0]);
+        assert_eq!(status, CellStatus::Inconclusive, "{why}");
+        assert!(
+            why.starts_with("replies truncated at max_tokens rose from 0/80 (0.0%) to 20/80"),
+            "{why}"
+        );
+        // 2 more truncated than the baseline: noise, ok.
+        let n = compared(
+            vec![measured("c", 80, 0, 0, 0)],
+            vec![measured("c", 78, 0, 2, 0)],
+        );
+        assert_eq!(n.cells[0].verdict(), Some(CellStatus::Ok));
+    }
+
+    #[test]
+    fn a_cell_below_its_load_or_unmeasured_is_not_ok_but_regressions_stand() {
+        // Tonight's build caps decode at 10 running requests at 80 in flight.
+        let mut low = measured("c", 80, 0, 0, 0);
+        low.stats.peak_running.insert("decode".into(), 10);
+        let n = compared(vec![measured("c", 66, 14, 0, 0)], vec![low.clone()]);
+        let (status, why) = status_and_reasons(&n.cells[0]);
+        assert_eq!(status, CellStatus::Inconclusive, "{why}");
+        assert!(
+            why.starts_with(
+                "this night's cell reached at most 10 running requests (decode), below 72 (90% of the target concurrency 80)"
+            ),
+            "{why}"
+        );
+        // No role's metrics answered: the load is unmeasured, the failure named.
+        let mut blind = measured("c", 80, 0, 0, 0);
+        blind.stats.peak_running.remove("decode");
+        blind
+            .stats
+            .metrics_failed
+            .insert("decode".into(), "connection refused".into());
+        let n = compared(vec![measured("c", 80, 0, 0, 0)], vec![blind]);
+        let (status, why) = status_and_reasons(&n.cells[0]);
+        assert_eq!(status, CellStatus::Inconclusive, "{why}");
+        assert!(why.contains("no engine-side load measurement"), "{why}");
+        assert!(
+            why.contains("metrics failed for decode: connection refused"),
+            "{why}"
+        );
+        // The workload's concurrency, capped at the cell's sessions, is the target: 16
+        // sessions under a concurrency of 64 need 15 running, not 58.
+        let mut small = measured("c", 16, 0, 0, 0);
+        small.stats.peak_running.insert("decode".into(), 15);
+        let base = Baseline {
+            dir: PathBuf::from("b"),
+            record: night(vec![measured("c", 16, 0, 0, 0)]),
+            chosen: "explicit",
+        };
+        let mut n = night(vec![small]);
+        n.workload = serde_json::json!({ "concurrency": 64 });
+        compare(&mut n, &base, &RegressionPolicy::default());
+        assert_eq!(n.cells[0].verdict(), Some(CellStatus::Ok));
+        // One session in flight cannot fall short of its load; the poller, sampling
+        // between its requests, saw none running.
+        let mut single = measured("c", 1, 0, 0, 0);
+        single.stats.peak_running.insert("decode".into(), 0);
+        let n = compared(vec![measured("c", 1, 0, 0, 0)], vec![single]);
+        assert_eq!(n.cells[0].verdict(), Some(CellStatus::Ok));
+        // Corruption that rose at a low load is still a regression.
+        let mut racy = measured("c", 66, 14, 0, 0);
+        racy.stats.peak_running.insert("decode".into(), 10);
+        let n = compared(vec![measured("c", 80, 0, 0, 0)], vec![racy]);
+        assert_eq!(n.cells[0].verdict(), Some(CellStatus::Regressed));
+        assert_eq!(n.regressions, ["c"]);
     }
 
     fn night(cells: Vec<CellRecord>) -> MatrixRecord {

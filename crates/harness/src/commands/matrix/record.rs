@@ -118,6 +118,11 @@ pub enum CellStatus {
     New,
     /// The cell's engine did not run the cell's configuration: not compared.
     Blocked,
+    /// Compared, no regression found, but the measurement cannot show the cell is ok:
+    /// too few judged sessions (either night), replies truncated far more than the
+    /// baseline's, or this night's load below the target or unmeasured (reasons in
+    /// words). No pass: a whole matrix with one exits 3.
+    Inconclusive,
 }
 
 impl CellStatus {
@@ -128,6 +133,7 @@ impl CellStatus {
             CellStatus::NotComparable => "not comparable",
             CellStatus::New => "new",
             CellStatus::Blocked => "blocked",
+            CellStatus::Inconclusive => "inconclusive",
         }
     }
 }
@@ -147,7 +153,7 @@ pub struct CellComparison {
     pub baseline_tokens_per_s: f64,
     /// tokens/s of this night over the baseline's.
     pub tokens_per_s_ratio: Option<f64>,
-    /// Why the cell regressed or is not comparable, one sentence each.
+    /// Why the cell regressed, is not comparable or is inconclusive, one sentence each.
     pub reasons: Vec<String>,
 }
 
@@ -167,6 +173,9 @@ pub struct BaselineInfo {
     /// Cells blocked by the effective-config check, not compared.
     #[serde(default)]
     pub blocked: usize,
+    /// Compared cells whose measurement cannot show them ok ([`CellStatus::Inconclusive`]).
+    #[serde(default)]
+    pub inconclusive: usize,
     /// Baseline cells this matrix does not have.
     pub missing: Vec<String>,
 }

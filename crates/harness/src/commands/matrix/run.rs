@@ -245,6 +245,14 @@ async fn run_group(
             let rec = &mut record.cells[*i];
             rec.stats = ArmStats::pool(&blocks[slot]);
             if repeat + 1 == repeats {
+                // A role whose metrics never answered: its load is unmeasured, which the
+                // cell says (the baseline comparison judges the load from the others).
+                for (role, why) in &rec.stats.metrics_failed {
+                    let warning = format!("{}: no load measured for role {role}: {why}", cell.id);
+                    if !rec.warnings.contains(&warning) {
+                        rec.warnings.push(warning);
+                    }
+                }
                 // An engine that restarted by itself during the cell (`engine_replaced`)
                 // ran part of it cold: the cell is measured but not compared.
                 if rec.stats.engine_replaced.is_empty() {

@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use super::MatrixExporter;
-use crate::commands::matrix::record::{CellRecord, MatrixRecord};
+use crate::commands::matrix::record::{CellRecord, CellStatus, MatrixRecord};
 use crate::core::format;
 use crate::core::session::SessionResult;
 use crate::results::charts::{self, RateBar, RoundCounts};
@@ -126,7 +126,7 @@ fn facts(r: &MatrixRecord) -> Vec<String> {
     }
     facts.push(match &r.baseline {
         Some(b) => format!(
-            "baseline <code>{}</code> ({}, started {}): {} compared ({}, {}-corrected, alpha {}, min effect {}), {} not comparable, {} new, {} missing here",
+            "baseline <code>{}</code> ({}, started {}): {} compared ({}, {}-corrected, alpha {}, min effect {}){}, {} not comparable, {} new, {} missing here",
             escape(&b.id),
             escape(&b.chosen),
             escape(&b.started_at),
@@ -135,6 +135,7 @@ fn facts(r: &MatrixRecord) -> Vec<String> {
             escape(&b.correction),
             r.plan.policy.alpha,
             format::percent(r.plan.policy.min_effect),
+            super::markdown::inconclusive_words(b.inconclusive),
             b.not_comparable,
             b.new,
             b.missing.len()
@@ -160,8 +161,8 @@ fn facts(r: &MatrixRecord) -> Vec<String> {
     facts
 }
 
-/// The regressed cells with their reasons; nothing without a baseline, where there is
-/// nothing to regress from.
+/// The regressed cells with their reasons, else the inconclusive ones (no pass either);
+/// nothing without a baseline, where there is nothing to regress from.
 fn regressions_section(r: &MatrixRecord) -> String {
     if r.baseline.is_none() {
         return String::new();
@@ -180,6 +181,25 @@ fn regressions_section(r: &MatrixRecord) -> String {
             format!("{id}: {why}")
         })
         .collect();
+    let inconclusive: Vec<String> = r
+        .cells
+        .iter()
+        .filter(|c| c.verdict() == Some(CellStatus::Inconclusive))
+        .map(|c| {
+            let why = c.comparison.as_ref().map(|x| x.reasons.join("; "));
+            format!("{}: {}", c.id, why.unwrap_or_default())
+        })
+        .collect();
+    if reasons.is_empty() && !inconclusive.is_empty() {
+        return verdict_box(
+            "inconclusive",
+            &format!(
+                "0 regressed cell(s), {} inconclusive (not shown ok)",
+                inconclusive.len()
+            ),
+            &list(&inconclusive),
+        );
+    }
     let class = if reasons.is_empty() {
         "cleared"
     } else {
@@ -400,6 +420,7 @@ pub(crate) mod tests {
             not_comparable: 0,
             new: 0,
             blocked: 0,
+            inconclusive: 0,
             missing: Vec::new(),
         });
         let html = render_matrix_html(&record, None);
@@ -407,5 +428,24 @@ pub(crate) mod tests {
         assert!(html.contains("<li>a: corruption rose</li>"), "{html}");
         assert!(html.contains("finished, regressed"));
         assert!(html.contains("No sessions.jsonl"));
+
+        // No regression, but a cell that cannot be shown ok: never the green box.
+        let cmp = record.cells[0].comparison.as_mut().unwrap();
+        cmp.status = CellStatus::Inconclusive;
+        cmp.reasons = vec!["this night's cell judged only 0 of 16 sessions".into()];
+        record.regressions.clear();
+        let b = record.baseline.as_mut().unwrap();
+        (b.regressed, b.inconclusive) = (0, 1);
+        let html = render_matrix_html(&record, None);
+        assert!(
+            html.contains("<section class=\"verdict inconclusive\"><h2>0 regressed cell(s), 1 inconclusive (not shown ok)</h2>"),
+            "{html}"
+        );
+        assert!(
+            html.contains("<li>a: this night&#39;s cell judged only 0 of 16"),
+            "{html}"
+        );
+        assert!(html.contains("1 of them inconclusive"), "{html}");
+        assert!(html.contains("finished, inconclusive"));
     }
 }

@@ -1,8 +1,9 @@
 //! `junit.xml`: one test case per cell, so CI systems show the night like a test run.
 //! A regressed cell is a `<failure>` carrying its reasons; a cell that cannot be
 //! compared (configuration or workload changed) is `<skipped>`; a cell that did not
-//! finish, or was blocked because its engine ran another configuration, is an
-//! `<error>`; every other cell passes.
+//! finish, was blocked because its engine ran another configuration, or was compared
+//! but is inconclusive (its measurement cannot show it ok), is an `<error>`; every
+//! other cell passes.
 
 use super::MatrixExporter;
 use crate::commands::matrix::record::{CellRecord, CellStatus, MatrixRecord};
@@ -35,6 +36,7 @@ fn outcome(c: &CellRecord) -> Outcome {
         Some(CellStatus::NotComparable) => {
             Outcome::Skipped(format!("not comparable: {}", reasons()))
         }
+        Some(CellStatus::Inconclusive) => Outcome::Error(format!("inconclusive: {}", reasons())),
         _ => Outcome::Pass,
     }
 }

@@ -70,7 +70,7 @@ fn header(s: &mut String, r: &MatrixRecord) {
     s.push_str(&format!("- status: {}\n", r.status));
     match &r.baseline {
         Some(b) => s.push_str(&format!(
-            "- baseline: `{}` ({}, started {}): {} compared ({}, {}-corrected, alpha {}, min effect {}, tokens/s noise {}), {} not comparable, {} new, {} missing here\n",
+            "- baseline: `{}` ({}, started {}): {} compared ({}, {}-corrected, alpha {}, min effect {}, tokens/s noise {}){}, {} not comparable, {} new, {} missing here\n",
             b.id,
             b.chosen,
             b.started_at,
@@ -80,6 +80,7 @@ fn header(s: &mut String, r: &MatrixRecord) {
             r.plan.policy.alpha,
             format::percent(r.plan.policy.min_effect),
             format::percent(r.plan.policy.tokens_per_s_noise),
+            inconclusive_words(b.inconclusive),
             b.not_comparable,
             b.new,
             b.missing.len()
@@ -93,8 +94,14 @@ fn header(s: &mut String, r: &MatrixRecord) {
         s.push_str(&format!("- error: {e}\n"));
     }
     s.push('\n');
-    if r.baseline.is_some() {
-        if r.regressions.is_empty() {
+    if let Some(b) = &r.baseline {
+        if r.regressions.is_empty() && b.inconclusive > 0 {
+            s.push_str(&format!(
+                "**No regressions found, but {} cell{} inconclusive** (listed below): not a pass.\n\n",
+                b.inconclusive,
+                if b.inconclusive == 1 { "" } else { "s" }
+            ));
+        } else if r.regressions.is_empty() {
             s.push_str("**No regressions.**\n\n");
         } else {
             s.push_str(&format!(
@@ -168,8 +175,8 @@ fn cell_table(s: &mut String, r: &MatrixRecord) {
     }
 }
 
-/// The regressed and not-comparable cells with their reasons, and baseline cells this
-/// matrix lacks.
+/// The regressed, inconclusive and not-comparable cells with their reasons, and
+/// baseline cells this matrix lacks.
 fn listed_cells(s: &mut String, r: &MatrixRecord) {
     let listed = |status: CellStatus| -> Vec<&CellRecord> {
         r.cells
@@ -179,6 +186,10 @@ fn listed_cells(s: &mut String, r: &MatrixRecord) {
     };
     for (status, title) in [
         (CellStatus::Regressed, "Regressed cells"),
+        (
+            CellStatus::Inconclusive,
+            "Inconclusive (no regression found, but not shown ok)",
+        ),
         (
             CellStatus::NotComparable,
             "Not comparable (never regressions)",
@@ -225,6 +236,15 @@ fn listed_cells(s: &mut String, r: &MatrixRecord) {
     }
 }
 
+/// `, N of them inconclusive` when there are any (a night without them reads as before).
+pub(super) fn inconclusive_words(n: usize) -> String {
+    if n == 0 {
+        String::new()
+    } else {
+        format!(", {n} of them inconclusive")
+    }
+}
+
 fn baseline_cell(c: &CellRecord) -> String {
     match &c.comparison {
         None => String::new(),
@@ -245,6 +265,7 @@ fn change_cell(c: &CellRecord) -> String {
             CellStatus::New => "-".into(),
             CellStatus::NotComparable => "not comparable".into(),
             CellStatus::Blocked => "blocked".into(),
+            CellStatus::Inconclusive => "inconclusive".into(),
             CellStatus::Ok | CellStatus::Regressed => {
                 let mut parts = vec![format::signed_percent(x.rate_diff)];
                 if let Some(p) = x.p_adjusted {
