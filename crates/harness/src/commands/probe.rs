@@ -289,7 +289,7 @@ pub async fn run_probe(
     let outcome = async {
         let restarted = bed.restart("probe").await?;
         // The profile's markup families decide what a leak is, as in `bisect run`.
-        let classifier = Arc::new(Classifier::new(&plan.workload.tools, &plan.target.markup)?);
+        let classifier = Arc::new(Classifier::for_target(&plan.workload, &plan.target)?);
         let block = BlockName {
             label: ArmLabel::Probe.as_str(),
             value: "as-is",
