@@ -415,6 +415,7 @@ fn cell_load_shortfall(stats: &ArmStats, target: u64, policy: &RegressionPolicy)
         readback: &none,
         effective: &none,
         workload: &workload,
+        block: None,
     };
     let rule = Policy {
         alpha: policy.alpha,
