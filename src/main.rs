@@ -3,6 +3,16 @@
 
 use std::process::ExitCode;
 
+/// `eprintln!` that drops the line when stderr is gone (a pipe whose reader exited)
+/// instead of panicking: a run must still restore its configs, write its results and
+/// exit with its own code.
+macro_rules! stderr_line {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
 mod cli;
 mod handlers;
 mod progress;
@@ -17,7 +27,7 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(err) => {
             // The API key never reaches the terminal, even echoed in an engine's error.
-            eprintln!(
+            stderr_line!(
                 "error: {}",
                 bisect_harness::redact::scrub(&format!("{err:#}"))
             );

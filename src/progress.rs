@@ -1,5 +1,8 @@
 //! Progress output of the commands that drive sessions (run, probe, culprit, matrix):
 //! an indicatif bar on a terminal, plain lines otherwise.
+//!
+//! Progress is best effort: a line that cannot be written (stderr a pipe whose reader
+//! went away) is dropped (`stderr_line!`), where `eprintln!` would panic mid-arm.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -66,7 +69,7 @@ impl Progress for Bar {
     fn note(&self, message: &str) {
         match self.bar.lock().as_ref() {
             Some(bar) => bar.println(bisect_harness::redact::scrub(message)),
-            None => eprintln!("{}", bisect_harness::redact::scrub(message)),
+            None => stderr_line!("{}", bisect_harness::redact::scrub(message)),
         }
     }
 }
@@ -96,9 +99,9 @@ impl Progress for Lines {
         self.done.store(0, Ordering::Relaxed);
         if value.is_empty() {
             // Matrix cells and probes have a label but no flag value.
-            eprintln!("{label} repeat {repeat}: driving {sessions} sessions");
+            stderr_line!("{label} repeat {repeat}: driving {sessions} sessions");
         } else {
-            eprintln!("arm {label}={value} repeat {repeat}: driving {sessions} sessions");
+            stderr_line!("arm {label}={value} repeat {repeat}: driving {sessions} sessions");
         }
     }
     fn session_done(&self, result: &SessionResult) {
@@ -106,7 +109,7 @@ impl Progress for Lines {
         if self.per_session
             && (result.class.is_corrupted() || result.class.is_failure() || n % 20 == 0)
         {
-            eprintln!(
+            stderr_line!(
                 "  session {} {}: {} {}",
                 result.label,
                 result.index,
@@ -121,7 +124,7 @@ impl Progress for Lines {
         } else {
             format!("arm {}={}", block.label, block.value)
         };
-        eprintln!(
+        stderr_line!(
             "{name}: corrupted {}, error+timeout {}, {:.1}s",
             bisect_harness::core::format::rate(stats.corrupted, stats.sessions()),
             stats.counts.failed(),
@@ -129,7 +132,7 @@ impl Progress for Lines {
         );
     }
     fn note(&self, message: &str) {
-        eprintln!("{}", bisect_harness::redact::scrub(message));
+        stderr_line!("{}", bisect_harness::redact::scrub(message));
     }
 }
 

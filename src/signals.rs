@@ -35,9 +35,12 @@ pub fn cancel_on_signal() -> CancellationToken {
             _ = on(SignalKind::hangup()) => {}
             _ = on(SignalKind::quit()) => {}
         }
-        eprintln!("interrupted: stopping engines and restoring launch configs");
+        // Cancel first: with stderr gone (a closed pipe) the message cannot be written,
+        // and `eprintln!` would have panicked this task before the token was cancelled,
+        // leaving the run deaf to every signal.
         token.cancel();
         bisect_harness::fault::release();
+        stderr_line!("interrupted: stopping engines and restoring launch configs");
     });
     cancel
 }

@@ -169,7 +169,7 @@ pub fn run_mock(args: MockEngineArgs) -> anyhow::Result<()> {
         let server = MockServer::bind(addr, config)
             .await
             .with_context(|| format!("binding {addr}"))?;
-        eprintln!("mock engine listening on {}", server.api());
+        stderr_line!("mock engine listening on {}", server.api());
         std::future::pending::<()>().await;
         Ok(())
     })

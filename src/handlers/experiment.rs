@@ -19,7 +19,7 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<ExitCode> {
     let plan = args.plan()?;
     let (mut control, cancel) = engines(&plan.target, &plan.run_dir, plan.api_key.as_deref())?;
     let progress = progress(output.json);
-    eprintln!("results: {}", plan.run_dir.display());
+    stderr_line!("results: {}", plan.run_dir.display());
     let record = match args.adaptive() {
         Some(options) => {
             adaptive::run_adaptive(&plan, &options, &mut control, progress.as_ref(), cancel).await?
@@ -41,7 +41,7 @@ pub async fn culprit(args: &CulpritArgs) -> anyhow::Result<ExitCode> {
     let plan = args.plan()?;
     let (mut control, cancel) = engines(&plan.target, &plan.dir, plan.api_key.as_deref())?;
     let progress = progress(output.json);
-    eprintln!("results: {}", plan.dir.display());
+    stderr_line!("results: {}", plan.dir.display());
     let record = culprit::run(&plan, &mut control, progress.as_ref(), cancel).await?;
     print_record(
         output.json,
@@ -53,7 +53,8 @@ pub async fn culprit(args: &CulpritArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Exit 0 clean, 1 corrupted, 125 could not tell (also when the probe could not run:
-/// `git bisect` skips such a commit), 130 interrupted.
+/// `git bisect` skips such a commit), 255 another bisect holds the target (`git bisect
+/// run` stops), 130 interrupted.
 pub async fn probe(args: &ProbeArgs) -> anyhow::Result<ExitCode> {
     recover_journal(&args.output.journal_dir())?;
     let plan = args.plan()?;
@@ -64,9 +65,16 @@ pub async fn probe(args: &ProbeArgs) -> anyhow::Result<ExitCode> {
         Err(e) if matches!(e.downcast_ref::<Failure>(), Some(Failure::Interrupted)) => {
             return Err(e)
         }
+        Err(e)
+            if e.chain()
+                .any(|c| matches!(c.downcast_ref::<Failure>(), Some(Failure::Busy(_)))) =>
+        {
+            stderr_line!("probe could not run: {e:#}\n  git bisect run stops here (exit 255): another bisect holds the target");
+            return Ok(ExitCode::from(exit::PROBE_ABORT));
+        }
         Err(e) => {
             // git bisect treats 125 as "skip this commit": a build that cannot serve.
-            eprintln!("probe could not run: {e:#}");
+            stderr_line!("probe could not run: {e:#}");
             return Ok(ExitCode::from(exit::PROBE_UNKNOWN));
         }
     };

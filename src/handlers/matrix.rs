@@ -17,7 +17,7 @@ pub async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
     recover_journal(&args.output.journal_dir())?;
     let job = args.job()?;
     let (mut control, cancel) = engines(&job.target, &job.dir, job.api_key.as_deref())?;
-    eprintln!(
+    stderr_line!(
         "matrix {}: {} cells, results: {}",
         job.plan.name,
         job.cells().len(),
@@ -108,14 +108,14 @@ fn exit_code(record: &MatrixRecord) -> u8 {
         return exit::OK;
     }
     if !blocked.is_empty() {
-        eprintln!(
+        stderr_line!(
             "{} cell(s) blocked: the engine did not run the cell's configuration ({}); reasons in summary.md\n  fix: make the launch configs apply the flags (see the reasons), then run the matrix again",
             blocked.len(),
             blocked.join(", ")
         );
     }
     if !inconclusive.is_empty() {
-        eprintln!(
+        stderr_line!(
             "{} cell(s) inconclusive: no regression found, but the measurement cannot show the cell ok ({}); reasons in summary.md\n  fix: see each reason (raise max_tokens, restore the engine's load or its metrics), then run the matrix again",
             inconclusive.len(),
             inconclusive.join(", ")

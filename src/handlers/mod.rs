@@ -61,13 +61,13 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 fn recover_journal(journal_dir: &Path) -> anyhow::Result<()> {
     let recovery = bisect_harness::launch::recover(journal_dir)?;
     for p in &recovery.restored {
-        eprintln!(
+        stderr_line!(
             "restored {} left edited by an earlier run that did not finish",
             p.display()
         );
     }
     for kept in &recovery.kept {
-        eprintln!("warning: {kept}");
+        stderr_line!("warning: {kept}");
     }
     Ok(())
 }

@@ -146,6 +146,30 @@ async fn sigterm_restores_and_exits_130() {
     assert_eq!(run["status"], "interrupted");
 }
 
+/// A run whose stderr reader went away (`bisect run 2>&1 | tee log`, tee killed) still
+/// hears SIGTERM: its progress lines and the signal's message are dropped, not a panic
+/// that killed the signal task before it cancelled the run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_stderr_closed_still_restores_and_exits_130() {
+    let t = FakeTarget::new().await;
+    let (mut child, before) = start_run_until_edited(&t, Stdio::piped()).await;
+    drop(child.stderr.take());
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = tokio::task::spawn_blocking(move || {
+        // A run deaf to the signal would finish its arms on its own (the fake is fast),
+        // so the exit code, not a hang, is what tells.
+        child.wait().unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(status.code(), Some(130));
+    assert_eq!(t.launch_bytes(), before, "restored before exiting");
+}
+
 /// The fake's control with someone else's hand on the files: `after_restart(n)` runs
 /// after the n-th restart (1-based), `before_stop(n)` before each stop, n restarts done.
 struct Meddled {

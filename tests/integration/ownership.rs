@@ -319,8 +319,9 @@ async fn a_probe_is_refused_while_a_run_holds_its_launch_config() {
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&probe.stderr);
-    // 125: git bisect skips the commit rather than judging it on another run's config.
-    assert_eq!(probe.status.code(), Some(125), "{err}");
+    // 255: git bisect run stops, rather than judging the commit on another run's config
+    // or skipping it and every commit after it for the same reason.
+    assert_eq!(probe.status.code(), Some(255), "{err}");
     assert!(err.contains("in use by another bisect"), "{err}");
     assert!(err.contains(&format!("pid {}", run.id())), "{err}");
     assert!(!t.path("probed").exists(), "the probe restarted nothing");

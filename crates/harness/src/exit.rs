@@ -1,7 +1,8 @@
 //! Exit codes of docs/design.md 3.1, mapped in one place.
 //!
 //! 0 finished (whatever the verdict), 2 bad usage or bad input file, 3 the experiment
-//! could not run, 130 interrupted. `bisect probe` adds 1 (corrupted) and 125 (could not tell);
+//! could not run, 130 interrupted. `bisect probe` adds 1 (corrupted), 125 (could not tell)
+//! and 255 (another bisect holds the target: `git bisect run` aborts);
 //! `bisect matrix`/`merge` add 1 (a cell regressed); `bisect check` adds 1 (a check failed).
 
 use thiserror::Error;
@@ -12,6 +13,10 @@ pub const COULD_NOT_RUN: u8 = 3;
 pub const INTERRUPTED: u8 = 130;
 pub const PROBE_CORRUPTED: u8 = 1;
 pub const PROBE_UNKNOWN: u8 = 125;
+/// `bisect probe` while another bisect holds the target's launch configs: outside 0-127,
+/// so `git bisect run` stops. A skip (125) would only move it on to the next commit,
+/// which meets the same refusal, until every commit is skipped.
+pub const PROBE_ABORT: u8 = 255;
 /// `bisect matrix` / `bisect merge`: at least one cell regressed against the baseline.
 pub const REGRESSION: u8 = 1;
 /// `bisect check`: the profile loaded, but at least one check found a problem (each
@@ -31,6 +36,10 @@ pub enum Failure {
     /// Ctrl-C / SIGTERM.
     #[error("interrupted")]
     Interrupted,
+    /// Another bisect holds the target's launch configs: nothing about this build, so
+    /// `bisect probe` aborts `git bisect run` instead of skipping the commit.
+    #[error("{0}")]
+    Busy(String),
 }
 
 /// The exit code for an error that ended the command.
@@ -39,7 +48,7 @@ pub fn code_for_error(err: &anyhow::Error) -> u8 {
         if let Some(f) = cause.downcast_ref::<Failure>() {
             return match f {
                 Failure::BadInput(_) => BAD_INPUT,
-                Failure::CouldNotRun(_) => COULD_NOT_RUN,
+                Failure::CouldNotRun(_) | Failure::Busy(_) => COULD_NOT_RUN,
                 Failure::Interrupted => INTERRUPTED,
             };
         }

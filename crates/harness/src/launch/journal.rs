@@ -837,7 +837,9 @@ impl Drop for Editor {
                     .filter(|f| !f.restored)
                     .map(|f| f.dir.display().to_string())
                     .collect();
-                eprintln!(
+                // Written, not `eprintln!`: a panic here, in a drop, would abort.
+                let _ = writeln!(
+                    std::io::stderr().lock(),
                     "error: the launch configs are still edited: could not restore them: {e:#}\n  \
                      fix: free what blocked the write (a full disk?), then run `bisect restore` \
                      (journals in {})",
@@ -846,7 +848,7 @@ impl Drop for Editor {
             }
         }
         for kept in self.kept.drain(..) {
-            eprintln!("warning: {kept}");
+            let _ = writeln!(std::io::stderr().lock(), "warning: {kept}");
         }
     }
 }

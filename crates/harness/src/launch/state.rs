@@ -234,7 +234,7 @@ fn held_by(owner: &Owner, dir: &Path) -> anyhow::Error {
                 .join(", ")
         ),
     };
-    Failure::CouldNotRun(format!(
+    Failure::Busy(format!(
         "{named} in use by another bisect (pid {}, started {}): {}\n  \
          fix: wait for it to finish, or stop it (Ctrl-C or kill restores its configs; after kill -9 the next bisect recovers them); state in {}",
         owner.pid,
