@@ -808,21 +808,22 @@ impl Search<'_> {
                     self.p.clear_alpha / 2.0,
                 );
                 if upper < self.p.min_effect {
-                    let words = format!(
-                        "could not reproduce: raise --concurrency or the workload (the configuration as it is: {}, at {} sessions in flight; its always-valid upper bound {:.1}% is below the {:.0}-point effect sought)",
+                    let figures = format!(
+                        "the configuration as it is: {}, at {} sessions in flight; its always-valid upper bound {:.1}% is below the {:.0}-point effect sought",
                         pct(f.corrupted, f.classified),
                         self.p.concurrency,
                         100.0 * upper,
                         100.0 * self.p.min_effect
                     );
+                    let (outcome, answer, words) = self.not_reproduced(&fail_key, &figures);
                     self.record_step(
                         StepKind::Ends,
                         &fail_key,
-                        (Outcome::Passes, words.clone()),
+                        (outcome, words.clone()),
                         Level::Claim,
                         observer,
                     )?;
-                    return Ok((Answer::CouldNotReproduce, words));
+                    return Ok((answer, words));
                 }
                 let f_blocks = self.blocks_of(&fail_key).len() as u64;
                 if lower > 0.0 || f_blocks >= self.p.ends_cap_blocks {
@@ -1306,17 +1307,13 @@ impl Search<'_> {
             ) {
                 Some((Outcome::Fails, None))
             } else if f_bounds[1] < self.p.min_effect {
-                Some((
-                    Outcome::Passes,
-                    Some((
-                        Answer::CouldNotReproduce,
-                        format!(
-                            "could not reproduce: raise --concurrency or the workload ({words}; the failing end's always-valid upper bound {:.1}% is below the {:.0}-point effect sought)",
-                            100.0 * f_bounds[1],
-                            100.0 * self.p.min_effect
-                        ),
-                    )),
-                ))
+                let figures = format!(
+                    "{words}; the failing end's always-valid upper bound {:.1}% is below the {:.0}-point effect sought",
+                    100.0 * f_bounds[1],
+                    100.0 * self.p.min_effect
+                );
+                let (outcome, answer, words) = self.not_reproduced(&fail_key, &figures);
+                Some((outcome, Some((answer, words))))
             } else if matches!(
                 decision,
                 Some(Decision::Implicated {
@@ -1614,6 +1611,28 @@ impl Search<'_> {
                 }
                 Eval::NeedStep
             }
+        }
+    }
+
+    /// The answer when the failing end did not fail (`figures`: its rate and bound).
+    /// "Could not reproduce" is a claim about the load asked for, so it needs that load
+    /// shown on the engine side, as a pass does: a build whose engine never ran more
+    /// than a few requests at once (a capped max running requests, KV memory) would
+    /// otherwise send the user to raise `--concurrency`, which changes nothing there.
+    fn not_reproduced(&self, fail_key: &EvidenceKey, figures: &str) -> (Outcome, Answer, String) {
+        match self.load_unconfirmed(self.blocks_of(fail_key)) {
+            Some(why) => (
+                Outcome::Unresolved,
+                Answer::Inconclusive,
+                format!(
+                    "inconclusive: the configuration as it is did not fail, but not at the load asked: {why}; find what holds the engine back (its max running requests, KV memory, metrics) and search again ({figures})"
+                ),
+            ),
+            None => (
+                Outcome::Passes,
+                Answer::CouldNotReproduce,
+                format!("could not reproduce: raise --concurrency or the workload ({figures})"),
+            ),
         }
     }
 

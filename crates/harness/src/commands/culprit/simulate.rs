@@ -685,6 +685,48 @@ mod tests {
     }
 
     #[test]
+    fn a_clean_failing_end_below_the_load_is_inconclusive_not_unreproduced() {
+        // The bug needs 100 in flight; searched at 80 it never fires. With the engine
+        // measured at 80 that is "could not reproduce" (raise the load); with an engine
+        // that never ran more than 10 at once, the clean failing end says nothing about
+        // the load asked, and the answer must say so instead of sending the user to
+        // raise --concurrency.
+        let mut oracle = crisp(Rule::All(vec![0]), vec![]);
+        oracle.min_concurrency = 100;
+        let report = run_peaks(&oracle, |_, load| Some(u64::from(load)));
+        assert_eq!(
+            report.answer,
+            Answer::CouldNotReproduce,
+            "{}",
+            report.verdict
+        );
+        let report = run_peaks(&oracle, |_, _| Some(10));
+        assert_eq!(report.answer, Answer::Inconclusive, "{}", report.verdict);
+        assert!(
+            report
+                .verdict
+                .contains("the engines peaked at 10 running requests, below 90% of the 80"),
+            "{}",
+            report.verdict
+        );
+        assert!(
+            !report.verdict.contains("raise --concurrency"),
+            "{}",
+            report.verdict
+        );
+        // No metrics at all: the same, by the missing measurement.
+        let report = run_peaks(&oracle, |_, _| None);
+        assert_eq!(report.answer, Answer::Inconclusive, "{}", report.verdict);
+        assert!(
+            report
+                .verdict
+                .contains("had no engine-side load measurement"),
+            "{}",
+            report.verdict
+        );
+    }
+
+    #[test]
     fn a_one_value_answer_needs_the_passing_ends_load() {
         // F2 alone fails; "without F2" is the passing end (every flag flipped), which here
         // ran with no load measured: the value is not shown needed.
