@@ -36,6 +36,9 @@ pub fn reclassify(args: &ReclassifyArgs) -> anyhow::Result<ExitCode> {
         summary.changed.len(),
         summary.incomplete
     );
+    if let Some(note) = &summary.markup_note {
+        println!("note: {note}");
+    }
     for (label, repeat, index, old, new) in &summary.changed {
         println!(
             "  {label} r{repeat} #{index}: {} -> {}",

@@ -170,3 +170,61 @@ async fn reclassify_restores_leaks_an_old_rule_missed_and_keeps_the_originals() 
     let run_json: Value = serde_json::from_str(&read(&plan.run_dir.join("run.json"))).unwrap();
     assert_eq!(run_json["reclassified"].as_array().unwrap().len(), 1);
 }
+
+/// A run whose profile counts only Hermes markup (`markup = ["hermes"]`) did not count the
+/// fake's DSML leaks; `bisect reclassify` judges with the families the run recorded, so
+/// nothing changes class. Judged with every family (what it did before run.json recorded
+/// them), the DSML rounds would have become leaks and the verdict moved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reclassify_judges_with_the_markup_families_the_run_counted() {
+    let t = FakeTarget::new().await;
+    let mut plan = t.plan("FAKE_BF16", 32, 4);
+    plan.target.markup = vec![bisect_harness::core::classify::MarkupFamily::Hermes];
+    let mut control = t.engine.control();
+    experiment::run_experiment(&plan, &mut control, &Quiet, CancellationToken::new())
+        .await
+        .unwrap();
+    let dir = ResultsDir::open(&plan.run_dir);
+    let before = dir.read_record().unwrap();
+    assert_eq!(
+        before.target.markup,
+        Some(vec![bisect_harness::core::classify::MarkupFamily::Hermes])
+    );
+    assert_eq!(
+        before.arms[0].stats.counts.leak, 0,
+        "DSML is not counted here"
+    );
+
+    let out = Command::new(env!("CARGO_BIN_EXE_bisect"))
+        .arg("reclassify")
+        .arg(&plan.run_dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains(" 0 changed class"), "{stdout}");
+    assert!(!stdout.contains("note:"), "{stdout}");
+    let after = dir.read_record().unwrap();
+    assert_eq!(after.arms[0].stats.counts.leak, 0);
+    assert_eq!(
+        after.verdict.as_ref().map(|v| v.status),
+        before.verdict.as_ref().map(|v| v.status)
+    );
+
+    // An older record (no markup written) is judged with every family, and says so.
+    let mut old: Value = serde_json::from_str(&read(&plan.run_dir.join("run.json"))).unwrap();
+    old["target"].as_object_mut().unwrap().remove("markup");
+    std::fs::write(plan.run_dir.join("run.json"), old.to_string()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_bisect"))
+        .arg("reclassify")
+        .arg(&plan.run_dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("note: run.json does not say which markup families"),
+        "{stdout}"
+    );
+    assert!(dir.read_record().unwrap().arms[0].stats.counts.leak > 0);
+}

@@ -44,6 +44,8 @@ pub struct Summary {
     pub sessions_backup: PathBuf,
     pub run_json_backup: PathBuf,
     pub previous_verdict: Option<String>,
+    /// A caveat on how the sessions were judged (an older record's missing markup).
+    pub markup_note: Option<String>,
 }
 
 /// The workload the run used: loaded by `name_or_file` (else the recorded name) and
@@ -290,7 +292,21 @@ pub fn reclassify_dir(dir: &Path, workload: Option<&str>) -> anyhow::Result<Summ
         .read_sessions()
         .map_err(|e| Failure::BadInput(format!("{e:#}")))?;
     let workload = recorded_workload(&record.workload, workload)?;
-    let classifier = Classifier::with_defaults(&workload.tools)
+    // The families the run counted as leaks; a record from before they were written
+    // down is judged with every family, and says so.
+    let (classifier, markup_note) = match &record.target.markup {
+        Some(families) => (Classifier::new(&workload.tools, families), None),
+        None => (
+            Classifier::with_defaults(&workload.tools),
+            Some(
+                "run.json does not say which markup families the run counted as leaks (written \
+                 before they were recorded): reclassified with all of them, so markup the \
+                 profile left out can now count"
+                    .to_string(),
+            ),
+        ),
+    };
+    let classifier = classifier
         .with_context(|| format!("building the classifier for workload `{}`", workload.name))?;
 
     let mut changed = Vec::new();
@@ -369,6 +385,7 @@ pub fn reclassify_dir(dir: &Path, workload: Option<&str>) -> anyhow::Result<Summ
         sessions_backup,
         run_json_backup,
         previous_verdict,
+        markup_note,
     })
 }
 

@@ -12,6 +12,7 @@ use crate::core::effective;
 use crate::core::phases::Phases;
 
 use crate::core::arm_stats::{pool_readback, ArmLabel, ArmStats, RecordStatus};
+use crate::core::classify::MarkupFamily;
 use crate::core::verdict::{ArmObservation, Comparison, Confound, Verdict};
 
 pub const SCHEMA: &str = "bisect.run/1";
@@ -64,6 +65,10 @@ pub struct TargetInfo {
     /// in records written before presets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine: Option<String>,
+    /// The tool-call markup families the run counted as leaks (the profile's `markup`),
+    /// so `bisect reclassify` judges with the same ones; absent in older records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub markup: Option<Vec<MarkupFamily>>,
 }
 
 impl TargetInfo {
@@ -76,6 +81,7 @@ impl TargetInfo {
             profile: t.source.as_ref().map(|p| p.display().to_string()),
             roles: t.roles.iter().map(RoleInfo::of).collect(),
             engine: Some(t.engine.name().to_string()),
+            markup: Some(t.markup.clone()),
         }
     }
 }

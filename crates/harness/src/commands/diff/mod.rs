@@ -284,6 +284,7 @@ pub(crate) mod tests {
                 profile: None,
                 roles: Vec::new(),
                 engine: None,
+                markup: None,
             },
             flag: FlagInfo {
                 name: "BF16_INDEX_K".into(),

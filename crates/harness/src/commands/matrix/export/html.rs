@@ -324,6 +324,7 @@ pub(crate) mod tests {
                 profile: None,
                 roles: Vec::new(),
                 engine: None,
+                markup: None,
             },
             workload: serde_json::json!({"name": "smoke"}),
             workload_hash: "w".into(),
