@@ -34,7 +34,7 @@ pub(crate) fn confounds(
     found.extend(readback_confounds(on, off, &checked));
     found.extend(effective_confounds(on, off, &checked));
     found.extend(replaced_confound(on, off));
-    found.extend(degraded_confound(on, off, policy));
+    found.extend(degraded_confound(on, off, &checked, policy));
     found.extend(workload_confounds(on, off));
     found.extend(recorded_confounds(on, off, policy));
     found.extend(truncated_confound(on, off, policy));
@@ -335,9 +335,13 @@ fn unverified_confounds(
 /// left out of the corruption rates, so the arm that fails more can look cleaner, and a
 /// flag whose corruption surfaces as failures (an HTTP 500 from a tool-call parser)
 /// would otherwise hide behind `cleared`.
+/// `checked`: the blocks (or the two arms), each held to the degraded limit on its own,
+/// since a block whose engine failed a fifth of its sessions is hidden when pooled with
+/// a clean one (7.5% of the arm).
 fn degraded_confound(
     on: &ArmObservation,
     off: &ArmObservation,
+    checked: &[ArmObservation],
     policy: &Policy,
 ) -> Option<Confound> {
     if on.stats.counts.failed() == 0 && off.stats.counts.failed() == 0 {
@@ -350,13 +354,16 @@ fn degraded_confound(
             arm.stats.counts.failed() as f64 / arm.classified() as f64
         }
     };
-    let degraded: Vec<String> = [on, off]
-        .into_iter()
+    let degraded: Vec<String> = checked
+        .iter()
         .filter(|arm| failure_fraction(arm) > policy.degraded_fraction)
         .map(|arm| {
+            let who = match arm.block {
+                Some(_) => format!("{} (={})", arm.subject(), arm.value),
+                None => format!("arm {}", arm.name()),
+            };
             format!(
-                "arm {} had {} error and {} timeout sessions of {} ({}% > {}%)",
-                arm.name(),
+                "{who} had {} error and {} timeout sessions of {} ({}% > {}%)",
                 arm.stats.counts.error,
                 arm.stats.counts.timeout,
                 arm.classified(),

@@ -952,6 +952,30 @@ mod tests {
         );
     }
 
+    /// One block of two failed 15 of its 100 sessions, the other none: 7.5% pooled, under
+    /// the 10% limit, but that block's engine was degraded, so the arm is not a same-speed
+    /// toggle there, and the reason names the block.
+    #[test]
+    fn a_degraded_block_blocks_though_the_pooled_arm_is_under_the_limit() {
+        let (r0, r1) = (arm("on", "1", 0, 0, 100), arm("on", "1", 0, 15, 100));
+        let mut on = arm("on", "1", 0, 0, 200);
+        on.stats = ArmStats::pool([&r0.stats, &r1.stats]);
+        let off = arm("off", "0", 0, 0, 200);
+        let (_, confounds, _) = decide_default(&on, &off);
+        assert!(blocking_names(&confounds).is_empty(), "{confounds:?}");
+        let blocks = [r0.block(0), r1.block(1), off.obs()];
+        let (_, confounds, verdict) =
+            decide(&on.obs(), &off.obs(), &blocks, &Policy::default(), "F");
+        assert_eq!(blocking_names(&confounds), vec!["error_timeout"]);
+        assert_eq!(verdict.status, Status::Inconclusive);
+        assert!(
+            verdict.reasons[0]
+                .contains("block on-r1 (=1) had 0 error and 15 timeout sessions of 100"),
+            "{:?}",
+            verdict.reasons
+        );
+    }
+
     /// Corruption that surfaces as failures (HTTP 500s from a tool-call parser) is left
     /// out of the rates: 9/100 failed on vs 0/100 off is below the degraded limit, but
     /// must qualify `cleared`, as differing truncation does.
