@@ -50,6 +50,35 @@ async fn a_restart_command_that_restarts_nothing_fails_the_arm() {
     assert_eq!(t.launch_bytes(), before);
 }
 
+/// Health that goes down and comes back is no proof when the engine still reports the
+/// same pid and start time: the blink can be another role's restart (a decode whose
+/// health reports a restarting prefill) while this role's own command restarted nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_that_blinks_on_the_same_process_is_no_restart() {
+    let t = FakeTarget::new().await;
+    t.engine.reload().unwrap();
+    t.engine.never_restart_but_blink_health(60);
+    // The blink lasts 60 health checks (about a second at the poll's 20 ms cap): long
+    // enough for the restart watch (every 100 ms) to see it, well inside the timeout.
+    write_profile_with(&t, "", "", "health_timeout_s = 5\n");
+    let before = t.launch_bytes();
+    let out = tokio::task::spawn_blocking(move || {
+        let out = run_binary(&t, &["--sessions", "2"], &[]);
+        (out, t)
+    })
+    .await
+    .unwrap();
+    let (out, t) = out;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(err.contains("did not happen"), "{err}");
+    assert!(
+        err.contains("went down and came back, but the engine still reports pid"),
+        "{err}"
+    );
+    assert_eq!(t.launch_bytes(), before);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_profile_pointer_reads_the_flag_where_the_engine_reports_it() {
     let t = FakeTarget::new().await;

@@ -94,6 +94,12 @@ struct Shared {
     generation: [AtomicU64; 2],
     /// An engine a restart never reaches: configs and generations stay as they are.
     never_restart: AtomicBool,
+    /// With `never_restart`: each restart marker makes that role's health fail this many
+    /// checks while the same process keeps answering (a decode whose health reports
+    /// prefill's restart, its own command having restarted nothing).
+    blink_checks: AtomicU64,
+    /// Health checks still to fail, per role.
+    health_failing: [AtomicU64; 2],
     /// Launch configs, for the restart markers beside them.
     launch: [PathBuf; 2],
 }
@@ -117,6 +123,10 @@ impl Shared {
     /// Consumes role `i`'s restart marker, restarting the role, if a command made one.
     fn take_marker(&self, i: usize) {
         if std::fs::remove_file(marker_of(&self.launch[i])).is_ok() {
+            if self.never_restart.load(Ordering::Relaxed) {
+                let blink = self.blink_checks.load(Ordering::Relaxed);
+                self.health_failing[i].store(blink, Ordering::Relaxed);
+            }
             let _ = self.restart_role(i);
             if i == 0 && self.ignore_restarts.load(Ordering::Relaxed) {
                 let mut reported = self.reported_prefill.write();
@@ -124,6 +134,19 @@ impl Shared {
                     *reported = Some(self.prefill.read().env.clone());
                 }
             }
+        }
+    }
+
+    /// Role `i`'s health answer: down while a blink lasts.
+    fn health(&self, i: usize) -> (StatusCode, &'static str) {
+        let failing = &self.health_failing[i];
+        let blinking = failing
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok();
+        if blinking {
+            (StatusCode::SERVICE_UNAVAILABLE, "restarting")
+        } else {
+            (StatusCode::OK, "ok")
         }
     }
 
@@ -205,6 +228,13 @@ impl FakeEngine {
     /// Restarts never reach this engine: same process, same config, same identity.
     pub fn never_restart(&self) {
         self.shared.never_restart.store(true, Ordering::Relaxed);
+    }
+
+    /// Restarts never reach this engine, but each one makes the role's health fail
+    /// `checks` times: health goes down and comes back on the same process.
+    pub fn never_restart_but_blink_health(&self, checks: u64) {
+        self.shared.blink_checks.store(checks, Ordering::Relaxed);
+        self.never_restart();
     }
 
     /// The file whose creation restarts role `i` (0 prefill, 1 decode): a restart
@@ -289,14 +319,14 @@ async fn prefill_metrics() -> String {
     "# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{model_name=\"fake\"} 0\nsglang:num_queue_reqs{model_name=\"fake\"} 0\n".into()
 }
 
-async fn prefill_health(State(s): State<Arc<Shared>>) -> &'static str {
+async fn prefill_health(State(s): State<Arc<Shared>>) -> (StatusCode, &'static str) {
     s.take_marker(0);
-    "ok"
+    s.health(0)
 }
 
-async fn decode_health(State(s): State<Arc<Shared>>) -> &'static str {
+async fn decode_health(State(s): State<Arc<Shared>>) -> (StatusCode, &'static str) {
     s.take_marker(1);
-    "ok"
+    s.health(1)
 }
 
 async fn prefill_info(State(s): State<Arc<Shared>>) -> Json<Value> {

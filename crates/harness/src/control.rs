@@ -471,14 +471,14 @@ impl RestartWatch {
         role: &RoleSpec,
         api_key: Option<&str>,
     ) -> Result<(), String> {
-        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
-            return Ok(());
-        }
+        // Who answers now is read even when health went down: going down can be another
+        // role's doing, and the engine's own start time is the better witness.
         let after = crate::arm::fetch_server_info(http, role, api_key)
             .await
             .as_ref()
             .and_then(crate::core::effective::identity);
-        crate::core::effective::restart_proven(self.before.as_deref(), after.as_deref(), false)
+        let went_down = self.down.load(std::sync::atomic::Ordering::SeqCst);
+        crate::core::effective::restart_proven(self.before.as_deref(), after.as_deref(), went_down)
     }
 }
 

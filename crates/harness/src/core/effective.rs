@@ -154,18 +154,30 @@ pub fn identity(doc: &Value) -> Option<String> {
     ))
 }
 
-/// Whether a restart by the role's own command is proven (docs/design.md 3.2): health
-/// went down and came back, or the engine's reported identity changed. Else why not.
+/// Whether a restart by the role's own command is proven (docs/design.md 3.2): the
+/// engine's reported identity changed, or, where it reports no start time to compare,
+/// health went down and came back. An identity with a start time outranks health: a
+/// role's health can fail for another role's restart (a decode that reports a dead
+/// prefill) while its own command restarted nothing, and the same start time says the
+/// same process answered. A pid alone does not: a restarted container's engine can get
+/// its old pid back. Else why not.
 pub fn restart_proven(
     before: Option<&str>,
     after: Option<&str>,
     went_down: bool,
 ) -> Result<(), String> {
-    if went_down {
-        return Ok(());
-    }
+    let with_start_time = |identity: &str| !identity.ends_with(" started ?");
     match (before, after) {
         (Some(b), Some(a)) if a != b => Ok(()),
+        (Some(b), Some(_)) if with_start_time(b) => Err(if went_down {
+            format!(
+                "its health URL went down and came back, but the engine still reports {b}: \
+                 the same process answered (its health may follow another role's restart)"
+            )
+        } else {
+            format!("its health URL answered throughout and the engine still reports {b}")
+        }),
+        _ if went_down => Ok(()),
         (Some(b), Some(_)) => Err(format!(
             "its health URL answered throughout and the engine still reports {b}"
         )),
@@ -295,6 +307,17 @@ mod tests {
         let silent = restart_proven(None, None, false).unwrap_err();
         assert!(silent.contains("no `pid` or `started_at`"), "{silent}");
         assert!(restart_proven(None, new.as_deref(), false).is_err());
+        // Health went down (another role's restart took it with it), yet the same
+        // process, by its start time, answers: not proven.
+        let followed = restart_proven(old.as_deref(), old.as_deref(), true).unwrap_err();
+        assert!(
+            followed.contains("went down and came back, but the engine still reports pid 41"),
+            "{followed}"
+        );
+        // A pid alone may come back after a container restart: going down counts there.
+        let pid_only = identity(&json!({"pid": 1}));
+        assert!(restart_proven(pid_only.as_deref(), pid_only.as_deref(), true).is_ok());
+        assert!(restart_proven(pid_only.as_deref(), pid_only.as_deref(), false).is_err());
     }
 
     #[test]
