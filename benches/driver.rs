@@ -20,6 +20,8 @@
 //! scrape of the mock's `/metrics` every P ms; `bisect run` uses 250), to measure its
 //! cost; the row then reports the scrapes taken.
 
+mod support;
+
 use bisect_engine::mock::{MockConfig, MockServer};
 use bisect_harness::core::classify::Classifier;
 use bisect_harness::core::session::{FunctionCall, ToolCall};
@@ -32,50 +34,17 @@ use bisect_harness::driver::{drive, poll, DrivePlan, InFlight};
 use comfy_table::Table;
 use std::sync::Arc;
 use std::time::Duration;
+use support::{cpu_seconds, percentile_ms, proc_status_kib};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 const ROUNDS: u32 = 4;
 const CTX_TOKENS: u32 = 300;
 
-fn proc_status_kib(field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with(field))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
-
 fn open_files_soft_limit() -> Option<u64> {
     let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
     let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
     line.split_whitespace().nth(3)?.parse().ok()
-}
-
-fn percentile_ms(sorted_ns: &[u64], q: f64) -> f64 {
-    if sorted_ns.is_empty() {
-        return 0.0;
-    }
-    let rank = ((q * sorted_ns.len() as f64).ceil() as usize).clamp(1, sorted_ns.len());
-    sorted_ns[rank - 1] as f64 / 1e6
-}
-
-/// utime + stime of this process, seconds (/proc/self/stat fields 14 and 15, in clock
-/// ticks of 1/100 s on Linux).
-fn cpu_seconds() -> f64 {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
-        return 0.0;
-    };
-    // The command name (field 2) may hold spaces: count fields after its closing paren.
-    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
-        return 0.0;
-    };
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    (ticks(11) + ticks(12)) / 100.0
 }
 
 struct Options {

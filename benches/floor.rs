@@ -33,6 +33,8 @@
 //! Run: `cargo bench --bench floor -- MODE ...`; `scripts/bench-clients.sh` records the
 //! driver through `record` and adds floor rows (against the mock, then against `serve`).
 
+mod support;
+
 use std::io::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -41,6 +43,8 @@ use std::time::Instant;
 use anyhow::{bail, ensure, Context as _};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+
+use support::{cpu_seconds, percentile_ms, proc_status_kib};
 
 /// Longest message head accepted; a longer one is a framing error, not a request.
 const MAX_HEAD: usize = 64 * 1024;
@@ -686,64 +690,4 @@ impl Drop for Seat {
     fn drop(&mut self) {
         self.sent();
     }
-}
-
-fn percentile_ms(sorted_ns: &[u64], q: f64) -> f64 {
-    if sorted_ns.is_empty() {
-        return 0.0;
-    }
-    let rank = ((q * sorted_ns.len() as f64).ceil() as usize).clamp(1, sorted_ns.len());
-    sorted_ns[rank - 1] as f64 / 1e6
-}
-
-fn proc_status_kib(field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with(field))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
-
-/// User + system CPU seconds of this process, all threads: getrusage(RUSAGE_SELF), to the
-/// microsecond (the driver bench's /proc/self/stat ticks are 10 ms, too coarse for runs
-/// this short). Declared here because the workspace has no direct libc dependency; the
-/// layout is Linux's on 64-bit targets (timeval = two longs, then 14 longs).
-#[cfg(all(target_os = "linux", target_pointer_width = "64"))]
-fn cpu_seconds() -> f64 {
-    #[repr(C)]
-    #[derive(Default)]
-    struct Timeval {
-        sec: i64,
-        usec: i64,
-    }
-    #[repr(C)]
-    #[derive(Default)]
-    struct Rusage {
-        utime: Timeval,
-        stime: Timeval,
-        _rest: [i64; 14],
-    }
-    extern "C" {
-        fn getrusage(who: i32, usage: *mut Rusage) -> i32;
-    }
-    const RUSAGE_SELF: i32 = 0;
-    let mut usage = Rusage::default();
-    // SAFETY: `usage` is a valid, writable struct rusage for this target.
-    if unsafe { getrusage(RUSAGE_SELF, &mut usage) } != 0 {
-        return 0.0;
-    }
-    let seconds = |t: &Timeval| t.sec as f64 + t.usec as f64 / 1e6;
-    seconds(&usage.utime) + seconds(&usage.stime)
-}
-
-/// Elsewhere: utime + stime from /proc/self/stat (clock ticks of 1/100 s), or 0.
-#[cfg(not(all(target_os = "linux", target_pointer_width = "64")))]
-fn cpu_seconds() -> f64 {
-    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
-        return 0.0;
-    };
-    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
-        return 0.0;
-    };
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
-    (ticks(11).unwrap_or(0.0) + ticks(12).unwrap_or(0.0)) / 100.0
 }
