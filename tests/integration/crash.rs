@@ -170,6 +170,21 @@ async fn sigterm_with_stderr_closed_still_restores_and_exits_130() {
     assert_eq!(t.launch_bytes(), before, "restored before exiting");
 }
 
+/// Runs `plan` in process with `control`; the run must fail: its error.
+async fn run_must_fail(
+    plan: &bisect_harness::commands::run::RunPlan,
+    control: &mut Meddled,
+) -> anyhow::Error {
+    bisect_harness::commands::run::run_experiment(
+        plan,
+        control,
+        &bisect_harness::commands::run::Quiet,
+        tokio_util::sync::CancellationToken::new(),
+    )
+    .await
+    .unwrap_err()
+}
+
 /// The fake's control with someone else's hand on the files: `after_restart(n)` runs
 /// after the n-th restart (1-based), `before_stop(n)` before each stop, n restarts done.
 struct Meddled {
@@ -239,14 +254,7 @@ async fn an_edit_by_someone_else_during_a_run_stops_it_and_is_kept() {
             }
         });
     }
-    let err = bisect_harness::commands::run::run_experiment(
-        &plan,
-        &mut control,
-        &bisect_harness::commands::run::Quiet,
-        tokio_util::sync::CancellationToken::new(),
-    )
-    .await
-    .unwrap_err();
+    let err = run_must_fail(&plan, &mut control).await;
     let msg = format!("{err:#}");
     assert!(
         msg.contains(&decode.display().to_string())
@@ -301,14 +309,7 @@ async fn a_failed_restore_is_reported_first_when_the_results_cannot_be_written_e
             }
         }
     });
-    let err = bisect_harness::commands::run::run_experiment(
-        &plan,
-        &mut control,
-        &bisect_harness::commands::run::Quiet,
-        tokio_util::sync::CancellationToken::new(),
-    )
-    .await
-    .unwrap_err();
+    let err = run_must_fail(&plan, &mut control).await;
     let msg = format!("{err:#}");
     assert!(
         msg.starts_with("restoring the original launch configs"),

@@ -33,21 +33,28 @@ async fn a_restart_command_that_restarts_nothing_fails_the_arm() {
     let t = FakeTarget::new().await;
     t.engine.reload().unwrap();
     t.engine.never_restart();
-    write_profile_with(&t, "", "", "health_timeout_s = 2\n");
+    let err = refused_restart(t, "health_timeout_s = 2\n").await;
+    assert!(err.contains("restart of prefill did not happen"), "{err}");
+    assert!(err.contains("still reports pid"), "{err}");
+    assert!(err.contains("fix:"), "{err}");
+}
+
+/// Runs two sessions through the binary against `t` with a restart command per role
+/// (the profile's `extra` role lines); the run must refuse its first restart: exit 3,
+/// launch configs as before. Its stderr.
+async fn refused_restart(t: FakeTarget, extra: &str) -> String {
+    write_profile_with(&t, "", "", extra);
     let before = t.launch_bytes();
-    let out = tokio::task::spawn_blocking(move || {
+    let (out, t) = tokio::task::spawn_blocking(move || {
         let out = run_binary(&t, &["--sessions", "2"], &[]);
         (out, t)
     })
     .await
     .unwrap();
-    let (out, t) = out;
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(out.status.code(), Some(3), "{err}");
-    assert!(err.contains("restart of prefill did not happen"), "{err}");
-    assert!(err.contains("still reports pid"), "{err}");
-    assert!(err.contains("fix:"), "{err}");
     assert_eq!(t.launch_bytes(), before);
+    err
 }
 
 /// Health that goes down and comes back is no proof when the engine still reports the
@@ -60,23 +67,12 @@ async fn health_that_blinks_on_the_same_process_is_no_restart() {
     t.engine.never_restart_but_blink_health(60);
     // The blink lasts 60 health checks (about a second at the poll's 20 ms cap): long
     // enough for the restart watch (every 100 ms) to see it, well inside the timeout.
-    write_profile_with(&t, "", "", "health_timeout_s = 5\n");
-    let before = t.launch_bytes();
-    let out = tokio::task::spawn_blocking(move || {
-        let out = run_binary(&t, &["--sessions", "2"], &[]);
-        (out, t)
-    })
-    .await
-    .unwrap();
-    let (out, t) = out;
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(3), "{err}");
+    let err = refused_restart(t, "health_timeout_s = 5\n").await;
     assert!(err.contains("did not happen"), "{err}");
     assert!(
         err.contains("went down and came back, but the engine still reports pid"),
         "{err}"
     );
-    assert_eq!(t.launch_bytes(), before);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -329,6 +329,16 @@ impl bisect_harness::control::EngineControl for FailingSecondRestart {
     }
 }
 
+/// Runs `plan` in process against the fake; the probe must run: its record.
+async fn run_probe(
+    plan: &bisect_harness::commands::probe::ProbePlan,
+    control: &mut crate::fake::FakeControl,
+) -> bisect_harness::commands::probe::ProbeRecord {
+    bisect_harness::commands::probe::run_probe(plan, control, &Quiet, CancellationToken::new())
+        .await
+        .unwrap()
+}
+
 fn probe_plan(t: &FakeTarget, sessions: u32) -> bisect_harness::commands::probe::ProbePlan {
     let run = t.plan("FAKE_BF16", sessions, 4);
     bisect_harness::commands::probe::ProbePlan {
@@ -352,14 +362,7 @@ async fn probe_says_corrupted_then_clean_and_never_edits() {
     let before = t.launch_bytes();
     let plan = probe_plan(&t, 64);
     let mut control = t.engine.control();
-    let record = bisect_harness::commands::probe::run_probe(
-        &plan,
-        &mut control,
-        &Quiet,
-        CancellationToken::new(),
-    )
-    .await
-    .unwrap();
+    let record = run_probe(&plan, &mut control).await;
     assert_eq!(
         record.outcome,
         Some(Outcome::Corrupted),
@@ -381,14 +384,7 @@ async fn probe_says_corrupted_then_clean_and_never_edits() {
     t.engine.hold_requests(150);
     let mut plan = probe_plan(&t, 64);
     plan.run_dir = t.dir.path().join("results/probe2");
-    let record = bisect_harness::commands::probe::run_probe(
-        &plan,
-        &mut control,
-        &Quiet,
-        CancellationToken::new(),
-    )
-    .await
-    .unwrap();
+    let record = run_probe(&plan, &mut control).await;
     assert_eq!(record.outcome, Some(Outcome::Clean), "{}", record.reason);
     assert!(
         plan.run_dir.join("probe.json").exists() && plan.run_dir.join("sessions.jsonl").exists()
@@ -401,14 +397,7 @@ async fn probe_says_corrupted_then_clean_and_never_edits() {
     for role in &mut plan.target.roles {
         role.metrics = None;
     }
-    let record = bisect_harness::commands::probe::run_probe(
-        &plan,
-        &mut control,
-        &Quiet,
-        CancellationToken::new(),
-    )
-    .await
-    .unwrap();
+    let record = run_probe(&plan, &mut control).await;
     assert_eq!(record.outcome, Some(Outcome::Unknown), "{}", record.reason);
     assert_eq!(record.arm.as_ref().unwrap().stats.counts.done, 64);
     assert!(
@@ -433,15 +422,7 @@ async fn probe_classifies_with_the_profiles_markup() {
         let mut plan = probe_plan(t, 64);
         plan.target.markup = markup;
         plan.run_dir = t.dir.path().join(dir);
-        let mut control = t.engine.control();
-        bisect_harness::commands::probe::run_probe(
-            &plan,
-            &mut control,
-            &Quiet,
-            CancellationToken::new(),
-        )
-        .await
-        .unwrap()
+        run_probe(&plan, &mut t.engine.control()).await
     }
     let victims = fake_race_victims(&probe_plan(&t, 64).workload, 64);
     assert!(victims >= 10);

@@ -151,6 +151,18 @@ async fn wait_output(child: Child) -> Output {
         .unwrap()
 }
 
+/// Sends `signal` to a running bisect, which must exit 130 (interrupted, restored).
+async fn interrupt(child: Child, signal: Signal) {
+    kill(Pid::from_raw(child.id() as i32), signal).unwrap();
+    let out = wait_output(child).await;
+    assert_eq!(
+        out.status.code(),
+        Some(130),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_kill_dash_nine_the_next_start_kills_the_engines_and_restores() {
     let t = Target::new(None);
@@ -196,14 +208,7 @@ async fn a_second_run_on_the_same_target_is_refused_whatever_its_results() {
     assert!(err.contains("bisect run") && err.contains("fix:"), "{err}");
     assert_eq!(t.launch(), edited, "the second run touched nothing");
 
-    kill(Pid::from_raw(first.id() as i32), Signal::SIGTERM).unwrap();
-    let out = wait_output(first).await;
-    assert_eq!(
-        out.status.code(),
-        Some(130),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    interrupt(first, Signal::SIGTERM).await;
     assert_eq!(t.launch(), before);
     for pgid in groups {
         assert_group_gone(pgid).await;
@@ -327,14 +332,7 @@ async fn a_probe_is_refused_while_a_run_holds_its_launch_config() {
     assert!(!t.path("probed").exists(), "the probe restarted nothing");
     assert_eq!(t.launch(), edited, "the probe touched nothing");
 
-    kill(Pid::from_raw(run.id() as i32), Signal::SIGINT).unwrap();
-    let out = wait_output(run).await;
-    assert_eq!(
-        out.status.code(),
-        Some(130),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    interrupt(run, Signal::SIGINT).await;
     assert_eq!(t.launch(), before);
     assert_group_gone(pgid).await;
 }
@@ -379,14 +377,7 @@ async fn a_run_on_a_target_sharing_one_launch_config_is_refused() {
     assert_eq!(t.launch(), edited, "the second run touched nothing");
     assert_eq!(std::fs::read_to_string(t.path("other.sh")).unwrap(), other);
 
-    kill(Pid::from_raw(first.id() as i32), Signal::SIGTERM).unwrap();
-    let out = wait_output(first).await;
-    assert_eq!(
-        out.status.code(),
-        Some(130),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    interrupt(first, Signal::SIGTERM).await;
     assert_eq!(
         t.launch(),
         before,

@@ -18,6 +18,22 @@ use tokio_util::sync::CancellationToken;
 
 use crate::common::{fake_race_victims, read, FakeTarget};
 
+/// `bisect reclassify DIR`, which must succeed: its stdout.
+fn reclassify(dir: &std::path::Path) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_bisect"))
+        .arg("reclassify")
+        .arg(dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 /// Runs `plan` against the fake, replays every stored session under the same rules and
 /// checks each comes back unchanged (class, first bad round, evidence, rounds, all of it);
 /// returns the classes seen.
@@ -108,17 +124,7 @@ async fn reclassify_restores_leaks_an_old_rule_missed_and_keeps_the_originals() 
     std::fs::write(plan.run_dir.join("sessions.jsonl"), &old_lines).unwrap();
     dir.write_record(&old).unwrap();
 
-    let out = Command::new(env!("CARGO_BIN_EXE_bisect"))
-        .arg("reclassify")
-        .arg(&plan.run_dir)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = reclassify(&plan.run_dir);
     assert!(
         stdout.contains(&format!("{victims} changed class")),
         "{stdout}"
@@ -195,13 +201,7 @@ async fn reclassify_judges_with_the_markup_families_the_run_counted() {
         "DSML is not counted here"
     );
 
-    let out = Command::new(env!("CARGO_BIN_EXE_bisect"))
-        .arg("reclassify")
-        .arg(&plan.run_dir)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}");
+    let stdout = reclassify(&plan.run_dir);
     assert!(stdout.contains(" 0 changed class"), "{stdout}");
     assert!(!stdout.contains("note:"), "{stdout}");
     let after = dir.read_record().unwrap();
@@ -215,13 +215,7 @@ async fn reclassify_judges_with_the_markup_families_the_run_counted() {
     let mut old: Value = serde_json::from_str(&read(&plan.run_dir.join("run.json"))).unwrap();
     old["target"].as_object_mut().unwrap().remove("markup");
     std::fs::write(plan.run_dir.join("run.json"), old.to_string()).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_bisect"))
-        .arg("reclassify")
-        .arg(&plan.run_dir)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}");
+    let stdout = reclassify(&plan.run_dir);
     assert!(
         stdout.contains("note: run.json does not say which markup families"),
         "{stdout}"

@@ -920,16 +920,22 @@ mod tests {
         fn orphan(&self) {
             self.set_owner(u32::MAX, 0);
         }
+        /// Every launch config's lock held by `pid`.
         fn set_owner(&self, pid: u32, start_ticks: u64) {
+            for i in 0..self.roles.len() {
+                self.set_owner_at(i, pid, start_ticks);
+            }
+        }
+        /// Launch config `i`'s lock held by `pid`.
+        fn set_owner_at(&self, i: usize, pid: u32, start_ticks: u64) {
             let owner = state::Owner {
                 pid,
                 start_ticks,
                 cmdline: "bisect run".into(),
                 started_at: "earlier".into(),
             };
-            for dir in self.states() {
-                fs::write(dir.join("lock.json"), serde_json::to_vec(&owner).unwrap()).unwrap();
-            }
+            let lock = self.state(i).join("lock.json");
+            fs::write(lock, serde_json::to_vec(&owner).unwrap()).unwrap();
         }
         fn files(&self) -> Vec<PathBuf> {
             self.roles.iter().map(|r| r.launch.clone()).collect()
@@ -1175,17 +1181,7 @@ mod tests {
         first
             .apply(&flag("BF16_INDEX_K"), "0", &s.roles[1..])
             .unwrap();
-        let owner = state::Owner {
-            pid: child.id(),
-            start_ticks: state::start_ticks(child.id()).unwrap(),
-            cmdline: "bisect run --flag X".into(),
-            started_at: "earlier".into(),
-        };
-        fs::write(
-            s.state(1).join("lock.json"),
-            serde_json::to_vec(&owner).unwrap(),
-        )
-        .unwrap();
+        s.set_owner_at(1, child.id(), state::start_ticks(child.id()).unwrap());
 
         let err = s.begin(&s.files()).unwrap_err();
         assert!(
