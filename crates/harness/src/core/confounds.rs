@@ -12,7 +12,7 @@
 //!
 //! Pure: split from [`crate::core::verdict`], which decides from what is found here.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{json, Value};
 
@@ -606,25 +606,34 @@ pub(crate) fn load_shortfalls(
 /// Why one arm's (or block's) achieved load does not support `cleared`, if it does not.
 pub(crate) fn load_shortfall(arm: &ArmObservation, policy: &Policy) -> Option<String> {
     let target = target_concurrency(arm)?;
-    let engine_peak = arm
-        .stats
-        .peak_running
+    let why = engine_load_shortfall(&arm.stats.peak_running, target, policy.min_load_fraction)?;
+    Some(format!("{} {why}", arm.subject()))
+}
+
+/// The load rule itself, worded to follow its subject ("arm on ...", "this night's
+/// cell ..."): the busiest engine role's peak running requests (`peak_running` by role;
+/// the client's is not the engine's) below `min_load_fraction` of `target` in flight,
+/// or no engine role reporting its load at all.
+pub(crate) fn engine_load_shortfall(
+    peak_running: &BTreeMap<String, u64>,
+    target: u64,
+    min_load_fraction: f64,
+) -> Option<String> {
+    let engine_peak = peak_running
         .iter()
         .filter(|(role, _)| role.as_str() != "client")
         .map(|(role, peak)| (*peak, role))
         .max();
-    let needed = (policy.min_load_fraction * target as f64).ceil() as u64;
+    let needed = (min_load_fraction * target as f64).ceil() as u64;
     match engine_peak {
         None => Some(format!(
-            "{} has no engine-side load measurement (no role's metrics reported running \
-             requests), so the target concurrency {target} is unconfirmed",
-            arm.subject()
+            "has no engine-side load measurement (no role's metrics reported running \
+             requests), so the target concurrency {target} is unconfirmed"
         )),
         Some((peak, role)) if peak < needed => Some(format!(
-            "{} reached at most {peak} running requests ({role}), below {needed} \
+            "reached at most {peak} running requests ({role}), below {needed} \
              ({}% of the target concurrency {target})",
-            arm.subject(),
-            (policy.min_load_fraction * 100.0).round()
+            (min_load_fraction * 100.0).round()
         )),
         Some(_) => None,
     }

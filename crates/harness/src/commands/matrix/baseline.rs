@@ -49,10 +49,10 @@ use statrs::distribution::{Discrete, Hypergeometric};
 
 use super::plan::RegressionPolicy;
 use super::record::{BaselineInfo, CellComparison, CellRecord, CellStatus, MatrixRecord};
-use crate::core::arm_stats::{ArmLabel, ArmStats};
-use crate::core::confounds::load_shortfall;
+use crate::core::arm_stats::ArmStats;
+use crate::core::confounds::engine_load_shortfall;
 use crate::core::format;
-use crate::core::verdict::{ArmObservation, Policy};
+use crate::core::verdict::Policy;
 
 pub const TEST_NAME: &str = "fisher_exact_one_sided_greater";
 pub const CORRECTION: &str = "holm";
@@ -384,7 +384,7 @@ fn unconfirmed_reasons(
     // samples, mostly sees none running (the shipped nightly's 1-session cells peak at 0).
     let target = target_concurrency(cell, workload);
     if target > 1 {
-        if let Some(why) = cell_load_shortfall(&cell.stats, target, policy) {
+        if let Some(why) = cell_load_shortfall(&cell.stats, target) {
             reasons.push(format!(
                 "{why}: a load-dependent regression is not ruled out at a lower load"
             ));
@@ -403,33 +403,15 @@ fn target_concurrency(cell: &CellRecord, workload: &serde_json::Value) -> u64 {
         .map_or(sessions, |c| c.min(sessions))
 }
 
-/// `bisect run`'s load rule (`load_shortfall`) on one cell's measurements, worded for a
-/// cell, with the roles whose metrics failed when they left the load unmeasured.
-fn cell_load_shortfall(stats: &ArmStats, target: u64, policy: &RegressionPolicy) -> Option<String> {
-    let workload = serde_json::json!({ "concurrency": target });
-    let none = Default::default();
-    let arm = ArmObservation {
-        label: ArmLabel::Probe,
-        value: "",
-        stats,
-        readback: &none,
-        effective: &none,
-        workload: &workload,
-        block: None,
-    };
-    let rule = Policy {
-        alpha: policy.alpha,
-        min_effect: policy.min_effect,
-        degraded_fraction: policy.degraded_fraction,
-        ..Policy::default()
-    };
-    let why = load_shortfall(&arm, &rule)?;
-    // The rule words its subject as an arm of a run.
-    let subject = format!("arm {} ", ArmLabel::Probe);
-    let why = match why.strip_prefix(&subject) {
-        Some(rest) => format!("this night's cell {rest}"),
-        None => why,
-    };
+/// `bisect run`'s load rule (`engine_load_shortfall`, at its default fraction) on one
+/// cell's measurements, worded for a cell, with the roles whose metrics failed when they
+/// left the load unmeasured.
+fn cell_load_shortfall(stats: &ArmStats, target: u64) -> Option<String> {
+    let rule = Policy::default().min_load_fraction;
+    let why = format!(
+        "this night's cell {}",
+        engine_load_shortfall(&stats.peak_running, target, rule)?
+    );
     if stats.metrics_failed.is_empty() {
         return Some(why);
     }
