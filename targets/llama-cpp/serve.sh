@@ -3,10 +3,15 @@
 # bisect edits the LLAMA_ARG_* lines below (llama-server reads every option from its
 # LLAMA_ARG_* variable too) and runs this script from its own directory.
 # LLAMA_SERVER and LLAMA_MODEL come from the environment: scripts/llama-server.sh
-# prints them.
+# prints them (the model: Qwen2.5-Coder-1.5B-Instruct Q4_K_M). The chat template is what
+# makes llama-server offer the tools and parse the model's calls (see its header).
 export LLAMA_ARG_CACHE_TYPE_K=f16
 export LLAMA_ARG_CACHE_TYPE_V=f16
 export LLAMA_ARG_FLASH_ATTN=auto
+# RAM prompt cache in MiB (llama-server's default): flag CACHE_RAM.
+export LLAMA_ARG_CACHE_RAM=8192
+# No speculative decoding (the default): flag SPEC_NGRAM_CACHE.
+export LLAMA_ARG_SPEC_TYPE=none
 # Four slots: four requests decode together, the rest wait (llamacpp:requests_deferred).
 export LLAMA_ARG_N_PARALLEL=4
 # One compute thread. ggml's threads spin-wait for each other at every graph node; on a
@@ -19,6 +24,6 @@ export LLAMA_ARG_THREADS=1
 export LLAMA_ARG_CTX_SIZE=16384
 exec "${LLAMA_SERVER:?set LLAMA_SERVER to the llama-server binary: eval \"\$(scripts/llama-server.sh)\"}" \
     --model "${LLAMA_MODEL:?set LLAMA_MODEL to a .gguf model: eval \"\$(scripts/llama-server.sh)\"}" \
-    --alias gemma-3-270m \
+    --alias qwen2.5-coder-1.5b \
     --host 127.0.0.1 --port 8093 \
-    --jinja --chat-template-file gemma3.jinja --metrics
+    --jinja --chat-template-file qwen2.5-coder-tools.jinja --metrics

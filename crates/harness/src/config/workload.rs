@@ -136,6 +136,7 @@ const BUILTIN_WORKLOADS: &[(&str, &str)] = &[
     ),
     ("needle", include_str!("../../../../workloads/needle.toml")),
     ("smoke", include_str!("../../../../workloads/smoke.toml")),
+    ("tiny", include_str!("../../../../workloads/tiny.toml")),
 ];
 
 /// The workload `bisect run` uses without `--workload`.
@@ -678,7 +679,7 @@ impl Workload {
         BUILTIN_WORKLOADS.iter().map(|(n, _)| *n).collect()
     }
 
-    /// A builtin workload by name (`agentic`, `needle`, `smoke`).
+    /// A builtin workload by name (`agentic`, `needle`, `smoke`, `tiny`).
     pub fn builtin(name: &str) -> Result<Workload, ConfigError> {
         let (file_name, text) = BUILTIN_WORKLOADS
             .iter()
@@ -1016,7 +1017,7 @@ path = ["/a", "/b"]
         let err = Workload::load("agentc").unwrap_err();
         assert!(matches!(err, ConfigError::UnknownWorkload { .. }));
         let text = err.to_string();
-        assert!(text.contains("agentic, needle, smoke"), "{text}");
+        assert!(text.contains("agentic, needle, smoke, tiny"), "{text}");
     }
 
     #[test]
