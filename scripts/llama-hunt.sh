@@ -13,8 +13,8 @@
 #
 # Settings (environment): BISECT (the binary; default target/release/bisect), FLAGS,
 # LOADS (sessions in flight, one run per value; default "4 1"), SESSIONS (per arm,
-# default 8), RESULTS (default results/llama-hunt), TIMEOUT (per request, seconds,
-# default 180), EXTRA (more `bisect run` options, e.g. "--repeats 2").
+# default 8), WORKLOAD (default tiny), RESULTS (default results/llama-hunt), TIMEOUT (per
+# request, seconds, default 300), EXTRA (more `bisect run` options, e.g. "--repeats 2").
 # A run that fails is reported and the next one starts: one broken arm must not cost
 # the rest of the hunt. Exit 1 when any run failed.
 set -uo pipefail
@@ -25,7 +25,8 @@ FLAGS="${FLAGS:-CACHE_RAM CACHE_TYPE_K N_PARALLEL SPEC_NGRAM_CACHE}"
 LOADS="${LOADS:-4 1}"
 SESSIONS="${SESSIONS:-8}"
 RESULTS="${RESULTS:-results/llama-hunt}"
-TIMEOUT="${TIMEOUT:-180}"
+WORKLOAD="${WORKLOAD:-tiny}"
+TIMEOUT="${TIMEOUT:-300}"
 EXTRA="${EXTRA:-}"
 
 table() {
@@ -89,7 +90,7 @@ for load in $LOADS; do
         echo "llama-hunt.sh: $(date -u +%H:%M:%S) $flag at $load in flight, $SESSIONS sessions per arm" >&2
         # shellcheck disable=SC2086 # EXTRA is a list of words
         if ! "$BISECT" run --target targets/llama-cpp/target.toml --flag "$flag" \
-            --workload tiny --sessions "$SESSIONS" --concurrency "$load" \
+            --workload "$WORKLOAD" --sessions "$SESSIONS" --concurrency "$load" \
             --timeout "$TIMEOUT" --results "$RESULTS" $EXTRA >&2; then
             echo "llama-hunt.sh: $flag at $load in flight failed (its run.json, if any, says why)" >&2
             failed=1
