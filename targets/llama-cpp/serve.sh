@@ -21,9 +21,12 @@ export LLAMA_ARG_N_PARALLEL=4
 # with cores to spare.
 export LLAMA_ARG_THREADS=1
 # Context for all slots together: 4 x 4096 tokens.
+# The exec line's --slot-prompt-similarity is flag SLOT_SIMILARITY (llama-server reads no
+# variable for it); 0.10 is its default.
 export LLAMA_ARG_CTX_SIZE=16384
 exec "${LLAMA_SERVER:?set LLAMA_SERVER to the llama-server binary: eval \"\$(scripts/llama-server.sh)\"}" \
     --model "${LLAMA_MODEL:?set LLAMA_MODEL to a .gguf model: eval \"\$(scripts/llama-server.sh)\"}" \
     --alias qwen2.5-coder-1.5b \
     --host 127.0.0.1 --port 8093 \
-    --jinja --chat-template-file qwen2.5-coder-tools.jinja --metrics
+    --jinja --chat-template-file qwen2.5-coder-tools.jinja --metrics \
+    --slot-prompt-similarity 0.10

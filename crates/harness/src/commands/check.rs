@@ -1251,9 +1251,16 @@ mod tests {
             let report = check(&plan).await;
             let tools_row = report.urls.iter().find(|u| u.kind == "tools");
             assert_eq!(tools_row.map(|u| u.ok), Some(ok), "{:#?}", report.urls);
-            assert_eq!(report.passed(), ok, "{:#?}", report.problems);
+            // The builtin catalog has no flag for a role named "server" (a problem of its
+            // own); only the tools check's problem is this test's.
+            let tools: Vec<&Problem> = report
+                .problems
+                .iter()
+                .filter(|p| p.subject.ends_with(" tools"))
+                .collect();
+            assert_eq!(tools.is_empty(), ok, "{:#?}", report.problems);
             if !ok {
-                let p = &report.problems[0];
+                let p = tools[0];
                 assert_eq!(p.subject, "role server tools");
                 assert!(
                     p.message.contains("gemma3.jinja") && p.message.contains("serve.sh:5"),
