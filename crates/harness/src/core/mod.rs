@@ -14,4 +14,5 @@ pub mod session;
 pub mod stats;
 pub mod task;
 pub mod tools;
+pub mod transport;
 pub mod verdict;
