@@ -20,3 +20,4 @@ mod ownership;
 mod reclassify;
 mod report_diff;
 mod report_html;
+mod servers;

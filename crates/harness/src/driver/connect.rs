@@ -105,6 +105,10 @@ struct Schedule {
     /// The earliest moment the next connection may start.
     next_start: Option<Instant>,
     gap: Duration,
+    /// Widenings so far. A connect widens the gap only if none happened since it was
+    /// scheduled: the connects of one congestion event (all stalled on the same full
+    /// queue) widen it once, not once each (which drove it to the cap at once).
+    epoch: u64,
 }
 
 /// The pacer every connection of one drive goes through; see the module doc.
@@ -165,6 +169,7 @@ impl ConnectGate {
             schedule: Mutex::new(Schedule {
                 next_start: None,
                 gap: pacing.gap,
+                epoch: 0,
             }),
             tally: Mutex::new(Tally {
                 widest_gap: pacing.gap,
@@ -175,9 +180,10 @@ impl ConnectGate {
         }
     }
 
-    /// How long the pacer takes to start `connects` connections at its current gap.
-    pub fn schedule_span(&self, connects: u32) -> Duration {
-        self.schedule.lock().gap * connects
+    /// When the last connection scheduled so far starts (None before the first).
+    pub fn last_start(&self) -> Option<Instant> {
+        let schedule = self.schedule.lock();
+        schedule.next_start.map(|next| next - schedule.gap)
     }
 
     /// Connects now in progress.
@@ -202,17 +208,17 @@ impl ConnectGate {
         let mut backoff = FIRST_RETRY_BACKOFF;
         loop {
             let outcome = tokio::time::timeout_at(deadline, self.connect_once(host, port)).await;
-            let error = match outcome {
+            let (error, epoch) = match outcome {
                 Err(_) => {
                     attempt.finished = true;
                     self.tally.lock().abandoned += 1;
                     return Err(ConnectFailure::Timeout);
                 }
-                Ok(Ok(stream)) => {
+                Ok((Ok(stream), _)) => {
                     attempt.finished = true;
                     return Ok(stream);
                 }
-                Ok(Err(error)) => error,
+                Ok((Err(error), epoch)) => (error, epoch),
             };
             let Some(retry) = retryable(&error) else {
                 attempt.finished = true;
@@ -227,7 +233,7 @@ impl ConnectGate {
                     Retry::Stalled => tally.stalled += 1,
                 }
             }
-            self.widen();
+            self.widen(epoch);
             if matches!(retry, Retry::Stalled) {
                 // The widened pacing is the wait: the queue drains while the others go.
                 continue;
@@ -242,20 +248,29 @@ impl ConnectGate {
         }
     }
 
-    /// One handshake: a window place, then the next start in the schedule.
-    async fn connect_once(&self, host: &str, port: u16) -> io::Result<TcpStream> {
-        let _place = self
-            .window
-            .acquire()
-            .await
-            .map_err(|_| io::Error::other("connect window closed"))?;
-        let start = {
+    /// One handshake: a window place, then the next start in the schedule. Also
+    /// returns the pacing epoch it was scheduled in.
+    async fn connect_once(&self, host: &str, port: u16) -> (io::Result<TcpStream>, u64) {
+        let Ok(_place) = self.window.acquire().await else {
+            return (Err(io::Error::other("connect window closed")), 0);
+        };
+        let (start, epoch) = {
             let mut schedule = self.schedule.lock();
             let now = Instant::now();
             let start = schedule.next_start.map_or(now, |next| next.max(now));
             schedule.next_start = Some(start + schedule.gap);
-            start
+            (start, schedule.epoch)
         };
+        (self.handshake(host, port, start, epoch).await, epoch)
+    }
+
+    async fn handshake(
+        &self,
+        host: &str,
+        port: u16,
+        start: Instant,
+        epoch: u64,
+    ) -> io::Result<TcpStream> {
         if start > Instant::now() {
             tokio::time::sleep_until(start).await;
         }
@@ -289,7 +304,7 @@ impl ConnectGate {
                 }
             }
             if slow {
-                self.widen();
+                self.widen(epoch);
             } else {
                 self.narrow();
             }
@@ -310,8 +325,13 @@ impl ConnectGate {
         Some((median * STALL_FACTOR).max(STALL_FLOOR))
     }
 
-    fn widen(&self) {
+    /// Doubles the gap, unless it already widened since `epoch`.
+    fn widen(&self, epoch: u64) {
         let mut schedule = self.schedule.lock();
+        if schedule.epoch != epoch {
+            return;
+        }
+        schedule.epoch += 1;
         let wider = (schedule.gap * 2)
             .max(Duration::from_millis(1))
             .min(self.pacing.max_gap);
@@ -323,7 +343,7 @@ impl ConnectGate {
     fn narrow(&self) {
         let mut schedule = self.schedule.lock();
         if schedule.gap > self.pacing.gap {
-            schedule.gap = (schedule.gap - schedule.gap / 16).max(self.pacing.gap);
+            schedule.gap = (schedule.gap - schedule.gap / 32).max(self.pacing.gap);
         }
     }
 

@@ -164,17 +164,19 @@ impl Slot {
     }
 }
 
-/// How long the opening phase waits for connects beyond the time the pacer needs to
-/// start them all: shorter than the kernel's first SYN retransmission (1 s), so a SYN a
-/// full listen queue dropped does not hold the opening wave.
+/// How long the opening phase waits for connects after the pacer's last scheduled
+/// start: shorter than the kernel's first SYN retransmission (1 s), so a SYN a full
+/// listen queue dropped does not hold the opening wave.
 const OPEN_PATIENCE: Duration = Duration::from_millis(500);
 
-/// Opens up to `slots` connections through the pacer; those not open within the pacer's
-/// schedule plus [`OPEN_PATIENCE`] are left for their slot's first request.
+/// Opens up to `slots` connections through the pacer; those not open within
+/// [`OPEN_PATIENCE`] of the last scheduled start (which moves later as the pacer
+/// widens) are left for their slot's first request.
 async fn open_connections(ctx: &SessionContext, slots: u32) -> Vec<Connection> {
     use futures::StreamExt;
     let gate = ctx.inflight.gate();
-    let patience = gate.schedule_span(slots) + OPEN_PATIENCE;
+    let began = tokio::time::Instant::now();
+    let patience_end = || gate.last_start().unwrap_or(began).max(began) + OPEN_PATIENCE;
     let mut opening: futures::stream::FuturesUnordered<_> = (0..slots)
         .map(|_| async {
             let mut connection = Connection::new();
@@ -183,15 +185,18 @@ async fn open_connections(ctx: &SessionContext, slots: u32) -> Vec<Connection> {
         })
         .collect();
     let mut opened = Vec::with_capacity(slots as usize);
-    let until = tokio::time::sleep(patience);
-    tokio::pin!(until);
     loop {
+        let until = patience_end();
         tokio::select! {
             next = opening.next() => match next {
                 Some(connection) => opened.push(connection),
                 None => break,
             },
-            () = &mut until => break,
+            () = tokio::time::sleep_until(until) => {
+                if patience_end() <= tokio::time::Instant::now() {
+                    break;
+                }
+            }
         }
     }
     opened
