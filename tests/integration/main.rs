@@ -18,5 +18,6 @@ mod llama_cpp;
 mod matrix;
 mod ownership;
 mod reclassify;
+mod rejected;
 mod report_diff;
 mod report_html;

@@ -738,6 +738,77 @@ health = "http://127.0.0.1:30002/health"
     }
 
     #[test]
+    fn reject_tables_add_replace_and_turn_off_the_presets_patterns() {
+        let names = |text: &str| {
+            let (_dir, path) = write_profile(text);
+            let p = TargetProfile::load(&path).unwrap();
+            p.rejections
+                .iter()
+                .map(|r| (r.name.clone(), r.status, r.body.clone()))
+                .collect::<Vec<_>>()
+        };
+        // The preset's, untouched.
+        let llama = GOOD.replace("model = ", "engine = \"llamacpp\"\nmodel = ");
+        let preset: Vec<_> = names(&llama).into_iter().map(|r| r.0).collect();
+        assert_eq!(preset, ["llamacpp.format", "llamacpp.pos"]);
+        assert!(names(GOOD).is_empty(), "custom names none");
+        // Added, replaced (same name) and turned off.
+        let amended = format!(
+            "{llama}\n[[reject]]\nname = \"proxy\"\nbody = 'tool call .* could not be parsed'\n\n\
+             [[reject]]\nname = \"llamacpp.format\"\nstatus = 500\nbody = \"does not match\"\n\n\
+             [[reject]]\nname = \"llamacpp.pos\"\noff = true\n"
+        );
+        assert_eq!(
+            names(&amended),
+            [
+                ("llamacpp.format".to_string(), Some(500), "does not match".to_string()),
+                ("proxy".to_string(), None, "tool call .* could not be parsed".to_string()),
+            ]
+        );
+    }
+
+    #[test]
+    fn bad_reject_tables_name_the_file_line_and_fix() {
+        // GOOD has 17 lines; the table's body is on line 22.
+        let text = format!(
+            "{GOOD}\n[[reject]]\nname = \"x\"\nstatus = 500\nbody = 'tool call (unclosed'\n"
+        );
+        let (_dir, path) = write_profile(&text);
+        let err = TargetProfile::load(&path).unwrap_err();
+        let shown = err.to_string();
+        assert!(
+            shown.starts_with(&format!("{}:22: ", path.display())),
+            "{shown}"
+        );
+        assert!(shown.contains("not a regular expression"), "{shown}");
+        assert!(shown.contains("unclosed"), "{shown}");
+        assert!(shown.contains("fix: a [[reject]] table"), "{shown}");
+        // Turning off what the preset lacks names what it has.
+        let (line, msg) = error_at(&format!(
+            "{GOOD}\n[[reject]]\nname = \"llamacpp.pos\"\noff = true\n"
+        ));
+        assert_eq!(line, 20);
+        assert!(msg.contains("the custom preset does not have (it has: none)"), "{msg}");
+        for (table, says) in [
+            ("name = \"x\"\nstatus = 200\nbody = \"a\"", "not an error status"),
+            ("name = \"x\"\nstatus = 70000\nbody = \"a\"", "not an HTTP status"),
+            ("name = \"x\"\nbody = \" \"", "body is empty"),
+            ("name = \"x\"\nstatus = 500", "has no body pattern"),
+            ("name = \"x\"\noff = true\nbody = \"a\"", "off = true and a status or body"),
+            ("name = \"x\"\nbody = \"a\"\nheader = 1", "unknown field"),
+        ] {
+            let (_dir, path) = write_profile(&format!("{GOOD}\n[[reject]]\n{table}\n"));
+            let shown = TargetProfile::load(&path).unwrap_err().to_string();
+            assert!(shown.contains(says), "{table}: {shown}");
+            assert!(shown.contains("target.toml:"), "{shown}");
+        }
+        let twice = format!(
+            "{GOOD}\n[[reject]]\nname = \"x\"\nbody = \"a\"\n\n[[reject]]\nname = \"x\"\nbody = \"b\"\n"
+        );
+        assert!(error_at(&twice).1.contains("defined twice"));
+    }
+
+    #[test]
     fn unreadable_profile_is_a_read_error() {
         let dir = tempfile::tempdir().unwrap();
         let err = TargetProfile::load(&dir.path().join("none.toml")).unwrap_err();
