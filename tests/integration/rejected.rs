@@ -104,10 +104,16 @@ async fn engine_rejections_implicate_the_flag_as_corruption_does() {
         );
         assert_eq!(s.error, None);
         let http = s.rounds[1].http.as_ref().unwrap();
-        assert_eq!((http.status, http.body.as_str()), (500, crate::fake::LLAMA_REJECTION));
+        assert_eq!(
+            (http.status, http.body.as_str()),
+            (500, crate::fake::LLAMA_REJECTION)
+        );
     }
     let run_json: Value = serde_json::from_str(&read(&dir.join("run.json"))).unwrap();
-    assert_eq!(run_json["target"]["rejections"][0]["name"], "llamacpp.format");
+    assert_eq!(
+        run_json["target"]["rejections"][0]["name"],
+        "llamacpp.format"
+    );
     let on_json = run_json["arms"]
         .as_array()
         .unwrap()
@@ -116,7 +122,10 @@ async fn engine_rejections_implicate_the_flag_as_corruption_does() {
         .unwrap();
     assert_eq!(on_json["counts"]["rejected"], victims);
     let summary = read(&dir.join("summary.md"));
-    assert!(summary.contains("leak/bad/wrong/no_tool/rejected"), "{summary}");
+    assert!(
+        summary.contains("leak/bad/wrong/no_tool/rejected"),
+        "{summary}"
+    );
     assert!(summary.contains(&format!("0/0/0/0/{victims}")), "{summary}");
     assert!(read(&dir.join("report.html")).contains("rejected (the engine refused"));
 

@@ -189,7 +189,10 @@ pub fn reclassify_session(
     }
     // An error reply judged a rejection is evidence, not a failure: no error text, as
     // the live driver writes it; judged an error again, it gets its text back.
-    let error = match (ending.class, ending.rounds.last().and_then(|r| r.http.as_ref())) {
+    let error = match (
+        ending.class,
+        ending.rounds.last().and_then(|r| r.http.as_ref()),
+    ) {
         (SessionClass::Rejected, Some(_)) => None,
         (SessionClass::Error, Some(http)) => Some(status_error(http.status, &http.body)),
         _ => old.error.clone(),
@@ -212,7 +215,10 @@ pub fn reclassify_session(
 fn status_error(status: u16, body: &str) -> String {
     match hyper::StatusCode::from_u16(status) {
         Ok(code) => crate::driver::conversation::status_error(code, body),
-        Err(_) => format!("HTTP {status}: {}", body.chars().take(200).collect::<String>()),
+        Err(_) => format!(
+            "HTTP {status}: {}",
+            body.chars().take(200).collect::<String>()
+        ),
     }
 }
 

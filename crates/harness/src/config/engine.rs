@@ -252,8 +252,8 @@ mod tests {
             crate::core::classify::RejectionSet::new(&e.rejections())
                 .unwrap_or_else(|err| panic!("{e}: {err}"));
         }
-        let llama = crate::core::classify::RejectionSet::new(&Engine::Llamacpp.rejections())
-            .unwrap();
+        let llama =
+            crate::core::classify::RejectionSet::new(&Engine::Llamacpp.rejections()).unwrap();
         let format = r#"{"error":{"code":500,"message":"The model produced output that does not match the expected Hermes 2 Pro format","type":"server_error"}}"#;
         assert_eq!(llama.find(500, format).unwrap().name, "llamacpp.format");
         let pos = r#"{"error":{"code":500,"message":"Failed to parse input at pos 13: <tool_call>{"na","type":"server_error"}}"#;
@@ -261,7 +261,10 @@ mod tests {
         // The request's own faults are not the model's.
         let request = r#"{"error":{"code":500,"message":"Failed to parse tool call arguments as JSON: ...","type":"server_error"}}"#;
         assert!(llama.find(500, request).is_none());
-        assert!(llama.find(503, format).is_none(), "llama.cpp answers these with 500");
+        assert!(
+            llama.find(503, format).is_none(),
+            "llama.cpp answers these with 500"
+        );
         let vllm = crate::core::classify::RejectionSet::new(&Engine::Vllm.rejections()).unwrap();
         let pydantic = r#"{"object":"error","message":"1 validation error for list[FunctionDefinition]\n  Invalid JSON: EOF while parsing a list at line 1 column 9","type":"BadRequestError","param":null,"code":400}"#;
         assert_eq!(vllm.find(400, pydantic).unwrap().name, "vllm.required");

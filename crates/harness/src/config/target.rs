@@ -761,8 +761,16 @@ health = "http://127.0.0.1:30002/health"
         assert_eq!(
             names(&amended),
             [
-                ("llamacpp.format".to_string(), Some(500), "does not match".to_string()),
-                ("proxy".to_string(), None, "tool call .* could not be parsed".to_string()),
+                (
+                    "llamacpp.format".to_string(),
+                    Some(500),
+                    "does not match".to_string()
+                ),
+                (
+                    "proxy".to_string(),
+                    None,
+                    "tool call .* could not be parsed".to_string()
+                ),
             ]
         );
     }
@@ -788,13 +796,25 @@ health = "http://127.0.0.1:30002/health"
             "{GOOD}\n[[reject]]\nname = \"llamacpp.pos\"\noff = true\n"
         ));
         assert_eq!(line, 20);
-        assert!(msg.contains("the custom preset does not have (it has: none)"), "{msg}");
+        assert!(
+            msg.contains("the custom preset does not have (it has: none)"),
+            "{msg}"
+        );
         for (table, says) in [
-            ("name = \"x\"\nstatus = 200\nbody = \"a\"", "not an error status"),
-            ("name = \"x\"\nstatus = 70000\nbody = \"a\"", "not an HTTP status"),
+            (
+                "name = \"x\"\nstatus = 200\nbody = \"a\"",
+                "not an error status",
+            ),
+            (
+                "name = \"x\"\nstatus = 70000\nbody = \"a\"",
+                "not an HTTP status",
+            ),
             ("name = \"x\"\nbody = \" \"", "body is empty"),
             ("name = \"x\"\nstatus = 500", "has no body pattern"),
-            ("name = \"x\"\noff = true\nbody = \"a\"", "off = true and a status or body"),
+            (
+                "name = \"x\"\noff = true\nbody = \"a\"",
+                "off = true and a status or body",
+            ),
             ("name = \"x\"\nbody = \"a\"\nheader = 1", "unknown field"),
         ] {
             let (_dir, path) = write_profile(&format!("{GOOD}\n[[reject]]\n{table}\n"));

@@ -95,7 +95,10 @@ pub enum ChatOutcome {
     /// A non-2xx reply: its status and the first `HTTP_BODY_KEPT` characters of its
     /// body (the API key masked). The classifier decides whether it is the engine
     /// rejecting the model's tool call (`rejected`) or an `error`.
-    Status { status: StatusCode, body: String },
+    Status {
+        status: StatusCode,
+        body: String,
+    },
     /// No complete response within the per-request timeout.
     Timeout,
 }

@@ -186,10 +186,9 @@ impl Classifier {
                         escape_line(body.trim())
                     ),
                 ),
-                None => RoundVerdict::new(
-                    RoundClass::Error,
-                    format!("error: {}", escape_line(error)),
-                ),
+                None => {
+                    RoundVerdict::new(RoundClass::Error, format!("error: {}", escape_line(error)))
+                }
             },
             RoundOutcome::Timeout => RoundVerdict::new(
                 RoundClass::Timeout,

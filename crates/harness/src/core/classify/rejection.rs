@@ -124,16 +124,31 @@ mod tests {
     #[test]
     fn a_pattern_matches_its_status_and_body_only() {
         let set = RejectionSet::new(&[
-            RejectionPattern::new("format", Some(500), "does not match the expected \\S+ format"),
-            RejectionPattern::new("any", None, "validation errors? for list\\[FunctionDefinition\\]"),
+            RejectionPattern::new(
+                "format",
+                Some(500),
+                "does not match the expected \\S+ format",
+            ),
+            RejectionPattern::new(
+                "any",
+                None,
+                "validation errors? for list\\[FunctionDefinition\\]",
+            ),
         ])
         .unwrap();
         let body = r#"{"error":{"code":500,"message":"The model produced output that does not match the expected Hermes 2 Pro format","type":"server_error"}}"#;
-        assert_eq!(set.find(500, body).map(|p| p.name.as_str()), None, "two words");
+        assert_eq!(
+            set.find(500, body).map(|p| p.name.as_str()),
+            None,
+            "two words"
+        );
         let body = body.replace("Hermes 2 Pro", "Hermes");
         assert_eq!(set.find(500, &body).unwrap().name, "format");
         assert!(set.find(400, &body).is_none(), "another status");
-        assert!(set.find(200, &body).is_none(), "a 2xx is a reply, never a rejection");
+        assert!(
+            set.find(200, &body).is_none(),
+            "a 2xx is a reply, never a rejection"
+        );
         let pydantic = "1 validation error for list[FunctionDefinition]\n  Invalid JSON";
         assert_eq!(set.find(400, pydantic).unwrap().name, "any");
         assert_eq!(set.find(500, pydantic).unwrap().name, "any");
@@ -142,8 +157,8 @@ mod tests {
 
     #[test]
     fn unusable_patterns_say_why() {
-        let bad = RejectionSet::new(&[RejectionPattern::new("x", Some(500), "(unclosed")])
-            .unwrap_err();
+        let bad =
+            RejectionSet::new(&[RejectionPattern::new("x", Some(500), "(unclosed")]).unwrap_err();
         assert!(
             matches!(&bad, BadRejection::Regex { reason, .. } if reason.contains("unclosed")),
             "{bad}"
