@@ -13,9 +13,8 @@
 //! timeout) have no reply to judge and keep their class, except an error reply whose
 //! status and body were kept (`RoundRecord::http`): it is judged again against the
 //! run's recorded rejection patterns (`rejected` or `error`), as is a `rejected` round.
-//! A session whose last stored
-//! round was non-ok and is now ok would have gone on; those rounds were never run, so it
-//! becomes `maxrounds` and is counted as incomplete.
+//! A session whose last stored round was non-ok and is now ok would have gone on; those
+//! rounds were never run, so it becomes `maxrounds` and is counted as incomplete.
 //!
 //! Kept: `sessions.jsonl.orig-<stamp>`, `run.json.orig-<stamp>`, and a `reclassified`
 //! entry in run.json holding the previous arms, runs, comparison and verdict.
