@@ -382,7 +382,8 @@ fn unverified_confounds(
 /// about corruption. Blocking when an arm fails more than `degraded_fraction`; below
 /// that, warned when the arms' rates differ ([`differing_rates`]): failed sessions are
 /// left out of the corruption rates, so the arm that fails more can look cleaner, and a
-/// flag whose corruption surfaces as failures (an HTTP 500 from a tool-call parser)
+/// flag whose corruption surfaces as failures (an HTTP 500 from a tool-call parser
+/// the target names no rejection pattern for: one it names is `rejected`, corruption)
 /// would otherwise hide behind `cleared`.
 /// `checked`: the blocks (or the two arms), each held to the degraded limit on its own,
 /// since a block whose engine failed a fifth of its sessions is hidden when pooled with

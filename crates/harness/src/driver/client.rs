@@ -113,8 +113,15 @@ pub struct ChatReply {
 #[derive(Debug, Clone)]
 pub enum ChatOutcome {
     Reply(ChatReply),
-    /// Connect failure, non-2xx status (with up to 200 chars of body), unparseable body.
+    /// Connect failure, unparseable body.
     Error(String),
+    /// A non-2xx reply: its status and the first `HTTP_BODY_KEPT` characters of its
+    /// body (the API key masked). The classifier decides whether it is the engine
+    /// rejecting the model's tool call (`rejected`) or an `error`.
+    Status {
+        status: StatusCode,
+        body: String,
+    },
     /// No complete response within the per-request timeout.
     Timeout,
 }
@@ -507,7 +514,8 @@ impl ChatClient {
                 Some(key) => crate::redact::mask(&text, std::slice::from_ref(key)).into_owned(),
                 None => text.into_owned(),
             };
-            return ChatOutcome::Error(format!("HTTP {status}: {}", excerpt(&text, 200)));
+            let body = excerpt(&text, crate::core::session::HTTP_BODY_KEPT).to_string();
+            return ChatOutcome::Status { status, body };
         }
         if self.stream {
             assemble_stream(&text)

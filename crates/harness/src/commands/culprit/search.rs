@@ -1531,9 +1531,9 @@ impl Search<'_> {
                     return Eval::Decided(
                         Outcome::OtherFailure,
                         format!(
-                            "fails ({}) with another class mix than the reference failure (leak/bad/wrong/no_tool {}/{}/{}/{}; Freeman-Halton p = {p:.2e}): a different failure mode",
+                            "fails ({}) with another class mix than the reference failure (leak/bad/wrong/no_tool/rejected {}/{}/{}/{}/{}; Freeman-Halton p = {p:.2e}): a different failure mode",
                             pct(t.corrupted, t.classified),
-                            step[0], step[1], step[2], step[3]
+                            step[0], step[1], step[2], step[3], step[4]
                         ),
                     );
                 }

@@ -22,7 +22,7 @@ use crate::core::session::SessionClass;
 use crate::results::JsonlWriter;
 
 /// One letter per session class, in `steps.jsonl`.
-pub const CODES: [(SessionClass, char); 9] = [
+pub const CODES: [(SessionClass, char); 10] = [
     (SessionClass::Done, 'd'),
     (SessionClass::Maxrounds, 'm'),
     (SessionClass::Leak, 'l'),
@@ -32,6 +32,7 @@ pub const CODES: [(SessionClass, char); 9] = [
     (SessionClass::Error, 'e'),
     (SessionClass::Timeout, 't'),
     (SessionClass::Truncated, 'c'),
+    (SessionClass::Rejected, 'r'),
 ];
 
 pub fn encode(classes: &[SessionClass]) -> String {
