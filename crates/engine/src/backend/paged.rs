@@ -83,6 +83,26 @@ impl PoolSpec {
     }
 }
 
+/// New rows `first_row..` of one page, as [`Backend::store_rows`](super::Backend::store_rows)
+/// takes them: the one write path behind `write_rows` and `write_quantized_rows`.
+pub struct PageRows<'a> {
+    pub page: u32,
+    pub first_row: usize,
+    /// MAIN_DIM f32 a row, stored as they are.
+    pub main_keys: &'a [f32],
+    pub index: IndexRows<'a>,
+}
+
+/// The index-K of new rows.
+#[derive(Clone, Copy)]
+pub enum IndexRows<'a> {
+    /// INDEX_DIM f32 a row, quantized by the backend in the pool's dtype.
+    Keys(&'a [f32]),
+    /// Rows quantized elsewhere (prefill's shipped index-K, stale or not): their bytes
+    /// are kept exactly.
+    Quantized(&'a [u8]),
+}
+
 /// One indexer query over a sequence stored in a pool: row `p` of the sequence is row
 /// `p % page_tokens` of page `pages[p / page_tokens]`.
 pub struct PagedIndexerJob<'a> {
@@ -246,6 +266,17 @@ pub fn check_write_quantized(
     );
     let placeholder = vec![0.0f32; index_rows.len() / width * super::INDEX_DIM];
     check_write(spec, page, first_row, main_keys, &placeholder)
+}
+
+/// Checks of a `store_rows` call (those of `write_rows` or `write_quantized_rows`, by
+/// the kind of index rows); returns the number of rows.
+pub fn check_store(spec: &PoolSpec, rows: &PageRows<'_>) -> Result<usize> {
+    match rows.index {
+        IndexRows::Keys(keys) => check_write(spec, rows.page, rows.first_row, rows.main_keys, keys),
+        IndexRows::Quantized(bytes) => {
+            check_write_quantized(spec, rows.page, rows.first_row, rows.main_keys, bytes)
+        }
+    }
 }
 
 /// Checks of an `append_rows` call.

@@ -5,7 +5,8 @@
 use super::cpu::CpuBackend;
 use super::{
     AttnJob, AttnOut, AttnPath, Backend, GatheredKv, IndexKDtype, IndexerJob, PageContents,
-    PagedAttnJob, PagedIndexerJob, PoolId, PoolSpec, PoolStats, TopkImpl, INDEX_DIM, MAIN_DIM,
+    PageRows, PagedAttnJob, PagedIndexerJob, PoolId, PoolSpec, PoolStats, TopkImpl, INDEX_DIM,
+    MAIN_DIM,
 };
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -416,27 +417,8 @@ impl Backend for CpuAsAsync {
     fn release_pool(&self, pool: PoolId) -> anyhow::Result<()> {
         self.inner.release_pool(pool)
     }
-    fn write_rows(
-        &self,
-        pool: PoolId,
-        page: u32,
-        first_row: usize,
-        main_keys: &[f32],
-        index_keys: &[f32],
-    ) -> anyhow::Result<()> {
-        self.inner
-            .write_rows(pool, page, first_row, main_keys, index_keys)
-    }
-    fn write_quantized_rows(
-        &self,
-        pool: PoolId,
-        page: u32,
-        first_row: usize,
-        main_keys: &[f32],
-        index_rows: &[u8],
-    ) -> anyhow::Result<()> {
-        self.inner
-            .write_quantized_rows(pool, page, first_row, main_keys, index_rows)
+    fn store_rows(&self, pool: PoolId, rows: PageRows<'_>) -> anyhow::Result<()> {
+        self.inner.store_rows(pool, rows)
     }
     fn append_rows(
         &self,
@@ -450,8 +432,8 @@ impl Backend for CpuAsAsync {
     fn evict_page(&self, pool: PoolId, page: u32, slot: u32) -> anyhow::Result<()> {
         self.inner.evict_page(pool, page, slot)
     }
-    fn load_back_page(&self, pool: PoolId, slot: u32, page: u32) -> anyhow::Result<()> {
-        self.inner.load_back_page(pool, slot, page)
+    fn load_back_pages(&self, pool: PoolId, pairs: &[(u32, u32)]) -> anyhow::Result<()> {
+        self.inner.load_back_pages(pool, pairs)
     }
     fn gather_sequence(
         &self,

@@ -7,7 +7,8 @@ use cudarc::driver::{CudaSlice, PushKernelArg};
 
 use super::super::{
     AttnJob, AttnOut, AttnPath, Backend, GatheredKv, IndexKDtype, IndexerJob, PageContents,
-    PagedAttnJob, PagedIndexerJob, PoolId, PoolSpec, PoolStats, TopkImpl, INDEX_DIM, MAIN_DIM,
+    PageRows, PagedAttnJob, PagedIndexerJob, PoolId, PoolSpec, PoolStats, TopkImpl, INDEX_DIM,
+    MAIN_DIM,
 };
 use super::{
     grid_for, per_job, row_starts, to_u32, CudaBackend, ATTN_THREADS, ELEMENTWISE_THREADS,
@@ -228,26 +229,8 @@ impl Backend for CudaBackend {
         self.pool_release(pool)
     }
 
-    fn write_rows(
-        &self,
-        pool: PoolId,
-        page: u32,
-        first_row: usize,
-        main_keys: &[f32],
-        index_keys: &[f32],
-    ) -> Result<()> {
-        self.pool_write_rows(pool, page, first_row, main_keys, index_keys)
-    }
-
-    fn write_quantized_rows(
-        &self,
-        pool: PoolId,
-        page: u32,
-        first_row: usize,
-        main_keys: &[f32],
-        index_rows: &[u8],
-    ) -> Result<()> {
-        self.pool_write_quantized_rows(pool, page, first_row, main_keys, index_rows)
+    fn store_rows(&self, pool: PoolId, rows: PageRows<'_>) -> Result<()> {
+        self.pool_store_rows(pool, rows)
     }
 
     fn append_rows(
@@ -262,10 +245,6 @@ impl Backend for CudaBackend {
 
     fn evict_page(&self, pool: PoolId, page: u32, slot: u32) -> Result<()> {
         self.pool_evict(pool, page, slot)
-    }
-
-    fn load_back_page(&self, pool: PoolId, slot: u32, page: u32) -> Result<()> {
-        self.pool_load_back(pool, &[(slot, page)])
     }
 
     fn load_back_pages(&self, pool: PoolId, pairs: &[(u32, u32)]) -> Result<()> {

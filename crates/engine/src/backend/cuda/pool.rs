@@ -39,8 +39,8 @@ use anyhow::{anyhow, Context, Result};
 use cudarc::driver::{CudaEvent, CudaSlice, PinnedHostSlice, PushKernelArg};
 
 use super::super::paged::{
-    self, GatheredKv, PageContents, PagedAttnJob, PagedIndexerJob, PoolId, PoolSpec, PoolStats,
-    MAX_PAGE_TOKENS,
+    self, GatheredKv, IndexRows, PageContents, PageRows, PagedAttnJob, PagedIndexerJob, PoolId,
+    PoolSpec, PoolStats, MAX_PAGE_TOKENS,
 };
 use super::super::{AttnOut, AttnPath, IndexKDtype, TopkImpl, INDEX_DIM, MAIN_DIM};
 use super::launch::Selection;
@@ -270,7 +270,7 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// The shared first half of `pool_write_rows` and `pool_write_quantized_rows`: wait
+    /// The first half of `pool_store_rows`: wait
     /// for a load-back still landing on `page` (it would overwrite the new rows), then
     /// copy the checked rows' main keys into it.
     fn store_main_rows(
@@ -296,7 +296,7 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// The shared last step of both writes: a fresh generation in both of the page's
+    /// The last step of `pool_store_rows`: a fresh generation in both of the page's
     /// tags, and as the page's expected generation.
     fn stamp_page(&self, p: &mut GpuPool, page: u32) -> Result<()> {
         let generation = p.next_generation;
@@ -311,69 +311,49 @@ impl CudaBackend {
         Ok(())
     }
 
-    pub(super) fn pool_write_rows(
-        &self,
-        pool: PoolId,
-        page: u32,
-        first_row: usize,
-        main_keys: &[f32],
-        index_keys: &[f32],
-    ) -> Result<()> {
+    /// `store_rows`: the main keys, then the index-K quantized by `quantize_index_k_*`
+    /// (or copied as they are when they come quantized), then the page's new generation.
+    pub(super) fn pool_store_rows(&self, pool: PoolId, rows: PageRows<'_>) -> Result<()> {
         let mut pools = self.pools.lock();
         let p = pool_mut(&mut pools, pool)?;
-        let rows = paged::check_write(&p.spec, page, first_row, main_keys, index_keys)?;
-        if rows == 0 {
+        let count = paged::check_store(&p.spec, &rows)?;
+        if count == 0 {
             return Ok(());
         }
-        self.store_main_rows(p, page, first_row, main_keys)?;
+        let (page, first_row) = (rows.page, rows.first_row);
+        self.store_main_rows(p, page, first_row, rows.main_keys)?;
         let width = p.spec.dtype.bytes_per_token();
         let index_page = p.page_range(&p.layout.index, page, p.spec.index_page_bytes());
         let index_start = index_page.start + first_row * width;
-        let d_keys = self.upload_pinned(index_keys)?;
-        let rows32 = to_u32(rows, "rows")?;
-        {
-            let mut out = p.kv.slice_mut(index_start..index_start + rows * width);
-            let (function, cfg) = match p.spec.dtype {
-                IndexKDtype::Bf16 => (
-                    &self.kernels.quantize_bf16,
-                    grid_for(rows * INDEX_DIM, ELEMENTWISE_THREADS),
-                ),
-                IndexKDtype::Fp8 => (&self.kernels.quantize_fp8, {
-                    let mut cfg = grid_for(rows, 1);
-                    cfg.block_dim = (INDEX_DIM as u32, 1, 1);
-                    cfg
-                }),
-            };
-            let mut launch = self.compute.launch_builder(function);
-            launch.arg(&d_keys).arg(&mut out).arg(&rows32);
-            // SAFETY: matches quantize_index_k_* in index_k.cu; `out` holds rows * width bytes.
-            unsafe { launch.launch(cfg) }.context("launching quantize_index_k into a pool page")?;
+        match rows.index {
+            IndexRows::Keys(index_keys) => {
+                let d_keys = self.upload_pinned(index_keys)?;
+                let rows32 = to_u32(count, "rows")?;
+                let mut out = p.kv.slice_mut(index_start..index_start + count * width);
+                let (function, cfg) = match p.spec.dtype {
+                    IndexKDtype::Bf16 => (
+                        &self.kernels.quantize_bf16,
+                        grid_for(count * INDEX_DIM, ELEMENTWISE_THREADS),
+                    ),
+                    IndexKDtype::Fp8 => (&self.kernels.quantize_fp8, {
+                        let mut cfg = grid_for(count, 1);
+                        cfg.block_dim = (INDEX_DIM as u32, 1, 1);
+                        cfg
+                    }),
+                };
+                let mut launch = self.compute.launch_builder(function);
+                launch.arg(&d_keys).arg(&mut out).arg(&rows32);
+                // SAFETY: matches quantize_index_k_* in index_k.cu; `out` holds count * width bytes.
+                unsafe { launch.launch(cfg) }
+                    .context("launching quantize_index_k into a pool page")?;
+            }
+            IndexRows::Quantized(index_rows) => {
+                self.compute.memcpy_htod(
+                    index_rows,
+                    &mut p.kv.slice_mut(index_start..index_start + count * width),
+                )?;
+            }
         }
-        self.stamp_page(p, page)
-    }
-
-    pub(super) fn pool_write_quantized_rows(
-        &self,
-        pool: PoolId,
-        page: u32,
-        first_row: usize,
-        main_keys: &[f32],
-        index_rows: &[u8],
-    ) -> Result<()> {
-        let mut pools = self.pools.lock();
-        let p = pool_mut(&mut pools, pool)?;
-        let rows = paged::check_write_quantized(&p.spec, page, first_row, main_keys, index_rows)?;
-        if rows == 0 {
-            return Ok(());
-        }
-        self.store_main_rows(p, page, first_row, main_keys)?;
-        let width = p.spec.dtype.bytes_per_token();
-        let index_page = p.page_range(&p.layout.index, page, p.spec.index_page_bytes());
-        let index_start = index_page.start + first_row * width;
-        self.compute.memcpy_htod(
-            index_rows,
-            &mut p.kv.slice_mut(index_start..index_start + rows * width),
-        )?;
         self.stamp_page(p, page)
     }
 
