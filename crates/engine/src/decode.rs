@@ -88,21 +88,7 @@ impl ResidentPool {
             return Vec::new();
         }
         let pages = self.free.split_off(self.free.len() - count);
-        let width = sequence.index_k.len() / sequence.len();
-        let copied = (0..sequence.len())
-            .step_by(self.page_tokens)
-            .zip(&pages)
-            .try_for_each(|(start, &page)| {
-                let end = (start + self.page_tokens).min(sequence.len());
-                backend.write_quantized_rows(
-                    self.pool,
-                    page,
-                    0,
-                    &sequence.main
-                        [start * super::backend::MAIN_DIM..end * super::backend::MAIN_DIM],
-                    &sequence.index_k[start * width..end * width],
-                )
-            });
+        let copied = sequence.store_in_pages(backend, self.pool, self.page_tokens, &pages);
         match copied {
             Ok(()) => pages,
             Err(error) => {
@@ -366,13 +352,7 @@ mod tests {
 
     fn mixed_step(backend: &dyn Backend) {
         let dtype = IndexKDtype::Fp8;
-        let path = ReadPath {
-            dtype,
-            top_k: 32,
-            topk: TopkImpl::V2,
-            attn: AttnPath::Mma,
-            max_graph_batch: 32,
-        };
+        let path = crate::model::tests::mma_path(dtype, 32);
         let tokens: Vec<u32> = (0..300u32).map(|i| ((i * 7919) >> 3) % 89).collect();
         let wanted = [tokens[200..230].to_vec(), tokens[10..25].to_vec()];
         let mut pool = ResidentPool::create(backend, &path, 64, 7 * 64).unwrap();

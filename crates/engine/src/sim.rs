@@ -568,11 +568,10 @@ mod tests {
     /// corrupted.
     #[test]
     fn resident_store_under_load_never_ships_stale_on_the_cpu_pools() {
-        use super::super::backend::paged_tests::CpuAsAsync;
         let mut config = SimConfig::default_workload(IndexKDtype::Bf16, true, false);
         config.sessions = 24;
         config.prefill.pool_bytes = config.prefill.pool_bytes * 24 / 80;
-        let resident = run(&config, &CpuAsAsync::default()).unwrap();
+        let resident = run(&config, &CpuBackend::claiming_async_load_backs()).unwrap();
         let c = &resident.counters;
         assert!(c.loadback_requests > 0 && c.evicted_pages > 0, "{c:?}");
         assert_eq!((c.stale_index_k_pages, resident.corrupted), (0, 0), "{c:?}");

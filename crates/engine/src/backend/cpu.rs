@@ -18,6 +18,14 @@ use std::cmp::Ordering;
 pub struct CpuBackend {
     fp8_table: [f32; 256],
     pools: CpuPools,
+    /// Claims asynchronous load-backs (as CUDA's), so that `PrefillCore::for_backend`
+    /// and the load simulation take the resident store; its load-backs still land at
+    /// once, so nothing is ever stale. Only tests build it so
+    /// ([`CpuBackend::claiming_async_load_backs`]).
+    claims_async: bool,
+    /// The modelled forward delays asked of a backend claiming async load-backs (it has
+    /// no device to occupy): what the tests check prefill's resident store queues.
+    pub(crate) delays: std::sync::Mutex<Vec<u64>>,
 }
 
 impl Default for CpuBackend {
@@ -31,6 +39,18 @@ impl CpuBackend {
         CpuBackend {
             fp8_table: layout::fp8_table(),
             pools: Default::default(),
+            claims_async: false,
+            delays: Default::default(),
+        }
+    }
+
+    /// The CPU backend taken for one whose load-backs are asynchronous (see
+    /// `claims_async`), recording the forward delays it is asked for.
+    #[cfg(test)]
+    pub(crate) fn claiming_async_load_backs() -> Self {
+        CpuBackend {
+            claims_async: true,
+            ..Self::new()
         }
     }
 
@@ -302,6 +322,22 @@ impl Backend for CpuBackend {
                 .iter()
                 .try_for_each(|&(slot, page)| p.load_back(slot, page))
         })
+    }
+
+    fn load_back_is_async(&self) -> bool {
+        self.claims_async
+    }
+
+    fn model_forward_delay(&self, ns: u64) -> anyhow::Result<()> {
+        // The CPU models step time on the host (`EngineTuning::prefill_step_floor_us`);
+        // only a backend claiming async load-backs keeps what it was asked.
+        if self.claims_async {
+            self.delays
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(ns);
+        }
+        Ok(())
     }
 
     fn indexer_topk_paged(

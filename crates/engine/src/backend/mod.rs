@@ -136,7 +136,8 @@ pub trait Backend: Send + Sync {
     fn release_pool(&self, pool: PoolId) -> anyhow::Result<()>;
     /// Stores new rows of one page ([`PageRows`]): their main keys (MAIN_DIM f32 each)
     /// as they are, their index keys quantized in the pool's dtype, or their index-K
-    /// bytes kept exactly when they come quantized. Gives the page a fresh generation.
+    /// bytes kept exactly when they come quantized elsewhere (prefill's shipped
+    /// index-K, stale or not). Gives the page a fresh generation.
     /// Waits for any load-back still landing on it.
     fn store_rows(&self, pool: PoolId, rows: PageRows<'_>) -> anyhow::Result<()>;
     /// [`Backend::store_rows`] of index keys to quantize.
@@ -149,27 +150,6 @@ pub trait Backend: Send + Sync {
         index_keys: &[f32],
     ) -> anyhow::Result<()> {
         let index = IndexRows::Keys(index_keys);
-        self.store_rows(
-            pool,
-            PageRows {
-                page,
-                first_row,
-                main_keys,
-                index,
-            },
-        )
-    }
-    /// [`Backend::store_rows`] of rows already quantized elsewhere (prefill's shipped
-    /// index-K, stale or not).
-    fn write_quantized_rows(
-        &self,
-        pool: PoolId,
-        page: u32,
-        first_row: usize,
-        main_keys: &[f32],
-        index_rows: &[u8],
-    ) -> anyhow::Result<()> {
-        let index = IndexRows::Quantized(index_rows);
         self.store_rows(
             pool,
             PageRows {

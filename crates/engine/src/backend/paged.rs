@@ -84,7 +84,7 @@ impl PoolSpec {
 }
 
 /// New rows `first_row..` of one page, as [`Backend::store_rows`](super::Backend::store_rows)
-/// takes them: the one write path behind `write_rows` and `write_quantized_rows`.
+/// takes them (`write_rows` is the short form for index keys to quantize).
 pub struct PageRows<'a> {
     pub page: u32,
     pub first_row: usize,

@@ -26,6 +26,22 @@ use serde_json::json;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+/// A role handler's first steps: the request body (or the rejection's response), then
+/// the role's shared state (or 404 saying `not_this_role` when this server plays the
+/// other role).
+fn role_request<T: Clone>(
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+    role: &Option<T>,
+    not_this_role: &str,
+) -> Result<(axum::body::Bytes, T), Response> {
+    let body =
+        body.map_err(|rejection| error_response(rejection.status(), rejection.body_text()))?;
+    let shared = role
+        .clone()
+        .ok_or_else(|| error_response(StatusCode::NOT_FOUND, not_this_role))?;
+    Ok((body, shared))
+}
+
 fn error_response(status: StatusCode, message: impl Into<String>) -> Response {
     let kind = if status.is_client_error() {
         "invalid_request_error"
