@@ -25,21 +25,21 @@ use std::collections::HashMap;
 use std::sync::OnceLock;
 
 /// Indexer top-k of the engine.
-pub const DEFAULT_TOP_K: usize = 32;
+pub(crate) const DEFAULT_TOP_K: usize = 32;
 
 /// One step of the task: a tool name and its arguments.
-pub type Step = (String, Map<String, Value>);
+pub(crate) type Step = (String, Map<String, Value>);
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct Task {
-    pub steps: Vec<Step>,
+pub(crate) struct Task {
+    pub(crate) steps: Vec<Step>,
     /// What to answer once every step is done.
-    pub answer: String,
+    pub(crate) answer: String,
 }
 
 /// What the agent wants to say this round.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Intent {
+pub(crate) enum Intent {
     Call(Step),
     Answer(String),
 }
@@ -77,7 +77,7 @@ fn parse_arguments(text: &str) -> Option<Map<String, Value>> {
 }
 
 /// Parse a task message; None if it has no numbered steps.
-pub fn parse_task(text: &str) -> Option<Task> {
+pub(crate) fn parse_task(text: &str) -> Option<Task> {
     let mut steps = Vec::new();
     let mut last_step_line = None;
     for (index, line) in text.lines().enumerate() {
@@ -103,7 +103,7 @@ pub fn parse_task(text: &str) -> Option<Task> {
 }
 
 /// The agent's decision for this round; None when the conversation holds no task.
-pub fn decide(conversation: &Conversation) -> Option<Intent> {
+pub(crate) fn decide(conversation: &Conversation) -> Option<Intent> {
     let (task_index, task) =
         conversation
             .messages
@@ -125,11 +125,11 @@ pub fn decide(conversation: &Conversation) -> Option<Intent> {
 }
 
 /// Said when the conversation holds no numbered task (mostly not copyable: literals).
-pub const NO_TASK_REPLY: &str = "I found no numbered task steps in this conversation.";
+pub(crate) const NO_TASK_REPLY: &str = "I found no numbered task steps in this conversation.";
 
 /// Render the prompt and plan this round's output: the prompt tokens and the
 /// generation that will read the output back through the KV cache.
-pub fn prepare(
+pub(crate) fn prepare(
     conversation: &Conversation,
     vocab: &super::tokenizer::Vocab,
 ) -> (Vec<u32>, Generation) {
@@ -216,7 +216,7 @@ impl SequenceKv {
 
     /// Copies the rows into `pages` of `pool` (`page_tokens` rows a page), the index-K
     /// bytes as they are: how decode makes an admitted prompt resident.
-    pub fn store_in_pages(
+    pub(crate) fn store_in_pages(
         &self,
         backend: &dyn Backend,
         pool: PoolId,
@@ -239,18 +239,9 @@ impl SequenceKv {
             })
     }
 
-    /// Append a generated token with its own main key and quantized index key.
-    pub fn append(
-        &mut self,
-        backend: &dyn Backend,
-        dtype: IndexKDtype,
-        token: u32,
-    ) -> anyhow::Result<()> {
-        self.append_keys(backend, dtype, token).map(|_| ())
-    }
-
-    /// [`SequenceKv::append`], returning the new row's main and index keys (f32), for a
-    /// copy of the sequence resident in a backend pool.
+    /// Appends a generated token with its own main key and quantized index key, and
+    /// returns the new row's main and index keys (f32), for a copy of the sequence
+    /// resident in a backend pool.
     ///
     /// The host row is quantized by the shared layout code (what the CPU backend runs,
     /// and what every backend matches bit for bit), not through `backend`: on a GPU
@@ -281,10 +272,10 @@ impl SequenceKv {
 /// Where a batch's sequences also live in a backend pool (decode with `--device cuda`):
 /// page lists parallel to the batch, each long enough for the sequence's whole budget.
 /// Reads go through the page tables; appended rows are written to the pool too.
-pub struct Resident<'a> {
-    pub pool: PoolId,
-    pub page_tokens: usize,
-    pub pages: &'a [&'a [u32]],
+pub(crate) struct Resident<'a> {
+    pub(crate) pool: PoolId,
+    pub(crate) page_tokens: usize,
+    pub(crate) pages: &'a [&'a [u32]],
 }
 
 /// New rows of a step for the pool of a resident batch, appended in one call at the end
@@ -352,7 +343,7 @@ pub struct ReadPath {
 
 /// Why a generation stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Finish {
+pub(crate) enum Finish {
     Complete,
     Length,
 }
@@ -365,8 +356,8 @@ pub struct Generation {
     offset: usize,
     last_selected: usize,
     max_tokens: usize,
-    pub emitted: Vec<u32>,
-    pub finish: Option<Finish>,
+    pub(crate) emitted: Vec<u32>,
+    pub(crate) finish: Option<Finish>,
 }
 
 impl Generation {
@@ -387,13 +378,14 @@ impl Generation {
         }
     }
 
-    pub fn max_tokens(&self) -> usize {
+    pub(crate) fn max_tokens(&self) -> usize {
         self.max_tokens
     }
 
     /// Emit the planned token without reading memory: the simulation's timing model for
     /// prefill-only runs (never used by the servers).
-    pub fn emit_planned(&mut self, truth: &[u32]) {
+    #[cfg(test)]
+    pub(crate) fn emit_planned(&mut self, truth: &[u32]) {
         if self.finish.is_some() {
             return;
         }
@@ -463,7 +455,7 @@ pub fn decode_step(
 /// [`decode_step`] with the batch's KV read from a backend pool through page tables
 /// (only queries, page lists and results cross to the device). Same tokens as
 /// `decode_step` on the same rows.
-pub fn decode_step_resident(
+pub(crate) fn decode_step_resident(
     backend: &dyn Backend,
     path: &ReadPath,
     resident: &Resident<'_>,

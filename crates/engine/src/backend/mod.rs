@@ -17,7 +17,7 @@
 pub mod cpu;
 mod cpu_pool;
 pub mod cuda;
-pub mod paged;
+pub(crate) mod paged;
 #[cfg(test)]
 pub(crate) mod paged_tests;
 
@@ -239,14 +239,14 @@ pub trait Backend: Send + Sync {
 /// written by one can be read by another:
 /// * bf16: INDEX_DIM little-endian bf16 values;
 /// * fp8: INDEX_DIM e4m3 bytes, then the f32 scale (amax / 448) little-endian.
-pub mod layout {
+pub(crate) mod layout {
     use super::{IndexKDtype, INDEX_DIM};
 
     /// Largest finite e4m3 magnitude: the per-token scale maps amax onto it.
-    pub const FP8_E4M3_MAX: f32 = 448.0;
+    pub(crate) const FP8_E4M3_MAX: f32 = 448.0;
 
     /// Quantize one row of INDEX_DIM f32 into `out` (dtype.bytes_per_token() bytes).
-    pub fn quantize_row(dtype: IndexKDtype, key: &[f32], out: &mut [u8]) {
+    pub(crate) fn quantize_row(dtype: IndexKDtype, key: &[f32], out: &mut [u8]) {
         debug_assert_eq!(key.len(), INDEX_DIM);
         match dtype {
             IndexKDtype::Bf16 => {
@@ -266,7 +266,12 @@ pub mod layout {
     }
 
     /// Dequantize one row into `out` (INDEX_DIM f32), using `fp8_table` for e4m3.
-    pub fn dequantize_row(dtype: IndexKDtype, row: &[u8], fp8_table: &[f32; 256], out: &mut [f32]) {
+    pub(crate) fn dequantize_row(
+        dtype: IndexKDtype,
+        row: &[u8],
+        fp8_table: &[f32; 256],
+        out: &mut [f32],
+    ) {
         match dtype {
             IndexKDtype::Bf16 => {
                 for (dst, src) in out.iter_mut().zip(row.chunks_exact(2)) {
@@ -289,7 +294,7 @@ pub mod layout {
 
     /// Every e4m3 bit pattern decoded once (NaN patterns decode to 0 so stale garbage
     /// cannot poison a whole score row).
-    pub fn fp8_table() -> [f32; 256] {
+    pub(crate) fn fp8_table() -> [f32; 256] {
         let mut table = [0.0f32; 256];
         for (bits, slot) in table.iter_mut().enumerate() {
             let value = float8::F8E4M3::from_bits(bits as u8).to_f32();
@@ -304,7 +309,7 @@ pub mod layout {
 /// query once (`q' = W^T (W q)`); the Legacy path projects every stored row (`W k_j`)
 /// before the dot product, which is the genuine extra work of the non-absorbed path.
 /// Both give the same scores up to float rounding.
-pub fn mla_up_projection() -> &'static [f32] {
+pub(crate) fn mla_up_projection() -> &'static [f32] {
     static MATRIX: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
     MATRIX.get_or_init(|| {
         // Gram-Schmidt over deterministic pseudo-random rows.

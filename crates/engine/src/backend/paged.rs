@@ -165,38 +165,39 @@ pub struct PageContents {
 }
 
 /// Shape checks shared by every backend, before anything is read.
-pub fn check_indexer_jobs(spec: &PoolSpec, jobs: &[PagedIndexerJob<'_>]) -> Result<()> {
+pub(crate) fn check_indexer_jobs(spec: &PoolSpec, jobs: &[PagedIndexerJob<'_>]) -> Result<()> {
     for (j, job) in jobs.iter().enumerate() {
-        ensure!(
-            job.query.len() == super::INDEX_DIM,
-            "paged indexer job {j}: query has {} f32, not {}",
-            job.query.len(),
-            super::INDEX_DIM
-        );
+        check_query("paged indexer", j, job.query, super::INDEX_DIM)?;
         check_pages(spec, j, job.pages, job.n)?;
     }
     Ok(())
 }
 
-pub fn check_attention_jobs(spec: &PoolSpec, jobs: &[PagedAttnJob<'_>]) -> Result<()> {
+pub(crate) fn check_attention_jobs(spec: &PoolSpec, jobs: &[PagedAttnJob<'_>]) -> Result<()> {
     for (j, job) in jobs.iter().enumerate() {
-        ensure!(
-            job.query.len() == super::MAIN_DIM,
-            "paged attention job {j}: query has {} f32, not {}",
-            job.query.len(),
-            super::MAIN_DIM
-        );
+        check_query("paged attention", j, job.query, super::MAIN_DIM)?;
         check_pages(spec, j, job.pages, job.n)?;
-        ensure!(
-            !job.selected.is_empty(),
-            "paged attention job {j}: empty selection"
-        );
-        if let Some(bad) = job.selected.iter().find(|&&p| p as usize >= job.n) {
-            anyhow::bail!(
-                "paged attention job {j}: selected position {bad} is outside 0..{}",
-                job.n
-            );
-        }
+        check_selection("paged attention", j, job.selected, job.n)?;
+    }
+    Ok(())
+}
+
+/// A job's query is one whole vector of `dim` (the slice and the paged checks of every
+/// backend say it in these words, `kind` naming the job).
+pub(crate) fn check_query(kind: &str, j: usize, query: &[f32], dim: usize) -> Result<()> {
+    ensure!(
+        query.len() == dim,
+        "{kind} job {j}: query has {} f32, not {dim}",
+        query.len()
+    );
+    Ok(())
+}
+
+/// An attention job selects at least one row, each among its n.
+pub(crate) fn check_selection(kind: &str, j: usize, selected: &[u32], n: usize) -> Result<()> {
+    ensure!(!selected.is_empty(), "{kind} job {j}: empty selection");
+    if let Some(bad) = selected.iter().find(|&&p| p as usize >= n) {
+        anyhow::bail!("{kind} job {j}: selected position {bad} is outside 0..{n}");
     }
     Ok(())
 }
@@ -218,7 +219,7 @@ fn check_pages(spec: &PoolSpec, job: usize, pages: &[u32], n: usize) -> Result<(
 }
 
 /// Checks of a `write_rows` call: the rows must lie inside one page.
-pub fn check_write(
+pub(crate) fn check_write(
     spec: &PoolSpec,
     page: u32,
     first_row: usize,
@@ -250,7 +251,7 @@ pub fn check_write(
 }
 
 /// Checks of a `write_quantized_rows` call: whole rows inside one page.
-pub fn check_write_quantized(
+pub(crate) fn check_write_quantized(
     spec: &PoolSpec,
     page: u32,
     first_row: usize,
@@ -270,7 +271,7 @@ pub fn check_write_quantized(
 
 /// Checks of a `store_rows` call (those of `write_rows` or `write_quantized_rows`, by
 /// the kind of index rows); returns the number of rows.
-pub fn check_store(spec: &PoolSpec, rows: &PageRows<'_>) -> Result<usize> {
+pub(crate) fn check_store(spec: &PoolSpec, rows: &PageRows<'_>) -> Result<usize> {
     match rows.index {
         IndexRows::Keys(keys) => check_write(spec, rows.page, rows.first_row, rows.main_keys, keys),
         IndexRows::Quantized(bytes) => {
@@ -280,7 +281,7 @@ pub fn check_store(spec: &PoolSpec, rows: &PageRows<'_>) -> Result<usize> {
 }
 
 /// Checks of an `append_rows` call.
-pub fn check_append(
+pub(crate) fn check_append(
     spec: &PoolSpec,
     rows: &[(u32, usize)],
     main_keys: &[f32],
@@ -308,13 +309,13 @@ pub fn check_append(
 }
 
 /// Checks of a `gather_sequence` call.
-pub fn check_gather(spec: &PoolSpec, pages: &[u32], n: usize) -> Result<()> {
+pub(crate) fn check_gather(spec: &PoolSpec, pages: &[u32], n: usize) -> Result<()> {
     ensure!(n > 0, "gather_sequence: no rows asked");
     check_pages(spec, 0, pages, n)
 }
 
 /// Range checks of evict / load-back.
-pub fn check_slot(spec: &PoolSpec, page: u32, slot: u32) -> Result<()> {
+pub(crate) fn check_slot(spec: &PoolSpec, page: u32, slot: u32) -> Result<()> {
     ensure!(
         (page as usize) < spec.device_pages,
         "page {page} outside the pool's 0..{}",

@@ -4,26 +4,25 @@
 
 use super::cpu::CpuBackend;
 use super::{
-    AttnJob, AttnOut, AttnPath, Backend, GatheredKv, IndexKDtype, IndexerJob, PageContents,
-    PageRows, PagedAttnJob, PagedIndexerJob, PoolId, PoolSpec, PoolStats, TopkImpl, INDEX_DIM,
-    MAIN_DIM,
+    AttnJob, AttnPath, Backend, IndexKDtype, IndexerJob, PagedAttnJob, PagedIndexerJob, PoolId,
+    PoolSpec, TopkImpl, INDEX_DIM, MAIN_DIM,
 };
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 pub(crate) struct Sequence {
-    pub pages: Vec<u32>,
-    pub n: usize,
-    pub main: Vec<f32>,
-    pub index_keys: Vec<f32>,
-    pub index_query: Vec<f32>,
-    pub main_query: Vec<f32>,
+    pub(crate) pages: Vec<u32>,
+    pub(crate) n: usize,
+    pub(crate) main: Vec<f32>,
+    pub(crate) index_keys: Vec<f32>,
+    pub(crate) index_query: Vec<f32>,
+    pub(crate) main_query: Vec<f32>,
 }
 
 pub(crate) struct Fixture {
-    pub spec: PoolSpec,
-    pub sequences: Vec<Sequence>,
+    pub(crate) spec: PoolSpec,
+    pub(crate) sequences: Vec<Sequence>,
 }
 
 /// Sequences of `sizes` rows in a pool of `page_tokens`-row pages, pages handed out in

@@ -1,6 +1,7 @@
 //! Tests of the mock engine: its replies, think times, faults and metrics.
 
 use super::*;
+use crate::test_support::post_json;
 
 fn task_message() -> Value {
     json!({"role": "user", "content": "You are on call. Do these steps in order:\n\
@@ -115,15 +116,12 @@ fn fault_selection_is_a_pure_function_of_the_task_text() {
 async fn answers_the_current_step_and_reports_metrics_from_the_table() {
     let server = MockServer::start(MockConfig::default()).await.unwrap();
     let client = reqwest::Client::new();
-    let reply: Value = client
-        .post(format!("{}/chat/completions", server.api()))
-        .json(&json!({"messages": [task_message()]}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let reply: Value = post_json(
+        &client,
+        format!("{}/chat/completions", server.api()),
+        &json!({"messages": [task_message()]}),
+    )
+    .await;
     let call = &reply["choices"][0]["message"]["tool_calls"][0]["function"];
     assert_eq!(call["name"], "read_file");
     let arguments: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
@@ -153,15 +151,7 @@ async fn stats_count_think_time_between_a_sessions_rounds_only() {
     let client = reqwest::Client::new();
     let url = format!("{}/chat/completions", server.api());
     let first = vec![task_message()];
-    let reply: Value = client
-        .post(&url)
-        .json(&json!({"messages": first}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let reply: Value = post_json(&client, &url, &json!({"messages": first})).await;
     // Another session's first round: no think time.
     let other = vec![
         json!({"role": "system", "content": "other"}),

@@ -286,7 +286,7 @@ pub(super) async fn chat_handler(
     let not_decode = "this is the prefill role: send chat requests to decode";
     let (body, shared) = match super::role_request(body, &state.decode, not_decode) {
         Ok(accepted) => accepted,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     let request: ChatRequest = match serde_json::from_slice(&body) {
         Ok(request) => request,

@@ -200,7 +200,7 @@ pub(super) async fn prefill_handler(
     let not_prefill = "this is not a prefill server";
     let (body, shared) = match super::role_request(body, &state.prefill, not_prefill) {
         Ok(accepted) => accepted,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     let request: PrefillRequest = match serde_json::from_slice(&body) {
         Ok(request) => request,

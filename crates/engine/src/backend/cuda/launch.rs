@@ -1,12 +1,15 @@
 //! The GPU implementation of [`Backend`]: uploads, kernel launches and downloads of
-//! index-K quantization, indexer scores + top-k, and both sparse attention paths. Each
-//! call runs on the compute stream and returns once its results are on the host.
+//! index-K quantization, indexer scores + top-k, and both sparse attention paths over
+//! gathered host slices; the paged methods hand over to the pools (`pool`). Also the
+//! launch helpers the slice and paged kernel families share, so that what differs
+//! between them is only how a kernel finds its rows. Each call runs on the compute
+//! stream and returns once its results are on the host.
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::super::{
-    AttnJob, AttnOut, AttnPath, Backend, GatheredKv, IndexKDtype, IndexerJob, PageContents,
+    paged, AttnJob, AttnOut, AttnPath, Backend, GatheredKv, IndexKDtype, IndexerJob, PageContents,
     PageRows, PagedAttnJob, PagedIndexerJob, PoolId, PoolSpec, PoolStats, TopkImpl, INDEX_DIM,
     MAIN_DIM,
 };
@@ -59,11 +62,7 @@ impl Backend for CudaBackend {
     ) -> Result<Vec<Vec<u32>>> {
         let bytes_per_token = dtype.bytes_per_token();
         for (j, job) in jobs.iter().enumerate() {
-            ensure!(
-                job.query.len() == INDEX_DIM,
-                "indexer job {j}: query has {} f32, not {INDEX_DIM}",
-                job.query.len()
-            );
+            paged::check_query("indexer", j, job.query, INDEX_DIM)?;
             ensure!(
                 job.index_k.len() >= job.n * bytes_per_token,
                 "indexer job {j}: {} index-K bytes for n = {} in {}",
@@ -253,27 +252,14 @@ impl Backend for CudaBackend {
 /// Shape checks of an attention batch, before anything is uploaded.
 fn check_attention_jobs(jobs: &[AttnJob<'_>]) -> Result<()> {
     for (j, job) in jobs.iter().enumerate() {
-        ensure!(
-            job.query.len() == MAIN_DIM,
-            "attention job {j}: query has {} f32, not {MAIN_DIM}",
-            job.query.len()
-        );
+        paged::check_query("attention", j, job.query, MAIN_DIM)?;
         ensure!(
             job.keys.len() >= job.n * MAIN_DIM,
             "attention job {j}: {} key f32 for n = {}",
             job.keys.len(),
             job.n
         );
-        ensure!(
-            !job.selected.is_empty(),
-            "attention job {j}: empty selection"
-        );
-        if let Some(bad) = job.selected.iter().find(|&&p| p as usize >= job.n) {
-            bail!(
-                "attention job {j}: selected position {bad} is outside 0..{}",
-                job.n
-            );
-        }
+        paged::check_selection("attention", j, job.selected, job.n)?;
     }
     Ok(())
 }
@@ -364,13 +350,13 @@ impl CudaBackend {
 /// The host side of an attention batch, slice or paged: the queries and the
 /// selections back to back, and the prefix sums of rows and of selections per job.
 pub(super) struct AttnBatch {
-    pub jobs32: u32,
-    pub row_start: Vec<u32>,
-    pub sel_start: Vec<u32>,
-    pub rows: usize,
-    pub selected_total: usize,
-    pub queries: Vec<f32>,
-    pub selected: Vec<u32>,
+    pub(super) jobs32: u32,
+    pub(super) row_start: Vec<u32>,
+    pub(super) sel_start: Vec<u32>,
+    pub(super) rows: usize,
+    pub(super) selected_total: usize,
+    pub(super) queries: Vec<f32>,
+    pub(super) selected: Vec<u32>,
 }
 
 impl AttnBatch {
@@ -400,20 +386,20 @@ impl AttnBatch {
 
 /// The device buffers that say which rows each attention job selected.
 pub(super) struct Selection {
-    pub row_start: CudaSlice<u32>,
-    pub selected: CudaSlice<u32>,
-    pub sel_start: CudaSlice<u32>,
-    pub jobs32: u32,
-    pub selected_total: usize,
+    pub(super) row_start: CudaSlice<u32>,
+    pub(super) selected: CudaSlice<u32>,
+    pub(super) sel_start: CudaSlice<u32>,
+    pub(super) jobs32: u32,
+    pub(super) selected_total: usize,
 }
 
 /// An attention batch on the device once its queries are prepared: the result buffers,
 /// `W q` of every job, and on the Mma path the absorbed `W^T W q`.
 pub(super) struct AttnRun {
-    pub argmax: CudaSlice<u32>,
-    pub weight: CudaSlice<f32>,
-    pub projected: CudaSlice<f32>,
-    pub absorbed: Option<CudaSlice<f32>>,
+    pub(super) argmax: CudaSlice<u32>,
+    pub(super) weight: CudaSlice<f32>,
+    pub(super) projected: CudaSlice<f32>,
+    pub(super) absorbed: Option<CudaSlice<f32>>,
 }
 
 impl CudaBackend {
