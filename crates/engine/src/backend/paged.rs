@@ -218,7 +218,8 @@ fn check_pages(spec: &PoolSpec, job: usize, pages: &[u32], n: usize) -> Result<(
     Ok(())
 }
 
-/// Checks of a `write_rows` call: the rows must lie inside one page.
+/// Checks of a `store_rows` call of index keys (`write_rows`): the rows must lie inside
+/// one page.
 pub(crate) fn check_write(
     spec: &PoolSpec,
     page: u32,
@@ -250,7 +251,8 @@ pub(crate) fn check_write(
     Ok(rows)
 }
 
-/// Checks of a `write_quantized_rows` call: whole rows inside one page.
+/// Checks of a `store_rows` call of quantized index rows: whole rows inside one page
+/// (its errors keep the name the call had before `store_rows` took both kinds).
 pub(crate) fn check_write_quantized(
     spec: &PoolSpec,
     page: u32,
@@ -269,8 +271,8 @@ pub(crate) fn check_write_quantized(
     check_write(spec, page, first_row, main_keys, &placeholder)
 }
 
-/// Checks of a `store_rows` call (those of `write_rows` or `write_quantized_rows`, by
-/// the kind of index rows); returns the number of rows.
+/// Checks of a `store_rows` call, by the kind of index rows; returns the number of
+/// rows.
 pub(crate) fn check_store(spec: &PoolSpec, rows: &PageRows<'_>) -> Result<usize> {
     match rows.index {
         IndexRows::Keys(keys) => check_write(spec, rows.page, rows.first_row, rows.main_keys, keys),

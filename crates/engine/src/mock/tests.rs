@@ -1,4 +1,5 @@
-//! Tests of the mock engine: its replies, think times, faults and metrics.
+//! Tests of the mock engine: its progress through a task, reply shapes, fault
+//! selection, metrics and think time.
 
 use super::*;
 use crate::test_support::post_json;

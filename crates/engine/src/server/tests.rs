@@ -1,3 +1,6 @@
+//! Tests of both served roles over real HTTP: streaming and plain replies, bad
+//! requests, dtype mismatches, body and connection limits, health and gauges.
+
 use super::*;
 use crate::backend::cpu::CpuBackend;
 use crate::listen::HttpLimits;
