@@ -65,9 +65,11 @@ impl CpuBackend {
         (k, topk): (usize, TopkImpl),
     ) -> Vec<u32> {
         let mut row = [0.0f32; INDEX_DIM];
-        let scored: Vec<(f32, u32)> = (0..n)
-            .map(|position| {
-                layout::dequantize_row(dtype, index_k.row(position), &self.fp8_table, &mut row);
+        let scored: Vec<(f32, u32)> = index_k
+            .first(n)
+            .enumerate()
+            .map(|(position, bytes)| {
+                layout::dequantize_row(dtype, bytes, &self.fp8_table, &mut row);
                 (sanitize(dot(query, &row)), position as u32)
             })
             .collect();
@@ -161,9 +163,10 @@ fn attend(
         }
         AttnPath::Legacy => {
             // Dense: every stored row is up-projected and scored, then masked.
-            let dense: Vec<f32> = (0..n)
-                .map(|p| {
-                    project(matrix, keys.row(p), &mut projected_key);
+            let dense: Vec<f32> = keys
+                .first(n)
+                .map(|key| {
+                    project(matrix, key, &mut projected_key);
                     dot(&projected_query, &projected_key) * inv_sqrt_dim
                 })
                 .collect();

@@ -41,6 +41,18 @@ impl<'a, T> Rows<'a, T> {
         let start = (page * self.page_rows + position % self.page_rows) * self.width;
         &self.data[start..start + self.width]
     }
+
+    /// Rows 0..n in order, page after page (what a scan of every row walks: no
+    /// division per row).
+    pub(super) fn first(&self, n: usize) -> impl Iterator<Item = &'a [T]> + '_ {
+        self.pages
+            .iter()
+            .flat_map(move |&page| {
+                let start = page as usize * self.page_rows * self.width;
+                self.data[start..start + self.page_rows * self.width].chunks_exact(self.width)
+            })
+            .take(n)
+    }
 }
 
 /// Which of a page's two regions (and tags) a read touches.
