@@ -103,7 +103,7 @@ async fn the_interaction_is_found_and_the_slow_flag_held_out() {
     assert!(record.sessions_spent <= record.budget);
     assert_eq!(
         record.steps.last().unwrap().kind,
-        culprit::search::StepKind::Retest
+        bisect_harness::core::culprit::search::StepKind::Retest
     );
     // The results directory.
     for file in ["culprit.json", "summary.md", "report.html", "steps.jsonl"] {

@@ -1,7 +1,7 @@
 //! `bisect culprit --flags A,B,C [--budget SESSIONS] [--set NAME=VALUE]... [--resume DIR]`:
 //! which values of the listed flags, in the configuration as it is, make the engine fail
-//! (docs/culprit.md). Orchestration only: the search itself is [`search`] (pure, behind
-//! [`search::StepRunner`]); this module reads each flag's failing value from the launch
+//! (docs/culprit.md). Orchestration only: the search itself is [`crate::core::culprit`]
+//! (pure, behind [`search::StepRunner`]); this module reads each flag's failing value from the launch
 //! configs, opens the [`crate::arm::Testbed`] (journal, pins), runs the search with the
 //! real [`runner::TestbedRunner`] (or replays `steps.jsonl` first on `--resume`), writes
 //! `culprit.json`, `summary.md` and `report.html` after every block, and closes the
@@ -14,11 +14,8 @@
 //! Results: `<results>/<id>/` holds culprit.json, summary.md, report.html, steps.jsonl
 //! and `blocks/bNNN/` (each block's sessions.jsonl, metrics.csv and launch configs).
 
-pub mod mix;
 pub mod record;
 pub mod runner;
-pub mod search;
-pub mod simulate;
 pub mod steplog;
 
 use std::path::PathBuf;
@@ -34,12 +31,14 @@ use crate::config::{FlagSpec, Setting, TargetProfile, Workload};
 use crate::control::EngineControl;
 use crate::core::arm_stats::RecordStatus;
 use crate::core::classify::Classifier;
+use crate::core::culprit::search::{
+    self, Answer, BlockOutcome, BlockRequest, FlagValues, Observer, SearchParams, StepRecord,
+};
 use crate::core::verdict::Policy;
 use crate::exit::Failure;
 use crate::launch::read_setting;
 use crate::results::run_record::TargetInfo;
 use record::{BlockSummary, CulpritRecord, FlagValue, UntestableFlag, SCHEMA};
-use search::{Answer, BlockOutcome, BlockRequest, FlagValues, Observer, SearchParams, StepRecord};
 
 /// The budget when `--budget` is not given: sessions, all blocks together. Sized by the
 /// simulation (`cargo bench --bench culprit`): the 95th percentile of the costliest

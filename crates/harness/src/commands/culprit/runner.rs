@@ -13,12 +13,12 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
-use super::search::{BlockOutcome, BlockRequest, StepRunner};
 use crate::arm::{
     effective_values, engine_disagreements, BlockName, Testbed, NO_EFFECTIVE_WARNING,
 };
 use crate::config::{FlagSpec, Workload};
 use crate::core::classify::Classifier;
+use crate::core::culprit::search::{BlockOutcome, BlockRequest, StepRunner};
 use crate::exit::Failure;
 use crate::results::ResultsDir;
 

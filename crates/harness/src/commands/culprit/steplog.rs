@@ -17,7 +17,9 @@ use std::path::Path;
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 
-use super::search::{BlockOutcome, BlockRequest, FlagValues, Observer, StepRecord, StepRunner};
+use crate::core::culprit::search::{
+    BlockOutcome, BlockRequest, FlagValues, Observer, StepRecord, StepRunner,
+};
 use crate::core::session::SessionClass;
 use crate::results::JsonlWriter;
 
@@ -221,8 +223,8 @@ impl<R: StepRunner> StepRunner for Replay<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::commands::culprit::search::{search, SearchParams, Silent};
-    use crate::commands::culprit::simulate::{Expected, Oracle, OracleRunner, Rule};
+    use crate::core::culprit::search::{search, SearchParams, Silent};
+    use crate::core::culprit::simulate::{Expected, Oracle, OracleRunner, Rule};
 
     #[test]
     fn codes_round_trip() {
