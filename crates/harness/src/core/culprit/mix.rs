@@ -22,7 +22,7 @@ use statrs::function::factorial::ln_binomial;
 use crate::core::session::SessionClass;
 
 /// The corrupted classes, in the order of the table's columns.
-pub const CORRUPTED: [SessionClass; 4] = [
+pub(super) const CORRUPTED: [SessionClass; 4] = [
     SessionClass::Leak,
     SessionClass::BadArgs,
     SessionClass::WrongArgs,
@@ -30,10 +30,10 @@ pub const CORRUPTED: [SessionClass; 4] = [
 ];
 
 /// Above this many candidate tables the test uses the chi-square approximation.
-pub const MAX_TABLES: u64 = 2_000_000;
+pub(super) const MAX_TABLES: u64 = 2_000_000;
 
 /// Counts of each corrupted class in `classes`, in [`CORRUPTED`] order.
-pub fn corrupted_mix<'a>(classes: impl IntoIterator<Item = &'a SessionClass>) -> [u64; 4] {
+pub(super) fn corrupted_mix<'a>(classes: impl IntoIterator<Item = &'a SessionClass>) -> [u64; 4] {
     let mut mix = [0u64; 4];
     for c in classes {
         if let Some(j) = CORRUPTED.iter().position(|k| k == c) {
@@ -45,7 +45,7 @@ pub fn corrupted_mix<'a>(classes: impl IntoIterator<Item = &'a SessionClass>) ->
 
 /// Two-sided p-value that rows `a` and `b` come from the same class distribution.
 /// 1.0 when either row is empty or only one class occurs (nothing to compare).
-pub fn mix_p_value(a: &[u64], b: &[u64]) -> f64 {
+pub(super) fn mix_p_value(a: &[u64], b: &[u64]) -> f64 {
     assert_eq!(a.len(), b.len(), "rows of different width");
     let cols: Vec<(u64, u64)> = a
         .iter()
