@@ -37,43 +37,48 @@ impl Search<'_> {
         Ok(())
     }
 
-    /// The failing end's own always-valid bounds, before every flip is screened (a block
-    /// per flag): its upper bound below the effect sought ends the search as the ends
-    /// would; it runs more blocks, up to the ends' cap, until its lower bound clears zero.
+    /// Before every flip is screened (a block per flag), the failing end shows it can fail
+    /// at all, by its own always-valid bounds: it runs more blocks, up to the ends' cap,
+    /// until its lower bound clears zero ([`Search::failing_end_bounds`]).
     pub(super) async fn failing_end_can_fail(
         &mut self,
         runner: &mut impl StepRunner,
         observer: &mut dyn Observer,
     ) -> Result<(), Halt> {
-        let fail_key = (self.all(), 0);
-        loop {
-            let f = totals(self.blocks_of(&fail_key));
-            let [lower, upper] =
-                mixture_confidence_sequence(f.corrupted, f.classified, self.p.clear_alpha / 2.0);
-            if upper < self.p.min_effect {
-                let figures = format!(
-                    "the configuration as it is: {}, at {} sessions in flight; its always-valid upper bound {:.1}% is below the {:.0}-point effect sought",
-                    pct(f.corrupted, f.classified),
-                    self.p.concurrency,
-                    100.0 * upper,
-                    100.0 * self.p.min_effect
-                );
-                let (outcome, answer, words) = self.not_reproduced(&fail_key, &figures);
-                self.record_step(
-                    StepKind::Ends,
-                    &fail_key,
-                    (outcome, words.clone()),
-                    Level::Claim,
-                    observer,
-                )?;
-                return Err(Halt::Answer(answer, words));
-            }
-            let f_blocks = self.blocks_of(&fail_key).len() as u64;
-            if lower > 0.0 || f_blocks >= self.p.ends_cap_blocks {
-                return Ok(());
-            }
-            self.run_block(&fail_key, runner, observer).await?;
+        while !self.failing_end_bounds(observer)? {
+            self.run_block(&(self.all(), 0), runner, observer).await?;
         }
+        Ok(())
+    }
+
+    /// Whether the failing end's bounds let the screening start: its lower bound above
+    /// zero, or its blocks at the ends' cap. Its upper bound below the effect sought ends
+    /// the search, as the ends would.
+    fn failing_end_bounds(&mut self, observer: &mut dyn Observer) -> Result<bool, Halt> {
+        let fail_key = (self.all(), 0);
+        let f = totals(self.blocks_of(&fail_key));
+        let [lower, upper] =
+            mixture_confidence_sequence(f.corrupted, f.classified, self.p.clear_alpha / 2.0);
+        if upper < self.p.min_effect {
+            let figures = format!(
+                "the configuration as it is: {}, at {} sessions in flight; its always-valid upper bound {:.1}% is below the {:.0}-point effect sought",
+                pct(f.corrupted, f.classified),
+                self.p.concurrency,
+                100.0 * upper,
+                100.0 * self.p.min_effect
+            );
+            let (outcome, answer, words) = self.not_reproduced(&fail_key, &figures);
+            self.record_step(
+                StepKind::Ends,
+                &fail_key,
+                (outcome, words.clone()),
+                Level::Claim,
+                observer,
+            )?;
+            return Err(Halt::Answer(answer, words));
+        }
+        let f_blocks = self.blocks_of(&fail_key).len() as u64;
+        Ok(lower > 0.0 || f_blocks >= self.p.ends_cap_blocks)
     }
 
     /// Make the passing end (every testable flag flipped) usable as a reference: not
