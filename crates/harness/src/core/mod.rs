@@ -5,6 +5,7 @@ pub mod adaptive;
 pub mod arm_stats;
 pub mod classify;
 pub mod confounds;
+pub mod culprit;
 pub mod effective;
 pub mod ending;
 pub mod format;

@@ -23,7 +23,7 @@ use crate::core::session::SessionClass;
 
 /// The corrupted classes, in the order of the table's columns (an unused column drops
 /// out of the test, so outcomes without rejections are judged as before).
-pub const CORRUPTED: [SessionClass; 5] = [
+pub(super) const CORRUPTED: [SessionClass; 5] = [
     SessionClass::Leak,
     SessionClass::BadArgs,
     SessionClass::WrongArgs,
@@ -32,10 +32,10 @@ pub const CORRUPTED: [SessionClass; 5] = [
 ];
 
 /// Above this many candidate tables the test uses the chi-square approximation.
-pub const MAX_TABLES: u64 = 2_000_000;
+pub(super) const MAX_TABLES: u64 = 2_000_000;
 
 /// Counts of each corrupted class in `classes`, in [`CORRUPTED`] order.
-pub fn corrupted_mix<'a>(classes: impl IntoIterator<Item = &'a SessionClass>) -> [u64; 5] {
+pub(super) fn corrupted_mix<'a>(classes: impl IntoIterator<Item = &'a SessionClass>) -> [u64; 5] {
     let mut mix = [0u64; 5];
     for c in classes {
         if let Some(j) = CORRUPTED.iter().position(|k| k == c) {
@@ -47,7 +47,7 @@ pub fn corrupted_mix<'a>(classes: impl IntoIterator<Item = &'a SessionClass>) ->
 
 /// Two-sided p-value that rows `a` and `b` come from the same class distribution.
 /// 1.0 when either row is empty or only one class occurs (nothing to compare).
-pub fn mix_p_value(a: &[u64], b: &[u64]) -> f64 {
+pub(super) fn mix_p_value(a: &[u64], b: &[u64]) -> f64 {
     assert_eq!(a.len(), b.len(), "rows of different width");
     let cols: Vec<(u64, u64)> = a
         .iter()
