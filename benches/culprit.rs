@@ -1,5 +1,5 @@
 //! Culprit accuracy on scripted outcome oracles, through the real search code
-//! (`bisect_harness::commands::culprit::search`): for each scenario of
+//! (`bisect_harness::core::culprit`): for each scenario of
 //! `culprit::simulate::scenarios()` (six flags: a single culprit, 2- and 3-flag
 //! interactions, one with a degrading flag, a flaky 5% background, no culprit, two
 //! independent causes, a load-dependent bug searched at 80 and at 8 in flight), N
@@ -13,11 +13,11 @@
 
 use std::time::Instant;
 
-use bisect_harness::commands::culprit::search::{navigate_alpha, SearchParams};
-use bisect_harness::commands::culprit::simulate::{
+use bisect_harness::commands::culprit::DEFAULT_BUDGET;
+use bisect_harness::core::culprit::simulate::{
     scenarios, simulate_one_at_a_time, simulate_search, simulate_with, Scored,
 };
-use bisect_harness::commands::culprit::DEFAULT_BUDGET;
+use bisect_harness::core::culprit::{navigate_alpha, SearchParams};
 
 const SEED: u64 = 20_261_201;
 

@@ -16,6 +16,9 @@
 //! `-- --url http://127.0.0.1:P/v1 [--concurrency C] [--json] SIZES...`;
 //! `-- --dump FILE N` writes the first N sessions' conversations, expected calls and tool
 //! results as JSON lines for the Python client (the same conversations the driver sends).
+//! `--rounds R` and `--timeout S` set the sessions' rounds and per-round timeout;
+//! `--unpaced` opens connections all at once, as the driver did before its connect pacer
+//! (`scripts/bench-servers.sh` compares both against a thread-per-connection server).
 //! `--metrics-ms P` runs the engine metrics poller alongside, as `bisect run` does (one
 //! scrape of the mock's `/metrics` every P ms; `bisect run` uses 250), to measure its
 //! cost; the row then reports the scrapes taken.
@@ -28,6 +31,7 @@ use bisect_harness::core::session::{FunctionCall, ToolCall};
 use bisect_harness::core::task::initial_conversation;
 use bisect_harness::core::tools::simulate;
 use bisect_harness::driver::client::tools_payload;
+use bisect_harness::driver::connect::{ConnectGate, Pacing};
 use bisect_harness::driver::metrics::MetricsEndpoint;
 use bisect_harness::driver::sample::sample_workload;
 use bisect_harness::driver::{drive, poll, DrivePlan, InFlight};
@@ -54,6 +58,12 @@ struct Options {
     metrics_ms: u64,
     json: bool,
     sizes: Vec<u32>,
+    /// Rounds per session (`--rounds`).
+    rounds: u32,
+    /// The per-round timeout (`--timeout`, seconds).
+    timeout_s: f64,
+    /// Every connect at once, as before the connect pacer (`--unpaced`).
+    unpaced: bool,
 }
 
 struct Row {
@@ -72,13 +82,16 @@ struct Row {
     peak_inflight: u64,
     hwm_mib: f64,
     done: u64,
+    errors: u64,
+    timeouts: u64,
     scrapes: u64,
+    connects: bisect_harness::core::transport::TransportStats,
 }
 
-fn bench_workload(sessions: u32) -> bisect_harness::config::Workload {
-    let mut workload = sample_workload(sessions, ROUNDS);
+fn bench_workload(sessions: u32, rounds: u32, timeout_s: f64) -> bisect_harness::config::Workload {
+    let mut workload = sample_workload(sessions, rounds);
     workload.ctx = CTX_TOKENS;
-    workload.timeout_s = 120.0;
+    workload.timeout_s = timeout_s;
     workload
 }
 
@@ -87,7 +100,7 @@ fn bench_workload(sessions: u32) -> bisect_harness::config::Workload {
 /// per step, the expected call and the tool result the driver would answer it with.
 fn dump(path: &str, sessions: u32) -> anyhow::Result<()> {
     use std::io::Write;
-    let workload = bench_workload(sessions);
+    let workload = bench_workload(sessions, ROUNDS, 120.0);
     let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
     let header = serde_json::json!({
         "model": "mock",
@@ -134,10 +147,11 @@ async fn run_row(
     server: Option<&MockServer>,
     url: Option<&str>,
     sessions: u32,
-    concurrency: u32,
-    metrics_ms: u64,
+    options: &Options,
 ) -> anyhow::Result<Row> {
-    let workload = bench_workload(sessions);
+    let concurrency = options.concurrency;
+    let metrics_ms = options.metrics_ms;
+    let workload = bench_workload(sessions, options.rounds, options.timeout_s);
     let classifier = Arc::new(Classifier::with_defaults(&workload.tools)?);
     let api = match (server, url) {
         (Some(server), _) => server.api(),
@@ -167,7 +181,11 @@ async fn run_row(
         }
         received
     });
-    let inflight = Arc::new(InFlight::new());
+    let inflight = Arc::new(if options.unpaced {
+        InFlight::with_gate(ConnectGate::new(Pacing::unpaced()))
+    } else {
+        InFlight::new()
+    });
     let stop_poller = CancellationToken::new();
     let poller = (metrics_ms > 0).then(|| {
         let metrics_url = format!("{}/metrics", plan.api.trim_end_matches("/v1"));
@@ -221,7 +239,10 @@ async fn run_row(
         peak_inflight: stats.peak_client_inflight,
         hwm_mib: proc_status_kib("VmHWM:").unwrap_or(0) as f64 / 1024.0,
         done: stats.counts.done,
+        errors: stats.counts.error,
+        timeouts: stats.counts.timeout,
         scrapes,
+        connects: stats.transport.clone(),
     })
 }
 
@@ -233,6 +254,9 @@ fn parse_options() -> anyhow::Result<Option<Options>> {
         metrics_ms: 0,
         json: false,
         sizes: Vec::new(),
+        rounds: ROUNDS,
+        timeout_s: 120.0,
+        unpaced: false,
     };
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -244,6 +268,9 @@ fn parse_options() -> anyhow::Result<Option<Options>> {
                 options.metrics_ms = args.next().unwrap_or_default().parse()?;
             }
             "--json" => options.json = true,
+            "--unpaced" => options.unpaced = true,
+            "--rounds" => options.rounds = args.next().unwrap_or_default().parse()?,
+            "--timeout" => options.timeout_s = args.next().unwrap_or_default().parse()?,
             "--dump" => {
                 let path = args.next().unwrap_or_default();
                 let n: u32 = args.next().unwrap_or_default().parse()?;
@@ -295,13 +322,7 @@ fn main() -> anyhow::Result<()> {
         };
         let mut rows = Vec::new();
         for &n in &sizes {
-            let row = run_row(
-                server.as_ref(),
-                options.url.as_deref(),
-                n,
-                options.concurrency,
-                options.metrics_ms,
-            );
+            let row = run_row(server.as_ref(), options.url.as_deref(), n, &options);
             rows.push(row.await?);
         }
         anyhow::Ok(rows)
@@ -325,6 +346,9 @@ fn main() -> anyhow::Result<()> {
                 "peak_inflight": r.peak_inflight,
                 "peak_rss_mib": r.hwm_mib,
                 "metrics_scrapes": r.scrapes,
+                "errors": r.errors,
+                "timeouts": r.timeouts,
+                "connects": r.connects,
             });
             println!("{line}");
         }

@@ -79,6 +79,7 @@ impl FakeTarget {
             engine: Default::default(),
             markup: bisect_harness::core::classify::MarkupFamily::ALL.to_vec(),
             flags_dir: None,
+            rejections: Vec::new(),
         };
         let catalog = FlagCatalog::load(&[flags]).unwrap();
         FakeTarget {

@@ -10,6 +10,7 @@ use bisect_harness::commands::culprit::{self, CulpritPlan};
 use bisect_harness::commands::run::Quiet;
 use bisect_harness::config::Workload;
 use bisect_harness::core::arm_stats::RecordStatus;
+use bisect_harness::core::culprit::StepKind;
 use bisect_harness::core::verdict::Policy;
 use tokio_util::sync::CancellationToken;
 
@@ -101,10 +102,7 @@ async fn the_interaction_is_found_and_the_slow_flag_held_out() {
     assert_eq!(record.restarts, record.blocks.len() as u64);
     assert_eq!(record.sessions_spent, 80 * record.blocks.len() as u64);
     assert!(record.sessions_spent <= record.budget);
-    assert_eq!(
-        record.steps.last().unwrap().kind,
-        culprit::search::StepKind::Retest
-    );
+    assert_eq!(record.steps.last().unwrap().kind, StepKind::Retest);
     // The results directory.
     for file in ["culprit.json", "summary.md", "report.html", "steps.jsonl"] {
         assert!(plan.dir.join(file).is_file(), "{file} missing");

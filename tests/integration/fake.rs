@@ -11,6 +11,9 @@
 //! - `--fake-noise N` (decode arg): speed noise only
 //! - `FAKE_ECHO_KEY=1` (decode): every chat fails with 401 and echoes the bearer token
 //!   it was sent, as careless servers do
+//! - `FAKE_REJECT=1` (decode): the sessions the race would hit (task hash divisible by
+//!   4) get, in round 2, the HTTP 500 llama-server sends when the model's tool-call
+//!   markup does not parse ([`LLAMA_REJECTION`])
 //!
 //! Restarts: both roles report `pid` and `started_at` (`gen-N`) in `/server_info`, N
 //! counting that role's restarts. A restart is [`FakeControl::restart`] in-process, or,
@@ -423,6 +426,11 @@ pub fn task_hash(text: &str) -> u64 {
     h
 }
 
+/// llama-server's reply when its chat parser cannot read the model's output: the
+/// message of common/chat.cpp in the llama.cpp that scripts/llama-server.sh builds, in
+/// the body tools/server/server-common.cpp's `format_error_response` gives it.
+pub const LLAMA_REJECTION: &str = r#"{"error":{"code":500,"message":"The model produced output that does not match the expected Hermes 2 Pro format","type":"server_error"}}"#;
+
 fn error(status: StatusCode, message: &str) -> Response {
     (status, Json(json!({"error": {"message": message}}))).into_response()
 }
@@ -497,6 +505,9 @@ async fn chat(
         .filter(|m| m["role"] == "assistant")
         .count()
         + 1;
+    if decode.env_is("FAKE_REJECT", "1") && round == 2 && task_hash(&task_text) % 4 == 0 {
+        return (StatusCode::INTERNAL_SERVER_ERROR, LLAMA_REJECTION).into_response();
+    }
     let racy = decode.env_is("FAKE_RACE", "1") && d == "1";
     if racy && round == 2 && task_hash(&task_text) % 4 == 0 {
         let salad = "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"read_file\">\n<｜DSML｜parameter name=\"max_lines\" string=\"false\">false\">1</｜DSML｜parameter>\n</｜DSML｜parameter>";

@@ -301,7 +301,8 @@ fn session_classes_cover_design() {
             "no_tool",
             "error",
             "timeout",
-            "truncated"
+            "truncated",
+            "rejected"
         ]
     );
 }

@@ -18,5 +18,7 @@ mod llama_cpp;
 mod matrix;
 mod ownership;
 mod reclassify;
+mod rejected;
 mod report_diff;
 mod report_html;
+mod servers;

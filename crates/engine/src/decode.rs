@@ -20,32 +20,32 @@ use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::oneshot;
 
-pub struct DecodeJob {
-    pub generation: Generation,
-    pub sequence: SequenceKv,
-    pub cancelled: Arc<AtomicBool>,
-    pub reply: oneshot::Sender<anyhow::Result<Generation>>,
+pub(crate) struct DecodeJob {
+    pub(crate) generation: Generation,
+    pub(crate) sequence: SequenceKv,
+    pub(crate) cancelled: Arc<AtomicBool>,
+    pub(crate) reply: oneshot::Sender<anyhow::Result<Generation>>,
     /// Streaming requests get every emitted token as soon as its step ends.
-    pub tokens: Option<tokio::sync::mpsc::UnboundedSender<u32>>,
+    pub(crate) tokens: Option<tokio::sync::mpsc::UnboundedSender<u32>>,
     /// How many of `generation.emitted` went to `tokens` already.
-    pub streamed: usize,
+    pub(crate) streamed: usize,
 }
 
 #[derive(Default)]
-pub struct DecodeStats {
-    pub running: AtomicU64,
-    pub queued: AtomicU64,
-    pub used_tokens: AtomicU64,
-    pub generated_tokens: AtomicU64,
-    pub aborted: AtomicU64,
-    pub eager_steps: AtomicU64,
-    pub graph_steps: AtomicU64,
+pub(crate) struct DecodeStats {
+    pub(crate) running: AtomicU64,
+    pub(crate) queued: AtomicU64,
+    pub(crate) used_tokens: AtomicU64,
+    pub(crate) generated_tokens: AtomicU64,
+    pub(crate) aborted: AtomicU64,
+    pub(crate) eager_steps: AtomicU64,
+    pub(crate) graph_steps: AtomicU64,
     /// Tokens/s over the last completed ~1 s window, f64 bits.
-    pub throughput_bits: AtomicU64,
+    pub(crate) throughput_bits: AtomicU64,
 }
 
 /// Decode's device pool on the CUDA backend: pages handed to running requests.
-pub struct ResidentPool {
+pub(crate) struct ResidentPool {
     pool: PoolId,
     page_tokens: usize,
     free: Vec<u32>,
@@ -88,21 +88,7 @@ impl ResidentPool {
             return Vec::new();
         }
         let pages = self.free.split_off(self.free.len() - count);
-        let width = sequence.index_k.len() / sequence.len();
-        let copied = (0..sequence.len())
-            .step_by(self.page_tokens)
-            .zip(&pages)
-            .try_for_each(|(start, &page)| {
-                let end = (start + self.page_tokens).min(sequence.len());
-                backend.write_quantized_rows(
-                    self.pool,
-                    page,
-                    0,
-                    &sequence.main
-                        [start * super::backend::MAIN_DIM..end * super::backend::MAIN_DIM],
-                    &sequence.index_k[start * width..end * width],
-                )
-            });
+        let copied = sequence.store_in_pages(backend, self.pool, self.page_tokens, &pages);
         match copied {
             Ok(()) => pages,
             Err(error) => {
@@ -118,16 +104,16 @@ impl ResidentPool {
     }
 }
 
-pub struct DecodeEngine {
+pub(crate) struct DecodeEngine {
     queue: Mutex<VecDeque<DecodeJob>>,
     wake: Condvar,
-    pub stats: DecodeStats,
-    pub pool_tokens: usize,
-    pub page_tokens: usize,
+    pub(crate) stats: DecodeStats,
+    pub(crate) pool_tokens: usize,
+    pub(crate) page_tokens: usize,
 }
 
 impl DecodeEngine {
-    pub fn new(pool_tokens: usize, page_tokens: usize) -> Arc<Self> {
+    pub(crate) fn new(pool_tokens: usize, page_tokens: usize) -> Arc<Self> {
         Arc::new(DecodeEngine {
             queue: Mutex::new(VecDeque::new()),
             wake: Condvar::new(),
@@ -137,7 +123,7 @@ impl DecodeEngine {
         })
     }
 
-    pub fn submit(&self, job: DecodeJob) {
+    pub(crate) fn submit(&self, job: DecodeJob) {
         self.queue.lock().push_back(job);
         self.stats.queued.fetch_add(1, Ordering::Relaxed);
         self.wake.notify_one();
@@ -150,7 +136,12 @@ impl DecodeEngine {
     }
 
     /// The compute loop (runs on its own thread until the process exits).
-    pub fn run(self: Arc<Self>, backend: Box<dyn Backend>, path: ReadPath, max_running: usize) {
+    pub(crate) fn run(
+        self: Arc<Self>,
+        backend: Box<dyn Backend>,
+        path: ReadPath,
+        max_running: usize,
+    ) {
         // The CPU backend reads host slices: its behaviour is the reference, unchanged.
         let mut resident = (backend.name() == "cuda")
             .then(|| {
@@ -159,8 +150,7 @@ impl DecodeEngine {
             .flatten();
         let mut running: Vec<(DecodeJob, usize, Vec<u32>)> = Vec::new();
         let mut used = 0usize;
-        let mut window_start = Instant::now();
-        let mut window_tokens = 0u64;
+        let mut window = (Instant::now(), 0u64);
         loop {
             {
                 let mut queue = self.queue.lock();
@@ -212,28 +202,8 @@ impl DecodeEngine {
                 .iter()
                 .map(|(job, _, _)| job.generation.emitted.len())
                 .sum();
-            for (job, _, _) in running.iter_mut() {
-                if let Some(tokens) = &job.tokens {
-                    for &token in &job.generation.emitted[job.streamed..] {
-                        let _ = tokens.send(token);
-                    }
-                    job.streamed = job.generation.emitted.len();
-                }
-            }
-            let produced = (after - before) as u64;
-            self.stats
-                .generated_tokens
-                .fetch_add(produced, Ordering::Relaxed);
-            window_tokens += produced;
-            let elapsed = window_start.elapsed().as_secs_f64();
-            if elapsed >= 1.0 {
-                self.stats.throughput_bits.store(
-                    (window_tokens as f64 / elapsed).to_bits(),
-                    Ordering::Relaxed,
-                );
-                window_start = Instant::now();
-                window_tokens = 0;
-            }
+            stream_new_tokens(&mut running);
+            self.count_tokens((after - before) as u64, &mut window);
             if let Err(error) = outcome {
                 used = 0;
                 self.publish_batch(0, used);
@@ -270,6 +240,22 @@ impl DecodeEngine {
         }
     }
 
+    /// Counts a step's new tokens; the throughput gauge is their rate over a window
+    /// (start, tokens) of at least a second.
+    fn count_tokens(&self, produced: u64, window: &mut (Instant, u64)) {
+        self.stats
+            .generated_tokens
+            .fetch_add(produced, Ordering::Relaxed);
+        window.1 += produced;
+        let elapsed = window.0.elapsed().as_secs_f64();
+        if elapsed >= 1.0 {
+            self.stats
+                .throughput_bits
+                .store((window.1 as f64 / elapsed).to_bits(), Ordering::Relaxed);
+            *window = (Instant::now(), 0);
+        }
+    }
+
     /// Publishes the running batch's size and pool use (and zero throughput once idle).
     fn publish_batch(&self, running: usize, used_tokens: usize) {
         self.stats.running.store(running as u64, Ordering::Relaxed);
@@ -280,6 +266,18 @@ impl DecodeEngine {
             self.stats
                 .throughput_bits
                 .store(0f64.to_bits(), Ordering::Relaxed);
+        }
+    }
+}
+
+/// Sends each streaming request the tokens its last step emitted.
+fn stream_new_tokens(running: &mut [(DecodeJob, usize, Vec<u32>)]) {
+    for (job, _, _) in running.iter_mut() {
+        if let Some(tokens) = &job.tokens {
+            for &token in &job.generation.emitted[job.streamed..] {
+                let _ = tokens.send(token);
+            }
+            job.streamed = job.generation.emitted.len();
         }
     }
 }
@@ -321,7 +319,7 @@ fn step_running(
 mod tests {
     use super::*;
     use crate::backend::cpu::CpuBackend;
-    use crate::backend::{AttnPath, IndexKDtype, TopkImpl};
+    use crate::backend::IndexKDtype;
     use crate::keys;
     use crate::model::plan;
 
@@ -366,13 +364,7 @@ mod tests {
 
     fn mixed_step(backend: &dyn Backend) {
         let dtype = IndexKDtype::Fp8;
-        let path = ReadPath {
-            dtype,
-            top_k: 32,
-            topk: TopkImpl::V2,
-            attn: AttnPath::Mma,
-            max_graph_batch: 32,
-        };
+        let path = crate::model::tests::mma_path(dtype, 32);
         let tokens: Vec<u32> = (0..300u32).map(|i| ((i * 7919) >> 3) % 89).collect();
         let wanted = [tokens[200..230].to_vec(), tokens[10..25].to_vec()];
         let mut pool = ResidentPool::create(backend, &path, 64, 7 * 64).unwrap();

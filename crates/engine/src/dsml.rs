@@ -8,25 +8,25 @@ use regex::Regex;
 use serde_json::{Map, Value};
 use std::sync::OnceLock;
 
-pub const BLOCK_OPEN: &str = "<｜DSML｜tool_calls>";
-pub const BLOCK_CLOSE: &str = "</｜DSML｜tool_calls>";
+pub(crate) const BLOCK_OPEN: &str = "<｜DSML｜tool_calls>";
+pub(crate) const BLOCK_CLOSE: &str = "</｜DSML｜tool_calls>";
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct ParsedCall {
-    pub name: String,
+pub(crate) struct ParsedCall {
+    pub(crate) name: String,
     /// JSON object text.
-    pub arguments: String,
+    pub(crate) arguments: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct ParsedOutput {
+pub(crate) struct ParsedOutput {
     /// Text outside parsed blocks (trimmed); None when nothing but whitespace is left.
-    pub content: Option<String>,
-    pub tool_calls: Vec<ParsedCall>,
+    pub(crate) content: Option<String>,
+    pub(crate) tool_calls: Vec<ParsedCall>,
 }
 
 /// Render calls `(name, arguments object)` as one canonical DSML block.
-pub fn render_calls(calls: &[(String, Map<String, Value>)]) -> String {
+pub(crate) fn render_calls(calls: &[(String, Map<String, Value>)]) -> String {
     let mut out = String::from(BLOCK_OPEN);
     out.push('\n');
     for (name, arguments) in calls {
@@ -99,7 +99,7 @@ fn parse_block(body: &str) -> Option<Vec<ParsedCall>> {
 }
 
 /// Split model output into content and tool calls.
-pub fn parse(output: &str) -> ParsedOutput {
+pub(crate) fn parse(output: &str) -> ParsedOutput {
     let mut content = String::new();
     let mut tool_calls = Vec::new();
     let mut rest = output;

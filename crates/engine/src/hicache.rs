@@ -17,21 +17,21 @@ use std::sync::Arc;
 
 /// A page's data parked in host memory.
 #[derive(Debug)]
-pub struct HostPage {
-    pub tokens: Vec<u32>,
-    pub main: Vec<f32>,
-    pub index_k: Vec<u8>,
+pub(crate) struct HostPage {
+    pub(crate) tokens: Vec<u32>,
+    pub(crate) main: Vec<f32>,
+    pub(crate) index_k: Vec<u8>,
 }
 
 /// Host tier: page key -> data, bounded, least recently stored dropped first.
-pub struct HostTier {
+pub(crate) struct HostTier {
     pages: HashMap<u64, (Arc<HostPage>, u64)>,
     capacity_pages: usize,
     clock: u64,
 }
 
 impl HostTier {
-    pub fn new(capacity_pages: usize) -> Self {
+    pub(crate) fn new(capacity_pages: usize) -> Self {
         HostTier {
             pages: HashMap::new(),
             capacity_pages: capacity_pages.max(1),
@@ -40,7 +40,7 @@ impl HostTier {
     }
 
     /// Store a page; returns the key dropped to make room, if any.
-    pub fn insert(&mut self, key: u64, page: HostPage) -> Option<u64> {
+    pub(crate) fn insert(&mut self, key: u64, page: HostPage) -> Option<u64> {
         self.clock += 1;
         let mut dropped = None;
         if !self.pages.contains_key(&key) && self.pages.len() >= self.capacity_pages {
@@ -57,7 +57,7 @@ impl HostTier {
         dropped
     }
 
-    pub fn get(&mut self, key: u64) -> Option<Arc<HostPage>> {
+    pub(crate) fn get(&mut self, key: u64) -> Option<Arc<HostPage>> {
         self.clock += 1;
         let clock = self.clock;
         self.pages.get_mut(&key).map(|(page, stamp)| {
@@ -66,12 +66,8 @@ impl HostTier {
         })
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.pages.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.pages.is_empty()
     }
 }
 
@@ -79,7 +75,7 @@ impl HostTier {
 /// asynchronous load-backs): page key -> host slot of the backend's pool, bounded, least
 /// recently used dropped first. Slots named by a load-back not yet queued are pinned:
 /// the data must still be in the slot when the copy runs.
-pub struct SlotTier {
+pub(crate) struct SlotTier {
     slots: HashMap<u64, (u32, u64)>,
     free: Vec<u32>,
     pinned: Vec<u32>,
@@ -87,7 +83,7 @@ pub struct SlotTier {
 }
 
 impl SlotTier {
-    pub fn new(capacity_slots: u32) -> Self {
+    pub(crate) fn new(capacity_slots: u32) -> Self {
         SlotTier {
             slots: HashMap::new(),
             free: (0..capacity_slots.max(1)).rev().collect(),
@@ -98,7 +94,7 @@ impl SlotTier {
 
     /// A slot for `key`'s page: a free one, else the least recently used unpinned one
     /// (whose key is returned as dropped). None when every slot is pinned.
-    pub fn insert(&mut self, key: u64) -> Option<(u32, Option<u64>)> {
+    pub(crate) fn insert(&mut self, key: u64) -> Option<(u32, Option<u64>)> {
         self.clock += 1;
         if let Some((slot, stamp)) = self.slots.get_mut(&key) {
             *stamp = self.clock;
@@ -121,7 +117,7 @@ impl SlotTier {
     }
 
     /// The slot holding `key`'s page, pinned until [`SlotTier::unpin_all`].
-    pub fn get_pinned(&mut self, key: u64) -> Option<u32> {
+    pub(crate) fn get_pinned(&mut self, key: u64) -> Option<u32> {
         self.clock += 1;
         let clock = self.clock;
         let (slot, stamp) = self.slots.get_mut(&key)?;
@@ -131,30 +127,26 @@ impl SlotTier {
     }
 
     /// The pinned slots' load-backs are queued: their data is safe to replace again.
-    pub fn unpin_all(&mut self) {
+    pub(crate) fn unpin_all(&mut self) {
         self.pinned.clear();
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.slots.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.slots.is_empty()
     }
 }
 
 /// Loader bandwidth model (virtual time).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LoaderOptions {
+pub(crate) struct LoaderOptions {
     /// Bytes copied per scheduler step, all jobs together.
-    pub bytes_per_step: usize,
+    pub(crate) bytes_per_step: usize,
     /// Bytes a job copies per round-robin turn.
-    pub chunk_bytes: usize,
+    pub(crate) chunk_bytes: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CopyKind {
+pub(crate) enum CopyKind {
     MainKv,
     IndexK,
 }
@@ -169,13 +161,13 @@ struct CopyJob {
 
 /// What finished during a loader step.
 #[derive(Debug, Default, PartialEq)]
-pub struct LoaderEvents {
-    pub main_jobs_done: usize,
-    pub index_jobs_done: usize,
-    pub bytes_moved: usize,
+pub(crate) struct LoaderEvents {
+    pub(crate) main_jobs_done: usize,
+    pub(crate) index_jobs_done: usize,
+    pub(crate) bytes_moved: usize,
 }
 
-pub struct Loader {
+pub(crate) struct Loader {
     options: LoaderOptions,
     jobs: VecDeque<CopyJob>,
     /// Round-robin position, kept across steps so no job is favoured.
@@ -183,7 +175,7 @@ pub struct Loader {
 }
 
 impl Loader {
-    pub fn new(options: LoaderOptions) -> Self {
+    pub(crate) fn new(options: LoaderOptions) -> Self {
         Loader {
             options,
             jobs: VecDeque::new(),
@@ -191,13 +183,9 @@ impl Loader {
         }
     }
 
-    pub fn options(&self) -> LoaderOptions {
-        self.options
-    }
-
     /// Queue a load-back of `pages` (their device pages must already be marked as
     /// having no valid rows). The index-K copy is queued when the main copy completes.
-    pub fn load_back(&mut self, pages: Vec<(usize, Arc<HostPage>)>) {
+    pub(crate) fn load_back(&mut self, pages: Vec<(usize, Arc<HostPage>)>) {
         if !pages.is_empty() {
             self.jobs.push_back(CopyJob {
                 kind: CopyKind::MainKv,
@@ -207,12 +195,12 @@ impl Loader {
         }
     }
 
-    pub fn active_jobs(&self) -> usize {
+    pub(crate) fn active_jobs(&self) -> usize {
         self.jobs.len()
     }
 
     /// Advance all jobs by one step's bandwidth.
-    pub fn step(&mut self, pool: &mut DevicePool) -> LoaderEvents {
+    pub(crate) fn step(&mut self, pool: &mut DevicePool) -> LoaderEvents {
         let page_tokens = pool.page_tokens;
         let index_width = pool.dtype.bytes_per_token();
         let mut events = LoaderEvents::default();

@@ -13,9 +13,9 @@
 use super::backend::{INDEX_DIM, MAIN_DIM};
 
 /// Positional share of index keys (see module doc).
-pub const INDEX_POSITIONAL_SHARE: f32 = 0.004;
+pub(crate) const INDEX_POSITIONAL_SHARE: f32 = 0.004;
 /// Positional share of main keys.
-pub const MAIN_POSITIONAL_SHARE: f32 = 0.5;
+pub(crate) const MAIN_POSITIONAL_SHARE: f32 = 0.5;
 /// Weight of the previous token inside the bigram content vector.
 const PREVIOUS_TOKEN_WEIGHT: f32 = 0.5;
 
@@ -83,7 +83,7 @@ fn key(
 }
 
 /// Index key of position `position` holding `current`, preceded by `previous`.
-pub fn index_key(previous: u32, current: u32, position: usize, out: &mut [f32]) {
+pub(crate) fn index_key(previous: u32, current: u32, position: usize, out: &mut [f32]) {
     debug_assert_eq!(out.len(), INDEX_DIM);
     key(
         SEED_INDEX,
@@ -96,7 +96,7 @@ pub fn index_key(previous: u32, current: u32, position: usize, out: &mut [f32]) 
 }
 
 /// Main (attention) key of a position.
-pub fn main_key(previous: u32, current: u32, position: usize, out: &mut [f32]) {
+pub(crate) fn main_key(previous: u32, current: u32, position: usize, out: &mut [f32]) {
     debug_assert_eq!(out.len(), MAIN_DIM);
     key(
         SEED_MAIN,
@@ -109,7 +109,7 @@ pub fn main_key(previous: u32, current: u32, position: usize, out: &mut [f32]) {
 }
 
 /// The token before `position` in `tokens` (position 0 has none: a fixed sentinel).
-pub fn previous_token(tokens: &[u32], position: usize) -> u32 {
+pub(crate) fn previous_token(tokens: &[u32], position: usize) -> u32 {
     if position == 0 {
         u32::MAX
     } else {

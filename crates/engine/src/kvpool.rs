@@ -6,10 +6,10 @@
 use super::backend::{IndexKDtype, MAIN_DIM};
 
 /// Bytes of one main-KV row: the main key plus the token id stored with it.
-pub const MAIN_ROW_BYTES: usize = MAIN_DIM * 4 + 4;
+pub(crate) const MAIN_ROW_BYTES: usize = MAIN_DIM * 4 + 4;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PageState {
+pub(crate) enum PageState {
     Free,
     /// Owned by one in-flight request, not (yet) in the prefix cache.
     Private,
@@ -18,44 +18,44 @@ pub enum PageState {
 }
 
 #[derive(Debug, Clone)]
-pub struct DevicePage {
-    pub tokens: Vec<u32>,
-    pub main: Vec<f32>,
-    pub index_k: Vec<u8>,
-    pub state: PageState,
+pub(crate) struct DevicePage {
+    pub(crate) tokens: Vec<u32>,
+    pub(crate) main: Vec<f32>,
+    pub(crate) index_k: Vec<u8>,
+    pub(crate) state: PageState,
     /// Requests currently holding the page.
-    pub refs: u32,
+    pub(crate) refs: u32,
     /// Scheduler step of the last use (LRU).
-    pub last_use: u64,
+    pub(crate) last_use: u64,
     /// Page index inside its sequence (eviction prefers deeper pages on ties).
-    pub depth: usize,
+    pub(crate) depth: usize,
     /// Rows whose main KV / index-K hold this page's own data (a load-back fills them
     /// chunk by chunk; computed pages are complete at once).
-    pub main_rows_valid: usize,
-    pub index_rows_valid: usize,
+    pub(crate) main_rows_valid: usize,
+    pub(crate) index_rows_valid: usize,
 }
 
-pub struct DevicePool {
-    pub page_tokens: usize,
-    pub dtype: IndexKDtype,
-    pub pages: Vec<DevicePage>,
+pub(crate) struct DevicePool {
+    pub(crate) page_tokens: usize,
+    pub(crate) dtype: IndexKDtype,
+    pub(crate) pages: Vec<DevicePage>,
     free: Vec<usize>,
 }
 
 impl DevicePool {
-    pub fn page_bytes(page_tokens: usize, dtype: IndexKDtype) -> usize {
+    pub(crate) fn page_bytes(page_tokens: usize, dtype: IndexKDtype) -> usize {
         page_tokens * (MAIN_ROW_BYTES + dtype.bytes_per_token())
     }
 
     /// As many pages as fit in `pool_bytes` (at least one).
-    pub fn new(pool_bytes: usize, page_tokens: usize, dtype: IndexKDtype) -> Self {
+    pub(crate) fn new(pool_bytes: usize, page_tokens: usize, dtype: IndexKDtype) -> Self {
         Self::with_pages(pool_bytes, page_tokens, dtype, true)
     }
 
     /// The same pages as [`DevicePool::new`] without their bytes: the bookkeeping of a
     /// pool whose data lives with a backend (prefill's resident store). `write_row` and
     /// the byte fields must not be used on it.
-    pub fn bookkeeping(pool_bytes: usize, page_tokens: usize, dtype: IndexKDtype) -> Self {
+    pub(crate) fn bookkeeping(pool_bytes: usize, page_tokens: usize, dtype: IndexKDtype) -> Self {
         Self::with_pages(pool_bytes, page_tokens, dtype, false)
     }
 
@@ -84,16 +84,12 @@ impl DevicePool {
         }
     }
 
-    pub fn capacity(&self) -> usize {
+    pub(crate) fn capacity(&self) -> usize {
         self.pages.len()
     }
 
-    pub fn free_count(&self) -> usize {
-        self.free.len()
-    }
-
     /// Take a free page (its bytes are whatever the previous occupant left).
-    pub fn take_free(&mut self, depth: usize, step: u64) -> Option<usize> {
+    pub(crate) fn take_free(&mut self, depth: usize, step: u64) -> Option<usize> {
         let id = self.free.pop()?;
         let page = &mut self.pages[id];
         page.state = PageState::Private;
@@ -105,7 +101,7 @@ impl DevicePool {
         Some(id)
     }
 
-    pub fn release_to_free(&mut self, id: usize) {
+    pub(crate) fn release_to_free(&mut self, id: usize) {
         let page = &mut self.pages[id];
         page.state = PageState::Free;
         page.refs = 0;
@@ -113,7 +109,7 @@ impl DevicePool {
     }
 
     /// The least recently used unreferenced, fully valid cached page (deeper first on ties).
-    pub fn eviction_victim(&self) -> Option<usize> {
+    pub(crate) fn eviction_victim(&self) -> Option<usize> {
         self.pages
             .iter()
             .enumerate()
@@ -128,7 +124,7 @@ impl DevicePool {
     }
 
     /// Write computed rows (position `row` of page `id`).
-    pub fn write_row(
+    pub(crate) fn write_row(
         &mut self,
         id: usize,
         row: usize,
@@ -143,7 +139,7 @@ impl DevicePool {
         page.index_k[row * width..(row + 1) * width].copy_from_slice(index_row);
     }
 
-    pub fn used_pages(&self) -> usize {
+    pub(crate) fn used_pages(&self) -> usize {
         self.pages.len() - self.free.len()
     }
 }

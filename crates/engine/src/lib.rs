@@ -11,40 +11,48 @@
 //! chat server for the harness's tests and benchmarks), `backend/{cpu,cuda}`.
 //!
 //! Test-only (not in the binary): `sim` (in-process load simulation, how the tuning
-//! was chosen) and `needle` (context-length recall by index-K dtype).
+//! was chosen), `needle` (context-length recall by index-K dtype) and `test_support`
+//! (what the HTTP tests share).
+//!
+//! The crate's API is what the CLI, the benchmarks and the harness's tests use:
+//! `EngineConfig` + `run`, `mock`, `listen::HttpLimits`, the backend contract with its
+//! CPU and CUDA backends, and `keys` + `model`'s decode step for the decode benchmark;
+//! everything else is `pub(crate)`.
 
 pub mod backend;
-pub mod decode;
-pub mod dsml;
+pub(crate) mod decode;
+pub(crate) mod dsml;
 #[cfg(test)]
 mod dsml_proptests;
-pub mod hicache;
+pub(crate) mod hicache;
 pub mod keys;
-pub mod kvpool;
+pub(crate) mod kvpool;
 pub mod listen;
-pub mod metrics;
+pub(crate) mod metrics;
 pub mod mock;
 pub mod model;
 #[cfg(test)]
 mod needle;
-pub mod prefill;
-pub mod server;
+pub(crate) mod prefill;
+pub(crate) mod server;
 #[cfg(test)]
 mod sim;
-pub mod template;
-pub mod tokenizer;
-pub mod transfer;
+pub(crate) mod template;
+#[cfg(test)]
+mod test_support;
+pub(crate) mod tokenizer;
+pub(crate) mod transfer;
 
 use backend::{AttnPath, Backend, IndexKDtype, TopkImpl};
 use serde::Serialize;
 use thiserror::Error;
 
-pub const ENV_BF16_INDEX_K: &str = "SGLANG_DSV4_BF16_INDEX_K";
-pub const ENV_INDEX_K_HICACHE_SYNC: &str = "SGLANG_DSV4_INDEX_K_HICACHE_SYNC";
-pub const ENV_MMA_FLASHMLA: &str = "SGLANG_SM120_MMA_FLASHMLA";
-pub const ENV_TOPK_V2: &str = "SGLANG_OPT_USE_TOPK_V2";
+pub(crate) const ENV_BF16_INDEX_K: &str = "SGLANG_DSV4_BF16_INDEX_K";
+pub(crate) const ENV_INDEX_K_HICACHE_SYNC: &str = "SGLANG_DSV4_INDEX_K_HICACHE_SYNC";
+pub(crate) const ENV_MMA_FLASHMLA: &str = "SGLANG_SM120_MMA_FLASHMLA";
+pub(crate) const ENV_TOPK_V2: &str = "SGLANG_OPT_USE_TOPK_V2";
 /// Optional instrumentation: crc32 of the transferred index-K on both sides.
-pub const ENV_INDEX_K_CHECKSUM: &str = "SGLANG_DSV4_INDEX_K_CHECKSUM";
+pub(crate) const ENV_INDEX_K_CHECKSUM: &str = "SGLANG_DSV4_INDEX_K_CHECKSUM";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -210,7 +218,7 @@ pub struct EngineConfig {
 }
 
 impl EngineConfig {
-    pub fn prefill_options(&self) -> prefill::PrefillOptions {
+    pub(crate) fn prefill_options(&self) -> prefill::PrefillOptions {
         prefill::PrefillOptions {
             dtype: self.flags.dtype(),
             page_tokens: self.tuning.page_tokens,
@@ -227,7 +235,7 @@ impl EngineConfig {
         }
     }
 
-    pub fn read_path(&self) -> model::ReadPath {
+    pub(crate) fn read_path(&self) -> model::ReadPath {
         model::ReadPath {
             dtype: self.flags.dtype(),
             top_k: self.tuning.top_k,
@@ -244,7 +252,7 @@ impl EngineConfig {
 /// on a device yet (scripts/gpu-check.sh does that; README "GPU"), and a silently wrong
 /// backend would make verdicts silently wrong. The probe loads the driver library itself
 /// before touching cudarc, whose context creation panics when no driver exists.
-pub fn select_backend(device: DeviceChoice) -> anyhow::Result<Box<dyn Backend>> {
+pub(crate) fn select_backend(device: DeviceChoice) -> anyhow::Result<Box<dyn Backend>> {
     match device {
         DeviceChoice::Cpu => Ok(Box::new(backend::cpu::CpuBackend::new())),
         DeviceChoice::Cuda => {

@@ -75,7 +75,7 @@ impl Drop for Slot {
 
 /// Serve `app` on `listener` under `limits` until `shutdown` completes; then stop
 /// accepting, and let every open connection finish its request in flight and close.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     app: Router,
     limits: HttpLimits,

@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 
 /// Prometheus metric type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     Gauge,
     Counter,
 }
@@ -28,7 +28,7 @@ impl Kind {
 /// Every metric any server of this crate exports (keep `TransferErrors` last: a test
 /// checks the table has a row for each).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Metric {
+pub(crate) enum Metric {
     RunningRequests,
     QueuedRequests,
     TokenUsage,
@@ -61,11 +61,13 @@ pub enum Metric {
 }
 
 /// One row of the table: the metric, its exported name, type and `# HELP` text.
-pub struct Spec {
-    pub metric: Metric,
-    pub name: &'static str,
-    pub kind: Kind,
-    pub help: &'static str,
+pub(crate) struct Spec {
+    /// Read by the test that holds the table in `Metric` order.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) metric: Metric,
+    pub(crate) name: &'static str,
+    pub(crate) kind: Kind,
+    pub(crate) help: &'static str,
 }
 
 const fn row(metric: Metric, name: &'static str, kind: Kind, help: &'static str) -> Spec {
@@ -261,14 +263,14 @@ const TABLE: [Spec; 29] = {
 
 impl Metric {
     /// This metric's row of the table.
-    pub fn spec(self) -> &'static Spec {
+    pub(crate) fn spec(self) -> &'static Spec {
         &TABLE[self as usize]
     }
 }
 
 /// The Prometheus text of `values`, in the given order (the `Content-Type` to send it
 /// with is [`CONTENT_TYPE`]).
-pub fn render(values: &[(Metric, f64)]) -> String {
+pub(crate) fn render(values: &[(Metric, f64)]) -> String {
     let mut out = String::new();
     for &(metric, value) in values {
         let Spec {
@@ -283,7 +285,7 @@ pub fn render(values: &[(Metric, f64)]) -> String {
     out
 }
 
-pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4";
+pub(crate) const CONTENT_TYPE: &str = "text/plain; version=0.0.4";
 
 #[cfg(test)]
 mod tests {

@@ -14,8 +14,8 @@
 //! wrong pick derails the rest of the span into the wrong neighbourhood.
 
 use super::backend::{
-    AttnJob, AttnPath, Backend, IndexKDtype, IndexerJob, PagedAttnJob, PagedIndexerJob, PoolId,
-    TopkImpl, INDEX_DIM, MAIN_DIM,
+    AttnJob, AttnOut, AttnPath, Backend, IndexKDtype, IndexRows, IndexerJob, PageRows,
+    PagedAttnJob, PagedIndexerJob, PoolId, TopkImpl, INDEX_DIM, MAIN_DIM,
 };
 use super::keys;
 use super::template::{Conversation, Turn};
@@ -25,21 +25,21 @@ use std::collections::HashMap;
 use std::sync::OnceLock;
 
 /// Indexer top-k of the engine.
-pub const DEFAULT_TOP_K: usize = 32;
+pub(crate) const DEFAULT_TOP_K: usize = 32;
 
 /// One step of the task: a tool name and its arguments.
-pub type Step = (String, Map<String, Value>);
+pub(crate) type Step = (String, Map<String, Value>);
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct Task {
-    pub steps: Vec<Step>,
+pub(crate) struct Task {
+    pub(crate) steps: Vec<Step>,
     /// What to answer once every step is done.
-    pub answer: String,
+    pub(crate) answer: String,
 }
 
 /// What the agent wants to say this round.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Intent {
+pub(crate) enum Intent {
     Call(Step),
     Answer(String),
 }
@@ -77,7 +77,7 @@ fn parse_arguments(text: &str) -> Option<Map<String, Value>> {
 }
 
 /// Parse a task message; None if it has no numbered steps.
-pub fn parse_task(text: &str) -> Option<Task> {
+pub(crate) fn parse_task(text: &str) -> Option<Task> {
     let mut steps = Vec::new();
     let mut last_step_line = None;
     for (index, line) in text.lines().enumerate() {
@@ -103,7 +103,7 @@ pub fn parse_task(text: &str) -> Option<Task> {
 }
 
 /// The agent's decision for this round; None when the conversation holds no task.
-pub fn decide(conversation: &Conversation) -> Option<Intent> {
+pub(crate) fn decide(conversation: &Conversation) -> Option<Intent> {
     let (task_index, task) =
         conversation
             .messages
@@ -125,11 +125,11 @@ pub fn decide(conversation: &Conversation) -> Option<Intent> {
 }
 
 /// Said when the conversation holds no numbered task (mostly not copyable: literals).
-pub const NO_TASK_REPLY: &str = "I found no numbered task steps in this conversation.";
+pub(crate) const NO_TASK_REPLY: &str = "I found no numbered task steps in this conversation.";
 
 /// Render the prompt and plan this round's output: the prompt tokens and the
 /// generation that will read the output back through the KV cache.
-pub fn prepare(
+pub(crate) fn prepare(
     conversation: &Conversation,
     vocab: &super::tokenizer::Vocab,
 ) -> (Vec<u32>, Generation) {
@@ -214,18 +214,34 @@ impl SequenceKv {
         self.stored_tokens.is_empty()
     }
 
-    /// Append a generated token with its own main key and quantized index key.
-    pub fn append(
-        &mut self,
+    /// Copies the rows into `pages` of `pool` (`page_tokens` rows a page), the index-K
+    /// bytes as they are: how decode makes an admitted prompt resident.
+    pub(crate) fn store_in_pages(
+        &self,
         backend: &dyn Backend,
-        dtype: IndexKDtype,
-        token: u32,
+        pool: PoolId,
+        page_tokens: usize,
+        pages: &[u32],
     ) -> anyhow::Result<()> {
-        self.append_keys(backend, dtype, token).map(|_| ())
+        let width = self.index_k.len() / self.len();
+        (0..self.len())
+            .step_by(page_tokens)
+            .zip(pages)
+            .try_for_each(|(start, &page)| {
+                let end = (start + page_tokens).min(self.len());
+                let rows = PageRows {
+                    page,
+                    first_row: 0,
+                    main_keys: &self.main[start * MAIN_DIM..end * MAIN_DIM],
+                    index: IndexRows::Quantized(&self.index_k[start * width..end * width]),
+                };
+                backend.store_rows(pool, rows)
+            })
     }
 
-    /// [`SequenceKv::append`], returning the new row's main and index keys (f32), for a
-    /// copy of the sequence resident in a backend pool.
+    /// Appends a generated token with its own main key and quantized index key, and
+    /// returns the new row's main and index keys (f32), for a copy of the sequence
+    /// resident in a backend pool.
     ///
     /// The host row is quantized by the shared layout code (what the CPU backend runs,
     /// and what every backend matches bit for bit), not through `backend`: on a GPU
@@ -256,10 +272,10 @@ impl SequenceKv {
 /// Where a batch's sequences also live in a backend pool (decode with `--device cuda`):
 /// page lists parallel to the batch, each long enough for the sequence's whole budget.
 /// Reads go through the page tables; appended rows are written to the pool too.
-pub struct Resident<'a> {
-    pub pool: PoolId,
-    pub page_tokens: usize,
-    pub pages: &'a [&'a [u32]],
+pub(crate) struct Resident<'a> {
+    pub(crate) pool: PoolId,
+    pub(crate) page_tokens: usize,
+    pub(crate) pages: &'a [&'a [u32]],
 }
 
 /// New rows of a step for the pool of a resident batch, appended in one call at the end
@@ -327,7 +343,7 @@ pub struct ReadPath {
 
 /// Why a generation stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Finish {
+pub(crate) enum Finish {
     Complete,
     Length,
 }
@@ -340,8 +356,8 @@ pub struct Generation {
     offset: usize,
     last_selected: usize,
     max_tokens: usize,
-    pub emitted: Vec<u32>,
-    pub finish: Option<Finish>,
+    pub(crate) emitted: Vec<u32>,
+    pub(crate) finish: Option<Finish>,
 }
 
 impl Generation {
@@ -362,13 +378,14 @@ impl Generation {
         }
     }
 
-    pub fn max_tokens(&self) -> usize {
+    pub(crate) fn max_tokens(&self) -> usize {
         self.max_tokens
     }
 
     /// Emit the planned token without reading memory: the simulation's timing model for
     /// prefill-only runs (never used by the servers).
-    pub fn emit_planned(&mut self, truth: &[u32]) {
+    #[cfg(test)]
+    pub(crate) fn emit_planned(&mut self, truth: &[u32]) {
         if self.finish.is_some() {
             return;
         }
@@ -438,7 +455,7 @@ pub fn decode_step(
 /// [`decode_step`] with the batch's KV read from a backend pool through page tables
 /// (only queries, page lists and results cross to the device). Same tokens as
 /// `decode_step` on the same rows.
-pub fn decode_step_resident(
+pub(crate) fn decode_step_resident(
     backend: &dyn Backend,
     path: &ReadPath,
     resident: &Resident<'_>,
@@ -453,18 +470,21 @@ pub fn decode_step_resident(
     step(backend, path, Some(resident), batch)
 }
 
+/// One read-back of a step: the batch slot, the position it targets, and the queries
+/// computed from the request text for it.
+struct Read {
+    slot: usize,
+    target: usize,
+    index_query: Vec<f32>,
+    main_query: Vec<f32>,
+}
+
 fn step(
     backend: &dyn Backend,
     path: &ReadPath,
     resident: Option<&Resident<'_>>,
     batch: &mut [(&mut Generation, &mut SequenceKv)],
 ) -> anyhow::Result<()> {
-    struct Read {
-        slot: usize,
-        target: usize,
-        index_query: Vec<f32>,
-        main_query: Vec<f32>,
-    }
     let mut appends = PoolAppends::default();
     let mut reads = Vec::new();
     for (slot, (generation, sequence)) in batch.iter_mut().enumerate() {
@@ -512,71 +532,7 @@ fn step(
     };
     let mut picks = Vec::with_capacity(reads.len());
     for group in groups {
-        let selections = match resident {
-            None => {
-                let index_jobs: Vec<IndexerJob<'_>> = group
-                    .iter()
-                    .map(|read| {
-                        let sequence = &batch[read.slot].1;
-                        IndexerJob {
-                            query: &read.index_query,
-                            index_k: &sequence.index_k,
-                            n: sequence.len(),
-                        }
-                    })
-                    .collect();
-                backend.indexer_topk(path.dtype, &index_jobs, path.top_k, path.topk)?
-            }
-            Some(resident) => {
-                let index_jobs: Vec<PagedIndexerJob<'_>> = group
-                    .iter()
-                    .map(|read| PagedIndexerJob {
-                        query: &read.index_query,
-                        pages: resident.pages[read.slot],
-                        n: batch[read.slot].1.len(),
-                    })
-                    .collect();
-                // Decode's pool has no load-backs: nothing to gate.
-                backend.indexer_topk_paged(
-                    resident.pool,
-                    &index_jobs,
-                    path.top_k,
-                    path.topk,
-                    false,
-                )?
-            }
-        };
-        let outputs = match resident {
-            None => {
-                let attn_jobs: Vec<AttnJob<'_>> = group
-                    .iter()
-                    .zip(&selections)
-                    .map(|(read, selected)| {
-                        let sequence = &batch[read.slot].1;
-                        AttnJob {
-                            query: &read.main_query,
-                            keys: &sequence.main,
-                            n: sequence.len(),
-                            selected,
-                        }
-                    })
-                    .collect();
-                backend.sparse_attention(&attn_jobs, path.attn)?
-            }
-            Some(resident) => {
-                let attn_jobs: Vec<PagedAttnJob<'_>> = group
-                    .iter()
-                    .zip(&selections)
-                    .map(|(read, selected)| PagedAttnJob {
-                        query: &read.main_query,
-                        pages: resident.pages[read.slot],
-                        n: batch[read.slot].1.len(),
-                        selected,
-                    })
-                    .collect();
-                backend.sparse_attention_paged(resident.pool, &attn_jobs, path.attn)?
-            }
-        };
+        let outputs = read_group(backend, path, resident, batch, group)?;
         picks.extend(outputs.into_iter().map(|out| out.argmax as usize));
     }
     for (read, selected) in reads.iter().zip(picks) {
@@ -600,185 +556,76 @@ fn step(
     flush(backend, resident, &appends)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::super::backend::cpu::CpuBackend;
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn parses_the_task_and_the_requested_answer() {
-        let text = "Please do this.\n1. read_file(path=\"/srv/app/config.yaml\", max_lines=40)\n2. grep(pattern=\"a, b\", flags=[\"-i\"])\nWhen every step is done, reply exactly: DONE: all steps completed.";
-        let task = parse_task(text).unwrap();
-        assert_eq!(task.steps.len(), 2);
-        assert_eq!(task.steps[0].0, "read_file");
-        assert_eq!(
-            Value::Object(task.steps[0].1.clone()),
-            json!({"path": "/srv/app/config.yaml", "max_lines": 40})
-        );
-        assert_eq!(
-            Value::Object(task.steps[1].1.clone()),
-            json!({"pattern": "a, b", "flags": ["-i"]})
-        );
-        assert_eq!(task.answer, "DONE: all steps completed.");
-        assert_eq!(parse_task("no steps here"), None);
-    }
-
-    #[test]
-    fn plan_prefers_longest_then_earliest_spans() {
-        let context = [1, 2, 3, 9, 1, 2, 3, 4];
-        assert_eq!(
-            plan(&context, &[1, 2, 3, 4, 7]),
-            vec![Piece::Copy { anchor: 4, len: 4 }, Piece::Literal(7)]
-        );
-        assert_eq!(
-            plan(&context, &[2, 3]),
-            vec![Piece::Copy { anchor: 1, len: 2 }]
-        );
-    }
-
-    fn clean_sequence(backend: &CpuBackend, dtype: IndexKDtype, tokens: &[u32]) -> SequenceKv {
-        let index = keys::index_keys(tokens, 0);
-        let mut index_k = vec![0u8; tokens.len() * dtype.bytes_per_token()];
-        backend
-            .quantize_index_k(dtype, &index, &mut index_k)
-            .unwrap();
-        SequenceKv {
-            truth: tokens.to_vec(),
-            stored_tokens: tokens.to_vec(),
-            main: keys::main_keys(tokens, 0),
-            index_k,
-        }
-    }
-
-    #[test]
-    fn clean_memory_copies_exactly_and_corrupted_index_k_derails() {
-        let backend = CpuBackend::new();
-        let tokens: Vec<u32> = (0..600u32)
-            .map(|i| (i.wrapping_mul(2_654_435_761) >> 7) % 97)
-            .collect();
-        let wanted: Vec<u32> = tokens[300..320].to_vec();
-        for dtype in [IndexKDtype::Bf16, IndexKDtype::Fp8] {
-            let path = ReadPath {
-                dtype,
-                top_k: 32,
-                topk: TopkImpl::V2,
-                attn: AttnPath::Mma,
-                max_graph_batch: 32,
-            };
-            let mut sequence = clean_sequence(&backend, dtype, &tokens);
-            let mut generation = Generation::new(plan(&tokens, &wanted), 100);
-            while generation.finish.is_none() {
-                decode_step(&backend, &path, &mut [(&mut generation, &mut sequence)]).unwrap();
-            }
-            assert_eq!(generation.emitted, wanted, "{dtype:?}");
-            // Zeroed index-K (a never-loaded page) under the copied span: the read goes elsewhere.
-            let mut broken = clean_sequence(&backend, dtype, &tokens);
-            let width = dtype.bytes_per_token();
-            broken.index_k[256 * width..320 * width]
-                .iter_mut()
-                .for_each(|b| *b = 0);
-            let mut generation = Generation::new(plan(&tokens, &wanted), 100);
-            while generation.finish.is_none() {
-                decode_step(&backend, &path, &mut [(&mut generation, &mut broken)]).unwrap();
-            }
-            assert_ne!(generation.emitted, wanted, "{dtype:?}");
-        }
-    }
-
-    /// Stores `sequence`'s rows in `pages` of `pool` as decode does on admission.
-    pub(crate) fn make_resident(
-        backend: &dyn Backend,
-        pool: PoolId,
-        page_tokens: usize,
-        pages: &[u32],
-        sequence: &SequenceKv,
-    ) {
-        let width = sequence.index_k.len() / sequence.len();
-        for (index, start) in (0..sequence.len()).step_by(page_tokens).enumerate() {
-            let end = (start + page_tokens).min(sequence.len());
-            backend
-                .write_quantized_rows(
-                    pool,
-                    pages[index],
-                    0,
-                    &sequence.main[start * MAIN_DIM..end * MAIN_DIM],
-                    &sequence.index_k[start * width..end * width],
-                )
-                .unwrap();
-        }
-    }
-
-    #[test]
-    fn resident_decode_emits_the_same_tokens_through_page_tables() {
-        use super::super::backend::PoolSpec;
-        let backend = CpuBackend::new();
-        let tokens: Vec<u32> = (0..600u32)
-            .map(|i| (i.wrapping_mul(2_654_435_761) >> 7) % 97)
-            .collect();
-        // A literal (token 500 is in no context) between two copied spans.
-        let wanted: [Vec<u32>; 2] = [
-            [&tokens[300..320], &[500][..], &tokens[40..50]].concat(),
-            tokens[100..130].to_vec(),
-        ];
-        for dtype in [IndexKDtype::Bf16, IndexKDtype::Fp8] {
-            for max_graph_batch in [32, 1] {
-                let path = ReadPath {
-                    dtype,
-                    top_k: 32,
-                    topk: TopkImpl::V2,
-                    attn: AttnPath::Mma,
-                    max_graph_batch,
-                };
-                let run = |resident: bool| -> Vec<Vec<u32>> {
-                    let mut sequences: Vec<SequenceKv> = (0..2)
-                        .map(|_| clean_sequence(&backend, dtype, &tokens))
-                        .collect();
-                    let mut generations: Vec<Generation> = wanted
-                        .iter()
-                        .map(|w| Generation::new(plan(&tokens, w), 100))
-                        .collect();
-                    let page_tokens = 64;
-                    let per = (600 + 100usize).div_ceil(page_tokens);
-                    // Pages handed out backwards: page tables are not the identity.
-                    let all: Vec<u32> = (0..2 * per as u32).rev().collect();
-                    let page_lists: Vec<&[u32]> = all.chunks(per).collect();
-                    let pool = backend
-                        .create_pool(PoolSpec {
-                            dtype,
-                            page_tokens,
-                            device_pages: 2 * per,
-                            host_pages: 1,
-                        })
-                        .unwrap();
-                    for (sequence, pages) in sequences.iter().zip(&page_lists) {
-                        make_resident(&backend, pool, page_tokens, pages, sequence);
+/// The indexer, then sparse attention over its selection, for one group of a step's
+/// reads: through host slices, or through the pool's page tables when resident.
+fn read_group(
+    backend: &dyn Backend,
+    path: &ReadPath,
+    resident: Option<&Resident<'_>>,
+    batch: &[(&mut Generation, &mut SequenceKv)],
+    group: &[Read],
+) -> anyhow::Result<Vec<AttnOut>> {
+    let selections = match resident {
+        None => {
+            let index_jobs: Vec<IndexerJob<'_>> = group
+                .iter()
+                .map(|read| {
+                    let sequence = &batch[read.slot].1;
+                    IndexerJob {
+                        query: &read.index_query,
+                        index_k: &sequence.index_k,
+                        n: sequence.len(),
                     }
-                    let placement = Resident {
-                        pool,
-                        page_tokens,
-                        pages: &page_lists,
-                    };
-                    while generations.iter().any(|g| g.finish.is_none()) {
-                        let mut batch: Vec<(&mut Generation, &mut SequenceKv)> =
-                            generations.iter_mut().zip(sequences.iter_mut()).collect();
-                        if resident {
-                            decode_step_resident(&backend, &path, &placement, &mut batch).unwrap();
-                        } else {
-                            decode_step(&backend, &path, &mut batch).unwrap();
-                        }
-                    }
-                    backend.release_pool(pool).unwrap();
-                    generations.into_iter().map(|g| g.emitted).collect()
-                };
-                let plain = run(false);
-                assert_eq!(plain, wanted.to_vec(), "{dtype:?}");
-                assert_eq!(
-                    run(true),
-                    plain,
-                    "{dtype:?} max_graph_batch {max_graph_batch}"
-                );
-            }
+                })
+                .collect();
+            backend.indexer_topk(path.dtype, &index_jobs, path.top_k, path.topk)?
         }
-    }
+        Some(resident) => {
+            let index_jobs: Vec<PagedIndexerJob<'_>> = group
+                .iter()
+                .map(|read| PagedIndexerJob {
+                    query: &read.index_query,
+                    pages: resident.pages[read.slot],
+                    n: batch[read.slot].1.len(),
+                })
+                .collect();
+            // Decode's pool has no load-backs: nothing to gate.
+            backend.indexer_topk_paged(resident.pool, &index_jobs, path.top_k, path.topk, false)?
+        }
+    };
+    let outputs = match resident {
+        None => {
+            let attn_jobs: Vec<AttnJob<'_>> = group
+                .iter()
+                .zip(&selections)
+                .map(|(read, selected)| {
+                    let sequence = &batch[read.slot].1;
+                    AttnJob {
+                        query: &read.main_query,
+                        keys: &sequence.main,
+                        n: sequence.len(),
+                        selected,
+                    }
+                })
+                .collect();
+            backend.sparse_attention(&attn_jobs, path.attn)?
+        }
+        Some(resident) => {
+            let attn_jobs: Vec<PagedAttnJob<'_>> = group
+                .iter()
+                .zip(&selections)
+                .map(|(read, selected)| PagedAttnJob {
+                    query: &read.main_query,
+                    pages: resident.pages[read.slot],
+                    n: batch[read.slot].1.len(),
+                    selected,
+                })
+                .collect();
+            backend.sparse_attention_paged(resident.pool, &attn_jobs, path.attn)?
+        }
+    };
+    Ok(outputs)
 }
+
+#[cfg(test)]
+pub(crate) mod tests;

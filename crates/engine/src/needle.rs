@@ -14,12 +14,12 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 /// The needle sentence and the value the agent must copy out of it.
-pub const NEEDLE: &str = "Remember this: the deploy key is cache worker retry batch.";
-pub const NEEDLE_VALUE: &str = "cache worker retry batch";
+pub(crate) const NEEDLE: &str = "Remember this: the deploy key is cache worker retry batch.";
+pub(crate) const NEEDLE_VALUE: &str = "cache worker retry batch";
 
 /// Whether the agent copies the needle value correctly from `filler_tokens` of filler
 /// with the needle in the middle, for each of `trials` seeds (all must succeed).
-pub fn recalls(
+pub(crate) fn recalls(
     backend: &dyn Backend,
     path: &ReadPath,
     filler_tokens: usize,
@@ -57,7 +57,7 @@ pub fn recalls(
 
 /// Doubling search from `start` to `max` filler tokens: the longest context recalled
 /// (0 if even `start` fails).
-pub fn limit(
+pub(crate) fn limit(
     backend: &dyn Backend,
     path: &ReadPath,
     start: usize,
@@ -77,7 +77,11 @@ pub fn limit(
 }
 
 /// Needle limits for bf16 and fp8 with the engine's read path.
-pub fn limits(backend: &dyn Backend, top_k: usize, max: usize) -> anyhow::Result<(usize, usize)> {
+pub(crate) fn limits(
+    backend: &dyn Backend,
+    top_k: usize,
+    max: usize,
+) -> anyhow::Result<(usize, usize)> {
     let path = |dtype: IndexKDtype| ReadPath {
         dtype,
         top_k,

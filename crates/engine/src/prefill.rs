@@ -31,27 +31,27 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct PrefillOptions {
-    pub dtype: IndexKDtype,
-    pub page_tokens: usize,
+pub(crate) struct PrefillOptions {
+    pub(crate) dtype: IndexKDtype,
+    pub(crate) page_tokens: usize,
     /// Device pool capacity in bytes (main KV + index-K).
-    pub pool_bytes: usize,
+    pub(crate) pool_bytes: usize,
     /// Host tier capacity in pages.
-    pub host_pages: usize,
-    pub hicache: bool,
-    pub index_k_sync: bool,
-    pub loader: LoaderOptions,
+    pub(crate) host_pages: usize,
+    pub(crate) hicache: bool,
+    pub(crate) index_k_sync: bool,
+    pub(crate) loader: LoaderOptions,
     /// Prompt tokens computed per step, all requests together (chunked prefill).
-    pub step_token_budget: usize,
+    pub(crate) step_token_budget: usize,
     /// Resident store only: modelled device time of the forward per token computed in a
     /// step, queued on the compute stream before the step's gathers
     /// (`Backend::model_forward_delay`). 0: the gathers follow the writes at once.
-    pub forward_ns_per_token: u64,
+    pub(crate) forward_ns_per_token: u64,
 }
 
 impl PrefillOptions {
     /// The tuned defaults (see the module doc of `sim` for how they were measured).
-    pub fn tuned(dtype: IndexKDtype, hicache: bool, index_k_sync: bool) -> Self {
+    pub(crate) fn tuned(dtype: IndexKDtype, hicache: bool, index_k_sync: bool) -> Self {
         PrefillOptions {
             dtype,
             page_tokens: 64,
@@ -71,29 +71,29 @@ impl PrefillOptions {
 
 /// The prompt's KV as shipped to decode.
 #[derive(Debug, Clone, PartialEq)]
-pub struct PromptKv {
-    pub dtype: IndexKDtype,
-    pub page_tokens: usize,
-    pub tokens: Vec<u32>,
-    pub main: Vec<f32>,
-    pub index_k: Vec<u8>,
+pub(crate) struct PromptKv {
+    pub(crate) dtype: IndexKDtype,
+    pub(crate) page_tokens: usize,
+    pub(crate) tokens: Vec<u32>,
+    pub(crate) main: Vec<f32>,
+    pub(crate) index_k: Vec<u8>,
     /// Pages shipped before their index-K load-back completed.
-    pub stale_index_pages: usize,
+    pub(crate) stale_index_pages: usize,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct PrefillCounters {
-    pub requests: u64,
-    pub prompt_tokens: u64,
-    pub cached_tokens: u64,
-    pub computed_tokens: u64,
-    pub loadback_pages: u64,
-    pub loadback_requests: u64,
-    pub evicted_pages: u64,
-    pub dropped_pages: u64,
-    pub stale_index_k_pages: u64,
-    pub stale_index_k_requests: u64,
-    pub loader_bytes: u64,
+pub(crate) struct PrefillCounters {
+    pub(crate) requests: u64,
+    pub(crate) prompt_tokens: u64,
+    pub(crate) cached_tokens: u64,
+    pub(crate) computed_tokens: u64,
+    pub(crate) loadback_pages: u64,
+    pub(crate) loadback_requests: u64,
+    pub(crate) evicted_pages: u64,
+    pub(crate) dropped_pages: u64,
+    pub(crate) stale_index_k_pages: u64,
+    pub(crate) stale_index_k_requests: u64,
+    pub(crate) loader_bytes: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,13 +113,13 @@ struct Active {
 
 /// Gauges of the scheduler, for /metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct PrefillGauges {
-    pub running: usize,
-    pub queued: usize,
-    pub used_pages: usize,
-    pub total_pages: usize,
-    pub host_pages: usize,
-    pub loader_jobs: usize,
+pub(crate) struct PrefillGauges {
+    pub(crate) running: usize,
+    pub(crate) queued: usize,
+    pub(crate) used_pages: usize,
+    pub(crate) total_pages: usize,
+    pub(crate) host_pages: usize,
+    pub(crate) loader_jobs: usize,
 }
 
 /// Where the prefix cache's page bytes live (see the module doc).
@@ -135,7 +135,7 @@ enum Store {
 /// evicted pages than this, and each slot is page-locked memory (33 KiB with bf16).
 const RESIDENT_SLOTS_PER_PAGE: usize = 8;
 
-pub struct PrefillCore {
+pub(crate) struct PrefillCore {
     options: PrefillOptions,
     pool: DevicePool,
     store: Store,
@@ -143,7 +143,7 @@ pub struct PrefillCore {
     queue: VecDeque<(u64, Vec<u32>)>,
     active: Vec<Active>,
     step: u64,
-    pub counters: PrefillCounters,
+    pub(crate) counters: PrefillCounters,
 }
 
 fn chain_key(previous: u64, tokens: &[u32]) -> u64 {
@@ -160,7 +160,7 @@ fn chain_key(previous: u64, tokens: &[u32]) -> u64 {
 
 impl PrefillCore {
     /// The virtual-time store (the CPU reference).
-    pub fn new(options: PrefillOptions) -> Self {
+    pub(crate) fn new(options: PrefillOptions) -> Self {
         let pool = DevicePool::new(options.pool_bytes, options.page_tokens, options.dtype);
         let store = Store::Virtual {
             host: HostTier::new(options.host_pages),
@@ -184,7 +184,10 @@ impl PrefillCore {
 
     /// The store `backend` calls for: a pool of the backend when its load-backs are
     /// asynchronous (CUDA), else the virtual-time one ([`PrefillCore::new`]).
-    pub fn for_backend(options: PrefillOptions, backend: &dyn Backend) -> anyhow::Result<Self> {
+    pub(crate) fn for_backend(
+        options: PrefillOptions,
+        backend: &dyn Backend,
+    ) -> anyhow::Result<Self> {
         if backend.load_back_is_async() {
             Self::resident(options, backend)
         } else {
@@ -195,7 +198,7 @@ impl PrefillCore {
     /// The store in a pool of `backend` (on any backend; the CPU's pools never read
     /// stale, which the tests use to check the bookkeeping against the reference).
     /// Same page count as the virtual store for the same options.
-    pub fn resident(options: PrefillOptions, backend: &dyn Backend) -> anyhow::Result<Self> {
+    pub(crate) fn resident(options: PrefillOptions, backend: &dyn Backend) -> anyhow::Result<Self> {
         let pool = DevicePool::bookkeeping(options.pool_bytes, options.page_tokens, options.dtype);
         let host_pages = options
             .host_pages
@@ -224,13 +227,13 @@ impl PrefillCore {
     }
 
     /// True when the pages live in a backend pool ([`PrefillCore::resident`]).
-    pub fn is_resident(&self) -> bool {
+    pub(crate) fn is_resident(&self) -> bool {
         matches!(self.store, Store::Resident { .. })
     }
 
     /// The backend pool's counters (stale reads counted by the reading kernel), when
     /// resident.
-    pub fn pool_stats(&self, backend: &dyn Backend) -> Option<anyhow::Result<PoolStats>> {
+    pub(crate) fn pool_stats(&self, backend: &dyn Backend) -> Option<anyhow::Result<PoolStats>> {
         match &self.store {
             Store::Resident { pool, .. } => Some(backend.pool_stats(*pool)),
             Store::Virtual { .. } => None,
@@ -239,7 +242,8 @@ impl PrefillCore {
 
     /// Frees the backend pool of a resident store (its page-locked host tier with it).
     /// Nothing to do for the virtual store.
-    pub fn close(self, backend: &dyn Backend) -> anyhow::Result<()> {
+    #[cfg(test)]
+    pub(crate) fn close(self, backend: &dyn Backend) -> anyhow::Result<()> {
         match self.store {
             Store::Resident { pool, .. } => backend.release_pool(pool),
             Store::Virtual { .. } => Ok(()),
@@ -253,16 +257,12 @@ impl PrefillCore {
         }
     }
 
-    pub fn options(&self) -> &PrefillOptions {
-        &self.options
-    }
-
-    pub fn submit(&mut self, id: u64, tokens: Vec<u32>) {
+    pub(crate) fn submit(&mut self, id: u64, tokens: Vec<u32>) {
         self.queue.push_back((id, tokens));
     }
 
     /// Drop a request the client no longer waits for (queued or running).
-    pub fn cancel(&mut self, id: u64) {
+    pub(crate) fn cancel(&mut self, id: u64) {
         self.queue.retain(|(queued, _)| *queued != id);
         if let Some(index) = self.active.iter().position(|active| active.id == id) {
             let active = self.active.remove(index);
@@ -270,11 +270,11 @@ impl PrefillCore {
         }
     }
 
-    pub fn has_work(&self) -> bool {
+    pub(crate) fn has_work(&self) -> bool {
         !self.queue.is_empty() || !self.active.is_empty() || self.loads_in_flight() > 0
     }
 
-    pub fn gauges(&self) -> PrefillGauges {
+    pub(crate) fn gauges(&self) -> PrefillGauges {
         PrefillGauges {
             running: self.active.len(),
             queued: self.queue.len(),
@@ -286,10 +286,6 @@ impl PrefillCore {
             },
             loader_jobs: self.loads_in_flight(),
         }
-    }
-
-    pub fn current_step(&self) -> u64 {
-        self.step
     }
 
     /// Free a page for a new occupant, evicting the LRU idle cached page if needed.
@@ -589,7 +585,7 @@ impl PrefillCore {
 
     /// One scheduler step. Returns the requests finished in it: their KV, or why they
     /// cannot be served.
-    pub fn step(
+    pub(crate) fn step(
         &mut self,
         backend: &dyn Backend,
     ) -> anyhow::Result<Vec<(u64, Result<PromptKv, String>)>> {
@@ -660,124 +656,4 @@ impl PrefillCore {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::backend::cpu::CpuBackend;
-    use crate::backend::paged_tests::CpuAsAsync;
-
-    /// Six sessions of growing prompts, one request at a time, in a pool of 12 pages of
-    /// 16 tokens: later sessions evict earlier ones' prefixes to the host tier and each
-    /// session's next round loads them back.
-    fn rounds() -> Vec<Vec<u32>> {
-        let mut prompts = Vec::new();
-        for round in 0..3u32 {
-            for session in 0..6u32 {
-                let len = 40 + 24 * round as usize;
-                prompts.push(
-                    (0..len as u32)
-                        .map(|i| 1 + (session * 7919 + i * 31) % 5000)
-                        .collect(),
-                );
-            }
-        }
-        prompts
-    }
-
-    fn options() -> PrefillOptions {
-        let mut options = PrefillOptions::tuned(IndexKDtype::Bf16, true, true);
-        options.page_tokens = 16;
-        options.pool_bytes = 12 * DevicePool::page_bytes(16, IndexKDtype::Bf16);
-        options.host_pages = 64;
-        options
-    }
-
-    /// Serves `prompts` one after the other; every prompt's shipped KV.
-    fn serve(core: &mut PrefillCore, backend: &dyn Backend) -> Vec<PromptKv> {
-        let mut shipped = Vec::new();
-        for (id, prompt) in rounds().into_iter().enumerate() {
-            core.submit(id as u64, prompt);
-            let mut steps = 0;
-            loop {
-                let done = core.step(backend).unwrap();
-                if let Some((_, kv)) = done.into_iter().next() {
-                    shipped.push(kv.unwrap());
-                    break;
-                }
-                steps += 1;
-                assert!(steps < 1000, "request {id} never shipped");
-            }
-        }
-        shipped
-    }
-
-    #[test]
-    fn resident_store_ships_the_virtual_stores_bytes_through_load_backs() {
-        let backend = CpuBackend::new();
-        let mut reference = PrefillCore::new(options());
-        let mut resident = PrefillCore::resident(options(), &backend).unwrap();
-        assert!(resident.is_resident() && !reference.is_resident());
-        assert_eq!(
-            resident.gauges().total_pages,
-            reference.gauges().total_pages
-        );
-        let want = serve(&mut reference, &backend);
-        let got = serve(&mut resident, &backend);
-        for (index, (got, want)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(got, want, "request {index}");
-        }
-        let counters = &resident.counters;
-        assert!(
-            counters.loadback_pages > 0 && counters.evicted_pages > 0,
-            "the fixture must exercise eviction and load-back: {counters:?}"
-        );
-        assert_eq!(counters.loadback_pages, reference.counters.loadback_pages);
-        assert_eq!(counters.cached_tokens, reference.counters.cached_tokens);
-        assert_eq!(counters.stale_index_k_pages, 0);
-        let stats = resident.pool_stats(&backend).unwrap().unwrap();
-        assert_eq!(stats.load_backs, counters.loadback_pages);
-        assert_eq!(stats.evictions, counters.evicted_pages);
-        assert_eq!((stats.stale_index_k_reads, stats.stale_main_reads), (0, 0));
-        assert!(reference.pool_stats(&backend).is_none());
-        resident.close(&backend).unwrap();
-        assert!(
-            backend.pool_stats(PoolId(0)).is_err(),
-            "the pool is released"
-        );
-    }
-
-    #[test]
-    fn resident_store_queues_the_modelled_forward_before_shipping() {
-        let backend = CpuAsAsync::default();
-        let mut options = options();
-        options.forward_ns_per_token = 10;
-        let mut resident = PrefillCore::resident(options.clone(), &backend).unwrap();
-        serve(&mut resident, &backend);
-        let delays = backend.delays.lock().unwrap().clone();
-        assert_eq!(
-            delays.iter().sum::<u64>(),
-            10 * resident.counters.computed_tokens
-        );
-        assert!(delays.iter().all(|&ns| ns > 0));
-        // The virtual store models step time on the host: it never asks.
-        let mut reference = PrefillCore::new(options);
-        let before = backend.delays.lock().unwrap().len();
-        serve(&mut reference, &backend);
-        assert_eq!(backend.delays.lock().unwrap().len(), before);
-    }
-
-    #[test]
-    fn for_backend_keeps_the_virtual_loader_on_the_cpu() {
-        let core = PrefillCore::for_backend(options(), &CpuBackend::new()).unwrap();
-        assert!(!core.is_resident());
-    }
-
-    #[test]
-    fn resident_pool_refuses_a_page_size_the_kernels_cannot_read() {
-        let mut options = options();
-        options.page_tokens = 6;
-        let error = PrefillCore::resident(options, &CpuBackend::new())
-            .err()
-            .unwrap();
-        assert!(format!("{error:#}").contains("multiple of 4"), "{error:#}");
-    }
-}
+mod tests;

@@ -23,28 +23,28 @@ use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 
 #[derive(Debug, Clone)]
-pub struct SimConfig {
-    pub sessions: usize,
-    pub rounds: usize,
+pub(crate) struct SimConfig {
+    pub(crate) sessions: usize,
+    pub(crate) rounds: usize,
     /// Filler tokens of earlier conversation before each session's task (about).
-    pub ctx_tokens: usize,
-    pub steps: usize,
-    pub prefill: PrefillOptions,
-    pub read: ReadPath,
-    pub ticks_per_decode_step: u64,
+    pub(crate) ctx_tokens: usize,
+    pub(crate) steps: usize,
+    pub(crate) prefill: PrefillOptions,
+    pub(crate) read: ReadPath,
+    pub(crate) ticks_per_decode_step: u64,
     /// Client think time after a reply: 0..=this many ticks, hash-chosen per round.
-    pub client_delay_max: u64,
+    pub(crate) client_delay_max: u64,
     /// Decode's running-batch cap (more wait in its queue).
-    pub max_running: usize,
-    pub seed: u64,
+    pub(crate) max_running: usize,
+    pub(crate) seed: u64,
     /// false: decode emits the planned tokens without reading memory (a timing model
     /// only, for fast prefill-side tests that count stale index-K shipments).
-    pub read_back: bool,
+    pub(crate) read_back: bool,
 }
 
 impl SimConfig {
     /// The default workload's shape: 80 sessions x 4 rounds, 3 steps, ~300 filler tokens.
-    pub fn default_workload(dtype: IndexKDtype, hicache: bool, index_k_sync: bool) -> Self {
+    pub(crate) fn default_workload(dtype: IndexKDtype, hicache: bool, index_k_sync: bool) -> Self {
         SimConfig {
             sessions: 80,
             rounds: 4,
@@ -68,20 +68,20 @@ impl SimConfig {
 }
 
 #[derive(Debug, Clone, Default)]
-pub struct SimReport {
-    pub sessions: usize,
-    pub corrupted: usize,
-    pub done: usize,
-    pub rounds: usize,
-    pub corrupted_rounds_with_stale_index_k: usize,
-    pub counters: PrefillCounters,
-    pub ticks: u64,
+pub(crate) struct SimReport {
+    pub(crate) sessions: usize,
+    pub(crate) corrupted: usize,
+    pub(crate) done: usize,
+    pub(crate) rounds: usize,
+    pub(crate) corrupted_rounds_with_stale_index_k: usize,
+    pub(crate) counters: PrefillCounters,
+    pub(crate) ticks: u64,
     /// A few corrupted replies, for eyeballing.
-    pub examples: Vec<String>,
+    pub(crate) examples: Vec<String>,
 }
 
 impl SimReport {
-    pub fn rate(&self) -> f64 {
+    pub(crate) fn rate(&self) -> f64 {
         self.corrupted as f64 / self.sessions.max(1) as f64
     }
 }
@@ -118,7 +118,7 @@ const COMMANDS: [&str; 5] = [
 ];
 
 /// The tools the simulated sessions are offered.
-pub fn sim_tools() -> Vec<ToolFunction> {
+pub(crate) fn sim_tools() -> Vec<ToolFunction> {
     let tool = |name: &str, description: &str, parameters: Value| ToolFunction {
         name: name.to_string(),
         description: Some(description.to_string()),
@@ -185,7 +185,7 @@ fn task_arguments(arguments: &Map<String, Value>) -> String {
 }
 
 /// Filler text of roughly `tokens` tokens (similar-looking sentences).
-pub fn filler_text(rng: &mut ChaCha8Rng, tokens: usize) -> String {
+pub(crate) fn filler_text(rng: &mut ChaCha8Rng, tokens: usize) -> String {
     let mut text = String::new();
     let mut count = 0;
     while count < tokens {
@@ -281,7 +281,7 @@ fn is_correct(expected: &Intent, output: &dsml::ParsedOutput) -> bool {
 }
 
 /// Run the simulation to the end of every session.
-pub fn run(config: &SimConfig, backend: &dyn Backend) -> anyhow::Result<SimReport> {
+pub(crate) fn run(config: &SimConfig, backend: &dyn Backend) -> anyhow::Result<SimReport> {
     run_split(config, backend, backend)
 }
 
@@ -289,7 +289,7 @@ pub fn run(config: &SimConfig, backend: &dyn Backend) -> anyhow::Result<SimRepor
 /// runs prefill's pool on CUDA and decode's read-back on the CPU: the race is prefill's,
 /// and the CPU reads the shipped bytes the same way, in a fraction of the time the
 /// CUDA slice path's per-call uploads take).
-pub fn run_split(
+pub(crate) fn run_split(
     config: &SimConfig,
     backend: &dyn Backend,
     decode_backend: &dyn Backend,
@@ -568,11 +568,10 @@ mod tests {
     /// corrupted.
     #[test]
     fn resident_store_under_load_never_ships_stale_on_the_cpu_pools() {
-        use super::super::backend::paged_tests::CpuAsAsync;
         let mut config = SimConfig::default_workload(IndexKDtype::Bf16, true, false);
         config.sessions = 24;
         config.prefill.pool_bytes = config.prefill.pool_bytes * 24 / 80;
-        let resident = run(&config, &CpuAsAsync::default()).unwrap();
+        let resident = run(&config, &CpuBackend::claiming_async_load_backs()).unwrap();
         let c = &resident.counters;
         assert!(c.loadback_requests > 0 && c.evicted_pages > 0, "{c:?}");
         assert_eq!((c.stale_index_k_pages, resident.corrupted), (0, 0), "{c:?}");

@@ -11,68 +11,80 @@ use serde_json::{Map, Value};
 use thiserror::Error;
 
 #[derive(Debug, Clone, Deserialize)]
-pub struct ChatRequest {
+pub(crate) struct ChatRequest {
     #[serde(default)]
-    pub model: Option<String>,
-    pub messages: Vec<RequestMessage>,
+    pub(crate) model: Option<String>,
+    pub(crate) messages: Vec<RequestMessage>,
     #[serde(default)]
-    pub tools: Option<Vec<ToolDef>>,
+    pub(crate) tools: Option<Vec<ToolDef>>,
     #[serde(default)]
-    pub max_tokens: Option<i64>,
+    pub(crate) max_tokens: Option<i64>,
     #[serde(default)]
-    pub max_completion_tokens: Option<i64>,
+    pub(crate) max_completion_tokens: Option<i64>,
+    // Parsed so that a malformed value is refused as the OpenAI API refuses it; the
+    // model does not use it.
+    #[allow(dead_code)]
     #[serde(default)]
-    pub temperature: Option<f64>,
+    pub(crate) temperature: Option<f64>,
     #[serde(default)]
-    pub stream: Option<bool>,
+    pub(crate) stream: Option<bool>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
-pub struct RequestMessage {
-    pub role: String,
+pub(crate) struct RequestMessage {
+    pub(crate) role: String,
     #[serde(default)]
-    pub content: Option<Value>,
+    pub(crate) content: Option<Value>,
     #[serde(default)]
-    pub tool_calls: Option<Vec<RequestToolCall>>,
+    pub(crate) tool_calls: Option<Vec<RequestToolCall>>,
+    // Parsed so that a malformed value is refused as the OpenAI API refuses it; the
+    // model does not use it.
+    #[allow(dead_code)]
     #[serde(default)]
-    pub tool_call_id: Option<String>,
+    pub(crate) tool_call_id: Option<String>,
+    // Parsed so that a malformed value is refused as the OpenAI API refuses it; the
+    // model does not use it.
+    #[allow(dead_code)]
     #[serde(default)]
-    pub name: Option<String>,
+    pub(crate) name: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
-pub struct RequestToolCall {
+pub(crate) struct RequestToolCall {
+    // Parsed so that a malformed value is refused as the OpenAI API refuses it; the
+    // model does not use it.
+    #[allow(dead_code)]
     #[serde(default)]
-    pub id: Option<String>,
-    pub function: RequestFunctionCall,
+    pub(crate) id: Option<String>,
+    pub(crate) function: RequestFunctionCall,
 }
 
 #[derive(Debug, Clone, Deserialize)]
-pub struct RequestFunctionCall {
-    pub name: String,
+pub(crate) struct RequestFunctionCall {
+    pub(crate) name: String,
     /// JSON object text (OpenAI) or, leniently, an object.
-    pub arguments: Value,
+    pub(crate) arguments: Value,
 }
 
 #[derive(Debug, Clone, Deserialize)]
-pub struct ToolDef {
+pub(crate) struct ToolDef {
     #[serde(rename = "type", default)]
-    pub kind: Option<String>,
-    pub function: Option<ToolFunction>,
+    pub(crate) kind: Option<String>,
+    pub(crate) function: Option<ToolFunction>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
-pub struct ToolFunction {
-    pub name: String,
+pub(crate) struct ToolFunction {
+    pub(crate) name: String,
     #[serde(default)]
-    pub description: Option<String>,
+    pub(crate) description: Option<String>,
     #[serde(default)]
-    pub parameters: Option<Value>,
+    pub(crate) parameters: Option<Value>,
 }
 
 /// A request the engine refuses with HTTP 400.
 #[derive(Debug, Error, PartialEq)]
-pub enum RequestError {
+pub(crate) enum RequestError {
     #[error("messages must not be empty")]
     NoMessages,
     #[error("unknown message role {0:?} (expected system, user, assistant or tool)")]
@@ -93,14 +105,14 @@ pub enum RequestError {
 
 /// A validated request: tools, plain-text messages, the token limit.
 #[derive(Debug, Clone)]
-pub struct Conversation {
-    pub tools: Vec<ToolFunction>,
-    pub messages: Vec<Turn>,
-    pub max_tokens: usize,
+pub(crate) struct Conversation {
+    pub(crate) tools: Vec<ToolFunction>,
+    pub(crate) messages: Vec<Turn>,
+    pub(crate) max_tokens: usize,
 }
 
 #[derive(Debug, Clone, PartialEq)]
-pub enum Turn {
+pub(crate) enum Turn {
     System(String),
     User(String),
     Assistant {
@@ -111,7 +123,7 @@ pub enum Turn {
 }
 
 /// Default completion limit when the request gives none.
-pub const DEFAULT_MAX_TOKENS: usize = 512;
+pub(crate) const DEFAULT_MAX_TOKENS: usize = 512;
 
 fn text_of(content: &Option<Value>, index: usize) -> Result<String, RequestError> {
     match content {
@@ -132,7 +144,7 @@ fn text_of(content: &Option<Value>, index: usize) -> Result<String, RequestError
 }
 
 impl ChatRequest {
-    pub fn validate(&self) -> Result<Conversation, RequestError> {
+    pub(crate) fn validate(&self) -> Result<Conversation, RequestError> {
         if self.messages.is_empty() {
             return Err(RequestError::NoMessages);
         }
@@ -196,7 +208,7 @@ impl ChatRequest {
 
 /// The DSML format example of the system section: every tag fragment and both
 /// `string="true"` and `string="false"` forms appear here, so the agent can copy them.
-pub const FORMAT_EXAMPLE: &str = "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"TOOL_NAME\">\n<｜DSML｜parameter name=\"TEXT_PARAM\" string=\"true\">text value</｜DSML｜parameter>\n<｜DSML｜parameter name=\"NUMBER_PARAM\" string=\"false\">1</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+pub(crate) const FORMAT_EXAMPLE: &str = "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"TOOL_NAME\">\n<｜DSML｜parameter name=\"TEXT_PARAM\" string=\"true\">text value</｜DSML｜parameter>\n<｜DSML｜parameter name=\"NUMBER_PARAM\" string=\"false\">1</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
 
 fn system_section(tools: &[ToolFunction]) -> String {
     let mut text = String::from(
@@ -221,7 +233,7 @@ fn system_section(tools: &[ToolFunction]) -> String {
 }
 
 /// Token sequence of the whole prompt, ending with the assistant prefix.
-pub fn render(conversation: &Conversation, vocab: &Vocab) -> Vec<u32> {
+pub(crate) fn render(conversation: &Conversation, vocab: &Vocab) -> Vec<u32> {
     let mut tokens = vec![vocab.id(tokenizer::BOS)];
     tokens.extend(vocab.encode(&system_section(&conversation.tools)));
     for turn in &conversation.messages {

@@ -12,17 +12,17 @@ use regex::Regex;
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
-pub const BOS: &str = "<｜begin▁of▁sentence｜>";
-pub const EOS: &str = "<｜end▁of▁sentence｜>";
-pub const USER: &str = "<｜User｜>";
-pub const ASSISTANT: &str = "<｜Assistant｜>";
-pub const TOOL_OUTPUT_BEGIN: &str = "<｜tool▁output▁begin｜>";
-pub const TOOL_OUTPUT_END: &str = "<｜tool▁output▁end｜>";
-pub const DSML_OPEN: &str = "<｜DSML｜";
-pub const DSML_CLOSE: &str = "</｜DSML｜";
+pub(crate) const BOS: &str = "<｜begin▁of▁sentence｜>";
+pub(crate) const EOS: &str = "<｜end▁of▁sentence｜>";
+pub(crate) const USER: &str = "<｜User｜>";
+pub(crate) const ASSISTANT: &str = "<｜Assistant｜>";
+pub(crate) const TOOL_OUTPUT_BEGIN: &str = "<｜tool▁output▁begin｜>";
+pub(crate) const TOOL_OUTPUT_END: &str = "<｜tool▁output▁end｜>";
+pub(crate) const DSML_OPEN: &str = "<｜DSML｜";
+pub(crate) const DSML_CLOSE: &str = "</｜DSML｜";
 
 /// Special tokens, matched before anything else (closing DSML first: it contains `<`).
-pub const SPECIALS: [&str; 8] = [
+pub(crate) const SPECIALS: [&str; 8] = [
     BOS,
     EOS,
     USER,
@@ -46,7 +46,7 @@ fn splitter() -> &'static Regex {
 }
 
 /// Split text into token strings (no vocabulary involved).
-pub fn split(text: &str) -> Vec<&str> {
+pub(crate) fn split(text: &str) -> Vec<&str> {
     splitter().find_iter(text).map(|m| m.as_str()).collect()
 }
 
@@ -61,7 +61,7 @@ fn fnv1a(text: &str) -> u32 {
 
 /// The interned vocabulary, shared by all requests of a process.
 #[derive(Default)]
-pub struct Vocab {
+pub(crate) struct Vocab {
     inner: RwLock<VocabInner>,
 }
 
@@ -72,12 +72,12 @@ struct VocabInner {
 }
 
 impl Vocab {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// The id of `token`, interning it on first sight.
-    pub fn id(&self, token: &str) -> u32 {
+    pub(crate) fn id(&self, token: &str) -> u32 {
         if let Some(id) = self.inner.read().ids.get(token) {
             return *id;
         }
@@ -94,36 +94,18 @@ impl Vocab {
         id
     }
 
-    pub fn encode(&self, text: &str) -> Vec<u32> {
+    pub(crate) fn encode(&self, text: &str) -> Vec<u32> {
         split(text)
             .into_iter()
             .map(|token| self.id(token))
             .collect()
     }
 
-    /// Token text; an id this process never interned decodes to a visible marker.
-    pub fn token(&self, id: u32) -> String {
-        self.inner
-            .read()
-            .strings
-            .get(&id)
-            .cloned()
-            .unwrap_or_else(|| format!("<unk:{id}>"))
-    }
-
-    pub fn decode(&self, ids: &[u32]) -> String {
+    pub(crate) fn decode(&self, ids: &[u32]) -> String {
         let inner = self.inner.read();
         ids.iter()
             .map(|id| inner.strings.get(id).map(String::as_str).unwrap_or("<unk>"))
             .collect()
-    }
-
-    pub fn len(&self) -> usize {
-        self.inner.read().ids.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 

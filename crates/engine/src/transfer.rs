@@ -14,37 +14,37 @@ const MAGIC: &[u8; 8] = b"BSKVXF01";
 
 /// Decode's request to prefill.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct PrefillRequest {
-    pub tokens: Vec<u32>,
+pub(crate) struct PrefillRequest {
+    pub(crate) tokens: Vec<u32>,
     /// Decode's own index-K dtype name (for prefill's logs; decode does the check).
-    pub index_k_dtype: String,
+    pub(crate) index_k_dtype: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct PayloadHeader {
-    pub index_k_dtype: String,
-    pub n_tokens: usize,
-    pub page_tokens: usize,
-    pub stale_index_pages: usize,
+pub(crate) struct PayloadHeader {
+    pub(crate) index_k_dtype: String,
+    pub(crate) n_tokens: usize,
+    pub(crate) page_tokens: usize,
+    pub(crate) stale_index_pages: usize,
     #[serde(default)]
-    pub index_k_crc32: Option<u32>,
+    pub(crate) index_k_crc32: Option<u32>,
 }
 
 #[derive(Debug, Error, PartialEq)]
-pub enum TransferError {
+pub(crate) enum TransferError {
     #[error("index-K dtype mismatch: prefill sends {sent}, decode expects {expected}; set SGLANG_DSV4_BF16_INDEX_K identically on both roles")]
     DtypeMismatch { sent: String, expected: String },
     #[error("malformed KV transfer payload: {0}")]
     Malformed(String),
 }
 
-pub fn dtype_from_name(name: &str) -> Option<IndexKDtype> {
+pub(crate) fn dtype_from_name(name: &str) -> Option<IndexKDtype> {
     [IndexKDtype::Bf16, IndexKDtype::Fp8]
         .into_iter()
         .find(|dtype| dtype.name() == name)
 }
 
-pub fn encode(kv: &PromptKv, with_checksum: bool) -> Vec<u8> {
+pub(crate) fn encode(kv: &PromptKv, with_checksum: bool) -> Vec<u8> {
     let header = PayloadHeader {
         index_k_dtype: kv.dtype.name().to_string(),
         n_tokens: kv.tokens.len(),
@@ -71,21 +71,21 @@ pub fn encode(kv: &PromptKv, with_checksum: bool) -> Vec<u8> {
 
 /// A received payload, checked against decode's dtype.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Received {
-    pub header: PayloadHeader,
-    pub kv: PromptKv,
+pub(crate) struct Received {
+    pub(crate) header: PayloadHeader,
+    pub(crate) kv: PromptKv,
     /// crc32 of the received index-K when the sender attached one.
-    pub received_crc32: Option<u32>,
+    pub(crate) received_crc32: Option<u32>,
 }
 
 impl Received {
     /// Sender's and receiver's checksums differ (None when no checksum was sent).
-    pub fn checksum_mismatch(&self) -> Option<bool> {
+    pub(crate) fn checksum_mismatch(&self) -> Option<bool> {
         Some(self.header.index_k_crc32? != self.received_crc32?)
     }
 }
 
-pub fn decode(bytes: &[u8], expected: IndexKDtype) -> Result<Received, TransferError> {
+pub(crate) fn decode(bytes: &[u8], expected: IndexKDtype) -> Result<Received, TransferError> {
     let malformed = |what: &str| TransferError::Malformed(what.to_string());
     if bytes.len() < 12 || &bytes[..8] != MAGIC {
         return Err(malformed("bad magic"));

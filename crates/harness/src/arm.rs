@@ -538,6 +538,14 @@ impl<'a> Testbed<'a> {
             .map(|(role, peak)| (role.clone(), peak.round() as u64))
             .collect();
         stats.peak_running.insert("client".into(), inflight.peak());
+        stats.transport = Some(driven.transport.clone());
+        stats.load_gap = log.load_gap().filter(|gap| gap.is_material());
+        for line in driven.transport.problems() {
+            self.progress.note(&format!(
+                "warning: block {}-r{}: {line}",
+                block.label, block.repeat
+            ));
+        }
         stats.metrics_failed = log.all_failed();
         for (role, why) in &stats.metrics_failed {
             self.progress.note(&format!(

@@ -701,6 +701,7 @@ mod tests {
             engine: Default::default(),
             markup: crate::core::classify::MarkupFamily::ALL.to_vec(),
             flags_dir: None,
+            rejections: Vec::new(),
         }
     }
 

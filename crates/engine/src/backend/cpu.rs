@@ -1,7 +1,12 @@
 //! CPU backend: the reference implementation of the engine's three kernels (index-K
-//! quantize, indexer scores + top-k, sparse attention). Plain safe Rust, single
-//! threaded per call; the results define what every other backend must reproduce.
+//! quantize, indexer scores + top-k, sparse attention) and of the whole [`Backend`]
+//! contract. Plain safe Rust, single threaded per call; the results define what every
+//! other backend must reproduce. The reads are written once, over [`Rows`]: the slice
+//! methods read a gathered buffer as one page, the paged ones a pool's pages
+//! (`cpu_pool`).
 
+use super::cpu_pool::{CpuPools, Region, Rows};
+use super::paged::{self, PageRows};
 use super::{
     layout, mla_up_projection, AttnJob, AttnOut, AttnPath, Backend, GatheredKv, IndexKDtype,
     IndexerJob, PageContents, PagedAttnJob, PagedIndexerJob, PoolId, PoolSpec, PoolStats, TopkImpl,
@@ -12,7 +17,15 @@ use std::cmp::Ordering;
 
 pub struct CpuBackend {
     fp8_table: [f32; 256],
-    pools: super::cpu_pool::CpuPools,
+    pools: CpuPools,
+    /// Claims asynchronous load-backs (as CUDA's), so that `PrefillCore::for_backend`
+    /// and the load simulation take the resident store; its load-backs still land at
+    /// once, so nothing is ever stale. Only tests build it so
+    /// ([`CpuBackend::claiming_async_load_backs`]).
+    claims_async: bool,
+    /// The modelled forward delays asked of a backend claiming async load-backs (it has
+    /// no device to occupy): what the tests check prefill's resident store queues.
+    pub(crate) delays: std::sync::Mutex<Vec<u64>>,
 }
 
 impl Default for CpuBackend {
@@ -26,12 +39,46 @@ impl CpuBackend {
         CpuBackend {
             fp8_table: layout::fp8_table(),
             pools: Default::default(),
+            claims_async: false,
+            delays: Default::default(),
         }
+    }
+
+    /// The CPU backend taken for one whose load-backs are asynchronous (see
+    /// `claims_async`), recording the forward delays it is asked for.
+    #[cfg(test)]
+    pub(crate) fn claiming_async_load_backs() -> Self {
+        CpuBackend {
+            claims_async: true,
+            ..Self::new()
+        }
+    }
+
+    /// One indexer query over rows 0..n of `index_k`: dequantized dot products, then
+    /// the top `k` in the indexer's order.
+    fn indexer_job(
+        &self,
+        dtype: IndexKDtype,
+        query: &[f32],
+        index_k: Rows<'_, u8>,
+        n: usize,
+        (k, topk): (usize, TopkImpl),
+    ) -> Vec<u32> {
+        let mut row = [0.0f32; INDEX_DIM];
+        let scored: Vec<(f32, u32)> = index_k
+            .first(n)
+            .enumerate()
+            .map(|(position, bytes)| {
+                layout::dequantize_row(dtype, bytes, &self.fp8_table, &mut row);
+                (sanitize(dot(query, &row)), position as u32)
+            })
+            .collect();
+        select_top(scored, k, topk)
     }
 }
 
 /// Scores that stale garbage turns into NaN/inf must not win: they rank last.
-pub(super) fn sanitize(score: f32) -> f32 {
+fn sanitize(score: f32) -> f32 {
     if score.is_finite() {
         score
     } else {
@@ -44,7 +91,7 @@ fn rank(a: &(f32, u32), b: &(f32, u32)) -> Ordering {
     b.0.total_cmp(&a.0).then(a.1.cmp(&b.1))
 }
 
-pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
+fn dot(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
@@ -67,7 +114,7 @@ fn project_transposed(matrix: &[f32], v: &[f32], out: &mut [f32]) {
 
 /// The top `k` of `scored` in the indexer's order; V1 sorts everything, V2 selects
 /// first. Same result, different work.
-pub(super) fn select_top(mut scored: Vec<(f32, u32)>, k: usize, topk: TopkImpl) -> Vec<u32> {
+fn select_top(mut scored: Vec<(f32, u32)>, k: usize, topk: TopkImpl) -> Vec<u32> {
     let keep = k.min(scored.len());
     match topk {
         TopkImpl::V1 => scored.sort_by(rank),
@@ -84,13 +131,12 @@ pub(super) fn select_top(mut scored: Vec<(f32, u32)>, k: usize, topk: TopkImpl) 
         .collect()
 }
 
-/// Sparse attention of one query over rows `key(p)`, p < n (the reference arithmetic
-/// both the slice and the paged methods use).
-pub(super) fn attend<'k>(
+/// Sparse attention of one query over rows 0..n of `keys`, the selected ones.
+fn attend(
     query: &[f32],
+    keys: Rows<'_, f32>,
     n: usize,
     selected: &[u32],
-    key: &dyn Fn(usize) -> &'k [f32],
     path: AttnPath,
 ) -> anyhow::Result<AttnOut> {
     let matrix = mla_up_projection();
@@ -111,15 +157,16 @@ pub(super) fn attend<'k>(
                 .map(|&position| {
                     let p = position as usize;
                     ensure!(p < n, "selected position {p} outside {n} rows");
-                    Ok((position, dot(&absorbed_query, key(p)) * inv_sqrt_dim))
+                    Ok((position, dot(&absorbed_query, keys.row(p)) * inv_sqrt_dim))
                 })
                 .collect::<anyhow::Result<_>>()?
         }
         AttnPath::Legacy => {
             // Dense: every stored row is up-projected and scored, then masked.
-            let dense: Vec<f32> = (0..n)
-                .map(|p| {
-                    project(matrix, key(p), &mut projected_key);
+            let dense: Vec<f32> = keys
+                .first(n)
+                .map(|key| {
+                    project(matrix, key, &mut projected_key);
                     dot(&projected_query, &projected_key) * inv_sqrt_dim
                 })
                 .collect();
@@ -196,7 +243,6 @@ impl Backend for CpuBackend {
         topk: TopkImpl,
     ) -> anyhow::Result<Vec<Vec<u32>>> {
         let per_token = dtype.bytes_per_token();
-        let mut row = [0.0f32; INDEX_DIM];
         let mut results = Vec::with_capacity(jobs.len());
         for job in jobs {
             ensure!(
@@ -207,15 +253,8 @@ impl Backend for CpuBackend {
                 job.index_k.len() >= job.n * per_token,
                 "index-K buffer shorter than n rows"
             );
-            let scored: Vec<(f32, u32)> = job.index_k[..job.n * per_token]
-                .chunks_exact(per_token)
-                .enumerate()
-                .map(|(position, bytes)| {
-                    layout::dequantize_row(dtype, bytes, &self.fp8_table, &mut row);
-                    (sanitize(dot(job.query, &row)), position as u32)
-                })
-                .collect();
-            results.push(select_top(scored, k, topk));
+            let rows = Rows::gathered(job.index_k, per_token, job.n);
+            results.push(self.indexer_job(dtype, job.query, rows, job.n, (k, topk)));
         }
         Ok(results)
     }
@@ -235,8 +274,8 @@ impl Backend for CpuBackend {
                 job.keys.len() >= job.n * MAIN_DIM,
                 "main key buffer shorter than n rows"
             );
-            let key = |p: usize| &job.keys[p * MAIN_DIM..(p + 1) * MAIN_DIM];
-            outputs.push(attend(job.query, job.n, job.selected, &key, path)?);
+            let keys = Rows::gathered(job.keys, MAIN_DIM, job.n);
+            outputs.push(attend(job.query, keys, job.n, job.selected, path)?);
         }
         Ok(outputs)
     }
@@ -249,28 +288,8 @@ impl Backend for CpuBackend {
         self.pools.release(pool)
     }
 
-    fn write_rows(
-        &self,
-        pool: PoolId,
-        page: u32,
-        first_row: usize,
-        main_keys: &[f32],
-        index_keys: &[f32],
-    ) -> anyhow::Result<()> {
-        self.pools
-            .write_rows(pool, page, first_row, main_keys, index_keys)
-    }
-
-    fn write_quantized_rows(
-        &self,
-        pool: PoolId,
-        page: u32,
-        first_row: usize,
-        main_keys: &[f32],
-        index_rows: &[u8],
-    ) -> anyhow::Result<()> {
-        self.pools
-            .write_quantized_rows(pool, page, first_row, main_keys, index_rows)
+    fn store_rows(&self, pool: PoolId, rows: PageRows<'_>) -> anyhow::Result<()> {
+        self.pools.with(pool, |p| p.store(&rows))
     }
 
     fn append_rows(
@@ -280,27 +299,48 @@ impl Backend for CpuBackend {
         main_keys: &[f32],
         index_keys: &[f32],
     ) -> anyhow::Result<()> {
-        self.pools.with_spec(pool, |spec| {
-            super::paged::check_append(spec, rows, main_keys, index_keys)
-        })?;
-        for (i, &(page, row)) in rows.iter().enumerate() {
-            self.pools.write_rows(
-                pool,
-                page,
-                row,
-                &main_keys[i * MAIN_DIM..(i + 1) * MAIN_DIM],
-                &index_keys[i * INDEX_DIM..(i + 1) * INDEX_DIM],
-            )?;
-        }
-        Ok(())
+        self.pools.with(pool, |p| {
+            paged::check_append(&p.spec, rows, main_keys, index_keys)?;
+            for (i, &(page, first_row)) in rows.iter().enumerate() {
+                let index = &index_keys[i * INDEX_DIM..(i + 1) * INDEX_DIM];
+                p.store(&PageRows {
+                    page,
+                    first_row,
+                    main_keys: &main_keys[i * MAIN_DIM..(i + 1) * MAIN_DIM],
+                    index: super::IndexRows::Keys(index),
+                })?;
+            }
+            Ok(())
+        })
     }
 
     fn evict_page(&self, pool: PoolId, page: u32, slot: u32) -> anyhow::Result<()> {
-        self.pools.evict(pool, page, slot)
+        self.pools.with(pool, |p| p.evict(page, slot))
     }
 
-    fn load_back_page(&self, pool: PoolId, slot: u32, page: u32) -> anyhow::Result<()> {
-        self.pools.load_back(pool, slot, page)
+    fn load_back_pages(&self, pool: PoolId, pairs: &[(u32, u32)]) -> anyhow::Result<()> {
+        // Each copy lands before the next starts: main KV and index-K of a pair at once.
+        self.pools.with(pool, |p| {
+            pairs
+                .iter()
+                .try_for_each(|&(slot, page)| p.load_back(slot, page))
+        })
+    }
+
+    fn load_back_is_async(&self) -> bool {
+        self.claims_async
+    }
+
+    fn model_forward_delay(&self, ns: u64) -> anyhow::Result<()> {
+        // The CPU models step time on the host (`EngineTuning::prefill_step_floor_us`);
+        // only a backend claiming async load-backs keeps what it was asked.
+        if self.claims_async {
+            self.delays
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(ns);
+        }
+        Ok(())
     }
 
     fn indexer_topk_paged(
@@ -312,8 +352,16 @@ impl Backend for CpuBackend {
         _gate_index_k: bool,
     ) -> anyhow::Result<Vec<Vec<u32>>> {
         // Every CPU load-back has landed already: there is nothing to wait for.
-        self.pools
-            .indexer_topk(&self.fp8_table, pool, jobs, k, topk)
+        self.pools.with(pool, |p| {
+            paged::check_indexer_jobs(&p.spec, jobs)?;
+            let mut results = Vec::with_capacity(jobs.len());
+            for job in jobs {
+                p.count_stale_reads(Region::Index, job.pages, job.n);
+                let rows = p.index_rows(job.pages);
+                results.push(self.indexer_job(p.spec.dtype, job.query, rows, job.n, (k, topk)));
+            }
+            Ok(results)
+        })
     }
 
     fn sparse_attention_paged(
@@ -322,15 +370,24 @@ impl Backend for CpuBackend {
         jobs: &[PagedAttnJob<'_>],
         path: AttnPath,
     ) -> anyhow::Result<Vec<AttnOut>> {
-        self.pools.sparse_attention(pool, jobs, path)
+        self.pools.with(pool, |p| {
+            paged::check_attention_jobs(&p.spec, jobs)?;
+            let mut outputs = Vec::with_capacity(jobs.len());
+            for job in jobs {
+                p.count_stale_reads(Region::Main, job.pages, job.n);
+                let keys = p.main_rows(job.pages);
+                outputs.push(attend(job.query, keys, job.n, job.selected, path)?);
+            }
+            Ok(outputs)
+        })
     }
 
     fn read_page(&self, pool: PoolId, page: u32) -> anyhow::Result<PageContents> {
-        self.pools.read_page(pool, page)
+        self.pools.with(pool, |p| p.read_page(page))
     }
 
     fn pool_stats(&self, pool: PoolId) -> anyhow::Result<PoolStats> {
-        self.pools.stats(pool)
+        self.pools.with(pool, |p| Ok(p.stats))
     }
 
     fn gather_sequence(
@@ -341,7 +398,7 @@ impl Backend for CpuBackend {
         _gate_index_k: bool,
     ) -> anyhow::Result<GatheredKv> {
         // Load-backs here have landed before they return: nothing to wait for.
-        self.pools.gather(pool, pages, n)
+        self.pools.with(pool, |p| p.gather(pages, n))
     }
 }
 

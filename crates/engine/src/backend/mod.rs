@@ -3,23 +3,27 @@
 //! CUDA (cudarc, kernels in top-level `kernels/*.cu`, compiled with NVRTC at start) is
 //! used with `--device cuda` or when `--device auto` finds a GPU.
 //!
-//! Two halves of one contract. The slice methods take gathered, contiguous host
-//! buffers (what the served roles use today). The paged methods ([`paged`]) take pool
-//! handles and page lists: the KV lives with the backend (one device allocation per
-//! pool on CUDA), and only new tokens' keys, queries, page lists and results cross.
-//! Results must be bit-identical between backends for the selected positions (ties are
-//! broken by the lower position), and between the slice and paged methods.
+//! Two halves of one contract. The paged methods ([`paged`]) take pool handles and
+//! page lists: the KV lives with the backend (one device allocation per pool on CUDA),
+//! and only new tokens' keys, queries, page lists and results cross. The served roles
+//! read through them wherever a sequence has pages (prefill's resident store and
+//! decode's resident pool on CUDA). The slice methods take gathered, contiguous host
+//! buffers: decode's steps on the CPU and a CUDA decode request that got no pages. On
+//! the CPU both halves are one implementation (a gathered buffer is read as one page,
+//! `cpu_pool::Rows`); on CUDA they are two kernel families sharing their launch
+//! helpers. Results must be bit-identical between backends for the selected positions
+//! (ties are broken by the lower position), and between the slice and paged methods.
 
 pub mod cpu;
 mod cpu_pool;
 pub mod cuda;
-pub mod paged;
+pub(crate) mod paged;
 #[cfg(test)]
 pub(crate) mod paged_tests;
 
 pub use paged::{
-    GatheredKv, PageContents, PagedAttnJob, PagedIndexerJob, PoolId, PoolSpec, PoolStats,
-    MAX_PAGE_TOKENS,
+    GatheredKv, IndexRows, PageContents, PageRows, PagedAttnJob, PagedIndexerJob, PoolId, PoolSpec,
+    PoolStats, MAX_PAGE_TOKENS,
 };
 
 use serde::Serialize;
@@ -130,9 +134,13 @@ pub trait Backend: Send + Sync {
     fn create_pool(&self, spec: PoolSpec) -> anyhow::Result<PoolId>;
     /// Frees a pool's memory; its id is invalid afterwards.
     fn release_pool(&self, pool: PoolId) -> anyhow::Result<()>;
-    /// Stores new rows `first_row..` of `page`: their main keys (MAIN_DIM f32 each) as
-    /// they are, their index keys (INDEX_DIM f32 each) quantized in the pool's dtype.
-    /// Gives the page a fresh generation. Waits for any load-back still landing on it.
+    /// Stores new rows of one page ([`PageRows`]): their main keys (MAIN_DIM f32 each)
+    /// as they are, their index keys quantized in the pool's dtype, or their index-K
+    /// bytes kept exactly when they come quantized elsewhere (prefill's shipped
+    /// index-K, stale or not). Gives the page a fresh generation.
+    /// Waits for any load-back still landing on it.
+    fn store_rows(&self, pool: PoolId, rows: PageRows<'_>) -> anyhow::Result<()>;
+    /// [`Backend::store_rows`] of index keys to quantize.
     fn write_rows(
         &self,
         pool: PoolId,
@@ -140,17 +148,18 @@ pub trait Backend: Send + Sync {
         first_row: usize,
         main_keys: &[f32],
         index_keys: &[f32],
-    ) -> anyhow::Result<()>;
-    /// Stores rows already quantized elsewhere (prefill's shipped index-K, stale or not:
-    /// its bytes are kept exactly). Otherwise as [`Backend::write_rows`].
-    fn write_quantized_rows(
-        &self,
-        pool: PoolId,
-        page: u32,
-        first_row: usize,
-        main_keys: &[f32],
-        index_rows: &[u8],
-    ) -> anyhow::Result<()>;
+    ) -> anyhow::Result<()> {
+        let index = IndexRows::Keys(index_keys);
+        self.store_rows(
+            pool,
+            PageRows {
+                page,
+                first_row,
+                main_keys,
+                index,
+            },
+        )
+    }
     /// Appends one row per entry of `rows` (page, row in page), in one call: decode's new
     /// tokens of a step. Keys as in [`Backend::write_rows`], `rows.len()` rows each. Each
     /// page written gets one fresh generation.
@@ -165,19 +174,15 @@ pub trait Backend: Send + Sync {
     /// far. The page can be reused at once: later writes of it and load-backs into it
     /// are ordered after the copy (on CUDA the copy is queued, not waited for).
     fn evict_page(&self, pool: PoolId, page: u32, slot: u32) -> anyhow::Result<()>;
-    /// HiCache load-back: host slot -> page, main KV first, then index-K. On CUDA it is
-    /// queued on the copy stream and returns before it lands.
-    fn load_back_page(&self, pool: PoolId, slot: u32, page: u32) -> anyhow::Result<()>;
-    /// One load-back job over several (host slot, page) pairs: every main-KV page, then
-    /// every index-K page (the order of the seeds' deployment: the index-K copy of a
-    /// request's pages starts once all their main KV has landed). Same effect as
-    /// [`Backend::load_back_page`] per pair; on CUDA one main and one index-K event for
-    /// the whole job.
-    fn load_back_pages(&self, pool: PoolId, pairs: &[(u32, u32)]) -> anyhow::Result<()> {
-        for &(slot, page) in pairs {
-            self.load_back_page(pool, slot, page)?;
-        }
-        Ok(())
+    /// HiCache load-back of several (host slot, page) pairs as one job: every main-KV
+    /// page, then every index-K page (the order of the seeds' deployment: the index-K
+    /// copy of a request's pages starts once all their main KV has landed). On CUDA it
+    /// is queued on the copy stream, one main and one index-K event for the whole job,
+    /// and returns before it lands.
+    fn load_back_pages(&self, pool: PoolId, pairs: &[(u32, u32)]) -> anyhow::Result<()>;
+    /// HiCache load-back of one page: host slot -> page, main KV first, then index-K.
+    fn load_back_page(&self, pool: PoolId, slot: u32, page: u32) -> anyhow::Result<()> {
+        self.load_back_pages(pool, &[(slot, page)])
     }
     /// True when a load-back can still be landing after `load_back_page` returns (CUDA's
     /// copy stream): an ungated read can then race it. The served prefill keeps its
@@ -234,14 +239,14 @@ pub trait Backend: Send + Sync {
 /// written by one can be read by another:
 /// * bf16: INDEX_DIM little-endian bf16 values;
 /// * fp8: INDEX_DIM e4m3 bytes, then the f32 scale (amax / 448) little-endian.
-pub mod layout {
+pub(crate) mod layout {
     use super::{IndexKDtype, INDEX_DIM};
 
     /// Largest finite e4m3 magnitude: the per-token scale maps amax onto it.
-    pub const FP8_E4M3_MAX: f32 = 448.0;
+    pub(crate) const FP8_E4M3_MAX: f32 = 448.0;
 
     /// Quantize one row of INDEX_DIM f32 into `out` (dtype.bytes_per_token() bytes).
-    pub fn quantize_row(dtype: IndexKDtype, key: &[f32], out: &mut [u8]) {
+    pub(crate) fn quantize_row(dtype: IndexKDtype, key: &[f32], out: &mut [u8]) {
         debug_assert_eq!(key.len(), INDEX_DIM);
         match dtype {
             IndexKDtype::Bf16 => {
@@ -261,7 +266,12 @@ pub mod layout {
     }
 
     /// Dequantize one row into `out` (INDEX_DIM f32), using `fp8_table` for e4m3.
-    pub fn dequantize_row(dtype: IndexKDtype, row: &[u8], fp8_table: &[f32; 256], out: &mut [f32]) {
+    pub(crate) fn dequantize_row(
+        dtype: IndexKDtype,
+        row: &[u8],
+        fp8_table: &[f32; 256],
+        out: &mut [f32],
+    ) {
         match dtype {
             IndexKDtype::Bf16 => {
                 for (dst, src) in out.iter_mut().zip(row.chunks_exact(2)) {
@@ -284,7 +294,7 @@ pub mod layout {
 
     /// Every e4m3 bit pattern decoded once (NaN patterns decode to 0 so stale garbage
     /// cannot poison a whole score row).
-    pub fn fp8_table() -> [f32; 256] {
+    pub(crate) fn fp8_table() -> [f32; 256] {
         let mut table = [0.0f32; 256];
         for (bits, slot) in table.iter_mut().enumerate() {
             let value = float8::F8E4M3::from_bits(bits as u8).to_f32();
@@ -299,7 +309,7 @@ pub mod layout {
 /// query once (`q' = W^T (W q)`); the Legacy path projects every stored row (`W k_j`)
 /// before the dot product, which is the genuine extra work of the non-absorbed path.
 /// Both give the same scores up to float rounding.
-pub fn mla_up_projection() -> &'static [f32] {
+pub(crate) fn mla_up_projection() -> &'static [f32] {
     static MATRIX: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
     MATRIX.get_or_init(|| {
         // Gram-Schmidt over deterministic pseudo-random rows.

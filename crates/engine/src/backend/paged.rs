@@ -83,6 +83,26 @@ impl PoolSpec {
     }
 }
 
+/// New rows `first_row..` of one page, as [`Backend::store_rows`](super::Backend::store_rows)
+/// takes them (`write_rows` is the short form for index keys to quantize).
+pub struct PageRows<'a> {
+    pub page: u32,
+    pub first_row: usize,
+    /// MAIN_DIM f32 a row, stored as they are.
+    pub main_keys: &'a [f32],
+    pub index: IndexRows<'a>,
+}
+
+/// The index-K of new rows.
+#[derive(Clone, Copy)]
+pub enum IndexRows<'a> {
+    /// INDEX_DIM f32 a row, quantized by the backend in the pool's dtype.
+    Keys(&'a [f32]),
+    /// Rows quantized elsewhere (prefill's shipped index-K, stale or not): their bytes
+    /// are kept exactly.
+    Quantized(&'a [u8]),
+}
+
 /// One indexer query over a sequence stored in a pool: row `p` of the sequence is row
 /// `p % page_tokens` of page `pages[p / page_tokens]`.
 pub struct PagedIndexerJob<'a> {
@@ -145,38 +165,39 @@ pub struct PageContents {
 }
 
 /// Shape checks shared by every backend, before anything is read.
-pub fn check_indexer_jobs(spec: &PoolSpec, jobs: &[PagedIndexerJob<'_>]) -> Result<()> {
+pub(crate) fn check_indexer_jobs(spec: &PoolSpec, jobs: &[PagedIndexerJob<'_>]) -> Result<()> {
     for (j, job) in jobs.iter().enumerate() {
-        ensure!(
-            job.query.len() == super::INDEX_DIM,
-            "paged indexer job {j}: query has {} f32, not {}",
-            job.query.len(),
-            super::INDEX_DIM
-        );
+        check_query("paged indexer", j, job.query, super::INDEX_DIM)?;
         check_pages(spec, j, job.pages, job.n)?;
     }
     Ok(())
 }
 
-pub fn check_attention_jobs(spec: &PoolSpec, jobs: &[PagedAttnJob<'_>]) -> Result<()> {
+pub(crate) fn check_attention_jobs(spec: &PoolSpec, jobs: &[PagedAttnJob<'_>]) -> Result<()> {
     for (j, job) in jobs.iter().enumerate() {
-        ensure!(
-            job.query.len() == super::MAIN_DIM,
-            "paged attention job {j}: query has {} f32, not {}",
-            job.query.len(),
-            super::MAIN_DIM
-        );
+        check_query("paged attention", j, job.query, super::MAIN_DIM)?;
         check_pages(spec, j, job.pages, job.n)?;
-        ensure!(
-            !job.selected.is_empty(),
-            "paged attention job {j}: empty selection"
-        );
-        if let Some(bad) = job.selected.iter().find(|&&p| p as usize >= job.n) {
-            anyhow::bail!(
-                "paged attention job {j}: selected position {bad} is outside 0..{}",
-                job.n
-            );
-        }
+        check_selection("paged attention", j, job.selected, job.n)?;
+    }
+    Ok(())
+}
+
+/// A job's query is one whole vector of `dim` (the slice and the paged checks of every
+/// backend say it in these words, `kind` naming the job).
+pub(crate) fn check_query(kind: &str, j: usize, query: &[f32], dim: usize) -> Result<()> {
+    ensure!(
+        query.len() == dim,
+        "{kind} job {j}: query has {} f32, not {dim}",
+        query.len()
+    );
+    Ok(())
+}
+
+/// An attention job selects at least one row, each among its n.
+pub(crate) fn check_selection(kind: &str, j: usize, selected: &[u32], n: usize) -> Result<()> {
+    ensure!(!selected.is_empty(), "{kind} job {j}: empty selection");
+    if let Some(bad) = selected.iter().find(|&&p| p as usize >= n) {
+        anyhow::bail!("{kind} job {j}: selected position {bad} is outside 0..{n}");
     }
     Ok(())
 }
@@ -197,8 +218,9 @@ fn check_pages(spec: &PoolSpec, job: usize, pages: &[u32], n: usize) -> Result<(
     Ok(())
 }
 
-/// Checks of a `write_rows` call: the rows must lie inside one page.
-pub fn check_write(
+/// Checks of a `store_rows` call of index keys (`write_rows`): the rows must lie inside
+/// one page.
+pub(crate) fn check_write(
     spec: &PoolSpec,
     page: u32,
     first_row: usize,
@@ -229,8 +251,9 @@ pub fn check_write(
     Ok(rows)
 }
 
-/// Checks of a `write_quantized_rows` call: whole rows inside one page.
-pub fn check_write_quantized(
+/// Checks of a `store_rows` call of quantized index rows: whole rows inside one page
+/// (its errors keep the name the call had before `store_rows` took both kinds).
+pub(crate) fn check_write_quantized(
     spec: &PoolSpec,
     page: u32,
     first_row: usize,
@@ -248,8 +271,19 @@ pub fn check_write_quantized(
     check_write(spec, page, first_row, main_keys, &placeholder)
 }
 
+/// Checks of a `store_rows` call, by the kind of index rows; returns the number of
+/// rows.
+pub(crate) fn check_store(spec: &PoolSpec, rows: &PageRows<'_>) -> Result<usize> {
+    match rows.index {
+        IndexRows::Keys(keys) => check_write(spec, rows.page, rows.first_row, rows.main_keys, keys),
+        IndexRows::Quantized(bytes) => {
+            check_write_quantized(spec, rows.page, rows.first_row, rows.main_keys, bytes)
+        }
+    }
+}
+
 /// Checks of an `append_rows` call.
-pub fn check_append(
+pub(crate) fn check_append(
     spec: &PoolSpec,
     rows: &[(u32, usize)],
     main_keys: &[f32],
@@ -277,13 +311,13 @@ pub fn check_append(
 }
 
 /// Checks of a `gather_sequence` call.
-pub fn check_gather(spec: &PoolSpec, pages: &[u32], n: usize) -> Result<()> {
+pub(crate) fn check_gather(spec: &PoolSpec, pages: &[u32], n: usize) -> Result<()> {
     ensure!(n > 0, "gather_sequence: no rows asked");
     check_pages(spec, 0, pages, n)
 }
 
 /// Range checks of evict / load-back.
-pub fn check_slot(spec: &PoolSpec, page: u32, slot: u32) -> Result<()> {
+pub(crate) fn check_slot(spec: &PoolSpec, page: u32, slot: u32) -> Result<()> {
     ensure!(
         (page as usize) < spec.device_pages,
         "page {page} outside the pool's 0..{}",

@@ -4,25 +4,25 @@
 
 use super::cpu::CpuBackend;
 use super::{
-    AttnJob, AttnOut, AttnPath, Backend, GatheredKv, IndexKDtype, IndexerJob, PageContents,
-    PagedAttnJob, PagedIndexerJob, PoolId, PoolSpec, PoolStats, TopkImpl, INDEX_DIM, MAIN_DIM,
+    AttnJob, AttnPath, Backend, IndexKDtype, IndexerJob, PagedAttnJob, PagedIndexerJob, PoolId,
+    PoolSpec, TopkImpl, INDEX_DIM, MAIN_DIM,
 };
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 pub(crate) struct Sequence {
-    pub pages: Vec<u32>,
-    pub n: usize,
-    pub main: Vec<f32>,
-    pub index_keys: Vec<f32>,
-    pub index_query: Vec<f32>,
-    pub main_query: Vec<f32>,
+    pub(crate) pages: Vec<u32>,
+    pub(crate) n: usize,
+    pub(crate) main: Vec<f32>,
+    pub(crate) index_keys: Vec<f32>,
+    pub(crate) index_query: Vec<f32>,
+    pub(crate) main_query: Vec<f32>,
 }
 
 pub(crate) struct Fixture {
-    pub spec: PoolSpec,
-    pub sequences: Vec<Sequence>,
+    pub(crate) spec: PoolSpec,
+    pub(crate) sequences: Vec<Sequence>,
 }
 
 /// Sequences of `sizes` rows in a pool of `page_tokens`-row pages, pages handed out in
@@ -364,127 +364,4 @@ fn gather_returns_the_stored_rows_before_and_after_a_batched_load_back() {
     let pool = store(&cpu, &fixture);
     let error = cpu.gather_sequence(pool, &[0], 5, false).unwrap_err();
     assert!(error.to_string().contains("cannot hold n = 5"), "{error}");
-}
-
-/// The CPU backend claiming asynchronous load-backs, so that `PrefillCore::for_backend`
-/// (and the load simulation) take the resident store as on CUDA; its load-backs still
-/// land at once, so nothing is ever stale. Records the modelled forward delays asked.
-#[derive(Default)]
-pub(crate) struct CpuAsAsync {
-    pub inner: CpuBackend,
-    pub delays: std::sync::Mutex<Vec<u64>>,
-}
-
-impl Backend for CpuAsAsync {
-    fn load_back_is_async(&self) -> bool {
-        true
-    }
-    fn model_forward_delay(&self, ns: u64) -> anyhow::Result<()> {
-        self.delays.lock().unwrap().push(ns);
-        Ok(())
-    }
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-    fn quantize_index_k(
-        &self,
-        dtype: IndexKDtype,
-        keys: &[f32],
-        out: &mut [u8],
-    ) -> anyhow::Result<()> {
-        self.inner.quantize_index_k(dtype, keys, out)
-    }
-    fn indexer_topk(
-        &self,
-        dtype: IndexKDtype,
-        jobs: &[IndexerJob<'_>],
-        k: usize,
-        topk: TopkImpl,
-    ) -> anyhow::Result<Vec<Vec<u32>>> {
-        self.inner.indexer_topk(dtype, jobs, k, topk)
-    }
-    fn sparse_attention(
-        &self,
-        jobs: &[AttnJob<'_>],
-        path: AttnPath,
-    ) -> anyhow::Result<Vec<AttnOut>> {
-        self.inner.sparse_attention(jobs, path)
-    }
-    fn create_pool(&self, spec: PoolSpec) -> anyhow::Result<PoolId> {
-        self.inner.create_pool(spec)
-    }
-    fn release_pool(&self, pool: PoolId) -> anyhow::Result<()> {
-        self.inner.release_pool(pool)
-    }
-    fn write_rows(
-        &self,
-        pool: PoolId,
-        page: u32,
-        first_row: usize,
-        main_keys: &[f32],
-        index_keys: &[f32],
-    ) -> anyhow::Result<()> {
-        self.inner
-            .write_rows(pool, page, first_row, main_keys, index_keys)
-    }
-    fn write_quantized_rows(
-        &self,
-        pool: PoolId,
-        page: u32,
-        first_row: usize,
-        main_keys: &[f32],
-        index_rows: &[u8],
-    ) -> anyhow::Result<()> {
-        self.inner
-            .write_quantized_rows(pool, page, first_row, main_keys, index_rows)
-    }
-    fn append_rows(
-        &self,
-        pool: PoolId,
-        rows: &[(u32, usize)],
-        main_keys: &[f32],
-        index_keys: &[f32],
-    ) -> anyhow::Result<()> {
-        self.inner.append_rows(pool, rows, main_keys, index_keys)
-    }
-    fn evict_page(&self, pool: PoolId, page: u32, slot: u32) -> anyhow::Result<()> {
-        self.inner.evict_page(pool, page, slot)
-    }
-    fn load_back_page(&self, pool: PoolId, slot: u32, page: u32) -> anyhow::Result<()> {
-        self.inner.load_back_page(pool, slot, page)
-    }
-    fn gather_sequence(
-        &self,
-        pool: PoolId,
-        pages: &[u32],
-        n: usize,
-        gate_index_k: bool,
-    ) -> anyhow::Result<GatheredKv> {
-        self.inner.gather_sequence(pool, pages, n, gate_index_k)
-    }
-    fn indexer_topk_paged(
-        &self,
-        pool: PoolId,
-        jobs: &[PagedIndexerJob<'_>],
-        k: usize,
-        topk: TopkImpl,
-        gate_index_k: bool,
-    ) -> anyhow::Result<Vec<Vec<u32>>> {
-        self.inner
-            .indexer_topk_paged(pool, jobs, k, topk, gate_index_k)
-    }
-    fn sparse_attention_paged(
-        &self,
-        pool: PoolId,
-        jobs: &[PagedAttnJob<'_>],
-        path: AttnPath,
-    ) -> anyhow::Result<Vec<AttnOut>> {
-        self.inner.sparse_attention_paged(pool, jobs, path)
-    }
-    fn read_page(&self, pool: PoolId, page: u32) -> anyhow::Result<PageContents> {
-        self.inner.read_page(pool, page)
-    }
-    fn pool_stats(&self, pool: PoolId) -> anyhow::Result<PoolStats> {
-        self.inner.pool_stats(pool)
-    }
 }

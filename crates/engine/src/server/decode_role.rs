@@ -283,15 +283,10 @@ pub(super) async fn chat_handler(
     State(state): State<Arc<super::AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let body = match body {
-        Ok(body) => body,
-        Err(rejection) => return error_response(rejection.status(), rejection.body_text()),
-    };
-    let Some(shared) = state.decode.clone() else {
-        return error_response(
-            StatusCode::NOT_FOUND,
-            "this is the prefill role: send chat requests to decode",
-        );
+    let not_decode = "this is the prefill role: send chat requests to decode";
+    let (body, shared) = match super::role_request(body, &state.decode, not_decode) {
+        Ok(accepted) => accepted,
+        Err(response) => return *response,
     };
     let request: ChatRequest = match serde_json::from_slice(&body) {
         Ok(request) => request,

@@ -26,6 +26,22 @@ use serde_json::json;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+/// A role handler's first steps: the request body (or the rejection's response), then
+/// the role's shared state (or 404 saying `not_this_role` when this server plays the
+/// other role). The refusal is boxed: a `Response` is large and this is the rare path.
+fn role_request<T: Clone>(
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+    role: &Option<T>,
+    not_this_role: &str,
+) -> Result<(axum::body::Bytes, T), Box<Response>> {
+    let body = body
+        .map_err(|rejection| Box::new(error_response(rejection.status(), rejection.body_text())))?;
+    let shared = role
+        .clone()
+        .ok_or_else(|| Box::new(error_response(StatusCode::NOT_FOUND, not_this_role)))?;
+    Ok((body, shared))
+}
+
 fn error_response(status: StatusCode, message: impl Into<String>) -> Response {
     let kind = if status.is_client_error() {
         "invalid_request_error"
@@ -141,7 +157,7 @@ async fn server_info(State(state): State<Arc<AppState>>) -> Response {
 }
 
 /// Serve one role until the process is killed.
-pub async fn serve(config: EngineConfig, backend: Box<dyn Backend>) -> anyhow::Result<()> {
+pub(crate) async fn serve(config: EngineConfig, backend: Box<dyn Backend>) -> anyhow::Result<()> {
     let address = format!("{}:{}", config.host, config.port);
     let listener = tokio::net::TcpListener::bind(&address)
         .await
@@ -151,7 +167,7 @@ pub async fn serve(config: EngineConfig, backend: Box<dyn Backend>) -> anyhow::R
 }
 
 /// Serve one role on an already bound listener.
-pub async fn serve_listener(
+pub(crate) async fn serve_listener(
     config: EngineConfig,
     backend: Box<dyn Backend>,
     listener: tokio::net::TcpListener,

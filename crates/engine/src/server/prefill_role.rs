@@ -197,12 +197,10 @@ pub(super) async fn prefill_handler(
     State(state): State<Arc<super::AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let body = match body {
-        Ok(body) => body,
-        Err(rejection) => return error_response(rejection.status(), rejection.body_text()),
-    };
-    let Some(shared) = state.prefill.clone() else {
-        return error_response(StatusCode::NOT_FOUND, "this is not a prefill server");
+    let not_prefill = "this is not a prefill server";
+    let (body, shared) = match super::role_request(body, &state.prefill, not_prefill) {
+        Ok(accepted) => accepted,
+        Err(response) => return *response,
     };
     let request: PrefillRequest = match serde_json::from_slice(&body) {
         Ok(request) => request,

@@ -1,6 +1,10 @@
+//! Tests of both served roles over real HTTP: streaming and plain replies, bad
+//! requests, dtype mismatches, body and connection limits, health and gauges.
+
 use super::*;
 use crate::backend::cpu::CpuBackend;
 use crate::listen::HttpLimits;
+use crate::test_support::post_json;
 use crate::{sim, DeviceChoice, EngineFlags, EngineTuning};
 use serde_json::Value;
 use std::time::Duration;
@@ -96,15 +100,7 @@ async fn streaming_matches_the_non_streaming_reply() {
         assert!(wait.elapsed().as_secs() < 20, "decode never became healthy");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    let plain: Value = client
-        .post(&chat)
-        .json(&chat_body(256))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let plain: Value = post_json(&client, &chat, &chat_body(256)).await;
     let message = &plain["choices"][0]["message"];
     let mut body = chat_body(256);
     body["stream"] = json!(true);
@@ -134,15 +130,7 @@ async fn streaming_matches_the_non_streaming_reply() {
         {"role": "assistant", "content": null, "tool_calls": plain_calls},
         {"role": "tool", "tool_call_id": "call_0", "content": "listen: 0.0.0.0:8080"}
     ]);
-    let plain: Value = client
-        .post(&chat)
-        .json(&done)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let plain: Value = post_json(&client, &chat, &done).await;
     done["stream"] = json!(true);
     let sse = client
         .post(&chat)
@@ -178,15 +166,7 @@ async fn end_to_end_over_http_with_bad_requests_and_dtype_mismatch() {
         .build()
         .unwrap();
     let chat = format!("{decode}/v1/chat/completions");
-    let response: Value = client
-        .post(&chat)
-        .json(&chat_body(256))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let response: Value = post_json(&client, &chat, &chat_body(256)).await;
     let message = &response["choices"][0]["message"];
     assert_eq!(
         response["choices"][0]["finish_reason"], "tool_calls",

@@ -969,6 +969,7 @@ mod tests {
             engine: Default::default(),
             markup: Vec::new(),
             flags_dir: None,
+            rejections: Vec::new(),
         }
     }
 

@@ -10,9 +10,11 @@
 //!
 //! A session is replayed round by round through the [`SessionProgress`] the live driver
 //! uses (`core::ending`): the first non-ok round ends it. Transport rounds (error,
-//! timeout) have no reply to judge and keep their class. A session whose last stored
-//! round was non-ok and is now ok would have gone on; those rounds were never run, so it
-//! becomes `maxrounds` and is counted as incomplete.
+//! timeout) have no reply to judge and keep their class, except an error reply whose
+//! status and body were kept (`RoundRecord::http`): it is judged again against the
+//! run's recorded rejection patterns (`rejected` or `error`), as is a `rejected` round.
+//! A session whose last stored round was non-ok and is now ok would have gone on; those
+//! rounds were never run, so it becomes `maxrounds` and is counted as incomplete.
 //!
 //! Kept: `sessions.jsonl.orig-<stamp>`, `run.json.orig-<stamp>`, and a `reclassified`
 //! entry in run.json holding the previous arms, runs, comparison and verdict.
@@ -121,8 +123,31 @@ pub fn reclassify_session(
     let mut pos = prefix.len();
     let mut progress = SessionProgress::new(task.steps.len());
     for stored_round in &old.rounds {
-        // Transport rounds have no reply to judge: they keep their stored class.
-        if matches!(stored_round.class, RoundClass::Error | RoundClass::Timeout) {
+        // An error reply kept whole enough to judge: rejected or error, by the patterns.
+        if let Some(http) = &stored_round.http {
+            let verdict = classifier.classify(
+                &RoundOutcome::Status {
+                    status: http.status,
+                    body: &http.body,
+                    error: status_error(http.status, &http.body),
+                },
+                task.expected(progress.step()).as_ref(),
+                workload.check_args,
+            );
+            let round = RoundRecord {
+                class: verdict.class,
+                evidence: verdict.evidence,
+                ..stored_round.clone()
+            };
+            progress.record(round, None);
+            break;
+        }
+        // Other transport rounds have no reply to judge: they keep their stored class
+        // (a rejected round without its reply, which this build never writes, too).
+        if matches!(
+            stored_round.class,
+            RoundClass::Error | RoundClass::Timeout | RoundClass::Rejected
+        ) {
             progress.record(stored_round.clone(), None);
             break;
         }
@@ -161,6 +186,16 @@ pub fn reclassify_session(
     if incomplete {
         ending.evidence = format!("reclassified: {}", ending.evidence);
     }
+    // An error reply judged a rejection is evidence, not a failure: no error text, as
+    // the live driver writes it; judged an error again, it gets its text back.
+    let error = match (
+        ending.class,
+        ending.rounds.last().and_then(|r| r.http.as_ref()),
+    ) {
+        (SessionClass::Rejected, Some(_)) => None,
+        (SessionClass::Error, Some(http)) => Some(status_error(http.status, &http.body)),
+        _ => old.error.clone(),
+    };
     let new = SessionResult {
         class: ending.class,
         rounds_used: ending.rounds.len() as u32,
@@ -168,9 +203,22 @@ pub fn reclassify_session(
         latency_ms: ending.latency_ms(),
         evidence: ending.evidence,
         rounds: ending.rounds,
+        error,
         ..old.clone()
     };
     Ok((new, incomplete))
+}
+
+/// A kept error reply's text as the live client wrote it: `HTTP 500 Internal Server
+/// Error: <the body's first 200 characters>`.
+fn status_error(status: u16, body: &str) -> String {
+    match hyper::StatusCode::from_u16(status) {
+        Ok(code) => crate::driver::conversation::status_error(code, body),
+        Err(_) => format!(
+            "HTTP {status}: {}",
+            body.chars().take(200).collect::<String>()
+        ),
+    }
 }
 
 /// Recount every arm block from the sessions, re-pool the arms and decide again.
@@ -306,7 +354,11 @@ pub fn reclassify_dir(dir: &Path, workload: Option<&str>) -> anyhow::Result<Summ
             ),
         ),
     };
+    // The rejection patterns the run judged error replies with (none in older records,
+    // whose error rounds kept no body to judge).
+    let rejections = record.target.rejections.clone().unwrap_or_default();
     let classifier = classifier
+        .and_then(|c| c.with_rejections(&rejections))
         .with_context(|| format!("building the classifier for workload `{}`", workload.name))?;
 
     let mut changed = Vec::new();
@@ -456,6 +508,7 @@ mod tests {
             completion_tokens: 20,
             evidence: "old".into(),
             finish_reason: None,
+            http: None,
         }
     }
 

@@ -154,6 +154,7 @@ pub fn prepare(launch_dir: &Path, exe: &Path) -> anyhow::Result<TargetProfile> {
         engine: Engine::Embedded,
         markup: Engine::Embedded.preset().markup.to_vec(),
         flags_dir: None,
+        rejections: Vec::new(),
     })
 }
 

@@ -9,13 +9,18 @@
 //! engines' own sources and docs use (SGLang `sglang:num_running_reqs`, vLLM
 //! `vllm:num_requests_running`, llama.cpp's `llamacpp:requests_processing`, served
 //! with `--metrics`).
+//!
+//! Rejections (docs/design.md 3.5, `rejected`): the error replies with which an engine
+//! refuses a model output its tool-call parser could not read, as the engines' sources
+//! word them (each preset's entry below names the file). A profile adds, replaces or
+//! turns off patterns with `[[reject]]` tables (docs/design.md 3.2).
 
 use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::core::classify::MarkupFamily;
+use crate::core::classify::{MarkupFamily, RejectionPattern};
 
 /// The serving engine a profile (or one role of it) targets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
@@ -42,7 +47,53 @@ pub struct Preset {
     pub queued_metric: &'static str,
     pub effective_path: Option<&'static str>,
     pub markup: &'static [MarkupFamily],
+    /// The engine's parse-failure replies: (name, status or any non-2xx, body regex).
+    pub rejections: &'static [(&'static str, Option<u16>, &'static str)],
 }
+
+/// llama.cpp: when the chat parser derived from the model's template cannot read
+/// what the model generated, `common_chat_peg_parse` (common/chat.cpp) throws, and the
+/// server's handler wrapper (`ex_wrapper` in tools/server/server.cpp, the body from
+/// `format_error_response` in tools/server/server-common.cpp) answers HTTP 500 with
+/// `{"error":{"code":500,"message":...,"type":"server_error"}}`. The message was
+/// "Failed to parse input at pos N: <the rest of the output>" in earlier builds and is
+/// "The model produced output that does not match the expected <FORMAT> format" in the
+/// llama.cpp that `scripts/llama-server.sh` builds. Not matched: "Failed to parse
+/// messages" / "tools" / "tool call arguments as JSON", which are about the request.
+const LLAMACPP_REJECTIONS: &[(&str, Option<u16>, &str)] = &[
+    (
+        "llamacpp.format",
+        Some(500),
+        r#"The model produced output that does not match the expected [^"]{1,80} format"#,
+    ),
+    (
+        "llamacpp.pos",
+        Some(500),
+        r"Failed to parse input at pos \d+",
+    ),
+];
+
+/// vLLM: with `tool_choice: "auto"` its tool parsers (vllm/entrypoints/openai/
+/// tool_parsers/, e.g. hermes_tool_parser.py) log "Error in extracting tool call from
+/// response." and return the raw text as content, which bisect judges as a leak. With
+/// `tool_choice: "required"` the chat server (vllm/entrypoints/openai/serving_chat.py,
+/// `chat_completion_full_generator`) validated the output with pydantic's
+/// `TypeAdapter(list[FunctionDefinition]).validate_json`, and a failure came back as an
+/// error reply whose message is pydantic's "N validation error(s) for
+/// list[FunctionDefinition]" (status 400 or 500 by version, so any). Later versions
+/// (vllm/entrypoints/openai/engine/serving.py) suppress the error and return no call
+/// (`no_tool`).
+const VLLM_REJECTIONS: &[(&str, Option<u16>, &str)] = &[(
+    "vllm.required",
+    None,
+    r"validation errors? for list\[FunctionDefinition\]",
+)];
+
+// SGLang rejects nothing: its chat server (python/sglang/srt/entrypoints/openai/
+// serving_chat.py, `_process_tool_calls`) logs "Tool call parsing error" and returns
+// the text as content ("Return error but don't fail the whole request"), judged as a
+// leak or no_tool. The embedded engine and custom targets name none either.
+const NO_REJECTIONS: &[(&str, Option<u16>, &str)] = &[];
 
 const ALL_MARKUP: &[MarkupFamily] = &MarkupFamily::ALL;
 
@@ -75,6 +126,7 @@ impl Engine {
                 queued_metric: "sglang:num_queue_reqs",
                 effective_path: Some("/get_server_info"),
                 markup: ALL_MARKUP,
+                rejections: NO_REJECTIONS,
             },
             // vLLM serves no document of its engine arguments (as of 0.11), but its
             // /metrics carries info metrics (`vllm:cache_config_info{cache_dtype=...}`)
@@ -86,26 +138,39 @@ impl Engine {
                 queued_metric: "vllm:num_requests_waiting",
                 effective_path: Some("/metrics"),
                 markup: ALL_MARKUP,
+                rejections: VLLM_REJECTIONS,
             },
             Engine::Llamacpp => Preset {
                 running_metric: "llamacpp:requests_processing",
                 queued_metric: "llamacpp:requests_deferred",
                 effective_path: Some("/props"),
                 markup: ALL_MARKUP,
+                rejections: LLAMACPP_REJECTIONS,
             },
             Engine::Embedded => Preset {
                 running_metric: "sglang:num_running_reqs",
                 queued_metric: "sglang:num_queue_reqs",
                 effective_path: Some("/server_info"),
                 markup: ALL_MARKUP,
+                rejections: NO_REJECTIONS,
             },
             Engine::Custom => Preset {
                 running_metric: "sglang:num_running_reqs",
                 queued_metric: "sglang:num_queue_reqs",
                 effective_path: None,
                 markup: ALL_MARKUP,
+                rejections: NO_REJECTIONS,
             },
         }
+    }
+
+    /// The preset's rejection patterns.
+    pub fn rejections(self) -> Vec<RejectionPattern> {
+        self.preset()
+            .rejections
+            .iter()
+            .map(|(name, status, body)| RejectionPattern::new(name, *status, body))
+            .collect()
     }
 
     /// The preset's effective-config URL for a role answering health on `health_url`.
@@ -179,6 +244,32 @@ mod tests {
             Some("http://h:1/metrics")
         );
         assert_eq!(Engine::Custom.effective_url("http://h:1/health"), None);
+    }
+
+    #[test]
+    fn preset_rejections_compile_and_match_the_engines_own_words() {
+        for e in Engine::ALL {
+            crate::core::classify::RejectionSet::new(&e.rejections())
+                .unwrap_or_else(|err| panic!("{e}: {err}"));
+        }
+        let llama =
+            crate::core::classify::RejectionSet::new(&Engine::Llamacpp.rejections()).unwrap();
+        let format = r#"{"error":{"code":500,"message":"The model produced output that does not match the expected Hermes 2 Pro format","type":"server_error"}}"#;
+        assert_eq!(llama.find(500, format).unwrap().name, "llamacpp.format");
+        let pos = r#"{"error":{"code":500,"message":"Failed to parse input at pos 13: <tool_call>{"na","type":"server_error"}}"#;
+        assert_eq!(llama.find(500, pos).unwrap().name, "llamacpp.pos");
+        // The request's own faults are not the model's.
+        let request = r#"{"error":{"code":500,"message":"Failed to parse tool call arguments as JSON: ...","type":"server_error"}}"#;
+        assert!(llama.find(500, request).is_none());
+        assert!(
+            llama.find(503, format).is_none(),
+            "llama.cpp answers these with 500"
+        );
+        let vllm = crate::core::classify::RejectionSet::new(&Engine::Vllm.rejections()).unwrap();
+        let pydantic = r#"{"object":"error","message":"1 validation error for list[FunctionDefinition]\n  Invalid JSON: EOF while parsing a list at line 1 column 9","type":"BadRequestError","param":null,"code":400}"#;
+        assert_eq!(vllm.find(400, pydantic).unwrap().name, "vllm.required");
+        assert!(Engine::Sglang.rejections().is_empty());
+        assert!(Engine::Custom.rejections().is_empty());
     }
 
     #[test]

@@ -11,7 +11,8 @@ use toml::Spanned;
 
 use super::engine::Engine;
 use super::{read_text, ConfigError, Source};
-use crate::core::classify::MarkupFamily;
+use crate::core::classify::rejection::{self, BadRejection, RejectionPattern};
+use crate::core::classify::{MarkupFamily, RejectionSet};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct TargetProfile {
@@ -31,6 +32,9 @@ pub struct TargetProfile {
     /// The profile's own flag catalog (`flags_dir`, relative to the profile), loaded
     /// after the built-in flags and before any `--flags-dir`.
     pub flags_dir: Option<PathBuf>,
+    /// Error replies that are the engine rejecting the model's tool call (class
+    /// `rejected`): the preset's, as the profile's `[[reject]]` tables amend them.
+    pub rejections: Vec<RejectionPattern>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -99,7 +103,21 @@ struct RawProfile {
     markup: Option<Spanned<Vec<String>>>,
     flags_dir: Option<Spanned<String>>,
     #[serde(default)]
+    reject: Vec<Spanned<RawReject>>,
+    #[serde(default)]
     role: Vec<Spanned<RawRole>>,
+}
+
+/// `[[reject]]`: a rejection pattern of the profile's own, or one that replaces
+/// (same name) or turns off (`off = true`) one of the preset's.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawReject {
+    name: Spanned<String>,
+    status: Option<Spanned<i64>>,
+    body: Option<Spanned<String>>,
+    #[serde(default)]
+    off: bool,
 }
 
 #[derive(Deserialize)]
@@ -122,7 +140,7 @@ struct RawRole {
     queued_metric: Option<Spanned<String>>,
 }
 
-const PROFILE_FIX: &str = "see docs/design.md 3.2: name, api, model, optional api_key_env, engine, markup, flags_dir, then one [[role]] table per engine role (name, launch, health, optional restart, metrics, health_timeout_s, restart_timeout_s, engine, running_metric, queued_metric, effective_url, effective_pointers, pass_api_key)";
+const PROFILE_FIX: &str = "see docs/design.md 3.2: name, api, model, optional api_key_env, engine, markup, flags_dir, [[reject]] tables (name, status, body, off), then one [[role]] table per engine role (name, launch, health, optional restart, metrics, health_timeout_s, restart_timeout_s, engine, running_metric, queued_metric, effective_url, effective_pointers, pass_api_key)";
 
 fn parse_engine(src: &Source, v: &Spanned<String>) -> Result<Engine, ConfigError> {
     v.get_ref().parse::<Engine>().map_err(|e| {
@@ -200,6 +218,84 @@ fn non_empty(
     Ok(s.to_string())
 }
 
+const REJECT_FIX: &str = "a [[reject]] table names an error reply that is the engine refusing the model's tool call: name = \"...\", status = 500 (optional: any non-2xx when absent), body = \"a regular expression its body matches\" (Rust regex syntax; in a TOML \"...\" string a regex backslash is written \\\\, in a '...' string as it is); or name = \"<a preset pattern>\" with off = true to turn that one off";
+
+/// The preset's rejection patterns amended by the profile's `[[reject]]` tables: a
+/// table with a preset pattern's name replaces it (or, with `off = true`, removes it);
+/// any other is added. Every regex is compiled here, so a bad one is refused at its line.
+fn rejections(
+    src: &Source,
+    engine: Engine,
+    tables: &[Spanned<RawReject>],
+) -> Result<Vec<RejectionPattern>, ConfigError> {
+    let mut patterns = engine.rejections();
+    let mut seen = HashSet::new();
+    for table in tables {
+        let t = table.get_ref();
+        let line_of = |e: BadRejection| src.invalid(table.span(), e.to_string(), REJECT_FIX);
+        let name = non_empty(src, "reject name", &t.name, "llamacpp.format")?;
+        if !seen.insert(name.clone()) {
+            return Err(src.invalid(
+                t.name.span(),
+                format!("[[reject]] {name:?} is defined twice"),
+                "give every [[reject]] table a distinct name",
+            ));
+        }
+        let at = patterns.iter().position(|p| p.name == name);
+        if t.off {
+            if t.status.is_some() || t.body.is_some() {
+                return Err(src.invalid(
+                    table.span(),
+                    format!("[[reject]] {name:?} has off = true and a status or body"),
+                    "write off = true alone to turn a preset pattern off, or status and body without off to define one",
+                ));
+            }
+            let Some(at) = at else {
+                let known: Vec<&str> = patterns.iter().map(|p| p.name.as_str()).collect();
+                return Err(src.invalid(
+                    t.name.span(),
+                    format!(
+                        "[[reject]] {name:?} turns off a pattern the {engine} preset does not have (it has: {})",
+                        if known.is_empty() { "none".to_string() } else { known.join(", ") }
+                    ),
+                    "name one of the preset's patterns, or remove the table",
+                ));
+            };
+            patterns.remove(at);
+            continue;
+        }
+        let Some(body) = &t.body else {
+            return Err(src.invalid(
+                table.span(),
+                format!("[[reject]] {name:?} has no body pattern"),
+                REJECT_FIX,
+            ));
+        };
+        let status = match &t.status {
+            None => None,
+            Some(v) => match u16::try_from(*v.get_ref()) {
+                Ok(s) => Some(s),
+                Err(_) => {
+                    return Err(src.invalid(
+                        v.span(),
+                        format!("[[reject]] {name:?}: status = {} is not an HTTP status", v.get_ref()),
+                        "give the error status the engine answers with (400-599), or leave status out to match any",
+                    ))
+                }
+            },
+        };
+        let pattern = RejectionPattern::new(&name, status, body.get_ref());
+        rejection::check(&pattern).map_err(line_of)?;
+        RejectionSet::new(std::slice::from_ref(&pattern))
+            .map_err(|e| src.invalid(body.span(), e.to_string(), REJECT_FIX))?;
+        match at {
+            Some(at) => patterns[at] = pattern,
+            None => patterns.push(pattern),
+        }
+    }
+    Ok(patterns)
+}
+
 impl TargetProfile {
     /// Loads and validates a profile; launch paths are resolved relative to the
     /// profile's directory and must exist.
@@ -273,6 +369,8 @@ impl TargetProfile {
                 Some(dir)
             }
         };
+
+        let rejections = rejections(&src, engine, &raw.reject)?;
 
         if raw.role.is_empty() {
             return Err(src.invalid(
@@ -413,6 +511,7 @@ impl TargetProfile {
             engine,
             markup,
             flags_dir,
+            rejections,
         })
     }
 
@@ -636,6 +735,97 @@ health = "http://127.0.0.1:30002/health"
         let (line, msg) = error_at(&text);
         assert_eq!(line, 3);
         assert!(msg.contains("unknown markup family `xml`"), "{msg}");
+    }
+
+    #[test]
+    fn reject_tables_add_replace_and_turn_off_the_presets_patterns() {
+        let names = |text: &str| {
+            let (_dir, path) = write_profile(text);
+            let p = TargetProfile::load(&path).unwrap();
+            p.rejections
+                .iter()
+                .map(|r| (r.name.clone(), r.status, r.body.clone()))
+                .collect::<Vec<_>>()
+        };
+        // The preset's, untouched.
+        let llama = GOOD.replace("model = ", "engine = \"llamacpp\"\nmodel = ");
+        let preset: Vec<_> = names(&llama).into_iter().map(|r| r.0).collect();
+        assert_eq!(preset, ["llamacpp.format", "llamacpp.pos"]);
+        assert!(names(GOOD).is_empty(), "custom names none");
+        // Added, replaced (same name) and turned off.
+        let amended = format!(
+            "{llama}\n[[reject]]\nname = \"proxy\"\nbody = 'tool call .* could not be parsed'\n\n\
+             [[reject]]\nname = \"llamacpp.format\"\nstatus = 500\nbody = \"does not match\"\n\n\
+             [[reject]]\nname = \"llamacpp.pos\"\noff = true\n"
+        );
+        assert_eq!(
+            names(&amended),
+            [
+                (
+                    "llamacpp.format".to_string(),
+                    Some(500),
+                    "does not match".to_string()
+                ),
+                (
+                    "proxy".to_string(),
+                    None,
+                    "tool call .* could not be parsed".to_string()
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn bad_reject_tables_name_the_file_line_and_fix() {
+        // GOOD has 17 lines; the table's body is on line 22.
+        let text = format!(
+            "{GOOD}\n[[reject]]\nname = \"x\"\nstatus = 500\nbody = 'tool call (unclosed'\n"
+        );
+        let (_dir, path) = write_profile(&text);
+        let err = TargetProfile::load(&path).unwrap_err();
+        let shown = err.to_string();
+        assert!(
+            shown.starts_with(&format!("{}:22: ", path.display())),
+            "{shown}"
+        );
+        assert!(shown.contains("not a regular expression"), "{shown}");
+        assert!(shown.contains("unclosed"), "{shown}");
+        assert!(shown.contains("fix: a [[reject]] table"), "{shown}");
+        // Turning off what the preset lacks names what it has.
+        let (line, msg) = error_at(&format!(
+            "{GOOD}\n[[reject]]\nname = \"llamacpp.pos\"\noff = true\n"
+        ));
+        assert_eq!(line, 20);
+        assert!(
+            msg.contains("the custom preset does not have (it has: none)"),
+            "{msg}"
+        );
+        for (table, says) in [
+            (
+                "name = \"x\"\nstatus = 200\nbody = \"a\"",
+                "not an error status",
+            ),
+            (
+                "name = \"x\"\nstatus = 70000\nbody = \"a\"",
+                "not an HTTP status",
+            ),
+            ("name = \"x\"\nbody = \" \"", "body is empty"),
+            ("name = \"x\"\nstatus = 500", "has no body pattern"),
+            (
+                "name = \"x\"\noff = true\nbody = \"a\"",
+                "off = true and a status or body",
+            ),
+            ("name = \"x\"\nbody = \"a\"\nheader = 1", "unknown field"),
+        ] {
+            let (_dir, path) = write_profile(&format!("{GOOD}\n[[reject]]\n{table}\n"));
+            let shown = TargetProfile::load(&path).unwrap_err().to_string();
+            assert!(shown.contains(says), "{table}: {shown}");
+            assert!(shown.contains("target.toml:"), "{shown}");
+        }
+        let twice = format!(
+            "{GOOD}\n[[reject]]\nname = \"x\"\nbody = \"a\"\n\n[[reject]]\nname = \"x\"\nbody = \"b\"\n"
+        );
+        assert!(error_at(&twice).1.contains("defined twice"));
     }
 
     #[test]

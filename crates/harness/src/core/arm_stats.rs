@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::core::session::{Counts, SessionResult};
 use crate::core::stats;
+use crate::core::transport::{LoadGap, TransportStats};
 
 /// The confidence of every per-arm interval.
 const CONFIDENCE: f64 = 0.95;
@@ -120,6 +121,14 @@ pub struct ArmStats {
     /// restart, in words (`arm::IDENTITY_FIELDS`): blocks the verdict.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub engine_replaced: Vec<String>,
+    /// How the driver's connections were set up and whether the server shed load
+    /// (absent in records made before the connect pacer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transport: Option<TransportStats>,
+    /// Where the client's in-flight requests were while the engine ran fewer, when it
+    /// did by more than 10% ([`LoadGap::is_material`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_gap: Option<LoadGap>,
 }
 
 impl Default for ArmStats {
@@ -137,6 +146,8 @@ impl Default for ArmStats {
             first_bad_round: Vec::new(),
             metrics_failed: BTreeMap::new(),
             engine_replaced: Vec::new(),
+            transport: None,
+            load_gap: None,
         }
     }
 }
@@ -217,9 +228,45 @@ impl ArmStats {
             pooled
                 .engine_replaced
                 .extend(b.engine_replaced.iter().cloned());
+            if let Some(t) = &b.transport {
+                pooled.transport = Some(pool_transport(pooled.transport.take(), t));
+            }
+            // The widest gap of any block stands for the arm.
+            if let Some(gap) = &b.load_gap {
+                let shortfall = |g: &LoadGap| g.client_in_flight - g.engine_running;
+                if pooled
+                    .load_gap
+                    .as_ref()
+                    .is_none_or(|p| shortfall(gap) > shortfall(p))
+                {
+                    pooled.load_gap = Some(gap.clone());
+                }
+            }
         }
         pooled.finish();
         pooled
+    }
+}
+
+/// Counts add up; connect times and the pacing gap keep the worst block's.
+fn pool_transport(pooled: Option<TransportStats>, block: &TransportStats) -> TransportStats {
+    let Some(p) = pooled else {
+        return block.clone();
+    };
+    TransportStats {
+        connects: p.connects + block.connects,
+        connect_ms_p50: p.connect_ms_p50.max(block.connect_ms_p50),
+        connect_ms_p99: p.connect_ms_p99.max(block.connect_ms_p99),
+        connect_ms_max: p.connect_ms_max.max(block.connect_ms_max),
+        slow_connects: p.slow_connects + block.slow_connects,
+        stalled_connects: p.stalled_connects + block.stalled_connects,
+        refused_retried: p.refused_retried + block.refused_retried,
+        reset_retried: p.reset_retried + block.reset_retried,
+        failed: p.failed + block.failed,
+        abandoned: p.abandoned + block.abandoned,
+        shed_replies: p.shed_replies + block.shed_replies,
+        shed_retried: p.shed_retried + block.shed_retried,
+        pacing_gap_ms_max: p.pacing_gap_ms_max.max(block.pacing_gap_ms_max),
     }
 }
 

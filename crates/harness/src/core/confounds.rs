@@ -40,6 +40,55 @@ pub(crate) fn confounds(
     found.extend(truncated_confound(on, off, policy));
     found.extend(metrics_confounds(on, off));
     found.extend(unverified_confounds(on, off, &checked));
+    found.extend(transport_confounds(on, off));
+    found
+}
+
+/// What the transport did to the load (docs/design.md 3.4, "Reaching the load"): a
+/// warning where connects came back slow, refused or reset, or the server shed
+/// requests (the load shape was not the one asked); information where the engine ran
+/// clearly fewer requests than the client had in flight, saying where the rest were.
+fn transport_confounds(on: &ArmObservation, off: &ArmObservation) -> Vec<Confound> {
+    let mut found = Vec::new();
+    let problems = |arm: &ArmObservation| {
+        arm.stats
+            .transport
+            .as_ref()
+            .map(|t| t.problems())
+            .unwrap_or_default()
+    };
+    let (on_problems, off_problems) = (problems(on), problems(off));
+    if !on_problems.is_empty() || !off_problems.is_empty() {
+        let note = [(on, &on_problems), (off, &off_problems)]
+            .iter()
+            .filter(|(_, p)| !p.is_empty())
+            .map(|(arm, p)| format!("{}: {}", arm.subject(), p.join("; ")))
+            .collect::<Vec<_>>()
+            .join("; ");
+        let value = |p: &Vec<String>| if p.is_empty() { Value::Null } else { json!(p) };
+        found.push(Confound {
+            name: "transport".to_string(),
+            on: value(&on_problems),
+            off: value(&off_problems),
+            severity: Severity::Warning,
+            note,
+        });
+    }
+    let gap = |arm: &ArmObservation| arm.stats.load_gap.as_ref().map(|g| g.describe());
+    if on.stats.load_gap.is_some() || off.stats.load_gap.is_some() {
+        let note = [on, off]
+            .iter()
+            .filter_map(|arm| Some(format!("{}: {}", arm.subject(), gap(arm)?)))
+            .collect::<Vec<_>>()
+            .join("; ");
+        found.push(Confound {
+            name: "load_gap".to_string(),
+            on: gap(on).map_or(Value::Null, |g| json!(g)),
+            off: gap(off).map_or(Value::Null, |g| json!(g)),
+            severity: Severity::Info,
+            note,
+        });
+    }
     found
 }
 
@@ -333,7 +382,8 @@ fn unverified_confounds(
 /// about corruption. Blocking when an arm fails more than `degraded_fraction`; below
 /// that, warned when the arms' rates differ ([`differing_rates`]): failed sessions are
 /// left out of the corruption rates, so the arm that fails more can look cleaner, and a
-/// flag whose corruption surfaces as failures (an HTTP 500 from a tool-call parser)
+/// flag whose corruption surfaces as failures (an HTTP 500 from a tool-call parser
+/// the target names no rejection pattern for: one it names is `rejected`, corruption)
 /// would otherwise hide behind `cleared`.
 /// `checked`: the blocks (or the two arms), each held to the degraded limit on its own,
 /// since a block whose engine failed a fifth of its sessions is hidden when pooled with
@@ -607,7 +657,18 @@ pub(crate) fn load_shortfalls(
 pub(crate) fn load_shortfall(arm: &ArmObservation, policy: &Policy) -> Option<String> {
     let target = target_concurrency(arm)?;
     let why = engine_load_shortfall(&arm.stats.peak_running, target, policy.min_load_fraction)?;
-    Some(format!("{} {why}", arm.subject()))
+    let mut text = format!("{} {why}", arm.subject());
+    // Where the load went, so the user knows whether to look at the client, the
+    // server's front door or the engine's queue.
+    if let Some(gap) = &arm.stats.load_gap {
+        text.push_str(&format!("; where the gap is: {}", gap.describe()));
+    }
+    if let Some(transport) = &arm.stats.transport {
+        for problem in transport.problems() {
+            text.push_str(&format!("; {problem}"));
+        }
+    }
+    Some(text)
 }
 
 /// The load rule itself, worded to follow its subject ("arm on ...", "this night's

@@ -140,6 +140,7 @@ mod tests {
             completion_tokens: 1,
             evidence: format!("round {n}"),
             finish_reason: None,
+            http: None,
         }
     }
 

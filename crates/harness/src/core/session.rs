@@ -65,6 +65,10 @@ pub enum RoundClass {
     /// The reply was cut off by `max_tokens` (`finish_reason: "length"`) and would
     /// otherwise have been judged corrupted: the cut, not the engine, explains it.
     Truncated,
+    /// The engine refused to return the model's output: a non-2xx reply whose status
+    /// and body match one of the target's rejection patterns (its tool-call parser
+    /// failed on what the model wrote). Corruption, with the body as evidence.
+    Rejected,
 }
 
 /// The class of a whole session: its first non-ok round's class, else done/maxrounds.
@@ -82,10 +86,15 @@ pub enum SessionClass {
     /// Ended by a reply cut off at `max_tokens`: neither corruption nor failure,
     /// reported beside the rates (docs/design.md 3.5).
     Truncated,
+    /// Ended by the engine rejecting the model's output as unparseable tool-call
+    /// markup (a non-2xx reply matching the target's rejection patterns): corruption
+    /// the engine caught before it reached the client. Last, so the order (and `Ord`)
+    /// of the classes that existed before it is unchanged.
+    Rejected,
 }
 
 impl SessionClass {
-    pub const ALL: [SessionClass; 9] = [
+    pub const ALL: [SessionClass; 10] = [
         SessionClass::Done,
         SessionClass::Maxrounds,
         SessionClass::Leak,
@@ -95,6 +104,7 @@ impl SessionClass {
         SessionClass::Error,
         SessionClass::Timeout,
         SessionClass::Truncated,
+        SessionClass::Rejected,
     ];
 
     pub fn name(self) -> &'static str {
@@ -108,10 +118,14 @@ impl SessionClass {
             SessionClass::Error => "error",
             SessionClass::Timeout => "timeout",
             SessionClass::Truncated => "truncated",
+            SessionClass::Rejected => "rejected",
         }
     }
 
-    /// Corrupted = leak + bad_args + wrong_args + no_tool.
+    /// Corrupted = leak + bad_args + wrong_args + no_tool + rejected. A rejected
+    /// session is the engine refusing a call it could not parse: counted as an error it
+    /// would leave the denominator, and a flag that corrupts calls past parsing would
+    /// look cleaner than one that corrupts them a little.
     pub fn is_corrupted(self) -> bool {
         matches!(
             self,
@@ -119,6 +133,7 @@ impl SessionClass {
                 | SessionClass::BadArgs
                 | SessionClass::WrongArgs
                 | SessionClass::NoTool
+                | SessionClass::Rejected
         )
     }
 
@@ -143,6 +158,7 @@ impl SessionClass {
             RoundClass::WrongArgs => SessionClass::WrongArgs,
             RoundClass::NoTool => SessionClass::NoTool,
             RoundClass::Truncated => SessionClass::Truncated,
+            RoundClass::Rejected => SessionClass::Rejected,
         })
     }
 }
@@ -162,6 +178,9 @@ pub struct Counts {
     /// their shape when rewritten; absent reads as 0.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub truncated: u64,
+    /// Likewise written only when non-zero (records before the class read as 0).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub rejected: u64,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -184,6 +203,7 @@ impl Counts {
             SessionClass::Error => self.error,
             SessionClass::Timeout => self.timeout,
             SessionClass::Truncated => self.truncated,
+            SessionClass::Rejected => self.rejected,
         }
     }
 
@@ -198,6 +218,7 @@ impl Counts {
             SessionClass::Error => &mut self.error,
             SessionClass::Timeout => &mut self.timeout,
             SessionClass::Truncated => &mut self.truncated,
+            SessionClass::Rejected => &mut self.rejected,
         }
     }
 
@@ -212,7 +233,7 @@ impl Counts {
     }
 
     pub fn corrupted(&self) -> u64 {
-        self.leak + self.bad_args + self.wrong_args + self.no_tool
+        self.leak + self.bad_args + self.wrong_args + self.no_tool + self.rejected
     }
 
     pub fn failed(&self) -> u64 {
@@ -247,6 +268,23 @@ pub struct RoundRecord {
     /// reply.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finish_reason: Option<String>,
+    /// A non-2xx reply's status and body (the first [`HTTP_BODY_KEPT`] characters), so
+    /// `bisect reclassify` can judge it again against the run's rejection patterns;
+    /// absent for every other round and in records written before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<HttpReply>,
+}
+
+/// How much of a non-2xx reply's body is judged and kept: engines' error bodies are a
+/// short JSON object, but llama.cpp's older parse error quotes the rest of the model's
+/// output after the position it failed at.
+pub const HTTP_BODY_KEPT: usize = 2000;
+
+/// A non-2xx reply as the client received it (the API key masked).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HttpReply {
+    pub status: u16,
+    pub body: String,
 }
 
 /// One session's result: a line of sessions.jsonl.

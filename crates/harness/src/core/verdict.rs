@@ -1134,6 +1134,52 @@ mod tests {
     }
 
     #[test]
+    fn a_shortfall_says_where_the_gap_is_and_what_the_transport_did() {
+        use crate::core::transport::{LoadGap, TransportStats};
+        let mut on = arm("on", "1", 0, 0, 400);
+        let off = arm("off", "0", 1, 0, 400);
+        on.stats.peak_running.insert("decode".into(), 20);
+        on.stats.load_gap = Some(LoadGap {
+            samples: 12,
+            role: "decode".into(),
+            client_in_flight: 40.0,
+            engine_running: 18.0,
+            engine_queued: Some(2.0),
+            connecting: 15.0,
+            unaccounted: 5.0,
+        });
+        on.stats.transport = Some(TransportStats {
+            connects: 40,
+            stalled_connects: 9,
+            pacing_gap_ms_max: 4.0,
+            ..TransportStats::default()
+        });
+        let (_, confounds, verdict) = decide_default(&on, &off);
+        assert_eq!(verdict.status, Status::Inconclusive);
+        let reason = verdict
+            .reasons
+            .iter()
+            .find(|r| r.starts_with("arm on reached at most 20 running requests"))
+            .unwrap();
+        assert!(
+            reason.contains("where the gap is: with 40.0 requests in flight at the client, decode ran 18.0 on average (12 samples): 15.0 still connecting, 2.0 queued in the engine, 5.0 sent but not seen by the engine"),
+            "{reason}"
+        );
+        assert!(reason.contains("9 connects stalled"), "{reason}");
+        let transport = confounds.iter().find(|c| c.name == "transport").unwrap();
+        assert_eq!(transport.severity, Severity::Warning);
+        assert!(transport.note.starts_with("arm on: 9 connects stalled"));
+        let gap = confounds.iter().find(|c| c.name == "load_gap").unwrap();
+        assert_eq!(gap.severity, Severity::Info);
+        assert_eq!(gap.off, Value::Null);
+        // A clean transport and no gap add nothing.
+        let (_, confounds, _) = decide_default(&arm("on", "1", 0, 0, 400), &off);
+        assert!(!confounds
+            .iter()
+            .any(|c| c.name == "transport" || c.name == "load_gap"));
+    }
+
+    #[test]
     fn cleared_names_the_load_it_was_cleared_at() {
         let on = arm("on", "1", 0, 0, 400);
         let off = arm("off", "0", 1, 0, 400);

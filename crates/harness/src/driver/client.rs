@@ -10,6 +10,7 @@
 
 pub use super::body::Sampling;
 use super::body::{RequestTemplate, Transcript};
+use super::connect::{ConnectFailure, ConnectGate};
 use crate::config::workload::RequestOptions;
 use crate::config::ToolSpec;
 use crate::core::session::{ChatMessage, ToolCall};
@@ -34,16 +35,38 @@ const READ_BUFFER: usize = 1024;
 /// A deadline for a timeout too long to add to now: 30 years, as tokio's own.
 const FAR_FUTURE: Duration = Duration::from_secs(86400 * 365 * 30);
 
-/// Requests currently in flight from this client, and the most seen at once.
+/// Requests currently in flight from this client, and the most seen at once; also the
+/// drive's connect pacer, whose connects in progress the metrics poller samples beside
+/// the requests in flight (where a gap to the engine's count is).
 #[derive(Debug, Default)]
 pub struct InFlight {
     current: AtomicU64,
     peak: AtomicU64,
+    gate: std::sync::Arc<ConnectGate>,
 }
 
 impl InFlight {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Connection set-up paced by `gate` (the default paces as [`super::connect::Pacing`]
+    /// says; benchmarks compare against an unpaced one).
+    pub fn with_gate(gate: ConnectGate) -> Self {
+        InFlight {
+            gate: std::sync::Arc::new(gate),
+            ..Self::default()
+        }
+    }
+
+    /// The pacer all connections of this client's drive go through.
+    pub fn gate(&self) -> &ConnectGate {
+        &self.gate
+    }
+
+    /// Connects in progress now.
+    pub fn connecting(&self) -> u64 {
+        self.gate.connecting()
     }
 
     /// Counts one request until the guard drops (also when its future is cancelled).
@@ -90,8 +113,15 @@ pub struct ChatReply {
 #[derive(Debug, Clone)]
 pub enum ChatOutcome {
     Reply(ChatReply),
-    /// Connect failure, non-2xx status (with up to 200 chars of body), unparseable body.
+    /// Connect failure, unparseable body.
     Error(String),
+    /// A non-2xx reply: its status and the first `HTTP_BODY_KEPT` characters of its
+    /// body (the API key masked). The classifier decides whether it is the engine
+    /// rejecting the model's tool call (`rejected`) or an `error`.
+    Status {
+        status: StatusCode,
+        body: String,
+    },
     /// No complete response within the per-request timeout.
     Timeout,
 }
@@ -425,19 +455,39 @@ impl ChatClient {
         let body = self.template.body(transcript);
         let held = wave.as_ref().and_then(|seat| seat.wave.clone());
         let mut seat = wave;
-        let Connection { link, deadline } = connection;
-        let deadline = deadline.get_or_insert_with(|| Box::pin(tokio::time::sleep(self.timeout)));
         let now = tokio::time::Instant::now();
-        // A timer moved later is not re-registered (one atomic store), where a timeout
-        // per request inserted an entry into the runtime's timer wheel and removed it.
-        deadline.as_mut().reset(
-            now.checked_add(self.timeout)
-                .unwrap_or_else(|| now + FAR_FUTURE),
-        );
-        let exchanged = tokio::select! {
-            biased;
-            exchanged = self.exchange(link, body, &mut seat) => exchanged,
-            () = deadline.as_mut() => Err(Failure::Timeout),
+        let round_deadline = now
+            .checked_add(self.timeout)
+            .unwrap_or_else(|| now + FAR_FUTURE);
+        let exchanged = loop {
+            let Connection { link, deadline } = &mut *connection;
+            let deadline =
+                deadline.get_or_insert_with(|| Box::pin(tokio::time::sleep(self.timeout)));
+            // A timer moved later is not re-registered (one atomic store), where a timeout
+            // per request inserted an entry into the runtime's timer wheel and removed it.
+            deadline.as_mut().reset(round_deadline);
+            let exchanged = tokio::select! {
+                biased;
+                exchanged = self.exchange(link, body.clone(), &mut seat, inflight.gate(), round_deadline) => exchanged,
+                () = deadline.as_mut() => Err(Failure::Timeout),
+            };
+            // A server shedding load (429/503) that says when to come back is asked
+            // again then, within the round's timeout, as OpenAI's client libraries do:
+            // the request was refused, not served, so sending it again sends nothing
+            // twice. Without Retry-After, or past the deadline, the reply stands.
+            let wait = match &exchanged {
+                Ok((status, retry_after, _)) if matches!(status.as_u16(), 429 | 503) => {
+                    let fits = retry_after
+                        .filter(|wait| tokio::time::Instant::now() + *wait < round_deadline);
+                    inflight.gate().note_shed(fits.is_some());
+                    fits
+                }
+                _ => None,
+            };
+            let Some(wait) = wait else {
+                break exchanged;
+            };
+            tokio::time::sleep(wait).await;
         };
         // A request that never went out (no connection) counts as sent here, or the
         // wave would wait for it forever.
@@ -445,7 +495,7 @@ impl ChatClient {
         if let Some(wave) = &held {
             wave.all_sent.cancelled().await;
         }
-        let (status, bytes) = match exchanged {
+        let (status, _, bytes) = match exchanged {
             Ok(reply) => reply,
             Err(Failure::Timeout) => {
                 connection.link.close();
@@ -464,7 +514,8 @@ impl ChatClient {
                 Some(key) => crate::redact::mask(&text, std::slice::from_ref(key)).into_owned(),
                 None => text.into_owned(),
             };
-            return ChatOutcome::Error(format!("HTTP {status}: {}", excerpt(&text, 200)));
+            let body = excerpt(&text, crate::core::session::HTTP_BODY_KEPT).to_string();
+            return ChatOutcome::Status { status, body };
         }
         if self.stream {
             assemble_stream(&text)
@@ -475,9 +526,10 @@ impl ChatClient {
 
     /// Opens `connection` ahead of its first request; true when it is open. A failure is
     /// not reported here: the next request on it connects again and records the error.
-    pub async fn open(&self, connection: &mut Connection) -> bool {
+    pub async fn open(&self, connection: &mut Connection, gate: &ConnectGate) -> bool {
         if !connection.is_open() {
-            connection.link = self.connect().await.unwrap_or_default();
+            let deadline = tokio::time::Instant::now() + self.connect_timeout;
+            connection.link = self.connect(gate, deadline).await.unwrap_or_default();
         }
         connection.is_open()
     }
@@ -499,17 +551,21 @@ impl ChatClient {
         request
     }
 
-    async fn connect(&self) -> Result<Link, Failure> {
-        let connecting = tokio::net::TcpStream::connect((self.host.as_str(), self.port));
-        let stream = match tokio::time::timeout(self.connect_timeout, connecting).await {
-            Ok(Ok(stream)) => stream,
-            Ok(Err(e)) => {
+    async fn connect(
+        &self,
+        gate: &ConnectGate,
+        deadline: tokio::time::Instant,
+    ) -> Result<Link, Failure> {
+        let deadline = deadline.min(tokio::time::Instant::now() + self.connect_timeout);
+        let stream = match gate.connect(&self.host, self.port, deadline).await {
+            Ok(stream) => stream,
+            Err(ConnectFailure::Error(e)) => {
                 return Err(Failure::Error(format!(
                     "connect error ({}): tcp connect error: {e}",
                     self.url
                 )))
             }
-            Err(_) => return Err(Failure::Timeout),
+            Err(ConnectFailure::Timeout) => return Err(Failure::Timeout),
         };
         // Requests are single writes; Nagle would only hold the last segment back.
         let _ = stream.set_nodelay(true);
@@ -538,14 +594,22 @@ impl ChatClient {
         link: &mut Link,
         body: Bytes,
         seat: &mut Option<WaveSeat>,
-    ) -> Result<(StatusCode, Bytes), Failure> {
+        gate: &ConnectGate,
+        deadline: tokio::time::Instant,
+    ) -> Result<(StatusCode, Option<Duration>, Bytes), Failure> {
         let mut request = self.request(body);
         loop {
             let reused = link.sender.is_some();
             if !reused {
+                // The opening wave holds the first replies until every slot has sent its
+                // first request: a slot that must connect first leaves the wave now, so
+                // no reply waits on anyone's connect (a dropped SYN costs a second).
+                if let Some(seat) = seat {
+                    seat.sent();
+                }
                 // Boxed: connecting is rare, and inline its future would make every
                 // request's future (moved at each round) larger.
-                *link = Box::pin(self.connect()).await?;
+                *link = Box::pin(self.connect(gate, deadline)).await?;
             }
             let Link { sender, io } = link;
             let sender = sender.as_mut().expect("connected above");
@@ -565,11 +629,12 @@ impl ChatClient {
             match Link::drive(io, pending).await {
                 Ok(response) => {
                     let status = response.status();
+                    let retry_after = retry_after(response.headers());
                     let bytes = Link::drive(io, response.into_body().collect())
                         .await
                         .map_err(|e| self.transport_error("error reading the response body", &e))?
                         .to_bytes();
-                    return Ok((status, bytes));
+                    return Ok((status, retry_after, bytes));
                 }
                 Err(mut e) => {
                     link.close();
@@ -596,6 +661,14 @@ impl ChatClient {
         }
         Failure::Error(format!("{kind} ({}): {detail}", self.url))
     }
+}
+
+/// A `Retry-After` of delay-seconds (RFC 9110 10.2.3; the HTTP-date form is not
+/// honoured: engines send seconds).
+fn retry_after(headers: &hyper::HeaderMap) -> Option<Duration> {
+    let text = headers.get(header::RETRY_AFTER)?.to_str().ok()?.trim();
+    let seconds: f64 = text.parse().ok()?;
+    (seconds.is_finite() && seconds >= 0.0).then(|| Duration::from_secs_f64(seconds))
 }
 
 /// Parses a 2xx body into a reply; anything else is an `Error` quoting the body.

@@ -13,7 +13,9 @@ use super::client::{ChatClient, ChatOutcome, Connection, InFlight, WaveSeat};
 use crate::config::Workload;
 use crate::core::classify::{account_for_truncation, Classifier, RoundOutcome};
 use crate::core::ending::{Flow, SessionProgress};
-use crate::core::session::{ChatMessage, RoundRecord, SessionResult, ToolCall};
+use crate::core::session::{
+    ChatMessage, HttpReply, RoundClass, RoundRecord, SessionResult, ToolCall,
+};
 use crate::core::task::{initial_conversation, Task};
 use crate::core::tools::{simulate, tool_message};
 use std::sync::Arc;
@@ -108,6 +110,11 @@ pub async fn run_session(
         let judged = match &outcome {
             ChatOutcome::Reply(reply) => RoundOutcome::Reply(&reply.message),
             ChatOutcome::Error(text) => RoundOutcome::Error(text.clone()),
+            ChatOutcome::Status { status, body } => RoundOutcome::Status {
+                status: status.as_u16(),
+                body,
+                error: status_error(*status, body),
+            },
             ChatOutcome::Timeout => RoundOutcome::Timeout,
         };
         let classify_started = Instant::now();
@@ -118,6 +125,7 @@ pub async fn run_session(
             classify_started.elapsed().as_nanos() as u64,
             std::sync::atomic::Ordering::Relaxed,
         );
+        let mut http = None;
         let (reply, tokens, finish_reason) = match outcome {
             ChatOutcome::Reply(reply) => (
                 Some(reply.message),
@@ -126,6 +134,18 @@ pub async fn run_session(
             ),
             ChatOutcome::Error(text) => {
                 error = Some(text);
+                (None, 0, None)
+            }
+            ChatOutcome::Status { status, body } => {
+                // A rejection is evidence, not a failure: its body is the round's
+                // evidence, and the session keeps no error text.
+                if verdict.class == RoundClass::Error {
+                    error = Some(status_error(status, &body));
+                }
+                http = Some(HttpReply {
+                    status: status.as_u16(),
+                    body,
+                });
                 (None, 0, None)
             }
             ChatOutcome::Timeout => {
@@ -142,6 +162,7 @@ pub async fn run_session(
             completion_tokens: tokens,
             evidence: verdict.evidence,
             finish_reason,
+            http,
         };
         if progress.record(record, reply.as_ref()) == Flow::Stop {
             transcript.extend(reply);
@@ -181,6 +202,16 @@ pub async fn run_session(
         round_latency_us,
         send_lag_us,
     }
+}
+
+/// A non-2xx reply as an error text: the status and the body's first 200 characters,
+/// as the client has always reported it.
+pub fn status_error(status: hyper::StatusCode, body: &str) -> String {
+    let head = match body.char_indices().nth(200) {
+        Some((end, _)) => &body[..end],
+        None => body,
+    };
+    format!("HTTP {status}: {head}")
 }
 
 /// Simulated tool messages for every call of an ok reply. Calls without an id get a

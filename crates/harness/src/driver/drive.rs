@@ -81,6 +81,8 @@ pub struct DriveStats {
     pub send_lag_p99_ms: f64,
     /// Chat requests sent (rounds over all finished sessions).
     pub requests: u64,
+    /// Connection set-up and load shedding, as the connect pacer saw them.
+    pub transport: crate::core::transport::TransportStats,
 }
 
 /// Nearest-rank percentile of an ascending slice (`q` in 0..=1); 0 for an empty one.
@@ -162,6 +164,44 @@ impl Slot {
     }
 }
 
+/// How long the opening phase waits for connects after the pacer's last scheduled
+/// start: shorter than the kernel's first SYN retransmission (1 s), so a SYN a full
+/// listen queue dropped does not hold the opening wave.
+const OPEN_PATIENCE: Duration = Duration::from_millis(500);
+
+/// Opens up to `slots` connections through the pacer; those not open within
+/// [`OPEN_PATIENCE`] of the last scheduled start (which moves later as the pacer
+/// widens) are left for their slot's first request.
+async fn open_connections(ctx: &SessionContext, slots: u32) -> Vec<Connection> {
+    use futures::StreamExt;
+    let gate = ctx.inflight.gate();
+    let began = tokio::time::Instant::now();
+    let patience_end = || gate.last_start().unwrap_or(began).max(began) + OPEN_PATIENCE;
+    let mut opening: futures::stream::FuturesUnordered<_> = (0..slots)
+        .map(|_| async {
+            let mut connection = Connection::new();
+            ctx.client.open(&mut connection, gate).await;
+            connection
+        })
+        .collect();
+    let mut opened = Vec::with_capacity(slots as usize);
+    loop {
+        let until = patience_end();
+        tokio::select! {
+            next = opening.next() => match next {
+                Some(connection) => opened.push(connection),
+                None => break,
+            },
+            () = tokio::time::sleep_until(until) => {
+                if patience_end() <= tokio::time::Instant::now() {
+                    break;
+                }
+            }
+        }
+    }
+    opened
+}
+
 /// Runs every session of `plan`, sending each result on `results` as it ends.
 /// Fails if the HTTP client cannot be built, a session task panics, or the results
 /// receiver is gone (then the remaining sessions are stopped: their results would be lost).
@@ -205,18 +245,16 @@ pub async fn drive(
         .then(|| Arc::new(RoundBarrier::new(plan.sessions as usize)));
     // Stops the sessions on the caller's cancel, or when the collector went away.
     let stop = cancel.child_token();
-    // Before the clock: each slot's first session is built and its connection opened,
-    // so the opening burst is the sessions' first requests, not thousands of connects and
-    // task set-ups racing the first sessions' later rounds (at 1000 in flight the first
-    // sessions used to finish before the last had connected, so the target load was
-    // never reached). A connection that cannot be opened now is opened by its session's
-    // first request, which records any error as usual.
+    // Before the clock: each slot's connection is opened, so the opening burst is the
+    // sessions' first requests, not thousands of connects and task set-ups racing the
+    // first sessions' later rounds (at 1000 in flight the first sessions used to finish
+    // before the last had connected, so the target load was never reached). The connects
+    // go through the drive's pacer (`connect.rs`: a burst of them overflowed a small
+    // listen backlog), and the phase waits for a slow one only a little: a connect
+    // still unfinished then (its SYN dropped and due again in a second) is dropped, and
+    // its slot connects with its first request instead of holding every other slot.
     let opened = tokio::select! {
-        opened = futures::future::join_all((0..slots).map(|_| async {
-            let mut connection = Connection::new();
-            ctx.client.open(&mut connection).await;
-            connection
-        })) => opened,
+        opened = open_connections(&ctx, slots) => opened,
         _ = stop.cancelled() => Vec::new(),
     };
     let mut connections = opened.into_iter();
@@ -280,6 +318,7 @@ pub async fn drive(
     stats.wall_s = started.elapsed().as_secs_f64();
     stats.classify_s = ctx.classify_ns.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e9;
     stats.peak_client_inflight = inflight.peak();
+    stats.transport = inflight.gate().stats();
     stats.tokens_per_s = if stats.wall_s > 0.0 {
         stats.completion_tokens as f64 / stats.wall_s
     } else {

@@ -10,6 +10,7 @@
 //! key (a server started with one answers 401 to an anonymous `/metrics`).
 
 use super::client::InFlight;
+use crate::core::transport::{GapSample, LoadGap};
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -208,6 +209,9 @@ pub struct MetricsRow {
     pub client_inflight: u64,
     pub label: String,
     pub error: Option<String>,
+    /// The client's connects in progress at the sample (older files: absent, 0).
+    #[serde(default)]
+    pub client_connecting: u64,
 }
 
 /// The time series of one poll, with peaks and scrape failures per role.
@@ -249,7 +253,30 @@ impl MetricsLog {
             .collect()
     }
 
-    fn record_client(&mut self, t_s: f64, inflight: u64) {
+    /// Where the client's in-flight requests were while the busiest engine role ran
+    /// fewer ([`LoadGap`]), over this log's samples; None without a measured role.
+    pub fn load_gap(&self) -> Option<LoadGap> {
+        let (role, _) = self
+            .peak_running
+            .iter()
+            .max_by(|a, b| a.1.total_cmp(b.1).then_with(|| b.0.cmp(a.0)))?;
+        let samples: Vec<GapSample> = self
+            .rows
+            .iter()
+            .filter(|r| &r.role == role)
+            .filter_map(|r| {
+                Some(GapSample {
+                    client_in_flight: r.client_inflight,
+                    connecting: r.client_connecting,
+                    running: r.running?,
+                    queued: r.queued,
+                })
+            })
+            .collect();
+        LoadGap::measure(role, &samples)
+    }
+
+    fn record_client(&mut self, t_s: f64, inflight: u64, connecting: u64) {
         self.peak_client_inflight = self.peak_client_inflight.max(inflight);
         self.rows.push(MetricsRow {
             t_s,
@@ -259,6 +286,7 @@ impl MetricsLog {
             client_inflight: inflight,
             label: String::new(),
             error: None,
+            client_connecting: connecting,
         });
     }
 
@@ -266,7 +294,7 @@ impl MetricsLog {
         &mut self,
         t_s: f64,
         endpoint: &MetricsEndpoint,
-        inflight: u64,
+        (inflight, connecting): (u64, u64),
         scraped: Result<String, String>,
     ) {
         let role = endpoint.role.as_str();
@@ -301,6 +329,7 @@ impl MetricsLog {
             client_inflight: inflight,
             label: String::new(),
             error,
+            client_connecting: connecting,
         });
     }
 }
@@ -352,7 +381,7 @@ pub async fn poll(
                 log.record_scrape(
                     0.0,
                     endpoint,
-                    0,
+                    (0, 0),
                     Err(format!("building the HTTP client: {e}")),
                 );
             }
@@ -375,8 +404,8 @@ pub async fn poll(
             ticks.tick().await;
         }
         let t_s = started.elapsed().as_secs_f64();
-        let client_now = inflight.current();
-        log.record_client(t_s, client_now);
+        let client_now = (inflight.current(), inflight.connecting());
+        log.record_client(t_s, client_now.0, client_now.1);
         let scrapes = futures::future::join_all(
             endpoints
                 .iter()

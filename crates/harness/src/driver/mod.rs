@@ -7,6 +7,7 @@
 pub mod barrier;
 pub mod body;
 pub mod client;
+pub mod connect;
 pub mod conversation;
 pub mod drive;
 pub mod metrics;

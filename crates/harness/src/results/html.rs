@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use super::charts::{self, RateBar, RoundCounts};
 use super::run_record::{ArmRecord, RunRecord, TargetInfo};
-use super::table::{arm_cells, compact, comparison_sentence, HEADER};
+use super::table::{arm_cells, compact, comparison_sentence, HEADER, LEGEND};
 use super::Exporter;
 use crate::core::arm_stats::ArmStats;
 use crate::core::session::SessionResult;
@@ -82,6 +82,7 @@ pub fn render_run_html(record: &RunRecord, dir: Option<&Path>) -> String {
         &bars,
     )));
     body.push_str(&arms_table(&record.flag.name, &record.arms, false));
+    let _ = writeln!(body, "<p class=\"meta\">{}</p>", escape(LEGEND));
     if record.runs.len() > record.arms.len() {
         body.push_str("<h3>Arm blocks in execution order</h3>\n");
         body.push_str(&arms_table(&record.flag.name, &record.runs, true));
@@ -603,6 +604,7 @@ mod tests {
                 completion_tokens: 20,
                 evidence: "read_file(path=\"/a\")".into(),
                 finish_reason: None,
+                http: None,
             }],
             latency_ms: vec![12],
             completion_tokens: 20,

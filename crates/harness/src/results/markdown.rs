@@ -1,7 +1,7 @@
 //! `summary.md`: the run as a human pastes it into a PR or an incident channel.
 
 use super::run_record::{RunRecord, TargetInfo};
-use super::table::{arm_cells, compact, comparison_sentence, HEADER};
+use super::table::{arm_cells, compact, comparison_sentence, HEADER, LEGEND};
 use super::Exporter;
 
 pub struct SummaryMarkdown;
@@ -50,6 +50,7 @@ impl Exporter for SummaryMarkdown {
                 arm_cells(&r.flag.name, arm, false).join(" | ")
             ));
         }
+        s.push_str(&format!("\n{LEGEND}\n"));
         if r.runs.len() > r.arms.len() {
             s.push_str("\nArm blocks in execution order:\n\n");
             s.push_str(&table_header(&HEADER));

@@ -12,7 +12,7 @@ use crate::core::effective;
 use crate::core::phases::Phases;
 
 use crate::core::arm_stats::{pool_readback, ArmLabel, ArmStats, RecordStatus};
-use crate::core::classify::MarkupFamily;
+use crate::core::classify::{MarkupFamily, RejectionPattern};
 use crate::core::verdict::{ArmObservation, Comparison, Confound, Verdict};
 
 pub const SCHEMA: &str = "bisect.run/1";
@@ -69,6 +69,11 @@ pub struct TargetInfo {
     /// so `bisect reclassify` judges with the same ones; absent in older records.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub markup: Option<Vec<MarkupFamily>>,
+    /// The rejection patterns the run judged error replies with (docs/design.md 3.5,
+    /// `rejected`), so `bisect reclassify` judges them again with the same ones;
+    /// absent when there were none and in older records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rejections: Option<Vec<RejectionPattern>>,
 }
 
 impl TargetInfo {
@@ -82,6 +87,7 @@ impl TargetInfo {
             roles: t.roles.iter().map(RoleInfo::of).collect(),
             engine: Some(t.engine.name().to_string()),
             markup: Some(t.markup.clone()),
+            rejections: (!t.rejections.is_empty()).then(|| t.rejections.clone()),
         }
     }
 }

@@ -13,13 +13,22 @@ pub const HEADER: [&str; 9] = [
     "arm",
     "sessions",
     "done/max",
-    "leak/bad/wrong/no_tool",
+    "leak/bad/wrong/no_tool/rejected",
     "error/timeout/truncated",
     "corrupted",
     "peak running",
     "wall",
     "tok/s",
 ];
+
+/// What the class columns of [`HEADER`] mean, under the table in summary.md,
+/// report.html and the terminal (docs/design.md 3.5).
+pub const LEGEND: &str = "Classes: done/max = finished / ran out of rounds. Corrupted = leak \
+(tool-call markup in the text) + bad (a call whose arguments do not parse or fit the tool) + \
+wrong (another call than the step's) + no_tool (no call where one was due) + rejected (the \
+engine refused the model's tool call with an error reply naming a parse failure, e.g. \
+llama.cpp's HTTP 500; the body is the evidence). error/timeout/truncated are not judged: the \
+rate is corrupted over the other sessions.";
 
 /// The row of one arm; blocks (`repeat` set) are named with their repeat, `on r1`,
 /// when `with_repeat` asks for it.
@@ -33,7 +42,12 @@ pub fn arm_cells(flag: &str, arm: &ArmRecord, with_repeat: bool) -> [String; 9] 
         format!("{label} ({flag}={})", arm.value),
         arm.sessions.to_string(),
         format!("{}/{}", c.done, c.maxrounds),
-        format!("{}/{}/{}/{}", c.leak, c.bad_args, c.wrong_args, c.no_tool),
+        // Rejected (the engine refused a call it could not parse) is corruption: it
+        // sits with the corrupted classes, not with error.
+        format!(
+            "{}/{}/{}/{}/{}",
+            c.leak, c.bad_args, c.wrong_args, c.no_tool, c.rejected
+        ),
         // Truncated (cut off at max_tokens) sits beside the failures: neither is in
         // the corruption rate, and both say the run measured less than it meant to.
         format!("{}/{}/{}", c.error, c.timeout, c.truncated),
@@ -88,7 +102,7 @@ pub fn render(record: &RunRecord) -> String {
         );
     }
     let mut out = format!(
-        "bisect run {}: workload {} ({} sessions x {} rounds, ctx {}), {} arm block(s)\n{table}\n",
+        "bisect run {}: workload {} ({} sessions x {} rounds, ctx {}), {} arm block(s)\n{table}\n{LEGEND}\n",
         record.flag.name,
         record.workload["name"].as_str().unwrap_or("?"),
         record.workload["sessions"],

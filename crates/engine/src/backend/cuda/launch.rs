@@ -1,13 +1,17 @@
 //! The GPU implementation of [`Backend`]: uploads, kernel launches and downloads of
-//! index-K quantization, indexer scores + top-k, and both sparse attention paths. Each
-//! call runs on the compute stream and returns once its results are on the host.
+//! index-K quantization, indexer scores + top-k, and both sparse attention paths over
+//! gathered host slices; the paged methods hand over to the pools (`pool`). Also the
+//! launch helpers the slice and paged kernel families share, so that what differs
+//! between them is only how a kernel finds its rows. Each call runs on the compute
+//! stream and returns once its results are on the host.
 
-use anyhow::{bail, ensure, Context, Result};
-use cudarc::driver::{CudaSlice, PushKernelArg};
+use anyhow::{ensure, Context, Result};
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::super::{
-    AttnJob, AttnOut, AttnPath, Backend, GatheredKv, IndexKDtype, IndexerJob, PageContents,
-    PagedAttnJob, PagedIndexerJob, PoolId, PoolSpec, PoolStats, TopkImpl, INDEX_DIM, MAIN_DIM,
+    paged, AttnJob, AttnOut, AttnPath, Backend, GatheredKv, IndexKDtype, IndexerJob, PageContents,
+    PageRows, PagedAttnJob, PagedIndexerJob, PoolId, PoolSpec, PoolStats, TopkImpl, INDEX_DIM,
+    MAIN_DIM,
 };
 use super::{
     grid_for, per_job, row_starts, to_u32, CudaBackend, ATTN_THREADS, ELEMENTWISE_THREADS,
@@ -39,18 +43,7 @@ impl Backend for CudaBackend {
         let n32 = to_u32(n, "index-K tokens")?;
         let d_keys = self.upload(keys)?;
         let mut d_out = self.zeros::<u8>(out.len())?;
-        let (function, cfg) = match dtype {
-            IndexKDtype::Bf16 => (
-                &self.kernels.quantize_bf16,
-                grid_for(n * INDEX_DIM, ELEMENTWISE_THREADS),
-            ),
-            // One block of exactly INDEX_DIM threads per token (the kernel's amax reduction).
-            IndexKDtype::Fp8 => (&self.kernels.quantize_fp8, {
-                let mut cfg = grid_for(n, 1);
-                cfg.block_dim = (INDEX_DIM as u32, 1, 1);
-                cfg
-            }),
-        };
+        let (function, cfg) = self.quantize_kernel(dtype, n);
         let mut launch = self.compute.launch_builder(function);
         launch.arg(&d_keys).arg(&mut d_out).arg(&n32);
         // SAFETY: argument types and order match the kernel signature in index_k.cu.
@@ -69,11 +62,7 @@ impl Backend for CudaBackend {
     ) -> Result<Vec<Vec<u32>>> {
         let bytes_per_token = dtype.bytes_per_token();
         for (j, job) in jobs.iter().enumerate() {
-            ensure!(
-                job.query.len() == INDEX_DIM,
-                "indexer job {j}: query has {} f32, not {INDEX_DIM}",
-                job.query.len()
-            );
+            paged::check_query("indexer", j, job.query, INDEX_DIM)?;
             ensure!(
                 job.index_k.len() >= job.n * bytes_per_token,
                 "indexer job {j}: {} index-K bytes for n = {} in {}",
@@ -125,99 +114,50 @@ impl Backend for CudaBackend {
         if jobs.is_empty() {
             return Ok(Vec::new());
         }
-        let jobs32 = to_u32(jobs.len(), "attention jobs")?;
-        let row_start = row_starts(jobs.iter().map(|job| job.n))?;
-        let sel_start = row_starts(jobs.iter().map(|job| job.selected.len()))?;
-        let rows = *row_start.last().unwrap_or(&0) as usize;
-        let selected_total = *sel_start.last().unwrap_or(&0) as usize;
-
-        let queries: Vec<f32> = jobs
-            .iter()
-            .flat_map(|job| job.query.iter().copied())
-            .collect();
+        let batch = AttnBatch::new(jobs.iter().map(|job| (job.query, job.n, job.selected)))?;
         let keys: Vec<f32> = jobs
             .iter()
             .flat_map(|job| job.keys[..job.n * MAIN_DIM].iter().copied())
             .collect();
-        let selected: Vec<u32> = jobs
-            .iter()
-            .flat_map(|job| job.selected.iter().copied())
-            .collect();
-        let d_queries = self.upload(&queries)?;
+        let d_queries = self.upload(&batch.queries)?;
         let d_keys = self.upload(&keys)?;
-        let d_row_start = self.upload(&row_start)?;
-        let d_selected = self.upload(&selected)?;
-        let d_sel_start = self.upload(&sel_start)?;
-        let mut d_argmax = self.zeros::<u32>(jobs.len())?;
-        let mut d_weight = self.zeros::<f32>(jobs.len())?;
-        let query_threads = grid_for(jobs.len() * MAIN_DIM, ELEMENTWISE_THREADS);
-        let mut d_projected = self.zeros::<f32>(jobs.len() * MAIN_DIM)?;
-        let mut project = self.compute.launch_builder(&self.kernels.mla_project);
-        project
-            .arg(&self.up_projection)
-            .arg(&d_queries)
-            .arg(&jobs32)
-            .arg(&mut d_projected);
-        // SAFETY: matches mla_project_queries in sparse_attention.cu.
-        unsafe { project.launch(query_threads) }.context("launching mla_project_queries")?;
-
-        match path {
-            AttnPath::Mma => {
-                let mut d_absorbed = self.zeros::<f32>(jobs.len() * MAIN_DIM)?;
-                let mut absorb = self.compute.launch_builder(&self.kernels.mla_absorb);
-                absorb
-                    .arg(&self.up_projection)
-                    .arg(&d_projected)
-                    .arg(&jobs32)
-                    .arg(&mut d_absorbed);
-                // SAFETY: matches mla_absorb_queries in sparse_attention.cu.
-                unsafe { absorb.launch(query_threads) }.context("launching mla_absorb_queries")?;
-                let mut d_logits = self.zeros::<f32>(selected_total)?;
+        let selection = self.upload_selection(&batch, false)?;
+        let mut run = self.attention_queries(&d_queries, batch.jobs32, path)?;
+        match &run.absorbed {
+            Some(d_absorbed) => {
+                let mut d_logits = self.zeros::<f32>(batch.selected_total)?;
                 let mut launch = self.compute.launch_builder(&self.kernels.attn_mma);
                 launch
-                    .arg(&d_absorbed)
+                    .arg(d_absorbed)
                     .arg(&d_keys)
-                    .arg(&d_row_start)
-                    .arg(&d_selected)
-                    .arg(&d_sel_start)
+                    .arg(&selection.row_start)
+                    .arg(&selection.selected)
+                    .arg(&selection.sel_start)
                     .arg(&mut d_logits)
-                    .arg(&mut d_argmax)
-                    .arg(&mut d_weight);
+                    .arg(&mut run.argmax)
+                    .arg(&mut run.weight);
                 // SAFETY: matches sparse_attention_mma in sparse_attention.cu.
                 unsafe { launch.launch(per_job(jobs.len(), ATTN_THREADS)) }
                     .context("launching sparse_attention_mma")?;
             }
-            AttnPath::Legacy => {
-                let mut d_dense = self.zeros::<f32>(rows)?;
-                let mut d_mask = self.zeros::<u8>(rows)?;
-                let mut dense = self.compute.launch_builder(&self.kernels.attn_legacy_dense);
-                dense
-                    .arg(&self.up_projection)
-                    .arg(&d_projected)
-                    .arg(&d_keys)
-                    .arg(&d_row_start)
-                    .arg(&jobs32)
-                    .arg(&mut d_dense);
-                // SAFETY: matches sparse_attention_legacy_dense.
-                unsafe { dense.launch(grid_for(rows, ELEMENTWISE_THREADS)) }
-                    .context("launching legacy dense")?;
-                let selection = Selection {
-                    row_start: &d_row_start,
-                    selected: &d_selected,
-                    sel_start: &d_sel_start,
-                    jobs32,
-                    selected_total,
-                };
-                self.legacy_mask_softmax(
-                    &selection,
-                    &d_dense,
-                    &mut d_mask,
-                    &mut d_argmax,
-                    &mut d_weight,
-                )?;
+            None => {
+                self.legacy_attention(&selection, batch.rows, &mut run, |projected, dense| {
+                    let mut launch = self.compute.launch_builder(&self.kernels.attn_legacy_dense);
+                    launch
+                        .arg(&self.up_projection)
+                        .arg(projected)
+                        .arg(&d_keys)
+                        .arg(&selection.row_start)
+                        .arg(&batch.jobs32)
+                        .arg(dense);
+                    // SAFETY: matches sparse_attention_legacy_dense.
+                    unsafe { launch.launch(grid_for(batch.rows, ELEMENTWISE_THREADS)) }
+                        .context("launching legacy dense")?;
+                    Ok(())
+                })?
             }
         }
-        self.download_attn(&d_argmax, &d_weight, jobs.len())
+        self.download_attn(&run.argmax, &run.weight, jobs.len())
     }
 
     fn create_pool(&self, spec: PoolSpec) -> Result<PoolId> {
@@ -228,26 +168,8 @@ impl Backend for CudaBackend {
         self.pool_release(pool)
     }
 
-    fn write_rows(
-        &self,
-        pool: PoolId,
-        page: u32,
-        first_row: usize,
-        main_keys: &[f32],
-        index_keys: &[f32],
-    ) -> Result<()> {
-        self.pool_write_rows(pool, page, first_row, main_keys, index_keys)
-    }
-
-    fn write_quantized_rows(
-        &self,
-        pool: PoolId,
-        page: u32,
-        first_row: usize,
-        main_keys: &[f32],
-        index_rows: &[u8],
-    ) -> Result<()> {
-        self.pool_write_quantized_rows(pool, page, first_row, main_keys, index_rows)
+    fn store_rows(&self, pool: PoolId, rows: PageRows<'_>) -> Result<()> {
+        self.pool_store_rows(pool, rows)
     }
 
     fn append_rows(
@@ -262,10 +184,6 @@ impl Backend for CudaBackend {
 
     fn evict_page(&self, pool: PoolId, page: u32, slot: u32) -> Result<()> {
         self.pool_evict(pool, page, slot)
-    }
-
-    fn load_back_page(&self, pool: PoolId, slot: u32, page: u32) -> Result<()> {
-        self.pool_load_back(pool, &[(slot, page)])
     }
 
     fn load_back_pages(&self, pool: PoolId, pairs: &[(u32, u32)]) -> Result<()> {
@@ -334,27 +252,14 @@ impl Backend for CudaBackend {
 /// Shape checks of an attention batch, before anything is uploaded.
 fn check_attention_jobs(jobs: &[AttnJob<'_>]) -> Result<()> {
     for (j, job) in jobs.iter().enumerate() {
-        ensure!(
-            job.query.len() == MAIN_DIM,
-            "attention job {j}: query has {} f32, not {MAIN_DIM}",
-            job.query.len()
-        );
+        paged::check_query("attention", j, job.query, MAIN_DIM)?;
         ensure!(
             job.keys.len() >= job.n * MAIN_DIM,
             "attention job {j}: {} key f32 for n = {}",
             job.keys.len(),
             job.n
         );
-        ensure!(
-            !job.selected.is_empty(),
-            "attention job {j}: empty selection"
-        );
-        if let Some(bad) = job.selected.iter().find(|&&p| p as usize >= job.n) {
-            bail!(
-                "attention job {j}: selected position {bad} is outside 0..{}",
-                job.n
-            );
-        }
+        paged::check_selection("attention", j, job.selected, job.n)?;
     }
     Ok(())
 }
@@ -419,33 +324,171 @@ impl CudaBackend {
     }
 }
 
+impl CudaBackend {
+    /// The quantize kernel of `dtype` and its launch shape for `rows` tokens, shared by
+    /// `quantize_index_k` and a pool's `store_rows`.
+    pub(super) fn quantize_kernel(
+        &self,
+        dtype: IndexKDtype,
+        rows: usize,
+    ) -> (&CudaFunction, LaunchConfig) {
+        match dtype {
+            IndexKDtype::Bf16 => (
+                &self.kernels.quantize_bf16,
+                grid_for(rows * INDEX_DIM, ELEMENTWISE_THREADS),
+            ),
+            // One block of exactly INDEX_DIM threads per token (the kernel's amax reduction).
+            IndexKDtype::Fp8 => (&self.kernels.quantize_fp8, {
+                let mut cfg = grid_for(rows, 1);
+                cfg.block_dim = (INDEX_DIM as u32, 1, 1);
+                cfg
+            }),
+        }
+    }
+}
+
+/// The host side of an attention batch, slice or paged: the queries and the
+/// selections back to back, and the prefix sums of rows and of selections per job.
+pub(super) struct AttnBatch {
+    pub(super) jobs32: u32,
+    pub(super) row_start: Vec<u32>,
+    pub(super) sel_start: Vec<u32>,
+    pub(super) rows: usize,
+    pub(super) selected_total: usize,
+    pub(super) queries: Vec<f32>,
+    pub(super) selected: Vec<u32>,
+}
+
+impl AttnBatch {
+    /// From each job's (query, n, selected).
+    pub(super) fn new<'a>(
+        jobs: impl ExactSizeIterator<Item = (&'a [f32], usize, &'a [u32])> + Clone,
+    ) -> Result<Self> {
+        let jobs32 = to_u32(jobs.len(), "attention jobs")?;
+        let row_start = row_starts(jobs.clone().map(|(_, n, _)| n))?;
+        let sel_start = row_starts(jobs.clone().map(|(_, _, selected)| selected.len()))?;
+        Ok(AttnBatch {
+            jobs32,
+            rows: *row_start.last().unwrap_or(&0) as usize,
+            selected_total: *sel_start.last().unwrap_or(&0) as usize,
+            row_start,
+            sel_start,
+            queries: jobs
+                .clone()
+                .flat_map(|(query, _, _)| query.iter().copied())
+                .collect(),
+            selected: jobs
+                .flat_map(|(_, _, selected)| selected.iter().copied())
+                .collect(),
+        })
+    }
+}
+
 /// The device buffers that say which rows each attention job selected.
-pub(super) struct Selection<'a> {
-    pub row_start: &'a CudaSlice<u32>,
-    pub selected: &'a CudaSlice<u32>,
-    pub sel_start: &'a CudaSlice<u32>,
-    pub jobs32: u32,
-    pub selected_total: usize,
+pub(super) struct Selection {
+    pub(super) row_start: CudaSlice<u32>,
+    pub(super) selected: CudaSlice<u32>,
+    pub(super) sel_start: CudaSlice<u32>,
+    pub(super) jobs32: u32,
+    pub(super) selected_total: usize,
+}
+
+/// An attention batch on the device once its queries are prepared: the result buffers,
+/// `W q` of every job, and on the Mma path the absorbed `W^T W q`.
+pub(super) struct AttnRun {
+    pub(super) argmax: CudaSlice<u32>,
+    pub(super) weight: CudaSlice<f32>,
+    pub(super) projected: CudaSlice<f32>,
+    pub(super) absorbed: Option<CudaSlice<f32>>,
 }
 
 impl CudaBackend {
-    /// The legacy path after its dense pass (slice or paged): mask each job's selected
-    /// rows, then softmax over them into each job's argmax and weight.
-    pub(super) fn legacy_mask_softmax(
+    /// Uploads a batch's selection (row starts, selected positions, selection starts):
+    /// through the page-locked staging ring on the paged path (`pinned`), plainly on
+    /// the slice path.
+    pub(super) fn upload_selection(&self, batch: &AttnBatch, pinned: bool) -> Result<Selection> {
+        let upload = |data: &[u32]| {
+            if pinned {
+                self.upload_pinned(data)
+            } else {
+                self.upload(data)
+            }
+        };
+        Ok(Selection {
+            row_start: upload(&batch.row_start)?,
+            selected: upload(&batch.selected)?,
+            sel_start: upload(&batch.sel_start)?,
+            jobs32: batch.jobs32,
+            selected_total: batch.selected_total,
+        })
+    }
+
+    /// The query side both attention calls share, queued after their uploads: the
+    /// zeroed result buffers, `mla_project_queries`, and on the Mma path
+    /// `mla_absorb_queries`.
+    pub(super) fn attention_queries(
         &self,
-        selection: &Selection<'_>,
-        d_dense: &CudaSlice<f32>,
-        d_mask: &mut CudaSlice<u8>,
-        d_argmax: &mut CudaSlice<u32>,
-        d_weight: &mut CudaSlice<f32>,
+        d_queries: &CudaSlice<f32>,
+        jobs32: u32,
+        path: AttnPath,
+    ) -> Result<AttnRun> {
+        let jobs = jobs32 as usize;
+        let argmax = self.zeros::<u32>(jobs)?;
+        let weight = self.zeros::<f32>(jobs)?;
+        let query_threads = grid_for(jobs * MAIN_DIM, ELEMENTWISE_THREADS);
+        let mut projected = self.zeros::<f32>(jobs * MAIN_DIM)?;
+        let mut project = self.compute.launch_builder(&self.kernels.mla_project);
+        project
+            .arg(&self.up_projection)
+            .arg(d_queries)
+            .arg(&jobs32)
+            .arg(&mut projected);
+        // SAFETY: matches mla_project_queries in sparse_attention.cu.
+        unsafe { project.launch(query_threads) }.context("launching mla_project_queries")?;
+        let absorbed = match path {
+            AttnPath::Mma => {
+                let mut absorbed = self.zeros::<f32>(jobs * MAIN_DIM)?;
+                let mut absorb = self.compute.launch_builder(&self.kernels.mla_absorb);
+                absorb
+                    .arg(&self.up_projection)
+                    .arg(&projected)
+                    .arg(&jobs32)
+                    .arg(&mut absorbed);
+                // SAFETY: matches mla_absorb_queries in sparse_attention.cu.
+                unsafe { absorb.launch(query_threads) }.context("launching mla_absorb_queries")?;
+                Some(absorbed)
+            }
+            AttnPath::Legacy => None,
+        };
+        Ok(AttnRun {
+            argmax,
+            weight,
+            projected,
+            absorbed,
+        })
+    }
+
+    /// The legacy path of either family: zeroed dense scores and mask, the family's
+    /// dense pass (`dense`, given the projected queries and the scores to fill), then
+    /// the shared mask of each job's selected rows and the softmax over them into each
+    /// job's argmax and weight.
+    pub(super) fn legacy_attention(
+        &self,
+        selection: &Selection,
+        rows: usize,
+        run: &mut AttnRun,
+        dense: impl FnOnce(&CudaSlice<f32>, &mut CudaSlice<f32>) -> Result<()>,
     ) -> Result<()> {
+        let mut d_dense = self.zeros::<f32>(rows)?;
+        let mut d_mask = self.zeros::<u8>(rows)?;
+        dense(&run.projected, &mut d_dense)?;
         let jobs = selection.jobs32 as usize;
         let mut mask = self.compute.launch_builder(&self.kernels.attn_legacy_mask);
-        mask.arg(selection.row_start)
-            .arg(selection.selected)
-            .arg(selection.sel_start)
+        mask.arg(&selection.row_start)
+            .arg(&selection.selected)
+            .arg(&selection.sel_start)
             .arg(&selection.jobs32)
-            .arg(&mut *d_mask);
+            .arg(&mut d_mask);
         // SAFETY: matches sparse_attention_legacy_mask.
         unsafe { mask.launch(grid_for(selection.selected_total, ELEMENTWISE_THREADS)) }
             .context("launching legacy mask")?;
@@ -453,11 +496,11 @@ impl CudaBackend {
             .compute
             .launch_builder(&self.kernels.attn_legacy_softmax);
         softmax
-            .arg(d_dense)
-            .arg(&*d_mask)
-            .arg(selection.row_start)
-            .arg(d_argmax)
-            .arg(d_weight);
+            .arg(&d_dense)
+            .arg(&d_mask)
+            .arg(&selection.row_start)
+            .arg(&mut run.argmax)
+            .arg(&mut run.weight);
         // SAFETY: matches sparse_attention_legacy_softmax.
         unsafe { softmax.launch(per_job(jobs, ATTN_THREADS)) }
             .context("launching legacy softmax")?;

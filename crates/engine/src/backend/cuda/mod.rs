@@ -1,8 +1,10 @@
 //! CUDA backend of the embedded engine: the device probe, the NVRTC compilation of
 //! `kernels/*.cu`, the context and streams ([`CudaBackend`]) and the launch geometry.
-//! The [`Backend`](super::Backend) implementation (kernel launches) is in `launch`; the
-//! paged pools (device-resident KV, page tables, HiCache on the copy stream, generation
-//! tags; `super::paged`) in `pool`; the older load-back primitive ([`LoadBackPool`],
+//! The [`Backend`](super::Backend) implementation is in `launch`: the slice kernels and
+//! the launch helpers both kernel families share (quantize shape, attention batch and
+//! query projection, legacy mask + softmax, top-k); the paged pools (device-resident
+//! KV, page tables, HiCache on the copy stream, generation tags; `super::paged`) in
+//! `pool`, their reads in `pool/reads`; the older load-back primitive ([`LoadBackPool`],
 //! superseded by the pools, used by one test only) in `loadback`.
 //!
 //! cudarc is built with dynamic loading, so this module compiles and links without CUDA.
@@ -42,7 +44,7 @@ use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 use super::mla_up_projection;
 
 /// Every kernel source, embedded at build time: (file name under `kernels/`, source).
-pub const KERNEL_SOURCES: &[(&str, &str)] = &[
+pub(crate) const KERNEL_SOURCES: &[(&str, &str)] = &[
     (
         "index_k.cu",
         include_str!("../../../../../kernels/index_k.cu"),
@@ -62,7 +64,7 @@ pub const KERNEL_SOURCES: &[(&str, &str)] = &[
 ];
 
 /// Virtual architecture of the GPU-less compile check (Hopper, the deployment's class).
-pub const COMPILE_CHECK_ARCH: &str = "compute_90";
+pub(crate) const COMPILE_CHECK_ARCH: &str = "compute_90";
 
 /// Threads per block the attention kernels are written for (`ATTN_THREADS` in the .cu).
 const ATTN_THREADS: u32 = 256;
@@ -72,14 +74,14 @@ const ELEMENTWISE_THREADS: u32 = 256;
 const MAX_GRID_BLOCKS: u32 = 65_535;
 
 /// True when a CUDA driver library (`libcuda.so*`) can be dlopened.
-pub fn driver_library_present() -> bool {
+pub(crate) fn driver_library_present() -> bool {
     // SAFETY: only tries dlopen on cudarc's candidate names; no symbol is called.
     unsafe { cudarc::driver::sys::is_culib_present() }
 }
 
 /// True when NVRTC (`libnvrtc.so*`, e.g. from the PyPI package nvidia-cuda-nvrtc-cu12
 /// on `LD_LIBRARY_PATH`) can be dlopened.
-pub fn nvrtc_library_present() -> bool {
+pub(crate) fn nvrtc_library_present() -> bool {
     // SAFETY: as above, dlopen only.
     unsafe { cudarc::nvrtc::sys::is_culib_present() }
 }

@@ -30,6 +30,11 @@
 //! buffer exists), and the host tier is handed to the copies as plain `&[u8]` views of
 //! the pinned allocation (cudarc records no event on those). Every cross-stream order
 //! here is an explicit `join` or `wait`.
+//!
+//! This module owns a pool's memory and what changes it (create, writes, appends,
+//! evictions, load-backs); its reads are in `reads`.
+
+mod reads;
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -38,23 +43,19 @@ use std::sync::Arc;
 use anyhow::{anyhow, Context, Result};
 use cudarc::driver::{CudaEvent, CudaSlice, PinnedHostSlice, PushKernelArg};
 
-use super::super::paged::{
-    self, GatheredKv, PageContents, PagedAttnJob, PagedIndexerJob, PoolId, PoolSpec, PoolStats,
-    MAX_PAGE_TOKENS,
-};
-use super::super::{AttnOut, AttnPath, IndexKDtype, TopkImpl, INDEX_DIM, MAIN_DIM};
-use super::launch::Selection;
-use super::{
-    grid_for, per_job, row_starts, to_u32, CudaBackend, ATTN_THREADS, ELEMENTWISE_THREADS,
-};
-
-/// Threads per block of the paged indexer kernels (`PAGED_THREADS` in the .cu).
-const PAGED_THREADS: u32 = 128;
-/// Threads per block (one page each) of `paged_gather_sequence`.
-const GATHER_THREADS: u32 = 256;
+use super::super::paged::{self, IndexRows, PageRows, PoolId, PoolSpec, PoolStats};
+use super::super::{IndexKDtype, INDEX_DIM, MAIN_DIM};
+use super::{to_u32, CudaBackend};
 
 fn align(offset: usize) -> usize {
     offset.div_ceil(256) * 256
+}
+
+/// A page's two parts, each copied with its own tag: main KV and index-K.
+#[derive(Clone, Copy)]
+enum Region {
+    Main,
+    Index,
 }
 
 /// Byte ranges of one pool's device allocation.
@@ -148,6 +149,39 @@ impl GpuPool {
         start..start + 4
     }
 
+    /// What a load-back of `slot` into `page` copies for one region, in its order:
+    /// (host range, device range) of the page's data, then of its tag.
+    fn load_back_parts(
+        &self,
+        region: Region,
+        slot: u32,
+        page: u32,
+    ) -> [(Range<usize>, Range<usize>); 2] {
+        let (data, data_slot, tag, tag_slot, page_bytes) = match region {
+            Region::Main => (
+                &self.layout.main,
+                &self.slots.main,
+                &self.layout.main_tag,
+                &self.slots.main_tag,
+                self.spec.main_page_bytes(),
+            ),
+            Region::Index => (
+                &self.layout.index,
+                &self.slots.index,
+                &self.layout.index_tag,
+                &self.slots.index_tag,
+                self.spec.index_page_bytes(),
+            ),
+        };
+        [
+            (
+                self.slots.at(slot, data_slot),
+                self.page_range(data, page, page_bytes),
+            ),
+            (self.slots.at(slot, tag_slot), self.tag_range(tag, page)),
+        ]
+    }
+
     /// Before reading `pages` on `compute`: drop the events of finished load-backs and,
     /// with `wait`, make the compute stream wait on the unfinished ones.
     fn gate(
@@ -180,36 +214,6 @@ impl GpuPool {
         }
         Ok(())
     }
-}
-
-/// Page tables of a batch: the used pages of every job back to back, with the expected
-/// generation of each and the prefix sums of pages per job.
-struct PageTables {
-    table: Vec<u32>,
-    expected: Vec<u32>,
-    page_start: Vec<u32>,
-}
-
-fn page_tables<'a>(
-    pool: &GpuPool,
-    jobs: impl Iterator<Item = (&'a [u32], usize)>,
-) -> Result<PageTables> {
-    let mut tables = PageTables {
-        table: Vec::new(),
-        expected: Vec::new(),
-        page_start: vec![0],
-    };
-    for (pages, n) in jobs {
-        let used = &pages[..n.div_ceil(pool.spec.page_tokens)];
-        tables.table.extend_from_slice(used);
-        tables
-            .expected
-            .extend(used.iter().map(|&page| pool.expected[page as usize]));
-        tables
-            .page_start
-            .push(to_u32(tables.table.len(), "page-table entries")?);
-    }
-    Ok(tables)
 }
 
 fn pool_mut(pools: &mut [Option<GpuPool>], pool: PoolId) -> Result<&mut GpuPool> {
@@ -270,7 +274,7 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// The shared first half of `pool_write_rows` and `pool_write_quantized_rows`: wait
+    /// The first half of `pool_store_rows`: wait
     /// for a load-back still landing on `page` (it would overwrite the new rows), then
     /// copy the checked rows' main keys into it.
     fn store_main_rows(
@@ -296,7 +300,7 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// The shared last step of both writes: a fresh generation in both of the page's
+    /// The last step of `pool_store_rows`: a fresh generation in both of the page's
     /// tags, and as the page's expected generation.
     fn stamp_page(&self, p: &mut GpuPool, page: u32) -> Result<()> {
         let generation = p.next_generation;
@@ -311,69 +315,39 @@ impl CudaBackend {
         Ok(())
     }
 
-    pub(super) fn pool_write_rows(
-        &self,
-        pool: PoolId,
-        page: u32,
-        first_row: usize,
-        main_keys: &[f32],
-        index_keys: &[f32],
-    ) -> Result<()> {
+    /// `store_rows`: the main keys, then the index-K quantized by `quantize_index_k_*`
+    /// (or copied as they are when they come quantized), then the page's new generation.
+    pub(super) fn pool_store_rows(&self, pool: PoolId, rows: PageRows<'_>) -> Result<()> {
         let mut pools = self.pools.lock();
         let p = pool_mut(&mut pools, pool)?;
-        let rows = paged::check_write(&p.spec, page, first_row, main_keys, index_keys)?;
-        if rows == 0 {
+        let count = paged::check_store(&p.spec, &rows)?;
+        if count == 0 {
             return Ok(());
         }
-        self.store_main_rows(p, page, first_row, main_keys)?;
+        let (page, first_row) = (rows.page, rows.first_row);
+        self.store_main_rows(p, page, first_row, rows.main_keys)?;
         let width = p.spec.dtype.bytes_per_token();
         let index_page = p.page_range(&p.layout.index, page, p.spec.index_page_bytes());
         let index_start = index_page.start + first_row * width;
-        let d_keys = self.upload_pinned(index_keys)?;
-        let rows32 = to_u32(rows, "rows")?;
-        {
-            let mut out = p.kv.slice_mut(index_start..index_start + rows * width);
-            let (function, cfg) = match p.spec.dtype {
-                IndexKDtype::Bf16 => (
-                    &self.kernels.quantize_bf16,
-                    grid_for(rows * INDEX_DIM, ELEMENTWISE_THREADS),
-                ),
-                IndexKDtype::Fp8 => (&self.kernels.quantize_fp8, {
-                    let mut cfg = grid_for(rows, 1);
-                    cfg.block_dim = (INDEX_DIM as u32, 1, 1);
-                    cfg
-                }),
-            };
-            let mut launch = self.compute.launch_builder(function);
-            launch.arg(&d_keys).arg(&mut out).arg(&rows32);
-            // SAFETY: matches quantize_index_k_* in index_k.cu; `out` holds rows * width bytes.
-            unsafe { launch.launch(cfg) }.context("launching quantize_index_k into a pool page")?;
+        match rows.index {
+            IndexRows::Keys(index_keys) => {
+                let d_keys = self.upload_pinned(index_keys)?;
+                let rows32 = to_u32(count, "rows")?;
+                let mut out = p.kv.slice_mut(index_start..index_start + count * width);
+                let (function, cfg) = self.quantize_kernel(p.spec.dtype, count);
+                let mut launch = self.compute.launch_builder(function);
+                launch.arg(&d_keys).arg(&mut out).arg(&rows32);
+                // SAFETY: matches quantize_index_k_* in index_k.cu; `out` holds count * width bytes.
+                unsafe { launch.launch(cfg) }
+                    .context("launching quantize_index_k into a pool page")?;
+            }
+            IndexRows::Quantized(index_rows) => {
+                self.compute.memcpy_htod(
+                    index_rows,
+                    &mut p.kv.slice_mut(index_start..index_start + count * width),
+                )?;
+            }
         }
-        self.stamp_page(p, page)
-    }
-
-    pub(super) fn pool_write_quantized_rows(
-        &self,
-        pool: PoolId,
-        page: u32,
-        first_row: usize,
-        main_keys: &[f32],
-        index_rows: &[u8],
-    ) -> Result<()> {
-        let mut pools = self.pools.lock();
-        let p = pool_mut(&mut pools, pool)?;
-        let rows = paged::check_write_quantized(&p.spec, page, first_row, main_keys, index_rows)?;
-        if rows == 0 {
-            return Ok(());
-        }
-        self.store_main_rows(p, page, first_row, main_keys)?;
-        let width = p.spec.dtype.bytes_per_token();
-        let index_page = p.page_range(&p.layout.index, page, p.spec.index_page_bytes());
-        let index_start = index_page.start + first_row * width;
-        self.compute.memcpy_htod(
-            index_rows,
-            &mut p.kv.slice_mut(index_start..index_start + rows * width),
-        )?;
         self.stamp_page(p, page)
     }
 
@@ -522,40 +496,17 @@ impl CudaBackend {
         self.copy.join(&self.compute)?;
         // A plain view of the pinned tier: cudarc records no event on it (see the header).
         let host = p.host.as_slice()?;
-        for &(slot, page) in pairs {
-            let main = [
-                (
-                    p.slots.at(slot, &p.slots.main),
-                    p.page_range(&p.layout.main, page, p.spec.main_page_bytes()),
-                ),
-                (
-                    p.slots.at(slot, &p.slots.main_tag),
-                    p.tag_range(&p.layout.main_tag, page),
-                ),
-            ];
-            for (host_range, device) in main {
-                self.copy
-                    .memcpy_htod(&host[host_range], &mut p.kv.slice_mut(device))?;
+        let mut events = Vec::with_capacity(2);
+        for region in [Region::Main, Region::Index] {
+            for &(slot, page) in pairs {
+                for (host_range, device) in p.load_back_parts(region, slot, page) {
+                    self.copy
+                        .memcpy_htod(&host[host_range], &mut p.kv.slice_mut(device))?;
+                }
             }
+            events.push(Arc::new(self.copy.record_event(None)?));
         }
-        let main_event = Arc::new(self.copy.record_event(None)?);
-        for &(slot, page) in pairs {
-            let index = [
-                (
-                    p.slots.at(slot, &p.slots.index),
-                    p.page_range(&p.layout.index, page, p.spec.index_page_bytes()),
-                ),
-                (
-                    p.slots.at(slot, &p.slots.index_tag),
-                    p.tag_range(&p.layout.index_tag, page),
-                ),
-            ];
-            for (host_range, device) in index {
-                self.copy
-                    .memcpy_htod(&host[host_range], &mut p.kv.slice_mut(device))?;
-            }
-        }
-        let index_event = Arc::new(self.copy.record_event(None)?);
+        let (main_event, index_event) = (&events[0], &events[1]);
         for &(slot, page) in pairs {
             p.main_events.insert(page, main_event.clone());
             p.index_events.insert(page, index_event.clone());
@@ -563,343 +514,5 @@ impl CudaBackend {
         }
         p.stats.load_backs += pairs.len() as u64;
         Ok(())
-    }
-
-    /// Rows 0..n of a sequence out of the pool for shipping: main KV gated on its
-    /// load-back events, index-K only with `gate_index_k`; the kernel checks both tags
-    /// of every page (kernels/hicache_copy.cu, `paged_gather_sequence`).
-    pub(super) fn pool_gather(
-        &self,
-        pool: PoolId,
-        pages: &[u32],
-        n: usize,
-        gate_index_k: bool,
-    ) -> Result<GatheredKv> {
-        let mut pools = self.pools.lock();
-        let p = pool_mut(&mut pools, pool)?;
-        paged::check_gather(&p.spec, pages, n)?;
-        let tables = page_tables(p, std::iter::once((pages, n)))?;
-        let used = tables.table.len();
-        p.gate(&self.compute, &tables.table, false, true)?;
-        p.gate(&self.compute, &tables.table, true, gate_index_k)?;
-        let width = p.spec.dtype.bytes_per_token();
-        let d_table = self.upload_pinned(&tables.table)?;
-        let d_expected = self.upload_pinned(&tables.expected)?;
-        let mut d_main = self.zeros::<f32>(n * MAIN_DIM)?;
-        let mut d_index = self.zeros::<u8>(n * width)?;
-        let mut d_flags = self.zeros::<u32>(used)?;
-        let used32 = to_u32(used, "gathered pages")?;
-        let rows32 = to_u32(n, "gathered rows")?;
-        let page_tokens32 = to_u32(p.spec.page_tokens, "page_tokens")?;
-        let width32 = width as u32;
-        {
-            let main_bytes = p.kv.slice(p.layout.main.clone());
-            // SAFETY: the main region is 256-aligned and holds whole f32 rows.
-            let main = unsafe { main_bytes.transmute::<f32>(p.layout.main.len() / 4) }
-                .ok_or_else(|| anyhow!("main-KV view"))?;
-            let index = p.kv.slice(p.layout.index.clone());
-            let main_tag_bytes = p.kv.slice(p.layout.main_tag.clone());
-            let index_tag_bytes = p.kv.slice(p.layout.index_tag.clone());
-            // SAFETY: each tag region is 256-aligned and holds device_pages u32.
-            let (main_tags, index_tags) = unsafe {
-                (
-                    main_tag_bytes.transmute::<u32>(p.spec.device_pages),
-                    index_tag_bytes.transmute::<u32>(p.spec.device_pages),
-                )
-            };
-            let (Some(main_tags), Some(index_tags)) = (main_tags, index_tags) else {
-                anyhow::bail!("tag views for the gather");
-            };
-            let mut stale = p.counters.slice_mut(0..2);
-            let mut launch = self.compute.launch_builder(&self.kernels.paged_gather);
-            launch
-                .arg(&main)
-                .arg(&index)
-                .arg(&main_tags)
-                .arg(&index_tags)
-                .arg(&d_table)
-                .arg(&d_expected)
-                .arg(&used32)
-                .arg(&rows32)
-                .arg(&page_tokens32)
-                .arg(&width32)
-                .arg(&mut d_main)
-                .arg(&mut d_index)
-                .arg(&mut d_flags)
-                .arg(&mut stale);
-            let cfg = cudarc::driver::LaunchConfig {
-                grid_dim: (used32, 1, 1),
-                block_dim: (GATHER_THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: matches paged_gather_sequence in hicache_copy.cu; every page id was
-            // checked against the pool and the pages hold n rows.
-            unsafe { launch.launch(cfg) }.context("launching paged_gather_sequence")?;
-        }
-        drop(pools);
-        let flags = self.download(&d_flags, used)?;
-        Ok(GatheredKv {
-            main: self.download(&d_main, n * MAIN_DIM)?,
-            index_k: self.download(&d_index, n * width)?,
-            stale_index_pages: flags.iter().filter(|&&f| f & 1 != 0).count(),
-            stale_main_pages: flags.iter().filter(|&&f| f & 2 != 0).count(),
-        })
-    }
-
-    pub(super) fn pool_indexer_topk(
-        &self,
-        pool: PoolId,
-        jobs: &[PagedIndexerJob<'_>],
-        k: usize,
-        topk: TopkImpl,
-        gate_index_k: bool,
-    ) -> Result<Vec<Vec<u32>>> {
-        let mut pools = self.pools.lock();
-        let p = pool_mut(&mut pools, pool)?;
-        paged::check_indexer_jobs(&p.spec, jobs)?;
-        let starts = row_starts(jobs.iter().map(|job| job.n))?;
-        let rows = *starts.last().unwrap_or(&0) as usize;
-        if jobs.is_empty() || k == 0 || rows == 0 {
-            return Ok(vec![Vec::new(); jobs.len()]);
-        }
-        let page_tokens = p.spec.page_tokens;
-        let tile_pages = (MAX_PAGE_TOKENS / page_tokens).max(1);
-        let tables = page_tables(p, jobs.iter().map(|job| (job.pages, job.n)))?;
-        let tile_start = row_starts(
-            jobs.iter()
-                .map(|job| job.n.div_ceil(page_tokens).div_ceil(tile_pages)),
-        )?;
-        let tiles = *tile_start.last().unwrap_or(&0);
-        p.gate(&self.compute, &tables.table, true, gate_index_k)?;
-
-        let queries: Vec<f32> = jobs
-            .iter()
-            .flat_map(|job| job.query.iter().copied())
-            .collect();
-        let d_queries = self.upload_pinned(&queries)?;
-        let d_table = self.upload_pinned(&tables.table)?;
-        let d_expected = self.upload_pinned(&tables.expected)?;
-        let d_page_start = self.upload_pinned(&tables.page_start)?;
-        let d_tile_start = self.upload_pinned(&tile_start)?;
-        let d_starts = self.upload_pinned(&starts)?;
-        let mut d_scores = self.zeros::<f32>(rows)?;
-        let jobs32 = to_u32(jobs.len(), "indexer jobs")?;
-        let page_tokens32 = page_tokens as u32;
-        let tile_pages32 = tile_pages as u32;
-        let function = match p.spec.dtype {
-            IndexKDtype::Bf16 => &self.kernels.paged_scores_bf16,
-            IndexKDtype::Fp8 => &self.kernels.paged_scores_fp8,
-        };
-        {
-            let index = p.kv.slice(p.layout.index.clone());
-            let tag_bytes = p.kv.slice(p.layout.index_tag.clone());
-            // SAFETY: the tag region is 256-aligned and holds device_pages u32.
-            let tags = unsafe { tag_bytes.transmute::<u32>(p.spec.device_pages) }
-                .ok_or_else(|| anyhow!("index tag view"))?;
-            let mut stale = p.counters.slice_mut(0..1);
-            let mut launch = self.compute.launch_builder(function);
-            launch
-                .arg(&d_queries)
-                .arg(&index)
-                .arg(&tags)
-                .arg(&d_table)
-                .arg(&d_expected)
-                .arg(&d_page_start)
-                .arg(&d_tile_start)
-                .arg(&d_starts)
-                .arg(&jobs32)
-                .arg(&page_tokens32)
-                .arg(&tile_pages32)
-                .arg(&mut d_scores)
-                .arg(&mut stale);
-            let cfg = cudarc::driver::LaunchConfig {
-                grid_dim: (tiles, 1, 1),
-                block_dim: (PAGED_THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: matches paged_indexer_scores_* in indexer_topk.cu; every page id
-            // was checked against the pool, every job has the pages its n needs.
-            unsafe { launch.launch(cfg) }.context("launching paged_indexer_scores")?;
-        }
-        drop(pools);
-        let counts: Vec<usize> = jobs.iter().map(|job| job.n).collect();
-        self.topk_on_device(&d_scores, &d_starts, &counts, k, topk)
-    }
-
-    pub(super) fn pool_sparse_attention(
-        &self,
-        pool: PoolId,
-        jobs: &[PagedAttnJob<'_>],
-        path: AttnPath,
-    ) -> Result<Vec<AttnOut>> {
-        let mut pools = self.pools.lock();
-        let p = pool_mut(&mut pools, pool)?;
-        paged::check_attention_jobs(&p.spec, jobs)?;
-        if jobs.is_empty() {
-            return Ok(Vec::new());
-        }
-        let tables = page_tables(p, jobs.iter().map(|job| (job.pages, job.n)))?;
-        // Main-KV reads always wait for their load-backs (the gate that exists).
-        p.gate(&self.compute, &tables.table, false, true)?;
-        let jobs32 = to_u32(jobs.len(), "attention jobs")?;
-        let row_start = row_starts(jobs.iter().map(|job| job.n))?;
-        let sel_start = row_starts(jobs.iter().map(|job| job.selected.len()))?;
-        let rows = *row_start.last().unwrap_or(&0) as usize;
-        let selected_total = *sel_start.last().unwrap_or(&0) as usize;
-        let queries: Vec<f32> = jobs
-            .iter()
-            .flat_map(|job| job.query.iter().copied())
-            .collect();
-        let selected: Vec<u32> = jobs
-            .iter()
-            .flat_map(|job| job.selected.iter().copied())
-            .collect();
-        let d_queries = self.upload_pinned(&queries)?;
-        let d_table = self.upload_pinned(&tables.table)?;
-        let d_expected = self.upload_pinned(&tables.expected)?;
-        let d_page_start = self.upload_pinned(&tables.page_start)?;
-        let d_row_start = self.upload_pinned(&row_start)?;
-        let d_selected = self.upload_pinned(&selected)?;
-        let d_sel_start = self.upload_pinned(&sel_start)?;
-        let mut d_argmax = self.zeros::<u32>(jobs.len())?;
-        let mut d_weight = self.zeros::<f32>(jobs.len())?;
-        let page_tokens32 = p.spec.page_tokens as u32;
-        let query_threads = grid_for(jobs.len() * MAIN_DIM, ELEMENTWISE_THREADS);
-        let mut d_projected = self.zeros::<f32>(jobs.len() * MAIN_DIM)?;
-        let mut project = self.compute.launch_builder(&self.kernels.mla_project);
-        project
-            .arg(&self.up_projection)
-            .arg(&d_queries)
-            .arg(&jobs32)
-            .arg(&mut d_projected);
-        // SAFETY: matches mla_project_queries in sparse_attention.cu.
-        unsafe { project.launch(query_threads) }.context("launching mla_project_queries")?;
-
-        let main_bytes = p.kv.slice(p.layout.main.clone());
-        // SAFETY: the main region is 256-aligned and holds whole f32 rows.
-        let main = unsafe { main_bytes.transmute::<f32>(p.layout.main.len() / 4) }
-            .ok_or_else(|| anyhow!("main-KV view"))?;
-        let tag_bytes = p.kv.slice(p.layout.main_tag.clone());
-        // SAFETY: as above, device_pages u32.
-        let tags = unsafe { tag_bytes.transmute::<u32>(p.spec.device_pages) }
-            .ok_or_else(|| anyhow!("main tag view"))?;
-        let mut stale = p.counters.slice_mut(1..2);
-        match path {
-            AttnPath::Mma => {
-                let mut d_absorbed = self.zeros::<f32>(jobs.len() * MAIN_DIM)?;
-                let mut absorb = self.compute.launch_builder(&self.kernels.mla_absorb);
-                absorb
-                    .arg(&self.up_projection)
-                    .arg(&d_projected)
-                    .arg(&jobs32)
-                    .arg(&mut d_absorbed);
-                // SAFETY: matches mla_absorb_queries in sparse_attention.cu.
-                unsafe { absorb.launch(query_threads) }.context("launching mla_absorb_queries")?;
-                let mut d_logits = self.zeros::<f32>(selected_total)?;
-                let mut launch = self.compute.launch_builder(&self.kernels.paged_attn_mma);
-                launch
-                    .arg(&d_absorbed)
-                    .arg(&main)
-                    .arg(&tags)
-                    .arg(&d_table)
-                    .arg(&d_expected)
-                    .arg(&d_page_start)
-                    .arg(&page_tokens32)
-                    .arg(&d_selected)
-                    .arg(&d_sel_start)
-                    .arg(&mut d_logits)
-                    .arg(&mut d_argmax)
-                    .arg(&mut d_weight)
-                    .arg(&mut stale);
-                // SAFETY: matches paged_sparse_attention_mma in sparse_attention.cu.
-                unsafe { launch.launch(per_job(jobs.len(), ATTN_THREADS)) }
-                    .context("launching paged_sparse_attention_mma")?;
-            }
-            AttnPath::Legacy => {
-                let mut count = self
-                    .compute
-                    .launch_builder(&self.kernels.paged_count_stale_main);
-                count
-                    .arg(&tags)
-                    .arg(&d_table)
-                    .arg(&d_expected)
-                    .arg(&d_page_start)
-                    .arg(&mut stale);
-                // SAFETY: matches paged_count_stale_main in sparse_attention.cu.
-                unsafe { count.launch(per_job(jobs.len(), ATTN_THREADS)) }
-                    .context("launching paged_count_stale_main")?;
-                let mut d_dense = self.zeros::<f32>(rows)?;
-                let mut d_mask = self.zeros::<u8>(rows)?;
-                let mut dense = self
-                    .compute
-                    .launch_builder(&self.kernels.paged_legacy_dense);
-                dense
-                    .arg(&self.up_projection)
-                    .arg(&d_projected)
-                    .arg(&main)
-                    .arg(&d_table)
-                    .arg(&d_page_start)
-                    .arg(&page_tokens32)
-                    .arg(&d_row_start)
-                    .arg(&jobs32)
-                    .arg(&mut d_dense);
-                // SAFETY: matches paged_attention_legacy_dense in sparse_attention.cu.
-                unsafe { dense.launch(grid_for(rows, ELEMENTWISE_THREADS)) }
-                    .context("launching paged legacy dense")?;
-                let selection = Selection {
-                    row_start: &d_row_start,
-                    selected: &d_selected,
-                    sel_start: &d_sel_start,
-                    jobs32,
-                    selected_total,
-                };
-                self.legacy_mask_softmax(
-                    &selection,
-                    &d_dense,
-                    &mut d_mask,
-                    &mut d_argmax,
-                    &mut d_weight,
-                )?;
-            }
-        }
-        self.download_attn(&d_argmax, &d_weight, jobs.len())
-    }
-
-    pub(super) fn pool_read_page(&self, pool: PoolId, page: u32) -> Result<PageContents> {
-        let mut pools = self.pools.lock();
-        let p = pool_mut(&mut pools, pool)?;
-        paged::check_slot(&p.spec, page, 0)?;
-        self.copy.synchronize()?;
-        self.compute.synchronize()?;
-        let read = |range: Range<usize>| -> Result<Vec<u8>> {
-            let mut out = vec![0u8; range.len()];
-            self.compute.memcpy_dtoh(&p.kv.slice(range), &mut out)?;
-            self.compute.synchronize()?;
-            Ok(out)
-        };
-        let main = read(p.page_range(&p.layout.main, page, p.spec.main_page_bytes()))?;
-        let index_k = read(p.page_range(&p.layout.index, page, p.spec.index_page_bytes()))?;
-        let tag = |bytes: Vec<u8>| u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
-        Ok(PageContents {
-            main: main
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-            index_k,
-            main_tag: tag(read(p.tag_range(&p.layout.main_tag, page))?),
-            index_tag: tag(read(p.tag_range(&p.layout.index_tag, page))?),
-            expected: p.expected[page as usize],
-        })
-    }
-
-    pub(super) fn pool_stats(&self, pool: PoolId) -> Result<PoolStats> {
-        let mut pools = self.pools.lock();
-        let p = pool_mut(&mut pools, pool)?;
-        let counters = self.download(&p.counters, 2)?;
-        Ok(PoolStats {
-            stale_index_k_reads: counters[0],
-            stale_main_reads: counters[1],
-            ..p.stats
-        })
     }
 }

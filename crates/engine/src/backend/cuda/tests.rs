@@ -1,3 +1,7 @@
+//! Tests of the CUDA backend: the kernel sources and their NVRTC compile (no GPU
+//! needed), and, on a device, parity of every kernel with the CPU reference, the
+//! paged pools, and the load-back race measurements (ignored; scripts/gpu-check.sh).
+
 use super::*;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{

@@ -1,7 +1,7 @@
 //! `bisect culprit --flags A,B,C [--budget SESSIONS] [--set NAME=VALUE]... [--resume DIR]`:
 //! which values of the listed flags, in the configuration as it is, make the engine fail
-//! (docs/culprit.md). Orchestration only: the search itself is [`search`] (pure, behind
-//! [`search::StepRunner`]); this module reads each flag's failing value from the launch
+//! (docs/culprit.md). Orchestration only: the search itself is [`crate::core::culprit`]
+//! (pure, behind [`StepRunner`](crate::core::culprit::StepRunner)); this module reads each flag's failing value from the launch
 //! configs, opens the [`crate::arm::Testbed`] (journal, pins), runs the search with the
 //! real [`runner::TestbedRunner`] (or replays `steps.jsonl` first on `--resume`), writes
 //! `culprit.json`, `summary.md` and `report.html` after every block, and closes the
@@ -14,14 +14,11 @@
 //! Results: `<results>/<id>/` holds culprit.json, summary.md, report.html, steps.jsonl
 //! and `blocks/bNNN/` (each block's sessions.jsonl, metrics.csv and launch configs).
 
-pub mod mix;
 pub mod record;
-pub mod runner;
-pub mod search;
-pub mod simulate;
-pub mod steplog;
+mod runner;
+mod steplog;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -34,12 +31,15 @@ use crate::config::{FlagSpec, Setting, TargetProfile, Workload};
 use crate::control::EngineControl;
 use crate::core::arm_stats::RecordStatus;
 use crate::core::classify::Classifier;
+use crate::core::culprit::{
+    navigate_alpha, search, Answer, BlockOutcome, BlockRequest, FlagValues, Observer, SearchParams,
+    SearchReport, StepRecord, MIN_BLOCK,
+};
 use crate::core::verdict::Policy;
 use crate::exit::Failure;
 use crate::launch::read_setting;
 use crate::results::run_record::TargetInfo;
 use record::{BlockSummary, CulpritRecord, FlagValue, UntestableFlag, SCHEMA};
-use search::{Answer, BlockOutcome, BlockRequest, FlagValues, Observer, SearchParams, StepRecord};
 
 /// The budget when `--budget` is not given: sessions, all blocks together. Sized by the
 /// simulation (`cargo bench --bench culprit`): the 95th percentile of the costliest
@@ -99,11 +99,19 @@ impl CulpritPlan {
 
     /// The classifier every block uses: the workload's tools, and the target profile's
     /// markup families (what counts as a leak), as `bisect run` classifies.
-    pub fn classifier(&self) -> anyhow::Result<Classifier> {
+    fn classifier(&self) -> anyhow::Result<Classifier> {
         Classifier::new(&self.workload.tools, &self.target.markup)
     }
 
-    pub fn search_params(&self, flags: Vec<FlagValues>) -> SearchParams {
+    /// The `--set` pins as `NAME=VALUE`, as the step log and the record name them.
+    fn pinned(&self) -> Vec<String> {
+        self.sets
+            .iter()
+            .map(|(f, v)| format!("{}={v}", f.name))
+            .collect()
+    }
+
+    fn search_params(&self, flags: Vec<FlagValues>) -> SearchParams {
         let mut p = SearchParams::new(
             flags,
             self.workload.target_concurrency(),
@@ -111,7 +119,7 @@ impl CulpritPlan {
             self.workload.seed,
         );
         p.alpha = self.policy.alpha;
-        p.navigate_alpha = search::navigate_alpha(self.policy.alpha);
+        p.navigate_alpha = navigate_alpha(self.policy.alpha);
         p.min_effect = self.policy.min_effect;
         p.degraded_fraction = self.policy.degraded_fraction;
         p.min_load_fraction = self.policy.min_load_fraction;
@@ -136,7 +144,7 @@ pub fn check_request(flags: &[FlagSpec], budget: u64, workload: &Workload) -> Re
             )));
         }
     }
-    let block = u64::from(workload.target_concurrency()).max(search::MIN_BLOCK);
+    let block = u64::from(workload.target_concurrency()).max(MIN_BLOCK);
     if budget < 2 * block {
         return Err(Failure::BadInput(format!(
             "--budget {budget} cannot pay for the two ends of the search (a block of {block} sessions each, at {} in flight)\n  fix: pass --budget {} or more (the default is {DEFAULT_BUDGET})",
@@ -148,7 +156,7 @@ pub fn check_request(flags: &[FlagSpec], budget: u64, workload: &Workload) -> Re
 }
 
 /// How the launch config spells `flag` at `value`.
-pub fn setting_words(flag: &FlagSpec, value: &str) -> String {
+fn setting_words(flag: &FlagSpec, value: &str) -> String {
     match &flag.setting {
         Setting::Env(var) => format!("{var}={value}"),
         Setting::Arg(arg) => format!("{arg} {value}"),
@@ -160,10 +168,7 @@ pub fn setting_words(flag: &FlagSpec, value: &str) -> String {
 /// Each flag's value in the launch configs as they are (the failing configuration), and
 /// the value that flips it: `off` for a flag at `on`, else `on`. A flag absent from the
 /// configs runs at the engine's default, which the catalog's `on` names.
-pub fn failing_values(
-    target: &TargetProfile,
-    flags: &[FlagSpec],
-) -> anyhow::Result<Vec<FlagValues>> {
+fn failing_values(target: &TargetProfile, flags: &[FlagSpec]) -> anyhow::Result<Vec<FlagValues>> {
     let mut out = Vec::new();
     for flag in flags {
         let mut seen: Vec<(String, String)> = Vec::new();
@@ -259,11 +264,6 @@ pub async fn run(
         .with_context(|| format!("creating {}", plan.dir.display()))?;
     let flags = failing_values(&plan.target, &plan.flags)?;
     let params = plan.search_params(flags.clone());
-    let pinned: Vec<String> = plan
-        .sets
-        .iter()
-        .map(|(f, v)| format!("{}={v}", f.name))
-        .collect();
     let header = steplog::Header {
         flags: flags.clone(),
         concurrency: params.concurrency,
@@ -271,57 +271,15 @@ pub async fn run(
         look: params.look,
         seed: params.seed,
         budget: params.budget,
-        pinned: pinned.clone(),
+        pinned: plan.pinned(),
     };
     let log_path = plan.dir.join("steps.jsonl");
     let logged = if plan.resume {
-        let logged = steplog::read(&log_path)?;
-        if logged.header != header {
-            return Err(Failure::BadInput(format!(
-                "{}: the search it logged differs from this one (logged {:?}; now {:?})\n  fix: resume with the same --flags, --set, --concurrency, --seed and --budget, and unchanged launch configs",
-                log_path.display(),
-                logged.header,
-                header
-            ))
-            .into());
-        }
-        logged.blocks
+        logged_blocks(&log_path, &header)?
     } else {
         Vec::new()
     };
-    let mut record = CulpritRecord {
-        schema: SCHEMA.into(),
-        id: plan.id.clone(),
-        command: plan.command.clone(),
-        started_at: experiment::now(),
-        finished_at: None,
-        status: RecordStatus::Running,
-        target: TargetInfo::of(&plan.target),
-        workload: plan.workload.params_json(),
-        concurrency: params.concurrency,
-        block_sessions: params.block,
-        look_sessions: params.look,
-        budget: params.budget,
-        alpha: params.alpha,
-        navigate_alpha: params.navigate_alpha,
-        min_effect: params.min_effect,
-        pinned,
-        markup: plan.target.markup.clone(),
-        flags: flags.clone(),
-        answer: None,
-        verdict: None,
-        culprit: Vec::new(),
-        untestable: Vec::new(),
-        other_failures: Vec::new(),
-        warnings: Vec::new(),
-        steps: Vec::new(),
-        blocks: Vec::new(),
-        sessions_spent: 0,
-        restarts: 0,
-        replayed_blocks: 0,
-        wall_s: 0.0,
-        error: None,
-    };
+    let mut record = started_record(plan, &params);
     record.write(&plan.dir)?;
 
     let written = plan.flags.iter().chain(plan.sets.iter().map(|(f, _)| f));
@@ -354,7 +312,7 @@ pub async fn run(
             dir: plan.dir.clone(),
             started,
         };
-        let report = search::search(&params, &mut runner, &mut recorder).await;
+        let report = search(&params, &mut runner, &mut recorder).await;
         replayed = runner.replayed;
         report
     }
@@ -362,43 +320,7 @@ pub async fn run(
     let closed = bed.close().await;
     let outcome = closed.combine(outcome);
     if let Ok(report) = &outcome {
-        let show = |i: usize| {
-            let spec = &plan.flags[i];
-            FlagValue {
-                flag: spec.name.clone(),
-                value: flags[i].failing.clone(),
-                setting: setting_words(spec, &flags[i].failing),
-            }
-        };
-        record.answer = Some(
-            match &report.answer {
-                Answer::Culprit { .. } => "culprit",
-                Answer::NoCulprit => "no_culprit",
-                Answer::CouldNotReproduce => "could_not_reproduce",
-                Answer::Inconclusive => "inconclusive",
-            }
-            .into(),
-        );
-        if let Answer::Culprit { flags: set } = &report.answer {
-            record.culprit = set.iter().map(|&i| show(i)).collect();
-        }
-        record.untestable = report
-            .untestable
-            .iter()
-            .map(|u| {
-                let v = show(u.flag);
-                UntestableFlag {
-                    flag: v.flag,
-                    value: v.value,
-                    setting: v.setting,
-                    reason: u.reason.clone(),
-                }
-            })
-            .collect();
-        record.other_failures = report.other_failures.clone();
-        record.verdict = Some(report.verdict.clone());
-        record.sessions_spent = report.sessions_spent;
-        record.restarts = report.restarts;
+        record_answer(&mut record, plan, &flags, report);
     }
     record.replayed_blocks = replayed;
     record.wall_s = started.elapsed().as_secs_f64();
@@ -407,4 +329,107 @@ pub async fn run(
     let written = record.write(&plan.dir);
     crate::arm::record_written(outcome, written)?;
     Ok(record)
+}
+
+/// The blocks of `log_path` for `--resume`, refused when the search it logged is not
+/// this one (`header`).
+fn logged_blocks(
+    log_path: &Path,
+    header: &steplog::Header,
+) -> anyhow::Result<Vec<(BlockRequest, BlockOutcome)>> {
+    let logged = steplog::read(log_path)?;
+    if logged.header != *header {
+        return Err(Failure::BadInput(format!(
+            "{}: the search it logged differs from this one (logged {:?}; now {:?})\n  fix: resume with the same --flags, --set, --concurrency, --seed and --budget, and unchanged launch configs",
+            log_path.display(),
+            logged.header,
+            header
+        ))
+        .into());
+    }
+    Ok(logged.blocks)
+}
+
+/// culprit.json as the search starts: what it was asked, nothing found yet.
+fn started_record(plan: &CulpritPlan, params: &SearchParams) -> CulpritRecord {
+    CulpritRecord {
+        schema: SCHEMA.into(),
+        id: plan.id.clone(),
+        command: plan.command.clone(),
+        started_at: experiment::now(),
+        finished_at: None,
+        status: RecordStatus::Running,
+        target: TargetInfo::of(&plan.target),
+        workload: plan.workload.params_json(),
+        concurrency: params.concurrency,
+        block_sessions: params.block,
+        look_sessions: params.look,
+        budget: params.budget,
+        alpha: params.alpha,
+        navigate_alpha: params.navigate_alpha,
+        min_effect: params.min_effect,
+        pinned: plan.pinned(),
+        markup: plan.target.markup.clone(),
+        flags: params.flags.clone(),
+        answer: None,
+        verdict: None,
+        culprit: Vec::new(),
+        untestable: Vec::new(),
+        other_failures: Vec::new(),
+        warnings: Vec::new(),
+        steps: Vec::new(),
+        blocks: Vec::new(),
+        sessions_spent: 0,
+        restarts: 0,
+        replayed_blocks: 0,
+        wall_s: 0.0,
+        error: None,
+    }
+}
+
+/// The search's answer into the record: the culprit and untestable flags as the catalog
+/// names them and the launch config spells them.
+fn record_answer(
+    record: &mut CulpritRecord,
+    plan: &CulpritPlan,
+    flags: &[FlagValues],
+    report: &SearchReport,
+) {
+    let show = |i: usize| {
+        let spec = &plan.flags[i];
+        FlagValue {
+            flag: spec.name.clone(),
+            value: flags[i].failing.clone(),
+            setting: setting_words(spec, &flags[i].failing),
+        }
+    };
+    record.answer = Some(
+        match &report.answer {
+            Answer::Culprit { .. } => "culprit",
+            Answer::NoCulprit => "no_culprit",
+            Answer::CouldNotReproduce => "could_not_reproduce",
+            Answer::Inconclusive => "inconclusive",
+        }
+        .into(),
+    );
+    if let Answer::Culprit { flags: set } = &report.answer {
+        record.culprit = set.iter().map(|&i| show(i)).collect();
+    }
+    record.untestable = report
+        .untestable
+        .iter()
+        .map(|u| {
+            let v = show(u.flag);
+            UntestableFlag {
+                flag: v.flag,
+                value: v.value,
+                setting: v.setting,
+                reason: u.reason.clone(),
+            }
+        })
+        .collect();
+    record.other_failures = report.other_failures.clone();
+    record.verdict = Some(report.verdict.clone());
+    record.sessions_spent = report.sessions_spent;
+    record.restarts = report.restarts;
 }

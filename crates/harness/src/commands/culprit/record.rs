@@ -7,8 +7,8 @@ use std::path::Path;
 use comfy_table::{presets, Cell, ContentArrangement, Table};
 use serde::{Deserialize, Serialize};
 
-use super::search::{FlagValues, Outcome, StepRecord};
 use crate::core::arm_stats::RecordStatus;
+use crate::core::culprit::{FlagValues, Outcome, StepRecord};
 use crate::results::html::{escape, facts_list, page, verdict_box};
 use crate::results::markdown::table_header;
 use crate::results::run_record::TargetInfo;

@@ -8,41 +8,69 @@
 //! applied), and the engines stop. The launch configs are restored by the testbed's
 //! close, on every path (docs/design.md 2.2).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
 
-use super::search::{BlockOutcome, BlockRequest, StepRunner};
 use crate::arm::{
     effective_values, engine_disagreements, BlockName, Testbed, NO_EFFECTIVE_WARNING,
 };
 use crate::config::{FlagSpec, Workload};
 use crate::core::classify::Classifier;
+use crate::core::culprit::{BlockOutcome, BlockRequest, StepRunner};
 use crate::exit::Failure;
 use crate::results::ResultsDir;
 
-pub struct TestbedRunner<'t, 'a> {
-    pub bed: &'t mut Testbed<'a>,
-    pub flags: Vec<FlagSpec>,
+pub(super) struct TestbedRunner<'t, 'a> {
+    pub(super) bed: &'t mut Testbed<'a>,
+    pub(super) flags: Vec<FlagSpec>,
     /// `--set` pins, written once by the testbed: checked after every restart.
-    pub pins: Vec<(FlagSpec, String)>,
+    pub(super) pins: Vec<(FlagSpec, String)>,
     /// Warnings already printed (each block still records its own).
-    pub warned: Vec<String>,
-    pub workload: Workload,
-    pub classifier: Arc<Classifier>,
+    pub(super) warned: Vec<String>,
+    pub(super) workload: Workload,
+    pub(super) classifier: Arc<Classifier>,
     /// The culprit directory.
-    pub dir: PathBuf,
+    pub(super) dir: PathBuf,
 }
 
 /// `blocks/b007`, relative to the culprit directory.
-pub fn block_dir(block: u64) -> String {
+pub(super) fn block_dir(block: u64) -> String {
     format!("blocks/b{block:03}")
 }
 
 impl StepRunner for TestbedRunner<'_, '_> {
     async fn run_block(&mut self, request: &BlockRequest) -> anyhow::Result<BlockOutcome> {
         self.bed.check_cancelled()?;
+        self.write_flags(request)?;
+        let label = format!("b{:03}", request.block);
+        let failing = if request.failing.is_empty() {
+            "none".to_string()
+        } else {
+            request.failing.join(", ")
+        };
+        self.bed.progress().note(&format!(
+            "culprit block {}: failing values: {failing}; restarting",
+            request.block
+        ));
+        let restarted = self.bed.restart(&label).await?;
+        self.check_engines_run_it(request, &restarted.engine_info)?;
+        let warnings = self.unreported_flags(&restarted.engine_info);
+        let results = self.block_results(request.block)?;
+        results.snapshot_launch(&label, 0, self.bed.target())?;
+        let mut outcome = self.drive_block(request, &label, &results).await?;
+        outcome.wall_s += restarted.health_wait_s;
+        outcome.warnings = warnings;
+        Ok(outcome)
+    }
+}
+
+impl TestbedRunner<'_, '_> {
+    /// Write every listed flag at the block's value; a value that does not read back
+    /// stops the search.
+    fn write_flags(&mut self, request: &BlockRequest) -> anyhow::Result<()> {
         for flag in &self.flags {
             let value = request.config.get(&flag.name).ok_or_else(|| {
                 anyhow::anyhow!("block {} sets no value for {}", request.block, flag.name)
@@ -56,29 +84,20 @@ impl StepRunner for TestbedRunner<'_, '_> {
                 .into());
             }
         }
-        let label = format!("b{:03}", request.block);
-        let failing = if request.failing.is_empty() {
-            "none".to_string()
-        } else {
-            request.failing.join(", ")
-        };
-        self.bed.progress().note(&format!(
-            "culprit block {}: failing values: {failing}; restarting",
-            request.block
-        ));
-        let restarted = self.bed.restart(&label).await?;
-        let set: Vec<(&FlagSpec, &str)> = self
-            .flags
-            .iter()
-            .map(|flag| (flag, request.config[&flag.name].as_str()))
-            .collect();
-        if let Some((flag, d)) = engine_disagreements(
-            self.bed.target(),
-            set.iter().copied(),
-            &restarted.engine_info,
-        )
-        .into_iter()
-        .next()
+        Ok(())
+    }
+
+    /// What the restarted engines report about themselves against the block's values and
+    /// the `--set` pins: a value an engine does not run with stops the search.
+    fn check_engines_run_it(
+        &self,
+        request: &BlockRequest,
+        engine_info: &BTreeMap<String, serde_json::Value>,
+    ) -> anyhow::Result<()> {
+        let set = self.block_settings(request);
+        if let Some((flag, d)) = engine_disagreements(self.bed.target(), set, engine_info)
+            .into_iter()
+            .next()
         {
             let (role, got, value) = (d.role, d.reported, d.expected);
             return Err(Failure::CouldNotRun(format!(
@@ -88,10 +107,9 @@ impl StepRunner for TestbedRunner<'_, '_> {
             .into());
         }
         let pinned = self.pins.iter().map(|(flag, value)| (flag, value.as_str()));
-        if let Some((flag, d)) =
-            engine_disagreements(self.bed.target(), pinned, &restarted.engine_info)
-                .into_iter()
-                .next()
+        if let Some((flag, d)) = engine_disagreements(self.bed.target(), pinned, engine_info)
+            .into_iter()
+            .next()
         {
             // As `bisect run` refuses a pin the engine does not run with: every block
             // would measure another deployment than the one pinned.
@@ -106,13 +124,30 @@ impl StepRunner for TestbedRunner<'_, '_> {
             ))
             .into());
         }
-        let all = set
+        Ok(())
+    }
+
+    /// Every listed flag at the block's value.
+    fn block_settings<'r>(&'r self, request: &'r BlockRequest) -> Vec<(&'r FlagSpec, &'r str)> {
+        self.flags
             .iter()
-            .map(|(flag, _)| *flag)
+            .map(|flag| (flag, request.config[&flag.name].as_str()))
+            .collect()
+    }
+
+    /// The listed and pinned flags no engine reports: a warning of the block (only the
+    /// launch-file read-back stands for them), printed once per search.
+    fn unreported_flags(
+        &mut self,
+        engine_info: &BTreeMap<String, serde_json::Value>,
+    ) -> Vec<String> {
+        let all = self
+            .flags
+            .iter()
             .chain(self.pins.iter().map(|(flag, _)| flag));
         let mut warnings = Vec::new();
         for flag in all {
-            if effective_values(self.bed.target(), flag, &restarted.engine_info).is_empty() {
+            if effective_values(self.bed.target(), flag, engine_info).is_empty() {
                 let warning = format!("{}: {NO_EFFECTIVE_WARNING}", flag.name);
                 if !self.warned.contains(&warning) {
                     self.bed.progress().note(&format!("warning: {warning}"));
@@ -121,32 +156,46 @@ impl StepRunner for TestbedRunner<'_, '_> {
                 warnings.push(warning);
             }
         }
-        let dir = self.dir.join(block_dir(request.block));
+        warnings
+    }
+
+    /// The block's results directory, `blocks/bNNN/`, fresh.
+    fn block_results(&self, block: u64) -> anyhow::Result<ResultsDir> {
+        let dir = self.dir.join(block_dir(block));
         if dir.exists() {
             // A block the step log does not hold (the search was killed while it ran):
             // kept aside, never mixed into this block's sessions.
             let aside = (1..)
-                .map(|n| dir.with_file_name(format!("b{:03}.unlogged-{n}", request.block)))
+                .map(|n| dir.with_file_name(format!("b{block:03}.unlogged-{n}")))
                 .find(|p| !p.exists())
                 .expect("a free name");
             std::fs::rename(&dir, &aside).with_context(|| {
                 format!("moving {} aside to {}", dir.display(), aside.display())
             })?;
         }
-        let results = ResultsDir::create(&dir)?;
-        results.snapshot_launch(&label, 0, self.bed.target())?;
+        ResultsDir::create(&dir)
+    }
+
+    /// Drive the block's sessions at its load, stop the engines, and read back the
+    /// classes in session-index order with the engine-side peak and the speed.
+    async fn drive_block(
+        &mut self,
+        request: &BlockRequest,
+        label: &str,
+        results: &ResultsDir,
+    ) -> anyhow::Result<BlockOutcome> {
         let mut workload = self.workload.clone();
         workload.sessions = u32::try_from(request.sessions)?;
         workload.concurrency = Some(request.concurrency);
         workload.seed = request.seed;
         let block = BlockName {
-            label: &label,
+            label,
             value: "",
             repeat: 0,
         };
         let stats = self
             .bed
-            .drive(block, &workload, &self.classifier, &results)
+            .drive(block, &workload, &self.classifier, results)
             .await?;
         self.bed.stop().await?;
         if !stats.engine_replaced.is_empty() {
@@ -171,9 +220,9 @@ impl StepRunner for TestbedRunner<'_, '_> {
         Ok(BlockOutcome {
             classes: sessions.iter().map(|s| s.class).collect(),
             peak_engine,
-            wall_s: stats.wall_s + restarted.health_wait_s,
+            wall_s: stats.wall_s,
             tokens_per_s: (stats.completion_tokens > 0).then_some(stats.tokens_per_s),
-            warnings,
+            warnings: Vec::new(),
         })
     }
 }

@@ -17,12 +17,14 @@ use std::path::Path;
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 
-use super::search::{BlockOutcome, BlockRequest, FlagValues, Observer, StepRecord, StepRunner};
+use crate::core::culprit::{
+    BlockOutcome, BlockRequest, FlagValues, Observer, StepRecord, StepRunner,
+};
 use crate::core::session::SessionClass;
 use crate::results::JsonlWriter;
 
 /// One letter per session class, in `steps.jsonl`.
-pub const CODES: [(SessionClass, char); 9] = [
+const CODES: [(SessionClass, char); 10] = [
     (SessionClass::Done, 'd'),
     (SessionClass::Maxrounds, 'm'),
     (SessionClass::Leak, 'l'),
@@ -32,16 +34,17 @@ pub const CODES: [(SessionClass, char); 9] = [
     (SessionClass::Error, 'e'),
     (SessionClass::Timeout, 't'),
     (SessionClass::Truncated, 'c'),
+    (SessionClass::Rejected, 'r'),
 ];
 
-pub fn encode(classes: &[SessionClass]) -> String {
+fn encode(classes: &[SessionClass]) -> String {
     classes
         .iter()
         .map(|c| CODES.iter().find(|(k, _)| k == c).map_or('?', |(_, l)| *l))
         .collect()
 }
 
-pub fn decode(text: &str) -> Option<Vec<SessionClass>> {
+fn decode(text: &str) -> Option<Vec<SessionClass>> {
     text.chars()
         .map(|l| CODES.iter().find(|(_, k)| *k == l).map(|(c, _)| *c))
         .collect()
@@ -49,14 +52,14 @@ pub fn decode(text: &str) -> Option<Vec<SessionClass>> {
 
 /// Line 1: the search's identity; a resume must match it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Header {
-    pub flags: Vec<FlagValues>,
-    pub concurrency: u32,
-    pub block: u64,
-    pub look: u64,
-    pub seed: u64,
-    pub budget: u64,
-    pub pinned: Vec<String>,
+pub(super) struct Header {
+    pub(super) flags: Vec<FlagValues>,
+    pub(super) concurrency: u32,
+    pub(super) block: u64,
+    pub(super) look: u64,
+    pub(super) seed: u64,
+    pub(super) budget: u64,
+    pub(super) pinned: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -83,13 +86,13 @@ enum Line {
 
 /// What a step log holds: its header and its blocks, in order.
 #[derive(Debug, Clone)]
-pub struct Logged {
-    pub header: Header,
-    pub blocks: Vec<(BlockRequest, BlockOutcome)>,
+pub(super) struct Logged {
+    pub(super) header: Header,
+    pub(super) blocks: Vec<(BlockRequest, BlockOutcome)>,
 }
 
 /// Read `steps.jsonl`. Errors name the file and line.
-pub fn read(path: &Path) -> anyhow::Result<Logged> {
+pub(super) fn read(path: &Path) -> anyhow::Result<Logged> {
     let text = std::fs::read_to_string(path).with_context(|| {
         format!(
             "reading {}\n  fix: pass --resume the directory of an earlier `bisect culprit` (it holds steps.jsonl)",
@@ -145,13 +148,13 @@ pub fn read(path: &Path) -> anyhow::Result<Logged> {
 }
 
 /// Writes the log as the search goes.
-pub struct StepLog {
+pub(super) struct StepLog {
     out: JsonlWriter,
 }
 
 impl StepLog {
     /// Start `path` afresh with `header` (a resume rewrites the replayed blocks too).
-    pub fn create(path: &Path, header: &Header) -> anyhow::Result<Self> {
+    pub(super) fn create(path: &Path, header: &Header) -> anyhow::Result<Self> {
         if path.exists() {
             std::fs::remove_file(path).with_context(|| format!("replacing {}", path.display()))?;
         }
@@ -181,15 +184,15 @@ impl Observer for StepLog {
 }
 
 /// Answers the blocks a log already holds, in order, then runs `live`.
-pub struct Replay<R> {
-    pub logged: std::collections::VecDeque<(BlockRequest, BlockOutcome)>,
-    pub live: R,
+pub(super) struct Replay<R> {
+    pub(super) logged: std::collections::VecDeque<(BlockRequest, BlockOutcome)>,
+    pub(super) live: R,
     /// Blocks answered from the log.
-    pub replayed: u64,
+    pub(super) replayed: u64,
 }
 
 impl<R> Replay<R> {
-    pub fn new(logged: Vec<(BlockRequest, BlockOutcome)>, live: R) -> Self {
+    pub(super) fn new(logged: Vec<(BlockRequest, BlockOutcome)>, live: R) -> Self {
         Replay {
             logged: logged.into(),
             live,
@@ -221,8 +224,8 @@ impl<R: StepRunner> StepRunner for Replay<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::commands::culprit::search::{search, SearchParams, Silent};
-    use crate::commands::culprit::simulate::{Expected, Oracle, OracleRunner, Rule};
+    use crate::core::culprit::simulate::{Expected, Oracle, OracleRunner, Rule};
+    use crate::core::culprit::{search, SearchParams, Silent};
 
     #[test]
     fn codes_round_trip() {

@@ -285,6 +285,7 @@ pub(crate) mod tests {
                 roles: Vec::new(),
                 engine: None,
                 markup: None,
+                rejections: None,
             },
             flag: FlagInfo {
                 name: "BF16_INDEX_K".into(),

@@ -1,7 +1,9 @@
 //! The round classifier (docs/design.md 3.5): turns one request/response of a session into a
 //! [`RoundClass`] plus a short piece of evidence saying why.
 //!
-//! Rules, first match wins: `error` (transport, non-2xx, unparseable body) · `timeout` ·
+//! Rules, first match wins: `rejected` (a non-2xx reply matching one of the target's
+//! [`RejectionPattern`]s: the engine refused the model's tool call as unparseable) ·
+//! `error` (transport, other non-2xx, unparseable body) · `timeout` ·
 //! `leak` (tool-call markup of any configured [`MarkupFamily`] in `content` or
 //! `reasoning_content`) · `bad_args` (a call naming a tool not offered, arguments that do
 //! not parse, are not a JSON object, fail the tool's JSON schema, or hold markup
@@ -21,6 +23,7 @@
 mod markup;
 #[cfg(test)]
 mod proptests;
+pub mod rejection;
 #[cfg(test)]
 mod tests;
 
@@ -30,6 +33,7 @@ use anyhow::Context;
 use serde_json::{Map, Value};
 
 pub use markup::{MarkupFamily, UnknownFamily};
+pub use rejection::{BadRejection, RejectionPattern, RejectionSet};
 
 use crate::config::{CheckArgs, TargetProfile, ToolSpec, Workload};
 use crate::core::session::{ChatMessage, RoundClass, ToolCall};
@@ -64,8 +68,15 @@ impl ExpectedCall {
 pub enum RoundOutcome<'a> {
     /// 2xx with a parseable body: the assistant message of the first choice.
     Reply(&'a ChatMessage),
-    /// Transport failure, non-2xx (message includes status and body head), unparseable body.
+    /// Transport failure, unparseable body.
     Error(String),
+    /// A non-2xx reply: `rejected` when it matches a rejection pattern, else `error`
+    /// with `error` as its text (status and the body's head).
+    Status {
+        status: u16,
+        body: &'a str,
+        error: String,
+    },
     Timeout,
 }
 
@@ -86,10 +97,12 @@ impl RoundVerdict {
     }
 }
 
-/// Compiled once per run: regexes per markup family, JSON schema validators per tool.
+/// Compiled once per run: regexes per markup family, JSON schema validators per tool,
+/// the target's rejection patterns.
 pub struct Classifier {
     markup: MarkupSet,
     validators: BTreeMap<String, jsonschema::Validator>,
+    rejections: RejectionSet,
 }
 
 impl std::fmt::Debug for Classifier {
@@ -97,6 +110,7 @@ impl std::fmt::Debug for Classifier {
         f.debug_struct("Classifier")
             .field("markup", &self.markup)
             .field("tools", &self.validators.keys().collect::<Vec<_>>())
+            .field("rejections", &self.rejections)
             .finish()
     }
 }
@@ -120,13 +134,25 @@ impl Classifier {
                 anyhow::bail!("tool `{}` is defined twice", tool.name);
             }
         }
-        Ok(Classifier { markup, validators })
+        Ok(Classifier {
+            markup,
+            validators,
+            rejections: RejectionSet::default(),
+        })
     }
 
-    /// The classifier of every command that drives a target: the workload's tools and
-    /// the target profile's markup families (what counts as a leak on that engine).
+    /// The same classifier, judging non-2xx replies against `patterns` (none by
+    /// default: every non-2xx reply is an `error`).
+    pub fn with_rejections(mut self, patterns: &[RejectionPattern]) -> anyhow::Result<Self> {
+        self.rejections = RejectionSet::new(patterns)?;
+        Ok(self)
+    }
+
+    /// The classifier of every command that drives a target: the workload's tools, the
+    /// target profile's markup families (what counts as a leak on that engine) and its
+    /// rejection patterns (which error replies are the engine refusing a tool call).
     pub fn for_target(workload: &Workload, target: &TargetProfile) -> anyhow::Result<Self> {
-        Classifier::new(&workload.tools, &target.markup)
+        Classifier::new(&workload.tools, &target.markup)?.with_rejections(&target.rejections)
     }
 
     /// All markup families.
@@ -147,6 +173,23 @@ impl Classifier {
                 RoundClass::Error,
                 format!("error: {}", escape_line(message)),
             ),
+            RoundOutcome::Status {
+                status,
+                body,
+                error,
+            } => match self.rejections.find(*status, body) {
+                Some(pattern) => RoundVerdict::new(
+                    RoundClass::Rejected,
+                    format!(
+                        "rejected[{}]: HTTP {status}: {}",
+                        pattern.name,
+                        escape_line(body.trim())
+                    ),
+                ),
+                None => {
+                    RoundVerdict::new(RoundClass::Error, format!("error: {}", escape_line(error)))
+                }
+            },
             RoundOutcome::Timeout => RoundVerdict::new(
                 RoundClass::Timeout,
                 "timeout: no complete reply within the round's limit",

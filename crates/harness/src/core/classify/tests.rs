@@ -814,3 +814,100 @@ fn a_corrupted_looking_reply_cut_at_max_tokens_is_truncated() {
         RoundClass::Timeout
     );
 }
+
+/// llama-server's reply when the model's tool-call markup does not parse (the wording
+/// of common/chat.cpp in the llama.cpp that scripts/llama-server.sh builds).
+const LLAMA_REJECTION: &str = r#"{"error":{"code":500,"message":"The model produced output that does not match the expected Hermes 2 Pro format","type":"server_error"}}"#;
+
+/// A non-2xx reply as the driver hands it to the classifier.
+fn status(status: u16, body: &str) -> RoundOutcome<'_> {
+    RoundOutcome::Status {
+        status,
+        body,
+        error: format!("HTTP {status}: {body}"),
+    }
+}
+
+#[test]
+fn an_error_reply_a_rejection_pattern_names_is_rejected_with_its_body_as_evidence() {
+    let patterns = crate::config::Engine::Llamacpp.rejections();
+    let classifier = Classifier::with_defaults(&tools())
+        .unwrap()
+        .with_rejections(&patterns)
+        .unwrap();
+    let rejected = classifier.classify(
+        &status(500, LLAMA_REJECTION),
+        read_step().as_ref(),
+        CheckArgs::Strict,
+    );
+    assert_eq!(rejected.class, RoundClass::Rejected);
+    assert!(
+        rejected.evidence.starts_with(
+            "rejected[llamacpp.format]: HTTP 500: {\"error\":{\"code\":500,\"message\":\"The model produced output"
+        ),
+        "{}",
+        rejected.evidence
+    );
+    // Also once every step is done: the engine refused what the model wrote.
+    assert_eq!(
+        classifier
+            .classify(&status(500, LLAMA_REJECTION), None, CheckArgs::Schema)
+            .class,
+        RoundClass::Rejected
+    );
+    // Another status, or a body no pattern names, is an infrastructure error as before.
+    for (code, body) in [(503, LLAMA_REJECTION), (500, "upstream overloaded")] {
+        let verdict = classifier.classify(&status(code, body), None, CheckArgs::Strict);
+        assert_eq!(verdict.class, RoundClass::Error, "{code} {body}");
+        assert_eq!(verdict.evidence, format!("error: HTTP {code}: {body}"));
+    }
+    // Without patterns (a custom target), the engine's words are only an error.
+    let plain = Classifier::with_defaults(&tools()).unwrap();
+    let verdict = plain.classify(&status(500, LLAMA_REJECTION), None, CheckArgs::Strict);
+    assert_eq!(verdict.class, RoundClass::Error);
+    // A rejected session is corruption, judged, never a failure.
+    let class = crate::core::session::SessionClass::from_round(RoundClass::Rejected).unwrap();
+    assert!(class.is_corrupted() && class.is_judged() && !class.is_failure());
+    // No finish reason comes with it, and a cut-off one would not make it truncated.
+    assert_eq!(
+        account_for_truncation(rejected.clone(), Some("length")),
+        rejected
+    );
+    // The evidence stays within the limit, on one line, however long the body.
+    let long = format!(
+        "{{\"error\":{{\"message\":\"Failed to parse input at pos 7: {}\"}}}}",
+        "x\n".repeat(400)
+    );
+    let verdict = classifier.classify(&status(500, &long), None, CheckArgs::Strict);
+    assert_eq!(verdict.class, RoundClass::Rejected);
+    assert!(verdict.evidence.starts_with("rejected[llamacpp.pos]: "));
+    assert!(verdict.evidence.chars().count() <= EVIDENCE_MAX_CHARS);
+    assert!(!verdict.evidence.contains('\n'));
+}
+
+#[test]
+fn rejected_counts_as_corrupted_in_the_judged_denominator() {
+    use crate::core::session::{Counts, SessionClass};
+    let mut as_rejected = Counts::default();
+    let mut as_error = Counts::default();
+    for _ in 0..8 {
+        as_rejected.add(SessionClass::Done);
+        as_error.add(SessionClass::Done);
+    }
+    for _ in 0..2 {
+        as_rejected.add(SessionClass::Rejected);
+        as_error.add(SessionClass::Error);
+    }
+    assert_eq!((as_rejected.corrupted(), as_rejected.judged()), (2, 10));
+    assert_eq!((as_error.corrupted(), as_error.judged()), (0, 8));
+    assert_eq!(as_rejected.failed(), 0);
+    // Written only when non-zero: a record without rejections keeps its shape.
+    let json = serde_json::to_value(as_error).unwrap();
+    assert!(json.get("rejected").is_none(), "{json}");
+    assert_eq!(serde_json::to_value(as_rejected).unwrap()["rejected"], 2);
+    let old: Counts = serde_json::from_str(
+        r#"{"done":1,"maxrounds":0,"leak":0,"bad_args":0,"wrong_args":0,"no_tool":0,"error":0,"timeout":0}"#,
+    )
+    .unwrap();
+    assert_eq!(old.rejected, 0);
+}

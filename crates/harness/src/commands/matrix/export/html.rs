@@ -325,6 +325,7 @@ pub(crate) mod tests {
                 roles: Vec::new(),
                 engine: None,
                 markup: None,
+                rejections: None,
             },
             workload: serde_json::json!({"name": "smoke"}),
             workload_hash: "w".into(),

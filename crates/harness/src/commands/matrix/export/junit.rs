@@ -119,12 +119,17 @@ impl MatrixExporter for JunitXml {
             x.push_str(&format!(
                 "      <system-out>{}</system-out>\n",
                 esc(&format!(
-                    "corrupted {}; leak {} bad_args {} wrong_args {} no_tool {} error {} timeout {}; sessions in {}",
+                    "corrupted {}; leak {} bad_args {} wrong_args {} no_tool {}{} error {} timeout {}; sessions in {}",
                     format::rate_interval(c.stats.corrupted, c.stats.judged(), c.stats.ci95),
                     c.stats.counts.leak,
                     c.stats.counts.bad_args,
                     c.stats.counts.wrong_args,
                     c.stats.counts.no_tool,
+                    // Named only when it happened, like run.json's count.
+                    match c.stats.counts.rejected {
+                        0 => String::new(),
+                        n => format!(" rejected {n}"),
+                    },
                     c.stats.counts.error,
                     c.stats.counts.timeout,
                     c.dir

@@ -1,6 +1,6 @@
 //! The class-mix test of the culprit search: does a step's failure look like the
 //! reference failure? A step counts as "still failing" only if the classes of its
-//! corrupted sessions (leak, bad_args, wrong_args, no_tool) are distributed like those
+//! corrupted sessions (leak, bad_args, wrong_args, no_tool, rejected) are distributed like those
 //! of the failing end's; a different mix is a different failure mode, reported apart.
 //!
 //! Method: the Freeman-Halton extension of Fisher's exact test to a 2 x c table
@@ -21,20 +21,22 @@ use statrs::function::factorial::ln_binomial;
 
 use crate::core::session::SessionClass;
 
-/// The corrupted classes, in the order of the table's columns.
-pub const CORRUPTED: [SessionClass; 4] = [
+/// The corrupted classes, in the order of the table's columns (an unused column drops
+/// out of the test, so outcomes without rejections are judged as before).
+pub(super) const CORRUPTED: [SessionClass; 5] = [
     SessionClass::Leak,
     SessionClass::BadArgs,
     SessionClass::WrongArgs,
     SessionClass::NoTool,
+    SessionClass::Rejected,
 ];
 
 /// Above this many candidate tables the test uses the chi-square approximation.
-pub const MAX_TABLES: u64 = 2_000_000;
+pub(super) const MAX_TABLES: u64 = 2_000_000;
 
 /// Counts of each corrupted class in `classes`, in [`CORRUPTED`] order.
-pub fn corrupted_mix<'a>(classes: impl IntoIterator<Item = &'a SessionClass>) -> [u64; 4] {
-    let mut mix = [0u64; 4];
+pub(super) fn corrupted_mix<'a>(classes: impl IntoIterator<Item = &'a SessionClass>) -> [u64; 5] {
+    let mut mix = [0u64; 5];
     for c in classes {
         if let Some(j) = CORRUPTED.iter().position(|k| k == c) {
             mix[j] += 1;
@@ -45,7 +47,7 @@ pub fn corrupted_mix<'a>(classes: impl IntoIterator<Item = &'a SessionClass>) ->
 
 /// Two-sided p-value that rows `a` and `b` come from the same class distribution.
 /// 1.0 when either row is empty or only one class occurs (nothing to compare).
-pub fn mix_p_value(a: &[u64], b: &[u64]) -> f64 {
+pub(super) fn mix_p_value(a: &[u64], b: &[u64]) -> f64 {
     assert_eq!(a.len(), b.len(), "rows of different width");
     let cols: Vec<(u64, u64)> = a
         .iter()

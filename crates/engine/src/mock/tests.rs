@@ -1,0 +1,195 @@
+//! Tests of the mock engine: its progress through a task, reply shapes, fault
+//! selection, metrics and think time.
+
+use super::*;
+use crate::test_support::post_json;
+
+fn task_message() -> Value {
+    json!({"role": "user", "content": "You are on call. Do these steps in order:\n\
+        1. read_file(path=\"/srv/app/config.yaml\", max_lines=40)\n\
+        2. list_dir(path=\"/srv/app\")\n\
+        When all steps are done, answer with a one-line summary."})
+}
+
+fn shared() -> Shared {
+    Shared {
+        config: MockConfig::default(),
+        stats: Arc::default(),
+        shutdown: CancellationToken::new(),
+        tasks: Mutex::default(),
+    }
+}
+
+/// (done steps, round, steps, first step's tool, its max_lines) of a conversation.
+fn progress_of(
+    shared: &Shared,
+    conversation: &[Value],
+) -> Option<(usize, u32, usize, String, Value)> {
+    let text = Value::Array(conversation.to_vec()).to_string();
+    let messages: Vec<RequestMessage> = serde_json::from_str(&text).unwrap();
+    let p = progress(shared, &messages)?;
+    let (tool, args) = &p.task.steps[0];
+    let max_lines = args.get("max_lines").cloned().unwrap_or(Value::Null);
+    Some((
+        p.done_steps,
+        p.round,
+        p.task.steps.len(),
+        tool.clone(),
+        max_lines,
+    ))
+}
+
+#[test]
+fn progress_counts_steps_and_rounds_after_the_task() {
+    let shared = shared();
+    let mut conversation = vec![
+        json!({"role": "system", "content": "tools"}),
+        task_message(),
+    ];
+    let first = progress_of(&shared, &conversation).unwrap();
+    assert_eq!(first, (0, 1, 2, "read_file".to_string(), json!(40)));
+    conversation.push(json!({"role": "assistant", "content": null, "tool_calls": []}));
+    conversation.push(json!({"role": "tool", "tool_call_id": "call_1", "content": "x"}));
+    let second = progress_of(&shared, &conversation).unwrap();
+    assert_eq!((second.0, second.1), (1, 2));
+    assert!(progress_of(&shared, &[json!({"role": "user", "content": "hello"})]).is_none());
+    // Parsed once per text: the task and the non-task message.
+    assert_eq!(shared.tasks.lock().len(), 2);
+    // Escaped text (an owned string, not borrowed) parses the same.
+    let escaped = json!({"role": "user", "content": format!("\"quoted\"\n{}", task_message()["content"].as_str().unwrap())});
+    let third = progress_of(&shared, &[escaped]).unwrap();
+    assert_eq!(third.2, 2);
+}
+
+async fn body_json(response: Response) -> Value {
+    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    serde_json::from_slice(&bytes).unwrap()
+}
+
+#[tokio::test]
+async fn typed_replies_have_the_openai_shape() {
+    let call = body_json(tool_call_reply(3, "read_file", r#"{"path":"/a \"b\""}"#, 9)).await;
+    assert_eq!(
+        call,
+        json!({
+            "id": "chatcmpl-mock",
+            "object": "chat.completion",
+            "model": "mock",
+            "choices": [{"index": 0, "message": {
+                "role": "assistant",
+                "content": null,
+                "tool_calls": [{"id": "call_3", "type": "function",
+                    "function": {"name": "read_file", "arguments": "{\"path\":\"/a \\\"b\\\"\"}"}}],
+            }, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 0, "completion_tokens": 9},
+        })
+    );
+    let text = body_json(text_reply("done \u{1}")).await;
+    assert_eq!(
+        text["choices"][0]["message"],
+        json!({"role": "assistant", "content": "done \u{1}"})
+    );
+    assert_eq!(
+        text["usage"]["completion_tokens"],
+        token_count("done \u{1}")
+    );
+}
+
+#[test]
+fn fault_selection_is_a_pure_function_of_the_task_text() {
+    let rule = FaultRule::new(5, 2, 1, Fault::NoTool);
+    let picked: Vec<bool> = (0..50)
+        .map(|i| rule.selects(&format!("task {i}")))
+        .collect();
+    assert_eq!(
+        picked,
+        (0..50)
+            .map(|i| rule.selects(&format!("task {i}")))
+            .collect::<Vec<_>>()
+    );
+    let hits = picked.iter().filter(|p| **p).count();
+    assert!((3..=20).contains(&hits), "{hits}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_the_current_step_and_reports_metrics_from_the_table() {
+    let server = MockServer::start(MockConfig::default()).await.unwrap();
+    let client = reqwest::Client::new();
+    let reply: Value = post_json(
+        &client,
+        format!("{}/chat/completions", server.api()),
+        &json!({"messages": [task_message()]}),
+    )
+    .await;
+    let call = &reply["choices"][0]["message"]["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "read_file");
+    let arguments: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        arguments,
+        json!({"path": "/srv/app/config.yaml", "max_lines": 40})
+    );
+    let text = client
+        .get(server.metrics_url())
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let expected = metrics::render(&[
+        (Metric::RunningRequests, 0.0),
+        (Metric::QueuedRequests, 0.0),
+    ]);
+    assert_eq!(text, expected);
+    assert_eq!(server.stats().requests(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_count_think_time_between_a_sessions_rounds_only() {
+    let server = MockServer::start(MockConfig::default()).await.unwrap();
+    let client = reqwest::Client::new();
+    let url = format!("{}/chat/completions", server.api());
+    let first = vec![task_message()];
+    let reply: Value = post_json(&client, &url, &json!({"messages": first})).await;
+    // Another session's first round: no think time.
+    let other = vec![
+        json!({"role": "system", "content": "other"}),
+        task_message(),
+    ];
+    client
+        .post(&url)
+        .json(&json!({"messages": other}))
+        .send()
+        .await
+        .unwrap();
+    let mut second = first.clone();
+    second.push(reply["choices"][0]["message"].clone());
+    second.push(json!({"role": "tool", "tool_call_id": "call_1", "content": "x"}));
+    client
+        .post(&url)
+        .json(&json!({"messages": second}))
+        .send()
+        .await
+        .unwrap();
+    let summary: Value = client
+        .get(format!("http://{}/stats", server.addr()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(summary["requests"], 3);
+    assert_eq!(summary["think"]["samples"], 1);
+    assert_eq!(summary["handling"]["samples"], 3);
+    let status = client
+        .post(format!("http://{}/stats/reset", server.addr()))
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status, reqwest::StatusCode::NO_CONTENT);
+    assert!(server.stats().think_ns().is_empty());
+}

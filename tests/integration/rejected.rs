@@ -1,0 +1,186 @@
+//! Engine-rejected tool calls end to end (docs/design.md 3.5, `rejected`): the fake decode
+//! answers a quarter of the sessions, in round 2 of the on arm, with the HTTP 500
+//! llama-server sends when the model's tool-call markup does not parse. With the
+//! llama.cpp preset's patterns those sessions are corruption and the flag is
+//! implicated; counted as errors, as before, the same run only says the on arm was
+//! degraded. `bisect reclassify` judges the kept replies again with the run's patterns.
+
+use bisect_harness::commands::reclassify::reclassify_dir;
+use bisect_harness::commands::run::{self as experiment, Quiet, RunPlan};
+use bisect_harness::config::{Engine, FlagCatalog};
+use bisect_harness::core::arm_stats::ArmLabel;
+use bisect_harness::core::session::SessionClass;
+use bisect_harness::core::verdict::Status;
+use bisect_harness::results::run_record::RunRecord;
+use bisect_harness::results::ResultsDir;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::common::{fake_race_victims, read, FakeTarget};
+
+const SESSIONS: u32 = 64;
+
+/// The fake with a `FAKE_REJECT` flag in its decode launch config and catalog.
+async fn rejecting_target() -> FakeTarget {
+    let mut t = FakeTarget::new().await;
+    let decode = &t.target.roles[1].launch;
+    let text = read(decode).replace("exec ", "export FAKE_REJECT=0\nexec ");
+    std::fs::write(decode, text).unwrap();
+    t.engine.reload().unwrap();
+    let flags = t.dir.path().join("flags");
+    std::fs::write(
+        flags.join("FAKE_REJECT.toml"),
+        "doc = \"decode answers a quarter of the sessions with llama.cpp's parse-failure 500\"\nenv = \"FAKE_REJECT\"\nroles = [\"decode\"]\non = \"1\"\noff = \"0\"\n",
+    )
+    .unwrap();
+    t.catalog = FlagCatalog::load(&[flags]).unwrap();
+    t
+}
+
+/// The FAKE_REJECT run, with the race off (its index dtype pinned to 0), into `dir`.
+fn plan(t: &FakeTarget, dir: &str, engine: Engine) -> RunPlan {
+    let mut plan = t.plan("FAKE_REJECT", SESSIONS, 4);
+    plan.sets
+        .push((t.catalog.get("FAKE_BF16").unwrap().clone(), "0".into()));
+    plan.run_dir = plan.run_dir.with_file_name(dir);
+    plan.target.engine = engine;
+    plan.target.rejections = engine.rejections();
+    plan
+}
+
+async fn run(t: &FakeTarget, plan: &RunPlan) -> RunRecord {
+    let mut control = t.engine.control();
+    experiment::run_experiment(plan, &mut control, &Quiet, CancellationToken::new())
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_rejections_implicate_the_flag_as_corruption_does() {
+    let t = rejecting_target().await;
+    let plan = plan(&t, "llamacpp", Engine::Llamacpp);
+    let victims = fake_race_victims(&plan.workload, SESSIONS);
+    assert!(
+        u64::from(SESSIONS) * 10 < victims * 100,
+        "too few victims ({victims}) for the error count to degrade the arm"
+    );
+    let record = run(&t, &plan).await;
+    let on = record.arm(ArmLabel::On).unwrap();
+    let off = record.arm(ArmLabel::Off).unwrap();
+    assert_eq!(on.stats.counts.rejected, victims);
+    assert_eq!(on.stats.counts.done, u64::from(SESSIONS) - victims);
+    assert_eq!(on.stats.counts.error, 0);
+    assert_eq!(on.stats.corrupted, victims);
+    assert_eq!(on.stats.judged(), u64::from(SESSIONS));
+    assert_eq!(on.stats.first_bad_round, vec![0, victims]);
+    assert_eq!(off.stats.counts.done, u64::from(SESSIONS));
+    let verdict = record.verdict.as_ref().unwrap();
+    assert_eq!(verdict.status, Status::Implicated, "{verdict:?}");
+    assert!(
+        verdict.direction.as_deref().unwrap().starts_with("on"),
+        "{verdict:?}"
+    );
+    assert!(
+        !record.confounds.iter().any(|c| c.name == "error_timeout"),
+        "{:?}",
+        record.confounds
+    );
+
+    // The evidence is the engine's own reply; the session is no failure.
+    let dir = &plan.run_dir;
+    let sessions = ResultsDir::open(dir).read_sessions().unwrap();
+    let rejected: Vec<_> = sessions
+        .iter()
+        .filter(|s| s.class == SessionClass::Rejected)
+        .collect();
+    assert_eq!(rejected.len() as u64, victims);
+    for s in &rejected {
+        assert!(
+            s.evidence.starts_with(
+                "rejected[llamacpp.format]: HTTP 500: {\"error\":{\"code\":500,\"message\":\"The model produced output that does not match the expected Hermes 2 Pro format\""
+            ),
+            "{}",
+            s.evidence
+        );
+        assert_eq!(s.error, None);
+        let http = s.rounds[1].http.as_ref().unwrap();
+        assert_eq!(
+            (http.status, http.body.as_str()),
+            (500, crate::fake::LLAMA_REJECTION)
+        );
+    }
+    let run_json: Value = serde_json::from_str(&read(&dir.join("run.json"))).unwrap();
+    assert_eq!(
+        run_json["target"]["rejections"][0]["name"],
+        "llamacpp.format"
+    );
+    let on_json = run_json["arms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["label"] == "on")
+        .unwrap();
+    assert_eq!(on_json["counts"]["rejected"], victims);
+    let summary = read(&dir.join("summary.md"));
+    assert!(
+        summary.contains("leak/bad/wrong/no_tool/rejected"),
+        "{summary}"
+    );
+    assert!(summary.contains(&format!("0/0/0/0/{victims}")), "{summary}");
+    assert!(read(&dir.join("report.html")).contains("rejected (the engine refused"));
+
+    // Replayed under the run's own patterns, nothing changes.
+    let again = reclassify_dir(dir, None).unwrap();
+    assert!(again.changed.is_empty(), "{:?}", again.changed);
+    assert_eq!(
+        again.record.verdict.as_ref().unwrap().status,
+        Status::Implicated
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_rejections_counted_as_errors_only_degrade_the_arm() {
+    let t = rejecting_target().await;
+    // A custom target names no pattern: the 500s are errors, as before this class.
+    let plan = plan(&t, "custom", Engine::Custom);
+    let victims = fake_race_victims(&plan.workload, SESSIONS);
+    let record = run(&t, &plan).await;
+    let on = record.arm(ArmLabel::On).unwrap();
+    assert_eq!(on.stats.counts.error, victims);
+    assert_eq!(on.stats.counts.rejected, 0);
+    assert_eq!(on.stats.corrupted, 0);
+    assert_eq!(on.stats.judged(), u64::from(SESSIONS) - victims);
+    let verdict = record.verdict.as_ref().unwrap();
+    assert_eq!(verdict.status, Status::Inconclusive, "{verdict:?}");
+    assert!(
+        verdict.reasons.iter().any(|r| r.contains("degraded")),
+        "{verdict:?}"
+    );
+
+    // The replies were kept: reclassified with llama.cpp's patterns written into the
+    // record, the errors are rejections and the flag is implicated.
+    let run_json = plan.run_dir.join("run.json");
+    let mut raw: Value = serde_json::from_str(&read(&run_json)).unwrap();
+    raw["target"]["rejections"] = serde_json::to_value(Engine::Llamacpp.rejections()).unwrap();
+    std::fs::write(&run_json, serde_json::to_string_pretty(&raw).unwrap()).unwrap();
+    let summary = reclassify_dir(&plan.run_dir, None).unwrap();
+    assert_eq!(summary.changed.len() as u64, victims);
+    assert!(summary
+        .changed
+        .iter()
+        .all(|c| (c.3, c.4) == (SessionClass::Error, SessionClass::Rejected)));
+    let on = summary.record.arm(ArmLabel::On).unwrap();
+    assert_eq!(
+        (on.stats.counts.rejected, on.stats.counts.error),
+        (victims, 0)
+    );
+    assert_eq!(
+        summary.record.verdict.as_ref().unwrap().status,
+        Status::Implicated
+    );
+    let sessions = ResultsDir::open(&plan.run_dir).read_sessions().unwrap();
+    assert!(sessions
+        .iter()
+        .filter(|s| s.class == SessionClass::Rejected)
+        .all(|s| s.error.is_none()));
+}
