@@ -1244,6 +1244,7 @@ mod tests {
                 source: None,
                 engine: Engine::Llamacpp,
                 markup: Vec::new(),
+                rejections: Vec::new(),
                 flags_dir: None,
             };
             let mut plan = offline(&target, &catalog, dir.path());
