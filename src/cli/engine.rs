@@ -40,7 +40,7 @@ pub struct EngineArgs {
     #[arg(long)]
     pub prefill_url: Option<String>,
     /// Compute backend. `auto` is the CPU for now, even with a GPU present: the GPU path
-    /// is not yet verified on a device (README, "GPU"); `cuda` uses it anyway (prefill's
+    /// is not yet verified on a device (docs/performance.md, "GPU"); `cuda` uses it anyway (prefill's
     /// prefix cache and HiCache then live on the device). The environment variable
     /// reaches engines started by `bisect run` through their launch scripts.
     #[arg(long, value_enum, default_value = "auto", env = "BISECT_ENGINE_DEVICE")]

@@ -249,7 +249,7 @@ impl EngineConfig {
 /// Pick the compute backend for `--device`: `cpu`; `cuda` (an error if no GPU or NVRTC
 /// is usable); `auto`: the CPU, for now, even where `backend::cuda::probe` finds a GPU:
 /// the GPU path (the paged pools and kernels of `backend::paged`) has not been verified
-/// on a device yet (scripts/gpu-check.sh does that; README "GPU"), and a silently wrong
+/// on a device yet (scripts/gpu-check.sh does that; docs/performance.md "GPU"), and a silently wrong
 /// backend would make verdicts silently wrong. The probe loads the driver library itself
 /// before touching cudarc, whose context creation panics when no driver exists.
 pub(crate) fn select_backend(device: DeviceChoice) -> anyhow::Result<Box<dyn Backend>> {

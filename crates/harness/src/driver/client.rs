@@ -182,7 +182,7 @@ fn excerpt(text: &str, n: usize) -> &str {
 /// the slot waits on it, not in a task of its own: one task per session instead of two,
 /// and no wake-up passed between them twice a request: at 1000 sessions in flight their
 /// state no longer fits in a core's cache, and every task and wake-up a request touches
-/// costs (docs/design.md 3.4, README "Harness speed").
+/// costs (docs/design.md 3.4, docs/performance.md "Harness speed").
 #[derive(Default)]
 pub struct Connection {
     link: Link,
