@@ -237,7 +237,7 @@ impl ArmStats {
                 if pooled
                     .load_gap
                     .as_ref()
-                    .is_none_or(|p| shortfall(gap) > shortfall(p))
+                    .map_or(true, |p| shortfall(gap) > shortfall(p))
                 {
                     pooled.load_gap = Some(gap.clone());
                 }

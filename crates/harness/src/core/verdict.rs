@@ -1159,7 +1159,7 @@ mod tests {
         let reason = verdict
             .reasons
             .iter()
-            .find(|r| r.starts_with("arm on reached at most 20 running requests"))
+            .find(|r| r.contains("arm on reached at most 20 running requests"))
             .unwrap();
         assert!(
             reason.contains("where the gap is: with 40.0 requests in flight at the client, decode ran 18.0 on average (12 samples): 15.0 still connecting, 2.0 queued in the engine, 5.0 sent but not seen by the engine"),

@@ -428,7 +428,7 @@ pub async fn poll(
 }
 
 /// Appends `log`'s rows to the CSV at `path` (columns t_s, role, running, queued,
-/// client_inflight, label, error), writing the header only into a new or empty file,
+/// client_inflight, label, error, client_connecting), writing the header only into a new or empty file,
 /// so each arm appends to one metrics.csv.
 pub fn write_csv(log: &MetricsLog, path: &Path) -> anyhow::Result<()> {
     let file = std::fs::OpenOptions::new()
@@ -559,7 +559,7 @@ process_cpu_seconds_total 4.2E-3
         let mut lines = text.lines();
         assert_eq!(
             lines.next().unwrap(),
-            "t_s,role,running,queued,client_inflight,label,error"
+            "t_s,role,running,queued,client_inflight,label,error,client_connecting"
         );
         assert_eq!(lines.count(), 2 * log.rows.len(), "header written once");
         let mut reader = csv::Reader::from_path(&path).unwrap();
