@@ -419,10 +419,12 @@ async fn a_thread_per_connection_server_with_a_backlog_of_5_and_a_slow_accept_ge
     assert_eq!(stats.transport.failed, 0, "{:?}", stats.transport);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_server_that_closes_after_every_reply_is_served_with_a_connection_per_request() {
+/// A server that ends every connection after one reply (`reply`): each request gets a
+/// connection of its own and every session still runs to its end. Returns the server's
+/// peak of requests in progress.
+async fn served_with_a_connection_per_request(reply: Reply) -> u64 {
     let mock = mock().await;
-    let server = TestServer::start(spec(Reply::Close), mock.addr());
+    let server = TestServer::start(spec(reply), mock.addr());
     let (stats, _) = drive_against(&server, 20, 5, 10.0, false).await;
     assert_all_done(&stats, 20);
     assert_eq!(
@@ -430,20 +432,17 @@ async fn a_server_that_closes_after_every_reply_is_served_with_a_connection_per_
         "{:?}",
         stats.transport
     );
-    assert_eq!(server.peak(), 20);
+    server.peak()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_closes_after_every_reply_is_served_with_a_connection_per_request() {
+    assert_eq!(served_with_a_connection_per_request(Reply::Close).await, 20);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_1_0_replies_are_read_and_the_connection_replaced() {
-    let mock = mock().await;
-    let server = TestServer::start(spec(Reply::Http10), mock.addr());
-    let (stats, _) = drive_against(&server, 20, 5, 10.0, false).await;
-    assert_all_done(&stats, 20);
-    assert_eq!(
-        stats.transport.connects, stats.requests,
-        "{:?}",
-        stats.transport
-    );
+    served_with_a_connection_per_request(Reply::Http10).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
