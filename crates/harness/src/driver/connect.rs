@@ -23,6 +23,7 @@
 //! time is measured apart from reply time, and the tally becomes the arm's
 //! [`TransportStats`].
 
+use super::drive::percentile;
 use crate::core::transport::{TransportStats, SLOW_CONNECT_MS};
 use parking_lot::Mutex;
 use std::io;
@@ -209,11 +210,8 @@ impl ConnectGate {
         loop {
             let outcome = tokio::time::timeout_at(deadline, self.connect_once(host, port)).await;
             let (error, epoch) = match outcome {
-                Err(_) => {
-                    attempt.finished = true;
-                    self.tally.lock().abandoned += 1;
-                    return Err(ConnectFailure::Timeout);
-                }
+                // Unfinished: the attempt's drop counts it as abandoned.
+                Err(_) => return Err(ConnectFailure::Timeout),
                 Ok((Ok(stream), _)) => {
                     attempt.finished = true;
                     return Ok(stream);
@@ -378,15 +376,6 @@ impl ConnectGate {
             pacing_gap_ms_max: tally.widest_gap.as_secs_f64() * 1000.0,
         }
     }
-}
-
-/// Nearest-rank percentile of an ascending slice; 0 for an empty one.
-fn percentile(sorted: &[u64], q: f64) -> u64 {
-    if sorted.is_empty() {
-        return 0;
-    }
-    let rank = (q * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 #[cfg(test)]

@@ -86,7 +86,7 @@ pub struct DriveStats {
 }
 
 /// Nearest-rank percentile of an ascending slice (`q` in 0..=1); 0 for an empty one.
-fn percentile(sorted: &[u64], q: f64) -> u64 {
+pub(super) fn percentile(sorted: &[u64], q: f64) -> u64 {
     if sorted.is_empty() {
         return 0;
     }
