@@ -447,10 +447,16 @@ fn recover_legacy(legacy_dir: &Path) -> anyhow::Result<Recovery> {
 }
 
 /// Kills what a dead owner of the state in `guard` left running and replays its journal.
+/// Its launch configs' in-progress atomic writes go too: with the lock held no live
+/// process writes them, and a kill can land before any journal exists (the writability
+/// probe), where the replay would not know the file.
 fn recover_state(guard: &LockGuard) -> anyhow::Result<Recovery> {
     let killed = state::kill_stale_groups(guard.dir())?;
     let mut recovery = replay(guard.dir())?;
     recovery.killed.splice(0..0, killed);
+    for file in state::listed_files(guard.dir()) {
+        let _ = fs::remove_file(temp_path(&file));
+    }
     Ok(recovery)
 }
 
@@ -1049,6 +1055,30 @@ mod tests {
         assert_eq!(recovered, expected);
         s.assert_pristine();
         assert!(!temp_path(&s.roles[1].launch).exists());
+        next.restore().unwrap();
+        s.assert_pristine();
+    }
+
+    #[test]
+    fn a_kill_during_the_writability_probe_leaves_nothing_for_restore_or_the_next_run() {
+        let s = Setup::new();
+        // The probe runs with the locks held and before any journal is written.
+        let ed = s.begin(&s.files()).unwrap();
+        std::mem::forget(ed);
+        for i in 0..s.roles.len() {
+            fs::remove_file(s.state(i).join(JOURNAL_FILE)).unwrap();
+        }
+        s.orphan();
+        let probe = temp_path(&s.roles[1].launch);
+        fs::write(&probe, "").unwrap();
+        assert!(s.recover().unwrap().is_empty());
+        assert!(!probe.exists(), "restore leaves the dead run's probe");
+
+        // And a begin that finds it (no restore in between) takes over and runs.
+        fs::write(&probe, "").unwrap();
+        s.orphan();
+        let mut next = s.begin(&s.files()).unwrap();
+        assert!(!probe.exists());
         next.restore().unwrap();
         s.assert_pristine();
     }
