@@ -31,7 +31,7 @@ fn main() -> ExitCode {
                 "error: {}",
                 bisect_harness::redact::scrub(&format!("{err:#}"))
             );
-            ExitCode::from(bisect_harness::exit::code_for_error(&err))
+            ExitCode::from(bisect_harness::commands::code_for_error(&err))
         }
     }
 }

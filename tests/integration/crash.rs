@@ -261,7 +261,7 @@ async fn an_edit_by_someone_else_during_a_run_stops_it_and_is_kept() {
             && msg.contains("the arms would differ by more than the flag"),
         "{msg}"
     );
-    assert_eq!(bisect_harness::exit::code_for_error(&err), 3);
+    assert_eq!(bisect_harness::commands::code_for_error(&err), 3);
     assert_eq!(control.restarts, 1, "no second arm");
     assert_eq!(t.launch_bytes(), before, "the original is back");
     let kept: Vec<_> = std::fs::read_dir(decode.parent().unwrap())

@@ -208,7 +208,7 @@ async fn a_pin_the_engine_does_not_run_with_stops_the_search() {
         "{msg}"
     );
     assert_eq!(
-        bisect_harness::exit::code_for_error(&err),
+        bisect_harness::commands::code_for_error(&err),
         bisect_harness::exit::COULD_NOT_RUN
     );
     let record: serde_json::Value =

@@ -185,7 +185,7 @@ async fn half_applied_flag_is_refused_before_any_restart() {
         "names the role that also sets it: {msg}"
     );
     assert_eq!(
-        bisect_harness::exit::code_for_error(&err),
+        bisect_harness::commands::code_for_error(&err),
         bisect_harness::exit::BAD_INPUT
     );
     assert_eq!(control.restarts.load(Ordering::Relaxed), 0);
@@ -278,7 +278,7 @@ async fn cancellation_restores_and_reports_interrupted() {
         .await
         .unwrap_err();
     assert_eq!(
-        bisect_harness::exit::code_for_error(&err),
+        bisect_harness::commands::code_for_error(&err),
         bisect_harness::exit::INTERRUPTED
     );
     assert_eq!(t.launch_bytes(), before);
@@ -454,7 +454,7 @@ async fn an_engine_bisect_did_not_start_is_refused_before_anything_runs() {
     assert!(msg.contains("fix:"), "{msg}");
     assert!(msg.contains("\"prefill\""), "names what answered: {msg}");
     assert_eq!(
-        bisect_harness::exit::code_for_error(&err),
+        bisect_harness::commands::code_for_error(&err),
         bisect_harness::exit::COULD_NOT_RUN
     );
     assert_eq!(control.restarts.load(Ordering::Relaxed), 0);

@@ -282,7 +282,7 @@ async fn shards_merge_into_the_unsharded_matrix() {
             .err()
             .expect("merge refused");
         assert_eq!(
-            bisect_harness::exit::code_for_error(&err),
+            bisect_harness::commands::code_for_error(&err),
             bisect_harness::exit::BAD_INPUT
         );
         format!("{err:#}")

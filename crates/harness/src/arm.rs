@@ -28,7 +28,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Engine, FlagSpec, TargetProfile, Workload};
-use crate::control::EngineControl;
+use crate::control::{fetch_server_info, EngineControl};
 use crate::core::arm_stats::{ArmStats, RecordStatus};
 use crate::core::classify::Classifier;
 use crate::core::effective;
@@ -623,65 +623,6 @@ pub fn refuse_half_applied(target: &TargetProfile, flags: &[&FlagSpec]) -> anyho
     Ok(())
 }
 
-/// The effective-configuration document at `url`, fetched with the API key where one
-/// is configured; `None` when it does not answer with a document.
-async fn fetch_effective(
-    client: &reqwest::Client,
-    url: &str,
-    api_key: Option<&str>,
-) -> Option<serde_json::Value> {
-    let resp = keyed_get(client, url, api_key).send().await.ok()?;
-    if !resp.status().is_success() {
-        return None;
-    }
-    let text = resp.text().await.ok()?;
-    crate::core::effective::parse_document(&text).map(|(doc, _)| doc)
-}
-
-/// A GET carrying the API key as a bearer token where one is configured.
-fn keyed_get(
-    client: &reqwest::Client,
-    url: &str,
-    api_key: Option<&str>,
-) -> reqwest::RequestBuilder {
-    let request = client.get(url);
-    match api_key {
-        Some(key) => request.bearer_auth(key),
-        None => request,
-    }
-}
-
-/// What the engine reports about itself (its effective configuration): the role's
-/// `effective_url` where the profile or its engine preset names one, else, beside its
-/// health URL, `/server_info` (the embedded engine, older SGLang) or `/get_server_info`
-/// (SGLang). The one reading of an engine's self-report, for the lifecycle's checks
-/// (what it runs with, which process it is) and engine control's (a restart's proof,
-/// the ownership of a spawned role's engine, the foreign-engine refusal): every path
-/// sends the API key (`api_key_env`'s) when the target has one, as the engines that
-/// want it on their metrics want it here too.
-pub async fn fetch_server_info(
-    client: &reqwest::Client,
-    role: &crate::config::RoleSpec,
-    api_key: Option<&str>,
-) -> Option<serde_json::Value> {
-    if let Some(url) = &role.effective_url {
-        return fetch_effective(client, url, api_key).await;
-    }
-    let base = role.health.strip_suffix("/health")?;
-    for path in ["/server_info", "/get_server_info"] {
-        let Ok(resp) = keyed_get(client, &format!("{base}{path}"), api_key)
-            .send()
-            .await
-        else {
-            return None;
-        };
-        if resp.status().is_success() {
-            return resp.json().await.ok();
-        }
-    }
-    None
-}
-
 /// Role -> the flag's value as each engine of its roles reports it, where it does: at
 /// the role's `effective_pointers` entry for the flag, else the default pointers.
 pub fn effective_values(
@@ -736,33 +677,4 @@ pub fn fmt_readback(readback: &Readback) -> String {
         .map(|(k, v)| format!("{k}={v}"))
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::path::PathBuf;
-
-    #[tokio::test]
-    async fn the_self_report_is_read_with_the_key_on_every_path() {
-        let addr = crate::test_http::keyed_engine().await;
-        let http = reqwest::Client::builder().no_proxy().build().unwrap();
-        let guessed = crate::config::RoleSpec::new(
-            "prefill",
-            PathBuf::new(),
-            format!("http://{addr}/health"),
-            None,
-        );
-        // Its health on a dead port: only the effective URL can answer for it.
-        let named = crate::config::RoleSpec {
-            health: "http://127.0.0.1:9/health".into(),
-            effective_url: Some(format!("http://{addr}/config")),
-            ..guessed.clone()
-        };
-        for role in [&named, &guessed] {
-            let doc = fetch_server_info(&http, role, Some(crate::test_http::KEY)).await;
-            assert!(doc.is_some_and(|d| d["pid"].is_u64()), "{role:?}");
-            assert_eq!(fetch_server_info(&http, role, None).await, None);
-        }
-    }
 }

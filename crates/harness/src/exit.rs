@@ -4,6 +4,9 @@
 //! could not run, 130 interrupted. `bisect probe` adds 1 (corrupted), 125 (could not tell)
 //! and 255 (another bisect holds the target: `git bisect run` aborts);
 //! `bisect matrix`/`merge` add 1 (a cell regressed); `bisect check` adds 1 (a check failed).
+//!
+//! A leaf: it knows no other module. Which error types are bad input is decided where
+//! every layer is known, in [`crate::commands::code_for_error`].
 
 use thiserror::Error;
 
@@ -40,24 +43,4 @@ pub enum Failure {
     /// `bisect probe` aborts `git bisect run` instead of skipping the commit.
     #[error("{0}")]
     Busy(String),
-}
-
-/// The exit code for an error that ended the command.
-pub fn code_for_error(err: &anyhow::Error) -> u8 {
-    for cause in err.chain() {
-        if let Some(f) = cause.downcast_ref::<Failure>() {
-            return match f {
-                Failure::BadInput(_) => BAD_INPUT,
-                Failure::CouldNotRun(_) | Failure::Busy(_) => COULD_NOT_RUN,
-                Failure::Interrupted => INTERRUPTED,
-            };
-        }
-        if cause.downcast_ref::<crate::config::ConfigError>().is_some() {
-            return BAD_INPUT;
-        }
-        if cause.downcast_ref::<crate::launch::LaunchError>().is_some() {
-            return BAD_INPUT;
-        }
-    }
-    COULD_NOT_RUN
 }

@@ -23,6 +23,8 @@ pub mod exit;
 pub mod fault;
 pub mod launch;
 #[cfg(test)]
+mod layering;
+#[cfg(test)]
 mod proptest_config;
 pub mod redact;
 pub mod results;

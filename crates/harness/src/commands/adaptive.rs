@@ -23,7 +23,6 @@ use crate::core::adaptive::{
     self, e_value_text, AdaptiveError, AdaptiveSpec, BlockOutcome, PairCheck, Schedule,
 };
 use crate::core::arm_stats::ArmLabel;
-use crate::core::classify::Classifier;
 use crate::core::confounds::{confounds, load_shortfall};
 use crate::core::format::percent_digits;
 use crate::core::phases::Phases;
@@ -150,7 +149,7 @@ impl Run<'_> {
         let editing = Instant::now();
         bed.pin(&self.plan.sets)?;
         self.phases.edit_s += editing.elapsed().as_secs_f64();
-        let classifier = Arc::new(Classifier::for_target(self.workload, &self.plan.target)?);
+        let classifier = Arc::new(self.plan.target.classifier(self.workload)?);
         while let Some(next) = self.schedule.next_block() {
             bed.check_cancelled()?;
             let mut workload = self.workload.clone();

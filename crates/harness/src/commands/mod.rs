@@ -9,3 +9,28 @@ pub mod matrix;
 pub mod probe;
 pub mod reclassify;
 pub mod run;
+
+use crate::config::ConfigError;
+use crate::exit::{self, Failure};
+use crate::launch::LaunchError;
+
+/// The exit code for an error that ended a command (docs/design.md 3.1): a
+/// [`Failure`] by its kind, a bad config file or launch config as bad input, anything
+/// else as could-not-run. Only this layer knows every error type.
+pub fn code_for_error(err: &anyhow::Error) -> u8 {
+    for cause in err.chain() {
+        if let Some(f) = cause.downcast_ref::<Failure>() {
+            return match f {
+                Failure::BadInput(_) => exit::BAD_INPUT,
+                Failure::CouldNotRun(_) | Failure::Busy(_) => exit::COULD_NOT_RUN,
+                Failure::Interrupted => exit::INTERRUPTED,
+            };
+        }
+        if cause.downcast_ref::<ConfigError>().is_some()
+            || cause.downcast_ref::<LaunchError>().is_some()
+        {
+            return exit::BAD_INPUT;
+        }
+    }
+    exit::COULD_NOT_RUN
+}

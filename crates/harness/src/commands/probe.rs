@@ -35,7 +35,6 @@ use crate::commands::run::now;
 use crate::config::{FlagCatalog, TargetProfile, Workload};
 use crate::control::EngineControl;
 use crate::core::arm_stats::ArmLabel;
-use crate::core::classify::Classifier;
 use crate::core::confounds::load_shortfall;
 use crate::core::format;
 use crate::core::verdict::Policy;
@@ -289,7 +288,7 @@ pub async fn run_probe(
     let outcome = async {
         let restarted = bed.restart("probe").await?;
         // The profile's markup families decide what a leak is, as in `bisect run`.
-        let classifier = Arc::new(Classifier::for_target(&plan.workload, &plan.target)?);
+        let classifier = Arc::new(plan.target.classifier(&plan.workload)?);
         let block = BlockName {
             label: ArmLabel::Probe.as_str(),
             value: "as-is",

@@ -605,7 +605,10 @@ mod tests {
         let mut other = w.clone();
         other.seed += 1;
         let err = reclassify_session(&c, &other, &salad_session(&w)).unwrap_err();
-        assert_eq!(crate::exit::code_for_error(&err), crate::exit::BAD_INPUT);
+        assert_eq!(
+            crate::commands::code_for_error(&err),
+            crate::exit::BAD_INPUT
+        );
         assert!(format!("{err}").contains("--workload FILE"), "{err}");
     }
 

@@ -132,7 +132,7 @@ async fn run_blocks(
     let editing = Instant::now();
     bed.pin(&plan.sets)?;
     phases.edit_s += editing.elapsed().as_secs_f64();
-    let classifier = Arc::new(Classifier::for_target(&plan.workload, &plan.target)?);
+    let classifier = Arc::new(plan.target.classifier(&plan.workload)?);
     for (label, repeat) in arm_order(plan.repeats) {
         bed.check_cancelled()?;
         let block = BlockSpec {

@@ -13,65 +13,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::{read_text, ConfigError, Source, TargetProfile};
-
-/// Where a flag lives in a launch config.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Setting {
-    /// `export VAR=VALUE` / `VAR=VALUE` lines.
-    Env(String),
-    /// `--arg VALUE` in the launch command.
-    Arg(String),
-    /// `--switch` present (on) / absent (off).
-    Switch(String),
-}
-
-impl Setting {
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Setting::Env(_) => "env",
-            Setting::Arg(_) => "arg",
-            Setting::Switch(_) => "switch",
-        }
-    }
-    pub fn key(&self) -> &str {
-        match self {
-            Setting::Env(k) | Setting::Arg(k) | Setting::Switch(k) => k,
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct FlagSpec {
-    pub name: String,
-    pub doc: String,
-    pub setting: Setting,
-    pub roles: Vec<String>,
-    pub on: String,
-    pub off: String,
-    pub source: PathBuf,
-}
-
-impl FlagSpec {
-    /// The value an arm labelled `on` or `off` writes.
-    pub fn value_for(&self, on: bool) -> &str {
-        if on {
-            &self.on
-        } else {
-            &self.off
-        }
-    }
-
-    /// The `flag` object of run.json (docs/design.md 3.6): name, env|arg|switch, roles, on, off.
-    pub fn to_json(&self) -> serde_json::Value {
-        let mut obj = serde_json::Map::new();
-        obj.insert("name".into(), self.name.clone().into());
-        obj.insert(self.setting.kind().into(), self.setting.key().into());
-        obj.insert("roles".into(), self.roles.clone().into());
-        obj.insert("on".into(), self.on.clone().into());
-        obj.insert("off".into(), self.off.clone().into());
-        serde_json::Value::Object(obj)
-    }
-}
+pub use crate::core::flag::{FlagSpec, Setting};
 
 /// How a flag's roles meet a target's roles ([`FlagCatalog::coverage`]).
 #[derive(Debug, Clone, PartialEq, Eq)]

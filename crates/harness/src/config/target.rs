@@ -297,6 +297,17 @@ fn rejections(
 }
 
 impl TargetProfile {
+    /// The classifier of every command that drives this target: the workload's tools,
+    /// the profile's markup families (what counts as a leak on this engine) and its
+    /// rejection patterns (which error replies are the engine refusing a tool call).
+    pub fn classifier(
+        &self,
+        workload: &super::Workload,
+    ) -> anyhow::Result<crate::core::classify::Classifier> {
+        crate::core::classify::Classifier::new(&workload.tools, &self.markup)?
+            .with_rejections(&self.rejections)
+    }
+
     /// Loads and validates a profile; launch paths are resolved relative to the
     /// profile's directory and must exist.
     pub fn load(path: &Path) -> Result<TargetProfile, ConfigError> {

@@ -12,7 +12,7 @@
 
 use serde_json::Value;
 
-use crate::config::{FlagSpec, Setting};
+use crate::core::flag::{FlagSpec, Setting};
 
 /// The key an engine reports a setting under: env variables as they are, command-line
 /// arguments and switches the way argument parsers name them (`--enable-hierarchical-cache`

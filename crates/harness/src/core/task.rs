@@ -4,9 +4,9 @@
 //! index (ChaCha8 seeded from `workload.seed`, the index and a purpose tag), so both arms
 //! of an experiment, and every rerun, see exactly the same conversations.
 
-use crate::config::{TaskSpec, ToolSpec, Workload};
 use crate::core::classify::ExpectedCall;
 use crate::core::session::ChatMessage;
+use crate::core::workload::{TaskSpec, ToolSpec, Workload};
 use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;

@@ -6,8 +6,8 @@
 //! arm and repeat. Here: choosing the arguments to fill from, and the `role: "tool"`
 //! message that carries the result back.
 
-use crate::config::ToolSpec;
 use crate::core::session::{ChatMessage, ToolCall};
+use crate::core::workload::ToolSpec;
 use serde_json::{Map, Value};
 
 /// The result of `call`, filled from the arguments the model actually sent; when those

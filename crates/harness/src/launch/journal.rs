@@ -1190,7 +1190,7 @@ mod tests {
         assert!(msg.contains(&format!("pid {}", child.id())), "{msg}");
         assert!(msg.contains("bisect run") && msg.contains("fix:"), "{msg}");
         assert_eq!(
-            crate::exit::code_for_error(&err),
+            crate::commands::code_for_error(&err),
             crate::exit::COULD_NOT_RUN
         );
         assert_eq!(s.text(1), edited, "the refused editor touched nothing");

@@ -457,7 +457,7 @@ mod tests {
             "{msg}"
         );
         assert_eq!(
-            crate::exit::code_for_error(&err),
+            crate::commands::code_for_error(&err),
             crate::exit::COULD_NOT_RUN
         );
 

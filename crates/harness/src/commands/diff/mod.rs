@@ -379,19 +379,28 @@ pub(crate) mod tests {
         // Not even a full record: the kinds are compared before anything is parsed.
         std::fs::write(matrix_dir.join("matrix.json"), r#"{"cells": []}"#).unwrap();
         let err = diff_dirs(&run_dir, &matrix_dir).unwrap_err();
-        assert_eq!(crate::exit::code_for_error(&err), crate::exit::BAD_INPUT);
+        assert_eq!(
+            crate::commands::code_for_error(&err),
+            crate::exit::BAD_INPUT
+        );
         assert!(
             format!("{err}").contains("cannot diff a run against a matrix"),
             "{err}"
         );
         let err = diff_dirs(&run_dir, &empty).unwrap_err();
-        assert_eq!(crate::exit::code_for_error(&err), crate::exit::BAD_INPUT);
+        assert_eq!(
+            crate::commands::code_for_error(&err),
+            crate::exit::BAD_INPUT
+        );
         assert!(
             format!("{err}").contains(&empty.join("run.json").display().to_string()),
             "{err}"
         );
         let err = diff_dirs(&matrix_dir, &matrix_dir).unwrap_err();
-        assert_eq!(crate::exit::code_for_error(&err), crate::exit::BAD_INPUT);
+        assert_eq!(
+            crate::commands::code_for_error(&err),
+            crate::exit::BAD_INPUT
+        );
         assert!(format!("{err}").contains("not a matrix record"), "{err}");
     }
 

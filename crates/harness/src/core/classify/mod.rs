@@ -35,8 +35,8 @@ use serde_json::{Map, Value};
 pub use markup::{MarkupFamily, UnknownFamily};
 pub use rejection::{BadRejection, RejectionPattern, RejectionSet};
 
-use crate::config::{CheckArgs, TargetProfile, ToolSpec, Workload};
 use crate::core::session::{ChatMessage, RoundClass, ToolCall};
+use crate::core::workload::{CheckArgs, ToolSpec};
 use markup::{Hit, MarkupSet};
 
 /// Evidence is kept to about this many characters: enough to show the salad, short
@@ -146,13 +146,6 @@ impl Classifier {
     pub fn with_rejections(mut self, patterns: &[RejectionPattern]) -> anyhow::Result<Self> {
         self.rejections = RejectionSet::new(patterns)?;
         Ok(self)
-    }
-
-    /// The classifier of every command that drives a target: the workload's tools, the
-    /// target profile's markup families (what counts as a leak on that engine) and its
-    /// rejection patterns (which error replies are the engine refusing a tool call).
-    pub fn for_target(workload: &Workload, target: &TargetProfile) -> anyhow::Result<Self> {
-        Classifier::new(&workload.tools, &target.markup)?.with_rejections(&target.rejections)
     }
 
     /// All markup families.

@@ -13,8 +13,8 @@ use serde_json::{json, Map, Value};
 
 use super::markup::{MarkupFamily, MarkupSet};
 use super::{Classifier, ExpectedCall, RoundOutcome, EVIDENCE_MAX_CHARS};
-use crate::config::{CheckArgs, ToolSpec};
 use crate::core::session::{ChatMessage, FunctionCall, RoundClass, ToolCall};
+use crate::core::workload::{CheckArgs, ToolSpec};
 use crate::proptest_config::config;
 
 fn tools() -> Vec<ToolSpec> {

@@ -1,0 +1,429 @@
+//! Engine control: bring a target's roles up with a given launch config and down again.
+//!
+//! Two ways, per role (docs/design.md 3.2): a `restart` command run through `sh -c` and
+//! checked, or, without one, `sh LAUNCH` spawned by bisect in its own process group with
+//! stdout/stderr captured under the run's `logs/`. Either way the role is then waited on
+//! at its health URL. Everything here sits behind [`EngineControl`] so the experiment
+//! can be driven against fakes without processes.
+//!
+//! Bisect owns what it starts: before restarting anything, the controller holds the lock
+//! of every launch config of the target (shared with this process's editor, or taken:
+//! a probe edits nothing but must neither restart engines nor read configs that another
+//! bisect has edited, nor let one start meanwhile). Every spawned role's process group
+//! is recorded (with its leader's start time) in its launch config's state, so that
+//! after a kill -9 the next bisect kills exactly those groups; every child also gets
+//! `PR_SET_PDEATHSIG(SIGKILL)` on Linux. A restart command runs in its own process
+//! group with a timeout (`restart_timeout_s`), and Ctrl-C kills that group at once.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context};
+use futures::future::BoxFuture;
+use tokio::process::Child;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{RoleSpec, TargetProfile};
+use crate::exit::Failure;
+use crate::launch::{self, SpawnedGroup, TargetLocks};
+
+mod processes;
+mod self_report;
+
+pub use processes::log_tail;
+use processes::{
+    run_restart_command, spawn_launch, stop_child, truncate, RestartWatch, RESTART_PROOF_GRACE_S,
+};
+pub use self_report::fetch_server_info;
+
+/// What an arm needs from engine control. Object-safe async without a macro crate: the
+/// methods return boxed futures.
+pub trait EngineControl: Send {
+    /// Start every role with its launch config as it is now on disk (a role with a
+    /// restart command: restart it), then wait until all are healthy. `label` names the
+    /// arm (used for log file names). Returns the health wait per role in seconds.
+    ///
+    /// The caller has stopped what this controller started ([`EngineControl::stop`]):
+    /// the arm lifecycle stops once, then checks that nothing answers where bisect is
+    /// about to spawn, then restarts ([`crate::arm::Testbed::restart`]).
+    fn restart<'a>(
+        &'a mut self,
+        label: &'a str,
+        cancel: &'a CancellationToken,
+    ) -> BoxFuture<'a, anyhow::Result<BTreeMap<String, f64>>>;
+
+    /// Stop whatever this controller started (spawned roles). Idempotent.
+    fn stop(&mut self) -> BoxFuture<'_, anyhow::Result<()>>;
+
+    /// Hold the target's launch configs for as long as this controller lives: refused
+    /// (exit 3, naming the file and its holder) while another bisect holds any of them,
+    /// and no other bisect starts on them meanwhile. A command that edits them already
+    /// holds them through its editor; a probe, which only reads them, calls this first.
+    /// Returns what was undone of a dead bisect's leftovers, one line each for the user.
+    /// Restarting claims them too.
+    fn claim(&mut self) -> anyhow::Result<Vec<String>> {
+        Ok(Vec::new())
+    }
+
+    /// Per role, for the latest restart: an upper bound on the health poller's padding,
+    /// the time from the last probe that found the role unhealthy to the probe that
+    /// found it healthy (the engine became ready somewhere in between). Empty where the
+    /// controller does not poll.
+    fn health_padding(&self) -> BTreeMap<String, f64> {
+        BTreeMap::new()
+    }
+}
+
+/// The health poller's first gap between probes; it grows by half each probe up to
+/// [`HEALTH_POLL_MAX`]. Probes of a port nothing listens on are refused at once, so
+/// polling often costs little, and the padding between an engine being ready and bisect
+/// noticing stays below the longest gap (it was up to 200 ms with a fixed interval).
+const HEALTH_POLL_FIRST: Duration = Duration::from_millis(2);
+const HEALTH_POLL_MAX: Duration = Duration::from_millis(20);
+
+/// Real processes: restart commands or spawned launch scripts.
+pub struct ProcessControl {
+    roles: Vec<RoleSpec>,
+    /// The variable holding the API key: removed from engines' environments unless
+    /// their role says `pass_api_key = true`.
+    api_key_env: Option<String>,
+    /// The key itself, sent with every read of an engine's self-report (a restart's
+    /// proof, a spawned role's ownership check) as the lifecycle's reads send it.
+    api_key: Option<String>,
+    logs_dir: PathBuf,
+    http: reqwest::Client,
+    spawned: Vec<Spawned>,
+    /// The locks of the target's launch configs, taken at the first claim or restart
+    /// (shared with this process's launch-config editor when it holds them already).
+    state: Option<TargetLocks>,
+    state_root: PathBuf,
+    /// Role -> padding bound of the latest restart ([`EngineControl::health_padding`]).
+    padding: BTreeMap<String, f64>,
+}
+
+struct Spawned {
+    role: String,
+    child: Child,
+    log: PathBuf,
+    /// The state directory where its group is recorded (its launch config's).
+    state_dir: Option<PathBuf>,
+}
+
+impl ProcessControl {
+    /// Control of `target`'s roles, their logs under `logs_dir`; `api_key` is the key
+    /// `api_key_env` names, where the target has one.
+    pub fn new(
+        target: &TargetProfile,
+        logs_dir: &Path,
+        api_key: Option<String>,
+    ) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(logs_dir)
+            .with_context(|| format!("creating logs directory {}", logs_dir.display()))?;
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(3))
+            .build()?;
+        Ok(ProcessControl {
+            roles: target.roles.clone(),
+            api_key_env: target.api_key_env.clone(),
+            api_key,
+            logs_dir: logs_dir.to_path_buf(),
+            http,
+            spawned: Vec::new(),
+            state: None,
+            state_root: launch::state_root(),
+            padding: BTreeMap::new(),
+        })
+    }
+
+    fn api_key(&self) -> Option<&str> {
+        self.api_key.as_deref()
+    }
+
+    /// Keeps the target's state under `root` instead of `$XDG_STATE_HOME/bisect`.
+    pub fn with_state_root(mut self, root: &Path) -> Self {
+        self.state_root = root.to_path_buf();
+        self
+    }
+
+    /// The locks of every launch config of the target (refused while another live
+    /// bisect holds any of them); the lines say what was recovered on taking them.
+    fn hold(&mut self) -> anyhow::Result<Vec<String>> {
+        if self.state.is_some() {
+            return Ok(Vec::new());
+        }
+        let files: Vec<PathBuf> = self.roles.iter().map(|r| r.launch.clone()).collect();
+        let (locks, recovery) = launch::lock_target(&self.state_root, &files)?;
+        self.state = Some(locks);
+        Ok(recovery.lines())
+    }
+
+    /// The state directory of `role`'s launch config (its locks held).
+    fn state_dir(&mut self, role: &RoleSpec) -> anyhow::Result<PathBuf> {
+        self.hold()?;
+        self.state
+            .as_ref()
+            .context("the launch configs are held")?
+            .dir_of(&role.launch)
+    }
+
+    async fn stop_all(&mut self) -> anyhow::Result<()> {
+        let mut first_err = None;
+        for mut s in self.spawned.drain(..) {
+            let pgid = s.child.id();
+            if let Err(e) = stop_child(&mut s.child).await {
+                first_err.get_or_insert(anyhow!("stopping role {}: {e:#}", s.role));
+            } else if let (Some(pgid), Some(dir)) = (pgid, &s.state_dir) {
+                if let Err(e) = launch::forget_group(dir, pgid) {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    async fn restart_all(
+        &mut self,
+        label: &str,
+        cancel: &CancellationToken,
+    ) -> anyhow::Result<BTreeMap<String, f64>> {
+        // The one stop is the caller's, before its foreign-engine check: an engine of ours
+        // still running here would be a second engine on the role's port.
+        if let Some(running) = self.spawned.first() {
+            return Err(anyhow!(
+                "restarting while role {} is still running: stop the engines first",
+                running.role
+            ));
+        }
+        // Restart commands take no lock of their own: without this, a restart could act
+        // on engines whose configs another bisect has edited. What was recovered on
+        // taking the locks here was the claim's to report; a command that restarts
+        // claims first or holds the configs through its editor.
+        self.hold()?;
+        let roles = self.roles.clone();
+        let key_env = self.api_key_env.clone();
+        let hide_key = |role: &RoleSpec| key_env.clone().filter(|_| !role.pass_api_key);
+        let mut watches = BTreeMap::new();
+        for role in &roles {
+            match &role.restart {
+                Some(cmd) => {
+                    // Who answers before the command runs, and whether health goes down
+                    // while it runs: the evidence that the restart happened.
+                    let watch = RestartWatch::start(&self.http, role, self.api_key()).await;
+                    run_restart_command(role, cmd, &self.logs_dir, label, cancel, hide_key(role))
+                        .await?;
+                    watches.insert(role.name.clone(), watch);
+                }
+                None => {
+                    let state_dir = self.state_dir(role)?;
+                    let mut spawned = spawn_launch(role, &self.logs_dir, label, hide_key(role))?;
+                    spawned.state_dir = Some(state_dir.clone());
+                    let pgid = spawned.child.id();
+                    self.spawned.push(spawned);
+                    if let Some(pgid) = pgid {
+                        launch::record_group(
+                            &state_dir,
+                            SpawnedGroup {
+                                role: role.name.clone(),
+                                pgid,
+                                start_ticks: launch::start_ticks(pgid).unwrap_or(0),
+                                owner_pid: std::process::id(),
+                            },
+                        )?;
+                    }
+                }
+            }
+        }
+        crate::fault::pause("restarting");
+        let mut waits = BTreeMap::new();
+        self.padding.clear();
+        for role in &roles {
+            let started = Instant::now();
+            let watch = watches.remove(&role.name);
+            let padding = self.wait_healthy(role, watch.as_ref(), cancel).await?;
+            if watch.is_none() {
+                self.check_own_engine(role).await?;
+            }
+            waits.insert(role.name.clone(), started.elapsed().as_secs_f64());
+            self.padding.insert(role.name.clone(), padding);
+        }
+        Ok(waits)
+    }
+
+    /// A spawned role's engine that reports its pid must be in the process group bisect
+    /// started for it: anything else answering there is an engine bisect did not start.
+    async fn check_own_engine(&self, role: &RoleSpec) -> anyhow::Result<()> {
+        let Some(group) = self
+            .spawned
+            .iter()
+            .find(|s| s.role == role.name)
+            .and_then(|s| s.child.id())
+        else {
+            return Ok(());
+        };
+        let Some(info) =
+            crate::control::fetch_server_info(&self.http, role, self.api_key.as_deref()).await
+        else {
+            return Ok(());
+        };
+        let Some(pid) = info.get("pid").and_then(|p| p.as_u64()) else {
+            return Ok(());
+        };
+        match launch::process_group_of(pid as u32) {
+            Some(pgid) if pgid == group => Ok(()),
+            found => Err(Failure::CouldNotRun(format!(
+                "the engine answering on {} for role {} reports pid {pid}, which is not in the \
+                 process group {group} bisect started for it ({}): an engine bisect did not start \
+                 would be measured\n  fix: stop that process (a run killed with -9 leaves its \
+                 engines running), or give the role another port in its launch config",
+                role.health,
+                role.name,
+                match found {
+                    Some(other) => format!("its group is {other}"),
+                    None => "no such process here".to_string(),
+                }
+            ))
+            .into()),
+        }
+    }
+
+    /// Polls the role's health URL until it answers 2xx; returns the padding bound in
+    /// seconds (from the end of the last failed probe to the healthy answer; 0 when the
+    /// first probe found it healthy).
+    async fn wait_healthy(
+        &mut self,
+        role: &RoleSpec,
+        watch: Option<&RestartWatch>,
+        cancel: &CancellationToken,
+    ) -> anyhow::Result<f64> {
+        let deadline = Instant::now() + Duration::from_secs(role.health_timeout_s.max(1));
+        let grace = Duration::from_secs(role.health_timeout_s.clamp(1, RESTART_PROOF_GRACE_S));
+        let mut unproven_since: Option<Instant> = None;
+        let mut paused = false;
+        let mut gap = HEALTH_POLL_FIRST;
+        let mut last_failed: Option<Instant> = None;
+        loop {
+            if !paused {
+                paused = true;
+                crate::fault::pause("health");
+            }
+            if cancel.is_cancelled() {
+                return Err(Failure::Interrupted.into());
+            }
+            if let Some(s) = self.spawned.iter_mut().find(|s| s.role == role.name) {
+                if let Some(status) = s.child.try_wait()? {
+                    return Err(Failure::CouldNotRun(format!(
+                        "role {} exited with {status} before becoming healthy; last lines of {}:\n{}",
+                        role.name,
+                        s.log.display(),
+                        log_tail(&s.log, 20)
+                    ))
+                    .into());
+                }
+            }
+            let last = match self.http.get(&role.health).send().await {
+                Ok(resp) if resp.status().is_success() => {
+                    let padding = last_failed.map_or(0.0, |t| t.elapsed().as_secs_f64());
+                    let Some(watch) = watch else {
+                        return Ok(padding);
+                    };
+                    match watch.proof(&self.http, role, self.api_key()).await {
+                        Ok(()) => return Ok(padding),
+                        Err(why) => {
+                            let since = *unproven_since.get_or_insert_with(Instant::now);
+                            if since.elapsed() >= grace || Instant::now() >= deadline {
+                                return Err(Failure::CouldNotRun(format!(
+                                    "restart of {} did not happen: {why}\n  fix: make the role's \
+                                     restart command really restart the engine (a restart, not a \
+                                     reload; the right service or container), or have the engine \
+                                     report `pid` and `started_at` at its effective-config URL so a \
+                                     fast restart can be told apart",
+                                    role.name
+                                ))
+                                .into());
+                            }
+                            format!("HTTP 200, but {why}")
+                        }
+                    }
+                }
+                Ok(resp) => {
+                    let status = resp.status();
+                    let body = resp.text().await.unwrap_or_default();
+                    format!("HTTP {status}: {}", truncate(&body, 200))
+                }
+                Err(e) => format!("{e}"),
+            };
+            if Instant::now() >= deadline {
+                let tail = self
+                    .spawned
+                    .iter()
+                    .find(|s| s.role == role.name)
+                    .map(|s| {
+                        format!(
+                            "\nlast lines of {}:\n{}",
+                            s.log.display(),
+                            log_tail(&s.log, 20)
+                        )
+                    })
+                    .unwrap_or_default();
+                return Err(Failure::CouldNotRun(format!(
+                    "role {} not healthy at {} after {} s (last: {last}){tail}",
+                    role.name, role.health, role.health_timeout_s
+                ))
+                .into());
+            }
+            last_failed = Some(Instant::now());
+            tokio::select! {
+                _ = cancel.cancelled() => return Err(Failure::Interrupted.into()),
+                _ = tokio::time::sleep(gap) => {}
+            }
+            gap = (gap * 3 / 2).min(HEALTH_POLL_MAX);
+        }
+    }
+}
+
+impl EngineControl for ProcessControl {
+    fn restart<'a>(
+        &'a mut self,
+        label: &'a str,
+        cancel: &'a CancellationToken,
+    ) -> BoxFuture<'a, anyhow::Result<BTreeMap<String, f64>>> {
+        Box::pin(self.restart_all(label, cancel))
+    }
+
+    fn stop(&mut self) -> BoxFuture<'_, anyhow::Result<()>> {
+        Box::pin(self.stop_all())
+    }
+
+    fn claim(&mut self) -> anyhow::Result<Vec<String>> {
+        self.hold()
+    }
+
+    fn health_padding(&self) -> BTreeMap<String, f64> {
+        self.padding.clone()
+    }
+}
+
+impl Drop for ProcessControl {
+    fn drop(&mut self) {
+        // Last resort (panic or early return): never leave engines running behind us.
+        for s in &self.spawned {
+            if let Some(pid) = s.child.id() {
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+                if let Some(dir) = &s.state_dir {
+                    let _ = launch::forget_group(dir, pid);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,282 @@
+//! Engine control against real processes and a live HTTP health endpoint.
+
+use super::*;
+
+/// A one-role target on a dead port.
+fn solo_target(launch: PathBuf, restart: Option<&str>, health_timeout_s: u64) -> TargetProfile {
+    // A profile's launch config exists (loading checks it), and restarting takes its
+    // lock even where a restart command does the work.
+    if !launch.exists() {
+        std::fs::write(&launch, "#!/bin/sh\n").unwrap();
+    }
+    TargetProfile {
+        name: "t".into(),
+        api: "http://127.0.0.1:9/v1".into(),
+        model: "m".into(),
+        api_key_env: None,
+        roles: vec![RoleSpec {
+            name: "solo".into(),
+            launch,
+            restart: restart.map(String::from),
+            health: "http://127.0.0.1:9/health".into(),
+            metrics: None,
+            health_timeout_s,
+            restart_timeout_s: 300,
+            ..RoleSpec::new("solo", PathBuf::new(), String::new(), None)
+        }],
+        source: None,
+        engine: Default::default(),
+        markup: crate::core::classify::MarkupFamily::ALL.to_vec(),
+        flags_dir: None,
+        rejections: Vec::new(),
+    }
+}
+
+#[test]
+fn log_tail_keeps_last_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("x.log");
+    std::fs::write(&p, "a\nb\nc\nd\n").unwrap();
+    assert_eq!(log_tail(&p, 2), "c\nd");
+    assert_eq!(log_tail(&p, 10), "a\nb\nc\nd");
+}
+
+/// A one-role target whose role bisect spawns from `script`, written into `dir`.
+fn spawned_solo(dir: &Path, script: &str, health_timeout_s: u64) -> TargetProfile {
+    let launch = dir.join("role.sh");
+    std::fs::write(&launch, script).unwrap();
+    solo_target(launch, None, health_timeout_s)
+}
+
+/// Control of `target` without an API key, its logs and state kept in `dir`.
+fn control_in(dir: &Path, target: &TargetProfile) -> ProcessControl {
+    ProcessControl::new(target, &dir.join("logs"), None)
+        .unwrap()
+        .with_state_root(&dir.join("state"))
+}
+
+/// The error of a restart that must fail.
+async fn failed_restart(ctl: &mut ProcessControl, label: &str) -> anyhow::Error {
+    ctl.restart(label, &CancellationToken::new())
+        .await
+        .unwrap_err()
+}
+
+#[tokio::test]
+async fn spawned_role_that_exits_reports_its_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = "echo starting up\necho boom >&2\nexit 7\n";
+    let mut ctl = control_in(dir.path(), &spawned_solo(dir.path(), script, 30));
+    let err = failed_restart(&mut ctl, "on").await;
+    let msg = format!("{err:#}");
+    assert!(msg.contains("exited"), "{msg}");
+    assert!(msg.contains("boom"), "{msg}");
+    assert_eq!(
+        crate::commands::code_for_error(&err),
+        crate::exit::COULD_NOT_RUN
+    );
+    ctl.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_restart_does_not_stop_for_its_caller_and_refuses_over_a_running_role() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ctl = control_in(dir.path(), &spawned_solo(dir.path(), "exec sleep 600\n", 1));
+    // Never healthy on the dead port: the spawned role is left running.
+    let err = failed_restart(&mut ctl, "on").await;
+    assert!(format!("{err:#}").contains("not healthy"), "{err:#}");
+    let err = failed_restart(&mut ctl, "off").await;
+    assert!(format!("{err:#}").contains("still running"), "{err:#}");
+    ctl.stop().await.unwrap();
+    assert!(ctl.spawned.is_empty());
+}
+
+/// What a spawned role sees of `$HOME` when the profile names HOME as the API key's
+/// variable (a variable every test environment has, so no test sets one).
+async fn home_seen_by_spawned_role(pass_api_key: bool) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let mut target = spawned_solo(dir.path(), "echo \"home=[$HOME]\"\nexit 7\n", 30);
+    target.api_key_env = Some("HOME".into());
+    target.roles[0].pass_api_key = pass_api_key;
+    let mut ctl = control_in(dir.path(), &target);
+    let err = failed_restart(&mut ctl, "on").await;
+    ctl.stop().await.unwrap();
+    let msg = format!("{err:#}");
+    let at = msg
+        .find("home=[")
+        .expect("the role's output is in the error");
+    msg[at..].lines().next().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn spawned_roles_do_not_inherit_the_key_variable_unless_the_profile_says() {
+    let home = std::env::var("HOME").expect("tests run with HOME set");
+    assert_eq!(home_seen_by_spawned_role(false).await, "home=[]");
+    assert_eq!(
+        home_seen_by_spawned_role(true).await,
+        format!("home=[{home}]")
+    );
+}
+
+fn solo_with_restart_timeout(dir: &Path, cmd: &str, restart_timeout_s: u64) -> TargetProfile {
+    let mut target = solo_target(dir.join("unused.sh"), Some(cmd), 1);
+    target.roles[0].restart_timeout_s = restart_timeout_s;
+    target
+}
+
+/// The pid the restart command wrote, once it has started.
+async fn restart_pid(path: &Path) -> i32 {
+    loop {
+        if let Some(pid) = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+        {
+            return pid;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn group_gone(pgid: i32) -> bool {
+    nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), None).is_err()
+}
+
+#[tokio::test]
+async fn cancelling_a_hanging_restart_command_kills_its_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("restart.pid");
+    let cmd = format!("echo $$ > {}; sleep 600 & wait", pid_file.display());
+    let target = solo_with_restart_timeout(dir.path(), &cmd, 600);
+    let mut ctl = control_in(dir.path(), &target);
+    let cancel = CancellationToken::new();
+    let canceller = {
+        let cancel = cancel.clone();
+        let pid_file = pid_file.clone();
+        tokio::spawn(async move {
+            let pid = restart_pid(&pid_file).await;
+            cancel.cancel();
+            pid
+        })
+    };
+    let err = ctl.restart("on", &cancel).await.unwrap_err();
+    assert_eq!(
+        crate::commands::code_for_error(&err),
+        crate::exit::INTERRUPTED
+    );
+    let pgid = canceller.await.unwrap();
+    // SIGKILL is delivered before wait() returns for the leader; its background
+    // child may take a moment to be reaped by init.
+    for _ in 0..500 {
+        if group_gone(pgid) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        std::fs::read_dir("/proc").unwrap().all(|e| {
+            let stat = std::fs::read_to_string(e.unwrap().path().join("stat")).unwrap_or_default();
+            let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            !(fields.len() > 2 && fields[2] == pgid.to_string() && fields[0] != "Z")
+        }),
+        "a live member of the restart command's group {pgid} survived"
+    );
+}
+
+#[tokio::test]
+async fn a_restart_command_past_its_timeout_is_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = solo_with_restart_timeout(dir.path(), "echo hanging; sleep 600", 1);
+    let mut ctl = control_in(dir.path(), &target);
+    let err = failed_restart(&mut ctl, "on").await;
+    let msg = format!("{err:#}");
+    assert!(msg.contains("did not finish within 1 s"), "{msg}");
+    assert!(msg.contains("hanging") && msg.contains("fix:"), "{msg}");
+    assert_eq!(
+        crate::commands::code_for_error(&err),
+        crate::exit::COULD_NOT_RUN
+    );
+}
+
+#[tokio::test]
+async fn a_restart_is_proven_through_an_effective_url_that_wants_the_key() {
+    let addr = crate::test_http::keyed_engine().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut target = solo_target(dir.path().join("unused.sh"), Some("true"), 1);
+    target.roles[0].health = format!("http://{addr}/health");
+    target.roles[0].effective_url = Some(format!("http://{addr}/config"));
+    // Health never goes down, so only the pid read with the key proves the restart.
+    let mut ctl = ProcessControl::new(
+        &target,
+        &dir.path().join("logs"),
+        Some(crate::test_http::KEY.into()),
+    )
+    .unwrap()
+    .with_state_root(&dir.path().join("state"));
+    ctl.restart("on", &CancellationToken::new()).await.unwrap();
+    // Without the key the engine says nothing about itself: no proof.
+    let mut keyless = control_in(dir.path(), &target);
+    let err = failed_restart(&mut keyless, "off").await;
+    assert!(format!("{err:#}").contains("did not happen"), "{err:#}");
+}
+
+/// Issue: restart commands took no lock, so a probe restarted the engines in the
+/// middle of a run's arm. Restarting (and a probe's claim) now holds the launch
+/// configs first.
+#[tokio::test]
+async fn no_restart_command_runs_while_another_bisect_holds_the_launch_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let ran = dir.path().join("ran");
+    let target = solo_target(
+        dir.path().join("solo.sh"),
+        Some(&format!("touch '{}'", ran.display())),
+        1,
+    );
+    let mut other = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    let canonical = std::fs::canonicalize(&target.roles[0].launch).unwrap();
+    let state = crate::launch::state_root_for_tests(&dir.path().join("state"), &[canonical]);
+    std::fs::create_dir_all(&state).unwrap();
+    let owner = serde_json::json!({
+        "pid": other.id(),
+        "start_ticks": launch::start_ticks(other.id()).unwrap(),
+        "cmdline": "bisect run --flag X",
+        "started_at": "earlier",
+    });
+    std::fs::write(state.join("lock.json"), owner.to_string()).unwrap();
+
+    let mut ctl = control_in(dir.path(), &target);
+    let err = ctl.claim().unwrap_err();
+    assert!(
+        format!("{err:#}").contains("in use by another bisect"),
+        "{err:#}"
+    );
+    let err = failed_restart(&mut ctl, "on").await;
+    assert!(
+        format!("{err:#}").contains(&format!("pid {}", other.id())),
+        "{err:#}"
+    );
+    assert!(!ran.exists(), "the restart command did not run");
+    other.kill().unwrap();
+    other.wait().unwrap();
+    // The holder gone, its lock is stale and taken over.
+    ctl.claim().unwrap();
+    assert!(std::fs::read_to_string(state.join("lock.json"))
+        .unwrap()
+        .contains(&format!("\"pid\": {}", std::process::id())));
+}
+
+#[tokio::test]
+async fn failing_restart_command_is_could_not_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = solo_target(dir.path().join("unused.sh"), Some("echo nope; exit 3"), 1);
+    let mut ctl = control_in(dir.path(), &target);
+    let err = failed_restart(&mut ctl, "off").await;
+    assert!(format!("{err:#}").contains("nope"));
+    assert_eq!(
+        crate::commands::code_for_error(&err),
+        crate::exit::COULD_NOT_RUN
+    );
+}
