@@ -11,7 +11,7 @@ use bisect_harness::commands::culprit;
 use bisect_harness::commands::probe::{self, Outcome};
 use bisect_harness::commands::run as experiment;
 use bisect_harness::exit::{self, Failure};
-use bisect_harness::results::table;
+use bisect_harness::results::{table, Exporter};
 
 pub async fn run(args: &RunArgs) -> anyhow::Result<ExitCode> {
     let output = &args.common.output;
@@ -29,7 +29,7 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<ExitCode> {
     print_record(
         output.json,
         || serde_json::to_string_pretty(&record),
-        || table::render(&record),
+        || table::RunTable.render(&record),
         &plan.run_dir,
     )?;
     Ok(ExitCode::SUCCESS)
@@ -46,7 +46,7 @@ pub async fn culprit(args: &CulpritArgs) -> anyhow::Result<ExitCode> {
     print_record(
         output.json,
         || serde_json::to_string_pretty(&record),
-        || culprit::record::render_table(&record),
+        || culprit::export::table::CulpritTable.render(&record),
         &plan.dir,
     )?;
     Ok(ExitCode::SUCCESS)
@@ -82,7 +82,7 @@ pub async fn probe(args: &ProbeArgs) -> anyhow::Result<ExitCode> {
     print_record(
         args.output.json,
         || serde_json::to_string_pretty(&record),
-        || format!("probe: {outcome:?}: {}\n", record.reason),
+        || Ok(format!("probe: {outcome:?}: {}\n", record.reason)),
         &plan.run_dir,
     )?;
     Ok(ExitCode::from(outcome.exit_code()))

@@ -101,14 +101,14 @@ fn progress(json: bool) -> Box<dyn Progress> {
 fn print_record(
     json: bool,
     to_json: impl FnOnce() -> serde_json::Result<String>,
-    table: impl FnOnce() -> String,
+    table: impl FnOnce() -> anyhow::Result<String>,
     dir: &Path,
 ) -> anyhow::Result<()> {
     use bisect_harness::redact::scrub;
     if json {
         println!("{}", scrub(&to_json()?));
     } else {
-        print!("{}", scrub(&table()));
+        print!("{}", scrub(&table()?));
         println!("results: {}", dir.display());
     }
     Ok(())

@@ -9,9 +9,9 @@ use serde_json::Value;
 
 use crate::cli::{DiffArgs, ReclassifyArgs};
 use bisect_harness::commands::diff;
-use bisect_harness::commands::matrix::export::{html::render_matrix_html, read_matrix};
+use bisect_harness::commands::matrix::export::{html, read_matrix};
 use bisect_harness::exit::Failure;
-use bisect_harness::results::{write_atomic, ResultsDir};
+use bisect_harness::results::{export, Exporter, ResultsDir};
 
 pub fn diff(args: &DiffArgs) -> anyhow::Result<ExitCode> {
     let d = diff::diff_dirs(&args.a, &args.b)?;
@@ -71,9 +71,9 @@ pub fn report(dir: &Path, json: bool) -> anyhow::Result<ExitCode> {
     let matrix_json = dir.join("matrix.json");
     if !run_json.is_file() && matrix_json.is_file() {
         let record = read_matrix(dir).map_err(|e| Failure::BadInput(format!("{e:#}")))?;
-        let html = render_matrix_html(&record, Some(dir));
-        let out = dir.join("report.html");
-        write_atomic(&out, html.as_bytes())?;
+        let report = &html::MatrixHtml;
+        export::write_all(dir, &record, &[report])?;
+        let out = dir.join(report.file_name());
         if json {
             println!("{}", serde_json::to_string_pretty(&record)?);
         } else {

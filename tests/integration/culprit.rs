@@ -12,6 +12,7 @@ use bisect_harness::config::Workload;
 use bisect_harness::core::arm_stats::RecordStatus;
 use bisect_harness::core::culprit::StepKind;
 use bisect_harness::core::verdict::Policy;
+use bisect_harness::results::Exporter;
 use tokio_util::sync::CancellationToken;
 
 use crate::common::{bisect, FakeTarget};
@@ -86,7 +87,9 @@ async fn the_interaction_is_found_and_the_slow_flag_held_out() {
             ("FAKE_RACE", "1", "FAKE_RACE=1")
         ],
         "{}",
-        culprit::record::render_markdown(&record)
+        culprit::export::markdown::CulpritSummary
+            .render(&record)
+            .unwrap()
     );
     assert_eq!(record.untestable.len(), 1);
     assert_eq!(record.untestable[0].flag, "FAKE_SLOW");

@@ -9,14 +9,13 @@ use std::time::Duration;
 
 use bisect_harness::commands::diff;
 use bisect_harness::commands::matrix::baseline::{self, Baseline};
-use bisect_harness::commands::matrix::export::{
-    self, junit::JunitXml, markdown::MatrixSummary, MatrixExporter,
-};
+use bisect_harness::commands::matrix::export::{self, junit::JunitXml, markdown::MatrixSummary};
 use bisect_harness::commands::matrix::record::{CellStatus, MatrixRecord};
 use bisect_harness::commands::matrix::run::{self as matrix_run, MatrixJob};
 use bisect_harness::commands::matrix::{merge, Plan, Shard};
 use bisect_harness::commands::run::Quiet;
 use bisect_harness::core::arm_stats::RecordStatus;
+use bisect_harness::results::Exporter;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
@@ -318,7 +317,7 @@ async fn shards_merge_into_the_unsharded_matrix() {
 }
 
 /// Redact what differs between executions and machines, then render.
-fn redacted(record: &MatrixRecord, exporter: &dyn MatrixExporter) -> String {
+fn redacted(record: &MatrixRecord, exporter: &dyn Exporter<MatrixRecord>) -> String {
     let mut r = record.clone();
     r.id = "[id]".into();
     r.started_at = "[time]".into();

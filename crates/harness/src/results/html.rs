@@ -13,9 +13,10 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use super::cells::{arm_cells, compact, comparison_sentence, HEADER, LEGEND};
 use super::charts::{self, RateBar, RoundCounts};
+use super::markup::{escape, facts_list, figure, list, page, verdict_box};
 use super::run_record::{ArmRecord, RunRecord, TargetInfo};
-use super::table::{arm_cells, compact, comparison_sentence, HEADER, LEGEND};
 use super::Exporter;
 use crate::core::arm_stats::ArmStats;
 use crate::core::session::SessionResult;
@@ -31,7 +32,7 @@ const MAX_TIMELINES: usize = 24;
 /// The exporter registered with [`super::exporters`]: rewritten after each arm block.
 pub struct HtmlReport;
 
-impl Exporter for HtmlReport {
+impl Exporter<RunRecord> for HtmlReport {
     fn file_name(&self) -> &'static str {
         "report.html"
     }
@@ -43,22 +44,6 @@ impl Exporter for HtmlReport {
     fn render_in(&self, record: &RunRecord, dir: &Path) -> anyhow::Result<String> {
         Ok(render_run_html(record, Some(dir)))
     }
-}
-
-/// Escape text for HTML element content and attribute values.
-pub fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            _ => out.push(c),
-        }
-    }
-    out
 }
 
 /// The page of one `bisect run` directory. `dir` supplies sessions.jsonl and metrics.csv;
@@ -240,16 +225,6 @@ pub fn rate_bar(label: &str, stats: &ArmStats) -> RateBar {
     }
 }
 
-/// A coloured box: `class` is a verdict status (`implicated`, `cleared`,
-/// `inconclusive`); `inner` is HTML already escaped.
-pub fn verdict_box(class: &str, heading: &str, inner: &str) -> String {
-    format!(
-        "<section class=\"verdict {}\"><h2>{}</h2>{inner}</section>\n",
-        escape(class),
-        escape(heading)
-    )
-}
-
 /// A bullet list of facts; each item is HTML already escaped.
 /// `target NAME (<code>API</code>, model <code>MODEL</code>)`: how every report.html
 /// names its target among its facts.
@@ -259,16 +234,6 @@ pub fn target_fact(t: &TargetInfo) -> String {
         escape(&t.name),
         escape(&t.api),
         escape(&t.model),
-    )
-}
-
-pub fn facts_list(items: &[String]) -> String {
-    if items.is_empty() {
-        return String::new();
-    }
-    format!(
-        "<ul class=\"facts\"><li>{}</li></ul>\n",
-        items.join("</li><li>")
     )
 }
 
@@ -464,38 +429,6 @@ fn session_details(r: &SessionResult) -> String {
     s
 }
 
-pub fn list(items: &[String]) -> String {
-    if items.is_empty() {
-        return String::new();
-    }
-    let mut s = String::from("<ul>");
-    for i in items {
-        let _ = write!(s, "<li>{}</li>", escape(i));
-    }
-    s.push_str("</ul>");
-    s
-}
-
-pub fn figure(svg: anyhow::Result<String>) -> String {
-    match svg {
-        Ok(svg) => format!("<figure>{}</figure>\n", strip_xml_declaration(&svg)),
-        Err(e) => format!(
-            "<p class=\"error\">chart not drawn: {}</p>\n",
-            escape(&format!("{e:#}"))
-        ),
-    }
-}
-
-fn strip_xml_declaration(svg: &str) -> &str {
-    match svg.strip_prefix("<?xml") {
-        Some(rest) => rest
-            .find("?>")
-            .map(|i| rest[i + 2..].trim_start())
-            .unwrap_or(svg),
-        None => svg,
-    }
-}
-
 /// At most `max` characters, saying how many were cut.
 fn truncate(text: &str, max: usize) -> String {
     let count = text.chars().count();
@@ -538,39 +471,6 @@ pub fn find_files(dir: &Path, name: &str, depth: usize) -> Vec<PathBuf> {
         }
     }
     found
-}
-
-const STYLE: &str = r#"
-body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 24px auto; max-width: 1180px; padding: 0 16px; color: #1d1d1f; }
-h1 { font-size: 1.5em; margin-bottom: 4px; } h2 { font-size: 1.2em; margin-top: 28px; border-bottom: 1px solid #ddd; padding-bottom: 4px; }
-.meta { color: #555; margin-top: 0; }
-code, pre { font-family: ui-monospace, "DejaVu Sans Mono", Menlo, monospace; font-size: 12.5px; }
-pre { white-space: pre-wrap; word-break: break-word; background: #f6f8fa; padding: 6px 8px; border-radius: 4px; margin: 4px 0; }
-table { border-collapse: collapse; margin: 10px 0; font-size: 13.5px; }
-th, td { border: 1px solid #d0d7de; padding: 4px 8px; text-align: left; vertical-align: top; }
-th { background: #f0f3f6; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
-tr.blocking td { background: #ffe3e3; } tr.warning td { background: #fff5d6; }
-.verdict { border-left: 6px solid #999; padding: 8px 16px; background: #f7f7f7; border-radius: 4px; }
-.verdict h2 { border: none; margin-top: 4px; }
-.verdict.implicated { border-color: #d1242f; background: #fff0f0; }
-.verdict.cleared { border-color: #1a7f37; background: #effaf1; }
-.verdict.inconclusive { border-color: #bf8700; background: #fff8e1; }
-figure { margin: 8px 0; } figure svg { max-width: 100%; height: auto; border: 1px solid #eee; }
-.grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(520px, 1fr)); gap: 8px; }
-details.session { border: 1px solid #d0d7de; border-radius: 4px; margin: 6px 0; padding: 4px 10px; }
-details.session.corrupted { border-left: 4px solid #d1242f; } details.session.failed { border-left: 4px solid #bf8700; }
-details summary { cursor: pointer; }
-.msg { border-top: 1px dashed #ddd; padding: 4px 0; } .msg.assistant > b { color: #0550ae; } .msg.tool > b { color: #1a7f37; }
-.reasoning { color: #666; } .call { background: #eef6ff; } .error { color: #d1242f; }
-.facts code { word-break: break-all; }
-"#;
-
-pub fn page(title: &str, body: &str) -> String {
-    format!(
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<title>{}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n{body}<footer><p class=\"meta\">Written by bisect {}; self-contained: no scripts, no network.</p></footer>\n</body>\n</html>\n",
-        escape(title),
-        env!("CARGO_PKG_VERSION"),
-    )
 }
 
 #[cfg(test)]

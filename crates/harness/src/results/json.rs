@@ -5,7 +5,7 @@ use super::Exporter;
 
 pub struct RunJson;
 
-impl Exporter for RunJson {
+impl Exporter<RunRecord> for RunJson {
     fn file_name(&self) -> &'static str {
         "run.json"
     }

@@ -1,12 +1,13 @@
 //! `summary.md`: the run as a human pastes it into a PR or an incident channel.
 
+use super::cells::{arm_cells, compact, comparison_sentence, HEADER, LEGEND};
+use super::markup::table_header;
 use super::run_record::{RunRecord, TargetInfo};
-use super::table::{arm_cells, compact, comparison_sentence, HEADER, LEGEND};
 use super::Exporter;
 
 pub struct SummaryMarkdown;
 
-impl Exporter for SummaryMarkdown {
+impl Exporter<RunRecord> for SummaryMarkdown {
     fn file_name(&self) -> &'static str {
         "summary.md"
     }
@@ -109,17 +110,6 @@ impl Exporter for SummaryMarkdown {
         }
         Ok(s)
     }
-}
-
-/// The header row and rule of a Markdown table (`| a | b |`, then `|---|---|`): every
-/// summary.md table starts with it.
-pub fn table_header<S: AsRef<str>>(columns: &[S]) -> String {
-    let names: Vec<&str> = columns.iter().map(AsRef::as_ref).collect();
-    format!(
-        "| {} |\n|{}\n",
-        names.join(" | "),
-        "---|".repeat(names.len())
-    )
 }
 
 /// `NAME (`API`, model `MODEL`)`: how every summary.md names its target.

@@ -5,10 +5,13 @@
 //! arm block, so an interrupted run still leaves a readable directory. Streams
 //! (sessions, metrics) are appended as they arrive.
 
+pub mod cells;
 pub mod charts;
+pub mod export;
 pub mod html;
 pub mod json;
 pub mod markdown;
+pub mod markup;
 pub mod run_record;
 pub mod sequential_view;
 pub mod table;
@@ -24,20 +27,10 @@ use crate::core::session::SessionResult;
 use crate::driver::metrics::MetricsLog;
 use run_record::RunRecord;
 
-/// One whole-file rendering of a run record.
-pub trait Exporter {
-    /// File name inside the results directory.
-    fn file_name(&self) -> &'static str;
-    fn render(&self, record: &RunRecord) -> anyhow::Result<String>;
-    /// Render with the results directory at hand (sessions.jsonl, metrics.csv), for
-    /// formats that show more than the record.
-    fn render_in(&self, record: &RunRecord, _dir: &Path) -> anyhow::Result<String> {
-        self.render(record)
-    }
-}
+pub use export::Exporter;
 
 /// The exporters rewritten after each arm.
-pub fn exporters() -> Vec<Box<dyn Exporter>> {
+pub fn exporters() -> Vec<Box<dyn Exporter<RunRecord>>> {
     vec![
         Box::new(json::RunJson),
         Box::new(markdown::SummaryMarkdown),

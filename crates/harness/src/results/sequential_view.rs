@@ -10,7 +10,7 @@ use crate::core::adaptive::{e_value_text, AdaptiveRecord};
 use crate::core::format::percent_digits;
 use crate::core::sequential::Decision;
 
-use super::html::escape;
+use super::markup::{escape, table_header};
 use super::run_record::RunRecord;
 
 const HEADER: [&str; 7] = [
@@ -92,7 +92,7 @@ pub fn markdown(record: &RunRecord) -> String {
     let mut s = String::new();
     if let Some(seq) = &record.adaptive {
         let _ = writeln!(s, "\n## Sequential looks\n\n{}\n", design_sentence(seq));
-        s.push_str(&super::markdown::table_header(&HEADER));
+        s.push_str(&table_header(&HEADER));
         for row in rows(seq) {
             let _ = writeln!(s, "| {} |", row.join(" | "));
         }

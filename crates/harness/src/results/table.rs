@@ -1,82 +1,22 @@
 //! The terminal table printed at the end of `bisect run` (comfy-table), and the row
 //! formatting it shares with the markdown summary.
 
-use std::collections::BTreeMap;
-
 use comfy_table::{presets, Cell, CellAlignment, ContentArrangement, Table};
 
-use super::run_record::{ArmRecord, RunRecord};
+use super::cells::{arm_cells, compact, HEADER, LEGEND};
+use super::run_record::RunRecord;
 use crate::core::format;
-use crate::core::verdict::Comparison;
 
-pub const HEADER: [&str; 9] = [
-    "arm",
-    "sessions",
-    "done/max",
-    "leak/bad/wrong/no_tool/rejected",
-    "error/timeout/truncated",
-    "corrupted",
-    "peak running",
-    "wall",
-    "tok/s",
-];
+/// The terminal report of a run, printed after it and by `bisect report`.
+pub struct RunTable;
 
-/// What the class columns of [`HEADER`] mean, under the table in summary.md,
-/// report.html and the terminal (docs/design.md 3.5).
-pub const LEGEND: &str = "Classes: done/max = finished / ran out of rounds. Corrupted = leak \
-(tool-call markup in the text) + bad (a call whose arguments do not parse or fit the tool) + \
-wrong (another call than the step's) + no_tool (no call where one was due) + rejected (the \
-engine refused the model's tool call with an error reply naming a parse failure, e.g. \
-llama.cpp's HTTP 500; the body is the evidence). error/timeout/truncated are not judged: the \
-rate is corrupted over the other sessions.";
-
-/// The row of one arm; blocks (`repeat` set) are named with their repeat, `on r1`,
-/// when `with_repeat` asks for it.
-pub fn arm_cells(flag: &str, arm: &ArmRecord, with_repeat: bool) -> [String; 9] {
-    let label = match (with_repeat, arm.repeat) {
-        (true, Some(r)) => format!("{} r{r}", arm.label),
-        _ => arm.label.to_string(),
-    };
-    let c = &arm.stats.counts;
-    [
-        format!("{label} ({flag}={})", arm.value),
-        arm.sessions.to_string(),
-        format!("{}/{}", c.done, c.maxrounds),
-        // Rejected (the engine refused a call it could not parse) is corruption: it
-        // sits with the corrupted classes, not with error.
-        format!(
-            "{}/{}/{}/{}/{}",
-            c.leak, c.bad_args, c.wrong_args, c.no_tool, c.rejected
-        ),
-        // Truncated (cut off at max_tokens) sits beside the failures: neither is in
-        // the corruption rate, and both say the run measured less than it meant to.
-        format!("{}/{}/{}", c.error, c.timeout, c.truncated),
-        format::rate_interval(arm.stats.corrupted, arm.stats.judged(), arm.stats.ci95),
-        peaks(&arm.stats.peak_running),
-        format!("{:.1}s", arm.stats.wall_s),
-        format!("{:.0}", arm.stats.tokens_per_s),
-    ]
-}
-
-/// Peak running requests per role and client: `client 80, decode 80, prefill 0`.
-pub fn peaks(peak_running: &BTreeMap<String, u64>) -> String {
-    peak_running
-        .iter()
-        .map(|(k, v)| format!("{k} {v}"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// The comparison of a run's arms in one sentence, for summary.md and report.html.
-pub fn comparison_sentence(c: &Comparison) -> String {
-    format!(
-        "Difference on - off: {} (95% Newcombe interval {} to {}); Fisher exact two-sided p = {}; min effect {}.",
-        format::signed_percent(c.rate_diff),
-        format::signed_percent(c.diff_ci95[0]),
-        format::signed_percent(c.diff_ci95[1]),
-        format::p_value(c.p_value),
-        c.min_effect
-    )
+impl super::Exporter<RunRecord> for RunTable {
+    fn file_name(&self) -> &'static str {
+        "table"
+    }
+    fn render(&self, record: &RunRecord) -> anyhow::Result<String> {
+        Ok(render(record))
+    }
 }
 
 /// The whole terminal report: arms table, comparison, confounds, verdict.
@@ -142,16 +82,4 @@ pub fn render(record: &RunRecord) -> String {
         out.push_str(&format!("no verdict ({}): {e}\n", record.status));
     }
     out
-}
-
-/// A JSON value as a short text: strings bare, fractions with two decimals.
-pub fn compact(v: &serde_json::Value) -> String {
-    match v {
-        serde_json::Value::String(s) => s.clone(),
-        serde_json::Value::Number(n) => match n.as_f64() {
-            Some(f) if f.fract() != 0.0 => format!("{f:.2}"),
-            _ => n.to_string(),
-        },
-        other => other.to_string(),
-    }
 }

@@ -14,6 +14,7 @@
 //! Results: `<results>/<id>/` holds culprit.json, summary.md, report.html, steps.jsonl
 //! and `blocks/bNNN/` (each block's sessions.jsonl, metrics.csv and launch configs).
 
+pub mod export;
 pub mod record;
 mod runner;
 mod steplog;

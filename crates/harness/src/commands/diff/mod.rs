@@ -12,12 +12,12 @@
 //! [`RunRecord::extra`], and unknown keys of `matrix.json` are ignored.
 //!
 //! Layout: [`rows`] pairs arms and cells and computes the rates, [`confounds`] lists
-//! what differs in the records, [`launch`] compares the `launch/` snapshots, [`render`]
+//! what differs in the records, [`launch`] compares the `launch/` snapshots, [`export`]
 //! prints a table, markdown or JSON.
 
 mod confounds;
+pub mod export;
 mod launch;
-mod render;
 mod rows;
 
 use std::path::Path;
@@ -32,7 +32,7 @@ use crate::core::verdict::Severity;
 use crate::exit::Failure;
 use crate::results::run_record::RunRecord;
 
-pub use render::{render, render_markdown, render_table};
+pub use export::render;
 
 /// Relative change above which a recorded quantity is flagged (docs/design.md 3.7's 25%).
 pub const WARN_RATIO: f64 = 0.25;

@@ -153,7 +153,7 @@ mod tests {
             &Record::Matrix(Box::new(b)),
         );
         assert_eq!(d.rows.len(), 4);
-        let md = super::super::render_markdown(&d);
+        let md = super::super::render(&d, super::super::Format::Markdown).unwrap();
         assert!(md.contains("| BF16=1,s64 | - | 9/64 = 14.1%"), "{md}");
     }
 

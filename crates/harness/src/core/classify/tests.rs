@@ -832,11 +832,18 @@ fn status(status: u16, body: &str) -> RoundOutcome<'_> {
 fn an_error_reply_a_rejection_pattern_names_is_rejected_with_its_body_as_evidence() {
     // The llama.cpp preset's pattern (config::engine tests that the preset matches the
     // engine's own words; here, what the classifier does with a match).
-    let patterns = [super::RejectionPattern::new(
-        "llamacpp.format",
-        Some(500),
-        r#"The model produced output that does not match the expected [^"]{1,80} format"#,
-    )];
+    let patterns = [
+        super::RejectionPattern::new(
+            "llamacpp.format",
+            Some(500),
+            r#"The model produced output that does not match the expected [^"]{1,80} format"#,
+        ),
+        super::RejectionPattern::new(
+            "llamacpp.pos",
+            Some(500),
+            r"Failed to parse input at pos \d+",
+        ),
+    ];
     let classifier = Classifier::with_defaults(&tools())
         .unwrap()
         .with_rejections(&patterns)

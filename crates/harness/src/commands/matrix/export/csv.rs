@@ -3,13 +3,13 @@
 
 use std::collections::BTreeSet;
 
-use super::MatrixExporter;
 use crate::commands::matrix::record::MatrixRecord;
 use crate::core::session::SessionClass;
+use crate::results::Exporter;
 
 pub struct MatrixCsv;
 
-impl MatrixExporter for MatrixCsv {
+impl Exporter<MatrixRecord> for MatrixCsv {
     fn file_name(&self) -> &'static str {
         "matrix.csv"
     }

@@ -8,17 +8,17 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use super::MatrixExporter;
 use crate::commands::matrix::record::{CellRecord, CellStatus, MatrixRecord};
 use crate::core::format;
 use crate::core::session::SessionResult;
+use crate::results::cells::{compact, peaks};
 use crate::results::charts::{self, RateBar, RoundCounts};
 use crate::results::html::{
-    escape, facts_list, figure, find_files, first_bad_histogram, first_bad_round_section, list,
-    page, rate_bar, read_sessions_lenient, sessions_section, target_fact, timelines_section,
-    verdict_box,
+    find_files, first_bad_histogram, first_bad_round_section, rate_bar, read_sessions_lenient,
+    sessions_section, target_fact, timelines_section,
 };
-use crate::results::table::{compact, peaks};
+use crate::results::markup::{escape, facts_list, figure, list, page, verdict_box};
+use crate::results::Exporter;
 
 /// How deep below the matrix directory sessions.jsonl and metrics.csv are looked for
 /// (`cells/<id>/sessions.jsonl`, with a level to spare).
@@ -26,7 +26,7 @@ const CELL_FILES_DEPTH: usize = 3;
 
 pub struct MatrixHtml;
 
-impl MatrixExporter for MatrixHtml {
+impl Exporter<MatrixRecord> for MatrixHtml {
     fn file_name(&self) -> &'static str {
         "report.html"
     }

@@ -1,13 +1,13 @@
 //! `matrix.json`: the record itself, pretty-printed (the contract other tools read).
 
-use super::MatrixExporter;
 use crate::commands::matrix::record::MatrixRecord;
+use crate::results::Exporter;
 
 pub const FILE: &str = "matrix.json";
 
 pub struct MatrixJson;
 
-impl MatrixExporter for MatrixJson {
+impl Exporter<MatrixRecord> for MatrixJson {
     fn file_name(&self) -> &'static str {
         FILE
     }

@@ -5,9 +5,9 @@
 //! but is inconclusive (its measurement cannot show it ok), is an `<error>`; every
 //! other cell passes.
 
-use super::MatrixExporter;
 use crate::commands::matrix::record::{CellRecord, CellStatus, MatrixRecord};
 use crate::core::format;
+use crate::results::Exporter;
 
 pub struct JunitXml;
 
@@ -41,7 +41,7 @@ fn outcome(c: &CellRecord) -> Outcome {
     }
 }
 
-impl MatrixExporter for JunitXml {
+impl Exporter<MatrixRecord> for JunitXml {
     fn file_name(&self) -> &'static str {
         "junit.xml"
     }

@@ -4,15 +4,16 @@
 
 use std::collections::BTreeSet;
 
-use super::MatrixExporter;
 use crate::commands::matrix::record::{CellRecord, CellStatus, MatrixRecord};
 use crate::core::format;
-use crate::results::markdown::{table_header, target_words};
-use crate::results::table::{compact, peaks};
+use crate::results::cells::{compact, peaks};
+use crate::results::markdown::target_words;
+use crate::results::markup::table_header;
+use crate::results::Exporter;
 
 pub struct MatrixSummary;
 
-impl MatrixExporter for MatrixSummary {
+impl Exporter<MatrixRecord> for MatrixSummary {
     fn file_name(&self) -> &'static str {
         "summary.md"
     }

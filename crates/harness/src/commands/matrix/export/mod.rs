@@ -13,37 +13,22 @@ use std::path::Path;
 use anyhow::Context;
 
 use super::record::MatrixRecord;
-use crate::results::write_atomic;
+use crate::results::export::{self, Exporter};
 
-/// One whole-file rendering of a matrix record.
-pub trait MatrixExporter {
-    /// File name inside the matrix directory.
-    fn file_name(&self) -> &'static str;
-    fn render(&self, record: &MatrixRecord) -> anyhow::Result<String>;
-    /// Render with access to the matrix directory (the HTML report reads the cells'
-    /// sessions and metrics from it).
-    fn render_in(&self, record: &MatrixRecord, _dir: &Path) -> anyhow::Result<String> {
-        self.render(record)
-    }
-}
-
-pub fn exporters() -> Vec<Box<dyn MatrixExporter>> {
-    vec![
-        Box::new(json::MatrixJson),
-        Box::new(csv::MatrixCsv),
-        Box::new(markdown::MatrixSummary),
-        Box::new(junit::JunitXml),
-        Box::new(html::MatrixHtml),
+/// Every whole-file format of a matrix record.
+pub fn exporters() -> [&'static dyn Exporter<MatrixRecord>; 5] {
+    [
+        &json::MatrixJson,
+        &csv::MatrixCsv,
+        &markdown::MatrixSummary,
+        &junit::JunitXml,
+        &html::MatrixHtml,
     ]
 }
 
 /// Rewrite every export of `record` in `dir`, each atomically.
 pub fn write_all(dir: &Path, record: &MatrixRecord) -> anyhow::Result<()> {
-    for exporter in exporters() {
-        let text = exporter.render_in(record, dir)?;
-        write_atomic(&dir.join(exporter.file_name()), text.as_bytes())?;
-    }
-    Ok(())
+    export::write_all(dir, record, &exporters())
 }
 
 /// Read `DIR/matrix.json`.

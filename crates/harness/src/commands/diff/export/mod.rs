@@ -1,32 +1,37 @@
-//! A diff printed: a terminal table (comfy-table), markdown for a PR or an incident
-//! channel, or the [`Diff`] itself as JSON. Numbers go through [`crate::core::format`].
+//! A diff printed, one exporter per format: a terminal table (comfy-table), markdown
+//! for a PR or an incident channel, or the [`Diff`] itself as JSON. This module holds
+//! the cells the table and markdown share; numbers go through [`crate::core::format`].
 
-use comfy_table::{presets, Cell, CellAlignment, ContentArrangement, Table};
+pub mod json;
+pub mod markdown;
+pub mod table;
 
 use super::{Diff, Format, Kind, Rate, Row, Side};
 use crate::core::format;
-use crate::results::markdown::table_header;
-use crate::results::table::compact;
+use crate::results::cells::compact;
+use crate::results::Exporter;
 
-const ROW_HEADER: [&str; 5] = [
+pub(super) const ROW_HEADER: [&str; 5] = [
     "arm/cell",
     "A corrupted [95% CI]",
     "B corrupted [95% CI]",
     "B - A [95% CI]",
     "Fisher p",
 ];
-const CONFOUND_HEADER: [&str; 6] = ["scope", "confound", "A", "B", "severity", "note"];
+pub(super) const CONFOUND_HEADER: [&str; 6] = ["scope", "confound", "A", "B", "severity", "note"];
 
+/// The diff in `format`, through that format's exporter.
 pub fn render(d: &Diff, format: Format) -> anyhow::Result<String> {
-    Ok(match format {
-        Format::Table => render_table(d),
-        Format::Markdown => render_markdown(d),
-        Format::Json => {
-            let mut s = serde_json::to_string_pretty(d)?;
-            s.push('\n');
-            s
-        }
-    })
+    exporter(format).render(d)
+}
+
+/// The one exporter of each format.
+pub fn exporter(format: Format) -> &'static dyn Exporter<Diff> {
+    match format {
+        Format::Table => &table::DiffTable,
+        Format::Markdown => &markdown::DiffMarkdown,
+        Format::Json => &json::DiffJson,
+    }
 }
 
 fn rate_text(r: &Option<Rate>) -> String {
@@ -55,7 +60,7 @@ fn p_text(row: &Row) -> String {
 }
 
 /// The cells of one rate row, in ROW_HEADER order.
-fn row_cells(r: &Row) -> [String; 5] {
+pub(super) fn row_cells(r: &Row) -> [String; 5] {
     [
         r.key.clone(),
         rate_text(&r.a),
@@ -66,7 +71,7 @@ fn row_cells(r: &Row) -> [String; 5] {
 }
 
 /// The cells of one confound row, in CONFOUND_HEADER order.
-fn confound_cells(d: &Diff) -> impl Iterator<Item = [String; 6]> + '_ {
+pub(super) fn confound_cells(d: &Diff) -> impl Iterator<Item = [String; 6]> + '_ {
     d.confounds.iter().map(|c| {
         [
             c.scope.clone(),
@@ -79,7 +84,7 @@ fn confound_cells(d: &Diff) -> impl Iterator<Item = [String; 6]> + '_ {
     })
 }
 
-fn side_text(name: &str, s: &Side) -> String {
+pub(super) fn side_text(name: &str, s: &Side) -> String {
     format!(
         "{name}: {} (id {}{})",
         s.path,
@@ -91,89 +96,18 @@ fn side_text(name: &str, s: &Side) -> String {
     )
 }
 
-fn kind_word(kind: Kind) -> &'static str {
+pub(super) fn kind_word(kind: Kind) -> &'static str {
     match kind {
         Kind::Run => "runs",
         Kind::Matrix => "matrices",
     }
 }
 
-fn table(header: &[&str]) -> Table {
-    let mut t = Table::new();
-    t.load_preset(presets::UTF8_FULL_CONDENSED)
-        .set_content_arrangement(ContentArrangement::Dynamic)
-        .set_header(header.iter().map(Cell::new));
-    t
-}
-
-/// The terminal table (comfy-table).
-pub fn render_table(d: &Diff) -> String {
-    let mut rates = table(&ROW_HEADER);
-    for r in &d.rows {
-        rates.add_row(row_cells(r).into_iter().enumerate().map(|(i, text)| {
-            let cell = Cell::new(text);
-            if i == 0 {
-                cell
-            } else {
-                cell.set_alignment(CellAlignment::Right)
-            }
-        }));
-    }
-    let mut out = format!(
-        "bisect diff of two {}\n{}\n{}\n{rates}\n",
-        kind_word(d.kind),
-        side_text("A", &d.a),
-        side_text("B", &d.b)
-    );
-    if d.confounds.is_empty() {
-        out.push_str("no confound differs\n");
-    } else {
-        let mut t = table(&CONFOUND_HEADER);
-        for cells in confound_cells(d) {
-            t.add_row(cells);
-        }
-        out.push_str(&format!("{t}\n"));
-    }
-    out
-}
-
-fn md_cell(s: &str) -> String {
-    s.replace('|', "\\|").replace('\n', " ")
-}
-
-fn md_row(cells: &[String]) -> String {
-    let cells: Vec<String> = cells.iter().map(|c| md_cell(c)).collect();
-    format!("| {} |\n", cells.join(" | "))
-}
-
-/// Markdown for a PR or an incident channel.
-pub fn render_markdown(d: &Diff) -> String {
-    let mut s = format!("# bisect diff of two {}\n\n", kind_word(d.kind));
-    s.push_str(&format!(
-        "- {}\n- {}\n\n",
-        md_cell(&side_text("A", &d.a)),
-        md_cell(&side_text("B", &d.b))
-    ));
-    s.push_str(&table_header(&ROW_HEADER));
-    for r in &d.rows {
-        s.push_str(&md_row(&row_cells(r)));
-    }
-    if d.confounds.is_empty() {
-        s.push_str("\nNo confound differs.\n");
-    } else {
-        s.push_str("\n## Confounds\n\n");
-        s.push_str(&table_header(&CONFOUND_HEADER));
-        for cells in confound_cells(d) {
-            s.push_str(&md_row(&cells));
-        }
-    }
-    s
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::tests::run;
     use super::super::{diff_records, Record};
+    use super::markdown::render_markdown;
     use super::*;
     use std::path::Path;
 

@@ -1,0 +1,19 @@
+//! The renderings of a culprit record, one file per format: `culprit.json`,
+//! `summary.md`, `report.html` (rewritten after every block) and the terminal table.
+
+pub mod html;
+pub mod json;
+pub mod markdown;
+pub mod table;
+
+use super::record::CulpritRecord;
+use crate::results::Exporter;
+
+/// The whole-file formats, rewritten after every block.
+pub fn files() -> [&'static dyn Exporter<CulpritRecord>; 3] {
+    [
+        &json::CulpritJson,
+        &markdown::CulpritSummary,
+        &html::CulpritHtml,
+    ]
+}
