@@ -105,15 +105,16 @@ impl TargetArgs {
         catalog_for(self.target.as_deref(), &self.flags_dir)
     }
 
-    /// The target profile (or the embedded engine's, its launch scripts written under
-    /// `dir`) and its API key.
+    /// The target profile (or the embedded engine's, its launch scripts to be written
+    /// under `dir`) and its API key.
     pub fn resolve(&self, dir: &Path) -> anyhow::Result<(TargetProfile, Option<String>)> {
         resolve_target(self.target.as_deref(), dir)
     }
 }
 
 /// The target profile at `path`, or the embedded engine's with its launch scripts
-/// written under `dir/launch`; with the API key its `api_key_env` names.
+/// to be written under `dir/launch` when the command starts (parsing writes nothing);
+/// with the API key its `api_key_env` names.
 pub fn resolve_target(
     path: Option<&Path>,
     dir: &Path,
@@ -122,7 +123,7 @@ pub fn resolve_target(
         Some(path) => TargetProfile::load(path)?,
         None => {
             let exe = std::env::current_exe().context("locating the bisect executable")?;
-            bisect_harness::config::embedded::prepare(&dir.join("launch"), &exe)?
+            bisect_harness::config::embedded::profile(&dir.join("launch"), &exe)?
         }
     };
     let api_key = match &target.api_key_env {

@@ -74,12 +74,14 @@ fn recover_journal(journal_dir: &Path) -> anyhow::Result<()> {
 
 /// Control of the target's engines (their logs under `dir/logs`, their self-reports read
 /// with `api_key`) and the cancellation Ctrl-C or SIGTERM triggers, which stops them and
-/// restores the launch configs.
+/// restores the launch configs. The target's own launch scripts (the embedded
+/// engine's) are written here first: the command line's parser writes nothing.
 fn engines(
     target: &TargetProfile,
     dir: &Path,
     api_key: Option<&str>,
 ) -> anyhow::Result<(ProcessControl, CancellationToken)> {
+    target.write_launch_scripts()?;
     let cancel = signals::cancel_on_signal();
     let control = ProcessControl::new(target, &dir.join("logs"), api_key.map(String::from))?;
     Ok((control, cancel))

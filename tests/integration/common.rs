@@ -80,6 +80,7 @@ impl FakeTarget {
             markup: bisect_harness::core::classify::MarkupFamily::ALL.to_vec(),
             flags_dir: None,
             rejections: Vec::new(),
+            launch_scripts: Vec::new(),
         };
         let catalog = FlagCatalog::load(&[flags]).unwrap();
         FakeTarget {

@@ -970,6 +970,7 @@ mod tests {
             markup: Vec::new(),
             flags_dir: None,
             rejections: Vec::new(),
+            launch_scripts: Vec::new(),
         }
     }
 
@@ -1246,6 +1247,7 @@ mod tests {
                 markup: Vec::new(),
                 rejections: Vec::new(),
                 flags_dir: None,
+                launch_scripts: Vec::new(),
             };
             let mut plan = offline(&target, &catalog, dir.path());
             plan.offline = false;

@@ -111,10 +111,10 @@ pub fn decode_script(exe: &str, port: u16, prefill_port: u16) -> String {
     )
 }
 
-/// Write the two launch scripts under `launch_dir` and return the profile that uses them.
-pub fn prepare(launch_dir: &Path, exe: &Path) -> anyhow::Result<TargetProfile> {
-    std::fs::create_dir_all(launch_dir)
-        .with_context(|| format!("creating {}", launch_dir.display()))?;
+/// The profile of the embedded engine with its two launch scripts under `launch_dir`
+/// (free ports chosen now); the scripts are in its `launch_scripts`, written when the
+/// command starts ([`TargetProfile::write_launch_scripts`]).
+pub fn profile(launch_dir: &Path, exe: &Path) -> anyhow::Result<TargetProfile> {
     let exe = shell_quote(&exe.display().to_string());
     let prefill_port = free_port()?;
     let mut decode_port = free_port()?;
@@ -123,10 +123,10 @@ pub fn prepare(launch_dir: &Path, exe: &Path) -> anyhow::Result<TargetProfile> {
     }
     let prefill = launch_dir.join("prefill.sh");
     let decode = launch_dir.join("decode.sh");
-    std::fs::write(&prefill, prefill_script(&exe, prefill_port))
-        .with_context(|| format!("writing {}", prefill.display()))?;
-    std::fs::write(&decode, decode_script(&exe, decode_port, prefill_port))
-        .with_context(|| format!("writing {}", decode.display()))?;
+    let launch_scripts = vec![
+        (prefill.clone(), prefill_script(&exe, prefill_port)),
+        (decode.clone(), decode_script(&exe, decode_port, prefill_port)),
+    ];
     let role = |name: &str, launch, port: u16| RoleSpec {
         name: name.to_string(),
         launch,
@@ -155,6 +155,7 @@ pub fn prepare(launch_dir: &Path, exe: &Path) -> anyhow::Result<TargetProfile> {
         markup: Engine::Embedded.preset().markup.to_vec(),
         flags_dir: None,
         rejections: Vec::new(),
+        launch_scripts,
     })
 }
 

@@ -35,6 +35,11 @@ pub struct TargetProfile {
     /// Error replies that are the engine rejecting the model's tool call (class
     /// `rejected`): the preset's, as the profile's `[[reject]]` tables amend them.
     pub rejections: Vec<RejectionPattern>,
+    /// Launch scripts this profile brings with it (path, contents): the embedded
+    /// engine's, generated for each results directory. Written by
+    /// [`TargetProfile::write_launch_scripts`] when the command starts, never while the
+    /// command line is parsed; empty for a profile loaded from a file.
+    pub launch_scripts: Vec<(PathBuf, String)>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -297,6 +302,20 @@ fn rejections(
 }
 
 impl TargetProfile {
+    /// Writes the launch scripts the profile brings (creating their folder); a profile
+    /// loaded from a file brings none.
+    pub fn write_launch_scripts(&self) -> anyhow::Result<()> {
+        use anyhow::Context;
+        for (path, text) in &self.launch_scripts {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("creating {}", dir.display()))?;
+            }
+            std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+        }
+        Ok(())
+    }
+
     /// The classifier of every command that drives this target: the workload's tools,
     /// the profile's markup families (what counts as a leak on this engine) and its
     /// rejection patterns (which error replies are the engine refusing a tool call).
@@ -523,6 +542,7 @@ impl TargetProfile {
             markup,
             flags_dir,
             rejections,
+            launch_scripts: Vec::new(),
         })
     }
 

@@ -29,6 +29,7 @@ fn solo_target(launch: PathBuf, restart: Option<&str>, health_timeout_s: u64) ->
         markup: crate::core::classify::MarkupFamily::ALL.to_vec(),
         flags_dir: None,
         rejections: Vec::new(),
+        launch_scripts: Vec::new(),
     }
 }
 
