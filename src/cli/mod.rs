@@ -322,8 +322,7 @@ impl RunArgs {
         })
     }
 
-    /// Validate the arguments into a plan; the embedded engine's launch scripts are
-    /// the only thing written.
+    /// Validate the arguments into a plan (nothing is written).
     pub fn plan(&self) -> anyhow::Result<RunPlan> {
         let common = &self.common;
         let catalog = common.target.catalog()?;
@@ -393,8 +392,7 @@ pub struct ProbeArgs {
 }
 
 impl ProbeArgs {
-    /// Validate the arguments into a plan; the embedded engine's launch scripts are
-    /// the only thing written.
+    /// Validate the arguments into a plan (nothing is written).
     pub fn plan(&self) -> anyhow::Result<ProbePlan> {
         let catalog = self.target.catalog()?;
         let workload = self.load.load()?;

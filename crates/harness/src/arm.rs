@@ -134,6 +134,32 @@ pub struct Restarted {
     pub restart_s: f64,
     /// Role -> what the engine reports about itself (`/server_info`), where it does.
     pub engine_info: BTreeMap<String, serde_json::Value>,
+    /// Flag -> role -> the value the engine reports running with, for every flag this
+    /// testbed has written or pinned (empty where no engine of its roles reports it).
+    pub effective: BTreeMap<String, Readback>,
+    /// The written and pinned flags some engine reports running with another value than
+    /// the launch config holds, in the order they were first written, roles in name
+    /// order: what the restart disproved.
+    pub disagreements: Vec<Disagreeing>,
+}
+
+/// A flag an engine does not run with as written (a dead conditional, an overriding
+/// later line, an ignored variable).
+#[derive(Debug, Clone)]
+pub struct Disagreeing {
+    pub flag: String,
+    /// Where the flag lives in the launch config (the env variable, the argument).
+    pub setting_key: String,
+    /// Written with [`Testbed::pin`] rather than [`Testbed::set`].
+    pub pinned: bool,
+    pub disagreement: effective::Disagreement,
+}
+
+/// A flag value the testbed wrote, and whether it was a pin.
+struct Written {
+    flag: FlagSpec,
+    value: String,
+    pinned: bool,
 }
 
 /// What closing found: both are reported, the restore first (configs matter most).
@@ -196,6 +222,9 @@ pub struct Testbed<'a> {
     /// Role -> how its engine identified itself after the last restart
     /// ([`IDENTITY_FIELDS`]), where it did: checked again at the end of every block.
     identities: BTreeMap<String, BTreeMap<String, serde_json::Value>>,
+    /// Every flag written or pinned, by first write, with its latest value: what each
+    /// restart checks the engines' self-reports against.
+    written: Vec<Written>,
 }
 
 /// The fields by which an engine's self-report says which process it is. Where a role
@@ -275,6 +304,7 @@ impl<'a> Testbed<'a> {
                 .timeout(Duration::from_secs(2))
                 .build()?,
             identities: BTreeMap::new(),
+            written: Vec::new(),
         })
     }
 
@@ -304,7 +334,16 @@ impl<'a> Testbed<'a> {
             .editor
             .as_mut()
             .context("this command opened the launch configs read-only")?;
-        editor.apply(flag, value, &self.target.roles)
+        let readback = editor.apply(flag, value, &self.target.roles)?;
+        match self.written.iter_mut().find(|w| w.flag.name == flag.name) {
+            Some(w) => w.value = value.to_string(),
+            None => self.written.push(Written {
+                flag: flag.clone(),
+                value: value.to_string(),
+                pinned: false,
+            }),
+        }
+        Ok(readback)
     }
 
     /// Pin flags for every arm (`--set`, a plan's `[set]`): written, read back, noted.
@@ -316,6 +355,9 @@ impl<'a> Testbed<'a> {
         let mut pinned = BTreeMap::new();
         for (flag, value) in sets {
             let readback = self.set(flag, value)?;
+            if let Some(w) = self.written.iter_mut().find(|w| w.flag.name == flag.name) {
+                w.pinned = true;
+            }
             self.progress.note(&format!(
                 "pinned {}={value} (read back: {})",
                 flag.name,
@@ -350,6 +392,8 @@ impl<'a> Testbed<'a> {
             health_padding_s: self.control.health_padding().values().sum(),
             restart_s: 0.0,
             engine_info: BTreeMap::new(),
+            effective: BTreeMap::new(),
+            disagreements: Vec::new(),
         };
         self.identities.clear();
         for role in &self.target.roles {
@@ -370,8 +414,26 @@ impl<'a> Testbed<'a> {
                 restarted.engine_info.insert(role.name.clone(), info);
             }
         }
+        self.check_written(&mut restarted);
         restarted.restart_s = (started.elapsed().as_secs_f64() - restarted.health_wait_s).max(0.0);
         Ok(restarted)
+    }
+
+    /// What the engines' self-reports say of every written flag: its effective values
+    /// and the roles that run it with another value.
+    fn check_written(&self, restarted: &mut Restarted) {
+        for w in &self.written {
+            let reported = effective_values(self.target, &w.flag, &restarted.engine_info);
+            for d in effective::disagreements(&w.value, &reported) {
+                restarted.disagreements.push(Disagreeing {
+                    flag: w.flag.name.clone(),
+                    setting_key: w.flag.setting.key().to_string(),
+                    pinned: w.pinned,
+                    disagreement: d,
+                });
+            }
+            restarted.effective.insert(w.flag.name.clone(), reported);
+        }
     }
 
     /// What the role's engine reports about itself: its `effective_url` document, or,
@@ -625,7 +687,7 @@ pub fn refuse_half_applied(target: &TargetProfile, flags: &[&FlagSpec]) -> anyho
 
 /// Role -> the flag's value as each engine of its roles reports it, where it does: at
 /// the role's `effective_pointers` entry for the flag, else the default pointers.
-pub fn effective_values(
+fn effective_values(
     target: &TargetProfile,
     flag: &FlagSpec,
     engine_info: &BTreeMap<String, serde_json::Value>,
@@ -642,25 +704,6 @@ pub fn effective_values(
                 None => effective::pointers(flag),
             };
             Some((role.clone(), effective::reported_at(doc, &pointers)?))
-        })
-        .collect()
-}
-
-/// Every role whose engine reports one of `settings` (a flag and the value written for
-/// it) as another value, flag by flag in their order, roles in name order: the flag with
-/// its [`effective::Disagreement`]. Roles whose engine does not report a flag are not
-/// judged.
-pub fn engine_disagreements<'f>(
-    target: &TargetProfile,
-    settings: impl IntoIterator<Item = (&'f FlagSpec, &'f str)>,
-    engine_info: &BTreeMap<String, serde_json::Value>,
-) -> Vec<(&'f FlagSpec, effective::Disagreement)> {
-    settings
-        .into_iter()
-        .flat_map(|(flag, value)| {
-            effective::disagreements(value, &effective_values(target, flag, engine_info))
-                .into_iter()
-                .map(move |d| (flag, d))
         })
         .collect()
 }

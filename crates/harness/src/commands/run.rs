@@ -15,10 +15,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::arm::{
-    effective_values, engine_disagreements, fmt_readback, settle, BlockName, Testbed, TestbedSpec,
-    NO_EFFECTIVE_WARNING,
-};
+use crate::arm::{fmt_readback, settle, BlockName, Testbed, TestbedSpec, NO_EFFECTIVE_WARNING};
 pub use crate::arm::{Progress, Quiet};
 use crate::config::{FlagSpec, TargetProfile, Workload};
 use crate::control::EngineControl;
@@ -224,24 +221,24 @@ pub(crate) async fn run_block(
     phases.restart_s += restarted.restart_s;
     phases.health_wait_s += restarted.health_wait_s;
     phases.health_padding_s += restarted.health_padding_s;
-    let effective = effective_values(&plan.target, &plan.flag, &restarted.engine_info);
+    let effective = restarted
+        .effective
+        .get(&plan.flag.name)
+        .cloned()
+        .unwrap_or_default();
     if effective.is_empty() && !has_warning(record, NO_EFFECTIVE_WARNING) {
         bed.progress()
             .note(&format!("warning: {NO_EFFECTIVE_WARNING}"));
         push_warning(record, NO_EFFECTIVE_WARNING);
     }
-    let pinned = plan.sets.iter().map(|(flag, value)| (flag, value.as_str()));
-    if let Some((flag, d)) = engine_disagreements(&plan.target, pinned, &restarted.engine_info)
-        .into_iter()
-        .next()
-    {
-        let (role, value, ran) = (d.role, d.expected, d.reported);
+    if let Some(pin) = restarted.disagreements.iter().find(|d| d.pinned) {
+        let d = &pin.disagreement;
+        let (role, value, ran) = (&d.role, &d.expected, &d.reported);
         return Err(Failure::CouldNotRun(format!(
             "pinned {}={value}, but the {role} engine reports it runs with {ran:?}: \
              the launch config does not take effect\n  fix: check how role {role}'s \
              launch config sets {} (a conditional, an overriding later line)",
-            flag.name,
-            flag.setting.key()
+            pin.flag, pin.setting_key
         ))
         .into());
     }

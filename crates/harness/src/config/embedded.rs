@@ -125,7 +125,10 @@ pub fn profile(launch_dir: &Path, exe: &Path) -> anyhow::Result<TargetProfile> {
     let decode = launch_dir.join("decode.sh");
     let launch_scripts = vec![
         (prefill.clone(), prefill_script(&exe, prefill_port)),
-        (decode.clone(), decode_script(&exe, decode_port, prefill_port)),
+        (
+            decode.clone(),
+            decode_script(&exe, decode_port, prefill_port),
+        ),
     ];
     let role = |name: &str, launch, port: u16| RoleSpec {
         name: name.to_string(),

@@ -8,15 +8,12 @@
 //! applied), and the engines stop. The launch configs are restored by the testbed's
 //! close, on every path (docs/design.md 2.2).
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
 
-use crate::arm::{
-    effective_values, engine_disagreements, BlockName, Testbed, NO_EFFECTIVE_WARNING,
-};
+use crate::arm::{BlockName, Restarted, Testbed, NO_EFFECTIVE_WARNING};
 use crate::config::{FlagSpec, Workload};
 use crate::core::classify::Classifier;
 use crate::core::culprit::{BlockOutcome, BlockRequest, StepRunner};
@@ -56,8 +53,8 @@ impl StepRunner for TestbedRunner<'_, '_> {
             request.block
         ));
         let restarted = self.bed.restart(&label).await?;
-        self.check_engines_run_it(request, &restarted.engine_info)?;
-        let warnings = self.unreported_flags(&restarted.engine_info);
+        check_engines_run_it(request.block, &restarted)?;
+        let warnings = self.unreported_flags(&restarted);
         let results = self.block_results(request.block)?;
         results.snapshot_launch(&label, 0, self.bed.target())?;
         let mut outcome = self.drive_block(request, &label, &results).await?;
@@ -87,67 +84,20 @@ impl TestbedRunner<'_, '_> {
         Ok(())
     }
 
-    /// What the restarted engines report about themselves against the block's values and
-    /// the `--set` pins: a value an engine does not run with stops the search.
-    fn check_engines_run_it(
-        &self,
-        request: &BlockRequest,
-        engine_info: &BTreeMap<String, serde_json::Value>,
-    ) -> anyhow::Result<()> {
-        let set = self.block_settings(request);
-        if let Some((flag, d)) = engine_disagreements(self.bed.target(), set, engine_info)
-            .into_iter()
-            .next()
-        {
-            let (role, got, value) = (d.role, d.reported, d.expected);
-            return Err(Failure::CouldNotRun(format!(
-                "block {}: the {role} engine reports {}={got} after the restart, but its launch config sets {value}: the engine does not run with what the search set\n  fix: check the launch script applies the flag (a dead conditional, an ignored variable)",
-                request.block, flag.name
-            ))
-            .into());
-        }
-        let pinned = self.pins.iter().map(|(flag, value)| (flag, value.as_str()));
-        if let Some((flag, d)) = engine_disagreements(self.bed.target(), pinned, engine_info)
-            .into_iter()
-            .next()
-        {
-            // As `bisect run` refuses a pin the engine does not run with: every block
-            // would measure another deployment than the one pinned.
-            let (role, value, ran) = (d.role, d.expected, d.reported);
-            return Err(Failure::CouldNotRun(format!(
-                "block {}: pinned {}={value}, but the {role} engine reports it runs with {ran:?}: \
-                 the launch config does not take effect\n  fix: check how role {role}'s launch \
-                 config sets {} (a conditional, an overriding later line)",
-                request.block,
-                flag.name,
-                flag.setting.key()
-            ))
-            .into());
-        }
-        Ok(())
-    }
-
-    /// Every listed flag at the block's value.
-    fn block_settings<'r>(&'r self, request: &'r BlockRequest) -> Vec<(&'r FlagSpec, &'r str)> {
-        self.flags
-            .iter()
-            .map(|flag| (flag, request.config[&flag.name].as_str()))
-            .collect()
-    }
-
     /// The listed and pinned flags no engine reports: a warning of the block (only the
     /// launch-file read-back stands for them), printed once per search.
-    fn unreported_flags(
-        &mut self,
-        engine_info: &BTreeMap<String, serde_json::Value>,
-    ) -> Vec<String> {
+    fn unreported_flags(&mut self, restarted: &Restarted) -> Vec<String> {
         let all = self
             .flags
             .iter()
             .chain(self.pins.iter().map(|(flag, _)| flag));
         let mut warnings = Vec::new();
         for flag in all {
-            if effective_values(self.bed.target(), flag, engine_info).is_empty() {
+            if restarted
+                .effective
+                .get(&flag.name)
+                .map_or(true, |reported| reported.is_empty())
+            {
                 let warning = format!("{}: {NO_EFFECTIVE_WARNING}", flag.name);
                 if !self.warned.contains(&warning) {
                     self.bed.progress().note(&format!("warning: {warning}"));
@@ -225,4 +175,33 @@ impl TestbedRunner<'_, '_> {
             warnings: Vec::new(),
         })
     }
+}
+
+/// What the restarted engines report about themselves against the block's values and
+/// the `--set` pins: a value an engine does not run with stops the search (a block's
+/// own flags are named first, as they were written first).
+fn check_engines_run_it(block: u64, restarted: &Restarted) -> anyhow::Result<()> {
+    if let Some(set) = restarted.disagreements.iter().find(|d| !d.pinned) {
+        let d = &set.disagreement;
+        let (role, got, value) = (&d.role, &d.reported, &d.expected);
+        return Err(Failure::CouldNotRun(format!(
+            "block {block}: the {role} engine reports {}={got} after the restart, but its launch config sets {value}: the engine does not run with what the search set\n  fix: check the launch script applies the flag (a dead conditional, an ignored variable)",
+            set.flag
+        ))
+        .into());
+    }
+    if let Some(pin) = restarted.disagreements.iter().find(|d| d.pinned) {
+        // As `bisect run` refuses a pin the engine does not run with: every block
+        // would measure another deployment than the one pinned.
+        let d = &pin.disagreement;
+        let (role, value, ran) = (&d.role, &d.expected, &d.reported);
+        return Err(Failure::CouldNotRun(format!(
+            "block {block}: pinned {}={value}, but the {role} engine reports it runs with {ran:?}: \
+             the launch config does not take effect\n  fix: check how role {role}'s launch \
+             config sets {} (a conditional, an overriding later line)",
+            pin.flag, pin.setting_key
+        ))
+        .into());
+    }
+    Ok(())
 }

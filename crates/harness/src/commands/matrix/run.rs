@@ -19,8 +19,7 @@ use super::export;
 use super::plan::Plan;
 use super::record::{CellRecord, MatrixRecord, PlanInfo, SCHEMA};
 use crate::arm::{
-    effective_values, settle, BlockName, Progress, Readback, Testbed, TestbedSpec,
-    NO_EFFECTIVE_WARNING,
+    settle, BlockName, Progress, Readback, Testbed, TestbedSpec, NO_EFFECTIVE_WARNING,
 };
 use crate::config::{FlagSpec, TargetProfile};
 use crate::control::EngineControl;
@@ -184,7 +183,7 @@ async fn run_group(
 ) -> anyhow::Result<()> {
     let restarted = bed.restart(label).await?;
     let first = group[0].1;
-    let check = check_effective(&job.plan.sets, &first.flags, job, &restarted.engine_info);
+    let check = check_effective(&job.plan.sets, &first.flags, &restarted.effective);
     for warning in &check.warnings {
         if !record.cells.iter().any(|c| c.warnings.contains(warning)) {
             bed.progress().note(&format!("warning: {warning}"));
@@ -280,12 +279,11 @@ struct EffectiveCheck {
 }
 
 /// Compare every pinned and cell flag value with what the engines report after the
-/// restart (`engine_info`, role -> document).
+/// restart (`effective`, flag -> role -> the value its engine reports).
 fn check_effective(
     pinned: &[(FlagSpec, String)],
     cell: &[(FlagSpec, String)],
-    job: &MatrixJob,
-    engine_info: &BTreeMap<String, serde_json::Value>,
+    effective: &BTreeMap<String, Readback>,
 ) -> EffectiveCheck {
     let mut check = EffectiveCheck::default();
     let all = pinned
@@ -293,7 +291,7 @@ fn check_effective(
         .map(|(f, v)| (f, v, "pinned "))
         .chain(cell.iter().map(|(f, v)| (f, v, "")));
     for (flag, value, kind) in all {
-        let reported = effective_values(&job.target, flag, engine_info);
+        let reported = effective.get(&flag.name).cloned().unwrap_or_default();
         if reported.is_empty() {
             check
                 .warnings
