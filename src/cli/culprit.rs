@@ -31,8 +31,8 @@ pub struct CulpritArgs {
 }
 
 impl CulpritArgs {
-    /// Validate the arguments into a plan; the embedded engine's launch scripts are
-    /// the only thing written.
+    /// Validate the arguments into a plan (nothing is written; what needs the launch
+    /// configs is checked when the search starts, [`CulpritPlan::validate`]).
     pub fn plan(&self) -> anyhow::Result<CulpritPlan> {
         let common = &self.common;
         let catalog = common.target.catalog()?;
@@ -67,7 +67,7 @@ impl CulpritArgs {
             }
         };
         let (target, api_key) = common.target.resolve(&dir)?;
-        let plan = CulpritPlan {
+        Ok(CulpritPlan {
             id,
             command: command_line(),
             flags,
@@ -83,8 +83,6 @@ impl CulpritArgs {
             allow_partial: common.allow_partial,
             metrics_period: METRICS_PERIOD,
             resume: self.resume.is_some(),
-        };
-        plan.validate()?;
-        Ok(plan)
+        })
     }
 }

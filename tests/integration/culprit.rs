@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::common::{bisect, FakeTarget};
 
-fn culprit_plan(t: &FakeTarget, flags: &[&str], sets: &[(&str, &str)]) -> CulpritPlan {
+pub(crate) fn culprit_plan(t: &FakeTarget, flags: &[&str], sets: &[(&str, &str)]) -> CulpritPlan {
     let mut workload = Workload::load("smoke").unwrap();
     // Round 2 is where the fake's race strikes; 40 in flight, blocks of 80.
     workload.rounds = 2;
@@ -51,7 +51,10 @@ fn culprit_plan(t: &FakeTarget, flags: &[&str], sets: &[(&str, &str)]) -> Culpri
     }
 }
 
-async fn run(t: &FakeTarget, plan: &CulpritPlan) -> anyhow::Result<culprit::record::CulpritRecord> {
+pub(crate) async fn run(
+    t: &FakeTarget,
+    plan: &CulpritPlan,
+) -> anyhow::Result<culprit::record::CulpritRecord> {
     // Requests held long enough for the metrics poller to see the load (a pass needs it).
     t.engine.hold_requests(150);
     let mut control = t.engine.control();

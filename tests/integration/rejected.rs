@@ -22,9 +22,14 @@ const SESSIONS: u32 = 64;
 
 /// The fake with a `FAKE_REJECT` flag in its decode launch config and catalog.
 async fn rejecting_target() -> FakeTarget {
+    rejecting_target_found_at("0").await
+}
+
+/// [`rejecting_target`] with FAKE_REJECT at `found` in the launch config as found.
+async fn rejecting_target_found_at(found: &str) -> FakeTarget {
     let mut t = FakeTarget::new().await;
     let decode = &t.target.roles[1].launch;
-    let text = read(decode).replace("exec ", "export FAKE_REJECT=0\nexec ");
+    let text = read(decode).replace("exec ", &format!("export FAKE_REJECT={found}\nexec "));
     std::fs::write(decode, text).unwrap();
     t.engine.reload().unwrap();
     let flags = t.dir.path().join("flags");
@@ -183,4 +188,25 @@ async fn the_same_rejections_counted_as_errors_only_degrade_the_arm() {
         .iter()
         .filter(|s| s.class == SessionClass::Rejected)
         .all(|s| s.error.is_none()));
+}
+
+/// The culprit search classifies as `run` does: with the llama.cpp patterns the engine's
+/// rejections are the corruption the search hunts (it once judged with the markup
+/// families alone, so the same replies were errors and the flag was never found).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_culprit_search_counts_engine_rejections_as_corruption() {
+    let mut t = rejecting_target_found_at("1").await;
+    t.target.engine = Engine::Llamacpp;
+    t.target.rejections = Engine::Llamacpp.rejections();
+    let plan =
+        crate::culprit::culprit_plan(&t, &["FAKE_REJECT", "FAKE_NOISE"], &[("FAKE_BF16", "0")]);
+    let record = crate::culprit::run(&t, &plan).await.unwrap();
+    assert_eq!(
+        record.answer.as_deref(),
+        Some("culprit"),
+        "{:?}",
+        record.verdict
+    );
+    let culprit: Vec<&str> = record.culprit.iter().map(|c| c.flag.as_str()).collect();
+    assert_eq!(culprit, ["FAKE_REJECT"], "{:?}", record.verdict);
 }

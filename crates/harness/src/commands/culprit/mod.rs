@@ -99,9 +99,10 @@ impl CulpritPlan {
     }
 
     /// The classifier every block uses: the workload's tools, and the target profile's
-    /// markup families (what counts as a leak), as `bisect run` classifies.
+    /// markup families (what counts as a leak) and rejection patterns (which error
+    /// replies are the engine refusing a tool call), as `bisect run` classifies.
     fn classifier(&self) -> anyhow::Result<Classifier> {
-        Classifier::new(&self.workload.tools, &self.target.markup)
+        self.target.classifier(&self.workload)
     }
 
     /// The `--set` pins as `NAME=VALUE`, as the step log and the record name them.

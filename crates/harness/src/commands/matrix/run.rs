@@ -129,10 +129,7 @@ async fn run_groups(
     record: &mut MatrixRecord,
 ) -> anyhow::Result<()> {
     let pinned = bed.pin(&job.plan.sets)?;
-    let classifier = Arc::new(Classifier::new(
-        &job.plan.workload.tools,
-        &job.target.markup,
-    )?);
+    let classifier = Arc::new(job.target.classifier(&job.plan.workload)?);
     let cells = job.cells();
     let mut groups: Vec<Vec<(usize, &Cell)>> = Vec::new();
     for (i, cell) in cells.iter().enumerate() {
