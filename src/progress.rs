@@ -14,14 +14,14 @@ use bisect_harness::core::arm_stats::ArmStats;
 use bisect_harness::core::session::SessionResult;
 
 /// An indicatif bar per arm block, with its corrupted count.
-pub struct Bar {
+pub(crate) struct Bar {
     bar: Mutex<Option<ProgressBar>>,
     corrupted: AtomicU64,
 }
 
 impl Bar {
     /// A bar per arm block, sized when the block starts.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Bar {
             bar: Mutex::new(None),
             corrupted: AtomicU64::new(0),
@@ -75,13 +75,13 @@ impl Progress for Bar {
 }
 
 /// Plain progress lines on stderr (CI logs, pipes, --json).
-pub struct Lines {
+pub(crate) struct Lines {
     per_session: bool,
     done: AtomicU64,
 }
 
 impl Lines {
-    pub fn new(per_session: bool) -> Self {
+    pub(crate) fn new(per_session: bool) -> Self {
         Lines {
             per_session,
             done: AtomicU64::new(0),

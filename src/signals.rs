@@ -19,7 +19,7 @@ async fn on(kind: SignalKind) {
 
 /// A token cancelled on the first SIGINT, SIGTERM, SIGHUP or SIGQUIT. Needs a running
 /// tokio runtime.
-pub fn cancel_on_signal() -> CancellationToken {
+pub(crate) fn cancel_on_signal() -> CancellationToken {
     let cancel = CancellationToken::new();
     let token = cancel.clone();
     tokio::spawn(async move {

@@ -9,7 +9,7 @@ use super::{command_line, parse_pins, run_id, usage, ExperimentArgs, METRICS_PER
 use bisect_harness::commands::culprit::{self, CulpritPlan};
 
 #[derive(Debug, Args)]
-pub struct CulpritArgs {
+pub(crate) struct CulpritArgs {
     /// Flags to search, comma-separated catalog names (at least two). Their values in
     /// the launch configs as they are make the failing configuration; the search finds
     /// the minimal set of those values that still fails (docs/culprit.md).
@@ -27,13 +27,13 @@ pub struct CulpritArgs {
     resume: Option<PathBuf>,
     // The search goes to RESULTS/<id>/, each block to RESULTS/<id>/blocks/bNNN/.
     #[command(flatten)]
-    pub common: ExperimentArgs,
+    pub(crate) common: ExperimentArgs,
 }
 
 impl CulpritArgs {
     /// Validate the arguments into a plan (nothing is written; what needs the launch
     /// configs is checked when the search starts, [`CulpritPlan::validate`]).
-    pub fn plan(&self) -> anyhow::Result<CulpritPlan> {
+    pub(crate) fn plan(&self) -> anyhow::Result<CulpritPlan> {
         let common = &self.common;
         let catalog = common.target.catalog()?;
         let flags = self

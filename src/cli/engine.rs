@@ -10,13 +10,13 @@ use bisect_engine::{DeviceChoice, EngineConfig, EngineFlags, EngineTuning, Role}
 use std::net::SocketAddr;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum RoleArg {
+pub(crate) enum RoleArg {
     Prefill,
     Decode,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum DeviceArg {
+pub(crate) enum DeviceArg {
     Auto,
     Cpu,
     Cuda,
@@ -28,59 +28,59 @@ pub enum DeviceArg {
 /// SGLANG_DSV4_INDEX_K_HICACHE_SYNC (0), SGLANG_SM120_MMA_FLASHMLA (1),
 /// SGLANG_OPT_USE_TOPK_V2 (1), SGLANG_DSV4_INDEX_K_CHECKSUM (0).
 #[derive(Debug, Clone, clap::Args)]
-pub struct EngineArgs {
+pub(crate) struct EngineArgs {
     /// Which role this process plays.
     #[arg(long, value_enum)]
-    pub role: RoleArg,
+    pub(crate) role: RoleArg,
     #[arg(long)]
-    pub port: u16,
+    pub(crate) port: u16,
     #[arg(long, default_value = "127.0.0.1")]
-    pub host: String,
+    pub(crate) host: String,
     /// Decode only: base URL of the prefill role.
     #[arg(long)]
-    pub prefill_url: Option<String>,
+    pub(crate) prefill_url: Option<String>,
     /// Compute backend. `auto` is the CPU for now, even with a GPU present: the GPU path
     /// is not yet verified on a device (docs/performance.md, "GPU"); `cuda` uses it anyway (prefill's
     /// prefix cache and HiCache then live on the device). The environment variable
     /// reaches engines started by `bisect run` through their launch scripts.
     #[arg(long, value_enum, default_value = "auto", env = "BISECT_ENGINE_DEVICE")]
-    pub device: DeviceArg,
+    pub(crate) device: DeviceArg,
     /// Prefill's HiCache host tier: evicted prefix pages go to host memory and are loaded back.
     #[arg(long)]
-    pub enable_hierarchical_cache: bool,
+    pub(crate) enable_hierarchical_cache: bool,
     /// Decode batches larger than this take the eager path (same results).
     #[arg(long, default_value_t = 32)]
-    pub cuda_graph_max_bs: usize,
+    pub(crate) cuda_graph_max_bs: usize,
     /// crc32 of the transferred index-K on both sides (also SGLANG_DSV4_INDEX_K_CHECKSUM=1).
     #[arg(long)]
-    pub index_k_checksum: bool,
+    pub(crate) index_k_checksum: bool,
     /// Tokens per KV page.
     #[arg(long)]
-    pub page_size: Option<usize>,
+    pub(crate) page_size: Option<usize>,
     /// Prefill device pool capacity in bytes (main KV + index-K).
     #[arg(long)]
-    pub pool_bytes: Option<usize>,
+    pub(crate) pool_bytes: Option<usize>,
     /// HiCache loader bandwidth in bytes per prefill scheduler step (virtual time).
     #[arg(long)]
-    pub loader_bytes_per_step: Option<usize>,
+    pub(crate) loader_bytes_per_step: Option<usize>,
     /// Modelled floor of one prefill step in microseconds (maps steps onto wall time).
     #[arg(long)]
-    pub prefill_step_floor_us: Option<u64>,
+    pub(crate) prefill_step_floor_us: Option<u64>,
     /// With --device cuda: modelled device time of prefill's forward per prompt token,
     /// queued before a step's KV is gathered for shipping (0: none; ignored on the CPU).
     /// The environment variable reaches engines started by `bisect run`.
     #[arg(long, env = "BISECT_PREFILL_FORWARD_NS_PER_TOKEN")]
-    pub prefill_forward_ns_per_token: Option<u64>,
+    pub(crate) prefill_forward_ns_per_token: Option<u64>,
     /// Prompt tokens computed per prefill step.
     #[arg(long)]
-    pub chunked_prefill_size: Option<usize>,
+    pub(crate) chunked_prefill_size: Option<usize>,
     /// Decode's running-batch cap.
     #[arg(long)]
-    pub max_running_requests: Option<usize>,
+    pub(crate) max_running_requests: Option<usize>,
 }
 
 impl EngineArgs {
-    pub fn into_config(self) -> anyhow::Result<EngineConfig> {
+    pub(crate) fn into_config(self) -> anyhow::Result<EngineConfig> {
         let lookup = |name: &str| std::env::var(name).ok();
         let flags = EngineFlags::from_env(
             &lookup,
@@ -144,18 +144,18 @@ impl EngineArgs {
 
 /// Serve the zero-work mock chat engine (for benchmarks; not a user command).
 #[derive(Debug, Clone, clap::Args)]
-pub struct MockEngineArgs {
+pub(crate) struct MockEngineArgs {
     #[arg(long)]
-    pub port: u16,
+    pub(crate) port: u16,
     #[arg(long, default_value = "127.0.0.1")]
-    pub host: std::net::IpAddr,
+    pub(crate) host: std::net::IpAddr,
     /// A deterministic delay of 0..this many ms per request.
     #[arg(long, default_value_t = 0)]
-    pub jitter_ms: u64,
+    pub(crate) jitter_ms: u64,
 }
 
 /// Serve the mock until the process is killed (blocking: starts its own runtime).
-pub fn run_mock(args: MockEngineArgs) -> anyhow::Result<()> {
+pub(crate) fn run_mock(args: MockEngineArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -11,36 +11,35 @@ use bisect_harness::commands::matrix::{Plan, Shard};
 
 /// Which night to compare with.
 #[derive(Debug, Args)]
-pub struct BaselineArgs {
+pub(crate) struct BaselineArgs {
     /// Compare with this matrix directory instead of the newest earlier one of the plan.
     #[arg(long, conflicts_with = "no_baseline")]
-    pub baseline: Option<PathBuf>,
+    pub(crate) baseline: Option<PathBuf>,
     /// Compare with nothing (a first night, or a run that must not fail on regressions).
     #[arg(long = "no-baseline")]
-    pub no_baseline: bool,
+    pub(crate) no_baseline: bool,
 }
 
 #[derive(Debug, Args)]
-pub struct MatrixArgs {
+pub(crate) struct MatrixArgs {
     /// The plan (TOML): target, workload, axes or cells, repeats, thresholds.
     plan: PathBuf,
     #[command(flatten)]
-    pub baseline: BaselineArgs,
+    pub(crate) baseline: BaselineArgs,
     /// Run only shard I of N (0 <= I < N): whole restart groups, group g in shard g mod N.
     /// Shards are compared with the baseline when merged (`bisect merge`).
     #[arg(long)]
     shard: Option<Shard>,
     #[command(flatten)]
-    pub output: OutputArgs,
+    pub(crate) output: OutputArgs,
     /// Allow a flag whose setting also appears in a role it does not list.
     #[arg(long = "allow-partial")]
     allow_partial: bool,
 }
 
 impl MatrixArgs {
-    /// Load the plan and resolve its target into a job; the embedded engine's launch
-    /// scripts are the only thing written.
-    pub fn job(&self) -> anyhow::Result<MatrixJob> {
+    /// Load the plan and resolve its target into a job (nothing is written).
+    pub(crate) fn job(&self) -> anyhow::Result<MatrixJob> {
         let plan = Plan::load(&self.plan)?;
         if self.shard.is_some() && self.baseline.baseline.is_some() {
             return Err(usage(
@@ -71,20 +70,20 @@ impl MatrixArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct MergeArgs {
+pub(crate) struct MergeArgs {
     /// Shard directories written by `bisect matrix --shard I/N`, one per shard.
     #[arg(required = true)]
-    pub dirs: Vec<PathBuf>,
+    pub(crate) dirs: Vec<PathBuf>,
     /// The merged matrix directory (default: RESULTS/<matrix-id>/).
     #[arg(long)]
-    pub out: Option<PathBuf>,
+    pub(crate) out: Option<PathBuf>,
     #[command(flatten)]
-    pub baseline: BaselineArgs,
+    pub(crate) baseline: BaselineArgs,
     #[command(flatten)]
-    pub output: OutputArgs,
+    pub(crate) output: OutputArgs,
 }
 
 /// `<UTC stamp>-matrix-<plan name>`: a matrix directory's name.
-pub fn matrix_id(plan: &str) -> String {
+pub(crate) fn matrix_id(plan: &str) -> String {
     run_id(&format!("matrix-{plan}"), None)
 }

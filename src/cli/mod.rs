@@ -4,8 +4,8 @@
 //! here, so one option means one thing everywhere.
 
 mod culprit;
-pub mod engine;
-pub mod matrix;
+pub(crate) mod engine;
+pub(crate) mod matrix;
 mod results;
 
 use std::path::{Path, PathBuf};
@@ -22,12 +22,12 @@ use bisect_harness::config::{ConfigError, FlagCatalog, TargetProfile, Workload};
 use bisect_harness::core::verdict::Policy;
 use bisect_harness::exit;
 
-pub use culprit::CulpritArgs;
-pub use matrix::{MatrixArgs, MergeArgs};
-pub use results::{DiffArgs, ReclassifyArgs};
+pub(crate) use culprit::CulpritArgs;
+pub(crate) use matrix::{MatrixArgs, MergeArgs};
+pub(crate) use results::{DiffArgs, ReclassifyArgs};
 
 /// How often engine metrics are sampled while sessions run.
-pub const METRICS_PERIOD: Duration = Duration::from_millis(250);
+pub(crate) const METRICS_PERIOD: Duration = Duration::from_millis(250);
 
 #[derive(Debug, Parser)]
 #[command(
@@ -35,13 +35,13 @@ pub const METRICS_PERIOD: Duration = Duration::from_millis(250);
     version,
     about = "Reproduce and bisect load-dependent corruption bugs in LLM serving engines"
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
-    pub command: Command,
+    pub(crate) command: Command,
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Controlled A/B of one flag: arms on and off, verdict implicated / cleared / inconclusive.
     Run(RunArgs),
     /// One arm with the launch configs as they are: exit 0 clean, 1 corrupted, 125 could not tell.
@@ -76,7 +76,7 @@ pub enum Command {
 
 /// Parse the command line. `Err` carries the exit code when there is nothing to run:
 /// `--help` / `--version` (printed to stdout, 0) or a usage error (printed, 2).
-pub fn parse() -> Result<Cli, ExitCode> {
+pub(crate) fn parse() -> Result<Cli, ExitCode> {
     Cli::try_parse().map_err(|e| {
         let _ = e.print();
         ExitCode::from(if e.use_stderr() {
@@ -89,25 +89,25 @@ pub fn parse() -> Result<Cli, ExitCode> {
 
 /// Where the engines come from, and the flag catalogs naming their settings.
 #[derive(Debug, Args)]
-pub struct TargetArgs {
+pub(crate) struct TargetArgs {
     /// Target profile (TOML). Without it, the embedded engine is started.
     #[arg(long)]
-    pub target: Option<PathBuf>,
+    pub(crate) target: Option<PathBuf>,
     /// Extra flag catalog directories of *.toml flag files, loaded after the built-in
     /// flags and the target's own `flags_dir` (a later file with the same name overrides).
     #[arg(long = "flags-dir", value_name = "DIR")]
-    pub flags_dir: Vec<PathBuf>,
+    pub(crate) flags_dir: Vec<PathBuf>,
 }
 
 impl TargetArgs {
     /// The built-in flags, the target profile's `flags_dir`, then `--flags-dir`.
-    pub fn catalog(&self) -> Result<FlagCatalog, ConfigError> {
+    pub(crate) fn catalog(&self) -> Result<FlagCatalog, ConfigError> {
         catalog_for(self.target.as_deref(), &self.flags_dir)
     }
 
     /// The target profile (or the embedded engine's, its launch scripts to be written
     /// under `dir`) and its API key.
-    pub fn resolve(&self, dir: &Path) -> anyhow::Result<(TargetProfile, Option<String>)> {
+    pub(crate) fn resolve(&self, dir: &Path) -> anyhow::Result<(TargetProfile, Option<String>)> {
         resolve_target(self.target.as_deref(), dir)
     }
 }
@@ -115,7 +115,7 @@ impl TargetArgs {
 /// The target profile at `path`, or the embedded engine's with its launch scripts
 /// to be written under `dir/launch` when the command starts (parsing writes nothing);
 /// with the API key its `api_key_env` names.
-pub fn resolve_target(
+pub(crate) fn resolve_target(
     path: Option<&Path>,
     dir: &Path,
 ) -> anyhow::Result<(TargetProfile, Option<String>)> {
@@ -143,25 +143,25 @@ pub fn resolve_target(
 
 /// Where results go and how they are printed.
 #[derive(Debug, Args)]
-pub struct OutputArgs {
+pub(crate) struct OutputArgs {
     /// Results root: each run, search or matrix goes to DIR/<id>/.
     #[arg(long, default_value = "results")]
-    pub results: PathBuf,
+    pub(crate) results: PathBuf,
     /// Print the JSON record (run.json, culprit.json, matrix.json) instead of the table.
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
 }
 
 impl OutputArgs {
     /// The journal of launch-config edits under the results root.
-    pub fn journal_dir(&self) -> PathBuf {
+    pub(crate) fn journal_dir(&self) -> PathBuf {
         self.results.join(".bisect-journal")
     }
 }
 
 /// The significance level and smallest effect of a verdict, shared by run and culprit.
 #[derive(Debug, Args)]
-pub struct DecisionArgs {
+pub(crate) struct DecisionArgs {
     /// Significance level for `implicated` (culprit: family-wise, split across looks).
     #[arg(long, default_value_t = 0.01)]
     alpha: f64,
@@ -190,7 +190,7 @@ impl DecisionArgs {
 
 /// Workload selection and overrides, shared by run, probe and culprit.
 #[derive(Debug, Args)]
-pub struct WorkloadArgs {
+pub(crate) struct WorkloadArgs {
     /// Workload name (built-in) or TOML file.
     #[arg(long, default_value = "agentic")]
     workload: String,
@@ -274,16 +274,16 @@ impl WorkloadArgs {
 
 /// What an A/B experiment (`run`, `culprit`) needs besides the flags it tests.
 #[derive(Debug, Args)]
-pub struct ExperimentArgs {
+pub(crate) struct ExperimentArgs {
     #[command(flatten)]
-    pub target: TargetArgs,
+    pub(crate) target: TargetArgs,
     #[command(flatten)]
     load: WorkloadArgs,
     /// Appended to the id (the results directory's name).
     #[arg(long)]
     tag: Option<String>,
     #[command(flatten)]
-    pub output: OutputArgs,
+    pub(crate) output: OutputArgs,
     /// Allow a flag whose setting also appears in a role it does not list.
     #[arg(long = "allow-partial")]
     allow_partial: bool,
@@ -292,7 +292,7 @@ pub struct ExperimentArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct RunArgs {
+pub(crate) struct RunArgs {
     /// Flag to test, by catalog name (e.g. BF16_INDEX_K) or by its env/arg name.
     #[arg(long)]
     flag: String,
@@ -311,19 +311,19 @@ pub struct RunArgs {
     #[arg(long = "max-sessions", requires = "adaptive")]
     max_sessions: Option<u64>,
     #[command(flatten)]
-    pub common: ExperimentArgs,
+    pub(crate) common: ExperimentArgs,
 }
 
 impl RunArgs {
     /// `Some` for a sequential run (`--adaptive`); checked by [`RunArgs::plan`].
-    pub fn adaptive(&self) -> Option<AdaptiveOptions> {
+    pub(crate) fn adaptive(&self) -> Option<AdaptiveOptions> {
         self.adaptive.then_some(AdaptiveOptions {
             max_sessions: self.max_sessions,
         })
     }
 
     /// Validate the arguments into a plan (nothing is written).
-    pub fn plan(&self) -> anyhow::Result<RunPlan> {
+    pub(crate) fn plan(&self) -> anyhow::Result<RunPlan> {
         let common = &self.common;
         let catalog = common.target.catalog()?;
         let flag = catalog.get(&self.flag)?.clone();
@@ -376,7 +376,7 @@ impl RunArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct ProbeArgs {
+pub(crate) struct ProbeArgs {
     #[command(flatten)]
     target: TargetArgs,
     #[command(flatten)]
@@ -388,12 +388,12 @@ pub struct ProbeArgs {
     #[arg(long = "bug-rate", default_value_t = 0.10)]
     bug_rate: f64,
     #[command(flatten)]
-    pub output: OutputArgs,
+    pub(crate) output: OutputArgs,
 }
 
 impl ProbeArgs {
     /// Validate the arguments into a plan (nothing is written).
-    pub fn plan(&self) -> anyhow::Result<ProbePlan> {
+    pub(crate) fn plan(&self) -> anyhow::Result<ProbePlan> {
         let catalog = self.target.catalog()?;
         let workload = self.load.load()?;
         for (name, v) in [
@@ -426,50 +426,50 @@ impl ProbeArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct FlagsArgs {
+pub(crate) struct FlagsArgs {
     /// Target profile (TOML): list its own flags (`flags_dir`) and only the flags whose
     /// roles it has; the others are named as not applying.
     #[arg(long)]
-    pub target: Option<PathBuf>,
+    pub(crate) target: Option<PathBuf>,
     /// Extra flag catalog directories of *.toml flag files (later ones override).
     #[arg(long = "flags-dir", value_name = "DIR")]
-    pub flags_dir: Vec<PathBuf>,
+    pub(crate) flags_dir: Vec<PathBuf>,
 }
 
 #[derive(Debug, Args)]
-pub struct CheckArgs {
+pub(crate) struct CheckArgs {
     /// Target profile (TOML) to validate.
     #[arg(long)]
-    pub target: PathBuf,
+    pub(crate) target: PathBuf,
     /// Extra flag catalog directories of *.toml flag files (later ones override).
     #[arg(long = "flags-dir", value_name = "DIR")]
-    pub flags_dir: Vec<PathBuf>,
+    pub(crate) flags_dir: Vec<PathBuf>,
     /// Skip the URL checks (health, metrics, effective config): for CI, or before the
     /// engines exist.
     #[arg(long)]
-    pub offline: bool,
+    pub(crate) offline: bool,
     /// Seconds to wait for each URL.
     #[arg(long, default_value_t = 3.0, value_name = "SECS")]
-    pub timeout: f64,
+    pub(crate) timeout: f64,
     /// Print the report as JSON.
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
 }
 
 /// What `bisect check` runs on, loaded and validated from [`CheckArgs`].
-pub struct CheckInputs {
-    pub target: TargetProfile,
-    pub catalog: FlagCatalog,
+pub(crate) struct CheckInputs {
+    pub(crate) target: TargetProfile,
+    pub(crate) catalog: FlagCatalog,
     /// The key `api_key_env` names, when that variable is set.
-    pub api_key: Option<String>,
+    pub(crate) api_key: Option<String>,
     /// `api_key_env`'s variable when it is not set.
-    pub api_key_missing: Option<String>,
-    pub timeout: Duration,
+    pub(crate) api_key_missing: Option<String>,
+    pub(crate) timeout: Duration,
 }
 
 impl CheckArgs {
     /// The profile, its catalog, and the plan options (the API key read, never printed).
-    pub fn inputs(&self) -> anyhow::Result<CheckInputs> {
+    pub(crate) fn inputs(&self) -> anyhow::Result<CheckInputs> {
         if !(self.timeout.is_finite() && self.timeout > 0.0) {
             return Err(usage(
                 format!(
@@ -503,7 +503,7 @@ impl CheckArgs {
 
 /// The catalog a command sees: the built-in flags, the profile's `flags_dir` (when a
 /// profile is given), then `dirs`.
-pub fn catalog_for(target: Option<&Path>, dirs: &[PathBuf]) -> Result<FlagCatalog, ConfigError> {
+pub(crate) fn catalog_for(target: Option<&Path>, dirs: &[PathBuf]) -> Result<FlagCatalog, ConfigError> {
     let mut all = Vec::new();
     if let Some(path) = target {
         all.extend(TargetProfile::load(path)?.flags_dir);
@@ -513,18 +513,18 @@ pub fn catalog_for(target: Option<&Path>, dirs: &[PathBuf]) -> Result<FlagCatalo
 }
 
 #[derive(Debug, Args)]
-pub struct ReportArgs {
+pub(crate) struct ReportArgs {
     /// A results directory (holding run.json).
-    pub dir: PathBuf,
+    pub(crate) dir: PathBuf,
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
 }
 
 #[derive(Debug, Args)]
-pub struct RestoreArgs {
+pub(crate) struct RestoreArgs {
     /// Results root whose journal to replay.
     #[arg(long, default_value = "results")]
-    pub results: PathBuf,
+    pub(crate) results: PathBuf,
 }
 
 /// `--set NAME=VALUE` pins, looked up in the catalog and their values checked;
@@ -569,7 +569,7 @@ fn usage(message: impl Into<String>, fix: impl Into<String>) -> anyhow::Error {
 }
 
 /// The command line as typed, recorded in every result.
-pub fn command_line() -> String {
+pub(crate) fn command_line() -> String {
     std::env::args().collect::<Vec<_>>().join(" ")
 }
 

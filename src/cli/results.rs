@@ -8,11 +8,11 @@ use clap::{Args, ValueEnum};
 use bisect_harness::commands::diff::Format;
 
 #[derive(Debug, Args)]
-pub struct DiffArgs {
+pub(crate) struct DiffArgs {
     /// The earlier (baseline) results directory: a run or a matrix.
-    pub a: PathBuf,
+    pub(crate) a: PathBuf,
     /// The later results directory, of the same kind as A.
-    pub b: PathBuf,
+    pub(crate) b: PathBuf,
     /// Output format.
     #[arg(long, value_enum, default_value_t = DiffFormat::Table)]
     format: DiffFormat,
@@ -29,7 +29,7 @@ enum DiffFormat {
 }
 
 impl DiffArgs {
-    pub fn format(&self) -> Format {
+    pub(crate) fn format(&self) -> Format {
         match self.format {
             DiffFormat::Table => Format::Table,
             DiffFormat::Md => Format::Markdown,
@@ -39,14 +39,14 @@ impl DiffArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct ReclassifyArgs {
+pub(crate) struct ReclassifyArgs {
     /// A results directory written by `bisect run`.
-    pub dir: PathBuf,
+    pub(crate) dir: PathBuf,
     /// The workload (builtin name or TOML file) the run used, when its recorded name does
     /// not load; its parameters are still taken from run.json.
     #[arg(long)]
-    pub workload: Option<String>,
+    pub(crate) workload: Option<String>,
     /// Print the rewritten run.json instead of the table.
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
 }

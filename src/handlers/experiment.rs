@@ -13,7 +13,7 @@ use bisect_harness::commands::run as experiment;
 use bisect_harness::exit::{self, Failure};
 use bisect_harness::results::{table, Exporter};
 
-pub async fn run(args: &RunArgs) -> anyhow::Result<ExitCode> {
+pub(crate) async fn run(args: &RunArgs) -> anyhow::Result<ExitCode> {
     let output = &args.common.output;
     recover_journal(&output.journal_dir())?;
     let plan = args.plan()?;
@@ -35,7 +35,7 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub async fn culprit(args: &CulpritArgs) -> anyhow::Result<ExitCode> {
+pub(crate) async fn culprit(args: &CulpritArgs) -> anyhow::Result<ExitCode> {
     let output = &args.common.output;
     recover_journal(&output.journal_dir())?;
     let plan = args.plan()?;
@@ -55,7 +55,7 @@ pub async fn culprit(args: &CulpritArgs) -> anyhow::Result<ExitCode> {
 /// Exit 0 clean, 1 corrupted, 125 could not tell (also when the probe could not run:
 /// `git bisect` skips such a commit), 255 another bisect holds the target (`git bisect
 /// run` stops), 130 interrupted.
-pub async fn probe(args: &ProbeArgs) -> anyhow::Result<ExitCode> {
+pub(crate) async fn probe(args: &ProbeArgs) -> anyhow::Result<ExitCode> {
     recover_journal(&args.output.journal_dir())?;
     let plan = args.plan()?;
     let (mut control, cancel) = engines(&plan.target, &plan.run_dir, plan.api_key.as_deref())?;

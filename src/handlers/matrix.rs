@@ -13,7 +13,7 @@ use bisect_harness::commands::matrix::record::{CellRecord, CellStatus, MatrixRec
 use bisect_harness::commands::matrix::{baseline, export, merge as shards, run as matrix_run};
 use bisect_harness::exit::{self, Failure};
 
-pub async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
+pub(crate) async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
     recover_journal(&args.output.journal_dir())?;
     let job = args.job()?;
     let (mut control, cancel) = engines(&job.target, &job.dir, job.api_key.as_deref())?;
@@ -31,7 +31,7 @@ pub async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
     finish(&record, &job.dir, args.output.json)
 }
 
-pub fn merge(args: &MergeArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn merge(args: &MergeArgs) -> anyhow::Result<ExitCode> {
     let first = export::read_matrix(&args.dirs[0]).map_err(|e| {
         Failure::BadInput(format!(
             "{e:#}\n  fix: pass directories written by `bisect matrix --shard I/N`"

@@ -27,7 +27,7 @@ use bisect_harness::config::TargetProfile;
 use bisect_harness::control::ProcessControl;
 
 /// Run a parsed command line to its exit code.
-pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Engine(args) => tools::engine(args),
         Command::MockEngine(args) => {

@@ -13,13 +13,13 @@ use bisect_harness::commands::matrix::export::{html, read_matrix};
 use bisect_harness::exit::Failure;
 use bisect_harness::results::{export, Exporter, ResultsDir};
 
-pub fn diff(args: &DiffArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn diff(args: &DiffArgs) -> anyhow::Result<ExitCode> {
     let d = diff::diff_dirs(&args.a, &args.b)?;
     print!("{}", diff::render(&d, args.format())?);
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn reclassify(args: &ReclassifyArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn reclassify(args: &ReclassifyArgs) -> anyhow::Result<ExitCode> {
     let summary =
         bisect_harness::commands::reclassify::reclassify_dir(&args.dir, args.workload.as_deref())?;
     if args.json {
@@ -66,7 +66,7 @@ pub fn reclassify(args: &ReclassifyArgs) -> anyhow::Result<ExitCode> {
 
 /// `bisect report DIR`: a run's run.json (keeping keys such as `reclassified`),
 /// summary.md and report.html, or a matrix's report.html.
-pub fn report(dir: &Path, json: bool) -> anyhow::Result<ExitCode> {
+pub(crate) fn report(dir: &Path, json: bool) -> anyhow::Result<ExitCode> {
     let run_json = dir.join("run.json");
     let matrix_json = dir.join("matrix.json");
     if !run_json.is_file() && matrix_json.is_file() {

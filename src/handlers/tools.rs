@@ -11,7 +11,7 @@ use bisect_harness::config::{Coverage, FlagCatalog};
 use bisect_harness::exit::{self, Failure};
 use bisect_harness::redact::scrub;
 
-pub fn engine(args: EngineArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn engine(args: EngineArgs) -> anyhow::Result<ExitCode> {
     let config = args
         .into_config()
         .map_err(|e| Failure::BadInput(format!("{e:#}")))?;
@@ -19,7 +19,7 @@ pub fn engine(args: EngineArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn flags(args: &FlagsArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn flags(args: &FlagsArgs) -> anyhow::Result<ExitCode> {
     let catalog = crate::cli::catalog_for(args.target.as_deref(), &args.flags_dir)?;
     let (shown, not_applying) = match &args.target {
         Some(path) => {
@@ -71,7 +71,7 @@ pub fn flags(args: &FlagsArgs) -> anyhow::Result<ExitCode> {
 /// `bisect check --target FILE`: the report (text or JSON) and exit 0 when every check
 /// passed, [`exit::CHECK_FAILED`] when one did. A profile that does not load is an
 /// error (exit 2) before anything is checked.
-pub async fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
+pub(crate) async fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
     let inputs = args.inputs()?;
     let report = bisect_harness::commands::check::check(&CheckPlan {
         target: &inputs.target,
@@ -228,7 +228,7 @@ fn render_check(r: &CheckReport) -> String {
     out
 }
 
-pub fn kernels() -> anyhow::Result<ExitCode> {
+pub(crate) fn kernels() -> anyhow::Result<ExitCode> {
     use bisect_engine::backend::cuda;
     match cuda::probe() {
         Some(gpu) => println!("GPU: {gpu}"),
@@ -245,7 +245,7 @@ pub fn kernels() -> anyhow::Result<ExitCode> {
 /// Recovers every launch config a dead bisect left (its state found by the file's path,
 /// under `$XDG_STATE_HOME/bisect`), plus a journal an older version left in the
 /// results root.
-pub fn restore(args: &RestoreArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn restore(args: &RestoreArgs) -> anyhow::Result<ExitCode> {
     use bisect_harness::launch;
     let recovery =
         launch::recover_at(&launch::state_root(), &args.results.join(".bisect-journal"))?;
