@@ -503,7 +503,10 @@ impl CheckArgs {
 
 /// The catalog a command sees: the built-in flags, the profile's `flags_dir` (when a
 /// profile is given), then `dirs`.
-pub(crate) fn catalog_for(target: Option<&Path>, dirs: &[PathBuf]) -> Result<FlagCatalog, ConfigError> {
+pub(crate) fn catalog_for(
+    target: Option<&Path>,
+    dirs: &[PathBuf],
+) -> Result<FlagCatalog, ConfigError> {
     let mut all = Vec::new();
     if let Some(path) = target {
         all.extend(TargetProfile::load(path)?.flags_dir);

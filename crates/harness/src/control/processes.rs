@@ -104,20 +104,9 @@ pub(super) async fn run_restart_command(
 ) -> anyhow::Result<()> {
     let log = logs_dir.join(format!("{label}-{}-restart.log", role.name));
     let out = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-    let err = out.try_clone()?;
     let mut command = Command::new("sh");
-    command
-        .arg("-c")
-        .arg(cmd)
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .process_group(0)
-        .kill_on_drop(true);
-    if let Some(var) = hide_env {
-        command.env_remove(var);
-    }
-    die_with_parent(&mut command);
+    command.arg("-c").arg(cmd);
+    own_group_logged(&mut command, out, hide_env)?;
     let mut child = command
         .spawn()
         .with_context(|| format!("running restart command for role {}: {cmd}", role.name))?;
@@ -165,6 +154,29 @@ pub(super) async fn run_restart_command(
     Ok(())
 }
 
+/// What every process engine control starts gets: no stdin, stdout and stderr to
+/// `log`, its own process group (so the whole group can be killed), killed when its
+/// handle is dropped and when bisect dies, and without the API key variable where the
+/// role must not see it.
+fn own_group_logged(
+    command: &mut Command,
+    log: std::fs::File,
+    hide_env: Option<String>,
+) -> anyhow::Result<()> {
+    let err = log.try_clone()?;
+    command
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(err)
+        .process_group(0)
+        .kill_on_drop(true);
+    if let Some(var) = hide_env {
+        command.env_remove(var);
+    }
+    die_with_parent(command);
+    Ok(())
+}
+
 /// Makes a spawned child die with bisect (Linux `PR_SET_PDEATHSIG(SIGKILL)`), so even a
 /// kill -9 of bisect leaves no engine behind. The signal follows the child across
 /// `exec` (a launch script that ends in `exec server ...`); grandchildren are covered by
@@ -202,23 +214,14 @@ pub(super) fn spawn_launch(
         .append(true)
         .open(&log)
         .with_context(|| format!("opening {}", log.display()))?;
-    let err = out.try_clone()?;
     // Scripts may refer to files beside them, so run them from their own directory.
     let launch = std::path::absolute(&role.launch)
         .with_context(|| format!("resolving {}", role.launch.display()))?;
     let mut command = Command::new("sh");
     command
         .arg(&launch)
-        .current_dir(launch.parent().unwrap_or(Path::new("/")))
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .process_group(0)
-        .kill_on_drop(true);
-    if let Some(var) = hide_env {
-        command.env_remove(var);
-    }
-    die_with_parent(&mut command);
+        .current_dir(launch.parent().unwrap_or(Path::new("/")));
+    own_group_logged(&mut command, out, hide_env)?;
     let child = command
         .spawn()
         .with_context(|| format!("spawning sh {}", role.launch.display()))?;
