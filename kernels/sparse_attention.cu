@@ -135,6 +135,32 @@ __device__ void reduce_softmax_argmax(float local_best, unsigned int local_posit
     }
 }
 
+// The MMA path's body for one job (one block of ATTN_THREADS): the logit of every
+// selected position (row_of(position) is its main-KV row), kept in `logits`, then the
+// softmax weight of the argmax. Both layouts (contiguous rows, page tables) use it.
+template <typename RowOf>
+__device__ __forceinline__ void selected_softmax_argmax(const float* q, const unsigned int* __restrict__ selected,
+                                                        const unsigned int* __restrict__ sel_start, unsigned int job,
+                                                        RowOf row_of, float* __restrict__ logits,
+                                                        unsigned int* __restrict__ out_argmax,
+                                                        float* __restrict__ out_weight)
+{
+    const unsigned int first = sel_start[job];
+    const unsigned int count = sel_start[job + 1] - first;
+    float local_best = -__int_as_float(0x7F800000);
+    unsigned int local_position = 0xFFFFFFFFu;
+    for (unsigned int i = threadIdx.x; i < count; i += ATTN_THREADS) {
+        const unsigned int position = selected[first + i];
+        const float logit = sanitize_logit(__fmul_rn(dot_sum(q, row_of(position)), 0.125f));
+        logits[first + i] = logit;
+        if (beats(logit, position, local_best, local_position)) {
+            local_best = logit;
+            local_position = position;
+        }
+    }
+    reduce_softmax_argmax(local_best, local_position, logits + first, 0, count, job, out_argmax, out_weight);
+}
+
 // One block of ATTN_THREADS per job; logits scratch holds one f32 per selected entry.
 extern "C" __global__ void sparse_attention_mma(const float* __restrict__ absorbed_queries,
                                                 const float* __restrict__ keys,
@@ -148,21 +174,9 @@ extern "C" __global__ void sparse_attention_mma(const float* __restrict__ absorb
     const unsigned int job = blockIdx.x;
     const float* q = absorbed_queries + (unsigned long long)job * MAIN_DIM;
     const float* job_keys = keys + (unsigned long long)row_start[job] * MAIN_DIM;
-    const unsigned int first = sel_start[job];
-    const unsigned int count = sel_start[job + 1] - first;
-    float local_best = -__int_as_float(0x7F800000);
-    unsigned int local_position = 0xFFFFFFFFu;
-    for (unsigned int i = threadIdx.x; i < count; i += ATTN_THREADS) {
-        const unsigned int position = selected[first + i];
-        const float logit =
-            sanitize_logit(__fmul_rn(dot_sum(q, job_keys + (unsigned long long)position * MAIN_DIM), 0.125f));
-        logits[first + i] = logit;
-        if (beats(logit, position, local_best, local_position)) {
-            local_best = logit;
-            local_position = position;
-        }
-    }
-    reduce_softmax_argmax(local_best, local_position, logits + first, 0, count, job, out_argmax, out_weight);
+    selected_softmax_argmax(
+        q, selected, sel_start, job, [=](unsigned int position) { return job_keys + (unsigned long long)position * MAIN_DIM; },
+        logits, out_argmax, out_weight);
 }
 
 // Dense pass: one thread per stored row of every job; W is staged in shared memory.
@@ -284,21 +298,10 @@ extern "C" __global__ void paged_sparse_attention_mma(const float* __restrict__ 
     count_stale_main(main_tag, job_pages, page_expected + page_start[job], page_start[job + 1] - page_start[job],
                      stale);
     const float* q = absorbed_queries + (unsigned long long)job * MAIN_DIM;
-    const unsigned int first = sel_start[job];
-    const unsigned int count = sel_start[job + 1] - first;
-    float local_best = -__int_as_float(0x7F800000);
-    unsigned int local_position = 0xFFFFFFFFu;
-    for (unsigned int i = threadIdx.x; i < count; i += ATTN_THREADS) {
-        const unsigned int position = selected[first + i];
-        const float logit =
-            sanitize_logit(__fmul_rn(dot_sum(q, paged_row(main_pool, job_pages, page_tokens, position)), 0.125f));
-        logits[first + i] = logit;
-        if (beats(logit, position, local_best, local_position)) {
-            local_best = logit;
-            local_position = position;
-        }
-    }
-    reduce_softmax_argmax(local_best, local_position, logits + first, 0, count, job, out_argmax, out_weight);
+    selected_softmax_argmax(
+        q, selected, sel_start, job,
+        [=](unsigned int position) { return paged_row(main_pool, job_pages, page_tokens, position); }, logits,
+        out_argmax, out_weight);
 }
 
 // Dense pass of the Legacy path through page tables: one thread per row of every job.
