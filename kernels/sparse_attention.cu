@@ -179,6 +179,32 @@ extern "C" __global__ void sparse_attention_mma(const float* __restrict__ absorb
         logits, out_argmax, out_weight);
 }
 
+// The Legacy dense pass's body for both layouts: one thread per row of every job, W
+// staged in shared memory; key_of(job, row) is the row's main-KV key.
+template <typename KeyOf>
+__device__ __forceinline__ void legacy_dense_logits(const float* __restrict__ w,
+                                                    const float* __restrict__ projected_queries,
+                                                    const unsigned int* __restrict__ row_start, unsigned int jobs,
+                                                    float* __restrict__ dense_logits, KeyOf key_of)
+{
+    __shared__ float w_shared[MAIN_DIM * MAIN_DIM];
+    for (unsigned int i = threadIdx.x; i < MAIN_DIM * MAIN_DIM; i += blockDim.x) {
+        w_shared[i] = w[i];
+    }
+    __syncthreads();
+    const unsigned int rows = row_start[jobs];
+    for (unsigned int row = blockIdx.x * blockDim.x + threadIdx.x; row < rows; row += gridDim.x * blockDim.x) {
+        const unsigned int job = job_of_index(row_start, jobs, row);
+        const float* pq = projected_queries + (unsigned long long)job * MAIN_DIM;
+        const float* key = key_of(job, row);
+        float acc = -0.0f;
+        for (unsigned int c = 0; c < MAIN_DIM; ++c) {
+            acc = __fadd_rn(acc, __fmul_rn(pq[c], dot_sum(w_shared + c * MAIN_DIM, key)));
+        }
+        dense_logits[row] = sanitize_logit(__fmul_rn(acc, 0.125f));
+    }
+}
+
 // Dense pass: one thread per stored row of every job; W is staged in shared memory.
 // logit = sum_c (W q)[c] * (sum_d W[c][d] * k[d]), each sum from -0.0, then * 0.125.
 extern "C" __global__ void sparse_attention_legacy_dense(const float* __restrict__ w,
@@ -188,21 +214,8 @@ extern "C" __global__ void sparse_attention_legacy_dense(const float* __restrict
                                                          unsigned int jobs,
                                                          float* __restrict__ dense_logits)
 {
-    __shared__ float w_shared[MAIN_DIM * MAIN_DIM];
-    for (unsigned int i = threadIdx.x; i < MAIN_DIM * MAIN_DIM; i += blockDim.x) {
-        w_shared[i] = w[i];
-    }
-    __syncthreads();
-    const unsigned int rows = row_start[jobs];
-    for (unsigned int row = blockIdx.x * blockDim.x + threadIdx.x; row < rows; row += gridDim.x * blockDim.x) {
-        const float* pq = projected_queries + (unsigned long long)job_of_index(row_start, jobs, row) * MAIN_DIM;
-        const float* key = keys + (unsigned long long)row * MAIN_DIM;
-        float acc = -0.0f;
-        for (unsigned int c = 0; c < MAIN_DIM; ++c) {
-            acc = __fadd_rn(acc, __fmul_rn(pq[c], dot_sum(w_shared + c * MAIN_DIM, key)));
-        }
-        dense_logits[row] = sanitize_logit(__fmul_rn(acc, 0.125f));
-    }
+    legacy_dense_logits(w, projected_queries, row_start, jobs, dense_logits,
+                        [=](unsigned int, unsigned int row) { return keys + (unsigned long long)row * MAIN_DIM; });
 }
 
 // Mask pass: mask (one byte per row, zeroed by the host) gets 1 on every selected row.
@@ -315,22 +328,10 @@ extern "C" __global__ void paged_attention_legacy_dense(const float* __restrict_
                                                         unsigned int jobs,
                                                         float* __restrict__ dense_logits)
 {
-    __shared__ float w_shared[MAIN_DIM * MAIN_DIM];
-    for (unsigned int i = threadIdx.x; i < MAIN_DIM * MAIN_DIM; i += blockDim.x) {
-        w_shared[i] = w[i];
-    }
-    __syncthreads();
-    const unsigned int rows = row_start[jobs];
-    for (unsigned int row = blockIdx.x * blockDim.x + threadIdx.x; row < rows; row += gridDim.x * blockDim.x) {
-        const unsigned int job = job_of_index(row_start, jobs, row);
-        const float* pq = projected_queries + (unsigned long long)job * MAIN_DIM;
-        const float* key = paged_row(main_pool, page_table + page_start[job], page_tokens, row - row_start[job]);
-        float acc = -0.0f;
-        for (unsigned int c = 0; c < MAIN_DIM; ++c) {
-            acc = __fadd_rn(acc, __fmul_rn(pq[c], dot_sum(w_shared + c * MAIN_DIM, key)));
-        }
-        dense_logits[row] = sanitize_logit(__fmul_rn(acc, 0.125f));
-    }
+    legacy_dense_logits(w, projected_queries, row_start, jobs, dense_logits,
+                        [=](unsigned int job, unsigned int row) {
+                            return paged_row(main_pool, page_table + page_start[job], page_tokens, row - row_start[job]);
+                        });
 }
 
 // Main-KV tag check of the Legacy path (its dense pass has no per-job block): one
