@@ -64,46 +64,52 @@ __device__ __forceinline__ unsigned int job_of_row(const unsigned int* row_start
     return lo;
 }
 
-extern "C" __global__ void indexer_scores_bf16(const float* __restrict__ queries,
-                                               const unsigned char* __restrict__ index_k,
-                                               const unsigned int* __restrict__ row_start,
-                                               unsigned int jobs,
-                                               float* __restrict__ scores)
+// One thread per stored row of every job: the row's score against its job's query,
+// summed in dimension order from -0.0 over the dequantized index key (bf16: 2 bytes an
+// element; fp8: 1 byte an element, then the f32 scale).
+template <bool FP8>
+__device__ __forceinline__ void score_rows(const float* __restrict__ queries, const unsigned char* __restrict__ index_k,
+                                           const unsigned int* __restrict__ row_start, unsigned int jobs,
+                                           float* __restrict__ scores)
 {
     const unsigned int rows = row_start[jobs];
     for (unsigned int row = blockIdx.x * blockDim.x + threadIdx.x; row < rows; row += gridDim.x * blockDim.x) {
         const float* q = queries + (unsigned long long)job_of_row(row_start, jobs, row) * INDEX_DIM;
-        const unsigned char* k = index_k + (unsigned long long)row * (INDEX_DIM * 2);
+        const unsigned char* k = index_k + (unsigned long long)row * (FP8 ? FP8_TOKEN_BYTES : INDEX_DIM * 2);
         float acc = -0.0f;
-        for (unsigned int d = 0; d < INDEX_DIM; ++d) {
-            const unsigned int bits = (unsigned int)k[2 * d] | ((unsigned int)k[2 * d + 1] << 8);
-            acc = __fadd_rn(acc, __fmul_rn(q[d], bf16_bits_to_f32(bits)));
+        if (FP8) {
+            const unsigned int scale_bits = (unsigned int)k[INDEX_DIM] | ((unsigned int)k[INDEX_DIM + 1] << 8) |
+                                            ((unsigned int)k[INDEX_DIM + 2] << 16) |
+                                            ((unsigned int)k[INDEX_DIM + 3] << 24);
+            const float scale = __uint_as_float(scale_bits);
+            for (unsigned int d = 0; d < INDEX_DIM; ++d) {
+                const float dequantized = __fmul_rn(e4m3_bits_to_f32(k[d]), scale);
+                acc = __fadd_rn(acc, __fmul_rn(q[d], dequantized));
+            }
+        } else {
+            for (unsigned int d = 0; d < INDEX_DIM; ++d) {
+                const unsigned int bits = (unsigned int)k[2 * d] | ((unsigned int)k[2 * d + 1] << 8);
+                acc = __fadd_rn(acc, __fmul_rn(q[d], bf16_bits_to_f32(bits)));
+            }
         }
         scores[row] = sanitize_score(acc);
     }
 }
 
+extern "C" __global__ void indexer_scores_bf16(const float* __restrict__ queries,
+                                               const unsigned char* __restrict__ index_k,
+                                               const unsigned int* __restrict__ row_start, unsigned int jobs,
+                                               float* __restrict__ scores)
+{
+    score_rows<false>(queries, index_k, row_start, jobs, scores);
+}
+
 extern "C" __global__ void indexer_scores_fp8(const float* __restrict__ queries,
                                               const unsigned char* __restrict__ index_k,
-                                              const unsigned int* __restrict__ row_start,
-                                              unsigned int jobs,
+                                              const unsigned int* __restrict__ row_start, unsigned int jobs,
                                               float* __restrict__ scores)
 {
-    const unsigned int rows = row_start[jobs];
-    for (unsigned int row = blockIdx.x * blockDim.x + threadIdx.x; row < rows; row += gridDim.x * blockDim.x) {
-        const float* q = queries + (unsigned long long)job_of_row(row_start, jobs, row) * INDEX_DIM;
-        const unsigned char* k = index_k + (unsigned long long)row * FP8_TOKEN_BYTES;
-        const unsigned int scale_bits = (unsigned int)k[INDEX_DIM] | ((unsigned int)k[INDEX_DIM + 1] << 8) |
-                                        ((unsigned int)k[INDEX_DIM + 2] << 16) |
-                                        ((unsigned int)k[INDEX_DIM + 3] << 24);
-        const float scale = __uint_as_float(scale_bits);
-        float acc = -0.0f;
-        for (unsigned int d = 0; d < INDEX_DIM; ++d) {
-            const float dequantized = __fmul_rn(e4m3_bits_to_f32(k[d]), scale);
-            acc = __fadd_rn(acc, __fmul_rn(q[d], dequantized));
-        }
-        scores[row] = sanitize_score(acc);
-    }
+    score_rows<true>(queries, index_k, row_start, jobs, scores);
 }
 
 // Larger key = earlier in the top-k: the score bits made monotone exactly like Rust's
