@@ -5,7 +5,7 @@
 use super::*;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{
-    AttnJob, AttnPath, Backend, IndexKDtype, IndexerJob, TopkImpl, INDEX_DIM, MAIN_DIM,
+    AttnJob, AttnPath, Backend, IndexKDtype, IndexerJob, PoolId, TopkImpl, INDEX_DIM, MAIN_DIM,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
