@@ -50,18 +50,27 @@ __device__ __forceinline__ unsigned int job_of_index(const unsigned int* start, 
     return lo;
 }
 
+// One thread per (job, element) of `jobs` MAIN_DIM-vectors, grid-stride:
+// f(t, job, element) with t = job * MAIN_DIM + element.
+template <typename F>
+__device__ __forceinline__ void for_each_job_element(unsigned int jobs, F f)
+{
+    const unsigned int total = jobs * MAIN_DIM;
+    for (unsigned int t = blockIdx.x * blockDim.x + threadIdx.x; t < total; t += gridDim.x * blockDim.x) {
+        const unsigned int job = t / MAIN_DIM;
+        f(t, job, t - job * MAIN_DIM);
+    }
+}
+
 // projected[j][i] = sum_d W[i][d] * q_j[d]: one thread per (job, i).
 extern "C" __global__ void mla_project_queries(const float* __restrict__ w,
                                                const float* __restrict__ queries,
                                                unsigned int jobs,
                                                float* __restrict__ projected)
 {
-    const unsigned int total = jobs * MAIN_DIM;
-    for (unsigned int t = blockIdx.x * blockDim.x + threadIdx.x; t < total; t += gridDim.x * blockDim.x) {
-        const unsigned int job = t / MAIN_DIM;
-        const unsigned int i = t - job * MAIN_DIM;
+    for_each_job_element(jobs, [=](unsigned int t, unsigned int job, unsigned int i) {
         projected[t] = dot_sum(w + i * MAIN_DIM, queries + job * MAIN_DIM);
-    }
+    });
 }
 
 // absorbed[j][c] = sum_i W[i][c] * projected[j][i], accumulated from +0.0 in i order:
@@ -71,16 +80,13 @@ extern "C" __global__ void mla_absorb_queries(const float* __restrict__ w,
                                               unsigned int jobs,
                                               float* __restrict__ absorbed)
 {
-    const unsigned int total = jobs * MAIN_DIM;
-    for (unsigned int t = blockIdx.x * blockDim.x + threadIdx.x; t < total; t += gridDim.x * blockDim.x) {
-        const unsigned int job = t / MAIN_DIM;
-        const unsigned int c = t - job * MAIN_DIM;
+    for_each_job_element(jobs, [=](unsigned int t, unsigned int job, unsigned int c) {
         float acc = 0.0f;
         for (unsigned int i = 0; i < MAIN_DIM; ++i) {
             acc = __fadd_rn(acc, __fmul_rn(w[i * MAIN_DIM + c], projected[job * MAIN_DIM + i]));
         }
         absorbed[t] = acc;
-    }
+    });
 }
 
 __device__ __forceinline__ bool beats(float logit, unsigned int position, float best_logit, unsigned int best_position)
