@@ -191,6 +191,21 @@ mod paged {
         Ok(pool)
     }
 
+    impl Batch {
+        /// The batch's indexer jobs: each sequence's pages and index query.
+        fn indexer_jobs(&self) -> Vec<PagedIndexerJob<'_>> {
+            self.pages
+                .iter()
+                .zip(&self.index_queries)
+                .map(|(pages, query)| PagedIndexerJob {
+                    query,
+                    pages,
+                    n: self.context,
+                })
+                .collect()
+        }
+    }
+
     /// Seconds per step of `steps` decode steps (after one warm-up step), and the last
     /// step's selections.
     fn time_steps(
@@ -200,16 +215,7 @@ mod paged {
         top_k: usize,
         steps: usize,
     ) -> Result<(f64, Vec<Vec<u32>>)> {
-        let indexer: Vec<PagedIndexerJob<'_>> = batch
-            .pages
-            .iter()
-            .zip(&batch.index_queries)
-            .map(|(pages, query)| PagedIndexerJob {
-                query,
-                pages,
-                n: batch.context,
-            })
-            .collect();
+        let indexer = batch.indexer_jobs();
         let step = || -> Result<Vec<Vec<u32>>> {
             let selections =
                 backend.indexer_topk_paged(pool, &indexer, top_k, TopkImpl::V2, false)?;
@@ -245,16 +251,7 @@ mod paged {
         top_k: usize,
         steps: usize,
     ) -> Result<f64> {
-        let indexer: Vec<PagedIndexerJob<'_>> = batch
-            .pages
-            .iter()
-            .zip(&batch.index_queries)
-            .map(|(pages, query)| PagedIndexerJob {
-                query,
-                pages,
-                n: batch.context,
-            })
-            .collect();
+        let indexer = batch.indexer_jobs();
         backend.indexer_topk_paged(pool, &indexer, top_k, TopkImpl::V2, false)?;
         let started = Instant::now();
         for _ in 0..steps {

@@ -72,6 +72,33 @@ __device__ __forceinline__ unsigned char f32_to_e4m3_bits(float value)
     return (unsigned char)(res | sign);
 }
 
+// One token's fp8 bytes, by the block of INDEX_DIM threads that holds it (thread t holds
+// element x): amax by shared-memory reduction (max is exact, so the reduction order
+// cannot change the scale), element t at token_out[t], then the f32 scale as 4
+// little-endian bytes after the INDEX_DIM elements. Every thread of the block must call
+// it (it has barriers); amax_shared is free again after the caller's next barrier.
+__device__ __forceinline__ void quantize_fp8_token(float x, float* amax_shared, unsigned char* token_out)
+{
+    amax_shared[threadIdx.x] = fabsf(x);
+    __syncthreads();
+    for (unsigned int stride = INDEX_DIM / 2; stride > 0; stride >>= 1) {
+        if (threadIdx.x < stride) {
+            amax_shared[threadIdx.x] = fmaxf(amax_shared[threadIdx.x], amax_shared[threadIdx.x + stride]);
+        }
+        __syncthreads();
+    }
+    const float amax = amax_shared[0];
+    const float scale = amax > 0.0f ? __fdiv_rn(amax, E4M3_MAX) : 1.0f;
+    token_out[threadIdx.x] = f32_to_e4m3_bits(__fdiv_rn(x, scale));
+    if (threadIdx.x == 0) {
+        const unsigned int scale_bits = __float_as_uint(scale);
+        token_out[INDEX_DIM + 0] = (unsigned char)(scale_bits & 0xFFu);
+        token_out[INDEX_DIM + 1] = (unsigned char)((scale_bits >> 8) & 0xFFu);
+        token_out[INDEX_DIM + 2] = (unsigned char)((scale_bits >> 16) & 0xFFu);
+        token_out[INDEX_DIM + 3] = (unsigned char)(scale_bits >> 24);
+    }
+}
+
 // One thread per element: keys are n * INDEX_DIM f32, out is n * 256 bytes.
 extern "C" __global__ void quantize_index_k_bf16(const float* __restrict__ keys,
                                                  unsigned char* __restrict__ out,
@@ -95,25 +122,7 @@ extern "C" __global__ void quantize_index_k_fp8(const float* __restrict__ keys,
     __shared__ float amax_shared[INDEX_DIM];
     for (unsigned int token = blockIdx.x; token < n; token += gridDim.x) {
         const float x = keys[(unsigned long long)token * INDEX_DIM + threadIdx.x];
-        amax_shared[threadIdx.x] = fabsf(x);
-        __syncthreads();
-        for (unsigned int stride = INDEX_DIM / 2; stride > 0; stride >>= 1) {
-            if (threadIdx.x < stride) {
-                amax_shared[threadIdx.x] = fmaxf(amax_shared[threadIdx.x], amax_shared[threadIdx.x + stride]);
-            }
-            __syncthreads();
-        }
-        const float amax = amax_shared[0];
-        const float scale = amax > 0.0f ? __fdiv_rn(amax, E4M3_MAX) : 1.0f;
-        unsigned char* token_out = out + (unsigned long long)token * FP8_TOKEN_BYTES;
-        token_out[threadIdx.x] = f32_to_e4m3_bits(__fdiv_rn(x, scale));
-        if (threadIdx.x == 0) {
-            const unsigned int scale_bits = __float_as_uint(scale);
-            token_out[INDEX_DIM + 0] = (unsigned char)(scale_bits & 0xFFu);
-            token_out[INDEX_DIM + 1] = (unsigned char)((scale_bits >> 8) & 0xFFu);
-            token_out[INDEX_DIM + 2] = (unsigned char)((scale_bits >> 16) & 0xFFu);
-            token_out[INDEX_DIM + 3] = (unsigned char)(scale_bits >> 24);
-        }
+        quantize_fp8_token(x, amax_shared, out + (unsigned long long)token * FP8_TOKEN_BYTES);
         // amax_shared is rewritten by the next token of this block.
         __syncthreads();
     }
@@ -145,25 +154,7 @@ extern "C" __global__ void append_rows(const float* __restrict__ main_keys, cons
             out[2 * threadIdx.x] = (unsigned char)(bits & 0xFFu);
             out[2 * threadIdx.x + 1] = (unsigned char)(bits >> 8);
         } else {
-            amax_shared[threadIdx.x] = fabsf(x);
-            __syncthreads();
-            for (unsigned int stride = INDEX_DIM / 2; stride > 0; stride >>= 1) {
-                if (threadIdx.x < stride) {
-                    amax_shared[threadIdx.x] = fmaxf(amax_shared[threadIdx.x], amax_shared[threadIdx.x + stride]);
-                }
-                __syncthreads();
-            }
-            const float amax = amax_shared[0];
-            const float scale = amax > 0.0f ? __fdiv_rn(amax, E4M3_MAX) : 1.0f;
-            unsigned char* out = index_pool + dst * FP8_TOKEN_BYTES;
-            out[threadIdx.x] = f32_to_e4m3_bits(__fdiv_rn(x, scale));
-            if (threadIdx.x == 0) {
-                const unsigned int scale_bits = __float_as_uint(scale);
-                out[INDEX_DIM + 0] = (unsigned char)(scale_bits & 0xFFu);
-                out[INDEX_DIM + 1] = (unsigned char)((scale_bits >> 8) & 0xFFu);
-                out[INDEX_DIM + 2] = (unsigned char)((scale_bits >> 16) & 0xFFu);
-                out[INDEX_DIM + 3] = (unsigned char)(scale_bits >> 24);
-            }
+            quantize_fp8_token(x, amax_shared, index_pool + dst * FP8_TOKEN_BYTES);
         }
         __syncthreads();
         if (threadIdx.x == 0) {

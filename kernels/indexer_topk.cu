@@ -64,46 +64,52 @@ __device__ __forceinline__ unsigned int job_of_row(const unsigned int* row_start
     return lo;
 }
 
-extern "C" __global__ void indexer_scores_bf16(const float* __restrict__ queries,
-                                               const unsigned char* __restrict__ index_k,
-                                               const unsigned int* __restrict__ row_start,
-                                               unsigned int jobs,
-                                               float* __restrict__ scores)
+// One thread per stored row of every job: the row's score against its job's query,
+// summed in dimension order from -0.0 over the dequantized index key (bf16: 2 bytes an
+// element; fp8: 1 byte an element, then the f32 scale).
+template <bool FP8>
+__device__ __forceinline__ void score_rows(const float* __restrict__ queries, const unsigned char* __restrict__ index_k,
+                                           const unsigned int* __restrict__ row_start, unsigned int jobs,
+                                           float* __restrict__ scores)
 {
     const unsigned int rows = row_start[jobs];
     for (unsigned int row = blockIdx.x * blockDim.x + threadIdx.x; row < rows; row += gridDim.x * blockDim.x) {
         const float* q = queries + (unsigned long long)job_of_row(row_start, jobs, row) * INDEX_DIM;
-        const unsigned char* k = index_k + (unsigned long long)row * (INDEX_DIM * 2);
+        const unsigned char* k = index_k + (unsigned long long)row * (FP8 ? FP8_TOKEN_BYTES : INDEX_DIM * 2);
         float acc = -0.0f;
-        for (unsigned int d = 0; d < INDEX_DIM; ++d) {
-            const unsigned int bits = (unsigned int)k[2 * d] | ((unsigned int)k[2 * d + 1] << 8);
-            acc = __fadd_rn(acc, __fmul_rn(q[d], bf16_bits_to_f32(bits)));
+        if (FP8) {
+            const unsigned int scale_bits = (unsigned int)k[INDEX_DIM] | ((unsigned int)k[INDEX_DIM + 1] << 8) |
+                                            ((unsigned int)k[INDEX_DIM + 2] << 16) |
+                                            ((unsigned int)k[INDEX_DIM + 3] << 24);
+            const float scale = __uint_as_float(scale_bits);
+            for (unsigned int d = 0; d < INDEX_DIM; ++d) {
+                const float dequantized = __fmul_rn(e4m3_bits_to_f32(k[d]), scale);
+                acc = __fadd_rn(acc, __fmul_rn(q[d], dequantized));
+            }
+        } else {
+            for (unsigned int d = 0; d < INDEX_DIM; ++d) {
+                const unsigned int bits = (unsigned int)k[2 * d] | ((unsigned int)k[2 * d + 1] << 8);
+                acc = __fadd_rn(acc, __fmul_rn(q[d], bf16_bits_to_f32(bits)));
+            }
         }
         scores[row] = sanitize_score(acc);
     }
 }
 
+extern "C" __global__ void indexer_scores_bf16(const float* __restrict__ queries,
+                                               const unsigned char* __restrict__ index_k,
+                                               const unsigned int* __restrict__ row_start, unsigned int jobs,
+                                               float* __restrict__ scores)
+{
+    score_rows<false>(queries, index_k, row_start, jobs, scores);
+}
+
 extern "C" __global__ void indexer_scores_fp8(const float* __restrict__ queries,
                                               const unsigned char* __restrict__ index_k,
-                                              const unsigned int* __restrict__ row_start,
-                                              unsigned int jobs,
+                                              const unsigned int* __restrict__ row_start, unsigned int jobs,
                                               float* __restrict__ scores)
 {
-    const unsigned int rows = row_start[jobs];
-    for (unsigned int row = blockIdx.x * blockDim.x + threadIdx.x; row < rows; row += gridDim.x * blockDim.x) {
-        const float* q = queries + (unsigned long long)job_of_row(row_start, jobs, row) * INDEX_DIM;
-        const unsigned char* k = index_k + (unsigned long long)row * FP8_TOKEN_BYTES;
-        const unsigned int scale_bits = (unsigned int)k[INDEX_DIM] | ((unsigned int)k[INDEX_DIM + 1] << 8) |
-                                        ((unsigned int)k[INDEX_DIM + 2] << 16) |
-                                        ((unsigned int)k[INDEX_DIM + 3] << 24);
-        const float scale = __uint_as_float(scale_bits);
-        float acc = -0.0f;
-        for (unsigned int d = 0; d < INDEX_DIM; ++d) {
-            const float dequantized = __fmul_rn(e4m3_bits_to_f32(k[d]), scale);
-            acc = __fadd_rn(acc, __fmul_rn(q[d], dequantized));
-        }
-        scores[row] = sanitize_score(acc);
-    }
+    score_rows<true>(queries, index_k, row_start, jobs, scores);
 }
 
 // Larger key = earlier in the top-k: the score bits made monotone exactly like Rust's
@@ -284,8 +290,42 @@ __device__ __forceinline__ unsigned int tile_job(const unsigned int* tile_start,
     return job_of_row(tile_start, jobs, tile);
 }
 
+// Reads the tile's pages (page_bytes each, chunks_per_page 16-byte chunks) from the
+// pool, PAGED_THREADS threads striding over the chunks: store(c, page_in_tile, chunk, v)
+// gets chunk c of the tile (chunk `chunk` of its page `page_in_tile`), v its bytes.
+// Unrolled so that several 16-byte loads are in flight before the first store.
+template <typename Store>
+__device__ __forceinline__ void load_tile_chunks(const unsigned char* __restrict__ index_pool,
+                                                 const unsigned int* __restrict__ page_table, unsigned int first_entry,
+                                                 unsigned int pages, unsigned int chunks_per_page,
+                                                 unsigned long long page_bytes, Store store)
+{
+    const unsigned int chunks = pages * chunks_per_page;
+#pragma unroll 4
+    for (unsigned int c = threadIdx.x; c < chunks; c += PAGED_THREADS) {
+        const unsigned int page_in_tile = c / chunks_per_page;
+        const unsigned int chunk = c - page_in_tile * chunks_per_page;
+        const unsigned long long page = page_table[first_entry + page_in_tile];
+        store(c, page_in_tile, chunk, reinterpret_cast<const uint4*>(index_pool + page * page_bytes)[chunk]);
+    }
+}
+
+// The row this thread scores in its job's tile: true, with its position in the job,
+// when the tile holds such a row (thread t takes the tile's row t).
+__device__ __forceinline__ bool tile_row(const unsigned int* __restrict__ row_start,
+                                         const unsigned int* __restrict__ tile_start, unsigned int job,
+                                         unsigned int tile_pages, unsigned int page_tokens, unsigned int pages,
+                                         unsigned int* position)
+{
+    const unsigned int n = row_start[job + 1] - row_start[job];
+    const unsigned int tile = blockIdx.x - tile_start[job];
+    *position = (tile * tile_pages) * page_tokens + threadIdx.x;
+    return threadIdx.x < pages * page_tokens && *position < n;
+}
+
 // Common prologue: which job and pages this block reads; the query in shared memory;
-// the tag check. Returns the number of pages of this tile (0: nothing to do).
+// the tag check; ends with a block barrier (every thread of the block must call it).
+// Returns the number of pages of this tile (0: nothing to do).
 __device__ __forceinline__ unsigned int paged_tile_setup(const float* __restrict__ queries,
                                                          const unsigned int* __restrict__ page_table,
                                                          const unsigned int* __restrict__ page_expected,
@@ -312,6 +352,8 @@ __device__ __forceinline__ unsigned int paged_tile_setup(const float* __restrict
             atomicAdd(stale, 1ull);
         }
     }
+    // The query is in shared memory for every thread of the block from here on.
+    __syncthreads();
     *job_out = job;
     *first_entry_out = first_entry;
     return pages;
@@ -329,29 +371,21 @@ extern "C" __global__ __launch_bounds__(PAGED_THREADS) void paged_indexer_scores
     unsigned int job, first_entry;
     const unsigned int pages = paged_tile_setup(queries, page_table, page_expected, page_start, tile_start,
                                                 index_tag, jobs, tile_pages, q_shared, &job, &first_entry, stale);
+    // 16 chunks of 16 bytes per 256-byte row; consecutive threads read consecutive chunks,
+    // each row re-strided to BF16_SMEM_STRIDE words.
+    load_tile_chunks(index_pool, page_table, first_entry, pages, page_tokens * (BF16_ROW_WORDS / 4),
+                     (unsigned long long)page_tokens * (BF16_ROW_WORDS * 4),
+                     [&](unsigned int, unsigned int page_in_tile, unsigned int chunk, uint4 v) {
+                         const unsigned int row = page_in_tile * page_tokens + chunk / (BF16_ROW_WORDS / 4);
+                         unsigned int* dst = rows_shared + row * BF16_SMEM_STRIDE + (chunk % (BF16_ROW_WORDS / 4)) * 4;
+                         dst[0] = v.x;
+                         dst[1] = v.y;
+                         dst[2] = v.z;
+                         dst[3] = v.w;
+                     });
     __syncthreads();
-    // 16 chunks of 16 bytes per 256-byte row; consecutive threads read consecutive chunks.
-    const unsigned int chunks_per_page = page_tokens * (BF16_ROW_WORDS / 4);
-    const unsigned int chunks = pages * chunks_per_page;
-    // Unrolled so that several 16-byte loads are in flight before the first store.
-#pragma unroll 4
-    for (unsigned int c = threadIdx.x; c < chunks; c += PAGED_THREADS) {
-        const unsigned int page_in_tile = c / chunks_per_page;
-        const unsigned int chunk = c - page_in_tile * chunks_per_page;
-        const unsigned long long page = page_table[first_entry + page_in_tile];
-        const uint4 v = reinterpret_cast<const uint4*>(index_pool + page * page_tokens * (BF16_ROW_WORDS * 4))[chunk];
-        const unsigned int row = page_in_tile * page_tokens + chunk / (BF16_ROW_WORDS / 4);
-        unsigned int* dst = rows_shared + row * BF16_SMEM_STRIDE + (chunk % (BF16_ROW_WORDS / 4)) * 4;
-        dst[0] = v.x;
-        dst[1] = v.y;
-        dst[2] = v.z;
-        dst[3] = v.w;
-    }
-    __syncthreads();
-    const unsigned int n = row_start[job + 1] - row_start[job];
-    const unsigned int tile = blockIdx.x - tile_start[job];
-    const unsigned int position = (tile * tile_pages) * page_tokens + threadIdx.x;
-    if (threadIdx.x < pages * page_tokens && position < n) {
+    unsigned int position;
+    if (tile_row(row_start, tile_start, job, tile_pages, page_tokens, pages, &position)) {
         const unsigned int* row = rows_shared + threadIdx.x * BF16_SMEM_STRIDE;
         float acc = -0.0f;
 #pragma unroll 8
@@ -376,23 +410,14 @@ extern "C" __global__ __launch_bounds__(PAGED_THREADS) void paged_indexer_scores
     unsigned int job, first_entry;
     const unsigned int pages = paged_tile_setup(queries, page_table, page_expected, page_start, tile_start,
                                                 index_tag, jobs, tile_pages, q_shared, &job, &first_entry, stale);
-    __syncthreads();
     // A page of page_tokens (a multiple of 4) rows of 132 bytes is a whole number of
     // 16-byte chunks; the tile keeps the pages' bytes back to back.
-    const unsigned int chunks_per_page = page_tokens * FP8_ROW_WORDS / 4;
-    const unsigned int chunks = pages * chunks_per_page;
-#pragma unroll 4
-    for (unsigned int c = threadIdx.x; c < chunks; c += PAGED_THREADS) {
-        const unsigned int page_in_tile = c / chunks_per_page;
-        const unsigned int chunk = c - page_in_tile * chunks_per_page;
-        const unsigned long long page = page_table[first_entry + page_in_tile];
-        rows_shared[c] = reinterpret_cast<const uint4*>(index_pool + page * page_tokens * FP8_TOKEN_BYTES)[chunk];
-    }
+    load_tile_chunks(index_pool, page_table, first_entry, pages, page_tokens * FP8_ROW_WORDS / 4,
+                     (unsigned long long)page_tokens * FP8_TOKEN_BYTES,
+                     [&](unsigned int c, unsigned int, unsigned int, uint4 v) { rows_shared[c] = v; });
     __syncthreads();
-    const unsigned int n = row_start[job + 1] - row_start[job];
-    const unsigned int tile = blockIdx.x - tile_start[job];
-    const unsigned int position = (tile * tile_pages) * page_tokens + threadIdx.x;
-    if (threadIdx.x < pages * page_tokens && position < n) {
+    unsigned int position;
+    if (tile_row(row_start, tile_start, job, tile_pages, page_tokens, pages, &position)) {
         const unsigned int* row = reinterpret_cast<const unsigned int*>(rows_shared) + threadIdx.x * FP8_ROW_WORDS;
         const float scale = __uint_as_float(row[INDEX_DIM / 4]);
         float acc = -0.0f;

@@ -50,18 +50,27 @@ __device__ __forceinline__ unsigned int job_of_index(const unsigned int* start, 
     return lo;
 }
 
+// One thread per (job, element) of `jobs` MAIN_DIM-vectors, grid-stride:
+// f(t, job, element) with t = job * MAIN_DIM + element.
+template <typename F>
+__device__ __forceinline__ void for_each_job_element(unsigned int jobs, F f)
+{
+    const unsigned int total = jobs * MAIN_DIM;
+    for (unsigned int t = blockIdx.x * blockDim.x + threadIdx.x; t < total; t += gridDim.x * blockDim.x) {
+        const unsigned int job = t / MAIN_DIM;
+        f(t, job, t - job * MAIN_DIM);
+    }
+}
+
 // projected[j][i] = sum_d W[i][d] * q_j[d]: one thread per (job, i).
 extern "C" __global__ void mla_project_queries(const float* __restrict__ w,
                                                const float* __restrict__ queries,
                                                unsigned int jobs,
                                                float* __restrict__ projected)
 {
-    const unsigned int total = jobs * MAIN_DIM;
-    for (unsigned int t = blockIdx.x * blockDim.x + threadIdx.x; t < total; t += gridDim.x * blockDim.x) {
-        const unsigned int job = t / MAIN_DIM;
-        const unsigned int i = t - job * MAIN_DIM;
+    for_each_job_element(jobs, [=](unsigned int t, unsigned int job, unsigned int i) {
         projected[t] = dot_sum(w + i * MAIN_DIM, queries + job * MAIN_DIM);
-    }
+    });
 }
 
 // absorbed[j][c] = sum_i W[i][c] * projected[j][i], accumulated from +0.0 in i order:
@@ -71,16 +80,13 @@ extern "C" __global__ void mla_absorb_queries(const float* __restrict__ w,
                                               unsigned int jobs,
                                               float* __restrict__ absorbed)
 {
-    const unsigned int total = jobs * MAIN_DIM;
-    for (unsigned int t = blockIdx.x * blockDim.x + threadIdx.x; t < total; t += gridDim.x * blockDim.x) {
-        const unsigned int job = t / MAIN_DIM;
-        const unsigned int c = t - job * MAIN_DIM;
+    for_each_job_element(jobs, [=](unsigned int t, unsigned int job, unsigned int c) {
         float acc = 0.0f;
         for (unsigned int i = 0; i < MAIN_DIM; ++i) {
             acc = __fadd_rn(acc, __fmul_rn(w[i * MAIN_DIM + c], projected[job * MAIN_DIM + i]));
         }
         absorbed[t] = acc;
-    }
+    });
 }
 
 __device__ __forceinline__ bool beats(float logit, unsigned int position, float best_logit, unsigned int best_position)
@@ -135,6 +141,32 @@ __device__ void reduce_softmax_argmax(float local_best, unsigned int local_posit
     }
 }
 
+// The MMA path's body for one job (one block of ATTN_THREADS): the logit of every
+// selected position (row_of(position) is its main-KV row), kept in `logits`, then the
+// softmax weight of the argmax. Both layouts (contiguous rows, page tables) use it.
+template <typename RowOf>
+__device__ __forceinline__ void selected_softmax_argmax(const float* q, const unsigned int* __restrict__ selected,
+                                                        const unsigned int* __restrict__ sel_start, unsigned int job,
+                                                        RowOf row_of, float* __restrict__ logits,
+                                                        unsigned int* __restrict__ out_argmax,
+                                                        float* __restrict__ out_weight)
+{
+    const unsigned int first = sel_start[job];
+    const unsigned int count = sel_start[job + 1] - first;
+    float local_best = -__int_as_float(0x7F800000);
+    unsigned int local_position = 0xFFFFFFFFu;
+    for (unsigned int i = threadIdx.x; i < count; i += ATTN_THREADS) {
+        const unsigned int position = selected[first + i];
+        const float logit = sanitize_logit(__fmul_rn(dot_sum(q, row_of(position)), 0.125f));
+        logits[first + i] = logit;
+        if (beats(logit, position, local_best, local_position)) {
+            local_best = logit;
+            local_position = position;
+        }
+    }
+    reduce_softmax_argmax(local_best, local_position, logits + first, 0, count, job, out_argmax, out_weight);
+}
+
 // One block of ATTN_THREADS per job; logits scratch holds one f32 per selected entry.
 extern "C" __global__ void sparse_attention_mma(const float* __restrict__ absorbed_queries,
                                                 const float* __restrict__ keys,
@@ -148,21 +180,35 @@ extern "C" __global__ void sparse_attention_mma(const float* __restrict__ absorb
     const unsigned int job = blockIdx.x;
     const float* q = absorbed_queries + (unsigned long long)job * MAIN_DIM;
     const float* job_keys = keys + (unsigned long long)row_start[job] * MAIN_DIM;
-    const unsigned int first = sel_start[job];
-    const unsigned int count = sel_start[job + 1] - first;
-    float local_best = -__int_as_float(0x7F800000);
-    unsigned int local_position = 0xFFFFFFFFu;
-    for (unsigned int i = threadIdx.x; i < count; i += ATTN_THREADS) {
-        const unsigned int position = selected[first + i];
-        const float logit =
-            sanitize_logit(__fmul_rn(dot_sum(q, job_keys + (unsigned long long)position * MAIN_DIM), 0.125f));
-        logits[first + i] = logit;
-        if (beats(logit, position, local_best, local_position)) {
-            local_best = logit;
-            local_position = position;
-        }
+    selected_softmax_argmax(
+        q, selected, sel_start, job, [=](unsigned int position) { return job_keys + (unsigned long long)position * MAIN_DIM; },
+        logits, out_argmax, out_weight);
+}
+
+// The Legacy dense pass's body for both layouts: one thread per row of every job, W
+// staged in shared memory; key_of(job, row) is the row's main-KV key.
+template <typename KeyOf>
+__device__ __forceinline__ void legacy_dense_logits(const float* __restrict__ w,
+                                                    const float* __restrict__ projected_queries,
+                                                    const unsigned int* __restrict__ row_start, unsigned int jobs,
+                                                    float* __restrict__ dense_logits, KeyOf key_of)
+{
+    __shared__ float w_shared[MAIN_DIM * MAIN_DIM];
+    for (unsigned int i = threadIdx.x; i < MAIN_DIM * MAIN_DIM; i += blockDim.x) {
+        w_shared[i] = w[i];
     }
-    reduce_softmax_argmax(local_best, local_position, logits + first, 0, count, job, out_argmax, out_weight);
+    __syncthreads();
+    const unsigned int rows = row_start[jobs];
+    for (unsigned int row = blockIdx.x * blockDim.x + threadIdx.x; row < rows; row += gridDim.x * blockDim.x) {
+        const unsigned int job = job_of_index(row_start, jobs, row);
+        const float* pq = projected_queries + (unsigned long long)job * MAIN_DIM;
+        const float* key = key_of(job, row);
+        float acc = -0.0f;
+        for (unsigned int c = 0; c < MAIN_DIM; ++c) {
+            acc = __fadd_rn(acc, __fmul_rn(pq[c], dot_sum(w_shared + c * MAIN_DIM, key)));
+        }
+        dense_logits[row] = sanitize_logit(__fmul_rn(acc, 0.125f));
+    }
 }
 
 // Dense pass: one thread per stored row of every job; W is staged in shared memory.
@@ -174,21 +220,8 @@ extern "C" __global__ void sparse_attention_legacy_dense(const float* __restrict
                                                          unsigned int jobs,
                                                          float* __restrict__ dense_logits)
 {
-    __shared__ float w_shared[MAIN_DIM * MAIN_DIM];
-    for (unsigned int i = threadIdx.x; i < MAIN_DIM * MAIN_DIM; i += blockDim.x) {
-        w_shared[i] = w[i];
-    }
-    __syncthreads();
-    const unsigned int rows = row_start[jobs];
-    for (unsigned int row = blockIdx.x * blockDim.x + threadIdx.x; row < rows; row += gridDim.x * blockDim.x) {
-        const float* pq = projected_queries + (unsigned long long)job_of_index(row_start, jobs, row) * MAIN_DIM;
-        const float* key = keys + (unsigned long long)row * MAIN_DIM;
-        float acc = -0.0f;
-        for (unsigned int c = 0; c < MAIN_DIM; ++c) {
-            acc = __fadd_rn(acc, __fmul_rn(pq[c], dot_sum(w_shared + c * MAIN_DIM, key)));
-        }
-        dense_logits[row] = sanitize_logit(__fmul_rn(acc, 0.125f));
-    }
+    legacy_dense_logits(w, projected_queries, row_start, jobs, dense_logits,
+                        [=](unsigned int, unsigned int row) { return keys + (unsigned long long)row * MAIN_DIM; });
 }
 
 // Mask pass: mask (one byte per row, zeroed by the host) gets 1 on every selected row.
@@ -284,21 +317,10 @@ extern "C" __global__ void paged_sparse_attention_mma(const float* __restrict__ 
     count_stale_main(main_tag, job_pages, page_expected + page_start[job], page_start[job + 1] - page_start[job],
                      stale);
     const float* q = absorbed_queries + (unsigned long long)job * MAIN_DIM;
-    const unsigned int first = sel_start[job];
-    const unsigned int count = sel_start[job + 1] - first;
-    float local_best = -__int_as_float(0x7F800000);
-    unsigned int local_position = 0xFFFFFFFFu;
-    for (unsigned int i = threadIdx.x; i < count; i += ATTN_THREADS) {
-        const unsigned int position = selected[first + i];
-        const float logit =
-            sanitize_logit(__fmul_rn(dot_sum(q, paged_row(main_pool, job_pages, page_tokens, position)), 0.125f));
-        logits[first + i] = logit;
-        if (beats(logit, position, local_best, local_position)) {
-            local_best = logit;
-            local_position = position;
-        }
-    }
-    reduce_softmax_argmax(local_best, local_position, logits + first, 0, count, job, out_argmax, out_weight);
+    selected_softmax_argmax(
+        q, selected, sel_start, job,
+        [=](unsigned int position) { return paged_row(main_pool, job_pages, page_tokens, position); }, logits,
+        out_argmax, out_weight);
 }
 
 // Dense pass of the Legacy path through page tables: one thread per row of every job.
@@ -312,22 +334,10 @@ extern "C" __global__ void paged_attention_legacy_dense(const float* __restrict_
                                                         unsigned int jobs,
                                                         float* __restrict__ dense_logits)
 {
-    __shared__ float w_shared[MAIN_DIM * MAIN_DIM];
-    for (unsigned int i = threadIdx.x; i < MAIN_DIM * MAIN_DIM; i += blockDim.x) {
-        w_shared[i] = w[i];
-    }
-    __syncthreads();
-    const unsigned int rows = row_start[jobs];
-    for (unsigned int row = blockIdx.x * blockDim.x + threadIdx.x; row < rows; row += gridDim.x * blockDim.x) {
-        const unsigned int job = job_of_index(row_start, jobs, row);
-        const float* pq = projected_queries + (unsigned long long)job * MAIN_DIM;
-        const float* key = paged_row(main_pool, page_table + page_start[job], page_tokens, row - row_start[job]);
-        float acc = -0.0f;
-        for (unsigned int c = 0; c < MAIN_DIM; ++c) {
-            acc = __fadd_rn(acc, __fmul_rn(pq[c], dot_sum(w_shared + c * MAIN_DIM, key)));
-        }
-        dense_logits[row] = sanitize_logit(__fmul_rn(acc, 0.125f));
-    }
+    legacy_dense_logits(w, projected_queries, row_start, jobs, dense_logits,
+                        [=](unsigned int job, unsigned int row) {
+                            return paged_row(main_pool, page_table + page_start[job], page_tokens, row - row_start[job]);
+                        });
 }
 
 // Main-KV tag check of the Legacy path (its dense pass has no per-job block): one

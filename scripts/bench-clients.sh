@@ -49,11 +49,8 @@ CONCURRENCY=${CONCURRENCY:-0}
 FLOOR=${FLOOR:-1}
 PORT=${PORT:-18937}
 OUT=${OUT_DIR:-target/bench-clients}
-mkdir -p "$OUT"
-
-echo "== build (release)" >&2
-cargo build --release --bin bisect >&2
-cargo bench --bench driver --no-run >&2
+. scripts/bench-lib.sh
+bench_build
 # The driver bench's ROUNDS: the floor client groups the recorded requests by this many.
 floor_rounds=4
 if [ "$FLOOR" != 0 ]; then
@@ -92,27 +89,18 @@ for n in $SIZES $ENGINE_SIZES; do [ "$n" -gt "$largest" ] && largest=$n; done
 dump="$OUT/sessions.jsonl"
 cargo bench --bench driver -- --dump "$dump" "$largest" >&2
 
-# Every server and proxy started here; killed on exit.
-mocks=()
-trap 'for m in "${mocks[@]}"; do kill "$m" 2>/dev/null || true; done' EXIT
-wait_ready() { # port: until GET /health answers (the floor proxy and server answer it too)
-  for _ in $(seq 100); do
-    curl -sf "http://127.0.0.1:$1/health" >/dev/null && return 0
-    sleep 0.1
-  done
-  echo "nothing answers on port $1" >&2
-  return 1
-}
+# Every server and proxy started here is killed on exit (bench_started); wait_ready works
+# for the floor proxy and server too (they answer /health).
 start_mock() { # port jitter-ms
   "${pin_server[@]}" target/release/bisect mock-engine --port "$1" --jitter-ms "$2" >"$OUT/mock-$1.log" 2>&1 &
-  mocks+=($!)
+  bench_started $!
   mock_pid=$!
   has_stats=1
   wait_ready "$1"
 }
 start_floor_server() { # port reply-file
   "${pin_server[@]}" "$floor_bin" serve --port "$1" --reply "$2" >"$OUT/floor-serve-$1.log" 2>&1 &
-  mocks+=($!)
+  bench_started $!
   mock_pid=$!
   has_stats=0
   wait_ready "$1"
@@ -130,7 +118,7 @@ if [ "$FLOOR" != 0 ]; then
   PORT=$((PORT + 1))
   rm -f "$floor_requests" "$floor_requests.reply"
   "$floor_bin" record --upstream "http://127.0.0.1:$upstream" --listen-port "$PORT" --out "$floor_requests" >"$OUT/floor-record.log" 2>&1 &
-  mocks+=($!)
+  bench_started $!
   recorder=$!
   wait_ready "$PORT"
   echo "== recording the driver's requests: $floor_largest sessions, 1 in flight" >&2

@@ -29,11 +29,8 @@ BACKLOG=${BACKLOG:-5}
 MOCK_PORT=${MOCK_PORT:-18951}
 PORT=${PORT:-18952}
 OUT=${OUT_DIR:-target/bench-servers}
-mkdir -p "$OUT"
-
-echo "== build (release)" >&2
-cargo build --release --bin bisect >&2
-cargo bench --bench driver --no-run >&2
+. scripts/bench-lib.sh
+bench_build
 bench=$(find target/release/deps -maxdepth 1 -name 'driver-*' -type f -perm -u+x | xargs ls -t | head -n 1)
 largest=$(echo "$SIZES" | tr ' ' '\n' | sort -n | tail -n 1)
 "$bench" --dump "$OUT/sessions.jsonl" "$largest" >/dev/null
@@ -42,18 +39,13 @@ overflows() {
   awk '/^TcpExt:/ { if (!h) { for (i = 1; i <= NF; i++) name[i] = $i; h = 1 } else { for (i = 1; i <= NF; i++) if (name[i] == "ListenOverflows") print $i } }' /proc/net/netstat
 }
 
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
-trap cleanup EXIT
 target/release/bisect mock-engine --port "$MOCK_PORT" >"$OUT/mock.log" 2>&1 &
-pids+=($!)
+bench_started $!
 python3 benches/python/threaded_server.py --port "$PORT" --mock "http://127.0.0.1:$MOCK_PORT" \
   --delay-ms "$DELAY_MS" --backlog "$BACKLOG" >"$OUT/server.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 1 100); do
-  curl -fsS "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && curl -fsS "http://127.0.0.1:$MOCK_PORT/health" >/dev/null 2>&1 && break
-  sleep 0.1
-done
+bench_started $!
+wait_ready "$MOCK_PORT"
+wait_ready "$PORT"
 
 api="http://127.0.0.1:$PORT/v1"
 results="$OUT/runs.jsonl"

@@ -27,12 +27,7 @@ import time
 
 import aiohttp
 
-
-def percentile(sorted_values, q):
-    if not sorted_values:
-        return 0.0
-    rank = max(1, min(len(sorted_values), int(-(-q * len(sorted_values) // 1))))
-    return sorted_values[rank - 1]
+from session_protocol import ending, feed_back, load_dump, percentile, round_body
 
 
 class Run:
@@ -57,14 +52,7 @@ async def run_session(run, http, url, session):
     replied_at = None
     outcome = "maxrounds"
     for _round in range(header["rounds"]):
-        body = {
-            "model": header["model"],
-            "messages": messages,
-            "tools": header["tools"],
-            "max_tokens": header["max_tokens"],
-            "temperature": header["temperature"],
-            "stream": False,
-        }
+        body = round_body(header, messages)
         started = time.perf_counter()
         if replied_at is not None:
             run.lags.append(started - replied_at)
@@ -91,11 +79,9 @@ async def run_session(run, http, url, session):
             outcome = "error"
             break
         calls = message.get("tool_calls") or []
-        if not calls:
-            outcome = "done" if step == len(steps) else "no_tool"
-            break
-        if step >= len(steps):
-            outcome = "extra_call"
+        end = ending(calls, step, steps)
+        if end is not None:
+            outcome = end
             break
         expected = steps[step]
         call = calls[0]["function"]
@@ -107,11 +93,7 @@ async def run_session(run, http, url, session):
         if call["name"] != expected["name"] or arguments != expected["arguments"]:
             outcome = "wrong_args"
             break
-        messages.append(message)
-        for call in calls:
-            messages.append(
-                {"role": "tool", "content": expected["result"], "tool_call_id": call.get("id", "")}
-            )
+        feed_back(messages, message, calls, expected["result"])
         step += 1
     run.classes[outcome] = run.classes.get(outcome, 0) + 1
 
@@ -134,9 +116,7 @@ async def main():
     parser.add_argument("--no-warm", action="store_true", help="do not open connections before the clock")
     args = parser.parse_args()
 
-    with open(args.dump, encoding="utf-8") as f:
-        header = json.loads(f.readline())
-        sessions = [json.loads(line) for _, line in zip(range(args.sessions), f)]
+    header, sessions = load_dump(args.dump, args.sessions)
     if len(sessions) < args.sessions:
         raise SystemExit(f"{args.dump} holds only {len(sessions)} sessions")
     concurrency = args.concurrency or args.sessions

@@ -19,12 +19,7 @@ import threading
 import time
 import urllib.parse
 
-
-def percentile(sorted_values, q):
-    if not sorted_values:
-        return 0.0
-    rank = max(1, min(len(sorted_values), int(-(-q * len(sorted_values) // 1))))
-    return sorted_values[rank - 1]
+from session_protocol import ending, feed_back, load_dump, percentile, round_body
 
 
 class Run:
@@ -45,16 +40,7 @@ def run_session(run, url, header, session, rounds, timeout):
     step = 0
     outcome = "maxrounds"
     for _round in range(rounds):
-        body = json.dumps(
-            {
-                "model": header["model"],
-                "messages": messages,
-                "tools": header["tools"],
-                "max_tokens": header["max_tokens"],
-                "temperature": header["temperature"],
-                "stream": False,
-            }
-        )
+        body = json.dumps(round_body(header, messages))
         started = time.perf_counter()
         with run.lock:
             run.inflight += 1
@@ -82,15 +68,11 @@ def run_session(run, url, header, session, rounds, timeout):
             break
         message = json.loads(text)["choices"][0]["message"]
         calls = message.get("tool_calls") or []
-        if not calls:
-            outcome = "done" if step == len(steps) else "no_tool"
+        end = ending(calls, step, steps)
+        if end is not None:
+            outcome = end
             break
-        if step >= len(steps):
-            outcome = "extra_call"
-            break
-        messages.append(message)
-        for call in calls:
-            messages.append({"role": "tool", "content": steps[step]["result"], "tool_call_id": call.get("id", "")})
+        feed_back(messages, message, calls, steps[step]["result"])
         step += 1
     connection.close()
     with run.lock:
@@ -105,9 +87,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=0, help="0: the dump's rounds")
     parser.add_argument("--timeout", type=float, default=5.0)
     args = parser.parse_args()
-    with open(args.dump, encoding="utf-8") as f:
-        header = json.loads(f.readline())
-        sessions = [json.loads(line) for _, line in zip(range(args.sessions), f)]
+    header, sessions = load_dump(args.dump, args.sessions)
     rounds = args.rounds or header["rounds"]
     url = urllib.parse.urlparse(args.url)
     run = Run()

@@ -25,6 +25,16 @@ pub(crate) struct Fixture {
     pub(crate) sequences: Vec<Sequence>,
 }
 
+impl Fixture {
+    /// Every sequence's pages, in sequence order.
+    pub(crate) fn all_pages(&self) -> Vec<u32> {
+        self.sequences
+            .iter()
+            .flat_map(|s| s.pages.clone())
+            .collect()
+    }
+}
+
 /// Sequences of `sizes` rows in a pool of `page_tokens`-row pages, pages handed out in
 /// a shuffled order (so page tables are not the identity), one spare page per
 /// sequence. Index keys get exact duplicates (score ties); queries are near a stored
@@ -331,11 +341,7 @@ fn gather_returns_the_stored_rows_before_and_after_a_batched_load_back() {
             }
             // Evict every page, give the pages new occupants, load the old ones back as
             // one job: the gather sees the old rows again.
-            let pages: Vec<u32> = fixture
-                .sequences
-                .iter()
-                .flat_map(|s| s.pages.clone())
-                .collect();
+            let pages = fixture.all_pages();
             for (slot, &page) in pages.iter().enumerate() {
                 cpu.evict_page(pool, page, slot as u32).unwrap();
                 cpu.write_rows(

@@ -2,7 +2,7 @@
 //! selection, metrics and think time.
 
 use super::*;
-use crate::test_support::post_json;
+use crate::test_support::{get_json, get_text, post_json, send_json};
 
 fn task_message() -> Value {
     json!({"role": "user", "content": "You are on call. Do these steps in order:\n\
@@ -130,14 +130,7 @@ async fn answers_the_current_step_and_reports_metrics_from_the_table() {
         arguments,
         json!({"path": "/srv/app/config.yaml", "max_lines": 40})
     );
-    let text = client
-        .get(server.metrics_url())
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = get_text(&client, server.metrics_url()).await;
     let expected = metrics::render(&[
         (Metric::RunningRequests, 0.0),
         (Metric::QueuedRequests, 0.0),
@@ -158,29 +151,12 @@ async fn stats_count_think_time_between_a_sessions_rounds_only() {
         json!({"role": "system", "content": "other"}),
         task_message(),
     ];
-    client
-        .post(&url)
-        .json(&json!({"messages": other}))
-        .send()
-        .await
-        .unwrap();
+    send_json(&client, &url, &json!({"messages": other})).await;
     let mut second = first.clone();
     second.push(reply["choices"][0]["message"].clone());
     second.push(json!({"role": "tool", "tool_call_id": "call_1", "content": "x"}));
-    client
-        .post(&url)
-        .json(&json!({"messages": second}))
-        .send()
-        .await
-        .unwrap();
-    let summary: Value = client
-        .get(format!("http://{}/stats", server.addr()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    send_json(&client, &url, &json!({"messages": second})).await;
+    let summary = get_json(&client, format!("http://{}/stats", server.addr())).await;
     assert_eq!(summary["requests"], 3);
     assert_eq!(summary["think"]["samples"], 1);
     assert_eq!(summary["handling"]["samples"], 3);

@@ -4,7 +4,7 @@
 use super::*;
 use crate::backend::cpu::CpuBackend;
 use crate::listen::HttpLimits;
-use crate::test_support::post_json;
+use crate::test_support::{fresh_client, get_json, get_text, post_json, send_json};
 use crate::{sim, DeviceChoice, EngineFlags, EngineTuning};
 use serde_json::Value;
 use std::time::Duration;
@@ -39,6 +39,29 @@ async fn start(config: EngineConfig) -> String {
         listener,
     ));
     url
+}
+
+/// A bf16 prefill and a bf16 decode pointed at it: (prefill URL, decode URL).
+async fn start_pair() -> (String, String) {
+    let prefill = start(config(Role::Prefill, true, None)).await;
+    let decode = start(config(Role::Decode, true, Some(prefill.clone()))).await;
+    (prefill, decode)
+}
+
+/// Polls `url`/health until it answers 200; `never` is the failure message.
+async fn wait_healthy(client: &reqwest::Client, url: &str, never: &str) {
+    let wait = std::time::Instant::now();
+    while client
+        .get(format!("{url}/health"))
+        .send()
+        .await
+        .map(|r| r.status().as_u16())
+        .unwrap_or(0)
+        != 200
+    {
+        assert!(wait.elapsed().as_secs() < 20, "{never}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 fn chat_body(max_tokens: i64) -> Value {
@@ -81,30 +104,15 @@ fn assemble(sse: &str) -> (String, Vec<Value>, String, usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streaming_matches_the_non_streaming_reply() {
-    let prefill = start(config(Role::Prefill, true, None)).await;
-    let decode = start(config(Role::Decode, true, Some(prefill.clone()))).await;
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(0)
-        .build()
-        .unwrap();
+    let (_prefill, decode) = start_pair().await;
+    let client = fresh_client();
     let chat = format!("{decode}/v1/chat/completions");
-    let wait = std::time::Instant::now();
-    while client
-        .get(format!("{decode}/health"))
-        .send()
-        .await
-        .map(|r| r.status().as_u16())
-        .unwrap_or(0)
-        != 200
-    {
-        assert!(wait.elapsed().as_secs() < 20, "decode never became healthy");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    wait_healthy(&client, &decode, "decode never became healthy").await;
     let plain: Value = post_json(&client, &chat, &chat_body(256)).await;
     let message = &plain["choices"][0]["message"];
     let mut body = chat_body(256);
     body["stream"] = json!(true);
-    let response = client.post(&chat).json(&body).send().await.unwrap();
+    let response = send_json(&client, &chat, &body).await;
     assert_eq!(response.headers()["content-type"], "text/event-stream");
     let sse = response.text().await.unwrap();
     assert!(sse.trim_end().ends_with("data: [DONE]"), "{sse}");
@@ -132,15 +140,7 @@ async fn streaming_matches_the_non_streaming_reply() {
     ]);
     let plain: Value = post_json(&client, &chat, &done).await;
     done["stream"] = json!(true);
-    let sse = client
-        .post(&chat)
-        .json(&done)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let sse = send_json(&client, &chat, &done).await.text().await.unwrap();
     let (content, calls, finish, events_text) = assemble(&sse);
     assert!(calls.is_empty());
     assert_eq!(finish, "stop");
@@ -157,14 +157,10 @@ async fn streaming_matches_the_non_streaming_reply() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn end_to_end_over_http_with_bad_requests_and_dtype_mismatch() {
-    let prefill = start(config(Role::Prefill, true, None)).await;
-    let decode = start(config(Role::Decode, true, Some(prefill.clone()))).await;
+    let (prefill, decode) = start_pair().await;
     // No pooled connections: the 413 below makes the server drop its connection, and a
     // reused pooled one could race with that close.
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(0)
-        .build()
-        .unwrap();
+    let client = fresh_client();
     let chat = format!("{decode}/v1/chat/completions");
     let response: Value = post_json(&client, &chat, &chat_body(256)).await;
     let message = &response["choices"][0]["message"];
@@ -185,8 +181,7 @@ async fn end_to_end_over_http_with_bad_requests_and_dtype_mismatch() {
     );
     assert!(message["content"].is_null());
 
-    let truncated = client.post(&chat).json(&chat_body(3)).send().await.unwrap();
-    let truncated: Value = truncated.json().await.unwrap();
+    let truncated: Value = post_json(&client, &chat, &chat_body(3)).await;
     assert_eq!(truncated["choices"][0]["finish_reason"], "length");
 
     for (body, status) in [
@@ -201,38 +196,17 @@ async fn end_to_end_over_http_with_bad_requests_and_dtype_mismatch() {
         assert!(error["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{error}");
     }
 
-    let metrics = client
-        .get(format!("{prefill}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(&client, format!("{prefill}/metrics")).await;
     assert!(
         metrics.contains("sglang:num_running_reqs")
             && metrics.contains("bisect_engine_stale_index_k_reads_total")
     );
-    let decode_metrics = client
-        .get(format!("{decode}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let decode_metrics = get_text(&client, format!("{decode}/metrics")).await;
     assert!(
         decode_metrics.contains("bisect_engine_index_k_checksum_match_total 2"),
         "{decode_metrics}"
     );
-    let info: Value = client
-        .get(format!("{decode}/server_info"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let info = get_json(&client, format!("{decode}/server_info")).await;
     assert_eq!(info["flags"]["SGLANG_DSV4_BF16_INDEX_K"], 1);
     // Who is answering: a harness compares these before and after a restart.
     assert_eq!(info["pid"], std::process::id());
@@ -240,12 +214,12 @@ async fn end_to_end_over_http_with_bad_requests_and_dtype_mismatch() {
 
     // A decode configured for fp8 against a bf16 prefill refuses the transfer.
     let mismatched = start(config(Role::Decode, false, Some(prefill.clone()))).await;
-    let response = client
-        .post(format!("{mismatched}/v1/chat/completions"))
-        .json(&chat_body(64))
-        .send()
-        .await
-        .unwrap();
+    let response = send_json(
+        &client,
+        format!("{mismatched}/v1/chat/completions"),
+        &chat_body(64),
+    )
+    .await;
     assert_eq!(response.status().as_u16(), 500);
     let error: Value = response.json().await.unwrap();
     assert!(error["error"]["message"]
@@ -260,12 +234,12 @@ async fn end_to_end_over_http_with_bad_requests_and_dtype_mismatch() {
         Some("http://127.0.0.1:9".into()),
     ))
     .await;
-    let response = client
-        .post(format!("{orphan}/v1/chat/completions"))
-        .json(&chat_body(64))
-        .send()
-        .await
-        .unwrap();
+    let response = send_json(
+        &client,
+        format!("{orphan}/v1/chat/completions"),
+        &chat_body(64),
+    )
+    .await;
     assert_eq!(response.status().as_u16(), 503);
     let health = client.get(format!("{orphan}/health")).send().await.unwrap();
     assert_eq!(health.status().as_u16(), 503);
@@ -274,14 +248,6 @@ async fn end_to_end_over_http_with_bad_requests_and_dtype_mismatch() {
         .as_str()
         .unwrap()
         .contains("prefill at http://127.0.0.1:9"));
-}
-
-/// A client without pooled connections (each request on its own connection).
-fn fresh_client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .pool_max_idle_per_host(0)
-        .build()
-        .unwrap()
 }
 
 /// `/health` of `url` once decode has checked its prefill at least once.
@@ -373,8 +339,7 @@ async fn decode_health_refuses_a_prefill_of_the_other_dtype() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gauges_return_to_zero_once_requests_finish() {
-    let prefill = start(config(Role::Prefill, true, None)).await;
-    let decode = start(config(Role::Decode, true, Some(prefill.clone()))).await;
+    let (prefill, decode) = start_pair().await;
     let client = fresh_client();
     assert_eq!(settled_health(&client, &decode).await.0, 200);
     let chat = format!("{decode}/v1/chat/completions");
@@ -388,48 +353,43 @@ async fn gauges_return_to_zero_once_requests_finish() {
     .await;
     assert!(replies.iter().all(|reply| reply.contains("chatcmpl-")));
     for url in [&prefill, &decode] {
-        let metrics = client
-            .get(format!("{url}/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let metrics = get_text(&client, format!("{url}/metrics")).await;
         assert_eq!(sample(&metrics, "sglang:num_running_reqs"), 0.0, "{url}");
         assert_eq!(sample(&metrics, "sglang:num_queue_reqs"), 0.0, "{url}");
     }
 }
 
-fn limited(role: Role, limits: HttpLimits) -> EngineConfig {
-    EngineConfig {
+/// A prefill with these HTTP limits: (its URL, its host:port for raw connections).
+async fn start_limited(limits: HttpLimits) -> (String, String) {
+    let prefill = start(EngineConfig {
         http: limits,
-        ..config(role, true, None)
-    }
+        ..config(Role::Prefill, true, None)
+    })
+    .await;
+    let address = prefill.trim_start_matches("http://").to_string();
+    (prefill, address)
+}
+
+/// A raw connection to `address` that has sent `request` (complete or not).
+async fn connect_and_send(address: &str, request: &[u8]) -> TcpStream {
+    let mut stream = TcpStream::connect(address).await.unwrap();
+    stream.write_all(request).await.unwrap();
+    stream
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_loris_connections_are_closed_and_do_not_block_health() {
-    let prefill = start(limited(
-        Role::Prefill,
-        HttpLimits {
-            header_read_timeout_ms: 200,
-            idle_timeout_ms: 400,
-            ..HttpLimits::default()
-        },
-    ))
+    let (prefill, address) = start_limited(HttpLimits {
+        header_read_timeout_ms: 200,
+        idle_timeout_ms: 400,
+        ..HttpLimits::default()
+    })
     .await;
-    let address = prefill.trim_start_matches("http://").to_string();
     // 300 holds 600 descriptors in this process (both ends), within the common soft
     // limit of 1024.
     let mut lorises = Vec::new();
     for _ in 0..300 {
-        let mut stream = TcpStream::connect(&address).await.unwrap();
-        stream
-            .write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n")
-            .await
-            .unwrap();
-        lorises.push(stream);
+        lorises.push(connect_and_send(&address, b"GET /health HTTP/1.1\r\nHost: x\r\n").await);
     }
     let client = fresh_client();
     let health = client
@@ -442,52 +402,27 @@ async fn slow_loris_connections_are_closed_and_do_not_block_health() {
         assert!(read_until_closed(stream).await.is_empty());
     }
     // A kept-alive connection is answered, then closed once idle.
-    let mut idle = TcpStream::connect(&address).await.unwrap();
-    idle.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
+    let mut idle = connect_and_send(&address, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").await;
     let answer = String::from_utf8(read_until_closed(&mut idle).await).unwrap();
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_beyond_the_cap_are_answered_503() {
-    let prefill = start(limited(
-        Role::Prefill,
-        HttpLimits {
-            max_connections: 4,
-            ..HttpLimits::default()
-        },
-    ))
+    let (prefill, address) = start_limited(HttpLimits {
+        max_connections: 4,
+        ..HttpLimits::default()
+    })
     .await;
-    let address = prefill.trim_start_matches("http://").to_string();
     let mut held = Vec::new();
     for _ in 0..4 {
         held.push(TcpStream::connect(&address).await.unwrap());
     }
     // Accepted in connection order: this is the fifth.
-    let mut fifth = TcpStream::connect(&address).await.unwrap();
-    fifth
-        .write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
+    let mut fifth = connect_and_send(&address, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").await;
     let answer = String::from_utf8(read_until_closed(&mut fifth).await).unwrap();
     assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
     assert!(answer.contains("too many open connections"), "{answer}");
     drop(held);
-    let client = fresh_client();
-    let wait = std::time::Instant::now();
-    loop {
-        let status = client
-            .get(format!("{prefill}/health"))
-            .send()
-            .await
-            .unwrap()
-            .status();
-        if status == 200 {
-            break;
-        }
-        assert!(wait.elapsed().as_secs() < 20, "the cap was never released");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_healthy(&fresh_client(), &prefill, "the cap was never released").await;
 }

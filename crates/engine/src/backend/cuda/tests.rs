@@ -5,7 +5,7 @@
 use super::*;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{
-    AttnJob, AttnPath, Backend, IndexKDtype, IndexerJob, TopkImpl, INDEX_DIM, MAIN_DIM,
+    AttnJob, AttnPath, Backend, IndexKDtype, IndexerJob, PoolId, TopkImpl, INDEX_DIM, MAIN_DIM,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -474,6 +474,43 @@ fn occupant(page_tokens: usize) -> (Vec<f32>, Vec<f32>) {
     )
 }
 
+/// `fixture` stored in both backends, every page then evicted from the GPU's pool (page
+/// i to host slot i): (GPU pool, its pages in order, the CPU's indexer selections at
+/// k = 32: what every read of the loaded-back pages must select).
+fn stored_then_evicted(
+    gpu: &CudaBackend,
+    cpu: &CpuBackend,
+    fixture: &Fixture,
+) -> (PoolId, Vec<u32>, Vec<Vec<u32>>) {
+    let gpu_pool = store(gpu, fixture);
+    let cpu_pool = store(cpu, fixture);
+    let pages = fixture.all_pages();
+    for (slot, &page) in pages.iter().enumerate() {
+        gpu.evict_page(gpu_pool, page, slot as u32).unwrap();
+    }
+    let want = cpu
+        .indexer_topk_paged(cpu_pool, &indexer_jobs(fixture), 32, TopkImpl::V2, false)
+        .unwrap();
+    (gpu_pool, pages, want)
+}
+
+/// Gives every page of `pages` a new occupant, then queues the load-back of the old
+/// rows one page at a time (page i from host slot i).
+fn overwrite_then_load_back(
+    gpu: &CudaBackend,
+    pool: PoolId,
+    pages: &[u32],
+    occupant: &(Vec<f32>, Vec<f32>),
+) {
+    for &page in pages {
+        gpu.write_rows(pool, page, 0, &occupant.0, &occupant.1)
+            .unwrap();
+    }
+    for (slot, &page) in pages.iter().enumerate() {
+        gpu.load_back_page(pool, slot as u32, page).unwrap();
+    }
+}
+
 #[test]
 fn gpu_paged_pools_match_cpu() {
     let Some(gpu) = gpu() else { return };
@@ -497,32 +534,14 @@ fn gpu_gated_paged_load_back_reads_the_loaded_pages() {
     let cpu = CpuBackend::new();
     for dtype in [IndexKDtype::Bf16, IndexKDtype::Fp8] {
         let fixture = fixture(dtype, 64, &[4096, 4096], 0x10ad);
-        let gpu_pool = store(&gpu, &fixture);
-        let cpu_pool = store(&cpu, &fixture);
-        let pages: Vec<u32> = fixture
-            .sequences
-            .iter()
-            .flat_map(|s| s.pages.clone())
-            .collect();
-        for (slot, &page) in pages.iter().enumerate() {
-            gpu.evict_page(gpu_pool, page, slot as u32).unwrap();
-        }
-        let want = cpu
-            .indexer_topk_paged(cpu_pool, &indexer_jobs(&fixture), 32, TopkImpl::V2, false)
-            .unwrap();
+        let (gpu_pool, pages, want) = stored_then_evicted(&gpu, &cpu, &fixture);
         // New occupants: whole pages of constant keys (every row ties), so a read that
         // misses the load-back selects differently.
-        let (new_main, new_index) = occupant(64);
+        let occupant = occupant(64);
         for round in 0..20 {
             // Overwrite every page (new occupants), then load the old ones back and read
             // at once with the gate: every read must see the loaded pages.
-            for &page in &pages {
-                gpu.write_rows(gpu_pool, page, 0, &new_main, &new_index)
-                    .unwrap();
-            }
-            for (slot, &page) in pages.iter().enumerate() {
-                gpu.load_back_page(gpu_pool, slot as u32, page).unwrap();
-            }
+            overwrite_then_load_back(&gpu, gpu_pool, &pages, &occupant);
             let got = gpu
                 .indexer_topk_paged(gpu_pool, &indexer_jobs(&fixture), 32, TopkImpl::V2, true)
                 .unwrap();
@@ -554,32 +573,14 @@ fn gpu_paged_load_back_race() {
     const ROUNDS: usize = 10;
     for dtype in [IndexKDtype::Bf16, IndexKDtype::Fp8] {
         let fixture = fixture(dtype, 64, &[8192; 16], 0x5ace);
-        let gpu_pool = store(&gpu, &fixture);
-        let cpu_pool = store(&cpu, &fixture);
-        let pages: Vec<u32> = fixture
-            .sequences
-            .iter()
-            .flat_map(|s| s.pages.clone())
-            .collect();
-        for (slot, &page) in pages.iter().enumerate() {
-            gpu.evict_page(gpu_pool, page, slot as u32).unwrap();
-        }
-        let want = cpu
-            .indexer_topk_paged(cpu_pool, &indexer_jobs(&fixture), 32, TopkImpl::V2, false)
-            .unwrap();
+        let (gpu_pool, pages, want) = stored_then_evicted(&gpu, &cpu, &fixture);
         let selections = want.clone();
-        let (new_main, new_index) = occupant(64);
+        let occupant = occupant(64);
         for gate in [false, true] {
             let before = gpu.pool_stats(gpu_pool).unwrap();
             let mut wrong = 0usize;
             for _ in 0..ROUNDS {
-                for &page in &pages {
-                    gpu.write_rows(gpu_pool, page, 0, &new_main, &new_index)
-                        .unwrap();
-                }
-                for (slot, &page) in pages.iter().enumerate() {
-                    gpu.load_back_page(gpu_pool, slot as u32, page).unwrap();
-                }
+                overwrite_then_load_back(&gpu, gpu_pool, &pages, &occupant);
                 let got = gpu
                     .indexer_topk_paged(gpu_pool, &indexer_jobs(&fixture), 32, TopkImpl::V2, gate)
                     .unwrap();
@@ -669,11 +670,7 @@ fn gpu_gather_matches_cpu_through_a_batched_load_back() {
                 want,
                 "{dtype:?} page {page_tokens}: gather"
             );
-            let pages: Vec<u32> = fixture
-                .sequences
-                .iter()
-                .flat_map(|s| s.pages.clone())
-                .collect();
+            let pages = fixture.all_pages();
             let (new_main, new_index) = occupant(page_tokens);
             for round in 0..5 {
                 for (slot, &page) in pages.iter().enumerate() {
