@@ -296,7 +296,7 @@ fn the_verdict_follows_the_sequential_decision_and_every_blocking_check() {
         pair: 2,
         pair_blocking: vec![
             "degraded: not a same-speed toggle: arm on (=1) had 0 error \
-                             and 4 timeout sessions of 20 (20.0% > 10.0%)"
+                                 and 4 timeout sessions of 20 (20.0% > 10.0%)"
                 .into(),
         ],
         pooled_blocking: Vec::new(),
