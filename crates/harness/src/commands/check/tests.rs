@@ -1,3 +1,6 @@
+//! `bisect check` without a live engine: the dry run, changed lines, restart programs,
+//! chat-template discovery, and the URL checks against scripted local servers.
+
 use super::flags::dry_run;
 use super::urls::chat_template_file;
 use super::*;

@@ -1,3 +1,5 @@
+//! Workload files: the builtin workloads, request options, tool schemas and the
+//! errors (file, line, fix) bad ones get.
 
 use super::*;
 

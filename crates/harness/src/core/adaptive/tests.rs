@@ -1,3 +1,6 @@
+//! The adaptive schedule, stopping loop and verdict, driven by scripted block
+//! outcomes.
+
 use std::collections::BTreeMap;
 
 use serde_json::json;

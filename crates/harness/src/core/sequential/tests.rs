@@ -1,3 +1,7 @@
+//! The e-values and always-valid intervals (against hand computation and closed forms),
+//! the decisions of a sequential experiment, the planned cap (by seeded simulation),
+//! and the group-sequential boundaries it was chosen over.
+
 use statrs::function::beta::ln_beta;
 
 use super::*;

@@ -1,3 +1,6 @@
+//! The chat client: reply and stream parsing, the in-flight counter and first wave, and
+//! rounds against local test servers (refused, closed and silent connections).
+
 use super::*;
 use std::sync::Arc;
 

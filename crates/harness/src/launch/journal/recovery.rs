@@ -1,4 +1,4 @@
-//! Recovery of what a dead bisect left (docs/design.md, launch configs): its journal
+//! Recovery of what a dead bisect left (docs/design.md, "Journal"): its journal
 //! replayed (the originals put back, someone else's version kept beside the file), its
 //! engines killed, and the journals older versions left, swept; and taking the files'
 //! locks, which recovers each first.

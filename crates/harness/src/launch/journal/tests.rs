@@ -1,3 +1,6 @@
+//! The journal against real files: edits, restores, recovery of a dead owner's
+//! journal, and someone else's change kept.
+
 use std::fs::Permissions;
 
 use super::disk::temp_path;
