@@ -298,73 +298,27 @@ pub(crate) fn run_split(
         config.prefill.dtype == config.read.dtype,
         "prefill and decode index-K dtypes differ"
     );
-    let vocab = Vocab::new();
-    let tools = sim_tools();
     let mut prefill = PrefillCore::for_backend(config.prefill.clone(), backend)?;
-    let mut sessions: Vec<SessionState> = (0..config.sessions)
-        .map(|session| SessionState {
-            turns: session_opening(config.seed, session, config.ctx_tokens, config.steps),
-            rounds_used: 0,
-            finished: false,
-            next_send: Some(client_delay(
-                config.seed,
-                session,
-                0,
-                config.client_delay_max,
-            )),
-        })
-        .collect();
-    let mut waiting_prefill: HashMap<u64, InFlight> = HashMap::new();
-    let mut decode_queue: Vec<(InFlight, SequenceKv)> = Vec::new();
-    let mut running: Vec<(InFlight, SequenceKv)> = Vec::new();
-    let mut report = SimReport {
-        sessions: config.sessions,
-        ..SimReport::default()
-    };
-    let mut next_id = 0u64;
+    let mut sim = Simulation::new(config);
     let mut tick = 0u64;
-    let mut stale_requests: std::collections::HashSet<u64> = Default::default();
-    let mut running_ids: Vec<u64> = Vec::new();
-    let mut queue_ids: Vec<u64> = Vec::new();
-    while sessions.iter().any(|s| !s.finished) {
+    while sim.sessions.iter().any(|s| !s.finished) {
         // Idle: jump to the next send.
-        if !prefill.has_work() && running.is_empty() && decode_queue.is_empty() {
-            let next = sessions.iter().filter_map(|s| s.next_send).min();
+        if !prefill.has_work() && sim.running.is_empty() && sim.decode_queue.is_empty() {
+            let next = sim.sessions.iter().filter_map(|s| s.next_send).min();
             match next {
                 Some(at) if at > tick => tick = at,
                 Some(_) => {}
                 None => anyhow::bail!("simulation stalled with unfinished sessions"),
             }
         }
-        for (index, session) in sessions.iter_mut().enumerate() {
-            if session.next_send == Some(tick) {
-                session.next_send = None;
-                let conversation = Conversation {
-                    tools: tools.clone(),
-                    messages: session.turns.clone(),
-                    max_tokens: 512,
-                };
-                let expected = decide(&conversation).expect("sessions always hold a task");
-                let (prompt, generation) = model::prepare(&conversation, &vocab);
-                prefill.submit(next_id, prompt.clone());
-                waiting_prefill.insert(
-                    next_id,
-                    InFlight {
-                        session: index,
-                        generation,
-                        prompt,
-                        expected,
-                    },
-                );
-                next_id += 1;
-            }
-        }
+        sim.send_due(tick, &mut prefill);
         for (id, result) in prefill.step(backend)? {
             let kv = result.map_err(anyhow::Error::msg)?;
             if kv.stale_index_pages > 0 {
-                stale_requests.insert(id);
+                sim.stale_requests.insert(id);
             }
-            let flight = waiting_prefill
+            let flight = sim
+                .waiting_prefill
                 .remove(&id)
                 .expect("shipped requests were submitted");
             let sequence = SequenceKv {
@@ -373,83 +327,186 @@ pub(crate) fn run_split(
                 main: kv.main,
                 index_k: kv.index_k,
             };
-            decode_queue.push((flight, sequence));
-            queue_ids.push(id);
+            sim.decode_queue.push((flight, sequence));
+            sim.queue_ids.push(id);
         }
         if tick % config.ticks_per_decode_step == 0 {
-            while running.len() < config.max_running && !decode_queue.is_empty() {
-                running.push(decode_queue.remove(0));
-                running_ids.push(queue_ids.remove(0));
-            }
-            if !running.is_empty() && !config.read_back {
-                for (flight, _) in running.iter_mut() {
-                    flight.generation.emit_planned(&flight.prompt);
-                }
-            } else if !running.is_empty() {
-                let mut batch: Vec<(&mut Generation, &mut SequenceKv)> = running
-                    .iter_mut()
-                    .map(|(flight, sequence)| (&mut flight.generation, sequence))
-                    .collect();
-                decode_step(decode_backend, &config.read, &mut batch)?;
-            }
-            let mut index = 0;
-            while index < running.len() {
-                if running[index].0.generation.finish.is_none() {
-                    index += 1;
-                    continue;
-                }
-                let (flight, _) = running.remove(index);
-                let id = running_ids.remove(index);
-                let text = vocab.decode(&flight.generation.emitted);
-                let output = dsml::parse(&text);
-                let session = &mut sessions[flight.session];
-                session.rounds_used += 1;
-                report.rounds += 1;
-                if !is_correct(&flight.expected, &output) {
-                    session.finished = true;
-                    report.corrupted += 1;
-                    if stale_requests.contains(&id) {
-                        report.corrupted_rounds_with_stale_index_k += 1;
-                    }
-                    if report.examples.len() < 4 {
-                        report.examples.push(text);
-                    }
-                    continue;
-                }
-                match &flight.expected {
-                    Intent::Answer(_) => {
-                        session.finished = true;
-                        report.done += 1;
-                    }
-                    Intent::Call((name, arguments)) => {
-                        session.turns.push(Turn::Assistant {
-                            content: String::new(),
-                            calls: vec![(name.clone(), arguments.clone())],
-                        });
-                        session.turns.push(Turn::Tool(tool_result(name, arguments)));
-                        if session.rounds_used >= config.rounds {
-                            session.finished = true;
-                        } else {
-                            session.next_send = Some(
-                                tick + 1
-                                    + client_delay(
-                                        config.seed,
-                                        flight.session,
-                                        session.rounds_used,
-                                        config.client_delay_max,
-                                    ),
-                            );
-                        }
-                    }
-                }
-            }
+            sim.decode_tick(tick, decode_backend)?;
         }
         tick += 1;
     }
+    let mut report = sim.report;
     report.counters = prefill.counters.clone();
     report.ticks = tick;
     prefill.close(backend)?;
     Ok(report)
+}
+
+/// One simulation between ticks: the sessions, the requests at each stage (waiting for
+/// prefill, queued for decode, decoding), and the report so far.
+struct Simulation<'c> {
+    config: &'c SimConfig,
+    vocab: Vocab,
+    tools: Vec<ToolFunction>,
+    sessions: Vec<SessionState>,
+    waiting_prefill: HashMap<u64, InFlight>,
+    decode_queue: Vec<(InFlight, SequenceKv)>,
+    /// The request ids of `decode_queue`, in its order.
+    queue_ids: Vec<u64>,
+    running: Vec<(InFlight, SequenceKv)>,
+    /// The request ids of `running`, in its order.
+    running_ids: Vec<u64>,
+    /// Requests whose prefill shipped a stale index-K page.
+    stale_requests: std::collections::HashSet<u64>,
+    report: SimReport,
+    next_id: u64,
+}
+
+impl<'c> Simulation<'c> {
+    /// Every session at its opening, its first send after its client delay.
+    fn new(config: &'c SimConfig) -> Self {
+        let sessions = (0..config.sessions)
+            .map(|session| SessionState {
+                turns: session_opening(config.seed, session, config.ctx_tokens, config.steps),
+                rounds_used: 0,
+                finished: false,
+                next_send: Some(client_delay(
+                    config.seed,
+                    session,
+                    0,
+                    config.client_delay_max,
+                )),
+            })
+            .collect();
+        Simulation {
+            config,
+            vocab: Vocab::new(),
+            tools: sim_tools(),
+            sessions,
+            waiting_prefill: HashMap::new(),
+            decode_queue: Vec::new(),
+            queue_ids: Vec::new(),
+            running: Vec::new(),
+            running_ids: Vec::new(),
+            stale_requests: Default::default(),
+            report: SimReport {
+                sessions: config.sessions,
+                ..SimReport::default()
+            },
+            next_id: 0,
+        }
+    }
+
+    /// Submits the request of every session whose send is due at `tick` to prefill.
+    fn send_due(&mut self, tick: u64, prefill: &mut PrefillCore) {
+        for (index, session) in self.sessions.iter_mut().enumerate() {
+            if session.next_send == Some(tick) {
+                session.next_send = None;
+                let conversation = Conversation {
+                    tools: self.tools.clone(),
+                    messages: session.turns.clone(),
+                    max_tokens: 512,
+                };
+                let expected = decide(&conversation).expect("sessions always hold a task");
+                let (prompt, generation) = model::prepare(&conversation, &self.vocab);
+                prefill.submit(self.next_id, prompt.clone());
+                self.waiting_prefill.insert(
+                    self.next_id,
+                    InFlight {
+                        session: index,
+                        generation,
+                        prompt,
+                        expected,
+                    },
+                );
+                self.next_id += 1;
+            }
+        }
+    }
+
+    /// One decode step: queued requests admitted up to `max_running`, one token for each
+    /// running one (read back from the shipped KV, or as planned), and every finished
+    /// one judged.
+    fn decode_tick(&mut self, tick: u64, decode_backend: &dyn Backend) -> anyhow::Result<()> {
+        let config = self.config;
+        while self.running.len() < config.max_running && !self.decode_queue.is_empty() {
+            self.running.push(self.decode_queue.remove(0));
+            self.running_ids.push(self.queue_ids.remove(0));
+        }
+        if !self.running.is_empty() && !config.read_back {
+            for (flight, _) in self.running.iter_mut() {
+                flight.generation.emit_planned(&flight.prompt);
+            }
+        } else if !self.running.is_empty() {
+            let mut batch: Vec<(&mut Generation, &mut SequenceKv)> = self
+                .running
+                .iter_mut()
+                .map(|(flight, sequence)| (&mut flight.generation, sequence))
+                .collect();
+            decode_step(decode_backend, &config.read, &mut batch)?;
+        }
+        let mut index = 0;
+        while index < self.running.len() {
+            if self.running[index].0.generation.finish.is_none() {
+                index += 1;
+                continue;
+            }
+            let (flight, _) = self.running.remove(index);
+            let id = self.running_ids.remove(index);
+            self.finish_round(flight, id, tick);
+        }
+        Ok(())
+    }
+
+    /// A finished generation judged against what the session expected: a wrong one ends
+    /// the session corrupted; a right answer ends it done; a right call gets its tool
+    /// result and the session's next send (or its end at the round limit).
+    fn finish_round(&mut self, flight: InFlight, id: u64, tick: u64) {
+        let config = self.config;
+        let report = &mut self.report;
+        let text = self.vocab.decode(&flight.generation.emitted);
+        let output = dsml::parse(&text);
+        let session = &mut self.sessions[flight.session];
+        session.rounds_used += 1;
+        report.rounds += 1;
+        if !is_correct(&flight.expected, &output) {
+            session.finished = true;
+            report.corrupted += 1;
+            if self.stale_requests.contains(&id) {
+                report.corrupted_rounds_with_stale_index_k += 1;
+            }
+            if report.examples.len() < 4 {
+                report.examples.push(text);
+            }
+            return;
+        }
+        match &flight.expected {
+            Intent::Answer(_) => {
+                session.finished = true;
+                report.done += 1;
+            }
+            Intent::Call((name, arguments)) => {
+                session.turns.push(Turn::Assistant {
+                    content: String::new(),
+                    calls: vec![(name.clone(), arguments.clone())],
+                });
+                session.turns.push(Turn::Tool(tool_result(name, arguments)));
+                if session.rounds_used >= config.rounds {
+                    session.finished = true;
+                } else {
+                    session.next_send = Some(
+                        tick + 1
+                            + client_delay(
+                                config.seed,
+                                flight.session,
+                                session.rounds_used,
+                                config.client_delay_max,
+                            ),
+                    );
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -319,65 +319,13 @@ fn arm_summary(arms: &[ArmRecord]) -> Value {
 pub fn reclassify_dir(dir: &Path, workload: Option<&str>) -> anyhow::Result<Summary> {
     let results = ResultsDir::open(dir);
     let run_json = dir.join("run.json");
-    if !run_json.is_file() {
-        return Err(Failure::BadInput(format!(
-            "{}: no such file\n  fix: pass a results directory written by `bisect run`",
-            run_json.display()
-        ))
-        .into());
-    }
-    let raw_text = std::fs::read_to_string(&run_json)
-        .with_context(|| format!("reading {}", run_json.display()))?;
-    let raw: Value = serde_json::from_str(&raw_text)
-        .map_err(|e| Failure::BadInput(format!("{}: {e}", run_json.display())))?;
-    let mut record: RunRecord = serde_json::from_value(raw.clone()).map_err(|e| {
-        Failure::BadInput(format!(
-            "{}: not a bisect run record: {e}",
-            run_json.display()
-        ))
-    })?;
+    let (raw_text, raw, mut record) = read_run_record(&run_json)?;
     let sessions = results
         .read_sessions()
         .map_err(|e| Failure::BadInput(format!("{e:#}")))?;
     let workload = recorded_workload(&record.workload, workload)?;
-    // The families the run counted as leaks; a record from before they were written
-    // down is judged with every family, and says so.
-    let (classifier, markup_note) = match &record.target.markup {
-        Some(families) => (Classifier::new(&workload.tools, families), None),
-        None => (
-            Classifier::with_defaults(&workload.tools),
-            Some(
-                "run.json does not say which markup families the run counted as leaks (written \
-                 before they were recorded): reclassified with all of them, so markup the \
-                 profile left out can now count"
-                    .to_string(),
-            ),
-        ),
-    };
-    // The rejection patterns the run judged error replies with (none in older records,
-    // whose error rounds kept no body to judge).
-    let rejections = record.target.rejections.clone().unwrap_or_default();
-    let classifier = classifier
-        .and_then(|c| c.with_rejections(&rejections))
-        .with_context(|| format!("building the classifier for workload `{}`", workload.name))?;
-
-    let mut changed = Vec::new();
-    let mut incomplete = 0;
-    let mut new_sessions = Vec::with_capacity(sessions.len());
-    for old in &sessions {
-        let (new, cut) = reclassify_session(&classifier, &workload, old)?;
-        if new.class != old.class {
-            changed.push((
-                old.label.clone(),
-                old.repeat,
-                old.index,
-                old.class,
-                new.class,
-            ));
-        }
-        incomplete += usize::from(cut);
-        new_sessions.push(new);
-    }
+    let (classifier, markup_note) = recorded_classifier(&record, &workload)?;
+    let (new_sessions, changed, incomplete) = reclassify_all(&classifier, &workload, &sessions)?;
 
     let previous = json!({
         "at": crate::commands::run::now(),
@@ -394,25 +342,8 @@ pub fn reclassify_dir(dir: &Path, workload: Option<&str>) -> anyhow::Result<Summ
     let policy = recorded_policy(&record);
     recount(&mut record, &new_sessions, &policy);
 
-    let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ").to_string();
-    let sessions_path = dir.join("sessions.jsonl");
-    let sessions_backup = backup_path(&sessions_path, &stamp);
-    let run_json_backup = backup_path(&run_json, &stamp);
-    std::fs::copy(&sessions_path, &sessions_backup).with_context(|| {
-        format!(
-            "keeping {} as {}",
-            sessions_path.display(),
-            sessions_backup.display()
-        )
-    })?;
-    write_atomic(&run_json_backup, raw_text.as_bytes())?;
-
-    let mut lines = String::new();
-    for s in &new_sessions {
-        lines.push_str(&serde_json::to_string(s)?);
-        lines.push('\n');
-    }
-    write_atomic(&sessions_path, lines.as_bytes())?;
+    let (sessions_backup, run_json_backup) =
+        replace_sessions(dir, &run_json, &raw_text, &new_sessions)?;
 
     let mut entry = previous;
     entry["sessions_backup"] = json!(file_name(&sessions_backup));
@@ -439,6 +370,118 @@ pub fn reclassify_dir(dir: &Path, workload: Option<&str>) -> anyhow::Result<Summ
         previous_verdict,
         markup_note,
     })
+}
+
+/// run.json as its text, its JSON and its record; a missing or unreadable one is bad
+/// input.
+fn read_run_record(run_json: &Path) -> anyhow::Result<(String, Value, RunRecord)> {
+    if !run_json.is_file() {
+        return Err(Failure::BadInput(format!(
+            "{}: no such file\n  fix: pass a results directory written by `bisect run`",
+            run_json.display()
+        ))
+        .into());
+    }
+    let raw_text = std::fs::read_to_string(run_json)
+        .with_context(|| format!("reading {}", run_json.display()))?;
+    let raw: Value = serde_json::from_str(&raw_text)
+        .map_err(|e| Failure::BadInput(format!("{}: {e}", run_json.display())))?;
+    let record: RunRecord = serde_json::from_value(raw.clone()).map_err(|e| {
+        Failure::BadInput(format!(
+            "{}: not a bisect run record: {e}",
+            run_json.display()
+        ))
+    })?;
+    Ok((raw_text, raw, record))
+}
+
+/// The classifier the run judged with: its markup families and rejection patterns, with
+/// a note where the record is too old to say which families it counted.
+fn recorded_classifier(
+    record: &RunRecord,
+    workload: &Workload,
+) -> anyhow::Result<(Classifier, Option<String>)> {
+    // The families the run counted as leaks; a record from before they were written
+    // down is judged with every family, and says so.
+    let (classifier, markup_note) = match &record.target.markup {
+        Some(families) => (Classifier::new(&workload.tools, families), None),
+        None => (
+            Classifier::with_defaults(&workload.tools),
+            Some(
+                "run.json does not say which markup families the run counted as leaks (written \
+                 before they were recorded): reclassified with all of them, so markup the \
+                 profile left out can now count"
+                    .to_string(),
+            ),
+        ),
+    };
+    // The rejection patterns the run judged error replies with (none in older records,
+    // whose error rounds kept no body to judge).
+    let rejections = record.target.rejections.clone().unwrap_or_default();
+    let classifier = classifier
+        .and_then(|c| c.with_rejections(&rejections))
+        .with_context(|| format!("building the classifier for workload `{}`", workload.name))?;
+    Ok((classifier, markup_note))
+}
+
+/// (label, repeat, index, old class, new class), as [`Summary::changed`] lists them.
+type ChangedSession = (String, u32, u32, SessionClass, SessionClass);
+
+/// Every session judged again: the new sessions, those whose class changed, and how
+/// many ended on a round now judged ok.
+fn reclassify_all(
+    classifier: &Classifier,
+    workload: &Workload,
+    sessions: &[SessionResult],
+) -> anyhow::Result<(Vec<SessionResult>, Vec<ChangedSession>, usize)> {
+    let mut changed = Vec::new();
+    let mut incomplete = 0;
+    let mut new_sessions = Vec::with_capacity(sessions.len());
+    for old in sessions {
+        let (new, cut) = reclassify_session(classifier, workload, old)?;
+        if new.class != old.class {
+            changed.push((
+                old.label.clone(),
+                old.repeat,
+                old.index,
+                old.class,
+                new.class,
+            ));
+        }
+        incomplete += usize::from(cut);
+        new_sessions.push(new);
+    }
+    Ok((new_sessions, changed, incomplete))
+}
+
+/// Keeps sessions.jsonl and run.json beside themselves under a time stamp, then writes
+/// the new sessions; returns the two copies.
+fn replace_sessions(
+    dir: &Path,
+    run_json: &Path,
+    raw_text: &str,
+    new_sessions: &[SessionResult],
+) -> anyhow::Result<(PathBuf, PathBuf)> {
+    let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ").to_string();
+    let sessions_path = dir.join("sessions.jsonl");
+    let sessions_backup = backup_path(&sessions_path, &stamp);
+    let run_json_backup = backup_path(run_json, &stamp);
+    std::fs::copy(&sessions_path, &sessions_backup).with_context(|| {
+        format!(
+            "keeping {} as {}",
+            sessions_path.display(),
+            sessions_backup.display()
+        )
+    })?;
+    write_atomic(&run_json_backup, raw_text.as_bytes())?;
+
+    let mut lines = String::new();
+    for s in new_sessions {
+        lines.push_str(&serde_json::to_string(s)?);
+        lines.push('\n');
+    }
+    write_atomic(&sessions_path, lines.as_bytes())?;
+    Ok((sessions_backup, run_json_backup))
 }
 
 fn file_name(p: &Path) -> String {

@@ -301,6 +301,219 @@ fn rejections(
     Ok(patterns)
 }
 
+/// `api_key_env`: the name of the variable that holds the key, never the key itself.
+fn api_key_env(src: &Source, raw: &RawProfile) -> Result<Option<String>, ConfigError> {
+    let Some(v) = &raw.api_key_env else {
+        return Ok(None);
+    };
+    let var = v.get_ref().trim();
+    let valid = var
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && var.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !valid {
+        return Err(src.invalid(
+            v.span(),
+            format!("api_key_env = {var:?} is not an environment variable name"),
+            "name the variable that holds the key (api_key_env = \"OPENAI_API_KEY\"), never the key itself",
+        ));
+    }
+    Ok(Some(var.to_string()))
+}
+
+/// The markup families that count as leaks: the profile's list without repeats, else
+/// the engine preset's.
+fn markup(
+    src: &Source,
+    engine: Engine,
+    raw: &RawProfile,
+) -> Result<Vec<MarkupFamily>, ConfigError> {
+    let Some(list) = &raw.markup else {
+        return Ok(engine.preset().markup.to_vec());
+    };
+    let mut families = Vec::new();
+    for name in list.get_ref() {
+        let family = name.parse::<MarkupFamily>().map_err(|e| {
+            src.invalid(
+                list.span(),
+                e.to_string(),
+                "list the tool-call markup families to count as leaks, e.g. markup = [\"dsml\", \"hermes\"]",
+            )
+        })?;
+        if !families.contains(&family) {
+            families.push(family);
+        }
+    }
+    Ok(families)
+}
+
+/// `flags_dir`, resolved relative to the profile's directory; it must be a directory.
+fn flags_dir(src: &Source, base: &Path, raw: &RawProfile) -> Result<Option<PathBuf>, ConfigError> {
+    let Some(v) = &raw.flags_dir else {
+        return Ok(None);
+    };
+    let dir = base.join(non_empty(src, "flags_dir", v, "flags")?);
+    if !dir.is_dir() {
+        return Err(src.invalid(
+            v.span(),
+            format!(
+                "flags_dir {} is not a directory (resolved relative to this profile's directory)",
+                dir.display()
+            ),
+            "point flags_dir at the directory of this target's flag files (*.toml), or remove it",
+        ));
+    }
+    Ok(Some(dir))
+}
+
+/// One `[[role]]` table, checked; the profile's `engine` is the default of its own.
+fn role(
+    src: &Source,
+    base: &Path,
+    engine: Engine,
+    r: &RawRole,
+    role_name: String,
+) -> Result<RoleSpec, ConfigError> {
+    let launch = launch_path(src, base, r, &role_name)?;
+    let restart = match &r.restart {
+        None => None,
+        Some(cmd) => Some(non_empty(
+            src,
+            "restart",
+            cmd,
+            "systemctl restart sglang-prefill",
+        )?),
+    };
+    let health = check_url(src, "health", &r.health)?;
+    let metrics = match &r.metrics {
+        None => None,
+        Some(m) => Some(check_url(src, "metrics", m)?),
+    };
+    let health_timeout_s = positive_seconds(
+        src,
+        "health_timeout_s",
+        &r.health_timeout_s,
+        DEFAULT_HEALTH_TIMEOUT_S,
+        "give seconds to wait for /health after a restart",
+    )?;
+    let restart_timeout_s = positive_seconds(
+        src,
+        "restart_timeout_s",
+        &r.restart_timeout_s,
+        DEFAULT_RESTART_TIMEOUT_S,
+        "give seconds the restart command may run before it is killed",
+    )?;
+    let effective_pointers = effective_pointers(src, r)?;
+    let role_engine = match &r.engine {
+        None => engine,
+        Some(v) => parse_engine(src, v)?,
+    };
+    let preset = role_engine.preset();
+    let running_metric = match &r.running_metric {
+        None => preset.running_metric.to_string(),
+        Some(v) => metric_name(src, "running_metric", v)?,
+    };
+    let queued_metric = match &r.queued_metric {
+        None => preset.queued_metric.to_string(),
+        Some(v) => metric_name(src, "queued_metric", v)?,
+    };
+    let effective_url = match &r.effective_url {
+        None => role_engine.effective_url(&health),
+        Some(v) => Some(check_url(src, "effective_url", v)?),
+    };
+    Ok(RoleSpec {
+        name: role_name,
+        launch,
+        restart,
+        health,
+        metrics,
+        health_timeout_s,
+        restart_timeout_s,
+        effective_url,
+        effective_pointers,
+        pass_api_key: r.pass_api_key,
+        running_metric,
+        queued_metric,
+    })
+}
+
+/// A timeout in seconds: `default` when absent; zero or less is refused with `fix`
+/// (and the default).
+fn positive_seconds(
+    src: &Source,
+    key: &str,
+    value: &Option<Spanned<i64>>,
+    default: u64,
+    fix: &str,
+) -> Result<u64, ConfigError> {
+    match value {
+        None => Ok(default),
+        Some(t) if *t.get_ref() > 0 => Ok(*t.get_ref() as u64),
+        Some(t) => Err(src.invalid(
+            t.span(),
+            format!("{key} = {} must be positive", t.get_ref()),
+            format!("{fix} (default {default})"),
+        )),
+    }
+}
+
+/// A role's launch config, resolved relative to the profile's directory: it must exist
+/// and be a shell script.
+fn launch_path(
+    src: &Source,
+    base: &Path,
+    r: &RawRole,
+    role_name: &str,
+) -> Result<PathBuf, ConfigError> {
+    let launch_str = non_empty(src, "launch", &r.launch, "serve_prefill.sh")?;
+    let launch = base.join(&launch_str);
+    if !launch.is_file() {
+        return Err(src.invalid(
+            r.launch.span(),
+            format!(
+                "launch config {} of role {role_name:?} does not exist (resolved relative to this profile's directory)",
+                launch.display()
+            ),
+            "point launch at the role's launch script, relative to the profile file or absolute",
+        ));
+    }
+    // The editor lexes shell. A YAML or JSON manifest would be edited as if it
+    // were a script (an `export` line added to a Deployment) and could even read
+    // back as agreeing, so it is refused here rather than found out at restart.
+    let ext = launch
+        .extension()
+        .map(|e| e.to_string_lossy().to_ascii_lowercase());
+    if let Some(ext @ ("yaml" | "yml" | "json")) = ext.as_deref() {
+        return Err(src.invalid(
+            r.launch.span(),
+            format!(
+                "launch config {} of role {role_name:?} is a .{ext} file, but bisect edits shell launch configs only (`export VAR=...` lines and the launch command's options)",
+                launch.display()
+            ),
+            "keep the engine's options in a shell script that the manifest runs (a ConfigMap or a mounted directory; see targets/vllm/target-k8s.toml and targets/sglang-pd/target-compose.toml) and point launch at that script",
+        ));
+    }
+    Ok(launch)
+}
+
+/// A role's `effective_pointers`: each a JSON pointer (or empty), by flag name.
+fn effective_pointers(src: &Source, r: &RawRole) -> Result<BTreeMap<String, String>, ConfigError> {
+    let mut effective_pointers = BTreeMap::new();
+    for (flag, pointer) in &r.effective_pointers {
+        let p = pointer.get_ref().trim();
+        if !p.is_empty() && !p.starts_with('/') {
+            return Err(src.invalid(
+                pointer.span(),
+                format!("effective_pointers.{flag} = {p:?} is not a JSON pointer"),
+                "write a JSON pointer (RFC 6901) into the effective-config document, e.g. \"/server_args/enable_hierarchical_cache\"",
+            ));
+        }
+        effective_pointers.insert(flag.clone(), p.to_string());
+    }
+    Ok(effective_pointers)
+}
+
 impl TargetProfile {
     /// Writes the launch scripts the profile brings (creating their folder); a profile
     /// loaded from a file brings none.
@@ -338,68 +551,14 @@ impl TargetProfile {
         let name = non_empty(&src, "name", &raw.name, "dsv4-pd")?;
         let api = check_url(&src, "api", &raw.api)?;
         let model = non_empty(&src, "model", &raw.model, "deepseek-v4-flash")?;
-        let api_key_env = match &raw.api_key_env {
-            None => None,
-            Some(v) => {
-                let var = v.get_ref().trim();
-                let valid = var
-                    .chars()
-                    .next()
-                    .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-                    && var.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-                if !valid {
-                    return Err(src.invalid(
-                        v.span(),
-                        format!("api_key_env = {var:?} is not an environment variable name"),
-                        "name the variable that holds the key (api_key_env = \"OPENAI_API_KEY\"), never the key itself",
-                    ));
-                }
-                Some(var.to_string())
-            }
-        };
+        let api_key_env = api_key_env(&src, &raw)?;
 
         let engine = match &raw.engine {
             None => Engine::default(),
             Some(v) => parse_engine(&src, v)?,
         };
-        let markup = match &raw.markup {
-            None => engine.preset().markup.to_vec(),
-            Some(list) => {
-                let mut families = Vec::new();
-                for name in list.get_ref() {
-                    let family = name.parse::<MarkupFamily>().map_err(|e| {
-                        src.invalid(
-                            list.span(),
-                            e.to_string(),
-                            "list the tool-call markup families to count as leaks, e.g. markup = [\"dsml\", \"hermes\"]",
-                        )
-                    })?;
-                    if !families.contains(&family) {
-                        families.push(family);
-                    }
-                }
-                families
-            }
-        };
-
-        let flags_dir = match &raw.flags_dir {
-            None => None,
-            Some(v) => {
-                let dir = base.join(non_empty(&src, "flags_dir", v, "flags")?);
-                if !dir.is_dir() {
-                    return Err(src.invalid(
-                        v.span(),
-                        format!(
-                            "flags_dir {} is not a directory (resolved relative to this profile's directory)",
-                            dir.display()
-                        ),
-                        "point flags_dir at the directory of this target's flag files (*.toml), or remove it",
-                    ));
-                }
-                Some(dir)
-            }
-        };
-
+        let markup = markup(&src, engine, &raw)?;
+        let flags_dir = flags_dir(&src, base, &raw)?;
         let rejections = rejections(&src, engine, &raw.reject)?;
 
         if raw.role.is_empty() {
@@ -422,113 +581,7 @@ impl TargetProfile {
                     "give every [[role]] a distinct name",
                 ));
             }
-            let launch_str = non_empty(&src, "launch", &r.launch, "serve_prefill.sh")?;
-            let launch = base.join(&launch_str);
-            if !launch.is_file() {
-                return Err(src.invalid(
-                    r.launch.span(),
-                    format!(
-                        "launch config {} of role {role_name:?} does not exist (resolved relative to this profile's directory)",
-                        launch.display()
-                    ),
-                    "point launch at the role's launch script, relative to the profile file or absolute",
-                ));
-            }
-            // The editor lexes shell. A YAML or JSON manifest would be edited as if it
-            // were a script (an `export` line added to a Deployment) and could even read
-            // back as agreeing, so it is refused here rather than found out at restart.
-            let ext = launch
-                .extension()
-                .map(|e| e.to_string_lossy().to_ascii_lowercase());
-            if let Some(ext @ ("yaml" | "yml" | "json")) = ext.as_deref() {
-                return Err(src.invalid(
-                    r.launch.span(),
-                    format!(
-                        "launch config {} of role {role_name:?} is a .{ext} file, but bisect edits shell launch configs only (`export VAR=...` lines and the launch command's options)",
-                        launch.display()
-                    ),
-                    "keep the engine's options in a shell script that the manifest runs (a ConfigMap or a mounted directory; see targets/vllm/target-k8s.toml and targets/sglang-pd/target-compose.toml) and point launch at that script",
-                ));
-            }
-            let restart = match &r.restart {
-                None => None,
-                Some(cmd) => Some(non_empty(
-                    &src,
-                    "restart",
-                    cmd,
-                    "systemctl restart sglang-prefill",
-                )?),
-            };
-            let health = check_url(&src, "health", &r.health)?;
-            let metrics = match &r.metrics {
-                None => None,
-                Some(m) => Some(check_url(&src, "metrics", m)?),
-            };
-            let health_timeout_s = match &r.health_timeout_s {
-                None => DEFAULT_HEALTH_TIMEOUT_S,
-                Some(t) if *t.get_ref() > 0 => *t.get_ref() as u64,
-                Some(t) => {
-                    return Err(src.invalid(
-                        t.span(),
-                        format!("health_timeout_s = {} must be positive", t.get_ref()),
-                        format!("give seconds to wait for /health after a restart (default {DEFAULT_HEALTH_TIMEOUT_S})"),
-                    ))
-                }
-            };
-            let restart_timeout_s = match &r.restart_timeout_s {
-                None => DEFAULT_RESTART_TIMEOUT_S,
-                Some(t) if *t.get_ref() > 0 => *t.get_ref() as u64,
-                Some(t) => {
-                    return Err(src.invalid(
-                        t.span(),
-                        format!("restart_timeout_s = {} must be positive", t.get_ref()),
-                        format!("give seconds the restart command may run before it is killed (default {DEFAULT_RESTART_TIMEOUT_S})"),
-                    ))
-                }
-            };
-            let mut effective_pointers = BTreeMap::new();
-            for (flag, pointer) in &r.effective_pointers {
-                let p = pointer.get_ref().trim();
-                if !p.is_empty() && !p.starts_with('/') {
-                    return Err(src.invalid(
-                        pointer.span(),
-                        format!("effective_pointers.{flag} = {p:?} is not a JSON pointer"),
-                        "write a JSON pointer (RFC 6901) into the effective-config document, e.g. \"/server_args/enable_hierarchical_cache\"",
-                    ));
-                }
-                effective_pointers.insert(flag.clone(), p.to_string());
-            }
-            let role_engine = match &r.engine {
-                None => engine,
-                Some(v) => parse_engine(&src, v)?,
-            };
-            let preset = role_engine.preset();
-            let running_metric = match &r.running_metric {
-                None => preset.running_metric.to_string(),
-                Some(v) => metric_name(&src, "running_metric", v)?,
-            };
-            let queued_metric = match &r.queued_metric {
-                None => preset.queued_metric.to_string(),
-                Some(v) => metric_name(&src, "queued_metric", v)?,
-            };
-            let effective_url = match &r.effective_url {
-                None => role_engine.effective_url(&health),
-                Some(v) => Some(check_url(&src, "effective_url", v)?),
-            };
-            roles.push(RoleSpec {
-                name: role_name,
-                launch,
-                restart,
-                health,
-                metrics,
-                health_timeout_s,
-                restart_timeout_s,
-                effective_url,
-                effective_pointers,
-                pass_api_key: r.pass_api_key,
-                running_metric,
-                queued_metric,
-            });
+            roles.push(role(&src, base, engine, r, role_name)?);
         }
 
         Ok(TargetProfile {

@@ -19,7 +19,7 @@ use crate::core::session::{
 use crate::core::task::{initial_conversation, Task};
 use crate::core::tools::{simulate, tool_message};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Everything the sessions of one arm block share.
 pub struct SessionContext {
@@ -107,63 +107,12 @@ pub async fn run_session(
         round_latency_us.push(elapsed.as_micros() as u64);
 
         let step = progress.step();
-        let judged = match &outcome {
-            ChatOutcome::Reply(reply) => RoundOutcome::Reply(&reply.message),
-            ChatOutcome::Error(text) => RoundOutcome::Error(text.clone()),
-            ChatOutcome::Status { status, body } => RoundOutcome::Status {
-                status: status.as_u16(),
-                body,
-                error: status_error(*status, body),
-            },
-            ChatOutcome::Timeout => RoundOutcome::Timeout,
-        };
-        let classify_started = Instant::now();
-        let verdict =
-            ctx.classifier
-                .classify(&judged, task.expected(step).as_ref(), workload.check_args);
-        ctx.classify_ns.fetch_add(
-            classify_started.elapsed().as_nanos() as u64,
-            std::sync::atomic::Ordering::Relaxed,
-        );
-        let mut http = None;
-        let (reply, tokens, finish_reason) = match outcome {
-            ChatOutcome::Reply(reply) => (
-                Some(reply.message),
-                reply.completion_tokens,
-                reply.finish_reason,
-            ),
-            ChatOutcome::Error(text) => {
-                error = Some(text);
-                (None, 0, None)
-            }
-            ChatOutcome::Status { status, body } => {
-                // A rejection is evidence, not a failure: its body is the round's
-                // evidence, and the session keeps no error text.
-                if verdict.class == RoundClass::Error {
-                    error = Some(status_error(status, &body));
-                }
-                http = Some(HttpReply {
-                    status: status.as_u16(),
-                    body,
-                });
-                (None, 0, None)
-            }
-            ChatOutcome::Timeout => {
-                error = Some(format!("no response within {} s", workload.timeout_s));
-                (None, 0, None)
-            }
-        };
-        let verdict = account_for_truncation(verdict, finish_reason.as_deref());
-        completion_tokens += tokens;
-        let record = RoundRecord {
-            round,
-            class: verdict.class,
-            latency_ms: elapsed.as_millis() as u64,
-            completion_tokens: tokens,
-            evidence: verdict.evidence,
-            finish_reason,
-            http,
-        };
+        let judged = judge_round(ctx, &task, step, round, outcome, elapsed);
+        if judged.error.is_some() {
+            error = judged.error;
+        }
+        completion_tokens += judged.record.completion_tokens;
+        let (record, reply) = (judged.record, judged.reply);
         if progress.record(record, reply.as_ref()) == Flow::Stop {
             transcript.extend(reply);
             break;
@@ -201,6 +150,88 @@ pub async fn run_session(
         },
         round_latency_us,
         send_lag_us,
+    }
+}
+
+/// One round's reply judged: its record, the reply message if one came, and the error
+/// text of a failed round (a rejection is evidence, not an error).
+struct Judged {
+    record: RoundRecord,
+    reply: Option<ChatMessage>,
+    error: Option<String>,
+}
+
+/// Classifies round `round`'s `outcome` against the task's `step` (the time it takes
+/// counted in `ctx.classify_ns`) and records it.
+fn judge_round(
+    ctx: &SessionContext,
+    task: &Task,
+    step: usize,
+    round: u32,
+    outcome: ChatOutcome,
+    elapsed: Duration,
+) -> Judged {
+    let workload = &*ctx.workload;
+    let judged = match &outcome {
+        ChatOutcome::Reply(reply) => RoundOutcome::Reply(&reply.message),
+        ChatOutcome::Error(text) => RoundOutcome::Error(text.clone()),
+        ChatOutcome::Status { status, body } => RoundOutcome::Status {
+            status: status.as_u16(),
+            body,
+            error: status_error(*status, body),
+        },
+        ChatOutcome::Timeout => RoundOutcome::Timeout,
+    };
+    let classify_started = Instant::now();
+    let verdict =
+        ctx.classifier
+            .classify(&judged, task.expected(step).as_ref(), workload.check_args);
+    ctx.classify_ns.fetch_add(
+        classify_started.elapsed().as_nanos() as u64,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    let mut http = None;
+    let mut error = None;
+    let (reply, tokens, finish_reason) = match outcome {
+        ChatOutcome::Reply(reply) => (
+            Some(reply.message),
+            reply.completion_tokens,
+            reply.finish_reason,
+        ),
+        ChatOutcome::Error(text) => {
+            error = Some(text);
+            (None, 0, None)
+        }
+        ChatOutcome::Status { status, body } => {
+            // A rejection is evidence, not a failure: its body is the round's
+            // evidence, and the session keeps no error text.
+            if verdict.class == RoundClass::Error {
+                error = Some(status_error(status, &body));
+            }
+            http = Some(HttpReply {
+                status: status.as_u16(),
+                body,
+            });
+            (None, 0, None)
+        }
+        ChatOutcome::Timeout => {
+            error = Some(format!("no response within {} s", workload.timeout_s));
+            (None, 0, None)
+        }
+    };
+    let verdict = account_for_truncation(verdict, finish_reason.as_deref());
+    Judged {
+        record: RoundRecord {
+            round,
+            class: verdict.class,
+            latency_ms: elapsed.as_millis() as u64,
+            completion_tokens: tokens,
+            evidence: verdict.evidence,
+            finish_reason,
+            http,
+        },
+        reply,
+        error,
     }
 }
 

@@ -212,27 +212,8 @@ pub async fn drive(
     inflight: Arc<InFlight>,
     cancel: CancellationToken,
 ) -> anyhow::Result<DriveStats> {
-    let workload = Arc::new(plan.workload.clone());
-    let timeout = Duration::from_secs_f64(workload.timeout_s.max(0.001));
-    let client = ChatClient::new(&plan.api, &plan.model, plan.api_key.clone(), timeout)
-        .with_context(|| format!("chat client for {}", plan.api))?
-        .with_request(
-            &tools_payload(&workload.tools),
-            Sampling {
-                max_tokens: workload.max_tokens,
-                temperature: workload.temperature,
-            },
-            &workload.request,
-        );
-    let ctx = Arc::new(SessionContext {
-        workload: workload.clone(),
-        client,
-        classifier,
-        inflight: inflight.clone(),
-        label: plan.label.clone(),
-        repeat: plan.repeat,
-        classify_ns: Default::default(),
-    });
+    let ctx = session_context(plan, classifier, inflight.clone())?;
+    let workload = ctx.workload.clone();
     let slots = plan.slots();
     if workload.barrier && slots < plan.sessions {
         anyhow::bail!(
@@ -288,33 +269,104 @@ pub async fn drive(
     let started = Instant::now();
     start.cancel();
 
-    let mut stats = DriveStats::default();
-    let mut latencies: Vec<u64> = Vec::new();
-    let mut lags: Vec<u64> = Vec::new();
-    let mut collector_gone = false;
-    let mut panicked: Option<String> = None;
-    while let Some(joined) = tasks.join_next().await {
-        match joined {
-            Ok(outcome) => {
-                for done in outcome.finished {
-                    stats.sessions += 1;
-                    stats.counts.add(done.class);
-                    stats.completion_tokens += done.completion_tokens;
-                    stats.requests += done.round_latency_us.len() as u64;
-                    latencies.extend(done.round_latency_us);
-                    lags.extend(done.send_lag_us);
-                }
-                collector_gone |= outcome.collector_gone;
-            }
-            Err(e) => {
-                stop.cancel();
-                panicked.get_or_insert_with(|| e.to_string());
-            }
-        }
-    }
+    let joined = join_slots(&mut tasks, &stop).await;
+    let mut stats = drive_stats(&ctx, &inflight, started, joined.finished);
     // Sessions that never finished (stopped mid-flight, or never started because the
     // run was stopped) are not recorded: count them, so nothing is silently missing.
     stats.cancelled = plan.sessions - stats.sessions;
+
+    if let Some(message) = joined.panicked {
+        anyhow::bail!("a session task of arm {} failed: {message}", plan.label);
+    }
+    if joined.collector_gone {
+        anyhow::bail!(
+            "the session results receiver closed during arm {}; {} sessions were stopped unrecorded",
+            plan.label,
+            stats.cancelled
+        );
+    }
+    Ok(stats)
+}
+
+/// What every slot shares: the workload, the chat client built for `plan`'s API with
+/// the workload's tools, sampling and request options, and the classifier.
+fn session_context(
+    plan: &DrivePlan,
+    classifier: Arc<Classifier>,
+    inflight: Arc<InFlight>,
+) -> anyhow::Result<Arc<SessionContext>> {
+    let workload = Arc::new(plan.workload.clone());
+    let timeout = Duration::from_secs_f64(workload.timeout_s.max(0.001));
+    let client = ChatClient::new(&plan.api, &plan.model, plan.api_key.clone(), timeout)
+        .with_context(|| format!("chat client for {}", plan.api))?
+        .with_request(
+            &tools_payload(&workload.tools),
+            Sampling {
+                max_tokens: workload.max_tokens,
+                temperature: workload.temperature,
+            },
+            &workload.request,
+        );
+    Ok(Arc::new(SessionContext {
+        workload,
+        client,
+        classifier,
+        inflight,
+        label: plan.label.clone(),
+        repeat: plan.repeat,
+        classify_ns: Default::default(),
+    }))
+}
+
+/// The slots' outcomes put together: every finished session, whether the results
+/// receiver went away, and the first slot task that failed.
+struct Joined {
+    finished: Vec<Finished>,
+    collector_gone: bool,
+    panicked: Option<String>,
+}
+
+/// Waits for every slot; a slot task that fails stops the others.
+async fn join_slots(tasks: &mut JoinSet<SlotOutcome>, stop: &CancellationToken) -> Joined {
+    let mut joined = Joined {
+        finished: Vec::new(),
+        collector_gone: false,
+        panicked: None,
+    };
+    while let Some(result) = tasks.join_next().await {
+        match result {
+            Ok(outcome) => {
+                joined.finished.extend(outcome.finished);
+                joined.collector_gone |= outcome.collector_gone;
+            }
+            Err(e) => {
+                stop.cancel();
+                joined.panicked.get_or_insert_with(|| e.to_string());
+            }
+        }
+    }
+    joined
+}
+
+/// The drive's statistics from its finished sessions: counts, tokens, wall time since
+/// `started`, and the round-latency and send-lag percentiles.
+fn drive_stats(
+    ctx: &SessionContext,
+    inflight: &InFlight,
+    started: Instant,
+    finished: Vec<Finished>,
+) -> DriveStats {
+    let mut stats = DriveStats::default();
+    let mut latencies: Vec<u64> = Vec::new();
+    let mut lags: Vec<u64> = Vec::new();
+    for done in finished {
+        stats.sessions += 1;
+        stats.counts.add(done.class);
+        stats.completion_tokens += done.completion_tokens;
+        stats.requests += done.round_latency_us.len() as u64;
+        latencies.extend(done.round_latency_us);
+        lags.extend(done.send_lag_us);
+    }
     stats.wall_s = started.elapsed().as_secs_f64();
     stats.classify_s = ctx.classify_ns.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e9;
     stats.peak_client_inflight = inflight.peak();
@@ -330,18 +382,7 @@ pub async fn drive(
     lags.sort_unstable();
     stats.send_lag_p50_ms = percentile(&lags, 0.50) as f64 / 1000.0;
     stats.send_lag_p99_ms = percentile(&lags, 0.99) as f64 / 1000.0;
-
-    if let Some(message) = panicked {
-        anyhow::bail!("a session task of arm {} failed: {message}", plan.label);
-    }
-    if collector_gone {
-        anyhow::bail!(
-            "the session results receiver closed during arm {}; {} sessions were stopped unrecorded",
-            plan.label,
-            stats.cancelled
-        );
-    }
-    Ok(stats)
+    stats
 }
 
 #[cfg(test)]

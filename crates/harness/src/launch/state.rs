@@ -5,14 +5,14 @@
 //! The state directory of a launch config is `$XDG_STATE_HOME/bisect/<key>`
 //! (`~/.local/state/bisect/<key>` without it), `<key>` a hash of the file's canonical
 //! path. A command takes the state of every launch config of its target, in path order
-//! (`journal.rs`), so two targets that share one file (prefill.sh + decode.sh, and
+//! (`journal/`), so two targets that share one file (prefill.sh + decode.sh, and
 //! decode.sh alone) are never worked on at once: the lock is per file, not per set of
 //! files, because a set key let each of them journal the other's edits as originals.
 //! It holds:
 //! - `lock.json`: the owner ({pid, start_ticks, cmdline, started_at}). The lock is
 //!   held while the owner runs; a lock whose pid is gone, or belongs to a process that
 //!   started at another time (a recycled pid), is stale and taken over;
-//! - the file's journal (`journal.json` + `original-0`, see `journal.rs`);
+//! - the file's journal (`journal.json` + `original-0`, see `journal/`);
 //! - `processes.json`: the process groups bisect spawned for roles launched from this
 //!   file, each with its leader's start time, so recovery kills exactly those and nothing
 //!   else;

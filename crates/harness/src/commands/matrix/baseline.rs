@@ -171,89 +171,11 @@ pub fn compare(night: &mut MatrixRecord, baseline: &Baseline, policy: &Regressio
     let base = &baseline.record;
     let mut comparable: Vec<(usize, f64)> = Vec::new();
     for (i, cell) in night.cells.iter_mut().enumerate() {
-        // A cell whose engine ran another configuration says nothing about this one.
-        if cell.is_blocked() {
-            let old = base.cells.iter().find(|c| c.id == cell.id);
-            cell.comparison = Some(empty(CellStatus::Blocked, old, cell.blocked.clone()));
-            continue;
-        }
-        let Some(old) = base.cells.iter().find(|c| c.id == cell.id) else {
-            cell.comparison = Some(empty(
-                CellStatus::New,
-                None,
-                vec![format!("the baseline has no cell {}", cell.id)],
-            ));
-            continue;
-        };
-        let mut reasons = Vec::new();
-        if !cell.is_finished() {
-            reasons.push(format!("this cell did not finish ({})", cell.status));
-        }
-        if old.is_blocked() {
-            reasons.push(format!(
-                "the baseline cell was blocked: {}",
-                old.blocked.join("; ")
-            ));
-        } else if !old.is_finished() {
-            reasons.push(format!("the baseline cell did not finish ({})", old.status));
-        }
-        if cell.config_hash != old.config_hash {
-            reasons.push(format!(
-                "configuration changed (flag settings, sessions or rounds; hash {} -> {})",
-                old.config_hash, cell.config_hash
-            ));
-        }
-        if cell.workload_hash != old.workload_hash {
-            reasons.push(format!(
-                "workload changed (hash {} -> {})",
-                old.workload_hash, cell.workload_hash
-            ));
-        }
-        if !reasons.is_empty() {
-            cell.comparison = Some(empty(CellStatus::NotComparable, Some(old), reasons));
-            continue;
-        }
-        // Judged sessions only (`Counts::judged`), as every rate.
-        let p = fisher_one_sided_greater(
-            cell.stats.corrupted,
-            cell.stats.judged().saturating_sub(cell.stats.corrupted),
-            old.stats.corrupted,
-            old.stats.judged().saturating_sub(old.stats.corrupted),
-        );
-        let mut cmp = empty(CellStatus::Ok, Some(old), Vec::new());
-        cmp.p_value = Some(p);
-        cmp.rate_diff = cell.stats.corruption_rate - old.stats.corruption_rate;
-        cmp.tokens_per_s_ratio = (old.stats.tokens_per_s > 0.0)
-            .then(|| cell.stats.tokens_per_s / old.stats.tokens_per_s);
-        cell.comparison = Some(cmp);
-        comparable.push((i, p));
-    }
-
-    let adjusted =
-        crate::core::stats::holm(&comparable.iter().map(|(_, p)| *p).collect::<Vec<_>>());
-    for ((i, _), p_adj) in comparable.iter().zip(adjusted) {
-        let cell = &mut night.cells[*i];
-        let old = base
-            .cells
-            .iter()
-            .find(|c| c.id == cell.id)
-            .expect("comparable cells have a baseline cell");
-        let reasons = regression_reasons(cell, old, p_adj, policy);
-        let unconfirmed = if reasons.is_empty() {
-            unconfirmed_reasons(cell, old, &night.workload, policy)
-        } else {
-            Vec::new()
-        };
-        let cmp = cell.comparison.as_mut().expect("filled above");
-        cmp.p_adjusted = Some(p_adj);
-        if !reasons.is_empty() {
-            cmp.status = CellStatus::Regressed;
-            cmp.reasons = reasons;
-        } else if !unconfirmed.is_empty() {
-            cmp.status = CellStatus::Inconclusive;
-            cmp.reasons = unconfirmed;
+        if let Some(p) = compare_cell(cell, base) {
+            comparable.push((i, p));
         }
     }
+    judge_comparable(night, base, &comparable, policy);
 
     let count = |s: CellStatus| {
         night
@@ -288,6 +210,111 @@ pub fn compare(night: &mut MatrixRecord, baseline: &Baseline, policy: &Regressio
             .map(|b| b.id.clone())
             .collect(),
     });
+}
+
+/// Fills `cell`'s comparison with its baseline cell as far as one cell can say (blocked,
+/// new, not comparable, or the one-sided Fisher p of its rate against the baseline's);
+/// the raw p where the two are comparable.
+fn compare_cell(cell: &mut CellRecord, base: &MatrixRecord) -> Option<f64> {
+    // A cell whose engine ran another configuration says nothing about this one.
+    if cell.is_blocked() {
+        let old = base.cells.iter().find(|c| c.id == cell.id);
+        cell.comparison = Some(empty(CellStatus::Blocked, old, cell.blocked.clone()));
+        return None;
+    }
+    let Some(old) = base.cells.iter().find(|c| c.id == cell.id) else {
+        cell.comparison = Some(empty(
+            CellStatus::New,
+            None,
+            vec![format!("the baseline has no cell {}", cell.id)],
+        ));
+        return None;
+    };
+    let reasons = not_comparable_reasons(cell, old);
+    if !reasons.is_empty() {
+        cell.comparison = Some(empty(CellStatus::NotComparable, Some(old), reasons));
+        return None;
+    }
+    // Judged sessions only (`Counts::judged`), as every rate.
+    let p = fisher_one_sided_greater(
+        cell.stats.corrupted,
+        cell.stats.judged().saturating_sub(cell.stats.corrupted),
+        old.stats.corrupted,
+        old.stats.judged().saturating_sub(old.stats.corrupted),
+    );
+    let mut cmp = empty(CellStatus::Ok, Some(old), Vec::new());
+    cmp.p_value = Some(p);
+    cmp.rate_diff = cell.stats.corruption_rate - old.stats.corruption_rate;
+    cmp.tokens_per_s_ratio =
+        (old.stats.tokens_per_s > 0.0).then(|| cell.stats.tokens_per_s / old.stats.tokens_per_s);
+    cell.comparison = Some(cmp);
+    Some(p)
+}
+
+/// Why `cell` cannot be compared with its baseline cell `old`: either did not finish,
+/// the baseline cell was blocked, or the configuration or workload changed.
+fn not_comparable_reasons(cell: &CellRecord, old: &CellRecord) -> Vec<String> {
+    let mut reasons = Vec::new();
+    if !cell.is_finished() {
+        reasons.push(format!("this cell did not finish ({})", cell.status));
+    }
+    if old.is_blocked() {
+        reasons.push(format!(
+            "the baseline cell was blocked: {}",
+            old.blocked.join("; ")
+        ));
+    } else if !old.is_finished() {
+        reasons.push(format!("the baseline cell did not finish ({})", old.status));
+    }
+    if cell.config_hash != old.config_hash {
+        reasons.push(format!(
+            "configuration changed (flag settings, sessions or rounds; hash {} -> {})",
+            old.config_hash, cell.config_hash
+        ));
+    }
+    if cell.workload_hash != old.workload_hash {
+        reasons.push(format!(
+            "workload changed (hash {} -> {})",
+            old.workload_hash, cell.workload_hash
+        ));
+    }
+    reasons
+}
+
+/// The comparable cells' p values Holm-adjusted together, then each cell `regressed`
+/// (by the policy's regression reasons) or `inconclusive` (a clean result the load or
+/// sessions cannot back).
+fn judge_comparable(
+    night: &mut MatrixRecord,
+    base: &MatrixRecord,
+    comparable: &[(usize, f64)],
+    policy: &RegressionPolicy,
+) {
+    let adjusted =
+        crate::core::stats::holm(&comparable.iter().map(|(_, p)| *p).collect::<Vec<_>>());
+    for ((i, _), p_adj) in comparable.iter().zip(adjusted) {
+        let cell = &mut night.cells[*i];
+        let old = base
+            .cells
+            .iter()
+            .find(|c| c.id == cell.id)
+            .expect("comparable cells have a baseline cell");
+        let reasons = regression_reasons(cell, old, p_adj, policy);
+        let unconfirmed = if reasons.is_empty() {
+            unconfirmed_reasons(cell, old, &night.workload, policy)
+        } else {
+            Vec::new()
+        };
+        let cmp = cell.comparison.as_mut().expect("filled above");
+        cmp.p_adjusted = Some(p_adj);
+        if !reasons.is_empty() {
+            cmp.status = CellStatus::Regressed;
+            cmp.reasons = reasons;
+        } else if !unconfirmed.is_empty() {
+            cmp.status = CellStatus::Inconclusive;
+            cmp.reasons = unconfirmed;
+        }
+    }
 }
 
 fn regression_reasons(

@@ -1,0 +1,351 @@
+//! Workload files (docs/design.md 3.4): sessions, rounds, ctx filler, limits, tool schemas
+//! and the task generator that gives each session its own numbered steps.
+//!
+//! This module owns the file format (documented key by key in `workloads/agentic.toml`),
+//! its validation, the embedded builtin workloads, and the deterministic fill of a
+//! tool's result template. [`RequestOptions`] carries what real agents send besides the
+//! conversation: a system prompt, few-shot example turns, `tool_choice`, extra request
+//! fields passed through verbatim (`chat_template_kwargs`, sampling extras) and
+//! streaming.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::{read_text, ConfigError, Source};
+pub use crate::core::workload::{CheckArgs, RequestOptions, TaskSpec, ToolSpec, Workload};
+
+/// Request fields bisect sets itself; `[request]` may not override them.
+pub const RESERVED_REQUEST_FIELDS: [&str; 8] = [
+    "model",
+    "messages",
+    "tools",
+    "max_tokens",
+    "temperature",
+    "stream",
+    "stream_options",
+    "tool_choice",
+];
+
+/// The shipped workloads, embedded at build time: (name, contents).
+const BUILTIN_WORKLOADS: &[(&str, &str)] = &[
+    (
+        "agentic",
+        include_str!("../../../../../workloads/agentic.toml"),
+    ),
+    (
+        "needle",
+        include_str!("../../../../../workloads/needle.toml"),
+    ),
+    ("smoke", include_str!("../../../../../workloads/smoke.toml")),
+    ("tiny", include_str!("../../../../../workloads/tiny.toml")),
+];
+
+/// The workload `bisect run` uses without `--workload`.
+pub const DEFAULT_WORKLOAD: &str = "agentic";
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWorkload {
+    name: Option<Spanned<String>>,
+    sessions: Spanned<i64>,
+    rounds: Spanned<i64>,
+    ctx: Spanned<i64>,
+    max_tokens: Spanned<i64>,
+    timeout_s: Spanned<f64>,
+    #[serde(default)]
+    temperature: Option<Spanned<f64>>,
+    #[serde(default)]
+    check_args: Option<Spanned<String>>,
+    #[serde(default)]
+    barrier: bool,
+    #[serde(default)]
+    seed: Option<Spanned<i64>>,
+    task: Spanned<RawTask>,
+    #[serde(default)]
+    tool: Vec<Spanned<RawTool>>,
+    #[serde(default)]
+    system: Option<Spanned<String>>,
+    #[serde(default)]
+    example: Vec<Spanned<RawExample>>,
+    #[serde(default)]
+    tool_choice: Option<Spanned<toml::Value>>,
+    #[serde(default)]
+    request: Option<Spanned<toml::Table>>,
+    #[serde(default)]
+    stream: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawExample {
+    role: Spanned<String>,
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default)]
+    tool_calls: Vec<RawExampleCall>,
+    #[serde(default)]
+    tool_call_id: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawExampleCall {
+    #[serde(default)]
+    id: Option<String>,
+    name: String,
+    #[serde(default)]
+    arguments: toml::Table,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTask {
+    steps: Spanned<i64>,
+    #[serde(default)]
+    intro: String,
+    outro: Spanned<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTool {
+    name: Spanned<String>,
+    #[serde(default)]
+    description: String,
+    parameters: Spanned<toml::Table>,
+    #[serde(default)]
+    values: Option<Spanned<BTreeMap<String, Spanned<Vec<toml::Value>>>>>,
+    result: Spanned<String>,
+}
+
+const WORKLOAD_FIX: &str =
+    "see workloads/agentic.toml, which documents every key of the workload format";
+
+/// A TOML value as JSON (`null` where it has none).
+fn toml_to_json(value: &toml::Value) -> serde_json::Value {
+    serde_json::to_value(value).unwrap_or(serde_json::Value::Null)
+}
+
+impl Workload {
+    /// Names of the builtin workloads.
+    pub fn builtin_names() -> Vec<&'static str> {
+        BUILTIN_WORKLOADS.iter().map(|(n, _)| *n).collect()
+    }
+
+    /// A builtin workload by name (`agentic`, `needle`, `smoke`, `tiny`).
+    pub fn builtin(name: &str) -> Result<Workload, ConfigError> {
+        let (file_name, text) = BUILTIN_WORKLOADS
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .ok_or_else(|| ConfigError::UnknownWorkload {
+                name: name.to_string(),
+                known: Self::builtin_names().join(", "),
+            })?;
+        let path = Path::new("workloads").join(format!("{file_name}.toml"));
+        let mut w = Self::parse(&path, text, file_name)?;
+        // Builtins have no file on disk; `source` names only real files.
+        w.source = None;
+        Ok(w)
+    }
+
+    /// A builtin name (no `/` and no `.toml`) or the path of a workload file.
+    pub fn load(name_or_path: &str) -> Result<Workload, ConfigError> {
+        let looks_like_path = name_or_path.contains('/')
+            || name_or_path.contains('\\')
+            || name_or_path.ends_with(".toml");
+        if !looks_like_path {
+            return Self::builtin(name_or_path);
+        }
+        let path = Path::new(name_or_path);
+        let text = read_text(path)?;
+        let stem = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "workload".into());
+        Self::parse(path, &text, &stem)
+    }
+
+    fn parse(path: &Path, text: &str, stem: &str) -> Result<Workload, ConfigError> {
+        let src = Source { path, text };
+        let raw: RawWorkload = src.parse(WORKLOAD_FIX)?;
+
+        let name = match &raw.name {
+            Some(n) if n.get_ref().trim().is_empty() => {
+                return Err(src.invalid(
+                    n.span(),
+                    "name is empty",
+                    "name the workload, e.g. name = \"agentic\"",
+                ))
+            }
+            Some(n) => n.get_ref().trim().to_string(),
+            None => stem.to_string(),
+        };
+        let sessions = src.whole_number("sessions", &raw.sessions, 1)?;
+        let rounds = src.whole_number("rounds", &raw.rounds, 1)?;
+        let ctx = src.whole_number("ctx", &raw.ctx, 0)?;
+        let max_tokens = src.whole_number("max_tokens", &raw.max_tokens, 1)?;
+        let timeout_s = *raw.timeout_s.get_ref();
+        if !(timeout_s.is_finite() && timeout_s > 0.0) {
+            return Err(src.invalid(
+                raw.timeout_s.span(),
+                format!("timeout_s = {timeout_s} must be a positive number of seconds"),
+                "set timeout_s to the per-request timeout, e.g. timeout_s = 30",
+            ));
+        }
+        let temperature = match &raw.temperature {
+            None => 0.0,
+            Some(t) => {
+                let v = *t.get_ref();
+                if !(0.0..=2.0).contains(&v) {
+                    return Err(src.invalid(
+                        t.span(),
+                        format!("temperature = {v} is outside 0..2"),
+                        "use temperature = 0.0 so arms stay comparable",
+                    ));
+                }
+                v
+            }
+        };
+        let check_args = match &raw.check_args {
+            None => CheckArgs::Strict,
+            Some(c) => match c.get_ref().as_str() {
+                "strict" => CheckArgs::Strict,
+                "schema" => CheckArgs::Schema,
+                other => {
+                    return Err(src.invalid(
+                        c.span(),
+                        format!("check_args = {other:?} is not a known mode"),
+                        "use \"strict\" (calls must match the current step) or \"schema\" (only the schema is checked)",
+                    ))
+                }
+            },
+        };
+        let seed = match &raw.seed {
+            None => 1,
+            Some(s) if *s.get_ref() >= 0 => *s.get_ref() as u64,
+            Some(s) => {
+                return Err(src.invalid(
+                    s.span(),
+                    format!("seed = {} is negative", s.get_ref()),
+                    "use a seed >= 0",
+                ))
+            }
+        };
+
+        let raw_task = raw.task.get_ref();
+        let steps = src.whole_number("steps", &raw_task.steps, 1)?;
+        if raw_task.outro.get_ref().trim().is_empty() {
+            return Err(src.invalid(
+                raw_task.outro.span(),
+                "task outro is empty: the model would not know what to answer when done",
+                "end the outro with the exact answer, e.g. \"When every step is done, reply exactly: DONE: all steps completed.\"",
+            ));
+        }
+        let task = TaskSpec {
+            steps,
+            intro: raw_task.intro.trim().to_string(),
+            outro: raw_task.outro.get_ref().trim().to_string(),
+        };
+
+        let tools = validate_tools(&src, &raw)?;
+        let request = request_options(&src, &raw, &tools)?;
+
+        Ok(Workload {
+            name,
+            sessions,
+            concurrency: None,
+            rounds,
+            ctx,
+            max_tokens,
+            timeout_s,
+            temperature,
+            tools,
+            task,
+            check_args,
+            barrier: raw.barrier,
+            seed,
+            source: Some(path.to_path_buf()),
+            request,
+        })
+    }
+
+    /// Re-checks the limits after command-line overrides (`--sessions 0` etc.); the
+    /// file itself was checked when loaded.
+    pub fn validate_overrides(&self) -> Result<(), ConfigError> {
+        let usage = |message: String, fix: &str| ConfigError::Usage {
+            message,
+            fix: fix.to_string(),
+        };
+        if self.sessions == 0 {
+            return Err(usage(
+                "--sessions must be at least 1".into(),
+                "pass --sessions N with N >= 1",
+            ));
+        }
+        if self.rounds == 0 {
+            return Err(usage(
+                "--rounds must be at least 1".into(),
+                "pass --rounds R with R >= 1",
+            ));
+        }
+        if self.max_tokens == 0 {
+            return Err(usage(
+                "--max-tokens must be at least 1".into(),
+                "pass --max-tokens N with N >= 1",
+            ));
+        }
+        if !(self.timeout_s.is_finite() && self.timeout_s > 0.0) {
+            return Err(usage(
+                format!(
+                    "--timeout {} must be a positive number of seconds",
+                    self.timeout_s
+                ),
+                "pass --timeout SECS with SECS > 0",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The parameters that make two runs comparable, for run.json's `workload` and the
+    /// "workload parameters differ" confound.
+    pub fn params_json(&self) -> serde_json::Value {
+        let mut params = serde_json::json!({
+            "name": self.name,
+            "sessions": self.sessions,
+            "rounds": self.rounds,
+            "ctx": self.ctx,
+            "max_tokens": self.max_tokens,
+            "timeout_s": self.timeout_s,
+            "seed": self.seed,
+            "temperature": self.temperature,
+            "steps": self.task.steps,
+            "check_args": self.check_args.as_str(),
+            "barrier": self.barrier,
+        });
+        // Only when set: runs and matrix hashes from before the option stay comparable.
+        if let Some(c) = self.concurrency {
+            params["concurrency"] = c.into();
+        }
+        if let Some(request) = self.request.params_json() {
+            params["request"] = request;
+        }
+        params
+    }
+
+    /// Sessions in flight at once: `concurrency`, else all of them.
+    pub fn target_concurrency(&self) -> u32 {
+        self.concurrency.unwrap_or(self.sessions).min(self.sessions)
+    }
+}
+
+mod request;
+mod tools;
+
+use request::request_options;
+use tools::validate_tools;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,102 @@
+//! The evidence at one look (docs/sequential.md): the log e-value of a block of `on` and
+//! `off` sessions (Turner, Ly and Grunwald 2021) and the always-valid interval of one
+//! arm's rate (Robbins 1970), narrowed look by look.
+
+use statrs::function::beta::ln_beta;
+
+use super::{PlugInPrior, Tally, SEQUENCE_PRIOR};
+
+/// Log of one block's e-variable (Turner, Ly and Grunwald 2021; safestats
+/// `calculateETwoProportions`): the likelihood of the block under the plug-in rates
+/// `ta`, `tb` (from the earlier blocks `past_on`, `past_off`) over its likelihood under the
+/// common rate `t0 = (na ta + nb tb) / (na + nb)`.
+pub fn block_log_e_value(past_on: Tally, past_off: Tally, on: Tally, off: Tally) -> f64 {
+    block_log_e_value_with(past_on, past_off, PlugInPrior::default(), on, off)
+}
+
+/// [`block_log_e_value`] with the plug-in estimates starting from `prior`.
+pub fn block_log_e_value_with(
+    past_on: Tally,
+    past_off: Tally,
+    prior: PlugInPrior,
+    on: Tally,
+    off: Tally,
+) -> f64 {
+    let (na, nb) = (on.sessions as f64, off.sessions as f64);
+    if na + nb == 0.0 {
+        return 0.0;
+    }
+    let theta_a = past_on.plug_in_with(prior.on);
+    let theta_b = past_off.plug_in_with(prior.off);
+    let theta_0 = (na * theta_a + nb * theta_b) / (na + nb);
+    let log_ratio = |block: Tally, theta: f64| {
+        let (k, n) = (block.corrupted as f64, block.sessions as f64);
+        k * (theta / theta_0).ln() + (n - k) * ((1.0 - theta) / (1.0 - theta_0)).ln()
+    };
+    log_ratio(on, theta_a) + log_ratio(off, theta_b)
+}
+
+/// Robbins' conjugate-mixture confidence sequence for a Bernoulli rate after `k` of `n`:
+/// the rates p whose mixture martingale `B(a+k, b+n-k) / B(a, b) / (p^k (1-p)^(n-k))`,
+/// a = b = SEQUENCE_PRIOR, is below 1/alpha. It covers the true rate at every n at once
+/// with probability >= 1 - alpha. n = 0 gives [0, 1].
+pub fn mixture_confidence_sequence(k: u64, n: u64, alpha: f64) -> [f64; 2] {
+    if n == 0 {
+        return [0.0, 1.0];
+    }
+    let k = k.min(n);
+    let (kf, nf) = (k as f64, n as f64);
+    let log_marginal = ln_beta(SEQUENCE_PRIOR + kf, SEQUENCE_PRIOR + nf - kf)
+        - ln_beta(SEQUENCE_PRIOR, SEQUENCE_PRIOR);
+    let threshold = -alpha.ln();
+    // Convex in p with its minimum (<= 0) at k/n: each bound is a single crossing.
+    let excluded = |p: f64| {
+        let log_likelihood = if k == 0 {
+            nf * (1.0 - p).ln()
+        } else if k == n {
+            kf * p.ln()
+        } else {
+            kf * p.ln() + (nf - kf) * (1.0 - p).ln()
+        };
+        log_marginal - log_likelihood >= threshold
+    };
+    let centre = kf / nf;
+    let lower = if k == 0 {
+        0.0
+    } else {
+        bisect_crossing(0.0, centre, |p| !excluded(p))
+    };
+    let upper = if k == n {
+        1.0
+    } else {
+        // The first excluded rate above the centre; `bisect_crossing` wants the predicate
+        // false below the crossing.
+        bisect_crossing(centre, 1.0, excluded)
+    };
+    [lower, upper]
+}
+
+/// The point in [lo, hi] where `predicate` turns from false to true (it must be false at
+/// lo, true at hi, and switch once), to 1e-12.
+fn bisect_crossing(mut lo: f64, mut hi: f64, predicate: impl Fn(f64) -> bool) -> f64 {
+    while hi - lo > 1e-12 {
+        let mid = 0.5 * (lo + hi);
+        if predicate(mid) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    0.5 * (lo + hi)
+}
+
+/// The running intersection of two intervals; an empty one (possible only when an
+/// interval already missed the truth) keeps the newer interval.
+pub(super) fn intersect(old: [f64; 2], new: [f64; 2]) -> [f64; 2] {
+    let joined = [old[0].max(new[0]), old[1].min(new[1])];
+    if joined[0] <= joined[1] {
+        joined
+    } else {
+        new
+    }
+}

@@ -1,0 +1,194 @@
+//! A chat completion's body read into a round outcome: a JSON reply ([`parse_reply`]) or
+//! server-sent events assembled into one message the way OpenAI's client libraries do
+//! ([`assemble_stream`]).
+
+use serde::Deserialize;
+
+use super::{ChatOutcome, ChatReply};
+use crate::core::session::{ChatMessage, ToolCall};
+
+#[derive(Deserialize)]
+struct ChatResponse {
+    choices: Vec<Choice>,
+    #[serde(default)]
+    usage: Option<Usage>,
+}
+
+#[derive(Deserialize)]
+struct Choice {
+    message: ChatMessage,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Usage {
+    #[serde(default)]
+    completion_tokens: u64,
+}
+
+/// First `n` characters, on a char boundary.
+pub(super) fn excerpt(text: &str, n: usize) -> &str {
+    match text.char_indices().nth(n) {
+        Some((end, _)) => &text[..end],
+        None => text,
+    }
+}
+
+/// Parses a 2xx body into a reply; anything else is an `Error` quoting the body.
+pub fn parse_reply(body: &str) -> ChatOutcome {
+    match serde_json::from_str::<ChatResponse>(body) {
+        Ok(response) => match response.choices.into_iter().next() {
+            Some(choice) => ChatOutcome::Reply(ChatReply {
+                message: choice.message,
+                completion_tokens: response.usage.map_or(0, |u| u.completion_tokens),
+                finish_reason: choice.finish_reason,
+            }),
+            None => ChatOutcome::Error(format!("response has no choices: {}", excerpt(body, 200))),
+        },
+        Err(e) => ChatOutcome::Error(format!("unparseable body ({e}): {}", excerpt(body, 200))),
+    }
+}
+
+#[derive(Deserialize)]
+struct StreamChunk {
+    #[serde(default)]
+    choices: Vec<StreamChoice>,
+    #[serde(default)]
+    usage: Option<Usage>,
+}
+
+#[derive(Deserialize)]
+struct StreamChoice {
+    #[serde(default)]
+    delta: StreamDelta,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+struct StreamDelta {
+    #[serde(default)]
+    role: Option<String>,
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default)]
+    reasoning_content: Option<String>,
+    #[serde(default)]
+    tool_calls: Vec<ToolCallDelta>,
+}
+
+#[derive(Deserialize)]
+struct ToolCallDelta {
+    #[serde(default)]
+    index: usize,
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default, rename = "type")]
+    kind: Option<String>,
+    #[serde(default)]
+    function: Option<FunctionDelta>,
+}
+
+#[derive(Deserialize)]
+struct FunctionDelta {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    arguments: Option<String>,
+}
+
+fn append(slot: &mut Option<String>, piece: Option<String>) {
+    if let Some(piece) = piece {
+        slot.get_or_insert_with(String::new).push_str(&piece);
+    }
+}
+
+/// Assembles a server-sent-event body (`data: {chunk}` lines, `data: [DONE]`) into one
+/// reply as OpenAI's clients do: text fields concatenated, each tool call built from the
+/// deltas with its `index` (id and type from the first delta that has them, name and
+/// arguments concatenated), the last non-null `finish_reason`, usage from the chunk
+/// that carries it. A stream with no chunk, or a chunk that does not parse, is an error
+/// quoting it.
+pub fn assemble_stream(body: &str) -> ChatOutcome {
+    let mut message = ChatMessage {
+        role: "assistant".into(),
+        ..Default::default()
+    };
+    let mut calls: Vec<ToolCall> = Vec::new();
+    let mut finish_reason = None;
+    let mut completion_tokens = 0;
+    let mut chunks = 0;
+    for line in body.lines() {
+        let Some(data) = line.strip_prefix("data:") else {
+            continue;
+        };
+        let data = data.trim();
+        if data == "[DONE]" {
+            break;
+        }
+        let chunk: StreamChunk = match serde_json::from_str(data) {
+            Ok(c) => c,
+            Err(e) => {
+                return ChatOutcome::Error(format!(
+                    "unparseable stream chunk ({e}): {}",
+                    excerpt(data, 200)
+                ))
+            }
+        };
+        chunks += 1;
+        if let Some(usage) = chunk.usage {
+            completion_tokens = usage.completion_tokens;
+        }
+        let Some(choice) = chunk.choices.into_iter().next() else {
+            continue;
+        };
+        if let Some(reason) = choice.finish_reason {
+            finish_reason = Some(reason);
+        }
+        let delta = choice.delta;
+        if let Some(role) = delta.role {
+            message.role = role;
+        }
+        append(&mut message.content, delta.content);
+        append(&mut message.reasoning_content, delta.reasoning_content);
+        for d in delta.tool_calls {
+            while calls.len() <= d.index {
+                calls.push(ToolCall {
+                    id: String::new(),
+                    kind: "function".into(),
+                    function: crate::core::session::FunctionCall {
+                        name: String::new(),
+                        arguments: String::new(),
+                    },
+                });
+            }
+            let call = &mut calls[d.index];
+            if let Some(id) = d.id.filter(|id| !id.is_empty()) {
+                if call.id.is_empty() {
+                    call.id = id;
+                }
+            }
+            if let Some(kind) = d.kind {
+                call.kind = kind;
+            }
+            if let Some(f) = d.function {
+                call.function.name.push_str(&f.name.unwrap_or_default());
+                call.function
+                    .arguments
+                    .push_str(&f.arguments.unwrap_or_default());
+            }
+        }
+    }
+    if chunks == 0 {
+        return ChatOutcome::Error(format!("stream has no data chunks: {}", excerpt(body, 200)));
+    }
+    if !calls.is_empty() {
+        message.tool_calls = Some(calls);
+    }
+    ChatOutcome::Reply(ChatReply {
+        message,
+        completion_tokens,
+        finish_reason,
+    })
+}
