@@ -6,10 +6,12 @@ use std::process::ExitCode;
 
 use crate::cli::engine::EngineArgs;
 use crate::cli::{CheckArgs, FlagsArgs, RestoreArgs};
-use bisect_harness::commands::check::{CheckPlan, CheckReport};
+use bisect_harness::commands::check::export::CheckTable;
+use bisect_harness::commands::check::CheckPlan;
 use bisect_harness::config::{Coverage, FlagCatalog};
 use bisect_harness::exit::{self, Failure};
 use bisect_harness::redact::scrub;
+use bisect_harness::results::Exporter;
 
 pub(crate) fn engine(args: EngineArgs) -> anyhow::Result<ExitCode> {
     let config = args
@@ -86,146 +88,13 @@ pub(crate) async fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
     if args.json {
         println!("{}", scrub(&serde_json::to_string_pretty(&report)?));
     } else {
-        print!("{}", scrub(&render_check(&report)));
+        print!("{}", scrub(&CheckTable.render(&report)?));
     }
     Ok(ExitCode::from(if report.passed() {
         exit::OK
     } else {
         exit::CHECK_FAILED
     }))
-}
-
-/// The terminal rendering of a check: roles, each flag's edits as -/+ lines, the flags
-/// that do not apply, the URLs, notes, then every problem with its fix.
-fn render_check(r: &CheckReport) -> String {
-    use std::fmt::Write;
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "target {} ({}), engine {}, {} role(s)",
-        r.name,
-        r.profile,
-        r.engine,
-        r.roles.len()
-    );
-    for info in &r.roles {
-        let role = &info.recorded;
-        let restart = match &role.restart {
-            Some(cmd) => format!("restart `{cmd}`"),
-            None => "spawned by bisect (sh LAUNCH)".into(),
-        };
-        let metrics = match (&role.metrics, &role.running_metric, &info.queued_metric) {
-            (Some(url), Some(running), Some(queued)) => format!("{url} ({running} / {queued})"),
-            (Some(url), ..) => url.clone(),
-            (None, ..) => "none".into(),
-        };
-        let _ = writeln!(
-            out,
-            "  {}: launch {}, {restart}, health {}, metrics {metrics}, effective config {}",
-            role.name,
-            role.launch,
-            role.health,
-            role.effective_url.as_deref().unwrap_or("none")
-        );
-    }
-    let _ = writeln!(out, "\nflags applying ({}):", r.flags.len());
-    for f in &r.flags {
-        let _ = writeln!(
-            out,
-            "  {} ({} {}, roles {}, on={} off={}){}",
-            f.name,
-            f.kind,
-            f.key,
-            f.roles.join(","),
-            f.on,
-            f.off,
-            if f.missing_roles.is_empty() {
-                String::new()
-            } else {
-                format!(" PARTIAL: the target has no {}", f.missing_roles.join(","))
-            }
-        );
-        for e in &f.edits {
-            let now = match (&e.current, e.line) {
-                (Some(v), Some(l)) => format!("now {v} (line {l})"),
-                (Some(v), None) => format!("now {v} (not set)"),
-                (None, _) => "not set".into(),
-            };
-            let _ = writeln!(out, "    {} {}: {now}", e.role, e.launch);
-            for a in &e.arms {
-                let head = format!("      {:<3} = {}:", a.arm, a.value);
-                match a.change.as_str() {
-                    "refused" => {
-                        let _ = writeln!(
-                            out,
-                            "{head} REFUSED: {}",
-                            a.error.as_deref().unwrap_or("").replace('\n', " ")
-                        );
-                    }
-                    "unchanged" => {
-                        let shown = a
-                            .before
-                            .first()
-                            .map(|l| format!(" line {}: {}", a.line, l.trim()));
-                        let _ = writeln!(out, "{head} unchanged{}", shown.unwrap_or_default());
-                    }
-                    change => {
-                        let _ = writeln!(out, "{head} {change} at line {}", a.line);
-                        for l in &a.before {
-                            let _ = writeln!(out, "          - {l}");
-                        }
-                        for l in &a.after {
-                            let _ = writeln!(out, "          + {l}");
-                        }
-                    }
-                }
-            }
-        }
-    }
-    if !r.not_applying.is_empty() {
-        let _ = writeln!(
-            out,
-            "\nnot applying (the target has none of their roles): {}",
-            r.not_applying
-                .iter()
-                .map(|f| format!("{} (roles {})", f.name, f.roles.join(",")))
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-    }
-    if r.offline {
-        let _ = writeln!(out, "\nurls: not checked (--offline)");
-    } else {
-        let _ = writeln!(out, "\nurls:");
-        for u in &r.urls {
-            let _ = writeln!(
-                out,
-                "  {:<4} {} {:<9} {}  {}",
-                if u.ok { "ok" } else { "FAIL" },
-                u.role,
-                u.kind,
-                u.url,
-                u.detail
-            );
-        }
-    }
-    if !r.notes.is_empty() {
-        let _ = writeln!(out, "\nnotes:");
-        for n in &r.notes {
-            let _ = writeln!(out, "  - {n}");
-        }
-    }
-    if r.problems.is_empty() {
-        let _ = writeln!(out, "\ncheck: ok, every check passed");
-    } else {
-        let _ = writeln!(out, "\nproblems ({}):", r.problems.len());
-        for (i, p) in r.problems.iter().enumerate() {
-            let _ = writeln!(out, "  {}. {}: {}", i + 1, p.subject, p.message);
-            let _ = writeln!(out, "     fix: {}", p.fix);
-        }
-        let _ = writeln!(out, "check: {} problem(s)", r.problems.len());
-    }
-    out
 }
 
 pub(crate) fn kernels() -> anyhow::Result<ExitCode> {

@@ -362,6 +362,7 @@ pub(super) fn split_fix(text: &str) -> (String, String) {
     }
 }
 
+pub mod export;
 mod flags;
 mod urls;
 
