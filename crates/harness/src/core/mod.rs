@@ -9,6 +9,7 @@ pub mod culprit;
 pub mod effective;
 pub mod ending;
 pub mod format;
+pub mod load;
 pub mod phases;
 pub mod sequential;
 pub mod session;
