@@ -5,6 +5,7 @@
 
 mod culprit;
 pub mod engine;
+mod load;
 pub mod matrix;
 mod results;
 
@@ -23,6 +24,7 @@ use bisect_harness::core::verdict::Policy;
 use bisect_harness::exit;
 
 pub use culprit::CulpritArgs;
+pub use load::LoadArgs;
 pub use matrix::{MatrixArgs, MergeArgs};
 pub use results::{DiffArgs, ReclassifyArgs};
 
@@ -67,6 +69,8 @@ pub enum Command {
     Restore(RestoreArgs),
     /// Which values of the listed flags, as configured, make the engine fail: the minimal set (delta debugging, docs/culprit.md).
     Culprit(CulpritArgs),
+    /// The corruption rate as a function of sessions in flight, and the lowest load at which the bug appears (docs/load.md).
+    Load(LoadArgs),
     /// Run one role of the embedded prefill/decode engine.
     Engine(engine::EngineArgs),
     /// Serve the zero-work mock chat engine (benchmarks only).

@@ -8,6 +8,7 @@
 pub mod charts;
 pub mod html;
 pub mod json;
+pub mod load;
 pub mod markdown;
 pub mod run_record;
 pub mod sequential_view;

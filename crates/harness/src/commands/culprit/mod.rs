@@ -15,7 +15,7 @@
 //! and `blocks/bNNN/` (each block's sessions.jsonl, metrics.csv and launch configs).
 
 pub mod record;
-mod runner;
+pub(crate) mod runner;
 mod steplog;
 
 use std::path::{Path, PathBuf};

@@ -17,8 +17,8 @@
 //!   probability >= 1 - alpha (Bonferroni); then, because the rate never falls with load,
 //!   level i's rate is at least every lower level's lower bound and at most every higher
 //!   level's upper bound: lower_i = max_{j <= i} L_j, upper_i = min_{j >= i} U_j. The
-//!   band therefore holds simultaneously under the monotone model with probability
-//!   >= 1 - alpha. A lower bound above an upper bound means the data contradict a
+//!   band therefore holds simultaneously under the monotone model with probability at
+//!   least 1 - alpha. A lower bound above an upper bound means the data contradict a
 //!   non-decreasing rate ([`Band::contradicts_monotone`]).
 
 use serde::{Deserialize, Serialize};

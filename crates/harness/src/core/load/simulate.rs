@@ -157,6 +157,50 @@ pub fn simulate(curve: Curve, params: &LoadParams, seed: u64) -> Scored {
     }
 }
 
+/// The docs/load.md table: per curve and allocation, over `reps` seeded sweeps at the
+/// default levels, alpha 0.01: the share within one level of the truth, the share with
+/// a false threshold, and mean sessions.
+pub fn table(reps: u64) -> String {
+    use super::{Allocation, DEFAULT_LEVELS};
+    let allocations = [
+        (
+            "adaptive, cap 480/level",
+            Allocation::Adaptive { max_sessions: 480 },
+        ),
+        ("fixed 80/level", Allocation::Fixed { sessions: 80 }),
+        ("fixed 160/level", Allocation::Fixed { sessions: 160 }),
+        ("fixed 320/level", Allocation::Fixed { sessions: 320 }),
+    ];
+    let mut out = String::from(
+        "| curve | allocation | within one level | false threshold | mean sessions |\n|---|---|---|---|---|\n",
+    );
+    for (name, curve) in curves() {
+        for (words, allocation) in allocations {
+            let params = LoadParams {
+                levels: DEFAULT_LEVELS.to_vec(),
+                ab: false,
+                allocation,
+                alpha: 0.01,
+                min_effect: 0.05,
+                min_load_fraction: 0.9,
+                degraded_fraction: 0.1,
+                seed: 2026,
+            };
+            let runs: Vec<Scored> = (0..reps).map(|s| simulate(curve, &params, s)).collect();
+            let share = |f: &dyn Fn(&Scored) -> bool| {
+                100.0 * runs.iter().filter(|r| f(r)).count() as f64 / reps as f64
+            };
+            let sessions = runs.iter().map(|r| r.sessions as f64).sum::<f64>() / reps as f64;
+            out.push_str(&format!(
+                "| {name} | {words} | {:.1}% | {:.1}% | {sessions:.0} |\n",
+                share(&|r| r.within_one),
+                share(&|r| r.false_threshold)
+            ));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::{Allocation, DEFAULT_LEVELS};
@@ -173,6 +217,18 @@ mod tests {
             degraded_fraction: 0.1,
             seed: 7,
         }
+    }
+
+    /// `cargo test -p bisect-harness --lib print_load_simulation -- --ignored --nocapture`
+    /// (BISECT_LOAD_REPS, default 500): the table of docs/load.md.
+    #[test]
+    #[ignore]
+    fn print_load_simulation() {
+        let reps = std::env::var("BISECT_LOAD_REPS")
+            .ok()
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(500);
+        println!("{}", table(reps));
     }
 
     #[test]

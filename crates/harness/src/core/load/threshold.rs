@@ -84,10 +84,13 @@ pub struct FixedTest {
     pub diff_upper: f64,
 }
 
+/// (corrupted, judged) of a level and of its baseline.
+pub type Pair = ((u64, u64), (u64, u64));
+
 /// The fixed rule over `k` levels: each `(level, baseline)` pair of (corrupted, judged);
 /// `None` for a level left out (short). Returns each level's status and evidence.
 pub fn fixed_rule(
-    pairs: &[Option<((u64, u64), (u64, u64))>],
+    pairs: &[Option<Pair>],
     alpha: f64,
     min_effect: f64,
 ) -> Vec<(Status, Option<FixedTest>)> {
@@ -219,8 +222,8 @@ pub fn resolve(statuses: &[Status]) -> Resolution {
     let flat_below = usable
         .iter()
         .copied()
-        .filter(|&i| i < below && statuses[i] == Status::Flat)
-        .last();
+        .rev()
+        .find(|&i| i < below && statuses[i] == Status::Flat);
     let next = match threshold {
         // The open level nearest below the threshold, above the highest flat one.
         Some(t) => usable

@@ -1,0 +1,227 @@
+//! What `bisect load` writes and prints: `load.json` (the record below; field names are
+//! a contract, extend, never rename), `summary.md`, `report.html` (with the chart of
+//! [`chart`]) and the terminal table.
+
+pub mod chart;
+
+use std::path::Path;
+
+use comfy_table::{presets, Cell, CellAlignment, ContentArrangement, Table};
+use serde::{Deserialize, Serialize};
+
+use crate::core::arm_stats::RecordStatus;
+use crate::core::format::percent_digits;
+use crate::core::load::report::{rate_words, ArmCount, LevelReport};
+use crate::core::load::{LoadParams, LoadReport};
+use crate::results::html::{escape, facts_list, page, target_fact, verdict_box};
+use crate::results::markdown::table_header;
+use crate::results::run_record::TargetInfo;
+use crate::results::write_atomic;
+
+pub const SCHEMA: &str = "bisect.load/1";
+
+/// `load.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LoadRecord {
+    pub schema: String,
+    pub id: String,
+    pub command: String,
+    pub started_at: String,
+    pub finished_at: Option<String>,
+    pub status: RecordStatus,
+    pub target: TargetInfo,
+    /// The flag each level is an A/B of (`on` vs `off`); `None`: the configuration as it is.
+    pub flag: Option<String>,
+    /// Pinned for every block (`--set NAME=VALUE`).
+    pub pinned: Vec<String>,
+    /// The base workload; block b runs it with seed + b - 1 at its level.
+    pub workload: serde_json::Value,
+    pub params: LoadParams,
+    /// What the sweep found so far (rewritten after every block).
+    pub report: Option<LoadReport>,
+    pub wall_s: f64,
+    pub error: Option<String>,
+}
+
+impl LoadRecord {
+    /// load.json, summary.md and report.html, each written atomically.
+    pub fn write(&self, dir: &Path) -> anyhow::Result<()> {
+        write_atomic(
+            &dir.join("load.json"),
+            serde_json::to_string_pretty(self)?.as_bytes(),
+        )?;
+        write_atomic(&dir.join("summary.md"), render_markdown(self).as_bytes())?;
+        write_atomic(&dir.join("report.html"), render_html(self).as_bytes())
+    }
+
+    fn verdict(&self) -> &str {
+        self.report
+            .as_ref()
+            .map_or("(no block finished)", |r| r.verdict.as_str())
+    }
+}
+
+const COLUMNS: [&str; 8] = [
+    "in flight",
+    "arm",
+    "corrupted",
+    "95% CI",
+    "fit [band]",
+    "engine peak",
+    "test",
+    "status",
+];
+
+fn arm_cells(l: &LevelReport, arm: &ArmCount, name: &str, first: bool) -> Vec<String> {
+    let ci = crate::core::stats::wilson(arm.corrupted, arm.judged, 0.95);
+    let fit = match (first, l.fit, l.band) {
+        (true, Some(f), Some([lo, hi])) => format!(
+            "{}% [{}, {}]",
+            percent_digits(f),
+            percent_digits(lo),
+            percent_digits(hi)
+        ),
+        _ => String::new(),
+    };
+    let test = match (first, l.holm_p, l.e_value) {
+        (true, Some(p), _) => format!("Holm p {p:.2e}"),
+        (true, _, Some(e)) => format!("e {e:.3}"),
+        _ => String::new(),
+    };
+    let status = match (first, &l.short, l.status) {
+        (true, Some(_), _) => "load fell short".to_string(),
+        (true, None, Some(s)) => format!("{s:?}").to_lowercase(),
+        (true, None, None) => "baseline".to_string(),
+        _ => String::new(),
+    };
+    vec![
+        if first {
+            l.level.to_string()
+        } else {
+            String::new()
+        },
+        name.to_string(),
+        rate_words(arm),
+        format!("{}-{}%", percent_digits(ci.0), percent_digits(ci.1)),
+        fit,
+        arm.peak_engine.map_or("-".into(), |p| p.to_string()),
+        test,
+        status,
+    ]
+}
+
+/// One row per arm of every level.
+fn rows(record: &LoadRecord) -> Vec<Vec<String>> {
+    let Some(report) = &record.report else {
+        return Vec::new();
+    };
+    let mut rows = Vec::new();
+    for l in &report.levels {
+        let name = if l.off.is_some() { "on" } else { "level" };
+        rows.push(arm_cells(l, &l.arm, name, true));
+        if let Some(off) = &l.off {
+            rows.push(arm_cells(l, off, "off", false));
+        }
+    }
+    rows
+}
+
+/// Sessions, restarts, why it stopped, warnings, the error.
+fn facts(record: &LoadRecord) -> Vec<String> {
+    let mut lines = Vec::new();
+    if let Some(r) = &record.report {
+        lines.push(format!(
+            "{} sessions in {} blocks ({} restarts), {:.1} s; stopped: {}",
+            r.sessions_spent,
+            r.blocks.len(),
+            r.restarts,
+            record.wall_s,
+            if r.stopped.is_empty() {
+                "still running"
+            } else {
+                &r.stopped
+            }
+        ));
+        if r.contradicts_monotone {
+            lines.push(
+                "the counts contradict a rate that never falls with load (the band is empty somewhere): the fit and the threshold assume it does".into(),
+            );
+        }
+        for w in &r.warnings {
+            lines.push(format!("warning: {w}"));
+        }
+    }
+    if let Some(e) = &record.error {
+        lines.push(format!("error: {e}"));
+    }
+    lines
+}
+
+/// The terminal table and the verdict.
+pub fn render_table(record: &LoadRecord) -> String {
+    let mut table = Table::new();
+    table
+        .load_preset(presets::UTF8_FULL_CONDENSED)
+        .set_content_arrangement(ContentArrangement::Dynamic)
+        .set_header(COLUMNS);
+    for row in rows(record) {
+        table.add_row(
+            row.into_iter()
+                .map(|c| Cell::new(c).set_alignment(CellAlignment::Left)),
+        );
+    }
+    let mut out = format!("{table}\n");
+    for line in facts(record) {
+        out.push_str(&line);
+        out.push('\n');
+    }
+    out.push_str(&format!("verdict: {}\n", record.verdict()));
+    out
+}
+
+pub fn render_markdown(record: &LoadRecord) -> String {
+    let mut s = format!("# bisect load {}\n\n`{}`\n\n", record.id, record.command);
+    s.push_str(&format!("**{}**\n\n", record.verdict()));
+    for line in facts(record) {
+        s.push_str(&format!("- {line}\n"));
+    }
+    s.push('\n');
+    s.push_str(&table_header(&COLUMNS));
+    for row in rows(record) {
+        s.push_str(&format!("| {} |\n", row.join(" | ")));
+    }
+    s
+}
+
+pub fn render_html(record: &LoadRecord) -> String {
+    let mut body = format!(
+        "<h1>bisect load {}</h1>\n<p class=\"meta\"><code>{}</code></p>\n",
+        escape(&record.id),
+        escape(&record.command)
+    );
+    body.push_str(&verdict_box(
+        "load",
+        "verdict",
+        &format!("<p>{}</p>", escape(record.verdict())),
+    ));
+    if let Some(report) = &record.report {
+        body.push_str(&chart::svg(report, record.flag.is_some()));
+    }
+    let mut items = vec![target_fact(&record.target)];
+    items.extend(facts(record).iter().map(|f| escape(f)));
+    body.push_str(&facts_list(&items));
+    body.push_str("<table><thead><tr>");
+    for c in COLUMNS {
+        body.push_str(&format!("<th>{}</th>", escape(c)));
+    }
+    body.push_str("</tr></thead><tbody>\n");
+    for row in rows(record) {
+        body.push_str("<tr>");
+        for c in row {
+            body.push_str(&format!("<td>{}</td>", escape(&c)));
+        }
+        body.push_str("</tr>\n");
+    }
+    body.push_str("</tbody></table>\n");
+    page(&format!("bisect load {}", record.id), &body)
+}
