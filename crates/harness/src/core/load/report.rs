@@ -100,6 +100,10 @@ pub struct LevelReport {
     /// The test against the baseline; `None` for the baseline level itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<Status>,
+    /// What the monotone model says of an open level: `flat` below a level shown flat,
+    /// `rises` above a level shown to rise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub implied: Option<Status>,
     /// Fixed allocation: one-sided Fisher p and its Holm adjustment.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub p: Option<f64>,
@@ -242,7 +246,7 @@ pub fn verdict_words(
     text
 }
 
-fn p_words(p: f64) -> String {
+pub fn p_words(p: f64) -> String {
     if p < 1e-3 {
         format!("{p:.1e}")
     } else {
@@ -250,7 +254,7 @@ fn p_words(p: f64) -> String {
     }
 }
 
-fn e_words(e: f64) -> String {
+pub fn e_words(e: f64) -> String {
     if e >= 1e3 {
         format!("{e:.1e}")
     } else {

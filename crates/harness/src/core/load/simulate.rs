@@ -118,6 +118,13 @@ impl LoadRunner for CurveRunner {
     }
 }
 
+/// The report of one sweep over `curve`.
+pub fn sweep_curve(curve: Curve, params: &LoadParams, seed: u64) -> LoadReport {
+    let mut runner = CurveRunner { curve, seed };
+    futures::executor::block_on(sweep(params, None, &mut runner, &mut Silent))
+        .expect("the curve runner never fails")
+}
+
 /// One simulated sweep, scored.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Scored {
@@ -126,22 +133,32 @@ pub struct Scored {
     pub within_one: bool,
     /// A threshold named on a curve that has none.
     pub false_threshold: bool,
+    /// The answer is pinned down: the rise lies between two adjacent levels (the level
+    /// below the threshold shown flat, or the threshold at the lowest level), or every
+    /// level is shown flat.
+    pub located: bool,
     pub sessions: u64,
     pub restarts: u64,
 }
 
 /// Run the real sweep once against `curve`.
 pub fn simulate(curve: Curve, params: &LoadParams, seed: u64) -> Scored {
-    let mut runner = CurveRunner { curve, seed };
-    let report: LoadReport =
-        futures::executor::block_on(sweep(params, None, &mut runner, &mut Silent))
-            .expect("the curve runner never fails");
+    let report = sweep_curve(curve, params, seed);
     let threshold = match report.answer {
         Answer::Threshold { level, .. } => Some(level),
         _ => None,
     };
     let levels = &params.levels;
     let index = |l: u32| levels.iter().position(|&x| x == l).expect("a level") as i64;
+    let located = match report.answer {
+        Answer::Threshold {
+            level,
+            above,
+            at_lowest,
+        } => at_lowest || above.is_some_and(|a| index(a) + 1 == index(level)),
+        Answer::NoThreshold { all_flat, .. } => all_flat,
+        Answer::NoBaseline => false,
+    };
     let truth = curve.onset(levels);
     let within_one = match (truth, threshold) {
         (Some(t), Some(found)) => (index(t) - index(found)).abs() <= 1,
@@ -152,6 +169,7 @@ pub fn simulate(curve: Curve, params: &LoadParams, seed: u64) -> Scored {
         threshold,
         within_one,
         false_threshold: truth.is_none() && threshold.is_some(),
+        located,
         sessions: report.sessions_spent,
         restarts: report.restarts,
     }
@@ -159,7 +177,8 @@ pub fn simulate(curve: Curve, params: &LoadParams, seed: u64) -> Scored {
 
 /// The docs/load.md table: per curve and allocation, over `reps` seeded sweeps at the
 /// default levels, alpha 0.01: the share within one level of the truth, the share with
-/// a false threshold, and mean sessions.
+/// a false threshold, the share whose answer is pinned down between adjacent levels
+/// ([`Scored::located`]), and mean and 95th-percentile sessions.
 pub fn table(reps: u64) -> String {
     use super::{Allocation, DEFAULT_LEVELS};
     let allocations = [
@@ -172,7 +191,7 @@ pub fn table(reps: u64) -> String {
         ("fixed 320/level", Allocation::Fixed { sessions: 320 }),
     ];
     let mut out = String::from(
-        "| curve | allocation | within one level | false threshold | mean sessions |\n|---|---|---|---|---|\n",
+        "| curve | allocation | within one level | false threshold | located | mean sessions | p95 sessions |\n|---|---|---|---|---|---|---|\n",
     );
     for (name, curve) in curves() {
         for (words, allocation) in allocations {
@@ -191,10 +210,15 @@ pub fn table(reps: u64) -> String {
                 100.0 * runs.iter().filter(|r| f(r)).count() as f64 / reps as f64
             };
             let sessions = runs.iter().map(|r| r.sessions as f64).sum::<f64>() / reps as f64;
+            let mut sorted: Vec<u64> = runs.iter().map(|r| r.sessions).collect();
+            sorted.sort_unstable();
+            let p95 =
+                sorted[((sorted.len() as f64 * 0.95).ceil() as usize).clamp(1, sorted.len()) - 1];
             out.push_str(&format!(
-                "| {name} | {words} | {:.1}% | {:.1}% | {sessions:.0} |\n",
+                "| {name} | {words} | {:.1}% | {:.1}% | {:.1}% | {sessions:.0} | {p95} |\n",
                 share(&|r| r.within_one),
-                share(&|r| r.false_threshold)
+                share(&|r| r.false_threshold),
+                share(&|r| r.located)
             ));
         }
     }

@@ -1,7 +1,9 @@
 //! The order of a load sweep's blocks and when it stops. Fixed allocation runs every
 //! level (each arm of it) once, lowest load first. Adaptive allocation runs steps: a
 //! step is one block of the level's arm and one as long of its baseline (the lowest
-//! level, or the `off` arm at the level), alternating which goes first, at the open level next to
+//! level, or the `off` arm at the level), alternating which goes first (a baseline
+//! shared by every level skips its block when it already holds enough sessions that
+//! this level's e-process has not taken in), at the open level next to
 //! the threshold ([`resolve`]); it stops when no level is open (every level decided,
 //! capped or implied by its neighbours under the monotone model). Every block's
 //! engine-side peak is checked against its level (`run`'s load rule): a level whose
@@ -78,15 +80,18 @@ pub async fn sweep(
                 break;
             };
             let steps = state.report.levels[i].arm.blocks;
-            let mut order = vec![
-                (state.baseline_of(i), state.baseline_arm()),
-                (i, state.arm_of()),
-            ];
-            if steps % 2 == 1 {
+            // The baseline's block as long as the level's: a balanced pair. Without a
+            // flag the lowest level is every level's baseline: when it already holds as
+            // many sessions that this level's e-process has not taken in (run for other
+            // levels), those are the pair's baseline half and no block is run for it.
+            let sessions = params.block_sessions(params.levels[i]);
+            let mut order = vec![(i, state.arm_of())];
+            if params.ab || state.unseen_baseline(i) < sessions {
+                order.push((state.baseline_of(i), state.baseline_arm()));
+            }
+            if steps % 2 == 0 {
                 order.reverse();
             }
-            // The baseline's block as long as the level's: a balanced pair.
-            let sessions = params.block_sessions(params.levels[i]);
             for (j, arm) in order {
                 state.run(j, arm, sessions, runner, watcher).await?;
             }
@@ -122,6 +127,7 @@ impl<'p> State<'p> {
                 off: params.ab.then(ArmCount::default),
                 short: None,
                 status: None,
+                implied: None,
                 p: None,
                 holm_p: None,
                 e_value: None,
@@ -216,6 +222,12 @@ impl<'p> State<'p> {
         )
     }
 
+    /// Judged baseline sessions that level `i`'s e-process has not taken in yet.
+    fn unseen_baseline(&self, i: usize) -> u64 {
+        let (_, baseline) = self.pair(i);
+        baseline.judged - self.e[i].seen_baseline.sessions
+    }
+
     fn update_e_process(&mut self, i: usize) {
         let (level, baseline) = self.pair(i);
         let (level, baseline) = (level.tally(), baseline.tally());
@@ -307,8 +319,15 @@ impl<'p> State<'p> {
             Allocation::Adaptive { .. } => self.sequential_statuses(&tested),
         };
         let resolution = resolve(&statuses);
-        for (&i, status) in tested.iter().zip(&statuses) {
-            self.report.levels[i].status = Some(*status);
+        let highest_flat = statuses.iter().rposition(|s| *s == Status::Flat);
+        for (t, (&i, status)) in tested.iter().zip(&statuses).enumerate() {
+            let level = &mut self.report.levels[i];
+            level.status = Some(*status);
+            level.implied = match (status, resolution.threshold, highest_flat) {
+                (Status::Open, Some(r), _) if t > r => Some(Status::Rises),
+                (Status::Open, _, Some(f)) if t < f => Some(Status::Flat),
+                _ => None,
+            };
         }
         self.fit();
         let at = |t: Option<usize>| t.map(|t| self.params.levels[tested[t]]);
@@ -429,5 +448,166 @@ impl<'p> State<'p> {
             levels[i].band = Some([band.lower[j], band.upper[j]]);
         }
         self.report.contradicts_monotone = band.contradicts_monotone();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::session::SessionClass;
+
+    /// Exactly `corrupt(level, arm)` of every 20 sessions corrupted; the engine reaches
+    /// `peak(level)`.
+    struct Scripted {
+        corrupt: fn(u32, Arm) -> u64,
+        peak: fn(u32) -> Option<u64>,
+        asked: Vec<(u32, Arm, u64)>,
+    }
+
+    impl LoadRunner for Scripted {
+        async fn run_block(&mut self, b: &LevelBlock) -> anyhow::Result<BlockOutcome> {
+            self.asked.push((b.level, b.arm, b.sessions));
+            let per_20 = (self.corrupt)(b.level, b.arm);
+            let classes = (0..b.sessions)
+                .map(|i| {
+                    if i % 20 < per_20 {
+                        SessionClass::Leak
+                    } else {
+                        SessionClass::Done
+                    }
+                })
+                .collect();
+            Ok(BlockOutcome {
+                classes,
+                peak_engine: (self.peak)(b.level),
+                wall_s: 0.0,
+                tokens_per_s: None,
+                warnings: Vec::new(),
+            })
+        }
+    }
+
+    fn params(levels: &[u32], ab: bool, allocation: Allocation) -> LoadParams {
+        LoadParams {
+            levels: levels.to_vec(),
+            ab,
+            allocation,
+            alpha: 0.01,
+            min_effect: 0.05,
+            min_load_fraction: 0.9,
+            degraded_fraction: 0.1,
+            seed: 1,
+        }
+    }
+
+    fn run(p: &LoadParams, runner: &mut Scripted) -> LoadReport {
+        let flag = p.ab.then_some("X");
+        futures::executor::block_on(sweep(p, flag, runner, &mut Silent)).unwrap()
+    }
+
+    #[test]
+    fn a_level_whose_engine_fell_short_is_reported_as_that_never_as_the_level() {
+        let p = params(&[1, 32, 64, 80], false, Allocation::Fixed { sessions: 80 });
+        let mut runner = Scripted {
+            // 0% at 1 and 32, 20% from 64 on.
+            corrupt: |level, _| if level >= 64 { 4 } else { 0 },
+            // The engine never ran more than 40 at once.
+            peak: |level| Some(u64::from(level.min(40))),
+            asked: Vec::new(),
+        };
+        let report = run(&p, &mut runner);
+        let at = |level| report.levels.iter().find(|l| l.level == level).unwrap();
+        for level in [64, 80] {
+            let l = at(level);
+            assert_eq!(l.status, Some(Status::Short), "{l:?}");
+            assert!(l.fit.is_none() && l.band.is_none());
+            assert!(l
+                .short
+                .as_ref()
+                .unwrap()
+                .contains("reached at most 40 running requests"));
+        }
+        // The one level left: 0/80 vs 0/80, Newcombe's upper bound at 1 - 2 * 0.05 / 1
+        // is Wilson's 0/80 bound at 90%, about 3.3%: flat.
+        assert_eq!(at(32).status, Some(Status::Flat));
+        assert!(
+            (at(32).diff_upper.unwrap() - crate::core::stats::wilson(0, 80, 0.9).1).abs() < 1e-12
+        );
+        // 16/80 at 64 would rise, but 64 was not run at 64: no threshold is claimed.
+        assert!(
+            matches!(report.answer, Answer::NoThreshold { .. }),
+            "{:?}",
+            report.answer
+        );
+        assert!(
+            report.verdict.contains("level 64 is not reported as 64"),
+            "{}",
+            report.verdict
+        );
+        assert!(report.verdict.contains("level 80 is not reported as 80"));
+    }
+
+    #[test]
+    fn an_adaptive_sweep_stops_when_its_baseline_falls_short() {
+        let p = params(&[4, 80], false, Allocation::Adaptive { max_sessions: 480 });
+        let mut runner = Scripted {
+            corrupt: |_, _| 0,
+            peak: |level| Some(u64::from(level) / 2),
+            asked: Vec::new(),
+        };
+        let report = run(&p, &mut runner);
+        assert_eq!(report.answer, Answer::NoBaseline);
+        // One step: the level's block and the baseline's, as long as the level's.
+        assert_eq!(runner.asked, [(4, Arm::Level, 80), (80, Arm::Level, 80)]);
+        assert!(
+            report.verdict.starts_with("no answer"),
+            "{}",
+            report.verdict
+        );
+    }
+
+    #[test]
+    fn an_ab_sweep_compares_on_with_off_at_each_level_and_finds_the_threshold() {
+        let p = params(&[8, 32, 64], true, Allocation::Fixed { sessions: 100 });
+        let mut runner = Scripted {
+            // on corrupts 20% from 32 on, off never.
+            corrupt: |level, arm| if arm == Arm::On && level >= 32 { 4 } else { 0 },
+            peak: |level| Some(u64::from(level)),
+            asked: Vec::new(),
+        };
+        let report = run(&p, &mut runner);
+        // Every level runs on and off, alternating which goes first.
+        let order: Vec<(u32, Arm)> = runner.asked.iter().map(|a| (a.0, a.1)).collect();
+        assert_eq!(
+            order,
+            [
+                (8, Arm::On),
+                (8, Arm::Off),
+                (32, Arm::Off),
+                (32, Arm::On),
+                (64, Arm::On),
+                (64, Arm::Off)
+            ]
+        );
+        assert_eq!(
+            report.answer,
+            Answer::Threshold {
+                level: 32,
+                above: Some(8),
+                at_lowest: false
+            }
+        );
+        // Holm over three levels: 32 and 64 both 20/100 vs 0/100.
+        let p32 = super::super::threshold::fisher_greater(20, 100, 0, 100);
+        let l32 = &report.levels[1];
+        assert!((l32.holm_p.unwrap() - 3.0 * p32).abs() < 1e-15);
+        assert_eq!(report.levels[0].status, Some(Status::Flat));
+        assert!(
+            report.verdict.starts_with(
+                "lowest reproducing load: 32 in flight (X on 20/100 = 20.0% vs off 0/100 = 0.0%"
+            ),
+            "{}",
+            report.verdict
+        );
     }
 }

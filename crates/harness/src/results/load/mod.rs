@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::core::arm_stats::RecordStatus;
 use crate::core::format::percent_digits;
-use crate::core::load::report::{rate_words, ArmCount, LevelReport};
+use crate::core::load::report::{e_words, p_words, rate_words, ArmCount, LevelReport};
+use crate::core::load::threshold::Status;
 use crate::core::load::{LoadParams, LoadReport};
 use crate::results::html::{escape, facts_list, page, target_fact, verdict_box};
 use crate::results::markdown::table_header;
@@ -84,16 +85,35 @@ fn arm_cells(l: &LevelReport, arm: &ArmCount, name: &str, first: bool) -> Vec<St
         _ => String::new(),
     };
     let test = match (first, l.holm_p, l.e_value) {
-        (true, Some(p), _) => format!("Holm p {p:.2e}"),
-        (true, _, Some(e)) => format!("e {e:.3}"),
+        (true, Some(p), _) => format!("Holm p {}", p_words(p)),
+        (true, _, Some(e)) => format!("e {}", e_words(e)),
         _ => String::new(),
     };
-    let status = match (first, &l.short, l.status) {
-        (true, Some(_), _) => "load fell short".to_string(),
-        (true, None, Some(s)) => format!("{s:?}").to_lowercase(),
-        (true, None, None) => "baseline".to_string(),
+    let word = |s: Status| format!("{s:?}").to_lowercase();
+    let status = match (first, &l.short, l.status, l.implied) {
+        (true, Some(_), _, _) => "load fell short".to_string(),
+        (true, None, _, Some(implied)) => format!("{} (implied)", word(implied)),
+        (true, None, Some(s), None) => word(s),
+        (true, None, None, _) => "baseline".to_string(),
         _ => String::new(),
     };
+    if arm.sessions == 0 {
+        let level = if first {
+            l.level.to_string()
+        } else {
+            String::new()
+        };
+        return vec![
+            level,
+            name.into(),
+            "not run".into(),
+            String::new(),
+            String::new(),
+            "-".into(),
+            String::new(),
+            status,
+        ];
+    }
     vec![
         if first {
             l.level.to_string()
@@ -224,4 +244,79 @@ pub fn render_html(record: &LoadRecord) -> String {
     }
     body.push_str("</tbody></table>\n");
     page(&format!("bisect load {}", record.id), &body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::load::simulate::{curves, sweep_curve};
+    use crate::core::load::{Allocation, DEFAULT_LEVELS};
+
+    fn record(allocation: Allocation) -> LoadRecord {
+        let params = LoadParams {
+            levels: DEFAULT_LEVELS.to_vec(),
+            ab: false,
+            allocation,
+            alpha: 0.01,
+            min_effect: 0.05,
+            min_load_fraction: 0.9,
+            degraded_fraction: 0.1,
+            seed: 3,
+        };
+        let report = sweep_curve(curves()[0].1, &params, 11);
+        LoadRecord {
+            schema: SCHEMA.into(),
+            id: "test-load".into(),
+            command: "bisect load".into(),
+            started_at: "2026-12-02T00:00:00Z".into(),
+            finished_at: None,
+            status: RecordStatus::Finished,
+            target: serde_json::from_value(serde_json::json!({
+                "name": "embedded", "api": "chat", "model": "m", "profile": null, "roles": []
+            }))
+            .unwrap(),
+            flag: None,
+            pinned: Vec::new(),
+            workload: serde_json::Value::Null,
+            params,
+            report: Some(report),
+            wall_s: 1.0,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn the_table_names_untested_levels_and_what_the_model_implies() {
+        let r = record(Allocation::Adaptive { max_sessions: 480 });
+        let table = render_table(&r);
+        assert!(
+            table.contains("baseline") && table.contains("rises"),
+            "{table}"
+        );
+        assert!(
+            table.contains("verdict: lowest reproducing load: 32"),
+            "{table}"
+        );
+        // Levels 8 lies below the level shown flat: implied, never run.
+        assert!(
+            table.contains("not run") && table.contains("flat (implied)"),
+            "{table}"
+        );
+        let md = render_markdown(&r);
+        assert!(md.contains("| in flight | arm |"), "{md}");
+    }
+
+    #[test]
+    fn the_chart_has_every_level_the_fit_and_the_threshold() {
+        let r = record(Allocation::Fixed { sessions: 160 });
+        let html = render_html(&r);
+        let svg = &html[html.find("<svg").unwrap()..html.find("</svg>").unwrap()];
+        // One rate point per level, one engine-side square per level.
+        assert_eq!(svg.matches("<circle").count(), 6 + 1, "{svg}");
+        assert_eq!(svg.matches("<rect").count(), 6 + 2, "{svg}");
+        assert!(svg.contains("<polygon") && svg.contains("<polyline"));
+        assert!(svg.contains("threshold 32"));
+        assert!(svg.contains("engine-side peak running"));
+        assert!(!html.contains("NaN"));
+    }
 }
