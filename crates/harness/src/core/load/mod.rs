@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 pub use report::{Answer, Arm, LoadReport};
 pub use sweep::{sweep, LevelBlock, LoadRunner, Silent, Watcher};
 
-/// Sessions per block at least (a level below it runs this many, at its load).
+/// Sessions per adaptive block at least (a level below half of it runs this many).
 pub const MIN_BLOCK: u64 = 20;
 
 /// The default levels of sessions in flight: the seeds' range, one at a time to 80.
@@ -95,13 +95,17 @@ impl LoadParams {
         Ok(())
     }
 
-    /// Sessions of one block at `level`.
+    /// Sessions of one block at `level`: fixed, the planned sessions (at least the
+    /// level); adaptive, twice the level (at least [`MIN_BLOCK`]), so that the load is
+    /// held with sessions ending and new ones starting for half the block, not only
+    /// reached at the start and drained. Measured on the embedded engine (docs/load.md):
+    /// 64 sessions at 64 in flight corrupted 0 of 192 where 200 at 64 corrupted 12.
     pub fn block_sessions(&self, level: u32) -> u64 {
-        let planned = match self.allocation {
-            Allocation::Fixed { sessions } => sessions,
-            Allocation::Adaptive { .. } => MIN_BLOCK,
-        };
-        planned.max(u64::from(level))
+        let level = u64::from(level);
+        match self.allocation {
+            Allocation::Fixed { sessions } => sessions.max(level),
+            Allocation::Adaptive { .. } => (2 * level).max(MIN_BLOCK),
+        }
     }
 }
 

@@ -198,6 +198,11 @@ pub fn verdict_words(
     };
     let subject = ab.map_or("the corruption rate".to_string(), |f| format!("{f} on"));
     let points = percent_digits(min_effect);
+    let base = if ab.is_some() {
+        "its off arm"
+    } else {
+        "the baseline"
+    };
     let mut text = match answer {
         Answer::NoBaseline => {
             "no answer: the baseline level's engine-side load fell short, so no level can be compared with it".to_string()
@@ -224,14 +229,14 @@ pub fn verdict_words(
         }
         Answer::NoThreshold { flat_through, all_flat } => match (flat_through, all_flat) {
             (_, true) => format!(
-                "no threshold in the levels tried: every level up to {} in flight is within {points} points of the baseline",
+                "no threshold in the levels tried: every level up to {} in flight is within {points} points of {base}",
                 levels.last().map_or(0, |l| l.level)
             ),
             (Some(f), false) => format!(
-                "no threshold shown in the levels tried: no level corrupts more than the baseline; levels up to {f} are within {points} points of it, higher ones undecided"
+                "no threshold shown in the levels tried: no level corrupts more than {base}; levels up to {f} are within {points} points of it, higher ones undecided"
             ),
             (None, false) => format!(
-                "no threshold shown in the levels tried: no level corrupts more than the baseline, and none is shown within {points} points of it (more sessions would tell)"
+                "no threshold shown in the levels tried: no level corrupts more than {base}, and none is shown within {points} points of it (more sessions would tell)"
             ),
         },
     };

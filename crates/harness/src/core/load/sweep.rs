@@ -558,7 +558,7 @@ mod tests {
         let report = run(&p, &mut runner);
         assert_eq!(report.answer, Answer::NoBaseline);
         // One step: the level's block and the baseline's, as long as the level's.
-        assert_eq!(runner.asked, [(4, Arm::Level, 80), (80, Arm::Level, 80)]);
+        assert_eq!(runner.asked, [(4, Arm::Level, 160), (80, Arm::Level, 160)]);
         assert!(
             report.verdict.starts_with("no answer"),
             "{}",
