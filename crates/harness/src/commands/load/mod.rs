@@ -86,7 +86,7 @@ impl LoadRunner for Blocks<'_, '_> {
             failing,
             sessions: block.sessions,
             concurrency: block.level,
-            seed: self.runner.workload.seed.wrapping_add(block.block - 1),
+            seed: block.seed,
         };
         self.runner.run_block(&request).await
     }
