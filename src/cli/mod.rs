@@ -5,6 +5,7 @@
 
 mod culprit;
 pub(crate) mod engine;
+mod load;
 pub(crate) mod matrix;
 mod results;
 
@@ -23,6 +24,7 @@ use bisect_harness::core::verdict::Policy;
 use bisect_harness::exit;
 
 pub(crate) use culprit::CulpritArgs;
+pub(crate) use load::LoadArgs;
 pub(crate) use matrix::{MatrixArgs, MergeArgs};
 pub(crate) use results::{DiffArgs, ReclassifyArgs};
 
@@ -67,6 +69,8 @@ pub(crate) enum Command {
     Restore(RestoreArgs),
     /// Which values of the listed flags, as configured, make the engine fail: the minimal set (delta debugging, docs/culprit.md).
     Culprit(CulpritArgs),
+    /// The corruption rate as a function of sessions in flight, and the lowest load at which the bug appears (docs/load.md).
+    Load(LoadArgs),
     /// Run one role of the embedded prefill/decode engine.
     Engine(engine::EngineArgs),
     /// Serve the zero-work mock chat engine (benchmarks only).

@@ -4,10 +4,11 @@
 use std::process::ExitCode;
 
 use super::{engines, print_record, progress, recover_journal};
-use crate::cli::{CulpritArgs, ProbeArgs, RunArgs};
+use crate::cli::{CulpritArgs, LoadArgs, ProbeArgs, RunArgs};
 use crate::progress::Lines;
 use bisect_harness::commands::adaptive;
 use bisect_harness::commands::culprit;
+use bisect_harness::commands::load;
 use bisect_harness::commands::probe::{self, Outcome};
 use bisect_harness::commands::run as experiment;
 use bisect_harness::exit::{self, Failure};
@@ -47,6 +48,24 @@ pub(crate) async fn culprit(args: &CulpritArgs) -> anyhow::Result<ExitCode> {
         output.json,
         || serde_json::to_string_pretty(&record),
         || culprit::export::table::CulpritTable.render(&record),
+        &plan.dir,
+    )?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `bisect load`: exit codes as `run` (0 finished whatever the answer).
+pub(crate) async fn load(args: &LoadArgs) -> anyhow::Result<ExitCode> {
+    let output = &args.common.output;
+    recover_journal(&output.journal_dir())?;
+    let plan = args.plan()?;
+    let (mut control, cancel) = engines(&plan.target, &plan.dir, plan.api_key.as_deref())?;
+    let progress = progress(output.json);
+    stderr_line!("results: {}", plan.dir.display());
+    let record = load::run(&plan, &mut control, progress.as_ref(), cancel).await?;
+    print_record(
+        output.json,
+        || serde_json::to_string_pretty(&record),
+        || bisect_harness::results::load::table::LoadTable.render(&record),
         &plan.dir,
     )?;
     Ok(ExitCode::SUCCESS)

@@ -46,6 +46,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Run(args) => runtime()?.block_on(experiment::run(&args)),
         Command::Probe(args) => runtime()?.block_on(experiment::probe(&args)),
         Command::Culprit(args) => runtime()?.block_on(experiment::culprit(&args)),
+        Command::Load(args) => runtime()?.block_on(experiment::load(&args)),
     }
 }
 

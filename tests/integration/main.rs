@@ -15,6 +15,7 @@ mod fake_runs;
 mod faults;
 mod fixture_v1;
 mod llama_cpp;
+mod load;
 mod matrix;
 mod ownership;
 mod reclassify;

@@ -5,6 +5,7 @@ pub mod adaptive;
 pub mod check;
 pub mod culprit;
 pub mod diff;
+pub mod load;
 pub mod matrix;
 pub mod probe;
 pub mod reclassify;

@@ -10,6 +10,7 @@ pub mod effective;
 pub mod ending;
 pub mod flag;
 pub mod format;
+pub mod load;
 pub mod phases;
 pub mod sequential;
 pub mod session;

@@ -10,6 +10,7 @@ pub mod charts;
 pub mod export;
 pub mod html;
 pub mod json;
+pub mod load;
 pub mod markdown;
 pub mod markup;
 pub mod run_record;

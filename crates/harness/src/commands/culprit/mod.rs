@@ -16,7 +16,7 @@
 
 pub mod export;
 pub mod record;
-mod runner;
+pub(crate) mod runner;
 mod steplog;
 
 use std::path::{Path, PathBuf};

@@ -20,21 +20,21 @@ use crate::core::culprit::{BlockOutcome, BlockRequest, StepRunner};
 use crate::exit::Failure;
 use crate::results::ResultsDir;
 
-pub(super) struct TestbedRunner<'t, 'a> {
-    pub(super) bed: &'t mut Testbed<'a>,
-    pub(super) flags: Vec<FlagSpec>,
+pub(crate) struct TestbedRunner<'t, 'a> {
+    pub(crate) bed: &'t mut Testbed<'a>,
+    pub(crate) flags: Vec<FlagSpec>,
     /// `--set` pins, written once by the testbed: checked after every restart.
-    pub(super) pins: Vec<(FlagSpec, String)>,
+    pub(crate) pins: Vec<(FlagSpec, String)>,
     /// Warnings already printed (each block still records its own).
-    pub(super) warned: Vec<String>,
-    pub(super) workload: Workload,
-    pub(super) classifier: Arc<Classifier>,
+    pub(crate) warned: Vec<String>,
+    pub(crate) workload: Workload,
+    pub(crate) classifier: Arc<Classifier>,
     /// The culprit directory.
-    pub(super) dir: PathBuf,
+    pub(crate) dir: PathBuf,
 }
 
 /// `blocks/b007`, relative to the culprit directory.
-pub(super) fn block_dir(block: u64) -> String {
+pub(crate) fn block_dir(block: u64) -> String {
     format!("blocks/b{block:03}")
 }
 

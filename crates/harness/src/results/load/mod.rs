@@ -1,0 +1,255 @@
+//! What `bisect load` writes and prints: `load.json` (the record below; field names are
+//! a contract, extend, never rename), `summary.md`, `report.html` (with the chart of
+//! [`chart`]) and the terminal table.
+
+pub mod chart;
+pub mod html;
+pub mod json;
+pub mod markdown;
+pub mod table;
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::core::arm_stats::RecordStatus;
+use crate::core::format::percent_digits;
+use crate::core::load::report::{e_words, p_words, rate_words, ArmCount, LevelReport};
+use crate::core::load::threshold::Status;
+use crate::core::load::{LoadParams, LoadReport};
+use crate::results::export::{self, Exporter};
+use crate::results::run_record::TargetInfo;
+
+/// The whole-file formats, rewritten after every block.
+pub fn files() -> [&'static dyn Exporter<LoadRecord>; 3] {
+    [&json::LoadJson, &markdown::LoadSummary, &html::LoadHtml]
+}
+
+pub const SCHEMA: &str = "bisect.load/1";
+
+/// `load.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LoadRecord {
+    pub schema: String,
+    pub id: String,
+    pub command: String,
+    pub started_at: String,
+    pub finished_at: Option<String>,
+    pub status: RecordStatus,
+    pub target: TargetInfo,
+    /// The flag each level is an A/B of (`on` vs `off`); `None`: the configuration as it is.
+    pub flag: Option<String>,
+    /// Pinned for every block (`--set NAME=VALUE`).
+    pub pinned: Vec<String>,
+    /// The base workload; block b runs it with seed + b - 1 at its level.
+    pub workload: serde_json::Value,
+    pub params: LoadParams,
+    /// What the sweep found so far (rewritten after every block).
+    pub report: Option<LoadReport>,
+    pub wall_s: f64,
+    pub error: Option<String>,
+}
+
+impl LoadRecord {
+    /// load.json, summary.md and report.html, each written atomically.
+    pub fn write(&self, dir: &Path) -> anyhow::Result<()> {
+        export::write_all(dir, self, &files())
+    }
+
+    pub(super) fn verdict(&self) -> &str {
+        self.report
+            .as_ref()
+            .map_or("(no block finished)", |r| r.verdict.as_str())
+    }
+}
+
+pub(super) const COLUMNS: [&str; 8] = [
+    "in flight",
+    "arm",
+    "corrupted",
+    "95% CI",
+    "fit [band]",
+    "engine peak",
+    "test",
+    "status",
+];
+
+fn arm_cells(l: &LevelReport, arm: &ArmCount, name: &str, first: bool) -> Vec<String> {
+    let ci = crate::core::stats::wilson(arm.corrupted, arm.judged, 0.95);
+    let fit = match (first, l.fit, l.band) {
+        (true, Some(f), Some([lo, hi])) => format!(
+            "{}% [{}, {}]",
+            percent_digits(f),
+            percent_digits(lo),
+            percent_digits(hi)
+        ),
+        _ => String::new(),
+    };
+    let test = match (first, l.holm_p, l.e_value) {
+        (true, Some(p), _) => format!("Holm p {}", p_words(p)),
+        (true, _, Some(e)) => format!("e {}", e_words(e)),
+        _ => String::new(),
+    };
+    let word = |s: Status| format!("{s:?}").to_lowercase();
+    let status = match (first, &l.short, l.status, l.implied) {
+        (true, Some(_), _, _) => "load fell short".to_string(),
+        (true, None, _, Some(implied)) => format!("{} (implied)", word(implied)),
+        (true, None, Some(s), None) => word(s),
+        (true, None, None, _) => "baseline".to_string(),
+        _ => String::new(),
+    };
+    if arm.sessions == 0 {
+        let level = if first {
+            l.level.to_string()
+        } else {
+            String::new()
+        };
+        return vec![
+            level,
+            name.into(),
+            "not run".into(),
+            String::new(),
+            String::new(),
+            "-".into(),
+            String::new(),
+            status,
+        ];
+    }
+    vec![
+        if first {
+            l.level.to_string()
+        } else {
+            String::new()
+        },
+        name.to_string(),
+        rate_words(arm),
+        format!("{}-{}%", percent_digits(ci.0), percent_digits(ci.1)),
+        fit,
+        arm.peak_engine.map_or("-".into(), |p| p.to_string()),
+        test,
+        status,
+    ]
+}
+
+/// One row per arm of every level.
+pub(super) fn rows(record: &LoadRecord) -> Vec<Vec<String>> {
+    let Some(report) = &record.report else {
+        return Vec::new();
+    };
+    let mut rows = Vec::new();
+    for l in &report.levels {
+        let name = if l.off.is_some() { "on" } else { "level" };
+        rows.push(arm_cells(l, &l.arm, name, true));
+        if let Some(off) = &l.off {
+            rows.push(arm_cells(l, off, "off", false));
+        }
+    }
+    rows
+}
+
+/// Sessions, restarts, why it stopped, warnings, the error.
+pub(super) fn facts(record: &LoadRecord) -> Vec<String> {
+    let mut lines = Vec::new();
+    if let Some(r) = &record.report {
+        lines.push(format!(
+            "{} sessions in {} blocks ({} restarts), {:.1} s; stopped: {}",
+            r.sessions_spent,
+            r.blocks.len(),
+            r.restarts,
+            record.wall_s,
+            if r.stopped.is_empty() {
+                "still running"
+            } else {
+                &r.stopped
+            }
+        ));
+        if r.contradicts_monotone {
+            lines.push(
+                "the counts contradict a rate that never falls with load (the band is empty somewhere): the fit and the threshold assume it does".into(),
+            );
+        }
+        for w in &r.warnings {
+            lines.push(format!("warning: {w}"));
+        }
+    }
+    if let Some(e) = &record.error {
+        lines.push(format!("error: {e}"));
+    }
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::load::simulate::{curves, sweep_curve};
+    use crate::core::load::{Allocation, DEFAULT_LEVELS};
+    use crate::results::load::{html::render_html, markdown::render_markdown, table::render_table};
+
+    fn record(allocation: Allocation) -> LoadRecord {
+        let params = LoadParams {
+            levels: DEFAULT_LEVELS.to_vec(),
+            ab: false,
+            allocation,
+            alpha: 0.01,
+            min_effect: 0.05,
+            min_load_fraction: 0.9,
+            degraded_fraction: 0.1,
+            seed: 3,
+        };
+        let report = sweep_curve(curves()[0].1, &params, 11);
+        LoadRecord {
+            schema: SCHEMA.into(),
+            id: "test-load".into(),
+            command: "bisect load".into(),
+            started_at: "2026-12-02T00:00:00Z".into(),
+            finished_at: None,
+            status: RecordStatus::Finished,
+            target: serde_json::from_value(serde_json::json!({
+                "name": "embedded", "api": "chat", "model": "m", "profile": null, "roles": []
+            }))
+            .unwrap(),
+            flag: None,
+            pinned: Vec::new(),
+            workload: serde_json::Value::Null,
+            params,
+            report: Some(report),
+            wall_s: 1.0,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn the_table_names_untested_levels_and_what_the_model_implies() {
+        let r = record(Allocation::Adaptive { max_sessions: 480 });
+        let table = render_table(&r);
+        assert!(
+            table.contains("baseline") && table.contains("rises"),
+            "{table}"
+        );
+        assert!(
+            table.contains("verdict: lowest reproducing load: 32"),
+            "{table}"
+        );
+        // Levels 8 lies below the level shown flat: implied, never run.
+        assert!(
+            table.contains("not run") && table.contains("flat (implied)"),
+            "{table}"
+        );
+        let md = render_markdown(&r);
+        assert!(md.contains("| in flight | arm |"), "{md}");
+    }
+
+    #[test]
+    fn the_chart_has_every_level_the_fit_and_the_threshold() {
+        let r = record(Allocation::Fixed { sessions: 160 });
+        let html = render_html(&r);
+        let svg = &html[html.find("<svg").unwrap()..html.find("</svg>").unwrap()];
+        // One rate point per level, one engine-side square per level.
+        assert_eq!(svg.matches("<circle").count(), 6 + 1, "{svg}");
+        assert_eq!(svg.matches("<rect").count(), 6 + 2, "{svg}");
+        assert!(svg.contains("<polygon") && svg.contains("<polyline"));
+        assert!(svg.contains("threshold 32"));
+        assert!(svg.contains("engine-side peak running"));
+        assert!(!html.contains("NaN"));
+    }
+}

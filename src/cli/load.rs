@@ -1,0 +1,109 @@
+//! `bisect load [--flag NAME] [--levels 1,8,16,32,64,80 | --max C] [--adaptive
+//! [--max-sessions N]] [--set NAME=VALUE]...`: clap arguments and their conversion into
+//! a [`LoadPlan`].
+
+use clap::Args;
+
+use super::{command_line, parse_pins, run_id, usage, ExperimentArgs, METRICS_PERIOD};
+use bisect_harness::commands::load::LoadPlan;
+use bisect_harness::core::load::{Allocation, LoadParams, DEFAULT_LEVELS};
+
+/// `--max-sessions` without a value: the cap per arm at each level of an adaptive sweep.
+pub(crate) const DEFAULT_MAX_SESSIONS: u64 = 480;
+
+#[derive(Debug, Args)]
+pub(crate) struct LoadArgs {
+    /// Levels of sessions in flight, comma-separated, ascending (default 1,8,16,32,64,80).
+    #[arg(long, value_delimiter = ',', conflicts_with = "max")]
+    levels: Vec<u32>,
+    /// Levels 1, 8, 16, ... doubling below C, then C.
+    #[arg(long, value_name = "C")]
+    max: Option<u32>,
+    /// Make each level an A/B of this flag (on vs off at that load); without it, every
+    /// level runs the configuration as it is and is compared with the lowest.
+    #[arg(long)]
+    flag: Option<String>,
+    /// Pin another flag for every block: NAME=VALUE (repeatable).
+    #[arg(long = "set")]
+    set: Vec<String>,
+    /// Spend blocks where the answer is undecided (the level next to the threshold),
+    /// stopping by anytime-valid e-processes; without it every level runs --sessions once.
+    #[arg(long)]
+    adaptive: bool,
+    /// With --adaptive: the most sessions per arm at each level.
+    #[arg(long = "max-sessions", requires = "adaptive")]
+    max_sessions: Option<u64>,
+    #[command(flatten)]
+    pub(crate) common: ExperimentArgs,
+}
+
+impl LoadArgs {
+    /// Validate the arguments into a plan; the embedded engine's launch scripts are
+    /// the only thing written.
+    pub(crate) fn plan(&self) -> anyhow::Result<LoadPlan> {
+        let common = &self.common;
+        let catalog = common.target.catalog()?;
+        let flag = match &self.flag {
+            Some(name) => Some(catalog.get(name)?.clone()),
+            None => None,
+        };
+        let workload = common.load.load()?;
+        if common.load.concurrency.is_some() {
+            return Err(usage(
+                "--concurrency does not apply to `bisect load`: the levels are the loads",
+                "drop --concurrency; pass the loads with --levels 1,8,16,32,64,80 or --max 80",
+            ));
+        }
+        let levels = match (self.max, self.levels.is_empty()) {
+            (Some(c), _) => LoadParams::levels_up_to(c),
+            (None, true) => DEFAULT_LEVELS.to_vec(),
+            (None, false) => self.levels.clone(),
+        };
+        LoadParams::check_levels(&levels, flag.is_some())
+            .map_err(|e| usage(format!("--levels: {e}"), "e.g. --levels 1,8,16,32,64,80"))?;
+        let allocation = if self.adaptive {
+            let cap = self.max_sessions.unwrap_or(DEFAULT_MAX_SESSIONS);
+            let top = u64::from(*levels.last().expect("checked levels"));
+            if cap < top {
+                return Err(usage(
+                    format!("--max-sessions {cap} is below the highest level {top}: not one block at that load fits"),
+                    format!("pass --max-sessions {top} or more, or lower the levels"),
+                ));
+            }
+            Allocation::Adaptive { max_sessions: cap }
+        } else {
+            Allocation::Fixed {
+                sessions: u64::from(workload.sessions),
+            }
+        };
+        let policy = common.decision.policy()?;
+        let sets = parse_pins(&catalog, &self.set, flag.as_ref().map(|f| f.name.as_str()))?;
+        let id = run_id("load", common.tag.as_deref());
+        let dir = common.output.results.join(&id);
+        let (target, api_key) = common.target.resolve(&dir)?;
+        Ok(LoadPlan {
+            id,
+            command: command_line(),
+            params: LoadParams {
+                levels,
+                ab: flag.is_some(),
+                allocation,
+                alpha: policy.alpha,
+                min_effect: policy.min_effect,
+                min_load_fraction: policy.min_load_fraction,
+                degraded_fraction: policy.degraded_fraction,
+                seed: workload.seed,
+            },
+            flag,
+            sets,
+            target,
+            workload,
+            dir,
+            journal_dir: common.output.journal_dir(),
+            state_root: None,
+            allow_partial: common.allow_partial,
+            api_key,
+            metrics_period: METRICS_PERIOD,
+        })
+    }
+}

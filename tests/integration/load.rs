@@ -1,0 +1,107 @@
+//! `bisect load` end to end: on the embedded engine (its index-K race corrupts only
+//! under load, and not at all with the synchronous load-back), asserted with wide
+//! margins; and the command line's refusals (exit 2, the flag and the fix named).
+
+use crate::common::bisect;
+use std::path::Path;
+
+use serde_json::Value;
+
+fn load_json(args: &[&str], cwd: &Path) -> Value {
+    let out = bisect(args, cwd);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("load.json on stdout")
+}
+
+fn level(record: &Value, in_flight: u64) -> &Value {
+    record["report"]["levels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["level"] == in_flight)
+        .unwrap()
+}
+
+#[test]
+fn the_embedded_race_has_a_threshold_and_the_sync_load_back_has_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["load", "--levels", "1,80", "--sessions", "160", "--json"];
+    let record = load_json(&args, dir.path());
+    assert_eq!(record["status"], "finished", "{record}");
+    let (one, eighty) = (level(&record, 1), level(&record, 80));
+    assert!(one["arm"]["corrupted"].as_u64().unwrap() <= 2, "{one}");
+    let bad = eighty["arm"]["corrupted"].as_u64().unwrap();
+    assert!(bad >= 8, "the race corrupts at 80 in flight: {bad}/160");
+    assert!(
+        eighty["arm"]["peak_engine"].as_u64().unwrap() >= 72,
+        "{eighty}"
+    );
+    let answer = &record["report"]["answer"];
+    assert_eq!(
+        answer["kind"], "threshold",
+        "{}",
+        record["report"]["verdict"]
+    );
+    assert_eq!(answer["level"], 80);
+    let verdict = record["report"]["verdict"].as_str().unwrap();
+    assert!(
+        verdict.starts_with("lowest reproducing load: 80 in flight"),
+        "{verdict}"
+    );
+    // Every block in its own directory, and the three files.
+    let run_dir = dir
+        .path()
+        .join("results")
+        .join(record["id"].as_str().unwrap());
+    assert!(run_dir.join("blocks/b001/sessions.jsonl").is_file());
+    assert!(run_dir.join("blocks/b002/metrics.csv").is_file());
+    let html = std::fs::read_to_string(run_dir.join("report.html")).unwrap();
+    assert!(html.contains("<svg class=\"load-chart\"") && html.contains("threshold 80"));
+    let md = std::fs::read_to_string(run_dir.join("summary.md")).unwrap();
+    assert!(md.contains("lowest reproducing load: 80"), "{md}");
+
+    let sync = [&args[..], &["--set", "SGLANG_DSV4_INDEX_K_HICACHE_SYNC=1"]].concat();
+    let record = load_json(&sync, dir.path());
+    let eighty = level(&record, 80);
+    assert!(
+        eighty["arm"]["corrupted"].as_u64().unwrap() <= 2,
+        "{eighty}"
+    );
+    assert_eq!(
+        record["report"]["answer"]["kind"], "no_threshold",
+        "{}",
+        record["report"]["verdict"]
+    );
+}
+
+#[test]
+fn bad_levels_and_options_are_refused_with_the_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    for (args, words) in [
+        (&["load", "--levels", "8,1"][..], "not strictly ascending"),
+        (&["load", "--levels", "8"][..], "at least 2"),
+        (
+            &["load", "--concurrency", "8"][..],
+            "--concurrency does not apply",
+        ),
+        (
+            &["load", "--adaptive", "--max-sessions", "40"][..],
+            "below the highest level 80",
+        ),
+    ] {
+        let out = bisect(args, dir.path());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(words), "{args:?}: {err}");
+        assert!(
+            err.contains("fix") || err.contains("e.g."),
+            "{args:?}: {err}"
+        );
+    }
+    assert!(!dir.path().join("results").exists(), "nothing ran");
+}
