@@ -3,6 +3,7 @@
 //! `handlers`' job; the argument groups several commands share are flattened structs
 //! here, so one option means one thing everywhere.
 
+mod commits;
 mod culprit;
 pub mod engine;
 pub mod matrix;
@@ -22,6 +23,7 @@ use bisect_harness::config::{ConfigError, FlagCatalog, TargetProfile, Workload};
 use bisect_harness::core::verdict::Policy;
 use bisect_harness::exit;
 
+pub use commits::CommitsArgs;
 pub use culprit::CulpritArgs;
 pub use matrix::{MatrixArgs, MergeArgs};
 pub use results::{DiffArgs, ReclassifyArgs};
@@ -67,6 +69,9 @@ pub enum Command {
     Restore(RestoreArgs),
     /// Which values of the listed flags, as configured, make the engine fail: the minimal set (delta debugging, docs/culprit.md).
     Culprit(CulpritArgs),
+    /// Which commit of the engine introduced a load-dependent corruption: a noisy-oracle
+    /// Bayesian search over a first-parent range, the answer verified (docs/commits.md).
+    Commits(CommitsArgs),
     /// Run one role of the embedded prefill/decode engine.
     Engine(engine::EngineArgs),
     /// Serve the zero-work mock chat engine (benchmarks only).

@@ -8,6 +8,7 @@
 //! - [`results`]: `report`, `diff` and `reclassify`, which read results directories.
 //! - [`tools`]: `flags`, `kernels`, `restore` and `engine`.
 
+mod commits;
 mod experiment;
 mod matrix;
 mod results;
@@ -46,6 +47,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Run(args) => runtime()?.block_on(experiment::run(&args)),
         Command::Probe(args) => runtime()?.block_on(experiment::probe(&args)),
         Command::Culprit(args) => runtime()?.block_on(experiment::culprit(&args)),
+        Command::Commits(args) => commits::commits(&args),
     }
 }
 

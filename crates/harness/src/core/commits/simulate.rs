@@ -387,6 +387,41 @@ pub fn benchmark(
     out
 }
 
+/// Blocks per probe of the repeated bisections the benchmark sets beside the search.
+pub const REPEATS: [u64; 4] = [1, 2, 3, 5];
+
+/// Every scenario at every size: a markdown table per size (accuracy; wrong answers;
+/// mean and p95 builds and sessions), `searches` ranges each, from `seed`.
+pub fn benchmark_markdown(searches: usize, sizes: &[usize], seed: u64) -> String {
+    let params = Params::new(2, 80, 80);
+    let mut out = format!(
+        "Commit search vs bisection, {searches} ranges per scenario, blocks of {} sessions, alpha {}, \
+         cost model {BUILD_S:.0} s a build, {BLOCK_S:.0} s a block, seed {seed}.\n",
+        params.block, params.alpha
+    );
+    for &n in sizes {
+        out += &format!(
+            "\n### {n} commits\n\n| scenario | method | accuracy | wrong | builds mean / p95 | sessions mean / p95 |\n|---|---|---|---|---|---|\n"
+        );
+        for s in scenarios() {
+            for r in benchmark(&s, n, searches, &params, &REPEATS, seed) {
+                out += &format!(
+                    "| {} | {} | {:.3} | {:.3} | {:.1} / {} | {:.0} / {} |\n",
+                    s.name,
+                    r.method,
+                    r.accuracy,
+                    r.wrong,
+                    r.mean_builds,
+                    r.p95_builds,
+                    r.mean_sessions,
+                    r.p95_sessions
+                );
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
