@@ -238,3 +238,73 @@ async fn at_8_in_flight_the_bad_end_does_not_reproduce() {
     assert_eq!(commits::exit_code(&record), 1);
     assert_untouched(&repo, &shas[COMMITS]);
 }
+
+/// Runs `bisect ARGS` in `dir`; (exit code, stdout, stderr).
+fn cli(args: &[&str], dir: &Path) -> (Option<i32>, String, String) {
+    let out = crate::common::bisect(args, dir);
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+#[test]
+fn bad_requests_exit_2_with_the_fix_and_touch_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (code, _, err) = cli(
+        &["commits", "--repo", "nowhere", "a", "b", "--build", "true"],
+        d,
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("--repo nowhere: not a git repository"),
+        "{err}"
+    );
+    // Neither --build nor --artifact.
+    let (code, _, err) = cli(&["commits", "--repo", ".", "a", "b"], d);
+    assert_eq!(code, Some(2), "{err}");
+    // The ends swapped: refused before anything is checked out or started.
+    let repo = d.join("r");
+    std::fs::create_dir_all(&repo).unwrap();
+    git(&repo, &["init", "-q", "-b", "main"]);
+    for i in 0..3 {
+        std::fs::write(repo.join("f"), format!("{i}\n")).unwrap();
+        git(&repo, &["add", "-A"]);
+        git(&repo, &["commit", "-q", "-m", &format!("c{i}")]);
+    }
+    let r = repo.to_str().unwrap();
+    let (code, _, err) = cli(
+        &["commits", "--repo", r, "main", "main~2", "--build", "true"],
+        d,
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("is not an ancestor of the bad end"), "{err}");
+    let (code, _, err) = cli(
+        &["commits", "--repo", r, "nope", "main", "--build", "true"],
+        d,
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("\"nope\" is not a commit"), "{err}");
+    assert_eq!(git(&repo, &["worktree", "list"]).lines().count(), 1);
+    assert_eq!(git(&repo, &["status", "--porcelain"]), "");
+}
+
+#[test]
+fn simulate_prints_the_benchmark_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, out, err) = cli(
+        &["commits", "--simulate", "--searches", "5", "--sizes", "16"],
+        dir.path(),
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("### 16 commits"), "{out}");
+    for method in [
+        "commit search",
+        "plain bisection",
+        "bisection, 3 blocks per probe",
+    ] {
+        assert!(out.contains(method), "{out}");
+    }
+}

@@ -97,7 +97,7 @@ impl Params {
             min_effect: 0.05,
             clear_alpha: 0.05,
             max_sessions: 8000,
-            cap_blocks: 10,
+            cap_blocks: 20,
             max_could_not_tell: 3,
             build_s_guess: 300.0,
             block_s_guess: 60.0,

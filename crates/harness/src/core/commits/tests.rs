@@ -139,8 +139,12 @@ fn ends_that_do_not_differ_are_no_culprit() {
         ),
         other => panic!("{other:?}"),
     }
-    // Within the default cap of 10 blocks per end it stays undecided.
-    let (answer, steps) = drive(Params::new(9, 80, 80), |_| block(6));
+    // Within a cap of 10 blocks per end it stays undecided.
+    let params = Params {
+        cap_blocks: 10,
+        ..Params::new(9, 80, 80)
+    };
+    let (answer, steps) = drive(params, |_| block(6));
     assert_eq!(steps.len(), 20);
     assert!(matches!(answer, Answer::Inconclusive { .. }), "{answer:?}");
     assert!(
