@@ -200,7 +200,7 @@ impl Driving<'_> {
             if ctx.cancel.is_cancelled() {
                 return Err(Failure::Interrupted.into());
             }
-            let (commit, purpose) = match self.search.next() {
+            let (commit, purpose) = match self.search.next_action() {
                 Action::Done(answer) => return Ok(answer),
                 Action::Test { commit, purpose } => (commit, purpose),
             };

@@ -136,7 +136,7 @@ pub fn posterior_history(record: &CommitsRecord) -> Vec<Vec<f64>> {
     let mut out = Vec::new();
     for step in &record.steps {
         if let Observation::Block { corrupted, judged } = step.observation {
-            counts[step.commit] = counts[step.commit].add(Counts { corrupted, judged });
+            counts[step.commit] = counts[step.commit] + Counts { corrupted, judged };
         }
         let post = posterior(&counts);
         let mut row = post.culprit;

@@ -46,7 +46,7 @@ impl Predictive {
     /// From per-commit counts, split at the posterior's most probable culprit.
     pub fn new(counts: &[Counts], post: &Posterior, n: u64) -> Self {
         let (good, bad) = sides(counts, post.map_culprit());
-        let pooled = good.add(bad);
+        let pooled = good + bad;
         let pmf = |c: Counts| {
             let (a, b) = c.beta();
             beta_binomial(n, a, b)

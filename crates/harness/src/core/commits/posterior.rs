@@ -35,21 +35,27 @@ pub struct Counts {
     pub judged: u64,
 }
 
-impl Counts {
-    pub fn add(self, other: Counts) -> Counts {
+impl std::ops::Add for Counts {
+    type Output = Counts;
+    fn add(self, other: Counts) -> Counts {
         Counts {
             corrupted: self.corrupted + other.corrupted,
             judged: self.judged + other.judged,
         }
     }
+}
 
-    pub fn sub(self, other: Counts) -> Counts {
+impl std::ops::Sub for Counts {
+    type Output = Counts;
+    fn sub(self, other: Counts) -> Counts {
         Counts {
             corrupted: self.corrupted - other.corrupted,
             judged: self.judged - other.judged,
         }
     }
+}
 
+impl Counts {
     /// Observed rate (0 when nothing was judged).
     pub fn rate(self) -> f64 {
         crate::core::stats::rate(self.corrupted, self.judged)
@@ -81,13 +87,13 @@ pub struct Posterior {
 /// bad end).
 pub fn posterior(counts: &[Counts]) -> Posterior {
     let last = counts.len().saturating_sub(1);
-    let total = counts.iter().fold(Counts::default(), |s, c| s.add(*c));
+    let total = counts.iter().fold(Counts::default(), |s, c| s + *c);
     let mut logs = vec![f64::NEG_INFINITY; last + 1];
     let each = ((1.0 - NONE_PRIOR) / last.max(1) as f64).ln();
     let mut before = Counts::default();
     for c in 1..=last {
-        before = before.add(counts[c - 1]);
-        logs[c] = each + log_marginal(before) + log_marginal(total.sub(before));
+        before = before + counts[c - 1];
+        logs[c] = each + log_marginal(before) + log_marginal(total - before);
     }
     let log_none = NONE_PRIOR.ln() + log_marginal(total);
     let top = logs.iter().copied().fold(log_none, f64::max);
@@ -149,8 +155,8 @@ pub fn best_answer(post: &Posterior, sets: &[(usize, usize)]) -> (Option<(usize,
 /// The two rates' Beta posteriors under `H_c`: the good side (commits before c) and the
 /// bad side (c and later).
 pub fn sides(counts: &[Counts], c: usize) -> (Counts, Counts) {
-    let good = counts[..c].iter().fold(Counts::default(), |s, x| s.add(*x));
-    let bad = counts[c..].iter().fold(Counts::default(), |s, x| s.add(*x));
+    let good = counts[..c].iter().fold(Counts::default(), |s, x| s + *x);
+    let bad = counts[c..].iter().fold(Counts::default(), |s, x| s + *x);
     (good, bad)
 }
 

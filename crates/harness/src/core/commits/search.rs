@@ -1,5 +1,5 @@
 //! The commit search as a state machine driven by observations (docs/commits.md): ask
-//! [`Search::next`] what to run, run it, tell [`Search::observe`] what it gave. No I/O:
+//! [`Search::next_action`] what to run, run it, tell [`Search::observe`] what it gave. No I/O:
 //! `bisect commits` runs it on built commits, the simulation on scripted oracles, and a
 //! resumed search replays its step log through it.
 //!
@@ -271,7 +271,7 @@ impl Search {
     }
 
     /// What to run next, or the answer.
-    pub fn next(&mut self) -> Action {
+    pub fn next_action(&mut self) -> Action {
         if let Phase::Done(answer) = &self.phase {
             return Action::Done(answer.clone());
         }
@@ -358,7 +358,6 @@ impl Search {
                     ));
                     self.phase = Phase::Done(answer);
                 }
-                return;
             }
             Observation::CouldNotTell { reason } => {
                 self.built[commit] = true;
@@ -375,7 +374,6 @@ impl Search {
                         Spent::default(),
                     );
                 }
-                return;
             }
             Observation::Block { corrupted, judged } => {
                 self.built[commit] = true;
@@ -383,7 +381,7 @@ impl Search {
                     corrupted: (*corrupted).min(*judged),
                     judged: *judged,
                 };
-                self.counts[commit] = self.counts[commit].add(block);
+                self.counts[commit] = self.counts[commit] + block;
                 self.posterior = posterior(&self.counts);
                 self.advance(commit, block);
             }

@@ -106,8 +106,8 @@ impl Range {
             c
         };
         let mut unbuildable = vec![false; n + 1];
-        for i in c.saturating_sub(before)..c {
-            unbuildable[i] = true;
+        for flag in &mut unbuildable[c.saturating_sub(before)..c] {
+            *flag = true;
         }
         for flag in unbuildable
             .iter_mut()
@@ -232,7 +232,7 @@ fn run_search(s: &Scenario, range: &Range, params: &Params, rng: &mut ChaCha8Rng
     });
     let mut built = vec![false; range.n + 1];
     let answer = loop {
-        let commit = match search.next() {
+        let commit = match search.next_action() {
             Action::Done(answer) => break answer,
             Action::Test { commit, .. } => commit,
         };

@@ -16,7 +16,7 @@ fn drive(params: Params, oracle: impl Fn(usize) -> Observation) -> (Answer, Vec<
     let mut search = Search::new(params);
     let mut steps = Vec::new();
     loop {
-        match search.next() {
+        match search.next_action() {
             Action::Done(answer) => return (answer, steps),
             Action::Test { commit, purpose } => {
                 steps.push((commit, purpose));
