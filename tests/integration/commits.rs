@@ -308,3 +308,35 @@ fn simulate_prints_the_benchmark_table() {
         assert!(out.contains(method), "{out}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_during_a_build_removes_the_worktrees() {
+    let dir = tempfile::tempdir().unwrap();
+    let (repo, target, shas) = engine_repo(dir.path(), Some(37), false);
+    let mut plan = plan(dir.path(), &repo, target, 80);
+    plan.build = BuildStep::Build("sleep 30".into());
+    let cancel = CancellationToken::new();
+    let later = cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        later.cancel();
+    });
+    let controls: Box<ControlFactory<'_>> = Box::new(|target, logs| {
+        Ok(Box::new(ProcessControl::new(target, logs, None)?) as Box<dyn EngineControl>)
+    });
+    let started = std::time::Instant::now();
+    let err = commits::run(&plan, controls.as_ref(), &Quiet, cancel)
+        .await
+        .unwrap_err();
+    assert_eq!(bisect_harness::exit::code_for_error(&err), 130, "{err:#}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the build was not killed"
+    );
+    assert!(!plan.dir.join("worktrees").exists());
+    assert_untouched(&repo, &shas[COMMITS]);
+    let record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(plan.dir.join("commits.json")).unwrap())
+            .unwrap();
+    assert_eq!(record["status"], "interrupted", "{record}");
+}

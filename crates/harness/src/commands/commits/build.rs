@@ -4,7 +4,7 @@
 //! mozregression fetches nightlies). Both see `BISECT_COMMIT` (the id) and
 //! `BISECT_COMMIT_DIR` (the worktree; the search's folder for an artifact). Exit 0: built;
 //! exit 125 or any other failure: the commit is untestable, never "bad" (git bisect's
-//! convention). Output goes to `builds/<commit>.log`. Results are cached per commit id
+//! convention). A build runs in its own process group, killed whole on Ctrl-C. Output goes to `builds/<commit>.log`. Results are cached per commit id
 //! for the search's life, so a commit tested again costs no build.
 
 use std::collections::BTreeMap;
@@ -165,13 +165,22 @@ async fn run_logged(
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err)
+        .process_group(0)
         .kill_on_drop(true)
         .spawn()
         .with_context(|| format!("running the build `{cmd}` in {}", cwd.display()))?;
+    let group = child.id();
     tokio::select! {
         status = child.wait() => Ok(status.context("waiting for the build")?.code()),
         _ = cancel.cancelled() => {
-            let _ = child.kill().await;
+            // The whole group: a build's compilers and scripts die with it.
+            if let Some(pgid) = group {
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(pgid as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            let _ = child.wait().await;
             Err(Failure::Interrupted.into())
         }
     }
