@@ -21,7 +21,7 @@
 //!    not contain), which moves power, not error.
 //!
 //! Observations are three-valued: a block's counts, "could not tell" (weighs nothing; a
-//! commit that could not tell `max_could_not_tell` times becomes untestable), and
+//! commit that could not tell `max_could_not_tell` times in a row becomes untestable), and
 //! "untestable" (its build failed or exited 125). Every block counts against
 //! `max_sessions`; a block that would pass it is not run, and the search ends
 //! inconclusive with the posterior's top candidates.
@@ -377,6 +377,7 @@ impl Search {
             }
             Observation::Block { corrupted, judged } => {
                 self.built[commit] = true;
+                self.could_not_tell[commit] = 0;
                 let block = Counts {
                     corrupted: (*corrupted).min(*judged),
                     judged: *judged,
