@@ -275,14 +275,33 @@ fn bad_requests_exit_2_with_the_fix_and_touch_nothing() {
         git(&repo, &["commit", "-q", "-m", &format!("c{i}")]);
     }
     let r = repo.to_str().unwrap();
+    // The embedded engine's own launch scripts are not in the repository: no commit
+    // would ever run.
     let (code, _, err) = cli(
-        &["commits", "--repo", r, "main", "main~2", "--build", "true"],
+        &["commits", "--repo", r, "main~2", "main", "--build", "true"],
+        d,
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("every commit would be measured on the same engine"),
+        "{err}"
+    );
+    let (code, _, err) = cli(
+        &[
+            "commits",
+            "--repo",
+            r,
+            "main",
+            "main~2",
+            "--artifact",
+            "true",
+        ],
         d,
     );
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("is not an ancestor of the bad end"), "{err}");
     let (code, _, err) = cli(
-        &["commits", "--repo", r, "nope", "main", "--build", "true"],
+        &["commits", "--repo", r, "nope", "main", "--artifact", "true"],
         d,
     );
     assert_eq!(code, Some(2), "{err}");

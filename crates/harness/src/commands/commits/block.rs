@@ -66,6 +66,21 @@ pub fn commit_target(
     out
 }
 
+/// Whether the target runs what a commit built: a role's launch config inside `repo`, or
+/// a restart command naming `{commit}` or `{commit_dir}`. Without either, every commit
+/// would be measured on the same engine.
+pub fn runs_the_commit(target: &TargetProfile, repo: &Path) -> bool {
+    let repo = std::path::absolute(repo).unwrap_or_else(|_| repo.to_path_buf());
+    target.roles.iter().any(|role| {
+        let launch = std::path::absolute(&role.launch).unwrap_or_else(|_| role.launch.clone());
+        launch.starts_with(&repo)
+            || role
+                .restart
+                .as_deref()
+                .is_some_and(|c| c.contains("{commit}") || c.contains("{commit_dir}"))
+    })
+}
+
 /// What one block gave, for the record.
 #[derive(Debug, Clone)]
 pub struct Ran {
@@ -278,6 +293,15 @@ mod tests {
             Some("systemctl restart engine@{commit} --dir {commit_dir}".into());
         let tree = dir.path().join("worktrees/abc");
         let t = commit_target(&target, &repo, Some(&tree), "abc123", dir.path());
+        assert!(runs_the_commit(&target, &repo));
+        let mut elsewhere = target.clone();
+        elsewhere.roles[0].launch = dir.path().join("decode.sh");
+        assert!(
+            runs_the_commit(&elsewhere, &repo),
+            "the restart names {{commit}}"
+        );
+        elsewhere.roles[1].restart = None;
+        assert!(!runs_the_commit(&elsewhere, &repo));
         assert_eq!(t.roles[0].launch, tree.join("launch/decode.sh"));
         assert_eq!(t.roles[1].launch, dir.path().join("router.sh"));
         assert_eq!(

@@ -101,6 +101,16 @@ pub async fn run(
     cancel: CancellationToken,
 ) -> anyhow::Result<CommitsRecord> {
     let started = Instant::now();
+    if matches!(plan.build, BuildStep::Build(_))
+        && !block::runs_the_commit(&plan.target, &plan.repo)
+    {
+        return Err(Failure::BadInput(format!(
+            "no role of target {} launches from {} and no restart command names {{commit}} or {{commit_dir}}: every commit would be measured on the same engine\n  fix: point the roles' launch configs into the repository, name {{commit_dir}} in their restart commands, or use --artifact",
+            plan.target.name,
+            plan.repo.display()
+        ))
+        .into());
+    }
     let commits = git::first_parent_range(&plan.repo, &plan.good, &plan.bad)?;
     let params = plan.params(commits.len());
     params
