@@ -3,6 +3,7 @@
 //! `handlers`' job; the argument groups several commands share are flattened structs
 //! here, so one option means one thing everywhere.
 
+mod commits;
 mod culprit;
 pub(crate) mod engine;
 mod load;
@@ -23,6 +24,7 @@ use bisect_harness::config::{ConfigError, FlagCatalog, TargetProfile, Workload};
 use bisect_harness::core::verdict::Policy;
 use bisect_harness::exit;
 
+pub(crate) use commits::CommitsArgs;
 pub(crate) use culprit::CulpritArgs;
 pub(crate) use load::LoadArgs;
 pub(crate) use matrix::{MatrixArgs, MergeArgs};
@@ -71,6 +73,9 @@ pub(crate) enum Command {
     Culprit(CulpritArgs),
     /// The corruption rate as a function of sessions in flight, and the lowest load at which the bug appears (docs/load.md).
     Load(LoadArgs),
+    /// Which commit of the engine introduced a load-dependent corruption: a noisy-oracle
+    /// Bayesian search over a first-parent range, the answer verified (docs/commits.md).
+    Commits(CommitsArgs),
     /// Run one role of the embedded prefill/decode engine.
     Engine(engine::EngineArgs),
     /// Serve the zero-work mock chat engine (benchmarks only).

@@ -8,6 +8,7 @@
 //! - [`results`]: `report`, `diff` and `reclassify`, which read results directories.
 //! - [`tools`]: `flags`, `kernels`, `restore` and `engine`.
 
+mod commits;
 mod experiment;
 mod matrix;
 mod results;
@@ -47,6 +48,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Probe(args) => runtime()?.block_on(experiment::probe(&args)),
         Command::Culprit(args) => runtime()?.block_on(experiment::culprit(&args)),
         Command::Load(args) => runtime()?.block_on(experiment::load(&args)),
+        Command::Commits(args) => commits::commits(&args),
     }
 }
 

@@ -5,6 +5,7 @@
 mod adaptive;
 mod check;
 mod cli_errors;
+mod commits;
 mod common;
 mod crash;
 mod culprit;

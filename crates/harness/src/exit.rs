@@ -26,6 +26,11 @@ pub const REGRESSION: u8 = 1;
 /// printed with its fix). A profile that does not load is bad input (2) as everywhere.
 pub const CHECK_FAILED: u8 = 1;
 
+/// `bisect commits`: no culprit (the ends do not differ, or the bad end does not
+/// reproduce at this load). A culprit found and verified is 0; an inconclusive search (or a
+/// culprit whose verification failed) is 3, as the issue that asked for it says.
+pub const COMMITS_NO_CULPRIT: u8 = 1;
+
 /// Errors whose kind decides the exit code. Anything else that reaches `main` is a
 /// could-not-run failure (3).
 #[derive(Debug, Error)]

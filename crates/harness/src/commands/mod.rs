@@ -3,6 +3,7 @@
 
 pub mod adaptive;
 pub mod check;
+pub mod commits;
 pub mod culprit;
 pub mod diff;
 pub mod load;

@@ -4,6 +4,7 @@
 pub mod adaptive;
 pub mod arm_stats;
 pub mod classify;
+pub mod commits;
 pub mod confounds;
 pub mod culprit;
 pub mod effective;

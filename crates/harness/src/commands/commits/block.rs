@@ -1,0 +1,312 @@
+//! One block of sessions on one commit's build: the target as that commit runs it, a
+//! read-only [`Testbed`] over it (restart, health, the engines' self-reports, drive at the
+//! load into `blocks/bNNN/`, stop), and the three-valued judgement of what came back.
+//!
+//! How a commit's build reaches the target (docs/commits.md): every role whose launch
+//! config lies inside the repository is launched from the same path inside the commit's
+//! worktree (so a launch script, and whatever it runs beside it, is the commit's);
+//! `{commit}` and `{commit_dir}` in a role's restart command are replaced by the commit
+//! id and its worktree (the search's folder for `--artifact`). Nothing of the user's is
+//! written: the worktree is bisect's, and the testbed opens read-only.
+//!
+//! The judgement ([`judge`]) applies the checks `bisect run` and `bisect probe` make on an
+//! arm, each voiding the block ("could not tell", weighing nothing): an engine that was
+//! another process at the end than after the restart, a degraded block (error+timeout
+//! over the policy's share), no judged session (all truncated or failed), and a load
+//! that fell short of the policy's share of the target (or was never measured), since a
+//! load-dependent bug can hide below its load. Rejected replies count as corrupted, as
+//! everywhere.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::arm::{BlockName, Progress, Testbed, TestbedSpec};
+use crate::config::{TargetProfile, Workload};
+use crate::control::EngineControl;
+use crate::core::arm_stats::ArmLabel;
+use crate::core::commits::Observation;
+use crate::core::confounds::load_shortfall;
+use crate::core::verdict::Policy;
+use crate::exit::Failure;
+use crate::results::run_record::ArmRecord;
+use crate::results::ResultsDir;
+
+/// Builds the engine control for one commit's target, its logs under the given folder.
+pub type ControlFactory<'f> =
+    dyn Fn(&TargetProfile, &Path) -> anyhow::Result<Box<dyn EngineControl>> + Send + Sync + 'f;
+
+/// The target as `sha` runs it: launch configs inside `repo` moved into `folder`,
+/// `{commit}` / `{commit_dir}` filled into restart commands.
+pub fn commit_target(
+    target: &TargetProfile,
+    repo: &Path,
+    folder: Option<&Path>,
+    sha: &str,
+    search_dir: &Path,
+) -> TargetProfile {
+    let repo = std::path::absolute(repo).unwrap_or_else(|_| repo.to_path_buf());
+    let commit_dir = folder.unwrap_or(search_dir).display().to_string();
+    let mut out = target.clone();
+    for role in &mut out.roles {
+        if let Some(folder) = folder {
+            let launch = std::path::absolute(&role.launch).unwrap_or_else(|_| role.launch.clone());
+            if let Ok(inside) = launch.strip_prefix(&repo) {
+                role.launch = folder.join(inside);
+            }
+        }
+        if let Some(cmd) = &role.restart {
+            role.restart = Some(
+                cmd.replace("{commit}", sha)
+                    .replace("{commit_dir}", &commit_dir),
+            );
+        }
+    }
+    out
+}
+
+/// Whether the target runs what a commit built: a role's launch config inside `repo`, or
+/// a restart command naming `{commit}` or `{commit_dir}`. Without either, every commit
+/// would be measured on the same engine.
+pub fn runs_the_commit(target: &TargetProfile, repo: &Path) -> bool {
+    let repo = std::path::absolute(repo).unwrap_or_else(|_| repo.to_path_buf());
+    target.roles.iter().any(|role| {
+        let launch = std::path::absolute(&role.launch).unwrap_or_else(|_| role.launch.clone());
+        launch.starts_with(&repo)
+            || role
+                .restart
+                .as_deref()
+                .is_some_and(|c| c.contains("{commit}") || c.contains("{commit_dir}"))
+    })
+}
+
+/// What one block gave, for the record.
+#[derive(Debug, Clone)]
+pub struct Ran {
+    pub observation: Observation,
+    pub arm: Option<ArmRecord>,
+    pub wall_s: f64,
+    pub engine_info: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Everything a block needs besides its commit.
+pub struct BlockContext<'c> {
+    pub workload: &'c Workload,
+    pub policy: &'c Policy,
+    pub api_key: Option<String>,
+    pub metrics_period: std::time::Duration,
+    pub progress: &'c dyn Progress,
+    pub cancel: tokio_util::sync::CancellationToken,
+    pub controls: &'c ControlFactory<'c>,
+}
+
+/// One block at the commit's target into `dir`. Errors only for what stops the search
+/// (Ctrl-C, another bisect holding the target, bad input); an engine that does not
+/// start or a drive that fails is "could not tell".
+pub async fn run_block(
+    ctx: &BlockContext<'_>,
+    target: &TargetProfile,
+    label: &str,
+    dir: &Path,
+) -> anyhow::Result<Ran> {
+    let started = Instant::now();
+    let results = ResultsDir::create(dir)?;
+    let mut control = (ctx.controls)(target, &dir.join("logs"))?;
+    let spec = TestbedSpec::read_only(target, ctx.api_key.clone(), ctx.metrics_period);
+    let mut bed = Testbed::open(spec, control.as_mut(), ctx.progress, ctx.cancel.clone())?;
+    let outcome = async {
+        let restarted = bed.restart(label).await?;
+        results.snapshot_launch(label, 0, target)?;
+        let classifier = Arc::new(target.classifier(ctx.workload)?);
+        let block = BlockName {
+            label,
+            value: "",
+            repeat: 0,
+        };
+        let mut arm = ArmRecord::new(ArmLabel::Probe, label, Some(0));
+        arm.stats = bed
+            .drive(block, ctx.workload, &classifier, &results)
+            .await?;
+        arm.stats.health_wait_s = restarted.health_wait_s;
+        arm.finish();
+        anyhow::Ok((arm, restarted.engine_info))
+    }
+    .await;
+    let closed = bed.close().await;
+    let outcome = closed.combine(outcome);
+    let wall_s = started.elapsed().as_secs_f64();
+    match outcome {
+        Ok((arm, info)) => Ok(Ran {
+            observation: judge(&arm, &ctx.workload.params_json(), ctx.policy),
+            arm: Some(arm),
+            wall_s,
+            engine_info: info.into_iter().collect(),
+        }),
+        Err(e) if stops_the_search(&e) => Err(e),
+        Err(e) => Ok(Ran {
+            observation: Observation::CouldNotTell {
+                reason: format!("the block could not run: {e:#}"),
+            },
+            arm: None,
+            wall_s,
+            engine_info: Default::default(),
+        }),
+    }
+}
+
+/// Ctrl-C, another bisect on the target, bad input: not a property of the commit.
+fn stops_the_search(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<Failure>(),
+            Some(Failure::Interrupted | Failure::Busy(_) | Failure::BadInput(_))
+        ) || c.downcast_ref::<crate::config::ConfigError>().is_some()
+    })
+}
+
+/// The block's observation by the checks of this module's header.
+pub fn judge(arm: &ArmRecord, workload: &serde_json::Value, policy: &Policy) -> Observation {
+    let counts = &arm.stats.counts;
+    let (failed, sessions, judged) = (counts.failed(), counts.total(), counts.judged());
+    let void = |reason: String| Observation::CouldNotTell { reason };
+    if !arm.stats.engine_replaced.is_empty() {
+        return void(format!(
+            "an engine changed during the block: {}",
+            arm.stats.engine_replaced.join("; ")
+        ));
+    }
+    if sessions == 0 {
+        return void("no session finished".into());
+    }
+    if failed as f64 > policy.degraded_fraction * sessions as f64 {
+        return void(format!(
+            "degraded: {failed}/{sessions} sessions errored or timed out"
+        ));
+    }
+    if judged == 0 {
+        return void(format!(
+            "no session could show corruption: {} of {sessions} truncated",
+            counts.truncated
+        ));
+    }
+    if let Some(why) = load_shortfall(&arm.observe(workload), policy) {
+        return void(format!("the load fell short: {why}"));
+    }
+    Observation::Block {
+        corrupted: counts.corrupted(),
+        judged,
+    }
+}
+
+/// `blocks/b007` for block 7.
+pub fn block_dir(root: &Path, block: u64) -> PathBuf {
+    root.join(format!("blocks/b{block:03}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::session::Counts;
+
+    fn arm(corrupted: u64, failed: u64, sessions: u64, peak: u64) -> ArmRecord {
+        let mut arm = ArmRecord::new(ArmLabel::Probe, "b001", Some(0));
+        arm.stats.counts = Counts {
+            bad_args: corrupted,
+            timeout: failed,
+            done: sessions - corrupted - failed,
+            ..Counts::default()
+        };
+        arm.stats.peak_running = [("client".into(), sessions), ("decode".into(), peak)].into();
+        arm.finish();
+        arm
+    }
+
+    #[test]
+    fn a_block_counts_only_when_every_check_holds() {
+        let w = serde_json::json!({ "sessions": 80 });
+        let p = Policy::default();
+        assert_eq!(
+            judge(&arm(12, 0, 80, 80), &w, &p),
+            Observation::Block {
+                corrupted: 12,
+                judged: 80
+            }
+        );
+        // Two timeouts leave the denominator, within the degraded share.
+        assert_eq!(
+            judge(&arm(12, 2, 80, 80), &w, &p),
+            Observation::Block {
+                corrupted: 12,
+                judged: 78
+            }
+        );
+        let why = |a: &ArmRecord| match judge(a, &w, &p) {
+            Observation::CouldNotTell { reason } => reason,
+            other => panic!("{other:?}"),
+        };
+        assert!(why(&arm(12, 20, 80, 80)).starts_with("degraded: 20/80"));
+        assert!(
+            why(&arm(0, 0, 80, 10)).starts_with("the load fell short"),
+            "{}",
+            why(&arm(0, 0, 80, 10))
+        );
+        let mut replaced = arm(12, 0, 80, 80);
+        replaced
+            .stats
+            .engine_replaced
+            .push("role decode is another process (pid 1 -> 2)".into());
+        assert!(why(&replaced).contains("pid 1 -> 2"));
+    }
+
+    #[test]
+    fn launch_configs_inside_the_repository_move_into_the_worktree() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path().join("repo");
+        use crate::config::{Engine, RoleSpec};
+        let mut target = TargetProfile {
+            name: "t".into(),
+            api: "http://h/v1".into(),
+            model: "m".into(),
+            api_key_env: None,
+            roles: vec![
+                RoleSpec::new(
+                    "decode",
+                    repo.join("launch/decode.sh"),
+                    "http://h".into(),
+                    None,
+                ),
+                RoleSpec::new(
+                    "router",
+                    dir.path().join("router.sh"),
+                    "http://h".into(),
+                    None,
+                ),
+            ],
+            source: None,
+            engine: Engine::Custom,
+            markup: Vec::new(),
+            flags_dir: None,
+            rejections: Vec::new(),
+            launch_scripts: Vec::new(),
+        };
+        target.roles[1].restart =
+            Some("systemctl restart engine@{commit} --dir {commit_dir}".into());
+        let tree = dir.path().join("worktrees/abc");
+        let t = commit_target(&target, &repo, Some(&tree), "abc123", dir.path());
+        assert!(runs_the_commit(&target, &repo));
+        let mut elsewhere = target.clone();
+        elsewhere.roles[0].launch = dir.path().join("decode.sh");
+        assert!(
+            runs_the_commit(&elsewhere, &repo),
+            "the restart names {{commit}}"
+        );
+        elsewhere.roles[1].restart = None;
+        assert!(!runs_the_commit(&elsewhere, &repo));
+        assert_eq!(t.roles[0].launch, tree.join("launch/decode.sh"));
+        assert_eq!(t.roles[1].launch, dir.path().join("router.sh"));
+        assert_eq!(
+            t.roles[1].restart.as_deref(),
+            Some(format!("systemctl restart engine@abc123 --dir {}", tree.display()).as_str())
+        );
+    }
+}

@@ -1,0 +1,187 @@
+//! Turning a commit into something the target can run: `--build CMD` runs CMD (`sh -c`)
+//! in the commit's worktree; `--artifact CMD` runs CMD with `{commit}` replaced by the
+//! commit id in the search's folder, with no checkout (a per-commit wheel or image, as
+//! mozregression fetches nightlies). Both see `BISECT_COMMIT` (the id) and
+//! `BISECT_COMMIT_DIR` (the worktree; the search's folder for an artifact). Exit 0: built;
+//! exit 125 or any other failure: the commit is untestable, never "bad" (git bisect's
+//! convention). A build runs in its own process group, killed whole on Ctrl-C. Output goes to `builds/<commit>.log`. Results are cached per commit id
+//! for the search's life, so a commit tested again costs no build.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Instant;
+
+use anyhow::Context;
+use tokio::process::Command;
+use tokio_util::sync::CancellationToken;
+
+use super::git::Worktrees;
+use crate::exit::Failure;
+
+/// How a commit becomes runnable.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BuildStep {
+    /// Run in the commit's worktree.
+    Build(String),
+    /// A command template over `{commit}`, no worktree.
+    Artifact(String),
+}
+
+/// One build as commits.json records it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct BuildEntry {
+    pub commit: usize,
+    pub sha: String,
+    pub seconds: f64,
+    pub ok: bool,
+    /// Why it is untestable, when not ok.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub log: String,
+}
+
+/// What a commit built into.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Built {
+    /// Runs from this folder (the worktree; `None` for an artifact).
+    Ready(Option<PathBuf>),
+    Untestable(String),
+}
+
+/// The builds of one search, cached by commit id.
+pub struct Builder {
+    step: BuildStep,
+    dir: PathBuf,
+    cache: BTreeMap<String, Built>,
+}
+
+impl Builder {
+    /// Builds logged under `dir/builds/`.
+    pub fn new(step: BuildStep, dir: &Path) -> Self {
+        Builder {
+            step,
+            dir: dir.to_path_buf(),
+            cache: BTreeMap::new(),
+        }
+    }
+
+    /// The commit built (`None` seconds when cached), or why it is untestable.
+    pub async fn build(
+        &mut self,
+        commit: usize,
+        sha: &str,
+        worktrees: &mut Worktrees,
+        cancel: &CancellationToken,
+    ) -> anyhow::Result<(Built, Option<BuildEntry>)> {
+        if let Some(built) = self.cache.get(sha) {
+            return Ok((built.clone(), None));
+        }
+        let short = &sha[..sha.len().min(12)];
+        let logs = self.dir.join("builds");
+        std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+        let log = logs.join(format!("{short}.log"));
+        let started = Instant::now();
+        let (cmd, cwd, folder) = match &self.step {
+            BuildStep::Build(cmd) => match worktrees.checkout(sha) {
+                Ok(tree) => (cmd.clone(), tree.clone(), Some(tree)),
+                Err(e) => {
+                    let built = Built::Untestable(format!("could not check it out: {e:#}"));
+                    return Ok(self.remember(commit, sha, built, started, &log));
+                }
+            },
+            BuildStep::Artifact(template) => {
+                (template.replace("{commit}", sha), self.dir.clone(), None)
+            }
+        };
+        let status = run_logged(&cmd, &cwd, sha, &log, cancel).await?;
+        let built = match status {
+            Some(0) => Built::Ready(folder),
+            Some(125) => Built::Untestable(format!(
+                "the build exited 125 (cannot be tested; see {})",
+                rel(&log, &self.dir)
+            )),
+            Some(code) => Built::Untestable(format!(
+                "the build failed, exit {code} (see {})",
+                rel(&log, &self.dir)
+            )),
+            None => Built::Untestable(format!(
+                "the build was killed by a signal (see {})",
+                rel(&log, &self.dir)
+            )),
+        };
+        Ok(self.remember(commit, sha, built, started, &log))
+    }
+
+    fn remember(
+        &mut self,
+        commit: usize,
+        sha: &str,
+        built: Built,
+        started: Instant,
+        log: &Path,
+    ) -> (Built, Option<BuildEntry>) {
+        self.cache.insert(sha.to_string(), built.clone());
+        let reason = match &built {
+            Built::Untestable(why) => Some(why.clone()),
+            Built::Ready(_) => None,
+        };
+        let entry = BuildEntry {
+            commit,
+            sha: sha.to_string(),
+            seconds: started.elapsed().as_secs_f64(),
+            ok: reason.is_none(),
+            reason,
+            log: rel(log, &self.dir),
+        };
+        (built, Some(entry))
+    }
+}
+
+fn rel(path: &Path, base: &Path) -> String {
+    path.strip_prefix(base)
+        .unwrap_or(path)
+        .display()
+        .to_string()
+}
+
+/// `sh -c cmd` in `cwd`, output to `log`; the exit code (`None`: a signal). Ctrl-C kills
+/// it and stops the search.
+async fn run_logged(
+    cmd: &str,
+    cwd: &Path,
+    sha: &str,
+    log: &Path,
+    cancel: &CancellationToken,
+) -> anyhow::Result<Option<i32>> {
+    let out = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+    let err = out.try_clone()?;
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .current_dir(cwd)
+        .env("BISECT_COMMIT", sha)
+        .env("BISECT_COMMIT_DIR", cwd)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("running the build `{cmd}` in {}", cwd.display()))?;
+    let group = child.id();
+    tokio::select! {
+        status = child.wait() => Ok(status.context("waiting for the build")?.code()),
+        _ = cancel.cancelled() => {
+            // The whole group: a build's compilers and scripts die with it.
+            if let Some(pgid) = group {
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(pgid as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            let _ = child.wait().await;
+            Err(Failure::Interrupted.into())
+        }
+    }
+}

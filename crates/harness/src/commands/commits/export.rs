@@ -1,0 +1,60 @@
+//! The renderings of a commits record, one exporter per format: `commits.json`,
+//! `summary.md` ([`super::record`]'s markdown), `report.html` ([`super::report`]'s page
+//! with the posterior heat map), rewritten after every step, and the terminal line.
+
+use super::record::{render_markdown, CommitsRecord};
+use super::report::render_html;
+use crate::results::Exporter;
+
+pub struct CommitsJson;
+pub struct CommitsSummary;
+pub struct CommitsHtml;
+/// The answer and the verdict in words, as printed after the search.
+pub struct CommitsLine;
+
+impl Exporter<CommitsRecord> for CommitsJson {
+    fn file_name(&self) -> &'static str {
+        "commits.json"
+    }
+    fn render(&self, record: &CommitsRecord) -> anyhow::Result<String> {
+        let mut json = serde_json::to_string_pretty(record)?;
+        json.push('\n');
+        Ok(json)
+    }
+}
+
+impl Exporter<CommitsRecord> for CommitsSummary {
+    fn file_name(&self) -> &'static str {
+        "summary.md"
+    }
+    fn render(&self, record: &CommitsRecord) -> anyhow::Result<String> {
+        Ok(render_markdown(record))
+    }
+}
+
+impl Exporter<CommitsRecord> for CommitsHtml {
+    fn file_name(&self) -> &'static str {
+        "report.html"
+    }
+    fn render(&self, record: &CommitsRecord) -> anyhow::Result<String> {
+        Ok(render_html(record))
+    }
+}
+
+impl Exporter<CommitsRecord> for CommitsLine {
+    fn file_name(&self) -> &'static str {
+        "table"
+    }
+    fn render(&self, record: &CommitsRecord) -> anyhow::Result<String> {
+        Ok(format!(
+            "{}: {}\n",
+            record.answer.as_deref().unwrap_or("-"),
+            record.verdict.as_deref().unwrap_or("-")
+        ))
+    }
+}
+
+/// The whole-file formats, rewritten after every step.
+pub fn files() -> [&'static dyn Exporter<CommitsRecord>; 3] {
+    [&CommitsJson, &CommitsSummary, &CommitsHtml]
+}

@@ -1,0 +1,175 @@
+//! The repository side of `bisect commits`: the first-parent range between the two ends,
+//! and one detached worktree per tested commit in a folder bisect owns. The user's
+//! working tree, index and branches are never touched: `git worktree add --detach`
+//! checks a commit out elsewhere and moves no ref; every worktree is removed (and the
+//! repository's worktree list pruned) when the search ends, on every path, Ctrl-C
+//! included ([`Worktrees`] also removes what is left when dropped).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::Context;
+
+use crate::exit::Failure;
+
+/// One commit of the range.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct CommitInfo {
+    pub index: usize,
+    pub sha: String,
+    pub subject: String,
+}
+
+fn git(repo: &Path, args: &[&str]) -> anyhow::Result<String> {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(repo)
+        .args(args)
+        .output()
+        .with_context(|| format!("running git {} in {}", args.join(" "), repo.display()))?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "git {} in {} failed: {}",
+            args.join(" "),
+            repo.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+fn bad_input(message: String) -> anyhow::Error {
+    Failure::BadInput(message).into()
+}
+
+/// The good end, then every commit on the first-parent path to the bad end, oldest
+/// first (the bad end last). Refused (exit 2) when a name does not resolve, when the good
+/// end is not an ancestor of the bad end, or when they are the same commit.
+pub fn first_parent_range(repo: &Path, good: &str, bad: &str) -> anyhow::Result<Vec<CommitInfo>> {
+    let resolve = |name: &str, which: &str| {
+        git(repo, &["rev-parse", "--verify", "--quiet", &format!("{name}^{{commit}}")]).map_err(|_| {
+            bad_input(format!(
+                "{which} end {name:?} is not a commit of {}\n  fix: pass a commit id, tag or branch of that repository (`git -C {} log --oneline`)",
+                repo.display(),
+                repo.display()
+            ))
+        })
+    };
+    let good_sha = resolve(good, "the good")?;
+    let bad_sha = resolve(bad, "the bad")?;
+    if good_sha == bad_sha {
+        return Err(bad_input(format!(
+            "the good and bad ends are the same commit {good_sha}\n  fix: pass the last commit known good and the first known bad"
+        )));
+    }
+    let ancestor = Command::new("git")
+        .arg("-C")
+        .arg(repo)
+        .args(["merge-base", "--is-ancestor", &good_sha, &bad_sha])
+        .status()
+        .context("running git merge-base")?;
+    if !ancestor.success() {
+        return Err(bad_input(format!(
+            "the good end {good} is not an ancestor of the bad end {bad}\n  fix: pass GOOD BAD in that order, GOOD older"
+        )));
+    }
+    let log = git(
+        repo,
+        &[
+            "log",
+            "--first-parent",
+            "--reverse",
+            "--format=%H %s",
+            &format!("{good_sha}..{bad_sha}"),
+        ],
+    )?;
+    let mut commits = vec![CommitInfo {
+        index: 0,
+        sha: good_sha.clone(),
+        subject: git(repo, &["log", "-1", "--format=%s", &good_sha])?,
+    }];
+    for line in log.lines() {
+        let (sha, subject) = line.split_once(' ').unwrap_or((line, ""));
+        commits.push(CommitInfo {
+            index: commits.len(),
+            sha: sha.to_string(),
+            subject: subject.to_string(),
+        });
+    }
+    if commits.last().map(|c| c.sha.as_str()) != Some(bad_sha.as_str()) {
+        return Err(bad_input(format!(
+            "the bad end {bad} is not on the first-parent path from the good end {good}\n  fix: pass a bad end whose first-parent history reaches the good end"
+        )));
+    }
+    Ok(commits)
+}
+
+/// The worktrees of one search, under `root` (a folder in the search's results).
+pub struct Worktrees {
+    repo: PathBuf,
+    root: PathBuf,
+    made: Vec<PathBuf>,
+}
+
+impl Worktrees {
+    pub fn new(repo: &Path, root: &Path) -> Self {
+        Worktrees {
+            repo: repo.to_path_buf(),
+            root: root.to_path_buf(),
+            made: Vec::new(),
+        }
+    }
+
+    /// The commit checked out, detached, in a worktree of its own (made once).
+    pub fn checkout(&mut self, sha: &str) -> anyhow::Result<PathBuf> {
+        let dir = self.root.join(&sha[..sha.len().min(12)]);
+        if self.made.contains(&dir) {
+            return Ok(dir);
+        }
+        std::fs::create_dir_all(&self.root)
+            .with_context(|| format!("creating {}", self.root.display()))?;
+        if dir.exists() {
+            // Left by a search that was killed: not ours to trust, made again.
+            let _ = git(
+                &self.repo,
+                &["worktree", "remove", "--force", &dir.to_string_lossy()],
+            );
+            let _ = std::fs::remove_dir_all(&dir);
+            let _ = git(&self.repo, &["worktree", "prune"]);
+        }
+        git(
+            &self.repo,
+            &["worktree", "add", "--detach", &dir.to_string_lossy(), sha],
+        )?;
+        self.made.push(dir.clone());
+        Ok(dir)
+    }
+
+    /// Removes every worktree made, and prunes the repository's list. Errors are
+    /// collected, not stopped at.
+    pub fn remove_all(&mut self) -> anyhow::Result<()> {
+        let mut failed = Vec::new();
+        for dir in self.made.drain(..) {
+            if let Err(e) = git(
+                &self.repo,
+                &["worktree", "remove", "--force", &dir.to_string_lossy()],
+            ) {
+                failed.push(format!("{e:#}"));
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+        }
+        let _ = git(&self.repo, &["worktree", "prune"]);
+        let _ = std::fs::remove_dir(&self.root);
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            anyhow::bail!("removing worktrees: {}", failed.join("; "))
+        }
+    }
+}
+
+impl Drop for Worktrees {
+    fn drop(&mut self) {
+        let _ = self.remove_all();
+    }
+}

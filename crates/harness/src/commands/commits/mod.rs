@@ -1,0 +1,417 @@
+//! `bisect commits --repo DIR GOOD BAD --build CMD [...]`: which commit of the engine
+//! introduced a load-dependent corruption (docs/commits.md). Orchestration only: the
+//! search is [`crate::core::commits`] (pure, a state machine fed observations); this
+//! module lists the first-parent range ([`git`]), checks each tested commit out into a
+//! worktree of its own and builds it ([`build`], cached per commit id), runs one block of
+//! sessions on the commit's build through the arm lifecycle and judges it with every check
+//! `run` makes ([`block`]), and writes commits.json, steps.jsonl, summary.md and
+//! report.html after every step ([`record`], [`report`]). `--resume DIR` replays DIR's
+//! steps.jsonl through the search (nothing it logged runs again) and carries on.
+//!
+//! The worktrees are removed when the search ends, on every path; the user's working
+//! tree, branches and launch configs are never written.
+
+pub mod block;
+pub mod build;
+pub mod export;
+pub mod git;
+pub mod record;
+mod report;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use tokio_util::sync::CancellationToken;
+
+use crate::arm::{settle, Progress};
+use crate::commands::run::now;
+use crate::config::{TargetProfile, Workload};
+use crate::core::arm_stats::RecordStatus;
+use crate::core::commits::{Action, Answer, Observation, Params, Search, Spent};
+use crate::core::verdict::Policy;
+use crate::exit::Failure;
+use crate::results::run_record::TargetInfo;
+use block::{BlockContext, ControlFactory};
+use build::{BuildStep, Builder, Built};
+use git::{CommitInfo, Worktrees};
+use record::{CommitsRecord, Header, StepEntry, StepLog};
+
+/// Sessions the search may spend when `--max-sessions` is not given: 100 blocks of 80.
+pub const DEFAULT_MAX_SESSIONS: u64 = 8000;
+
+/// Everything `bisect commits` needs, validated.
+#[derive(Debug, Clone)]
+pub struct CommitsPlan {
+    pub id: String,
+    pub command: String,
+    pub repo: PathBuf,
+    pub good: String,
+    pub bad: String,
+    pub build: BuildStep,
+    pub target: TargetProfile,
+    /// One block: its sessions at its concurrency.
+    pub workload: Workload,
+    pub policy: Policy,
+    pub max_sessions: u64,
+    /// `results/<id>/` (on `--resume`, the folder resumed).
+    pub dir: PathBuf,
+    pub api_key: Option<String>,
+    pub metrics_period: Duration,
+    pub resume: bool,
+}
+
+impl CommitsPlan {
+    /// The search's parameters for a range of `commits`.
+    pub fn params(&self, commits: usize) -> Params {
+        let mut p = Params::new(
+            commits,
+            u64::from(self.workload.sessions),
+            self.workload.target_concurrency(),
+        );
+        p.alpha = self.policy.alpha;
+        p.min_effect = self.policy.min_effect;
+        p.max_sessions = self.max_sessions;
+        p
+    }
+
+    fn build_words(&self) -> String {
+        match &self.build {
+            BuildStep::Build(cmd) => format!("--build {cmd}"),
+            BuildStep::Artifact(cmd) => format!("--artifact {cmd}"),
+        }
+    }
+}
+
+/// The exit code of a finished search: 0 culprit found and verified, 1 no culprit (or
+/// the bad end does not reproduce), 3 inconclusive (or the culprit's verification failed).
+pub fn exit_code(record: &CommitsRecord) -> u8 {
+    match record.answer.as_deref() {
+        Some("culprit") => crate::exit::OK,
+        Some("no_culprit" | "could_not_reproduce") => crate::exit::COMMITS_NO_CULPRIT,
+        _ => crate::exit::COULD_NOT_RUN,
+    }
+}
+
+/// Run the search. The worktrees are removed before this returns, on every path;
+/// commits.json says how far it got.
+pub async fn run(
+    plan: &CommitsPlan,
+    controls: &ControlFactory<'_>,
+    progress: &dyn Progress,
+    cancel: CancellationToken,
+) -> anyhow::Result<CommitsRecord> {
+    let started = Instant::now();
+    if matches!(plan.build, BuildStep::Build(_))
+        && !block::runs_the_commit(&plan.target, &plan.repo)
+    {
+        return Err(Failure::BadInput(format!(
+            "no role of target {} launches from {} and no restart command names {{commit}} or {{commit_dir}}: every commit would be measured on the same engine\n  fix: point the roles' launch configs into the repository, name {{commit_dir}} in their restart commands, or use --artifact",
+            plan.target.name,
+            plan.repo.display()
+        ))
+        .into());
+    }
+    let commits = git::first_parent_range(&plan.repo, &plan.good, &plan.bad)?;
+    let params = plan.params(commits.len());
+    params
+        .validate()
+        .map_err(|e| Failure::BadInput(format!("{e}\n  fix: adjust the option named")))?;
+    std::fs::create_dir_all(&plan.dir)
+        .with_context(|| format!("creating {}", plan.dir.display()))?;
+    let header = Header {
+        good: commits[0].sha.clone(),
+        bad: commits[commits.len() - 1].sha.clone(),
+        build: plan.build_words(),
+        commits: commits.len(),
+        params: params.clone(),
+    };
+    let log_path = plan.dir.join("steps.jsonl");
+    let logged = if plan.resume {
+        logged_steps(&log_path, &header)?
+    } else {
+        Vec::new()
+    };
+    let mut record = started_record(plan, &params, commits.clone());
+    record.write(&plan.dir)?;
+    let mut log = StepLog::open(&log_path, &header, plan.resume)?;
+    let mut worktrees = Worktrees::new(&plan.repo, &plan.dir.join("worktrees"));
+    let mut search = Search::new(params);
+    let ctx = BlockContext {
+        workload: &plan.workload,
+        policy: &plan.policy,
+        api_key: plan.api_key.clone(),
+        metrics_period: plan.metrics_period,
+        progress,
+        cancel: cancel.clone(),
+        controls,
+    };
+    let mut state = Driving {
+        plan,
+        commits: &commits,
+        search: &mut search,
+        record: &mut record,
+        log: &mut log,
+        builder: Builder::new(plan.build.clone(), &plan.dir),
+        started,
+    };
+    let outcome = state.drive(logged, &ctx, &mut worktrees).await;
+    let removed = worktrees.remove_all();
+    let outcome = match (outcome, removed) {
+        (Ok(a), Ok(())) => Ok(a),
+        (Ok(_), Err(e)) => Err(e),
+        (Err(e), _) => Err(e),
+    };
+    if let Ok(answer) = &outcome {
+        record_answer(&mut record, &search, answer);
+    }
+    record.wall_s = started.elapsed().as_secs_f64();
+    record.finished_at = Some(now());
+    (record.status, record.error) = settle(&outcome);
+    let written = record.write(&plan.dir);
+    crate::arm::record_written(outcome, written)?;
+    Ok(record)
+}
+
+/// The steps of `log_path` for `--resume`, refused when the search it logged is not this.
+fn logged_steps(log_path: &std::path::Path, header: &Header) -> anyhow::Result<Vec<StepEntry>> {
+    let (logged, steps) = record::read_log(log_path)?;
+    if logged != *header {
+        return Err(Failure::BadInput(format!(
+            "{}: the search it logged differs from this one (logged {:?}; now {:?})\n  fix: resume with the same --repo, GOOD, BAD, --build/--artifact, --sessions, --concurrency, --alpha, --min-effect and --max-sessions",
+            log_path.display(),
+            logged,
+            header
+        ))
+        .into());
+    }
+    Ok(steps)
+}
+
+struct Driving<'d> {
+    plan: &'d CommitsPlan,
+    commits: &'d [CommitInfo],
+    search: &'d mut Search,
+    record: &'d mut CommitsRecord,
+    log: &'d mut StepLog,
+    builder: Builder,
+    started: Instant,
+}
+
+impl Driving<'_> {
+    /// Ask, run, observe, until the search answers.
+    async fn drive(
+        &mut self,
+        logged: Vec<StepEntry>,
+        ctx: &BlockContext<'_>,
+        worktrees: &mut Worktrees,
+    ) -> anyhow::Result<Answer> {
+        let mut replay = logged.into_iter();
+        loop {
+            if ctx.cancel.is_cancelled() {
+                return Err(Failure::Interrupted.into());
+            }
+            let (commit, purpose) = match self.search.next_action() {
+                Action::Done(answer) => return Ok(answer),
+                Action::Test { commit, purpose } => (commit, purpose),
+            };
+            if let Some(step) = replay.next() {
+                if step.commit != commit || step.purpose != purpose {
+                    return Err(Failure::BadInput(format!(
+                        "steps.jsonl step {}: the log tested commit {} ({:?}), the search now asks for {commit} ({purpose:?})\n  fix: resume with the options the search was started with",
+                        step.step, step.commit, step.purpose
+                    ))
+                    .into());
+                }
+                self.search.observe(commit, &step.observation, step.spent);
+                self.record.replayed_steps += 1;
+                self.push(step, false)?;
+                continue;
+            }
+            let step = self.run_step(commit, purpose, ctx, worktrees).await?;
+            self.search.observe(commit, &step.observation, step.spent);
+            self.push(step, true)?;
+        }
+    }
+
+    /// Build the commit (cached) and run one block on it.
+    async fn run_step(
+        &mut self,
+        commit: usize,
+        purpose: crate::core::commits::Purpose,
+        ctx: &BlockContext<'_>,
+        worktrees: &mut Worktrees,
+    ) -> anyhow::Result<StepEntry> {
+        let info = &self.commits[commit];
+        let n = self.record.steps.len() as u64 + 1;
+        let short = &info.sha[..info.sha.len().min(12)];
+        ctx.progress.note(&format!(
+            "step {n}: commit {commit} {short} {} ({purpose:?})",
+            info.subject
+        ));
+        let (built, build) = self
+            .builder
+            .build(commit, &info.sha, worktrees, &ctx.cancel)
+            .await?;
+        let mut step = StepEntry {
+            step: n,
+            commit,
+            sha: info.sha.clone(),
+            purpose,
+            observation: Observation::Untestable {
+                reason: String::new(),
+            },
+            spent: Spent {
+                build_s: build.as_ref().map(|b| b.seconds),
+                ..Spent::default()
+            },
+            dir: None,
+            peak_engine: None,
+            wall_s: None,
+            build,
+            engine_info: Default::default(),
+        };
+        let folder = match built {
+            Built::Untestable(reason) => {
+                ctx.progress
+                    .note(&format!("commit {commit} {short} is untestable: {reason}"));
+                step.observation = Observation::Untestable { reason };
+                return Ok(step);
+            }
+            Built::Ready(folder) => folder,
+        };
+        let target = block::commit_target(
+            &self.plan.target,
+            &self.plan.repo,
+            folder.as_deref(),
+            &info.sha,
+            &self.plan.dir,
+        );
+        let dir = block::block_dir(&self.plan.dir, n);
+        let ran = block::run_block(ctx, &target, &format!("b{n:03}"), &dir).await?;
+        ctx.progress.note(&format!(
+            "commit {commit} {short}: {}",
+            record::observation_words(&ran.observation)
+        ));
+        step.observation = ran.observation;
+        step.spent.block_s = Some(ran.wall_s);
+        step.spent.sessions = u64::from(self.plan.workload.sessions);
+        step.dir = Some(format!("blocks/b{n:03}"));
+        step.wall_s = Some(ran.wall_s);
+        step.engine_info = ran.engine_info;
+        step.peak_engine = ran.arm.as_ref().and_then(|a| {
+            a.stats
+                .peak_running
+                .iter()
+                .filter(|(role, _)| role.as_str() != "client")
+                .map(|(_, peak)| *peak)
+                .max()
+        });
+        Ok(step)
+    }
+
+    /// The step into the log (when run now) and the record, which is rewritten.
+    fn push(&mut self, step: StepEntry, live: bool) -> anyhow::Result<()> {
+        if live {
+            self.log.append(&step)?;
+        }
+        let r = &mut *self.record;
+        r.sessions_spent += step.spent.sessions;
+        if let Some(b) = &step.build {
+            r.builds_run += 1;
+            r.build_s += b.seconds;
+        }
+        r.steps.push(step);
+        r.wall_s = self.started.elapsed().as_secs_f64();
+        r.untestable = untestable_refs(r, self.search);
+        r.write(&self.plan.dir)
+    }
+}
+
+fn untestable_refs(r: &CommitsRecord, search: &Search) -> Vec<record::CommitRef> {
+    search
+        .untestable()
+        .iter()
+        .enumerate()
+        .filter_map(|(i, why)| {
+            let mut c = r.commit_ref(i, None);
+            c.reason = Some(why.clone()?);
+            Some(c)
+        })
+        .collect()
+}
+
+fn started_record(plan: &CommitsPlan, params: &Params, commits: Vec<CommitInfo>) -> CommitsRecord {
+    CommitsRecord {
+        schema: record::SCHEMA.into(),
+        id: plan.id.clone(),
+        command: plan.command.clone(),
+        started_at: now(),
+        finished_at: None,
+        status: RecordStatus::Running,
+        repo: plan.repo.display().to_string(),
+        build: plan.build_words(),
+        target: TargetInfo::of(&plan.target),
+        workload: plan.workload.params_json(),
+        params: params.clone(),
+        commits,
+        answer: None,
+        culprit: None,
+        range: Vec::new(),
+        parent: None,
+        posterior: None,
+        verdict: None,
+        top: Vec::new(),
+        untestable: Vec::new(),
+        verification: Vec::new(),
+        steps: Vec::new(),
+        sessions_spent: 0,
+        builds_run: 0,
+        build_s: 0.0,
+        replayed_steps: 0,
+        wall_s: 0.0,
+        error: None,
+    }
+}
+
+/// The search's answer into the record.
+fn record_answer(r: &mut CommitsRecord, search: &Search, answer: &Answer) {
+    r.verdict = Some(answer.words().to_string());
+    r.untestable = untestable_refs(r, search);
+    let post = search.posterior();
+    let mut top: Vec<(usize, f64)> = post.culprit.iter().copied().enumerate().skip(1).collect();
+    top.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    r.top = top
+        .iter()
+        .take(3)
+        .map(|&(c, p)| r.commit_ref(c, Some(p)))
+        .collect();
+    r.answer = Some(
+        match answer {
+            Answer::Culprit { verified: true, .. } => "culprit",
+            Answer::Culprit { .. } => "unverified",
+            Answer::NoCulprit { .. } => "no_culprit",
+            Answer::CouldNotReproduce { .. } => "could_not_reproduce",
+            Answer::Inconclusive { .. } => "inconclusive",
+        }
+        .into(),
+    );
+    if let Answer::Culprit {
+        first,
+        last,
+        parent,
+        posterior,
+        ..
+    } = answer
+    {
+        r.culprit = Some(r.commit_ref(*last, Some(*posterior)));
+        r.parent = Some(r.commit_ref(*parent, None));
+        r.posterior = Some(*posterior);
+        if first != last {
+            r.range = (*first..=*last)
+                .map(|c| r.commit_ref(c, Some(post.culprit[c])))
+                .collect();
+        }
+        r.verification = search.ab().looks().to_vec();
+    }
+}

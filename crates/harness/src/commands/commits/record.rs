@@ -1,0 +1,295 @@
+//! What `bisect commits` leaves in its folder: `commits.json` (the range, the answer, every
+//! block with its commit, counts and checks, every build and its seconds), `steps.jsonl`
+//! (one line per observation, what `--resume` replays), `summary.md` and `report.html`
+//! (the posterior over the range after each step). Rewritten after every step.
+
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+
+use super::build::BuildEntry;
+use super::git::CommitInfo;
+use crate::core::arm_stats::RecordStatus;
+use crate::core::commits::posterior::posterior;
+use crate::core::commits::{Counts, Observation, Params, Purpose, Spent};
+use crate::core::sequential::LookRecord;
+use crate::results::export;
+use crate::results::run_record::TargetInfo;
+
+pub const SCHEMA: &str = "bisect.commits/1";
+
+/// One block (or build failure) as the record keeps it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepEntry {
+    /// 1-based.
+    pub step: u64,
+    pub commit: usize,
+    pub sha: String,
+    pub purpose: Purpose,
+    pub observation: Observation,
+    pub spent: Spent,
+    /// `blocks/bNNN` when a block ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dir: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_engine: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wall_s: Option<f64>,
+    /// The build this step needed, when it ran one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub build: Option<BuildEntry>,
+    /// What the engines reported about themselves after the restart.
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub engine_info: serde_json::Map<String, serde_json::Value>,
+}
+
+/// The first line of steps.jsonl: the search it logged, refused on `--resume` when not
+/// this one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Header {
+    pub good: String,
+    pub bad: String,
+    pub build: String,
+    pub commits: usize,
+    pub params: Params,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CommitRef {
+    pub commit: usize,
+    pub sha: String,
+    pub subject: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub posterior: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// commits.json.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CommitsRecord {
+    pub schema: String,
+    pub id: String,
+    pub command: String,
+    pub started_at: String,
+    pub finished_at: Option<String>,
+    pub status: RecordStatus,
+    pub repo: String,
+    pub build: String,
+    pub target: TargetInfo,
+    pub workload: serde_json::Value,
+    pub params: Params,
+    /// The first-parent range, good end first.
+    pub commits: Vec<CommitInfo>,
+    /// culprit / unverified / no_culprit / could_not_reproduce / inconclusive.
+    pub answer: Option<String>,
+    pub culprit: Option<CommitRef>,
+    /// The commits the answer spans when untestable commits widen it (first..=last).
+    pub range: Vec<CommitRef>,
+    pub parent: Option<CommitRef>,
+    pub posterior: Option<f64>,
+    pub verdict: Option<String>,
+    /// The posterior's most probable culprits at the end.
+    pub top: Vec<CommitRef>,
+    pub untestable: Vec<CommitRef>,
+    /// The verification A/B's looks (culprit = on, parent = off).
+    pub verification: Vec<LookRecord>,
+    pub steps: Vec<StepEntry>,
+    pub sessions_spent: u64,
+    pub builds_run: u64,
+    pub build_s: f64,
+    pub replayed_steps: usize,
+    pub wall_s: f64,
+    pub error: Option<String>,
+}
+
+impl CommitsRecord {
+    pub fn commit_ref(&self, commit: usize, posterior: Option<f64>) -> CommitRef {
+        let info = &self.commits[commit];
+        CommitRef {
+            commit,
+            sha: info.sha.clone(),
+            subject: info.subject.clone(),
+            posterior,
+            reason: None,
+        }
+    }
+
+    /// commits.json, summary.md and report.html, each atomically.
+    pub fn write(&self, dir: &Path) -> anyhow::Result<()> {
+        export::write_all(dir, self, &super::export::files())
+    }
+}
+
+/// Per-commit counts after each step, and the posterior then: what the report draws.
+pub fn posterior_history(record: &CommitsRecord) -> Vec<Vec<f64>> {
+    let mut counts = vec![Counts::default(); record.commits.len()];
+    let mut out = Vec::new();
+    for step in &record.steps {
+        if let Observation::Block { corrupted, judged } = step.observation {
+            counts[step.commit] = counts[step.commit] + Counts { corrupted, judged };
+        }
+        let post = posterior(&counts);
+        let mut row = post.culprit;
+        row.push(post.none);
+        out.push(row);
+    }
+    out
+}
+
+fn short(sha: &str) -> &str {
+    &sha[..sha.len().min(12)]
+}
+
+/// summary.md: the answer in words, then every step.
+pub fn render_markdown(r: &CommitsRecord) -> String {
+    let mut s = format!("# bisect commits {}\n\n", r.id);
+    s += &format!("`{}`\n\n", r.command);
+    s += &format!(
+        "Range: {} commits after {} up to {} (first parent), {} sessions per block at {} in flight, build `{}`.\n\n",
+        r.commits.len().saturating_sub(1),
+        r.commits.first().map_or("-", |c| short(&c.sha)),
+        r.commits.last().map_or("-", |c| short(&c.sha)),
+        r.params.block,
+        r.params.concurrency,
+        r.build
+    );
+    s += &format!(
+        "**{}**: {}\n\n",
+        r.answer.as_deref().unwrap_or("running"),
+        r.verdict.as_deref().unwrap_or("-")
+    );
+    if let Some(c) = &r.culprit {
+        s += &format!(
+            "Culprit: `{}` {} (commit {} of the range)\n\n",
+            short(&c.sha),
+            c.subject,
+            c.commit
+        );
+    }
+    if !r.untestable.is_empty() {
+        s += "Untestable:\n\n";
+        for u in &r.untestable {
+            s += &format!(
+                "- `{}` {}: {}\n",
+                short(&u.sha),
+                u.subject,
+                u.reason.as_deref().unwrap_or("")
+            );
+        }
+        s.push('\n');
+    }
+    s += &format!(
+        "{} steps, {} sessions, {} builds ({:.0} s), {:.0} s in all.\n\n",
+        r.steps.len(),
+        r.sessions_spent,
+        r.builds_run,
+        r.build_s,
+        r.wall_s
+    );
+    s += "| step | commit | purpose | result | block |\n|---|---|---|---|---|\n";
+    for st in &r.steps {
+        s += &format!(
+            "| {} | {} `{}` | {:?} | {} | {} |\n",
+            st.step,
+            st.commit,
+            short(&st.sha),
+            st.purpose,
+            observation_words(&st.observation),
+            st.dir.as_deref().unwrap_or("-")
+        );
+    }
+    if let Some(e) = &r.error {
+        s += &format!("\nError: {e}\n");
+    }
+    s
+}
+
+pub fn observation_words(o: &Observation) -> String {
+    match o {
+        Observation::Block { corrupted, judged } => format!("{corrupted}/{judged} corrupted"),
+        Observation::CouldNotTell { reason } => format!("could not tell: {reason}"),
+        Observation::Untestable { reason } => format!("untestable: {reason}"),
+    }
+}
+
+/// Appends steps to steps.jsonl, after its header.
+pub struct StepLog {
+    file: std::fs::File,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(tag = "line", rename_all = "snake_case")]
+enum Line {
+    Header(Header),
+    Step(Box<StepEntry>),
+}
+
+impl StepLog {
+    /// A new log with `header`, or, resuming, the log as it is (steps appended).
+    pub fn open(path: &Path, header: &Header, resume: bool) -> anyhow::Result<Self> {
+        let fresh = !resume || !path.exists();
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(!fresh)
+            .write(true)
+            .truncate(fresh)
+            .open(path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        if fresh {
+            writeln!(
+                file,
+                "{}",
+                serde_json::to_string(&Line::Header(header.clone()))?
+            )?;
+        }
+        Ok(StepLog { file })
+    }
+
+    pub fn append(&mut self, step: &StepEntry) -> anyhow::Result<()> {
+        writeln!(
+            self.file,
+            "{}",
+            serde_json::to_string(&Line::Step(Box::new(step.clone())))?
+        )?;
+        self.file.sync_data()?;
+        Ok(())
+    }
+}
+
+/// The header and steps of a log; a torn last line (a kill mid-write) is dropped.
+pub fn read_log(path: &Path) -> anyhow::Result<(Header, Vec<StepEntry>)> {
+    let text = std::fs::read_to_string(path).with_context(|| {
+        format!(
+            "reading {} (--resume needs the search's folder)",
+            path.display()
+        )
+    })?;
+    let mut header = None;
+    let mut steps = Vec::new();
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    for (i, line) in lines.iter().enumerate() {
+        match serde_json::from_str::<Line>(line) {
+            Ok(Line::Header(h)) => header = Some(h),
+            Ok(Line::Step(s)) => steps.push(*s),
+            Err(_) if i + 1 == lines.len() => break,
+            Err(e) => {
+                return Err(crate::exit::Failure::BadInput(format!(
+                    "{}:{}: not a step of bisect commits: {e}\n  fix: resume from the folder the search wrote, unedited",
+                    path.display(),
+                    i + 1
+                ))
+                .into())
+            }
+        }
+    }
+    let header = header.ok_or_else(|| {
+        crate::exit::Failure::BadInput(format!(
+            "{}: no header line\n  fix: resume from the folder the search wrote",
+            path.display()
+        ))
+    })?;
+    Ok((header, steps))
+}

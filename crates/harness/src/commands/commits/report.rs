@@ -1,0 +1,94 @@
+//! report.html of `bisect commits`: self-contained (inline CSS and SVG, no script). The
+//! answer in words, the posterior over the range after each step as a heat map (a row per
+//! step, a column per commit, the last column "no single culprit"; darker is more
+//! probable; the tested commit of each step outlined), and the table of steps.
+
+use super::record::{observation_words, posterior_history, CommitsRecord};
+use crate::results::markup::{escape, page};
+
+const CELL_H: f64 = 10.0;
+const WIDTH: f64 = 900.0;
+
+/// The page.
+pub(super) fn render_html(r: &CommitsRecord) -> String {
+    let mut s = String::new();
+    s += &format!("<h1>bisect commits {}</h1>", escape(&r.id));
+    s += &format!("<p><code>{}</code></p>", escape(&r.command));
+    s += &format!(
+        "<p><b>{}</b>: {}</p>",
+        escape(r.answer.as_deref().unwrap_or("running")),
+        escape(r.verdict.as_deref().unwrap_or("-"))
+    );
+    if let Some(c) = &r.culprit {
+        s += &format!(
+            "<p>Culprit: <code>{}</code> {}</p>",
+            escape(&c.sha),
+            escape(&c.subject)
+        );
+    }
+    s += &format!(
+        "<p>{} commits, {} steps, {} sessions, {} builds ({:.0} s).</p>",
+        r.commits.len(),
+        r.steps.len(),
+        r.sessions_spent,
+        r.builds_run,
+        r.build_s
+    );
+    s += "<h2>Posterior after each step</h2>";
+    s += &heat_map(r);
+    s += "<h2>Steps</h2><table><tr><th>step</th><th>commit</th><th>purpose</th><th>result</th><th>block</th></tr>";
+    for st in &r.steps {
+        let dir = st
+            .dir
+            .as_deref()
+            .map(|d| format!("<a href=\"{0}/sessions.jsonl\">{0}/</a>", escape(d)))
+            .unwrap_or_else(|| "-".into());
+        s +=
+            &format!(
+            "<tr><td>{}</td><td>{} <code>{}</code> {}</td><td>{:?}</td><td>{}</td><td>{}</td></tr>",
+            st.step,
+            st.commit,
+            escape(&st.sha[..st.sha.len().min(12)]),
+            escape(&r.commits.get(st.commit).map_or(String::new(), |c| c.subject.clone())),
+            st.purpose,
+            escape(&observation_words(&st.observation)),
+            dir
+        );
+    }
+    s += "</table>\n";
+    page(&format!("bisect commits {}", r.id), &s)
+}
+
+fn heat_map(r: &CommitsRecord) -> String {
+    let rows = posterior_history(r);
+    let columns = r.commits.len().max(1) + 1;
+    let w = WIDTH / columns as f64;
+    let height = CELL_H * rows.len().max(1) as f64;
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" height=\"{height}\" role=\"img\" \
+         aria-label=\"posterior of the first bad commit after each step\">"
+    );
+    for (y, row) in rows.iter().enumerate() {
+        for (x, p) in row.iter().enumerate() {
+            if *p < 1e-3 {
+                continue;
+            }
+            s += &format!(
+                "<rect x=\"{:.2}\" y=\"{:.1}\" width=\"{:.2}\" height=\"{CELL_H}\" fill=\"#b30000\" fill-opacity=\"{:.3}\"/>",
+                x as f64 * w,
+                y as f64 * CELL_H,
+                w.max(0.5),
+                p.sqrt()
+            );
+        }
+        let tested = r.steps[y].commit;
+        s += &format!(
+            "<rect x=\"{:.2}\" y=\"{:.1}\" width=\"{:.2}\" height=\"{CELL_H}\" fill=\"none\" stroke=\"#000\" stroke-width=\"0.8\"/>",
+            tested as f64 * w,
+            y as f64 * CELL_H,
+            w.max(0.5)
+        );
+    }
+    s += "</svg>";
+    s
+}

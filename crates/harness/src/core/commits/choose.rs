@@ -1,0 +1,179 @@
+//! Which commit to test next: the largest expected information per unit of cost
+//! (docs/commits.md).
+//!
+//! Expected information (D. V. Lindley (1956), "On a measure of the information provided
+//! by an experiment", Ann. Math. Statist. 27:986-1005): the mutual information between the
+//! hypothesis and the next block's count k, `H(mixture) - sum_s w_s H(pmf_s)` in nats. A
+//! block at commit i can only tell on which side of the change i lies, or that there is
+//! no change, so the hypotheses fall into three groups with weights `w_bad = P(culprit <=
+//! i)`, `w_good = P(culprit > i)` and `w_none`, and the mutual information with the
+//! hypothesis equals the mutual information with the group when, within a group, k has
+//! one predictive distribution. Those are beta-binomial: the bad side's rate posterior,
+//! the good side's, and the pooled one (the sides as the most probable culprit splits the
+//! blocks, [`super::posterior::sides`]). Cost: seconds, the build's (0 once cached) plus a
+//! block's, each the mean measured so far.
+
+use statrs::function::beta::ln_beta;
+use statrs::function::factorial::ln_binomial;
+
+use super::posterior::{sides, Counts, Posterior};
+
+/// P(k of n) under a Beta(a, b) rate: the beta-binomial pmf.
+pub fn beta_binomial(n: u64, a: f64, b: f64) -> Vec<f64> {
+    (0..=n)
+        .map(|k| {
+            (ln_binomial(n, k) + ln_beta(a + k as f64, b + (n - k) as f64) - ln_beta(a, b)).exp()
+        })
+        .collect()
+}
+
+/// Entropy in nats.
+pub fn entropy(pmf: &[f64]) -> f64 {
+    -pmf.iter()
+        .filter(|p| **p > 0.0)
+        .map(|p| p * p.ln())
+        .sum::<f64>()
+}
+
+/// The three predictive distributions of a block of `n` (bad side, good side, none), and
+/// their entropies.
+pub struct Predictive {
+    pmfs: [Vec<f64>; 3],
+    entropies: [f64; 3],
+}
+
+impl Predictive {
+    /// From per-commit counts, split at the posterior's most probable culprit.
+    pub fn new(counts: &[Counts], post: &Posterior, n: u64) -> Self {
+        let (good, bad) = sides(counts, post.map_culprit());
+        let pooled = good + bad;
+        let pmf = |c: Counts| {
+            let (a, b) = c.beta();
+            beta_binomial(n, a, b)
+        };
+        let pmfs = [pmf(bad), pmf(good), pmf(pooled)];
+        let entropies = [entropy(&pmfs[0]), entropy(&pmfs[1]), entropy(&pmfs[2])];
+        Predictive { pmfs, entropies }
+    }
+
+    /// Mutual information between the group (weights bad, good, none) and k.
+    pub fn information(&self, w: [f64; 3]) -> f64 {
+        let mut mixed = 0.0;
+        for k in 0..self.pmfs[0].len() {
+            let p: f64 = (0..3).map(|s| w[s] * self.pmfs[s][k]).sum();
+            if p > 0.0 {
+                mixed -= p * p.ln();
+            }
+        }
+        let within: f64 = (0..3).map(|s| w[s] * self.entropies[s]).sum();
+        (mixed - within).max(0.0)
+    }
+}
+
+/// What one candidate costs: seconds to build it (0 when cached) and to run a block.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Cost {
+    pub build_s: f64,
+    pub block_s: f64,
+}
+
+/// The commit to test next among `candidates` (commit indices; `built[i]` when its build
+/// is cached): the largest information per second, ties to the larger information, then
+/// the lower index. `None` when there is no candidate.
+pub fn next_commit(
+    counts: &[Counts],
+    post: &Posterior,
+    n: u64,
+    candidates: &[usize],
+    built: &[bool],
+    cost: Cost,
+) -> Option<(usize, f64)> {
+    let predictive = Predictive::new(counts, post, n);
+    let mut best: Option<(usize, f64, f64)> = None;
+    let mut bad_side = 0.0;
+    let mut upto = 0;
+    for &i in candidates {
+        // Candidates ascend: the cumulative posterior is carried along.
+        while upto <= i {
+            bad_side += post.culprit[upto];
+            upto += 1;
+        }
+        let good_side = (1.0 - post.none - bad_side).max(0.0);
+        let info = predictive.information([bad_side, good_side, post.none]);
+        let seconds = if built[i] { 0.0 } else { cost.build_s } + cost.block_s;
+        let score = info / seconds.max(1e-9);
+        let better = match best {
+            None => true,
+            Some((_, s, inf)) => score > s * (1.0 + 1e-12) || (score >= s && info > inf),
+        };
+        if better {
+            best = Some((i, score, info));
+        }
+    }
+    best.map(|(i, _, info)| (i, info))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::commits::posterior::posterior;
+
+    fn k(corrupted: u64, judged: u64) -> Counts {
+        Counts { corrupted, judged }
+    }
+
+    #[test]
+    fn beta_binomial_by_hand() {
+        // n = 1 under Beta(1/2, 1/2): 1/2 each. n = 2: P(0) = B(1/2, 5/2)/B(1/2, 1/2) = 3/8,
+        // P(1) = 2 B(3/2, 3/2)/pi = 1/4, P(2) = 3/8.
+        let p = beta_binomial(1, 0.5, 0.5);
+        assert!((p[0] - 0.5).abs() < 1e-12 && (p[1] - 0.5).abs() < 1e-12);
+        let p = beta_binomial(2, 0.5, 0.5);
+        for (got, want) in p.iter().zip([0.375, 0.25, 0.375]) {
+            assert!((got - want).abs() < 1e-12, "{p:?}");
+        }
+        assert!((entropy(&[0.5, 0.5]) - 2f64.ln()).abs() < 1e-12);
+    }
+
+    #[test]
+    fn information_of_one_session_by_hand() {
+        // Good end 0/3, bad end 3/3, nothing between: the most probable culprit splits
+        // them, bad side Beta(3.5, 0.5) (P(corrupted) = 0.875), good side Beta(0.5, 3.5)
+        // (0.125). With weights 1/2, 1/2, 0 the mixture is 1/2: ln 2 - H(0.875) =
+        // 0.693147 - 0.376770 = 0.316377 nats.
+        let counts = [k(0, 3), k(0, 0), k(3, 3)];
+        let post = posterior(&counts);
+        let pred = Predictive::new(&counts, &post, 1);
+        let info = pred.information([0.5, 0.5, 0.0]);
+        assert!((info - 0.316377).abs() < 1e-6, "{info}");
+        // A block whose side is known tells nothing.
+        assert!(pred.information([1.0, 0.0, 0.0]).abs() < 1e-12);
+    }
+
+    #[test]
+    fn the_middle_of_the_range_is_tested_first_and_a_cached_build_wins_near_it() {
+        // 0/80 at the good end, 15/80 at the bad end (commit 10), 9 commits between:
+        // every culprit 1..=10 is equally likely, so P(bad side) at commit i is i/10, and
+        // the two sides' predictive distributions barely overlap: the information is
+        // about the binary entropy of i/10, largest at 5.
+        let mut counts = vec![k(0, 0); 11];
+        counts[0] = k(0, 80);
+        counts[10] = k(15, 80);
+        let post = posterior(&counts);
+        let candidates: Vec<usize> = (1..10).collect();
+        let built = vec![false; 11];
+        let cost = Cost {
+            build_s: 600.0,
+            block_s: 120.0,
+        };
+        let (c, info) = next_commit(&counts, &post, 80, &candidates, &built, cost).unwrap();
+        assert_eq!(c, 5);
+        assert!(info > 0.6 && info <= 2f64.ln(), "{info}");
+        // Commit 4's build is cached: H(0.4) = 0.673 nats for 120 s beats ln 2 for 720 s.
+        let mut built = built;
+        built[4] = true;
+        let (c, _) = next_commit(&counts, &post, 80, &candidates, &built, cost).unwrap();
+        assert_eq!(c, 4);
+        assert!(next_commit(&counts, &post, 80, &[], &built, cost).is_none());
+    }
+}

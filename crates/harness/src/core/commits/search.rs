@@ -1,0 +1,633 @@
+//! The commit search as a state machine driven by observations (docs/commits.md): ask
+//! [`Search::next_action`] what to run, run it, tell [`Search::observe`] what it gave. No I/O:
+//! `bisect commits` runs it on built commits, the simulation on scripted oracles, and a
+//! resumed search replays its step log through it.
+//!
+//! Phases:
+//! 1. **The ends**: blocks at the bad end and the good end, paired into looks of a
+//!    sequential A/B ([`crate::core::sequential`], the anytime-valid e-process of `run
+//!    --adaptive`). Bad end implicated: go on. The bad end's always-valid upper bound below
+//!    `min_effect`: "could not reproduce" (checked first). Cleared, or the good end
+//!    implicated: "no culprit: the ends do not differ". The cap reached undecided:
+//!    inconclusive.
+//! 2. **The search**: after every block, the posterior ([`super::posterior`]); stop when
+//!    one answer (a commit, a range widened by untestable commits, or "no single
+//!    culprit") holds at least `1 - alpha`; else the next commit by expected information
+//!    per second ([`super::choose`]).
+//! 3. **Verification**: the answer's last commit against its parent, a fresh sequential
+//!    A/B at `alpha`. The search's blocks chose the culprit, so they are not reused as
+//!    looks (their selection would void Ville's bound); they only start the plug-in
+//!    estimates (`SequentialState::with_prior`, valid for a prior from data its looks do
+//!    not contain), which moves power, not error.
+//!
+//! Observations are three-valued: a block's counts, "could not tell" (weighs nothing; a
+//! commit that could not tell `max_could_not_tell` times in a row becomes untestable), and
+//! "untestable" (its build failed or exited 125). Every block counts against
+//! `max_sessions`; a block that would pass it is not run, and the search ends
+//! inconclusive with the posterior's top candidates.
+
+use serde::{Deserialize, Serialize};
+
+use super::choose::{next_commit, Cost};
+use super::posterior::{answer_sets, best_answer, posterior, sides, Counts, Posterior};
+use crate::core::format;
+use crate::core::sequential::{
+    mixture_confidence_sequence, ArmPrior, Decision, DesignGoal, Direction, PlugInPrior,
+    SequentialDesign, SequentialState,
+};
+
+/// What the search is asked.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Params {
+    /// Commits in the first-parent range, both ends included (index 0 the good end).
+    pub commits: usize,
+    /// Sessions per block.
+    pub block: u64,
+    /// Sessions in flight (for words).
+    pub concurrency: u32,
+    /// The posterior stops at 1 - alpha; the ends and the verification decide at alpha.
+    pub alpha: f64,
+    /// The smallest rise in corruption worth finding.
+    pub min_effect: f64,
+    /// Error of the always-valid intervals (both arms together).
+    pub clear_alpha: f64,
+    pub max_sessions: u64,
+    /// Most blocks per end, and per side of the verification.
+    pub cap_blocks: u64,
+    pub max_could_not_tell: u32,
+    /// Seconds assumed before any was measured.
+    pub build_s_guess: f64,
+    pub block_s_guess: f64,
+}
+
+impl Params {
+    /// What makes the search meaningless, in words naming the option.
+    pub fn validate(&self) -> Result<(), String> {
+        let open = |name: &str, v: f64| {
+            if v > 0.0 && v < 1.0 {
+                Ok(())
+            } else {
+                Err(format!("{name} must be in (0, 1), got {v}"))
+            }
+        };
+        open("--alpha", self.alpha)?;
+        open("min_effect", self.min_effect)?;
+        open("clear_alpha", self.clear_alpha)?;
+        if self.commits < 2 {
+            return Err("the range needs at least its two ends".into());
+        }
+        if self.block == 0 || self.cap_blocks == 0 || self.max_could_not_tell == 0 {
+            return Err("blocks, caps and retries must be at least 1".into());
+        }
+        if self.max_sessions < 2 * self.block {
+            return Err(format!(
+                "--max-sessions {} cannot pay for one block at each end ({} sessions each)",
+                self.max_sessions, self.block
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn new(commits: usize, block: u64, concurrency: u32) -> Self {
+        Params {
+            commits,
+            block,
+            concurrency,
+            alpha: 0.01,
+            min_effect: 0.05,
+            clear_alpha: 0.05,
+            max_sessions: 8000,
+            cap_blocks: 20,
+            max_could_not_tell: 3,
+            build_s_guess: 300.0,
+            block_s_guess: 60.0,
+        }
+    }
+}
+
+/// Why a block is run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Purpose {
+    Ends,
+    Search,
+    Verify,
+}
+
+/// What a block (or its build) gave.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Observation {
+    Block {
+        corrupted: u64,
+        judged: u64,
+    },
+    /// The block ran but its checks failed: weighs nothing.
+    CouldNotTell {
+        reason: String,
+    },
+    /// The commit cannot be built or run (build failure, exit 125).
+    Untestable {
+        reason: String,
+    },
+}
+
+/// Seconds an observation cost, as measured; `build_s` is `None` for a cached build.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Spent {
+    pub build_s: Option<f64>,
+    pub block_s: Option<f64>,
+    pub sessions: u64,
+}
+
+/// The search's answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "answer", rename_all = "snake_case")]
+pub enum Answer {
+    /// Commits `first..=last` (one commit unless untestable commits widen it) raise
+    /// corruption over `parent`; `verified` when the fresh A/B implicated it.
+    Culprit {
+        first: usize,
+        last: usize,
+        parent: usize,
+        posterior: f64,
+        verified: bool,
+        words: String,
+    },
+    NoCulprit {
+        words: String,
+    },
+    CouldNotReproduce {
+        words: String,
+    },
+    Inconclusive {
+        words: String,
+        top: Vec<(usize, f64)>,
+    },
+}
+
+impl Answer {
+    pub fn words(&self) -> &str {
+        match self {
+            Answer::Culprit { words, .. }
+            | Answer::NoCulprit { words }
+            | Answer::CouldNotReproduce { words }
+            | Answer::Inconclusive { words, .. } => words,
+        }
+    }
+}
+
+/// What to do next.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    Test { commit: usize, purpose: Purpose },
+    Done(Answer),
+}
+
+enum Phase {
+    Ends,
+    Search,
+    Verify {
+        first: usize,
+        last: usize,
+        parent: usize,
+        mass: f64,
+    },
+    Done(Answer),
+}
+
+/// One search in progress.
+pub struct Search {
+    params: Params,
+    phase: Phase,
+    counts: Vec<Counts>,
+    untestable: Vec<Option<String>>,
+    built: Vec<bool>,
+    could_not_tell: Vec<u32>,
+    sessions: u64,
+    /// Measured seconds: (sum, count) of builds and of blocks.
+    builds: (f64, u64),
+    blocks: (f64, u64),
+    /// The A/B of the current phase (ends, then verification) and its pending pair:
+    /// (on = bad end or culprit, off = good end or parent).
+    ab: SequentialState,
+    pair: (Option<Counts>, Option<Counts>),
+    posterior: Posterior,
+}
+
+impl Search {
+    pub fn new(params: Params) -> Self {
+        let n = params.commits.max(2);
+        let counts = vec![Counts::default(); n];
+        let ab = SequentialState::new(design(&params, 0.0));
+        Search {
+            posterior: posterior(&counts),
+            phase: Phase::Ends,
+            counts,
+            untestable: vec![None; n],
+            built: vec![false; n],
+            could_not_tell: vec![0; n],
+            sessions: 0,
+            builds: (0.0, 0),
+            blocks: (0.0, 0),
+            ab,
+            pair: (None, None),
+            params,
+        }
+    }
+
+    pub fn params(&self) -> &Params {
+        &self.params
+    }
+
+    pub fn posterior(&self) -> &Posterior {
+        &self.posterior
+    }
+
+    pub fn counts(&self) -> &[Counts] {
+        &self.counts
+    }
+
+    pub fn untestable(&self) -> &[Option<String>] {
+        &self.untestable
+    }
+
+    pub fn sessions(&self) -> u64 {
+        self.sessions
+    }
+
+    /// Builds run (cached ones not counted).
+    pub fn builds(&self) -> u64 {
+        self.builds.1
+    }
+
+    /// The A/B of the ends or the verification, as it stands.
+    pub fn ab(&self) -> &SequentialState {
+        &self.ab
+    }
+
+    fn last(&self) -> usize {
+        self.counts.len() - 1
+    }
+
+    /// What to run next, or the answer.
+    pub fn next_action(&mut self) -> Action {
+        if let Phase::Done(answer) = &self.phase {
+            return Action::Done(answer.clone());
+        }
+        if self.sessions + self.params.block > self.params.max_sessions {
+            let answer = self.out_of_budget();
+            self.phase = Phase::Done(answer.clone());
+            return Action::Done(answer);
+        }
+        match &self.phase {
+            Phase::Ends => {
+                let commit = if self.pair.0.is_none() {
+                    self.last()
+                } else {
+                    0
+                };
+                Action::Test {
+                    commit,
+                    purpose: Purpose::Ends,
+                }
+            }
+            Phase::Verify { last, parent, .. } => {
+                let commit = if self.pair.0.is_none() {
+                    *last
+                } else {
+                    *parent
+                };
+                Action::Test {
+                    commit,
+                    purpose: Purpose::Verify,
+                }
+            }
+            Phase::Search => self.next_search(),
+            Phase::Done(_) => unreachable!(),
+        }
+    }
+
+    fn next_search(&mut self) -> Action {
+        let candidates: Vec<usize> = (0..self.counts.len())
+            .filter(|&i| self.untestable[i].is_none())
+            .collect();
+        let cost = Cost {
+            build_s: mean(self.builds, self.params.build_s_guess),
+            block_s: mean(self.blocks, self.params.block_s_guess),
+        };
+        match next_commit(
+            &self.counts,
+            &self.posterior,
+            self.params.block,
+            &candidates,
+            &self.built,
+            cost,
+        ) {
+            Some((commit, _)) => Action::Test {
+                commit,
+                purpose: Purpose::Search,
+            },
+            None => {
+                let answer = self.inconclusive("no commit is left to test".into());
+                self.phase = Phase::Done(answer.clone());
+                Action::Done(answer)
+            }
+        }
+    }
+
+    /// What running `commit` gave (a commit out of range, or any observation after the
+    /// answer, is ignored).
+    pub fn observe(&mut self, commit: usize, obs: &Observation, spent: Spent) {
+        if commit >= self.counts.len() || matches!(self.phase, Phase::Done(_)) {
+            return;
+        }
+        self.sessions += spent.sessions;
+        if let Some(s) = spent.build_s {
+            self.builds = (self.builds.0 + s, self.builds.1 + 1);
+        }
+        if let Some(s) = spent.block_s {
+            self.blocks = (self.blocks.0 + s, self.blocks.1 + 1);
+        }
+        match obs {
+            Observation::Untestable { reason } => {
+                self.untestable[commit] = Some(reason.clone());
+                if commit == 0 || commit == self.last() || self.in_verification(commit) {
+                    let answer = self.inconclusive(format!(
+                        "commit {commit} cannot be tested ({reason}), and the search needs it"
+                    ));
+                    self.phase = Phase::Done(answer);
+                }
+            }
+            Observation::CouldNotTell { reason } => {
+                self.built[commit] = true;
+                self.could_not_tell[commit] += 1;
+                if self.could_not_tell[commit] >= self.params.max_could_not_tell {
+                    self.observe(
+                        commit,
+                        &Observation::Untestable {
+                            reason: format!(
+                                "could not tell {} times: {reason}",
+                                self.could_not_tell[commit]
+                            ),
+                        },
+                        Spent::default(),
+                    );
+                }
+            }
+            Observation::Block { corrupted, judged } => {
+                self.built[commit] = true;
+                self.could_not_tell[commit] = 0;
+                let block = Counts {
+                    corrupted: (*corrupted).min(*judged),
+                    judged: *judged,
+                };
+                self.counts[commit] = self.counts[commit] + block;
+                self.posterior = posterior(&self.counts);
+                self.advance(commit, block);
+            }
+        }
+    }
+
+    fn in_verification(&self, commit: usize) -> bool {
+        matches!(self.phase, Phase::Verify { last, parent, .. } if commit == last || commit == parent)
+    }
+
+    fn advance(&mut self, commit: usize, block: Counts) {
+        match self.phase {
+            Phase::Ends => {
+                if self.pair.0.is_none() && commit == self.last() {
+                    self.pair.0 = Some(block);
+                } else if self.pair.0.is_some() && commit == 0 {
+                    self.pair.1 = Some(block);
+                    self.look_ends();
+                }
+            }
+            Phase::Search => self.maybe_stop(),
+            Phase::Verify { last, parent, .. } => {
+                if self.pair.0.is_none() && commit == last {
+                    self.pair.0 = Some(block);
+                } else if self.pair.0.is_some() && commit == parent {
+                    self.pair.1 = Some(block);
+                    self.look_verify();
+                }
+            }
+            Phase::Done(_) => {}
+        }
+    }
+
+    /// One look of the ends' A/B.
+    fn look_ends(&mut self) {
+        let decision = self.look_pair();
+        let (bad, good) = self.ab.tallies();
+        let bad_hi =
+            mixture_confidence_sequence(bad.corrupted, bad.sessions, self.params.clear_alpha / 2.0)
+                [1];
+        let numbers = format!(
+            "bad end {}, good end {}",
+            rate_words(bad.corrupted, bad.sessions),
+            rate_words(good.corrupted, good.sessions)
+        );
+        let load = self.params.concurrency;
+        self.phase = match decision {
+            Decision::Implicated {
+                direction: Direction::On,
+            } => {
+                self.maybe_stop();
+                return;
+            }
+            _ if bad_hi < self.params.min_effect => Phase::Done(Answer::CouldNotReproduce {
+                words: format!(
+                    "could not reproduce: the bad end corrupts below {} at {load} in flight \
+                     (always-valid upper bound {}; {numbers})",
+                    format::percent(self.params.min_effect),
+                    format::percent(bad_hi)
+                ),
+            }),
+            Decision::Cleared | Decision::Implicated { .. } => Phase::Done(Answer::NoCulprit {
+                words: format!(
+                    "no culprit: the ends do not differ at {load} in flight ({numbers})"
+                ),
+            }),
+            Decision::Underpowered { .. } => {
+                let answer = self.inconclusive(format!(
+                    "the ends stayed undecided after {} blocks each ({numbers})",
+                    self.params.cap_blocks
+                ));
+                Phase::Done(answer)
+            }
+            Decision::Continue => Phase::Ends,
+        };
+    }
+
+    /// The pending pair into the A/B; the decision.
+    fn look_pair(&mut self) -> Decision {
+        let (on, off) = (self.pair.0.take(), self.pair.1.take());
+        let (on, off) = (on.unwrap_or_default(), off.unwrap_or_default());
+        self.ab
+            .look((on.corrupted, on.judged), (off.corrupted, off.judged))
+            .unwrap_or(Decision::Underpowered {
+                interval: [-1.0, 1.0],
+            })
+    }
+
+    /// In the search phase: stop when an answer holds 1 - alpha.
+    fn maybe_stop(&mut self) {
+        let untestable: Vec<bool> = self.untestable.iter().map(Option::is_some).collect();
+        let (best, mass) = best_answer(&self.posterior, &answer_sets(&untestable));
+        self.phase = if mass < 1.0 - self.params.alpha {
+            Phase::Search
+        } else {
+            match best {
+                Some((first, last)) => self.start_verify(first, last, mass),
+                None => Phase::Done(Answer::NoCulprit {
+                    words: format!(
+                        "no culprit: no single commit explains the range (posterior of \"no \
+                         single culprit\" {:.3})",
+                        mass
+                    ),
+                }),
+            }
+        };
+    }
+
+    fn start_verify(&mut self, first: usize, last: usize, mass: f64) -> Phase {
+        let parent = first - 1;
+        let (good, bad) = sides(&self.counts, first);
+        let weight = self.params.block as f64;
+        let prior = PlugInPrior {
+            on: ArmPrior::guess(bad.rate(), weight),
+            off: ArmPrior::guess(good.rate(), weight),
+        };
+        self.ab = SequentialState::with_prior(design(&self.params, good.rate()), prior);
+        self.pair = (None, None);
+        Phase::Verify {
+            first,
+            last,
+            parent,
+            mass,
+        }
+    }
+
+    fn look_verify(&mut self) {
+        let Phase::Verify {
+            first,
+            last,
+            parent,
+            mass,
+        } = self.phase
+        else {
+            return;
+        };
+        let decision = self.look_pair();
+        if decision == Decision::Continue {
+            return;
+        }
+        let (on, off) = self.ab.tallies();
+        let interval = self
+            .ab
+            .looks()
+            .last()
+            .map_or([-1.0, 1.0], |l| l.diff_interval);
+        let name = if first == last {
+            format!("commit {last}")
+        } else {
+            format!("commits {first}..={last} (untestable between)")
+        };
+        let verified = matches!(
+            decision,
+            Decision::Implicated {
+                direction: Direction::On
+            }
+        );
+        let load = self.params.concurrency;
+        let words = if verified {
+            format!(
+                "{name} raises corruption from {} to {} at {load} in flight (always-valid {:.0}% \
+                 interval for the rise {:+.1}% to {:+.1}%; e-value {:.0} >= {:.0}; posterior {mass:.3})",
+                rate_words(off.corrupted, off.sessions),
+                rate_words(on.corrupted, on.sessions),
+                100.0 * (1.0 - self.params.clear_alpha),
+                100.0 * interval[0],
+                100.0 * interval[1],
+                self.ab.e_value(),
+                1.0 / self.params.alpha
+            )
+        } else {
+            format!(
+                "verification failed: the search named {name} (posterior {mass:.3}), but against \
+                 its parent {parent} it gave {} vs {} at {load} in flight ({decision:?})",
+                rate_words(on.corrupted, on.sessions),
+                rate_words(off.corrupted, off.sessions)
+            )
+        };
+        self.phase = Phase::Done(Answer::Culprit {
+            first,
+            last,
+            parent,
+            posterior: mass,
+            verified,
+            words,
+        });
+    }
+
+    fn out_of_budget(&self) -> Answer {
+        self.inconclusive(format!(
+            "the budget of {} sessions is spent ({} used, a block is {})",
+            self.params.max_sessions, self.sessions, self.params.block
+        ))
+    }
+
+    /// Inconclusive, with the posterior's top candidates.
+    fn inconclusive(&self, why: String) -> Answer {
+        let mut top: Vec<(usize, f64)> = self
+            .posterior
+            .culprit
+            .iter()
+            .copied()
+            .enumerate()
+            .skip(1)
+            .collect();
+        top.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        top.truncate(3);
+        let names: Vec<String> = top.iter().map(|(c, p)| format!("{c} ({p:.2})")).collect();
+        Answer::Inconclusive {
+            words: format!(
+                "inconclusive: {why}; top candidates {}; no single culprit {:.2}",
+                names.join(", "),
+                self.posterior.none
+            ),
+            top,
+        }
+    }
+}
+
+fn mean((sum, n): (f64, u64), guess: f64) -> f64 {
+    if n == 0 {
+        guess
+    } else {
+        sum / n as f64
+    }
+}
+
+fn rate_words(k: u64, n: u64) -> String {
+    format!(
+        "{k}/{n} ({})",
+        format::percent(crate::core::stats::rate(k, n))
+    )
+}
+
+/// The sequential design of the ends and the verification: `alpha`, `min_effect`, looks of
+/// one block per side, at most `cap_blocks` of them.
+fn design(p: &Params, baseline: f64) -> SequentialDesign {
+    let goal = DesignGoal {
+        alpha: p.alpha,
+        power: 0.8,
+        min_effect: p.min_effect,
+        baseline: baseline.clamp(0.0, 1.0 - p.min_effect),
+        clear_alpha: p.clear_alpha,
+        block_per_arm: p.block.max(1),
+    };
+    SequentialDesign::with_cap(goal, p.block.max(1) * p.cap_blocks.max(1))
+        .expect("the search's parameters are validated")
+}

@@ -1,0 +1,123 @@
+//! `bisect commits --repo DIR GOOD BAD --build CMD [...]` (and `--simulate`): clap
+//! arguments and their conversion into a [`CommitsPlan`].
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use super::{command_line, run_id, usage, ExperimentArgs, METRICS_PERIOD};
+use bisect_harness::commands::commits::build::BuildStep;
+use bisect_harness::commands::commits::{CommitsPlan, DEFAULT_MAX_SESSIONS};
+
+#[derive(Debug, Args)]
+pub(crate) struct CommitsArgs {
+    /// The last commit known good: a commit id, tag or branch of --repo.
+    #[arg(required_unless_present = "simulate")]
+    good: Option<String>,
+    /// The first commit known bad; the range is GOOD's first-parent descendants up to it.
+    #[arg(required_unless_present = "simulate")]
+    bad: Option<String>,
+    /// The engine's git repository. Its working tree and branches are never touched:
+    /// each tested commit is checked out into a worktree of the search's own.
+    #[arg(long, required_unless_present = "simulate")]
+    repo: Option<PathBuf>,
+    /// Build command, run (`sh -c`) in the commit's worktree with BISECT_COMMIT and
+    /// BISECT_COMMIT_DIR set; exit 125 or a failure makes the commit untestable.
+    #[arg(long, conflicts_with = "artifact", required_unless_present_any = ["artifact", "simulate"])]
+    build: Option<String>,
+    /// Instead of building: a command over `{commit}` that fetches or installs that
+    /// commit's prebuilt artifact (a wheel, an image), run without a checkout.
+    #[arg(long)]
+    artifact: Option<String>,
+    /// Most sessions the search may spend, all blocks together.
+    #[arg(long = "max-sessions", default_value_t = DEFAULT_MAX_SESSIONS)]
+    max_sessions: u64,
+    /// Carry on a search that stopped: replay DIR/steps.jsonl and continue in DIR. Pass
+    /// the same arguments.
+    #[arg(long, value_name = "DIR")]
+    resume: Option<PathBuf>,
+    /// Run the simulation benchmark instead (no repository, no engine): the search
+    /// beside plain and repeated bisection on scripted ranges (docs/commits.md).
+    #[arg(long)]
+    pub(crate) simulate: bool,
+    /// With --simulate: ranges per scenario and size.
+    #[arg(long, default_value_t = 1000, requires = "simulate")]
+    pub(crate) searches: usize,
+    /// With --simulate: range sizes (commits after the good end).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "64,1024",
+        requires = "simulate"
+    )]
+    pub(crate) sizes: Vec<usize>,
+    #[command(flatten)]
+    pub(crate) common: ExperimentArgs,
+}
+
+impl CommitsArgs {
+    /// Validate the arguments into a plan (nothing is touched).
+    pub(crate) fn plan(&self) -> anyhow::Result<CommitsPlan> {
+        let common = &self.common;
+        let (Some(good), Some(bad), Some(repo)) = (&self.good, &self.bad, &self.repo) else {
+            return Err(usage(
+                "GOOD, BAD and --repo are needed",
+                "pass --repo DIR GOOD BAD, or --simulate",
+            ));
+        };
+        if !repo.join(".git").exists() {
+            return Err(usage(
+                format!(
+                    "--repo {}: not a git repository (no .git there)",
+                    repo.display()
+                ),
+                "pass the root of the engine's git checkout",
+            ));
+        }
+        let build =
+            match (&self.build, &self.artifact) {
+                (Some(cmd), None) => BuildStep::Build(cmd.clone()),
+                (None, Some(cmd)) => BuildStep::Artifact(cmd.clone()),
+                _ => return Err(usage(
+                    "pass one of --build and --artifact",
+                    "e.g. --build 'make' or --artifact 'pip install wheels/engine-{commit}.whl'",
+                )),
+            };
+        let workload = common.load.load()?;
+        let policy = common.decision.policy()?;
+        let (id, dir) = match &self.resume {
+            Some(dir) => (
+                dir.file_name()
+                    .map(|n| n.to_string_lossy().to_string())
+                    .unwrap_or_else(|| "commits".into()),
+                dir.clone(),
+            ),
+            None => {
+                let id = run_id("commits", common.tag.as_deref());
+                let dir = common.output.results.join(&id);
+                (id, dir)
+            }
+        };
+        let (target, api_key) = common.target.resolve(&dir)?;
+        let plan = CommitsPlan {
+            id,
+            command: command_line(),
+            repo: repo.clone(),
+            good: good.clone(),
+            bad: bad.clone(),
+            build,
+            target,
+            workload,
+            policy,
+            max_sessions: self.max_sessions,
+            dir,
+            api_key,
+            metrics_period: METRICS_PERIOD,
+            resume: self.resume.is_some(),
+        };
+        plan.params(2)
+            .validate()
+            .map_err(|e| usage(e, "adjust the option named"))?;
+        Ok(plan)
+    }
+}

@@ -1,0 +1,46 @@
+//! `bisect commits`: the simulation benchmark (`--simulate`), or the search on a
+//! repository: engine controls made per commit's target, the record printed, the exit
+//! code from the answer (0 culprit found and verified, 1 no culprit, 3 inconclusive).
+
+use std::process::ExitCode;
+
+use super::{print_record, progress, runtime};
+use crate::cli::CommitsArgs;
+use crate::signals;
+use bisect_harness::commands::commits::{self, block::ControlFactory};
+use bisect_harness::control::{EngineControl, ProcessControl};
+use bisect_harness::core::commits::simulate;
+use bisect_harness::results::Exporter;
+
+/// The seed of `--simulate`: the figures in docs/commits.md come from it.
+const SIMULATE_SEED: u64 = 20;
+
+pub(crate) fn commits(args: &CommitsArgs) -> anyhow::Result<ExitCode> {
+    if args.simulate {
+        print!(
+            "{}",
+            simulate::benchmark_markdown(args.searches, &args.sizes, SIMULATE_SEED)
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let plan = args.plan()?;
+    let output = &args.common.output;
+    let api_key = plan.api_key.clone();
+    let controls: Box<ControlFactory<'_>> = Box::new(move |target, logs| {
+        let control = ProcessControl::new(target, logs, api_key.clone())?;
+        Ok(Box::new(control) as Box<dyn EngineControl>)
+    });
+    let progress = progress(output.json);
+    stderr_line!("results: {}", plan.dir.display());
+    let record = runtime()?.block_on(async {
+        let cancel = signals::cancel_on_signal();
+        commits::run(&plan, controls.as_ref(), progress.as_ref(), cancel).await
+    })?;
+    print_record(
+        output.json,
+        || serde_json::to_string_pretty(&record),
+        || commits::export::CommitsLine.render(&record),
+        &plan.dir,
+    )?;
+    Ok(ExitCode::from(commits::exit_code(&record)))
+}

@@ -1,0 +1,366 @@
+//! `bisect commits` end to end on the embedded engine: the test builds a throwaway git
+//! repository of the engine's launch scripts (64 commits after the good end, fp8 index-K
+//! at the start; in one of them the bf16 index-K default is turned on, the seeds' change),
+//! and the search checks each tested commit out into its own worktree, "builds" it (a
+//! syntax check of the scripts), launches the engines from that worktree's scripts and
+//! drives one block at the load. The race depends on how requests interleave, so the
+//! assertions are the answer and wide bounds, never exact counts.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use bisect_harness::commands::commits::block::ControlFactory;
+use bisect_harness::commands::commits::build::BuildStep;
+use bisect_harness::commands::commits::{self, CommitsPlan};
+use bisect_harness::commands::run::Quiet;
+use bisect_harness::config::{embedded, TargetProfile, Workload};
+use bisect_harness::control::{EngineControl, ProcessControl};
+use bisect_harness::core::verdict::Policy;
+use tokio_util::sync::CancellationToken;
+
+const COMMITS: usize = 64;
+const BF16_OFF: &str = "export SGLANG_DSV4_BF16_INDEX_K=0\n";
+const BF16_ON: &str = "export SGLANG_DSV4_BF16_INDEX_K=1\n";
+
+fn git(repo: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(repo)
+        .args([
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@example.invalid",
+            "-c",
+            "commit.gpgsign=false",
+        ])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn set_bf16(repo: &Path, on: bool) {
+    for script in ["prefill.sh", "decode.sh"] {
+        let path = repo.join(script);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let text = if on {
+            text.replace(BF16_OFF, BF16_ON)
+        } else {
+            text.replace(BF16_ON, BF16_OFF)
+        };
+        std::fs::write(&path, text).unwrap();
+    }
+}
+
+/// The repository and the embedded target launched from it: bf16 from the start when
+/// `from_start`, turned on by commit `culprit` (1..=64) when given; every other commit
+/// changes a notes file only. Returns the repository, the profile, and the commit ids
+/// (index 0 the good end).
+fn engine_repo(
+    dir: &Path,
+    culprit: Option<usize>,
+    from_start: bool,
+) -> (PathBuf, TargetProfile, Vec<String>) {
+    let repo = dir.join("engine");
+    std::fs::create_dir_all(&repo).unwrap();
+    let target = embedded::profile(&repo, Path::new(env!("CARGO_BIN_EXE_bisect"))).unwrap();
+    target.write_launch_scripts().unwrap();
+    set_bf16(&repo, from_start);
+    git(&repo, &["init", "-q", "-b", "main"]);
+    std::fs::write(repo.join("NOTES"), "notes\n").unwrap();
+    git(&repo, &["add", "-A"]);
+    git(
+        &repo,
+        &["commit", "-q", "-m", "good: the engine's launch scripts"],
+    );
+    let mut shas = vec![git(&repo, &["rev-parse", "HEAD"])];
+    for i in 1..=COMMITS {
+        let subject = if Some(i) == culprit {
+            set_bf16(&repo, true);
+            "turn the bf16 index-K default on (needle recall)".to_string()
+        } else {
+            let mut notes = std::fs::read_to_string(repo.join("NOTES")).unwrap();
+            notes += &format!("change {i}\n");
+            std::fs::write(repo.join("NOTES"), notes).unwrap();
+            format!("change {i}")
+        };
+        git(&repo, &["commit", "-q", "-am", &subject]);
+        shas.push(git(&repo, &["rev-parse", "HEAD"]));
+    }
+    (repo, target, shas)
+}
+
+fn plan(dir: &Path, repo: &Path, target: TargetProfile, concurrency: u32) -> CommitsPlan {
+    let mut workload = Workload::load("agentic").unwrap();
+    workload.concurrency = Some(concurrency);
+    CommitsPlan {
+        id: "test-commits".into(),
+        command: "bisect commits".into(),
+        repo: repo.to_path_buf(),
+        good: "main~64".into(),
+        bad: "main".into(),
+        build: BuildStep::Build("sh -n prefill.sh && sh -n decode.sh".into()),
+        target,
+        workload,
+        policy: Policy::default(),
+        max_sessions: commits::DEFAULT_MAX_SESSIONS,
+        dir: dir.join("results/test-commits"),
+        api_key: None,
+        metrics_period: Duration::from_millis(100),
+        resume: false,
+    }
+}
+
+async fn search(plan: &CommitsPlan, state: &Path) -> commits::record::CommitsRecord {
+    let state = state.to_path_buf();
+    let controls: Box<ControlFactory<'_>> = Box::new(move |target, logs| {
+        let control = ProcessControl::new(target, logs, None)?.with_state_root(&state);
+        Ok(Box::new(control) as Box<dyn EngineControl>)
+    });
+    commits::run(plan, controls.as_ref(), &Quiet, CancellationToken::new())
+        .await
+        .unwrap()
+}
+
+/// The user's repository as it was: same HEAD, branch, clean tree, no worktree left.
+fn assert_untouched(repo: &Path, head: &str) {
+    assert_eq!(git(repo, &["rev-parse", "HEAD"]), head);
+    assert_eq!(git(repo, &["symbolic-ref", "--short", "HEAD"]), "main");
+    assert_eq!(git(repo, &["status", "--porcelain"]), "");
+    assert_eq!(git(repo, &["worktree", "list"]).lines().count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_commit_that_turns_bf16_on_is_found_and_verified() {
+    let dir = tempfile::tempdir().unwrap();
+    let (repo, target, shas) = engine_repo(dir.path(), Some(37), false);
+    let plan = plan(dir.path(), &repo, target, 80);
+    let record = search(&plan, &dir.path().join("state")).await;
+    let verdict = record.verdict.clone().unwrap_or_default();
+    assert_eq!(record.answer.as_deref(), Some("culprit"), "{verdict}");
+    let culprit = record.culprit.clone().unwrap();
+    assert_eq!(culprit.sha, shas[37], "{verdict}");
+    assert_eq!(
+        culprit.subject,
+        "turn the bf16 index-K default on (needle recall)"
+    );
+    assert_eq!(record.parent.as_ref().unwrap().sha, shas[36]);
+    assert!(
+        verdict.starts_with("commit 37 raises corruption from"),
+        "{verdict}"
+    );
+    assert!(verdict.contains("at 80 in flight"), "{verdict}");
+    assert!(!record.verification.is_empty());
+    assert_eq!(commits::exit_code(&record), 0);
+    // Far fewer blocks than commits; every block at the load, each in its own folder.
+    assert!(record.steps.len() < 40, "{} steps", record.steps.len());
+    for step in &record.steps {
+        let d = plan.dir.join(step.dir.as_deref().unwrap());
+        assert!(d.join("sessions.jsonl").is_file(), "{}", d.display());
+    }
+    // The engines ran the commit's own scripts: the culprit's block read bf16 on.
+    let at_culprit = record.steps.iter().find(|s| s.commit == 37).unwrap();
+    let block = at_culprit.dir.as_deref().unwrap();
+    let label = block.trim_start_matches("blocks/");
+    let launched = plan
+        .dir
+        .join(block)
+        .join(format!("launch/{label}-r0/prefill--prefill.sh"));
+    assert!(
+        std::fs::read_to_string(&launched)
+            .unwrap()
+            .contains(BF16_ON),
+        "{}",
+        launched.display()
+    );
+    for file in ["commits.json", "steps.jsonl", "summary.md", "report.html"] {
+        assert!(plan.dir.join(file).is_file(), "{file}");
+    }
+    let html = std::fs::read_to_string(plan.dir.join("report.html")).unwrap();
+    assert!(html.contains("<svg") && html.contains(&shas[37][..12]));
+    assert!(!plan.dir.join("worktrees").exists());
+    assert_untouched(&repo, &shas[COMMITS]);
+
+    // --resume replays every logged step and reaches the same answer, running nothing.
+    let mut resumed = plan.clone();
+    resumed.resume = true;
+    let again = search(&resumed, &dir.path().join("state")).await;
+    assert_eq!(again.replayed_steps, record.steps.len());
+    assert_eq!(again.answer, record.answer);
+    assert_eq!(again.culprit.unwrap().sha, shas[37]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_range_without_the_change_has_no_culprit() {
+    // bf16 on from the good end on: both ends corrupt alike. Ruling out a rise of 5
+    // points at a 16% rate takes about 1200 sessions per end; this test asks whether the
+    // range raises corruption by 15 points (the seeds' effect), which 3-6 blocks per end
+    // settle.
+    let dir = tempfile::tempdir().unwrap();
+    let (repo, target, shas) = engine_repo(dir.path(), None, true);
+    let mut plan = plan(dir.path(), &repo, target, 80);
+    plan.policy.min_effect = 0.15;
+    let record = search(&plan, &dir.path().join("state")).await;
+    let verdict = record.verdict.clone().unwrap_or_default();
+    assert_eq!(record.answer.as_deref(), Some("no_culprit"), "{verdict}");
+    assert!(
+        verdict.starts_with("no culprit: the ends do not differ at 80 in flight"),
+        "{verdict}"
+    );
+    assert!(record
+        .steps
+        .iter()
+        .all(|s| s.commit == 0 || s.commit == COMMITS));
+    assert_eq!(commits::exit_code(&record), 1);
+    assert_untouched(&repo, &shas[COMMITS]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_8_in_flight_the_bad_end_does_not_reproduce() {
+    let dir = tempfile::tempdir().unwrap();
+    let (repo, target, shas) = engine_repo(dir.path(), Some(37), false);
+    let mut plan = plan(dir.path(), &repo, target, 8);
+    plan.workload.sessions = 40;
+    let record = search(&plan, &dir.path().join("state")).await;
+    let verdict = record.verdict.clone().unwrap_or_default();
+    assert_eq!(
+        record.answer.as_deref(),
+        Some("could_not_reproduce"),
+        "{verdict}"
+    );
+    assert!(verdict.contains("at 8 in flight"), "{verdict}");
+    assert_eq!(commits::exit_code(&record), 1);
+    assert_untouched(&repo, &shas[COMMITS]);
+}
+
+/// Runs `bisect ARGS` in `dir`; (exit code, stdout, stderr).
+fn cli(args: &[&str], dir: &Path) -> (Option<i32>, String, String) {
+    let out = crate::common::bisect(args, dir);
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+#[test]
+fn bad_requests_exit_2_with_the_fix_and_touch_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (code, _, err) = cli(
+        &["commits", "--repo", "nowhere", "a", "b", "--build", "true"],
+        d,
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("--repo nowhere: not a git repository"),
+        "{err}"
+    );
+    // Neither --build nor --artifact.
+    let (code, _, err) = cli(&["commits", "--repo", ".", "a", "b"], d);
+    assert_eq!(code, Some(2), "{err}");
+    // The ends swapped: refused before anything is checked out or started.
+    let repo = d.join("r");
+    std::fs::create_dir_all(&repo).unwrap();
+    git(&repo, &["init", "-q", "-b", "main"]);
+    for i in 0..3 {
+        std::fs::write(repo.join("f"), format!("{i}\n")).unwrap();
+        git(&repo, &["add", "-A"]);
+        git(&repo, &["commit", "-q", "-m", &format!("c{i}")]);
+    }
+    let r = repo.to_str().unwrap();
+    // The embedded engine's own launch scripts are not in the repository: no commit
+    // would ever run.
+    let (code, _, err) = cli(
+        &["commits", "--repo", r, "main~2", "main", "--build", "true"],
+        d,
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("every commit would be measured on the same engine"),
+        "{err}"
+    );
+    let (code, _, err) = cli(
+        &[
+            "commits",
+            "--repo",
+            r,
+            "main",
+            "main~2",
+            "--artifact",
+            "true",
+        ],
+        d,
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("is not an ancestor of the bad end"), "{err}");
+    let (code, _, err) = cli(
+        &["commits", "--repo", r, "nope", "main", "--artifact", "true"],
+        d,
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("\"nope\" is not a commit"), "{err}");
+    assert_eq!(git(&repo, &["worktree", "list"]).lines().count(), 1);
+    assert_eq!(git(&repo, &["status", "--porcelain"]), "");
+}
+
+#[test]
+fn simulate_prints_the_benchmark_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, out, err) = cli(
+        &["commits", "--simulate", "--searches", "5", "--sizes", "16"],
+        dir.path(),
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("### 16 commits"), "{out}");
+    for method in [
+        "commit search",
+        "plain bisection",
+        "bisection, 3 blocks per probe",
+    ] {
+        assert!(out.contains(method), "{out}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_during_a_build_removes_the_worktrees() {
+    let dir = tempfile::tempdir().unwrap();
+    let (repo, target, shas) = engine_repo(dir.path(), Some(37), false);
+    let mut plan = plan(dir.path(), &repo, target, 80);
+    plan.build = BuildStep::Build("sleep 30".into());
+    let cancel = CancellationToken::new();
+    let later = cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        later.cancel();
+    });
+    let controls: Box<ControlFactory<'_>> = Box::new(|target, logs| {
+        Ok(Box::new(ProcessControl::new(target, logs, None)?) as Box<dyn EngineControl>)
+    });
+    let started = std::time::Instant::now();
+    let err = commits::run(&plan, controls.as_ref(), &Quiet, cancel)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        bisect_harness::commands::code_for_error(&err),
+        130,
+        "{err:#}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "the build was not killed"
+    );
+    assert!(!plan.dir.join("worktrees").exists());
+    assert_untouched(&repo, &shas[COMMITS]);
+    let record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(plan.dir.join("commits.json")).unwrap())
+            .unwrap();
+    assert_eq!(record["status"], "interrupted", "{record}");
+}
