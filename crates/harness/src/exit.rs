@@ -14,7 +14,7 @@ pub const OK: u8 = 0;
 pub const BAD_INPUT: u8 = 2;
 pub const COULD_NOT_RUN: u8 = 3;
 pub const INTERRUPTED: u8 = 130;
-pub const PROBE_CORRUPTED: u8 = 1;
+pub(crate) const PROBE_CORRUPTED: u8 = 1;
 pub const PROBE_UNKNOWN: u8 = 125;
 /// `bisect probe` while another bisect holds the target's launch configs: outside 0-127,
 /// so `git bisect run` stops. A skip (125) would only move it on to the next commit,
@@ -29,7 +29,7 @@ pub const CHECK_FAILED: u8 = 1;
 /// `bisect commits`: no culprit (the ends do not differ, or the bad end does not
 /// reproduce at this load). A culprit found and verified is 0; an inconclusive search (or a
 /// culprit whose verification failed) is 3, as the issue that asked for it says.
-pub const COMMITS_NO_CULPRIT: u8 = 1;
+pub(crate) const COMMITS_NO_CULPRIT: u8 = 1;
 
 /// Errors whose kind decides the exit code. Anything else that reaches `main` is a
 /// could-not-run failure (3).

@@ -9,9 +9,9 @@
 use proptest::test_runner::{Config, RngSeed};
 
 /// Cases per property unless `BISECT_PROPTEST_CASES` says otherwise.
-pub const DEFAULT_CASES: u32 = 10_000;
+pub(crate) const DEFAULT_CASES: u32 = 10_000;
 /// Seed unless `BISECT_PROPTEST_SEED` says otherwise.
-pub const DEFAULT_SEED: u64 = 0x00b1_5ec7;
+pub(crate) const DEFAULT_SEED: u64 = 0x00b1_5ec7;
 
 fn env_number<T: std::str::FromStr>(name: &str) -> Option<T> {
     let raw = std::env::var(name).ok()?;
@@ -39,7 +39,7 @@ pub fn config() -> Config {
 /// A scratch directory in memory where the system has one (`/dev/shm`), else the usual
 /// temporary directory. On a disk, rewriting a file flushes it (and the journal
 /// fsyncs), which turns 10,000 cases into minutes; in memory they take seconds.
-pub fn scratch_dir() -> tempfile::TempDir {
+pub(crate) fn scratch_dir() -> tempfile::TempDir {
     let shm = std::path::Path::new("/dev/shm");
     if shm.is_dir() {
         if let Ok(dir) = tempfile::tempdir_in(shm) {

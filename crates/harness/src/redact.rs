@@ -14,10 +14,10 @@ use std::borrow::Cow;
 use std::sync::RwLock;
 
 /// The mask a secret is replaced with.
-pub const MASK: &str = "***";
+pub(crate) const MASK: &str = "***";
 
 /// Shorter values are not treated as secrets (see the module doc).
-pub const MIN_SECRET_LEN: usize = 4;
+pub(crate) const MIN_SECRET_LEN: usize = 4;
 
 static SECRETS: RwLock<Vec<String>> = RwLock::new(Vec::new());
 

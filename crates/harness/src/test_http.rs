@@ -21,14 +21,14 @@ pub async fn serve(app: axum::Router) -> SocketAddr {
 }
 
 /// Whether a request carries `Bearer KEY`.
-pub fn authed(headers: &HeaderMap) -> bool {
+pub(crate) fn authed(headers: &HeaderMap) -> bool {
     headers.get("authorization").and_then(|v| v.to_str().ok()) == Some(&format!("Bearer {KEY}"))
 }
 
 /// An engine whose health answers anyone but whose self-report (`/config`, and
 /// `/server_info` beside its health URL) answers only `Bearer KEY`, with a new pid at
 /// every read (as an engine restarted between two reads would).
-pub async fn keyed_engine() -> SocketAddr {
+pub(crate) async fn keyed_engine() -> SocketAddr {
     let reads = Arc::new(AtomicU64::new(0));
     let report = move |h: HeaderMap| {
         let reads = reads.clone();

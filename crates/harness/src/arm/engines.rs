@@ -18,7 +18,7 @@ pub struct Restarted {
     pub health_wait_s: f64,
     /// The health poller's padding summed over roles, seconds: an upper bound on the
     /// time between an engine being ready and bisect noticing (0 where not measured).
-    pub health_padding_s: f64,
+    pub(crate) health_padding_s: f64,
     /// The rest of the restart, seconds: stopping, the foreign-engine check, spawning or
     /// the restart command, and asking each engine what it runs with.
     pub restart_s: f64,
@@ -30,7 +30,7 @@ pub struct Restarted {
     /// The written and pinned flags some engine reports running with another value than
     /// the launch config holds, in the order they were first written, roles in name
     /// order: what the restart disproved.
-    pub disagreements: Vec<Disagreeing>,
+    pub(crate) disagreements: Vec<Disagreeing>,
 }
 
 /// A flag an engine does not run with as written (a dead conditional, an overriding
@@ -39,10 +39,10 @@ pub struct Restarted {
 pub struct Disagreeing {
     pub flag: String,
     /// Where the flag lives in the launch config (the env variable, the argument).
-    pub setting_key: String,
+    pub(crate) setting_key: String,
     /// Written with [`Testbed::pin`] rather than [`Testbed::set`].
     pub pinned: bool,
-    pub disagreement: effective::Disagreement,
+    pub(crate) disagreement: effective::Disagreement,
 }
 
 /// A flag value the testbed wrote, and whether it was a pin.

@@ -43,7 +43,7 @@ use engines::{identity_of, Written};
 pub use engines::{Disagreeing, Restarted, IDENTITY_FIELDS, NO_EFFECTIVE_WARNING};
 
 /// Role -> the value read back from its launch config after an edit.
-pub type Readback = BTreeMap<String, String>;
+pub(crate) type Readback = BTreeMap<String, String>;
 
 /// One arm block as progress output names it: a run's `on`/`off` arm with its flag
 /// value, or a matrix cell / probe (empty value).
@@ -73,7 +73,7 @@ impl Progress for Quiet {
 
 /// How a command opens its testbed: built by [`TestbedSpec::read_only`], then
 /// [`TestbedSpec::editing`] for a command that writes flags.
-pub struct TestbedSpec<'a> {
+pub(crate) struct TestbedSpec<'a> {
     target: &'a TargetProfile,
     /// Where the launch-config journal lives; `None` opens read-only (probe).
     journal_dir: Option<&'a Path>,
@@ -89,7 +89,7 @@ pub struct TestbedSpec<'a> {
 impl<'a> TestbedSpec<'a> {
     /// A testbed over `target` that edits nothing: no journal, no flag to refuse (a
     /// probe). Commands that write flags add [`TestbedSpec::editing`].
-    pub fn read_only(
+    pub(crate) fn read_only(
         target: &'a TargetProfile,
         api_key: Option<String>,
         metrics_period: Duration,
@@ -126,7 +126,7 @@ impl<'a> TestbedSpec<'a> {
 }
 
 /// What closing found: both are reported, the restore first (configs matter most).
-pub struct Closed {
+pub(crate) struct Closed {
     pub stopped: anyhow::Result<()>,
     pub restored: anyhow::Result<()>,
 }
@@ -134,7 +134,7 @@ pub struct Closed {
 impl Closed {
     /// The command's result once the testbed is closed: a failed restore wins, then the
     /// command's own error, then a failed stop.
-    pub fn combine<T>(self, outcome: anyhow::Result<T>) -> anyhow::Result<T> {
+    pub(crate) fn combine<T>(self, outcome: anyhow::Result<T>) -> anyhow::Result<T> {
         self.restored
             .context("restoring the original launch configs")?;
         let value = outcome?;
@@ -144,7 +144,7 @@ impl Closed {
 
     /// [`Closed::combine`] for a command that writes its record after closing, `written`
     /// being that write: see [`record_written`].
-    pub fn combine_written<T>(
+    pub(crate) fn combine_written<T>(
         self,
         outcome: anyhow::Result<T>,
         written: anyhow::Result<()>,
@@ -158,7 +158,7 @@ impl Closed {
 /// write never hides the result's error: a full disk fails a restore and then the
 /// record, and the restore (the launch configs still edited) is what the user must
 /// read first. When both failed, the message is the result's, then the write's.
-pub fn record_written<T>(
+pub(crate) fn record_written<T>(
     result: anyhow::Result<T>,
     written: anyhow::Result<()>,
 ) -> anyhow::Result<T> {
@@ -172,7 +172,7 @@ pub fn record_written<T>(
 }
 
 /// A target under bisect's control for the length of one command.
-pub struct Testbed<'a> {
+pub(crate) struct Testbed<'a> {
     target: &'a TargetProfile,
     editor: Option<Editor>,
     control: &'a mut dyn EngineControl,
@@ -257,12 +257,8 @@ impl<'a> Testbed<'a> {
         self.progress
     }
 
-    pub fn cancel(&self) -> &CancellationToken {
-        &self.cancel
-    }
-
     /// Err(Interrupted) once Ctrl-C / SIGTERM / SIGHUP arrived: checked between blocks.
-    pub fn check_cancelled(&self) -> anyhow::Result<()> {
+    pub(crate) fn check_cancelled(&self) -> anyhow::Result<()> {
         if self.cancel.is_cancelled() {
             return Err(Failure::Interrupted.into());
         }
@@ -383,7 +379,7 @@ impl<'a> Testbed<'a> {
 
     /// [`Testbed::drive`], also handing every finished session to `observe` (in the
     /// order they finish) and returning the driver's own totals (classification time).
-    pub async fn drive_observed(
+    pub(crate) async fn drive_observed(
         &self,
         block: BlockName<'_>,
         workload: &Workload,
@@ -520,7 +516,7 @@ pub fn settle<T>(outcome: &anyhow::Result<T>) -> (RecordStatus, Option<String>) 
 }
 
 /// A role's launch config as text; unreadable is bad input naming the file.
-pub fn read_launch(role: &crate::config::RoleSpec) -> anyhow::Result<String> {
+pub(crate) fn read_launch(role: &crate::config::RoleSpec) -> anyhow::Result<String> {
     std::fs::read_to_string(&role.launch).map_err(|e| {
         Failure::BadInput(format!(
             "{}: cannot read launch config of role {}: {e}",
@@ -533,7 +529,10 @@ pub fn read_launch(role: &crate::config::RoleSpec) -> anyhow::Result<String> {
 
 /// Refuse, before any edit, a flag whose setting also appears in the launch config of a
 /// role it does not list (docs/design.md 3.3): flipping it would half-apply it.
-pub fn refuse_half_applied(target: &TargetProfile, flags: &[&FlagSpec]) -> anyhow::Result<()> {
+pub(crate) fn refuse_half_applied(
+    target: &TargetProfile,
+    flags: &[&FlagSpec],
+) -> anyhow::Result<()> {
     let mut texts = Vec::new();
     for role in &target.roles {
         texts.push((role.name.clone(), role.launch.clone(), read_launch(role)?));
@@ -545,7 +544,7 @@ pub fn refuse_half_applied(target: &TargetProfile, flags: &[&FlagSpec]) -> anyho
 }
 
 /// `prefill=1, decode=1`.
-pub fn fmt_readback(readback: &Readback) -> String {
+pub(crate) fn fmt_readback(readback: &Readback) -> String {
     readback
         .iter()
         .map(|(k, v)| format!("{k}={v}"))

@@ -42,7 +42,7 @@ pub struct AdaptiveOptions {
 
 /// The workload every block runs: the plan's, held at its target concurrency C. Its
 /// `sessions` is set per block; the record shows C as both.
-pub fn block_workload(plan: &RunPlan) -> Workload {
+pub(crate) fn block_workload(plan: &RunPlan) -> Workload {
     let c = plan.workload.target_concurrency();
     let mut workload = plan.workload.clone();
     workload.sessions = c;
@@ -226,7 +226,7 @@ impl Run<'_> {
 }
 
 /// `continue`, `implicated (on)`, `cleared`, `underpowered`.
-pub fn decision_word(decision: &Decision) -> String {
+pub(crate) fn decision_word(decision: &Decision) -> String {
     match decision {
         Decision::Continue => "continue".into(),
         Decision::Implicated { direction } => format!("implicated ({direction:?})").to_lowercase(),

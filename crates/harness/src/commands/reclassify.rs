@@ -267,7 +267,7 @@ pub fn recount(record: &mut RunRecord, sessions: &[SessionResult], policy: &Poli
 
 /// The policy the run was decided with: `--alpha` / `--min-effect` from its recorded
 /// command line, the recorded comparison's min effect, else the defaults.
-pub fn recorded_policy(record: &RunRecord) -> Policy {
+pub(crate) fn recorded_policy(record: &RunRecord) -> Policy {
     let mut policy = Policy::default();
     if let Some(c) = &record.comparison {
         policy.min_effect = c.min_effect;

@@ -50,7 +50,7 @@ pub struct RunPlan {
 }
 
 /// The order of arm blocks: on, off, then off, on, ... (ABBA), `repeats` pairs.
-pub fn arm_order(repeats: u32) -> Vec<(ArmLabel, u32)> {
+pub(crate) fn arm_order(repeats: u32) -> Vec<(ArmLabel, u32)> {
     let mut order = Vec::new();
     for r in 0..repeats.max(1) {
         if r % 2 == 0 {

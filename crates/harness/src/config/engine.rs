@@ -45,7 +45,7 @@ pub enum Engine {
 pub struct Preset {
     pub running_metric: &'static str,
     pub queued_metric: &'static str,
-    pub effective_path: Option<&'static str>,
+    pub(crate) effective_path: Option<&'static str>,
     pub markup: &'static [MarkupFamily],
     /// The engine's parse-failure replies: (name, status or any non-2xx, body regex).
     pub rejections: &'static [(&'static str, Option<u16>, &'static str)],
@@ -181,7 +181,7 @@ impl Engine {
 }
 
 /// `http://host:port` of an `http://host:port/path` URL.
-pub fn origin(url: &str) -> Option<&str> {
+pub(crate) fn origin(url: &str) -> Option<&str> {
     let rest = url.strip_prefix("http://")?;
     let end = rest.find('/').map_or(url.len(), |i| i + "http://".len());
     Some(&url[..end])

@@ -344,7 +344,7 @@ impl FlagCatalog {
     /// Whether `flag` can be flipped on `target`: every role it lists is one of the
     /// target's (the built-in SGLang flags name prefill and decode, which a one-role
     /// llama.cpp target does not have).
-    pub fn applies_to(flag: &FlagSpec, target: &TargetProfile) -> bool {
+    pub(crate) fn applies_to(flag: &FlagSpec, target: &TargetProfile) -> bool {
         flag.roles.iter().all(|r| target.role(r).is_some())
     }
 

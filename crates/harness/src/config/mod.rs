@@ -64,7 +64,7 @@ impl ConfigError {
 }
 
 /// 1-based line number of byte `offset` in `text`.
-pub fn line_of(text: &str, offset: usize) -> usize {
+pub(crate) fn line_of(text: &str, offset: usize) -> usize {
     let end = offset.min(text.len());
     text.as_bytes()[..end]
         .iter()
@@ -96,7 +96,12 @@ impl Source<'_> {
     }
 
     /// A whole-number key of at least `min` that fits a `u32`.
-    pub fn whole_number(&self, key: &str, v: &Spanned<i64>, min: i64) -> Result<u32, ConfigError> {
+    pub(crate) fn whole_number(
+        &self,
+        key: &str,
+        v: &Spanned<i64>,
+        min: i64,
+    ) -> Result<u32, ConfigError> {
         let n = *v.get_ref();
         if n < min || n > u32::MAX as i64 {
             return Err(self.invalid(

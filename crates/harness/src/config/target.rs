@@ -92,10 +92,10 @@ impl RoleSpec {
 }
 
 /// How long a role may take to answer /health after a restart unless the profile says.
-pub const DEFAULT_HEALTH_TIMEOUT_S: u64 = 600;
+pub(crate) const DEFAULT_HEALTH_TIMEOUT_S: u64 = 600;
 
 /// How long a role's restart command may run unless the profile says.
-pub const DEFAULT_RESTART_TIMEOUT_S: u64 = 300;
+pub(crate) const DEFAULT_RESTART_TIMEOUT_S: u64 = 300;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -67,7 +67,7 @@ pub enum ArmLabel {
 
 impl ArmLabel {
     /// The two arms of an A/B, in the order they are reported.
-    pub const AB: [ArmLabel; 2] = [ArmLabel::On, ArmLabel::Off];
+    pub(crate) const AB: [ArmLabel; 2] = [ArmLabel::On, ArmLabel::Off];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -165,7 +165,7 @@ impl ArmStats {
     }
 
     /// Count one finished session: the collector's and `reclassify`'s only way in.
-    pub fn add_session(&mut self, session: &SessionResult) {
+    pub(crate) fn add_session(&mut self, session: &SessionResult) {
         self.counts.add(session.class);
         self.completion_tokens += session.completion_tokens;
         if let Some(round) = session.first_bad_round {
@@ -183,7 +183,7 @@ impl ArmStats {
 
     /// Forget the session-derived fields (counts, tokens, first bad rounds), keeping
     /// what the lifecycle measured (wall time, peaks, health wait): for recounting.
-    pub fn clear_sessions(&mut self) {
+    pub(crate) fn clear_sessions(&mut self) {
         self.counts = Counts::default();
         self.completion_tokens = 0;
         self.first_bad_round.clear();
@@ -276,7 +276,7 @@ fn pool_transport(pooled: Option<TransportStats>, block: &TransportStats) -> Tra
 /// applies to what is pooled: text equality for a launch-file read-back,
 /// [`crate::core::effective::agrees`] for an engine's report (`"true"` means `"on"`,
 /// so comparing text would let an agreeing `"true"` hide a later `"false"`).
-pub fn pool_readback<'a>(
+pub(crate) fn pool_readback<'a>(
     value: &str,
     blocks: impl IntoIterator<Item = &'a BTreeMap<String, String>>,
     means: impl Fn(&str, &str) -> bool,

@@ -17,7 +17,7 @@ use crate::core::flag::{FlagSpec, Setting};
 /// The key an engine reports a setting under: env variables as they are, command-line
 /// arguments and switches the way argument parsers name them (`--enable-hierarchical-cache`
 /// -> `enable_hierarchical_cache`).
-pub fn report_key(setting: &Setting) -> String {
+pub(crate) fn report_key(setting: &Setting) -> String {
     match setting {
         Setting::Env(var) => var.clone(),
         Setting::Arg(arg) | Setting::Switch(arg) => arg.trim_start_matches('-').replace('-', "_"),
@@ -30,7 +30,7 @@ pub fn report_key(setting: &Setting) -> String {
 /// `/vllm:cache_config_info/cache_dtype`; `process_start_time_seconds` (the Python
 /// client's process collector) becomes `start_time`, which names the process for the
 /// check that one engine served a whole block. `None` when the text has neither.
-pub fn prometheus_doc(text: &str) -> Option<Value> {
+pub(crate) fn prometheus_doc(text: &str) -> Option<Value> {
     let mut doc = serde_json::Map::new();
     for line in text.lines().map(str::trim) {
         if line.is_empty() || line.starts_with('#') {
@@ -57,7 +57,7 @@ pub fn prometheus_doc(text: &str) -> Option<Value> {
 /// An engine's self-report as served: a JSON document, else the info metrics of a
 /// Prometheus exposition ([`prometheus_doc`], vLLM); with which of the two it was. The
 /// one reading of an effective-config URL, for `run` and `bisect check` alike.
-pub fn parse_document(text: &str) -> Option<(Value, &'static str)> {
+pub(crate) fn parse_document(text: &str) -> Option<(Value, &'static str)> {
     serde_json::from_str(text)
         .ok()
         .map(|doc| (doc, "a JSON document"))
@@ -107,7 +107,7 @@ fn prometheus_labels(text: &str) -> Option<serde_json::Map<String, Value>> {
 }
 
 /// JSON pointers tried, in order, in an engine's configuration document.
-pub fn pointers(flag: &FlagSpec) -> Vec<String> {
+pub(crate) fn pointers(flag: &FlagSpec) -> Vec<String> {
     let key = report_key(&flag.setting)
         .replace('~', "~0")
         .replace('/', "~1");
@@ -121,7 +121,7 @@ pub fn reported(doc: &Value, flag: &FlagSpec) -> Option<String> {
 
 /// The value at the first of `pointers` the document has, as text (a role's
 /// `effective_pointers` from the target profile, or [`pointers`]).
-pub fn reported_at(doc: &Value, pointers: &[String]) -> Option<String> {
+pub(crate) fn reported_at(doc: &Value, pointers: &[String]) -> Option<String> {
     pointers
         .iter()
         .find_map(|p| doc.pointer(p))
@@ -161,7 +161,7 @@ pub fn identity(doc: &Value) -> Option<String> {
 /// prefill) while its own command restarted nothing, and the same start time says the
 /// same process answered. A pid alone does not: a restarted container's engine can get
 /// its old pid back. Else why not.
-pub fn restart_proven(
+pub(crate) fn restart_proven(
     before: Option<&str>,
     after: Option<&str>,
     went_down: bool,
@@ -218,7 +218,7 @@ pub fn agrees(intended: &str, reported: &str) -> bool {
 
 /// A role whose engine reports a flag's value other than the one written for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Disagreement {
+pub(crate) struct Disagreement {
     pub role: String,
     /// The value written into the role's launch config.
     pub expected: String,
@@ -230,7 +230,7 @@ pub struct Disagreement {
 /// [`agrees`] with `expected`, in role order. The one comparison of a written value
 /// with the engines' reports: `run`'s pins, the matrix's cells, the culprit search's
 /// blocks and the run's `effective` confounds all judge with it, each in its own words.
-pub fn disagreements(
+pub(crate) fn disagreements(
     expected: &str,
     reported: &std::collections::BTreeMap<String, String>,
 ) -> Vec<Disagreement> {

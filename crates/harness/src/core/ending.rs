@@ -11,7 +11,7 @@ use crate::core::session::{ChatMessage, RoundClass, RoundRecord, SessionClass};
 
 /// Whether a session goes on after a round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Flow {
+pub(crate) enum Flow {
     /// An ok reply with tool calls: the next round is judged against the next step.
     Continue,
     /// The session has its class; later rounds are not run.
@@ -20,7 +20,7 @@ pub enum Flow {
 
 /// One session's rounds so far, the task step it is on, and its class once decided.
 #[derive(Debug, Clone)]
-pub struct SessionProgress {
+pub(crate) struct SessionProgress {
     steps: usize,
     step: usize,
     rounds: Vec<RoundRecord>,
@@ -29,7 +29,7 @@ pub struct SessionProgress {
 
 /// How a session ended: its class, the evidence, its first bad round and its rounds.
 #[derive(Debug, Clone)]
-pub struct Ending {
+pub(crate) struct Ending {
     pub class: SessionClass,
     pub evidence: String,
     pub first_bad_round: Option<u32>,
@@ -37,12 +37,12 @@ pub struct Ending {
     /// `maxrounds` with rounds left: the last round recorded is ok yet nothing came after
     /// it. Only a replay sees this (its stored last round was non-ok and is now judged ok);
     /// the rounds after it were never run, so the session is incomplete.
-    pub cut_short: bool,
+    pub(crate) cut_short: bool,
 }
 
 impl Ending {
     /// The client latency of every round, in milliseconds.
-    pub fn latency_ms(&self) -> Vec<u64> {
+    pub(crate) fn latency_ms(&self) -> Vec<u64> {
         self.rounds.iter().map(|r| r.latency_ms).collect()
     }
 }

@@ -43,7 +43,7 @@ pub struct FlagSpec {
 
 impl FlagSpec {
     /// The value an arm labelled `on` or `off` writes.
-    pub fn value_for(&self, on: bool) -> &str {
+    pub(crate) fn value_for(&self, on: bool) -> &str {
         if on {
             &self.on
         } else {

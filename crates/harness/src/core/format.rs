@@ -11,7 +11,7 @@
 use crate::core::stats;
 
 /// Written for a value that is not a number (NaN, infinite).
-pub const NOT_A_NUMBER: &str = "n/a";
+pub(crate) const NOT_A_NUMBER: &str = "n/a";
 
 /// A p-value with two significant figures: `0.50`, `0.011`, `0.0028`, and below 0.001
 /// in scientific notation without zero padding, `6.6e-5`. Exactly 0 is `0`, 1 is
@@ -41,7 +41,7 @@ pub fn p_value(p: f64) -> String {
 /// The digits of a proportion in percent, one decimal, no sign: 0.175 -> `17.5`. Also
 /// for a difference in percentage points (-0.003 -> `-0.3`); a tiny negative that rounds
 /// to zero is `0.0`, never `-0.0`, which would read as a sign error.
-pub fn percent_digits(fraction: f64) -> String {
+pub(crate) fn percent_digits(fraction: f64) -> String {
     if !fraction.is_finite() {
         return NOT_A_NUMBER.to_string();
     }
@@ -63,7 +63,7 @@ pub fn percent(fraction: f64) -> String {
 
 /// A change in percentage points, always signed: 0.031 -> `+3.1%`, -0.003 -> `-0.3%`;
 /// a change that rounds to zero is `+0.0%` whichever side it came from.
-pub fn signed_percent(fraction: f64) -> String {
+pub(crate) fn signed_percent(fraction: f64) -> String {
     if !fraction.is_finite() {
         return NOT_A_NUMBER.to_string();
     }
@@ -84,7 +84,7 @@ pub fn rate(corrupted: u64, sessions: u64) -> String {
 }
 
 /// A percentage with its interval: `17.5% [10.7%, 27.3%]`.
-pub fn percent_interval(fraction: f64, interval: [f64; 2]) -> String {
+pub(crate) fn percent_interval(fraction: f64, interval: [f64; 2]) -> String {
     format!(
         "{} [{}, {}]",
         percent(fraction),
@@ -94,7 +94,7 @@ pub fn percent_interval(fraction: f64, interval: [f64; 2]) -> String {
 }
 
 /// A rate as a count, a percentage and its interval: `14/80 = 17.5% [10.7%, 27.3%]`.
-pub fn rate_interval(corrupted: u64, sessions: u64, interval: [f64; 2]) -> String {
+pub(crate) fn rate_interval(corrupted: u64, sessions: u64, interval: [f64; 2]) -> String {
     format!(
         "{corrupted}/{sessions} = {}",
         percent_interval(stats::rate(corrupted, sessions), interval)
@@ -102,7 +102,7 @@ pub fn rate_interval(corrupted: u64, sessions: u64, interval: [f64; 2]) -> Strin
 }
 
 /// A measured quantity without spurious decimals: 60 -> `60`, 12.345 -> `12.3`.
-pub fn quantity(value: f64) -> String {
+pub(crate) fn quantity(value: f64) -> String {
     if !value.is_finite() {
         return NOT_A_NUMBER.to_string();
     }

@@ -16,7 +16,7 @@ pub struct Phases {
     /// From the start of the command to the verdict (configs restored, engines stopped).
     pub wall_s: f64,
     /// Writing flag values into the launch configs and reading them back.
-    pub edit_s: f64,
+    pub(crate) edit_s: f64,
     /// Stopping, spawning or running restart commands, asking engines what they run with
     /// (the health wait excluded).
     pub restart_s: f64,
@@ -24,24 +24,24 @@ pub struct Phases {
     /// Upper bound on the part of `health_wait_s` between an engine being ready and
     /// bisect noticing: the gap from the last probe that found it unhealthy to the one
     /// that found it healthy, summed over roles and restarts.
-    pub health_padding_s: f64,
+    pub(crate) health_padding_s: f64,
     /// Driving sessions, from the first request to the last block's collector finishing
     /// (metrics and sessions.jsonl are written while it runs).
     pub drive_s: f64,
     /// CPU seconds classifying replies; inside `drive_s`, concurrent with serving.
-    pub classify_s: f64,
+    pub(crate) classify_s: f64,
     /// Rewriting run.json, summary.md and report.html, copying launch snapshots.
-    pub write_s: f64,
+    pub(crate) write_s: f64,
     /// Planning the sequential design (simulations of the stopping rule).
-    pub plan_s: f64,
+    pub(crate) plan_s: f64,
     /// Stopping the engines and restoring the launch configs at the end.
-    pub close_s: f64,
+    pub(crate) close_s: f64,
     /// Engine restarts.
     pub restarts: u64,
     /// `wall_s` minus every phase above outside `drive_s` (which includes `classify_s`).
-    pub other_s: f64,
+    pub(crate) other_s: f64,
     /// (wall - restart - health wait - drive) / wall.
-    pub overhead_fraction: f64,
+    pub(crate) overhead_fraction: f64,
 }
 
 impl Phases {
@@ -64,7 +64,7 @@ impl Phases {
     }
 
     /// Mean padding per restart, seconds.
-    pub fn padding_per_restart_s(&self) -> f64 {
+    pub(crate) fn padding_per_restart_s(&self) -> f64 {
         if self.restarts == 0 {
             0.0
         } else {

@@ -144,11 +144,11 @@ impl SessionClass {
 
     /// Could this session show corruption: neither failed nor cut off at max_tokens
     /// (`Counts::judged` counts these).
-    pub fn is_judged(self) -> bool {
+    pub(crate) fn is_judged(self) -> bool {
         !self.is_failure() && self != SessionClass::Truncated
     }
 
-    pub fn from_round(class: RoundClass) -> Option<SessionClass> {
+    pub(crate) fn from_round(class: RoundClass) -> Option<SessionClass> {
         Some(match class {
             RoundClass::Ok => return None,
             RoundClass::Error => SessionClass::Error,
@@ -257,7 +257,7 @@ impl Counts {
 pub struct RoundRecord {
     pub round: u32,
     pub class: RoundClass,
-    pub latency_ms: u64,
+    pub(crate) latency_ms: u64,
     #[serde(default)]
     pub completion_tokens: u64,
     /// The text that decided the class (for ok rounds: the call that was accepted).
@@ -278,7 +278,7 @@ pub struct RoundRecord {
 /// How much of a non-2xx reply's body is judged and kept: engines' error bodies are a
 /// short JSON object, but llama.cpp's older parse error quotes the rest of the model's
 /// output after the position it failed at.
-pub const HTTP_BODY_KEPT: usize = 2000;
+pub(crate) const HTTP_BODY_KEPT: usize = 2000;
 
 /// A non-2xx reply as the client received it (the API key masked).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -300,7 +300,7 @@ pub struct SessionResult {
     pub evidence: String,
     pub transcript: Vec<ChatMessage>,
     pub rounds: Vec<RoundRecord>,
-    pub latency_ms: Vec<u64>,
+    pub(crate) latency_ms: Vec<u64>,
     pub completion_tokens: u64,
     pub error: Option<String>,
 }

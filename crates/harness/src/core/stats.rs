@@ -43,7 +43,7 @@ pub fn rate(k: u64, n: u64) -> f64 {
 
 /// The standard normal quantile z with P(|Z| <= z) = confidence (1.959964 for 0.95);
 /// NaN for a NaN confidence (the intervals built on it are then NaN, not a panic).
-pub fn two_sided_z(confidence: f64) -> f64 {
+pub(crate) fn two_sided_z(confidence: f64) -> f64 {
     if confidence.is_nan() {
         return f64::NAN;
     }
@@ -58,7 +58,7 @@ fn standard_normal() -> Normal {
 /// Wilson score interval for k successes in n trials at the given confidence (0.95).
 /// n = 0 gives [0, 1]; k = 0 gives a lower bound of exactly 0 and k = n an upper bound of
 /// exactly 1 (the formula reaches them only up to rounding).
-pub fn wilson(k: u64, n: u64, confidence: f64) -> (f64, f64) {
+pub(crate) fn wilson(k: u64, n: u64, confidence: f64) -> (f64, f64) {
     if confidence.is_nan() {
         return (f64::NAN, f64::NAN);
     }
@@ -204,7 +204,7 @@ pub fn sessions_per_arm(p_base: f64, min_effect: f64, alpha: f64, power: f64) ->
 /// Holm step-down adjusted p-values, in the input order (R's `p.adjust(p, "holm")`):
 /// sorted ascending, the i-th smallest (0-based) becomes max over j <= i of
 /// min(1, (m - j) p_(j)). NaN inputs stay NaN and do not count towards m, as in R.
-pub fn holm(p_values: &[f64]) -> Vec<f64> {
+pub(crate) fn holm(p_values: &[f64]) -> Vec<f64> {
     let mut order: Vec<usize> = (0..p_values.len())
         .filter(|&i| !p_values[i].is_nan())
         .collect();

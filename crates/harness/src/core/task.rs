@@ -16,7 +16,7 @@ use serde_json::{Map, Value};
 /// identical when the filler generator changes, and vice versa.
 #[derive(Debug, Clone, Copy)]
 #[repr(u64)]
-pub(crate) enum Purpose {
+pub enum Purpose {
     Task = 1,
     Filler = 2,
 }
@@ -40,7 +40,7 @@ pub struct Step {
 
 impl Step {
     /// The call as it appears in the numbered list: `read_file(path="/a", max_lines=40)`.
-    pub fn render_call(&self) -> String {
+    pub(crate) fn render_call(&self) -> String {
         render_call(&self.tool, &self.args)
     }
 
@@ -62,7 +62,7 @@ pub struct Task {
 impl Task {
     /// The task of session `session_index` (0-based), drawn from the workload's tools and
     /// their `arg_values` pools.
-    pub fn generate(workload: &Workload, session_index: u32) -> Task {
+    pub(crate) fn generate(workload: &Workload, session_index: u32) -> Task {
         let mut rng = session_rng(workload.seed, session_index, Purpose::Task);
         let usable: Vec<&ToolSpec> = workload.tools.iter().collect();
         let steps = if usable.is_empty() {
@@ -79,7 +79,7 @@ impl Task {
     }
 
     /// The task user message: intro, the numbered list (one call per line), outro.
-    pub fn render_message(&self, spec: &TaskSpec) -> String {
+    pub(crate) fn render_message(&self, spec: &TaskSpec) -> String {
         let list: Vec<String> = self
             .steps
             .iter()
@@ -106,7 +106,7 @@ impl Task {
 /// Argument names of a tool in the order calls are rendered: the schema's
 /// `properties` in the order the workload file declares them, restricted to names with
 /// a non-empty value pool.
-pub fn argument_order(tool: &ToolSpec) -> Vec<String> {
+pub(crate) fn argument_order(tool: &ToolSpec) -> Vec<String> {
     tool.property_names()
         .into_iter()
         .filter(|name| {
@@ -132,7 +132,7 @@ fn draw_step(tool: &ToolSpec, rng: &mut ChaCha8Rng) -> Step {
 }
 
 /// `name(a=JSON, b=JSON)` with arguments in map order; strings JSON-quoted and escaped.
-pub fn render_call(tool: &str, args: &Map<String, Value>) -> String {
+pub(crate) fn render_call(tool: &str, args: &Map<String, Value>) -> String {
     let rendered: Vec<String> = args
         .iter()
         .map(|(name, value)| format!("{name}={value}"))
@@ -230,7 +230,7 @@ fn json_value_end(text: &str) -> Option<usize> {
 
 /// Approximate token count: every run of letters/digits is one token, every other
 /// non-space character another (close to BPE counts for prose, logs and paths).
-pub fn approx_tokens(text: &str) -> usize {
+pub(crate) fn approx_tokens(text: &str) -> usize {
     let mut tokens = 0;
     let mut in_word = false;
     for c in text.chars() {

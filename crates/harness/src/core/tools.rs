@@ -22,7 +22,7 @@ pub fn simulate(tool: &ToolSpec, call: &ToolCall, fallback: &Map<String, Value>)
 }
 
 /// The `role: "tool"` message answering call `call_id`.
-pub fn tool_message(call_id: &str, content: String) -> ChatMessage {
+pub(crate) fn tool_message(call_id: &str, content: String) -> ChatMessage {
     ChatMessage {
         role: "tool".to_string(),
         content: Some(content),

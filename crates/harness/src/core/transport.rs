@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 /// A connect that took at least this long almost always waited on a retransmitted SYN
 /// (Linux's first SYN retransmission is after 1 s): the server's listen queue was full
 /// and the kernel dropped the SYN (`TcpExtListenOverflows` on the server).
-pub const SLOW_CONNECT_MS: f64 = 500.0;
+pub(crate) const SLOW_CONNECT_MS: f64 = 500.0;
 
 /// Connection set-up and load shedding seen by the client in one arm block.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -19,22 +19,22 @@ pub struct TransportStats {
     /// Connections opened (TCP handshakes completed).
     pub connects: u64,
     /// Connect time (SYN to established, pacing wait excluded), milliseconds.
-    pub connect_ms_p50: f64,
-    pub connect_ms_p99: f64,
-    pub connect_ms_max: f64,
+    pub(crate) connect_ms_p50: f64,
+    pub(crate) connect_ms_p99: f64,
+    pub(crate) connect_ms_max: f64,
     /// Connects at least [`SLOW_CONNECT_MS`] long: SYNs the server's full listen queue
     /// dropped and the kernel sent again.
-    pub slow_connects: u64,
+    pub(crate) slow_connects: u64,
     /// Connects whose SYN went unanswered far longer than the usual connect time (a full
     /// listen queue dropped it), abandoned and started again without waiting for the
     /// kernel's retransmission.
     #[serde(default)]
-    pub stalled_connects: u64,
+    pub(crate) stalled_connects: u64,
     /// Connects refused (nothing listening, or a full queue answered with a reset) and
     /// tried again within the round's timeout.
-    pub refused_retried: u64,
+    pub(crate) refused_retried: u64,
     /// Connects reset or aborted during the handshake and tried again.
-    pub reset_retried: u64,
+    pub(crate) reset_retried: u64,
     /// Connects that failed for good (an error not worth retrying).
     pub failed: u64,
     /// Connects cut off by the round's timeout or the end of the drive.
@@ -46,7 +46,7 @@ pub struct TransportStats {
     pub shed_retried: u64,
     /// The widest gap the connect pacer kept between two connection starts,
     /// milliseconds (it widens when connects come back slow or refused).
-    pub pacing_gap_ms_max: f64,
+    pub(crate) pacing_gap_ms_max: f64,
 }
 
 impl TransportStats {
@@ -104,21 +104,21 @@ pub struct LoadGap {
     pub samples: u64,
     /// The engine role the gap is measured against (its busiest).
     pub role: String,
-    pub client_in_flight: f64,
-    pub engine_running: f64,
+    pub(crate) client_in_flight: f64,
+    pub(crate) engine_running: f64,
     /// The engine's queued gauge; None where the engine reports none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub engine_queued: Option<f64>,
+    pub(crate) engine_queued: Option<f64>,
     pub connecting: f64,
     /// In flight at the client, not connecting, not running or queued at the engine.
-    pub unaccounted: f64,
+    pub(crate) unaccounted: f64,
 }
 
 /// One metrics sample of the block: the client's counts and one engine role's gauges
 /// taken at the same moment.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GapSample {
-    pub client_in_flight: u64,
+    pub(crate) client_in_flight: u64,
     pub connecting: u64,
     pub running: f64,
     pub queued: Option<f64>,
@@ -162,7 +162,7 @@ impl LoadGap {
 
     /// Whether the engine ran clearly fewer requests than the client had in flight
     /// (more than 10% and at least one request short).
-    pub fn is_material(&self) -> bool {
+    pub(crate) fn is_material(&self) -> bool {
         let short = self.client_in_flight - self.engine_running;
         short >= 1.0 && short > 0.1 * self.client_in_flight
     }

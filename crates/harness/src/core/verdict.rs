@@ -122,9 +122,9 @@ pub struct Comparison {
     pub test: String,
     pub p_value: f64,
     /// Corruption rate of `on` minus that of `off`.
-    pub rate_diff: f64,
+    pub(crate) rate_diff: f64,
     /// Newcombe (method 10) 95% interval for `rate_diff`.
-    pub diff_ci95: [f64; 2],
+    pub(crate) diff_ci95: [f64; 2],
     pub min_effect: f64,
 }
 

@@ -17,7 +17,7 @@ pub struct RequestOptions {
     /// model that needs to see a tool call before it makes one).
     pub examples: Vec<ChatMessage>,
     /// Sent as `tool_choice` when set (`"auto"`, `"required"`, or a table).
-    pub tool_choice: Option<serde_json::Value>,
+    pub(crate) tool_choice: Option<serde_json::Value>,
     /// Extra top-level request fields, passed through as they are.
     pub extra: serde_json::Map<String, serde_json::Value>,
     /// `stream: true`: the reply arrives as server-sent events and is assembled as
@@ -28,7 +28,7 @@ pub struct RequestOptions {
 impl RequestOptions {
     /// What run.json records; `None` when nothing is set, so records from before these
     /// options compare equal.
-    pub fn params_json(&self) -> Option<serde_json::Value> {
+    pub(crate) fn params_json(&self) -> Option<serde_json::Value> {
         if *self == RequestOptions::default() {
             return None;
         }
@@ -66,7 +66,7 @@ pub struct ToolSpec {
     /// JSON schema of the arguments object (sent as the OpenAI `parameters`).
     pub parameters: serde_json::Value,
     /// Value pools the task generator draws each argument from.
-    pub arg_values: BTreeMap<String, Vec<serde_json::Value>>,
+    pub(crate) arg_values: BTreeMap<String, Vec<serde_json::Value>>,
     /// Simulated result template; `{args}` etc. are filled deterministically.
     pub result: String,
 }
@@ -76,9 +76,9 @@ pub struct TaskSpec {
     /// Steps per session task (one tool call each).
     pub steps: u32,
     /// Text before the numbered list.
-    pub intro: String,
+    pub(crate) intro: String,
     /// Text after the numbered list (what to answer when done).
-    pub outro: String,
+    pub(crate) outro: String,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -97,7 +97,7 @@ pub struct Workload {
     pub temperature: f64,
     pub tools: Vec<ToolSpec>,
     pub task: TaskSpec,
-    pub check_args: CheckArgs,
+    pub(crate) check_args: CheckArgs,
     /// All sessions finish round r before any starts round r+1.
     pub barrier: bool,
     pub seed: u64,
@@ -142,7 +142,7 @@ impl ToolSpec {
     /// The simulated result for a call with `args`: `{tool}` becomes the tool name,
     /// `{args}` the arguments as compact JSON, `{NAME}` the value of argument NAME
     /// (strings unquoted; a missing argument leaves the placeholder as written).
-    pub fn render_result(&self, args: &serde_json::Value) -> String {
+    pub(crate) fn render_result(&self, args: &serde_json::Value) -> String {
         let mut out = String::with_capacity(self.result.len() + 64);
         let mut last = 0;
         for (at, name) in placeholders(&self.result) {
@@ -162,7 +162,7 @@ impl ToolSpec {
     }
 
     /// Names of the schema's properties, in schema order.
-    pub fn property_names(&self) -> Vec<&str> {
+    pub(crate) fn property_names(&self) -> Vec<&str> {
         self.parameters
             .get("properties")
             .and_then(|p| p.as_object())

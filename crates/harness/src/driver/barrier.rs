@@ -17,7 +17,7 @@ struct State {
 }
 
 #[derive(Debug)]
-pub struct RoundBarrier {
+pub(crate) struct RoundBarrier {
     state: Mutex<State>,
     released: watch::Sender<u64>,
 }
@@ -69,7 +69,7 @@ impl RoundBarrier {
     }
 }
 
-pub struct BarrierSeat<'a> {
+pub(crate) struct BarrierSeat<'a> {
     barrier: &'a RoundBarrier,
 }
 

@@ -69,7 +69,7 @@ impl<'a> ChatRequest<'a> {
 
 /// The whole request serialised by serde in one go: what [`RequestTemplate::body`] must
 /// equal, byte for byte.
-pub fn reference_body(
+pub(crate) fn reference_body(
     model: &str,
     messages: &[ChatMessage],
     tools: &[Value],
@@ -83,7 +83,7 @@ pub fn reference_body(
 /// The fixed parts of every request of one client: the bytes before the first message
 /// and after the last.
 #[derive(Debug, Clone)]
-pub struct RequestTemplate {
+pub(crate) struct RequestTemplate {
     /// `{"model":"...","messages":[`
     head: Vec<u8>,
     /// `],"tools":[...],"max_tokens":...}`
@@ -206,7 +206,7 @@ impl Transcript {
         &self.messages
     }
 
-    pub fn into_messages(self) -> Vec<ChatMessage> {
+    pub(crate) fn into_messages(self) -> Vec<ChatMessage> {
         self.messages
     }
 

@@ -38,7 +38,7 @@ pub struct Pacing {
     /// The gap between two connection starts while connects come back fast.
     pub gap: Duration,
     /// The widest the gap grows when connects come back slow or refused.
-    pub max_gap: Duration,
+    pub(crate) max_gap: Duration,
     /// Handshakes unfinished at once.
     pub window: usize,
 }
@@ -182,7 +182,7 @@ impl ConnectGate {
     }
 
     /// When the last connection scheduled so far starts (None before the first).
-    pub fn last_start(&self) -> Option<Instant> {
+    pub(crate) fn last_start(&self) -> Option<Instant> {
         let schedule = self.schedule.lock();
         schedule.next_start.map(|next| next - schedule.gap)
     }
@@ -346,7 +346,7 @@ impl ConnectGate {
     }
 
     /// A reply of 429 or 503 (`retried`: the request was sent again after Retry-After).
-    pub fn note_shed(&self, retried: bool) {
+    pub(crate) fn note_shed(&self, retried: bool) {
         let mut tally = self.tally.lock();
         tally.shed += 1;
         if retried {

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Everything the sessions of one arm block share.
-pub struct SessionContext {
+pub(crate) struct SessionContext {
     pub workload: Arc<Workload>,
     /// The chat endpoint, with the workload's tools, sampling and request options.
     pub client: ChatClient,
@@ -32,7 +32,7 @@ pub struct SessionContext {
     pub repeat: u32,
     /// Nanoseconds spent classifying replies, all sessions of the block together (the
     /// run's phase accounting).
-    pub classify_ns: std::sync::atomic::AtomicU64,
+    pub(crate) classify_ns: std::sync::atomic::AtomicU64,
 }
 
 /// A finished session plus the per-round client latency at microsecond resolution
@@ -40,14 +40,14 @@ pub struct SessionContext {
 /// own turn-around between rounds: from a reply's arrival to the next request's send
 /// (classifying, answering the tool calls, waiting at the barrier if any).
 #[derive(Debug, Clone)]
-pub struct SessionRun {
+pub(crate) struct SessionRun {
     pub result: SessionResult,
-    pub round_latency_us: Vec<u64>,
-    pub send_lag_us: Vec<u64>,
+    pub(crate) round_latency_us: Vec<u64>,
+    pub(crate) send_lag_us: Vec<u64>,
 }
 
 /// A session ready for its first round: its task and opening messages, serialised.
-pub struct Prepared {
+pub(crate) struct Prepared {
     index: u32,
     task: Task,
     transcript: Transcript,
@@ -63,16 +63,12 @@ impl Prepared {
             transcript: Transcript::new(messages),
         }
     }
-
-    pub fn index(&self) -> u32 {
-        self.index
-    }
 }
 
 /// Runs a session to its end on `connection` (its slot's). `seat` is its place at the
 /// round barrier, if the workload has one; dropping the future (cancellation) leaves
 /// the barrier.
-pub async fn run_session(
+pub(crate) async fn run_session(
     ctx: &SessionContext,
     session: Prepared,
     seat: Option<BarrierSeat<'_>>,
@@ -237,7 +233,7 @@ fn judge_round(
 
 /// A non-2xx reply as an error text: the status and the body's first 200 characters,
 /// as the client has always reported it.
-pub fn status_error(status: hyper::StatusCode, body: &str) -> String {
+pub(crate) fn status_error(status: hyper::StatusCode, body: &str) -> String {
     let head = match body.char_indices().nth(200) {
         Some((end, _)) => &body[..end],
         None => body,

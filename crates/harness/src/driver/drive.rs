@@ -74,7 +74,7 @@ pub struct DriveStats {
     pub round_latency_p50_ms: f64,
     pub round_latency_p99_ms: f64,
     /// CPU seconds spent classifying replies (inside `wall_s`, concurrent with serving).
-    pub classify_s: f64,
+    pub(crate) classify_s: f64,
     /// The harness's turn-around between a reply's arrival and the same session's next
     /// request (classification, tool answers, scheduling), milliseconds.
     pub send_lag_p50_ms: f64,

@@ -22,10 +22,10 @@ use tokio_util::sync::CancellationToken;
 
 /// The sampling period used unless a caller asks otherwise.
 pub const DEFAULT_PERIOD: Duration = Duration::from_millis(250);
-pub const RUNNING_METRIC: &str = "sglang:num_running_reqs";
-pub const QUEUED_METRIC: &str = "sglang:num_queue_reqs";
+pub(crate) const RUNNING_METRIC: &str = "sglang:num_running_reqs";
+pub(crate) const QUEUED_METRIC: &str = "sglang:num_queue_reqs";
 /// Role name of the rows that carry only the client's own in-flight count.
-pub const CLIENT_ROLE: &str = "client";
+pub(crate) const CLIENT_ROLE: &str = "client";
 
 /// One role's Prometheus endpoint and the gauges to read from it.
 #[derive(Debug, Clone, PartialEq)]
@@ -49,11 +49,11 @@ impl MetricsEndpoint {
 }
 
 /// Label (name, value) pairs of a sample, in exposition order.
-pub type Labels = Vec<(String, String)>;
+pub(crate) type Labels = Vec<(String, String)>;
 
 /// One sample line.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Sample {
+pub(crate) struct Sample {
     pub name: String,
     pub labels: Labels,
     pub value: f64,
@@ -62,7 +62,7 @@ pub struct Sample {
 /// A parsed exposition: the samples, and the lines that could not be read
 /// (1-based line number, reason) so one odd line does not hide the rest.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Exposition {
+pub(crate) struct Exposition {
     pub samples: Vec<Sample>,
     pub malformed: Vec<(usize, String)>,
 }
@@ -183,7 +183,7 @@ fn parse_line(line: &str) -> Result<Sample, String> {
 }
 
 /// Parses a Prometheus text exposition.
-pub fn parse_exposition(text: &str) -> Exposition {
+pub(crate) fn parse_exposition(text: &str) -> Exposition {
     let mut out = Exposition::default();
     for (i, raw) in text.lines().enumerate() {
         let line = raw.trim();
@@ -206,12 +206,12 @@ pub struct MetricsRow {
     pub role: String,
     pub running: Option<f64>,
     pub queued: Option<f64>,
-    pub client_inflight: u64,
+    pub(crate) client_inflight: u64,
     pub label: String,
     pub error: Option<String>,
     /// The client's connects in progress at the sample (older files: absent, 0).
     #[serde(default)]
-    pub client_connecting: u64,
+    pub(crate) client_connecting: u64,
 }
 
 /// The time series of one poll, with peaks and scrape failures per role.
@@ -222,16 +222,16 @@ pub struct MetricsLog {
     pub peak_running: BTreeMap<String, f64>,
     /// Highest client in-flight count sampled (`InFlight::peak` is the exact one).
     pub peak_client_inflight: u64,
-    pub scrape_failures: BTreeMap<String, u64>,
+    pub(crate) scrape_failures: BTreeMap<String, u64>,
     /// Scrapes attempted per role.
     pub scrapes: BTreeMap<String, u64>,
     /// The last failure's reason per role.
-    pub last_error: BTreeMap<String, String>,
+    pub(crate) last_error: BTreeMap<String, String>,
 }
 
 impl MetricsLog {
     /// Tags every row with the arm (or cell) label before it is appended to the CSV.
-    pub fn set_label(&mut self, label: &str) {
+    pub(crate) fn set_label(&mut self, label: &str) {
         for row in &mut self.rows {
             row.label = label.to_string();
         }

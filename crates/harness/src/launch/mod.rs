@@ -28,7 +28,7 @@ pub use state::{
 /// The launch configs of a target, held by this process: each file's lock, taken for a
 /// command that does not edit them (a probe) or shared with this process's editor.
 #[derive(Debug)]
-pub struct TargetLocks {
+pub(crate) struct TargetLocks {
     /// (canonical path, its state's lock), sorted by path.
     held: Vec<(PathBuf, state::LockGuard)>,
 }
@@ -36,7 +36,7 @@ pub struct TargetLocks {
 impl TargetLocks {
     /// The state directory of the launch config `file` (where the process groups of the
     /// roles it launches are recorded).
-    pub fn dir_of(&self, file: &Path) -> anyhow::Result<PathBuf> {
+    pub(crate) fn dir_of(&self, file: &Path) -> anyhow::Result<PathBuf> {
         let canonical = std::fs::canonicalize(file)
             .with_context(|| format!("launch config {}", file.display()))?;
         self.held
@@ -52,7 +52,10 @@ impl TargetLocks {
 /// holder) while another live bisect holds any of them. A lock taken rather than shared
 /// recovers what a dead owner left on that file first (its journal replayed, its engines
 /// killed), returned for the user.
-pub fn lock_target(root: &Path, files: &[PathBuf]) -> anyhow::Result<(TargetLocks, Recovery)> {
+pub(crate) fn lock_target(
+    root: &Path,
+    files: &[PathBuf],
+) -> anyhow::Result<(TargetLocks, Recovery)> {
     let canonical = state::canonical_files(files)?;
     let (held, recovery) = journal::take_files(root, &canonical, state::Reentry::Share)?;
     Ok((TargetLocks { held }, recovery))
@@ -61,7 +64,7 @@ pub fn lock_target(root: &Path, files: &[PathBuf]) -> anyhow::Result<(TargetLock
 /// The journal of edits a bisect keeps for one of these launch configs, if one exists
 /// under `root`: a run in progress, or one that died with its edits still in the files.
 /// Creates nothing (for `bisect check`).
-pub fn pending_journal(root: &Path, files: &[PathBuf]) -> Option<PathBuf> {
+pub(crate) fn pending_journal(root: &Path, files: &[PathBuf]) -> Option<PathBuf> {
     let canonical = state::canonical_files(files).ok()?;
     // Each file's own state, then states older versions keyed by a whole target.
     let keyed = canonical

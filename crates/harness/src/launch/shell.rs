@@ -11,7 +11,7 @@ pub(super) struct Word {
     pub span: Range<usize>,
     pub value: String,
     /// The target of a redirection (`> log`) or its fd (`2>`): not a program argument.
-    pub redirect: bool,
+    pub(crate) redirect: bool,
 }
 
 /// A simple command: the words between two separators (newline, `;`, `&`, `|`, ...).
@@ -242,11 +242,11 @@ pub(super) fn assignment_name<'t>(text: &'t str, w: &Word) -> Option<&'t str> {
 
 /// How a command's words divide: assignments, and the command word if any.
 pub(super) struct Parsed<'c> {
-    pub assignments: Vec<&'c Word>,
+    pub(crate) assignments: Vec<&'c Word>,
     /// Index of the command word (after keywords and prefix assignments).
     pub command: Option<usize>,
     /// True for `export A=1`, `A=1` and the like: a line that only sets variables.
-    pub pure_assignment: bool,
+    pub(crate) pure_assignment: bool,
 }
 
 pub(super) fn parse_command<'c>(text: &str, cmd: &'c Command) -> Parsed<'c> {

@@ -65,7 +65,7 @@ pub fn state_root() -> PathBuf {
 }
 
 /// The launch configs by canonical path, sorted and without repeats.
-pub fn canonical_files(files: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
+pub(crate) fn canonical_files(files: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
     let mut canonical = Vec::with_capacity(files.len());
     for file in files {
         canonical.push(
@@ -79,7 +79,7 @@ pub fn canonical_files(files: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
 
 /// Where the state directory keyed by the launch configs `canonical` (sorted) is,
 /// created or not: one file's (see [`file_state_dir`]), or an older version's target.
-pub fn state_path(root: &Path, canonical: &[PathBuf]) -> PathBuf {
+pub(crate) fn state_path(root: &Path, canonical: &[PathBuf]) -> PathBuf {
     use std::hash::Hasher;
     use std::os::unix::ffi::OsStrExt;
     let mut hasher = fnv::FnvHasher::default();
@@ -91,7 +91,7 @@ pub fn state_path(root: &Path, canonical: &[PathBuf]) -> PathBuf {
 }
 
 /// The state directory of one launch config (its canonical path), created if needed.
-pub fn file_state_dir(root: &Path, file: &Path) -> anyhow::Result<PathBuf> {
+pub(crate) fn file_state_dir(root: &Path, file: &Path) -> anyhow::Result<PathBuf> {
     state_dir(root, &[file.to_path_buf()])
 }
 
@@ -133,7 +133,7 @@ fn same_process(pid: u32, ticks: u64) -> bool {
 
 /// Who holds a target's lock.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Owner {
+pub(crate) struct Owner {
     pub pid: u32,
     pub start_ticks: u64,
     pub cmdline: String,
@@ -167,7 +167,7 @@ impl Owner {
 
 /// How to treat a lock this very process already holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reentry {
+pub(crate) enum Reentry {
     /// Share it (engine control inside a command whose editor holds the lock).
     Share,
     /// Take it over as if stale (an editor that this process left without restoring).
@@ -178,7 +178,7 @@ pub enum Reentry {
 
 /// A held lock; an owning guard removes the lock file when dropped.
 #[derive(Debug)]
-pub struct LockGuard {
+pub(crate) struct LockGuard {
     dir: PathBuf,
     owned: bool,
 }
@@ -213,7 +213,7 @@ fn read_owner(path: &Path) -> Option<Owner> {
 }
 
 /// The launch configs a state stands for (its `files.json`; empty when unreadable).
-pub fn listed_files(dir: &Path) -> Vec<PathBuf> {
+pub(crate) fn listed_files(dir: &Path) -> Vec<PathBuf> {
     fs::read(dir.join(FILES_FILE))
         .ok()
         .and_then(|b| serde_json::from_slice::<Vec<PathBuf>>(&b).ok())
@@ -367,7 +367,7 @@ fn still_ours(group: &SpawnedGroup) -> bool {
 /// Kills (SIGKILL) every recorded group spawned by another bisect process that is
 /// still the same group, and forgets them all. Call with the lock held. Returns the
 /// groups killed.
-pub fn kill_stale_groups(dir: &Path) -> anyhow::Result<Vec<SpawnedGroup>> {
+pub(crate) fn kill_stale_groups(dir: &Path) -> anyhow::Result<Vec<SpawnedGroup>> {
     use nix::sys::signal::{killpg, Signal};
     use nix::unistd::Pid;
     let me = std::process::id();
@@ -389,14 +389,14 @@ pub fn kill_stale_groups(dir: &Path) -> anyhow::Result<Vec<SpawnedGroup>> {
 /// Whether a state holds anything a dead owner may have left (a lock, a journal,
 /// spawned groups). The sweep skips the others: locking a state another process is
 /// just creating would make that process's lock attempt fail.
-pub fn has_leftovers(dir: &Path) -> bool {
+pub(crate) fn has_leftovers(dir: &Path) -> bool {
     [LOCK_FILE, PROCESSES_FILE, super::JOURNAL_FILE]
         .iter()
         .any(|f| dir.join(f).exists())
 }
 
 /// Every state directory under `root` (for the sweep that recovers stale ones).
-pub fn all_state_dirs(root: &Path) -> Vec<PathBuf> {
+pub(crate) fn all_state_dirs(root: &Path) -> Vec<PathBuf> {
     let Ok(entries) = fs::read_dir(root) else {
         return Vec::new();
     };

@@ -8,7 +8,7 @@ use super::run_record::ArmRecord;
 use crate::core::format;
 use crate::core::verdict::Comparison;
 
-pub const HEADER: [&str; 9] = [
+pub(crate) const HEADER: [&str; 9] = [
     "arm",
     "sessions",
     "done/max",
@@ -22,7 +22,8 @@ pub const HEADER: [&str; 9] = [
 
 /// What the class columns of [`HEADER`] mean, under the table in summary.md,
 /// report.html and the terminal (docs/design.md 3.5).
-pub const LEGEND: &str = "Classes: done/max = finished / ran out of rounds. Corrupted = leak \
+pub(crate) const LEGEND: &str =
+    "Classes: done/max = finished / ran out of rounds. Corrupted = leak \
 (tool-call markup in the text) + bad (a call whose arguments do not parse or fit the tool) + \
 wrong (another call than the step's) + no_tool (no call where one was due) + rejected (the \
 engine refused the model's tool call with an error reply naming a parse failure, e.g. \
@@ -31,7 +32,7 @@ rate is corrupted over the other sessions.";
 
 /// The row of one arm; blocks (`repeat` set) are named with their repeat, `on r1`,
 /// when `with_repeat` asks for it.
-pub fn arm_cells(flag: &str, arm: &ArmRecord, with_repeat: bool) -> [String; 9] {
+pub(crate) fn arm_cells(flag: &str, arm: &ArmRecord, with_repeat: bool) -> [String; 9] {
     let label = match (with_repeat, arm.repeat) {
         (true, Some(r)) => format!("{} r{r}", arm.label),
         _ => arm.label.to_string(),
@@ -58,7 +59,7 @@ pub fn arm_cells(flag: &str, arm: &ArmRecord, with_repeat: bool) -> [String; 9] 
 }
 
 /// Peak running requests per role and client: `client 80, decode 80, prefill 0`.
-pub fn peaks(peak_running: &BTreeMap<String, u64>) -> String {
+pub(crate) fn peaks(peak_running: &BTreeMap<String, u64>) -> String {
     peak_running
         .iter()
         .map(|(k, v)| format!("{k} {v}"))
@@ -67,7 +68,7 @@ pub fn peaks(peak_running: &BTreeMap<String, u64>) -> String {
 }
 
 /// The comparison of a run's arms in one sentence, for summary.md and report.html.
-pub fn comparison_sentence(c: &Comparison) -> String {
+pub(crate) fn comparison_sentence(c: &Comparison) -> String {
     format!(
         "Difference on - off: {} (95% Newcombe interval {} to {}); Fisher exact two-sided p = {}; min effect {}.",
         format::signed_percent(c.rate_diff),
@@ -79,7 +80,7 @@ pub fn comparison_sentence(c: &Comparison) -> String {
 }
 
 /// A JSON value as a short text: strings bare, fractions with two decimals.
-pub fn compact(v: &serde_json::Value) -> String {
+pub(crate) fn compact(v: &serde_json::Value) -> String {
     match v {
         serde_json::Value::String(s) => s.clone(),
         serde_json::Value::Number(n) => match n.as_f64() {

@@ -18,7 +18,7 @@ use crate::core::format;
 
 /// One bar of the rate chart.
 #[derive(Debug, Clone, PartialEq)]
-pub struct RateBar {
+pub(crate) struct RateBar {
     pub label: String,
     pub corrupted: u64,
     pub sessions: u64,
@@ -36,9 +36,9 @@ pub struct Series {
 
 /// Sessions per first bad round (index 0 = round 1) of one arm or cell.
 #[derive(Debug, Clone, PartialEq)]
-pub struct RoundCounts {
+pub(crate) struct RoundCounts {
     pub label: String,
-    pub per_round: Vec<u64>,
+    pub(crate) per_round: Vec<u64>,
 }
 
 const WIDTH: u32 = 760;
@@ -106,7 +106,7 @@ fn framed<X: AsRangedCoord, Y: AsRangedCoord>(
 
 /// Horizontal bars, one per arm or cell (first on top), with Wilson whiskers and the
 /// `k/n` count printed beside each bar.
-pub fn rate_bars(title: &str, bars: &[RateBar]) -> anyhow::Result<String> {
+pub(crate) fn rate_bars(title: &str, bars: &[RateBar]) -> anyhow::Result<String> {
     let n = bars.len().max(1);
     let row_px = 34u32;
     let height = 90 + row_px * n as u32;
@@ -241,7 +241,7 @@ pub fn timeline(title: &str, series: &[Series]) -> anyhow::Result<String> {
 }
 
 /// Sessions per first bad round, bars grouped by round, one colour per arm or cell.
-pub fn first_bad_rounds(title: &str, groups: &[RoundCounts]) -> anyhow::Result<String> {
+pub(crate) fn first_bad_rounds(title: &str, groups: &[RoundCounts]) -> anyhow::Result<String> {
     let rounds = groups
         .iter()
         .map(|g| g.per_round.len())
@@ -301,7 +301,7 @@ pub fn first_bad_rounds(title: &str, groups: &[RoundCounts]) -> anyhow::Result<S
 
 /// Timeline series of one arm block from metrics.csv rows: engine running requests per
 /// role (rows with a value) and the client's in-flight count (rows of role `client`).
-pub fn block_series(rows: &[MetricsPoint]) -> Vec<Series> {
+pub(crate) fn block_series(rows: &[MetricsPoint]) -> Vec<Series> {
     let mut by_role: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
     let mut client: Vec<(f64, f64)> = Vec::new();
     for r in rows {
@@ -332,13 +332,13 @@ pub fn block_series(rows: &[MetricsPoint]) -> Vec<Series> {
 
 /// One metrics.csv row, as much of it as the timeline needs.
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
-pub struct MetricsPoint {
+pub(crate) struct MetricsPoint {
     pub t_s: f64,
     pub role: String,
     #[serde(default)]
     pub running: Option<f64>,
     #[serde(default)]
-    pub client_inflight: f64,
+    pub(crate) client_inflight: f64,
     /// Arm block, e.g. `on-r0`.
     #[serde(default)]
     pub label: String,
@@ -346,7 +346,7 @@ pub struct MetricsPoint {
 
 /// Reads metrics.csv into blocks (label -> rows), in the order blocks first appear.
 /// Unreadable rows are skipped: a report must render from a half-written file.
-pub fn read_metrics(path: &std::path::Path) -> Vec<(String, Vec<MetricsPoint>)> {
+pub(crate) fn read_metrics(path: &std::path::Path) -> Vec<(String, Vec<MetricsPoint>)> {
     let Ok(mut reader) = csv::Reader::from_path(path) else {
         return Vec::new();
     };

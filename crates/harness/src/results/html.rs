@@ -25,12 +25,12 @@ use crate::core::session::SessionResult;
 /// the page stays small.
 pub const WORST_SESSIONS: usize = 12;
 /// Characters of one transcript message shown before it is cut (ctx filler is long).
-pub const MESSAGE_MAX_CHARS: usize = 2000;
+pub(crate) const MESSAGE_MAX_CHARS: usize = 2000;
 /// Arm blocks or cells drawn as timelines.
 const MAX_TIMELINES: usize = 24;
 
 /// The exporter registered with [`super::exporters`]: rewritten after each arm block.
-pub struct HtmlReport;
+pub(crate) struct HtmlReport;
 
 impl Exporter<RunRecord> for HtmlReport {
     fn file_name(&self) -> &'static str {
@@ -48,7 +48,7 @@ impl Exporter<RunRecord> for HtmlReport {
 
 /// The page of one `bisect run` directory. `dir` supplies sessions.jsonl and metrics.csv;
 /// without it (or without those files) the page shows the record alone.
-pub fn render_run_html(record: &RunRecord, dir: Option<&Path>) -> String {
+pub(crate) fn render_run_html(record: &RunRecord, dir: Option<&Path>) -> String {
     let mut body = run_header(record);
     body.push_str(&run_verdict(record));
     let bars: Vec<RateBar> = record
@@ -215,7 +215,7 @@ fn arms_table(flag: &str, arms: &[ArmRecord], with_repeat: bool) -> String {
 // The sections and pieces below are shared with the matrix page.
 
 /// One bar of the rate chart from an arm's or a cell's measurements.
-pub fn rate_bar(label: &str, stats: &ArmStats) -> RateBar {
+pub(crate) fn rate_bar(label: &str, stats: &ArmStats) -> RateBar {
     RateBar {
         label: label.to_string(),
         corrupted: stats.corrupted,
@@ -228,7 +228,7 @@ pub fn rate_bar(label: &str, stats: &ArmStats) -> RateBar {
 /// A bullet list of facts; each item is HTML already escaped.
 /// `target NAME (<code>API</code>, model <code>MODEL</code>)`: how every report.html
 /// names its target among its facts.
-pub fn target_fact(t: &TargetInfo) -> String {
+pub(crate) fn target_fact(t: &TargetInfo) -> String {
     format!(
         "target {} (<code>{}</code>, model <code>{}</code>)",
         escape(&t.name),
@@ -238,7 +238,9 @@ pub fn target_fact(t: &TargetInfo) -> String {
 }
 
 /// `/server_info` per block and role, collapsed.
-pub fn engine_info_section(info: &std::collections::BTreeMap<String, serde_json::Value>) -> String {
+pub(crate) fn engine_info_section(
+    info: &std::collections::BTreeMap<String, serde_json::Value>,
+) -> String {
     if info.is_empty() {
         return String::new();
     }
@@ -251,7 +253,9 @@ pub fn engine_info_section(info: &std::collections::BTreeMap<String, serde_json:
 
 /// Sessions per first bad round of the corrupted `sessions`: for records that did not
 /// keep the histogram.
-pub fn first_bad_histogram<'a>(sessions: impl Iterator<Item = &'a SessionResult>) -> Vec<u64> {
+pub(crate) fn first_bad_histogram<'a>(
+    sessions: impl Iterator<Item = &'a SessionResult>,
+) -> Vec<u64> {
     let mut per_round = Vec::new();
     for s in sessions.filter(|s| s.class.is_corrupted()) {
         if let Some(r) = s.first_bad_round {
@@ -265,7 +269,7 @@ pub fn first_bad_histogram<'a>(sessions: impl Iterator<Item = &'a SessionResult>
     per_round
 }
 
-pub fn first_bad_round_section(rounds: &[RoundCounts]) -> String {
+pub(crate) fn first_bad_round_section(rounds: &[RoundCounts]) -> String {
     let mut s = String::from("<h2>Round at which corruption first appears</h2>\n");
     if rounds.iter().all(|r| r.per_round.iter().all(|n| *n == 0)) {
         s.push_str("<p>No session went bad.</p>\n");
@@ -278,7 +282,7 @@ pub fn first_bad_round_section(rounds: &[RoundCounts]) -> String {
     s
 }
 
-pub fn timelines_section(blocks: &[(String, Vec<charts::MetricsPoint>)]) -> String {
+pub(crate) fn timelines_section(blocks: &[(String, Vec<charts::MetricsPoint>)]) -> String {
     let mut s = String::from("<h2>Concurrency over time</h2>\n");
     if blocks.is_empty() {
         s.push_str("<p>No metrics.csv in this directory.</p>\n");
@@ -322,7 +326,7 @@ fn worst_sessions(sessions: &[SessionResult]) -> Vec<&SessionResult> {
     bad
 }
 
-pub fn sessions_section(sessions: &[SessionResult]) -> String {
+pub(crate) fn sessions_section(sessions: &[SessionResult]) -> String {
     let mut s = String::from("<h2>Worst sessions</h2>\n");
     let worst = worst_sessions(sessions);
     if worst.is_empty() {
@@ -440,7 +444,7 @@ fn truncate(text: &str, max: usize) -> String {
 }
 
 /// sessions.jsonl lines that parse; a half-written last line must not stop the report.
-pub fn read_sessions_lenient(path: &Path) -> Vec<SessionResult> {
+pub(crate) fn read_sessions_lenient(path: &Path) -> Vec<SessionResult> {
     std::fs::read_to_string(path)
         .map(|text| {
             text.lines()
@@ -451,7 +455,7 @@ pub fn read_sessions_lenient(path: &Path) -> Vec<SessionResult> {
 }
 
 /// Files called `name` in `dir` and its subdirectories down to `depth`, sorted.
-pub fn find_files(dir: &Path, name: &str, depth: usize) -> Vec<PathBuf> {
+pub(crate) fn find_files(dir: &Path, name: &str, depth: usize) -> Vec<PathBuf> {
     let mut found = Vec::new();
     let here = dir.join(name);
     if here.is_file() {

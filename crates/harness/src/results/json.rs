@@ -3,7 +3,7 @@
 use super::run_record::RunRecord;
 use super::Exporter;
 
-pub struct RunJson;
+pub(crate) struct RunJson;
 
 impl Exporter<RunRecord> for RunJson {
     fn file_name(&self) -> &'static str {

@@ -5,7 +5,7 @@ use super::markup::table_header;
 use super::run_record::{RunRecord, TargetInfo};
 use super::Exporter;
 
-pub struct SummaryMarkdown;
+pub(crate) struct SummaryMarkdown;
 
 impl Exporter<RunRecord> for SummaryMarkdown {
     fn file_name(&self) -> &'static str {
@@ -113,7 +113,7 @@ impl Exporter<RunRecord> for SummaryMarkdown {
 }
 
 /// `NAME (`API`, model `MODEL`)`: how every summary.md names its target.
-pub fn target_words(t: &TargetInfo) -> String {
+pub(crate) fn target_words(t: &TargetInfo) -> String {
     format!("{} (`{}`, model `{}`)", t.name, t.api, t.model)
 }
 

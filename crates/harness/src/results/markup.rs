@@ -23,7 +23,7 @@ pub fn escape(text: &str) -> String {
 
 /// A coloured box: `class` is a verdict status (`implicated`, `cleared`,
 /// `inconclusive`); `inner` is HTML already escaped.
-pub fn verdict_box(class: &str, heading: &str, inner: &str) -> String {
+pub(crate) fn verdict_box(class: &str, heading: &str, inner: &str) -> String {
     format!(
         "<section class=\"verdict {}\"><h2>{}</h2>{inner}</section>\n",
         escape(class),
@@ -31,7 +31,7 @@ pub fn verdict_box(class: &str, heading: &str, inner: &str) -> String {
     )
 }
 
-pub fn facts_list(items: &[String]) -> String {
+pub(crate) fn facts_list(items: &[String]) -> String {
     if items.is_empty() {
         return String::new();
     }
@@ -108,7 +108,7 @@ details summary { cursor: pointer; }
 
 /// The header row and rule of a Markdown table (`| a | b |`, then `|---|---|`): every
 /// summary.md table starts with it.
-pub fn table_header<S: AsRef<str>>(columns: &[S]) -> String {
+pub(crate) fn table_header<S: AsRef<str>>(columns: &[S]) -> String {
     let names: Vec<&str> = columns.iter().map(AsRef::as_ref).collect();
     format!(
         "| {} |\n|{}\n",

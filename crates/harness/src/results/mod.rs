@@ -31,7 +31,7 @@ use run_record::RunRecord;
 pub use export::Exporter;
 
 /// The exporters rewritten after each arm.
-pub fn exporters() -> Vec<Box<dyn Exporter<RunRecord>>> {
+pub(crate) fn exporters() -> Vec<Box<dyn Exporter<RunRecord>>> {
     vec![
         Box::new(json::RunJson),
         Box::new(markdown::SummaryMarkdown),
@@ -77,17 +77,17 @@ impl ResultsDir {
         Ok(())
     }
 
-    pub fn sessions_writer(&self) -> anyhow::Result<JsonlWriter> {
+    pub(crate) fn sessions_writer(&self) -> anyhow::Result<JsonlWriter> {
         JsonlWriter::open(&self.root.join("sessions.jsonl"))
     }
 
     /// Append one arm block's metrics (rows already labelled) to metrics.csv.
-    pub fn append_metrics(&self, log: &MetricsLog) -> anyhow::Result<()> {
+    pub(crate) fn append_metrics(&self, log: &MetricsLog) -> anyhow::Result<()> {
         crate::driver::write_csv(log, &self.root.join("metrics.csv"))
     }
 
     /// Copy every role's launch config, as applied for this block, into launch/.
-    pub fn snapshot_launch(
+    pub(crate) fn snapshot_launch(
         &self,
         label: &str,
         repeat: u32,
@@ -140,7 +140,7 @@ impl ResultsDir {
 }
 
 /// Appends one JSON document per line, flushed per line so a crash loses nothing written.
-pub struct JsonlWriter {
+pub(crate) struct JsonlWriter {
     out: BufWriter<File>,
     path: PathBuf,
 }
@@ -158,7 +158,7 @@ impl JsonlWriter {
         })
     }
 
-    pub fn append_one<T: serde::Serialize>(&mut self, value: &T) -> anyhow::Result<()> {
+    pub(crate) fn append_one<T: serde::Serialize>(&mut self, value: &T) -> anyhow::Result<()> {
         let line = serde_json::to_string(value)
             .with_context(|| format!("encoding a line of {}", self.path.display()))?;
         self.out
@@ -176,7 +176,7 @@ impl JsonlWriter {
 
 /// Write via a temporary file and rename, so readers never see half a file. Text has
 /// every registered secret masked first (`crate::redact`).
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     let scrubbed;
     let bytes = match std::str::from_utf8(bytes) {
         Ok(text) => {

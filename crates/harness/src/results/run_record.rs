@@ -15,7 +15,7 @@ use crate::core::arm_stats::{pool_readback, ArmLabel, ArmStats, RecordStatus};
 use crate::core::classify::{MarkupFamily, RejectionPattern};
 use crate::core::verdict::{ArmObservation, Comparison, Confound, Verdict};
 
-pub const SCHEMA: &str = "bisect.run/1";
+pub(crate) const SCHEMA: &str = "bisect.run/1";
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunRecord {
@@ -132,7 +132,7 @@ pub struct FlagInfo {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub arg: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub switch: Option<String>,
+    pub(crate) switch: Option<String>,
     pub roles: Vec<String>,
     pub on: String,
     pub off: String,
@@ -193,7 +193,7 @@ impl ArmRecord {
     }
 
     /// This arm as the verdict sees it, borrowed.
-    pub fn observe<'a>(&'a self, workload: &'a serde_json::Value) -> ArmObservation<'a> {
+    pub(crate) fn observe<'a>(&'a self, workload: &'a serde_json::Value) -> ArmObservation<'a> {
         ArmObservation {
             label: self.label,
             value: &self.value,
@@ -215,7 +215,7 @@ impl RunRecord {
     /// Every arm block (`runs`) as the verdict checks it on its own
     /// ([`crate::core::verdict::decide`]'s `blocks`): a block of an arm that pooled
     /// several is named by its repeat (`on-r1`); the only block of its arm is the arm.
-    pub fn block_observations<'a>(
+    pub(crate) fn block_observations<'a>(
         &'a self,
         workload: &'a serde_json::Value,
     ) -> Vec<ArmObservation<'a>> {

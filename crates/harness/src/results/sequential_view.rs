@@ -61,7 +61,7 @@ fn rows(seq: &AdaptiveRecord) -> Vec<[String; 7]> {
 }
 
 /// One sentence: the design the run used.
-pub fn design_sentence(seq: &AdaptiveRecord) -> String {
+pub(crate) fn design_sentence(seq: &AdaptiveRecord) -> String {
     let d = &seq.design;
     let (on, off) = seq.sessions_per_arm();
     let cost = d.cost_model.map_or(String::new(), |c| {

@@ -38,7 +38,7 @@ pub type ControlFactory<'f> =
 
 /// The target as `sha` runs it: launch configs inside `repo` moved into `folder`,
 /// `{commit}` / `{commit_dir}` filled into restart commands.
-pub fn commit_target(
+pub(crate) fn commit_target(
     target: &TargetProfile,
     repo: &Path,
     folder: Option<&Path>,
@@ -68,7 +68,7 @@ pub fn commit_target(
 /// Whether the target runs what a commit built: a role's launch config inside `repo`, or
 /// a restart command naming `{commit}` or `{commit_dir}`. Without either, every commit
 /// would be measured on the same engine.
-pub fn runs_the_commit(target: &TargetProfile, repo: &Path) -> bool {
+pub(crate) fn runs_the_commit(target: &TargetProfile, repo: &Path) -> bool {
     let repo = std::path::absolute(repo).unwrap_or_else(|_| repo.to_path_buf());
     target.roles.iter().any(|role| {
         let launch = std::path::absolute(&role.launch).unwrap_or_else(|_| role.launch.clone());
@@ -82,15 +82,15 @@ pub fn runs_the_commit(target: &TargetProfile, repo: &Path) -> bool {
 
 /// What one block gave, for the record.
 #[derive(Debug, Clone)]
-pub struct Ran {
-    pub observation: Observation,
+pub(crate) struct Ran {
+    pub(crate) observation: Observation,
     pub arm: Option<ArmRecord>,
     pub wall_s: f64,
     pub engine_info: serde_json::Map<String, serde_json::Value>,
 }
 
 /// Everything a block needs besides its commit.
-pub struct BlockContext<'c> {
+pub(crate) struct BlockContext<'c> {
     pub workload: &'c Workload,
     pub policy: &'c Policy,
     pub api_key: Option<String>,
@@ -103,7 +103,7 @@ pub struct BlockContext<'c> {
 /// One block at the commit's target into `dir`. Errors only for what stops the search
 /// (Ctrl-C, another bisect holding the target, bad input); an engine that does not
 /// start or a drive that fails is "could not tell".
-pub async fn run_block(
+pub(crate) async fn run_block(
     ctx: &BlockContext<'_>,
     target: &TargetProfile,
     label: &str,
@@ -199,7 +199,7 @@ pub fn judge(arm: &ArmRecord, workload: &serde_json::Value, policy: &Policy) -> 
 }
 
 /// `blocks/b007` for block 7.
-pub fn block_dir(root: &Path, block: u64) -> PathBuf {
+pub(crate) fn block_dir(root: &Path, block: u64) -> PathBuf {
     root.join(format!("blocks/b{block:03}"))
 }
 

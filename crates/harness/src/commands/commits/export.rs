@@ -6,9 +6,9 @@ use super::record::{render_markdown, CommitsRecord};
 use super::report::render_html;
 use crate::results::Exporter;
 
-pub struct CommitsJson;
-pub struct CommitsSummary;
-pub struct CommitsHtml;
+pub(crate) struct CommitsJson;
+pub(crate) struct CommitsSummary;
+pub(crate) struct CommitsHtml;
 /// The answer and the verdict in words, as printed after the search.
 pub struct CommitsLine;
 

@@ -45,7 +45,11 @@ fn bad_input(message: String) -> anyhow::Error {
 /// The good end, then every commit on the first-parent path to the bad end, oldest
 /// first (the bad end last). Refused (exit 2) when a name does not resolve, when the good
 /// end is not an ancestor of the bad end, or when they are the same commit.
-pub fn first_parent_range(repo: &Path, good: &str, bad: &str) -> anyhow::Result<Vec<CommitInfo>> {
+pub(crate) fn first_parent_range(
+    repo: &Path,
+    good: &str,
+    bad: &str,
+) -> anyhow::Result<Vec<CommitInfo>> {
     let resolve = |name: &str, which: &str| {
         git(repo, &["rev-parse", "--verify", "--quiet", &format!("{name}^{{commit}}")]).map_err(|_| {
             bad_input(format!(
@@ -147,7 +151,7 @@ impl Worktrees {
 
     /// Removes every worktree made, and prunes the repository's list. Errors are
     /// collected, not stopped at.
-    pub fn remove_all(&mut self) -> anyhow::Result<()> {
+    pub(crate) fn remove_all(&mut self) -> anyhow::Result<()> {
         let mut failed = Vec::new();
         for dir in self.made.drain(..) {
             if let Err(e) = git(

@@ -18,7 +18,7 @@ use crate::core::sequential::LookRecord;
 use crate::results::export;
 use crate::results::run_record::TargetInfo;
 
-pub const SCHEMA: &str = "bisect.commits/1";
+pub(crate) const SCHEMA: &str = "bisect.commits/1";
 
 /// One block (or build failure) as the record keeps it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -27,8 +27,8 @@ pub struct StepEntry {
     pub step: u64,
     pub commit: usize,
     pub sha: String,
-    pub purpose: Purpose,
-    pub observation: Observation,
+    pub(crate) purpose: Purpose,
+    pub(crate) observation: Observation,
     pub spent: Spent,
     /// `blocks/bNNN` when a block ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -48,7 +48,7 @@ pub struct StepEntry {
 /// The first line of steps.jsonl: the search it logged, refused on `--resume` when not
 /// this one.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Header {
+pub(crate) struct Header {
     pub good: String,
     pub bad: String,
     pub build: String,
@@ -62,7 +62,7 @@ pub struct CommitRef {
     pub sha: String,
     pub subject: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub posterior: Option<f64>,
+    pub(crate) posterior: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }
@@ -89,7 +89,7 @@ pub struct CommitsRecord {
     /// The commits the answer spans when untestable commits widen it (first..=last).
     pub range: Vec<CommitRef>,
     pub parent: Option<CommitRef>,
-    pub posterior: Option<f64>,
+    pub(crate) posterior: Option<f64>,
     pub verdict: Option<String>,
     /// The posterior's most probable culprits at the end.
     pub top: Vec<CommitRef>,
@@ -98,15 +98,15 @@ pub struct CommitsRecord {
     pub verification: Vec<LookRecord>,
     pub steps: Vec<StepEntry>,
     pub sessions_spent: u64,
-    pub builds_run: u64,
-    pub build_s: f64,
+    pub(crate) builds_run: u64,
+    pub(crate) build_s: f64,
     pub replayed_steps: usize,
     pub wall_s: f64,
     pub error: Option<String>,
 }
 
 impl CommitsRecord {
-    pub fn commit_ref(&self, commit: usize, posterior: Option<f64>) -> CommitRef {
+    pub(crate) fn commit_ref(&self, commit: usize, posterior: Option<f64>) -> CommitRef {
         let info = &self.commits[commit];
         CommitRef {
             commit,
@@ -124,7 +124,7 @@ impl CommitsRecord {
 }
 
 /// Per-commit counts after each step, and the posterior then: what the report draws.
-pub fn posterior_history(record: &CommitsRecord) -> Vec<Vec<f64>> {
+pub(crate) fn posterior_history(record: &CommitsRecord) -> Vec<Vec<f64>> {
     let mut counts = vec![Counts::default(); record.commits.len()];
     let mut out = Vec::new();
     for step in &record.steps {
@@ -144,7 +144,7 @@ fn short(sha: &str) -> &str {
 }
 
 /// summary.md: the answer in words, then every step.
-pub fn render_markdown(r: &CommitsRecord) -> String {
+pub(crate) fn render_markdown(r: &CommitsRecord) -> String {
     let mut s = format!("# bisect commits {}\n\n", r.id);
     s += &format!("`{}`\n\n", r.command);
     s += &format!(
@@ -207,7 +207,7 @@ pub fn render_markdown(r: &CommitsRecord) -> String {
     s
 }
 
-pub fn observation_words(o: &Observation) -> String {
+pub(crate) fn observation_words(o: &Observation) -> String {
     match o {
         Observation::Block { corrupted, judged } => format!("{corrupted}/{judged} corrupted"),
         Observation::CouldNotTell { reason } => format!("could not tell: {reason}"),
@@ -216,7 +216,7 @@ pub fn observation_words(o: &Observation) -> String {
 }
 
 /// Appends steps to steps.jsonl, after its header.
-pub struct StepLog {
+pub(crate) struct StepLog {
     file: std::fs::File,
 }
 
@@ -260,7 +260,7 @@ impl StepLog {
 }
 
 /// The header and steps of a log; a torn last line (a kill mid-write) is dropped.
-pub fn read_log(path: &Path) -> anyhow::Result<(Header, Vec<StepEntry>)> {
+pub(crate) fn read_log(path: &Path) -> anyhow::Result<(Header, Vec<StepEntry>)> {
     let text = std::fs::read_to_string(path).with_context(|| {
         format!(
             "reading {} (--resume needs the search's folder)",

@@ -12,7 +12,7 @@ use crate::core::culprit::{FlagValues, Outcome, StepRecord};
 use crate::results::export;
 use crate::results::run_record::TargetInfo;
 
-pub const SCHEMA: &str = "bisect.culprit/2";
+pub(crate) const SCHEMA: &str = "bisect.culprit/2";
 
 /// `culprit.json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -28,8 +28,8 @@ pub struct CulpritRecord {
     /// `concurrency` in flight.
     pub workload: serde_json::Value,
     pub concurrency: u32,
-    pub block_sessions: u64,
-    pub look_sessions: u64,
+    pub(crate) block_sessions: u64,
+    pub(crate) look_sessions: u64,
     pub budget: u64,
     pub alpha: f64,
     pub navigate_alpha: f64,
@@ -50,7 +50,7 @@ pub struct CulpritRecord {
     pub culprit: Vec<FlagValue>,
     pub untestable: Vec<UntestableFlag>,
     /// Steps that failed with another class mix than the reference failure.
-    pub other_failures: Vec<StepRecord>,
+    pub(crate) other_failures: Vec<StepRecord>,
     /// What the blocks could not check, one sentence each (a listed or pinned flag that
     /// no engine reports: only the launch-file read-back stands for it).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

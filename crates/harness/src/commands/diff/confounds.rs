@@ -212,7 +212,7 @@ fn deployment_confounds(scope: &str, a: Deployment, b: Deployment, out: &mut Vec
     setting_confounds(&TARGET, scope, &ta, &tb, out);
 }
 
-pub fn run_confounds(a: &RunRecord, b: &RunRecord) -> Vec<ConfoundDiff> {
+pub(crate) fn run_confounds(a: &RunRecord, b: &RunRecord) -> Vec<ConfoundDiff> {
     let mut out = Vec::new();
     let (da, db) = (Deployment::of_run(a), Deployment::of_run(b));
     deployment_confounds("run", da, db, &mut out);
@@ -228,7 +228,7 @@ pub fn run_confounds(a: &RunRecord, b: &RunRecord) -> Vec<ConfoundDiff> {
     out
 }
 
-pub fn matrix_confounds(a: &MatrixRecord, b: &MatrixRecord) -> Vec<ConfoundDiff> {
+pub(crate) fn matrix_confounds(a: &MatrixRecord, b: &MatrixRecord) -> Vec<ConfoundDiff> {
     let mut out = Vec::new();
     let (da, db) = (Deployment::of_matrix(a), Deployment::of_matrix(b));
     deployment_confounds("matrix", da, db, &mut out);

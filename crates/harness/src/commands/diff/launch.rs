@@ -88,7 +88,7 @@ fn first_difference(a: &str, b: &str) -> (usize, String, String) {
 
 /// One confound per snapshot that differs between the two directories, for the arm
 /// blocks both of them ran (more repeats on one side is not a config difference).
-pub fn launch_confounds(a: &Path, b: &Path) -> Vec<ConfoundDiff> {
+pub(crate) fn launch_confounds(a: &Path, b: &Path) -> Vec<ConfoundDiff> {
     let (sa, sb) = (snapshots(a), snapshots(b));
     let blocks_a: BTreeSet<&str> = sa.keys().map(|k| block(k)).collect();
     let blocks_b: BTreeSet<&str> = sb.keys().map(|k| block(k)).collect();

@@ -35,7 +35,7 @@ use crate::results::run_record::RunRecord;
 pub use export::render;
 
 /// Relative change above which a recorded quantity is flagged (docs/design.md 3.7's 25%).
-pub const WARN_RATIO: f64 = 0.25;
+pub(crate) const WARN_RATIO: f64 = 0.25;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -112,7 +112,7 @@ pub struct Row {
     pub b: Option<Rate>,
     /// B's rate minus A's.
     pub delta: Option<f64>,
-    pub delta_ci95: Option<[f64; 2]>,
+    pub(crate) delta_ci95: Option<[f64; 2]>,
     pub p_value: Option<f64>,
 }
 
@@ -141,7 +141,7 @@ pub struct Diff {
 
 /// Which kind of results directory `dir` is, by the record file it holds. A directory
 /// with neither file is bad input naming the run.json it expected.
-pub fn kind_of(dir: &Path) -> anyhow::Result<Kind> {
+pub(crate) fn kind_of(dir: &Path) -> anyhow::Result<Kind> {
     [Kind::Run, Kind::Matrix]
         .into_iter()
         .find(|k| dir.join(k.file()).is_file())
@@ -195,7 +195,7 @@ pub fn diff_dirs(a: &Path, b: &Path) -> anyhow::Result<Diff> {
 
 /// Diff two records already loaded, of the same kind (`path_*` only name the sides).
 /// A run against a matrix has nothing to pair: no rows, no confounds.
-pub fn diff_records(path_a: &Path, a: &Record, path_b: &Path, b: &Record) -> Diff {
+pub(crate) fn diff_records(path_a: &Path, a: &Record, path_b: &Path, b: &Record) -> Diff {
     let (rows, confounds) = match (a, b) {
         (Record::Run(x), Record::Run(y)) => (rows::run_rows(x, y), confounds::run_confounds(x, y)),
         (Record::Matrix(x), Record::Matrix(y)) => {

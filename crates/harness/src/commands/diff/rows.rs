@@ -12,7 +12,7 @@ const CONFIDENCE: f64 = 0.95;
 
 /// The rate of an arm or a cell, recomputed from its counts (the source of truth, which
 /// `reclassify` rewrites) so the two sides are always computed alike.
-pub fn rate_of(s: &ArmStats) -> Rate {
+pub(crate) fn rate_of(s: &ArmStats) -> Rate {
     // Judged sessions, as in a run's own rate (`Counts::judged`).
     let (sessions, corrupted) = (s.counts.judged(), s.counts.corrupted());
     let (lo, hi) = stats::wilson(corrupted, sessions, CONFIDENCE);
@@ -72,7 +72,7 @@ pub fn pair<'a, T, K: PartialEq>(
     out
 }
 
-pub fn run_rows(a: &RunRecord, b: &RunRecord) -> Vec<Row> {
+pub(crate) fn run_rows(a: &RunRecord, b: &RunRecord) -> Vec<Row> {
     pair(&a.arms, &b.arms, |arm| arm.label)
         .into_iter()
         .map(|(label, x, y)| row(label.to_string(), x.map(|x| &x.stats), y.map(|y| &y.stats)))
@@ -81,7 +81,7 @@ pub fn run_rows(a: &RunRecord, b: &RunRecord) -> Vec<Row> {
 
 /// Cells are the same configuration exactly when their ids are equal: the id names every
 /// flag value, the sessions and the rounds of the cell.
-pub fn matrix_rows(a: &MatrixRecord, b: &MatrixRecord) -> Vec<Row> {
+pub(crate) fn matrix_rows(a: &MatrixRecord, b: &MatrixRecord) -> Vec<Row> {
     pair(&a.cells, &b.cells, |c| c.id.clone())
         .into_iter()
         .map(|(id, x, y)| row(id, x.map(|x| &x.stats), y.map(|y| &y.stats)))

@@ -54,8 +54,8 @@ use crate::core::confounds::engine_load_shortfall;
 use crate::core::format;
 use crate::core::verdict::Policy;
 
-pub const TEST_NAME: &str = "fisher_exact_one_sided_greater";
-pub const CORRECTION: &str = "holm";
+pub(crate) const TEST_NAME: &str = "fisher_exact_one_sided_greater";
+pub(crate) const CORRECTION: &str = "holm";
 
 /// Significance below which a rise in truncated replies makes a cell inconclusive: a
 /// screening level (as `bisect run`'s truncation warning), not the regression alpha,
@@ -65,7 +65,7 @@ const TRUNCATED_ALPHA: f64 = 0.05;
 /// One-sided Fisher exact p for `[[a, b], [c, d]]` = night (corrupted a, clean b) over
 /// baseline (corrupted c, clean d): the probability, margins fixed, of a night count of
 /// at least `a`. An empty row or column carries no evidence: p = 1.
-pub fn fisher_one_sided_greater(a: u64, b: u64, c: u64, d: u64) -> f64 {
+pub(crate) fn fisher_one_sided_greater(a: u64, b: u64, c: u64, d: u64) -> f64 {
     let population = a + b + c + d;
     let successes = a + c;
     let draws = a + b;

@@ -41,7 +41,7 @@ impl Cell {
 }
 
 /// Expand a layout into grouped cells. Errors (as text) when two cells get the same id.
-pub fn expand(layout: &Layout, default_rounds: u32) -> Result<Vec<Cell>, String> {
+pub(crate) fn expand(layout: &Layout, default_rounds: u32) -> Result<Vec<Cell>, String> {
     let cells = group(cell_specs(layout), default_rounds);
     let mut seen = std::collections::BTreeSet::new();
     for c in &cells {
@@ -221,7 +221,7 @@ pub fn workload_hash(w: &Workload) -> String {
 
 /// 64-bit FNV-1a as 16 hex digits: stable across runs, platforms and Rust versions
 /// (std's hasher is not), which matters because hashes are compared across nights.
-pub fn stable_hash(text: &str) -> String {
+pub(crate) fn stable_hash(text: &str) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in text.bytes() {
         h ^= b as u64;
@@ -239,7 +239,7 @@ pub struct Shard {
 
 impl Shard {
     /// Whether restart group `group` runs in this shard.
-    pub fn owns_group(&self, group: usize) -> bool {
+    pub(crate) fn owns_group(&self, group: usize) -> bool {
         group as u64 % self.count as u64 == self.index as u64
     }
 

@@ -28,17 +28,17 @@ pub struct RegressionPolicy {
     /// ...and the rate must also have risen by at least this much (absolute).
     pub min_effect: f64,
     /// tokens/s below (1 - this) x the baseline's: slower beyond noise.
-    pub tokens_per_s_noise: f64,
+    pub(crate) tokens_per_s_noise: f64,
     /// A cell with more than this fraction of error+timeout sessions is degraded.
     pub degraded_fraction: f64,
 }
 
-pub const DEFAULT_ALPHA: f64 = 0.01;
-pub const DEFAULT_MIN_EFFECT: f64 = 0.05;
+pub(crate) const DEFAULT_ALPHA: f64 = 0.01;
+pub(crate) const DEFAULT_MIN_EFFECT: f64 = 0.05;
 /// The same 25% that docs/design.md 3.7 uses to warn about a tokens/s confound.
-pub const DEFAULT_TOKENS_PER_S_NOISE: f64 = 0.25;
+pub(crate) const DEFAULT_TOKENS_PER_S_NOISE: f64 = 0.25;
 /// The same 10% that makes an arm "degraded" in docs/design.md 3.7.
-pub const DEFAULT_DEGRADED_FRACTION: f64 = 0.10;
+pub(crate) const DEFAULT_DEGRADED_FRACTION: f64 = 0.10;
 
 impl Default for RegressionPolicy {
     fn default() -> Self {

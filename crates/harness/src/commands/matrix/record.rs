@@ -15,7 +15,7 @@ use super::plan::{Plan, RegressionPolicy};
 use crate::core::arm_stats::{ArmStats, RecordStatus};
 use crate::results::run_record::TargetInfo;
 
-pub const SCHEMA: &str = "bisect.matrix/1";
+pub(crate) const SCHEMA: &str = "bisect.matrix/1";
 
 /// Timestamps with milliseconds: baselines are "earlier matrices", and two nights (or a
 /// test's two runs) can start within one second. Fixed width, so strings order by time.
@@ -141,11 +141,11 @@ impl CellStatus {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CellComparison {
     pub status: CellStatus,
-    pub baseline_sessions: u64,
-    pub baseline_corrupted: u64,
-    pub baseline_rate: f64,
-    pub baseline_ci95: [f64; 2],
-    pub rate_diff: f64,
+    pub(crate) baseline_sessions: u64,
+    pub(crate) baseline_corrupted: u64,
+    pub(crate) baseline_rate: f64,
+    pub(crate) baseline_ci95: [f64; 2],
+    pub(crate) rate_diff: f64,
     /// One-sided Fisher exact p (this night's rate greater than the baseline's).
     pub p_value: Option<f64>,
     /// Holm-adjusted across the comparable cells.
@@ -165,7 +165,7 @@ pub struct BaselineInfo {
     /// `explicit` (--baseline) or `newest` (found under the results root).
     pub chosen: String,
     pub test: String,
-    pub correction: String,
+    pub(crate) correction: String,
     pub compared: usize,
     pub regressed: usize,
     pub not_comparable: usize,
@@ -205,7 +205,7 @@ impl CellRecord {
     /// Recompute the fields derived from counts (rate, interval), exactly as a run does:
     /// a merged cell then serialises to the same digits as the unsharded one, even
     /// though reading matrix.json back rounds floats in the last place.
-    pub fn rederive(&mut self) {
+    pub(crate) fn rederive(&mut self) {
         let tokens_per_s = self.stats.tokens_per_s;
         self.stats.finish();
         // tokens/s is a measurement, not derived from counts: keep it as recorded.
@@ -222,7 +222,7 @@ impl CellRecord {
 
     /// Finished or blocked: the cell's outcome is settled (a rerun of the same engines
     /// would settle it the same way), so merge takes it from its shard.
-    pub fn is_settled(&self) -> bool {
+    pub(crate) fn is_settled(&self) -> bool {
         self.is_finished() || self.is_blocked()
     }
 

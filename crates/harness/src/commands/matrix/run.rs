@@ -312,6 +312,6 @@ fn check_effective(
 }
 
 /// `cells/<cell-id>/` under a matrix directory.
-pub fn cell_dir(matrix_dir: &Path, cell: &Cell) -> PathBuf {
+pub(crate) fn cell_dir(matrix_dir: &Path, cell: &Cell) -> PathBuf {
     matrix_dir.join("cells").join(&cell.id)
 }

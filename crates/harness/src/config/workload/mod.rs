@@ -18,7 +18,7 @@ use super::{read_text, ConfigError, Source};
 pub use crate::core::workload::{CheckArgs, RequestOptions, TaskSpec, ToolSpec, Workload};
 
 /// Request fields bisect sets itself; `[request]` may not override them.
-pub const RESERVED_REQUEST_FIELDS: [&str; 8] = [
+pub(crate) const RESERVED_REQUEST_FIELDS: [&str; 8] = [
     "model",
     "messages",
     "tools",
@@ -44,7 +44,7 @@ const BUILTIN_WORKLOADS: &[(&str, &str)] = &[
 ];
 
 /// The workload `bisect run` uses without `--workload`.
-pub const DEFAULT_WORKLOAD: &str = "agentic";
+pub(crate) const DEFAULT_WORKLOAD: &str = "agentic";
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -131,7 +131,7 @@ fn toml_to_json(value: &toml::Value) -> serde_json::Value {
 
 impl Workload {
     /// Names of the builtin workloads.
-    pub fn builtin_names() -> Vec<&'static str> {
+    pub(crate) fn builtin_names() -> Vec<&'static str> {
         BUILTIN_WORKLOADS.iter().map(|(n, _)| *n).collect()
     }
 
@@ -311,7 +311,7 @@ impl Workload {
 
     /// The parameters that make two runs comparable, for run.json's `workload` and the
     /// "workload parameters differ" confound.
-    pub fn params_json(&self) -> serde_json::Value {
+    pub(crate) fn params_json(&self) -> serde_json::Value {
         let mut params = serde_json::json!({
             "name": self.name,
             "sessions": self.sessions,

@@ -49,17 +49,17 @@ use crate::core::sequential::{
 };
 
 /// Most sessions per arm in one factor of the e-process.
-pub const GRANULARITY: u64 = 20;
+pub(crate) const GRANULARITY: u64 = 20;
 
 /// Block lengths, in multiples of the concurrency, that the cost model chooses from.
-pub const BLOCK_MULTIPLES: [u64; 3] = [1, 2, 4];
+pub(crate) const BLOCK_MULTIPLES: [u64; 3] = [1, 2, 4];
 
 /// Relative change of the measured restart/session cost ratio that triggers a re-plan.
 const REPLAN_RATIO_CHANGE: f64 = 0.25;
 
 /// What the user asked for.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct AdaptiveSpec {
+pub(crate) struct AdaptiveSpec {
     /// alpha, power, min_effect, baseline, clear_alpha (its block size is ignored: blocks
     /// follow from the concurrency).
     pub goal: DesignGoal,
@@ -96,13 +96,13 @@ impl CapSource {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct CapPlan {
     /// Block pairs finished when this plan was made (0: before the first block).
-    pub after_pair: u64,
+    pub(crate) after_pair: u64,
     pub block_per_arm: u64,
     pub max_per_arm: u64,
     pub source: CapSource,
     /// The measured costs it was made from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cost_model: Option<CostModel>,
+    pub(crate) cost_model: Option<CostModel>,
 }
 
 /// `adaptive.design` in run.json: the goal, the load, the current cap and block length,
@@ -117,7 +117,7 @@ pub struct AdaptiveDesign {
     /// Sessions in flight in every block.
     pub concurrency: u64,
     /// Most sessions per arm in one e-process factor.
-    pub granularity: u64,
+    pub(crate) granularity: u64,
     /// Sessions per block (one arm) now.
     pub block_per_arm: u64,
     /// The cap: sessions per arm after which an undecided run is `underpowered`.
@@ -125,7 +125,7 @@ pub struct AdaptiveDesign {
     pub cap_source: CapSource,
     /// The latest measured cost model, once a pair has run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cost_model: Option<CostModel>,
+    pub(crate) cost_model: Option<CostModel>,
     pub plans: Vec<CapPlan>,
 }
 
@@ -143,7 +143,7 @@ pub struct BlockRecord {
     pub classified: u64,
     pub corrupted: u64,
     /// Sessions that reached the e-process (the rest of a pair after a decision does not).
-    pub fed: u64,
+    pub(crate) fed: u64,
     /// Restart (stop, spawn, health wait) and drive seconds: the cost model's inputs.
     pub restart_s: f64,
     pub drive_s: f64,
@@ -165,11 +165,11 @@ pub struct AdaptiveLook {
 pub struct PairCheck {
     pub pair: u64,
     /// Notes of the blocking confounds of this pair's two blocks alone.
-    pub pair_blocking: Vec<String>,
+    pub(crate) pair_blocking: Vec<String>,
     /// Notes of the blocking confounds of all blocks pooled so far.
     pub pooled_blocking: Vec<String>,
     /// Blocks of this pair whose engine load fell short of the target (cleared needs it).
-    pub load_shortfall: Vec<String>,
+    pub(crate) load_shortfall: Vec<String>,
 }
 
 /// `adaptive` in run.json.
@@ -209,7 +209,7 @@ impl AdaptiveRecord {
 
 /// The next block to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BlockPlan {
+pub(crate) struct BlockPlan {
     pub block: u64,
     pub pair: u64,
     pub label: ArmLabel,
@@ -226,7 +226,7 @@ pub struct BlockOutcome {
 }
 
 #[derive(Debug, Clone, PartialEq, Error)]
-pub enum AdaptiveError {
+pub(crate) enum AdaptiveError {
     #[error("sequential design: {0}")]
     Design(#[from] DesignError),
     #[error("sequential look: {0}")]
@@ -265,7 +265,7 @@ pub fn plan(
 
 /// The state of one adaptive run: feed it every block's outcome in order.
 #[derive(Debug, Clone)]
-pub struct Schedule {
+pub(crate) struct Schedule {
     spec: AdaptiveSpec,
     state: SequentialState,
     record: AdaptiveRecord,
@@ -275,14 +275,15 @@ pub struct Schedule {
 
 impl Schedule {
     /// Plans the run (a simulation of the stopping rule, unless `max_sessions` is given).
-    pub fn new(spec: AdaptiveSpec) -> Result<Self, AdaptiveError> {
+    #[cfg(test)]
+    pub(crate) fn new(spec: AdaptiveSpec) -> Result<Self, AdaptiveError> {
         Self::with_plan(spec, None)
     }
 
     /// As [`Schedule::new`], with the `(block, cap)` that [`plan`] gives for this goal and
     /// concurrency when the caller already has it (a design is a pure function of its
     /// goal, so a cache of earlier plans is exact); `None` plans here.
-    pub fn with_plan(
+    pub(crate) fn with_plan(
         spec: AdaptiveSpec,
         planned: Option<(u64, u64)>,
     ) -> Result<Self, AdaptiveError> {
@@ -361,7 +362,7 @@ impl Schedule {
     }
 
     /// The block to run next, or `None` once the run has ended.
-    pub fn next_block(&self) -> Option<BlockPlan> {
+    pub(crate) fn next_block(&self) -> Option<BlockPlan> {
         if self.finished() {
             return None;
         }
@@ -398,7 +399,10 @@ impl Schedule {
     /// Takes the outcome of the block [`Schedule::next_block`] named. After the second
     /// block of a pair, looks and returns the decision (`Continue` or final); after the
     /// first, returns `None`.
-    pub fn block_done(&mut self, outcome: BlockOutcome) -> Result<Option<Decision>, AdaptiveError> {
+    pub(crate) fn block_done(
+        &mut self,
+        outcome: BlockOutcome,
+    ) -> Result<Option<Decision>, AdaptiveError> {
         let plan = self.next_block().ok_or(AdaptiveError::Finished)?;
         if outcome.sessions.len() as u64 != plan.sessions {
             return Err(AdaptiveError::Outcomes {
@@ -441,7 +445,7 @@ impl Schedule {
     }
 
     /// Records the blocking checks found after a pair.
-    pub fn add_check(&mut self, check: PairCheck) {
+    pub(crate) fn add_check(&mut self, check: PairCheck) {
         self.record.checks.push(check);
     }
 

@@ -129,7 +129,7 @@ fn fragment_patterns(family: MarkupFamily) -> Vec<(&'static str, String)> {
 
 /// A compiled pattern and where it came from.
 #[derive(Debug)]
-pub struct Pattern {
+pub(crate) struct Pattern {
     pub family: MarkupFamily,
     pub name: &'static str,
     pub regex: Regex,
@@ -137,7 +137,7 @@ pub struct Pattern {
 
 /// A pattern hit: byte range in the searched text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Hit {
+pub(crate) struct Hit {
     pub family: MarkupFamily,
     pub pattern: &'static str,
     pub start: usize,
@@ -146,7 +146,7 @@ pub struct Hit {
 
 /// The compiled patterns of a set of families.
 #[derive(Debug)]
-pub struct MarkupSet {
+pub(crate) struct MarkupSet {
     leak: Vec<Pattern>,
     fragments: Vec<Pattern>,
 }
@@ -185,12 +185,12 @@ impl MarkupSet {
     }
 
     /// The earliest leak-pattern hit in `text` (ties: the longest, then the first pattern).
-    pub fn find_leak(&self, text: &str) -> Option<Hit> {
+    pub(crate) fn find_leak(&self, text: &str) -> Option<Hit> {
         earliest(self.leak.iter(), text)
     }
 
     /// The earliest hit of a leak or argument-fragment pattern in an argument string.
-    pub fn find_fragment(&self, text: &str) -> Option<Hit> {
+    pub(crate) fn find_fragment(&self, text: &str) -> Option<Hit> {
         earliest(self.leak.iter().chain(self.fragments.iter()), text)
     }
 }

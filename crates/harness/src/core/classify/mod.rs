@@ -41,7 +41,7 @@ use markup::{Hit, MarkupSet};
 
 /// Evidence is kept to about this many characters: enough to show the salad, short
 /// enough for a table cell and a jsonl line per session.
-pub const EVIDENCE_MAX_CHARS: usize = 300;
+pub(crate) const EVIDENCE_MAX_CHARS: usize = 300;
 
 /// Characters of context shown before a leak match.
 const SNIPPET_BEFORE: usize = 40;
@@ -143,7 +143,7 @@ impl Classifier {
 
     /// The same classifier, judging non-2xx replies against `patterns` (none by
     /// default: every non-2xx reply is an `error`).
-    pub fn with_rejections(mut self, patterns: &[RejectionPattern]) -> anyhow::Result<Self> {
+    pub(crate) fn with_rejections(mut self, patterns: &[RejectionPattern]) -> anyhow::Result<Self> {
         self.rejections = RejectionSet::new(patterns)?;
         Ok(self)
     }
@@ -420,7 +420,10 @@ impl Classifier {
 /// The round's verdict once its `finish_reason` is known (module doc): a corrupted-looking
 /// reply cut off by `max_tokens` becomes `truncated`, keeping what it looked like as
 /// evidence; every other verdict is returned as it is.
-pub fn account_for_truncation(verdict: RoundVerdict, finish_reason: Option<&str>) -> RoundVerdict {
+pub(crate) fn account_for_truncation(
+    verdict: RoundVerdict,
+    finish_reason: Option<&str>,
+) -> RoundVerdict {
     let corrupted_looking = matches!(
         verdict.class,
         RoundClass::Leak | RoundClass::BadArgs | RoundClass::WrongArgs | RoundClass::NoTool

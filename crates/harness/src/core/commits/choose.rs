@@ -19,7 +19,7 @@ use statrs::function::factorial::ln_binomial;
 use super::posterior::{sides, Counts, Posterior};
 
 /// P(k of n) under a Beta(a, b) rate: the beta-binomial pmf.
-pub fn beta_binomial(n: u64, a: f64, b: f64) -> Vec<f64> {
+pub(crate) fn beta_binomial(n: u64, a: f64, b: f64) -> Vec<f64> {
     (0..=n)
         .map(|k| {
             (ln_binomial(n, k) + ln_beta(a + k as f64, b + (n - k) as f64) - ln_beta(a, b)).exp()
@@ -28,7 +28,7 @@ pub fn beta_binomial(n: u64, a: f64, b: f64) -> Vec<f64> {
 }
 
 /// Entropy in nats.
-pub fn entropy(pmf: &[f64]) -> f64 {
+pub(crate) fn entropy(pmf: &[f64]) -> f64 {
     -pmf.iter()
         .filter(|p| **p > 0.0)
         .map(|p| p * p.ln())
@@ -37,7 +37,7 @@ pub fn entropy(pmf: &[f64]) -> f64 {
 
 /// The three predictive distributions of a block of `n` (bad side, good side, none), and
 /// their entropies.
-pub struct Predictive {
+pub(crate) struct Predictive {
     pmfs: [Vec<f64>; 3],
     entropies: [f64; 3],
 }
@@ -57,7 +57,7 @@ impl Predictive {
     }
 
     /// Mutual information between the group (weights bad, good, none) and k.
-    pub fn information(&self, w: [f64; 3]) -> f64 {
+    pub(crate) fn information(&self, w: [f64; 3]) -> f64 {
         let mut mixed = 0.0;
         for k in 0..self.pmfs[0].len() {
             let p: f64 = (0..3).map(|s| w[s] * self.pmfs[s][k]).sum();
@@ -72,15 +72,15 @@ impl Predictive {
 
 /// What one candidate costs: seconds to build it (0 when cached) and to run a block.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Cost {
-    pub build_s: f64,
-    pub block_s: f64,
+pub(crate) struct Cost {
+    pub(crate) build_s: f64,
+    pub(crate) block_s: f64,
 }
 
 /// The commit to test next among `candidates` (commit indices; `built[i]` when its build
 /// is cached): the largest information per second, ties to the larger information, then
 /// the lower index. `None` when there is no candidate.
-pub fn next_commit(
+pub(crate) fn next_commit(
     counts: &[Counts],
     post: &Posterior,
     n: u64,

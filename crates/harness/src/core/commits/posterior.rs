@@ -23,10 +23,10 @@
 use statrs::function::beta::ln_beta;
 
 /// Beta(1/2, 1/2) (Jeffreys) for both rates: tight near 0, where clean builds live.
-pub const RATE_PRIOR: f64 = 0.5;
+pub(crate) const RATE_PRIOR: f64 = 0.5;
 
 /// Prior probability of "no single culprit".
-pub const NONE_PRIOR: f64 = 0.1;
+pub(crate) const NONE_PRIOR: f64 = 0.1;
 
 /// Corrupted of judged sessions, pooled.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -62,7 +62,7 @@ impl Counts {
     }
 
     /// The Beta posterior's shapes under [`RATE_PRIOR`].
-    pub fn beta(self) -> (f64, f64) {
+    pub(crate) fn beta(self) -> (f64, f64) {
         (
             RATE_PRIOR + self.corrupted as f64,
             RATE_PRIOR + (self.judged - self.corrupted) as f64,
@@ -71,7 +71,7 @@ impl Counts {
 }
 
 /// Log marginal likelihood of `counts` under one Beta([`RATE_PRIOR`]) rate.
-pub fn log_marginal(counts: Counts) -> f64 {
+pub(crate) fn log_marginal(counts: Counts) -> f64 {
     let (a, b) = counts.beta();
     ln_beta(a, b) - ln_beta(RATE_PRIOR, RATE_PRIOR)
 }
@@ -85,7 +85,7 @@ pub struct Posterior {
 
 /// The posterior from per-commit counts (`counts[i]` for commit i, 0 = good end, last =
 /// bad end).
-pub fn posterior(counts: &[Counts]) -> Posterior {
+pub(crate) fn posterior(counts: &[Counts]) -> Posterior {
     let last = counts.len().saturating_sub(1);
     let total = counts.iter().fold(Counts::default(), |s, c| s + *c);
     let mut logs = vec![f64::NEG_INFINITY; last + 1];
@@ -113,7 +113,7 @@ impl Posterior {
     }
 
     /// The most probable culprit (the lowest index on a tie).
-    pub fn map_culprit(&self) -> usize {
+    pub(crate) fn map_culprit(&self) -> usize {
         let mut best = 1.min(self.culprit.len() - 1);
         for (c, p) in self.culprit.iter().enumerate().skip(1) {
             if *p > self.culprit[best] {
@@ -127,7 +127,7 @@ impl Posterior {
 /// The answers the posterior can name: each run of untestable commits joined to the
 /// testable commit after it, as `(first, last)` inclusive commit indices (`first < last`
 /// only where untestable commits widen it). Commits 1..=N; the bad end is testable.
-pub fn answer_sets(untestable: &[bool]) -> Vec<(usize, usize)> {
+pub(crate) fn answer_sets(untestable: &[bool]) -> Vec<(usize, usize)> {
     let mut sets = Vec::new();
     let mut start = 1;
     for c in 1..untestable.len() {
@@ -141,7 +141,10 @@ pub fn answer_sets(untestable: &[bool]) -> Vec<(usize, usize)> {
 
 /// The most probable answer: `Some((first, last, mass))` for a set of culprits, `None`
 /// when "no single culprit" holds the most mass (with that mass).
-pub fn best_answer(post: &Posterior, sets: &[(usize, usize)]) -> (Option<(usize, usize)>, f64) {
+pub(crate) fn best_answer(
+    post: &Posterior,
+    sets: &[(usize, usize)],
+) -> (Option<(usize, usize)>, f64) {
     let mut best = (None, post.none);
     for &(first, last) in sets {
         let mass: f64 = post.culprit[first..=last].iter().sum();

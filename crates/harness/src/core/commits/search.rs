@@ -53,11 +53,11 @@ pub struct Params {
     pub clear_alpha: f64,
     pub max_sessions: u64,
     /// Most blocks per end, and per side of the verification.
-    pub cap_blocks: u64,
-    pub max_could_not_tell: u32,
+    pub(crate) cap_blocks: u64,
+    pub(crate) max_could_not_tell: u32,
     /// Seconds assumed before any was measured.
-    pub build_s_guess: f64,
-    pub block_s_guess: f64,
+    pub(crate) build_s_guess: f64,
+    pub(crate) block_s_guess: f64,
 }
 
 impl Params {
@@ -135,8 +135,8 @@ pub enum Observation {
 /// Seconds an observation cost, as measured; `build_s` is `None` for a cached build.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Spent {
-    pub build_s: Option<f64>,
-    pub block_s: Option<f64>,
+    pub(crate) build_s: Option<f64>,
+    pub(crate) block_s: Option<f64>,
     pub sessions: u64,
 }
 
@@ -240,7 +240,7 @@ impl Search {
         &self.params
     }
 
-    pub fn posterior(&self) -> &Posterior {
+    pub(crate) fn posterior(&self) -> &Posterior {
         &self.posterior
     }
 
@@ -271,7 +271,7 @@ impl Search {
     }
 
     /// What to run next, or the answer.
-    pub fn next_action(&mut self) -> Action {
+    pub(crate) fn next_action(&mut self) -> Action {
         if let Phase::Done(answer) = &self.phase {
             return Action::Done(answer.clone());
         }
@@ -338,7 +338,7 @@ impl Search {
 
     /// What running `commit` gave (a commit out of range, or any observation after the
     /// answer, is ignored).
-    pub fn observe(&mut self, commit: usize, obs: &Observation, spent: Spent) {
+    pub(crate) fn observe(&mut self, commit: usize, obs: &Observation, spent: Spent) {
         if commit >= self.counts.len() || matches!(self.phase, Phase::Done(_)) {
             return;
         }

@@ -20,13 +20,13 @@ use crate::core::sequential::draw_binomial;
 use crate::core::stats;
 
 /// Seconds of one build in the cost model (an engine's wheel or image).
-pub const BUILD_S: f64 = 600.0;
+pub(crate) const BUILD_S: f64 = 600.0;
 /// Seconds of one block of sessions at the load, restart included.
-pub const BLOCK_S: f64 = 120.0;
+pub(crate) const BLOCK_S: f64 = 120.0;
 /// `bisect probe`'s defaults: corrupted above this background...
-pub const PROBE_BACKGROUND: f64 = 0.02;
+pub(crate) const PROBE_BACKGROUND: f64 = 0.02;
 /// ...clean below this bug rate (Wilson 95% bounds).
-pub const PROBE_BUG_RATE: f64 = 0.10;
+pub(crate) const PROBE_BUG_RATE: f64 = 0.10;
 
 /// A kind of range.
 #[derive(Debug, Clone, Serialize)]
@@ -39,9 +39,9 @@ pub struct Scenario {
     /// Two culprits: the rate between them.
     pub mid: Option<f64>,
     /// Share of blocks whose load falls short (they run at `good`).
-    pub short_load: f64,
+    pub(crate) short_load: f64,
     /// Unbuildable commits just before the culprit, and just after it.
-    pub unbuildable: (usize, usize),
+    pub(crate) unbuildable: (usize, usize),
 }
 
 impl Scenario {
@@ -191,8 +191,8 @@ pub struct Scored {
     pub searches: usize,
     pub accuracy: f64,
     pub wrong: f64,
-    pub mean_builds: f64,
-    pub p95_builds: u64,
+    pub(crate) mean_builds: f64,
+    pub(crate) p95_builds: u64,
     pub mean_sessions: f64,
     pub p95_sessions: u64,
 }
@@ -290,7 +290,7 @@ fn run_search(s: &Scenario, range: &Range, params: &Params, rng: &mut ChaCha8Rng
 
 /// `bisect probe`'s rule on `k` of `n`: Some(true) corrupted, Some(false) clean, None
 /// could not tell (the Wilson 95% interval against the background and the bug rate).
-pub fn probe_rule(k: u64, n: u64) -> Option<bool> {
+pub(crate) fn probe_rule(k: u64, n: u64) -> Option<bool> {
     let (lo, hi) = stats::wilson(k, n, 0.95);
     if lo > PROBE_BACKGROUND {
         Some(true)
@@ -388,7 +388,7 @@ pub fn benchmark(
 }
 
 /// Blocks per probe of the repeated bisections the benchmark sets beside the search.
-pub const REPEATS: [u64; 4] = [1, 2, 3, 5];
+pub(crate) const REPEATS: [u64; 4] = [1, 2, 3, 5];
 
 /// Every scenario at every size: a markdown table per size (accuracy; wrong answers;
 /// mean and p95 builds and sessions), `searches` ranges each, from `seed`.

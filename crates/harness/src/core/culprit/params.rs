@@ -11,7 +11,7 @@ use crate::core::sequential::{DesignGoal, SequentialDesign};
 pub struct FlagValues {
     pub name: String,
     pub failing: String,
-    pub passing: String,
+    pub(crate) passing: String,
 }
 
 /// What the search needs besides its runner.
@@ -33,18 +33,18 @@ pub struct SearchParams {
     pub clear_alpha: f64,
     pub degraded_fraction: f64,
     /// A configuration this many times slower than the failing end is degraded.
-    pub slow_ratio: f64,
+    pub(crate) slow_ratio: f64,
     pub min_load_fraction: f64,
-    pub mix_alpha: f64,
+    pub(crate) mix_alpha: f64,
     /// Sessions the whole search may spend.
     pub budget: u64,
     /// A step gives up (unresolved) after this many of its own blocks.
-    pub step_cap_blocks: u64,
+    pub(crate) step_cap_blocks: u64,
     /// The same for a step deciding at `alpha` (a re-test, a confirmation, any step once
     /// a navigation error was caught): a claim is worth more blocks than a direction.
-    pub claim_cap_blocks: u64,
+    pub(crate) claim_cap_blocks: u64,
     /// Each end runs at most this many blocks before the ends are judged undecided.
-    pub ends_cap_blocks: u64,
+    pub(crate) ends_cap_blocks: u64,
     /// Block b runs the workload with seed + b (fresh sessions every block).
     pub seed: u64,
 }

@@ -49,11 +49,11 @@ pub struct StepRecord {
     pub sessions: u64,
     pub error_timeout: u64,
     /// The last look of the step against the passing end (the ends: failing vs passing).
-    pub vs_passing: Option<LookRecord>,
+    pub(crate) vs_passing: Option<LookRecord>,
     /// The last look of the failing end against the step.
-    pub vs_failing: Option<LookRecord>,
+    pub(crate) vs_failing: Option<LookRecord>,
     /// Freeman-Halton p of the step's corrupted-class mix against the failing end's.
-    pub mix_p: Option<f64>,
+    pub(crate) mix_p: Option<f64>,
     pub reason: String,
     /// The level its e-processes decided at: `navigate_alpha` for a ddmin step (until a
     /// navigation error is caught), `alpha` for the ends, re-tests and confirmations.
@@ -87,7 +87,7 @@ pub struct SearchReport {
     pub answer: Answer,
     pub untestable: Vec<Untestable>,
     /// Steps that failed with another class mix: (failing flags, reason).
-    pub other_failures: Vec<StepRecord>,
+    pub(crate) other_failures: Vec<StepRecord>,
     pub steps: Vec<StepRecord>,
     pub blocks: Vec<(BlockRequest, BlockOutcome)>,
     pub sessions_spent: u64,

@@ -52,18 +52,18 @@ pub struct Oracle {
     pub rate: f64,
     pub background: f64,
     /// The bug fires only at this many sessions in flight or more.
-    pub min_concurrency: u32,
+    pub(crate) min_concurrency: u32,
     /// Flags whose flip degrades the engine: this share of sessions times out, and the
     /// engine runs `slowdown` times slower.
-    pub degraders: Vec<usize>,
-    pub timeout_share: f64,
-    pub slowdown: f64,
+    pub(crate) degraders: Vec<usize>,
+    pub(crate) timeout_share: f64,
+    pub(crate) slowdown: f64,
     /// Completion tokens per second of a same-speed block; each block draws its own speed
     /// uniformly within +-`speed_noise` of it (a machine shared with other work).
     pub speed: f64,
-    pub speed_noise: f64,
+    pub(crate) speed_noise: f64,
     /// Class mix of corrupted sessions: leak, bad_args, wrong_args, no_tool.
-    pub mix: [f64; 4],
+    pub(crate) mix: [f64; 4],
     pub expected: Expected,
 }
 

@@ -27,7 +27,7 @@ use crate::core::stats;
 
 /// One level's count for the fit: corrupted of judged sessions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Count {
+pub(crate) struct Count {
     pub corrupted: u64,
     pub judged: u64,
 }
@@ -36,7 +36,7 @@ pub struct Count {
 /// weight 0 carry no data: they are left out of the pooling and take the fitted value
 /// of the point before them (the one after, for leading ones; 0 when no point has
 /// weight), which keeps the fit non-decreasing.
-pub fn isotonic(values: &[f64], weights: &[f64]) -> Vec<f64> {
+pub(crate) fn isotonic(values: &[f64], weights: &[f64]) -> Vec<f64> {
     assert_eq!(values.len(), weights.len(), "one weight per value");
     // Blocks of pooled points: (weighted sum, weight, points).
     let mut blocks: Vec<(f64, f64, usize)> = Vec::with_capacity(values.len());
@@ -71,7 +71,7 @@ pub fn isotonic(values: &[f64], weights: &[f64]) -> Vec<f64> {
 }
 
 /// The isotonic fit of the observed rates, weighted by judged sessions.
-pub fn fit_rates(counts: &[Count]) -> Vec<f64> {
+pub(crate) fn fit_rates(counts: &[Count]) -> Vec<f64> {
     let values: Vec<f64> = counts
         .iter()
         .map(|c| stats::rate(c.corrupted, c.judged))
@@ -82,23 +82,23 @@ pub fn fit_rates(counts: &[Count]) -> Vec<f64> {
 
 /// The simultaneous band of a non-decreasing rate, per level.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Band {
+pub(crate) struct Band {
     pub lower: Vec<f64>,
     pub upper: Vec<f64>,
     /// The confidence of the band as a whole (1 - alpha).
-    pub confidence: f64,
+    pub(crate) confidence: f64,
 }
 
 impl Band {
     /// Whether some level's lower bound lies above its upper bound: the counts are not
     /// those of a non-decreasing rate (at the band's confidence).
-    pub fn contradicts_monotone(&self) -> bool {
+    pub(crate) fn contradicts_monotone(&self) -> bool {
         self.lower.iter().zip(&self.upper).any(|(l, u)| l > u)
     }
 }
 
 /// The monotone envelope of Bonferroni Wilson intervals at overall `confidence`.
-pub fn monotone_band(counts: &[Count], confidence: f64) -> Band {
+pub(crate) fn monotone_band(counts: &[Count], confidence: f64) -> Band {
     let m = counts.len().max(1) as f64;
     let each = 1.0 - (1.0 - confidence) / m;
     let intervals: Vec<(f64, f64)> = counts

@@ -100,7 +100,7 @@ impl LoadParams {
     /// held with sessions ending and new ones starting for half the block, not only
     /// reached at the start and drained. Measured on the embedded engine (docs/load.md):
     /// 64 sessions at 64 in flight corrupted 0 of 192 where 200 at 64 corrupted 12.
-    pub fn block_sessions(&self, level: u32) -> u64 {
+    pub(crate) fn block_sessions(&self, level: u32) -> u64 {
         let level = u64::from(level);
         match self.allocation {
             Allocation::Fixed { sessions } => sessions.max(level),

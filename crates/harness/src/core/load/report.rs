@@ -103,25 +103,25 @@ pub struct LevelReport {
     /// What the monotone model says of an open level: `flat` below a level shown flat,
     /// `rises` above a level shown to rise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub implied: Option<Status>,
+    pub(crate) implied: Option<Status>,
     /// Fixed allocation: one-sided Fisher p and its Holm adjustment.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub p: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub holm_p: Option<f64>,
+    pub(crate) holm_p: Option<f64>,
     /// Adaptive allocation: the level's e-value against its baseline.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub e_value: Option<f64>,
     /// Upper bound of (level - baseline) behind "flat".
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub diff_upper: Option<f64>,
+    pub(crate) diff_upper: Option<f64>,
     /// Wilson 95% interval of the arm's rate.
-    pub wilson: [f64; 2],
+    pub(crate) wilson: [f64; 2],
     /// The isotonic fit and the simultaneous band at this level (not for short levels).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fit: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub band: Option<[f64; 2]>,
+    pub(crate) band: Option<[f64; 2]>,
 }
 
 /// The answer.
@@ -158,15 +158,15 @@ pub struct LoadReport {
     pub sessions_spent: u64,
     pub restarts: u64,
     /// Confidence of the band, all levels at once.
-    pub band_confidence: f64,
+    pub(crate) band_confidence: f64,
     /// The band's lower bound passes its upper bound somewhere: the counts are not
     /// those of a rate that never falls with load.
-    pub contradicts_monotone: bool,
+    pub(crate) contradicts_monotone: bool,
     pub warnings: Vec<String>,
 }
 
 /// `12/80 = 15.0%`.
-pub fn rate_words(arm: &ArmCount) -> String {
+pub(crate) fn rate_words(arm: &ArmCount) -> String {
     format!(
         "{}/{} = {}%",
         arm.corrupted,
@@ -176,7 +176,7 @@ pub fn rate_words(arm: &ArmCount) -> String {
 }
 
 /// The verdict in words: the answer, its evidence and every level that fell short.
-pub fn verdict_words(
+pub(crate) fn verdict_words(
     answer: &Answer,
     levels: &[LevelReport],
     ab: Option<&str>,
@@ -251,7 +251,7 @@ pub fn verdict_words(
     text
 }
 
-pub fn p_words(p: f64) -> String {
+pub(crate) fn p_words(p: f64) -> String {
     if p < 1e-3 {
         format!("{p:.1e}")
     } else {
@@ -259,7 +259,7 @@ pub fn p_words(p: f64) -> String {
     }
 }
 
-pub fn e_words(e: f64) -> String {
+pub(crate) fn e_words(e: f64) -> String {
     if e >= 1e3 {
         format!("{e:.1e}")
     } else {

@@ -59,14 +59,14 @@ impl Curve {
     }
 
     /// The lowest of `levels` whose rate exceeds the lowest level's.
-    pub fn onset(&self, levels: &[u32]) -> Option<u32> {
+    pub(crate) fn onset(&self, levels: &[u32]) -> Option<u32> {
         let base = self.rate(levels[0]);
         levels[1..].iter().copied().find(|&l| self.rate(l) > base)
     }
 }
 
 /// The curves of docs/load.md: the seeds' 15% (12-18% at 60-80 in flight).
-pub fn curves() -> Vec<(&'static str, Curve)> {
+pub(crate) fn curves() -> Vec<(&'static str, Curve)> {
     vec![
         (
             "step at 30",
@@ -119,7 +119,7 @@ impl LoadRunner for CurveRunner {
 }
 
 /// The report of one sweep over `curve`.
-pub fn sweep_curve(curve: Curve, params: &LoadParams, seed: u64) -> LoadReport {
+pub(crate) fn sweep_curve(curve: Curve, params: &LoadParams, seed: u64) -> LoadReport {
     let mut runner = CurveRunner { curve, seed };
     futures::executor::block_on(sweep(params, None, &mut runner, &mut Silent))
         .expect("the curve runner never fails")
@@ -130,13 +130,13 @@ pub fn sweep_curve(curve: Curve, params: &LoadParams, seed: u64) -> LoadReport {
 pub struct Scored {
     pub threshold: Option<u32>,
     /// The threshold is the true onset or a neighbouring level (a flat curve: none).
-    pub within_one: bool,
+    pub(crate) within_one: bool,
     /// A threshold named on a curve that has none.
-    pub false_threshold: bool,
+    pub(crate) false_threshold: bool,
     /// The answer is pinned down: the rise lies between two adjacent levels (the level
     /// below the threshold shown flat, or the threshold at the lowest level), or every
     /// level is shown flat.
-    pub located: bool,
+    pub(crate) located: bool,
     pub sessions: u64,
     pub restarts: u64,
 }

@@ -38,7 +38,7 @@ use crate::core::sequential::{
 use crate::core::stats;
 
 /// Error rate of "flat" across all levels (the 95% of `run`'s Newcombe interval).
-pub const CLEAR_ALPHA: f64 = 0.05;
+pub(crate) const CLEAR_ALPHA: f64 = 0.05;
 
 /// Where one tested level stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -59,7 +59,7 @@ pub enum Status {
 /// One-sided Fisher exact p-value that arm 1 (k1 of n1) corrupts more than arm 0
 /// (k0 of n0): P(X >= k1) for X hypergeometric with both margins fixed. An empty arm
 /// carries no evidence: 1.
-pub fn fisher_greater(k1: u64, n1: u64, k0: u64, n0: u64) -> f64 {
+pub(crate) fn fisher_greater(k1: u64, n1: u64, k0: u64, n0: u64) -> f64 {
     if n1 == 0 || n0 == 0 {
         return 1.0;
     }
@@ -77,19 +77,19 @@ pub fn fisher_greater(k1: u64, n1: u64, k0: u64, n0: u64) -> f64 {
 
 /// The fixed rule's evidence for one level: its one-sided p, Holm-adjusted across levels.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct FixedTest {
+pub(crate) struct FixedTest {
     pub p: f64,
-    pub holm_p: f64,
+    pub(crate) holm_p: f64,
     /// One-sided upper bound of the difference (level - baseline) at CLEAR_ALPHA / k.
-    pub diff_upper: f64,
+    pub(crate) diff_upper: f64,
 }
 
 /// (corrupted, judged) of a level and of its baseline.
-pub type Pair = ((u64, u64), (u64, u64));
+pub(crate) type Pair = ((u64, u64), (u64, u64));
 
 /// The fixed rule over `k` levels: each `(level, baseline)` pair of (corrupted, judged);
 /// `None` for a level left out (short). Returns each level's status and evidence.
-pub fn fixed_rule(
+pub(crate) fn fixed_rule(
     pairs: &[Option<Pair>],
     alpha: f64,
     min_effect: f64,
@@ -134,10 +134,10 @@ pub fn fixed_rule(
 /// The one-sided e-process of one level against its baseline: it consumes the sessions
 /// of both that it has not seen yet whenever both have new ones.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-pub struct EProcess {
-    pub seen_level: Tally,
-    pub seen_baseline: Tally,
-    pub log_e: f64,
+pub(crate) struct EProcess {
+    pub(crate) seen_level: Tally,
+    pub(crate) seen_baseline: Tally,
+    pub(crate) log_e: f64,
 }
 
 fn minus(a: Tally, b: Tally) -> Tally {
@@ -176,7 +176,7 @@ impl EProcess {
 
 /// The adaptive rule for one level: rises at e >= k / alpha, flat when the always-valid
 /// difference bound is below `min_effect`, else open.
-pub fn sequential_status(
+pub(crate) fn sequential_status(
     e: &EProcess,
     level: Tally,
     baseline: Tally,
@@ -204,7 +204,7 @@ pub struct Resolution {
     /// The lowest level shown to rise (an index into the statuses).
     pub threshold: Option<usize>,
     /// The highest level shown flat below the threshold (or anywhere, without one).
-    pub flat_below: Option<usize>,
+    pub(crate) flat_below: Option<usize>,
     /// The open level another block should go to; `None`: nothing left to decide.
     pub next: Option<usize>,
 }

@@ -20,7 +20,7 @@ fn normal() -> Normal {
 /// Two-sided alpha spent by information fraction t, in the convention of rpact
 /// (`typeOfDesign = "asOF"`) and gsDesign (`sfLDOF`): each side spends
 /// `2 - 2 Phi(z_{1-a/2} / sqrt(t))` of its one-sided a = alpha/2. t is clamped to [0, 1].
-pub fn obrien_fleming_spent(alpha: f64, t: f64) -> f64 {
+pub(crate) fn obrien_fleming_spent(alpha: f64, t: f64) -> f64 {
     let t = t.clamp(0.0, 1.0);
     if t == 0.0 {
         return 0.0;
@@ -124,7 +124,7 @@ fn step(
 
 /// Probability that |Z_k| >= boundaries[k] at some look, when E[Z_k] = drift sqrt(t_k).
 /// `fractions` are increasing information fractions in (0, 1].
-pub fn rejection_probability(boundaries: &[f64], fractions: &[f64], drift: f64) -> f64 {
+pub(crate) fn rejection_probability(boundaries: &[f64], fractions: &[f64], drift: f64) -> f64 {
     let mut total = 0.0;
     let mut previous: Option<Continuation> = None;
     for (k, (&b, &t)) in boundaries.iter().zip(fractions).enumerate() {

@@ -68,11 +68,11 @@ use crate::core::stats;
 
 /// Beta hyperparameters (both shapes, both arms) of the plug-in estimates: safestats'
 /// default, chosen there to minimise the regret of the e-value.
-pub const PLUG_IN_PRIOR: f64 = 0.18;
+pub(crate) const PLUG_IN_PRIOR: f64 = 0.18;
 
 /// Beta(1/2, 1/2) mixing distribution of the per-arm confidence sequences: it keeps the
 /// bound tight near a rate of 0, where corruption rates of clean arms live.
-pub const SEQUENCE_PRIOR: f64 = 0.5;
+pub(crate) const SEQUENCE_PRIOR: f64 = 0.5;
 
 /// Experiments simulated to place the cap; the power estimate's standard error is 0.6%.
 const PLAN_REPETITIONS: usize = 4000;
@@ -237,7 +237,7 @@ impl SequentialDesign {
 
     /// A design with a given cap (no simulation): `power` is then the goal's nominal value,
     /// not a property of the cap.
-    pub fn with_cap(goal: DesignGoal, max_per_arm: u64) -> Result<Self, DesignError> {
+    pub(crate) fn with_cap(goal: DesignGoal, max_per_arm: u64) -> Result<Self, DesignError> {
         goal.validate()?;
         if max_per_arm == 0 {
             return Err(DesignError::Invalid {
@@ -388,7 +388,7 @@ impl Default for ArmPrior {
 impl ArmPrior {
     /// A guess of the arm's rate worth `weight` sessions, over the default prior (so the
     /// plug-in stays inside (0, 1) even for a guess of 0 or 1).
-    pub fn guess(rate: f64, weight: f64) -> Self {
+    pub(crate) fn guess(rate: f64, weight: f64) -> Self {
         let rate = rate.clamp(0.0, 1.0);
         ArmPrior {
             corrupted: PLUG_IN_PRIOR + rate * weight,
@@ -428,7 +428,7 @@ pub enum Decision {
 
 impl Decision {
     /// Whether the experiment ends here.
-    pub fn is_final(&self) -> bool {
+    pub(crate) fn is_final(&self) -> bool {
         !matches!(self, Decision::Continue)
     }
 }
@@ -454,15 +454,15 @@ pub struct LookRecord {
     pub on: Tally,
     pub off: Tally,
     /// This block's factor of the e-process.
-    pub block_e_value: f64,
+    pub(crate) block_e_value: f64,
     /// The e-process after this look.
     pub e_value: f64,
     /// 1/alpha.
     pub threshold: f64,
     /// Corruption rate of `on` minus that of `off`.
-    pub rate_diff: f64,
+    pub(crate) rate_diff: f64,
     /// Always-valid (1 - clear_alpha) interval for the difference.
-    pub diff_interval: [f64; 2],
+    pub(crate) diff_interval: [f64; 2],
     pub decision: Decision,
 }
 
@@ -491,7 +491,7 @@ impl SequentialState {
     /// An experiment whose plug-in estimates start from `prior` instead of safestats'
     /// uninformed Beta(0.18, 0.18): valid as long as the prior does not come from data
     /// this experiment's looks will contain.
-    pub fn with_prior(design: SequentialDesign, prior: PlugInPrior) -> Self {
+    pub(crate) fn with_prior(design: SequentialDesign, prior: PlugInPrior) -> Self {
         SequentialState {
             prior,
             design,
@@ -586,7 +586,7 @@ impl SequentialState {
     }
 
     /// Cumulative `on` and `off` tallies.
-    pub fn tallies(&self) -> (Tally, Tally) {
+    pub(crate) fn tallies(&self) -> (Tally, Tally) {
         (self.on, self.off)
     }
 

@@ -69,7 +69,7 @@ impl InFlight {
     }
 
     /// Counts one request until the guard drops (also when its future is cancelled).
-    pub fn enter(&self) -> InFlightGuard<'_> {
+    pub(crate) fn enter(&self) -> InFlightGuard<'_> {
         let now = self.current.fetch_add(1, Ordering::SeqCst) + 1;
         self.peak.fetch_max(now, Ordering::SeqCst);
         InFlightGuard { counter: self }
@@ -89,7 +89,7 @@ impl InFlight {
     }
 }
 
-pub struct InFlightGuard<'a> {
+pub(crate) struct InFlightGuard<'a> {
     counter: &'a InFlight,
 }
 
@@ -179,7 +179,7 @@ impl Connection {
 
     /// Whether the connection is open, as far as can be seen without waiting: a close
     /// by the server is noticed here only if its end of file has already arrived.
-    pub fn is_open(&mut self) -> bool {
+    pub(crate) fn is_open(&mut self) -> bool {
         if let Some(io) = &mut self.link.io {
             let mut cx = std::task::Context::from_waker(futures::task::noop_waker_ref());
             if io.as_mut().poll(&mut cx).is_ready() {
@@ -336,7 +336,7 @@ impl ChatClient {
 
     /// What every request of a workload carries besides the conversation: the `tools`
     /// array, sampling limits, `tool_choice`, extra fields, streaming.
-    pub fn with_request(
+    pub(crate) fn with_request(
         mut self,
         tools: &[Value],
         sampling: Sampling,

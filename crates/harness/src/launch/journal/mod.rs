@@ -201,7 +201,11 @@ impl Editor {
     }
 
     /// [`Editor::begin`] with the state under `root` instead of `$XDG_STATE_HOME/bisect`.
-    pub fn begin_at(root: &Path, legacy_dir: &Path, files: &[PathBuf]) -> anyhow::Result<Editor> {
+    pub(crate) fn begin_at(
+        root: &Path,
+        legacy_dir: &Path,
+        files: &[PathBuf],
+    ) -> anyhow::Result<Editor> {
         let canonical = state::canonical_files(files)?;
         let (locks, mut recovery) = take_files(root, &canonical, Reentry::TakeOver)?;
         recovery.absorb(recover_legacy(legacy_dir)?);
@@ -274,14 +278,14 @@ impl Editor {
     }
 
     /// Files a stale journal held and [`Editor::begin`] restored.
-    pub fn recovered(&self) -> &[PathBuf] {
+    pub(crate) fn recovered(&self) -> &[PathBuf] {
         &self.recovered
     }
 
     /// Launch configs whose changed version was kept aside (by recovery in
     /// [`Editor::begin`], or by [`Editor::restore`]) since the last call: each is to be
     /// told to the user.
-    pub fn take_kept(&mut self) -> Vec<Kept> {
+    pub(crate) fn take_kept(&mut self) -> Vec<Kept> {
         std::mem::take(&mut self.kept)
     }
 
@@ -293,7 +297,7 @@ impl Editor {
     /// Errors (exit 3) unless every launch config still holds what bisect last wrote
     /// (before the first edit, the original): a change by someone else would reach the
     /// next arm and every later one, and the arms would differ by more than the flag.
-    pub fn check_unchanged(&self) -> anyhow::Result<()> {
+    pub(crate) fn check_unchanged(&self) -> anyhow::Result<()> {
         if self.restored {
             return Ok(());
         }

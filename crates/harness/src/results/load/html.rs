@@ -7,7 +7,7 @@ use crate::results::html::target_fact;
 use crate::results::markup::{escape, facts_list, page, verdict_box};
 use crate::results::Exporter;
 
-pub struct LoadHtml;
+pub(crate) struct LoadHtml;
 
 impl Exporter<LoadRecord> for LoadHtml {
     fn file_name(&self) -> &'static str {

@@ -3,7 +3,7 @@
 use super::LoadRecord;
 use crate::results::Exporter;
 
-pub struct LoadJson;
+pub(crate) struct LoadJson;
 
 impl Exporter<LoadRecord> for LoadJson {
     fn file_name(&self) -> &'static str {

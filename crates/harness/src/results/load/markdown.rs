@@ -5,7 +5,7 @@ use super::{facts, rows, COLUMNS};
 use crate::results::markup::table_header;
 use crate::results::Exporter;
 
-pub struct LoadSummary;
+pub(crate) struct LoadSummary;
 
 impl Exporter<LoadRecord> for LoadSummary {
     fn file_name(&self) -> &'static str {

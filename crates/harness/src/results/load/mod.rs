@@ -25,7 +25,7 @@ pub fn files() -> [&'static dyn Exporter<LoadRecord>; 3] {
     [&json::LoadJson, &markdown::LoadSummary, &html::LoadHtml]
 }
 
-pub const SCHEMA: &str = "bisect.load/1";
+pub(crate) const SCHEMA: &str = "bisect.load/1";
 
 /// `load.json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -5,7 +5,7 @@ use super::super::record::{failing_words, head, outcome_word, CulpritRecord};
 use crate::results::markup::{escape, facts_list, page, verdict_box};
 use crate::results::Exporter;
 
-pub struct CulpritHtml;
+pub(crate) struct CulpritHtml;
 
 impl Exporter<CulpritRecord> for CulpritHtml {
     fn file_name(&self) -> &'static str {

@@ -3,7 +3,7 @@
 use super::super::record::CulpritRecord;
 use crate::results::Exporter;
 
-pub struct CulpritJson;
+pub(crate) struct CulpritJson;
 
 impl Exporter<CulpritRecord> for CulpritJson {
     fn file_name(&self) -> &'static str {

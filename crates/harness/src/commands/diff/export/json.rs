@@ -2,7 +2,7 @@
 
 use super::{Diff, Exporter};
 
-pub struct DiffJson;
+pub(crate) struct DiffJson;
 
 impl Exporter<Diff> for DiffJson {
     fn file_name(&self) -> &'static str {

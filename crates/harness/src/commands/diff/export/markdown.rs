@@ -5,7 +5,7 @@ use super::{
 };
 use crate::results::markup::table_header;
 
-pub struct DiffMarkdown;
+pub(crate) struct DiffMarkdown;
 
 impl Exporter<Diff> for DiffMarkdown {
     fn file_name(&self) -> &'static str {

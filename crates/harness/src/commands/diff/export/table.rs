@@ -7,7 +7,7 @@ use super::{
     confound_cells, kind_word, row_cells, side_text, Diff, Exporter, CONFOUND_HEADER, ROW_HEADER,
 };
 
-pub struct DiffTable;
+pub(crate) struct DiffTable;
 
 impl Exporter<Diff> for DiffTable {
     fn file_name(&self) -> &'static str {

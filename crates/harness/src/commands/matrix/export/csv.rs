@@ -7,7 +7,7 @@ use crate::commands::matrix::record::MatrixRecord;
 use crate::core::session::SessionClass;
 use crate::results::Exporter;
 
-pub struct MatrixCsv;
+pub(crate) struct MatrixCsv;
 
 impl Exporter<MatrixRecord> for MatrixCsv {
     fn file_name(&self) -> &'static str {

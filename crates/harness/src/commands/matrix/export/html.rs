@@ -42,7 +42,7 @@ impl Exporter<MatrixRecord> for MatrixHtml {
 
 /// The page of one `bisect matrix` directory. `dir` supplies the cells' sessions.jsonl and
 /// metrics.csv; without it the page shows the record alone.
-pub fn render_matrix_html(record: &MatrixRecord, dir: Option<&Path>) -> String {
+pub(crate) fn render_matrix_html(record: &MatrixRecord, dir: Option<&Path>) -> String {
     let mut body = String::new();
     let _ = writeln!(
         body,

@@ -5,7 +5,7 @@ use crate::results::Exporter;
 
 pub const FILE: &str = "matrix.json";
 
-pub struct MatrixJson;
+pub(crate) struct MatrixJson;
 
 impl Exporter<MatrixRecord> for MatrixJson {
     fn file_name(&self) -> &'static str {

@@ -16,7 +16,7 @@ use super::record::MatrixRecord;
 use crate::results::export::{self, Exporter};
 
 /// Every whole-file format of a matrix record.
-pub fn exporters() -> [&'static dyn Exporter<MatrixRecord>; 5] {
+pub(crate) fn exporters() -> [&'static dyn Exporter<MatrixRecord>; 5] {
     [
         &json::MatrixJson,
         &csv::MatrixCsv,
