@@ -138,7 +138,10 @@ fn assert_untouched(repo: &Path, head: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// The guard serializes whole heavy tests (common::heavy), not tasks within one.
+#[allow(clippy::await_holding_lock)]
 async fn the_commit_that_turns_bf16_on_is_found_and_verified() {
+    let _one = crate::common::heavy();
     let dir = tempfile::tempdir().unwrap();
     let (repo, target, shas) = engine_repo(dir.path(), Some(37), false);
     let plan = plan(dir.path(), &repo, target, 80);
@@ -198,7 +201,10 @@ async fn the_commit_that_turns_bf16_on_is_found_and_verified() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// The guard serializes whole heavy tests (common::heavy), not tasks within one.
+#[allow(clippy::await_holding_lock)]
 async fn a_range_without_the_change_has_no_culprit() {
+    let _one = crate::common::heavy();
     // bf16 on from the good end on: both ends corrupt alike. Ruling out a rise of 5
     // points at a 16% rate takes about 1200 sessions per end; this test asks whether the
     // range raises corruption by 15 points (the seeds' effect), which 3-6 blocks per end
@@ -223,7 +229,10 @@ async fn a_range_without_the_change_has_no_culprit() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// The guard serializes whole heavy tests (common::heavy), not tasks within one.
+#[allow(clippy::await_holding_lock)]
 async fn at_8_in_flight_the_bad_end_does_not_reproduce() {
+    let _one = crate::common::heavy();
     let dir = tempfile::tempdir().unwrap();
     let (repo, target, shas) = engine_repo(dir.path(), Some(37), false);
     let mut plan = plan(dir.path(), &repo, target, 8);

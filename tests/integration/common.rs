@@ -9,6 +9,18 @@ use bisect_harness::core::verdict::Policy;
 
 use crate::fake::FakeEngine;
 
+/// Tests whose verdicts rest on the machine's speed (the embedded race's rate, a real
+/// model on llama-server, kill -9 timings) run one at a time: on a 2-core CI machine a
+/// llama-server beside the embedded engine changes the race's rate between blocks, and
+/// a search that assumes a constant rate per commit is misled (it then fails its own
+/// verification, exit 3, as it should, but the test measures nothing).
+static HEAVY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+pub fn heavy() -> std::sync::MutexGuard<'static, ()> {
+    // A failed heavy test must not fail the others with a poisoned lock.
+    HEAVY.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 pub const PREFILL_LAUNCH: &str = "#!/bin/sh\n# fake prefill\nexport FAKE_INDEX_BF16=1\nexec fake-engine --role prefill --port 1\n";
 pub const DECODE_LAUNCH: &str = "#!/bin/sh\n# fake decode\nexport FAKE_INDEX_BF16=1\nexport FAKE_RACE=1\nexport FAKE_SLOW=0\nexport FAKE_SLOW_MS=800\nexec fake-engine --role decode --port 2 --fake-noise 0\n";
 

@@ -37,11 +37,8 @@ const FULL_RUN_EVERY: usize = 5;
 
 /// One fault test at a time: each keeps a pair of embedded engines busy, and the other
 /// tests of this binary (some with load-sensitive margins) share the machine.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 fn exclusive() -> std::sync::MutexGuard<'static, ()> {
-    // A failed fault test must not fail the others with a poisoned lock.
-    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+    crate::common::heavy()
 }
 
 /// A target of two embedded-engine roles that bisect spawns itself, in a temp dir.

@@ -44,6 +44,7 @@ fn free_port() -> u16 {
 
 #[test]
 fn cache_ram_on_llama_server_judges_real_tool_calls() {
+    let _one = crate::common::heavy();
     let (Some(server), Some(model)) = (
         std::env::var_os("BISECT_LLAMA_SERVER"),
         std::env::var_os("BISECT_LLAMA_MODEL"),

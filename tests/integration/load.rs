@@ -29,6 +29,7 @@ fn level(record: &Value, in_flight: u64) -> &Value {
 
 #[test]
 fn the_embedded_race_has_a_threshold_and_the_sync_load_back_has_none() {
+    let _one = crate::common::heavy();
     let dir = tempfile::tempdir().unwrap();
     let args = ["load", "--levels", "1,80", "--sessions", "160", "--json"];
     let record = load_json(&args, dir.path());
