@@ -11,16 +11,14 @@
 //! are the mock's; the shape of the HTTP exchange is the test server's own.
 
 use bisect_engine::mock::{MockConfig, MockServer};
-use bisect_harness::core::classify::Classifier;
 use bisect_harness::core::session::SessionResult;
-use bisect_harness::driver::sample::sample_workload;
-use bisect_harness::driver::{drive, DrivePlan, DriveStats, InFlight};
+use bisect_harness::driver::sample::{drive_collected, sample_workload};
+use bisect_harness::driver::{DrivePlan, DriveStats};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 /// How the test server answers.
@@ -335,7 +333,6 @@ async fn drive_against(
     workload.ctx = 300;
     workload.timeout_s = timeout_s;
     workload.request.stream = stream;
-    let classifier = Arc::new(Classifier::with_defaults(&workload.tools).unwrap());
     let plan = DrivePlan {
         api: server.api(),
         model: "mock".into(),
@@ -346,24 +343,9 @@ async fn drive_against(
         label: "on".into(),
         repeat: 1,
     };
-    let (tx, mut rx) = mpsc::channel(64);
-    let collector = tokio::spawn(async move {
-        let mut all = Vec::new();
-        while let Some(r) = rx.recv().await {
-            all.push(r);
-        }
-        all
-    });
-    let stats = drive(
-        &plan,
-        classifier,
-        tx,
-        Arc::new(InFlight::new()),
-        CancellationToken::new(),
-    )
-    .await
-    .unwrap();
-    (stats, collector.await.unwrap())
+    drive_collected(&plan, CancellationToken::new())
+        .await
+        .unwrap()
 }
 
 async fn mock() -> MockServer {

@@ -407,7 +407,6 @@ mod tests {
         cancel_after: Option<Duration>,
     ) -> anyhow::Result<(DriveStats, Vec<SessionResult>, MockServer)> {
         let server = MockServer::start(config).await.unwrap();
-        let classifier = Arc::new(Classifier::with_defaults(&workload.tools).unwrap());
         let plan = DrivePlan {
             api: server.api(),
             model: "mock".into(),
@@ -418,14 +417,6 @@ mod tests {
             label: "on".into(),
             repeat: 1,
         };
-        let (tx, mut rx) = mpsc::channel(16);
-        let collector = tokio::spawn(async move {
-            let mut all = Vec::new();
-            while let Some(r) = rx.recv().await {
-                all.push(r);
-            }
-            all
-        });
         let cancel = CancellationToken::new();
         if let Some(after) = cancel_after {
             let cancel = cancel.clone();
@@ -434,9 +425,7 @@ mod tests {
                 cancel.cancel();
             });
         }
-        let stats = drive(&plan, classifier, tx, Arc::new(InFlight::new()), cancel).await?;
-        let mut results = collector.await.unwrap();
-        results.sort_by_key(|r| r.index);
+        let (stats, results) = crate::driver::sample::drive_collected(&plan, cancel).await?;
         Ok((stats, results, server))
     }
 

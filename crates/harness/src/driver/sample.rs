@@ -2,8 +2,16 @@
 //! the driver's tests and benchmarks against the zero-work mock engine
 //! (`bisect_engine::mock`, a dev-dependency only) and for integration tests.
 
-use crate::config::{CheckArgs, TaskSpec, ToolSpec, Workload};
+use std::sync::Arc;
+
 use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::{drive, DrivePlan, DriveStats, InFlight};
+use crate::config::{CheckArgs, TaskSpec, ToolSpec, Workload};
+use crate::core::classify::Classifier;
+use crate::core::session::SessionResult;
 
 fn tool(name: &str, description: &str, parameters: Value, pools: Value, result: &str) -> ToolSpec {
     let arg_values = pools
@@ -101,4 +109,26 @@ pub fn sample_workload(sessions: u32, rounds: u32) -> Workload {
         source: None,
         request: Default::default(),
     }
+}
+
+/// Drives `plan` outside the arm lifecycle (the driver's own tests, the plain-server
+/// tests) with every markup family counted, and collects every session's result in
+/// session order.
+pub async fn drive_collected(
+    plan: &DrivePlan,
+    cancel: CancellationToken,
+) -> anyhow::Result<(DriveStats, Vec<SessionResult>)> {
+    let classifier = Arc::new(Classifier::with_defaults(&plan.workload.tools)?);
+    let (tx, mut rx) = mpsc::channel(64);
+    let collector = tokio::spawn(async move {
+        let mut all = Vec::new();
+        while let Some(r) = rx.recv().await {
+            all.push(r);
+        }
+        all
+    });
+    let stats = drive(plan, classifier, tx, Arc::new(InFlight::new()), cancel).await?;
+    let mut results = collector.await?;
+    results.sort_by_key(|r| r.index);
+    Ok((stats, results))
 }
