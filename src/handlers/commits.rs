@@ -10,7 +10,6 @@ use crate::signals;
 use bisect_harness::commands::commits::{self, block::ControlFactory};
 use bisect_harness::control::{EngineControl, ProcessControl};
 use bisect_harness::core::commits::simulate;
-use bisect_harness::results::Exporter;
 
 /// The seed of `--simulate`: the figures in docs/commits.md come from it.
 const SIMULATE_SEED: u64 = 20;
@@ -38,8 +37,8 @@ pub(crate) fn commits(args: &CommitsArgs) -> anyhow::Result<ExitCode> {
     })?;
     print_record(
         output.json,
-        || serde_json::to_string_pretty(&record),
-        || commits::export::CommitsLine.render(&record),
+        &record,
+        &commits::export::CommitsLine,
         &plan.dir,
     )?;
     Ok(ExitCode::from(commits::exit_code(&record)))

@@ -1,74 +1,122 @@
-//! `bisect run`, `bisect probe` and `bisect culprit`: restore what a dead run left, turn
-//! the arguments into a plan, start the engines and run it, print the record.
+//! `bisect run`, `bisect probe`, `bisect culprit` and `bisect load`: restore what a dead
+//! run left, turn the arguments into a plan, start the engines and run it, print the
+//! record.
 
 use std::process::ExitCode;
 
-use super::{engines, print_record, progress, recover_journal};
-use crate::cli::{CulpritArgs, LoadArgs, ProbeArgs, RunArgs};
-use crate::progress::Lines;
+use std::path::Path;
+
+use tokio_util::sync::CancellationToken;
+
+use super::{print_record, recover_journal, start};
+use crate::cli::{CulpritArgs, LoadArgs, OutputArgs, ProbeArgs, RunArgs};
 use bisect_harness::commands::adaptive;
 use bisect_harness::commands::culprit;
 use bisect_harness::commands::load;
-use bisect_harness::commands::probe::{self, Outcome};
+use bisect_harness::commands::probe::{self, Outcome, ProbeRecord};
 use bisect_harness::commands::run as experiment;
+use bisect_harness::commands::run::Progress;
+use bisect_harness::config::TargetProfile;
+use bisect_harness::control::ProcessControl;
 use bisect_harness::exit::{self, Failure};
-use bisect_harness::results::{table, Exporter};
+use bisect_harness::results::run_record::RunRecord;
+use bisect_harness::results::{self, table, Exporter};
 
-pub(crate) async fn run(args: &RunArgs) -> anyhow::Result<ExitCode> {
-    let output = &args.common.output;
+/// A command that runs experiments on the target's engines and writes one record: the
+/// steps every such command shares live in [`drive`], the differences here.
+pub(crate) trait Experiment {
+    type Plan;
+    type Record: serde::Serialize + 'static;
+    fn output(&self) -> &OutputArgs;
+    fn plan(&self) -> anyhow::Result<Self::Plan>;
+    /// The plan's target, results directory and API key.
+    fn engines_of(plan: &Self::Plan) -> (&TargetProfile, &Path, Option<&str>);
+    async fn execute(
+        &self,
+        plan: &Self::Plan,
+        control: &mut ProcessControl,
+        progress: &dyn Progress,
+        cancel: CancellationToken,
+    ) -> anyhow::Result<Self::Record>;
+    fn table() -> &'static dyn Exporter<Self::Record>;
+}
+
+/// Restore what a dead run left, plan, start the engines, run, print the record; exit 0
+/// when it finished, whatever its answer.
+pub(crate) async fn drive<E: Experiment>(args: &E) -> anyhow::Result<ExitCode> {
+    let output = args.output();
     recover_journal(&output.journal_dir())?;
     let plan = args.plan()?;
-    let (mut control, cancel) = engines(&plan.target, &plan.run_dir, plan.api_key.as_deref())?;
-    let progress = progress(output.json);
-    stderr_line!("results: {}", plan.run_dir.display());
-    let record = match args.adaptive() {
-        Some(options) => {
-            adaptive::run_adaptive(&plan, &options, &mut control, progress.as_ref(), cancel).await?
+    let (target, dir, key) = E::engines_of(&plan);
+    let mut started = start(output.json, target, dir, key)?;
+    let progress = started.progress.as_ref();
+    let record = args
+        .execute(&plan, &mut started.control, progress, started.cancel)
+        .await?;
+    print_record(output.json, &record, E::table(), dir)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// An [`Experiment`]: its arguments, plan and record types, the plan's results directory
+/// field, its table, and how it runs (a closure-like body over the named parameters).
+macro_rules! experiment {
+    ($args:ty, $plan:ty, $record:ty, $dir:ident, $table:expr,
+     |$me:ident, $p:ident, $control:ident, $progress:ident, $cancel:ident| $body:expr) => {
+        impl Experiment for $args {
+            type Plan = $plan;
+            type Record = $record;
+            fn output(&self) -> &OutputArgs {
+                &self.common.output
+            }
+            fn plan(&self) -> anyhow::Result<Self::Plan> {
+                <$args>::plan(self)
+            }
+            fn engines_of(plan: &Self::Plan) -> (&TargetProfile, &Path, Option<&str>) {
+                (&plan.target, &plan.$dir, plan.api_key.as_deref())
+            }
+            async fn execute(
+                &self,
+                $p: &Self::Plan,
+                $control: &mut ProcessControl,
+                $progress: &dyn Progress,
+                $cancel: CancellationToken,
+            ) -> anyhow::Result<Self::Record> {
+                let $me = self;
+                $body
+            }
+            fn table() -> &'static dyn Exporter<Self::Record> {
+                &$table
+            }
         }
-        None => experiment::run_experiment(&plan, &mut control, progress.as_ref(), cancel).await?,
     };
-    print_record(
-        output.json,
-        || serde_json::to_string_pretty(&record),
-        || table::RunTable.render(&record),
-        &plan.run_dir,
-    )?;
-    Ok(ExitCode::SUCCESS)
 }
 
-pub(crate) async fn culprit(args: &CulpritArgs) -> anyhow::Result<ExitCode> {
-    let output = &args.common.output;
-    recover_journal(&output.journal_dir())?;
-    let plan = args.plan()?;
-    let (mut control, cancel) = engines(&plan.target, &plan.dir, plan.api_key.as_deref())?;
-    let progress = progress(output.json);
-    stderr_line!("results: {}", plan.dir.display());
-    let record = culprit::run(&plan, &mut control, progress.as_ref(), cancel).await?;
-    print_record(
-        output.json,
-        || serde_json::to_string_pretty(&record),
-        || culprit::export::table::CulpritTable.render(&record),
-        &plan.dir,
-    )?;
-    Ok(ExitCode::SUCCESS)
+experiment! { RunArgs, experiment::RunPlan, RunRecord, run_dir, table::RunTable,
+    |args, plan, control, progress, cancel| match args.adaptive() {
+        Some(options) => adaptive::run_adaptive(plan, &options, control, progress, cancel).await,
+        None => experiment::run_experiment(plan, control, progress, cancel).await,
+    }
+}
+experiment! { CulpritArgs, culprit::CulpritPlan, culprit::record::CulpritRecord, dir,
+    culprit::export::table::CulpritTable,
+    |_args, plan, control, progress, cancel| culprit::run(plan, control, progress, cancel).await
+}
+experiment! { LoadArgs, load::LoadPlan, results::load::LoadRecord, dir,
+    results::load::table::LoadTable,
+    |_args, plan, control, progress, cancel| load::run(plan, control, progress, cancel).await
 }
 
-/// `bisect load`: exit codes as `run` (0 finished whatever the answer).
-pub(crate) async fn load(args: &LoadArgs) -> anyhow::Result<ExitCode> {
-    let output = &args.common.output;
-    recover_journal(&output.journal_dir())?;
-    let plan = args.plan()?;
-    let (mut control, cancel) = engines(&plan.target, &plan.dir, plan.api_key.as_deref())?;
-    let progress = progress(output.json);
-    stderr_line!("results: {}", plan.dir.display());
-    let record = load::run(&plan, &mut control, progress.as_ref(), cancel).await?;
-    print_record(
-        output.json,
-        || serde_json::to_string_pretty(&record),
-        || bisect_harness::results::load::table::LoadTable.render(&record),
-        &plan.dir,
-    )?;
-    Ok(ExitCode::SUCCESS)
+/// The probe's one line: its outcome and why.
+struct ProbeLine;
+
+impl Exporter<ProbeRecord> for ProbeLine {
+    fn file_name(&self) -> &'static str {
+        "table"
+    }
+    fn render(&self, record: &ProbeRecord) -> anyhow::Result<String> {
+        let outcome = record.outcome.unwrap_or(Outcome::Unknown);
+        Ok(format!("probe: {outcome:?}: {}\n", record.reason))
+    }
 }
 
 /// Exit 0 clean, 1 corrupted, 125 could not tell (also when the probe could not run:
@@ -77,8 +125,9 @@ pub(crate) async fn load(args: &LoadArgs) -> anyhow::Result<ExitCode> {
 pub(crate) async fn probe(args: &ProbeArgs) -> anyhow::Result<ExitCode> {
     recover_journal(&args.output.journal_dir())?;
     let plan = args.plan()?;
-    let (mut control, cancel) = engines(&plan.target, &plan.run_dir, plan.api_key.as_deref())?;
-    let progress = Lines::new(!args.output.json);
+    let (mut control, cancel) =
+        super::engines(&plan.target, &plan.run_dir, plan.api_key.as_deref())?;
+    let progress = crate::progress::Lines::new(!args.output.json);
     let record = match probe::run_probe(&plan, &mut control, &progress, cancel).await {
         Ok(r) => r,
         Err(e) if matches!(e.downcast_ref::<Failure>(), Some(Failure::Interrupted)) => {
@@ -98,11 +147,6 @@ pub(crate) async fn probe(args: &ProbeArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let outcome = record.outcome.unwrap_or(Outcome::Unknown);
-    print_record(
-        args.output.json,
-        || serde_json::to_string_pretty(&record),
-        || Ok(format!("probe: {outcome:?}: {}\n", record.reason)),
-        &plan.run_dir,
-    )?;
+    print_record(args.output.json, &record, &ProbeLine, &plan.run_dir)?;
     Ok(ExitCode::from(outcome.exit_code()))
 }

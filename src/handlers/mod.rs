@@ -26,6 +26,7 @@ use crate::{progress, signals};
 use bisect_harness::commands::run::Progress;
 use bisect_harness::config::TargetProfile;
 use bisect_harness::control::ProcessControl;
+use bisect_harness::results::Exporter;
 
 /// Run a parsed command line to its exit code.
 pub(crate) fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -44,10 +45,10 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Reclassify(args) => results::reclassify(&args),
         Command::Merge(args) => matrix::merge(&args),
         Command::Matrix(args) => runtime()?.block_on(matrix::matrix(&args)),
-        Command::Run(args) => runtime()?.block_on(experiment::run(&args)),
+        Command::Run(args) => runtime()?.block_on(experiment::drive(&args)),
         Command::Probe(args) => runtime()?.block_on(experiment::probe(&args)),
-        Command::Culprit(args) => runtime()?.block_on(experiment::culprit(&args)),
-        Command::Load(args) => runtime()?.block_on(experiment::load(&args)),
+        Command::Culprit(args) => runtime()?.block_on(experiment::drive(&args)),
+        Command::Load(args) => runtime()?.block_on(experiment::drive(&args)),
         Command::Commits(args) => commits::commits(&args),
     }
 }
@@ -102,18 +103,43 @@ fn progress(json: bool) -> Box<dyn Progress> {
     }
 }
 
-/// The finished record: as JSON with `--json`, else its table and where it is kept.
-fn print_record(
+/// The engines of a command that runs experiments, with Ctrl-C wired and progress shown.
+struct Started {
+    control: ProcessControl,
+    cancel: CancellationToken,
+    progress: Box<dyn Progress>,
+}
+
+/// Start what an experiment command needs: its engines' control ([`engines`]) and
+/// progress, and say where its results go.
+fn start(
     json: bool,
-    to_json: impl FnOnce() -> serde_json::Result<String>,
-    table: impl FnOnce() -> anyhow::Result<String>,
+    target: &TargetProfile,
+    dir: &Path,
+    api_key: Option<&str>,
+) -> anyhow::Result<Started> {
+    let (control, cancel) = engines(target, dir, api_key)?;
+    let progress = progress(json);
+    stderr_line!("results: {}", dir.display());
+    Ok(Started {
+        control,
+        cancel,
+        progress,
+    })
+}
+
+/// The finished record: as JSON with `--json`, else its table and where it is kept.
+fn print_record<R: serde::Serialize>(
+    json: bool,
+    record: &R,
+    table: &dyn Exporter<R>,
     dir: &Path,
 ) -> anyhow::Result<()> {
     use bisect_harness::redact::scrub;
     if json {
-        println!("{}", scrub(&to_json()?));
+        println!("{}", scrub(&serde_json::to_string_pretty(record)?));
     } else {
-        print!("{}", scrub(&table()?));
+        print!("{}", scrub(&table.render(record)?));
         println!("results: {}", dir.display());
     }
     Ok(())
