@@ -116,8 +116,7 @@ async fn a_racy_flag_is_implicated_early_at_the_load() {
 async fn equal_arms_at_zero_clear_at_the_load() {
     let t = FakeTarget::new().await;
     let mut plan = plan_at_load(&t, "FAKE_NOISE", 20);
-    plan.sets
-        .push((t.catalog.get("FAKE_BF16").unwrap().clone(), "0".into()));
+    t.pin(&mut plan, "FAKE_BF16", "0");
     // Long enough requests for the 50 ms metrics poller to see the 20 in flight.
     t.engine.hold_requests(150);
     let mut control = t.engine.control();

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use bisect_harness::commands::run::RunPlan;
 use bisect_harness::config::{FlagCatalog, RoleSpec, TargetProfile, Workload};
+use bisect_harness::control::EngineControl;
 use bisect_harness::core::verdict::Policy;
+use bisect_harness::results::run_record::RunRecord;
 
 use crate::fake::FakeEngine;
 
@@ -133,6 +135,12 @@ impl FakeTarget {
             metrics_period: Duration::from_millis(50),
         }
     }
+
+    /// Pin the catalog's `flag` to `value` in both arms of `plan` (`--set`).
+    pub fn pin(&self, plan: &mut RunPlan, flag: &str, value: &str) {
+        let spec = self.catalog.get(flag).unwrap().clone();
+        plan.sets.push((spec, value.into()));
+    }
 }
 
 /// How many of the workload's sessions the fake's race hits (task hash divisible by 4).
@@ -160,4 +168,19 @@ pub fn bisect(args: &[&str], cwd: &Path) -> std::process::Output {
         .current_dir(cwd)
         .output()
         .expect("running bisect")
+}
+
+/// `bisect run`'s protocol on `plan`, quietly, never cancelled.
+pub async fn run_quiet(
+    plan: &RunPlan,
+    control: &mut dyn EngineControl,
+) -> anyhow::Result<RunRecord> {
+    use bisect_harness::commands::run::{run_experiment, Quiet};
+    run_experiment(
+        plan,
+        control,
+        &Quiet,
+        tokio_util::sync::CancellationToken::new(),
+    )
+    .await
 }

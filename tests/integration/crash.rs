@@ -292,8 +292,7 @@ async fn a_failed_restore_is_reported_first_when_the_results_cannot_be_written_e
     let before = t.launch_bytes();
     let mut plan = t.plan("FAKE_BF16", 4, 1);
     // Pinned for every arm, so decode.sh differs from its original at the end.
-    plan.sets
-        .push((t.catalog.get("FAKE_NOISE").unwrap().clone(), "3".into()));
+    t.pin(&mut plan, "FAKE_NOISE", "3");
     let decode = &t.target.roles[1].launch;
     let decode_tmp = decode.with_file_name(".decode.sh.bisect-tmp");
     let record_tmp = plan.run_dir.join("run.tmp~");

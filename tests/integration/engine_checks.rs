@@ -8,10 +8,8 @@ use std::path::Path;
 use std::process::Command;
 
 use bisect_harness::arm::NO_EFFECTIVE_WARNING;
-use bisect_harness::commands::run::{self as experiment, Quiet};
 use bisect_harness::core::arm_stats::ArmLabel;
 use bisect_harness::core::verdict::Severity;
-use tokio_util::sync::CancellationToken;
 
 use crate::common::{FakeTarget, DECODE_LAUNCH};
 use crate::crash::{state_home, write_profile_with};
@@ -88,9 +86,7 @@ async fn a_profile_pointer_reads_the_flag_where_the_engine_reports_it() {
         .effective_pointers
         .insert("FAKE_BF16".into(), "/env/FAKE_INDEX_BF16".into());
     let mut control = t.engine.control();
-    let record = experiment::run_experiment(&plan, &mut control, &Quiet, CancellationToken::new())
-        .await
-        .unwrap();
+    let record = crate::common::run_quiet(&plan, &mut control).await.unwrap();
     assert_eq!(record.arm(ArmLabel::On).unwrap().effective["prefill"], "1");
     assert_eq!(record.arm(ArmLabel::Off).unwrap().effective["prefill"], "0");
     assert!(!record.extra.contains_key("warnings"), "{:?}", record.extra);
@@ -104,9 +100,7 @@ async fn no_engine_reporting_the_flag_is_a_recorded_warning() {
     plan.target.roles[0].effective_url =
         Some(format!("http://{}/server_info", t.engine.decode_addr));
     let mut control = t.engine.control();
-    let record = experiment::run_experiment(&plan, &mut control, &Quiet, CancellationToken::new())
-        .await
-        .unwrap();
+    let record = crate::common::run_quiet(&plan, &mut control).await.unwrap();
     assert!(record.arm(ArmLabel::On).unwrap().effective.is_empty());
     assert_eq!(
         record.extra["warnings"],
@@ -161,9 +155,7 @@ async fn an_engine_that_restarts_by_itself_during_an_arm_blocks_the_verdict() {
     // systemd's Restart=always: every request still gets an answer.
     t.engine.crash_decode_after(2);
     let mut control = t.engine.control();
-    let record = experiment::run_experiment(&plan, &mut control, &Quiet, CancellationToken::new())
-        .await
-        .unwrap();
+    let record = crate::common::run_quiet(&plan, &mut control).await.unwrap();
     let on = record.arm(ArmLabel::On).unwrap();
     assert_eq!(on.stats.engine_replaced.len(), 1, "{:?}", on.stats);
     assert!(

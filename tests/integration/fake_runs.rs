@@ -21,20 +21,10 @@ async fn racy_flag_is_implicated_with_exact_counts() {
         "workload gives too few race victims ({victims}) for a decisive test"
     );
     let mut control = t.engine.control();
-    let record = experiment::run_experiment(&plan, &mut control, &Quiet, CancellationToken::new())
-        .await
-        .unwrap();
+    let record = crate::common::run_quiet(&plan, &mut control).await.unwrap();
 
-    let on = record
-        .arms
-        .iter()
-        .find(|a| a.label == ArmLabel::On)
-        .unwrap();
-    let off = record
-        .arms
-        .iter()
-        .find(|a| a.label == ArmLabel::Off)
-        .unwrap();
+    let on = record.arm(ArmLabel::On).unwrap();
+    let off = record.arm(ArmLabel::Off).unwrap();
     assert_eq!(on.stats.counts.leak, victims);
     assert_eq!(on.stats.counts.done, 64 - victims);
     assert_eq!(off.stats.counts.done, 64);
@@ -85,15 +75,12 @@ async fn speed_only_flag_is_cleared() {
     let t = FakeTarget::new().await;
     // The race needs FAKE_INDEX_BF16=1: pin it off for both arms so nothing corrupts.
     let mut plan = t.plan("FAKE_NOISE", 100, 4);
-    plan.sets
-        .push((t.catalog.get("FAKE_BF16").unwrap().clone(), "0".into()));
+    t.pin(&mut plan, "FAKE_BF16", "0");
     // Cleared needs the engine to have seen the target load: requests last long enough
     // for the 50 ms metrics poller to see the 100 in flight.
     t.engine.hold_requests(300);
     let mut control = t.engine.control();
-    let record = experiment::run_experiment(&plan, &mut control, &Quiet, CancellationToken::new())
-        .await
-        .unwrap();
+    let record = crate::common::run_quiet(&plan, &mut control).await.unwrap();
     let verdict = record.verdict.as_ref().unwrap();
     assert_eq!(verdict.status, Status::Cleared, "{verdict:?}");
     assert!(record.arms.iter().all(|a| a.stats.counts.done == 100));
@@ -108,13 +95,10 @@ async fn speed_only_flag_is_cleared() {
 async fn no_difference_below_the_target_load_is_not_cleared() {
     let t = FakeTarget::new().await;
     let mut plan = t.plan("FAKE_NOISE", 100, 4);
-    plan.sets
-        .push((t.catalog.get("FAKE_BF16").unwrap().clone(), "0".into()));
+    t.pin(&mut plan, "FAKE_BF16", "0");
     // Requests answered at once: the engine never holds the 100 the run was meant to.
     let mut control = t.engine.control();
-    let record = experiment::run_experiment(&plan, &mut control, &Quiet, CancellationToken::new())
-        .await
-        .unwrap();
+    let record = crate::common::run_quiet(&plan, &mut control).await.unwrap();
     let verdict = record.verdict.as_ref().unwrap();
     assert_eq!(verdict.status, Status::Inconclusive, "{verdict:?}");
     assert!(
@@ -130,9 +114,7 @@ async fn small_difference_is_inconclusive_underpowered() {
     let plan = t.plan("FAKE_BF16", 12, 4);
     let victims = fake_race_victims(&plan.workload, 12);
     let mut control = t.engine.control();
-    let record = experiment::run_experiment(&plan, &mut control, &Quiet, CancellationToken::new())
-        .await
-        .unwrap();
+    let record = crate::common::run_quiet(&plan, &mut control).await.unwrap();
     let verdict = record.verdict.as_ref().unwrap();
     assert_eq!(record.arms[0].stats.counts.leak, victims);
     assert_eq!(verdict.status, Status::Inconclusive, "{verdict:?}");
@@ -147,17 +129,10 @@ async fn slow_arm_is_degraded_not_a_verdict() {
     let t = FakeTarget::new().await;
     let mut plan = t.plan("FAKE_SLOW", 20, 2);
     plan.workload.timeout_s = 0.2;
-    plan.sets
-        .push((t.catalog.get("FAKE_BF16").unwrap().clone(), "0".into()));
+    t.pin(&mut plan, "FAKE_BF16", "0");
     let mut control = t.engine.control();
-    let record = experiment::run_experiment(&plan, &mut control, &Quiet, CancellationToken::new())
-        .await
-        .unwrap();
-    let on = record
-        .arms
-        .iter()
-        .find(|a| a.label == ArmLabel::On)
-        .unwrap();
+    let record = crate::common::run_quiet(&plan, &mut control).await.unwrap();
+    let on = record.arm(ArmLabel::On).unwrap();
     assert_eq!(on.stats.counts.timeout, 20);
     let verdict = record.verdict.as_ref().unwrap();
     assert_eq!(verdict.status, Status::Inconclusive);
@@ -176,7 +151,7 @@ async fn half_applied_flag_is_refused_before_any_restart() {
     let before = t.launch_bytes();
     let plan = t.plan("FAKE_BF16_DECODE_ONLY", 4, 1);
     let mut control = t.engine.control();
-    let err = experiment::run_experiment(&plan, &mut control, &Quiet, CancellationToken::new())
+    let err = crate::common::run_quiet(&plan, &mut control)
         .await
         .unwrap_err();
     let msg = format!("{err:#}");
@@ -196,14 +171,8 @@ async fn half_applied_flag_is_refused_before_any_restart() {
     let mut plan = plan;
     plan.allow_partial = true;
     plan.run_dir = plan.run_dir.with_file_name("partial-allowed");
-    let record = experiment::run_experiment(&plan, &mut control, &Quiet, CancellationToken::new())
-        .await
-        .unwrap();
-    let off = record
-        .arms
-        .iter()
-        .find(|a| a.label == ArmLabel::Off)
-        .unwrap();
+    let record = crate::common::run_quiet(&plan, &mut control).await.unwrap();
+    let off = record.arm(ArmLabel::Off).unwrap();
     assert_eq!(
         off.stats.counts.error, 4,
         "prefill 1 vs decode 0 disagree: every request fails"
@@ -218,20 +187,14 @@ async fn repeats_interleave_and_pool() {
     plan.repeats = 2;
     let victims = fake_race_victims(&plan.workload, 16);
     let mut control = t.engine.control();
-    let record = experiment::run_experiment(&plan, &mut control, &Quiet, CancellationToken::new())
-        .await
-        .unwrap();
+    let record = crate::common::run_quiet(&plan, &mut control).await.unwrap();
     let order: Vec<String> = record
         .runs
         .iter()
         .map(|r| format!("{}{}", r.label, r.repeat.unwrap()))
         .collect();
     assert_eq!(order, ["on0", "off0", "off1", "on1"]);
-    let on = record
-        .arms
-        .iter()
-        .find(|a| a.label == ArmLabel::On)
-        .unwrap();
+    let on = record.arm(ArmLabel::On).unwrap();
     assert_eq!(on.sessions, 32);
     assert_eq!(on.stats.counts.leak, 2 * victims);
     assert_eq!(control.restarts.load(Ordering::Relaxed), 4);
@@ -246,7 +209,7 @@ async fn configs_restored_when_a_restart_fails_midway() {
         inner: t.engine.control(),
         calls: 0,
     };
-    let err = experiment::run_experiment(&plan, &mut control, &Quiet, CancellationToken::new())
+    let err = crate::common::run_quiet(&plan, &mut control)
         .await
         .unwrap_err();
     assert!(format!("{err:#}").contains("simulated restart failure"));
@@ -446,7 +409,7 @@ async fn an_engine_bisect_did_not_start_is_refused_before_anything_runs() {
         role.restart = None;
     }
     let mut control = t.engine.control();
-    let err = experiment::run_experiment(&plan, &mut control, &Quiet, CancellationToken::new())
+    let err = crate::common::run_quiet(&plan, &mut control)
         .await
         .unwrap_err();
     let msg = format!("{err:#}");
@@ -478,9 +441,7 @@ async fn an_engine_that_ignores_its_launch_config_blocks_the_verdict() {
     let plan = t.plan("FAKE_BF16", 32, 2);
     t.engine.ignore_restarts();
     let mut control = t.engine.control();
-    let record = experiment::run_experiment(&plan, &mut control, &Quiet, CancellationToken::new())
-        .await
-        .unwrap();
+    let record = crate::common::run_quiet(&plan, &mut control).await.unwrap();
     let on = record.arm(ArmLabel::On).unwrap();
     let off = record.arm(ArmLabel::Off).unwrap();
     // Both launch files read back what each arm wrote...
@@ -509,9 +470,7 @@ async fn a_larger_sample_runs_at_the_same_load() {
     t.engine.hold_requests(50);
     let victims = fake_race_victims(&plan.workload, 48);
     let mut control = t.engine.control();
-    let record = experiment::run_experiment(&plan, &mut control, &Quiet, CancellationToken::new())
-        .await
-        .unwrap();
+    let record = crate::common::run_quiet(&plan, &mut control).await.unwrap();
     assert_eq!(record.workload["concurrency"], 8);
     assert_eq!(record.workload["sessions"], 48);
     for arm in &record.arms {

@@ -94,9 +94,7 @@ async fn reclassify_restores_leaks_an_old_rule_missed_and_keeps_the_originals() 
     let plan = t.plan("FAKE_BF16", 64, 4);
     let victims = fake_race_victims(&plan.workload, 64);
     let mut control = t.engine.control();
-    experiment::run_experiment(&plan, &mut control, &Quiet, CancellationToken::new())
-        .await
-        .unwrap();
+    crate::common::run_quiet(&plan, &mut control).await.unwrap();
     let dir = ResultsDir::open(&plan.run_dir);
 
     // The old rule: any text answer ends the session `done`; markup was not looked for.
@@ -187,9 +185,7 @@ async fn reclassify_judges_with_the_markup_families_the_run_counted() {
     let mut plan = t.plan("FAKE_BF16", 32, 4);
     plan.target.markup = vec![bisect_harness::core::classify::MarkupFamily::Hermes];
     let mut control = t.engine.control();
-    experiment::run_experiment(&plan, &mut control, &Quiet, CancellationToken::new())
-        .await
-        .unwrap();
+    crate::common::run_quiet(&plan, &mut control).await.unwrap();
     let dir = ResultsDir::open(&plan.run_dir);
     let before = dir.read_record().unwrap();
     assert_eq!(

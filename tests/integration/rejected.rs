@@ -45,8 +45,7 @@ async fn rejecting_target_found_at(found: &str) -> FakeTarget {
 /// The FAKE_REJECT run, with the race off (its index dtype pinned to 0), into `dir`.
 fn plan(t: &FakeTarget, dir: &str, engine: Engine) -> RunPlan {
     let mut plan = t.plan("FAKE_REJECT", SESSIONS, 4);
-    plan.sets
-        .push((t.catalog.get("FAKE_BF16").unwrap().clone(), "0".into()));
+    t.pin(&mut plan, "FAKE_BF16", "0");
     plan.run_dir = plan.run_dir.with_file_name(dir);
     plan.target.engine = engine;
     plan.target.rejections = engine.rejections();

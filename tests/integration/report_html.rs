@@ -5,9 +5,6 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use bisect_harness::commands::run::{self as experiment, Quiet};
-use tokio_util::sync::CancellationToken;
-
 use crate::common::{fake_race_victims, FakeTarget};
 
 /// The Chromium binary, or why the test cannot run: fails under CI, skips elsewhere.
@@ -62,9 +59,7 @@ async fn report_html_renders_in_headless_chromium() {
     let plan = t.plan("FAKE_BF16", 48, 4);
     let victims = fake_race_victims(&plan.workload, 48);
     let mut control = t.engine.control();
-    experiment::run_experiment(&plan, &mut control, &Quiet, CancellationToken::new())
-        .await
-        .unwrap();
+    crate::common::run_quiet(&plan, &mut control).await.unwrap();
     let page = plan.run_dir.join("report.html");
     let html = crate::common::read(&page);
     // Rate bars, first bad round, one timeline per arm block.
@@ -133,9 +128,7 @@ async fn summary_md_snapshot() {
     let t = FakeTarget::new().await;
     let plan = t.plan("FAKE_BF16", 32, 3);
     let mut control = t.engine.control();
-    experiment::run_experiment(&plan, &mut control, &Quiet, CancellationToken::new())
-        .await
-        .unwrap();
+    crate::common::run_quiet(&plan, &mut control).await.unwrap();
     let summary = crate::common::read(&plan.run_dir.join("summary.md"));
     insta::with_settings!({filters => redactions()}, {
         insta::assert_snapshot!("summary_md_fake_bf16", summary);
