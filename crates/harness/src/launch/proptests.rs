@@ -291,20 +291,13 @@ impl Script {
                 let key = &self.key;
                 match item {
                     Item::Other(text) => out.push_str(text),
-                    Item::ArgSpaced(value) => {
+                    Item::ArgSpaced(value) | Item::ArgEq(value) => {
                         out.push_str(key);
-                        out.push(' ');
-                        let span = Self::push_value(&mut out, value);
-                        r.occurrences.push(Occurrence {
-                            span,
-                            quote: value.1,
-                            prefix: String::new(),
-                            value: value.0.clone(),
+                        out.push(if matches!(item, Item::ArgEq(_)) {
+                            '='
+                        } else {
+                            ' '
                         });
-                    }
-                    Item::ArgEq(value) => {
-                        out.push_str(key);
-                        out.push('=');
                         let span = Self::push_value(&mut out, value);
                         r.occurrences.push(Occurrence {
                             span,

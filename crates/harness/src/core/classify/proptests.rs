@@ -26,14 +26,7 @@ fn tools() -> Vec<ToolSpec> {
         result: String::new(),
     };
     vec![
-        tool(
-            "read_file",
-            json!({
-                "type": "object",
-                "properties": {"path": {"type": "string"}, "max_lines": {"type": "integer"}},
-                "required": ["path"],
-            }),
-        ),
+        super::tests::read_file_tool(),
         tool(
             "grep",
             json!({

@@ -18,16 +18,21 @@ fn tool(name: &str, parameters: Value) -> ToolSpec {
     }
 }
 
+/// `read_file(path, max_lines?)`, also the property tests' first tool.
+pub(super) fn read_file_tool() -> ToolSpec {
+    tool(
+        "read_file",
+        json!({
+            "type": "object",
+            "properties": {"path": {"type": "string"}, "max_lines": {"type": "integer"}},
+            "required": ["path"],
+        }),
+    )
+}
+
 fn tools() -> Vec<ToolSpec> {
     vec![
-        tool(
-            "read_file",
-            json!({
-                "type": "object",
-                "properties": {"path": {"type": "string"}, "max_lines": {"type": "integer"}},
-                "required": ["path"],
-            }),
-        ),
+        read_file_tool(),
         tool(
             "grep",
             json!({

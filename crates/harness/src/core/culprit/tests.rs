@@ -29,6 +29,16 @@ fn crisp(rule: Rule, degraders: Vec<usize>) -> Oracle {
     o
 }
 
+/// The report's answer is `want`; else fail showing its verdict.
+fn assert_answer(report: &SearchReport, want: Answer) {
+    assert_eq!(report.answer, want, "{}", report.verdict);
+}
+
+/// The report's verdict says `words`.
+fn assert_says(report: &SearchReport, words: &str) {
+    assert!(report.verdict.contains(words), "{}", report.verdict);
+}
+
 fn run(oracle: &Oracle, concurrency: u32) -> SearchReport {
     let params = SearchParams::new(oracle.flag_values(), concurrency, BUDGET, 7);
     let mut runner = OracleRunner { oracle, seed: 7 };
@@ -86,12 +96,7 @@ fn ddmin_finds_known_minimal_sets() {
         (vec![0, 1, 2, 3, 4, 5], vec![0, 1, 2, 3, 4, 5]),
     ] {
         let report = run(&crisp(Rule::All(set), vec![]), 80);
-        assert_eq!(
-            report.answer,
-            Answer::Culprit { flags: expect },
-            "{}",
-            report.verdict
-        );
+        assert_answer(&report, Answer::Culprit { flags: expect });
         assert!(
             report.verdict.starts_with("culprit: {"),
             "{}",
@@ -159,24 +164,15 @@ fn a_slow_flip_does_not_make_could_not_reproduce_screen_every_flag() {
     oracle.timeout_share = 0.0;
     oracle.slowdown = 17.0;
     let report = run(&oracle, 8);
-    assert_eq!(
-        report.answer,
-        Answer::CouldNotReproduce,
-        "{}",
-        report.verdict
-    );
+    assert_answer(&report, Answer::CouldNotReproduce);
     assert!(report.blocks.len() <= 4, "{} blocks", report.blocks.len());
-    assert!(
-        report.verdict.contains("always-valid upper bound"),
-        "{}",
-        report.verdict
-    );
+    assert_says(&report, "always-valid upper bound");
 }
 
 #[test]
 fn no_culprit_when_the_flipped_end_fails_too() {
     let report = run(&crisp(Rule::Always, vec![]), 80);
-    assert_eq!(report.answer, Answer::NoCulprit, "{}", report.verdict);
+    assert_answer(&report, Answer::NoCulprit);
     assert!(report
         .verdict
         .starts_with("no culprit among the listed flags"));
@@ -290,14 +286,9 @@ fn a_clean_failing_end_below_the_load_is_inconclusive_not_unreproduced() {
     let mut oracle = crisp(Rule::All(vec![0]), vec![]);
     oracle.min_concurrency = 100;
     let report = run_peaks(&oracle, |_, load| Some(u64::from(load)));
-    assert_eq!(
-        report.answer,
-        Answer::CouldNotReproduce,
-        "{}",
-        report.verdict
-    );
+    assert_answer(&report, Answer::CouldNotReproduce);
     let report = run_peaks(&oracle, |_, _| Some(10));
-    assert_eq!(report.answer, Answer::Inconclusive, "{}", report.verdict);
+    assert_answer(&report, Answer::Inconclusive);
     assert!(
         report
             .verdict
@@ -312,7 +303,7 @@ fn a_clean_failing_end_below_the_load_is_inconclusive_not_unreproduced() {
     );
     // No metrics at all: the same, by the missing measurement.
     let report = run_peaks(&oracle, |_, _| None);
-    assert_eq!(report.answer, Answer::Inconclusive, "{}", report.verdict);
+    assert_answer(&report, Answer::Inconclusive);
     assert!(
         report
             .verdict
@@ -330,7 +321,7 @@ fn a_one_value_answer_needs_the_passing_ends_load() {
     let report = run_peaks(&oracle, |failing, load| {
         (!failing.is_empty()).then_some(u64::from(load))
     });
-    assert_eq!(report.answer, Answer::Inconclusive, "{}", report.verdict);
+    assert_answer(&report, Answer::Inconclusive);
     assert!(
         report
             .verdict
@@ -354,12 +345,7 @@ fn a_flag_whose_flip_is_much_slower_is_held_out_with_the_figures() {
             }
         },
     );
-    assert_eq!(
-        report.answer,
-        Answer::Culprit { flags: vec![0, 1] },
-        "{}",
-        report.verdict
-    );
+    assert_answer(&report, Answer::Culprit { flags: vec![0, 1] });
     assert_eq!(report.untestable.len(), 1, "{}", report.verdict);
     assert_eq!(report.untestable[0].flag, 3);
     let reason = &report.untestable[0].reason;
@@ -372,11 +358,7 @@ fn a_flag_whose_flip_is_much_slower_is_held_out_with_the_figures() {
     ] {
         assert!(reason.contains(words), "{words:?} not in: {reason}");
     }
-    assert!(
-        report.verdict.contains("untestable: F3"),
-        "{}",
-        report.verdict
-    );
+    assert_says(&report, "untestable: F3");
 }
 
 #[test]
@@ -385,12 +367,7 @@ fn a_slow_machine_is_not_blamed_on_a_flag() {
     // busy): under the 4x allowed against the failing end's slowest block.
     let oracle = crisp(Rule::All(vec![2]), vec![]);
     let report = run_speeds(&oracle, |_, block| if block == 1 { 5000.0 } else { 1700.0 });
-    assert_eq!(
-        report.answer,
-        Answer::Culprit { flags: vec![2] },
-        "{}",
-        report.verdict
-    );
+    assert_answer(&report, Answer::Culprit { flags: vec![2] });
     assert!(report.untestable.is_empty(), "{:?}", report.untestable);
     // 5x slower than the first block, but the failing end itself ran that slowly in a
     // later block: its slowest block is the reference, so nothing is blamed either.
@@ -403,32 +380,18 @@ fn a_slow_machine_is_not_blamed_on_a_flag() {
             1000.0 + block as f64
         }
     });
-    assert_eq!(
-        report.answer,
-        Answer::Culprit { flags: vec![2] },
-        "{}",
-        report.verdict
-    );
+    assert_answer(&report, Answer::Culprit { flags: vec![2] });
     assert!(report.untestable.is_empty(), "{:?}", report.untestable);
 }
 
 #[test]
 fn degrading_flags_are_held_out_as_untestable() {
     let report = run(&crisp(Rule::All(vec![0, 1]), vec![3]), 80);
-    assert_eq!(
-        report.answer,
-        Answer::Culprit { flags: vec![0, 1] },
-        "{}",
-        report.verdict
-    );
+    assert_answer(&report, Answer::Culprit { flags: vec![0, 1] });
     assert_eq!(report.untestable.len(), 1);
     assert_eq!(report.untestable[0].flag, 3);
     assert!(report.untestable[0].reason.contains("degrades the engine"));
-    assert!(
-        report.verdict.contains("untestable: F3"),
-        "{}",
-        report.verdict
-    );
+    assert_says(&report, "untestable: F3");
     // Two degraders are found one after the other.
     let report = run(&crisp(Rule::All(vec![0]), vec![2, 5]), 80);
     let mut held: Vec<usize> = report.untestable.iter().map(|u| u.flag).collect();
@@ -468,12 +431,7 @@ fn a_different_failure_mode_is_reported_not_merged() {
     let params = SearchParams::new(main.flag_values(), 80, BUDGET, 3);
     let report =
         futures::executor::block_on(search(&params, &mut Two(main, other), &mut Silent)).unwrap();
-    assert_eq!(
-        report.answer,
-        Answer::Culprit { flags: vec![0, 2] },
-        "{}",
-        report.verdict
-    );
+    assert_answer(&report, Answer::Culprit { flags: vec![0, 2] });
     assert!(!report.other_failures.is_empty());
     assert!(report.other_failures[0]
         .reason
@@ -491,11 +449,7 @@ fn the_budget_stops_the_search_with_what_it_had() {
     let report = futures::executor::block_on(search(&params, &mut runner, &mut Silent)).unwrap();
     assert_eq!(report.answer, Answer::Inconclusive);
     assert!(report.sessions_spent <= 400);
-    assert!(
-        report.verdict.contains("budget of 400 sessions is spent"),
-        "{}",
-        report.verdict
-    );
+    assert_says(&report, "budget of 400 sessions is spent");
 }
 
 #[test]

@@ -59,6 +59,12 @@ impl Setup {
     fn any_state_has(&self, name: &str) -> bool {
         self.states().iter().any(|d| d.join(name).exists())
     }
+    /// An editor over every launch config, BF16_INDEX_K set to 0 in all of them.
+    fn edited(&self) -> Editor {
+        let mut ed = self.begin(&self.files()).unwrap();
+        ed.apply(&flag("BF16_INDEX_K"), "0", &self.roles).unwrap();
+        ed
+    }
     fn begin(&self, files: &[PathBuf]) -> anyhow::Result<Editor> {
         Editor::begin_at(&self.root(), &self.legacy(), files)
     }
@@ -164,8 +170,7 @@ fn apply_edits_every_listed_role_reads_back_and_restore_undoes_it() {
 fn drop_restores_the_originals() {
     let s = Setup::new();
     {
-        let mut ed = s.begin(&s.files()).unwrap();
-        ed.apply(&flag("BF16_INDEX_K"), "0", &s.roles).unwrap();
+        let _ed = s.edited();
         assert_ne!(s.text(0), PREFILL);
     }
     s.assert_pristine();
@@ -175,8 +180,7 @@ fn drop_restores_the_originals() {
 #[test]
 fn a_crashed_run_is_recovered_by_the_next_begin() {
     let s = Setup::new();
-    let mut ed = s.begin(&s.files()).unwrap();
-    ed.apply(&flag("BF16_INDEX_K"), "0", &s.roles).unwrap();
+    let mut ed = s.edited();
     ed.apply(&flag("CUDA_GRAPH_MAX_BS"), "64", &s.roles)
         .unwrap();
     // A kill -9: no restore, no Drop.
@@ -253,13 +257,11 @@ fn recover_restores_a_stale_journal_and_is_a_no_op_without_one() {
 #[test]
 fn a_damaged_saved_original_is_not_restored() {
     let s = Setup::new();
-    let mut ed = s.begin(&s.files()).unwrap();
-    ed.apply(&flag("BF16_INDEX_K"), "0", &s.roles).unwrap();
-    std::mem::forget(ed);
+    std::mem::forget(s.edited());
     s.orphan();
     fs::write(s.state(0).join("original-0"), "truncated").unwrap();
     let err = s.recover().unwrap_err();
-    assert!(format!("{err:#}").contains("damaged"), "{err:#}");
+    assert_refused(&err, "damaged");
     assert!(
         s.state(0).join(JOURNAL_FILE).exists(),
         "the journal is kept for a manual fix"
@@ -269,15 +271,10 @@ fn a_damaged_saved_original_is_not_restored() {
 #[test]
 fn a_journal_held_by_a_live_bisect_is_refused_and_a_dead_ones_recovered() {
     let s = Setup::new();
-    let mut ed = s.begin(&s.files()).unwrap();
-    ed.apply(&flag("BF16_INDEX_K"), "0", &s.roles).unwrap();
-    std::mem::forget(ed);
+    std::mem::forget(s.edited());
 
     // A live process (pid and start time) holds the target's lock.
-    let mut child = std::process::Command::new("sleep")
-        .arg("30")
-        .spawn()
-        .unwrap();
+    let child = other_bisect();
     s.set_owner(child.id(), state::start_ticks(child.id()).unwrap());
     assert!(
         s.recover().unwrap().is_empty(),
@@ -290,8 +287,7 @@ fn a_journal_held_by_a_live_bisect_is_refused_and_a_dead_ones_recovered() {
         "{msg}"
     );
     assert_ne!(s.text(0), PREFILL, "nothing restored under a live holder");
-    child.kill().unwrap();
-    child.wait().unwrap();
+    end(child);
 
     // The same pid, now dead: the next begin recovers before journaling anew.
     let mut next = s.begin(&s.files()).unwrap();
@@ -309,6 +305,24 @@ fn other_bisect() -> std::process::Child {
         .unwrap()
 }
 
+/// The other bisect exits.
+fn end(mut child: std::process::Child) {
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+/// The other bisect exits, then the first editor restores: the files are as they were.
+fn end_then_restore(child: std::process::Child, mut first: Editor, s: &Setup) {
+    end(child);
+    first.restore().unwrap();
+    s.assert_pristine();
+}
+
+/// The error names what refused the edit.
+fn assert_refused(err: &anyhow::Error, words: &str) {
+    assert!(format!("{err:#}").contains(words), "{err:#}");
+}
+
 /// Issue: the lock was keyed by the set of files, so a target with decode.sh alone
 /// and one with prefill.sh + decode.sh took different locks, and the second journaled
 /// the first one's edit as decode.sh's original (then "restored" it, for good).
@@ -316,7 +330,7 @@ fn other_bisect() -> std::process::Child {
 fn an_overlapping_set_of_launch_configs_is_refused_naming_the_file_and_holder() {
     let s = Setup::new();
     let decode = fs::canonicalize(&s.roles[1].launch).unwrap();
-    let mut child = other_bisect();
+    let child = other_bisect();
     let mut first = s.begin(&s.files()).unwrap();
     first.apply(&flag("BF16_INDEX_K"), "0", &s.roles).unwrap();
     let edited = s.text(1);
@@ -338,10 +352,7 @@ fn an_overlapping_set_of_launch_configs_is_refused_naming_the_file_and_holder() 
     );
     assert_eq!(s.text(1), edited, "the refused editor touched nothing");
 
-    child.kill().unwrap();
-    child.wait().unwrap();
-    first.restore().unwrap();
-    s.assert_pristine();
+    end_then_restore(child, first, &s);
 }
 
 /// The other way round: the one-file target holds decode.sh; the two-file target is
@@ -349,7 +360,7 @@ fn an_overlapping_set_of_launch_configs_is_refused_naming_the_file_and_holder() 
 #[test]
 fn a_refused_editor_holds_none_of_the_files_it_took_before_the_refusal() {
     let s = Setup::new();
-    let mut child = other_bisect();
+    let child = other_bisect();
     let mut first = s.begin(std::slice::from_ref(&s.roles[1].launch)).unwrap();
     first
         .apply(&flag("BF16_INDEX_K"), "0", &s.roles[1..])
@@ -357,10 +368,7 @@ fn a_refused_editor_holds_none_of_the_files_it_took_before_the_refusal() {
     s.set_owner_at(1, child.id(), state::start_ticks(child.id()).unwrap());
 
     let err = s.begin(&s.files()).unwrap_err();
-    assert!(
-        format!("{err:#}").contains("in use by another bisect"),
-        "{err:#}"
-    );
+    assert_refused(&err, "in use by another bisect");
     assert!(
         !s.state(0).join("lock.json").exists(),
         "prefill.sh released"
@@ -368,26 +376,19 @@ fn a_refused_editor_holds_none_of_the_files_it_took_before_the_refusal() {
     assert!(!s.state(0).join(JOURNAL_FILE).exists());
     assert_eq!(s.text(0), PREFILL);
 
-    child.kill().unwrap();
-    child.wait().unwrap();
-    first.restore().unwrap();
-    s.assert_pristine();
+    end_then_restore(child, first, &s);
 }
 
 #[test]
 fn a_probe_claim_is_refused_while_another_bisect_holds_one_of_its_files() {
     let s = Setup::new();
-    let mut child = other_bisect();
+    let child = other_bisect();
     let ed = s.begin(&s.files()).unwrap();
     s.set_owner(child.id(), state::start_ticks(child.id()).unwrap());
     let err =
         super::super::lock_target(&s.root(), std::slice::from_ref(&s.roles[0].launch)).unwrap_err();
-    assert!(
-        format!("{err:#}").contains("in use by another bisect"),
-        "{err:#}"
-    );
-    child.kill().unwrap();
-    child.wait().unwrap();
+    assert_refused(&err, "in use by another bisect");
+    end(child);
     drop(ed);
     // Free again: taken, and given back when dropped.
     let (locks, recovery) =
@@ -444,8 +445,7 @@ fn someone_elses_edit_stops_the_next_edit_and_is_kept_beside_the_file_at_restore
 #[test]
 fn an_edit_by_someone_else_after_bisect_died_is_kept_when_its_journal_is_replayed() {
     let s = Setup::new();
-    let mut ed = s.begin(&s.files()).unwrap();
-    ed.apply(&flag("BF16_INDEX_K"), "0", &s.roles).unwrap();
+    let mut ed = s.edited();
     ed.apply(&flag("CUDA_GRAPH_MAX_BS"), "64", &s.roles)
         .unwrap();
     std::mem::forget(ed);
