@@ -316,37 +316,17 @@ mod tests {
     // 1e-7 tolerance; [[1, 9], [11, 3]] is also the example in scipy's fisher_exact docs.
     #[test]
     fn fisher_matches_exact_rational_reference() {
-        assert_close!(
-            fisher_exact_two_sided(14, 66, 0, 80),
-            6.553361437755207e-05,
-            1e-13
-        );
-        assert_close!(
-            fisher_exact_two_sided(0, 80, 14, 66),
-            6.553361437755207e-05,
-            1e-13
-        );
-        assert_close!(
-            fisher_exact_two_sided(2, 58, 0, 60),
-            0.4957983193277311,
-            1e-12
-        );
-        assert_close!(
-            fisher_exact_two_sided(1, 9, 11, 3),
-            0.0027594561852200836,
-            1e-12
-        );
-        assert_close!(
-            fisher_exact_two_sided(3, 7, 1, 9),
-            0.5820433436532507,
-            1e-12
-        );
-        assert_close!(
-            fisher_exact_two_sided(5, 0, 0, 5),
-            0.007936507936507936,
-            1e-13
-        );
-        assert_close!(fisher_exact_two_sided(0, 400, 1, 399), 1.0, 1e-12);
+        for ((a, b, c, d), want, tol) in [
+            ((14, 66, 0, 80), 6.553361437755207e-05, 1e-13),
+            ((0, 80, 14, 66), 6.553361437755207e-05, 1e-13),
+            ((2, 58, 0, 60), 0.4957983193277311, 1e-12),
+            ((1, 9, 11, 3), 0.0027594561852200836, 1e-12),
+            ((3, 7, 1, 9), 0.5820433436532507, 1e-12),
+            ((5, 0, 0, 5), 0.007936507936507936, 1e-13),
+            ((0, 400, 1, 399), 1.0, 1e-12),
+        ] {
+            assert_close!(fisher_exact_two_sided(a, b, c, d), want, tol);
+        }
     }
 
     #[test]
