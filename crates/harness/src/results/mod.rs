@@ -5,6 +5,28 @@
 //! arm block, so an interrupted run still leaves a readable directory. Streams
 //! (sessions, metrics) are appended as they arrive.
 
+/// A record struct whose first fields are the header every results record shares
+/// (run.json, culprit.json, load.json, commits.json): written once here so their JSON
+/// stays alike and a field added to the header reaches all of them.
+macro_rules! record_with_header {
+    ($(#[$meta:meta])* pub struct $name:ident { $($fields:tt)* }) => {
+        $(#[$meta])*
+        pub struct $name {
+            /// `bisect.<kind>/<version>`: which reader understands the file.
+            pub schema: String,
+            pub id: String,
+            /// The command line as typed.
+            pub command: String,
+            pub started_at: String,
+            pub finished_at: Option<String>,
+            pub status: $crate::core::arm_stats::RecordStatus,
+            pub target: $crate::results::run_record::TargetInfo,
+            $($fields)*
+        }
+    };
+}
+pub(crate) use record_with_header;
+
 pub mod cells;
 pub mod charts;
 pub mod export;

@@ -11,47 +11,42 @@ use crate::core::adaptive::AdaptiveRecord;
 use crate::core::effective;
 use crate::core::phases::Phases;
 
-use crate::core::arm_stats::{pool_readback, ArmLabel, ArmStats, RecordStatus};
+use crate::core::arm_stats::{pool_readback, ArmLabel, ArmStats};
 use crate::core::classify::{MarkupFamily, RejectionPattern};
 use crate::core::verdict::{ArmObservation, Comparison, Confound, Verdict};
 
 pub(crate) const SCHEMA: &str = "bisect.run/1";
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct RunRecord {
-    pub schema: String,
-    pub id: String,
-    pub command: String,
-    pub started_at: String,
-    pub finished_at: Option<String>,
-    pub status: RecordStatus,
-    pub target: TargetInfo,
-    pub flag: FlagInfo,
-    pub workload: serde_json::Value,
-    /// Flags pinned with --set, as written.
-    #[serde(default)]
-    pub sets: BTreeMap<String, String>,
-    /// Exactly two once finished: `on` and `off`, pooled over repeats.
-    pub arms: Vec<ArmRecord>,
-    /// One per executed arm block, in execution order.
-    pub runs: Vec<ArmRecord>,
-    pub comparison: Option<Comparison>,
-    #[serde(default)]
-    pub confounds: Vec<Confound>,
-    pub verdict: Option<Verdict>,
-    /// `/server_info` per role and arm block, where the engine serves it.
-    #[serde(default)]
-    pub engine_info: BTreeMap<String, serde_json::Value>,
-    pub error: Option<String>,
-    /// `bisect run --adaptive`: the sequential design, every block and every look.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub adaptive: Option<AdaptiveRecord>,
-    /// Where the run's wall time went (absent in records written before it existed).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub phases: Option<Phases>,
-    /// Keys written by other commands (e.g. `reclassified` history), kept on rewrite.
-    #[serde(flatten)]
-    pub extra: serde_json::Map<String, serde_json::Value>,
+crate::results::record_with_header! {
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    pub struct RunRecord {
+        pub flag: FlagInfo,
+        pub workload: serde_json::Value,
+        /// Flags pinned with --set, as written.
+        #[serde(default)]
+        pub sets: BTreeMap<String, String>,
+        /// Exactly two once finished: `on` and `off`, pooled over repeats.
+        pub arms: Vec<ArmRecord>,
+        /// One per executed arm block, in execution order.
+        pub runs: Vec<ArmRecord>,
+        pub comparison: Option<Comparison>,
+        #[serde(default)]
+        pub confounds: Vec<Confound>,
+        pub verdict: Option<Verdict>,
+        /// `/server_info` per role and arm block, where the engine serves it.
+        #[serde(default)]
+        pub engine_info: BTreeMap<String, serde_json::Value>,
+        pub error: Option<String>,
+        /// `bisect run --adaptive`: the sequential design, every block and every look.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub adaptive: Option<AdaptiveRecord>,
+        /// Where the run's wall time went (absent in records written before it existed).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub phases: Option<Phases>,
+        /// Keys written by other commands (e.g. `reclassified` history), kept on rewrite.
+        #[serde(flatten)]
+        pub extra: serde_json::Map<String, serde_json::Value>,
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -77,6 +72,21 @@ pub struct TargetInfo {
 }
 
 impl TargetInfo {
+    /// A bare target for test records: a name and an API URL, nothing else known.
+    #[cfg(test)]
+    pub(crate) fn bare(name: &str, api: &str) -> TargetInfo {
+        TargetInfo {
+            name: name.into(),
+            api: api.into(),
+            model: "m".into(),
+            profile: None,
+            roles: Vec::new(),
+            engine: None,
+            markup: None,
+            rejections: None,
+        }
+    }
+
     /// What a record says about the target it ran against.
     pub fn of(t: &TargetProfile) -> TargetInfo {
         TargetInfo {

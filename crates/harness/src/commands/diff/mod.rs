@@ -277,16 +277,7 @@ pub(crate) mod tests {
             started_at: "2025-01-01T00:00:00Z".into(),
             finished_at: None,
             status: RecordStatus::Finished,
-            target: TargetInfo {
-                name: "t".into(),
-                api: "http://x/v1".into(),
-                model: "m".into(),
-                profile: None,
-                roles: Vec::new(),
-                engine: None,
-                markup: None,
-                rejections: None,
-            },
+            target: TargetInfo::bare("t", "http://x/v1"),
             flag: FlagInfo {
                 name: "BF16_INDEX_K".into(),
                 env: Some("SGLANG_BF16".into()),

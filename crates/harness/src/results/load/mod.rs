@@ -12,13 +12,11 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::core::arm_stats::RecordStatus;
 use crate::core::format::percent_digits;
 use crate::core::load::report::{e_words, p_words, rate_words, ArmCount, LevelReport};
 use crate::core::load::threshold::Status;
 use crate::core::load::{LoadParams, LoadReport};
 use crate::results::export::{self, Exporter};
-use crate::results::run_record::TargetInfo;
 
 /// The whole-file formats, rewritten after every block.
 pub fn files() -> [&'static dyn Exporter<LoadRecord>; 3] {
@@ -27,27 +25,22 @@ pub fn files() -> [&'static dyn Exporter<LoadRecord>; 3] {
 
 pub(crate) const SCHEMA: &str = "bisect.load/1";
 
-/// `load.json`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct LoadRecord {
-    pub schema: String,
-    pub id: String,
-    pub command: String,
-    pub started_at: String,
-    pub finished_at: Option<String>,
-    pub status: RecordStatus,
-    pub target: TargetInfo,
-    /// The flag each level is an A/B of (`on` vs `off`); `None`: the configuration as it is.
-    pub flag: Option<String>,
-    /// Pinned for every block (`--set NAME=VALUE`).
-    pub pinned: Vec<String>,
-    /// The base workload; block b runs it with seed + b - 1 at its level.
-    pub workload: serde_json::Value,
-    pub params: LoadParams,
-    /// What the sweep found so far (rewritten after every block).
-    pub report: Option<LoadReport>,
-    pub wall_s: f64,
-    pub error: Option<String>,
+crate::results::record_with_header! {
+    /// `load.json`.
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    pub struct LoadRecord {
+        /// The flag each level is an A/B of (`on` vs `off`); `None`: the configuration as it is.
+        pub flag: Option<String>,
+        /// Pinned for every block (`--set NAME=VALUE`).
+        pub pinned: Vec<String>,
+        /// The base workload; block b runs it with seed + b - 1 at its level.
+        pub workload: serde_json::Value,
+        pub params: LoadParams,
+        /// What the sweep found so far (rewritten after every block).
+        pub report: Option<LoadReport>,
+        pub wall_s: f64,
+        pub error: Option<String>,
+    }
 }
 
 impl LoadRecord {
@@ -181,6 +174,7 @@ pub(super) fn facts(record: &LoadRecord) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::arm_stats::RecordStatus;
     use crate::core::load::simulate::{curves, sweep_curve};
     use crate::core::load::{Allocation, DEFAULT_LEVELS};
     use crate::results::load::{html::render_html, markdown::render_markdown, table::render_table};
