@@ -184,3 +184,11 @@ pub async fn run_quiet(
     )
     .await
 }
+
+/// The run ended inconclusive, and one of its verdict's reasons `says` why.
+pub fn assert_inconclusive_because(record: &RunRecord, says: impl Fn(&str) -> bool) {
+    use bisect_harness::core::verdict::Status;
+    let verdict = record.verdict.as_ref().unwrap();
+    assert_eq!(verdict.status, Status::Inconclusive, "{verdict:?}");
+    assert!(verdict.reasons.iter().any(|r| says(r)), "{verdict:?}");
+}

@@ -134,15 +134,9 @@ async fn slow_arm_is_degraded_not_a_verdict() {
     let record = crate::common::run_quiet(&plan, &mut control).await.unwrap();
     let on = record.arm(ArmLabel::On).unwrap();
     assert_eq!(on.stats.counts.timeout, 20);
-    let verdict = record.verdict.as_ref().unwrap();
-    assert_eq!(verdict.status, Status::Inconclusive);
-    assert!(
-        verdict
-            .reasons
-            .iter()
-            .any(|r| r.contains("degraded") && r.contains("on")),
-        "{verdict:?}"
-    );
+    crate::common::assert_inconclusive_because(&record, |r| {
+        r.contains("degraded") && r.contains("on")
+    });
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -449,16 +443,9 @@ async fn an_engine_that_ignores_its_launch_config_blocks_the_verdict() {
     // ...but the prefill engine kept reporting the first arm's value.
     assert_eq!(on.effective["prefill"], "1");
     assert_eq!(off.effective["prefill"], "1");
-    let verdict = record.verdict.as_ref().unwrap();
-    assert_eq!(verdict.status, Status::Inconclusive);
-    assert!(
-        verdict
-            .reasons
-            .iter()
-            .any(|r| r.contains("arm off set 0 but the prefill engine reports it runs with \"1\"")),
-        "{:?}",
-        verdict.reasons
-    );
+    crate::common::assert_inconclusive_because(&record, |r| {
+        r.contains("arm off set 0 but the prefill engine reports it runs with \"1\"")
+    });
     assert_eq!(t.launch_bytes(), before);
 }
 
