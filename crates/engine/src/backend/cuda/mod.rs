@@ -1,10 +1,12 @@
 //! CUDA backend of the embedded engine: the device probe, the NVRTC compilation of
 //! `kernels/*.cu`, the context and streams ([`CudaBackend`]) and the launch geometry.
-//! The [`Backend`](super::Backend) implementation is in `launch`: the slice kernels and
-//! the launch helpers both kernel families share (quantize shape, attention batch and
-//! query projection, legacy mask + softmax, top-k); the paged pools (device-resident
-//! KV, page tables, HiCache on the copy stream, generation tags; `super::paged`) in
-//! `pool`, their reads in `pool/reads`; the older load-back primitive ([`LoadBackPool`],
+//! Each part of the contract is implemented where its code lives: the slice methods
+//! ([`Backend`](super::Backend)) in `launch`, with the launch helpers both kernel
+//! families share (quantize shape, attention batch, query projection and flow, legacy
+//! mask + softmax, top-k); the paged pools (device-resident KV, page tables, HiCache on
+//! the copy stream, generation tags; `super::paged`) in `pool`
+//! ([`PagedPools`](super::PagedPools)), their reads in `pool/reads`
+//! ([`PagedReads`](super::PagedReads)); the older load-back primitive ([`LoadBackPool`],
 //! superseded by the pools, used by one test only) in `loadback`.
 //!
 //! cudarc is built with dynamic loading, so this module compiles and links without CUDA.
@@ -411,9 +413,10 @@ fn grid_for(items: usize, threads: u32) -> LaunchConfig {
     }
 }
 
-fn per_job(jobs: usize, threads: u32) -> LaunchConfig {
+/// `count` blocks of `threads` threads: one per job, page or tile.
+fn blocks(count: usize, threads: u32) -> LaunchConfig {
     LaunchConfig {
-        grid_dim: (jobs as u32, 1, 1),
+        grid_dim: (count as u32, 1, 1),
         block_dim: (threads, 1, 1),
         shared_mem_bytes: 0,
     }
