@@ -45,24 +45,32 @@ use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 
 use super::mla_up_projection;
 
+/// One entry of [`KERNEL_SOURCES`]: `kernels/common.cuh`, the device helpers several
+/// kernels share, then the kernel file, each behind a `#line` so that NVRTC's messages
+/// name the right file and line. NVRTC gets the embedded text and no file system, so
+/// the header is joined here rather than named in the .cu.
+macro_rules! kernel_source {
+    ($file:literal) => {
+        (
+            $file,
+            concat!(
+                "#line 1 \"common.cuh\"\n",
+                include_str!("../../../../../kernels/common.cuh"),
+                "#line 1 \"",
+                $file,
+                "\"\n",
+                include_str!(concat!("../../../../../kernels/", $file)),
+            ),
+        )
+    };
+}
+
 /// Every kernel source, embedded at build time: (file name under `kernels/`, source).
 pub(crate) const KERNEL_SOURCES: &[(&str, &str)] = &[
-    (
-        "index_k.cu",
-        include_str!("../../../../../kernels/index_k.cu"),
-    ),
-    (
-        "indexer_topk.cu",
-        include_str!("../../../../../kernels/indexer_topk.cu"),
-    ),
-    (
-        "sparse_attention.cu",
-        include_str!("../../../../../kernels/sparse_attention.cu"),
-    ),
-    (
-        "hicache_copy.cu",
-        include_str!("../../../../../kernels/hicache_copy.cu"),
-    ),
+    kernel_source!("index_k.cu"),
+    kernel_source!("indexer_topk.cu"),
+    kernel_source!("sparse_attention.cu"),
+    kernel_source!("hicache_copy.cu"),
 ];
 
 /// Virtual architecture of the GPU-less compile check (Hopper, the deployment's class).

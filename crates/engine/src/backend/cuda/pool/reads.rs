@@ -234,8 +234,9 @@ impl PagedReads for CudaBackend {
                 .arg(&tile_pages32)
                 .arg(&mut d_scores)
                 .arg(&mut stale);
-            // SAFETY: matches paged_indexer_scores_* in indexer_topk.cu; every page id
-            // was checked against the pool, every job has the pages its n needs.
+            // SAFETY: matches PAGED_SCORES_PARAMS, the parameters of both
+            // paged_indexer_scores_* in indexer_topk.cu; every page id was checked
+            // against the pool, every job has the pages its n needs.
             unsafe { launch.launch(blocks(tiles as usize, PAGED_THREADS)) }
                 .context("launching paged_indexer_scores")?;
         }
