@@ -84,8 +84,8 @@ mod paged {
     use bisect_engine::backend::cpu::CpuBackend;
     use bisect_engine::backend::cuda::{probe, CudaBackend};
     use bisect_engine::backend::{
-        AttnPath, Backend, IndexKDtype, PagedAttnJob, PagedIndexerJob, PoolId, PoolSpec, TopkImpl,
-        INDEX_DIM, MAIN_DIM,
+        AttnPath, Backend, IndexKDtype, PagedAttnJob, PagedIndexerJob, PagedPools, PoolId,
+        PoolSpec, TopkImpl, INDEX_DIM, MAIN_DIM,
     };
     use std::time::Instant;
 

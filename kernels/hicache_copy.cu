@@ -9,6 +9,7 @@
 // superseded by the paged pools, kept for its test). paged_gather_sequence below is the
 // served prefill's reader on --device cuda: it gathers a finished prompt's rows out of
 // the paged pool for shipping to decode (crates/engine/src/backend/cuda/pool.rs).
+// load_acquire_u32 is kernels/common.cuh's.
 
 extern "C" __global__ void gather_pages(const unsigned char* __restrict__ pool,
                                         const unsigned int* __restrict__ page_ids,
@@ -43,13 +44,6 @@ extern "C" __global__ void model_forward_delay(unsigned long long ns)
 
 #define GATHER_MAIN_DIM 64
 
-__device__ __forceinline__ unsigned int gather_load_acquire_u32(const unsigned int* address)
-{
-    unsigned int value;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(value) : "l"(address) : "memory");
-    return value;
-}
-
 // One block per page of the sequence (page-table order): rows first..first+n of the
 // output get the page's main KV (GATHER_MAIN_DIM f32 per row) and index-K (width bytes
 // per row, width a multiple of 4, copied as 32-bit words). Before any data is read,
@@ -80,11 +74,11 @@ extern "C" __global__ void paged_gather_sequence(const float* __restrict__ main_
     const unsigned int page = page_table[p];
     if (threadIdx.x == 0) {
         unsigned int flags = 0;
-        if (gather_load_acquire_u32(index_tag + page) != page_expected[p]) {
+        if (load_acquire_u32(index_tag + page) != page_expected[p]) {
             flags |= 1u;
             atomicAdd(stale, 1ull);
         }
-        if (gather_load_acquire_u32(main_tag + page) != page_expected[p]) {
+        if (load_acquire_u32(main_tag + page) != page_expected[p]) {
             flags |= 2u;
             atomicAdd(stale + 1, 1ull);
         }

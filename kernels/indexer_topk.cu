@@ -10,7 +10,8 @@
 // __fmul_rn/__fadd_rn:
 //   bf16: score = sum_d q[d] * f32(bits << 16)
 //   fp8:  score = sum_d q[d] * (e4m3(k[d]) * scale), NaN patterns decoding to +0
-// A non-finite score (stale garbage) is replaced by -inf so it ranks last.
+// A non-finite score (stale garbage) is replaced by -inf so it ranks last
+// (sanitize_score; it, job_of and count_stale_pages are kernels/common.cuh's).
 //
 // Top-k order: score descending, ties by the lower position. Both variants sort the
 // same 64-bit composite key (order-preserving score bits << 32 | ~position), which is
@@ -44,26 +45,6 @@ __device__ __forceinline__ float e4m3_bits_to_f32(unsigned int bits)
     return __uint_as_float(sign | ((exponent + 120u) << 23) | (mantissa << 20));
 }
 
-__device__ __forceinline__ float sanitize_score(float score)
-{
-    return (__float_as_uint(score) & 0x7F800000u) != 0x7F800000u ? score : -__int_as_float(0x7F800000);
-}
-
-__device__ __forceinline__ unsigned int job_of_row(const unsigned int* row_start, unsigned int jobs,
-                                                   unsigned int row)
-{
-    unsigned int lo = 0, hi = jobs;
-    while (hi - lo > 1u) {
-        const unsigned int mid = (lo + hi) / 2u;
-        if (row_start[mid] <= row) {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    return lo;
-}
-
 // One thread per stored row of every job: the row's score against its job's query,
 // summed in dimension order from -0.0 over the dequantized index key (bf16: 2 bytes an
 // element; fp8: 1 byte an element, then the f32 scale).
@@ -74,7 +55,7 @@ __device__ __forceinline__ void score_rows(const float* __restrict__ queries, co
 {
     const unsigned int rows = row_start[jobs];
     for (unsigned int row = blockIdx.x * blockDim.x + threadIdx.x; row < rows; row += gridDim.x * blockDim.x) {
-        const float* q = queries + (unsigned long long)job_of_row(row_start, jobs, row) * INDEX_DIM;
+        const float* q = queries + (unsigned long long)job_of(row_start, jobs, row) * INDEX_DIM;
         const unsigned char* k = index_k + (unsigned long long)row * (FP8 ? FP8_TOKEN_BYTES : INDEX_DIM * 2);
         float acc = -0.0f;
         if (FP8) {
@@ -266,7 +247,7 @@ extern "C" __global__ void topk_v2_radix_select(const float* __restrict__ scores
 // row) go back to global memory, for the top-k kernels above.
 //
 // Stale reads: before any data is read, one thread per page loads the page's index-K
-// generation tag (ld.acquire.gpu) and compares it with the generation the host expects
+// generation tag (ld.acquire.gpu, count_stale_pages in kernels/common.cuh) and compares it with the generation the host expects
 // (page_expected, parallel to the page table); a mismatch adds one to *stale. A
 // load-back copies a page's data and then its tag on one copy stream, so a matching tag
 // means the data landed; a mismatch means this read raced an unfinished load-back.
@@ -276,19 +257,6 @@ extern "C" __global__ void topk_v2_radix_select(const float* __restrict__ scores
 #define BF16_ROW_WORDS 64
 #define BF16_SMEM_STRIDE 65
 #define FP8_ROW_WORDS 33
-
-__device__ __forceinline__ unsigned int load_acquire_u32(const unsigned int* address)
-{
-    unsigned int value;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(value) : "l"(address) : "memory");
-    return value;
-}
-
-__device__ __forceinline__ unsigned int tile_job(const unsigned int* tile_start, unsigned int jobs,
-                                                 unsigned int tile)
-{
-    return job_of_row(tile_start, jobs, tile);
-}
 
 // Reads the tile's pages (page_bytes each, chunks_per_page 16-byte chunks) from the
 // pool, PAGED_THREADS threads striding over the chunks: store(c, page_in_tile, chunk, v)
@@ -323,57 +291,58 @@ __device__ __forceinline__ bool tile_row(const unsigned int* __restrict__ row_st
     return threadIdx.x < pages * page_tokens && *position < n;
 }
 
-// Common prologue: which job and pages this block reads; the query in shared memory;
-// the tag check; ends with a block barrier (every thread of the block must call it).
-// Returns the number of pages of this tile (0: nothing to do).
-__device__ __forceinline__ unsigned int paged_tile_setup(const float* __restrict__ queries,
-                                                         const unsigned int* __restrict__ page_table,
-                                                         const unsigned int* __restrict__ page_expected,
-                                                         const unsigned int* __restrict__ page_start,
-                                                         const unsigned int* __restrict__ tile_start,
-                                                         const unsigned int* __restrict__ index_tag,
-                                                         unsigned int jobs, unsigned int tile_pages,
-                                                         float* q_shared, unsigned int* job_out,
-                                                         unsigned int* first_entry_out,
-                                                         unsigned long long* __restrict__ stale)
+// The tile a block reads: its job, the page-table entry of its first page, and its
+// number of pages (at most tile_pages; 0: nothing to do).
+struct PagedTile {
+    unsigned int job;
+    unsigned int first_entry;
+    unsigned int pages;
+};
+
+// Common prologue of both kernels: which tile this block reads, its job's query in
+// shared memory, and the index-K tag check of its pages (count_stale_pages), whose
+// closing block barrier makes the query visible to every thread (every thread of the
+// block must call it).
+__device__ __forceinline__ PagedTile paged_tile_setup(const float* __restrict__ queries,
+                                                      const unsigned int* __restrict__ index_tag,
+                                                      const unsigned int* __restrict__ page_table,
+                                                      const unsigned int* __restrict__ page_expected,
+                                                      const unsigned int* __restrict__ page_start,
+                                                      const unsigned int* __restrict__ tile_start, unsigned int jobs,
+                                                      unsigned int tile_pages, float* q_shared,
+                                                      unsigned long long* __restrict__ stale)
 {
-    const unsigned int job = tile_job(tile_start, jobs, blockIdx.x);
+    const unsigned int job = job_of(tile_start, jobs, blockIdx.x);
     const unsigned int tile = blockIdx.x - tile_start[job];
     const unsigned int first_entry = page_start[job] + tile * tile_pages;
-    const unsigned int job_pages = page_start[job + 1] - page_start[job];
-    const unsigned int remaining = job_pages - tile * tile_pages;
+    const unsigned int remaining = page_start[job + 1] - first_entry;
     const unsigned int pages = remaining < tile_pages ? remaining : tile_pages;
     for (unsigned int d = threadIdx.x; d < INDEX_DIM; d += blockDim.x) {
         q_shared[d] = queries[(unsigned long long)job * INDEX_DIM + d];
     }
-    if (threadIdx.x < pages) {
-        const unsigned int page = page_table[first_entry + threadIdx.x];
-        if (load_acquire_u32(index_tag + page) != page_expected[first_entry + threadIdx.x]) {
-            atomicAdd(stale, 1ull);
-        }
-    }
-    // The query is in shared memory for every thread of the block from here on.
-    __syncthreads();
-    *job_out = job;
-    *first_entry_out = first_entry;
-    return pages;
+    count_stale_pages(index_tag, page_table + first_entry, page_expected + first_entry, pages, stale);
+    return PagedTile{job, first_entry, pages};
 }
 
-extern "C" __global__ __launch_bounds__(PAGED_THREADS) void paged_indexer_scores_bf16(const float* __restrict__ queries, const unsigned char* __restrict__ index_pool,
-                          const unsigned int* __restrict__ index_tag, const unsigned int* __restrict__ page_table,
-                          const unsigned int* __restrict__ page_expected, const unsigned int* __restrict__ page_start,
-                          const unsigned int* __restrict__ tile_start, const unsigned int* __restrict__ row_start,
-                          unsigned int jobs, unsigned int page_tokens, unsigned int tile_pages,
-                          float* __restrict__ scores, unsigned long long* __restrict__ stale)
+// The parameters of both paged_indexer_scores_* kernels, in order: the host launches
+// either one with the same arguments (crates/engine/src/backend/cuda/pool/reads.rs).
+#define PAGED_SCORES_PARAMS                                                                                        \
+    const float* __restrict__ queries, const unsigned char* __restrict__ index_pool,                               \
+        const unsigned int* __restrict__ index_tag, const unsigned int* __restrict__ page_table,                   \
+        const unsigned int* __restrict__ page_expected, const unsigned int* __restrict__ page_start,               \
+        const unsigned int* __restrict__ tile_start, const unsigned int* __restrict__ row_start, unsigned int jobs, \
+        unsigned int page_tokens, unsigned int tile_pages, float* __restrict__ scores,                             \
+        unsigned long long* __restrict__ stale
+
+extern "C" __global__ __launch_bounds__(PAGED_THREADS) void paged_indexer_scores_bf16(PAGED_SCORES_PARAMS)
 {
     __shared__ unsigned int rows_shared[PAGED_TILE_ROWS * BF16_SMEM_STRIDE];
     __shared__ float q_shared[INDEX_DIM];
-    unsigned int job, first_entry;
-    const unsigned int pages = paged_tile_setup(queries, page_table, page_expected, page_start, tile_start,
-                                                index_tag, jobs, tile_pages, q_shared, &job, &first_entry, stale);
+    const PagedTile tile = paged_tile_setup(queries, index_tag, page_table, page_expected, page_start, tile_start,
+                                            jobs, tile_pages, q_shared, stale);
     // 16 chunks of 16 bytes per 256-byte row; consecutive threads read consecutive chunks,
     // each row re-strided to BF16_SMEM_STRIDE words.
-    load_tile_chunks(index_pool, page_table, first_entry, pages, page_tokens * (BF16_ROW_WORDS / 4),
+    load_tile_chunks(index_pool, page_table, tile.first_entry, tile.pages, page_tokens * (BF16_ROW_WORDS / 4),
                      (unsigned long long)page_tokens * (BF16_ROW_WORDS * 4),
                      [&](unsigned int, unsigned int page_in_tile, unsigned int chunk, uint4 v) {
                          const unsigned int row = page_in_tile * page_tokens + chunk / (BF16_ROW_WORDS / 4);
@@ -385,7 +354,7 @@ extern "C" __global__ __launch_bounds__(PAGED_THREADS) void paged_indexer_scores
                      });
     __syncthreads();
     unsigned int position;
-    if (tile_row(row_start, tile_start, job, tile_pages, page_tokens, pages, &position)) {
+    if (tile_row(row_start, tile_start, tile.job, tile_pages, page_tokens, tile.pages, &position)) {
         const unsigned int* row = rows_shared + threadIdx.x * BF16_SMEM_STRIDE;
         float acc = -0.0f;
 #pragma unroll 8
@@ -394,30 +363,24 @@ extern "C" __global__ __launch_bounds__(PAGED_THREADS) void paged_indexer_scores
             acc = __fadd_rn(acc, __fmul_rn(q_shared[2 * w], bf16_bits_to_f32(bits & 0xFFFFu)));
             acc = __fadd_rn(acc, __fmul_rn(q_shared[2 * w + 1], bf16_bits_to_f32(bits >> 16)));
         }
-        scores[row_start[job] + position] = sanitize_score(acc);
+        scores[row_start[tile.job] + position] = sanitize_score(acc);
     }
 }
 
-extern "C" __global__ __launch_bounds__(PAGED_THREADS) void paged_indexer_scores_fp8(const float* __restrict__ queries, const unsigned char* __restrict__ index_pool,
-                         const unsigned int* __restrict__ index_tag, const unsigned int* __restrict__ page_table,
-                         const unsigned int* __restrict__ page_expected, const unsigned int* __restrict__ page_start,
-                         const unsigned int* __restrict__ tile_start, const unsigned int* __restrict__ row_start,
-                         unsigned int jobs, unsigned int page_tokens, unsigned int tile_pages,
-                         float* __restrict__ scores, unsigned long long* __restrict__ stale)
+extern "C" __global__ __launch_bounds__(PAGED_THREADS) void paged_indexer_scores_fp8(PAGED_SCORES_PARAMS)
 {
     __shared__ uint4 rows_shared[PAGED_TILE_ROWS * FP8_ROW_WORDS / 4];
     __shared__ float q_shared[INDEX_DIM];
-    unsigned int job, first_entry;
-    const unsigned int pages = paged_tile_setup(queries, page_table, page_expected, page_start, tile_start,
-                                                index_tag, jobs, tile_pages, q_shared, &job, &first_entry, stale);
+    const PagedTile tile = paged_tile_setup(queries, index_tag, page_table, page_expected, page_start, tile_start,
+                                            jobs, tile_pages, q_shared, stale);
     // A page of page_tokens (a multiple of 4) rows of 132 bytes is a whole number of
     // 16-byte chunks; the tile keeps the pages' bytes back to back.
-    load_tile_chunks(index_pool, page_table, first_entry, pages, page_tokens * FP8_ROW_WORDS / 4,
+    load_tile_chunks(index_pool, page_table, tile.first_entry, tile.pages, page_tokens * FP8_ROW_WORDS / 4,
                      (unsigned long long)page_tokens * FP8_TOKEN_BYTES,
                      [&](unsigned int c, unsigned int, unsigned int, uint4 v) { rows_shared[c] = v; });
     __syncthreads();
     unsigned int position;
-    if (tile_row(row_start, tile_start, job, tile_pages, page_tokens, pages, &position)) {
+    if (tile_row(row_start, tile_start, tile.job, tile_pages, page_tokens, tile.pages, &position)) {
         const unsigned int* row = reinterpret_cast<const unsigned int*>(rows_shared) + threadIdx.x * FP8_ROW_WORDS;
         const float scale = __uint_as_float(row[INDEX_DIM / 4]);
         float acc = -0.0f;
@@ -430,6 +393,6 @@ extern "C" __global__ __launch_bounds__(PAGED_THREADS) void paged_indexer_scores
                 acc = __fadd_rn(acc, __fmul_rn(q_shared[4 * w + i], dequantized));
             }
         }
-        scores[row_start[job] + position] = sanitize_score(acc);
+        scores[row_start[tile.job] + position] = sanitize_score(acc);
     }
 }

@@ -18,6 +18,8 @@
 //   Legacy: every stored row is projected (W k_j) and scored against W q (dense), the
 //           selection becomes a mask, then a masked softmax over all rows: the same
 //           argmax for n / k times the rows and MAIN_DIM times the work per row.
+//
+// sanitize_score, job_of and count_stale_pages are kernels/common.cuh's.
 
 #define MAIN_DIM 64
 #define ATTN_THREADS 256
@@ -29,25 +31,6 @@ __device__ __forceinline__ float dot_sum(const float* __restrict__ a, const floa
         acc = __fadd_rn(acc, __fmul_rn(a[d], b[d]));
     }
     return acc;
-}
-
-__device__ __forceinline__ float sanitize_logit(float logit)
-{
-    return (__float_as_uint(logit) & 0x7F800000u) != 0x7F800000u ? logit : -__int_as_float(0x7F800000);
-}
-
-__device__ __forceinline__ unsigned int job_of_index(const unsigned int* start, unsigned int jobs, unsigned int index)
-{
-    unsigned int lo = 0, hi = jobs;
-    while (hi - lo > 1u) {
-        const unsigned int mid = (lo + hi) / 2u;
-        if (start[mid] <= index) {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    return lo;
 }
 
 // One thread per (job, element) of `jobs` MAIN_DIM-vectors, grid-stride:
@@ -157,7 +140,7 @@ __device__ __forceinline__ void selected_softmax_argmax(const float* q, const un
     unsigned int local_position = 0xFFFFFFFFu;
     for (unsigned int i = threadIdx.x; i < count; i += ATTN_THREADS) {
         const unsigned int position = selected[first + i];
-        const float logit = sanitize_logit(__fmul_rn(dot_sum(q, row_of(position)), 0.125f));
+        const float logit = sanitize_score(__fmul_rn(dot_sum(q, row_of(position)), 0.125f));
         logits[first + i] = logit;
         if (beats(logit, position, local_best, local_position)) {
             local_best = logit;
@@ -200,14 +183,14 @@ __device__ __forceinline__ void legacy_dense_logits(const float* __restrict__ w,
     __syncthreads();
     const unsigned int rows = row_start[jobs];
     for (unsigned int row = blockIdx.x * blockDim.x + threadIdx.x; row < rows; row += gridDim.x * blockDim.x) {
-        const unsigned int job = job_of_index(row_start, jobs, row);
+        const unsigned int job = job_of(row_start, jobs, row);
         const float* pq = projected_queries + (unsigned long long)job * MAIN_DIM;
         const float* key = key_of(job, row);
         float acc = -0.0f;
         for (unsigned int c = 0; c < MAIN_DIM; ++c) {
             acc = __fadd_rn(acc, __fmul_rn(pq[c], dot_sum(w_shared + c * MAIN_DIM, key)));
         }
-        dense_logits[row] = sanitize_logit(__fmul_rn(acc, 0.125f));
+        dense_logits[row] = sanitize_score(__fmul_rn(acc, 0.125f));
     }
 }
 
@@ -233,7 +216,7 @@ extern "C" __global__ void sparse_attention_legacy_mask(const unsigned int* __re
 {
     const unsigned int total = sel_start[jobs];
     for (unsigned int s = blockIdx.x * blockDim.x + threadIdx.x; s < total; s += gridDim.x * blockDim.x) {
-        const unsigned int job = job_of_index(sel_start, jobs, s);
+        const unsigned int job = job_of(sel_start, jobs, s);
         mask[row_start[job] + selected[s]] = 1u;
     }
 }
@@ -283,21 +266,6 @@ __device__ __forceinline__ const float* paged_row(const float* __restrict__ main
     return main_pool + (page * page_tokens + position % page_tokens) * MAIN_DIM;
 }
 
-__device__ __forceinline__ void count_stale_main(const unsigned int* __restrict__ main_tag,
-                                                 const unsigned int* __restrict__ job_pages,
-                                                 const unsigned int* __restrict__ job_expected,
-                                                 unsigned int pages, unsigned long long* __restrict__ stale)
-{
-    for (unsigned int i = threadIdx.x; i < pages; i += blockDim.x) {
-        unsigned int tag;
-        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(tag) : "l"(main_tag + job_pages[i]) : "memory");
-        if (tag != job_expected[i]) {
-            atomicAdd(stale, 1ull);
-        }
-    }
-    __syncthreads();
-}
-
 extern "C" __global__ void paged_sparse_attention_mma(const float* __restrict__ absorbed_queries,
                                                       const float* __restrict__ main_pool,
                                                       const unsigned int* __restrict__ main_tag,
@@ -314,7 +282,7 @@ extern "C" __global__ void paged_sparse_attention_mma(const float* __restrict__ 
 {
     const unsigned int job = blockIdx.x;
     const unsigned int* job_pages = page_table + page_start[job];
-    count_stale_main(main_tag, job_pages, page_expected + page_start[job], page_start[job + 1] - page_start[job],
+    count_stale_pages(main_tag, job_pages, page_expected + page_start[job], page_start[job + 1] - page_start[job],
                      stale);
     const float* q = absorbed_queries + (unsigned long long)job * MAIN_DIM;
     selected_softmax_argmax(
@@ -349,6 +317,6 @@ extern "C" __global__ void paged_count_stale_main(const unsigned int* __restrict
                                                   unsigned long long* __restrict__ stale)
 {
     const unsigned int job = blockIdx.x;
-    count_stale_main(main_tag, page_table + page_start[job], page_expected + page_start[job],
+    count_stale_pages(main_tag, page_table + page_start[job], page_expected + page_start[job],
                      page_start[job + 1] - page_start[job], stale);
 }

@@ -14,8 +14,8 @@
 //! wrong pick derails the rest of the span into the wrong neighbourhood.
 
 use super::backend::{
-    AttnJob, AttnOut, AttnPath, Backend, IndexKDtype, IndexRows, IndexerJob, PageRows,
-    PagedAttnJob, PagedIndexerJob, PoolId, TopkImpl, INDEX_DIM, MAIN_DIM,
+    AppendedRows, AttnJob, AttnOut, AttnPath, Backend, IndexKDtype, IndexRows, IndexerJob,
+    PageRows, PagedAttnJob, PagedIndexerJob, PoolId, TopkImpl, INDEX_DIM, MAIN_DIM,
 };
 use super::keys;
 use super::template::{Conversation, Turn};
@@ -324,7 +324,12 @@ fn flush(
 ) -> anyhow::Result<()> {
     match resident {
         Some(resident) if !appends.rows.is_empty() => {
-            backend.append_rows(resident.pool, &appends.rows, &appends.main, &appends.index)
+            let rows = AppendedRows {
+                rows: &appends.rows,
+                main_keys: &appends.main,
+                index_keys: &appends.index,
+            };
+            backend.append_rows(resident.pool, rows)
         }
         _ => Ok(()),
     }

@@ -12,7 +12,7 @@
 //!
 //! Where the pages' bytes live ([`Store`]): on the CPU (and in every CPU test) in host
 //! memory with the virtual-time `hicache::Loader`, the deterministic reference. On a
-//! backend whose load-backs are asynchronous (CUDA, `Backend::load_back_is_async`) in
+//! backend whose load-backs are asynchronous (CUDA, `PagedPools::load_back_is_async`) in
 //! one of the backend's paged pools ([`PrefillCore::for_backend`]): evictions go to the
 //! pool's page-locked host slots, a request's load-backs are one job on the copy stream
 //! (all main KV, then all index-K), new rows are written on the device, and the finished

@@ -8,11 +8,11 @@
 use super::cpu_pool::{CpuPools, Region, Rows};
 use super::paged::{self, PageRows};
 use super::{
-    layout, mla_up_projection, AttnJob, AttnOut, AttnPath, Backend, GatheredKv, IndexKDtype,
-    IndexerJob, PageContents, PagedAttnJob, PagedIndexerJob, PoolId, PoolSpec, PoolStats, TopkImpl,
-    INDEX_DIM, MAIN_DIM,
+    layout, mla_up_projection, AppendedRows, AttnJob, AttnOut, AttnPath, Backend, GatheredKv,
+    IndexKDtype, IndexerJob, PageContents, PagedAttnJob, PagedIndexerJob, PagedPools, PagedReads,
+    PoolId, PoolSpec, PoolStats, TopkImpl, INDEX_DIM, MAIN_DIM,
 };
-use anyhow::ensure;
+use anyhow::{ensure, Result};
 use std::cmp::Ordering;
 
 pub struct CpuBackend {
@@ -138,7 +138,7 @@ fn attend(
     n: usize,
     selected: &[u32],
     path: AttnPath,
-) -> anyhow::Result<AttnOut> {
+) -> Result<AttnOut> {
     let matrix = mla_up_projection();
     let inv_sqrt_dim = 1.0 / (MAIN_DIM as f32).sqrt();
     let mut projected_query = [0.0f32; MAIN_DIM];
@@ -159,7 +159,7 @@ fn attend(
                     ensure!(p < n, "selected position {p} outside {n} rows");
                     Ok((position, dot(&absorbed_query, keys.row(p)) * inv_sqrt_dim))
                 })
-                .collect::<anyhow::Result<_>>()?
+                .collect::<Result<_>>()?
         }
         AttnPath::Legacy => {
             // Dense: every stored row is up-projected and scored, then masked.
@@ -177,7 +177,7 @@ fn attend(
                     ensure!(p < n, "selected position {p} outside {n} rows");
                     Ok((position, dense[p]))
                 })
-                .collect::<anyhow::Result<_>>()?
+                .collect::<Result<_>>()?
         }
     };
     let max = selected_scores
@@ -209,12 +209,7 @@ impl Backend for CpuBackend {
         "cpu"
     }
 
-    fn quantize_index_k(
-        &self,
-        dtype: IndexKDtype,
-        keys: &[f32],
-        out: &mut [u8],
-    ) -> anyhow::Result<()> {
+    fn quantize_index_k(&self, dtype: IndexKDtype, keys: &[f32], out: &mut [u8]) -> Result<()> {
         let per_token = dtype.bytes_per_token();
         ensure!(
             keys.len() % INDEX_DIM == 0,
@@ -241,7 +236,7 @@ impl Backend for CpuBackend {
         jobs: &[IndexerJob<'_>],
         k: usize,
         topk: TopkImpl,
-    ) -> anyhow::Result<Vec<Vec<u32>>> {
+    ) -> Result<Vec<Vec<u32>>> {
         let per_token = dtype.bytes_per_token();
         let mut results = Vec::with_capacity(jobs.len());
         for job in jobs {
@@ -259,11 +254,7 @@ impl Backend for CpuBackend {
         Ok(results)
     }
 
-    fn sparse_attention(
-        &self,
-        jobs: &[AttnJob<'_>],
-        path: AttnPath,
-    ) -> anyhow::Result<Vec<AttnOut>> {
+    fn sparse_attention(&self, jobs: &[AttnJob<'_>], path: AttnPath) -> Result<Vec<AttnOut>> {
         let mut outputs = Vec::with_capacity(jobs.len());
         for job in jobs {
             ensure!(
@@ -280,45 +271,44 @@ impl Backend for CpuBackend {
         Ok(outputs)
     }
 
-    fn create_pool(&self, spec: PoolSpec) -> anyhow::Result<PoolId> {
+    fn model_forward_delay(&self, ns: u64) -> Result<()> {
+        // The CPU models step time on the host (`EngineTuning::prefill_step_floor_us`);
+        // only a backend claiming async load-backs keeps what it was asked.
+        if self.claims_async {
+            self.delays
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(ns);
+        }
+        Ok(())
+    }
+}
+
+impl PagedPools for CpuBackend {
+    fn create_pool(&self, spec: PoolSpec) -> Result<PoolId> {
         self.pools.create(spec)
     }
 
-    fn release_pool(&self, pool: PoolId) -> anyhow::Result<()> {
+    fn release_pool(&self, pool: PoolId) -> Result<()> {
         self.pools.release(pool)
     }
 
-    fn store_rows(&self, pool: PoolId, rows: PageRows<'_>) -> anyhow::Result<()> {
+    fn store_rows(&self, pool: PoolId, rows: PageRows<'_>) -> Result<()> {
         self.pools.with(pool, |p| p.store(&rows))
     }
 
-    fn append_rows(
-        &self,
-        pool: PoolId,
-        rows: &[(u32, usize)],
-        main_keys: &[f32],
-        index_keys: &[f32],
-    ) -> anyhow::Result<()> {
+    fn append_rows(&self, pool: PoolId, appended: AppendedRows<'_>) -> Result<()> {
         self.pools.with(pool, |p| {
-            paged::check_append(&p.spec, rows, main_keys, index_keys)?;
-            for (i, &(page, first_row)) in rows.iter().enumerate() {
-                let index = &index_keys[i * INDEX_DIM..(i + 1) * INDEX_DIM];
-                p.store(&PageRows {
-                    page,
-                    first_row,
-                    main_keys: &main_keys[i * MAIN_DIM..(i + 1) * MAIN_DIM],
-                    index: super::IndexRows::Keys(index),
-                })?;
-            }
-            Ok(())
+            paged::check_append(&p.spec, &appended)?;
+            appended.one_by_one().try_for_each(|row| p.store(&row))
         })
     }
 
-    fn evict_page(&self, pool: PoolId, page: u32, slot: u32) -> anyhow::Result<()> {
+    fn evict_page(&self, pool: PoolId, page: u32, slot: u32) -> Result<()> {
         self.pools.with(pool, |p| p.evict(page, slot))
     }
 
-    fn load_back_pages(&self, pool: PoolId, pairs: &[(u32, u32)]) -> anyhow::Result<()> {
+    fn load_back_pages(&self, pool: PoolId, pairs: &[(u32, u32)]) -> Result<()> {
         // Each copy lands before the next starts: main KV and index-K of a pair at once.
         self.pools.with(pool, |p| {
             pairs
@@ -330,17 +320,18 @@ impl Backend for CpuBackend {
     fn load_back_is_async(&self) -> bool {
         self.claims_async
     }
+}
 
-    fn model_forward_delay(&self, ns: u64) -> anyhow::Result<()> {
-        // The CPU models step time on the host (`EngineTuning::prefill_step_floor_us`);
-        // only a backend claiming async load-backs keeps what it was asked.
-        if self.claims_async {
-            self.delays
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(ns);
-        }
-        Ok(())
+impl PagedReads for CpuBackend {
+    fn gather_sequence(
+        &self,
+        pool: PoolId,
+        pages: &[u32],
+        n: usize,
+        _gate_index_k: bool,
+    ) -> Result<GatheredKv> {
+        // Load-backs here have landed before they return: nothing to wait for.
+        self.pools.with(pool, |p| p.gather(pages, n))
     }
 
     fn indexer_topk_paged(
@@ -350,7 +341,7 @@ impl Backend for CpuBackend {
         k: usize,
         topk: TopkImpl,
         _gate_index_k: bool,
-    ) -> anyhow::Result<Vec<Vec<u32>>> {
+    ) -> Result<Vec<Vec<u32>>> {
         // Every CPU load-back has landed already: there is nothing to wait for.
         self.pools.with(pool, |p| {
             paged::check_indexer_jobs(&p.spec, jobs)?;
@@ -369,7 +360,7 @@ impl Backend for CpuBackend {
         pool: PoolId,
         jobs: &[PagedAttnJob<'_>],
         path: AttnPath,
-    ) -> anyhow::Result<Vec<AttnOut>> {
+    ) -> Result<Vec<AttnOut>> {
         self.pools.with(pool, |p| {
             paged::check_attention_jobs(&p.spec, jobs)?;
             let mut outputs = Vec::with_capacity(jobs.len());
@@ -382,23 +373,12 @@ impl Backend for CpuBackend {
         })
     }
 
-    fn read_page(&self, pool: PoolId, page: u32) -> anyhow::Result<PageContents> {
+    fn read_page(&self, pool: PoolId, page: u32) -> Result<PageContents> {
         self.pools.with(pool, |p| p.read_page(page))
     }
 
-    fn pool_stats(&self, pool: PoolId) -> anyhow::Result<PoolStats> {
+    fn pool_stats(&self, pool: PoolId) -> Result<PoolStats> {
         self.pools.with(pool, |p| Ok(p.stats))
-    }
-
-    fn gather_sequence(
-        &self,
-        pool: PoolId,
-        pages: &[u32],
-        n: usize,
-        _gate_index_k: bool,
-    ) -> anyhow::Result<GatheredKv> {
-        // Load-backs here have landed before they return: nothing to wait for.
-        self.pools.with(pool, |p| p.gather(pages, n))
     }
 }
 

@@ -3,16 +3,24 @@
 //! CUDA (cudarc, kernels in top-level `kernels/*.cu`, compiled with NVRTC at start) is
 //! used with `--device cuda` or when `--device auto` finds a GPU.
 //!
-//! Two halves of one contract. The paged methods ([`paged`]) take pool handles and
-//! page lists: the KV lives with the backend (one device allocation per pool on CUDA),
-//! and only new tokens' keys, queries, page lists and results cross. The served roles
-//! read through them wherever a sequence has pages (prefill's resident store and
-//! decode's resident pool on CUDA). The slice methods take gathered, contiguous host
-//! buffers: decode's steps on the CPU and a CUDA decode request that got no pages. On
-//! the CPU both halves are one implementation (a gathered buffer is read as one page,
-//! `cpu_pool::Rows`); on CUDA they are two kernel families sharing their launch
-//! helpers. Results must be bit-identical between backends for the selected positions
-//! (ties are broken by the lower position), and between the slice and paged methods.
+//! Two halves of one contract: [`Backend`] holds the slice methods, its supertraits
+//! [`PagedPools`] and [`PagedReads`] ([`paged`]) the paged ones. The paged methods take
+//! pool handles and page lists: the KV lives with the backend (one device allocation per
+//! pool on CUDA), and only new tokens' keys, queries, page lists and results cross. The
+//! slice methods take gathered, contiguous host buffers.
+//!
+//! Which half the served roles use: on CUDA, prefill keeps its pages in a pool (rows
+//! written there, evictions and load-backs on the copy stream, the shipping gather) and
+//! decode reads its requests through the paged indexer and attention (the shipped
+//! prompt stored at admission, each new token appended); only a decode request that got
+//! no pages reads host slices. On the CPU both roles use the slice methods: prefill
+//! quantizes index-K with `quantize_index_k` into its virtual-time host store, decode
+//! reads host slices; the CPU's pools serve the tests, which check the paged
+//! bookkeeping against them. On the CPU both halves are one implementation (a gathered
+//! buffer is read as one page, `cpu_pool::Rows`); on CUDA they are two kernel families
+//! sharing their launch helpers. Results must be bit-identical between backends for the
+//! selected positions (ties are broken by the lower position), and between the slice
+//! and paged methods.
 
 pub mod cpu;
 mod cpu_pool;
@@ -22,10 +30,11 @@ pub(crate) mod paged;
 pub(crate) mod paged_tests;
 
 pub use paged::{
-    GatheredKv, IndexRows, PageContents, PageRows, PagedAttnJob, PagedIndexerJob, PoolId, PoolSpec,
-    PoolStats, MAX_PAGE_TOKENS,
+    AppendedRows, GatheredKv, IndexRows, PageContents, PageRows, PagedAttnJob, PagedIndexerJob,
+    PagedPools, PagedReads, PoolId, PoolSpec, PoolStats, MAX_PAGE_TOKENS,
 };
 
+use anyhow::Result;
 use serde::Serialize;
 
 /// Dimensions of the miniature model.
@@ -103,15 +112,12 @@ pub struct AttnOut {
     pub weight: f32,
 }
 
-pub trait Backend: Send + Sync {
+/// The whole contract of a backend: the slice methods here, the paged ones in its
+/// supertraits ([`PagedPools`], [`PagedReads`]), each implemented where its code lives.
+pub trait Backend: PagedPools + PagedReads + Send + Sync {
     fn name(&self) -> &'static str;
     /// Quantize `keys` (n * INDEX_DIM f32) into `out` (n * bytes_per_token) in `dtype`.
-    fn quantize_index_k(
-        &self,
-        dtype: IndexKDtype,
-        keys: &[f32],
-        out: &mut [u8],
-    ) -> anyhow::Result<()>;
+    fn quantize_index_k(&self, dtype: IndexKDtype, keys: &[f32], out: &mut [u8]) -> Result<()>;
     /// Per job: dequantized dot-product scores, then the top `k` positions
     /// (score descending, ties by lower position). Returns min(k, n) positions per job.
     fn indexer_topk(
@@ -120,119 +126,17 @@ pub trait Backend: Send + Sync {
         jobs: &[IndexerJob<'_>],
         k: usize,
         topk: TopkImpl,
-    ) -> anyhow::Result<Vec<Vec<u32>>>;
+    ) -> Result<Vec<Vec<u32>>>;
     /// Per job: softmax(q.K_sel / sqrt(MAIN_DIM)) over the selected rows; returns the argmax.
-    fn sparse_attention(
-        &self,
-        jobs: &[AttnJob<'_>],
-        path: AttnPath,
-    ) -> anyhow::Result<Vec<AttnOut>>;
-
-    // --- Paged pools (module `paged`) ---
-
-    /// Creates a pool (zeroed pages and host slots, every tag 0).
-    fn create_pool(&self, spec: PoolSpec) -> anyhow::Result<PoolId>;
-    /// Frees a pool's memory; its id is invalid afterwards.
-    fn release_pool(&self, pool: PoolId) -> anyhow::Result<()>;
-    /// Stores new rows of one page ([`PageRows`]): their main keys (MAIN_DIM f32 each)
-    /// as they are, their index keys quantized in the pool's dtype, or their index-K
-    /// bytes kept exactly when they come quantized elsewhere (prefill's shipped
-    /// index-K, stale or not). Gives the page a fresh generation.
-    /// Waits for any load-back still landing on it.
-    fn store_rows(&self, pool: PoolId, rows: PageRows<'_>) -> anyhow::Result<()>;
-    /// [`Backend::store_rows`] of index keys to quantize.
-    fn write_rows(
-        &self,
-        pool: PoolId,
-        page: u32,
-        first_row: usize,
-        main_keys: &[f32],
-        index_keys: &[f32],
-    ) -> anyhow::Result<()> {
-        let index = IndexRows::Keys(index_keys);
-        self.store_rows(
-            pool,
-            PageRows {
-                page,
-                first_row,
-                main_keys,
-                index,
-            },
-        )
-    }
-    /// Appends one row per entry of `rows` (page, row in page), in one call: decode's new
-    /// tokens of a step. Keys as in [`Backend::write_rows`], `rows.len()` rows each. Each
-    /// page written gets one fresh generation.
-    fn append_rows(
-        &self,
-        pool: PoolId,
-        rows: &[(u32, usize)],
-        main_keys: &[f32],
-        index_keys: &[f32],
-    ) -> anyhow::Result<()>;
-    /// HiCache eviction: page -> host slot (data and tags), after every read queued so
-    /// far. The page can be reused at once: later writes of it and load-backs into it
-    /// are ordered after the copy (on CUDA the copy is queued, not waited for).
-    fn evict_page(&self, pool: PoolId, page: u32, slot: u32) -> anyhow::Result<()>;
-    /// HiCache load-back of several (host slot, page) pairs as one job: every main-KV
-    /// page, then every index-K page (the order of the seeds' deployment: the index-K
-    /// copy of a request's pages starts once all their main KV has landed). On CUDA it
-    /// is queued on the copy stream, one main and one index-K event for the whole job,
-    /// and returns before it lands.
-    fn load_back_pages(&self, pool: PoolId, pairs: &[(u32, u32)]) -> anyhow::Result<()>;
-    /// HiCache load-back of one page: host slot -> page, main KV first, then index-K.
-    fn load_back_page(&self, pool: PoolId, slot: u32, page: u32) -> anyhow::Result<()> {
-        self.load_back_pages(pool, &[(slot, page)])
-    }
-    /// True when a load-back can still be landing after `load_back_page` returns (CUDA's
-    /// copy stream): an ungated read can then race it. The served prefill keeps its
-    /// prefix cache in a pool of this backend only then (docs/design.md 4.11); on the
-    /// CPU it keeps the virtual-time loader of `hicache`, the deterministic reference.
-    fn load_back_is_async(&self) -> bool {
-        false
-    }
+    fn sparse_attention(&self, jobs: &[AttnJob<'_>], path: AttnPath) -> Result<Vec<AttnOut>>;
     /// Occupies the compute stream for `ns` nanoseconds of device time without waiting
     /// for it: the modelled duration of a prefill forward, queued between a step's writes
     /// and its gathers (kernels/hicache_copy.cu, `model_forward_delay`). The CPU models
     /// step time on the host instead (`EngineTuning::prefill_step_floor_us`) and ignores
     /// this.
-    fn model_forward_delay(&self, _ns: u64) -> anyhow::Result<()> {
+    fn model_forward_delay(&self, _ns: u64) -> Result<()> {
         Ok(())
     }
-    /// Rows 0..n of the sequence stored in `pages` (row p in page pages[p / page_tokens]),
-    /// gathered for shipping: main-KV reads wait for unfinished main-KV load-backs of
-    /// those pages, index-K reads only with `gate_index_k`. The reader compares every
-    /// page's tags with the generation it should hold and counts mismatches (in the
-    /// result and in [`PoolStats`]).
-    fn gather_sequence(
-        &self,
-        pool: PoolId,
-        pages: &[u32],
-        n: usize,
-        gate_index_k: bool,
-    ) -> anyhow::Result<GatheredKv>;
-    /// [`Backend::indexer_topk`] over sequences in a pool. `gate_index_k`: wait for
-    /// unfinished index-K load-backs of the pages read
-    /// (`SGLANG_DSV4_INDEX_K_HICACHE_SYNC=1`); without it a read may race the copy.
-    fn indexer_topk_paged(
-        &self,
-        pool: PoolId,
-        jobs: &[PagedIndexerJob<'_>],
-        k: usize,
-        topk: TopkImpl,
-        gate_index_k: bool,
-    ) -> anyhow::Result<Vec<Vec<u32>>>;
-    /// [`Backend::sparse_attention`] over sequences in a pool; main-KV reads always
-    /// wait for unfinished main-KV load-backs.
-    fn sparse_attention_paged(
-        &self,
-        pool: PoolId,
-        jobs: &[PagedAttnJob<'_>],
-        path: AttnPath,
-    ) -> anyhow::Result<Vec<AttnOut>>;
-    /// A page's bytes and tags once every copy queued on it has landed.
-    fn read_page(&self, pool: PoolId, page: u32) -> anyhow::Result<PageContents>;
-    fn pool_stats(&self, pool: PoolId) -> anyhow::Result<PoolStats>;
 }
 
 /// Byte layout of one quantized index-K row, shared by every backend so that pages

@@ -1,6 +1,7 @@
-//! The paged half of the [`Backend`](super::Backend) contract: KV pools that live with
-//! the backend (host memory for the CPU, one device allocation for CUDA), addressed by
-//! a [`PoolId`] handle and per-sequence page lists. Only new tokens' keys, per-step
+//! The paged half of the [`Backend`](super::Backend) contract, its supertraits
+//! [`PagedPools`] (lifecycle, writes, HiCache copies) and [`PagedReads`]: KV pools that
+//! live with the backend (host memory for the CPU, one device allocation for CUDA),
+//! addressed by a [`PoolId`] handle and per-sequence page lists. Only new tokens' keys, per-step
 //! queries and page lists cross the boundary; results come back as positions.
 //!
 //! A pool holds `device_pages` pages of `page_tokens` rows. Each row stores the main
@@ -21,11 +22,11 @@
 //! lands before `load_back_page` returns, so the CPU pool never reads stale (the CPU
 //! race of the served engine is the virtual-time loader in `hicache`, unchanged).
 
-use super::IndexKDtype;
+use super::{AttnOut, AttnPath, IndexKDtype, TopkImpl};
 use anyhow::{ensure, Result};
 use serde::Serialize;
 
-/// Handle of a pool created by [`Backend::create_pool`](super::Backend::create_pool);
+/// Handle of a pool created by [`PagedPools::create_pool`];
 /// only meaningful to the backend that made it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PoolId(pub u32);
@@ -83,8 +84,8 @@ impl PoolSpec {
     }
 }
 
-/// New rows `first_row..` of one page, as [`Backend::store_rows`](super::Backend::store_rows)
-/// takes them (`write_rows` is the short form for index keys to quantize).
+/// New rows `first_row..` of one page, as [`PagedPools::store_rows`] takes them
+/// (`write_rows` is the short form for index keys to quantize).
 pub struct PageRows<'a> {
     pub page: u32,
     pub first_row: usize,
@@ -101,6 +102,35 @@ pub enum IndexRows<'a> {
     /// Rows quantized elsewhere (prefill's shipped index-K, stale or not): their bytes
     /// are kept exactly.
     Quantized(&'a [u8]),
+}
+
+/// New rows of several pages, one per entry of `rows` (page, row in page), as
+/// [`PagedPools::append_rows`] takes them: decode's new tokens of a step.
+#[derive(Clone, Copy)]
+pub struct AppendedRows<'a> {
+    pub rows: &'a [(u32, usize)],
+    /// MAIN_DIM f32 a row, stored as they are.
+    pub main_keys: &'a [f32],
+    /// INDEX_DIM f32 a row, quantized by the backend in the pool's dtype.
+    pub index_keys: &'a [f32],
+}
+
+impl<'a> AppendedRows<'a> {
+    /// Each new row as the one-row [`PageRows`] it is (after `check_append`).
+    pub(crate) fn one_by_one(&self) -> impl Iterator<Item = PageRows<'a>> + 'a {
+        let (main_keys, index_keys) = (self.main_keys, self.index_keys);
+        self.rows
+            .iter()
+            .enumerate()
+            .map(move |(i, &(page, first_row))| PageRows {
+                page,
+                first_row,
+                main_keys: &main_keys[i * super::MAIN_DIM..(i + 1) * super::MAIN_DIM],
+                index: IndexRows::Keys(
+                    &index_keys[i * super::INDEX_DIM..(i + 1) * super::INDEX_DIM],
+                ),
+            })
+    }
 }
 
 /// One indexer query over a sequence stored in a pool: row `p` of the sequence is row
@@ -137,7 +167,7 @@ pub struct PoolStats {
 }
 
 /// A sequence's rows gathered out of a pool for shipping (prefill -> decode), read by
-/// [`Backend::gather_sequence`](super::Backend::gather_sequence).
+/// [`PagedReads::gather_sequence`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct GatheredKv {
     /// n * MAIN_DIM f32.
@@ -162,6 +192,106 @@ pub struct PageContents {
     pub index_tag: u32,
     /// The generation the pool expects the page to hold.
     pub expected: u32,
+}
+
+/// The pools' lifecycle and everything that changes their pages: row writes and
+/// HiCache's evictions and load-backs. With [`PagedReads`], the paged half of
+/// [`Backend`](super::Backend).
+pub trait PagedPools {
+    /// Creates a pool (zeroed pages and host slots, every tag 0).
+    fn create_pool(&self, spec: PoolSpec) -> Result<PoolId>;
+    /// Frees a pool's memory; its id is invalid afterwards.
+    fn release_pool(&self, pool: PoolId) -> Result<()>;
+    /// Stores new rows of one page ([`PageRows`]): their main keys (MAIN_DIM f32 each)
+    /// as they are, their index keys quantized in the pool's dtype, or their index-K
+    /// bytes kept exactly when they come quantized elsewhere (prefill's shipped
+    /// index-K, stale or not). Gives the page a fresh generation.
+    /// Waits for any load-back still landing on it.
+    fn store_rows(&self, pool: PoolId, rows: PageRows<'_>) -> Result<()>;
+    /// [`PagedPools::store_rows`] of index keys to quantize.
+    fn write_rows(
+        &self,
+        pool: PoolId,
+        page: u32,
+        first_row: usize,
+        main_keys: &[f32],
+        index_keys: &[f32],
+    ) -> Result<()> {
+        let index = IndexRows::Keys(index_keys);
+        self.store_rows(
+            pool,
+            PageRows {
+                page,
+                first_row,
+                main_keys,
+                index,
+            },
+        )
+    }
+    /// Appends one row per entry of `rows.rows`, in one call: decode's new tokens of a
+    /// step. Keys as in [`PagedPools::write_rows`]. Each page written gets one fresh
+    /// generation.
+    fn append_rows(&self, pool: PoolId, rows: AppendedRows<'_>) -> Result<()>;
+    /// HiCache eviction: page -> host slot (data and tags), after every read queued so
+    /// far. The page can be reused at once: later writes of it and load-backs into it
+    /// are ordered after the copy (on CUDA the copy is queued, not waited for).
+    fn evict_page(&self, pool: PoolId, page: u32, slot: u32) -> Result<()>;
+    /// HiCache load-back of several (host slot, page) pairs as one job: every main-KV
+    /// page, then every index-K page (the order of the seeds' deployment: the index-K
+    /// copy of a request's pages starts once all their main KV has landed). On CUDA it
+    /// is queued on the copy stream, one main and one index-K event for the whole job,
+    /// and returns before it lands.
+    fn load_back_pages(&self, pool: PoolId, pairs: &[(u32, u32)]) -> Result<()>;
+    /// HiCache load-back of one page: host slot -> page, main KV first, then index-K.
+    fn load_back_page(&self, pool: PoolId, slot: u32, page: u32) -> Result<()> {
+        self.load_back_pages(pool, &[(slot, page)])
+    }
+    /// True when a load-back can still be landing after `load_back_page` returns (CUDA's
+    /// copy stream): an ungated read can then race it. The served prefill keeps its
+    /// prefix cache in a pool of this backend only then (docs/design.md 4.11); on the
+    /// CPU it keeps the virtual-time loader of `hicache`, the deterministic reference.
+    fn load_back_is_async(&self) -> bool {
+        false
+    }
+}
+
+/// The reads of the pools: the shipping gather, the indexer and sparse attention over
+/// page tables, and the host's look at a page and at the counters.
+pub trait PagedReads {
+    /// Rows 0..n of the sequence stored in `pages` (row p in page pages[p / page_tokens]),
+    /// gathered for shipping: main-KV reads wait for unfinished main-KV load-backs of
+    /// those pages, index-K reads only with `gate_index_k`. The reader compares every
+    /// page's tags with the generation it should hold and counts mismatches (in the
+    /// result and in [`PoolStats`]).
+    fn gather_sequence(
+        &self,
+        pool: PoolId,
+        pages: &[u32],
+        n: usize,
+        gate_index_k: bool,
+    ) -> Result<GatheredKv>;
+    /// [`Backend::indexer_topk`](super::Backend::indexer_topk) over sequences in a pool.
+    /// `gate_index_k`: wait for unfinished index-K load-backs of the pages read
+    /// (`SGLANG_DSV4_INDEX_K_HICACHE_SYNC=1`); without it a read may race the copy.
+    fn indexer_topk_paged(
+        &self,
+        pool: PoolId,
+        jobs: &[PagedIndexerJob<'_>],
+        k: usize,
+        topk: TopkImpl,
+        gate_index_k: bool,
+    ) -> Result<Vec<Vec<u32>>>;
+    /// [`Backend::sparse_attention`](super::Backend::sparse_attention) over sequences in
+    /// a pool; main-KV reads always wait for unfinished main-KV load-backs.
+    fn sparse_attention_paged(
+        &self,
+        pool: PoolId,
+        jobs: &[PagedAttnJob<'_>],
+        path: AttnPath,
+    ) -> Result<Vec<AttnOut>>;
+    /// A page's bytes and tags once every copy queued on it has landed.
+    fn read_page(&self, pool: PoolId, page: u32) -> Result<PageContents>;
+    fn pool_stats(&self, pool: PoolId) -> Result<PoolStats>;
 }
 
 /// Shape checks shared by every backend, before anything is read.
@@ -283,12 +413,8 @@ pub(crate) fn check_store(spec: &PoolSpec, rows: &PageRows<'_>) -> Result<usize>
 }
 
 /// Checks of an `append_rows` call.
-pub(crate) fn check_append(
-    spec: &PoolSpec,
-    rows: &[(u32, usize)],
-    main_keys: &[f32],
-    index_keys: &[f32],
-) -> Result<()> {
+pub(crate) fn check_append(spec: &PoolSpec, appended: &AppendedRows<'_>) -> Result<()> {
+    let (rows, main_keys, index_keys) = (appended.rows, appended.main_keys, appended.index_keys);
     ensure!(
         main_keys.len() == rows.len() * super::MAIN_DIM
             && index_keys.len() == rows.len() * super::INDEX_DIM,

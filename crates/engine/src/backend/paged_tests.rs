@@ -4,8 +4,8 @@
 
 use super::cpu::CpuBackend;
 use super::{
-    AttnJob, AttnPath, Backend, IndexKDtype, IndexerJob, PagedAttnJob, PagedIndexerJob, PoolId,
-    PoolSpec, TopkImpl, INDEX_DIM, MAIN_DIM,
+    AppendedRows, AttnJob, AttnPath, Backend, IndexKDtype, IndexerJob, PagedAttnJob,
+    PagedIndexerJob, PagedPools, PagedReads, PoolId, PoolSpec, TopkImpl, INDEX_DIM, MAIN_DIM,
 };
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -290,13 +290,23 @@ fn bad_pool_use_is_an_error_naming_what_is_wrong() {
         .unwrap_err()
         .to_string();
     assert!(error.contains("1 pages cannot hold n = 9"), "{error}");
+    let past_the_page = AppendedRows {
+        rows: &[(0, 8)],
+        main_keys: &main[..MAIN_DIM],
+        index_keys: &index[..INDEX_DIM],
+    };
     let error = cpu
-        .append_rows(pool, &[(0, 8)], &main[..MAIN_DIM], &index[..INDEX_DIM])
+        .append_rows(pool, past_the_page)
         .unwrap_err()
         .to_string();
     assert!(error.contains("row 8 of page 0 is outside"), "{error}");
+    let too_many_keys = AppendedRows {
+        rows: &[(0, 1)],
+        main_keys: &main,
+        index_keys: &index[..INDEX_DIM],
+    };
     let error = cpu
-        .append_rows(pool, &[(0, 1)], &main, &index[..INDEX_DIM])
+        .append_rows(pool, too_many_keys)
         .unwrap_err()
         .to_string();
     assert!(error.contains("1 rows but 192 main"), "{error}");

@@ -2,6 +2,7 @@
 //! decode on host slices and through a pool's page tables (same tokens).
 
 use super::super::backend::cpu::CpuBackend;
+use super::super::backend::PagedPools;
 use super::*;
 use serde_json::json;
 

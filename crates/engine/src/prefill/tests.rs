@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::backend::cpu::CpuBackend;
+use crate::backend::PagedReads;
 
 /// Six sessions of growing prompts, one request at a time, in a pool of 12 pages of
 /// 16 tokens: later sessions evict earlier ones' prefixes to the host tier and each

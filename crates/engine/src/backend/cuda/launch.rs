@@ -1,20 +1,21 @@
-//! The GPU implementation of [`Backend`]: uploads, kernel launches and downloads of
-//! index-K quantization, indexer scores + top-k, and both sparse attention paths over
-//! gathered host slices; the paged methods hand over to the pools (`pool`). Also the
-//! launch helpers the slice and paged kernel families share, so that what differs
-//! between them is only how a kernel finds its rows. Each call runs on the compute
-//! stream and returns once its results are on the host.
+//! The GPU implementation of [`Backend`]'s slice methods: uploads, kernel launches and
+//! downloads of index-K quantization, indexer scores + top-k, and both sparse attention
+//! paths over gathered host slices (the paged methods are implemented by the pools,
+//! `pool`). Also the launch helpers the slice and paged kernel families share, so that
+//! what differs between them is only how a kernel finds its rows: the top-k, the query
+//! side of attention and the whole attention flow ([`CudaBackend::attend`], each family
+//! giving its kernels as an [`AttnKernels`]). Each call runs on the compute stream and
+//! returns once its results are on the host.
 
 use anyhow::{ensure, Context, Result};
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::super::{
-    paged, AttnJob, AttnOut, AttnPath, Backend, GatheredKv, IndexKDtype, IndexerJob, PageContents,
-    PageRows, PagedAttnJob, PagedIndexerJob, PoolId, PoolSpec, PoolStats, TopkImpl, INDEX_DIM,
+    paged, AttnJob, AttnOut, AttnPath, Backend, IndexKDtype, IndexerJob, TopkImpl, INDEX_DIM,
     MAIN_DIM,
 };
 use super::{
-    grid_for, per_job, row_starts, to_u32, CudaBackend, ATTN_THREADS, ELEMENTWISE_THREADS,
+    blocks, grid_for, row_starts, to_u32, CudaBackend, ATTN_THREADS, ELEMENTWISE_THREADS,
     TOPK_THREADS,
 };
 
@@ -122,76 +123,12 @@ impl Backend for CudaBackend {
         let d_queries = self.upload(&batch.queries)?;
         let d_keys = self.upload(&keys)?;
         let selection = self.upload_selection(&batch, false)?;
-        let mut run = self.attention_queries(&d_queries, batch.jobs32, path)?;
-        match &run.absorbed {
-            Some(d_absorbed) => {
-                let mut d_logits = self.zeros::<f32>(batch.selected_total)?;
-                let mut launch = self.compute.launch_builder(&self.kernels.attn_mma);
-                launch
-                    .arg(d_absorbed)
-                    .arg(&d_keys)
-                    .arg(&selection.row_start)
-                    .arg(&selection.selected)
-                    .arg(&selection.sel_start)
-                    .arg(&mut d_logits)
-                    .arg(&mut run.argmax)
-                    .arg(&mut run.weight);
-                // SAFETY: matches sparse_attention_mma in sparse_attention.cu.
-                unsafe { launch.launch(per_job(jobs.len(), ATTN_THREADS)) }
-                    .context("launching sparse_attention_mma")?;
-            }
-            None => {
-                self.legacy_attention(&selection, batch.rows, &mut run, |projected, dense| {
-                    let mut launch = self.compute.launch_builder(&self.kernels.attn_legacy_dense);
-                    launch
-                        .arg(&self.up_projection)
-                        .arg(projected)
-                        .arg(&d_keys)
-                        .arg(&selection.row_start)
-                        .arg(&batch.jobs32)
-                        .arg(dense);
-                    // SAFETY: matches sparse_attention_legacy_dense.
-                    unsafe { launch.launch(grid_for(batch.rows, ELEMENTWISE_THREADS)) }
-                        .context("launching legacy dense")?;
-                    Ok(())
-                })?
-            }
-        }
-        self.download_attn(&run.argmax, &run.weight, jobs.len())
-    }
-
-    fn create_pool(&self, spec: PoolSpec) -> Result<PoolId> {
-        self.pool_create(spec)
-    }
-
-    fn release_pool(&self, pool: PoolId) -> Result<()> {
-        self.pool_release(pool)
-    }
-
-    fn store_rows(&self, pool: PoolId, rows: PageRows<'_>) -> Result<()> {
-        self.pool_store_rows(pool, rows)
-    }
-
-    fn append_rows(
-        &self,
-        pool: PoolId,
-        rows: &[(u32, usize)],
-        main_keys: &[f32],
-        index_keys: &[f32],
-    ) -> Result<()> {
-        self.pool_append_rows(pool, rows, main_keys, index_keys)
-    }
-
-    fn evict_page(&self, pool: PoolId, page: u32, slot: u32) -> Result<()> {
-        self.pool_evict(pool, page, slot)
-    }
-
-    fn load_back_pages(&self, pool: PoolId, pairs: &[(u32, u32)]) -> Result<()> {
-        self.pool_load_back(pool, pairs)
-    }
-
-    fn load_back_is_async(&self) -> bool {
-        true
+        let mut kernels = SliceAttn {
+            backend: self,
+            keys: &d_keys,
+            selection: &selection,
+        };
+        self.attend(&d_queries, &selection, path, &mut kernels)
     }
 
     fn model_forward_delay(&self, ns: u64) -> Result<()> {
@@ -200,52 +137,56 @@ impl Backend for CudaBackend {
         }
         let mut launch = self.compute.launch_builder(&self.kernels.forward_delay);
         launch.arg(&ns);
-        let cfg = cudarc::driver::LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (1, 1, 1),
-            shared_mem_bytes: 0,
-        };
         // SAFETY: matches model_forward_delay in hicache_copy.cu (one u64 by value).
-        unsafe { launch.launch(cfg) }.context("launching model_forward_delay")?;
+        unsafe { launch.launch(blocks(1, 1)) }.context("launching model_forward_delay")?;
+        Ok(())
+    }
+}
+
+/// The slice family's attention kernels: every job's rows gathered back to back
+/// (`Selection::row_start` says whose).
+struct SliceAttn<'a> {
+    backend: &'a CudaBackend,
+    keys: &'a CudaSlice<f32>,
+    selection: &'a Selection,
+}
+
+impl AttnKernels for SliceAttn<'_> {
+    fn mma(&mut self, absorbed: &CudaSlice<f32>, run: &mut AttnRun) -> Result<()> {
+        let (backend, selection) = (self.backend, self.selection);
+        let mut d_logits = backend.zeros::<f32>(selection.selected_total)?;
+        let mut launch = backend.compute.launch_builder(&backend.kernels.attn_mma);
+        launch
+            .arg(absorbed)
+            .arg(self.keys)
+            .arg(&selection.row_start)
+            .arg(&selection.selected)
+            .arg(&selection.sel_start)
+            .arg(&mut d_logits)
+            .arg(&mut run.argmax)
+            .arg(&mut run.weight);
+        // SAFETY: matches sparse_attention_mma in sparse_attention.cu.
+        unsafe { launch.launch(blocks(selection.jobs(), ATTN_THREADS)) }
+            .context("launching sparse_attention_mma")?;
         Ok(())
     }
 
-    fn gather_sequence(
-        &self,
-        pool: PoolId,
-        pages: &[u32],
-        n: usize,
-        gate_index_k: bool,
-    ) -> Result<GatheredKv> {
-        self.pool_gather(pool, pages, n, gate_index_k)
-    }
-
-    fn indexer_topk_paged(
-        &self,
-        pool: PoolId,
-        jobs: &[PagedIndexerJob<'_>],
-        k: usize,
-        topk: TopkImpl,
-        gate_index_k: bool,
-    ) -> Result<Vec<Vec<u32>>> {
-        self.pool_indexer_topk(pool, jobs, k, topk, gate_index_k)
-    }
-
-    fn sparse_attention_paged(
-        &self,
-        pool: PoolId,
-        jobs: &[PagedAttnJob<'_>],
-        path: AttnPath,
-    ) -> Result<Vec<AttnOut>> {
-        self.pool_sparse_attention(pool, jobs, path)
-    }
-
-    fn read_page(&self, pool: PoolId, page: u32) -> Result<PageContents> {
-        self.pool_read_page(pool, page)
-    }
-
-    fn pool_stats(&self, pool: PoolId) -> Result<PoolStats> {
-        CudaBackend::pool_stats(self, pool)
+    fn dense(&mut self, projected: &CudaSlice<f32>, dense: &mut CudaSlice<f32>) -> Result<()> {
+        let (backend, selection) = (self.backend, self.selection);
+        let mut launch = backend
+            .compute
+            .launch_builder(&backend.kernels.attn_legacy_dense);
+        launch
+            .arg(&backend.up_projection)
+            .arg(projected)
+            .arg(self.keys)
+            .arg(&selection.row_start)
+            .arg(&selection.jobs32)
+            .arg(dense);
+        // SAFETY: matches sparse_attention_legacy_dense.
+        unsafe { launch.launch(grid_for(selection.rows, ELEMENTWISE_THREADS)) }
+            .context("launching legacy dense")?;
+        Ok(())
     }
 }
 
@@ -298,7 +239,7 @@ impl CudaBackend {
                     .arg(&k32)
                     .arg(&mut d_out);
                 // SAFETY: matches topk_v1_bitonic in indexer_topk.cu.
-                unsafe { launch.launch(per_job(counts.len(), TOPK_THREADS)) }
+                unsafe { launch.launch(blocks(counts.len(), TOPK_THREADS)) }
                     .context("launching topk_v1_bitonic")?;
             }
             TopkImpl::V2 => {
@@ -311,7 +252,7 @@ impl CudaBackend {
                     .arg(&k32)
                     .arg(&mut d_out);
                 // SAFETY: matches topk_v2_radix_select in indexer_topk.cu.
-                unsafe { launch.launch(per_job(counts.len(), TOPK_THREADS)) }
+                unsafe { launch.launch(blocks(counts.len(), TOPK_THREADS)) }
                     .context("launching topk_v2_radix_select")?;
             }
         }
@@ -390,7 +331,15 @@ pub(super) struct Selection {
     pub(super) selected: CudaSlice<u32>,
     pub(super) sel_start: CudaSlice<u32>,
     pub(super) jobs32: u32,
+    /// Rows of every job together (the Legacy path's dense pass reads them all).
+    pub(super) rows: usize,
     pub(super) selected_total: usize,
+}
+
+impl Selection {
+    pub(super) fn jobs(&self) -> usize {
+        self.jobs32 as usize
+    }
 }
 
 /// An attention batch on the device once its queries are prepared: the result buffers,
@@ -400,6 +349,23 @@ pub(super) struct AttnRun {
     pub(super) weight: CudaSlice<f32>,
     pub(super) projected: CudaSlice<f32>,
     pub(super) absorbed: Option<CudaSlice<f32>>,
+}
+
+/// How one family's attention kernels find a job's rows: the slice kernels in a
+/// gathered buffer, the paged ones through a pool's page tables. Everything around them
+/// is [`CudaBackend::attend`]. Each implementation launches its own kernels, arguments
+/// in the kernel's order next to the launch.
+pub(super) trait AttnKernels {
+    /// The Mma path's kernel: the logits of every job's selected rows (queries absorbed
+    /// already), then its argmax and weight into `run`.
+    fn mma(&mut self, absorbed: &CudaSlice<f32>, run: &mut AttnRun) -> Result<()>;
+    /// The Legacy path's dense pass: every row's logit against the projected query.
+    fn dense(&mut self, projected: &CudaSlice<f32>, dense: &mut CudaSlice<f32>) -> Result<()>;
+    /// Queued before the Legacy path's passes (the paged family counts its stale main
+    /// pages there; its Mma kernel counts them itself).
+    fn before_legacy(&mut self) -> Result<()> {
+        Ok(())
+    }
 }
 
 impl CudaBackend {
@@ -419,6 +385,7 @@ impl CudaBackend {
             selected: upload(&batch.selected)?,
             sel_start: upload(&batch.sel_start)?,
             jobs32: batch.jobs32,
+            rows: batch.rows,
             selected_total: batch.selected_total,
         })
     }
@@ -426,7 +393,7 @@ impl CudaBackend {
     /// The query side both attention calls share, queued after their uploads: the
     /// zeroed result buffers, `mla_project_queries`, and on the Mma path
     /// `mla_absorb_queries`.
-    pub(super) fn attention_queries(
+    fn attention_queries(
         &self,
         d_queries: &CudaSlice<f32>,
         jobs32: u32,
@@ -468,21 +435,45 @@ impl CudaBackend {
         })
     }
 
+    /// The attention flow of both families once their inputs are on the device: the
+    /// query side ([`CudaBackend::attention_queries`]), then the family's Mma kernel, or
+    /// its `before_legacy` launches and the Legacy passes around its dense one
+    /// ([`CudaBackend::legacy_attention`]); then each job's argmax and weight.
+    pub(super) fn attend(
+        &self,
+        d_queries: &CudaSlice<f32>,
+        selection: &Selection,
+        path: AttnPath,
+        kernels: &mut impl AttnKernels,
+    ) -> Result<Vec<AttnOut>> {
+        let mut run = self.attention_queries(d_queries, selection.jobs32, path)?;
+        // Kept to the end, as the other device buffers of the call.
+        let absorbed = run.absorbed.take();
+        match &absorbed {
+            Some(d_absorbed) => kernels.mma(d_absorbed, &mut run)?,
+            None => {
+                kernels.before_legacy()?;
+                self.legacy_attention(selection, &mut run, |projected, dense| {
+                    kernels.dense(projected, dense)
+                })?
+            }
+        }
+        self.download_attn(&run.argmax, &run.weight, selection.jobs())
+    }
+
     /// The legacy path of either family: zeroed dense scores and mask, the family's
     /// dense pass (`dense`, given the projected queries and the scores to fill), then
     /// the shared mask of each job's selected rows and the softmax over them into each
     /// job's argmax and weight.
-    pub(super) fn legacy_attention(
+    fn legacy_attention(
         &self,
         selection: &Selection,
-        rows: usize,
         run: &mut AttnRun,
         dense: impl FnOnce(&CudaSlice<f32>, &mut CudaSlice<f32>) -> Result<()>,
     ) -> Result<()> {
-        let mut d_dense = self.zeros::<f32>(rows)?;
-        let mut d_mask = self.zeros::<u8>(rows)?;
+        let mut d_dense = self.zeros::<f32>(selection.rows)?;
+        let mut d_mask = self.zeros::<u8>(selection.rows)?;
         dense(&run.projected, &mut d_dense)?;
-        let jobs = selection.jobs32 as usize;
         let mut mask = self.compute.launch_builder(&self.kernels.attn_legacy_mask);
         mask.arg(&selection.row_start)
             .arg(&selection.selected)
@@ -502,13 +493,13 @@ impl CudaBackend {
             .arg(&mut run.argmax)
             .arg(&mut run.weight);
         // SAFETY: matches sparse_attention_legacy_softmax.
-        unsafe { softmax.launch(per_job(jobs, ATTN_THREADS)) }
+        unsafe { softmax.launch(blocks(selection.jobs(), ATTN_THREADS)) }
             .context("launching legacy softmax")?;
         Ok(())
     }
 
     /// Each job's argmax and weight, downloaded.
-    pub(super) fn download_attn(
+    fn download_attn(
         &self,
         d_argmax: &CudaSlice<u32>,
         d_weight: &CudaSlice<f32>,

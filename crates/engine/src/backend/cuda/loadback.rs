@@ -8,13 +8,14 @@
 //! the GPU HiCache; moving prefill's pool onto the GPU should go through those.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::Arc;
 
 use anyhow::{ensure, Context, Result};
 use cudarc::driver::{
     CudaEvent, CudaFunction, CudaSlice, CudaStream, PinnedHostSlice, PushKernelArg,
 };
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 
 use super::{grid_for, to_u32, CudaBackend, ELEMENTWISE_THREADS};
 
@@ -52,11 +53,18 @@ pub struct LoadBackPool {
     page_bytes: usize,
     device_pages: usize,
     host_pages: usize,
-    device: Mutex<CudaSlice<u8>>,
-    host: Mutex<PinnedHostSlice<u8>>,
-    /// Last load-back event per device page; dropped once a read finds it complete.
-    in_flight: Mutex<HashMap<u32, CudaEvent>>,
+    /// One lock for the memory and the copies in flight: every call that touches one
+    /// touches the device pages too.
+    tiers: Mutex<Tiers>,
     stats: Mutex<LoadBackStats>,
+}
+
+/// The memory of a [`LoadBackPool`] and its load-backs still recorded.
+struct Tiers {
+    device: CudaSlice<u8>,
+    host: PinnedHostSlice<u8>,
+    /// Last load-back event per device page; dropped once a read finds it complete.
+    in_flight: HashMap<u32, CudaEvent>,
 }
 
 impl LoadBackPool {
@@ -93,9 +101,11 @@ impl LoadBackPool {
             page_bytes,
             device_pages,
             host_pages,
-            device: Mutex::new(device),
-            host: Mutex::new(host),
-            in_flight: Mutex::new(HashMap::new()),
+            tiers: Mutex::new(Tiers {
+                device,
+                host,
+                in_flight: HashMap::new(),
+            }),
             stats: Mutex::new(LoadBackStats::default()),
         })
     }
@@ -108,7 +118,7 @@ impl LoadBackPool {
         *self.stats.lock()
     }
 
-    fn device_range(&self, page: u32) -> Result<std::ops::Range<usize>> {
+    fn device_range(&self, page: u32) -> Result<Range<usize>> {
         ensure!(
             (page as usize) < self.device_pages,
             "device page {page} outside 0..{}",
@@ -117,7 +127,7 @@ impl LoadBackPool {
         Ok(page as usize * self.page_bytes..(page as usize + 1) * self.page_bytes)
     }
 
-    fn host_range(&self, slot: u32) -> Result<std::ops::Range<usize>> {
+    fn host_range(&self, slot: u32) -> Result<Range<usize>> {
         ensure!(
             (slot as usize) < self.host_pages,
             "host slot {slot} outside 0..{}",
@@ -135,31 +145,42 @@ impl LoadBackPool {
             self.page_bytes
         );
         let range = self.device_range(page)?;
-        let mut device = self.device.lock();
+        let mut tiers = self.tiers.lock();
         // A load-back still landing on this page would overwrite the new contents.
-        if let Some(event) = self.in_flight.lock().remove(&page) {
+        if let Some(event) = tiers.in_flight.remove(&page) {
             self.compute.wait(&event)?;
         }
         self.compute
-            .memcpy_htod(bytes, &mut device.slice_mut(range))?;
+            .memcpy_htod(bytes, &mut tiers.device.slice_mut(range))?;
         self.compute.synchronize()?;
         Ok(())
+    }
+
+    /// The start of a copy between `page` and host slot `slot`: both ranges checked,
+    /// the tiers locked, and the copy stream ordered after all compute work queued so
+    /// far (which may still be writing the page, or reading its previous occupant).
+    fn start_copy(
+        &self,
+        page: u32,
+        slot: u32,
+    ) -> Result<(MutexGuard<'_, Tiers>, [Range<usize>; 2])> {
+        let ranges = [self.device_range(page)?, self.host_range(slot)?];
+        let tiers = self.tiers.lock();
+        self.copy.join(&self.compute)?;
+        Ok((tiers, ranges))
     }
 
     /// Device page -> host slot on the copy stream, after all compute work queued so
     /// far (which may still be writing the page); returns when the copy has landed.
     pub fn evict(&self, page: u32, slot: u32) -> Result<()> {
-        let device_range = self.device_range(page)?;
-        let host_range = self.host_range(slot)?;
-        let device = self.device.lock();
-        let mut host = self.host.lock();
-        self.copy.join(&self.compute)?;
-        if let Some(event) = self.in_flight.lock().remove(&page) {
+        let (mut guard, [device_range, host_range]) = self.start_copy(page, slot)?;
+        let tiers = &mut *guard;
+        if let Some(event) = tiers.in_flight.remove(&page) {
             self.copy.wait(&event)?;
         }
-        let host_bytes = &mut host.as_mut_slice()?[host_range];
+        let host_bytes = &mut tiers.host.as_mut_slice()?[host_range];
         self.copy
-            .memcpy_dtoh(&device.slice(device_range), host_bytes)?;
+            .memcpy_dtoh(&tiers.device.slice(device_range), host_bytes)?;
         self.copy.synchronize()?;
         self.stats.lock().evictions += 1;
         Ok(())
@@ -167,19 +188,15 @@ impl LoadBackPool {
 
     /// Host slot -> device page, queued on the copy stream; returns before it lands.
     pub fn load_back(&self, slot: u32, page: u32) -> Result<()> {
-        let device_range = self.device_range(page)?;
-        let host_range = self.host_range(slot)?;
-        let mut device = self.device.lock();
-        let host = self.host.lock();
-        // Earlier compute work may still read this page's previous occupant.
-        self.copy.join(&self.compute)?;
+        let (mut guard, [device_range, host_range]) = self.start_copy(page, slot)?;
+        let tiers = &mut *guard;
         // SAFETY of the host view: the host tier is only written by `evict`, which
         // finishes its copies before returning, and copies from it run on this stream.
-        let host_bytes = &host.as_slice()?[host_range];
+        let host_bytes = &tiers.host.as_slice()?[host_range];
         self.copy
-            .memcpy_htod(host_bytes, &mut device.slice_mut(device_range))?;
+            .memcpy_htod(host_bytes, &mut tiers.device.slice_mut(device_range))?;
         let event = self.copy.record_event(None)?;
-        self.in_flight.lock().insert(page, event);
+        tiers.in_flight.insert(page, event);
         self.stats.lock().load_backs += 1;
         Ok(())
     }
@@ -193,9 +210,9 @@ impl LoadBackPool {
         if pages.is_empty() {
             return Ok(Vec::new());
         }
-        let device = self.device.lock();
+        let mut tiers = self.tiers.lock();
         {
-            let mut in_flight = self.in_flight.lock();
+            let in_flight = &mut tiers.in_flight;
             let mut stats = self.stats.lock();
             for page in pages {
                 let Some(event) = in_flight.get(page) else {
@@ -218,7 +235,7 @@ impl LoadBackPool {
         let page_bytes = self.page_bytes as u32;
         let mut launch = self.compute.launch_builder(&self.gather);
         launch
-            .arg(&*device)
+            .arg(&tiers.device)
             .arg(&d_pages)
             .arg(&num_pages)
             .arg(&page_bytes)

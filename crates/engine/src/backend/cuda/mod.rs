@@ -1,10 +1,12 @@
 //! CUDA backend of the embedded engine: the device probe, the NVRTC compilation of
 //! `kernels/*.cu`, the context and streams ([`CudaBackend`]) and the launch geometry.
-//! The [`Backend`](super::Backend) implementation is in `launch`: the slice kernels and
-//! the launch helpers both kernel families share (quantize shape, attention batch and
-//! query projection, legacy mask + softmax, top-k); the paged pools (device-resident
-//! KV, page tables, HiCache on the copy stream, generation tags; `super::paged`) in
-//! `pool`, their reads in `pool/reads`; the older load-back primitive ([`LoadBackPool`],
+//! Each part of the contract is implemented where its code lives: the slice methods
+//! ([`Backend`](super::Backend)) in `launch`, with the launch helpers both kernel
+//! families share (quantize shape, attention batch, query projection and flow, legacy
+//! mask + softmax, top-k); the paged pools (device-resident KV, page tables, HiCache on
+//! the copy stream, generation tags; `super::paged`) in `pool`
+//! ([`PagedPools`](super::PagedPools)), their reads in `pool/reads`
+//! ([`PagedReads`](super::PagedReads)); the older load-back primitive ([`LoadBackPool`],
 //! superseded by the pools, used by one test only) in `loadback`.
 //!
 //! cudarc is built with dynamic loading, so this module compiles and links without CUDA.
@@ -43,24 +45,32 @@ use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 
 use super::mla_up_projection;
 
+/// One entry of [`KERNEL_SOURCES`]: `kernels/common.cuh`, the device helpers several
+/// kernels share, then the kernel file, each behind a `#line` so that NVRTC's messages
+/// name the right file and line. NVRTC gets the embedded text and no file system, so
+/// the header is joined here rather than named in the .cu.
+macro_rules! kernel_source {
+    ($file:literal) => {
+        (
+            $file,
+            concat!(
+                "#line 1 \"common.cuh\"\n",
+                include_str!("../../../../../kernels/common.cuh"),
+                "#line 1 \"",
+                $file,
+                "\"\n",
+                include_str!(concat!("../../../../../kernels/", $file)),
+            ),
+        )
+    };
+}
+
 /// Every kernel source, embedded at build time: (file name under `kernels/`, source).
 pub(crate) const KERNEL_SOURCES: &[(&str, &str)] = &[
-    (
-        "index_k.cu",
-        include_str!("../../../../../kernels/index_k.cu"),
-    ),
-    (
-        "indexer_topk.cu",
-        include_str!("../../../../../kernels/indexer_topk.cu"),
-    ),
-    (
-        "sparse_attention.cu",
-        include_str!("../../../../../kernels/sparse_attention.cu"),
-    ),
-    (
-        "hicache_copy.cu",
-        include_str!("../../../../../kernels/hicache_copy.cu"),
-    ),
+    kernel_source!("index_k.cu"),
+    kernel_source!("indexer_topk.cu"),
+    kernel_source!("sparse_attention.cu"),
+    kernel_source!("hicache_copy.cu"),
 ];
 
 /// Virtual architecture of the GPU-less compile check (Hopper, the deployment's class).
@@ -411,9 +421,10 @@ fn grid_for(items: usize, threads: u32) -> LaunchConfig {
     }
 }
 
-fn per_job(jobs: usize, threads: u32) -> LaunchConfig {
+/// `count` blocks of `threads` threads: one per job, page or tile.
+fn blocks(count: usize, threads: u32) -> LaunchConfig {
     LaunchConfig {
-        grid_dim: (jobs as u32, 1, 1),
+        grid_dim: (count as u32, 1, 1),
         block_dim: (threads, 1, 1),
         shared_mem_bytes: 0,
     }

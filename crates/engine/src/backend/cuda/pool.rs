@@ -22,7 +22,7 @@
 //! the copy engine is still writing the page: the seeds' race, for real, and the longer
 //! the copy stream's queue (bf16 pages are twice fp8's), the likelier. The reading
 //! kernels count it through the tags (kernels/indexer_topk.cu). Served prefill's reader
-//! is the shipping gather (`pool_gather`, kernels/hicache_copy.cu), gated the same way.
+//! is the shipping gather (`gather_sequence`, kernels/hicache_copy.cu), gated the same way.
 //!
 //! cudarc's automatic synchronisation must stay out of the way, or it would order every
 //! read after every copy touching the same allocation and hide the race: per-buffer
@@ -43,9 +43,11 @@ use std::sync::Arc;
 use anyhow::{anyhow, Context, Result};
 use cudarc::driver::{CudaEvent, CudaSlice, PinnedHostSlice, PushKernelArg};
 
-use super::super::paged::{self, IndexRows, PageRows, PoolId, PoolSpec, PoolStats};
+use super::super::paged::{
+    self, AppendedRows, IndexRows, PageRows, PagedPools, PoolId, PoolSpec, PoolStats,
+};
 use super::super::{IndexKDtype, INDEX_DIM, MAIN_DIM};
-use super::{to_u32, CudaBackend};
+use super::{blocks, to_u32, CudaBackend, MAX_GRID_BLOCKS};
 
 fn align(offset: usize) -> usize {
     offset.div_ceil(256) * 256
@@ -224,7 +226,49 @@ fn pool_mut(pools: &mut [Option<GpuPool>], pool: PoolId) -> Result<&mut GpuPool>
 }
 
 impl CudaBackend {
-    pub(super) fn pool_create(&self, spec: PoolSpec) -> Result<PoolId> {
+    /// The first half of `store_rows`: wait for a load-back still landing on `page` (it
+    /// would overwrite the new rows), then copy the checked rows' main keys into it.
+    fn store_main_rows(
+        &self,
+        p: &mut GpuPool,
+        page: u32,
+        first_row: usize,
+        main_keys: &[f32],
+    ) -> Result<()> {
+        let rows = main_keys.len() / MAIN_DIM;
+        for events in [&mut p.main_events, &mut p.index_events] {
+            if let Some(event) = events.remove(&page) {
+                self.compute.wait(&event)?;
+            }
+        }
+        let main_page = p.page_range(&p.layout.main, page, p.spec.main_page_bytes());
+        let main_start = main_page.start + first_row * MAIN_DIM * 4;
+        let mut bytes = p.kv.slice_mut(main_start..main_start + rows * MAIN_DIM * 4);
+        // SAFETY: the range is 4-byte aligned (regions are 256-aligned, rows 256 B).
+        let mut floats = unsafe { bytes.transmute_mut::<f32>(rows * MAIN_DIM) }
+            .ok_or_else(|| anyhow!("main-KV view of {rows} rows"))?;
+        self.compute.memcpy_htod(main_keys, &mut floats)?;
+        Ok(())
+    }
+
+    /// The last step of `store_rows`: a fresh generation in both of the page's
+    /// tags, and as the page's expected generation.
+    fn stamp_page(&self, p: &mut GpuPool, page: u32) -> Result<()> {
+        let generation = p.next_generation;
+        p.next_generation = p.next_generation.wrapping_add(1).max(1);
+        let tag = generation.to_le_bytes();
+        for region in [p.layout.main_tag.clone(), p.layout.index_tag.clone()] {
+            let range = p.tag_range(&region, page);
+            self.compute
+                .memcpy_htod(&tag[..], &mut p.kv.slice_mut(range))?;
+        }
+        p.expected[page as usize] = generation;
+        Ok(())
+    }
+}
+
+impl PagedPools for CudaBackend {
+    fn create_pool(&self, spec: PoolSpec) -> Result<PoolId> {
         spec.validate()?;
         let layout = Layout::new(&spec);
         let slots = SlotLayout::new(&spec);
@@ -265,7 +309,7 @@ impl CudaBackend {
         Ok(PoolId((pools.len() - 1) as u32))
     }
 
-    pub(super) fn pool_release(&self, pool: PoolId) -> Result<()> {
+    fn release_pool(&self, pool: PoolId) -> Result<()> {
         let mut pools = self.pools.lock();
         pool_mut(&mut pools, pool)?;
         self.copy.synchronize()?;
@@ -274,50 +318,9 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// The first half of `pool_store_rows`: wait
-    /// for a load-back still landing on `page` (it would overwrite the new rows), then
-    /// copy the checked rows' main keys into it.
-    fn store_main_rows(
-        &self,
-        p: &mut GpuPool,
-        page: u32,
-        first_row: usize,
-        main_keys: &[f32],
-    ) -> Result<()> {
-        let rows = main_keys.len() / MAIN_DIM;
-        for events in [&mut p.main_events, &mut p.index_events] {
-            if let Some(event) = events.remove(&page) {
-                self.compute.wait(&event)?;
-            }
-        }
-        let main_page = p.page_range(&p.layout.main, page, p.spec.main_page_bytes());
-        let main_start = main_page.start + first_row * MAIN_DIM * 4;
-        let mut bytes = p.kv.slice_mut(main_start..main_start + rows * MAIN_DIM * 4);
-        // SAFETY: the range is 4-byte aligned (regions are 256-aligned, rows 256 B).
-        let mut floats = unsafe { bytes.transmute_mut::<f32>(rows * MAIN_DIM) }
-            .ok_or_else(|| anyhow!("main-KV view of {rows} rows"))?;
-        self.compute.memcpy_htod(main_keys, &mut floats)?;
-        Ok(())
-    }
-
-    /// The last step of `pool_store_rows`: a fresh generation in both of the page's
-    /// tags, and as the page's expected generation.
-    fn stamp_page(&self, p: &mut GpuPool, page: u32) -> Result<()> {
-        let generation = p.next_generation;
-        p.next_generation = p.next_generation.wrapping_add(1).max(1);
-        let tag = generation.to_le_bytes();
-        for region in [p.layout.main_tag.clone(), p.layout.index_tag.clone()] {
-            let range = p.tag_range(&region, page);
-            self.compute
-                .memcpy_htod(&tag[..], &mut p.kv.slice_mut(range))?;
-        }
-        p.expected[page as usize] = generation;
-        Ok(())
-    }
-
     /// `store_rows`: the main keys, then the index-K quantized by `quantize_index_k_*`
     /// (or copied as they are when they come quantized), then the page's new generation.
-    pub(super) fn pool_store_rows(&self, pool: PoolId, rows: PageRows<'_>) -> Result<()> {
+    fn store_rows(&self, pool: PoolId, rows: PageRows<'_>) -> Result<()> {
         let mut pools = self.pools.lock();
         let p = pool_mut(&mut pools, pool)?;
         let count = paged::check_store(&p.spec, &rows)?;
@@ -351,16 +354,11 @@ impl CudaBackend {
         self.stamp_page(p, page)
     }
 
-    pub(super) fn pool_append_rows(
-        &self,
-        pool: PoolId,
-        rows: &[(u32, usize)],
-        main_keys: &[f32],
-        index_keys: &[f32],
-    ) -> Result<()> {
+    fn append_rows(&self, pool: PoolId, appended: AppendedRows<'_>) -> Result<()> {
         let mut pools = self.pools.lock();
         let p = pool_mut(&mut pools, pool)?;
-        paged::check_append(&p.spec, rows, main_keys, index_keys)?;
+        paged::check_append(&p.spec, &appended)?;
+        let rows = appended.rows;
         if rows.is_empty() {
             return Ok(());
         }
@@ -387,8 +385,8 @@ impl CudaBackend {
             .collect::<Result<_>>()?;
         let dst_page: Vec<u32> = rows.iter().map(|&(page, _)| page).collect();
         let generation: Vec<u32> = rows.iter().map(|(page, _)| page_generation[page]).collect();
-        let d_main = self.upload_pinned(main_keys)?;
-        let d_index = self.upload_pinned(index_keys)?;
+        let d_main = self.upload_pinned(appended.main_keys)?;
+        let d_index = self.upload_pinned(appended.index_keys)?;
         let d_row = self.upload_pinned(&dst_row)?;
         let d_page = self.upload_pinned(&dst_page)?;
         let d_generation = self.upload_pinned(&generation)?;
@@ -427,17 +425,13 @@ impl CudaBackend {
             .arg(&mut index_part)
             .arg(main_tag)
             .arg(index_tag);
-        let cfg = cudarc::driver::LaunchConfig {
-            grid_dim: (rows32.min(super::MAX_GRID_BLOCKS), 1, 1),
-            block_dim: (INDEX_DIM as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = blocks(rows32.min(MAX_GRID_BLOCKS) as usize, INDEX_DIM as u32);
         // SAFETY: matches append_rows in index_k.cu; rows and pages were range-checked.
         unsafe { launch.launch(cfg) }.context("launching append_rows")?;
         Ok(())
     }
 
-    pub(super) fn pool_evict(&self, pool: PoolId, page: u32, slot: u32) -> Result<()> {
+    fn evict_page(&self, pool: PoolId, page: u32, slot: u32) -> Result<()> {
         let mut pools = self.pools.lock();
         let p = pool_mut(&mut pools, pool)?;
         paged::check_slot(&p.spec, page, slot)?;
@@ -469,7 +463,7 @@ impl CudaBackend {
                 .memcpy_dtoh(&p.kv.slice(device), &mut host[host_range])?;
         }
         // Not waited for here: the page's next writer waits for this event
-        // (`store_main_rows`, `pool_append_rows`), a load-back into the page or out of
+        // (`store_main_rows`, `append_rows`), a load-back into the page or out of
         // the slot is behind it on the copy stream.
         let done = Arc::new(self.copy.record_event(None)?);
         p.main_events.insert(page, done.clone());
@@ -482,7 +476,7 @@ impl CudaBackend {
     /// One load-back job: every pair's main-KV page and tag, one event, then every
     /// pair's index-K page and tag, another event; queued on the copy stream, not waited
     /// for.
-    pub(super) fn pool_load_back(&self, pool: PoolId, pairs: &[(u32, u32)]) -> Result<()> {
+    fn load_back_pages(&self, pool: PoolId, pairs: &[(u32, u32)]) -> Result<()> {
         let mut pools = self.pools.lock();
         let p = pool_mut(&mut pools, pool)?;
         for &(slot, page) in pairs {
@@ -514,5 +508,9 @@ impl CudaBackend {
         }
         p.stats.load_backs += pairs.len() as u64;
         Ok(())
+    }
+
+    fn load_back_is_async(&self) -> bool {
+        true
     }
 }

@@ -5,7 +5,8 @@
 use super::*;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{
-    AttnJob, AttnPath, Backend, IndexKDtype, IndexerJob, PoolId, TopkImpl, INDEX_DIM, MAIN_DIM,
+    AppendedRows, AttnJob, AttnPath, Backend, IndexKDtype, IndexerJob, PagedPools, PagedReads,
+    PoolId, TopkImpl, INDEX_DIM, MAIN_DIM,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -637,8 +638,13 @@ fn gpu_append_rows_match_cpu_bytes_and_tags() {
             gpu.create_pool(spec).unwrap(),
             cpu.create_pool(spec).unwrap(),
         ];
-        gpu.append_rows(pools[0], &rows, &main, &index).unwrap();
-        cpu.append_rows(pools[1], &rows, &main, &index).unwrap();
+        let appended = AppendedRows {
+            rows: &rows,
+            main_keys: &main,
+            index_keys: &index,
+        };
+        gpu.append_rows(pools[0], appended).unwrap();
+        cpu.append_rows(pools[1], appended).unwrap();
         for page in [0u32, 3, 5, 6] {
             let got = gpu.read_page(pools[0], page).unwrap();
             let want = cpu.read_page(pools[1], page).unwrap();

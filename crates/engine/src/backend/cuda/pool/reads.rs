@@ -1,23 +1,24 @@
-//! The reads of a CUDA pool, each one kernel family over page tables on the compute
-//! stream: the shipping gather, the indexer scores (then the shared top-k) and both
-//! sparse attention paths (after the shared query projection). Main-KV reads always
-//! wait for the pages' unfinished load-backs, index-K reads only with `gate_index_k`
-//! (the header of `pool.rs` says why that gate is the seeds' race). Also the host's
-//! look at a page (`read_page`, tests) and the pool's counters.
+//! The reads of a CUDA pool ([`PagedReads`]), each one kernel family over page tables
+//! on the compute stream: the shipping gather, the indexer scores (then the shared
+//! top-k) and both sparse attention paths (the shared attention flow around the paged
+//! kernels, [`PagedAttn`]). Main-KV reads always wait for the pages' unfinished
+//! load-backs, index-K reads only with `gate_index_k` (the header of `pool.rs` says why
+//! that gate is the seeds' race). Also the host's look at a page (`read_page`, tests)
+//! and the pool's counters.
 
 use std::ops::Range;
 
-use anyhow::{anyhow, Context, Result};
-use cudarc::driver::PushKernelArg;
+use anyhow::{Context, Result};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, PushKernelArg};
 
 use super::super::super::paged::{
-    self, GatheredKv, PageContents, PagedAttnJob, PagedIndexerJob, PoolId, PoolStats,
+    self, GatheredKv, PageContents, PagedAttnJob, PagedIndexerJob, PagedReads, PoolId, PoolStats,
     MAX_PAGE_TOKENS,
 };
 use super::super::super::{AttnOut, AttnPath, IndexKDtype, TopkImpl, MAIN_DIM};
-use super::super::launch::AttnBatch;
+use super::super::launch::{AttnBatch, AttnKernels, AttnRun, Selection};
 use super::super::{
-    grid_for, per_job, row_starts, to_u32, CudaBackend, ATTN_THREADS, ELEMENTWISE_THREADS,
+    blocks, grid_for, row_starts, to_u32, CudaBackend, ATTN_THREADS, ELEMENTWISE_THREADS,
 };
 use super::{pool_mut, GpuPool};
 
@@ -56,11 +57,67 @@ fn page_tables<'a>(
     Ok(tables)
 }
 
+/// [`PageTables`] on the device.
+struct DeviceTables {
+    table: CudaSlice<u32>,
+    expected: CudaSlice<u32>,
+    page_start: CudaSlice<u32>,
+}
+
 impl CudaBackend {
+    /// A batch's page tables, through the staging ring, in their fields' order.
+    fn upload_tables(&self, tables: &PageTables) -> Result<DeviceTables> {
+        Ok(DeviceTables {
+            table: self.upload_pinned(&tables.table)?,
+            expected: self.upload_pinned(&tables.expected)?,
+            page_start: self.upload_pinned(&tables.page_start)?,
+        })
+    }
+}
+
+/// A pool's regions as the reading kernels take them.
+struct PoolViews<'a> {
+    main: CudaView<'a, f32>,
+    index: CudaView<'a, u8>,
+    main_tags: CudaView<'a, u32>,
+    index_tags: CudaView<'a, u32>,
+    /// [stale index-K page reads, stale main-KV page reads].
+    counters: CudaViewMut<'a, u64>,
+}
+
+impl GpuPool {
+    fn views(&mut self) -> Result<PoolViews<'_>> {
+        let main = self.kv.slice(self.layout.main.clone());
+        let main_tags = self.kv.slice(self.layout.main_tag.clone());
+        let index_tags = self.kv.slice(self.layout.index_tag.clone());
+        let pages = self.spec.device_pages;
+        // SAFETY: each region starts 256-aligned; the main one holds whole f32 rows,
+        // each tag region device_pages u32.
+        let typed = unsafe {
+            (
+                main.transmute::<f32>(self.layout.main.len() / 4),
+                main_tags.transmute::<u32>(pages),
+                index_tags.transmute::<u32>(pages),
+            )
+        };
+        let (Some(main), Some(main_tags), Some(index_tags)) = typed else {
+            anyhow::bail!("typed views of the pool's regions");
+        };
+        Ok(PoolViews {
+            main,
+            index: self.kv.slice(self.layout.index.clone()),
+            main_tags,
+            index_tags,
+            counters: self.counters.slice_mut(0..2),
+        })
+    }
+}
+
+impl PagedReads for CudaBackend {
     /// Rows 0..n of a sequence out of the pool for shipping: main KV gated on its
     /// load-back events, index-K only with `gate_index_k`; the kernel checks both tags
     /// of every page (kernels/hicache_copy.cu, `paged_gather_sequence`).
-    pub(in crate::backend::cuda) fn pool_gather(
+    fn gather_sequence(
         &self,
         pool: PoolId,
         pages: &[u32],
@@ -85,30 +142,13 @@ impl CudaBackend {
         let page_tokens32 = to_u32(p.spec.page_tokens, "page_tokens")?;
         let width32 = width as u32;
         {
-            let main_bytes = p.kv.slice(p.layout.main.clone());
-            // SAFETY: the main region is 256-aligned and holds whole f32 rows.
-            let main = unsafe { main_bytes.transmute::<f32>(p.layout.main.len() / 4) }
-                .ok_or_else(|| anyhow!("main-KV view"))?;
-            let index = p.kv.slice(p.layout.index.clone());
-            let main_tag_bytes = p.kv.slice(p.layout.main_tag.clone());
-            let index_tag_bytes = p.kv.slice(p.layout.index_tag.clone());
-            // SAFETY: each tag region is 256-aligned and holds device_pages u32.
-            let (main_tags, index_tags) = unsafe {
-                (
-                    main_tag_bytes.transmute::<u32>(p.spec.device_pages),
-                    index_tag_bytes.transmute::<u32>(p.spec.device_pages),
-                )
-            };
-            let (Some(main_tags), Some(index_tags)) = (main_tags, index_tags) else {
-                anyhow::bail!("tag views for the gather");
-            };
-            let mut stale = p.counters.slice_mut(0..2);
+            let mut views = p.views()?;
             let mut launch = self.compute.launch_builder(&self.kernels.paged_gather);
             launch
-                .arg(&main)
-                .arg(&index)
-                .arg(&main_tags)
-                .arg(&index_tags)
+                .arg(&views.main)
+                .arg(&views.index)
+                .arg(&views.main_tags)
+                .arg(&views.index_tags)
                 .arg(&d_table)
                 .arg(&d_expected)
                 .arg(&used32)
@@ -118,15 +158,11 @@ impl CudaBackend {
                 .arg(&mut d_main)
                 .arg(&mut d_index)
                 .arg(&mut d_flags)
-                .arg(&mut stale);
-            let cfg = cudarc::driver::LaunchConfig {
-                grid_dim: (used32, 1, 1),
-                block_dim: (GATHER_THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            };
+                .arg(&mut views.counters);
             // SAFETY: matches paged_gather_sequence in hicache_copy.cu; every page id was
             // checked against the pool and the pages hold n rows.
-            unsafe { launch.launch(cfg) }.context("launching paged_gather_sequence")?;
+            unsafe { launch.launch(blocks(used, GATHER_THREADS)) }
+                .context("launching paged_gather_sequence")?;
         }
         drop(pools);
         let flags = self.download(&d_flags, used)?;
@@ -138,7 +174,7 @@ impl CudaBackend {
         })
     }
 
-    pub(in crate::backend::cuda) fn pool_indexer_topk(
+    fn indexer_topk_paged(
         &self,
         pool: PoolId,
         jobs: &[PagedIndexerJob<'_>],
@@ -169,9 +205,7 @@ impl CudaBackend {
             .flat_map(|job| job.query.iter().copied())
             .collect();
         let d_queries = self.upload_pinned(&queries)?;
-        let d_table = self.upload_pinned(&tables.table)?;
-        let d_expected = self.upload_pinned(&tables.expected)?;
-        let d_page_start = self.upload_pinned(&tables.page_start)?;
+        let d_tables = self.upload_tables(&tables)?;
         let d_tile_start = self.upload_pinned(&tile_start)?;
         let d_starts = self.upload_pinned(&starts)?;
         let mut d_scores = self.zeros::<f32>(rows)?;
@@ -183,20 +217,16 @@ impl CudaBackend {
             IndexKDtype::Fp8 => &self.kernels.paged_scores_fp8,
         };
         {
-            let index = p.kv.slice(p.layout.index.clone());
-            let tag_bytes = p.kv.slice(p.layout.index_tag.clone());
-            // SAFETY: the tag region is 256-aligned and holds device_pages u32.
-            let tags = unsafe { tag_bytes.transmute::<u32>(p.spec.device_pages) }
-                .ok_or_else(|| anyhow!("index tag view"))?;
-            let mut stale = p.counters.slice_mut(0..1);
+            let mut views = p.views()?;
+            let mut stale = views.counters.slice_mut(0..1);
             let mut launch = self.compute.launch_builder(function);
             launch
                 .arg(&d_queries)
-                .arg(&index)
-                .arg(&tags)
-                .arg(&d_table)
-                .arg(&d_expected)
-                .arg(&d_page_start)
+                .arg(&views.index)
+                .arg(&views.index_tags)
+                .arg(&d_tables.table)
+                .arg(&d_tables.expected)
+                .arg(&d_tables.page_start)
                 .arg(&d_tile_start)
                 .arg(&d_starts)
                 .arg(&jobs32)
@@ -204,21 +234,18 @@ impl CudaBackend {
                 .arg(&tile_pages32)
                 .arg(&mut d_scores)
                 .arg(&mut stale);
-            let cfg = cudarc::driver::LaunchConfig {
-                grid_dim: (tiles, 1, 1),
-                block_dim: (PAGED_THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: matches paged_indexer_scores_* in indexer_topk.cu; every page id
-            // was checked against the pool, every job has the pages its n needs.
-            unsafe { launch.launch(cfg) }.context("launching paged_indexer_scores")?;
+            // SAFETY: matches PAGED_SCORES_PARAMS, the parameters of both
+            // paged_indexer_scores_* in indexer_topk.cu; every page id was checked
+            // against the pool, every job has the pages its n needs.
+            unsafe { launch.launch(blocks(tiles as usize, PAGED_THREADS)) }
+                .context("launching paged_indexer_scores")?;
         }
         drop(pools);
         let counts: Vec<usize> = jobs.iter().map(|job| job.n).collect();
         self.topk_on_device(&d_scores, &d_starts, &counts, k, topk)
     }
 
-    pub(in crate::backend::cuda) fn pool_sparse_attention(
+    fn sparse_attention_paged(
         &self,
         pool: PoolId,
         jobs: &[PagedAttnJob<'_>],
@@ -235,86 +262,28 @@ impl CudaBackend {
         p.gate(&self.compute, &tables.table, false, true)?;
         let batch = AttnBatch::new(jobs.iter().map(|job| (job.query, job.n, job.selected)))?;
         let d_queries = self.upload_pinned(&batch.queries)?;
-        let d_table = self.upload_pinned(&tables.table)?;
-        let d_expected = self.upload_pinned(&tables.expected)?;
-        let d_page_start = self.upload_pinned(&tables.page_start)?;
+        let d_tables = self.upload_tables(&tables)?;
         let selection = self.upload_selection(&batch, true)?;
-        let mut run = self.attention_queries(&d_queries, batch.jobs32, path)?;
-        let page_tokens32 = p.spec.page_tokens as u32;
-
-        let main_bytes = p.kv.slice(p.layout.main.clone());
-        // SAFETY: the main region is 256-aligned and holds whole f32 rows.
-        let main = unsafe { main_bytes.transmute::<f32>(p.layout.main.len() / 4) }
-            .ok_or_else(|| anyhow!("main-KV view"))?;
-        let tag_bytes = p.kv.slice(p.layout.main_tag.clone());
-        // SAFETY: as above, device_pages u32.
-        let tags = unsafe { tag_bytes.transmute::<u32>(p.spec.device_pages) }
-            .ok_or_else(|| anyhow!("main tag view"))?;
-        let mut stale = p.counters.slice_mut(1..2);
-        match &run.absorbed {
-            Some(d_absorbed) => {
-                let mut d_logits = self.zeros::<f32>(batch.selected_total)?;
-                let mut launch = self.compute.launch_builder(&self.kernels.paged_attn_mma);
-                launch
-                    .arg(d_absorbed)
-                    .arg(&main)
-                    .arg(&tags)
-                    .arg(&d_table)
-                    .arg(&d_expected)
-                    .arg(&d_page_start)
-                    .arg(&page_tokens32)
-                    .arg(&selection.selected)
-                    .arg(&selection.sel_start)
-                    .arg(&mut d_logits)
-                    .arg(&mut run.argmax)
-                    .arg(&mut run.weight)
-                    .arg(&mut stale);
-                // SAFETY: matches paged_sparse_attention_mma in sparse_attention.cu.
-                unsafe { launch.launch(per_job(jobs.len(), ATTN_THREADS)) }
-                    .context("launching paged_sparse_attention_mma")?;
-            }
-            None => {
-                let mut count = self
-                    .compute
-                    .launch_builder(&self.kernels.paged_count_stale_main);
-                count
-                    .arg(&tags)
-                    .arg(&d_table)
-                    .arg(&d_expected)
-                    .arg(&d_page_start)
-                    .arg(&mut stale);
-                // SAFETY: matches paged_count_stale_main in sparse_attention.cu.
-                unsafe { count.launch(per_job(jobs.len(), ATTN_THREADS)) }
-                    .context("launching paged_count_stale_main")?;
-                self.legacy_attention(&selection, batch.rows, &mut run, |projected, dense| {
-                    let mut launch = self
-                        .compute
-                        .launch_builder(&self.kernels.paged_legacy_dense);
-                    launch
-                        .arg(&self.up_projection)
-                        .arg(projected)
-                        .arg(&main)
-                        .arg(&d_table)
-                        .arg(&d_page_start)
-                        .arg(&page_tokens32)
-                        .arg(&selection.row_start)
-                        .arg(&batch.jobs32)
-                        .arg(dense);
-                    // SAFETY: matches paged_attention_legacy_dense in sparse_attention.cu.
-                    unsafe { launch.launch(grid_for(batch.rows, ELEMENTWISE_THREADS)) }
-                        .context("launching paged legacy dense")?;
-                    Ok(())
-                })?;
-            }
-        }
-        self.download_attn(&run.argmax, &run.weight, jobs.len())
+        let page_tokens = p.spec.page_tokens as u32;
+        let PoolViews {
+            main,
+            main_tags,
+            mut counters,
+            ..
+        } = p.views()?;
+        let mut kernels = PagedAttn {
+            backend: self,
+            selection: &selection,
+            tables: &d_tables,
+            page_tokens,
+            main,
+            tags: main_tags,
+            stale: counters.slice_mut(1..2),
+        };
+        self.attend(&d_queries, &selection, path, &mut kernels)
     }
 
-    pub(in crate::backend::cuda) fn pool_read_page(
-        &self,
-        pool: PoolId,
-        page: u32,
-    ) -> Result<PageContents> {
+    fn read_page(&self, pool: PoolId, page: u32) -> Result<PageContents> {
         let mut pools = self.pools.lock();
         let p = pool_mut(&mut pools, pool)?;
         paged::check_slot(&p.spec, page, 0)?;
@@ -341,7 +310,7 @@ impl CudaBackend {
         })
     }
 
-    pub(in crate::backend::cuda) fn pool_stats(&self, pool: PoolId) -> Result<PoolStats> {
+    fn pool_stats(&self, pool: PoolId) -> Result<PoolStats> {
         let mut pools = self.pools.lock();
         let p = pool_mut(&mut pools, pool)?;
         let counters = self.download(&p.counters, 2)?;
@@ -350,5 +319,84 @@ impl CudaBackend {
             stale_main_reads: counters[1],
             ..p.stats
         })
+    }
+}
+
+/// The paged family's attention kernels: main keys read through the page tables, each
+/// page's main-KV tag compared with the generation it should hold.
+struct PagedAttn<'a> {
+    backend: &'a CudaBackend,
+    selection: &'a Selection,
+    tables: &'a DeviceTables,
+    page_tokens: u32,
+    main: CudaView<'a, f32>,
+    tags: CudaView<'a, u32>,
+    /// The pool's count of stale main-KV page reads.
+    stale: CudaViewMut<'a, u64>,
+}
+
+impl AttnKernels for PagedAttn<'_> {
+    fn mma(&mut self, absorbed: &CudaSlice<f32>, run: &mut AttnRun) -> Result<()> {
+        let (backend, selection, tables) = (self.backend, self.selection, self.tables);
+        let mut d_logits = backend.zeros::<f32>(selection.selected_total)?;
+        let mut launch = backend
+            .compute
+            .launch_builder(&backend.kernels.paged_attn_mma);
+        launch
+            .arg(absorbed)
+            .arg(&self.main)
+            .arg(&self.tags)
+            .arg(&tables.table)
+            .arg(&tables.expected)
+            .arg(&tables.page_start)
+            .arg(&self.page_tokens)
+            .arg(&selection.selected)
+            .arg(&selection.sel_start)
+            .arg(&mut d_logits)
+            .arg(&mut run.argmax)
+            .arg(&mut run.weight)
+            .arg(&mut self.stale);
+        // SAFETY: matches paged_sparse_attention_mma in sparse_attention.cu.
+        unsafe { launch.launch(blocks(selection.jobs(), ATTN_THREADS)) }
+            .context("launching paged_sparse_attention_mma")?;
+        Ok(())
+    }
+
+    fn before_legacy(&mut self) -> Result<()> {
+        let (backend, tables) = (self.backend, self.tables);
+        let mut count = backend
+            .compute
+            .launch_builder(&backend.kernels.paged_count_stale_main);
+        count
+            .arg(&self.tags)
+            .arg(&tables.table)
+            .arg(&tables.expected)
+            .arg(&tables.page_start)
+            .arg(&mut self.stale);
+        // SAFETY: matches paged_count_stale_main in sparse_attention.cu.
+        unsafe { count.launch(blocks(self.selection.jobs(), ATTN_THREADS)) }
+            .context("launching paged_count_stale_main")?;
+        Ok(())
+    }
+
+    fn dense(&mut self, projected: &CudaSlice<f32>, dense: &mut CudaSlice<f32>) -> Result<()> {
+        let (backend, selection, tables) = (self.backend, self.selection, self.tables);
+        let mut launch = backend
+            .compute
+            .launch_builder(&backend.kernels.paged_legacy_dense);
+        launch
+            .arg(&backend.up_projection)
+            .arg(projected)
+            .arg(&self.main)
+            .arg(&tables.table)
+            .arg(&tables.page_start)
+            .arg(&self.page_tokens)
+            .arg(&selection.row_start)
+            .arg(&selection.jobs32)
+            .arg(dense);
+        // SAFETY: matches paged_attention_legacy_dense in sparse_attention.cu.
+        unsafe { launch.launch(grid_for(selection.rows, ELEMENTWISE_THREADS)) }
+            .context("launching paged legacy dense")?;
+        Ok(())
     }
 }
