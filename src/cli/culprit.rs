@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::{command_line, parse_pins, run_id, usage, ExperimentArgs, METRICS_PERIOD};
+use super::{command_line, parse_pins, run_id, usage, ExperimentArgs};
 use bisect_harness::commands::culprit::{self, CulpritPlan};
 
 #[derive(Debug, Args)]
@@ -78,10 +78,7 @@ impl CulpritArgs {
             budget: self.budget,
             policy,
             dir,
-            journal_dir: common.output.journal_dir(),
-            state_root: None,
-            allow_partial: common.allow_partial,
-            metrics_period: METRICS_PERIOD,
+            testbed: common.testbed(),
             resume: self.resume.is_some(),
         })
     }

@@ -4,7 +4,7 @@
 
 use clap::Args;
 
-use super::{command_line, parse_pins, run_id, usage, ExperimentArgs, METRICS_PERIOD};
+use super::{command_line, parse_pins, run_id, usage, BlockArgs, ExperimentArgs};
 use bisect_harness::commands::load::LoadPlan;
 use bisect_harness::core::load::{Allocation, LoadParams, DEFAULT_LEVELS};
 
@@ -23,16 +23,9 @@ pub(crate) struct LoadArgs {
     /// level runs the configuration as it is and is compared with the lowest.
     #[arg(long)]
     flag: Option<String>,
-    /// Pin another flag for every block: NAME=VALUE (repeatable).
-    #[arg(long = "set")]
-    set: Vec<String>,
-    /// Spend blocks where the answer is undecided (the level next to the threshold),
-    /// stopping by anytime-valid e-processes; without it every level runs --sessions once.
-    #[arg(long)]
-    adaptive: bool,
-    /// With --adaptive: the most sessions per arm at each level.
-    #[arg(long = "max-sessions", requires = "adaptive")]
-    max_sessions: Option<u64>,
+    // Without --adaptive every level runs --sessions once.
+    #[command(flatten)]
+    blocks: BlockArgs,
     #[command(flatten)]
     pub(crate) common: ExperimentArgs,
 }
@@ -61,8 +54,8 @@ impl LoadArgs {
         };
         LoadParams::check_levels(&levels, flag.is_some())
             .map_err(|e| usage(format!("--levels: {e}"), "e.g. --levels 1,8,16,32,64,80"))?;
-        let allocation = if self.adaptive {
-            let cap = self.max_sessions.unwrap_or(DEFAULT_MAX_SESSIONS);
+        let allocation = if self.blocks.adaptive {
+            let cap = self.blocks.max_sessions.unwrap_or(DEFAULT_MAX_SESSIONS);
             let top = u64::from(*levels.last().expect("checked levels"));
             if cap < top {
                 return Err(usage(
@@ -77,33 +70,25 @@ impl LoadArgs {
             }
         };
         let policy = common.decision.policy()?;
-        let sets = parse_pins(&catalog, &self.set, flag.as_ref().map(|f| f.name.as_str()))?;
+        let sets = parse_pins(
+            &catalog,
+            &self.blocks.set,
+            flag.as_ref().map(|f| f.name.as_str()),
+        )?;
         let id = run_id("load", common.tag.as_deref());
         let dir = common.output.results.join(&id);
         let (target, api_key) = common.target.resolve(&dir)?;
         Ok(LoadPlan {
             id,
             command: command_line(),
-            params: LoadParams {
-                levels,
-                ab: flag.is_some(),
-                allocation,
-                alpha: policy.alpha,
-                min_effect: policy.min_effect,
-                min_load_fraction: policy.min_load_fraction,
-                degraded_fraction: policy.degraded_fraction,
-                seed: workload.seed,
-            },
+            dir,
+            target,
+            api_key,
+            params: LoadParams::new(levels, flag.is_some(), allocation, &policy, workload.seed),
+            workload,
             flag,
             sets,
-            target,
-            workload,
-            dir,
-            journal_dir: common.output.journal_dir(),
-            state_root: None,
-            allow_partial: common.allow_partial,
-            api_key,
-            metrics_period: METRICS_PERIOD,
+            testbed: common.testbed(),
         })
     }
 }

@@ -17,6 +17,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
+use bisect_harness::arm::TestbedOptions;
 use bisect_harness::commands::adaptive::AdaptiveOptions;
 use bisect_harness::commands::probe::ProbePlan;
 use bisect_harness::commands::run::RunPlan;
@@ -300,6 +301,18 @@ pub(crate) struct ExperimentArgs {
     decision: DecisionArgs,
 }
 
+impl ExperimentArgs {
+    /// Where the testbed journals and keeps its state, and how it polls the metrics.
+    pub(crate) fn testbed(&self) -> TestbedOptions {
+        TestbedOptions {
+            journal_dir: self.output.journal_dir(),
+            state_root: None,
+            allow_partial: self.allow_partial,
+            metrics_period: METRICS_PERIOD,
+        }
+    }
+}
+
 #[derive(Debug, Args)]
 pub(crate) struct RunArgs {
     /// Flag to test, by catalog name (e.g. BF16_INDEX_K) or by its env/arg name.
@@ -308,26 +321,37 @@ pub(crate) struct RunArgs {
     /// Arm pairs, interleaved on, off, off, on, ...
     #[arg(long, default_value_t = 1)]
     repeats: u32,
-    /// Pin another flag for both arms: NAME=VALUE (repeatable).
-    #[arg(long = "set")]
-    set: Vec<String>,
-    /// Sequential A/B: arm blocks of at least --concurrency sessions (else the workload's
-    /// sessions) alternate until an always-valid test decides (docs/sequential.md).
-    #[arg(long)]
-    adaptive: bool,
-    /// With --adaptive: the cap, sessions per arm (default: planned from --alpha,
-    /// --min-effect, power 0.8 and the measured cost of sessions and restarts).
-    #[arg(long = "max-sessions", requires = "adaptive")]
-    max_sessions: Option<u64>,
+    #[command(flatten)]
+    blocks: BlockArgs,
     #[command(flatten)]
     pub(crate) common: ExperimentArgs,
+}
+
+/// `[--set NAME=VALUE]... [--adaptive [--max-sessions N]]`, shared by `run` and `load`:
+/// what every block pins, and whether blocks go on until a test decides.
+#[derive(Debug, Args)]
+pub(crate) struct BlockArgs {
+    /// Pin another flag in every block (both arms): NAME=VALUE (repeatable).
+    #[arg(long = "set")]
+    pub(crate) set: Vec<String>,
+    /// Spend sessions until an always-valid test decides. run: arm blocks of at least
+    /// --concurrency sessions (else the workload's sessions) alternate
+    /// (docs/sequential.md); load: blocks go to the level next to the threshold
+    /// (docs/load.md).
+    #[arg(long)]
+    pub(crate) adaptive: bool,
+    /// With --adaptive: the cap, sessions per arm. run: default planned from --alpha,
+    /// --min-effect, power 0.8 and the measured cost of sessions and restarts; load: per
+    /// arm at each level, default 480.
+    #[arg(long = "max-sessions", requires = "adaptive")]
+    pub(crate) max_sessions: Option<u64>,
 }
 
 impl RunArgs {
     /// `Some` for a sequential run (`--adaptive`); checked by [`RunArgs::plan`].
     pub(crate) fn adaptive(&self) -> Option<AdaptiveOptions> {
-        self.adaptive.then_some(AdaptiveOptions {
-            max_sessions: self.max_sessions,
+        self.blocks.adaptive.then_some(AdaptiveOptions {
+            max_sessions: self.blocks.max_sessions,
         })
     }
 
@@ -344,13 +368,13 @@ impl RunArgs {
             ));
         }
         let policy = common.decision.policy()?;
-        if self.adaptive && self.repeats != 1 {
+        if self.blocks.adaptive && self.repeats != 1 {
             return Err(usage(
                 "--repeats does not apply to --adaptive: its blocks alternate until the test decides",
                 "drop --repeats (or --adaptive)",
             ));
         }
-        if let Some(cap) = self.max_sessions {
+        if let Some(cap) = self.blocks.max_sessions {
             let c = u64::from(workload.target_concurrency());
             if cap < c {
                 return Err(usage(
@@ -361,7 +385,7 @@ impl RunArgs {
                 ));
             }
         }
-        let sets = parse_pins(&catalog, &self.set, Some(&flag.name))?;
+        let sets = parse_pins(&catalog, &self.blocks.set, Some(&flag.name))?;
         let id = run_id(&flag.name, common.tag.as_deref());
         let run_dir = common.output.results.join(&id);
         let (target, api_key) = common.target.resolve(&run_dir)?;
@@ -526,7 +550,7 @@ pub(crate) fn catalog_for(
 
 #[derive(Debug, Args)]
 pub(crate) struct ReportArgs {
-    /// A results directory (holding run.json).
+    /// A results directory (holding run.json, load.json or matrix.json).
     pub(crate) dir: PathBuf,
     #[arg(long)]
     pub(crate) json: bool,

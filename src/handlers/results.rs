@@ -1,6 +1,6 @@
 //! The commands that read results directories instead of running engines:
-//! `bisect diff A B`, `bisect reclassify DIR` and `bisect report DIR` (re-render
-//! run.json's companions, report.html included, for a run or a matrix).
+//! `bisect diff A B`, `bisect reclassify DIR` and `bisect report DIR` (re-render the
+//! record's companions, report.html included, for a run, a load sweep or a matrix).
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -11,7 +11,7 @@ use crate::cli::{DiffArgs, ReclassifyArgs};
 use bisect_harness::commands::diff;
 use bisect_harness::commands::matrix::export::{html, read_matrix};
 use bisect_harness::exit::Failure;
-use bisect_harness::results::{export, Exporter, ResultsDir};
+use bisect_harness::results::{export, load, Exporter, ResultsDir};
 
 pub(crate) fn diff(args: &DiffArgs) -> anyhow::Result<ExitCode> {
     let d = diff::diff_dirs(&args.a, &args.b)?;
@@ -64,8 +64,16 @@ pub(crate) fn reclassify(args: &ReclassifyArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// A results directory bisect cannot read: bad input, with what it reads.
+fn bad(e: anyhow::Error) -> Failure {
+    Failure::BadInput(format!(
+        "{e:#}\n  fix: pass a results directory written by `bisect run`, `bisect load` or `bisect matrix`"
+    ))
+}
+
 /// `bisect report DIR`: a run's run.json (keeping keys such as `reclassified`),
-/// summary.md and report.html, or a matrix's report.html.
+/// summary.md and report.html; a load sweep's summary.md and report.html (its load.json
+/// as written); or a matrix's report.html.
 pub(crate) fn report(dir: &Path, json: bool) -> anyhow::Result<ExitCode> {
     let run_json = dir.join("run.json");
     let matrix_json = dir.join("matrix.json");
@@ -81,12 +89,16 @@ pub(crate) fn report(dir: &Path, json: bool) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
+    if !run_json.is_file() && dir.join("load.json").is_file() {
+        let record = load::rerender(dir).map_err(bad)?;
+        if json {
+            println!("{}", serde_json::to_string_pretty(&record)?);
+        } else {
+            print!("{}", load::table::LoadTable.render(&record)?);
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     let results = ResultsDir::open(dir);
-    let bad = |e: anyhow::Error| {
-        Failure::BadInput(format!(
-            "{e:#}\n  fix: pass a results directory written by `bisect run` or `bisect matrix`"
-        ))
-    };
     let record = results.read_record().map_err(bad)?;
     let raw: Value = std::fs::read_to_string(&run_json)
         .ok()

@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use bisect_harness::arm::TestbedOptions;
 use bisect_harness::commands::run::RunPlan;
 use bisect_harness::config::{FlagCatalog, RoleSpec, TargetProfile, Workload};
 use bisect_harness::control::EngineControl;
@@ -112,6 +113,16 @@ impl FakeTarget {
         )
     }
 
+    /// The testbed of a test: journal under `results/`, state in the temp dir.
+    pub fn testbed(&self) -> TestbedOptions {
+        TestbedOptions {
+            journal_dir: self.dir.path().join("results/.bisect-journal"),
+            state_root: Some(self.dir.path().join("state")),
+            allow_partial: false,
+            metrics_period: Duration::from_millis(50),
+        }
+    }
+
     pub fn plan(&self, flag: &str, sessions: u32, rounds: u32) -> RunPlan {
         let mut workload = Workload::load("smoke").unwrap();
         workload.sessions = sessions;
@@ -191,4 +202,17 @@ pub fn assert_inconclusive_because(record: &RunRecord, says: impl Fn(&str) -> bo
     let verdict = record.verdict.as_ref().unwrap();
     assert_eq!(verdict.status, Status::Inconclusive, "{verdict:?}");
     assert!(verdict.reasons.iter().any(|r| says(r)), "{verdict:?}");
+}
+
+/// Run the real binary with `--json` among `args`, require exit 0 and read the record it
+/// prints (run.json, load.json, matrix.json).
+pub fn bisect_json(args: &[&str], cwd: &Path) -> serde_json::Value {
+    let out = bisect(args, cwd);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("the record on stdout")
 }

@@ -4,8 +4,6 @@
 //! outcomes (culprit, no culprit, could not reproduce), pins, the step log and `--resume`,
 //! the results directory, configs restored byte for byte, and bad requests refused.
 
-use std::time::Duration;
-
 use bisect_harness::commands::culprit::{self, CulpritPlan};
 use bisect_harness::commands::run::Quiet;
 use bisect_harness::config::Workload;
@@ -42,11 +40,8 @@ pub(crate) fn culprit_plan(t: &FakeTarget, flags: &[&str], sets: &[(&str, &str)]
         budget: culprit::DEFAULT_BUDGET,
         policy: Policy::default(),
         dir: results.join("test-culprit"),
-        journal_dir: results.join(".bisect-journal"),
-        state_root: Some(t.dir.path().join("state")),
-        allow_partial: false,
+        testbed: t.testbed(),
         api_key: None,
-        metrics_period: Duration::from_millis(50),
         resume: false,
     }
 }

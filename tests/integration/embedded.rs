@@ -4,22 +4,10 @@
 //! wide margins (the default workload's defaults corrupt about 16% of sessions, fp8
 //! none), never exact counts; exact counts are the fake engine's job.
 
-use crate::common::bisect;
-use std::path::Path;
+use crate::common::{bisect, bisect_json};
 use std::process::Command;
 
 use serde_json::Value;
-
-fn run_json(args: &[&str], cwd: &Path) -> Value {
-    let out = bisect(args, cwd);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("run.json on stdout")
-}
 
 fn arm<'a>(run: &'a Value, label: &str) -> &'a Value {
     run["arms"]
@@ -33,7 +21,7 @@ fn arm<'a>(run: &'a Value, label: &str) -> &'a Value {
 #[test]
 fn bf16_index_k_is_implicated_and_scripts_are_restored() {
     let dir = tempfile::tempdir().unwrap();
-    let run = run_json(
+    let run = bisect_json(
         &["run", "--flag", "BF16_INDEX_K", "--repeats", "2", "--json"],
         dir.path(),
     );
@@ -81,7 +69,7 @@ fn bf16_index_k_is_implicated_and_scripts_are_restored() {
 #[test]
 fn slow_legacy_attention_is_degraded_not_judged() {
     let dir = tempfile::tempdir().unwrap();
-    let run = run_json(
+    let run = bisect_json(
         &[
             "run",
             "--flag",
@@ -115,7 +103,7 @@ fn slow_legacy_attention_is_degraded_not_judged() {
 #[test]
 fn one_session_never_corrupts() {
     let dir = tempfile::tempdir().unwrap();
-    let run = run_json(
+    let run = bisect_json(
         &[
             "run",
             "--flag",

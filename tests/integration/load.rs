@@ -2,21 +2,9 @@
 //! under load, and not at all with the synchronous load-back), asserted with wide
 //! margins; and the command line's refusals (exit 2, the flag and the fix named).
 
-use crate::common::bisect;
-use std::path::Path;
+use crate::common::{bisect, bisect_json};
 
 use serde_json::Value;
-
-fn load_json(args: &[&str], cwd: &Path) -> Value {
-    let out = bisect(args, cwd);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("load.json on stdout")
-}
 
 fn level(record: &Value, in_flight: u64) -> &Value {
     record["report"]["levels"]
@@ -32,7 +20,7 @@ fn the_embedded_race_has_a_threshold_and_the_sync_load_back_has_none() {
     let _one = crate::common::heavy();
     let dir = tempfile::tempdir().unwrap();
     let args = ["load", "--levels", "1,80", "--sessions", "160", "--json"];
-    let record = load_json(&args, dir.path());
+    let record = bisect_json(&args, dir.path());
     assert_eq!(record["status"], "finished", "{record}");
     let (one, eighty) = (level(&record, 1), level(&record, 80));
     assert!(one["arm"]["corrupted"].as_u64().unwrap() <= 2, "{one}");
@@ -67,7 +55,7 @@ fn the_embedded_race_has_a_threshold_and_the_sync_load_back_has_none() {
     assert!(md.contains("lowest reproducing load: 80"), "{md}");
 
     let sync = [&args[..], &["--set", "SGLANG_DSV4_INDEX_K_HICACHE_SYNC=1"]].concat();
-    let record = load_json(&sync, dir.path());
+    let record = bisect_json(&sync, dir.path());
     let eighty = level(&record, 80);
     assert!(
         eighty["arm"]["corrupted"].as_u64().unwrap() <= 2,

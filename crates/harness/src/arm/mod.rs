@@ -19,7 +19,7 @@
 //! restart groups, looks) and what they decide from the stats.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -122,6 +122,37 @@ impl<'a> TestbedSpec<'a> {
             allow_partial,
             ..self
         }
+    }
+}
+
+/// Where an editing command keeps its testbed's journal and state, and how often it
+/// polls the engines' metrics: what only opening the testbed reads of `culprit`'s and
+/// `load`'s plans.
+#[derive(Debug, Clone)]
+pub struct TestbedOptions {
+    pub journal_dir: PathBuf,
+    /// Where the target's state lives (lock, journal, spawned groups); `None`:
+    /// `$XDG_STATE_HOME/bisect`. Tests point it into their temp dir.
+    pub state_root: Option<PathBuf>,
+    /// Allow a flag whose setting also appears in a role it does not list.
+    pub allow_partial: bool,
+    pub metrics_period: Duration,
+}
+
+impl TestbedOptions {
+    /// The spec of a testbed over `target` that writes `flags`.
+    pub(crate) fn spec<'a>(
+        &'a self,
+        target: &'a TargetProfile,
+        api_key: Option<String>,
+        flags: Vec<&'a FlagSpec>,
+    ) -> TestbedSpec<'a> {
+        TestbedSpec::read_only(target, api_key, self.metrics_period).editing(
+            &self.journal_dir,
+            self.state_root.as_deref(),
+            flags,
+            self.allow_partial,
+        )
     }
 }
 

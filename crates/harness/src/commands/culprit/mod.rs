@@ -21,12 +21,12 @@ mod steplog;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
-use crate::arm::{settle, Progress, Testbed, TestbedSpec};
+use crate::arm::{settle, Progress, Testbed, TestbedOptions};
 use crate::commands::run as experiment;
 use crate::config::{FlagSpec, Setting, TargetProfile, Workload};
 use crate::control::EngineControl;
@@ -62,13 +62,8 @@ pub struct CulpritPlan {
     pub policy: Policy,
     /// `results/<id>/` (on `--resume`, the directory resumed).
     pub dir: PathBuf,
-    pub journal_dir: PathBuf,
-    /// Where the target's state lives (lock, journal, spawned groups); `None`:
-    /// `$XDG_STATE_HOME/bisect`. Tests point it into their temp dir.
-    pub state_root: Option<PathBuf>,
-    pub allow_partial: bool,
+    pub testbed: TestbedOptions,
     pub api_key: Option<String>,
-    pub metrics_period: Duration,
     /// Replay `dir/steps.jsonl` before running anything.
     pub resume: bool,
 }
@@ -86,7 +81,7 @@ impl CulpritPlan {
                 .into());
             }
         }
-        if !self.allow_partial {
+        if !self.testbed.allow_partial {
             let flags: Vec<&FlagSpec> = self
                 .flags
                 .iter()
@@ -285,13 +280,9 @@ pub async fn run(
     record.write(&plan.dir)?;
 
     let written = plan.flags.iter().chain(plan.sets.iter().map(|(f, _)| f));
-    let spec = TestbedSpec::read_only(&plan.target, plan.api_key.clone(), plan.metrics_period)
-        .editing(
-            &plan.journal_dir,
-            plan.state_root.as_deref(),
-            written.collect(),
-            plan.allow_partial,
-        );
+    let spec = plan
+        .testbed
+        .spec(&plan.target, plan.api_key.clone(), written.collect());
     let started = Instant::now();
     let mut bed = Testbed::open(spec, control, progress, cancel)?;
     let mut replayed = 0;

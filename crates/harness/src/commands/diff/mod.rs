@@ -326,6 +326,7 @@ pub(crate) mod tests {
             stats: stats(corrupted, sessions, sessions, 900.0),
             dir: format!("cells/{id}"),
             comparison: None,
+            load: None,
         }
     }
 

@@ -9,18 +9,21 @@
 //! `report.html` after every block, and closes the testbed (configs restored byte for
 //! byte) on every path.
 //!
+//! A matrix's load cell (`kind = "load"`, docs/load.md) runs the same sweep through
+//! [`sweep_on`] on the matrix's testbed, its record in the cell's directory.
+//!
 //! Exit codes as `bisect run`: 0 finished (whatever the answer), 2 bad usage or input,
 //! 3 the sweep could not run, 130 interrupted.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
-use crate::arm::{settle, Progress, Testbed, TestbedSpec};
+use crate::arm::{settle, Progress, Testbed, TestbedOptions};
 use crate::commands::culprit::runner::TestbedRunner;
 use crate::commands::run::now;
 use crate::config::{FlagSpec, TargetProfile, Workload};
@@ -36,34 +39,51 @@ use crate::results::run_record::TargetInfo;
 pub struct LoadPlan {
     pub id: String,
     pub command: String,
+    /// `results/<id>/`.
+    pub dir: PathBuf,
+    pub target: TargetProfile,
+    pub api_key: Option<String>,
+    /// The base workload (its concurrency and sessions are set per block).
+    pub workload: Workload,
+    pub params: LoadParams,
     /// The flag each level is an A/B of; `None`: the configuration as it is.
     pub flag: Option<FlagSpec>,
     /// Pinned for every block.
     pub sets: Vec<(FlagSpec, String)>,
-    pub target: TargetProfile,
-    /// The base workload (its concurrency and sessions are set per block).
-    pub workload: Workload,
-    pub params: LoadParams,
-    /// `results/<id>/`.
-    pub dir: PathBuf,
-    pub journal_dir: PathBuf,
-    /// Where the target's state lives; `None`: `$XDG_STATE_HOME/bisect`.
-    pub state_root: Option<PathBuf>,
-    pub allow_partial: bool,
-    pub api_key: Option<String>,
-    pub metrics_period: Duration,
+    pub testbed: TestbedOptions,
+}
+
+/// One sweep on an open testbed whose pins are written: what `bisect load` runs, and
+/// what a matrix's load cell runs.
+pub(crate) struct Sweep<'p> {
+    /// The flag each level is an A/B of; `None`: the configuration as it is.
+    pub(crate) flag: Option<&'p FlagSpec>,
+    /// Other flags every block writes at one value (a matrix cell's configuration).
+    pub(crate) fixed: &'p [(FlagSpec, String)],
+    /// The pins, checked against what the engines report after every restart.
+    pub(crate) pins: &'p [(FlagSpec, String)],
+    pub(crate) workload: &'p Workload,
+    pub(crate) params: &'p LoadParams,
+    /// Where `blocks/bNNN/` and the record's files go.
+    pub(crate) dir: &'p Path,
 }
 
 /// The culprit runner behind the sweep's seam: a level's block is a culprit block with
-/// the flag (if any) at its arm's value, at the level's concurrency.
+/// the flag (if any) at its arm's value and the fixed flags at theirs, at the level's
+/// concurrency.
 struct Blocks<'t, 'a> {
     runner: TestbedRunner<'t, 'a>,
     flag: Option<FlagSpec>,
+    fixed: Vec<(FlagSpec, String)>,
 }
 
 impl LoadRunner for Blocks<'_, '_> {
     async fn run_block(&mut self, block: &LevelBlock) -> anyhow::Result<BlockOutcome> {
-        let mut config = BTreeMap::new();
+        let mut config: BTreeMap<String, String> = self
+            .fixed
+            .iter()
+            .map(|(f, v)| (f.name.clone(), v.clone()))
+            .collect();
         let mut failing = Vec::new();
         if let Some(flag) = &self.flag {
             let on = block.arm == Arm::On;
@@ -116,72 +136,120 @@ pub async fn run(
 ) -> anyhow::Result<LoadRecord> {
     std::fs::create_dir_all(&plan.dir)
         .with_context(|| format!("creating {}", plan.dir.display()))?;
-    let mut record = started_record(plan);
+    let mut record = started_record(
+        plan.id.clone(),
+        plan.command.clone(),
+        &plan.target,
+        plan.flag.as_ref(),
+        &plan.sets,
+        &plan.workload,
+        &plan.params,
+    );
     record.write(&plan.dir)?;
     let written = plan.flag.iter().chain(plan.sets.iter().map(|(f, _)| f));
-    let spec = TestbedSpec::read_only(&plan.target, plan.api_key.clone(), plan.metrics_period)
-        .editing(
-            &plan.journal_dir,
-            plan.state_root.as_deref(),
-            written.collect(),
-            plan.allow_partial,
-        );
+    let spec = plan
+        .testbed
+        .spec(&plan.target, plan.api_key.clone(), written.collect());
     let started = Instant::now();
     let mut bed = Testbed::open(spec, control, progress, cancel)?;
     let outcome = async {
         bed.pin(&plan.sets)?;
-        let classifier = Arc::new(plan.target.classifier(&plan.workload)?);
-        let mut blocks = Blocks {
-            runner: TestbedRunner {
-                bed: &mut bed,
-                flags: plan.flag.iter().cloned().collect(),
-                pins: plan.sets.clone(),
-                warned: Vec::new(),
-                workload: plan.workload.clone(),
-                classifier,
-                dir: plan.dir.clone(),
-            },
-            flag: plan.flag.clone(),
+        let job = Sweep {
+            flag: plan.flag.as_ref(),
+            fixed: &[],
+            pins: &plan.sets,
+            workload: &plan.workload,
+            params: &plan.params,
+            dir: &plan.dir,
         };
-        let mut recorder = Recorder {
-            record: &mut record,
-            dir: plan.dir.clone(),
-            started,
-        };
-        let flag = plan.flag.as_ref().map(|f| f.name.as_str());
-        sweep(&plan.params, flag, &mut blocks, &mut recorder).await
+        sweep_on(&mut bed, &job, &mut record, started).await
     }
     .await;
     let closed = bed.close().await;
-    let outcome = closed.combine(outcome);
+    finish(&mut record, closed.combine(outcome), started, &plan.dir)?;
+    Ok(record)
+}
+
+/// Run `job`'s blocks on `bed` (open, the pins written), rewriting `record` in the
+/// job's directory after every block.
+pub(crate) async fn sweep_on(
+    bed: &mut Testbed<'_>,
+    job: &Sweep<'_>,
+    record: &mut LoadRecord,
+    started: Instant,
+) -> anyhow::Result<LoadReport> {
+    let classifier = Arc::new(bed.target().classifier(job.workload)?);
+    let flags = job
+        .flag
+        .into_iter()
+        .chain(job.fixed.iter().map(|(f, _)| f))
+        .cloned()
+        .collect();
+    let mut blocks = Blocks {
+        runner: TestbedRunner {
+            bed,
+            flags,
+            pins: job.pins.to_vec(),
+            warned: Vec::new(),
+            workload: job.workload.clone(),
+            classifier,
+            dir: job.dir.to_path_buf(),
+        },
+        flag: job.flag.cloned(),
+        fixed: job.fixed.to_vec(),
+    };
+    let mut recorder = Recorder {
+        record,
+        dir: job.dir.to_path_buf(),
+        started,
+    };
+    let flag = job.flag.map(|f| f.name.as_str());
+    sweep(job.params, flag, &mut blocks, &mut recorder).await
+}
+
+/// The record once the sweep ended (finished, failed or interrupted), written into
+/// `dir`; the sweep's error, if any, comes back after the write (which never hides it).
+pub(crate) fn finish(
+    record: &mut LoadRecord,
+    outcome: anyhow::Result<LoadReport>,
+    started: Instant,
+    dir: &Path,
+) -> anyhow::Result<()> {
     if let Ok(report) = &outcome {
         record.report = Some(report.clone());
     }
     record.wall_s = started.elapsed().as_secs_f64();
     record.finished_at = Some(now());
     (record.status, record.error) = settle(&outcome);
-    let written = record.write(&plan.dir);
-    crate::arm::record_written(outcome, written)?;
-    Ok(record)
+    let written = record.write(dir);
+    crate::arm::record_written(outcome, written).map(|_| ())
 }
 
-fn started_record(plan: &LoadPlan) -> LoadRecord {
+/// A sweep's record as it starts: nothing measured yet.
+pub(crate) fn started_record(
+    id: String,
+    command: String,
+    target: &TargetProfile,
+    flag: Option<&FlagSpec>,
+    sets: &[(FlagSpec, String)],
+    workload: &Workload,
+    params: &LoadParams,
+) -> LoadRecord {
     LoadRecord {
         schema: SCHEMA.into(),
-        id: plan.id.clone(),
-        command: plan.command.clone(),
+        id,
+        command,
         started_at: now(),
         finished_at: None,
         status: RecordStatus::Running,
-        target: TargetInfo::of(&plan.target),
-        flag: plan.flag.as_ref().map(|f| f.name.clone()),
-        pinned: plan
-            .sets
+        target: TargetInfo::of(target),
+        flag: flag.map(|f| f.name.clone()),
+        pinned: sets
             .iter()
             .map(|(f, v)| format!("{}={v}", f.name))
             .collect(),
-        workload: plan.workload.params_json(),
-        params: plan.params.clone(),
+        workload: workload.params_json(),
+        params: params.clone(),
         report: None,
         wall_s: 0.0,
         error: None,

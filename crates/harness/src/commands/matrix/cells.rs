@@ -12,8 +12,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
-use super::plan::{CellSpec, Layout};
+use super::plan::{CellSpec, Layout, LoadCellSpec, LoadSweep, RegressionPolicy};
 use crate::config::{FlagSpec, Workload};
+use crate::core::load::Allocation;
 
 /// One configuration run: flag values, sessions and rounds.
 #[derive(Debug, Clone, PartialEq)]
@@ -25,9 +26,13 @@ pub struct Cell {
     pub flags: Vec<(FlagSpec, String)>,
     pub sessions: u32,
     pub rounds: u32,
-    /// Hash of flag values + sessions + rounds: a cell is comparable with a baseline
-    /// cell only when these agree.
+    /// Hash of flag values + sessions + rounds (a load cell: + its sweep and the
+    /// plan's alpha and min_effect, which decide its answer): a cell is comparable with
+    /// a baseline cell only when these agree.
     pub config_hash: String,
+    /// A load cell (`kind = "load"`): the sweep it runs; `flags` are then its fixed
+    /// flags and `sessions` the sessions per level (adaptive: the cap).
+    pub load: Option<LoadSweep>,
 }
 
 impl Cell {
@@ -40,9 +45,19 @@ impl Cell {
     }
 }
 
-/// Expand a layout into grouped cells. Errors (as text) when two cells get the same id.
-pub(crate) fn expand(layout: &Layout, default_rounds: u32) -> Result<Vec<Cell>, String> {
-    let cells = group(cell_specs(layout), default_rounds);
+/// Expand a layout into grouped cells, then the load cells, each a restart group of its
+/// own after them. Errors (as text) when two cells get the same id.
+pub(crate) fn expand(
+    layout: &Layout,
+    loads: &[LoadCellSpec],
+    default_rounds: u32,
+    policy: &RegressionPolicy,
+) -> Result<Vec<Cell>, String> {
+    let mut cells = group(cell_specs(layout), default_rounds);
+    let groups = cells.last().map_or(0, |c| c.group + 1);
+    for (i, spec) in loads.iter().enumerate() {
+        cells.push(load_cell(spec, groups + i, default_rounds, policy));
+    }
     let mut seen = std::collections::BTreeSet::new();
     for c in &cells {
         if !seen.insert(c.id.as_str()) {
@@ -134,21 +149,73 @@ fn group(specs: Vec<CellSpec>, default_rounds: u32) -> Vec<Cell> {
             flags,
             sessions,
             rounds: rounds_used,
+            load: None,
         });
     }
     grouped.into_iter().flatten().collect()
 }
 
-/// Directory-safe id: characters a value may hold but a path should not (`/`, `:`) become `_`.
+/// A load cell: `load,[ab=FLAG,]FIXED=value,...,l1+16+64,s80|max480[,r6]`.
+fn load_cell(
+    spec: &LoadCellSpec,
+    group: usize,
+    default_rounds: u32,
+    policy: &RegressionPolicy,
+) -> Cell {
+    let sweep = &spec.sweep;
+    let sessions = match sweep.allocation {
+        Allocation::Fixed { sessions } => sessions,
+        Allocation::Adaptive { max_sessions } => max_sessions,
+    };
+    let sessions = u32::try_from(sessions).unwrap_or(u32::MAX);
+    let mut head: Vec<String> = vec!["load".into()];
+    head.extend(sweep.flag.iter().map(|f| format!("ab={}", f.name)));
+    let levels: Vec<String> = sweep.levels.iter().map(u32::to_string).collect();
+    let mut tail = vec![format!("l{}", levels.join("+"))];
+    tail.push(match sweep.allocation {
+        Allocation::Fixed { .. } => format!("s{sessions}"),
+        Allocation::Adaptive { .. } => format!("max{sessions}"),
+    });
+    tail.extend(spec.rounds.map(|r| format!("r{r}")));
+    let rounds = spec.rounds.unwrap_or(default_rounds);
+    let mut hashed = config_doc(&spec.fixed, sessions, rounds);
+    hashed["load"] = serde_json::json!({
+        "levels": sweep.levels,
+        "flag": sweep.flag.as_ref().map(|f| setting(f)),
+        "allocation": sweep.allocation,
+        "alpha": policy.alpha,
+        "min_effect": policy.min_effect,
+    });
+    Cell {
+        id: safe_id([head, flag_parts(&spec.fixed), tail].concat()),
+        group,
+        flags: spec.fixed.clone(),
+        sessions,
+        rounds,
+        config_hash: stable_hash(&hashed.to_string()),
+        load: Some(sweep.clone()),
+    }
+}
+
+/// `FLAG=value,...,s<sessions>[,r<rounds>]`.
 fn cell_id(flags: &[(FlagSpec, String)], sessions: u32, rounds: Option<u32>) -> String {
-    let mut parts: Vec<String> = flags
-        .iter()
-        .map(|(f, v)| format!("{}={v}", f.name))
-        .collect();
+    let mut parts = flag_parts(flags);
     parts.push(format!("s{sessions}"));
     if let Some(r) = rounds {
         parts.push(format!("r{r}"));
     }
+    safe_id(parts)
+}
+
+fn flag_parts(flags: &[(FlagSpec, String)]) -> Vec<String> {
+    flags
+        .iter()
+        .map(|(f, v)| format!("{}={v}", f.name))
+        .collect()
+}
+
+/// Directory-safe id: characters a value may hold but a path should not (`/`, `:`) become `_`.
+fn safe_id(parts: Vec<String>) -> String {
     parts
         .join(",")
         .chars()
@@ -163,6 +230,11 @@ fn cell_id(flags: &[(FlagSpec, String)], sessions: u32, rounds: Option<u32>) -> 
 }
 
 fn config_hash(flags: &[(FlagSpec, String)], sessions: u32, rounds: u32) -> String {
+    stable_hash(&config_doc(flags, sessions, rounds).to_string())
+}
+
+/// What a cell's configuration hash covers: flag values and settings, sessions, rounds.
+fn config_doc(flags: &[(FlagSpec, String)], sessions: u32, rounds: u32) -> serde_json::Value {
     let values: BTreeMap<String, String> = flags
         .iter()
         .map(|(f, v)| (f.name.clone(), v.clone()))
@@ -171,24 +243,22 @@ fn config_hash(flags: &[(FlagSpec, String)], sessions: u32, rounds: u32) -> Stri
     // catalog name pointing at another variable is another experiment.
     let settings: BTreeMap<String, (String, String, Vec<String>)> = flags
         .iter()
-        .map(|(f, _)| {
-            (
-                f.name.clone(),
-                (
-                    f.setting.kind().to_string(),
-                    f.setting.key().to_string(),
-                    f.roles.clone(),
-                ),
-            )
-        })
+        .map(|(f, _)| (f.name.clone(), setting(f)))
         .collect();
-    let doc = serde_json::json!({
+    serde_json::json!({
         "flags": values,
         "settings": settings,
         "sessions": sessions,
         "rounds": rounds,
-    });
-    stable_hash(&doc.to_string())
+    })
+}
+
+fn setting(f: &FlagSpec) -> (String, String, Vec<String>) {
+    (
+        f.setting.kind().to_string(),
+        f.setting.key().to_string(),
+        f.roles.clone(),
+    )
 }
 
 /// Hash of every workload parameter that shapes the sessions, except sessions and rounds.
@@ -307,7 +377,7 @@ mod tests {
 
     #[test]
     fn shards_partition_whole_groups() {
-        let cells = expand(&axes(vec![1, 16, 64]), 4).unwrap();
+        let cells = expand(&axes(vec![1, 16, 64]), &[], 4, &RegressionPolicy::default()).unwrap();
         assert_eq!(cells.len(), 36);
         assert_eq!(cells.last().unwrap().group, 11);
         for n in 1..=13u32 {
@@ -336,8 +406,8 @@ mod tests {
 
     #[test]
     fn ids_and_hashes_are_deterministic_and_distinct() {
-        let a = expand(&axes(vec![1, 16]), 4).unwrap();
-        let b = expand(&axes(vec![1, 16]), 4).unwrap();
+        let a = expand(&axes(vec![1, 16]), &[], 4, &RegressionPolicy::default()).unwrap();
+        let b = expand(&axes(vec![1, 16]), &[], 4, &RegressionPolicy::default()).unwrap();
         assert_eq!(a, b);
         assert_eq!(a[0].id, "BF16_INDEX_K=1,HICACHE=on,CUDA_GRAPH_MAX_BS=32,s1");
         let mut hashes: Vec<&str> = a.iter().map(|c| c.config_hash.as_str()).collect();
@@ -345,7 +415,7 @@ mod tests {
         hashes.dedup();
         assert_eq!(hashes.len(), a.len());
         // Rounds are configuration even when they are not an axis.
-        let c = expand(&axes(vec![1, 16]), 6).unwrap();
+        let c = expand(&axes(vec![1, 16]), &[], 6, &RegressionPolicy::default()).unwrap();
         assert_eq!(a[0].id, c[0].id);
         assert_ne!(a[0].config_hash, c[0].config_hash);
         assert_eq!(stable_hash(""), "cbf29ce484222325");
@@ -360,9 +430,21 @@ mod tests {
             sessions: 2,
             rounds: None,
         };
-        let cells = expand(&Layout::Cells(vec![spec("a/b:c")]), 4).unwrap();
+        let cells = expand(
+            &Layout::Cells(vec![spec("a/b:c")]),
+            &[],
+            4,
+            &RegressionPolicy::default(),
+        )
+        .unwrap();
         assert_eq!(cells[0].id, "CUDA_GRAPH_MAX_BS=a_b_c,s2");
-        let err = expand(&Layout::Cells(vec![spec("8"), spec("8")]), 4).unwrap_err();
+        let err = expand(
+            &Layout::Cells(vec![spec("8"), spec("8")]),
+            &[],
+            4,
+            &RegressionPolicy::default(),
+        )
+        .unwrap_err();
         assert!(err.contains("CUDA_GRAPH_MAX_BS=8,s2"), "{err}");
     }
 

@@ -8,12 +8,15 @@
 //! - [`run`]: driving the cells against engines (edit, verify, restart, restore).
 //! - [`record`]: what `matrix.json` holds.
 //! - [`baseline`]: finding the baseline night and the per-cell regression rule.
+//! - [`load_cell`]: a `kind = "load"` cell: the `bisect load` sweep, its threshold
+//!   compared with the baseline's.
 //! - [`merge`]: joining shard directories.
 //! - [`export`]: matrix.json, matrix.csv, summary.md, junit.xml.
 
 pub mod baseline;
 pub mod cells;
 pub mod export;
+pub mod load_cell;
 pub mod merge;
 pub mod plan;
 pub mod record;

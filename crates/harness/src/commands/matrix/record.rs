@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::cells::{Cell, Shard};
+use super::load_cell::{LoadCellRecord, ThresholdComparison};
 use super::plan::{Plan, RegressionPolicy};
 use crate::core::arm_stats::{ArmStats, RecordStatus};
 use crate::results::run_record::TargetInfo;
@@ -100,9 +101,14 @@ pub struct CellRecord {
     /// The cell's measurements, pooled over its repeats.
     #[serde(flatten)]
     pub stats: ArmStats,
-    /// Sessions directory relative to the matrix directory.
+    /// Sessions directory relative to the matrix directory (a load cell: its load.json,
+    /// summary.md, report.html and blocks/).
     pub dir: String,
     pub comparison: Option<CellComparison>,
+    /// A load cell (`kind = "load"`): its sweep and answer. Its `stats` stay empty (a
+    /// rate pooled over levels would say nothing) but for `wall_s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load: Option<LoadCellRecord>,
 }
 
 /// Per-cell outcome of the baseline comparison.
@@ -155,6 +161,9 @@ pub struct CellComparison {
     pub tokens_per_s_ratio: Option<f64>,
     /// Why the cell regressed, is not comparable or is inconclusive, one sentence each.
     pub reasons: Vec<String>,
+    /// A load cell: its threshold against the baseline's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threshold: Option<ThresholdComparison>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -199,6 +208,7 @@ impl CellRecord {
             stats: ArmStats::default(),
             dir: format!("cells/{}", cell.id),
             comparison: None,
+            load: cell.load.as_ref().map(LoadCellRecord::pending),
         }
     }
 

@@ -72,7 +72,8 @@ pub async fn run_matrix(
 
     let mut flags: Vec<&FlagSpec> = job.plan.sets.iter().map(|(f, _)| f).collect();
     for cell in &job.plan.cells {
-        for (f, _) in &cell.flags {
+        let ab = cell.load.iter().flat_map(|l| &l.flag);
+        for f in cell.flags.iter().map(|(f, _)| f).chain(ab) {
             if !flags.iter().any(|g| g.name == f.name) {
                 flags.push(f);
             }
@@ -140,22 +141,13 @@ async fn run_groups(
     }
     for group in groups {
         bed.check_cancelled()?;
-        let first = group[0].1;
-        let mut readback = pinned.clone();
-        for (flag, value) in &first.flags {
-            readback.insert(flag.name.clone(), bed.set(flag, value)?);
-        }
-        let label = format!("group{}", first.group);
-        bed.progress().note(&format!(
-            "{label} ({}): configs written and read back, restarting",
-            first
-                .flags
-                .iter()
-                .map(|(f, v)| format!("{}={v}", f.name))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ));
-        let result = run_group(job, bed, &classifier, record, &group, &readback, &label).await;
+        let (i, first) = group[0];
+        let result = if first.load.is_some() {
+            // A load cell is a group of its own: its sweep restarts for every block.
+            super::load_cell::run(job, bed, record, i, first, &pinned).await
+        } else {
+            write_and_run_group(job, bed, &classifier, record, &group, &pinned).await
+        };
         if let Err(e) = result {
             for (i, _) in &group {
                 if !record.cells[*i].is_finished() {
@@ -167,6 +159,33 @@ async fn run_groups(
         bed.stop().await?;
     }
     Ok(())
+}
+
+/// Write the group's flag values (read back), then run it.
+async fn write_and_run_group(
+    job: &MatrixJob,
+    bed: &mut Testbed<'_>,
+    classifier: &Arc<Classifier>,
+    record: &mut MatrixRecord,
+    group: &[(usize, &Cell)],
+    pinned: &BTreeMap<String, Readback>,
+) -> anyhow::Result<()> {
+    let first = group[0].1;
+    let mut readback = pinned.clone();
+    for (flag, value) in &first.flags {
+        readback.insert(flag.name.clone(), bed.set(flag, value)?);
+    }
+    let label = format!("group{}", first.group);
+    bed.progress().note(&format!(
+        "{label} ({}): configs written and read back, restarting",
+        first
+            .flags
+            .iter()
+            .map(|(f, v)| format!("{}={v}", f.name))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    run_group(job, bed, classifier, record, group, &readback, &label).await
 }
 
 async fn run_group(

@@ -12,7 +12,9 @@
 //!   open level next to the threshold, until nothing is open or its cap is spent), the
 //!   engine-side load check of every block, and the answer in words.
 //! - [`simulate`]: known dose-response curves scored through the real sweep.
+//! - [`compare`]: two nights' sweeps of the same levels: did the threshold move.
 
+pub mod compare;
 pub mod fit;
 pub mod report;
 pub mod simulate;
@@ -20,6 +22,8 @@ pub mod sweep;
 pub mod threshold;
 
 use serde::{Deserialize, Serialize};
+
+use crate::core::verdict::Policy;
 
 pub use report::{Answer, Arm, LoadReport};
 pub use sweep::{sweep, LevelBlock, LoadRunner, Silent, Watcher};
@@ -60,6 +64,27 @@ pub struct LoadParams {
 }
 
 impl LoadParams {
+    /// A sweep of `levels` deciding by `policy`'s alpha, minimum effect, load rule and
+    /// degraded fraction (the command line's `--alpha`, `--min-effect` and defaults).
+    pub fn new(
+        levels: Vec<u32>,
+        ab: bool,
+        allocation: Allocation,
+        policy: &Policy,
+        seed: u64,
+    ) -> Self {
+        LoadParams {
+            levels,
+            ab,
+            allocation,
+            alpha: policy.alpha,
+            min_effect: policy.min_effect,
+            min_load_fraction: policy.min_load_fraction,
+            degraded_fraction: policy.degraded_fraction,
+            seed,
+        }
+    }
+
     /// Levels from `1` doubling from 8 to below `max`, then `max` (`--max 80`: 1, 8,
     /// 16, 32, 64, 80).
     pub fn levels_up_to(max: u32) -> Vec<u32> {

@@ -99,22 +99,36 @@ impl LoadRunner for CurveRunner {
     async fn run_block(&mut self, block: &LevelBlock) -> anyhow::Result<BlockOutcome> {
         let mut rng = ChaCha8Rng::seed_from_u64(self.seed ^ block.seed.rotate_left(23));
         let rate = self.curve.rate(block.level);
-        let classes = (0..block.sessions)
-            .map(|_| {
-                if rng.random::<f64>() < rate {
-                    SessionClass::Leak
-                } else {
-                    SessionClass::Done
-                }
-            })
-            .collect();
-        Ok(BlockOutcome {
-            classes,
-            peak_engine: Some(u64::from(block.level)),
-            wall_s: 0.0,
-            tokens_per_s: None,
-            warnings: Vec::new(),
+        Ok(scripted_block(
+            block.sessions,
+            Some(u64::from(block.level)),
+            |_| rng.random::<f64>() < rate,
+        ))
+    }
+}
+
+/// A block whose session `i` corrupts (leaks) when `corrupts(i)`, else finishes clean, and
+/// whose busiest engine ran `peak`: what the simulation's and the tests' runners return.
+pub(crate) fn scripted_block(
+    sessions: u64,
+    peak: Option<u64>,
+    mut corrupts: impl FnMut(u64) -> bool,
+) -> BlockOutcome {
+    let classes = (0..sessions)
+        .map(|i| {
+            if corrupts(i) {
+                SessionClass::Leak
+            } else {
+                SessionClass::Done
+            }
         })
+        .collect();
+    BlockOutcome {
+        classes,
+        peak_engine: peak,
+        wall_s: 0.0,
+        tokens_per_s: None,
+        warnings: Vec::new(),
     }
 }
 
@@ -181,6 +195,7 @@ pub fn simulate(curve: Curve, params: &LoadParams, seed: u64) -> Scored {
 /// ([`Scored::located`]), and mean and 95th-percentile sessions.
 pub fn table(reps: u64) -> String {
     use super::{Allocation, DEFAULT_LEVELS};
+    use crate::core::verdict::Policy;
     let allocations = [
         (
             "adaptive, cap 480/level",
@@ -195,16 +210,13 @@ pub fn table(reps: u64) -> String {
     );
     for (name, curve) in curves() {
         for (words, allocation) in allocations {
-            let params = LoadParams {
-                levels: DEFAULT_LEVELS.to_vec(),
-                ab: false,
+            let params = LoadParams::new(
+                DEFAULT_LEVELS.to_vec(),
+                false,
                 allocation,
-                alpha: 0.01,
-                min_effect: 0.05,
-                min_load_fraction: 0.9,
-                degraded_fraction: 0.1,
-                seed: 2026,
-            };
+                &Policy::default(),
+                2026,
+            );
             let runs: Vec<Scored> = (0..reps).map(|s| simulate(curve, &params, s)).collect();
             let share = |f: &dyn Fn(&Scored) -> bool| {
                 100.0 * runs.iter().filter(|r| f(r)).count() as f64 / reps as f64
@@ -229,18 +241,18 @@ pub fn table(reps: u64) -> String {
 mod tests {
     use super::super::{Allocation, DEFAULT_LEVELS};
     use super::*;
+    use crate::core::verdict::Policy;
 
-    fn params(allocation: Allocation) -> LoadParams {
-        LoadParams {
-            levels: DEFAULT_LEVELS.to_vec(),
-            ab: false,
+    /// Of 20 seeded sweeps of `curve` at the default levels, how many `count` holds for.
+    fn over_seeds(curve: Curve, allocation: Allocation, count: fn(&Scored) -> bool) -> usize {
+        let p = LoadParams::new(
+            DEFAULT_LEVELS.to_vec(),
+            false,
             allocation,
-            alpha: 0.01,
-            min_effect: 0.05,
-            min_load_fraction: 0.9,
-            degraded_fraction: 0.1,
-            seed: 7,
-        }
+            &Policy::default(),
+            7,
+        );
+        (0..20).filter(|&s| count(&simulate(curve, &p, s))).count()
     }
 
     /// `cargo test -p bisect-harness --lib print_load_simulation -- --ignored --nocapture`
@@ -269,30 +281,22 @@ mod tests {
     #[test]
     fn a_step_is_found_within_one_level_by_both_allocations() {
         // 20 seeds each, large margins: the full rates are in docs/load.md.
-        let step = curves()[0].1;
         for allocation in [
             Allocation::Fixed { sessions: 160 },
             Allocation::Adaptive { max_sessions: 480 },
         ] {
-            let p = params(allocation);
-            let right = (0..20)
-                .filter(|&s| simulate(step, &p, s).within_one)
-                .count();
+            let right = over_seeds(curves()[0].1, allocation, |r| r.within_one);
             assert!(right >= 17, "{allocation:?}: {right}/20");
         }
     }
 
     #[test]
     fn a_flat_curve_gets_no_threshold() {
-        let flat = curves()[3].1;
         for allocation in [
             Allocation::Fixed { sessions: 80 },
             Allocation::Adaptive { max_sessions: 480 },
         ] {
-            let p = params(allocation);
-            let false_claims = (0..20)
-                .filter(|&s| simulate(flat, &p, s).false_threshold)
-                .count();
+            let false_claims = over_seeds(curves()[3].1, allocation, |r| r.false_threshold);
             assert!(false_claims <= 2, "{allocation:?}: {false_claims}/20");
         }
     }

@@ -453,8 +453,9 @@ impl<'p> State<'p> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::simulate::scripted_block;
     use super::*;
-    use crate::core::session::SessionClass;
+    use crate::core::verdict::Policy;
 
     /// Exactly `corrupt(level, arm)` of every 20 sessions corrupted; the engine reaches
     /// `peak(level)`.
@@ -468,36 +469,14 @@ mod tests {
         async fn run_block(&mut self, b: &LevelBlock) -> anyhow::Result<BlockOutcome> {
             self.asked.push((b.level, b.arm, b.sessions));
             let per_20 = (self.corrupt)(b.level, b.arm);
-            let classes = (0..b.sessions)
-                .map(|i| {
-                    if i % 20 < per_20 {
-                        SessionClass::Leak
-                    } else {
-                        SessionClass::Done
-                    }
-                })
-                .collect();
-            Ok(BlockOutcome {
-                classes,
-                peak_engine: (self.peak)(b.level),
-                wall_s: 0.0,
-                tokens_per_s: None,
-                warnings: Vec::new(),
-            })
+            Ok(scripted_block(b.sessions, (self.peak)(b.level), |i| {
+                i % 20 < per_20
+            }))
         }
     }
 
     fn params(levels: &[u32], ab: bool, allocation: Allocation) -> LoadParams {
-        LoadParams {
-            levels: levels.to_vec(),
-            ab,
-            allocation,
-            alpha: 0.01,
-            min_effect: 0.05,
-            min_load_fraction: 0.9,
-            degraded_fraction: 0.1,
-            seed: 1,
-        }
+        LoadParams::new(levels.to_vec(), ab, allocation, &Policy::default(), 1)
     }
 
     fn run(p: &LoadParams, runner: &mut Scripted) -> LoadReport {

@@ -56,6 +56,13 @@ pub enum Status {
     Short,
 }
 
+impl Status {
+    /// `open`, `rises`, `flat`, `capped`, `short`: as tables write it.
+    pub fn word(self) -> String {
+        format!("{self:?}").to_lowercase()
+    }
+}
+
 /// One-sided Fisher exact p-value that arm 1 (k1 of n1) corrupts more than arm 0
 /// (k0 of n0): P(X >= k1) for X hypergeometric with both margins fixed. An empty arm
 /// carries no evidence: 1.

@@ -10,11 +10,11 @@ pub mod table;
 
 use std::path::Path;
 
+use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
 use crate::core::format::percent_digits;
 use crate::core::load::report::{e_words, p_words, rate_words, ArmCount, LevelReport};
-use crate::core::load::threshold::Status;
 use crate::core::load::{LoadParams, LoadReport};
 use crate::results::export::{self, Exporter};
 
@@ -24,6 +24,15 @@ pub fn files() -> [&'static dyn Exporter<LoadRecord>; 3] {
 }
 
 pub(crate) const SCHEMA: &str = "bisect.load/1";
+
+/// `bisect report DIR` of a load directory: summary.md and report.html rendered again
+/// from its load.json, which is left as it was written (a record read back and written
+/// again would lose the keys a later version added).
+pub fn rerender(dir: &Path) -> anyhow::Result<LoadRecord> {
+    let record = LoadRecord::read(dir)?;
+    export::write_all(dir, &record, &[&markdown::LoadSummary, &html::LoadHtml])?;
+    Ok(record)
+}
 
 crate::results::record_with_header! {
     /// `load.json`.
@@ -47,6 +56,14 @@ impl LoadRecord {
     /// load.json, summary.md and report.html, each written atomically.
     pub fn write(&self, dir: &Path) -> anyhow::Result<()> {
         export::write_all(dir, self, &files())
+    }
+
+    /// Read `DIR/load.json`.
+    pub fn read(dir: &Path) -> anyhow::Result<LoadRecord> {
+        let path = dir.join(json::LoadJson.file_name());
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
     }
 
     pub(super) fn verdict(&self) -> &str {
@@ -83,11 +100,10 @@ fn arm_cells(l: &LevelReport, arm: &ArmCount, name: &str, first: bool) -> Vec<St
         (true, _, Some(e)) => format!("e {}", e_words(e)),
         _ => String::new(),
     };
-    let word = |s: Status| format!("{s:?}").to_lowercase();
     let status = match (first, &l.short, l.status, l.implied) {
         (true, Some(_), _, _) => "load fell short".to_string(),
-        (true, None, _, Some(implied)) => format!("{} (implied)", word(implied)),
-        (true, None, Some(s), None) => word(s),
+        (true, None, _, Some(implied)) => format!("{} (implied)", implied.word()),
+        (true, None, Some(s), None) => s.word(),
         (true, None, None, _) => "baseline".to_string(),
         _ => String::new(),
     };
@@ -177,19 +193,17 @@ mod tests {
     use crate::core::arm_stats::RecordStatus;
     use crate::core::load::simulate::{curves, sweep_curve};
     use crate::core::load::{Allocation, DEFAULT_LEVELS};
+    use crate::core::verdict::Policy;
     use crate::results::load::{html::render_html, markdown::render_markdown, table::render_table};
 
     fn record(allocation: Allocation) -> LoadRecord {
-        let params = LoadParams {
-            levels: DEFAULT_LEVELS.to_vec(),
-            ab: false,
+        let params = LoadParams::new(
+            DEFAULT_LEVELS.to_vec(),
+            false,
             allocation,
-            alpha: 0.01,
-            min_effect: 0.05,
-            min_load_fraction: 0.9,
-            degraded_fraction: 0.1,
-            seed: 3,
-        };
+            &Policy::default(),
+            3,
+        );
         let report = sweep_curve(curves()[0].1, &params, 11);
         LoadRecord {
             schema: SCHEMA.into(),

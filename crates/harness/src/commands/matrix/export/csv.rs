@@ -1,5 +1,6 @@
 //! `matrix.csv`: one row per cell, for spreadsheets and dashboards. Flag values get one
-//! `flag:NAME` column each and peak concurrency one `peak:ROLE` column per role.
+//! `flag:NAME` column each and peak concurrency one `peak:ROLE` column per role; a load
+//! cell fills the `load_*` columns (its threshold, the baseline's, the move).
 
 use std::collections::BTreeSet;
 
@@ -44,6 +45,9 @@ impl Exporter<MatrixRecord> for MatrixCsv {
                 "p_value",
                 "p_adjusted",
                 "reasons",
+                "load_threshold",
+                "load_baseline_threshold",
+                "load_moved",
             ]
             .map(String::from),
         );
@@ -92,6 +96,18 @@ impl Exporter<MatrixRecord> for MatrixCsv {
                 opt(cmp.and_then(|x| x.p_value)),
                 opt(cmp.and_then(|x| x.p_adjusted)),
                 cmp.map(|x| x.reasons.join("; ")).unwrap_or_default(),
+            ]);
+            let threshold = cmp.and_then(|x| x.threshold.as_ref());
+            row.extend([
+                c.load
+                    .as_ref()
+                    .map(|l| l.threshold.clone())
+                    .unwrap_or_default(),
+                threshold.map(|t| t.baseline.clone()).unwrap_or_default(),
+                threshold
+                    .and_then(|t| t.moved)
+                    .map(|m| m.as_str().to_string())
+                    .unwrap_or_default(),
             ]);
             out.write_record(&row)?;
         }

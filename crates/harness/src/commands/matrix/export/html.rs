@@ -1,13 +1,14 @@
 //! `report.html`: the matrix as a self-contained page, rendered from the typed
 //! [`MatrixRecord`]: the plan, target, workload and baseline, the regressed cells with
 //! their reasons, corruption rate per cell with Wilson whiskers, the first bad round per
-//! cell, and the concurrency timelines and worst sessions read from the cells'
-//! directories. The sections and the page frame are those of the run page
+//! cell, the load sweeps' thresholds, and the concurrency timelines and worst sessions
+//! read from the cells' directories. The sections and the page frame are those of the run page
 //! ([`crate::results::html`]).
 
 use std::fmt::Write as _;
 use std::path::Path;
 
+use crate::commands::matrix::load_cell;
 use crate::commands::matrix::record::{CellRecord, CellStatus, MatrixRecord};
 use crate::core::format;
 use crate::core::session::SessionResult;
@@ -56,9 +57,11 @@ pub(crate) fn render_matrix_html(record: &MatrixRecord, dir: Option<&Path>) -> S
     body.push_str(&facts_list(&facts(record)));
     body.push_str(&regressions_section(record));
 
+    // A load cell has no one rate: its thresholds are their own section.
     let bars: Vec<RateBar> = record
         .cells
         .iter()
+        .filter(|c| c.load.is_none())
         .map(|c| rate_bar(&c.id, &c.stats))
         .collect();
     body.push_str("<h2>Corruption rate per cell</h2>\n");
@@ -67,6 +70,7 @@ pub(crate) fn render_matrix_html(record: &MatrixRecord, dir: Option<&Path>) -> S
         &bars,
     )));
     body.push_str(&cells_table(&record.cells));
+    body.push_str(&load_sweeps(&record.cells));
 
     let (sessions, metrics) = match dir {
         Some(d) => (
@@ -219,6 +223,18 @@ fn cells_table(cells: &[CellRecord]) -> String {
             Some(v) => format!("{}, {}", c.status, v.name()),
             None => c.status.to_string(),
         };
+        if let Some(load) = &c.load {
+            let _ = writeln!(
+                s,
+                "<tr><td>{}</td><td class=\"num\">{}</td><td>threshold {}</td><td>-</td><td>-</td><td>-</td><td class=\"num\">{:.1}s</td><td>{}</td></tr>",
+                escape(&c.id),
+                load.sessions_spent,
+                escape(&load.threshold),
+                c.stats.wall_s,
+                escape(&status),
+            );
+            continue;
+        }
         let _ = writeln!(
             s,
             "<tr><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}/{}</td><td>{}</td><td class=\"num\">{:.0}</td><td class=\"num\">{:.1}s</td><td>{}</td></tr>",
@@ -231,6 +247,32 @@ fn cells_table(cells: &[CellRecord]) -> String {
             c.stats.tokens_per_s,
             c.stats.wall_s,
             escape(&status),
+        );
+    }
+    s.push_str("</table>\n");
+    s
+}
+
+/// The load cells: sweep, threshold, the baseline's and the move, the verdict, and a link
+/// to the cell's own report (its chart).
+fn load_sweeps(cells: &[CellRecord]) -> String {
+    let sweeps: Vec<&CellRecord> = cells.iter().filter(|c| c.load.is_some()).collect();
+    if sweeps.is_empty() {
+        return String::new();
+    }
+    let mut s = String::from("<h2>Load sweeps</h2>\n<table><tr><th>cell</th><th>sweep</th><th>threshold</th><th>baseline</th><th>change</th><th>verdict</th></tr>\n");
+    for c in sweeps {
+        let load = c.load.as_ref().expect("filtered");
+        let _ = writeln!(
+            s,
+            "<tr><td><a href=\"{}/report.html\">{}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            escape(&c.dir),
+            escape(&c.id),
+            escape(&load.sweep_words()),
+            escape(&load.threshold),
+            escape(&load_cell::baseline_words(c)),
+            escape(&load_cell::change_words(c)),
+            escape(&load.verdict),
         );
     }
     s.push_str("</table>\n");
@@ -294,6 +336,7 @@ pub(crate) mod tests {
             stats,
             dir: format!("cells/{id}"),
             comparison: None,
+            load: None,
         }
     }
 
@@ -398,6 +441,7 @@ pub(crate) mod tests {
             baseline_tokens_per_s: 0.0,
             tokens_per_s_ratio: None,
             reasons: vec!["corruption rose".into()],
+            threshold: None,
         });
         let mut record = matrix(vec![regressed, cell("b", 0, 16, Vec::new())]);
         record.regressions = vec!["a".into()];

@@ -1,9 +1,11 @@
 //! `summary.md`: the night as people paste it into a PR or a channel: one table row per
-//! cell, regressed cells in bold and listed with their reasons, cells that cannot be
-//! compared listed apart (they are never regressions).
+//! cell (a load cell's threshold where the counts go, its move where the change goes),
+//! regressed cells in bold and listed with their reasons, cells that cannot be compared
+//! listed apart (they are never regressions), load sweeps with their verdicts.
 
 use std::collections::BTreeSet;
 
+use crate::commands::matrix::load_cell;
 use crate::commands::matrix::record::{CellRecord, CellStatus, MatrixRecord};
 use crate::core::format;
 use crate::results::cells::{compact, peaks};
@@ -156,6 +158,23 @@ fn cell_table(s: &mut String, r: &MatrixRecord) {
                 .iter()
                 .map(|f| c.flags.get(*f).cloned().unwrap_or_default()),
         );
+        if let Some(load) = &c.load {
+            // A load sweep: its threshold where the counts go, the move where the change goes.
+            row.extend([
+                load.sessions_spent.to_string(),
+                c.rounds.to_string(),
+                format!("threshold {}", load.threshold),
+                load.sweep_words(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                format!("{:.1}s", c.stats.wall_s),
+                load_cell::baseline_words(c),
+                load_cell::change_words(c),
+            ]);
+            s.push_str(&format!("| {} |\n", row.join(" | ")));
+            continue;
+        }
         row.extend([
             c.sessions.to_string(),
             c.rounds.to_string(),
@@ -208,6 +227,25 @@ fn listed_cells(s: &mut String, r: &MatrixRecord) {
                 .map(|x| x.reasons.join("; "))
                 .unwrap_or_default();
             s.push_str(&format!("- `{}`: {reasons}\n", c.id));
+        }
+    }
+    let sweeps: Vec<&CellRecord> = r.cells.iter().filter(|c| c.load.is_some()).collect();
+    if !sweeps.is_empty() {
+        s.push_str("\n## Load sweeps\n\n");
+        for c in sweeps {
+            let load = c.load.as_ref().expect("filtered");
+            let verdict = if load.verdict.is_empty() {
+                c.status.to_string()
+            } else {
+                load.verdict.clone()
+            };
+            s.push_str(&format!(
+                "- `{}` ({}): threshold {}; {verdict} ({}/summary.md)\n",
+                c.id,
+                load.sweep_words(),
+                load.threshold,
+                c.dir
+            ));
         }
     }
     // Blocked cells are listed with or without a baseline: they were never measured.

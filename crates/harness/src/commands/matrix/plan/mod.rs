@@ -1,6 +1,6 @@
 //! PLAN.toml (`bisect matrix PLAN.toml`): which target, which workload, which flag values
-//! and loads to cross (or an explicit cell list), pinned flags, repeats and the
-//! regression rule's thresholds. Every problem is a [`ConfigError`] naming the plan
+//! and loads to cross (or an explicit cell list), load sweeps (`kind = "load"` cells,
+//! [`load`]), pinned flags, repeats and the regression rule's thresholds. Every problem is a [`ConfigError`] naming the plan
 //! file, the line of the offending key and the fix. `plans/nightly.toml` documents
 //! every key.
 
@@ -15,10 +15,14 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::cells::{self, Cell};
+
+mod load;
+
 use crate::config::workload::DEFAULT_WORKLOAD;
 use crate::config::{
     read_text, validate_value, ConfigError, FlagCatalog, FlagSpec, Setting, Source, Workload,
 };
+pub use load::{LoadCellSpec, LoadSweep};
 
 /// The thresholds of the per-cell regression rule (see [`super::baseline`]).
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -167,9 +171,14 @@ struct RawPlan {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawCell {
-    flags: Spanned<Ordered<Spanned<RawValue>>>,
-    sessions: Spanned<i64>,
+    /// `"load"`: a load sweep ([`load`]); absent: flag values at one load.
+    kind: Option<Spanned<String>>,
+    flags: Option<Spanned<Ordered<Spanned<RawValue>>>>,
+    sessions: Option<Spanned<i64>>,
     rounds: Option<Spanned<i64>>,
+    levels: Option<Spanned<Vec<Spanned<i64>>>>,
+    flag: Option<Spanned<String>>,
+    max_sessions: Option<Spanned<i64>>,
 }
 
 impl Plan {
@@ -193,15 +202,16 @@ impl Plan {
             catalog: &catalog,
         };
         let sets = flags.pinned(raw.set.as_ref())?;
-        let layout = match (&raw.axes, raw.cell.is_empty()) {
+        let (plain, loads) = load::partition(&src, &raw.cell)?;
+        let layout = match (&raw.axes, plain.is_empty()) {
             (Some(axes), false) => {
                 return Err(src.invalid(
                     axes.span(),
-                    "the plan has both [axes] and [[cell]]",
-                    "use [axes] (crossed) or an explicit [[cell]] list, not both",
+                    "the plan has both [axes] and [[cell]] entries of flag values",
+                    "use [axes] (crossed) or an explicit [[cell]] list, not both (kind = \"load\" cells go with either)",
                 ))
             }
-            (None, true) => {
+            (None, true) if loads.is_empty() => {
                 return Err(src.invalid(
                     0..0,
                     "the plan has neither [axes] nor [[cell]]",
@@ -209,27 +219,29 @@ impl Plan {
                 ))
             }
             (Some(axes), true) => flags.axes(axes.get_ref(), &raw, workload.sessions)?,
-            (None, false) => flags.explicit_cells(&raw)?,
+            (None, _) => flags.explicit_cells(&raw, &plain)?,
         };
         flags.check_pins_not_varied(raw.set.as_ref(), &sets, &layout)?;
+        let loads = flags.load_cells(&loads, &layout, &sets, workload.sessions)?;
         let repeats = match &raw.repeats {
             Some(r) => src.whole_number("repeats", r, 1)?,
             None => 1,
         };
         let policy = regression_policy(&src, &raw)?;
-        let cells = cells::expand(&layout, workload.rounds).map_err(|message| {
-            let span = raw
-                .axes
-                .as_ref()
-                .map(|a| a.span())
-                .or_else(|| raw.cell.first().map(|c| c.span()))
-                .unwrap_or(0..0);
-            src.invalid(
-                span,
-                message,
-                "make every cell's flag values, sessions and rounds distinct",
-            )
-        })?;
+        let cells =
+            cells::expand(&layout, &loads, workload.rounds, &policy).map_err(|message| {
+                let span = raw
+                    .axes
+                    .as_ref()
+                    .map(|a| a.span())
+                    .or_else(|| raw.cell.first().map(|c| c.span()))
+                    .unwrap_or(0..0);
+                src.invalid(
+                    span,
+                    message,
+                    "make every cell's flag values, sessions and rounds distinct",
+                )
+            })?;
         Ok(Plan {
             name,
             source: path.to_path_buf(),
@@ -548,7 +560,11 @@ impl FlagValues<'_> {
     }
 
     /// `[[cell]]`: an explicit list, every cell naming the same flags.
-    fn explicit_cells(&self, raw: &RawPlan) -> Result<Layout, ConfigError> {
+    fn explicit_cells(
+        &self,
+        raw: &RawPlan,
+        cells: &[&Spanned<RawCell>],
+    ) -> Result<Layout, ConfigError> {
         let src = self.src;
         if let Some(s) = &raw.sessions {
             return Err(src.invalid(
@@ -566,9 +582,24 @@ impl FlagValues<'_> {
         }
         let mut specs: Vec<CellSpec> = Vec::new();
         let mut first_names: Option<Vec<String>> = None;
-        for raw_cell in &raw.cell {
+        for raw_cell in cells {
             let c = raw_cell.get_ref();
-            let flags = self.assignments(c.flags.get_ref(), "is set twice in this cell")?;
+            let missing = |key: &str, fix: &str| {
+                src.invalid(
+                    raw_cell.span(),
+                    format!("this [[cell]] has no {key}"),
+                    format!("add {fix}, or kind = \"load\" with levels = [...] for a load sweep"),
+                )
+            };
+            let table = c
+                .flags
+                .as_ref()
+                .ok_or_else(|| missing("flags", "flags = { NAME = \"value\" }"))?;
+            let raw_sessions = c
+                .sessions
+                .as_ref()
+                .ok_or_else(|| missing("sessions", "sessions = 16"))?;
+            let flags = self.assignments(table.get_ref(), "is set twice in this cell")?;
             let mut names: Vec<String> = flags.iter().map(|(f, _)| f.name.clone()).collect();
             names.sort();
             // A flag named by some cells only would keep the previous group's value
@@ -577,7 +608,7 @@ impl FlagValues<'_> {
                 None => first_names = Some(names),
                 Some(first) if *first != names => {
                     return Err(src.invalid(
-                        c.flags.span(),
+                        table.span(),
                         format!(
                             "this cell sets flags [{}] but the first cell sets [{}]",
                             names.join(", "),
@@ -588,7 +619,7 @@ impl FlagValues<'_> {
                 }
                 Some(_) => {}
             }
-            let sessions = src.whole_number("sessions", &c.sessions, 1)?;
+            let sessions = src.whole_number("sessions", raw_sessions, 1)?;
             let rounds = match &c.rounds {
                 Some(r) => Some(src.whole_number("rounds", r, 1)?),
                 None => None,
@@ -667,140 +698,4 @@ fn counts(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parse(text: &str) -> Result<Plan, ConfigError> {
-        Plan::parse(Path::new("plans/t.toml"), text)
-    }
-
-    fn error_line(text: &str) -> (usize, String) {
-        parse(text).unwrap_err().line_and_text()
-    }
-
-    const AXES: &str = "name = \"t\"\nworkload = \"smoke\"\nsessions = [1, 4]\n\n[axes]\nHICACHE = [\"on\", \"off\"]\nBF16_INDEX_K = [1, 0]\n";
-
-    #[test]
-    fn axes_cross_in_file_order_with_sessions_innermost() {
-        let plan = parse(AXES).unwrap();
-        let ids: Vec<&str> = plan.cells.iter().map(|c| c.id.as_str()).collect();
-        assert_eq!(
-            ids,
-            [
-                "HICACHE=on,BF16_INDEX_K=1,s1",
-                "HICACHE=on,BF16_INDEX_K=1,s4",
-                "HICACHE=on,BF16_INDEX_K=0,s1",
-                "HICACHE=on,BF16_INDEX_K=0,s4",
-                "HICACHE=off,BF16_INDEX_K=1,s1",
-                "HICACHE=off,BF16_INDEX_K=1,s4",
-                "HICACHE=off,BF16_INDEX_K=0,s1",
-                "HICACHE=off,BF16_INDEX_K=0,s4",
-            ]
-        );
-        let groups: Vec<usize> = plan.cells.iter().map(|c| c.group).collect();
-        assert_eq!(groups, [0, 0, 1, 1, 2, 2, 3, 3]);
-        assert_eq!(plan.repeats, 1);
-        assert_eq!(plan.policy, RegressionPolicy::default());
-        assert!(plan.cells.iter().all(|c| c.rounds == plan.workload.rounds));
-    }
-
-    #[test]
-    fn plan_hash_follows_content_not_formatting() {
-        let a = parse(AXES).unwrap();
-        let b =
-            parse(&AXES.replace("sessions = [1, 4]", "sessions = [ 1 , 4 ]  # comment")).unwrap();
-        assert_eq!(a.hash(), b.hash());
-        let c = parse(&AXES.replace("[1, 4]", "[1, 8]")).unwrap();
-        assert_ne!(a.hash(), c.hash());
-        let d = parse(&format!("ctx = 7\n{AXES}")).unwrap();
-        assert_ne!(a.workload_hash(), d.workload_hash());
-        assert_eq!(a.cells[0].config_hash, d.cells[0].config_hash);
-    }
-
-    #[test]
-    fn unknown_flag_names_its_line() {
-        let (line, msg) = error_line(&AXES.replace("BF16_INDEX_K = [1, 0]", "BOGUS = [1, 0]"));
-        assert_eq!(line, 7, "{msg}");
-        assert!(
-            msg.contains("unknown flag `BOGUS`") && msg.contains("BF16_INDEX_K"),
-            "{msg}"
-        );
-    }
-
-    #[test]
-    fn switch_values_must_be_its_labels() {
-        let (line, msg) = error_line(&AXES.replace("[\"on\", \"off\"]", "[\"on\", \"1\"]"));
-        assert_eq!(line, 6, "{msg}");
-        assert!(msg.contains("is a switch"), "{msg}");
-    }
-
-    #[test]
-    fn bad_values_and_keys_are_refused_with_lines() {
-        let (line, msg) = error_line(&AXES.replace("[1, 4]", "[1, 0]"));
-        assert_eq!(line, 3, "{msg}");
-        let (line, msg) = error_line(&AXES.replace("[1, 0]", "[\"a b\", 0]"));
-        assert_eq!(line, 7, "{msg}");
-        assert!(msg.contains("contains ' '"), "{msg}");
-        let (line, msg) = error_line(&format!("alpha = 1.5\n{AXES}"));
-        assert_eq!(line, 1, "{msg}");
-        let (line, msg) = error_line(&format!("colour = 1\n{AXES}"));
-        assert_eq!(line, 1, "{msg}");
-        assert!(msg.contains("colour"), "{msg}");
-        let (_, msg) = error_line("name = \"t\"\n");
-        assert!(msg.contains("neither [axes] nor [[cell]]"), "{msg}");
-        let (line, msg) = error_line(&format!("{AXES}\n[set]\nHICACHE = \"on\"\n"));
-        assert_eq!(line, 10, "{msg}");
-        assert!(msg.contains("both pinned"), "{msg}");
-    }
-
-    #[test]
-    fn explicit_cells_group_by_flag_values_in_first_appearance_order() {
-        let text = "name = \"t\"\nworkload = \"smoke\"\n\
-            [[cell]]\nflags = { HICACHE = \"on\" }\nsessions = 4\n\
-            [[cell]]\nflags = { HICACHE = \"off\" }\nsessions = 4\n\
-            [[cell]]\nflags = { HICACHE = \"on\" }\nsessions = 8\nrounds = 2\n";
-        let plan = parse(text).unwrap();
-        let ids: Vec<(&str, usize)> = plan
-            .cells
-            .iter()
-            .map(|c| (c.id.as_str(), c.group))
-            .collect();
-        assert_eq!(
-            ids,
-            [
-                ("HICACHE=on,s4", 0),
-                ("HICACHE=on,s8,r2", 0),
-                ("HICACHE=off,s4", 1)
-            ]
-        );
-        let mismatched = text.replace(
-            "flags = { HICACHE = \"off\" }",
-            "flags = { BF16_INDEX_K = \"0\" }",
-        );
-        let (line, msg) = error_line(&mismatched);
-        assert_eq!(line, 7, "{msg}");
-        assert!(msg.contains("same flags"), "{msg}");
-        let dup = text.replace("sessions = 8\nrounds = 2", "sessions = 4");
-        let (line, msg) = error_line(&dup);
-        assert_eq!(line, 3, "{msg}");
-        assert!(
-            msg.contains("same configuration (id HICACHE=on,s4)"),
-            "{msg}"
-        );
-    }
-
-    #[test]
-    fn shipped_nightly_plan_is_valid() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../plans/nightly.toml");
-        let plan = Plan::load(&path).unwrap();
-        assert_eq!(plan.name, "nightly");
-        assert!(
-            plan.target.is_none(),
-            "the nightly runs the embedded engine"
-        );
-        assert_eq!(plan.cells.len(), 12);
-        assert_eq!(plan.cells.last().unwrap().group, 3);
-        assert_eq!(plan.cells[2].id, "BF16_INDEX_K=1,HICACHE=on,s64");
-        assert_eq!(plan.policy.tokens_per_s_noise, 0.5);
-    }
-}
+mod tests;

@@ -1,0 +1,243 @@
+//! A load cell of the matrix (`[[cell]] kind = "load"`, docs/load.md "In the matrix"):
+//! the sweep `bisect load` runs ([`crate::commands::load::sweep_on`], the same blocks,
+//! tests and record) on the matrix's testbed, with its `load.json`, `summary.md`,
+//! `report.html` and `blocks/` in the cell's directory; what `matrix.json` keeps of it
+//! ([`LoadCellRecord`]); and its comparison with the baseline night: did the threshold
+//! move, and is the move shown ([`crate::core::load::compare`]).
+//!
+//! A lower threshold on a level the baseline showed flat is a regression; a lower one on
+//! a level the baseline left undecided, or a night whose sweep gave no answer, is
+//! inconclusive (no pass); a threshold unchanged or higher is ok, unless tonight's
+//! engine-side load fell short at or below it (a lower threshold is then not ruled out).
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use super::baseline::empty;
+use super::cells::Cell;
+use super::export;
+use super::plan::LoadSweep;
+use super::record::{CellComparison, CellRecord, CellStatus, MatrixRecord};
+use super::run::{cell_dir, MatrixJob};
+use crate::arm::{Readback, Testbed};
+use crate::commands::load::{finish, started_record, sweep_on, Sweep};
+use crate::core::arm_stats::RecordStatus;
+use crate::core::load::compare::{
+    movement, short_levels, shown, threshold_level, threshold_words, LevelShown, Moved,
+};
+use crate::core::load::{Allocation, Answer, LoadParams, LoadReport};
+use crate::core::verdict::Policy;
+
+/// What `matrix.json` keeps of a load cell; the whole sweep is the cell's load.json.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LoadCellRecord {
+    /// Sessions in flight, ascending.
+    pub levels: Vec<u32>,
+    /// Each level an A/B of this flag; `None`: every level against the lowest.
+    pub flag: Option<String>,
+    pub allocation: Allocation,
+    /// The sweep's answer; `None` until a block finished.
+    pub answer: Option<Answer>,
+    /// The answer as the tables show it: the level, "rises at lowest (L)", "none shown".
+    pub threshold: String,
+    /// What each level showed: what the next night's comparison reads.
+    #[serde(default)]
+    pub shown: Vec<LevelShown>,
+    /// The sweep's verdict in words.
+    pub verdict: String,
+    pub sessions_spent: u64,
+}
+
+impl LoadCellRecord {
+    /// A load cell not run yet.
+    pub(super) fn pending(sweep: &LoadSweep) -> LoadCellRecord {
+        LoadCellRecord::of(sweep, None)
+    }
+
+    fn of(sweep: &LoadSweep, report: Option<&LoadReport>) -> LoadCellRecord {
+        LoadCellRecord {
+            levels: sweep.levels.clone(),
+            flag: sweep.flag.as_ref().map(|f| f.name.clone()),
+            allocation: sweep.allocation,
+            answer: report.map(|r| r.answer.clone()),
+            threshold: threshold_words(report.map(|r| &r.answer)),
+            shown: report.map(shown).unwrap_or_default(),
+            verdict: report.map_or_else(String::new, |r| r.verdict.clone()),
+            sessions_spent: report.map_or(0, |r| r.sessions_spent),
+        }
+    }
+
+    /// `levels 1+16+64, 80 per level` (`A/B of FLAG at ...`, `... up to 480 per level`).
+    pub(crate) fn sweep_words(&self) -> String {
+        let levels: Vec<String> = self.levels.iter().map(u32::to_string).collect();
+        let allocation = match self.allocation {
+            Allocation::Fixed { sessions } => format!("{sessions} per level"),
+            Allocation::Adaptive { max_sessions } => {
+                format!("adaptive, up to {max_sessions} per level")
+            }
+        };
+        match &self.flag {
+            Some(f) => format!("A/B of {f} at {}, {allocation}", levels.join("+")),
+            None => format!("levels {}, {allocation}", levels.join("+")),
+        }
+    }
+}
+
+/// A load cell's threshold against the baseline night's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ThresholdComparison {
+    /// The baseline night's threshold in words.
+    pub baseline: String,
+    /// Which way it moved; `None` when either night's sweep gave no answer.
+    pub moved: Option<Moved>,
+    /// The move is backed by the tests: a lower threshold on a level the baseline
+    /// showed flat.
+    pub shown: bool,
+}
+
+/// Run load cell `i` of `record` on `bed`: the sweep's files go to the cell's directory
+/// after every block, the matrix's after the sweep. The sweep's error (the matrix
+/// stops, as on a group that cannot run) comes back after both are written.
+pub(super) async fn run(
+    job: &MatrixJob,
+    bed: &mut Testbed<'_>,
+    record: &mut MatrixRecord,
+    i: usize,
+    cell: &Cell,
+    pinned: &BTreeMap<String, Readback>,
+) -> anyhow::Result<()> {
+    let sweep = cell.load.as_ref().expect("a load cell");
+    let dir = cell_dir(&job.dir, cell);
+    std::fs::create_dir_all(&dir)?;
+    let mut workload = job.plan.workload.clone();
+    workload.rounds = cell.rounds;
+    let policy = Policy {
+        alpha: job.plan.policy.alpha,
+        min_effect: job.plan.policy.min_effect,
+        degraded_fraction: job.plan.policy.degraded_fraction,
+        ..Policy::default()
+    };
+    let params = LoadParams::new(
+        sweep.levels.clone(),
+        sweep.flag.is_some(),
+        sweep.allocation,
+        &policy,
+        workload.seed,
+    );
+    let mut load = started_record(
+        cell.id.clone(),
+        job.command.clone(),
+        bed.target(),
+        sweep.flag.as_ref(),
+        &job.plan.sets,
+        &workload,
+        &params,
+    );
+    load.write(&dir)?;
+    bed.progress().note(&format!(
+        "{}: load sweep, {} levels",
+        cell.id,
+        sweep.levels.len()
+    ));
+    record.cells[i].status = RecordStatus::Running;
+    let started = Instant::now();
+    let on = Sweep {
+        flag: sweep.flag.as_ref(),
+        fixed: &cell.flags,
+        pins: &job.plan.sets,
+        workload: &workload,
+        params: &params,
+        dir: &dir,
+    };
+    let outcome = sweep_on(bed, &on, &mut load, started).await;
+    let finished = finish(&mut load, outcome, started, &dir);
+    let rec = &mut record.cells[i];
+    rec.load = Some(LoadCellRecord::of(sweep, load.report.as_ref()));
+    rec.stats.wall_s = load.wall_s;
+    rec.readback = pinned.clone();
+    for w in load.report.iter().flat_map(|r| &r.warnings) {
+        rec.warnings.push(format!("{}: {w}", cell.id));
+    }
+    if finished.is_ok() {
+        rec.status = RecordStatus::Finished;
+    }
+    export::write_all(&job.dir, record)?;
+    finished
+}
+
+/// A comparable load cell (same sweep, same workload, both finished) against its
+/// baseline cell.
+pub(super) fn compare(cell: &CellRecord, old: &CellRecord) -> CellComparison {
+    let mut cmp = empty(CellStatus::Ok, Some(old), Vec::new());
+    let (Some(now), Some(then)) = (&cell.load, &old.load) else {
+        cmp.status = CellStatus::NotComparable;
+        cmp.reasons = vec!["the baseline cell is not a load sweep".into()];
+        return cmp;
+    };
+    let moved = match (&now.answer, &then.answer) {
+        (Some(a), Some(b)) => movement(a, b, &then.shown),
+        _ => None,
+    };
+    cmp.threshold = Some(ThresholdComparison {
+        baseline: then.threshold.clone(),
+        moved: moved.as_ref().map(|m| m.moved),
+        shown: moved.as_ref().is_some_and(|m| m.shown),
+    });
+    let Some(m) = moved else {
+        cmp.status = CellStatus::Inconclusive;
+        for (side, l) in [("this night's", now), ("the baseline's", then)] {
+            if matches!(l.answer, None | Some(Answer::NoBaseline)) {
+                cmp.reasons.push(format!(
+                    "{side} sweep gave no answer ({}): the thresholds cannot be compared",
+                    l.threshold
+                ));
+            }
+        }
+        return cmp;
+    };
+    cmp.reasons.push(m.words);
+    let tonight = now.answer.as_ref().and_then(threshold_level);
+    let short = short_levels(&now.shown, tonight);
+    if m.moved == Moved::Lower {
+        cmp.status = if m.shown {
+            CellStatus::Regressed
+        } else {
+            CellStatus::Inconclusive
+        };
+    } else if !short.is_empty() {
+        cmp.status = CellStatus::Inconclusive;
+        let short: Vec<String> = short.iter().map(u32::to_string).collect();
+        cmp.reasons.push(format!(
+            "tonight's engine-side load fell short at {} in flight: a lower threshold is not ruled out",
+            short.join(", ")
+        ));
+    }
+    cmp
+}
+
+/// The baseline column of a load cell: the baseline night's threshold.
+pub(super) fn baseline_words(c: &CellRecord) -> String {
+    match &c.comparison {
+        None => String::new(),
+        Some(x) if x.status == CellStatus::New => "new".into(),
+        Some(x) => x.threshold.as_ref().map_or_else(
+            || x.status.name().to_string(),
+            |t| format!("threshold {}", t.baseline),
+        ),
+    }
+}
+
+/// The change column of a load cell: which way the threshold moved, and the status.
+pub(super) fn change_words(c: &CellRecord) -> String {
+    let Some(x) = &c.comparison else {
+        return String::new();
+    };
+    let moved = x.threshold.as_ref().and_then(|t| t.moved);
+    match (moved, x.status) {
+        (Some(m), CellStatus::Ok) => format!("threshold {}", m.as_str()),
+        (Some(m), status) => format!("threshold {}: {}", m.as_str(), status.name()),
+        (None, status) => status.name().to_string(),
+    }
+}
