@@ -18,6 +18,7 @@ mod fixture_v1;
 mod llama_cpp;
 mod load;
 mod matrix;
+mod matrix_load;
 mod ownership;
 mod reclassify;
 mod rejected;

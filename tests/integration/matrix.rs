@@ -35,14 +35,14 @@ fn plan_text(extra: &str) -> String {
     )
 }
 
-fn load_plan(t: &FakeTarget, text: &str) -> Plan {
+pub(crate) fn load_plan(t: &FakeTarget, text: &str) -> Plan {
     std::fs::write(t.dir.path().join("flags/FAKE_RACE.toml"), RACE_FLAG).unwrap();
     let path = t.dir.path().join("nightly.toml");
     std::fs::write(&path, text).unwrap();
     Plan::load(&path).unwrap()
 }
 
-fn job(t: &FakeTarget, plan: &Plan, shard: Option<Shard>, id: &str) -> MatrixJob {
+pub(crate) fn job(t: &FakeTarget, plan: &Plan, shard: Option<Shard>, id: &str) -> MatrixJob {
     let results = t.dir.path().join("results");
     MatrixJob {
         id: id.into(),
@@ -59,7 +59,7 @@ fn job(t: &FakeTarget, plan: &Plan, shard: Option<Shard>, id: &str) -> MatrixJob
     }
 }
 
-async fn run(t: &FakeTarget, job: &MatrixJob) -> MatrixRecord {
+pub(crate) async fn run(t: &FakeTarget, job: &MatrixJob) -> MatrixRecord {
     hold_for_the_poller(t);
     let mut control = t.engine.control();
     matrix_run::run_matrix(job, &mut control, &Quiet, CancellationToken::new())
@@ -73,7 +73,7 @@ fn hold_for_the_poller(t: &FakeTarget) {
     t.engine.hold_requests(150);
 }
 
-fn set_race(t: &FakeTarget, on: bool) {
+pub(crate) fn set_race(t: &FakeTarget, on: bool) {
     let decode = &t.target.roles[1].launch;
     let text = read(decode);
     let (from, to) = if on {

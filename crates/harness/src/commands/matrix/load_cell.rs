@@ -241,3 +241,153 @@ pub(super) fn change_words(c: &CellRecord) -> String {
         (None, status) => status.name().to_string(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::commands::diff::tests::{cell, matrix};
+    use crate::commands::matrix::baseline::{compare as compare_nights, Baseline};
+    use crate::commands::matrix::export::markdown::MatrixSummary;
+    use crate::commands::matrix::export::{csv::MatrixCsv, html::MatrixHtml};
+    use crate::commands::matrix::plan::RegressionPolicy;
+    use crate::core::load::simulate::{sweep_curve, Curve};
+    use crate::results::Exporter;
+
+    const ID: &str = "load,l1+16+32+64,s320";
+
+    fn sweep() -> LoadSweep {
+        LoadSweep {
+            levels: vec![1, 16, 32, 64],
+            flag: None,
+            allocation: Allocation::Fixed { sessions: 320 },
+        }
+    }
+
+    /// A finished load cell whose sessions corrupt 20% from `at` in flight on (seeded:
+    /// 320 sessions per level name the step's level every time).
+    fn swept(at: u32) -> CellRecord {
+        let params = LoadParams::new(
+            sweep().levels,
+            false,
+            sweep().allocation,
+            &Policy::default(),
+            5,
+        );
+        let curve = Curve::Step {
+            at,
+            rate: 0.2,
+            background: 0.0,
+        };
+        let report = sweep_curve(curve, &params, 3);
+        let mut c = cell(ID, 0, 0);
+        c.load = Some(LoadCellRecord::of(&sweep(), Some(&report)));
+        c.stats.wall_s = 9.0;
+        c
+    }
+
+    /// Tonight's cells compared with the baseline's, beside a plain cell on both nights.
+    fn night(base: CellRecord, tonight: CellRecord) -> MatrixRecord {
+        let baseline = Baseline {
+            dir: PathBuf::from("old"),
+            record: matrix(vec![cell("plain", 0, 40), base]),
+            chosen: "explicit",
+        };
+        let mut n = matrix(vec![cell("plain", 0, 40), tonight]);
+        compare_nights(&mut n, &baseline, &RegressionPolicy::default());
+        n
+    }
+
+    #[test]
+    fn a_threshold_that_fell_onto_a_level_the_baseline_showed_flat_regresses() {
+        let n = night(swept(64), swept(32));
+        let c = &n.cells[1];
+        assert_eq!(
+            c.load.as_ref().unwrap().threshold,
+            "32 (rise between 16 and 32)"
+        );
+        let cmp = c.comparison.as_ref().unwrap();
+        assert_eq!(cmp.status, CellStatus::Regressed, "{:?}", cmp.reasons);
+        assert!(
+            cmp.reasons[0].starts_with("the threshold fell from 64 in flight to 32 in flight"),
+            "{:?}",
+            cmp.reasons
+        );
+        let t = cmp.threshold.as_ref().unwrap();
+        assert_eq!(
+            (t.baseline.as_str(), t.moved, t.shown),
+            ("64 (rise between 32 and 64)", Some(Moved::Lower), true)
+        );
+        assert_eq!(n.regressions, [ID]);
+        // The plain cell's Fisher family is its own: Holm over one cell leaves its p.
+        let plain = n.cells[0].comparison.as_ref().unwrap();
+        assert_eq!(plain.p_adjusted, plain.p_value);
+        assert_ne!(plain.status, CellStatus::Regressed);
+        let info = n.baseline.as_ref().unwrap();
+        assert_eq!((info.compared, info.regressed), (2, 1));
+        // Every rendering shows the threshold and the move.
+        let md = MatrixSummary.render(&n).unwrap();
+        assert!(md.contains(&format!("**`{ID}` REGRESSED** |")), "{md}");
+        assert!(
+            md.contains(
+                "| threshold 32 (rise between 16 and 32) | levels 1+16+32+64, 320 per level |"
+            ),
+            "{md}"
+        );
+        assert!(
+            md.contains(
+                "| threshold 64 (rise between 32 and 64) | threshold lower (worse): regressed |"
+            ),
+            "{md}"
+        );
+        assert!(md.contains("## Load sweeps"), "{md}");
+        let html = MatrixHtml.render(&n).unwrap();
+        assert!(html.contains("<h2>Load sweeps</h2>"), "{html}");
+        assert!(
+            html.contains("threshold lower (worse): regressed"),
+            "{html}"
+        );
+        let csv = MatrixCsv.render(&n).unwrap();
+        assert!(csv
+            .lines()
+            .next()
+            .unwrap()
+            .ends_with(",load_threshold,load_baseline_threshold,load_moved"));
+        assert!(
+            csv.contains(",32 (rise between 16 and 32),64 (rise between 32 and 64),lower (worse)"),
+            "{csv}"
+        );
+    }
+
+    #[test]
+    fn unchanged_and_higher_thresholds_are_ok_and_no_answer_is_inconclusive() {
+        let n = night(swept(32), swept(32));
+        let cmp = n.cells[1].comparison.as_ref().unwrap();
+        assert_eq!(cmp.status, CellStatus::Ok, "{:?}", cmp.reasons);
+        assert_eq!(cmp.reasons, ["the threshold is unchanged (32 in flight)"]);
+        let n = night(swept(32), swept(64));
+        let cmp = n.cells[1].comparison.as_ref().unwrap();
+        assert_eq!(cmp.status, CellStatus::Ok);
+        assert_eq!(cmp.threshold.as_ref().unwrap().moved, Some(Moved::Higher));
+        assert!(n.regressions.is_empty());
+        // Tonight's baseline level fell short: no answer, no pass.
+        let mut blind = swept(32);
+        let load = blind.load.as_mut().unwrap();
+        load.answer = Some(Answer::NoBaseline);
+        load.threshold = threshold_words(load.answer.as_ref());
+        let n = night(swept(32), blind);
+        let cmp = n.cells[1].comparison.as_ref().unwrap();
+        assert_eq!(cmp.status, CellStatus::Inconclusive);
+        assert!(
+            cmp.reasons[0].starts_with("this night's sweep gave no answer (no answer (the baseline level's load fell short))"),
+            "{:?}",
+            cmp.reasons
+        );
+        // Another sweep (levels, allocation, alpha...) is another configuration.
+        let mut other = swept(32);
+        other.config_hash = "other".into();
+        let n = night(swept(32), other);
+        assert_eq!(n.cells[1].verdict(), Some(CellStatus::NotComparable));
+    }
+}
