@@ -181,7 +181,7 @@ fn load_cell(
     let mut hashed = config_doc(&spec.fixed, sessions, rounds);
     hashed["load"] = serde_json::json!({
         "levels": sweep.levels,
-        "flag": sweep.flag.as_ref().map(|f| setting(f)),
+        "flag": sweep.flag.as_ref().map(setting),
         "allocation": sweep.allocation,
         "alpha": policy.alpha,
         "min_effect": policy.min_effect,

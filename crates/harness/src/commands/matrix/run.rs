@@ -146,7 +146,7 @@ async fn run_groups(
             // A load cell is a group of its own: its sweep restarts for every block.
             super::load_cell::run(job, bed, record, i, first, &pinned).await
         } else {
-            write_and_run_group(job, bed, &classifier, record, &group, &pinned).await
+            run_group(job, bed, &classifier, record, &group, &pinned).await
         };
         if let Err(e) = result {
             for (i, _) in &group {
@@ -161,8 +161,8 @@ async fn run_groups(
     Ok(())
 }
 
-/// Write the group's flag values (read back), then run it.
-async fn write_and_run_group(
+/// Write the group's flag values (read back), restart once, and run its cells.
+async fn run_group(
     job: &MatrixJob,
     bed: &mut Testbed<'_>,
     classifier: &Arc<Classifier>,
@@ -175,7 +175,7 @@ async fn write_and_run_group(
     for (flag, value) in &first.flags {
         readback.insert(flag.name.clone(), bed.set(flag, value)?);
     }
-    let label = format!("group{}", first.group);
+    let label = &format!("group{}", first.group);
     bed.progress().note(&format!(
         "{label} ({}): configs written and read back, restarting",
         first
@@ -185,20 +185,7 @@ async fn write_and_run_group(
             .collect::<Vec<_>>()
             .join(", ")
     ));
-    run_group(job, bed, classifier, record, group, &readback, &label).await
-}
-
-async fn run_group(
-    job: &MatrixJob,
-    bed: &mut Testbed<'_>,
-    classifier: &Arc<Classifier>,
-    record: &mut MatrixRecord,
-    group: &[(usize, &Cell)],
-    readback: &BTreeMap<String, Readback>,
-    label: &str,
-) -> anyhow::Result<()> {
     let restarted = bed.restart(label).await?;
-    let first = group[0].1;
     let check = check_effective(&job.plan.sets, &first.flags, &restarted.effective);
     for warning in &check.warnings {
         if !record.cells.iter().any(|c| c.warnings.contains(warning)) {

@@ -33,6 +33,9 @@ pub struct LoadSweep {
     pub allocation: Allocation,
 }
 
+/// `[[cell]]` entries as the plan holds them.
+type RawCells<'r> = Vec<&'r Spanned<RawCell>>;
+
 const KINDS: &str = "kind = \"load\" (a load sweep), or no kind (flag values at one load)";
 
 /// The plain cells and the load cells of `[[cell]]`, in file order; an unknown kind, or
@@ -40,7 +43,7 @@ const KINDS: &str = "kind = \"load\" (a load sweep), or no kind (flag values at 
 pub(super) fn partition<'r>(
     src: &Source,
     cells: &'r [Spanned<RawCell>],
-) -> Result<(Vec<&'r Spanned<RawCell>>, Vec<&'r Spanned<RawCell>>), ConfigError> {
+) -> Result<(RawCells<'r>, RawCells<'r>), ConfigError> {
     let mut plain = Vec::new();
     let mut load = Vec::new();
     for cell in cells {
