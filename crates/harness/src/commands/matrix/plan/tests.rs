@@ -241,3 +241,19 @@ fn load_cell_mistakes_name_their_line_and_fix() {
     let (_, msg) = error_line("name = \"t\"\n[[cell]]\nsessions = 4\n");
     assert!(msg.contains("this [[cell]] has no flags"), "{msg}");
 }
+
+#[test]
+fn the_load_cell_example_of_docs_load_md_is_a_valid_plan() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/load.md");
+    let doc = std::fs::read_to_string(&path).unwrap();
+    let section = &doc[doc.find("## In the matrix").unwrap()..];
+    let start = section.find("```toml\n").unwrap() + "```toml\n".len();
+    let example = &section[start..start + section[start..].find("```").unwrap()];
+    let plan = parse(example).unwrap();
+    let load = plan.cells.last().unwrap();
+    assert_eq!(load.id, "load,ab=BF16_INDEX_K,HICACHE=on,l1+16+32+64,s160");
+    assert!(
+        doc.contains(&format!("`{}`", load.id)),
+        "the doc names the id"
+    );
+}
