@@ -9,11 +9,12 @@
 //! id and its worktree (the search's folder for `--artifact`). Nothing of the user's is
 //! written: the worktree is bisect's, and the testbed opens read-only.
 //!
-//! The judgement ([`judge`]) applies the checks `bisect run` and `bisect probe` make on an
-//! arm, each voiding the block ("could not tell", weighing nothing): an engine that was
-//! another process at the end than after the restart, a degraded block (error+timeout
-//! over the policy's share), no judged session (all truncated or failed), and a load
-//! that fell short of the policy's share of the target (or was never measured), since a
+//! The judgement ([`judge`]) is the core's one judgement of a block
+//! ([`crate::core::judgement`], which `bisect probe` decides on too), each check voiding
+//! the block ("could not tell", weighing nothing): an engine that was another process at
+//! the end than after the restart, a degraded block (error+timeout over the policy's
+//! share), no judged session (all truncated or failed); and, here, a load that fell
+//! short of the policy's share of the target (or was never measured), since a
 //! load-dependent bug can hide below its load. Rejected replies count as corrupted, as
 //! everywhere.
 
@@ -26,7 +27,7 @@ use crate::config::{TargetProfile, Workload};
 use crate::control::EngineControl;
 use crate::core::arm_stats::ArmLabel;
 use crate::core::commits::Observation;
-use crate::core::confounds::load_shortfall;
+use crate::core::judgement::judge_block;
 use crate::core::verdict::Policy;
 use crate::exit::Failure;
 use crate::results::run_record::ArmRecord;
@@ -164,38 +165,11 @@ fn stops_the_search(e: &anyhow::Error) -> bool {
     })
 }
 
-/// The block's observation by the checks of this module's header.
+/// The block's observation by the checks of this module's header: the core's one
+/// judgement of a block, a load short of the target voiding it too.
 pub fn judge(arm: &ArmRecord, workload: &serde_json::Value, policy: &Policy) -> Observation {
-    let counts = &arm.stats.counts;
-    let (failed, sessions, judged) = (counts.failed(), counts.total(), counts.judged());
-    let void = |reason: String| Observation::CouldNotTell { reason };
-    if !arm.stats.engine_replaced.is_empty() {
-        return void(format!(
-            "an engine changed during the block: {}",
-            arm.stats.engine_replaced.join("; ")
-        ));
-    }
-    if sessions == 0 {
-        return void("no session finished".into());
-    }
-    if failed as f64 > policy.degraded_fraction * sessions as f64 {
-        return void(format!(
-            "degraded: {failed}/{sessions} sessions errored or timed out"
-        ));
-    }
-    if judged == 0 {
-        return void(format!(
-            "no session could show corruption: {} of {sessions} truncated",
-            counts.truncated
-        ));
-    }
-    if let Some(why) = load_shortfall(&arm.observe(workload), policy) {
-        return void(format!("the load fell short: {why}"));
-    }
-    Observation::Block {
-        corrupted: counts.corrupted(),
-        judged,
-    }
+    let facts = crate::commands::judge::block_facts(arm, workload, policy);
+    Observation::of_block(judge_block(&facts, policy.degraded_fraction))
 }
 
 /// `blocks/b007` for block 7.

@@ -31,6 +31,7 @@ use serde::{Deserialize, Serialize};
 use super::choose::{next_commit, Cost};
 use super::posterior::{answer_sets, best_answer, posterior, sides, Counts, Posterior};
 use crate::core::format;
+use crate::core::judgement::{Judged, Void};
 use crate::core::sequential::{
     mixture_confidence_sequence, ArmPrior, Decision, DesignGoal, Direction, PlugInPrior,
     SequentialDesign, SequentialState,
@@ -130,6 +131,29 @@ pub enum Observation {
     Untestable {
         reason: String,
     },
+}
+
+impl Observation {
+    /// A block's observation from the one judgement of a block
+    /// ([`crate::core::judgement`]): a void block, or one whose load fell short of the
+    /// target (a load-dependent bug can hide below its load), could not tell.
+    pub fn of_block(judgement: Result<Judged, Void>) -> Self {
+        match judgement {
+            Err(void) => Observation::CouldNotTell {
+                reason: void.to_string(),
+            },
+            Ok(Judged {
+                load_shortfall: Some(why),
+                ..
+            }) => Observation::CouldNotTell {
+                reason: format!("the load fell short: {why}"),
+            },
+            Ok(j) => Observation::Block {
+                corrupted: j.corrupted,
+                judged: j.judged,
+            },
+        }
+    }
 }
 
 /// Seconds an observation cost, as measured; `build_s` is `None` for a cached build.
