@@ -128,8 +128,12 @@ pub(crate) fn posterior_history(record: &CommitsRecord) -> Vec<Vec<f64>> {
     let mut counts = vec![Counts::default(); record.commits.len()];
     let mut out = Vec::new();
     for step in &record.steps {
-        if let Observation::Block { corrupted, judged } = step.observation {
-            counts[step.commit] = counts[step.commit] + Counts { corrupted, judged };
+        match step.observation {
+            Observation::Block { corrupted, judged } => {
+                counts[step.commit] = counts[step.commit] + Counts { corrupted, judged };
+            }
+            Observation::Pair { on, .. } => counts[step.commit] = counts[step.commit] + on,
+            _ => {}
         }
         let post = posterior(&counts);
         let mut row = post.culprit;
@@ -210,6 +214,10 @@ pub(crate) fn render_markdown(r: &CommitsRecord) -> String {
 pub(crate) fn observation_words(o: &Observation) -> String {
     match o {
         Observation::Block { corrupted, judged } => format!("{corrupted}/{judged} corrupted"),
+        Observation::Pair { on, off } => format!(
+            "on {}/{} corrupted, off {}/{}",
+            on.corrupted, on.judged, off.corrupted, off.judged
+        ),
         Observation::CouldNotTell { reason } => format!("could not tell: {reason}"),
         Observation::Untestable { reason } => format!("untestable: {reason}"),
     }
