@@ -16,7 +16,7 @@ use crate::core::commits::posterior::posterior;
 use crate::core::commits::{Counts, Observation, Params, Purpose, Spent};
 use crate::core::sequential::LookRecord;
 use crate::results::export;
-use crate::results::run_record::TargetInfo;
+use crate::results::run_record::{FlagInfo, TargetInfo};
 
 pub(crate) const SCHEMA: &str = "bisect.commits/1";
 
@@ -43,6 +43,39 @@ pub struct StepEntry {
     /// What the engines reported about themselves after the restart.
     #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
     pub engine_info: serde_json::Map<String, serde_json::Value>,
+    /// With `--flag`: the A/B's blocks, on then off (`observation` is the pair's); the
+    /// fields above that describe one block are then empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub arms: Vec<ArmStep>,
+}
+
+impl StepEntry {
+    /// The folders of the step's blocks: its one block's, or each arm's.
+    pub fn dirs(&self) -> Vec<&str> {
+        self.dir
+            .as_deref()
+            .into_iter()
+            .chain(self.arms.iter().map(|a| a.dir.as_str()))
+            .collect()
+    }
+}
+
+/// One arm's block of a step under `--flag`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ArmStep {
+    /// `on` or `off`.
+    pub arm: String,
+    /// The flag's value in this arm.
+    pub value: String,
+    /// The block's own observation (the step's is the pair's).
+    pub(crate) observation: Observation,
+    /// `blocks/bNNN-on`.
+    pub dir: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_engine: Option<u64>,
+    pub wall_s: f64,
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub engine_info: serde_json::Map<String, serde_json::Value>,
 }
 
 /// The first line of steps.jsonl: the search it logged, refused on `--resume` when not
@@ -54,6 +87,9 @@ pub(crate) struct Header {
     pub build: String,
     pub commits: usize,
     pub params: Params,
+    /// `--set` pins, `NAME=VALUE`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pinned: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -81,6 +117,12 @@ pub struct CommitsRecord {
     pub target: TargetInfo,
     pub workload: serde_json::Value,
     pub params: Params,
+    /// `--flag`: the flag whose A/B every step runs (`params.flag` names it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flag: Option<FlagInfo>,
+    /// `--set` pins written into every block's launch configs, `NAME=VALUE`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pinned: Vec<String>,
     /// The first-parent range, good end first.
     pub commits: Vec<CommitInfo>,
     /// culprit / unverified / no_culprit / could_not_reproduce / inconclusive.
@@ -96,6 +138,10 @@ pub struct CommitsRecord {
     pub untestable: Vec<CommitRef>,
     /// The verification A/B's looks (culprit = on, parent = off).
     pub verification: Vec<LookRecord>,
+    /// With `--flag`: the off arm's counts at the culprit, every pair there pooled (the
+    /// verification needs them clean).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub off_at_culprit: Option<Counts>,
     pub steps: Vec<StepEntry>,
     pub sessions_spent: u64,
     pub(crate) builds_run: u64,
@@ -160,6 +206,15 @@ pub(crate) fn render_markdown(r: &CommitsRecord) -> String {
         r.params.concurrency,
         r.build
     );
+    if let Some(f) = &r.flag {
+        s += &format!(
+            "Every step is an A/B of {} (on {}, off {}); the search counts the on arm.\n\n",
+            f.name, f.on, f.off
+        );
+    }
+    if !r.pinned.is_empty() {
+        s += &format!("Pinned in every block: {}.\n\n", r.pinned.join(", "));
+    }
     s += &format!(
         "**{}**: {}\n\n",
         r.answer.as_deref().unwrap_or("running"),
@@ -202,7 +257,10 @@ pub(crate) fn render_markdown(r: &CommitsRecord) -> String {
             short(&st.sha),
             st.purpose,
             observation_words(&st.observation),
-            st.dir.as_deref().unwrap_or("-")
+            match st.dirs() {
+                dirs if dirs.is_empty() => "-".to_string(),
+                dirs => dirs.join(", "),
+            }
         );
     }
     if let Some(e) = &r.error {

@@ -38,11 +38,16 @@ pub(super) fn render_html(r: &CommitsRecord) -> String {
     s += &heat_map(r);
     s += "<h2>Steps</h2><table><tr><th>step</th><th>commit</th><th>purpose</th><th>result</th><th>block</th></tr>";
     for st in &r.steps {
-        let dir = st
-            .dir
-            .as_deref()
+        let links: Vec<String> = st
+            .dirs()
+            .iter()
             .map(|d| format!("<a href=\"{0}/sessions.jsonl\">{0}/</a>", escape(d)))
-            .unwrap_or_else(|| "-".into());
+            .collect();
+        let dir = if links.is_empty() {
+            "-".to_string()
+        } else {
+            links.join(" ")
+        };
         s +=
             &format!(
             "<tr><td>{}</td><td>{} <code>{}</code> {}</td><td>{:?}</td><td>{}</td><td>{}</td></tr>",

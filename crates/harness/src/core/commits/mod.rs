@@ -7,6 +7,7 @@
 //! - [`posterior`]: the change-point model, its posterior, and the answers it can name
 //!   (untestable commits widening one to a range);
 //! - [`observation`]: what a block, or the flag's A/B pair of blocks, tells the search;
+//! - [`params`]: what the search is asked, validated;
 //! - [`choose`]: the next commit, by expected information per second of cost;
 //! - [`search`]: the state machine: the ends verified first, the search, the stopping
 //!   rule and budget, the verification A/B of the answer against its parent;
@@ -14,6 +15,7 @@
 
 pub mod choose;
 pub mod observation;
+pub mod params;
 pub mod posterior;
 pub mod search;
 pub mod simulate;
