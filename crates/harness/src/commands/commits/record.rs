@@ -193,6 +193,22 @@ fn short(sha: &str) -> &str {
     &sha[..sha.len().min(12)]
 }
 
+/// What every block ran with besides the commit: the flag's A/B and the pins, a
+/// sentence each (summary.md and report.html).
+pub(crate) fn setup_lines(r: &CommitsRecord) -> Vec<String> {
+    let mut lines = Vec::new();
+    if let Some(f) = &r.flag {
+        lines.push(format!(
+            "Every step is an A/B of {} (on {}, off {}); the search counts the on arm.",
+            f.name, f.on, f.off
+        ));
+    }
+    if !r.pinned.is_empty() {
+        lines.push(format!("Pinned in every block: {}.", r.pinned.join(", ")));
+    }
+    lines
+}
+
 /// summary.md: the answer in words, then every step.
 pub(crate) fn render_markdown(r: &CommitsRecord) -> String {
     let mut s = format!("# bisect commits {}\n\n", r.id);
@@ -206,14 +222,8 @@ pub(crate) fn render_markdown(r: &CommitsRecord) -> String {
         r.params.concurrency,
         r.build
     );
-    if let Some(f) = &r.flag {
-        s += &format!(
-            "Every step is an A/B of {} (on {}, off {}); the search counts the on arm.\n\n",
-            f.name, f.on, f.off
-        );
-    }
-    if !r.pinned.is_empty() {
-        s += &format!("Pinned in every block: {}.\n\n", r.pinned.join(", "));
+    for line in setup_lines(r) {
+        s += &format!("{line}\n\n");
     }
     s += &format!(
         "**{}**: {}\n\n",
@@ -289,7 +299,7 @@ pub(crate) struct StepLog {
 #[derive(Serialize, Deserialize)]
 #[serde(tag = "line", rename_all = "snake_case")]
 enum Line {
-    Header(Header),
+    Header(Box<Header>),
     Step(Box<StepEntry>),
 }
 
@@ -308,7 +318,7 @@ impl StepLog {
             writeln!(
                 file,
                 "{}",
-                serde_json::to_string(&Line::Header(header.clone()))?
+                serde_json::to_string(&Line::Header(Box::new(header.clone())))?
             )?;
         }
         Ok(StepLog { file })
@@ -338,7 +348,7 @@ pub(crate) fn read_log(path: &Path) -> anyhow::Result<(Header, Vec<StepEntry>)> 
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
     for (i, line) in lines.iter().enumerate() {
         match serde_json::from_str::<Line>(line) {
-            Ok(Line::Header(h)) => header = Some(h),
+            Ok(Line::Header(h)) => header = Some(*h),
             Ok(Line::Step(s)) => steps.push(*s),
             Err(_) if i + 1 == lines.len() => break,
             Err(e) => {
@@ -358,4 +368,96 @@ pub(crate) fn read_log(path: &Path) -> anyhow::Result<(Header, Vec<StepEntry>)> 
         ))
     })?;
     Ok((header, steps))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(pinned: &[&str], flag: Option<&str>) -> Header {
+        let mut params = Params::new(9, 80, 80);
+        params.flag = flag.map(str::to_string);
+        Header {
+            good: "a".into(),
+            bad: "b".into(),
+            build: "--build true".into(),
+            commits: 9,
+            params,
+            pinned: pinned.iter().map(|p| p.to_string()).collect(),
+        }
+    }
+
+    fn pair_step() -> StepEntry {
+        let c = |corrupted| Counts {
+            corrupted,
+            judged: 80,
+        };
+        let arm = |arm: &str, value: &str, corrupted| ArmStep {
+            arm: arm.into(),
+            value: value.into(),
+            observation: Observation::Block {
+                corrupted,
+                judged: 80,
+            },
+            dir: format!("blocks/b001-{arm}"),
+            peak_engine: Some(80),
+            wall_s: 4.0,
+            engine_info: Default::default(),
+        };
+        StepEntry {
+            step: 1,
+            commit: 8,
+            sha: "b".into(),
+            purpose: Purpose::Ends,
+            observation: Observation::Pair {
+                on: c(14),
+                off: c(1),
+            },
+            spent: Spent {
+                build_s: Some(1.0),
+                block_s: Some(8.0),
+                sessions: 160,
+            },
+            dir: None,
+            peak_engine: None,
+            wall_s: Some(8.0),
+            build: None,
+            engine_info: Default::default(),
+            arms: vec![arm("on", "1", 14), arm("off", "0", 1)],
+        }
+    }
+
+    #[test]
+    fn a_flag_search_with_pins_logs_and_replays_both_arms() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("steps.jsonl");
+        let h = header(&["HICACHE=off"], Some("BF16_INDEX_K"));
+        let mut log = StepLog::open(&path, &h, false).unwrap();
+        log.append(&pair_step()).unwrap();
+        let (read, steps) = read_log(&path).unwrap();
+        assert_eq!(read, h);
+        assert_eq!(steps, [pair_step()]);
+        assert_eq!(steps[0].dirs(), ["blocks/b001-on", "blocks/b001-off"]);
+        assert_eq!(
+            observation_words(&steps[0].observation),
+            "on 14/80 corrupted, off 1/80"
+        );
+        // Another set of pins, or no flag, is another search.
+        assert_ne!(read, header(&[], Some("BF16_INDEX_K")));
+        assert_ne!(read, header(&["HICACHE=off"], None));
+    }
+
+    #[test]
+    fn a_log_from_before_flags_and_pins_reads_as_a_search_without_them() {
+        let h = header(&[], None);
+        let mut line = serde_json::to_value(Line::Header(Box::new(h.clone()))).unwrap();
+        let params = line["params"].as_object_mut().unwrap();
+        assert!(params.remove("flag").is_none(), "not written when absent");
+        params.remove("background").unwrap();
+        assert!(line.get("pinned").is_none());
+        match serde_json::from_value::<Line>(line).unwrap() {
+            Line::Header(read) => assert_eq!(*read, h),
+            Line::Step(_) => panic!("a header"),
+        }
+    }
 }
