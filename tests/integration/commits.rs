@@ -167,6 +167,31 @@ async fn search(plan: &CommitsPlan, state: &Path) -> commits::record::CommitsRec
         .unwrap()
 }
 
+/// The prefill launch script a block in `block` (`blocks/bNNN[-arm]`) started from.
+fn launched_prefill(plan: &CommitsPlan, block: &str) -> String {
+    let label = block.trim_start_matches("blocks/");
+    let path = plan
+        .dir
+        .join(block)
+        .join(format!("launch/{label}-r0/prefill--prefill.sh"));
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The search ended "could not reproduce" (exit 1) at `load` in flight.
+fn assert_could_not_reproduce(record: &commits::record::CommitsRecord, load: u32) {
+    let verdict = record.verdict.clone().unwrap_or_default();
+    assert_eq!(
+        record.answer.as_deref(),
+        Some("could_not_reproduce"),
+        "{verdict}"
+    );
+    assert!(
+        verdict.contains(&format!("at {load} in flight")),
+        "{verdict}"
+    );
+    assert_eq!(commits::exit_code(record), 1);
+}
+
 /// The user's repository as it was: same HEAD, branch, clean tree, no worktree left.
 fn assert_untouched(repo: &Path, head: &str) {
     assert_eq!(git(repo, &["rev-parse", "HEAD"]), head);
@@ -208,19 +233,8 @@ async fn the_commit_that_turns_bf16_on_is_found_and_verified() {
     }
     // The engines ran the commit's own scripts: the culprit's block read bf16 on.
     let at_culprit = record.steps.iter().find(|s| s.commit == 37).unwrap();
-    let block = at_culprit.dir.as_deref().unwrap();
-    let label = block.trim_start_matches("blocks/");
-    let launched = plan
-        .dir
-        .join(block)
-        .join(format!("launch/{label}-r0/prefill--prefill.sh"));
-    assert!(
-        std::fs::read_to_string(&launched)
-            .unwrap()
-            .contains(BF16_ON),
-        "{}",
-        launched.display()
-    );
+    let launched = launched_prefill(&plan, at_culprit.dir.as_deref().unwrap());
+    assert!(launched.contains(BF16_ON), "{launched}");
     for file in ["commits.json", "steps.jsonl", "summary.md", "report.html"] {
         assert!(plan.dir.join(file).is_file(), "{file}");
     }
@@ -276,14 +290,7 @@ async fn at_8_in_flight_the_bad_end_does_not_reproduce() {
     let mut plan = plan(dir.path(), &repo, target, 8);
     plan.workload.sessions = 40;
     let record = search(&plan, &dir.path().join("state")).await;
-    let verdict = record.verdict.clone().unwrap_or_default();
-    assert_eq!(
-        record.answer.as_deref(),
-        Some("could_not_reproduce"),
-        "{verdict}"
-    );
-    assert!(verdict.contains("at 8 in flight"), "{verdict}");
-    assert_eq!(commits::exit_code(&record), 1);
+    assert_could_not_reproduce(&record, 8);
     assert_untouched(&repo, &shas[COMMITS]);
 }
 
@@ -353,17 +360,9 @@ async fn with_a_flag_the_commit_since_which_bf16_corrupts_is_found() {
         .iter()
         .find(|s| s.commit == DROP_SYNC && s.arms.len() == 2)
         .unwrap();
-    let launched = |arm: &commits::record::ArmStep| {
-        let label = arm.dir.trim_start_matches("blocks/");
-        let path = plan
-            .dir
-            .join(&arm.dir)
-            .join(format!("launch/{label}-r0/prefill--prefill.sh"));
-        std::fs::read_to_string(path).unwrap()
-    };
-    let on = launched(&at_culprit.arms[0]);
+    let on = launched_prefill(&plan, &at_culprit.arms[0].dir);
     assert!(on.contains(BF16_ON) && on.contains(SYNC_OFF), "{on}");
-    assert!(launched(&at_culprit.arms[1]).contains(BF16_OFF));
+    assert!(launched_prefill(&plan, &at_culprit.arms[1].dir).contains(BF16_OFF));
     assert!(!plan.dir.join("worktrees").exists());
     assert_untouched(&repo, &shas[FLAG_COMMITS]);
 }
@@ -380,12 +379,7 @@ async fn a_pin_reaches_every_commit_and_resume_refuses_another() {
     let mut plan = plan(dir.path(), &repo, target, 80);
     plan.sets = vec![(flag("INDEX_K_HICACHE_SYNC"), "1".into())];
     let record = search(&plan, &dir.path().join("state")).await;
-    let verdict = record.verdict.clone().unwrap_or_default();
-    assert_eq!(
-        record.answer.as_deref(),
-        Some("could_not_reproduce"),
-        "{verdict}"
-    );
+    assert_could_not_reproduce(&record, 80);
     assert_eq!(record.pinned, ["INDEX_K_HICACHE_SYNC=1"]);
     let header = std::fs::read_to_string(plan.dir.join("steps.jsonl")).unwrap();
     assert!(
@@ -398,10 +392,7 @@ async fn a_pin_reaches_every_commit_and_resume_refuses_another() {
     );
     let first = &record.steps[0];
     assert_eq!(first.commit, COMMITS);
-    let launched = plan
-        .dir
-        .join("blocks/b001/launch/b001-r0/prefill--prefill.sh");
-    let launched = std::fs::read_to_string(launched).unwrap();
+    let launched = launched_prefill(&plan, "blocks/b001");
     assert!(
         launched.contains(BF16_ON) && launched.contains(SYNC_ON),
         "{launched}"

@@ -4,8 +4,9 @@
 //! module lists the first-parent range ([`git`]), checks each tested commit out into a
 //! worktree of its own and builds it ([`build`], cached per commit id), runs one block of
 //! sessions on the commit's build through the arm lifecycle and judges it with every check
-//! `run` makes ([`block`]), and writes commits.json, steps.jsonl, summary.md and
-//! report.html after every step ([`record`], [`report`]). `--resume DIR` replays DIR's
+//! `run` makes ([`block`]; with `--flag`, the flag's on and off blocks judged as a pair,
+//! `step`; `--set` pins written into every block), and writes commits.json, steps.jsonl,
+//! summary.md and report.html after every step ([`record`], [`report`]). `--resume DIR` replays DIR's
 //! steps.jsonl through the search (nothing it logged runs again) and carries on.
 //!
 //! The worktrees are removed when the search ends, on every path; the user's working
