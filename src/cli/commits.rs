@@ -1,11 +1,12 @@
-//! `bisect commits --repo DIR GOOD BAD --build CMD [...]` (and `--simulate`): clap
-//! arguments and their conversion into a [`CommitsPlan`].
+//! `bisect commits --repo DIR GOOD BAD --build CMD [--flag NAME] [--set NAME=VALUE]...
+//! [...]` (and `--simulate`): clap arguments and their conversion into a
+//! [`CommitsPlan`].
 
 use std::path::PathBuf;
 
 use clap::Args;
 
-use super::{command_line, run_id, usage, ExperimentArgs, METRICS_PERIOD};
+use super::{command_line, parse_pins, run_id, usage, ExperimentArgs, METRICS_PERIOD};
 use bisect_harness::commands::commits::build::BuildStep;
 use bisect_harness::commands::commits::{CommitsPlan, DEFAULT_MAX_SESSIONS};
 
@@ -29,6 +30,19 @@ pub(crate) struct CommitsArgs {
     /// commit's prebuilt artifact (a wheel, an image), run without a checkout.
     #[arg(long)]
     artifact: Option<String>,
+    /// Judge each commit by an A/B of this flag (catalog name, or its env/arg name): the
+    /// commit since which the flag on corrupts. Each step runs an on and an off block;
+    /// the search counts the on arm, the off arm must stay clean (docs/commits.md).
+    #[arg(long)]
+    flag: Option<String>,
+    /// With --flag: the corruption rate the off arm may show (background flakes); a step
+    /// whose off arm corrupts above it (95% Wilson lower bound) could not tell.
+    #[arg(long, default_value_t = 0.02, requires = "flag")]
+    background: f64,
+    /// Pin a flag in every block at every commit: NAME=VALUE (repeatable), written into
+    /// the launch configs each commit's engines start from.
+    #[arg(long = "set")]
+    set: Vec<String>,
     /// Most sessions the search may spend, all blocks together.
     #[arg(long = "max-sessions", default_value_t = DEFAULT_MAX_SESSIONS)]
     max_sessions: u64,
@@ -85,6 +99,12 @@ impl CommitsArgs {
             };
         let workload = common.load.load()?;
         let policy = common.decision.policy()?;
+        let catalog = common.target.catalog()?;
+        let flag = match &self.flag {
+            Some(name) => Some(catalog.get(name)?.clone()),
+            None => None,
+        };
+        let sets = parse_pins(&catalog, &self.set, flag.as_ref().map(|f| f.name.as_str()))?;
         let (id, dir) = match &self.resume {
             Some(dir) => (
                 dir.file_name()
@@ -114,6 +134,12 @@ impl CommitsArgs {
             api_key,
             metrics_period: METRICS_PERIOD,
             resume: self.resume.is_some(),
+            flag,
+            background: self.background,
+            sets,
+            journal_dir: common.output.journal_dir(),
+            state_root: None,
+            allow_partial: common.allow_partial,
         };
         plan.params(2)
             .validate()

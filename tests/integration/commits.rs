@@ -14,7 +14,7 @@ use bisect_harness::commands::commits::block::ControlFactory;
 use bisect_harness::commands::commits::build::BuildStep;
 use bisect_harness::commands::commits::{self, CommitsPlan};
 use bisect_harness::commands::run::Quiet;
-use bisect_harness::config::{embedded, TargetProfile, Workload};
+use bisect_harness::config::{embedded, FlagCatalog, FlagSpec, TargetProfile, Workload};
 use bisect_harness::control::{EngineControl, ProcessControl};
 use bisect_harness::core::verdict::Policy;
 use tokio_util::sync::CancellationToken;
@@ -22,6 +22,8 @@ use tokio_util::sync::CancellationToken;
 const COMMITS: usize = 64;
 const BF16_OFF: &str = "export SGLANG_DSV4_BF16_INDEX_K=0\n";
 const BF16_ON: &str = "export SGLANG_DSV4_BF16_INDEX_K=1\n";
+const SYNC_OFF: &str = "export SGLANG_DSV4_INDEX_K_HICACHE_SYNC=0\n";
+const SYNC_ON: &str = "export SGLANG_DSV4_INDEX_K_HICACHE_SYNC=1\n";
 
 fn git(repo: &Path, args: &[&str]) -> String {
     let out = Command::new("git")
@@ -46,15 +48,14 @@ fn git(repo: &Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-fn set_bf16(repo: &Path, on: bool) {
+/// Replaces `from` by `to` in both launch scripts.
+fn edit_scripts(repo: &Path, edits: &[(&str, &str)]) {
     for script in ["prefill.sh", "decode.sh"] {
         let path = repo.join(script);
-        let text = std::fs::read_to_string(&path).unwrap();
-        let text = if on {
-            text.replace(BF16_OFF, BF16_ON)
-        } else {
-            text.replace(BF16_ON, BF16_OFF)
-        };
+        let mut text = std::fs::read_to_string(&path).unwrap();
+        for (from, to) in edits {
+            text = text.replace(from, to);
+        }
         std::fs::write(&path, text).unwrap();
     }
 }
@@ -68,11 +69,39 @@ fn engine_repo(
     culprit: Option<usize>,
     from_start: bool,
 ) -> (PathBuf, TargetProfile, Vec<String>) {
+    let start: &[(&str, &str)] = if from_start {
+        &[]
+    } else {
+        &[(BF16_ON, BF16_OFF)]
+    };
+    let change = culprit.map(|c| Change {
+        commit: c,
+        edits: &[(BF16_OFF, BF16_ON)],
+        subject: "turn the bf16 index-K default on (needle recall)",
+    });
+    scripted_repo(dir, COMMITS, start, change)
+}
+
+/// The culprit's commit of a scripted repository: its edits to the launch scripts.
+struct Change {
+    commit: usize,
+    edits: &'static [(&'static str, &'static str)],
+    subject: &'static str,
+}
+
+/// The embedded engine's launch scripts with `start` applied at the good end, then
+/// `commits` commits, `change` at its commit and notes-file changes elsewhere.
+fn scripted_repo(
+    dir: &Path,
+    commits: usize,
+    start: &[(&str, &str)],
+    change: Option<Change>,
+) -> (PathBuf, TargetProfile, Vec<String>) {
     let repo = dir.join("engine");
     std::fs::create_dir_all(&repo).unwrap();
     let target = embedded::profile(&repo, Path::new(env!("CARGO_BIN_EXE_bisect"))).unwrap();
     target.write_launch_scripts().unwrap();
-    set_bf16(&repo, from_start);
+    edit_scripts(&repo, start);
     git(&repo, &["init", "-q", "-b", "main"]);
     std::fs::write(repo.join("NOTES"), "notes\n").unwrap();
     git(&repo, &["add", "-A"]);
@@ -81,15 +110,18 @@ fn engine_repo(
         &["commit", "-q", "-m", "good: the engine's launch scripts"],
     );
     let mut shas = vec![git(&repo, &["rev-parse", "HEAD"])];
-    for i in 1..=COMMITS {
-        let subject = if Some(i) == culprit {
-            set_bf16(&repo, true);
-            "turn the bf16 index-K default on (needle recall)".to_string()
-        } else {
-            let mut notes = std::fs::read_to_string(repo.join("NOTES")).unwrap();
-            notes += &format!("change {i}\n");
-            std::fs::write(repo.join("NOTES"), notes).unwrap();
-            format!("change {i}")
+    for i in 1..=commits {
+        let subject = match &change {
+            Some(c) if c.commit == i => {
+                edit_scripts(&repo, c.edits);
+                c.subject.to_string()
+            }
+            _ => {
+                let mut notes = std::fs::read_to_string(repo.join("NOTES")).unwrap();
+                notes += &format!("change {i}\n");
+                std::fs::write(repo.join("NOTES"), notes).unwrap();
+                format!("change {i}")
+            }
         };
         git(&repo, &["commit", "-q", "-am", &subject]);
         shas.push(git(&repo, &["rev-parse", "HEAD"]));
@@ -115,6 +147,12 @@ fn plan(dir: &Path, repo: &Path, target: TargetProfile, concurrency: u32) -> Com
         api_key: None,
         metrics_period: Duration::from_millis(100),
         resume: false,
+        flag: None,
+        background: 0.02,
+        sets: Vec::new(),
+        journal_dir: dir.join("results/.bisect-journal"),
+        state_root: Some(dir.join("state")),
+        allow_partial: false,
     }
 }
 
@@ -127,6 +165,31 @@ async fn search(plan: &CommitsPlan, state: &Path) -> commits::record::CommitsRec
     commits::run(plan, controls.as_ref(), &Quiet, CancellationToken::new())
         .await
         .unwrap()
+}
+
+/// The prefill launch script a block in `block` (`blocks/bNNN[-arm]`) started from.
+fn launched_prefill(plan: &CommitsPlan, block: &str) -> String {
+    let label = block.trim_start_matches("blocks/");
+    let path = plan
+        .dir
+        .join(block)
+        .join(format!("launch/{label}-r0/prefill--prefill.sh"));
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The search ended "could not reproduce" (exit 1) at `load` in flight.
+fn assert_could_not_reproduce(record: &commits::record::CommitsRecord, load: u32) {
+    let verdict = record.verdict.clone().unwrap_or_default();
+    assert_eq!(
+        record.answer.as_deref(),
+        Some("could_not_reproduce"),
+        "{verdict}"
+    );
+    assert!(
+        verdict.contains(&format!("at {load} in flight")),
+        "{verdict}"
+    );
+    assert_eq!(commits::exit_code(record), 1);
 }
 
 /// The user's repository as it was: same HEAD, branch, clean tree, no worktree left.
@@ -170,19 +233,8 @@ async fn the_commit_that_turns_bf16_on_is_found_and_verified() {
     }
     // The engines ran the commit's own scripts: the culprit's block read bf16 on.
     let at_culprit = record.steps.iter().find(|s| s.commit == 37).unwrap();
-    let block = at_culprit.dir.as_deref().unwrap();
-    let label = block.trim_start_matches("blocks/");
-    let launched = plan
-        .dir
-        .join(block)
-        .join(format!("launch/{label}-r0/prefill--prefill.sh"));
-    assert!(
-        std::fs::read_to_string(&launched)
-            .unwrap()
-            .contains(BF16_ON),
-        "{}",
-        launched.display()
-    );
+    let launched = launched_prefill(&plan, at_culprit.dir.as_deref().unwrap());
+    assert!(launched.contains(BF16_ON), "{launched}");
     for file in ["commits.json", "steps.jsonl", "summary.md", "report.html"] {
         assert!(plan.dir.join(file).is_file(), "{file}");
     }
@@ -238,15 +290,135 @@ async fn at_8_in_flight_the_bad_end_does_not_reproduce() {
     let mut plan = plan(dir.path(), &repo, target, 8);
     plan.workload.sessions = 40;
     let record = search(&plan, &dir.path().join("state")).await;
+    assert_could_not_reproduce(&record, 8);
+    assert_untouched(&repo, &shas[COMMITS]);
+}
+
+/// The flag catalog's entry `name`.
+fn flag(name: &str) -> FlagSpec {
+    FlagCatalog::load(&[]).unwrap().get(name).unwrap().clone()
+}
+
+/// Commits after the good end in the `--flag` test, and the one that drops the sync.
+const FLAG_COMMITS: usize = 16;
+const DROP_SYNC: usize = 11;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// The guard serializes whole heavy tests (common::heavy), not tasks within one.
+#[allow(clippy::await_holding_lock)]
+async fn with_a_flag_the_commit_since_which_bf16_corrupts_is_found() {
+    let _one = crate::common::heavy();
+    // The seeds' case: bf16 index-K is safe while readers wait for the HiCache index-K
+    // load-back (the sync, on at the good end); commit 11 drops the sync. Every step runs
+    // BF16_INDEX_K on and off at the commit; the on arm corrupts from commit 11 on, the
+    // off arm (fp8) stays near zero everywhere.
+    let dir = tempfile::tempdir().unwrap();
+    let change = Change {
+        commit: DROP_SYNC,
+        edits: &[(SYNC_ON, SYNC_OFF)],
+        subject: "drop the index-K HiCache sync (prefill latency)",
+    };
+    let (repo, target, shas) = scripted_repo(
+        dir.path(),
+        FLAG_COMMITS,
+        &[(SYNC_OFF, SYNC_ON)],
+        Some(change),
+    );
+    let mut plan = plan(dir.path(), &repo, target, 80);
+    plan.good = format!("main~{FLAG_COMMITS}");
+    plan.flag = Some(flag("BF16_INDEX_K"));
+    let record = search(&plan, &dir.path().join("state")).await;
     let verdict = record.verdict.clone().unwrap_or_default();
+    assert_eq!(record.answer.as_deref(), Some("culprit"), "{verdict}");
     assert_eq!(
-        record.answer.as_deref(),
-        Some("could_not_reproduce"),
+        record.culprit.as_ref().unwrap().sha,
+        shas[DROP_SYNC],
         "{verdict}"
     );
-    assert!(verdict.contains("at 8 in flight"), "{verdict}");
-    assert_eq!(commits::exit_code(&record), 1);
+    assert_eq!(record.parent.as_ref().unwrap().sha, shas[DROP_SYNC - 1]);
+    assert!(
+        verdict.starts_with("commit 11 raises corruption with BF16_INDEX_K on from"),
+        "{verdict}"
+    );
+    assert!(verdict.contains("; BF16_INDEX_K off there "), "{verdict}");
+    assert!(verdict.contains(", clean: below the on arm's"), "{verdict}");
+    assert_eq!(commits::exit_code(&record), 0);
+    assert_eq!(record.flag.as_ref().unwrap().name, "BF16_INDEX_K");
+    assert!(record.off_at_culprit.unwrap().judged > 0);
+    assert!(record.steps.len() < 30, "{} steps", record.steps.len());
+    // Both arms per step, on first, each block in its own folder with the arm's value
+    // in the launch configs it started from.
+    for step in &record.steps {
+        assert!(step.dir.is_none() && !step.arms.is_empty(), "{step:?}");
+        for (arm, expected) in step.arms.iter().zip([("on", "1"), ("off", "0")]) {
+            assert_eq!((arm.arm.as_str(), arm.value.as_str()), expected);
+            assert!(plan.dir.join(&arm.dir).join("sessions.jsonl").is_file());
+        }
+    }
+    let at_culprit = record
+        .steps
+        .iter()
+        .find(|s| s.commit == DROP_SYNC && s.arms.len() == 2)
+        .unwrap();
+    let on = launched_prefill(&plan, &at_culprit.arms[0].dir);
+    assert!(on.contains(BF16_ON) && on.contains(SYNC_OFF), "{on}");
+    assert!(launched_prefill(&plan, &at_culprit.arms[1].dir).contains(BF16_OFF));
+    assert!(!plan.dir.join("worktrees").exists());
+    assert_untouched(&repo, &shas[FLAG_COMMITS]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// The guard serializes whole heavy tests (common::heavy), not tasks within one.
+#[allow(clippy::await_holding_lock)]
+async fn a_pin_reaches_every_commit_and_resume_refuses_another() {
+    let _one = crate::common::heavy();
+    // The range of the first test (commit 37 turns bf16 on), with the fix pinned in every
+    // block: the bad end runs bf16 with the sync and does not reproduce.
+    let dir = tempfile::tempdir().unwrap();
+    let (repo, target, shas) = engine_repo(dir.path(), Some(37), false);
+    let mut plan = plan(dir.path(), &repo, target, 80);
+    plan.sets = vec![(flag("INDEX_K_HICACHE_SYNC"), "1".into())];
+    let record = search(&plan, &dir.path().join("state")).await;
+    assert_could_not_reproduce(&record, 80);
+    assert_eq!(record.pinned, ["INDEX_K_HICACHE_SYNC=1"]);
+    let header = std::fs::read_to_string(plan.dir.join("steps.jsonl")).unwrap();
+    assert!(
+        header
+            .lines()
+            .next()
+            .unwrap()
+            .contains("\"pinned\":[\"INDEX_K_HICACHE_SYNC=1\"]"),
+        "{header}"
+    );
+    let first = &record.steps[0];
+    assert_eq!(first.commit, COMMITS);
+    let launched = launched_prefill(&plan, "blocks/b001");
+    assert!(
+        launched.contains(BF16_ON) && launched.contains(SYNC_ON),
+        "{launched}"
+    );
     assert_untouched(&repo, &shas[COMMITS]);
+
+    // Resuming without the pin is another search: refused before anything runs.
+    let mut resumed = plan.clone();
+    resumed.resume = true;
+    resumed.sets.clear();
+    let controls: Box<ControlFactory<'_>> = Box::new(|target, logs| {
+        Ok(Box::new(ProcessControl::new(target, logs, None)?) as Box<dyn EngineControl>)
+    });
+    let err = commits::run(
+        &resumed,
+        controls.as_ref(),
+        &Quiet,
+        CancellationToken::new(),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(bisect_harness::commands::code_for_error(&err), 2, "{err:#}");
+    assert!(
+        format!("{err:#}").contains("differs from this one"),
+        "{err:#}"
+    );
 }
 
 /// Runs `bisect ARGS` in `dir`; (exit code, stdout, stderr).
@@ -275,6 +447,23 @@ fn bad_requests_exit_2_with_the_fix_and_touch_nothing() {
     // Neither --build nor --artifact.
     let (code, _, err) = cli(&["commits", "--repo", ".", "a", "b"], d);
     assert_eq!(code, Some(2), "{err}");
+    // --background belongs to --flag; a pin names a catalog flag, not the flag under test.
+    let (code, _, err) = cli(
+        &[
+            "commits",
+            "--repo",
+            ".",
+            "a",
+            "b",
+            "--build",
+            "true",
+            "--background",
+            "0.1",
+        ],
+        d,
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--flag"), "{err}");
     // The ends swapped: refused before anything is checked out or started.
     let repo = d.join("r");
     std::fs::create_dir_all(&repo).unwrap();
@@ -316,6 +505,24 @@ fn bad_requests_exit_2_with_the_fix_and_touch_nothing() {
     );
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("\"nope\" is not a commit"), "{err}");
+    let (code, _, err) = cli(
+        &[
+            "commits",
+            "--repo",
+            r,
+            "main~2",
+            "main",
+            "--artifact",
+            "true",
+            "--flag",
+            "BF16_INDEX_K",
+            "--set",
+            "BF16_INDEX_K=0",
+        ],
+        d,
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("BF16_INDEX_K is the flag under test"), "{err}");
     assert_eq!(git(&repo, &["worktree", "list"]).lines().count(), 1);
     assert_eq!(git(&repo, &["status", "--porcelain"]), "");
 }

@@ -33,6 +33,37 @@ pub struct Restarted {
     pub(crate) disagreements: Vec<Disagreeing>,
 }
 
+impl Restarted {
+    /// What the restarted engines report about themselves against the values set and
+    /// pinned, as `bisect run` checks its arms and pins: a value an engine does not run
+    /// with is an error naming `what` (e.g. "block 3"); the values set are named first,
+    /// as they were written first.
+    pub(crate) fn refuse_disagreements(&self, what: &str) -> anyhow::Result<()> {
+        if let Some(set) = self.disagreements.iter().find(|d| !d.pinned) {
+            let d = &set.disagreement;
+            let (role, got, value) = (&d.role, &d.reported, &d.expected);
+            return Err(Failure::CouldNotRun(format!(
+                "{what}: the {role} engine reports {}={got} after the restart, but its launch config sets {value}: the engine does not run with what the search set\n  fix: check the launch script applies the flag (a dead conditional, an ignored variable)",
+                set.flag
+            ))
+            .into());
+        }
+        if let Some(pin) = self.disagreements.iter().find(|d| d.pinned) {
+            // Every block would measure another deployment than the one pinned.
+            let d = &pin.disagreement;
+            let (role, value, ran) = (&d.role, &d.expected, &d.reported);
+            return Err(Failure::CouldNotRun(format!(
+                "{what}: pinned {}={value}, but the {role} engine reports it runs with {ran:?}: \
+                 the launch config does not take effect\n  fix: check how role {role}'s launch \
+                 config sets {} (a conditional, an overriding later line)",
+                pin.flag, pin.setting_key
+            ))
+            .into());
+        }
+        Ok(())
+    }
+}
+
 /// A flag an engine does not run with as written (a dead conditional, an overriding
 /// later line, an ignored variable).
 #[derive(Debug, Clone)]

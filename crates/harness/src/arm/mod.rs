@@ -314,6 +314,25 @@ impl<'a> Testbed<'a> {
         Ok(readback)
     }
 
+    /// [`Testbed::set`], refusing a role whose launch config does not read back `value`
+    /// (an error naming `what`, e.g. "block 3").
+    pub(crate) fn set_read_back(
+        &mut self,
+        flag: &FlagSpec,
+        value: &str,
+        what: &str,
+    ) -> anyhow::Result<Readback> {
+        let readback = self.set(flag, value)?;
+        if let Some((role, got)) = readback.iter().find(|(_, got)| *got != value) {
+            return Err(Failure::CouldNotRun(format!(
+                "{what}: {} reads back as {got} in role {role}'s launch config, not {value}\n  fix: check the flag's catalog entry against the launch config",
+                flag.name
+            ))
+            .into());
+        }
+        Ok(readback)
+    }
+
     /// Pin flags for every arm (`--set`, a plan's `[set]`): written, read back, noted.
     /// Returns flag -> read-back.
     pub fn pin(

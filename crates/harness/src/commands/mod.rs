@@ -6,6 +6,7 @@ pub mod check;
 pub mod commits;
 pub mod culprit;
 pub mod diff;
+mod judge;
 pub mod load;
 pub mod matrix;
 pub mod probe;

@@ -35,8 +35,8 @@ use crate::commands::run::now;
 use crate::config::{FlagCatalog, TargetProfile, Workload};
 use crate::control::EngineControl;
 use crate::core::arm_stats::ArmLabel;
-use crate::core::confounds::load_shortfall;
 use crate::core::format;
+use crate::core::judgement::{judge_block, Judged, Void};
 use crate::core::verdict::Policy;
 use crate::results::run_record::{ArmRecord, TargetInfo};
 use crate::results::{write_atomic, ResultsDir};
@@ -101,7 +101,8 @@ impl ProbePlan {
 }
 
 /// The decision rule of this module's header, as a pure function of the arm and the
-/// workload it ran (whose `concurrency`, else `sessions`, is the target load).
+/// workload it ran (whose `concurrency`, else `sessions`, is the target load): the core's
+/// one judgement of a block ([`crate::core::judgement`]), then the Wilson rule.
 pub fn decide(
     arm: &ArmRecord,
     workload: &serde_json::Value,
@@ -109,46 +110,21 @@ pub fn decide(
     bug_rate: f64,
     policy: &Policy,
 ) -> (Outcome, String) {
-    let counts = &arm.stats.counts;
-    let (corrupted, failed, sessions) = (counts.corrupted(), counts.failed(), counts.total());
-    if sessions == 0 {
-        return (Outcome::Unknown, "no session finished".into());
-    }
-    if !arm.stats.engine_replaced.is_empty() {
-        return (
-            Outcome::Unknown,
-            format!(
-                "an engine changed during the probe: {}; part of the sessions ran on an \
-                 engine the probe did not start for this build (cold, at a lower load), so \
-                 neither clean nor corrupted can be told; find why it restarted (its logs, \
-                 `journalctl -u`, `kubectl describe pod`) and probe again",
-                arm.stats.engine_replaced.join("; ")
-            ),
-        );
-    }
-    if failed as f64 > policy.degraded_fraction * sessions as f64 {
-        return (
-            Outcome::Unknown,
-            format!("degraded: {failed}/{sessions} sessions errored or timed out; corruption cannot be judged"),
-        );
-    }
-    let judged = counts.judged();
-    if judged == 0 {
-        return (
-            Outcome::Unknown,
-            format!(
-                "no session could show corruption: {} of {sessions} were truncated at max_tokens \
-                 and {failed} failed; raise --max-tokens",
-                counts.truncated
-            ),
-        );
-    }
+    let facts = crate::commands::judge::block_facts(arm, workload, policy);
+    let Judged {
+        corrupted,
+        judged,
+        sessions,
+        failed,
+        truncated,
+        load_shortfall,
+    } = match judge_block(&facts, policy.degraded_fraction) {
+        Ok(judged) => judged,
+        Err(void) => return (Outcome::Unknown, void_words(&void)),
+    };
     let (lo, hi) = crate::core::stats::wilson(corrupted, judged, 0.95);
     let unjudged = if judged < sessions {
-        format!(
-            " of {judged} judged ({} truncated, {failed} failed, not counted)",
-            counts.truncated
-        )
+        format!(" of {judged} judged ({truncated} truncated, {failed} failed, not counted)")
     } else {
         String::new()
     };
@@ -157,7 +133,7 @@ pub fn decide(
         format::percent_digits(lo),
         format::percent_digits(hi)
     );
-    let load = load_unconfirmed(arm, workload, policy);
+    let load = load_shortfall.map(|why| with_failed_metrics(arm, why));
     if lo > background {
         // Corruption seen at a lower load than targeted is still the bug seen.
         let note = load
@@ -203,23 +179,42 @@ pub fn decide(
     }
 }
 
-/// Why the probe's load does not support "clean", by `bisect run`'s rule
-/// (`load_shortfall`), with the metrics failures behind an unmeasured load.
-fn load_unconfirmed(
-    arm: &ArmRecord,
-    workload: &serde_json::Value,
-    policy: &Policy,
-) -> Option<String> {
-    let why = load_shortfall(&arm.observe(workload), policy)?;
+/// A void block in the probe's words, each with what to do.
+fn void_words(void: &Void) -> String {
+    match void {
+        Void::EngineReplaced(lines) => format!(
+            "an engine changed during the probe: {lines}; part of the sessions ran on an \
+             engine the probe did not start for this build (cold, at a lower load), so \
+             neither clean nor corrupted can be told; find why it restarted (its logs, \
+             `journalctl -u`, `kubectl describe pod`) and probe again"
+        ),
+        Void::NoSession => "no session finished".into(),
+        Void::Degraded { failed, sessions } => format!(
+            "degraded: {failed}/{sessions} sessions errored or timed out; corruption cannot be judged"
+        ),
+        Void::NothingJudged {
+            truncated,
+            failed,
+            sessions,
+        } => format!(
+            "no session could show corruption: {truncated} of {sessions} were truncated at \
+             max_tokens and {failed} failed; raise --max-tokens"
+        ),
+    }
+}
+
+/// Why the probe's load does not support "clean" (`bisect run`'s rule), with the
+/// metrics failures behind an unmeasured load.
+fn with_failed_metrics(arm: &ArmRecord, why: String) -> String {
     let failed = &arm.stats.metrics_failed;
     if failed.is_empty() {
-        return Some(why);
+        return why;
     }
     let scrapes: Vec<String> = failed
         .iter()
         .map(|(role, reason)| format!("{role}: {reason}"))
         .collect();
-    Some(format!("{why} (metrics failed for {})", scrapes.join("; ")))
+    format!("{why} (metrics failed for {})", scrapes.join("; "))
 }
 
 /// `; warning: no load measured for role R: why` for each role whose metrics failed

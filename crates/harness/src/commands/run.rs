@@ -320,21 +320,7 @@ fn finish_verdict(plan: &RunPlan, record: &mut RunRecord) {
 }
 
 pub(crate) fn initial_record(plan: &RunPlan) -> RunRecord {
-    let f = &plan.flag;
-    let mut flag = FlagInfo {
-        name: f.name.clone(),
-        env: None,
-        arg: None,
-        switch: None,
-        roles: f.roles.clone(),
-        on: f.on.clone(),
-        off: f.off.clone(),
-    };
-    match &f.setting {
-        crate::config::Setting::Env(v) => flag.env = Some(v.clone()),
-        crate::config::Setting::Arg(v) => flag.arg = Some(v.clone()),
-        crate::config::Setting::Switch(v) => flag.switch = Some(v.clone()),
-    }
+    let flag = FlagInfo::of(&plan.flag);
     RunRecord {
         schema: SCHEMA.into(),
         id: plan.id.clone(),

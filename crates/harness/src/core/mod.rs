@@ -11,6 +11,7 @@ pub mod effective;
 pub mod ending;
 pub mod flag;
 pub mod format;
+pub mod judgement;
 pub mod load;
 pub mod phases;
 pub mod sequential;

@@ -148,6 +148,27 @@ pub struct FlagInfo {
     pub off: String,
 }
 
+impl FlagInfo {
+    /// The record's view of a catalog flag: its name, where it lives, its roles and values.
+    pub(crate) fn of(f: &crate::config::FlagSpec) -> Self {
+        let mut flag = FlagInfo {
+            name: f.name.clone(),
+            env: None,
+            arg: None,
+            switch: None,
+            roles: f.roles.clone(),
+            on: f.on.clone(),
+            off: f.off.clone(),
+        };
+        match &f.setting {
+            crate::config::Setting::Env(v) => flag.env = Some(v.clone()),
+            crate::config::Setting::Arg(v) => flag.arg = Some(v.clone()),
+            crate::config::Setting::Switch(v) => flag.switch = Some(v.clone()),
+        }
+        flag
+    }
+}
+
 /// One arm of a run: a block (`runs`, one per repeat) or the pool of an arm's blocks
 /// (`arms`). The measurements are the shared [`ArmStats`], flattened into the same keys.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -6,14 +6,20 @@
 //! config lies inside the repository is launched from the same path inside the commit's
 //! worktree (so a launch script, and whatever it runs beside it, is the commit's);
 //! `{commit}` and `{commit_dir}` in a role's restart command are replaced by the commit
-//! id and its worktree (the search's folder for `--artifact`). Nothing of the user's is
-//! written: the worktree is bisect's, and the testbed opens read-only.
+//! id and its worktree (the search's folder for `--artifact`). Without `--flag` and
+//! `--set`, nothing of the user's is written: the worktree is bisect's, and the testbed
+//! opens read-only. With them, the block writes the pins and the arm's value of the flag
+//! into the launch configs it launches from (the commit's worktree's, or, for roles
+//! outside the repository and with `--artifact`, the user's), journaled, read back and
+//! checked against the engines' self-reports after the restart, and restores them byte
+//! for byte when the block ends: the arm lifecycle of `bisect run`.
 //!
-//! The judgement ([`judge`]) applies the checks `bisect run` and `bisect probe` make on an
-//! arm, each voiding the block ("could not tell", weighing nothing): an engine that was
-//! another process at the end than after the restart, a degraded block (error+timeout
-//! over the policy's share), no judged session (all truncated or failed), and a load
-//! that fell short of the policy's share of the target (or was never measured), since a
+//! The judgement ([`judge`]) is the core's one judgement of a block
+//! ([`crate::core::judgement`], which `bisect probe` decides on too), each check voiding
+//! the block ("could not tell", weighing nothing): an engine that was another process at
+//! the end than after the restart, a degraded block (error+timeout over the policy's
+//! share), no judged session (all truncated or failed); and, here, a load that fell
+//! short of the policy's share of the target (or was never measured), since a
 //! load-dependent bug can hide below its load. Rejected replies count as corrupted, as
 //! everywhere.
 
@@ -22,11 +28,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::arm::{BlockName, Progress, Testbed, TestbedSpec};
-use crate::config::{TargetProfile, Workload};
+use crate::config::{FlagSpec, TargetProfile, Workload};
 use crate::control::EngineControl;
 use crate::core::arm_stats::ArmLabel;
 use crate::core::commits::Observation;
-use crate::core::confounds::load_shortfall;
+use crate::core::judgement::judge_block;
 use crate::core::verdict::Policy;
 use crate::exit::Failure;
 use crate::results::run_record::ArmRecord;
@@ -89,6 +95,30 @@ pub(crate) struct Ran {
     pub engine_info: serde_json::Map<String, serde_json::Value>,
 }
 
+impl Ran {
+    /// The busiest engine role's peak running requests (the client's is not the engine's).
+    pub(crate) fn peak_engine(&self) -> Option<u64> {
+        self.arm.as_ref().and_then(|a| {
+            a.stats
+                .peak_running
+                .iter()
+                .filter(|(role, _)| role.as_str() != "client")
+                .map(|(_, peak)| *peak)
+                .max()
+        })
+    }
+}
+
+/// What every block writes into its target's launch configs before the restart: the
+/// `--set` pins, journaled and restored as `bisect run` does (nothing is written, and the
+/// testbed opens read-only, when there are no pins and no flag under test).
+pub(crate) struct Writes<'w> {
+    pub pins: &'w [(FlagSpec, String)],
+    pub journal_dir: &'w Path,
+    pub state_root: Option<&'w Path>,
+    pub allow_partial: bool,
+}
+
 /// Everything a block needs besides its commit.
 pub(crate) struct BlockContext<'c> {
     pub workload: &'c Workload,
@@ -98,29 +128,50 @@ pub(crate) struct BlockContext<'c> {
     pub progress: &'c dyn Progress,
     pub cancel: tokio_util::sync::CancellationToken,
     pub controls: &'c ControlFactory<'c>,
+    pub writes: Writes<'c>,
 }
 
-/// One block at the commit's target into `dir`. Errors only for what stops the search
-/// (Ctrl-C, another bisect holding the target, bad input); an engine that does not
-/// start or a drive that fails is "could not tell".
+/// One block at the commit's target into `dir`, with `flag` (the flag under test and
+/// this arm's value) and the pins written and read back first, and the engines' own
+/// reports checked against them after the restart. Errors only for what stops the search
+/// (Ctrl-C, another bisect holding the target, bad input); an engine that does not start,
+/// a value that does not read back or does not take effect, or a drive that fails is
+/// "could not tell".
 pub(crate) async fn run_block(
     ctx: &BlockContext<'_>,
     target: &TargetProfile,
+    flag: Option<(&FlagSpec, &str)>,
     label: &str,
     dir: &Path,
 ) -> anyhow::Result<Ran> {
     let started = Instant::now();
     let results = ResultsDir::create(dir)?;
     let mut control = (ctx.controls)(target, &dir.join("logs"))?;
-    let spec = TestbedSpec::read_only(target, ctx.api_key.clone(), ctx.metrics_period);
+    let w = &ctx.writes;
+    let written: Vec<&FlagSpec> = w
+        .pins
+        .iter()
+        .map(|(f, _)| f)
+        .chain(flag.map(|(f, _)| f))
+        .collect();
+    let mut spec = TestbedSpec::read_only(target, ctx.api_key.clone(), ctx.metrics_period);
+    if !written.is_empty() {
+        spec = spec.editing(w.journal_dir, w.state_root, written, w.allow_partial);
+    }
     let mut bed = Testbed::open(spec, control.as_mut(), ctx.progress, ctx.cancel.clone())?;
     let outcome = async {
+        let what = format!("block {label}");
+        bed.pin(w.pins)?;
+        if let Some((flag, value)) = flag {
+            bed.set_read_back(flag, value, &what)?;
+        }
         let restarted = bed.restart(label).await?;
+        restarted.refuse_disagreements(&what)?;
         results.snapshot_launch(label, 0, target)?;
         let classifier = Arc::new(target.classifier(ctx.workload)?);
         let block = BlockName {
             label,
-            value: "",
+            value: flag.map_or("", |(_, value)| value),
             repeat: 0,
         };
         let mut arm = ArmRecord::new(ArmLabel::Probe, label, Some(0));
@@ -164,38 +215,11 @@ fn stops_the_search(e: &anyhow::Error) -> bool {
     })
 }
 
-/// The block's observation by the checks of this module's header.
+/// The block's observation by the checks of this module's header: the core's one
+/// judgement of a block, a load short of the target voiding it too.
 pub fn judge(arm: &ArmRecord, workload: &serde_json::Value, policy: &Policy) -> Observation {
-    let counts = &arm.stats.counts;
-    let (failed, sessions, judged) = (counts.failed(), counts.total(), counts.judged());
-    let void = |reason: String| Observation::CouldNotTell { reason };
-    if !arm.stats.engine_replaced.is_empty() {
-        return void(format!(
-            "an engine changed during the block: {}",
-            arm.stats.engine_replaced.join("; ")
-        ));
-    }
-    if sessions == 0 {
-        return void("no session finished".into());
-    }
-    if failed as f64 > policy.degraded_fraction * sessions as f64 {
-        return void(format!(
-            "degraded: {failed}/{sessions} sessions errored or timed out"
-        ));
-    }
-    if judged == 0 {
-        return void(format!(
-            "no session could show corruption: {} of {sessions} truncated",
-            counts.truncated
-        ));
-    }
-    if let Some(why) = load_shortfall(&arm.observe(workload), policy) {
-        return void(format!("the load fell short: {why}"));
-    }
-    Observation::Block {
-        corrupted: counts.corrupted(),
-        judged,
-    }
+    let facts = crate::commands::judge::block_facts(arm, workload, policy);
+    Observation::of_block(judge_block(&facts, policy.degraded_fraction))
 }
 
 /// `blocks/b007` for block 7.

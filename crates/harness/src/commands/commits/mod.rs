@@ -4,8 +4,9 @@
 //! module lists the first-parent range ([`git`]), checks each tested commit out into a
 //! worktree of its own and builds it ([`build`], cached per commit id), runs one block of
 //! sessions on the commit's build through the arm lifecycle and judges it with every check
-//! `run` makes ([`block`]), and writes commits.json, steps.jsonl, summary.md and
-//! report.html after every step ([`record`], [`report`]). `--resume DIR` replays DIR's
+//! `run` makes ([`block`]; with `--flag`, the flag's on and off blocks judged as a pair,
+//! `step`; `--set` pins written into every block), and writes commits.json, steps.jsonl,
+//! summary.md and report.html after every step ([`record`], [`report`]). `--resume DIR` replays DIR's
 //! steps.jsonl through the search (nothing it logged runs again) and carries on.
 //!
 //! The worktrees are removed when the search ends, on every path; the user's working
@@ -17,6 +18,7 @@ pub mod export;
 pub mod git;
 pub mod record;
 mod report;
+mod step;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -26,13 +28,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::arm::{settle, Progress};
 use crate::commands::run::now;
-use crate::config::{TargetProfile, Workload};
+use crate::config::{FlagSpec, TargetProfile, Workload};
 use crate::core::arm_stats::RecordStatus;
 use crate::core::commits::{Action, Answer, Observation, Params, Search, Spent};
 use crate::core::verdict::Policy;
 use crate::exit::Failure;
-use crate::results::run_record::TargetInfo;
-use block::{BlockContext, ControlFactory};
+use crate::results::run_record::{FlagInfo, TargetInfo};
+use block::{BlockContext, ControlFactory, Writes};
 use build::{BuildStep, Builder, Built};
 use git::{CommitInfo, Worktrees};
 use record::{CommitsRecord, Header, StepEntry, StepLog};
@@ -59,6 +61,18 @@ pub struct CommitsPlan {
     pub api_key: Option<String>,
     pub metrics_period: Duration,
     pub resume: bool,
+    /// `--flag NAME`: every step is NAME's A/B at the commit, the on arm counted.
+    pub flag: Option<FlagSpec>,
+    /// With `flag`: the rate above which the off arm's corruption is not the flag's.
+    pub background: f64,
+    /// `--set NAME=VALUE` pins, written into every block's launch configs.
+    pub sets: Vec<(FlagSpec, String)>,
+    /// Where journals of launch-config edits go (the results root's), and the target's
+    /// state (`None`: `$XDG_STATE_HOME/bisect`; tests point it into their temp dir).
+    pub journal_dir: PathBuf,
+    pub state_root: Option<PathBuf>,
+    /// Allow a flag whose setting also appears in a role it does not list.
+    pub allow_partial: bool,
 }
 
 impl CommitsPlan {
@@ -72,7 +86,17 @@ impl CommitsPlan {
         p.alpha = self.policy.alpha;
         p.min_effect = self.policy.min_effect;
         p.max_sessions = self.max_sessions;
+        p.flag = self.flag.as_ref().map(|f| f.name.clone());
+        p.background = self.background;
         p
+    }
+
+    /// The pins as `NAME=VALUE`.
+    fn pinned(&self) -> Vec<String> {
+        self.sets
+            .iter()
+            .map(|(f, v)| format!("{}={v}", f.name))
+            .collect()
     }
 
     fn build_words(&self) -> String {
@@ -125,6 +149,7 @@ pub async fn run(
         build: plan.build_words(),
         commits: commits.len(),
         params: params.clone(),
+        pinned: plan.pinned(),
     };
     let log_path = plan.dir.join("steps.jsonl");
     let logged = if plan.resume {
@@ -145,6 +170,12 @@ pub async fn run(
         progress,
         cancel: cancel.clone(),
         controls,
+        writes: Writes {
+            pins: &plan.sets,
+            journal_dir: &plan.journal_dir,
+            state_root: plan.state_root.as_deref(),
+            allow_partial: plan.allow_partial,
+        },
     };
     let mut state = Driving {
         plan,
@@ -178,7 +209,7 @@ fn logged_steps(log_path: &std::path::Path, header: &Header) -> anyhow::Result<V
     let (logged, steps) = record::read_log(log_path)?;
     if logged != *header {
         return Err(Failure::BadInput(format!(
-            "{}: the search it logged differs from this one (logged {:?}; now {:?})\n  fix: resume with the same --repo, GOOD, BAD, --build/--artifact, --sessions, --concurrency, --alpha, --min-effect and --max-sessions",
+            "{}: the search it logged differs from this one (logged {:?}; now {:?})\n  fix: resume with the same --repo, GOOD, BAD, --build/--artifact, --sessions, --concurrency, --alpha, --min-effect, --max-sessions, --flag, --background and --set",
             log_path.display(),
             logged,
             header
@@ -234,7 +265,7 @@ impl Driving<'_> {
         }
     }
 
-    /// Build the commit (cached) and run one block on it.
+    /// Build the commit (cached) and run the step's blocks on it.
     async fn run_step(
         &mut self,
         commit: usize,
@@ -270,6 +301,7 @@ impl Driving<'_> {
             wall_s: None,
             build,
             engine_info: Default::default(),
+            arms: Vec::new(),
         };
         let folder = match built {
             Built::Untestable(reason) => {
@@ -287,26 +319,15 @@ impl Driving<'_> {
             &info.sha,
             &self.plan.dir,
         );
-        let dir = block::block_dir(&self.plan.dir, n);
-        let ran = block::run_block(ctx, &target, &format!("b{n:03}"), &dir).await?;
+        let ab = self.plan.flag.as_ref().map(|flag| step::Ab {
+            flag,
+            background: self.plan.background,
+        });
+        step::run_blocks(ctx, &target, ab, &self.plan.dir, &mut step).await?;
         ctx.progress.note(&format!(
             "commit {commit} {short}: {}",
-            record::observation_words(&ran.observation)
+            record::observation_words(&step.observation)
         ));
-        step.observation = ran.observation;
-        step.spent.block_s = Some(ran.wall_s);
-        step.spent.sessions = u64::from(self.plan.workload.sessions);
-        step.dir = Some(format!("blocks/b{n:03}"));
-        step.wall_s = Some(ran.wall_s);
-        step.engine_info = ran.engine_info;
-        step.peak_engine = ran.arm.as_ref().and_then(|a| {
-            a.stats
-                .peak_running
-                .iter()
-                .filter(|(role, _)| role.as_str() != "client")
-                .map(|(_, peak)| *peak)
-                .max()
-        });
         Ok(step)
     }
 
@@ -354,6 +375,8 @@ fn started_record(plan: &CommitsPlan, params: &Params, commits: Vec<CommitInfo>)
         target: TargetInfo::of(&plan.target),
         workload: plan.workload.params_json(),
         params: params.clone(),
+        flag: plan.flag.as_ref().map(FlagInfo::of),
+        pinned: plan.pinned(),
         commits,
         answer: None,
         culprit: None,
@@ -364,6 +387,7 @@ fn started_record(plan: &CommitsPlan, params: &Params, commits: Vec<CommitInfo>)
         top: Vec::new(),
         untestable: Vec::new(),
         verification: Vec::new(),
+        off_at_culprit: None,
         steps: Vec::new(),
         sessions_spent: 0,
         builds_run: 0,
@@ -413,5 +437,8 @@ fn record_answer(r: &mut CommitsRecord, search: &Search, answer: &Answer) {
                 .collect();
         }
         r.verification = search.ab().looks().to_vec();
+        if search.params().flag.is_some() {
+            r.off_at_culprit = Some(search.off_counts()[*last]);
+        }
     }
 }

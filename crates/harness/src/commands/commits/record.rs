@@ -16,7 +16,7 @@ use crate::core::commits::posterior::posterior;
 use crate::core::commits::{Counts, Observation, Params, Purpose, Spent};
 use crate::core::sequential::LookRecord;
 use crate::results::export;
-use crate::results::run_record::TargetInfo;
+use crate::results::run_record::{FlagInfo, TargetInfo};
 
 pub(crate) const SCHEMA: &str = "bisect.commits/1";
 
@@ -43,6 +43,39 @@ pub struct StepEntry {
     /// What the engines reported about themselves after the restart.
     #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
     pub engine_info: serde_json::Map<String, serde_json::Value>,
+    /// With `--flag`: the A/B's blocks, on then off (`observation` is the pair's); the
+    /// fields above that describe one block are then empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub arms: Vec<ArmStep>,
+}
+
+impl StepEntry {
+    /// The folders of the step's blocks: its one block's, or each arm's.
+    pub fn dirs(&self) -> Vec<&str> {
+        self.dir
+            .as_deref()
+            .into_iter()
+            .chain(self.arms.iter().map(|a| a.dir.as_str()))
+            .collect()
+    }
+}
+
+/// One arm's block of a step under `--flag`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ArmStep {
+    /// `on` or `off`.
+    pub arm: String,
+    /// The flag's value in this arm.
+    pub value: String,
+    /// The block's own observation (the step's is the pair's).
+    pub(crate) observation: Observation,
+    /// `blocks/bNNN-on`.
+    pub dir: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_engine: Option<u64>,
+    pub wall_s: f64,
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub engine_info: serde_json::Map<String, serde_json::Value>,
 }
 
 /// The first line of steps.jsonl: the search it logged, refused on `--resume` when not
@@ -54,6 +87,9 @@ pub(crate) struct Header {
     pub build: String,
     pub commits: usize,
     pub params: Params,
+    /// `--set` pins, `NAME=VALUE`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pinned: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -81,6 +117,12 @@ pub struct CommitsRecord {
     pub target: TargetInfo,
     pub workload: serde_json::Value,
     pub params: Params,
+    /// `--flag`: the flag whose A/B every step runs (`params.flag` names it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flag: Option<FlagInfo>,
+    /// `--set` pins written into every block's launch configs, `NAME=VALUE`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pinned: Vec<String>,
     /// The first-parent range, good end first.
     pub commits: Vec<CommitInfo>,
     /// culprit / unverified / no_culprit / could_not_reproduce / inconclusive.
@@ -96,6 +138,10 @@ pub struct CommitsRecord {
     pub untestable: Vec<CommitRef>,
     /// The verification A/B's looks (culprit = on, parent = off).
     pub verification: Vec<LookRecord>,
+    /// With `--flag`: the off arm's counts at the culprit, every pair there pooled (the
+    /// verification needs them clean).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub off_at_culprit: Option<Counts>,
     pub steps: Vec<StepEntry>,
     pub sessions_spent: u64,
     pub(crate) builds_run: u64,
@@ -128,8 +174,12 @@ pub(crate) fn posterior_history(record: &CommitsRecord) -> Vec<Vec<f64>> {
     let mut counts = vec![Counts::default(); record.commits.len()];
     let mut out = Vec::new();
     for step in &record.steps {
-        if let Observation::Block { corrupted, judged } = step.observation {
-            counts[step.commit] = counts[step.commit] + Counts { corrupted, judged };
+        match step.observation {
+            Observation::Block { corrupted, judged } => {
+                counts[step.commit] = counts[step.commit] + Counts { corrupted, judged };
+            }
+            Observation::Pair { on, .. } => counts[step.commit] = counts[step.commit] + on,
+            _ => {}
         }
         let post = posterior(&counts);
         let mut row = post.culprit;
@@ -141,6 +191,22 @@ pub(crate) fn posterior_history(record: &CommitsRecord) -> Vec<Vec<f64>> {
 
 fn short(sha: &str) -> &str {
     &sha[..sha.len().min(12)]
+}
+
+/// What every block ran with besides the commit: the flag's A/B and the pins, a
+/// sentence each (summary.md and report.html).
+pub(crate) fn setup_lines(r: &CommitsRecord) -> Vec<String> {
+    let mut lines = Vec::new();
+    if let Some(f) = &r.flag {
+        lines.push(format!(
+            "Every step is an A/B of {} (on {}, off {}); the search counts the on arm.",
+            f.name, f.on, f.off
+        ));
+    }
+    if !r.pinned.is_empty() {
+        lines.push(format!("Pinned in every block: {}.", r.pinned.join(", ")));
+    }
+    lines
 }
 
 /// summary.md: the answer in words, then every step.
@@ -156,6 +222,9 @@ pub(crate) fn render_markdown(r: &CommitsRecord) -> String {
         r.params.concurrency,
         r.build
     );
+    for line in setup_lines(r) {
+        s += &format!("{line}\n\n");
+    }
     s += &format!(
         "**{}**: {}\n\n",
         r.answer.as_deref().unwrap_or("running"),
@@ -198,7 +267,10 @@ pub(crate) fn render_markdown(r: &CommitsRecord) -> String {
             short(&st.sha),
             st.purpose,
             observation_words(&st.observation),
-            st.dir.as_deref().unwrap_or("-")
+            match st.dirs() {
+                dirs if dirs.is_empty() => "-".to_string(),
+                dirs => dirs.join(", "),
+            }
         );
     }
     if let Some(e) = &r.error {
@@ -210,6 +282,10 @@ pub(crate) fn render_markdown(r: &CommitsRecord) -> String {
 pub(crate) fn observation_words(o: &Observation) -> String {
     match o {
         Observation::Block { corrupted, judged } => format!("{corrupted}/{judged} corrupted"),
+        Observation::Pair { on, off } => format!(
+            "on {}/{} corrupted, off {}/{}",
+            on.corrupted, on.judged, off.corrupted, off.judged
+        ),
         Observation::CouldNotTell { reason } => format!("could not tell: {reason}"),
         Observation::Untestable { reason } => format!("untestable: {reason}"),
     }
@@ -223,7 +299,7 @@ pub(crate) struct StepLog {
 #[derive(Serialize, Deserialize)]
 #[serde(tag = "line", rename_all = "snake_case")]
 enum Line {
-    Header(Header),
+    Header(Box<Header>),
     Step(Box<StepEntry>),
 }
 
@@ -242,7 +318,7 @@ impl StepLog {
             writeln!(
                 file,
                 "{}",
-                serde_json::to_string(&Line::Header(header.clone()))?
+                serde_json::to_string(&Line::Header(Box::new(header.clone())))?
             )?;
         }
         Ok(StepLog { file })
@@ -272,7 +348,7 @@ pub(crate) fn read_log(path: &Path) -> anyhow::Result<(Header, Vec<StepEntry>)> 
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
     for (i, line) in lines.iter().enumerate() {
         match serde_json::from_str::<Line>(line) {
-            Ok(Line::Header(h)) => header = Some(h),
+            Ok(Line::Header(h)) => header = Some(*h),
             Ok(Line::Step(s)) => steps.push(*s),
             Err(_) if i + 1 == lines.len() => break,
             Err(e) => {
@@ -292,4 +368,96 @@ pub(crate) fn read_log(path: &Path) -> anyhow::Result<(Header, Vec<StepEntry>)> 
         ))
     })?;
     Ok((header, steps))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(pinned: &[&str], flag: Option<&str>) -> Header {
+        let mut params = Params::new(9, 80, 80);
+        params.flag = flag.map(str::to_string);
+        Header {
+            good: "a".into(),
+            bad: "b".into(),
+            build: "--build true".into(),
+            commits: 9,
+            params,
+            pinned: pinned.iter().map(|p| p.to_string()).collect(),
+        }
+    }
+
+    fn pair_step() -> StepEntry {
+        let c = |corrupted| Counts {
+            corrupted,
+            judged: 80,
+        };
+        let arm = |arm: &str, value: &str, corrupted| ArmStep {
+            arm: arm.into(),
+            value: value.into(),
+            observation: Observation::Block {
+                corrupted,
+                judged: 80,
+            },
+            dir: format!("blocks/b001-{arm}"),
+            peak_engine: Some(80),
+            wall_s: 4.0,
+            engine_info: Default::default(),
+        };
+        StepEntry {
+            step: 1,
+            commit: 8,
+            sha: "b".into(),
+            purpose: Purpose::Ends,
+            observation: Observation::Pair {
+                on: c(14),
+                off: c(1),
+            },
+            spent: Spent {
+                build_s: Some(1.0),
+                block_s: Some(8.0),
+                sessions: 160,
+            },
+            dir: None,
+            peak_engine: None,
+            wall_s: Some(8.0),
+            build: None,
+            engine_info: Default::default(),
+            arms: vec![arm("on", "1", 14), arm("off", "0", 1)],
+        }
+    }
+
+    #[test]
+    fn a_flag_search_with_pins_logs_and_replays_both_arms() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("steps.jsonl");
+        let h = header(&["HICACHE=off"], Some("BF16_INDEX_K"));
+        let mut log = StepLog::open(&path, &h, false).unwrap();
+        log.append(&pair_step()).unwrap();
+        let (read, steps) = read_log(&path).unwrap();
+        assert_eq!(read, h);
+        assert_eq!(steps, [pair_step()]);
+        assert_eq!(steps[0].dirs(), ["blocks/b001-on", "blocks/b001-off"]);
+        assert_eq!(
+            observation_words(&steps[0].observation),
+            "on 14/80 corrupted, off 1/80"
+        );
+        // Another set of pins, or no flag, is another search.
+        assert_ne!(read, header(&[], Some("BF16_INDEX_K")));
+        assert_ne!(read, header(&["HICACHE=off"], None));
+    }
+
+    #[test]
+    fn a_log_from_before_flags_and_pins_reads_as_a_search_without_them() {
+        let h = header(&[], None);
+        let mut line = serde_json::to_value(Line::Header(Box::new(h.clone()))).unwrap();
+        let params = line["params"].as_object_mut().unwrap();
+        assert!(params.remove("flag").is_none(), "not written when absent");
+        params.remove("background").unwrap();
+        assert!(line.get("pinned").is_none());
+        match serde_json::from_value::<Line>(line).unwrap() {
+            Line::Header(read) => assert_eq!(*read, h),
+            Line::Step(_) => panic!("a header"),
+        }
+    }
 }

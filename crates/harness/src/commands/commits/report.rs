@@ -3,7 +3,7 @@
 //! step, a column per commit, the last column "no single culprit"; darker is more
 //! probable; the tested commit of each step outlined), and the table of steps.
 
-use super::record::{observation_words, posterior_history, CommitsRecord};
+use super::record::{observation_words, posterior_history, setup_lines, CommitsRecord};
 use crate::results::markup::{escape, page};
 
 const CELL_H: f64 = 10.0;
@@ -19,6 +19,9 @@ pub(super) fn render_html(r: &CommitsRecord) -> String {
         escape(r.answer.as_deref().unwrap_or("running")),
         escape(r.verdict.as_deref().unwrap_or("-"))
     );
+    for line in setup_lines(r) {
+        s += &format!("<p>{}</p>", escape(&line));
+    }
     if let Some(c) = &r.culprit {
         s += &format!(
             "<p>Culprit: <code>{}</code> {}</p>",
@@ -38,11 +41,16 @@ pub(super) fn render_html(r: &CommitsRecord) -> String {
     s += &heat_map(r);
     s += "<h2>Steps</h2><table><tr><th>step</th><th>commit</th><th>purpose</th><th>result</th><th>block</th></tr>";
     for st in &r.steps {
-        let dir = st
-            .dir
-            .as_deref()
+        let links: Vec<String> = st
+            .dirs()
+            .iter()
             .map(|d| format!("<a href=\"{0}/sessions.jsonl\">{0}/</a>", escape(d)))
-            .unwrap_or_else(|| "-".into());
+            .collect();
+        let dir = if links.is_empty() {
+            "-".to_string()
+        } else {
+            links.join(" ")
+        };
         s +=
             &format!(
             "<tr><td>{}</td><td>{} <code>{}</code> {}</td><td>{:?}</td><td>{}</td><td>{}</td></tr>",

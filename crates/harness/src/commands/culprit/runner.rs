@@ -53,7 +53,7 @@ impl StepRunner for TestbedRunner<'_, '_> {
             request.block
         ));
         let restarted = self.bed.restart(&label).await?;
-        check_engines_run_it(request.block, &restarted)?;
+        restarted.refuse_disagreements(&format!("block {}", request.block))?;
         let warnings = self.unreported_flags(&restarted);
         let results = self.block_results(request.block)?;
         results.snapshot_launch(&label, 0, self.bed.target())?;
@@ -72,14 +72,8 @@ impl TestbedRunner<'_, '_> {
             let value = request.config.get(&flag.name).ok_or_else(|| {
                 anyhow::anyhow!("block {} sets no value for {}", request.block, flag.name)
             })?;
-            let readback = self.bed.set(flag, value)?;
-            if let Some((role, got)) = readback.iter().find(|(_, got)| *got != value) {
-                return Err(Failure::CouldNotRun(format!(
-                    "block {}: {} reads back as {got} in role {role}'s launch config, not {value}\n  fix: check the flag's catalog entry against the launch config",
-                    request.block, flag.name
-                ))
-                .into());
-            }
+            self.bed
+                .set_read_back(flag, value, &format!("block {}", request.block))?;
         }
         Ok(())
     }
@@ -175,33 +169,4 @@ impl TestbedRunner<'_, '_> {
             warnings: Vec::new(),
         })
     }
-}
-
-/// What the restarted engines report about themselves against the block's values and
-/// the `--set` pins: a value an engine does not run with stops the search (a block's
-/// own flags are named first, as they were written first).
-fn check_engines_run_it(block: u64, restarted: &Restarted) -> anyhow::Result<()> {
-    if let Some(set) = restarted.disagreements.iter().find(|d| !d.pinned) {
-        let d = &set.disagreement;
-        let (role, got, value) = (&d.role, &d.reported, &d.expected);
-        return Err(Failure::CouldNotRun(format!(
-            "block {block}: the {role} engine reports {}={got} after the restart, but its launch config sets {value}: the engine does not run with what the search set\n  fix: check the launch script applies the flag (a dead conditional, an ignored variable)",
-            set.flag
-        ))
-        .into());
-    }
-    if let Some(pin) = restarted.disagreements.iter().find(|d| d.pinned) {
-        // As `bisect run` refuses a pin the engine does not run with: every block
-        // would measure another deployment than the one pinned.
-        let d = &pin.disagreement;
-        let (role, value, ran) = (&d.role, &d.expected, &d.reported);
-        return Err(Failure::CouldNotRun(format!(
-            "block {block}: pinned {}={value}, but the {role} engine reports it runs with {ran:?}: \
-             the launch config does not take effect\n  fix: check how role {role}'s launch \
-             config sets {} (a conditional, an overriding later line)",
-            pin.flag, pin.setting_key
-        ))
-        .into());
-    }
-    Ok(())
 }

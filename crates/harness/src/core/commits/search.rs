@@ -29,81 +29,15 @@
 use serde::{Deserialize, Serialize};
 
 use super::choose::{next_commit, Cost};
+use super::observation::off_arm_clean;
+pub use super::observation::Observation;
+pub use super::params::Params;
 use super::posterior::{answer_sets, best_answer, posterior, sides, Counts, Posterior};
 use crate::core::format;
 use crate::core::sequential::{
     mixture_confidence_sequence, ArmPrior, Decision, DesignGoal, Direction, PlugInPrior,
     SequentialDesign, SequentialState,
 };
-
-/// What the search is asked.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct Params {
-    /// Commits in the first-parent range, both ends included (index 0 the good end).
-    pub commits: usize,
-    /// Sessions per block.
-    pub block: u64,
-    /// Sessions in flight (for words).
-    pub concurrency: u32,
-    /// The posterior stops at 1 - alpha; the ends and the verification decide at alpha.
-    pub alpha: f64,
-    /// The smallest rise in corruption worth finding.
-    pub min_effect: f64,
-    /// Error of the always-valid intervals (both arms together).
-    pub clear_alpha: f64,
-    pub max_sessions: u64,
-    /// Most blocks per end, and per side of the verification.
-    pub(crate) cap_blocks: u64,
-    pub(crate) max_could_not_tell: u32,
-    /// Seconds assumed before any was measured.
-    pub(crate) build_s_guess: f64,
-    pub(crate) block_s_guess: f64,
-}
-
-impl Params {
-    /// What makes the search meaningless, in words naming the option.
-    pub fn validate(&self) -> Result<(), String> {
-        let open = |name: &str, v: f64| {
-            if v > 0.0 && v < 1.0 {
-                Ok(())
-            } else {
-                Err(format!("{name} must be in (0, 1), got {v}"))
-            }
-        };
-        open("--alpha", self.alpha)?;
-        open("min_effect", self.min_effect)?;
-        open("clear_alpha", self.clear_alpha)?;
-        if self.commits < 2 {
-            return Err("the range needs at least its two ends".into());
-        }
-        if self.block == 0 || self.cap_blocks == 0 || self.max_could_not_tell == 0 {
-            return Err("blocks, caps and retries must be at least 1".into());
-        }
-        if self.max_sessions < 2 * self.block {
-            return Err(format!(
-                "--max-sessions {} cannot pay for one block at each end ({} sessions each)",
-                self.max_sessions, self.block
-            ));
-        }
-        Ok(())
-    }
-
-    pub fn new(commits: usize, block: u64, concurrency: u32) -> Self {
-        Params {
-            commits,
-            block,
-            concurrency,
-            alpha: 0.01,
-            min_effect: 0.05,
-            clear_alpha: 0.05,
-            max_sessions: 8000,
-            cap_blocks: 20,
-            max_could_not_tell: 3,
-            build_s_guess: 300.0,
-            block_s_guess: 60.0,
-        }
-    }
-}
 
 /// Why a block is run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -112,24 +46,6 @@ pub enum Purpose {
     Ends,
     Search,
     Verify,
-}
-
-/// What a block (or its build) gave.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Observation {
-    Block {
-        corrupted: u64,
-        judged: u64,
-    },
-    /// The block ran but its checks failed: weighs nothing.
-    CouldNotTell {
-        reason: String,
-    },
-    /// The commit cannot be built or run (build failure, exit 125).
-    Untestable {
-        reason: String,
-    },
 }
 
 /// Seconds an observation cost, as measured; `build_s` is `None` for a cached build.
@@ -201,6 +117,8 @@ pub struct Search {
     params: Params,
     phase: Phase,
     counts: Vec<Counts>,
+    /// With `--flag`: the off arm's counts per commit (the search counts the on arm's).
+    off: Vec<Counts>,
     untestable: Vec<Option<String>>,
     built: Vec<bool>,
     could_not_tell: Vec<u32>,
@@ -223,6 +141,7 @@ impl Search {
         Search {
             posterior: posterior(&counts),
             phase: Phase::Ends,
+            off: counts.clone(),
             counts,
             untestable: vec![None; n],
             built: vec![false; n],
@@ -246,6 +165,11 @@ impl Search {
 
     pub fn counts(&self) -> &[Counts] {
         &self.counts
+    }
+
+    /// With `--flag`: the off arm's counts per commit.
+    pub fn off_counts(&self) -> &[Counts] {
+        &self.off
     }
 
     pub fn untestable(&self) -> &[Option<String>] {
@@ -275,7 +199,7 @@ impl Search {
         if let Phase::Done(answer) = &self.phase {
             return Action::Done(answer.clone());
         }
-        if self.sessions + self.params.block > self.params.max_sessions {
+        if self.sessions + self.params.step_sessions() > self.params.max_sessions {
             let answer = self.out_of_budget();
             self.phase = Phase::Done(answer.clone());
             return Action::Done(answer);
@@ -375,18 +299,28 @@ impl Search {
                     );
                 }
             }
-            Observation::Block { corrupted, judged } => {
-                self.built[commit] = true;
-                self.could_not_tell[commit] = 0;
-                let block = Counts {
-                    corrupted: (*corrupted).min(*judged),
+            Observation::Block { corrupted, judged } => self.count(
+                commit,
+                Counts {
+                    corrupted: *corrupted,
                     judged: *judged,
-                };
-                self.counts[commit] = self.counts[commit] + block;
-                self.posterior = posterior(&self.counts);
-                self.advance(commit, block);
+                },
+            ),
+            Observation::Pair { on, off } => {
+                self.off[commit] = self.off[commit] + clamped(*off);
+                self.count(commit, *on);
             }
         }
+    }
+
+    /// A block's counts (a pair's on arm) into the posterior and the phase.
+    fn count(&mut self, commit: usize, block: Counts) {
+        self.built[commit] = true;
+        self.could_not_tell[commit] = 0;
+        let block = clamped(block);
+        self.counts[commit] = self.counts[commit] + block;
+        self.posterior = posterior(&self.counts);
+        self.advance(commit, block);
     }
 
     fn in_verification(&self, commit: usize) -> bool {
@@ -429,6 +363,7 @@ impl Search {
             rate_words(good.corrupted, good.sessions)
         );
         let load = self.params.concurrency;
+        let arm = self.params.arm_words();
         self.phase = match decision {
             Decision::Implicated {
                 direction: Direction::On,
@@ -438,7 +373,7 @@ impl Search {
             }
             _ if bad_hi < self.params.min_effect => Phase::Done(Answer::CouldNotReproduce {
                 words: format!(
-                    "could not reproduce: the bad end corrupts below {} at {load} in flight \
+                    "could not reproduce: the bad end{arm} corrupts below {} at {load} in flight \
                      (always-valid upper bound {}; {numbers})",
                     format::percent(self.params.min_effect),
                     format::percent(bad_hi)
@@ -446,7 +381,7 @@ impl Search {
             }),
             Decision::Cleared | Decision::Implicated { .. } => Phase::Done(Answer::NoCulprit {
                 words: format!(
-                    "no culprit: the ends do not differ at {load} in flight ({numbers})"
+                    "no culprit: the ends do not differ{arm} at {load} in flight ({numbers})"
                 ),
             }),
             Decision::Underpowered { .. } => {
@@ -534,17 +469,28 @@ impl Search {
         } else {
             format!("commits {first}..={last} (untestable between)")
         };
-        let verified = matches!(
+        let implicated = matches!(
             decision,
             Decision::Implicated {
                 direction: Direction::On
             }
         );
+        // With --flag: the off arm at the culprit must be clean, or the rise is not the flag's.
+        let off_arm = self.params.flag.as_deref().map(|flag| {
+            let (off, on) = (self.off[last], self.counts[last]);
+            off_arm_clean(flag, off, on, self.params.background)
+        });
+        let verified = implicated && off_arm.as_ref().map_or(true, |(clean, _)| *clean);
+        let off_words = off_arm
+            .as_ref()
+            .map(|(_, words)| format!("; {words}"))
+            .unwrap_or_default();
         let load = self.params.concurrency;
+        let arm = self.params.arm_words();
         let words = if verified {
             format!(
-                "{name} raises corruption from {} to {} at {load} in flight (always-valid {:.0}% \
-                 interval for the rise {:+.1}% to {:+.1}%; e-value {:.0} >= {:.0}; posterior {mass:.3})",
+                "{name} raises corruption{arm} from {} to {} at {load} in flight (always-valid {:.0}% \
+                 interval for the rise {:+.1}% to {:+.1}%; e-value {:.0} >= {:.0}; posterior {mass:.3}){off_words}",
                 rate_words(off.corrupted, off.sessions),
                 rate_words(on.corrupted, on.sessions),
                 100.0 * (1.0 - self.params.clear_alpha),
@@ -553,10 +499,18 @@ impl Search {
                 self.ab.e_value(),
                 1.0 / self.params.alpha
             )
+        } else if implicated {
+            format!(
+                "verification failed: {name} raises corruption{arm} from {} to {} against its \
+                 parent {parent} at {load} in flight (posterior {mass:.3}), but the rise is not \
+                 the flag's{off_words}",
+                rate_words(off.corrupted, off.sessions),
+                rate_words(on.corrupted, on.sessions)
+            )
         } else {
             format!(
                 "verification failed: the search named {name} (posterior {mass:.3}), but against \
-                 its parent {parent} it gave {} vs {} at {load} in flight ({decision:?})",
+                 its parent {parent} it gave {} vs {}{arm} at {load} in flight ({decision:?})",
                 rate_words(on.corrupted, on.sessions),
                 rate_words(off.corrupted, off.sessions)
             )
@@ -573,8 +527,10 @@ impl Search {
 
     fn out_of_budget(&self) -> Answer {
         self.inconclusive(format!(
-            "the budget of {} sessions is spent ({} used, a block is {})",
-            self.params.max_sessions, self.sessions, self.params.block
+            "the budget of {} sessions is spent ({} used, a step is {})",
+            self.params.max_sessions,
+            self.sessions,
+            self.params.step_sessions()
         ))
     }
 
@@ -599,6 +555,14 @@ impl Search {
             ),
             top,
         }
+    }
+}
+
+/// At most `judged` corrupted.
+fn clamped(c: Counts) -> Counts {
+    Counts {
+        corrupted: c.corrupted.min(c.judged),
+        judged: c.judged,
     }
 }
 

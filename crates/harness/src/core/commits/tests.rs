@@ -13,6 +13,7 @@ fn block(corrupted: u64) -> Observation {
 
 /// Runs the search to its answer; every step's (commit, purpose).
 fn drive(params: Params, oracle: impl Fn(usize) -> Observation) -> (Answer, Vec<(usize, Purpose)>) {
+    let step_sessions = params.step_sessions();
     let mut search = Search::new(params);
     let mut steps = Vec::new();
     loop {
@@ -24,7 +25,7 @@ fn drive(params: Params, oracle: impl Fn(usize) -> Observation) -> (Answer, Vec<
                 let sessions = if matches!(obs, Observation::Untestable { .. }) {
                     0
                 } else {
-                    80
+                    step_sessions
                 };
                 let spent = Spent {
                     build_s: Some(10.0),
@@ -232,4 +233,116 @@ fn bad_parameters_are_refused_with_the_option() {
     assert!(p.validate().unwrap_err().contains("--max-sessions 100"));
     assert!(Params::new(1, 80, 80).validate().is_err());
     assert!(Params::new(9, 80, 80).validate().is_ok());
+}
+
+/// `--flag F`: a pair whose on arm corrupts `on` and off arm `off` of 80 each.
+fn pair(on: u64, off: u64) -> Observation {
+    let c = |corrupted| super::Counts {
+        corrupted,
+        judged: 80,
+    };
+    Observation::Pair {
+        on: c(on),
+        off: c(off),
+    }
+}
+
+fn flagged() -> Params {
+    Params {
+        flag: Some("F".into()),
+        ..Params::new(9, 80, 80)
+    }
+}
+
+#[test]
+fn with_a_flag_the_on_arm_is_searched_and_the_off_arm_at_the_culprit_must_be_clean() {
+    // Commit 5 makes F on corrupt; F off stays clean everywhere.
+    let (answer, steps) = drive(flagged(), |c| pair(if c >= 5 { 15 } else { 0 }, 0));
+    match &answer {
+        Answer::Culprit {
+            first,
+            last,
+            verified,
+            words,
+            ..
+        } => {
+            assert_eq!((*first, *last), (5, 5));
+            assert!(*verified, "{words}");
+            assert!(
+                words.starts_with("commit 5 raises corruption with F on from 0/"),
+                "{words}"
+            );
+            assert!(words.contains("; F off there 0/"), "{words}");
+            assert!(
+                words.contains(", clean: below the on arm's 18.8%"),
+                "{words}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(steps.len() < 30, "{steps:?}");
+}
+
+#[test]
+fn with_a_flag_a_rise_the_off_arm_shares_is_not_verified() {
+    // From commit 5, F off corrupts 4/80 in every pair (each pair alone is not above the
+    // 2% background) and F on 8/80: pooled at the culprit, the off arm is above it.
+    let (answer, _) = drive(flagged(), |c| if c >= 5 { pair(8, 4) } else { pair(0, 0) });
+    match &answer {
+        Answer::Culprit {
+            last,
+            verified,
+            words,
+            ..
+        } => {
+            assert_eq!(*last, 5);
+            assert!(!verified, "{words}");
+            assert!(
+                words.starts_with("verification failed: commit 5"),
+                "{words}"
+            );
+            assert!(
+                words.contains("corrupts above the background 2.0%"),
+                "{words}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn with_a_flag_a_step_costs_both_arms() {
+    let p = Params {
+        max_sessions: 480,
+        ..flagged()
+    };
+    assert_eq!(p.step_sessions(), 160);
+    // Three steps of 160: the ends' first pair and one more.
+    let (answer, steps) = drive(p, |_| pair(4, 1));
+    assert_eq!(steps.len(), 3, "{steps:?}");
+    assert!(
+        answer.words().contains("a step is 160"),
+        "{}",
+        answer.words()
+    );
+    let p = Params {
+        max_sessions: 300,
+        ..flagged()
+    };
+    assert!(p
+        .validate()
+        .unwrap_err()
+        .contains("--max-sessions 300 cannot pay for one step at each end (160 sessions each)"));
+}
+
+#[test]
+fn with_a_flag_the_could_not_reproduce_words_name_the_arm() {
+    let (answer, _) = drive(flagged(), |_| pair(0, 0));
+    assert!(
+        answer
+            .words()
+            .starts_with("could not reproduce: the bad end with F on corrupts below 5.0%"),
+        "{}",
+        answer.words()
+    );
 }
