@@ -32,6 +32,17 @@ pub struct Params {
     /// With `flag`: the rate above which the off arm's corruption is not the flag's.
     #[serde(default = "default_background")]
     pub background: f64,
+    /// Candidates the search may verify: a failed verification sends it back to the
+    /// search (its blocks kept as evidence) until this many were tried. Each
+    /// verification decides at `alpha / max_verifications` (Bonferroni), so the claim's
+    /// error stays at most `alpha` however many were run.
+    #[serde(default = "default_max_verifications")]
+    pub(crate) max_verifications: u32,
+}
+
+/// Verifications a search may run.
+fn default_max_verifications() -> u32 {
+    2
 }
 
 /// `bisect probe`'s default background rate.
@@ -56,7 +67,11 @@ impl Params {
         if self.commits < 2 {
             return Err("the range needs at least its two ends".into());
         }
-        if self.block == 0 || self.cap_blocks == 0 || self.max_could_not_tell == 0 {
+        if self.block == 0
+            || self.cap_blocks == 0
+            || self.max_could_not_tell == 0
+            || self.max_verifications == 0
+        {
             return Err("blocks, caps and retries must be at least 1".into());
         }
         if self.max_sessions < 2 * self.step_sessions() {
@@ -84,7 +99,13 @@ impl Params {
             block_s_guess: 60.0,
             flag: None,
             background: default_background(),
+            max_verifications: default_max_verifications(),
         }
+    }
+
+    /// The level each verification decides at.
+    pub(crate) fn verify_alpha(&self) -> f64 {
+        self.alpha / f64::from(self.max_verifications.max(1))
     }
 
     /// Sessions one step costs: a block, or with `flag` a block of each arm.

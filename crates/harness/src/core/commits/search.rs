@@ -15,7 +15,10 @@
 //!    culprit") holds at least `1 - alpha`; else the next commit by expected information
 //!    per second ([`super::choose`]).
 //! 3. **Verification**: the answer's last commit against its parent, a fresh sequential
-//!    A/B at `alpha`. The search's blocks chose the culprit, so they are not reused as
+//!    A/B at `alpha / max_verifications`. A failed verification is not the end: its
+//!    blocks join the posterior (a rate that drifted mid-search shows there) and the
+//!    search goes on, until a candidate is verified or `max_verifications` were tried
+//!    (Bonferroni over the verifications keeps the claim's error at `alpha`). The search's blocks chose the culprit, so they are not reused as
 //!    looks (their selection would void Ville's bound); they only start the plug-in
 //!    estimates (`SequentialState::with_prior`, valid for a prior from data its looks do
 //!    not contain), which moves power, not error.
@@ -131,13 +134,20 @@ pub struct Search {
     ab: SequentialState,
     pair: (Option<Counts>, Option<Counts>),
     posterior: Posterior,
+    /// Verifications that failed, in words, oldest first.
+    refuted: Vec<String>,
+    /// The search phase's blocks per commit since the last failed verification.
+    navigation: Vec<Counts>,
 }
+
+/// A verification gives up when its candidate's posterior mass falls below this.
+const FUTILE_MASS: f64 = 0.5;
 
 impl Search {
     pub fn new(params: Params) -> Self {
         let n = params.commits.max(2);
         let counts = vec![Counts::default(); n];
-        let ab = SequentialState::new(design(&params, 0.0));
+        let ab = SequentialState::new(design(&params, 0.0, params.alpha));
         Search {
             posterior: posterior(&counts),
             phase: Phase::Ends,
@@ -152,6 +162,8 @@ impl Search {
             ab,
             pair: (None, None),
             params,
+            refuted: Vec::new(),
+            navigation: vec![Counts::default(); n],
         }
     }
 
@@ -319,6 +331,9 @@ impl Search {
         self.could_not_tell[commit] = 0;
         let block = clamped(block);
         self.counts[commit] = self.counts[commit] + block;
+        if matches!(self.phase, Phase::Search) {
+            self.navigation[commit] = self.navigation[commit] + block;
+        }
         self.posterior = posterior(&self.counts);
         self.advance(commit, block);
     }
@@ -434,7 +449,8 @@ impl Search {
             on: ArmPrior::guess(bad.rate(), weight),
             off: ArmPrior::guess(good.rate(), weight),
         };
-        self.ab = SequentialState::with_prior(design(&self.params, good.rate()), prior);
+        let design = design(&self.params, good.rate(), self.params.verify_alpha());
+        self.ab = SequentialState::with_prior(design, prior);
         self.pair = (None, None);
         Phase::Verify {
             first,
@@ -455,9 +471,18 @@ impl Search {
             return;
         };
         let decision = self.look_pair();
-        if decision == Decision::Continue {
+        // Stopping a verification without a claim never raises its error, so it gives
+        // up as soon as its own blocks move the posterior off the candidate.
+        let now: f64 = self.posterior.culprit[first..=last].iter().sum();
+        let futile = decision == Decision::Continue && now < FUTILE_MASS;
+        if decision == Decision::Continue && !futile {
             return;
         }
+        let outcome = if futile {
+            format!("its blocks moved the posterior off it, to {now:.3}")
+        } else {
+            format!("{decision:?}")
+        };
         let (on, off) = self.ab.tallies();
         let interval = self
             .ab
@@ -497,7 +522,7 @@ impl Search {
                 100.0 * interval[0],
                 100.0 * interval[1],
                 self.ab.e_value(),
-                1.0 / self.params.alpha
+                1.0 / self.params.verify_alpha()
             )
         } else if implicated {
             format!(
@@ -510,11 +535,41 @@ impl Search {
         } else {
             format!(
                 "verification failed: the search named {name} (posterior {mass:.3}), but against \
-                 its parent {parent} it gave {} vs {}{arm} at {load} in flight ({decision:?})",
+                 its parent {parent} it gave {} vs {}{arm} at {load} in flight ({outcome}){}",
                 rate_words(on.corrupted, on.sessions),
-                rate_words(off.corrupted, off.sessions)
+                rate_words(off.corrupted, off.sessions),
+                self.drift_words([
+                    (
+                        last,
+                        Counts {
+                            corrupted: on.corrupted,
+                            judged: on.sessions
+                        }
+                    ),
+                    (
+                        parent,
+                        Counts {
+                            corrupted: off.corrupted,
+                            judged: off.sessions
+                        }
+                    ),
+                ])
             )
         };
+        if !implicated && self.refuted.len() + 1 < self.params.max_verifications as usize {
+            // Back to the search. The blocks that led it here are suspect (a rate that
+            // drifted while they ran, or plain bad luck): they leave the posterior, the
+            // ends' and the verification's stay, and the search tests afresh.
+            self.refuted.push(words);
+            for (counts, navigated) in self.counts.iter_mut().zip(&mut self.navigation) {
+                *counts = *counts - std::mem::take(navigated);
+            }
+            self.posterior = posterior(&self.counts);
+            self.phase = Phase::Search;
+            self.maybe_stop();
+            return;
+        }
+        let words = self.with_refuted(words);
         self.phase = Phase::Done(Answer::Culprit {
             first,
             last,
@@ -523,6 +578,43 @@ impl Search {
             verified,
             words,
         });
+    }
+
+    /// Where one of the verification's two commits gave the search and the verification
+    /// significantly different rates (two-sided Fisher at `alpha`), a sentence saying
+    /// the corruption rate changed between blocks: it drifted during the search.
+    fn drift_words(&self, verified: [(usize, Counts); 2]) -> String {
+        for (commit, now) in verified {
+            let before = self.navigation[commit];
+            if before.judged == 0 || now.judged == 0 {
+                continue;
+            }
+            let p = crate::core::stats::fisher_exact_two_sided(
+                before.corrupted,
+                before.judged - before.corrupted,
+                now.corrupted,
+                now.judged - now.corrupted,
+            );
+            if p < self.params.alpha {
+                return format!(
+                    "; commit {commit} gave {} in the search and {} in the verification \
+                     (Fisher p = {}): the corruption rate drifted during the search (e.g. with \
+                     the machine's load), so the search's blocks are tested afresh",
+                    rate_words(before.corrupted, before.judged),
+                    rate_words(now.corrupted, now.judged),
+                    format::p_value(p)
+                );
+            }
+        }
+        String::new()
+    }
+
+    /// `words`, then what earlier verifications refuted.
+    fn with_refuted(&self, words: String) -> String {
+        if self.refuted.is_empty() {
+            return words;
+        }
+        format!("{words}; earlier: {}", self.refuted.join("; "))
     }
 
     fn out_of_budget(&self) -> Answer {
@@ -548,11 +640,11 @@ impl Search {
         top.truncate(3);
         let names: Vec<String> = top.iter().map(|(c, p)| format!("{c} ({p:.2})")).collect();
         Answer::Inconclusive {
-            words: format!(
+            words: self.with_refuted(format!(
                 "inconclusive: {why}; top candidates {}; no single culprit {:.2}",
                 names.join(", "),
                 self.posterior.none
-            ),
+            )),
             top,
         }
     }
@@ -581,11 +673,12 @@ fn rate_words(k: u64, n: u64) -> String {
     )
 }
 
-/// The sequential design of the ends and the verification: `alpha`, `min_effect`, looks of
+/// The sequential design of the ends (at `alpha`) and of a verification (at
+/// [`Params::verify_alpha`]): `min_effect`, looks of
 /// one block per side, at most `cap_blocks` of them.
-fn design(p: &Params, baseline: f64) -> SequentialDesign {
+fn design(p: &Params, baseline: f64, alpha: f64) -> SequentialDesign {
     let goal = DesignGoal {
-        alpha: p.alpha,
+        alpha,
         power: 0.8,
         min_effect: p.min_effect,
         baseline: baseline.clamp(0.0, 1.0 - p.min_effect),

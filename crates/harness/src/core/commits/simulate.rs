@@ -42,6 +42,10 @@ pub struct Scenario {
     pub(crate) short_load: f64,
     /// Unbuildable commits just before the culprit, and just after it.
     pub(crate) unbuildable: (usize, usize),
+    /// Share of blocks that reach the load yet run at a quarter of their rate, with
+    /// nothing to tell them apart (the machine got busy and the race fired less): a rate
+    /// that drifts between blocks.
+    pub(crate) dip: f64,
 }
 
 impl Scenario {
@@ -53,6 +57,7 @@ impl Scenario {
             mid: None,
             short_load: 0.0,
             unbuildable: (0, 0),
+            dip: 0.0,
         }
     }
 
@@ -80,6 +85,10 @@ pub fn scenarios() -> Vec<Scenario> {
         Scenario {
             mid: Some(0.09),
             ..Scenario::new("two culprits 0% -> 9% -> 18%", 0.0, 0.18)
+        },
+        Scenario {
+            dip: 0.2,
+            ..Scenario::new("15% vs 0%, 20% of blocks at a quarter of it", 0.0, 0.15)
         },
     ]
 }
@@ -152,6 +161,12 @@ impl Range {
     fn block(&self, s: &Scenario, i: usize, n: u64, rng: &mut ChaCha8Rng) -> (Observation, u64) {
         let short = rng.random::<f64>() < s.short_load;
         let rate = if short { s.good } else { self.rate(s, i) };
+        // Drawn only where the scenario has dips, so the other scenarios' draws stay.
+        let rate = if s.dip > 0.0 && rng.random::<f64>() < s.dip {
+            rate / 4.0
+        } else {
+            rate
+        };
         let k = draw_binomial(rng, n, rate);
         let obs = if short {
             Observation::CouldNotTell {

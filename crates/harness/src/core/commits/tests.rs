@@ -197,9 +197,13 @@ fn the_budget_ends_the_search_inconclusive_with_its_top_candidates() {
 #[test]
 fn a_culprit_that_does_not_hold_up_is_unverified() {
     // The search's blocks at 5 said 15/80, its fresh verification blocks say 0/80: the
-    // e-process never implicates it, and the interval clears it.
+    // e-process never implicates it, and with one verification allowed that is the end.
     let seen = std::cell::Cell::new(0u32);
-    let (answer, _) = drive(Params::new(9, 80, 80), |c| {
+    let one_try = Params {
+        max_verifications: 1,
+        ..Params::new(9, 80, 80)
+    };
+    let (answer, _) = drive(one_try, |c| {
         if c == 5 {
             seen.set(seen.get() + 1);
         }
@@ -345,4 +349,42 @@ fn with_a_flag_the_could_not_reproduce_words_name_the_arm() {
         "{}",
         answer.words()
     );
+}
+
+#[test]
+fn a_failed_verification_sends_the_search_back_and_names_the_drift() {
+    // Commit 5 turns 0/80 into 15/80, but while the machine was busy (the search's first
+    // blocks) the race did not fire: commits after 5 looked clean and the posterior
+    // settled on a later commit. Its verification against its parent (both bad again)
+    // fails, says the rate drifted, and the search goes back, now naming 5.
+    let calls = std::cell::Cell::new(0u32);
+    let (answer, steps) = drive(Params::new(9, 80, 80), |c| {
+        let n = calls.get();
+        calls.set(n + 1);
+        let busy = (4..7).contains(&n);
+        block(if c >= 5 && !busy { 15 } else { 0 })
+    });
+    let verifications = steps
+        .windows(2)
+        .filter(|w| w[0].1 != Purpose::Verify && w[1].1 == Purpose::Verify)
+        .count();
+    assert_eq!(verifications, 2, "{steps:?}");
+    match &answer {
+        Answer::Culprit {
+            first,
+            verified,
+            words,
+            ..
+        } => {
+            assert_eq!(*first, 5, "{words}");
+            assert!(*verified, "{words}");
+            assert!(words.contains("earlier: verification failed"), "{words}");
+            assert!(
+                words.contains("commit 7 gave 0/80 (0.0%) in the search and 15/80"),
+                "{words}"
+            );
+            assert!(words.contains("drifted during the search"), "{words}");
+        }
+        other => panic!("{other:?}"),
+    }
 }
