@@ -99,12 +99,18 @@ impl CommitsArgs {
             };
         let workload = common.load.load()?;
         let policy = common.decision.policy()?;
-        let catalog = common.target.catalog()?;
-        let flag = match &self.flag {
-            Some(name) => Some(catalog.get(name)?.clone()),
-            None => None,
+        // The catalog only where a flag is named: a plain search reads no flag files.
+        let (flag, sets) = if self.flag.is_none() && self.set.is_empty() {
+            (None, Vec::new())
+        } else {
+            let catalog = common.target.catalog()?;
+            let flag = match &self.flag {
+                Some(name) => Some(catalog.get(name)?.clone()),
+                None => None,
+            };
+            let sets = parse_pins(&catalog, &self.set, flag.as_ref().map(|f| f.name.as_str()))?;
+            (flag, sets)
         };
-        let sets = parse_pins(&catalog, &self.set, flag.as_ref().map(|f| f.name.as_str()))?;
         let (id, dir) = match &self.resume {
             Some(dir) => (
                 dir.file_name()

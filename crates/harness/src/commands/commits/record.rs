@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use super::build::BuildEntry;
 use super::git::CommitInfo;
 use crate::core::arm_stats::RecordStatus;
-use crate::core::commits::posterior::posterior;
+use crate::core::commits::search::Search;
 use crate::core::commits::{Counts, Observation, Params, Purpose, Spent};
 use crate::core::sequential::LookRecord;
 use crate::results::export;
@@ -169,20 +169,18 @@ impl CommitsRecord {
     }
 }
 
-/// Per-commit counts after each step, and the posterior then: what the report draws.
+/// The posterior after each step, as the search held it (the steps replayed through
+/// [`Search`], so blocks a failed verification sent back leave it as they did live):
+/// what the report draws.
 pub(crate) fn posterior_history(record: &CommitsRecord) -> Vec<Vec<f64>> {
-    let mut counts = vec![Counts::default(); record.commits.len()];
+    let mut search = Search::new(record.params.clone());
     let mut out = Vec::new();
     for step in &record.steps {
-        match step.observation {
-            Observation::Block { corrupted, judged } => {
-                counts[step.commit] = counts[step.commit] + Counts { corrupted, judged };
-            }
-            Observation::Pair { on, .. } => counts[step.commit] = counts[step.commit] + on,
-            _ => {}
-        }
-        let post = posterior(&counts);
-        let mut row = post.culprit;
+        // The live loop asks before each step; asking moves the budget and end phases.
+        let _ = search.next_action();
+        search.observe(step.commit, &step.observation, step.spent);
+        let post = search.posterior();
+        let mut row = post.culprit.clone();
         row.push(post.none);
         out.push(row);
     }

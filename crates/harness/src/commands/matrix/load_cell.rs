@@ -169,7 +169,7 @@ pub(super) async fn run(
 
 /// A comparable load cell (same sweep, same workload, both finished) against its
 /// baseline cell.
-pub(super) fn compare(cell: &CellRecord, old: &CellRecord) -> CellComparison {
+pub(super) fn compare(cell: &CellRecord, old: &CellRecord, alpha: f64) -> CellComparison {
     let mut cmp = empty(CellStatus::Ok, Some(old), Vec::new());
     let (Some(now), Some(then)) = (&cell.load, &old.load) else {
         cmp.status = CellStatus::NotComparable;
@@ -177,7 +177,7 @@ pub(super) fn compare(cell: &CellRecord, old: &CellRecord) -> CellComparison {
         return cmp;
     };
     let moved = match (&now.answer, &then.answer) {
-        (Some(a), Some(b)) => movement(a, b, &then.shown),
+        (Some(a), Some(b)) => movement(a, b, &now.shown, &then.shown, alpha),
         _ => None,
     };
     cmp.threshold = Some(ThresholdComparison {

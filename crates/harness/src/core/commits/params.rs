@@ -12,7 +12,8 @@ pub struct Params {
     pub block: u64,
     /// Sessions in flight (for words).
     pub concurrency: u32,
-    /// The posterior stops at 1 - alpha; the ends and the verification decide at alpha.
+    /// The posterior stops at 1 - alpha; the ends decide at alpha, each verification at
+    /// `alpha / max_verifications`.
     pub alpha: f64,
     /// The smallest rise in corruption worth finding.
     pub min_effect: f64,
@@ -36,13 +37,17 @@ pub struct Params {
     /// search (its blocks kept as evidence) until this many were tried. Each
     /// verification decides at `alpha / max_verifications` (Bonferroni), so the claim's
     /// error stays at most `alpha` however many were run.
-    #[serde(default = "default_max_verifications")]
+    /// A step log written before re-search existed has no such field: it replays with
+    /// the one verification it ran under.
+    #[serde(default = "one_verification")]
     pub(crate) max_verifications: u32,
 }
 
 /// Verifications a search may run.
-fn default_max_verifications() -> u32 {
-    2
+const MAX_VERIFICATIONS: u32 = 2;
+
+fn one_verification() -> u32 {
+    1
 }
 
 /// `bisect probe`'s default background rate.
@@ -99,7 +104,7 @@ impl Params {
             block_s_guess: 60.0,
             flag: None,
             background: default_background(),
-            max_verifications: default_max_verifications(),
+            max_verifications: MAX_VERIFICATIONS,
         }
     }
 

@@ -136,8 +136,10 @@ pub struct Search {
     posterior: Posterior,
     /// Verifications that failed, in words, oldest first.
     refuted: Vec<String>,
-    /// The search phase's blocks per commit since the last failed verification.
+    /// The search phase's blocks per commit since the last failed verification (with
+    /// `--flag`, the off arm's beside them).
     navigation: Vec<Counts>,
+    navigation_off: Vec<Counts>,
 }
 
 /// A verification gives up when its candidate's posterior mass falls below this.
@@ -164,6 +166,7 @@ impl Search {
             params,
             refuted: Vec::new(),
             navigation: vec![Counts::default(); n],
+            navigation_off: vec![Counts::default(); n],
         }
     }
 
@@ -320,6 +323,9 @@ impl Search {
             ),
             Observation::Pair { on, off } => {
                 self.off[commit] = self.off[commit] + clamped(*off);
+                if matches!(self.phase, Phase::Search) {
+                    self.navigation_off[commit] = self.navigation_off[commit] + clamped(*off);
+                }
                 self.count(commit, *on);
             }
         }
@@ -564,6 +570,9 @@ impl Search {
             for (counts, navigated) in self.counts.iter_mut().zip(&mut self.navigation) {
                 *counts = *counts - std::mem::take(navigated);
             }
+            for (off, navigated) in self.off.iter_mut().zip(&mut self.navigation_off) {
+                *off = *off - std::mem::take(navigated);
+            }
             self.posterior = posterior(&self.counts);
             self.phase = Phase::Search;
             self.maybe_stop();
@@ -574,7 +583,8 @@ impl Search {
             first,
             last,
             parent,
-            posterior: mass,
+            // Unverified: the mass the candidate holds now, its verification's blocks in.
+            posterior: if verified { mass } else { now },
             verified,
             words,
         });
@@ -599,7 +609,7 @@ impl Search {
                 return format!(
                     "; commit {commit} gave {} in the search and {} in the verification \
                      (Fisher p = {}): the corruption rate drifted during the search (e.g. with \
-                     the machine's load), so the search's blocks are tested afresh",
+                     the machine's load)",
                     rate_words(before.corrupted, before.judged),
                     rate_words(now.corrupted, now.judged),
                     format::p_value(p)

@@ -14,7 +14,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::report::{Answer, LoadReport};
-use super::threshold::Status;
+use super::threshold::{fisher_greater, Status};
 
 /// What a sweep showed at one level: `None` for the baseline level of a sweep without a
 /// flag (nothing to test), else its status, the monotone model's implication first.
@@ -22,6 +22,10 @@ use super::threshold::Status;
 pub struct LevelShown {
     pub level: u32,
     pub status: Option<Status>,
+    /// The counted arm's (corrupted, judged) at this level, for the direct comparison of
+    /// two nights; absent in records written before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<(u64, u64)>,
 }
 
 /// Every level's [`LevelShown`] of a report.
@@ -32,6 +36,7 @@ pub fn shown(report: &LoadReport) -> Vec<LevelShown> {
         .map(|l| LevelShown {
             level: l.level,
             status: l.implied.or(l.status),
+            count: Some((l.arm.corrupted, l.arm.judged)),
         })
         .collect()
 }
@@ -98,11 +103,17 @@ pub fn threshold_words(answer: Option<&Answer>) -> String {
 }
 
 /// Tonight's answer against the baseline's, both over the same levels. `None` when
-/// either sweep gave no answer (its baseline level's load fell short).
+/// either sweep gave no answer (its baseline level's load fell short). A lower threshold
+/// is shown only where the baseline showed its level flat *and* tonight's counts there
+/// exceed the baseline's (one-sided Fisher below `alpha`): "flat" allows a rise below
+/// min-effect and "rises" any rise above 0, so the two statements alone can hold on two
+/// nights at one unchanged rate.
 pub fn movement(
     tonight: &Answer,
     baseline: &Answer,
+    tonight_levels: &[LevelShown],
     baseline_levels: &[LevelShown],
+    alpha: f64,
 ) -> Option<Movement> {
     if matches!(tonight, Answer::NoBaseline) || matches!(baseline, Answer::NoBaseline) {
         return None;
@@ -119,16 +130,27 @@ pub fn movement(
     };
     let movement = match (moved, t) {
         (Moved::Lower, Some(level)) => {
-            let there = baseline_levels
-                .iter()
-                .find(|l| l.level == level)
-                .and_then(|l| l.status);
-            let shown = there == Some(Status::Flat);
+            let at = |levels: &[LevelShown]| levels.iter().find(|l| l.level == level).copied();
+            let (now, then) = (at(tonight_levels), at(baseline_levels));
+            let there = then.and_then(|l| l.status);
+            let p = match (now.and_then(|l| l.count), then.and_then(|l| l.count)) {
+                (Some((k1, n1)), Some((k0, n0))) => Some(fisher_greater(k1, n1, k0, n0)),
+                _ => None,
+            };
+            let shown = there == Some(Status::Flat) && p.is_some_and(|p| p < alpha);
             let words = if shown {
                 format!(
-                    "the threshold fell from {} to {}: {level} in flight rises tonight and was shown flat in the baseline",
+                    "the threshold fell from {} to {}: {level} in flight rises tonight, was shown flat in the baseline, and corrupts more than it did then (one-sided Fisher p = {})",
                     name(b),
-                    name(t)
+                    name(t),
+                    crate::core::format::p_value(p.unwrap_or(1.0))
+                )
+            } else if there == Some(Status::Flat) {
+                format!(
+                    "the threshold is lower tonight ({} against the baseline's {}), but {level} in flight does not corrupt significantly more than it did in the baseline ({}): a rise below min-effect can read flat one night and rising the next; not shown to have moved",
+                    name(t),
+                    name(b),
+                    p.map_or("no counts recorded".into(), |p| format!("one-sided Fisher p = {}", crate::core::format::p_value(p)))
                 )
             } else {
                 format!(
@@ -210,7 +232,14 @@ mod tests {
             "{}",
             night.verdict
         );
-        let m = movement(&night.answer, &base.answer, &shown(&base)).unwrap();
+        let m = movement(
+            &night.answer,
+            &base.answer,
+            &shown(&night),
+            &shown(&base),
+            0.01,
+        )
+        .unwrap();
         assert_eq!((m.moved, m.shown), (Moved::Lower, true), "{}", m.words);
         assert!(
             m.words
@@ -219,9 +248,23 @@ mod tests {
             m.words
         );
         // The other way round is better, and the same night is unchanged.
-        let m = movement(&base.answer, &night.answer, &shown(&night)).unwrap();
+        let m = movement(
+            &base.answer,
+            &night.answer,
+            &shown(&base),
+            &shown(&night),
+            0.01,
+        )
+        .unwrap();
         assert_eq!(m.moved, Moved::Higher, "{}", m.words);
-        let m = movement(&night.answer, &night.answer, &shown(&night)).unwrap();
+        let m = movement(
+            &night.answer,
+            &night.answer,
+            &shown(&night),
+            &shown(&night),
+            0.01,
+        )
+        .unwrap();
         assert_eq!((m.moved, m.shown), (Moved::Unchanged, false));
         assert_eq!(m.words, "the threshold is unchanged (32 in flight)");
     }
@@ -237,32 +280,48 @@ mod tests {
             LevelShown {
                 level: 1,
                 status: None,
+                count: Some((0, 320)),
             },
             LevelShown {
                 level: 16,
                 status: Some(Status::Flat),
+                count: Some((0, 320)),
             },
             LevelShown {
                 level: 32,
                 status: Some(Status::Open),
+                count: Some((0, 320)),
             },
             LevelShown {
                 level: 64,
                 status: Some(Status::Open),
+                count: Some((0, 320)),
             },
         ];
-        let m = movement(&night.answer, &base_answer, &open).unwrap();
+        let tonight = shown(&night);
+        let m = movement(&night.answer, &base_answer, &tonight, &open, 0.01).unwrap();
         assert_eq!((m.moved, m.shown), (Moved::Lower, false));
         assert!(m.words.contains("(it was open)"), "{}", m.words);
         // A threshold appearing where the baseline showed the level flat is shown.
         let mut flat = open;
         flat[2].status = Some(Status::Flat);
-        let m = movement(&night.answer, &base_answer, &flat).unwrap();
+        let m = movement(&night.answer, &base_answer, &tonight, &flat, 0.01).unwrap();
         assert_eq!((m.moved, m.shown), (Moved::Lower, true));
         assert!(m.words.contains("fell from none to 32"), "{}", m.words);
+        // Flat then, rising tonight, at one rate: each night's statement holds (a rise
+        // below min-effect is both), the two nights' counts do not differ: not shown.
+        let mut same = flat;
+        same[2].count = tonight[2].count;
+        let m = movement(&night.answer, &base_answer, &tonight, &same, 0.01).unwrap();
+        assert_eq!((m.moved, m.shown), (Moved::Lower, false));
+        assert!(
+            m.words.contains("does not corrupt significantly more"),
+            "{}",
+            m.words
+        );
         // No answer on either side: nothing to compare.
-        assert!(movement(&Answer::NoBaseline, &base_answer, &flat).is_none());
-        assert!(movement(&night.answer, &Answer::NoBaseline, &flat).is_none());
+        assert!(movement(&Answer::NoBaseline, &base_answer, &tonight, &flat, 0.01).is_none());
+        assert!(movement(&night.answer, &Answer::NoBaseline, &tonight, &flat, 0.01).is_none());
         assert_eq!(short_levels(&flat, None), Vec::<u32>::new());
     }
 

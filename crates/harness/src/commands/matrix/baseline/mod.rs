@@ -171,7 +171,7 @@ pub fn compare(night: &mut MatrixRecord, baseline: &Baseline, policy: &Regressio
     let base = &baseline.record;
     let mut comparable: Vec<(usize, f64)> = Vec::new();
     for (i, cell) in night.cells.iter_mut().enumerate() {
-        if let Some(p) = compare_cell(cell, base) {
+        if let Some(p) = compare_cell(cell, base, policy.alpha) {
             comparable.push((i, p));
         }
     }
@@ -223,7 +223,7 @@ pub fn compare(night: &mut MatrixRecord, baseline: &Baseline, policy: &Regressio
 /// Fills `cell`'s comparison with its baseline cell as far as one cell can say (blocked,
 /// new, not comparable, or the one-sided Fisher p of its rate against the baseline's);
 /// the raw p where the two are comparable.
-fn compare_cell(cell: &mut CellRecord, base: &MatrixRecord) -> Option<f64> {
+fn compare_cell(cell: &mut CellRecord, base: &MatrixRecord, alpha: f64) -> Option<f64> {
     // A cell whose engine ran another configuration says nothing about this one.
     if cell.is_blocked() {
         let old = base.cells.iter().find(|c| c.id == cell.id);
@@ -246,7 +246,7 @@ fn compare_cell(cell: &mut CellRecord, base: &MatrixRecord) -> Option<f64> {
     // A load cell's tests are its sweep's own: its threshold is compared, outside the
     // Fisher family of the other cells.
     if cell.load.is_some() {
-        cell.comparison = Some(super::load_cell::compare(cell, old));
+        cell.comparison = Some(super::load_cell::compare(cell, old, alpha));
         return None;
     }
     // Judged sessions only (`Counts::judged`), as every rate.
