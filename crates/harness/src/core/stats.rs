@@ -8,7 +8,8 @@
 //! - Clopper-Pearson exact interval: C. J. Clopper and E. S. Pearson (1934), Biometrika
 //!   26:404-413, computed through the Beta quantile:
 //!   lower = B(alpha/2; k, n-k+1), upper = B(1-alpha/2; k+1, n-k).
-//! - Fisher's exact test for a 2x2 table, two-sided: the sum of the hypergeometric
+//! - Fisher's exact test for a 2x2 table, one-sided (the hypergeometric upper tail, the
+//!   matrix's regression test and the load sweep's level test) and two-sided: the sum of the hypergeometric
 //!   probabilities (margins fixed) that are no larger than the observed table's, with the
 //!   relative tolerance 1e-7 that R's `fisher.test` uses, so tables tied in exact
 //!   arithmetic are not split by rounding.
@@ -113,6 +114,29 @@ pub fn clopper_pearson(k: u64, n: u64, confidence: f64) -> (f64, f64) {
             .inverse_cdf(1.0 - tail)
     };
     (lower, upper)
+}
+
+/// One-sided Fisher exact p for `[[a, b], [c, d]]` = night (corrupted a, clean b) over
+/// baseline (corrupted c, clean d): the probability, margins fixed, of a night count of
+/// at least `a`. An empty row or column carries no evidence: p = 1.
+pub fn fisher_one_sided_greater(a: u64, b: u64, c: u64, d: u64) -> f64 {
+    let population = a + b + c + d;
+    let successes = a + c;
+    let draws = a + b;
+    if successes == 0 || successes == population || draws == 0 || draws == population {
+        return 1.0;
+    }
+    let h = Hypergeometric::new(population, successes, draws)
+        .expect("margins of a 2x2 table never exceed its total");
+    // A tail from the lowest count the margins allow is the whole distribution: 1
+    // exactly, not a rounded sum of every probability.
+    if a <= draws.saturating_sub(population - successes) {
+        return 1.0;
+    }
+    let highest = successes.min(draws);
+    // Summing the tail directly (not 1 - cdf) keeps tiny p-values exact instead of 0.
+    let tail: f64 = (a..=highest).map(|x| h.pmf(x)).sum();
+    tail.clamp(0.0, 1.0)
 }
 
 /// Two-sided Fisher exact p-value for the 2x2 table

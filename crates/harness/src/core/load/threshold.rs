@@ -71,15 +71,7 @@ pub(crate) fn fisher_greater(k1: u64, n1: u64, k0: u64, n0: u64) -> f64 {
         return 1.0;
     }
     let (k1, k0) = (k1.min(n1), k0.min(n0));
-    let total = k1 + k0;
-    let ln_choose = |n: u64, k: u64| statrs::function::factorial::ln_binomial(n, k);
-    let ln_all = ln_choose(n1 + n0, total);
-    let top = total.min(n1);
-    let p: f64 = (k1..=top)
-        .filter(|&x| total - x <= n0)
-        .map(|x| (ln_choose(n1, x) + ln_choose(n0, total - x) - ln_all).exp())
-        .sum();
-    p.clamp(0.0, 1.0)
+    crate::core::stats::fisher_one_sided_greater(k1, n1 - k1, k0, n0 - k0)
 }
 
 /// The fixed rule's evidence for one level: its one-sided p, Holm-adjusted across levels.

@@ -45,13 +45,13 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use statrs::distribution::{Discrete, Hypergeometric};
 
 use super::plan::RegressionPolicy;
 use super::record::{BaselineInfo, CellComparison, CellRecord, CellStatus, MatrixRecord};
 use crate::core::arm_stats::ArmStats;
 use crate::core::confounds::engine_load_shortfall;
 use crate::core::format;
+pub(crate) use crate::core::stats::fisher_one_sided_greater;
 use crate::core::verdict::Policy;
 
 pub(crate) const TEST_NAME: &str = "fisher_exact_one_sided_greater";
@@ -61,24 +61,6 @@ pub(crate) const CORRECTION: &str = "holm";
 /// screening level (as `bisect run`'s truncation warning), not the regression alpha,
 /// because it can only withhold "ok", never report a regression.
 const TRUNCATED_ALPHA: f64 = 0.05;
-
-/// One-sided Fisher exact p for `[[a, b], [c, d]]` = night (corrupted a, clean b) over
-/// baseline (corrupted c, clean d): the probability, margins fixed, of a night count of
-/// at least `a`. An empty row or column carries no evidence: p = 1.
-pub(crate) fn fisher_one_sided_greater(a: u64, b: u64, c: u64, d: u64) -> f64 {
-    let population = a + b + c + d;
-    let successes = a + c;
-    let draws = a + b;
-    if successes == 0 || successes == population || draws == 0 || draws == population {
-        return 1.0;
-    }
-    let h = Hypergeometric::new(population, successes, draws)
-        .expect("margins of a 2x2 table never exceed its total");
-    let highest = successes.min(draws);
-    // Summing the tail directly (not 1 - cdf) keeps tiny p-values exact instead of 0.
-    let tail: f64 = (a..=highest).map(|x| h.pmf(x)).sum();
-    tail.clamp(0.0, 1.0)
-}
 
 /// A baseline matrix and where it came from.
 pub struct Baseline {
