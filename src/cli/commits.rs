@@ -8,6 +8,8 @@ use clap::Args;
 
 use super::{command_line, parse_pins, run_id, usage, ExperimentArgs, METRICS_PERIOD};
 use bisect_harness::commands::commits::build::BuildStep;
+use bisect_harness::commands::commits::slurm::{Rounds, SlurmRounds};
+use bisect_harness::commands::commits::task;
 use bisect_harness::commands::commits::{CommitsPlan, DEFAULT_MAX_SESSIONS};
 
 #[derive(Debug, Args)]
@@ -50,8 +52,23 @@ pub(crate) struct CommitsArgs {
     /// the same arguments.
     #[arg(long, value_name = "DIR")]
     resume: Option<PathBuf>,
+    /// Blocks per round: with K > 1 each round's K commits, chosen together by their
+    /// joint information, run side by side as a Slurm job array, one task each (the
+    /// search's folder, --repo and this binary at the same paths on every node;
+    /// docs/commits.md, "Slurm").
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=12))]
+    parallel: u32,
+    /// An sbatch option for every round's job array (repeatable), e.g.
+    /// --sbatch=--partition=gpu --sbatch=--exclusive. Given without --parallel, rounds of
+    /// one block still run on the cluster.
+    #[arg(long = "sbatch", value_name = "OPTION", allow_hyphen_values = true)]
+    sbatch: Vec<String>,
+    /// Run one array task of a round: written by --parallel into its job scripts.
+    #[arg(long, hide = true, value_name = "ROUND")]
+    pub(crate) round_task: Option<PathBuf>,
     /// Run the simulation benchmark instead (no repository, no engine): the search
-    /// beside plain and repeated bisection on scripted ranges (docs/commits.md).
+    /// beside plain and repeated bisection on scripted ranges (docs/commits.md); with
+    /// --parallel K, the search at K blocks a round beside one.
     #[arg(long)]
     pub(crate) simulate: bool,
     /// With --simulate: ranges per scenario and size.
@@ -111,7 +128,11 @@ impl CommitsArgs {
             let sets = parse_pins(&catalog, &self.set, flag.as_ref().map(|f| f.name.as_str()))?;
             (flag, sets)
         };
-        let (id, dir) = match &self.resume {
+        let search_dir = match &self.round_task {
+            Some(round) => Some(task::search_dir(round)?),
+            None => self.resume.clone(),
+        };
+        let (id, dir) = match &search_dir {
             Some(dir) => (
                 dir.file_name()
                     .map(|n| n.to_string_lossy().to_string())
@@ -140,6 +161,8 @@ impl CommitsArgs {
             api_key,
             metrics_period: METRICS_PERIOD,
             resume: self.resume.is_some(),
+            parallel: self.parallel,
+            rounds: self.rounds()?,
             flag,
             background: self.background,
             sets,
@@ -152,4 +175,42 @@ impl CommitsArgs {
             .map_err(|e| usage(e, "adjust the option named"))?;
         Ok(plan)
     }
+
+    /// `--parallel`.
+    pub(crate) fn parallel(&self) -> u32 {
+        self.parallel
+    }
+
+    /// Where rounds run: as Slurm job arrays with --parallel K > 1 or --sbatch (an array
+    /// task runs its own step here).
+    fn rounds(&self) -> anyhow::Result<Rounds> {
+        if self.round_task.is_some() || (self.parallel == 1 && self.sbatch.is_empty()) {
+            return Ok(Rounds::Local);
+        }
+        let on_path = std::env::var_os("PATH").is_some_and(|path| {
+            std::env::split_paths(&path).any(|dir| dir.join("sbatch").is_file())
+        });
+        if !on_path {
+            return Err(usage(
+                format!(
+                    "--parallel {} runs each round as a Slurm job array, and sbatch is not on PATH",
+                    self.parallel
+                ),
+                "run the search on a Slurm login node, or drop --parallel and --sbatch",
+            ));
+        }
+        let exe = std::env::current_exe()?;
+        let task_command = std::iter::once(exe.display().to_string())
+            .chain(std::env::args().skip(1))
+            .collect();
+        Ok(Rounds::Slurm(SlurmRounds {
+            task_command,
+            sbatch_args: self.sbatch.clone(),
+            workdir: std::env::current_dir()?,
+            poll: SQUEUE_POLL,
+        }))
+    }
 }
+
+/// How often a waiting search asks squeue about its round.
+const SQUEUE_POLL: std::time::Duration = std::time::Duration::from_secs(2);

@@ -16,10 +16,11 @@ const SIMULATE_SEED: u64 = 20;
 
 pub(crate) fn commits(args: &CommitsArgs) -> anyhow::Result<ExitCode> {
     if args.simulate {
-        print!(
-            "{}",
-            simulate::benchmark_markdown(args.searches, &args.sizes, SIMULATE_SEED)
-        );
+        let table = match args.parallel() {
+            1 => simulate::benchmark_markdown(args.searches, &args.sizes, SIMULATE_SEED),
+            k => simulate::parallel_markdown(args.searches, &args.sizes, &[1, k], SIMULATE_SEED),
+        };
+        print!("{table}");
         return Ok(ExitCode::SUCCESS);
     }
     let plan = args.plan()?;
@@ -30,6 +31,9 @@ pub(crate) fn commits(args: &CommitsArgs) -> anyhow::Result<ExitCode> {
         Ok(Box::new(control) as Box<dyn EngineControl>)
     });
     let progress = progress(output.json);
+    if let Some(round) = &args.round_task {
+        return array_task(&plan, round, controls.as_ref(), progress.as_ref());
+    }
     stderr_line!("results: {}", plan.dir.display());
     let record = runtime()?.block_on(async {
         let cancel = signals::cancel_on_signal();
@@ -42,4 +46,27 @@ pub(crate) fn commits(args: &CommitsArgs) -> anyhow::Result<ExitCode> {
         &plan.dir,
     )?;
     Ok(ExitCode::from(commits::exit_code(&record)))
+}
+
+/// One array task of a `--parallel` round: its step, written beside the round's plan.
+fn array_task(
+    plan: &commits::CommitsPlan,
+    round: &std::path::Path,
+    controls: &ControlFactory<'_>,
+    progress: &dyn bisect_harness::arm::Progress,
+) -> anyhow::Result<ExitCode> {
+    let index: usize = std::env::var("SLURM_ARRAY_TASK_ID")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "--round-task {}: SLURM_ARRAY_TASK_ID is not set: this runs as a task of the round's Slurm job array",
+                round.display()
+            )
+        })?;
+    runtime()?.block_on(async {
+        let cancel = signals::cancel_on_signal();
+        commits::task::run_task(plan, round, index, controls, progress, cancel).await
+    })?;
+    Ok(ExitCode::SUCCESS)
 }

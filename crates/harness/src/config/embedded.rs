@@ -179,7 +179,7 @@ pub fn profile(launch_dir: &Path, exe: &Path) -> anyhow::Result<TargetProfile> {
     })
 }
 
-fn shell_quote(s: &str) -> String {
+pub(crate) fn shell_quote(s: &str) -> String {
     if s.chars()
         .all(|c| c.is_ascii_alphanumeric() || "/._-+:,=".contains(c))
     {

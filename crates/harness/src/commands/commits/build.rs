@@ -54,6 +54,9 @@ pub struct Builder {
     step: BuildStep,
     dir: PathBuf,
     cache: BTreeMap<String, Built>,
+    /// A Slurm array task's: a finished build leaves `builds/<commit>.ready` (its folder)
+    /// for the tasks of later rounds, which then build nothing.
+    shared: bool,
 }
 
 impl Builder {
@@ -63,6 +66,31 @@ impl Builder {
             step,
             dir: dir.to_path_buf(),
             cache: BTreeMap::new(),
+            shared: false,
+        }
+    }
+
+    /// An array task's builder: builds of earlier tasks of the search are reused.
+    pub(crate) fn shared(step: BuildStep, dir: &Path) -> Self {
+        Builder {
+            shared: true,
+            ..Builder::new(step, dir)
+        }
+    }
+
+    fn ready_marker(&self, sha: &str) -> PathBuf {
+        self.dir
+            .join("builds")
+            .join(format!("{}.ready", &sha[..sha.len().min(12)]))
+    }
+
+    /// A build an earlier array task finished, its folder still there.
+    fn built_by_another_task(&self, sha: &str) -> Option<Built> {
+        let text = std::fs::read_to_string(self.ready_marker(sha)).ok()?;
+        let folder: Option<PathBuf> = serde_json::from_str(&text).ok()?;
+        match folder {
+            Some(f) if !f.is_dir() => None,
+            folder => Some(Built::Ready(folder)),
         }
     }
 
@@ -76,6 +104,9 @@ impl Builder {
     ) -> anyhow::Result<(Built, Option<BuildEntry>)> {
         if let Some(built) = self.cache.get(sha) {
             return Ok((built.clone(), None));
+        }
+        if let Some(built) = self.shared.then(|| self.built_by_another_task(sha)).flatten() {
+            return Ok((built, None));
         }
         let short = &sha[..sha.len().min(12)];
         let logs = self.dir.join("builds");
@@ -122,6 +153,13 @@ impl Builder {
         log: &Path,
     ) -> (Built, Option<BuildEntry>) {
         self.cache.insert(sha.to_string(), built.clone());
+        if let (true, Built::Ready(folder)) = (self.shared, &built) {
+            // Best effort: without it a later task builds the commit again.
+            let _ = std::fs::write(
+                self.ready_marker(sha),
+                serde_json::to_string(folder).unwrap_or_default(),
+            );
+        }
         let reason = match &built {
             Built::Untestable(why) => Some(why.clone()),
             Built::Ready(_) => None,
@@ -135,6 +173,19 @@ impl Builder {
             log: rel(log, &self.dir),
         };
         (built, Some(entry))
+    }
+}
+
+/// Removes the build markers array tasks leave (`builds/*.ready`), so no task trusts a
+/// build of an earlier, killed search.
+pub(crate) fn forget_shared(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir.join("builds")) else {
+        return;
+    };
+    for path in entries.flatten().map(|e| e.path()) {
+        if path.extension().is_some_and(|e| e == "ready") {
+            let _ = std::fs::remove_file(path);
+        }
     }
 }
 

@@ -113,6 +113,9 @@ pub struct Worktrees {
     repo: PathBuf,
     root: PathBuf,
     made: Vec<PathBuf>,
+    /// A Slurm array task's: what it makes outlives it (later rounds build on it), and
+    /// the search that submitted it removes them all.
+    kept: bool,
 }
 
 impl Worktrees {
@@ -121,6 +124,30 @@ impl Worktrees {
             repo: repo.to_path_buf(),
             root: root.to_path_buf(),
             made: Vec::new(),
+            kept: false,
+        }
+    }
+
+    /// An array task's worktrees: left in place when it ends.
+    pub(crate) fn kept(repo: &Path, root: &Path) -> Self {
+        Worktrees {
+            repo: repo.to_path_buf(),
+            root: root.to_path_buf(),
+            made: Vec::new(),
+            kept: true,
+        }
+    }
+
+    /// Takes over every worktree under the root (made by array tasks, or left by a search
+    /// that was killed), so [`Self::remove_all`] removes them.
+    pub(crate) fn adopt_found(&mut self) {
+        let Ok(entries) = std::fs::read_dir(&self.root) else {
+            return;
+        };
+        for dir in entries.flatten().map(|e| e.path()) {
+            if dir.is_dir() && !self.made.contains(&dir) {
+                self.made.push(dir);
+            }
         }
     }
 
@@ -141,10 +168,15 @@ impl Worktrees {
             let _ = std::fs::remove_dir_all(&dir);
             let _ = git(&self.repo, &["worktree", "prune"]);
         }
-        git(
-            &self.repo,
-            &["worktree", "add", "--detach", &dir.to_string_lossy(), sha],
-        )?;
+        let add = ["worktree", "add", "--detach", &dir.to_string_lossy(), sha];
+        if git(&self.repo, &add).is_err() {
+            // Array tasks add worktrees to one repository at once; git's own locks can
+            // refuse one of them for a moment.
+            std::thread::sleep(std::time::Duration::from_secs(1));
+            let _ = std::fs::remove_dir_all(&dir);
+            let _ = git(&self.repo, &["worktree", "prune"]);
+            git(&self.repo, &add)?;
+        }
         self.made.push(dir.clone());
         Ok(dir)
     }
@@ -174,6 +206,8 @@ impl Worktrees {
 
 impl Drop for Worktrees {
     fn drop(&mut self) {
-        let _ = self.remove_all();
+        if !self.kept {
+            let _ = self.remove_all();
+        }
     }
 }

@@ -18,7 +18,9 @@ pub mod export;
 pub mod git;
 pub mod record;
 mod report;
+pub mod slurm;
 mod step;
+pub mod task;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -30,7 +32,7 @@ use crate::arm::{settle, Progress};
 use crate::commands::run::now;
 use crate::config::{FlagSpec, TargetProfile, Workload};
 use crate::core::arm_stats::RecordStatus;
-use crate::core::commits::{Action, Answer, Observation, Params, Search, Spent};
+use crate::core::commits::{Action, Answer, Observation, Params, Search, Spent, Test};
 use crate::core::verdict::Policy;
 use crate::exit::Failure;
 use crate::results::run_record::{FlagInfo, TargetInfo};
@@ -38,6 +40,8 @@ use block::{BlockContext, ControlFactory, Writes};
 use build::{BuildStep, Builder, Built};
 use git::{CommitInfo, Worktrees};
 use record::{CommitsRecord, Header, StepEntry, StepLog};
+use slurm::Rounds;
+use task::Planned;
 
 /// Sessions the search may spend when `--max-sessions` is not given: 100 blocks of 80.
 pub const DEFAULT_MAX_SESSIONS: u64 = 8000;
@@ -73,6 +77,10 @@ pub struct CommitsPlan {
     pub state_root: Option<PathBuf>,
     /// Allow a flag whose setting also appears in a role it does not list.
     pub allow_partial: bool,
+    /// `--parallel K`: blocks per round (1: one at a time, here).
+    pub parallel: u32,
+    /// Where a round's blocks run: here, one after another, or as a Slurm job array.
+    pub rounds: Rounds,
 }
 
 impl CommitsPlan {
@@ -88,6 +96,7 @@ impl CommitsPlan {
         p.max_sessions = self.max_sessions;
         p.flag = self.flag.as_ref().map(|f| f.name.clone());
         p.background = self.background;
+        p.parallel = self.parallel;
         p
     }
 
@@ -97,6 +106,30 @@ impl CommitsPlan {
             .iter()
             .map(|(f, v)| format!("{}={v}", f.name))
             .collect()
+    }
+
+    /// What every block of the search runs with.
+    pub(crate) fn block_context<'c>(
+        &'c self,
+        controls: &'c ControlFactory<'c>,
+        progress: &'c dyn Progress,
+        cancel: CancellationToken,
+    ) -> BlockContext<'c> {
+        BlockContext {
+            workload: &self.workload,
+            policy: &self.policy,
+            api_key: self.api_key.clone(),
+            metrics_period: self.metrics_period,
+            progress,
+            cancel,
+            controls,
+            writes: Writes {
+                pins: &self.sets,
+                journal_dir: &self.journal_dir,
+                state_root: self.state_root.as_deref(),
+                allow_partial: self.allow_partial,
+            },
+        }
     }
 
     fn build_words(&self) -> String {
@@ -161,22 +194,15 @@ pub async fn run(
     record.write(&plan.dir)?;
     let mut log = StepLog::open(&log_path, &header, plan.resume)?;
     let mut worktrees = Worktrees::new(&plan.repo, &plan.dir.join("worktrees"));
+    if matches!(plan.rounds, Rounds::Slurm(_)) {
+        // Array tasks leave their worktrees for later rounds; any found now are a killed
+        // search's, not to be trusted: removed, with their build markers.
+        worktrees.adopt_found();
+        worktrees.remove_all()?;
+        build::forget_shared(&plan.dir);
+    }
     let mut search = Search::new(params);
-    let ctx = BlockContext {
-        workload: &plan.workload,
-        policy: &plan.policy,
-        api_key: plan.api_key.clone(),
-        metrics_period: plan.metrics_period,
-        progress,
-        cancel: cancel.clone(),
-        controls,
-        writes: Writes {
-            pins: &plan.sets,
-            journal_dir: &plan.journal_dir,
-            state_root: plan.state_root.as_deref(),
-            allow_partial: plan.allow_partial,
-        },
-    };
+    let ctx = plan.block_context(controls, progress, cancel.clone());
     let mut state = Driving {
         plan,
         commits: &commits,
@@ -187,6 +213,7 @@ pub async fn run(
         started,
     };
     let outcome = state.drive(logged, &ctx, &mut worktrees).await;
+    worktrees.adopt_found();
     let removed = worktrees.remove_all();
     let outcome = match (outcome, removed) {
         (Ok(a), Ok(())) => Ok(a),
@@ -230,7 +257,8 @@ struct Driving<'d> {
 }
 
 impl Driving<'_> {
-    /// Ask, run, observe, until the search answers.
+    /// Ask for a round, run it (what the log holds is replayed, not run), observe its
+    /// steps in order, until the search answers.
     async fn drive(
         &mut self,
         logged: Vec<StepEntry>,
@@ -242,93 +270,60 @@ impl Driving<'_> {
             if ctx.cancel.is_cancelled() {
                 return Err(Failure::Interrupted.into());
             }
-            let (commit, purpose) = match self.search.next_action() {
+            let round = match self.search.next_round() {
                 Action::Done(answer) => return Ok(answer),
-                Action::Test { commit, purpose } => (commit, purpose),
+                Action::Round(round) => round,
             };
-            if let Some(step) = replay.next() {
-                if step.commit != commit || step.purpose != purpose {
+            let mut fresh = Vec::new();
+            for test in round {
+                let Some(step) = replay.next() else {
+                    fresh.push(test);
+                    continue;
+                };
+                if step.commit != test.commit || step.purpose != test.purpose {
                     return Err(Failure::BadInput(format!(
-                        "steps.jsonl step {}: the log tested commit {} ({:?}), the search now asks for {commit} ({purpose:?})\n  fix: resume with the options the search was started with",
-                        step.step, step.commit, step.purpose
+                        "steps.jsonl step {}: the log tested commit {} ({:?}), the search now asks for {} ({:?})\n  fix: resume with the options the search was started with",
+                        step.step, step.commit, step.purpose, test.commit, test.purpose
                     ))
                     .into());
                 }
-                self.search.observe(commit, &step.observation, step.spent);
+                self.search.observe(test, &step.observation, step.spent);
                 self.record.replayed_steps += 1;
                 self.push(step, false)?;
+            }
+            if fresh.is_empty() {
                 continue;
             }
-            let step = self.run_step(commit, purpose, ctx, worktrees).await?;
-            self.search.observe(commit, &step.observation, step.spent);
-            self.push(step, true)?;
+            let first = self.record.steps.len() as u64 + 1;
+            let planned: Vec<Planned> = fresh
+                .iter()
+                .zip(first..)
+                .map(|(test, step)| Planned::new(step, *test, &self.commits[test.commit]))
+                .collect();
+            match &self.plan.rounds {
+                Rounds::Slurm(slurm) => {
+                    let steps = slurm.run_round(&self.plan.dir, &planned, ctx).await?;
+                    for step in steps {
+                        self.observe_and_push(step)?;
+                    }
+                }
+                _ => {
+                    for p in planned {
+                        let step = run_step(self.plan, &p, &mut self.builder, ctx, worktrees).await?;
+                        self.observe_and_push(step)?;
+                    }
+                }
+            }
         }
     }
 
-    /// Build the commit (cached) and run the step's blocks on it.
-    async fn run_step(
-        &mut self,
-        commit: usize,
-        purpose: crate::core::commits::Purpose,
-        ctx: &BlockContext<'_>,
-        worktrees: &mut Worktrees,
-    ) -> anyhow::Result<StepEntry> {
-        let info = &self.commits[commit];
-        let n = self.record.steps.len() as u64 + 1;
-        let short = &info.sha[..info.sha.len().min(12)];
-        ctx.progress.note(&format!(
-            "step {n}: commit {commit} {short} {} ({purpose:?})",
-            info.subject
-        ));
-        let (built, build) = self
-            .builder
-            .build(commit, &info.sha, worktrees, &ctx.cancel)
-            .await?;
-        let mut step = StepEntry {
-            step: n,
-            commit,
-            sha: info.sha.clone(),
-            purpose,
-            observation: Observation::Untestable {
-                reason: String::new(),
-            },
-            spent: Spent {
-                build_s: build.as_ref().map(|b| b.seconds),
-                ..Spent::default()
-            },
-            dir: None,
-            peak_engine: None,
-            wall_s: None,
-            build,
-            engine_info: Default::default(),
-            arms: Vec::new(),
+    fn observe_and_push(&mut self, step: StepEntry) -> anyhow::Result<()> {
+        let test = Test {
+            commit: step.commit,
+            purpose: step.purpose,
         };
-        let folder = match built {
-            Built::Untestable(reason) => {
-                ctx.progress
-                    .note(&format!("commit {commit} {short} is untestable: {reason}"));
-                step.observation = Observation::Untestable { reason };
-                return Ok(step);
-            }
-            Built::Ready(folder) => folder,
-        };
-        let target = block::commit_target(
-            &self.plan.target,
-            &self.plan.repo,
-            folder.as_deref(),
-            &info.sha,
-            &self.plan.dir,
-        );
-        let ab = self.plan.flag.as_ref().map(|flag| step::Ab {
-            flag,
-            background: self.plan.background,
-        });
-        step::run_blocks(ctx, &target, ab, &self.plan.dir, &mut step).await?;
-        ctx.progress.note(&format!(
-            "commit {commit} {short}: {}",
-            record::observation_words(&step.observation)
-        ));
-        Ok(step)
+        self.search.observe(test, &step.observation, step.spent);
+        self.push(step, true)
     }
 
     /// The step into the log (when run now) and the record, which is rewritten.
@@ -347,6 +342,69 @@ impl Driving<'_> {
         r.untestable = untestable_refs(r, self.search);
         r.write(&self.plan.dir)
     }
+}
+
+/// Build the planned step's commit (cached) and run the step's blocks on it: here, or in
+/// a Slurm array task ([`task`]).
+pub(crate) async fn run_step(
+    plan: &CommitsPlan,
+    p: &Planned,
+    builder: &mut Builder,
+    ctx: &BlockContext<'_>,
+    worktrees: &mut Worktrees,
+) -> anyhow::Result<StepEntry> {
+    let (commit, n) = (p.commit, p.step);
+    let short = &p.sha[..p.sha.len().min(12)];
+    ctx.progress.note(&format!(
+        "step {n}: commit {commit} {short} {} ({:?})",
+        p.subject, p.purpose
+    ));
+    let (built, build) = builder.build(commit, &p.sha, worktrees, &ctx.cancel).await?;
+    let mut step = StepEntry {
+        step: n,
+        commit,
+        sha: p.sha.clone(),
+        purpose: p.purpose,
+        observation: Observation::Untestable {
+            reason: String::new(),
+        },
+        spent: Spent {
+            build_s: build.as_ref().map(|b| b.seconds),
+            ..Spent::default()
+        },
+        dir: None,
+        peak_engine: None,
+        wall_s: None,
+        build,
+        engine_info: Default::default(),
+        arms: Vec::new(),
+    };
+    let folder = match built {
+        Built::Untestable(reason) => {
+            ctx.progress
+                .note(&format!("commit {commit} {short} is untestable: {reason}"));
+            step.observation = Observation::Untestable { reason };
+            return Ok(step);
+        }
+        Built::Ready(folder) => folder,
+    };
+    let target = block::commit_target(
+        &plan.target,
+        &plan.repo,
+        folder.as_deref(),
+        &p.sha,
+        &plan.dir,
+    );
+    let ab = plan.flag.as_ref().map(|flag| step::Ab {
+        flag,
+        background: plan.background,
+    });
+    step::run_blocks(ctx, &target, ab, &plan.dir, &mut step).await?;
+    ctx.progress.note(&format!(
+        "commit {commit} {short}: {}",
+        record::observation_words(&step.observation)
+    ));
+    Ok(step)
 }
 
 fn untestable_refs(r: &CommitsRecord, search: &Search) -> Vec<record::CommitRef> {

@@ -13,7 +13,7 @@ use super::build::BuildEntry;
 use super::git::CommitInfo;
 use crate::core::arm_stats::RecordStatus;
 use crate::core::commits::search::Search;
-use crate::core::commits::{Counts, Observation, Params, Purpose, Spent};
+use crate::core::commits::{Action, Counts, Observation, Params, Purpose, Spent, Test};
 use crate::core::sequential::LookRecord;
 use crate::results::export;
 use crate::results::run_record::{FlagInfo, TargetInfo};
@@ -174,15 +174,32 @@ impl CommitsRecord {
 /// what the report draws.
 pub(crate) fn posterior_history(record: &CommitsRecord) -> Vec<Vec<f64>> {
     let mut search = Search::new(record.params.clone());
+    let mut steps = record.steps.iter();
     let mut out = Vec::new();
-    for step in &record.steps {
-        // The live loop asks before each step; asking moves the budget and end phases.
-        let _ = search.next_action();
-        search.observe(step.commit, &step.observation, step.spent);
+    let row = |search: &Search| {
         let post = search.posterior();
         let mut row = post.culprit.clone();
         row.push(post.none);
-        out.push(row);
+        row
+    };
+    // The live loop asks once per round, then observes the round's steps in order;
+    // asking moves the budget and end phases.
+    'rounds: loop {
+        let round_len = match search.next_round() {
+            Action::Round(round) => round.len(),
+            Action::Done(_) => 0,
+        };
+        for _ in 0..round_len.max(1) {
+            let Some(step) = steps.next() else {
+                break 'rounds;
+            };
+            let test = Test {
+                commit: step.commit,
+                purpose: step.purpose,
+            };
+            search.observe(test, &step.observation, step.spent);
+            out.push(row(&search));
+        }
     }
     out
 }

@@ -23,4 +23,4 @@ pub mod simulate;
 mod tests;
 
 pub use posterior::{Counts, Posterior};
-pub use search::{Action, Answer, Observation, Params, Purpose, Search, Spent};
+pub use search::{Action, Answer, Observation, Params, Purpose, Search, Spent, Test};

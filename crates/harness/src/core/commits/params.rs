@@ -39,14 +39,21 @@ pub struct Params {
     /// error stays at most `alpha` however many were run.
     /// A step log written before re-search existed has no such field: it replays with
     /// the one verification it ran under.
-    #[serde(default = "one_verification")]
+    #[serde(default = "one")]
     pub(crate) max_verifications: u32,
+    /// Blocks per round (`--parallel K`): the search phase asks for K distinct commits at
+    /// once, chosen by their joint information; the ends and the verification run their
+    /// pair in one round. 1 (the default, and what a log without it ran) is one block at
+    /// a time.
+    #[serde(default = "one")]
+    pub parallel: u32,
 }
 
 /// Verifications a search may run.
 const MAX_VERIFICATIONS: u32 = 2;
 
-fn one_verification() -> u32 {
+/// The serde default of `max_verifications` and `parallel`: what logs without them ran.
+fn one() -> u32 {
     1
 }
 
@@ -76,8 +83,16 @@ impl Params {
             || self.cap_blocks == 0
             || self.max_could_not_tell == 0
             || self.max_verifications == 0
+            || self.parallel == 0
         {
             return Err("blocks, caps and retries must be at least 1".into());
+        }
+        if self.parallel as usize > super::choose::MAX_PARALLEL {
+            return Err(format!(
+                "--parallel {} is more than the {} blocks a round may run",
+                self.parallel,
+                super::choose::MAX_PARALLEL
+            ));
         }
         if self.max_sessions < 2 * self.step_sessions() {
             return Err(format!(
@@ -105,6 +120,7 @@ impl Params {
             flag: None,
             background: default_background(),
             max_verifications: MAX_VERIFICATIONS,
+            parallel: 1,
         }
     }
 

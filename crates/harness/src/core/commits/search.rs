@@ -1,5 +1,5 @@
 //! The commit search as a state machine driven by observations (docs/commits.md): ask
-//! [`Search::next_action`] what to run, run it, tell [`Search::observe`] what it gave. No I/O:
+//! [`Search::next_round`] what to run, run it, tell [`Search::observe`] what it gave. No I/O:
 //! `bisect commits` runs it on built commits, the simulation on scripted oracles, and a
 //! resumed search replays its step log through it.
 //!
@@ -31,7 +31,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::choose::{next_commit, Cost};
+use super::choose::{next_commits, Cost};
 use super::observation::off_arm_clean;
 pub use super::observation::Observation;
 pub use super::params::Params;
@@ -96,10 +96,18 @@ impl Answer {
     }
 }
 
-/// What to do next.
+/// One block to run: at which commit, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Test {
+    pub commit: usize,
+    pub purpose: Purpose,
+}
+
+/// What to do next: a round of blocks (one unless [`Params::parallel`]; their commits
+/// distinct, run side by side, observed in this order), or the answer.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
-    Test { commit: usize, purpose: Purpose },
+    Round(Vec<Test>),
     Done(Answer),
 }
 
@@ -210,44 +218,42 @@ impl Search {
     }
 
     /// What to run next, or the answer.
-    pub(crate) fn next_action(&mut self) -> Action {
+    pub(crate) fn next_round(&mut self) -> Action {
         if let Phase::Done(answer) = &self.phase {
             return Action::Done(answer.clone());
         }
-        if self.sessions + self.params.step_sessions() > self.params.max_sessions {
+        let room = (self.params.max_sessions.saturating_sub(self.sessions)
+            / self.params.step_sessions().max(1)) as usize;
+        if room == 0 {
             let answer = self.out_of_budget();
             self.phase = Phase::Done(answer.clone());
             return Action::Done(answer);
         }
-        match &self.phase {
-            Phase::Ends => {
-                let commit = if self.pair.0.is_none() {
-                    self.last()
-                } else {
-                    0
-                };
-                Action::Test {
-                    commit,
-                    purpose: Purpose::Ends,
-                }
-            }
-            Phase::Verify { last, parent, .. } => {
-                let commit = if self.pair.0.is_none() {
-                    *last
-                } else {
-                    *parent
-                };
-                Action::Test {
-                    commit,
-                    purpose: Purpose::Verify,
-                }
-            }
-            Phase::Search => self.next_search(),
+        let k = room.min(self.params.parallel.max(1) as usize);
+        let test = |commit, purpose| Test { commit, purpose };
+        // A pair phase runs its pair in one round when it may (the on side first); the
+        // A/B looks once both are in.
+        let pair = |on: usize, off: usize, purpose| match (self.pair.0.is_some(), k) {
+            (true, _) => vec![test(off, purpose)],
+            (false, 1) => vec![test(on, purpose)],
+            (false, _) => vec![test(on, purpose), test(off, purpose)],
+        };
+        let round = match &self.phase {
+            Phase::Ends => pair(self.last(), 0, Purpose::Ends),
+            Phase::Verify { last, parent, .. } => pair(*last, *parent, Purpose::Verify),
+            Phase::Search => self.next_search(k),
             Phase::Done(_) => unreachable!(),
+        };
+        if round.is_empty() {
+            let answer = self.inconclusive("no commit is left to test".into());
+            self.phase = Phase::Done(answer.clone());
+            return Action::Done(answer);
         }
+        Action::Round(round)
     }
 
-    fn next_search(&mut self) -> Action {
+    /// The search phase's round of `k` commits.
+    fn next_search(&self, k: usize) -> Vec<Test> {
         let candidates: Vec<usize> = (0..self.counts.len())
             .filter(|&i| self.untestable[i].is_none())
             .collect();
@@ -255,29 +261,29 @@ impl Search {
             build_s: mean(self.builds, self.params.build_s_guess),
             block_s: mean(self.blocks, self.params.block_s_guess),
         };
-        match next_commit(
+        next_commits(
             &self.counts,
             &self.posterior,
             self.params.block,
             &candidates,
             &self.built,
             cost,
-        ) {
-            Some((commit, _)) => Action::Test {
-                commit,
-                purpose: Purpose::Search,
-            },
-            None => {
-                let answer = self.inconclusive("no commit is left to test".into());
-                self.phase = Phase::Done(answer.clone());
-                Action::Done(answer)
-            }
-        }
+            k,
+        )
+        .into_iter()
+        .map(|commit| Test {
+            commit,
+            purpose: Purpose::Search,
+        })
+        .collect()
     }
 
-    /// What running `commit` gave (a commit out of range, or any observation after the
-    /// answer, is ignored).
-    pub(crate) fn observe(&mut self, commit: usize, obs: &Observation, spent: Spent) {
+    /// What a block of `test` gave (a commit out of range, or any observation after the
+    /// answer, is ignored). A block counts toward the phase it was run for: a search
+    /// block observed after its round's earlier blocks started the verification feeds
+    /// the posterior only (the verification's looks are its own blocks).
+    pub(crate) fn observe(&mut self, test: Test, obs: &Observation, spent: Spent) {
+        let Test { commit, purpose } = test;
         if commit >= self.counts.len() || matches!(self.phase, Phase::Done(_)) {
             return;
         }
@@ -303,7 +309,7 @@ impl Search {
                 self.could_not_tell[commit] += 1;
                 if self.could_not_tell[commit] >= self.params.max_could_not_tell {
                     self.observe(
-                        commit,
+                        test,
                         &Observation::Untestable {
                             reason: format!(
                                 "could not tell {} times: {reason}",
@@ -315,7 +321,7 @@ impl Search {
                 }
             }
             Observation::Block { corrupted, judged } => self.count(
-                commit,
+                test,
                 Counts {
                     corrupted: *corrupted,
                     judged: *judged,
@@ -323,33 +329,43 @@ impl Search {
             ),
             Observation::Pair { on, off } => {
                 self.off[commit] = self.off[commit] + clamped(*off);
-                if matches!(self.phase, Phase::Search) {
+                if purpose == Purpose::Search {
                     self.navigation_off[commit] = self.navigation_off[commit] + clamped(*off);
                 }
-                self.count(commit, *on);
+                self.count(test, *on);
             }
         }
     }
 
     /// A block's counts (a pair's on arm) into the posterior and the phase.
-    fn count(&mut self, commit: usize, block: Counts) {
+    fn count(&mut self, Test { commit, purpose }: Test, block: Counts) {
         self.built[commit] = true;
         self.could_not_tell[commit] = 0;
         let block = clamped(block);
         self.counts[commit] = self.counts[commit] + block;
-        if matches!(self.phase, Phase::Search) {
+        if purpose == Purpose::Search {
             self.navigation[commit] = self.navigation[commit] + block;
         }
         self.posterior = posterior(&self.counts);
-        self.advance(commit, block);
+        self.advance(commit, purpose, block);
+    }
+
+    /// The purpose of the blocks the current phase runs.
+    fn purpose(&self) -> Purpose {
+        match self.phase {
+            Phase::Ends => Purpose::Ends,
+            Phase::Verify { .. } => Purpose::Verify,
+            Phase::Search | Phase::Done(_) => Purpose::Search,
+        }
     }
 
     fn in_verification(&self, commit: usize) -> bool {
         matches!(self.phase, Phase::Verify { last, parent, .. } if commit == last || commit == parent)
     }
 
-    fn advance(&mut self, commit: usize, block: Counts) {
+    fn advance(&mut self, commit: usize, purpose: Purpose, block: Counts) {
         match self.phase {
+            _ if purpose != self.purpose() => {}
             Phase::Ends => {
                 if self.pair.0.is_none() && commit == self.last() {
                     self.pair.0 = Some(block);

@@ -197,6 +197,8 @@ struct Run {
     verdict: Verdict,
     builds: u64,
     sessions: u64,
+    /// Rounds of blocks run side by side (a bisection's probe is one).
+    rounds: u64,
 }
 
 /// One method's results over many searches.
@@ -210,6 +212,8 @@ pub struct Scored {
     pub(crate) p95_builds: u64,
     pub mean_sessions: f64,
     pub p95_sessions: u64,
+    pub(crate) mean_rounds: f64,
+    pub(crate) p95_rounds: u64,
 }
 
 fn score(method: String, runs: &[Run]) -> Scored {
@@ -225,6 +229,7 @@ fn score(method: String, runs: &[Run]) -> Scored {
     let mean = |xs: &[u64]| xs.iter().sum::<u64>() as f64 / xs.len().max(1) as f64;
     let builds: Vec<u64> = runs.iter().map(|r| r.builds).collect();
     let sessions: Vec<u64> = runs.iter().map(|r| r.sessions).collect();
+    let rounds: Vec<u64> = runs.iter().map(|r| r.rounds).collect();
     Scored {
         method,
         searches: runs.len(),
@@ -234,6 +239,8 @@ fn score(method: String, runs: &[Run]) -> Scored {
         p95_builds: p95(builds.clone()),
         mean_sessions: mean(&sessions),
         p95_sessions: p95(sessions),
+        mean_rounds: mean(&rounds),
+        p95_rounds: p95(rounds),
     }
 }
 
@@ -246,34 +253,36 @@ fn run_search(s: &Scenario, range: &Range, params: &Params, rng: &mut ChaCha8Rng
         ..params.clone()
     });
     let mut built = vec![false; range.n + 1];
+    let mut rounds = 0;
     let answer = loop {
-        let commit = match search.next_action() {
+        let round = match search.next_round() {
             Action::Done(answer) => break answer,
-            Action::Test { commit, .. } => commit,
+            Action::Round(round) => round,
         };
-        let build_s = (!built[commit]).then_some(BUILD_S);
-        built[commit] = true;
-        if range.unbuildable[commit] {
-            let obs = Observation::Untestable {
-                reason: "build failed".into(),
-            };
-            search.observe(
-                commit,
-                &obs,
-                Spent {
+        rounds += 1;
+        for test in round {
+            let commit = test.commit;
+            let build_s = (!built[commit]).then_some(BUILD_S);
+            built[commit] = true;
+            if range.unbuildable[commit] {
+                let obs = Observation::Untestable {
+                    reason: "build failed".into(),
+                };
+                let spent = Spent {
                     build_s,
                     ..Spent::default()
-                },
-            );
-            continue;
+                };
+                search.observe(test, &obs, spent);
+                continue;
+            }
+            let (obs, _) = range.block(s, commit, params.block, rng);
+            let spent = Spent {
+                build_s,
+                block_s: Some(BLOCK_S),
+                sessions: params.block,
+            };
+            search.observe(test, &obs, spent);
         }
-        let (obs, _) = range.block(s, commit, params.block, rng);
-        let spent = Spent {
-            build_s,
-            block_s: Some(BLOCK_S),
-            sessions: params.block,
-        };
-        search.observe(commit, &obs, spent);
     };
     let expected = range.expected(s);
     let verdict = match answer {
@@ -300,6 +309,7 @@ fn run_search(s: &Scenario, range: &Range, params: &Params, rng: &mut ChaCha8Rng
         verdict,
         builds: built.iter().filter(|b| **b).count() as u64,
         sessions: search.sessions(),
+        rounds,
     }
 }
 
@@ -327,7 +337,7 @@ fn run_bisection(
 ) -> Run {
     let (mut lo, mut hi) = (0, range.n);
     let mut skipped = vec![false; range.n + 1];
-    let (mut builds, mut sessions) = (0, 0);
+    let (mut builds, mut sessions, mut rounds) = (0, 0, 0);
     loop {
         let mid = (lo + hi) / 2;
         let Some(c) = (lo + 1..hi)
@@ -337,6 +347,7 @@ fn run_bisection(
             break;
         };
         builds += 1;
+        rounds += 1;
         if range.unbuildable[c] {
             skipped[c] = true;
             continue;
@@ -359,6 +370,7 @@ fn run_bisection(
         verdict,
         builds,
         sessions,
+        rounds,
     }
 }
 
@@ -398,6 +410,52 @@ pub fn benchmark(
             format!("bisection, {r} blocks per probe")
         };
         out.push(score(name, &runs));
+    }
+    out
+}
+
+/// The search at each `--parallel` of `ks` beside plain bisection, on the same ranges:
+/// accuracy, wrong answers, rounds (blocks run side by side count once), builds and
+/// sessions; a markdown table per size.
+pub fn parallel_markdown(searches: usize, sizes: &[usize], ks: &[u32], seed: u64) -> String {
+    let mut out = format!(
+        "Commit search with K blocks per round, {searches} ranges per scenario, seed {seed}; \
+         a round's blocks run side by side (plain bisection: one probe a round).\n"
+    );
+    let picked: Vec<Scenario> = scenarios()
+        .into_iter()
+        .filter(|s| ["18% vs 0%", "12% vs 1%", "5% vs 1%", "flake-only 2%"].contains(&s.name))
+        .collect();
+    for &n in sizes {
+        out += &format!(
+            "\n### {n} commits, K blocks a round\n\n| scenario | method | accuracy | wrong | rounds mean / p95 | builds mean / p95 | sessions mean / p95 |\n|---|---|---|---|---|---|---|\n"
+        );
+        for s in &picked {
+            let mut rows = Vec::new();
+            for &k in ks {
+                let mut params = Params::new(2, 80, 80);
+                params.parallel = k;
+                let mut scored = benchmark(s, n, searches, &params, &[], seed);
+                scored[0].method = format!("commit search, K = {k}");
+                rows.push(scored.remove(0));
+            }
+            rows.extend(benchmark(s, n, searches, &Params::new(2, 80, 80), &[1], seed).into_iter().skip(1));
+            for r in rows {
+                out += &format!(
+                    "| {} | {} | {:.3} | {:.3} | {:.1} / {} | {:.1} / {} | {:.0} / {} |\n",
+                    s.name,
+                    r.method,
+                    r.accuracy,
+                    r.wrong,
+                    r.mean_rounds,
+                    r.p95_rounds,
+                    r.mean_builds,
+                    r.p95_builds,
+                    r.mean_sessions,
+                    r.p95_sessions
+                );
+            }
+        }
     }
     out
 }

@@ -2,7 +2,7 @@
 //! the stopping rule, untestable commits widening the answer, the budget, and the
 //! verification.
 
-use super::search::{Action, Answer, Observation, Params, Purpose, Search, Spent};
+use super::search::{Action, Answer, Observation, Params, Purpose, Search, Spent, Test};
 
 fn block(corrupted: u64) -> Observation {
     Observation::Block {
@@ -17,23 +17,24 @@ fn drive(params: Params, oracle: impl Fn(usize) -> Observation) -> (Answer, Vec<
     let mut search = Search::new(params);
     let mut steps = Vec::new();
     loop {
-        match search.next_action() {
+        let round = match search.next_round() {
             Action::Done(answer) => return (answer, steps),
-            Action::Test { commit, purpose } => {
-                steps.push((commit, purpose));
-                let obs = oracle(commit);
-                let sessions = if matches!(obs, Observation::Untestable { .. }) {
-                    0
-                } else {
-                    step_sessions
-                };
-                let spent = Spent {
-                    build_s: Some(10.0),
-                    block_s: Some(5.0),
-                    sessions,
-                };
-                search.observe(commit, &obs, spent);
-            }
+            Action::Round(round) => round,
+        };
+        for test in round {
+            steps.push((test.commit, test.purpose));
+            let obs = oracle(test.commit);
+            let sessions = if matches!(obs, Observation::Untestable { .. }) {
+                0
+            } else {
+                step_sessions
+            };
+            let spent = Spent {
+                build_s: Some(10.0),
+                block_s: Some(5.0),
+                sessions,
+            };
+            search.observe(test, &obs, spent);
         }
         assert!(steps.len() < 500, "the search does not end");
     }
@@ -387,4 +388,123 @@ fn a_failed_verification_sends_the_search_back_and_names_the_drift() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+/// Runs the search to its answer with `parallel` blocks a round; every round.
+fn drive_rounds(
+    parallel: u32,
+    commits: usize,
+    oracle: impl Fn(usize) -> Observation,
+) -> (Answer, Vec<Vec<Test>>) {
+    let mut params = Params::new(commits, 80, 80);
+    params.parallel = parallel;
+    let mut search = Search::new(params);
+    let mut rounds = Vec::new();
+    loop {
+        let round = match search.next_round() {
+            Action::Done(answer) => return (answer, rounds),
+            Action::Round(round) => round,
+        };
+        for &test in &round {
+            let spent = Spent {
+                build_s: Some(10.0),
+                block_s: Some(5.0),
+                sessions: 80,
+            };
+            search.observe(test, &oracle(test.commit), spent);
+        }
+        rounds.push(round);
+        assert!(rounds.len() < 200, "the search does not end");
+    }
+}
+
+#[test]
+fn a_round_runs_k_distinct_commits_and_each_pair_at_once() {
+    // 64 commits after the good end; commit 23 turns 0/80 into 15/80.
+    let oracle = |c: usize| block(if c >= 23 { 15 } else { 0 });
+    let (answer, rounds) = drive_rounds(4, 65, oracle);
+    let t = |commit, purpose| Test { commit, purpose };
+    assert_eq!(rounds[0], vec![t(64, Purpose::Ends), t(0, Purpose::Ends)]);
+    for round in &rounds[1..] {
+        let mut commits: Vec<usize> = round.iter().map(|t| t.commit).collect();
+        commits.dedup();
+        assert_eq!(commits.len(), round.len(), "{round:?}");
+        match round[0].purpose {
+            Purpose::Search => {
+                assert!(round.len() <= 4 && round.windows(2).all(|w| w[0].commit < w[1].commit))
+            }
+            Purpose::Verify => {
+                assert_eq!(round, &vec![t(23, Purpose::Verify), t(22, Purpose::Verify)])
+            }
+            Purpose::Ends => assert_eq!(round, &rounds[0]),
+        }
+    }
+    assert!(
+        matches!(answer, Answer::Culprit { first: 23, last: 23, verified: true, .. }),
+        "{answer:?}"
+    );
+    // The first search round splits the 64 candidate culprits in five (13 or 12 each:
+    // equal information, a tie).
+    let first = rounds.iter().find(|r| r[0].purpose == Purpose::Search).unwrap();
+    let mut edges = vec![0];
+    edges.extend(first.iter().map(|t| t.commit));
+    edges.push(64);
+    assert!(
+        edges.windows(2).all(|w| (12..=13).contains(&(w[1] - w[0]))),
+        "{first:?}"
+    );
+    // Fewer rounds than one block at a time takes steps, for a few more blocks.
+    let (one, steps) = drive_rounds(1, 65, oracle);
+    assert!(
+        matches!(one, Answer::Culprit { first: 23, last: 23, verified: true, .. }),
+        "{one:?}"
+    );
+    let blocks: usize = rounds.iter().map(Vec::len).sum();
+    assert!(rounds.len() * 2 <= steps.len(), "{} rounds vs {} steps", rounds.len(), steps.len());
+    assert!(blocks <= steps.len() * 2, "{blocks} blocks vs {} steps", steps.len());
+}
+
+#[test]
+fn a_search_block_observed_after_the_stop_is_no_verification_look() {
+    // 8 commits after the good end, commit 5 the culprit. The round's first block makes
+    // the posterior stop on 5; the round's next block, at 5 too in spirit (a search
+    // block at the verification's commit), feeds the posterior but is no look.
+    let mut params = Params::new(9, 80, 80);
+    params.parallel = 2;
+    let mut search = Search::new(params);
+    let spent = Spent {
+        build_s: Some(10.0),
+        block_s: Some(5.0),
+        sessions: 80,
+    };
+    let observe = |search: &mut Search, commit, purpose, k| {
+        search.observe(Test { commit, purpose }, &block(k), spent)
+    };
+    for _ in 0..2 {
+        observe(&mut search, 8, Purpose::Ends, 15);
+        observe(&mut search, 0, Purpose::Ends, 0);
+    }
+    let mut stopped = false;
+    for (commit, k) in [(4, 0), (5, 15)].repeat(5) {
+        observe(&mut search, commit, Purpose::Search, k);
+        if let Action::Round(round) = search.next_round() {
+            if round[0].purpose == Purpose::Verify {
+                stopped = true;
+                break;
+            }
+        }
+    }
+    assert!(stopped, "the search never stopped on a culprit");
+    let before = search.counts()[5];
+    observe(&mut search, 5, Purpose::Search, 15);
+    assert_eq!(search.counts()[5].judged, before.judged + 80);
+    assert!(search.ab().looks().is_empty(), "{:?}", search.ab().looks());
+    let Action::Round(round) = search.next_round() else {
+        panic!("no verification")
+    };
+    let t = |commit| Test {
+        commit,
+        purpose: Purpose::Verify,
+    };
+    assert_eq!(round, vec![t(5), t(4)]);
 }

@@ -1,0 +1,109 @@
+//! One array task of a `bisect commits --parallel K` round (docs/commits.md, "Slurm"):
+//! the search writes the round's steps into `rounds/sNNN/tasks.json` and submits one task
+//! per step; each task runs `bisect commits <the search's arguments> --round-task
+//! rounds/sNNN`, which lands here: the step at `$SLURM_ARRAY_TASK_ID` is built (reusing a
+//! build an earlier task of the search finished) and its blocks run through the same
+//! lifecycle and checks as a step run in the search's own process, and the step is
+//! written to `task-<index>.json` beside the plan, where the search collects it.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use super::block::ControlFactory;
+use super::build::Builder;
+use super::git::{CommitInfo, Worktrees};
+use super::record::StepEntry;
+use super::{run_step, CommitsPlan};
+use crate::arm::Progress;
+use crate::core::commits::{Purpose, Test};
+use crate::exit::Failure;
+
+/// The round's steps, as the search planned them.
+pub const TASKS_FILE: &str = "tasks.json";
+
+/// One step of a round: its number in the search, the commit and why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Planned {
+    pub step: u64,
+    pub commit: usize,
+    pub sha: String,
+    pub subject: String,
+    pub purpose: Purpose,
+}
+
+impl Planned {
+    pub(crate) fn new(step: u64, test: Test, info: &CommitInfo) -> Self {
+        Planned {
+            step,
+            commit: test.commit,
+            sha: info.sha.clone(),
+            subject: info.subject.clone(),
+            purpose: test.purpose,
+        }
+    }
+}
+
+/// Where task `index` of the round in `round` leaves its step.
+pub fn result_file(round: &Path, index: usize) -> PathBuf {
+    round.join(format!("task-{index}.json"))
+}
+
+/// The round's planned steps.
+pub(crate) fn read_tasks(round: &Path) -> anyhow::Result<Vec<Planned>> {
+    let path = round.join(TASKS_FILE);
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "reading {} (the folder the search shares with its array tasks must be reachable from every node)",
+            path.display()
+        )
+    })?;
+    serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+/// The search folder of a round folder (`<search>/rounds/sNNN`).
+pub fn search_dir(round: &Path) -> anyhow::Result<PathBuf> {
+    round
+        .parent()
+        .and_then(Path::parent)
+        .map(Path::to_path_buf)
+        .ok_or_else(|| {
+            Failure::BadInput(format!(
+                "--round-task {}: not a round folder of a search (<search>/rounds/sNNN)\n  fix: --round-task is written by `bisect commits --parallel` into its job scripts; do not pass it by hand",
+                round.display()
+            ))
+            .into()
+        })
+}
+
+/// Runs task `index` of the round in `round` and writes its step; `plan.dir` is the
+/// search's folder.
+pub async fn run_task(
+    plan: &CommitsPlan,
+    round: &Path,
+    index: usize,
+    controls: &ControlFactory<'_>,
+    progress: &dyn Progress,
+    cancel: CancellationToken,
+) -> anyhow::Result<StepEntry> {
+    let tasks = read_tasks(round)?;
+    let Some(planned) = tasks.get(index) else {
+        return Err(Failure::BadInput(format!(
+            "array task {index}: {} plans {} steps\n  fix: submit the round with --array=0-{}",
+            round.join(TASKS_FILE).display(),
+            tasks.len(),
+            tasks.len().saturating_sub(1)
+        ))
+        .into());
+    };
+    let ctx = plan.block_context(controls, progress, cancel);
+    let mut builder = Builder::shared(plan.build.clone(), &plan.dir);
+    let mut worktrees = Worktrees::kept(&plan.repo, &plan.dir.join("worktrees"));
+    let step = run_step(plan, planned, &mut builder, &ctx, &mut worktrees).await?;
+    let out = result_file(round, index);
+    crate::results::write_atomic(&out, &serde_json::to_vec_pretty(&step)?)
+        .with_context(|| format!("writing {}", out.display()))?;
+    Ok(step)
+}
