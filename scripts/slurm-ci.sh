@@ -5,7 +5,9 @@
 # scripts (scripts/slurm/*.sbatch, the very files docs/matrix.md shows), the merge job
 # with --dependency=afterok on the array, prints the array's task ids and exit codes,
 # then runs the same plan unsharded and compares the merged matrix.json with it, cell
-# for cell, measurement fields excepted. Exits non-zero on any difference or failure;
+# for cell, measurement fields excepted; then runs `bisect commits --parallel 3` on a
+# throwaway engine repository, each round an array bisect submits itself, and checks
+# that it names the culprit commit. Exits non-zero on any difference or failure;
 # stops the daemons and removes the directory on every path.
 #
 # Usage (as root, Debian 12; installs slurm-wlm, munge and jq when missing):
@@ -248,4 +250,89 @@ else
 fi
 jq -r '.cells[] | "  \(.id): \(.status), \(.corrupted)/\(.counts | add) corrupted, engines report \(.effective | tostring)"' \
   "$run/merged.cells.json"
+echo "== bisect commits --parallel 3: rounds as job arrays on the same cluster"
+# A throwaway engine repository (docs/commits.md, "Slurm"): the embedded engine's two
+# launch scripts at the good end with bf16 index-K off, 16 commits, commit 11 turning it
+# on. Each round of the search is one array that bisect submits itself. --exclusive:
+# the scripts carry fixed ports and this cluster is one node (on a cluster, tasks on
+# separate nodes run side by side).
+engine="$work/engine"
+mkdir -p "$engine"
+pick_port() {
+  local p=$1
+  while ! port_free "$p"; do p=$((p + 1)); done
+  echo "$p"
+}
+prefill_port=$(pick_port 39100)
+decode_port=$(pick_port $((prefill_port + 1)))
+cat >"$engine/prefill.sh" <<EOF
+#!/bin/sh
+export SGLANG_DSV4_BF16_INDEX_K=0
+export SGLANG_DSV4_INDEX_K_HICACHE_SYNC=0
+export SGLANG_OPT_USE_TOPK_V2=1
+exec $bisect engine --role prefill --host 127.0.0.1 --port $prefill_port --enable-hierarchical-cache
+EOF
+cat >"$engine/decode.sh" <<EOF
+#!/bin/sh
+export SGLANG_DSV4_BF16_INDEX_K=0
+export SGLANG_SM120_MMA_FLASHMLA=1
+export SGLANG_OPT_USE_TOPK_V2=1
+exec $bisect engine --role decode --host 127.0.0.1 --port $decode_port --prefill-url http://127.0.0.1:$prefill_port --cuda-graph-max-bs 32
+EOF
+cat >"$work/engine-target.toml" <<EOF
+name = "engine-repo"
+api = "http://127.0.0.1:$decode_port/v1"
+model = "bisect-mini-dsv4"
+engine = "embedded"
+[[role]]
+name = "prefill"
+launch = "$engine/prefill.sh"
+health = "http://127.0.0.1:$prefill_port/health"
+metrics = "http://127.0.0.1:$prefill_port/metrics"
+[[role]]
+name = "decode"
+launch = "$engine/decode.sh"
+health = "http://127.0.0.1:$decode_port/health"
+metrics = "http://127.0.0.1:$decode_port/metrics"
+EOF
+g() { git -C "$engine" -c user.name=ci -c user.email=ci@example.invalid -c commit.gpgsign=false "$@"; }
+g init -q -b main
+echo notes >"$engine/NOTES"
+g add -A
+g commit -qm "good: the engine's launch scripts"
+for i in $(seq 1 16); do
+  if [ "$i" = 11 ]; then
+    sed -i 's/SGLANG_DSV4_BF16_INDEX_K=0/SGLANG_DSV4_BF16_INDEX_K=1/' "$engine/prefill.sh" "$engine/decode.sh"
+    g commit -qam "turn the bf16 index-K default on"
+    culprit_sha=$(g rev-parse HEAD)
+  else
+    echo "change $i" >>"$engine/NOTES"
+    g commit -qam "change $i"
+  fi
+done
+commits_started=$(date +%s)
+set +e
+(cd "$run" && XDG_STATE_HOME="$work/node-state" timeout 900 "$bisect" commits --repo "$engine" \
+  main~16 main --build 'sh -n prefill.sh && sh -n decode.sh' --target "$work/engine-target.toml" \
+  --concurrency 80 --parallel 3 --sbatch=--exclusive --results "$run/commits" --json \
+  >"$run/commits.json" 2>"$run/commits.err")
+commits_rc=$?
+set -e
+grep -E 'Slurm array job|raises|untestable' "$run/commits.err" | sed 's/^/  /' | head -n 60
+[ "$commits_rc" = 0 ] || {
+  tail -n 40 "$run/commits.err" >&2
+  die "bisect commits --parallel exited $commits_rc (0: culprit found and verified)"
+}
+search=$(dirname "$(echo "$run"/commits/*/commits.json)")
+echo "rounds (one job array each):"
+for r in "$search"/rounds/s*; do
+  echo "  $(basename "$r"): $(jq -r '[.[] | "commit \(.commit) (\(.purpose))"] | join(", ")' "$r/tasks.json")"
+done
+jq -r '"answer: \(.answer); \(.verdict)"' "$run/commits.json"
+[ "$(jq -r .culprit.sha "$run/commits.json")" = "$culprit_sha" ] ||
+  die "bisect commits named $(jq -r .culprit.sha "$run/commits.json"), the culprit is $culprit_sha"
+steps=$(jq '.steps | length' "$run/commits.json")
+rounds=$(find "$search/rounds" -mindepth 1 -maxdepth 1 -type d | wc -l)
+[ -z "$(git -C "$engine" worktree list | sed -n 2p)" ] || die "worktrees were left in $engine"
+echo "bisect commits --parallel 3: culprit commit 11 found and verified, $steps blocks in $rounds rounds through Slurm, $(($(date +%s) - commits_started))s"
 echo "slurm-ci: OK in $(elapsed)"

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use bisect_harness::commands::commits::block::ControlFactory;
 use bisect_harness::commands::commits::build::BuildStep;
+use bisect_harness::commands::commits::slurm::Rounds;
 use bisect_harness::commands::commits::{self, CommitsPlan};
 use bisect_harness::commands::run::Quiet;
 use bisect_harness::config::{embedded, FlagCatalog, FlagSpec, TargetProfile, Workload};
@@ -20,12 +21,12 @@ use bisect_harness::core::verdict::Policy;
 use tokio_util::sync::CancellationToken;
 
 const COMMITS: usize = 64;
-const BF16_OFF: &str = "export SGLANG_DSV4_BF16_INDEX_K=0\n";
-const BF16_ON: &str = "export SGLANG_DSV4_BF16_INDEX_K=1\n";
+pub(crate) const BF16_OFF: &str = "export SGLANG_DSV4_BF16_INDEX_K=0\n";
+pub(crate) const BF16_ON: &str = "export SGLANG_DSV4_BF16_INDEX_K=1\n";
 const SYNC_OFF: &str = "export SGLANG_DSV4_INDEX_K_HICACHE_SYNC=0\n";
 const SYNC_ON: &str = "export SGLANG_DSV4_INDEX_K_HICACHE_SYNC=1\n";
 
-fn git(repo: &Path, args: &[&str]) -> String {
+pub(crate) fn git(repo: &Path, args: &[&str]) -> String {
     let out = Command::new("git")
         .arg("-C")
         .arg(repo)
@@ -83,15 +84,15 @@ fn engine_repo(
 }
 
 /// The culprit's commit of a scripted repository: its edits to the launch scripts.
-struct Change {
-    commit: usize,
-    edits: &'static [(&'static str, &'static str)],
-    subject: &'static str,
+pub(crate) struct Change {
+    pub(crate) commit: usize,
+    pub(crate) edits: &'static [(&'static str, &'static str)],
+    pub(crate) subject: &'static str,
 }
 
 /// The embedded engine's launch scripts with `start` applied at the good end, then
 /// `commits` commits, `change` at its commit and notes-file changes elsewhere.
-fn scripted_repo(
+pub(crate) fn scripted_repo(
     dir: &Path,
     commits: usize,
     start: &[(&str, &str)],
@@ -153,6 +154,8 @@ fn plan(dir: &Path, repo: &Path, target: TargetProfile, concurrency: u32) -> Com
         journal_dir: dir.join("results/.bisect-journal"),
         state_root: Some(dir.join("state")),
         allow_partial: false,
+        parallel: 1,
+        rounds: Rounds::Local,
     }
 }
 
@@ -193,7 +196,7 @@ fn assert_could_not_reproduce(record: &commits::record::CommitsRecord, load: u32
 }
 
 /// The user's repository as it was: same HEAD, branch, clean tree, no worktree left.
-fn assert_untouched(repo: &Path, head: &str) {
+pub(crate) fn assert_untouched(repo: &Path, head: &str) {
     assert_eq!(git(repo, &["rev-parse", "HEAD"]), head);
     assert_eq!(git(repo, &["symbolic-ref", "--short", "HEAD"]), "main");
     assert_eq!(git(repo, &["status", "--porcelain"]), "");

@@ -6,6 +6,7 @@ mod adaptive;
 mod check;
 mod cli_errors;
 mod commits;
+mod commits_slurm;
 mod common;
 mod crash;
 mod culprit;
