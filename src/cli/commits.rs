@@ -56,7 +56,7 @@ pub(crate) struct CommitsArgs {
     /// joint information, run side by side as a Slurm job array, one task each (the
     /// search's folder, --repo and this binary at the same paths on every node;
     /// docs/commits.md, "Slurm").
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=12))]
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8))]
     parallel: u32,
     /// An sbatch option for every round's job array (repeatable), e.g.
     /// --sbatch=--partition=gpu --sbatch=--exclusive. Given without --parallel, rounds of

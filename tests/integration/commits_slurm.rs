@@ -139,8 +139,16 @@ fn parallel_rounds_run_as_array_tasks_and_find_the_culprit() {
     assert!(arrays.iter().all(|l| l.starts_with("--parsable --array=0-")
         && l.contains(" --exclusive ")
         && l.ends_with("/task.sh")));
-    assert!(arrays[0].starts_with("--parsable --array=0-1 "), "{submitted}");
-    assert!(arrays.iter().any(|l| l.starts_with("--parsable --array=0-2 ")), "{submitted}");
+    assert!(
+        arrays[0].starts_with("--parsable --array=0-1 "),
+        "{submitted}"
+    );
+    assert!(
+        arrays
+            .iter()
+            .any(|l| l.starts_with("--parsable --array=0-2 ")),
+        "{submitted}"
+    );
     assert!(stderr.contains("Slurm array job"), "{stderr}");
 
     // The steps, numbered in order, each with the block its task ran.
@@ -155,11 +163,19 @@ fn parallel_rounds_run_as_array_tasks_and_find_the_culprit() {
     for (i, step) in steps.iter().enumerate() {
         assert_eq!(step["step"], i as u64 + 1);
         let block = search.join(step["dir"].as_str().unwrap());
-        assert!(block.join("sessions.jsonl").is_file(), "{}", block.display());
+        assert!(
+            block.join("sessions.jsonl").is_file(),
+            "{}",
+            block.display()
+        );
     }
     let rounds = std::fs::read_dir(search.join("rounds")).unwrap().count();
     assert_eq!(rounds, arrays.len());
-    assert!(steps.len() > rounds, "{} steps in {rounds} rounds", steps.len());
+    assert!(
+        steps.len() > rounds,
+        "{} steps in {rounds} rounds",
+        steps.len()
+    );
     // A commit built by one round's task is not built again by a later one.
     let mut built: Vec<&str> = steps
         .iter()
@@ -184,8 +200,22 @@ fn a_task_that_leaves_no_step_could_not_tell_and_a_missing_sbatch_is_refused() {
     let repo_arg = repo.display().to_string();
     let args = |extra: &[&str]| {
         let mut a: Vec<String> = [
-            "commits", "--repo", &repo_arg, "main~4", "main", "--build", "true", "--target",
-            &profile, "--sessions", "8", "--concurrency", "8", "--parallel", "2", "--json",
+            "commits",
+            "--repo",
+            &repo_arg,
+            "main~4",
+            "main",
+            "--build",
+            "true",
+            "--target",
+            &profile,
+            "--sessions",
+            "8",
+            "--concurrency",
+            "8",
+            "--parallel",
+            "2",
+            "--json",
         ]
         .iter()
         .map(|s| s.to_string())

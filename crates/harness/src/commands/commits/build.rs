@@ -105,7 +105,11 @@ impl Builder {
         if let Some(built) = self.cache.get(sha) {
             return Ok((built.clone(), None));
         }
-        if let Some(built) = self.shared.then(|| self.built_by_another_task(sha)).flatten() {
+        if let Some(built) = self
+            .shared
+            .then(|| self.built_by_another_task(sha))
+            .flatten()
+        {
             return Ok((built, None));
         }
         let short = &sha[..sha.len().min(12)];

@@ -6,7 +6,9 @@
 //! sessions on the commit's build through the arm lifecycle and judges it with every check
 //! `run` makes ([`block`]; with `--flag`, the flag's on and off blocks judged as a pair,
 //! `step`; `--set` pins written into every block), and writes commits.json, steps.jsonl,
-//! summary.md and report.html after every step ([`record`], [`report`]). `--resume DIR` replays DIR's
+//! summary.md and report.html after every step ([`record`], [`report`]). With
+//! `--parallel K` a round's steps run as one Slurm job array ([`slurm`]), each task a
+//! `bisect commits --round-task` ([`task`]) that builds and runs one step. `--resume DIR` replays DIR's
 //! steps.jsonl through the search (nothing it logged runs again) and carries on.
 //!
 //! The worktrees are removed when the search ends, on every path; the user's working
@@ -309,7 +311,8 @@ impl Driving<'_> {
                 }
                 _ => {
                     for p in planned {
-                        let step = run_step(self.plan, &p, &mut self.builder, ctx, worktrees).await?;
+                        let step =
+                            run_step(self.plan, &p, &mut self.builder, ctx, worktrees).await?;
                         self.observe_and_push(step)?;
                     }
                 }
@@ -359,7 +362,9 @@ pub(crate) async fn run_step(
         "step {n}: commit {commit} {short} {} ({:?})",
         p.subject, p.purpose
     ));
-    let (built, build) = builder.build(commit, &p.sha, worktrees, &ctx.cancel).await?;
+    let (built, build) = builder
+        .build(commit, &p.sha, worktrees, &ctx.cancel)
+        .await?;
     let mut step = StepEntry {
         step: n,
         commit,
@@ -378,6 +383,7 @@ pub(crate) async fn run_step(
         build,
         engine_info: Default::default(),
         arms: Vec::new(),
+        round: None,
     };
     let folder = match built {
         Built::Untestable(reason) => {

@@ -47,6 +47,9 @@ pub struct StepEntry {
     /// fields above that describe one block are then empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub arms: Vec<ArmStep>,
+    /// With `--parallel`/`--sbatch`: the first step of the round (the job array) it ran in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub round: Option<u64>,
 }
 
 impl StepEntry {
@@ -220,6 +223,16 @@ pub(crate) fn setup_lines(r: &CommitsRecord) -> Vec<String> {
     }
     if !r.pinned.is_empty() {
         lines.push(format!("Pinned in every block: {}.", r.pinned.join(", ")));
+    }
+    let mut rounds: Vec<u64> = r.steps.iter().filter_map(|s| s.round).collect();
+    rounds.dedup();
+    if !rounds.is_empty() {
+        lines.push(format!(
+            "Up to {} blocks a round, side by side as Slurm job arrays: {} steps in {} rounds.",
+            r.params.parallel,
+            r.steps.len(),
+            rounds.len()
+        ));
     }
     lines
 }
@@ -439,6 +452,7 @@ mod tests {
             build: None,
             engine_info: Default::default(),
             arms: vec![arm("on", "1", 14), arm("off", "0", 1)],
+            round: None,
         }
     }
 

@@ -88,7 +88,10 @@ impl SlurmRounds {
         Ok(planned
             .iter()
             .enumerate()
-            .map(|(i, p)| collect(&round, i, p, &job))
+            .map(|(i, p)| StepEntry {
+                round: Some(planned[0].step),
+                ..collect(&round, i, p, &job)
+            })
             .collect())
     }
 
@@ -185,7 +188,12 @@ fn collect(round: &Path, index: usize, planned: &Planned, job: &str) -> StepEntr
             let out = round.join(format!("task-{index}.out"));
             let tail = std::fs::read_to_string(&out)
                 .ok()
-                .and_then(|t| t.lines().rev().find(|l| !l.trim().is_empty()).map(str::to_string))
+                .and_then(|t| {
+                    t.lines()
+                        .rev()
+                        .find(|l| !l.trim().is_empty())
+                        .map(str::to_string)
+                })
                 .map(|l| l.chars().take(300).collect::<String>())
                 .unwrap_or_else(|| "no output".into());
             StepEntry {
@@ -203,6 +211,7 @@ fn collect(round: &Path, index: usize, planned: &Planned, job: &str) -> StepEntr
                 build: None,
                 engine_info: Default::default(),
                 arms: Vec::new(),
+                round: None,
             }
         }
     }
@@ -226,7 +235,11 @@ mod tests {
     #[test]
     fn the_job_script_runs_the_search_arguments_on_the_round() {
         let slurm = SlurmRounds {
-            task_command: vec!["/opt/bisect dir/bisect".into(), "commits".into(), "it's".into()],
+            task_command: vec![
+                "/opt/bisect dir/bisect".into(),
+                "commits".into(),
+                "it's".into(),
+            ],
             sbatch_args: Vec::new(),
             workdir: PathBuf::from("/w"),
             poll: Duration::from_secs(1),

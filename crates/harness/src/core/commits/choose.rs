@@ -113,7 +113,6 @@ pub(crate) fn next_commit(
     best.map(|(i, _, info)| (i, info))
 }
 
-
 /// A block's count reduced to its likelihood-ratio decision ("bad side" when
 /// `pmf_bad(k) >= pmf_good(k)`): P(says bad) on the bad side, the good side and under
 /// "no single culprit".
@@ -166,13 +165,21 @@ fn joint_information(points: &[usize], cum: &[f64], none: f64, q: [f64; 3]) -> f
             let mut l = *w;
             for j in 0..m {
                 let side = if j < g { q[1] } else { q[0] };
-                l *= if pattern >> j & 1 == 1 { side } else { 1.0 - side };
+                l *= if pattern >> j & 1 == 1 {
+                    side
+                } else {
+                    1.0 - side
+                };
             }
             p += l;
         }
         let mut l = none;
         for j in 0..m {
-            l *= if pattern >> j & 1 == 1 { q[2] } else { 1.0 - q[2] };
+            l *= if pattern >> j & 1 == 1 {
+                q[2]
+            } else {
+                1.0 - q[2]
+            };
         }
         p += l;
         if p > 0.0 {
@@ -183,7 +190,7 @@ fn joint_information(points: &[usize], cum: &[f64], none: f64, q: [f64; 3]) -> f
 }
 
 /// Most blocks one round may run: the joint information enumerates `2^k` outcomes.
-pub const MAX_PARALLEL: usize = 12;
+pub const MAX_PARALLEL: usize = 8;
 
 /// The `k` distinct commits of one round (ascending): with `k == 1` [`next_commit`];
 /// else the round's joint information per second ([`joint_information`]'s bound over
@@ -379,7 +386,14 @@ mod tests {
         assert_eq!(round, vec![4, 8, 12]);
         // K = 1 is the one-block rule.
         let one = next_commits(&counts, &post, 80, &candidates, &built, cost, 1);
-        assert_eq!(one, vec![next_commit(&counts, &post, 80, &candidates, &built, cost).unwrap().0]);
+        assert_eq!(
+            one,
+            vec![
+                next_commit(&counts, &post, 80, &candidates, &built, cost)
+                    .unwrap()
+                    .0
+            ]
+        );
         // Fewer candidates than blocks: each once.
         let round = next_commits(&counts, &post, 80, &[3, 9], &built, cost, 4);
         assert_eq!(round, vec![3, 9]);

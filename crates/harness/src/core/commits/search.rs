@@ -13,7 +13,8 @@
 //! 2. **The search**: after every block, the posterior ([`super::posterior`]); stop when
 //!    one answer (a commit, a range widened by untestable commits, or "no single
 //!    culprit") holds at least `1 - alpha`; else the next commit by expected information
-//!    per second ([`super::choose`]).
+//!    per second, or with [`Params::parallel`] K a round of K commits by their joint
+//!    information ([`super::choose`]).
 //! 3. **Verification**: the answer's last commit against its parent, a fresh sequential
 //!    A/B at `alpha / max_verifications`. A failed verification is not the end: its
 //!    blocks join the posterior (a rate that drifted mid-search shows there) and the
@@ -22,6 +23,12 @@
 //!    looks (their selection would void Ville's bound); they only start the plug-in
 //!    estimates (`SequentialState::with_prior`, valid for a prior from data its looks do
 //!    not contain), which moves power, not error.
+//!
+//! Rounds: [`Search::next_round`] asks for one block, or with `parallel` > 1 a round
+//! (the search phase's K commits, or a pair phase's two blocks), observed in order; each
+//! observation carries the purpose it was run for, and a block counts toward the A/B of
+//! its own phase only (a search block observed after its round's earlier blocks started
+//! the verification feeds the posterior, never a look).
 //!
 //! Observations are three-valued: a block's counts, "could not tell" (weighs nothing; a
 //! commit that could not tell `max_could_not_tell` times in a row becomes untestable), and

@@ -14,6 +14,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 
+use super::observation::judge_pair;
 use super::posterior::answer_sets;
 use super::search::{Action, Answer, Observation, Params, Search, Spent};
 use crate::core::sequential::draw_binomial;
@@ -46,6 +47,10 @@ pub struct Scenario {
     /// nothing to tell them apart (the machine got busy and the race fired less): a rate
     /// that drifts between blocks.
     pub(crate) dip: f64,
+    /// `--flag`: each step is the flag's A/B, the rates above the on arm's and this the
+    /// off arm's everywhere (a pair whose off arm corrupts above the background could
+    /// not tell). Bisection probes the on arm alone.
+    pub(crate) off_arm: Option<f64>,
 }
 
 impl Scenario {
@@ -58,6 +63,7 @@ impl Scenario {
             short_load: 0.0,
             unbuildable: (0, 0),
             dip: 0.0,
+            off_arm: None,
         }
     }
 
@@ -89,6 +95,10 @@ pub fn scenarios() -> Vec<Scenario> {
         Scenario {
             dip: 0.2,
             ..Scenario::new("15% vs 0%, 20% of blocks at a quarter of it", 0.0, 0.15)
+        },
+        Scenario {
+            off_arm: Some(0.01),
+            ..Scenario::new("--flag: on 15% vs 0%, off 1% everywhere", 0.0, 0.15)
         },
     ]
 }
@@ -250,6 +260,7 @@ fn run_search(s: &Scenario, range: &Range, params: &Params, rng: &mut ChaCha8Rng
         commits: range.n + 1,
         build_s_guess: BUILD_S,
         block_s_guess: BLOCK_S,
+        flag: s.off_arm.map(|_| "FLAG".to_string()),
         ..params.clone()
     });
     let mut built = vec![false; range.n + 1];
@@ -276,10 +287,20 @@ fn run_search(s: &Scenario, range: &Range, params: &Params, rng: &mut ChaCha8Rng
                 continue;
             }
             let (obs, _) = range.block(s, commit, params.block, rng);
+            let obs = match s.off_arm {
+                None => obs,
+                Some(rate) => {
+                    let off = Observation::Block {
+                        corrupted: draw_binomial(rng, params.block, rate),
+                        judged: params.block,
+                    };
+                    judge_pair("FLAG", obs, Some(off), search.params().background)
+                }
+            };
             let spent = Spent {
                 build_s,
                 block_s: Some(BLOCK_S),
-                sessions: params.block,
+                sessions: search.params().step_sessions(),
             };
             search.observe(test, &obs, spent);
         }
@@ -439,7 +460,11 @@ pub fn parallel_markdown(searches: usize, sizes: &[usize], ks: &[u32], seed: u64
                 scored[0].method = format!("commit search, K = {k}");
                 rows.push(scored.remove(0));
             }
-            rows.extend(benchmark(s, n, searches, &Params::new(2, 80, 80), &[1], seed).into_iter().skip(1));
+            rows.extend(
+                benchmark(s, n, searches, &Params::new(2, 80, 80), &[1], seed)
+                    .into_iter()
+                    .skip(1),
+            );
             for r in rows {
                 out += &format!(
                     "| {} | {} | {:.3} | {:.3} | {:.1} / {} | {:.1} / {} | {:.0} / {} |\n",
@@ -568,7 +593,10 @@ mod tests {
             four.parallel = 4;
             let four = benchmark(s, 64, 50, &four, &[], 7).remove(0);
             assert!(four.accuracy >= 0.9 && four.wrong == 0.0, "{four:?}");
-            assert!(four.mean_rounds <= 0.6 * one.mean_rounds, "{one:?} {four:?}");
+            assert!(
+                four.mean_rounds <= 0.6 * one.mean_rounds,
+                "{one:?} {four:?}"
+            );
         }
     }
 }

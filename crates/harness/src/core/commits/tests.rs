@@ -440,12 +440,23 @@ fn a_round_runs_k_distinct_commits_and_each_pair_at_once() {
         }
     }
     assert!(
-        matches!(answer, Answer::Culprit { first: 23, last: 23, verified: true, .. }),
+        matches!(
+            answer,
+            Answer::Culprit {
+                first: 23,
+                last: 23,
+                verified: true,
+                ..
+            }
+        ),
         "{answer:?}"
     );
     // The first search round splits the 64 candidate culprits in five (13 or 12 each:
     // equal information, a tie).
-    let first = rounds.iter().find(|r| r[0].purpose == Purpose::Search).unwrap();
+    let first = rounds
+        .iter()
+        .find(|r| r[0].purpose == Purpose::Search)
+        .unwrap();
     let mut edges = vec![0];
     edges.extend(first.iter().map(|t| t.commit));
     edges.push(64);
@@ -456,12 +467,29 @@ fn a_round_runs_k_distinct_commits_and_each_pair_at_once() {
     // Fewer rounds than one block at a time takes steps, for a few more blocks.
     let (one, steps) = drive_rounds(1, 65, oracle);
     assert!(
-        matches!(one, Answer::Culprit { first: 23, last: 23, verified: true, .. }),
+        matches!(
+            one,
+            Answer::Culprit {
+                first: 23,
+                last: 23,
+                verified: true,
+                ..
+            }
+        ),
         "{one:?}"
     );
     let blocks: usize = rounds.iter().map(Vec::len).sum();
-    assert!(rounds.len() * 2 <= steps.len(), "{} rounds vs {} steps", rounds.len(), steps.len());
-    assert!(blocks <= steps.len() * 2, "{blocks} blocks vs {} steps", steps.len());
+    assert!(
+        rounds.len() * 2 <= steps.len(),
+        "{} rounds vs {} steps",
+        rounds.len(),
+        steps.len()
+    );
+    assert!(
+        blocks <= steps.len() * 2,
+        "{blocks} blocks vs {} steps",
+        steps.len()
+    );
 }
 
 #[test]
