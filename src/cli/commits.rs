@@ -200,9 +200,15 @@ impl CommitsArgs {
             ));
         }
         let exe = std::env::current_exe()?;
-        let task_command = std::iter::once(exe.display().to_string())
-            .chain(std::env::args().skip(1))
-            .collect();
+        let mut task_command = vec![exe.display().to_string()];
+        for arg in std::env::args_os().skip(1) {
+            task_command.push(arg.into_string().map_err(|arg| {
+                usage(
+                    format!("--parallel: the argument {arg:?} is not UTF-8, and the round's job script names every argument"),
+                    "rename the path or value so it is UTF-8",
+                )
+            })?);
+        }
         Ok(Rounds::Slurm(SlurmRounds {
             task_command,
             sbatch_args: self.sbatch.clone(),

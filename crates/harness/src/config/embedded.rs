@@ -180,8 +180,9 @@ pub fn profile(launch_dir: &Path, exe: &Path) -> anyhow::Result<TargetProfile> {
 }
 
 pub(crate) fn shell_quote(s: &str) -> String {
-    if s.chars()
-        .all(|c| c.is_ascii_alphanumeric() || "/._-+:,=".contains(c))
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "/._-+:,=".contains(c))
     {
         s.to_string()
     } else {

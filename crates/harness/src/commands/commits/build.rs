@@ -78,10 +78,15 @@ impl Builder {
         }
     }
 
+    /// Whether a build is shared between array tasks: only a `--build`, whose product
+    /// is the commit's worktree. An artifact's command installs onto the node it runs on,
+    /// so every task runs it.
+    fn shares_builds(&self) -> bool {
+        self.shared && matches!(self.step, BuildStep::Build(_))
+    }
+
     fn ready_marker(&self, sha: &str) -> PathBuf {
-        self.dir
-            .join("builds")
-            .join(format!("{}.ready", &sha[..sha.len().min(12)]))
+        ready_marker(&self.dir, sha)
     }
 
     /// A build an earlier array task finished, its folder still there.
@@ -106,7 +111,7 @@ impl Builder {
             return Ok((built.clone(), None));
         }
         if let Some(built) = self
-            .shared
+            .shares_builds()
             .then(|| self.built_by_another_task(sha))
             .flatten()
         {
@@ -120,6 +125,10 @@ impl Builder {
         let (cmd, cwd, folder) = match &self.step {
             BuildStep::Build(cmd) => match worktrees.checkout(sha) {
                 Ok(tree) => (cmd.clone(), tree.clone(), Some(tree)),
+                // In an array task a checkout that fails (git's locks, with other tasks
+                // adding worktrees) says nothing of the commit: the task fails, and its
+                // step could not tell.
+                Err(e) if self.shared => return Err(e),
                 Err(e) => {
                     let built = Built::Untestable(format!("could not check it out: {e:#}"));
                     return Ok(self.remember(commit, sha, built, started, &log));
@@ -157,7 +166,7 @@ impl Builder {
         log: &Path,
     ) -> (Built, Option<BuildEntry>) {
         self.cache.insert(sha.to_string(), built.clone());
-        if let (true, Built::Ready(folder)) = (self.shared, &built) {
+        if let (true, Built::Ready(folder)) = (self.shares_builds(), &built) {
             // Best effort: without it a later task builds the commit again.
             let _ = std::fs::write(
                 self.ready_marker(sha),
@@ -178,6 +187,16 @@ impl Builder {
         };
         (built, Some(entry))
     }
+}
+
+fn ready_marker(dir: &Path, sha: &str) -> PathBuf {
+    dir.join("builds")
+        .join(format!("{}.ready", &sha[..sha.len().min(12)]))
+}
+
+/// Removes one commit's build marker: its task died, perhaps mid-block.
+pub(crate) fn forget_one(dir: &Path, sha: &str) {
+    let _ = std::fs::remove_file(ready_marker(dir, sha));
 }
 
 /// Removes the build markers array tasks leave (`builds/*.ready`), so no task trusts a

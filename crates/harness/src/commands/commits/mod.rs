@@ -103,7 +103,7 @@ impl CommitsPlan {
     }
 
     /// The pins as `NAME=VALUE`.
-    fn pinned(&self) -> Vec<String> {
+    pub(crate) fn pinned(&self) -> Vec<String> {
         self.sets
             .iter()
             .map(|(f, v)| format!("{}={v}", f.name))
@@ -134,7 +134,7 @@ impl CommitsPlan {
         }
     }
 
-    fn build_words(&self) -> String {
+    pub(crate) fn build_words(&self) -> String {
         match &self.build {
             BuildStep::Build(cmd) => format!("--build {cmd}"),
             BuildStep::Artifact(cmd) => format!("--artifact {cmd}"),
@@ -171,6 +171,11 @@ pub async fn run(
         ))
         .into());
     }
+    if matches!(plan.rounds, Rounds::Slurm(_)) {
+        let writes = plan.flag.is_some() || !plan.sets.is_empty();
+        slurm::refuse_shared_writes(&plan.target, &plan.repo, &plan.build, writes)?;
+        slurm::refuse_shared_artifacts(&plan.target, &plan.build)?;
+    }
     let commits = git::first_parent_range(&plan.repo, &plan.good, &plan.bad)?;
     let params = plan.params(commits.len());
     params
@@ -198,7 +203,9 @@ pub async fn run(
     let mut worktrees = Worktrees::new(&plan.repo, &plan.dir.join("worktrees"));
     if matches!(plan.rounds, Rounds::Slurm(_)) {
         // Array tasks leave their worktrees for later rounds; any found now are a killed
-        // search's, not to be trusted: removed, with their build markers.
+        // search's, not to be trusted: its arrays are cancelled, the worktrees removed
+        // with their build markers.
+        slurm::cancel_leftovers(&plan.dir).await;
         worktrees.adopt_found();
         worktrees.remove_all()?;
         build::forget_shared(&plan.dir);
@@ -238,7 +245,7 @@ fn logged_steps(log_path: &std::path::Path, header: &Header) -> anyhow::Result<V
     let (logged, steps) = record::read_log(log_path)?;
     if logged != *header {
         return Err(Failure::BadInput(format!(
-            "{}: the search it logged differs from this one (logged {:?}; now {:?})\n  fix: resume with the same --repo, GOOD, BAD, --build/--artifact, --sessions, --concurrency, --alpha, --min-effect, --max-sessions, --flag, --background and --set",
+            "{}: the search it logged differs from this one (logged {:?}; now {:?})\n  fix: resume with the same --repo, GOOD, BAD, --build/--artifact, --sessions, --concurrency, --alpha, --min-effect, --max-sessions, --flag, --background, --set and --parallel",
             log_path.display(),
             logged,
             header

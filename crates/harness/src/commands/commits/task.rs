@@ -46,13 +46,34 @@ impl Planned {
     }
 }
 
-/// Where task `index` of the round in `round` leaves its step.
-pub fn result_file(round: &Path, index: usize) -> PathBuf {
-    round.join(format!("task-{index}.json"))
+/// A round as its tasks read it: the steps, and a nonce naming this submission, so a
+/// task of an earlier submission of the same round (a killed search's, resumed) can
+/// never leave a step this one collects.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RoundPlan {
+    pub nonce: String,
+    pub steps: Vec<Planned>,
 }
 
-/// The round's planned steps.
-pub(crate) fn read_tasks(round: &Path) -> anyhow::Result<Vec<Planned>> {
+impl RoundPlan {
+    pub(crate) fn new(steps: Vec<Planned>) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        RoundPlan {
+            nonce: format!("{:x}", nanos ^ (u128::from(std::process::id()) << 64)),
+            steps,
+        }
+    }
+}
+
+/// Where task `index` of the submission `nonce` of the round in `round` leaves its step.
+pub fn result_file(round: &Path, index: usize, nonce: &str) -> PathBuf {
+    round.join(format!("task-{index}-{nonce}.json"))
+}
+
+/// The round's plan.
+pub(crate) fn read_tasks(round: &Path) -> anyhow::Result<RoundPlan> {
     let path = round.join(TASKS_FILE);
     let text = std::fs::read_to_string(&path).with_context(|| {
         format!(
@@ -89,21 +110,43 @@ pub async fn run_task(
     cancel: CancellationToken,
 ) -> anyhow::Result<StepEntry> {
     let tasks = read_tasks(round)?;
-    let Some(planned) = tasks.get(index) else {
+    let Some(planned) = tasks.steps.get(index) else {
         return Err(Failure::BadInput(format!(
             "array task {index}: {} plans {} steps\n  fix: submit the round with --array=0-{}",
             round.join(TASKS_FILE).display(),
-            tasks.len(),
-            tasks.len().saturating_sub(1)
+            tasks.steps.len(),
+            tasks.steps.len().saturating_sub(1)
         ))
         .into());
     };
+    same_search(plan)?;
     let ctx = plan.block_context(controls, progress, cancel);
     let mut builder = Builder::shared(plan.build.clone(), &plan.dir);
     let mut worktrees = Worktrees::kept(&plan.repo, &plan.dir.join("worktrees"));
     let step = run_step(plan, planned, &mut builder, &ctx, &mut worktrees).await?;
-    let out = result_file(round, index);
+    let out = result_file(round, index, &tasks.nonce);
     crate::results::write_atomic(&out, &serde_json::to_vec_pretty(&step)?)
         .with_context(|| format!("writing {}", out.display()))?;
     Ok(step)
+}
+
+/// Refuses to run a step of another search than the one logged in the search's
+/// steps.jsonl (the arguments parsed differently, or another bisect build reading them).
+fn same_search(plan: &CommitsPlan) -> anyhow::Result<()> {
+    let log = plan.dir.join("steps.jsonl");
+    let (logged, _) = super::record::read_log(&log)?;
+    let now = super::record::Header {
+        params: plan.params(logged.commits),
+        build: plan.build_words(),
+        pinned: plan.pinned(),
+        ..logged.clone()
+    };
+    if now != logged {
+        return Err(Failure::BadInput(format!(
+            "{}: this task parsed another search from its arguments (logged {logged:?}; task {now:?})\n  fix: run every task with the bisect binary and arguments the search was started with",
+            log.display()
+        ))
+        .into());
+    }
+    Ok(())
 }
