@@ -326,7 +326,7 @@ grep -E 'Slurm array job|raises|untestable' "$run/commits.err" | sed 's/^/  /' |
 search=$(dirname "$(echo "$run"/commits/*/commits.json)")
 echo "rounds (one job array each):"
 for r in "$search"/rounds/s*; do
-  echo "  $(basename "$r"): $(jq -r '[.[] | "commit \(.commit) (\(.purpose))"] | join(", ")' "$r/tasks.json")"
+  echo "  $(basename "$r"): $(jq -r '[.steps[] | "commit \(.commit) (\(.purpose))"] | join(", ")' "$r/tasks.json")"
 done
 jq -r '"answer: \(.answer); \(.verdict)"' "$run/commits.json"
 [ "$(jq -r .culprit.sha "$run/commits.json")" = "$culprit_sha" ] ||
