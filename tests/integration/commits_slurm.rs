@@ -65,6 +65,20 @@ fn fake_slurm(dir: &Path) -> PathBuf {
     bin
 }
 
+/// `bisect ARGS` in `d` with the stand-ins first on PATH, its state in `d`.
+fn bisect_on_fake_slurm(d: &Path, args: &[String]) -> std::process::Output {
+    let bin = fake_slurm(d);
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+    Command::new(env!("CARGO_BIN_EXE_bisect"))
+        .args(args)
+        .env("PATH", path)
+        .env("FAKE_SLURM_LOG", d.join("sbatch.log"))
+        .env("XDG_STATE_HOME", d.join("state"))
+        .current_dir(d)
+        .output()
+        .unwrap()
+}
+
 /// The embedded target launched from `repo`, as a profile file.
 fn target_file(dir: &Path, target: &TargetProfile) -> PathBuf {
     let mut text = format!(
@@ -97,35 +111,29 @@ fn parallel_rounds_run_as_array_tasks_and_find_the_culprit() {
     };
     let (repo, target, shas) = scripted_repo(d, COMMITS, &[(BF16_ON, BF16_OFF)], Some(change));
     let profile = target_file(d, &target);
-    let bin = fake_slurm(d);
-    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
     let good = format!("main~{COMMITS}");
     let profile = profile.display().to_string();
     let repo_arg = repo.display().to_string();
-    let out = Command::new(env!("CARGO_BIN_EXE_bisect"))
-        .args([
-            "commits",
-            "--repo",
-            &repo_arg,
-            &good,
-            "main",
-            "--build",
-            "sh -n prefill.sh && sh -n decode.sh",
-            "--target",
-            &profile,
-            "--concurrency",
-            "80",
-            "--parallel",
-            "3",
-            "--sbatch=--exclusive",
-            "--json",
-        ])
-        .env("PATH", path)
-        .env("FAKE_SLURM_LOG", d.join("sbatch.log"))
-        .env("XDG_STATE_HOME", d.join("state"))
-        .current_dir(d)
-        .output()
-        .unwrap();
+    let args: Vec<String> = [
+        "commits",
+        "--repo",
+        &repo_arg,
+        &good,
+        "main",
+        "--build",
+        "sh -n prefill.sh && sh -n decode.sh",
+        "--target",
+        &profile,
+        "--concurrency",
+        "80",
+        "--parallel",
+        "3",
+        "--sbatch=--exclusive",
+        "--json",
+    ]
+    .map(String::from)
+    .to_vec();
+    let out = bisect_on_fake_slurm(d, &args);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     let record: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -240,16 +248,7 @@ fn a_task_that_leaves_no_step_could_not_tell_and_a_missing_sbatch_is_refused() {
 
     // Every array loses its task 0 to a node failure: the bad end never tells, becomes
     // untestable after three tries, and the search says so (inconclusive, exit 3).
-    let bin = fake_slurm(d);
-    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
-    let out = Command::new(env!("CARGO_BIN_EXE_bisect"))
-        .args(args(&["--sbatch=--fail-task=0"]))
-        .env("PATH", path)
-        .env("FAKE_SLURM_LOG", d.join("sbatch.log"))
-        .env("XDG_STATE_HOME", d.join("state"))
-        .current_dir(d)
-        .output()
-        .unwrap();
+    let out = bisect_on_fake_slurm(d, &args(&["--sbatch=--fail-task=0"]));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(3), "{stderr}");
     let record: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();

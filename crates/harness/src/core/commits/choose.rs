@@ -77,40 +77,55 @@ pub(crate) struct Cost {
     pub(crate) block_s: f64,
 }
 
-/// The commit to test next among `candidates` (commit indices; `built[i]` when its build
-/// is cached): the largest information per second, ties to the larger information, then
-/// the lower index. `None` when there is no candidate.
-pub(crate) fn next_commit(
-    counts: &[Counts],
-    post: &Posterior,
-    n: u64,
-    candidates: &[usize],
-    built: &[bool],
-    cost: Cost,
-) -> Option<(usize, f64)> {
-    let predictive = Predictive::new(counts, post, n);
-    let mut best: Option<(usize, f64, f64)> = None;
-    let mut bad_side = 0.0;
-    let mut upto = 0;
-    for &i in candidates {
-        // Candidates ascend: the cumulative posterior is carried along.
-        while upto <= i {
-            bad_side += post.culprit[upto];
-            upto += 1;
+/// What the choice of the next commits sees: the per-commit counts and their posterior,
+/// the block's sessions `n`, the candidates (commit indices, ascending), which builds
+/// are cached (`built[i]`), and the costs.
+#[derive(Clone, Copy)]
+pub(crate) struct Choice<'c> {
+    pub(crate) counts: &'c [Counts],
+    pub(crate) post: &'c Posterior,
+    pub(crate) n: u64,
+    pub(crate) candidates: &'c [usize],
+    pub(crate) built: &'c [bool],
+    pub(crate) cost: Cost,
+}
+
+impl Choice<'_> {
+    /// The commit to test next: the largest information per second, ties to the larger
+    /// information, then the lower index. `None` when there is no candidate.
+    pub(crate) fn next_commit(&self) -> Option<(usize, f64)> {
+        let Choice {
+            counts,
+            post,
+            n,
+            candidates,
+            built,
+            cost,
+        } = *self;
+        let predictive = Predictive::new(counts, post, n);
+        let mut best: Option<(usize, f64, f64)> = None;
+        let mut bad_side = 0.0;
+        let mut upto = 0;
+        for &i in candidates {
+            // Candidates ascend: the cumulative posterior is carried along.
+            while upto <= i {
+                bad_side += post.culprit[upto];
+                upto += 1;
+            }
+            let good_side = (1.0 - post.none - bad_side).max(0.0);
+            let info = predictive.information([bad_side, good_side, post.none]);
+            let seconds = if built[i] { 0.0 } else { cost.build_s } + cost.block_s;
+            let score = info / seconds.max(1e-9);
+            let better = match best {
+                None => true,
+                Some((_, s, inf)) => score > s * (1.0 + 1e-12) || (score >= s && info > inf),
+            };
+            if better {
+                best = Some((i, score, info));
+            }
         }
-        let good_side = (1.0 - post.none - bad_side).max(0.0);
-        let info = predictive.information([bad_side, good_side, post.none]);
-        let seconds = if built[i] { 0.0 } else { cost.build_s } + cost.block_s;
-        let score = info / seconds.max(1e-9);
-        let better = match best {
-            None => true,
-            Some((_, s, inf)) => score > s * (1.0 + 1e-12) || (score >= s && info > inf),
-        };
-        if better {
-            best = Some((i, score, info));
-        }
+        best.map(|(i, _, info)| (i, info))
     }
-    best.map(|(i, _, info)| (i, info))
 }
 
 /// A block's count reduced to its likelihood-ratio decision ("bad side" when
@@ -192,92 +207,85 @@ fn joint_information(points: &[usize], cum: &[f64], none: f64, q: [f64; 3]) -> f
 /// Most blocks one round may run: the joint information enumerates `2^k` outcomes.
 pub const MAX_PARALLEL: usize = 8;
 
-/// The `k` distinct commits of one round (ascending): with `k == 1` [`next_commit`];
-/// else the round's joint information per second ([`joint_information`]'s bound over
-/// the round's seconds, its slowest block's: the blocks run side by side), maximised by
-/// a greedy pass (each commit the one that raises it most) and then coordinate ascent
-/// (each commit moved to wherever it rises most, the others held, until none moves; the
-/// greedy pass alone splits a uniform range at 16/32/40/48 of 64 where fifths are
-/// better). Fewer when fewer candidates remain; empty when none.
-pub(crate) fn next_commits(
-    counts: &[Counts],
-    post: &Posterior,
-    n: u64,
-    candidates: &[usize],
-    built: &[bool],
-    cost: Cost,
-    k: usize,
-) -> Vec<usize> {
-    if k <= 1 {
-        return next_commit(counts, post, n, candidates, built, cost)
-            .map(|(c, _)| vec![c])
-            .unwrap_or_default();
-    }
-    let q = says_bad(&Predictive::new(counts, post, n));
-    let mut cum = Vec::with_capacity(post.culprit.len());
-    let mut acc = 0.0;
-    for p in &post.culprit {
-        acc += p;
-        cum.push(acc);
-    }
-    let seconds = |i: usize| if built[i] { 0.0 } else { cost.build_s } + cost.block_s;
-    let value = |points: &[usize]| {
-        let round_s = points.iter().map(|&i| seconds(i)).fold(0.0, f64::max);
-        let info = joint_information(points, &cum, post.none, q);
-        (info / round_s.max(1e-9), info)
-    };
-    // Better when the score rises, or holds while the information rises.
-    let better = |(s, inf): (f64, f64), (bs, binf): (f64, f64)| {
-        s > bs * (1.0 + 1e-12) || (s >= bs && inf > binf * (1.0 + 1e-12))
-    };
-    let with = |chosen: &[usize], i: usize| {
-        let mut points = chosen.to_vec();
-        let at = points.binary_search(&i).unwrap_or_else(|at| at);
-        points.insert(at, i);
-        points
-    };
-    let mut chosen: Vec<usize> = Vec::new();
-    while chosen.len() < k.min(MAX_PARALLEL) {
-        let mut best: Option<(usize, (f64, f64))> = None;
-        for &i in candidates {
-            if chosen.binary_search(&i).is_ok() {
-                continue;
-            }
-            let v = value(&with(&chosen, i));
-            if best.map_or(true, |(_, b)| better(v, b)) {
-                best = Some((i, v));
-            }
+impl Choice<'_> {
+    /// The `k` distinct commits of one round (ascending): with `k == 1` [`next_commit`];
+    /// else the round's joint information per second ([`joint_information`]'s bound over
+    /// the round's seconds, its slowest block's: the blocks run side by side), maximised by
+    /// a greedy pass (each commit the one that raises it most) and then coordinate ascent
+    /// (each commit moved to wherever it rises most, the others held, until none moves; the
+    /// greedy pass alone splits a uniform range at 16/32/40/48 of 64 where fifths are
+    /// better). Fewer when fewer candidates remain; empty when none.
+    pub(crate) fn next_commits(&self, k: usize) -> Vec<usize> {
+        let (post, candidates, built, cost) = (self.post, self.candidates, self.built, self.cost);
+        if k <= 1 {
+            return self.next_commit().map(|(c, _)| vec![c]).unwrap_or_default();
         }
-        let Some((i, _)) = best else { break };
-        chosen = with(&chosen, i);
-    }
-    // Coordinate ascent; each accepted move raises the value, so it ends.
-    let mut current = value(&chosen);
-    let mut moved = true;
-    while moved {
-        moved = false;
-        for slot in 0..chosen.len() {
-            let mut others = chosen.clone();
-            let was = others.remove(slot);
-            let mut best: Option<(Vec<usize>, (f64, f64))> = None;
+        let q = says_bad(&Predictive::new(self.counts, post, self.n));
+        let mut cum = Vec::with_capacity(post.culprit.len());
+        let mut acc = 0.0;
+        for p in &post.culprit {
+            acc += p;
+            cum.push(acc);
+        }
+        let seconds = |i: usize| if built[i] { 0.0 } else { cost.build_s } + cost.block_s;
+        let value = |points: &[usize]| {
+            let round_s = points.iter().map(|&i| seconds(i)).fold(0.0, f64::max);
+            let info = joint_information(points, &cum, post.none, q);
+            (info / round_s.max(1e-9), info)
+        };
+        // Better when the score rises, or holds while the information rises.
+        let better = |(s, inf): (f64, f64), (bs, binf): (f64, f64)| {
+            s > bs * (1.0 + 1e-12) || (s >= bs && inf > binf * (1.0 + 1e-12))
+        };
+        let with = |chosen: &[usize], i: usize| {
+            let mut points = chosen.to_vec();
+            let at = points.binary_search(&i).unwrap_or_else(|at| at);
+            points.insert(at, i);
+            points
+        };
+        let mut chosen: Vec<usize> = Vec::new();
+        while chosen.len() < k.min(MAX_PARALLEL) {
+            let mut best: Option<(usize, (f64, f64))> = None;
             for &i in candidates {
-                if i == was || others.binary_search(&i).is_ok() {
+                if chosen.binary_search(&i).is_ok() {
                     continue;
                 }
-                let points = with(&others, i);
-                let v = value(&points);
-                if best.as_ref().map_or(true, |(_, b)| better(v, *b)) {
-                    best = Some((points, v));
+                let v = value(&with(&chosen, i));
+                if best.map_or(true, |(_, b)| better(v, b)) {
+                    best = Some((i, v));
                 }
             }
-            if let Some((points, v)) = best.filter(|(_, v)| better(*v, current)) {
-                current = v;
-                chosen = points;
-                moved = true;
+            let Some((i, _)) = best else { break };
+            chosen = with(&chosen, i);
+        }
+        // Coordinate ascent; each accepted move raises the value, so it ends.
+        let mut current = value(&chosen);
+        let mut moved = true;
+        while moved {
+            moved = false;
+            for slot in 0..chosen.len() {
+                let mut others = chosen.clone();
+                let was = others.remove(slot);
+                let mut best: Option<(Vec<usize>, (f64, f64))> = None;
+                for &i in candidates {
+                    if i == was || others.binary_search(&i).is_ok() {
+                        continue;
+                    }
+                    let points = with(&others, i);
+                    let v = value(&points);
+                    if best.as_ref().map_or(true, |(_, b)| better(v, *b)) {
+                        best = Some((points, v));
+                    }
+                }
+                if let Some((points, v)) = best.filter(|(_, v)| better(*v, current)) {
+                    current = v;
+                    chosen = points;
+                    moved = true;
+                }
             }
         }
+        chosen
     }
-    chosen
 }
 
 #[cfg(test)]
@@ -317,31 +325,69 @@ mod tests {
         assert!(pred.information([1.0, 0.0, 0.0]).abs() < 1e-12);
     }
 
+    /// What a choice sees: counts, their posterior, candidates, builds, costs.
+    struct Seen {
+        counts: Vec<Counts>,
+        post: Posterior,
+        candidates: Vec<usize>,
+        built: Vec<bool>,
+    }
+
+    impl Seen {
+        fn choice(&self) -> Choice<'_> {
+            Choice {
+                counts: &self.counts,
+                post: &self.post,
+                n: 80,
+                candidates: &self.candidates,
+                built: &self.built,
+                cost: Cost {
+                    build_s: 600.0,
+                    block_s: 120.0,
+                },
+            }
+        }
+    }
+
+    /// 0/80 at the good end, 15/80 at the bad end (commit `n`), nothing between or
+    /// built; 600 s a build, 120 s a block.
+    fn clean_ends(n: usize) -> Seen {
+        let mut counts = vec![k(0, 0); n + 1];
+        counts[0] = k(0, 80);
+        counts[n] = k(15, 80);
+        Seen {
+            post: posterior(&counts),
+            counts,
+            candidates: (1..n).collect(),
+            built: vec![false; n + 1],
+        }
+    }
+
     #[test]
     fn the_middle_of_the_range_is_tested_first_and_a_cached_build_wins_near_it() {
         // 0/80 at the good end, 15/80 at the bad end (commit 10), 9 commits between:
         // every culprit 1..=10 is equally likely, so P(bad side) at commit i is i/10, and
         // the two sides' predictive distributions barely overlap: the information is
         // about the binary entropy of i/10, largest at 5.
-        let mut counts = vec![k(0, 0); 11];
-        counts[0] = k(0, 80);
-        counts[10] = k(15, 80);
-        let post = posterior(&counts);
-        let candidates: Vec<usize> = (1..10).collect();
-        let built = vec![false; 11];
-        let cost = Cost {
-            build_s: 600.0,
-            block_s: 120.0,
-        };
-        let (c, info) = next_commit(&counts, &post, 80, &candidates, &built, cost).unwrap();
+        let seen = clean_ends(10);
+        let choice = seen.choice();
+        let (c, info) = choice.next_commit().unwrap();
         assert_eq!(c, 5);
         assert!(info > 0.6 && info <= 2f64.ln(), "{info}");
         // Commit 4's build is cached: H(0.4) = 0.673 nats for 120 s beats ln 2 for 720 s.
-        let mut built = built;
-        built[4] = true;
-        let (c, _) = next_commit(&counts, &post, 80, &candidates, &built, cost).unwrap();
+        let mut cached = seen.built.clone();
+        cached[4] = true;
+        let choice = Choice {
+            built: &cached,
+            ..choice
+        };
+        let (c, _) = choice.next_commit().unwrap();
         assert_eq!(c, 4);
-        assert!(next_commit(&counts, &post, 80, &[], &built, cost).is_none());
+        let none = Choice {
+            candidates: &[],
+            ..choice
+        };
+        assert!(none.next_commit().is_none());
     }
 
     #[test]
@@ -372,31 +418,24 @@ mod tests {
         // 0/80 at the good end, 15/80 at the bad end (commit 16): every culprit 1..=16
         // equally likely, and the blocks nearly noiseless. The greedy rule takes the
         // middle, then the quarter below (ties go to the lower commit), then above.
-        let mut counts = vec![k(0, 0); 17];
-        counts[0] = k(0, 80);
-        counts[16] = k(15, 80);
-        let post = posterior(&counts);
-        let candidates: Vec<usize> = (1..16).collect();
-        let built = vec![false; 17];
-        let cost = Cost {
-            build_s: 600.0,
-            block_s: 120.0,
-        };
-        let round = next_commits(&counts, &post, 80, &candidates, &built, cost, 3);
-        assert_eq!(round, vec![4, 8, 12]);
+        let seen = clean_ends(16);
+        let choice = seen.choice();
+        assert_eq!(choice.next_commits(3), vec![4, 8, 12]);
         // K = 1 is the one-block rule.
-        let one = next_commits(&counts, &post, 80, &candidates, &built, cost, 1);
         assert_eq!(
-            one,
-            vec![
-                next_commit(&counts, &post, 80, &candidates, &built, cost)
-                    .unwrap()
-                    .0
-            ]
+            choice.next_commits(1),
+            vec![choice.next_commit().unwrap().0]
         );
         // Fewer candidates than blocks: each once.
-        let round = next_commits(&counts, &post, 80, &[3, 9], &built, cost, 4);
-        assert_eq!(round, vec![3, 9]);
-        assert!(next_commits(&counts, &post, 80, &[], &built, cost, 4).is_empty());
+        let few = Choice {
+            candidates: &[3, 9],
+            ..choice
+        };
+        assert_eq!(few.next_commits(4), vec![3, 9]);
+        let none = Choice {
+            candidates: &[],
+            ..choice
+        };
+        assert!(none.next_commits(4).is_empty());
     }
 }

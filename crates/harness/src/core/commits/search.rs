@@ -38,7 +38,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::choose::{next_commits, Cost};
+use super::choose::{Choice, Cost};
 use super::observation::off_arm_clean;
 pub use super::observation::Observation;
 pub use super::params::Params;
@@ -268,21 +268,22 @@ impl Search {
             build_s: mean(self.builds, self.params.build_s_guess),
             block_s: mean(self.blocks, self.params.block_s_guess),
         };
-        next_commits(
-            &self.counts,
-            &self.posterior,
-            self.params.block,
-            &candidates,
-            &self.built,
+        let choice = Choice {
+            counts: &self.counts,
+            post: &self.posterior,
+            n: self.params.block,
+            candidates: &candidates,
+            built: &self.built,
             cost,
-            k,
-        )
-        .into_iter()
-        .map(|commit| Test {
-            commit,
-            purpose: Purpose::Search,
-        })
-        .collect()
+        };
+        choice
+            .next_commits(k)
+            .into_iter()
+            .map(|commit| Test {
+                commit,
+                purpose: Purpose::Search,
+            })
+            .collect()
     }
 
     /// What a block of `test` gave (a commit out of range, or any observation after the
