@@ -370,7 +370,10 @@ fn collect(
                 observation: Observation::CouldNotTell {
                     reason: format!("array task {index} of job {job} left no result ({tail})"),
                 },
-                spent: Spent::default(),
+                spent: Spent {
+                    sessions: sessions_left_behind(dir, planned.step),
+                    ..Spent::default()
+                },
                 dir: None,
                 peak_engine: None,
                 wall_s: None,
@@ -381,6 +384,18 @@ fn collect(
             }
         }
     }
+}
+
+/// Sessions the blocks of step `step` finished before their task died (the lines of
+/// their sessions.jsonl): spent, so they count against the budget.
+fn sessions_left_behind(dir: &Path, step: u64) -> u64 {
+    ["", "-on", "-off"]
+        .iter()
+        .filter_map(|arm| {
+            std::fs::read_to_string(dir.join(format!("blocks/b{step:03}{arm}/sessions.jsonl"))).ok()
+        })
+        .map(|text| text.lines().filter(|l| !l.trim().is_empty()).count() as u64)
+        .sum()
 }
 
 #[cfg(test)]
@@ -434,9 +449,13 @@ mod tests {
         let marker = search.join(format!("builds/{}.ready", &p.sha[..12]));
         std::fs::write(&marker, "null").unwrap();
         std::fs::write(round.join("task-1.out"), "building\nerror: node lost\n\n").unwrap();
+        // The on block had finished 3 sessions: they are spent.
+        std::fs::create_dir_all(search.join("blocks/b007-on")).unwrap();
+        std::fs::write(search.join("blocks/b007-on/sessions.jsonl"), "{}\n{}\n{}\n").unwrap();
         let step = collect(search, &round, 1, &p, &job, "n2");
         assert_eq!(step.step, 7);
         assert_eq!(step.commit, 3);
+        assert_eq!(step.spent.sessions, 3);
         assert_eq!(
             step.observation,
             Observation::CouldNotTell {

@@ -8,11 +8,13 @@
 //!   (untestable commits widening one to a range);
 //! - [`observation`]: what a block, or the flag's A/B pair of blocks, tells the search;
 //! - [`params`]: what the search is asked, validated;
+//! - [`action`]: what it asks for (rounds of blocks, each with its purpose) and answers;
 //! - [`choose`]: the next commit, by expected information per second of cost;
 //! - [`search`]: the state machine: the ends verified first, the search, the stopping
 //!   rule and budget, the verification A/B of the answer against its parent;
 //! - [`simulate`]: the search on scripted ranges beside plain and repeated bisection.
 
+pub mod action;
 pub mod choose;
 pub mod observation;
 pub mod params;
