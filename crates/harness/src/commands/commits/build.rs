@@ -99,7 +99,11 @@ impl Builder {
         }
     }
 
-    /// The commit built (`None` seconds when cached), or why it is untestable.
+    /// The commit built (`None` seconds when cached), or why it is untestable. A
+    /// `--build` is cached (its product is the commit's worktree); an artifact's command
+    /// runs every time its commit is tested, since what it installs lives outside bisect's
+    /// folders and another commit's install may have replaced it since. An untestable
+    /// commit is never tested again, so its result is kept either way.
     pub async fn build(
         &mut self,
         commit: usize,
@@ -107,8 +111,12 @@ impl Builder {
         worktrees: &mut Worktrees,
         cancel: &CancellationToken,
     ) -> anyhow::Result<(Built, Option<BuildEntry>)> {
-        if let Some(built) = self.cache.get(sha) {
-            return Ok((built.clone(), None));
+        match self.cache.get(sha) {
+            Some(built @ Built::Untestable(_)) => return Ok((built.clone(), None)),
+            Some(built) if matches!(self.step, BuildStep::Build(_)) => {
+                return Ok((built.clone(), None))
+            }
+            _ => {}
         }
         if let Some(built) = self
             .shares_builds()
@@ -257,5 +265,42 @@ async fn run_logged(
             let _ = child.wait().await;
             Err(Failure::Interrupted.into())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_artifact_is_installed_every_time_its_commit_is_tested() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let mut worktrees = Worktrees::new(d, &d.join("worktrees"));
+        let cancel = CancellationToken::new();
+        let step = BuildStep::Artifact("echo {commit} >> installs.txt".into());
+        let mut builder = Builder::new(step, d);
+        for _ in 0..2 {
+            let (built, entry) = builder
+                .build(3, "abc", &mut worktrees, &cancel)
+                .await
+                .unwrap();
+            assert_eq!(built, Built::Ready(None));
+            assert!(entry.is_some_and(|e| e.ok));
+        }
+        let installs = std::fs::read_to_string(d.join("installs.txt")).unwrap();
+        assert_eq!(installs, "abc\nabc\n");
+        // A failed install is not retried.
+        let mut failing = Builder::new(BuildStep::Artifact("exit 3".into()), d);
+        let (first, _) = failing
+            .build(4, "def", &mut worktrees, &cancel)
+            .await
+            .unwrap();
+        assert!(matches!(first, Built::Untestable(_)));
+        let (again, entry) = failing
+            .build(4, "def", &mut worktrees, &cancel)
+            .await
+            .unwrap();
+        assert_eq!((again, entry), (first, None));
     }
 }
