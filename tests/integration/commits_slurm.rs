@@ -179,6 +179,17 @@ fn parallel_rounds_run_as_array_tasks_and_find_the_culprit() {
     }
     let rounds = std::fs::read_dir(search.join("rounds")).unwrap().count();
     assert_eq!(rounds, arrays.len());
+    // summary.md numbers the rounds beside the steps.
+    let summary = std::fs::read_to_string(search.join("summary.md")).unwrap();
+    assert!(
+        summary.contains(&format!(
+            "Up to 3 blocks a round, side by side as Slurm job arrays: {} steps in {rounds} rounds.",
+            steps.len()
+        )),
+        "{summary}"
+    );
+    assert!(summary.contains("| 1 (round 1) | 16 `"), "{summary}");
+    assert!(summary.contains("| 2 (round 1) | 0 `"), "{summary}");
     assert!(
         steps.len() > rounds,
         "{} steps in {rounds} rounds",

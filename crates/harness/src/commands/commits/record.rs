@@ -224,17 +224,35 @@ pub(crate) fn setup_lines(r: &CommitsRecord) -> Vec<String> {
     if !r.pinned.is_empty() {
         lines.push(format!("Pinned in every block: {}.", r.pinned.join(", ")));
     }
-    let mut rounds: Vec<u64> = r.steps.iter().filter_map(|s| s.round).collect();
-    rounds.dedup();
-    if !rounds.is_empty() {
+    if let Some(rounds) = step_labels(r).iter().filter_map(|(_, round)| *round).max() {
         lines.push(format!(
             "Up to {} blocks a round, side by side as Slurm job arrays: {} steps in {} rounds.",
             r.params.parallel,
             r.steps.len(),
-            rounds.len()
+            rounds
         ));
     }
     lines
+}
+
+/// Each step's label for the tables: its number, and with rounds (`--parallel`) the
+/// round's (1-based, in order), e.g. "6 (round 3)"; and that round number.
+pub(crate) fn step_labels(r: &CommitsRecord) -> Vec<(String, Option<usize>)> {
+    let mut seen = 0;
+    let mut last = None;
+    r.steps
+        .iter()
+        .map(|st| match st.round {
+            None => (st.step.to_string(), None),
+            Some(round) => {
+                if last != Some(round) {
+                    seen += 1;
+                    last = Some(round);
+                }
+                (format!("{} (round {seen})", st.step), Some(seen))
+            }
+        })
+        .collect()
 }
 
 /// summary.md: the answer in words, then every step.
@@ -287,10 +305,10 @@ pub(crate) fn render_markdown(r: &CommitsRecord) -> String {
         r.wall_s
     );
     s += "| step | commit | purpose | result | block |\n|---|---|---|---|---|\n";
-    for st in &r.steps {
+    for (st, (label, _)) in r.steps.iter().zip(step_labels(r)) {
         s += &format!(
             "| {} | {} `{}` | {:?} | {} | {} |\n",
-            st.step,
+            label,
             st.commit,
             short(&st.sha),
             st.purpose,

@@ -3,7 +3,9 @@
 //! step, a column per commit, the last column "no single culprit"; darker is more
 //! probable; the tested commit of each step outlined), and the table of steps.
 
-use super::record::{observation_words, posterior_history, setup_lines, CommitsRecord};
+use super::record::{
+    observation_words, posterior_history, setup_lines, step_labels, CommitsRecord,
+};
 use crate::results::markup::{escape, page};
 
 const CELL_H: f64 = 10.0;
@@ -40,7 +42,7 @@ pub(super) fn render_html(r: &CommitsRecord) -> String {
     s += "<h2>Posterior after each step</h2>";
     s += &heat_map(r);
     s += "<h2>Steps</h2><table><tr><th>step</th><th>commit</th><th>purpose</th><th>result</th><th>block</th></tr>";
-    for st in &r.steps {
+    for (st, (label, _)) in r.steps.iter().zip(step_labels(r)) {
         let links: Vec<String> = st
             .dirs()
             .iter()
@@ -54,7 +56,7 @@ pub(super) fn render_html(r: &CommitsRecord) -> String {
         s +=
             &format!(
             "<tr><td>{}</td><td>{} <code>{}</code> {}</td><td>{:?}</td><td>{}</td><td>{}</td></tr>",
-            st.step,
+            escape(&label),
             st.commit,
             escape(&st.sha[..st.sha.len().min(12)]),
             escape(&r.commits.get(st.commit).map_or(String::new(), |c| c.subject.clone())),
