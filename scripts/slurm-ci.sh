@@ -258,12 +258,16 @@ echo "== bisect commits --parallel 3: rounds as job arrays on the same cluster"
 # separate nodes run side by side).
 engine="$work/engine"
 mkdir -p "$engine"
+# Below the kernel's ephemeral range: a port in it can be any connection's local end
+# (slurmd's, munge's, a driver's), and the engine could not bind it.
+ephemeral_low=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
 pick_port() {
   local p=$1
   while ! port_free "$p"; do p=$((p + 1)); done
+  [ "$p" -lt "$ephemeral_low" ] || die "no free port below the ephemeral range ($ephemeral_low)"
   echo "$p"
 }
-prefill_port=$(pick_port 39100)
+prefill_port=$(pick_port 21100)
 decode_port=$(pick_port $((prefill_port + 1)))
 cat >"$engine/prefill.sh" <<EOF
 #!/bin/sh
@@ -321,6 +325,11 @@ set -e
 grep -E 'Slurm array job|raises|untestable' "$run/commits.err" | sed 's/^/  /' | head -n 60
 [ "$commits_rc" = 0 ] || {
   tail -n 40 "$run/commits.err" >&2
+  jq -r '"verdict: \(.verdict)", (.steps[] | "  step \(.step) commit \(.commit): \(.observation | tostring)")' \
+    "$run/commits.json" >&2 || true
+  for out in "$run"/commits/*/rounds/*/task-*.out; do
+    [ -f "$out" ] && { echo "--- $out" >&2; tail -n 5 "$out" >&2; }
+  done
   die "bisect commits --parallel exited $commits_rc (0: culprit found and verified)"
 }
 search=$(dirname "$(echo "$run"/commits/*/commits.json)")
