@@ -187,10 +187,7 @@ impl CommitsArgs {
         if self.round_task.is_some() || (self.parallel == 1 && self.sbatch.is_empty()) {
             return Ok(Rounds::Local);
         }
-        let on_path = std::env::var_os("PATH").is_some_and(|path| {
-            std::env::split_paths(&path).any(|dir| dir.join("sbatch").is_file())
-        });
-        if !on_path {
+        if !bisect_harness::commands::check::on_path("sbatch") {
             return Err(usage(
                 format!(
                     "--parallel {} runs each round as a Slurm job array, and sbatch is not on PATH",

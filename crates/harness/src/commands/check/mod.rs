@@ -339,10 +339,15 @@ fn missing_program(command: &str) -> Option<String> {
     let found = if program.contains('/') {
         Path::new(program).is_file()
     } else {
-        std::env::var_os("PATH")
-            .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
+        on_path(program)
     };
     (!found).then(|| program.to_string())
+}
+
+/// Whether `program` is a file in one of `$PATH`'s folders.
+pub fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
 }
 
 pub(super) fn role_names(target: &TargetProfile) -> String {

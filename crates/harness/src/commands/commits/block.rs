@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::arm::{BlockName, Progress, Testbed, TestbedSpec};
-use crate::config::{FlagSpec, TargetProfile, Workload};
+use crate::config::{FlagSpec, RoleSpec, TargetProfile, Workload};
 use crate::control::EngineControl;
 use crate::core::arm_stats::ArmLabel;
 use crate::core::commits::Observation;
@@ -51,15 +51,11 @@ pub(crate) fn commit_target(
     sha: &str,
     search_dir: &Path,
 ) -> TargetProfile {
-    let repo = std::path::absolute(repo).unwrap_or_else(|_| repo.to_path_buf());
     let commit_dir = folder.unwrap_or(search_dir).display().to_string();
     let mut out = target.clone();
     for role in &mut out.roles {
-        if let Some(folder) = folder {
-            let launch = std::path::absolute(&role.launch).unwrap_or_else(|_| role.launch.clone());
-            if let Ok(inside) = launch.strip_prefix(&repo) {
-                role.launch = folder.join(inside);
-            }
+        if let (Some(folder), Some(inside)) = (folder, launch_inside(role, repo)) {
+            role.launch = folder.join(inside);
         }
         if let Some(cmd) = &role.restart {
             role.restart = Some(
@@ -71,14 +67,20 @@ pub(crate) fn commit_target(
     out
 }
 
+/// Where `role`'s launch config lies inside `repo`: its path relative to the repository
+/// (both made absolute), or `None` when it lies outside.
+pub(crate) fn launch_inside(role: &RoleSpec, repo: &Path) -> Option<PathBuf> {
+    let repo = std::path::absolute(repo).unwrap_or_else(|_| repo.to_path_buf());
+    let launch = std::path::absolute(&role.launch).unwrap_or_else(|_| role.launch.clone());
+    launch.strip_prefix(&repo).ok().map(Path::to_path_buf)
+}
+
 /// Whether the target runs what a commit built: a role's launch config inside `repo`, or
 /// a restart command naming `{commit}` or `{commit_dir}`. Without either, every commit
 /// would be measured on the same engine.
 pub(crate) fn runs_the_commit(target: &TargetProfile, repo: &Path) -> bool {
-    let repo = std::path::absolute(repo).unwrap_or_else(|_| repo.to_path_buf());
     target.roles.iter().any(|role| {
-        let launch = std::path::absolute(&role.launch).unwrap_or_else(|_| role.launch.clone());
-        launch.starts_with(&repo)
+        launch_inside(role, repo).is_some()
             || role
                 .restart
                 .as_deref()

@@ -102,8 +102,21 @@ impl CommitsPlan {
         p
     }
 
+    /// The steps.jsonl header of this search over `commits` (the first-parent range):
+    /// what `--resume` and every array task check they run.
+    pub(crate) fn header(&self, commits: &[CommitInfo]) -> Header {
+        Header {
+            good: commits[0].sha.clone(),
+            bad: commits[commits.len() - 1].sha.clone(),
+            build: self.build_words(),
+            commits: commits.len(),
+            params: self.params(commits.len()),
+            pinned: self.pinned(),
+        }
+    }
+
     /// The pins as `NAME=VALUE`.
-    pub(crate) fn pinned(&self) -> Vec<String> {
+    fn pinned(&self) -> Vec<String> {
         self.sets
             .iter()
             .map(|(f, v)| format!("{}={v}", f.name))
@@ -134,7 +147,7 @@ impl CommitsPlan {
         }
     }
 
-    pub(crate) fn build_words(&self) -> String {
+    fn build_words(&self) -> String {
         match &self.build {
             BuildStep::Build(cmd) => format!("--build {cmd}"),
             BuildStep::Artifact(cmd) => format!("--artifact {cmd}"),
@@ -183,14 +196,7 @@ pub async fn run(
         .map_err(|e| Failure::BadInput(format!("{e}\n  fix: adjust the option named")))?;
     std::fs::create_dir_all(&plan.dir)
         .with_context(|| format!("creating {}", plan.dir.display()))?;
-    let header = Header {
-        good: commits[0].sha.clone(),
-        bad: commits[commits.len() - 1].sha.clone(),
-        build: plan.build_words(),
-        commits: commits.len(),
-        params: params.clone(),
-        pinned: plan.pinned(),
-    };
+    let header = plan.header(&commits);
     let log_path = plan.dir.join("steps.jsonl");
     let logged = if plan.resume {
         logged_steps(&log_path, &header)?
@@ -372,25 +378,16 @@ pub(crate) async fn run_step(
     let (built, build) = builder
         .build(commit, &p.sha, worktrees, &ctx.cancel)
         .await?;
+    let spent = Spent {
+        build_s: build.as_ref().map(|b| b.seconds),
+        ..Spent::default()
+    };
+    let untold = Observation::Untestable {
+        reason: String::new(),
+    };
     let mut step = StepEntry {
-        step: n,
-        commit,
-        sha: p.sha.clone(),
-        purpose: p.purpose,
-        observation: Observation::Untestable {
-            reason: String::new(),
-        },
-        spent: Spent {
-            build_s: build.as_ref().map(|b| b.seconds),
-            ..Spent::default()
-        },
-        dir: None,
-        peak_engine: None,
-        wall_s: None,
         build,
-        engine_info: Default::default(),
-        arms: Vec::new(),
-        round: None,
+        ..p.step_entry(untold, spent)
     };
     let folder = match built {
         Built::Untestable(reason) => {

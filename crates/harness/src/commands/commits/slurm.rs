@@ -18,7 +18,7 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::process::Command;
 
-use super::block::BlockContext;
+use super::block::{launch_inside, BlockContext};
 use super::build::BuildStep;
 use super::record::StepEntry;
 use super::task::{result_file, Planned, RoundPlan, TASKS_FILE};
@@ -66,13 +66,11 @@ pub(crate) fn refuse_shared_writes(
     if !writes {
         return Ok(());
     }
-    let repo = std::path::absolute(repo).unwrap_or_else(|_| repo.to_path_buf());
     let shared: Vec<String> = target
         .roles
         .iter()
         .filter(|role| {
-            let launch = std::path::absolute(&role.launch).unwrap_or_else(|_| role.launch.clone());
-            matches!(build, BuildStep::Artifact(_)) || !launch.starts_with(&repo)
+            matches!(build, BuildStep::Artifact(_)) || launch_inside(role, repo).is_none()
         })
         .map(|role| format!("{} ({})", role.launch.display(), role.name))
         .collect();
@@ -362,26 +360,12 @@ fn collect(
                 })
                 .map(|l| l.chars().take(300).collect::<String>())
                 .unwrap_or_else(|| "no output".into());
-            StepEntry {
-                step: planned.step,
-                commit: planned.commit,
-                sha: planned.sha.clone(),
-                purpose: planned.purpose,
-                observation: Observation::CouldNotTell {
-                    reason: format!("array task {index} of job {job} left no result ({tail})"),
-                },
-                spent: Spent {
-                    sessions: sessions_left_behind(dir, planned.step),
-                    ..Spent::default()
-                },
-                dir: None,
-                peak_engine: None,
-                wall_s: None,
-                build: None,
-                engine_info: Default::default(),
-                arms: Vec::new(),
-                round: None,
-            }
+            let reason = format!("array task {index} of job {job} left no result ({tail})");
+            let spent = Spent {
+                sessions: sessions_left_behind(dir, planned.step),
+                ..Spent::default()
+            };
+            planned.step_entry(Observation::CouldNotTell { reason }, spent)
         }
     }
 }

@@ -18,7 +18,7 @@ use super::git::{CommitInfo, Worktrees};
 use super::record::StepEntry;
 use super::{run_step, CommitsPlan};
 use crate::arm::Progress;
-use crate::core::commits::{Purpose, Test};
+use crate::core::commits::{Observation, Purpose, Spent, Test};
 use crate::exit::Failure;
 
 /// The round's steps, as the search planned them.
@@ -35,6 +35,26 @@ pub struct Planned {
 }
 
 impl Planned {
+    /// This step with `observation` and `spent` only: no block folder, build or
+    /// self-report (yet).
+    pub(crate) fn step_entry(&self, observation: Observation, spent: Spent) -> StepEntry {
+        StepEntry {
+            step: self.step,
+            commit: self.commit,
+            sha: self.sha.clone(),
+            purpose: self.purpose,
+            observation,
+            spent,
+            dir: None,
+            peak_engine: None,
+            wall_s: None,
+            build: None,
+            engine_info: Default::default(),
+            arms: Vec::new(),
+            round: None,
+        }
+    }
+
     pub(crate) fn new(step: u64, test: Test, info: &CommitInfo) -> Self {
         Planned {
             step,
@@ -135,12 +155,8 @@ pub async fn run_task(
 fn same_search(plan: &CommitsPlan) -> anyhow::Result<()> {
     let log = plan.dir.join("steps.jsonl");
     let (logged, _) = super::record::read_log(&log)?;
-    let now = super::record::Header {
-        params: plan.params(logged.commits),
-        build: plan.build_words(),
-        pinned: plan.pinned(),
-        ..logged.clone()
-    };
+    let commits = super::git::first_parent_range(&plan.repo, &plan.good, &plan.bad)?;
+    let now = plan.header(&commits);
     if now != logged {
         return Err(Failure::BadInput(format!(
             "{}: this task parsed another search from its arguments (logged {logged:?}; task {now:?})\n  fix: run every task with the bisect binary and arguments the search was started with",
