@@ -484,6 +484,11 @@ pub(crate) struct CheckArgs {
     /// Seconds to wait for each URL.
     #[arg(long, default_value_t = 3.0, value_name = "SECS")]
     pub(crate) timeout: f64,
+    /// The workload whose first round the tool-call probe sends through the target's
+    /// API (built-in name or TOML file): its reply must come back as parsed tool_calls.
+    /// The probe waits the workload's per-request timeout.
+    #[arg(long, default_value = "agentic")]
+    pub(crate) workload: String,
     /// Print the report as JSON.
     #[arg(long)]
     pub(crate) json: bool,
@@ -493,6 +498,7 @@ pub(crate) struct CheckArgs {
 pub(crate) struct CheckInputs {
     pub(crate) target: TargetProfile,
     pub(crate) catalog: FlagCatalog,
+    pub(crate) workload: Workload,
     /// The key `api_key_env` names, when that variable is set.
     pub(crate) api_key: Option<String>,
     /// `api_key_env`'s variable when it is not set.
@@ -524,9 +530,11 @@ impl CheckArgs {
             },
             None => (None, None),
         };
+        let workload = Workload::load(&self.workload)?;
         Ok(CheckInputs {
             target,
             catalog,
+            workload,
             api_key,
             api_key_missing,
             timeout: Duration::from_secs_f64(self.timeout),

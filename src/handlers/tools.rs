@@ -78,6 +78,7 @@ pub(crate) async fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
     let report = bisect_harness::commands::check::check(&CheckPlan {
         target: &inputs.target,
         catalog: &inputs.catalog,
+        workload: Some(&inputs.workload),
         offline: args.offline,
         api_key: inputs.api_key,
         api_key_missing: inputs.api_key_missing,

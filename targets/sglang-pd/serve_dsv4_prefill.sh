@@ -15,6 +15,11 @@
 export SGLANG_DSV4_BF16_INDEX_K=1
 export SGLANG_DSV4_INDEX_K_HICACHE_SYNC=0
 export SGLANG_OPT_USE_TOPK_V2=1
+# --tool-call-parser: SGLang returns tool calls as OpenAI `tool_calls` only when a parser
+# is set (serving_chat.py); without one every DSML call comes back as text, every session
+# of both arms is `leak`, and no flag can be implicated (`bisect check` and `bisect run`
+# ask the engine and refuse). DeepSeek V4 writes `<｜DSML｜tool_calls>`: `deepseekv4`;
+# for V3.2 (`<｜DSML｜function_calls>`) use `deepseekv32`, for V3.1 `deepseekv31`.
 exec python3 -m sglang.launch_server \
     --model-path /models/DeepSeek-V4-Flash \
     --served-model-name deepseek-v4-flash \
@@ -24,5 +29,6 @@ exec python3 -m sglang.launch_server \
     --disaggregation-transfer-backend nixl \
     --disaggregation-bootstrap-port 8998 \
     --host 127.0.0.1 --port 30000 \
+    --tool-call-parser deepseekv4 \
     --enable-metrics \
     --enable-hierarchical-cache

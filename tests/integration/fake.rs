@@ -13,7 +13,15 @@
 //!   it was sent, as careless servers do
 //! - `FAKE_REJECT=1` (decode): the sessions the race would hit (task hash divisible by
 //!   4) get, in round 2, the HTTP 500 llama-server sends when the model's tool-call
-//!   markup does not parse ([`LLAMA_REJECTION`])
+//!   markup does not parse ([`LLAMA_REJECTION`]); to a streamed request, as llama-server
+//!   streams it: HTTP 200, a first chunk of the call's markup, then the error as an
+//!   event and no `[DONE]`
+//!
+//! - `FAKE_NO_PARSER=1` (decode): every tool call comes back as DSML text in `content`,
+//!   as an SGLang started without `--tool-call-parser` returns it
+//!
+//! A request with `"stream": true` gets its reply as server-sent events (one chunk for
+//! the message, one with the finish reason and usage, then `[DONE]`).
 //!
 //! Restarts: both roles report `pid` and `started_at` (`gen-N`) in `/server_info`, N
 //! counting that role's restarts. A restart is [`FakeControl::restart`] in-process, or,
@@ -505,7 +513,12 @@ async fn chat(
         .filter(|m| m["role"] == "assistant")
         .count()
         + 1;
+    let stream = body["stream"] == json!(true);
     if decode.env_is("FAKE_REJECT", "1") && round == 2 && task_hash(&task_text) % 4 == 0 {
+        if stream {
+            let first = json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": "<tool_call>{\"na"}}]});
+            return sse(&[first.to_string(), LLAMA_REJECTION.to_string()]);
+        }
         return (StatusCode::INTERNAL_SERVER_ERROR, LLAMA_REJECTION).into_response();
     }
     let racy = decode.env_is("FAKE_RACE", "1") && d == "1";
@@ -513,6 +526,28 @@ async fn chat(
         let salad = "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"read_file\">\n<｜DSML｜parameter name=\"max_lines\" string=\"false\">false\">1</｜DSML｜parameter>\n</｜DSML｜parameter>";
         return Json(completion(
             json!({"role": "assistant", "content": salad}),
+            "stop",
+        ))
+        .into_response();
+    }
+    if let (true, Some(step)) = (decode.env_is("FAKE_NO_PARSER", "1"), steps.get(done)) {
+        let params: String = step
+            .args
+            .iter()
+            .map(|(k, v)| {
+                let (text, string) = match v {
+                    Value::String(s) => (s.clone(), "true"),
+                    other => (other.to_string(), "false"),
+                };
+                format!("<｜DSML｜parameter name=\"{k}\" string=\"{string}\">{text}</｜DSML｜parameter>\n")
+            })
+            .collect();
+        let text = format!(
+            "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"{}\">\n{params}</｜DSML｜invoke>\n</｜DSML｜tool_calls>",
+            step.tool
+        );
+        return Json(completion(
+            json!({"role": "assistant", "content": text}),
             "stop",
         ))
         .into_response();
@@ -534,7 +569,36 @@ async fn chat(
     } else {
         "stop"
     };
+    if stream {
+        return streamed(message, finish);
+    }
     Json(completion(message, finish)).into_response()
+}
+
+/// `events` as a 200 event stream, each a `data:` line; no `[DONE]` unless one of them
+/// is it.
+fn sse(events: &[String]) -> Response {
+    let body: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+    (
+        StatusCode::OK,
+        [(axum::http::header::CONTENT_TYPE, "text/event-stream")],
+        body,
+    )
+        .into_response()
+}
+
+/// A reply streamed as OpenAI servers do: the message as one delta (each call with its
+/// index), the finish reason and usage, then `[DONE]`.
+fn streamed(mut message: Value, finish: &str) -> Response {
+    if let Some(calls) = message["tool_calls"].as_array_mut() {
+        for (i, call) in calls.iter_mut().enumerate() {
+            call["index"] = json!(i);
+        }
+    }
+    let delta = json!({"choices": [{"index": 0, "delta": message}]});
+    let end = json!({"choices": [{"index": 0, "delta": {}, "finish_reason": finish}],
+        "usage": {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120}});
+    sse(&[delta.to_string(), end.to_string(), "[DONE]".to_string()])
 }
 
 fn completion(message: Value, finish: &str) -> Value {

@@ -8,7 +8,7 @@ use bisect_harness::core::session::SessionClass;
 use bisect_harness::core::verdict::Status;
 use tokio_util::sync::CancellationToken;
 
-use crate::common::{fake_race_victims, FakeTarget};
+use crate::common::{fake_race_victims, read, FakeTarget};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racy_flag_is_implicated_with_exact_counts() {
@@ -475,4 +475,47 @@ async fn a_larger_sample_runs_at_the_same_load() {
     }
     let on = record.arm(ArmLabel::On).unwrap();
     assert_eq!(on.stats.counts.leak, victims);
+}
+
+/// An engine that returns every tool call as text (SGLang without `--tool-call-parser`)
+/// can only ever show `leak` in both arms: the run refuses before its first block's
+/// sessions (exit 3), with the engine's fix, and leaves the launch configs as found.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_refuses_an_engine_that_returns_tool_calls_as_text() {
+    let mut t = FakeTarget::new().await;
+    let decode = &t.target.roles[1].launch;
+    let text = read(decode).replace("exec ", "export FAKE_NO_PARSER=1\nexec ");
+    std::fs::write(decode, text).unwrap();
+    t.engine.reload().unwrap();
+    t.target.engine = bisect_harness::config::Engine::Sglang;
+    let before = t.launch_bytes();
+    let plan = t.plan("FAKE_BF16", 8, 2);
+    let mut control = t.engine.control();
+    let err = crate::common::run_quiet(&plan, &mut control)
+        .await
+        .unwrap_err();
+    let msg = format!("{err:#}");
+    assert!(
+        msg.contains("the tool-call probe") && msg.contains("came back as text"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("leak[dsml]"),
+        "quotes the engine's reply: {msg}"
+    );
+    assert!(
+        msg.contains("fix: start every SGLang role with --tool-call-parser"),
+        "{msg}"
+    );
+    assert_eq!(
+        bisect_harness::commands::code_for_error(&err),
+        bisect_harness::exit::COULD_NOT_RUN
+    );
+    // One request asked (a call as text decides at once); no session was driven.
+    assert_eq!(t.engine.requests(), 1);
+    assert_eq!(t.launch_bytes(), before);
+    let record: serde_json::Value =
+        serde_json::from_str(&read(&plan.run_dir.join("run.json"))).unwrap();
+    assert_eq!(record["status"], "failed");
+    assert!(record["verdict"].is_null());
 }

@@ -142,6 +142,53 @@ async fn engine_rejections_implicate_the_flag_as_corruption_does() {
     );
 }
 
+/// llama-server streaming: the parse failure arrives as an error event after HTTP 200
+/// and a first chunk, with no `[DONE]`. Those rounds are the engine's rejections (once
+/// they were assembled into a reply of the partial text and judged `no_tool`/`leak`),
+/// with the partial text as evidence, and the flag that provokes them is implicated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_rejections_mid_stream_implicate_the_flag() {
+    let t = rejecting_target().await;
+    let mut plan = plan(&t, "llamacpp-stream", Engine::Llamacpp);
+    plan.workload.request.stream = true;
+    let victims = fake_race_victims(&plan.workload, SESSIONS);
+    let record = run(&t, &plan).await;
+    let on = record.arm(ArmLabel::On).unwrap();
+    let off = record.arm(ArmLabel::Off).unwrap();
+    assert_eq!(on.stats.counts.rejected, victims);
+    assert_eq!(on.stats.counts.done, u64::from(SESSIONS) - victims);
+    assert_eq!(
+        (
+            on.stats.counts.error,
+            on.stats.counts.leak,
+            on.stats.counts.no_tool
+        ),
+        (0, 0, 0)
+    );
+    assert_eq!(off.stats.counts.done, u64::from(SESSIONS));
+    let verdict = record.verdict.as_ref().unwrap();
+    assert_eq!(verdict.status, Status::Implicated, "{verdict:?}");
+    let sessions = ResultsDir::open(&plan.run_dir).read_sessions().unwrap();
+    let rejected: Vec<_> = sessions
+        .iter()
+        .filter(|s| s.class == SessionClass::Rejected)
+        .collect();
+    assert_eq!(rejected.len() as u64, victims);
+    for s in &rejected {
+        assert!(
+            s.evidence.starts_with("rejected[llamacpp.format]: HTTP 500 (an error event mid-stream after HTTP 200; streamed before it: \"<tool_call>{\\\"na\"): {\"error\":{\"code\":500"),
+            "{}",
+            s.evidence
+        );
+        let http = s.rounds[1].http.as_ref().unwrap();
+        assert_eq!(http.partial.as_deref(), Some("<tool_call>{\"na"));
+        assert_eq!(http.body, crate::fake::LLAMA_REJECTION);
+    }
+    // Reclassified from the record, the same.
+    let again = reclassify_dir(&plan.run_dir, None).unwrap();
+    assert!(again.changed.is_empty(), "{:?}", again.changed);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_rejections_counted_as_errors_only_degrade_the_arm() {
     let t = rejecting_target().await;

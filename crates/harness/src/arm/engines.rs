@@ -1,14 +1,20 @@
 //! What the engines say about themselves, read by the arm lifecycle: after a restart,
 //! each written or pinned flag's effective values and the flags an engine runs with
 //! another value ([`Restarted`]); which process each role is (checked again at the end
-//! of every block); and the refusal of an engine bisect did not start.
+//! of every block); the refusal of an engine bisect did not start; and, before the
+//! first block, whether the engine returns tool calls parsed at all.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use super::{Readback, Testbed};
-use crate::config::{Engine, FlagSpec, TargetProfile};
+use crate::config::{Engine, FlagSpec, TargetProfile, Workload};
 use crate::control::fetch_server_info;
-use crate::core::effective;
+use crate::control::identity::identify;
+use crate::core::classify::Classifier;
+use crate::core::effective::Identity;
+use crate::core::{effective, toolprobe};
+use crate::driver::DrivePlan;
 use crate::exit::Failure;
 
 /// What a restart measured.
@@ -24,6 +30,9 @@ pub struct Restarted {
     pub restart_s: f64,
     /// Role -> what the engine reports about itself (`/server_info`), where it does.
     pub engine_info: BTreeMap<String, serde_json::Value>,
+    /// Role -> which process it is and where that was read (every role; `none` where
+    /// no source names it).
+    pub identities: BTreeMap<String, Identity>,
     /// Flag -> role -> the value the engine reports running with, for every flag this
     /// testbed has written or pinned (empty where no engine of its roles reports it).
     pub effective: BTreeMap<String, Readback>,
@@ -83,29 +92,88 @@ pub(super) struct Written {
     pub(super) pinned: bool,
 }
 
-/// The fields by which an engine's self-report says which process it is. Where a role
-/// reports them, a change between the restart and the end of a block means another
-/// process answered part of the block: a crash and an automatic restart (systemd's
-/// `Restart=`, a Kubernetes pod), with a cold cache and a lower load after it.
-pub const IDENTITY_FIELDS: [&str; 3] = ["pid", "started_at", "start_time"];
-
-pub(super) fn identity_of(doc: &serde_json::Value) -> Option<BTreeMap<String, serde_json::Value>> {
-    let found: BTreeMap<String, serde_json::Value> = IDENTITY_FIELDS
-        .iter()
-        .filter_map(|f| Some((f.to_string(), doc.get(*f)?.clone())))
-        .collect();
-    (!found.is_empty()).then_some(found)
-}
-
-fn identity_text(identity: &BTreeMap<String, serde_json::Value>) -> String {
-    identity
-        .iter()
-        .map(|(k, v)| format!("{k} {v}"))
-        .collect::<Vec<_>>()
-        .join(", ")
+/// The warning of a role that is another process at the end of a block than after its
+/// restart, or that no longer says which it is; `None` when it is the same.
+fn replaced(name: &str, before: &Identity, after: &Identity) -> Option<String> {
+    if !after.is_known() {
+        return Some(format!(
+            "role {name} no longer said which process it is at the end of the block (it did \
+             after its restart, {}, from {}): whether one engine served the whole block is \
+             unknown",
+            before.text(),
+            before.source.describe()
+        ));
+    }
+    // A pid alone, from one source and then another, proves nothing either way.
+    let comparable =
+        before.source == after.source || (before.has_start_time() && after.has_start_time());
+    (comparable && before.text() != after.text()).then(|| {
+        format!(
+            "role {name} is another process at the end of the block than after its restart \
+             ({} then, {} now, from {}): it restarted during the block (a crash and an \
+             automatic restart?), so part of the sessions ran on a fresh engine",
+            before.text(),
+            after.text(),
+            after.source.describe()
+        )
+    })
 }
 
 impl Testbed<'_> {
+    /// Before the command's first block: does the engine return the workload's tool
+    /// calls parsed (docs/design.md 3.13)? An engine that returns them as text, or whose
+    /// model never calls, could only show `leak`/`no_tool` in every arm: the command
+    /// refuses (exit 3) with the engine's fix rather than spend an A/B. A probe that got
+    /// no answer (errors, timeouts) is a warning: the blocks' own error accounting
+    /// judges such an engine. Once per command; later blocks skip it.
+    pub(super) async fn prove_tool_calls(
+        &self,
+        workload: &Workload,
+        classifier: &Arc<Classifier>,
+    ) -> anyhow::Result<()> {
+        if self
+            .tool_calls_probed
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return Ok(());
+        }
+        let plan = DrivePlan {
+            api: self.target.api.clone(),
+            model: self.target.model.clone(),
+            api_key: self.api_key.clone(),
+            workload: workload.clone(),
+            label: "tool-call-probe".into(),
+            repeat: 0,
+            sessions: toolprobe::TRIES,
+            concurrency: 1,
+        };
+        let replies = tokio::select! {
+            replies = crate::driver::toolprobe::ask(&plan, classifier.clone()) => replies?,
+            () = self.cancel.cancelled() => return Err(Failure::Interrupted.into()),
+        };
+        let finding = toolprobe::judge(&replies);
+        let last = replies.last().map_or("", |r| r.evidence.as_str());
+        if finding.refuses_a_run() {
+            return Err(Failure::CouldNotRun(format!(
+                "the tool-call probe (the first round of {} session{} of workload `{}`, before any block): {}; the engine's reply: {last}.                  Every session of every arm could only end leak or no_tool, so no flag could be implicated
+  fix: {}",
+                replies.len(),
+                if replies.len() == 1 { "" } else { "s" },
+                workload.name,
+                finding.describe(),
+                self.target.engine.tool_call_fix()
+            ))
+            .into());
+        }
+        if !finding.proves_parsing() {
+            self.progress.note(&format!(
+                "warning: the tool-call probe could not tell whether the engine parses tool calls: {} (last: {last})",
+                finding.describe()
+            ));
+        }
+        Ok(())
+    }
+
     /// What the engines' self-reports say of every written flag: its effective values
     /// and the roles that run it with another value.
     pub(super) fn check_written(&self, restarted: &mut Restarted) {
@@ -135,30 +203,26 @@ impl Testbed<'_> {
         fetch_server_info(&self.probe_http, role, self.api_key.as_deref()).await
     }
 
-    /// Whether every engine that identified itself after the restart is still that
-    /// process: one line per role that is not, or no longer answers.
+    /// Whether every engine that was identified after the restart is still that
+    /// process: one line per role that is not, or no longer says.
     pub(super) async fn engines_replaced(&self) -> Vec<String> {
         let mut found = Vec::new();
         for (name, before) in &self.identities {
             let Some(role) = self.target.role(name) else {
                 continue;
             };
-            match self.self_report(role).await.as_ref().and_then(identity_of) {
-                Some(after) if after == *before => {}
-                Some(after) => found.push(format!(
-                    "role {name} is another process at the end of the block than after its \
-                     restart ({} then, {} now): it restarted during the block (a crash and an \
-                     automatic restart?), so part of the sessions ran on a fresh engine",
-                    identity_text(before),
-                    identity_text(&after)
-                )),
-                None => found.push(format!(
-                    "role {name} no longer reported which process it is at the end of the \
-                     block (it did after its restart, {}): whether one engine served the \
-                     whole block is unknown",
-                    identity_text(before)
-                )),
+            if !before.is_known() {
+                continue;
             }
+            let report = self.self_report(role).await;
+            let after = identify(
+                &self.probe_http,
+                role,
+                self.api_key.as_deref(),
+                report.as_ref(),
+            )
+            .await;
+            found.extend(replaced(name, before, &after));
         }
         found
     }
@@ -219,3 +283,38 @@ fn effective_values(
 /// effective value: then only the launch-file read-back says the arms differ.
 pub const NO_EFFECTIVE_WARNING: &str =
     "no engine reports its effective configuration: only the launch-file read-back stands";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::effective::IdentitySource;
+
+    fn id(source: IdentitySource, pid: Option<&str>, started: Option<&str>) -> Identity {
+        Identity {
+            source,
+            pid: pid.map(String::from),
+            started: started.map(String::from),
+            listener: None,
+        }
+    }
+
+    #[test]
+    fn a_replacement_is_told_by_any_source_with_a_start_time() {
+        let socket = |pid, t| id(IdentitySource::ListeningSocket, Some(pid), Some(t));
+        assert_eq!(
+            replaced("decode", &socket("41", "100"), &socket("41", "100")),
+            None
+        );
+        let line = replaced("decode", &socket("41", "100"), &socket("57", "900")).unwrap();
+        assert!(
+            line.contains("pid 41 started 100 then, pid 57 started 900 now")
+                && line.contains("the process listening on its port"),
+            "{line}"
+        );
+        let gone = replaced("decode", &socket("41", "100"), &Identity::unknown()).unwrap();
+        assert!(gone.contains("no longer said which process"), "{gone}");
+        // A pid alone from one source, then a start time from another: not comparable.
+        let pid_only = id(IdentitySource::EngineReport, Some("41"), None);
+        assert_eq!(replaced("decode", &pid_only, &socket("41", "100")), None);
+    }
+}

@@ -39,8 +39,8 @@ use crate::results::ResultsDir;
 
 mod engines;
 
-use engines::{identity_of, Written};
-pub use engines::{Disagreeing, Restarted, IDENTITY_FIELDS, NO_EFFECTIVE_WARNING};
+use engines::Written;
+pub use engines::{Disagreeing, Restarted, NO_EFFECTIVE_WARNING};
 
 /// Role -> the value read back from its launch config after an edit.
 pub(crate) type Readback = BTreeMap<String, String>;
@@ -213,12 +213,15 @@ pub(crate) struct Testbed<'a> {
     metrics_period: Duration,
     /// For the lifecycle's own probes of the engines (health, self-reported config).
     probe_http: reqwest::Client,
-    /// Role -> how its engine identified itself after the last restart
-    /// ([`IDENTITY_FIELDS`]), where it did: checked again at the end of every block.
-    identities: BTreeMap<String, BTreeMap<String, serde_json::Value>>,
+    /// Role -> which process it was after the last restart
+    /// ([`crate::control::identity`]): checked again at the end of every block.
+    identities: BTreeMap<String, crate::core::effective::Identity>,
     /// Every flag written or pinned, by first write, with its latest value: what each
     /// restart checks the engines' self-reports against.
     written: Vec<Written>,
+    /// Whether the engines were shown to parse tool calls (the probe before the first
+    /// block, [`Testbed::prove_tool_calls`]); asked once per command.
+    tool_calls_probed: std::sync::atomic::AtomicBool,
 }
 
 impl<'a> Testbed<'a> {
@@ -277,6 +280,7 @@ impl<'a> Testbed<'a> {
                 .build()?,
             identities: BTreeMap::new(),
             written: Vec::new(),
+            tool_calls_probed: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -379,6 +383,7 @@ impl<'a> Testbed<'a> {
             health_padding_s: self.control.health_padding().values().sum(),
             restart_s: 0.0,
             engine_info: BTreeMap::new(),
+            identities: BTreeMap::new(),
             effective: BTreeMap::new(),
             disagreements: Vec::new(),
         };
@@ -394,10 +399,16 @@ impl<'a> Testbed<'a> {
                     ));
                 }
             }
+            let identity = crate::control::identity::identify(
+                &self.probe_http,
+                role,
+                self.api_key.as_deref(),
+                info.as_ref(),
+            )
+            .await;
+            self.identities.insert(role.name.clone(), identity.clone());
+            restarted.identities.insert(role.name.clone(), identity);
             if let Some(info) = info {
-                if let Some(identity) = identity_of(&info) {
-                    self.identities.insert(role.name.clone(), identity);
-                }
                 restarted.engine_info.insert(role.name.clone(), info);
             }
         }
@@ -437,6 +448,7 @@ impl<'a> Testbed<'a> {
         results: &ResultsDir,
         observe: &mut (dyn FnMut(&SessionResult) + Send),
     ) -> anyhow::Result<(ArmStats, crate::driver::DriveStats)> {
+        self.prove_tool_calls(workload, classifier).await?;
         self.progress
             .arm_started(block, u64::from(workload.sessions));
         let drive_plan = DrivePlan {
@@ -460,6 +472,7 @@ impl<'a> Testbed<'a> {
                     url,
                     running_metric: r.running_metric.clone(),
                     queued_metric: r.queued_metric.clone(),
+                    wait_gauges: r.wait_gauges.clone(),
                 })
             })
             .collect();

@@ -130,6 +130,7 @@ pub fn reclassify_session(
                     status: http.status,
                     body: &http.body,
                     error: status_error(http.status, &http.body),
+                    partial: http.partial.as_deref(),
                 },
                 task.expected(progress.step()).as_ref(),
                 workload.check_args,

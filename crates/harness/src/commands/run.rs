@@ -242,6 +242,7 @@ pub(crate) async fn run_block(
         ))
         .into());
     }
+    let identity = restarted.identities.clone();
     for (role, info) in restarted.engine_info {
         record
             .engine_info
@@ -255,6 +256,7 @@ pub(crate) async fn run_block(
     let mut arm = ArmRecord::new(label, value, Some(repeat));
     arm.readback = readback;
     arm.effective = effective;
+    arm.identity = identity;
     let mut outcomes = vec![None; workload.sessions as usize];
     let driving = Instant::now();
     let (stats, driven) = bed

@@ -160,6 +160,7 @@ pub fn profile(launch_dir: &Path, exe: &Path) -> anyhow::Result<TargetProfile> {
         running_metric: Engine::Embedded.preset().running_metric.to_string(),
         queued_metric: Engine::Embedded.preset().queued_metric.to_string(),
         effective_url: Engine::Embedded.effective_url(&format!("http://127.0.0.1:{port}/health")),
+        wait_gauges: Engine::Embedded.wait_gauges(),
     };
     Ok(TargetProfile {
         name: "embedded-pd".into(),

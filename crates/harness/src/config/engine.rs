@@ -49,7 +49,45 @@ pub struct Preset {
     pub markup: &'static [MarkupFamily],
     /// The engine's parse-failure replies: (name, status or any non-2xx, body regex).
     pub rejections: &'static [(&'static str, Option<u16>, &'static str)],
+    /// Gauges of requests held between prefill and decode, with their meaning in the
+    /// load gap's words: (metric, words).
+    pub wait_gauges: &'static [(&'static str, &'static str)],
 }
+
+/// SGLang prefill/decode disaggregation's hand-over queues, as its metrics collector
+/// names them (python/sglang/srt/observability/metrics_collector.py; 0.5.23 lines
+/// 582-605, 0.5.10 lines 317-341). A request between the two engines is in one of them,
+/// neither running nor queued by `num_running_reqs`/`num_queue_reqs`: without these it
+/// would read as "sent but not seen by the engine". The prefill side's first queue was
+/// `num_prefill_prealloc_queue_reqs` up to 0.5.10 and is
+/// `num_prefill_bootstrap_queue_reqs` in 0.5.23; older releases spelt the second
+/// `infight`. An engine serves one name of each; all are read.
+const SGLANG_PD_QUEUES: &[(&str, &str)] = &[
+    (
+        "sglang:num_prefill_bootstrap_queue_reqs",
+        "waiting for decode to reserve their KV cache (bootstrap)",
+    ),
+    (
+        "sglang:num_prefill_prealloc_queue_reqs",
+        "waiting for decode to reserve their KV cache (bootstrap)",
+    ),
+    (
+        "sglang:num_prefill_inflight_queue_reqs",
+        "prefilled, their KV cache in transfer to decode",
+    ),
+    (
+        "sglang:num_prefill_infight_queue_reqs",
+        "prefilled, their KV cache in transfer to decode",
+    ),
+    (
+        "sglang:num_decode_prealloc_queue_reqs",
+        "waiting for KV cache space",
+    ),
+    (
+        "sglang:num_decode_transfer_queue_reqs",
+        "waiting for KV transfer",
+    ),
+];
 
 /// llama.cpp: when the chat parser derived from the model's template cannot read
 /// what the model generated, `common_chat_peg_parse` (common/chat.cpp) throws, and the
@@ -121,12 +159,17 @@ impl Engine {
     /// Hermes parser leaks DSML); a profile narrows it with `markup = [...]`.
     pub fn preset(self) -> Preset {
         match self {
+            // `/server_info`: `/get_server_info` is deprecated (SGLang logs "Endpoint
+            // '/get_server_info' is deprecated ... Please use '/server_info' instead");
+            // an SGLang too old for the new path is asked the old one
+            // ([`legacy_effective_url`]).
             Engine::Sglang => Preset {
                 running_metric: "sglang:num_running_reqs",
                 queued_metric: "sglang:num_queue_reqs",
-                effective_path: Some("/get_server_info"),
+                effective_path: Some("/server_info"),
                 markup: ALL_MARKUP,
                 rejections: NO_REJECTIONS,
+                wait_gauges: SGLANG_PD_QUEUES,
             },
             // vLLM serves no document of its engine arguments (as of 0.11), but its
             // /metrics carries info metrics (`vllm:cache_config_info{cache_dtype=...}`)
@@ -139,6 +182,7 @@ impl Engine {
                 effective_path: Some("/metrics"),
                 markup: ALL_MARKUP,
                 rejections: VLLM_REJECTIONS,
+                wait_gauges: &[],
             },
             Engine::Llamacpp => Preset {
                 running_metric: "llamacpp:requests_processing",
@@ -146,6 +190,7 @@ impl Engine {
                 effective_path: Some("/props"),
                 markup: ALL_MARKUP,
                 rejections: LLAMACPP_REJECTIONS,
+                wait_gauges: &[],
             },
             Engine::Embedded => Preset {
                 running_metric: "sglang:num_running_reqs",
@@ -153,6 +198,7 @@ impl Engine {
                 effective_path: Some("/server_info"),
                 markup: ALL_MARKUP,
                 rejections: NO_REJECTIONS,
+                wait_gauges: &[],
             },
             Engine::Custom => Preset {
                 running_metric: "sglang:num_running_reqs",
@@ -160,8 +206,43 @@ impl Engine {
                 effective_path: None,
                 markup: ALL_MARKUP,
                 rejections: NO_REJECTIONS,
+                wait_gauges: SGLANG_PD_QUEUES,
             },
         }
+    }
+
+    /// What to change when the tool-call probe finds the engine returns calls as text
+    /// or its model never calls (docs/design.md 3.13), in the engine's own options.
+    pub fn tool_call_fix(self) -> &'static str {
+        match self {
+            Engine::Sglang => {
+                "start every SGLang role with --tool-call-parser set for the model (DeepSeek V4: --tool-call-parser deepseekv4; V3.2: deepseekv32; V3.1: deepseekv31; Qwen: qwen25; see targets/sglang-pd/serve_dsv4_*.sh); SGLang parses tool calls only when a parser is set"
+            }
+            Engine::Vllm => {
+                "start vLLM with --enable-auto-tool-choice --tool-call-parser NAME for the model's call format (hermes, xlam, deepseek_v3, ...), and a --chat-template that renders the tools; see targets/vllm/serve.sh"
+            }
+            Engine::Llamacpp => {
+                "start llama-server with --jinja and a chat template that renders the tools and the assistant's tool_calls (--chat-template-file FILE; targets/llama-cpp/qwen2.5-coder-tools.jinja is one, for Qwen2.5-Coder)"
+            }
+            Engine::Embedded => {
+                "the embedded engine always parses DSML: check that the target's api points at its router"
+            }
+            Engine::Custom => {
+                "configure the engine's tool-call parser for the model's call format (SGLang --tool-call-parser, vLLM --enable-auto-tool-choice --tool-call-parser, llama-server --jinja with a tools template), or set engine in the profile to get its preset"
+            }
+        }
+    }
+
+    /// The preset's hand-over queue gauges.
+    pub fn wait_gauges(self) -> Vec<crate::core::transport::WaitGauge> {
+        self.preset()
+            .wait_gauges
+            .iter()
+            .map(|(metric, words)| crate::core::transport::WaitGauge {
+                metric: metric.to_string(),
+                words: words.to_string(),
+            })
+            .collect()
     }
 
     /// The preset's rejection patterns.
@@ -178,6 +259,14 @@ impl Engine {
         let path = self.preset().effective_path?;
         Some(format!("{}{path}", origin(health_url)?))
     }
+}
+
+/// Where an older engine served the self-report asked for at `url`: SGLang's
+/// `/get_server_info` for `/server_info` (the new path since the old one was deprecated;
+/// SGLang releases before it serve only the old one). `None` for any other URL.
+pub fn legacy_effective_url(url: &str) -> Option<String> {
+    url.strip_suffix("/server_info")
+        .map(|base| format!("{base}/get_server_info"))
 }
 
 /// `http://host:port` of an `http://host:port/path` URL.
@@ -227,8 +316,13 @@ mod tests {
             Engine::Sglang
                 .effective_url("http://10.0.0.2:30000/health")
                 .as_deref(),
+            Some("http://10.0.0.2:30000/server_info")
+        );
+        assert_eq!(
+            legacy_effective_url("http://10.0.0.2:30000/server_info").as_deref(),
             Some("http://10.0.0.2:30000/get_server_info")
         );
+        assert_eq!(legacy_effective_url("http://h:1/props"), None);
         assert_eq!(
             Engine::Embedded
                 .effective_url("http://h:1/health")

@@ -68,6 +68,9 @@ pub struct RoleSpec {
     pub running_metric: String,
     /// Prometheus gauge of requests queued in this role.
     pub queued_metric: String,
+    /// The role's prefill/decode hand-over queues (its engine preset's), named in the
+    /// load gap's words.
+    pub wait_gauges: Vec<crate::core::transport::WaitGauge>,
 }
 
 impl RoleSpec {
@@ -87,6 +90,7 @@ impl RoleSpec {
             effective_url: None,
             effective_pointers: BTreeMap::new(),
             pass_api_key: false,
+            wait_gauges: Vec::new(),
         }
     }
 }
@@ -435,6 +439,7 @@ fn role(
         pass_api_key: r.pass_api_key,
         running_metric,
         queued_metric,
+        wait_gauges: role_engine.wait_gauges(),
     })
 }
 
@@ -801,7 +806,7 @@ health = "http://127.0.0.1:30002/health"
         let p = TargetProfile::load(&path).unwrap();
         assert_eq!(
             p.roles[0].effective_url.as_deref(),
-            Some("http://127.0.0.1:30000/get_server_info")
+            Some("http://127.0.0.1:30000/server_info")
         );
     }
 

@@ -28,6 +28,7 @@ use crate::config::{RoleSpec, TargetProfile};
 use crate::exit::Failure;
 use crate::launch::{self, SpawnedGroup, TargetLocks};
 
+pub mod identity;
 mod processes;
 mod self_report;
 

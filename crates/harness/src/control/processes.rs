@@ -22,7 +22,8 @@ use super::Spawned;
 pub(super) const RESTART_PROOF_GRACE_S: u64 = 10;
 
 /// The evidence that a role's restart command restarted its engine: who answered
-/// before (the engine's reported identity), and whether health was seen failing since.
+/// before (its identity from the best source there is, [`super::identity`]), and
+/// whether health was seen failing since.
 pub(super) struct RestartWatch {
     before: Option<String>,
     down: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -44,10 +45,8 @@ impl RestartWatch {
         if !answers(http.clone(), role.health.clone()).await {
             down.store(true, Ordering::SeqCst);
         }
-        let before = crate::control::fetch_server_info(http, role, api_key)
-            .await
-            .as_ref()
-            .and_then(crate::core::effective::identity);
+        let before = super::identity::identify(http, role, api_key, None).await;
+        let before = before.is_known().then(|| before.text());
         let poller = {
             let (http, url, down) = (http.clone(), role.health.clone(), down.clone());
             tokio::spawn(async move {
@@ -76,10 +75,8 @@ impl RestartWatch {
     ) -> Result<(), String> {
         // Who answers now is read even when health went down: going down can be another
         // role's doing, and the engine's own start time is the better witness.
-        let after = crate::control::fetch_server_info(http, role, api_key)
-            .await
-            .as_ref()
-            .and_then(crate::core::effective::identity);
+        let after = super::identity::identify(http, role, api_key, None).await;
+        let after = after.is_known().then(|| after.text());
         let went_down = self.down.load(std::sync::atomic::Ordering::SeqCst);
         crate::core::effective::restart_proven(self.before.as_deref(), after.as_deref(), went_down)
     }

@@ -34,9 +34,10 @@ fn keyed_get(
 }
 
 /// What the engine reports about itself (its effective configuration): the role's
-/// `effective_url` where the profile or its engine preset names one, else, beside its
-/// health URL, `/server_info` (the embedded engine, older SGLang) or `/get_server_info`
-/// (SGLang). The one reading of an engine's self-report, for the lifecycle's checks
+/// `effective_url` where the profile or its engine preset names one (SGLang's
+/// `/server_info` falling back to the deprecated `/get_server_info` of older releases),
+/// else, beside its health URL, `/server_info` (the embedded engine, SGLang) or
+/// `/get_server_info` (older SGLang). The one reading of an engine's self-report, for the lifecycle's checks
 /// (what it runs with, which process it is) and engine control's (a restart's proof,
 /// the ownership of a spawned role's engine, the foreign-engine refusal): every path
 /// sends the API key (`api_key_env`'s) when the target has one, as the engines that
@@ -47,7 +48,12 @@ pub async fn fetch_server_info(
     api_key: Option<&str>,
 ) -> Option<serde_json::Value> {
     if let Some(url) = &role.effective_url {
-        return fetch_effective(client, url, api_key).await;
+        if let Some(doc) = fetch_effective(client, url, api_key).await {
+            return Some(doc);
+        }
+        // An SGLang from before `/server_info` serves only `/get_server_info`.
+        let legacy = crate::config::engine::legacy_effective_url(url)?;
+        return fetch_effective(client, &legacy, api_key).await;
     }
     let base = role.health.strip_suffix("/health")?;
     for path in ["/server_info", "/get_server_info"] {

@@ -281,3 +281,89 @@ async fn failing_restart_command_is_could_not_run() {
         crate::exit::COULD_NOT_RUN
     );
 }
+
+/// A stand-in engine in a process of its own that answers `/health` and binds its port
+/// with SO_REUSEPORT, so a second one can take the port over while the first still
+/// serves: a restart whose health never blinks. It reports nothing about itself.
+const REUSEPORT_SERVER: &str = r#"
+import http.server, socket, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+class S(http.server.HTTPServer):
+    def server_bind(self):
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        super().server_bind()
+S(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"#;
+
+fn reuseport_server(port: u16) -> std::process::Child {
+    std::process::Command::new("python3")
+        .args(["-c", REUSEPORT_SERVER, &port.to_string()])
+        .spawn()
+        .expect("python3 runs the stand-in (CI machines have CPython 3)")
+}
+
+/// Waits until the process listening on `port` is `pid`.
+async fn listener_becomes(port: u16, pid: u32) {
+    let url = format!("http://127.0.0.1:{port}/health");
+    for _ in 0..200 {
+        let found = crate::control::identity::local_listener(&url);
+        if found.is_some_and(|l| l.starts_with(&format!("pid {pid} started "))) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("pid {pid} never listened on {port}");
+}
+
+/// The issue this guards (engine profiles): no real engine's self-report carries a pid
+/// or start time, so a restart command that replaced the process while health kept
+/// answering could not be proven, and a crash-and-restart inside a block went unseen.
+/// The process listening on the role's port names it.
+#[tokio::test]
+async fn a_process_that_takes_the_port_over_while_health_answers_is_told_apart() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut old = reuseport_server(port);
+    listener_becomes(port, old.id()).await;
+    let role = RoleSpec::new(
+        "solo",
+        PathBuf::new(),
+        format!("http://127.0.0.1:{port}/health"),
+        None,
+    );
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let before = identity::identify(&http, &role, None, None).await;
+    assert_eq!(
+        before.source,
+        crate::core::effective::IdentitySource::ListeningSocket
+    );
+    let watch = RestartWatch::start(&http, &role, None).await;
+    // Not restarted yet: the same process answers, and that is said.
+    assert!(watch.proof(&http, &role, None).await.is_err());
+
+    // The "restart": a new process binds the port beside the old, then the old exits.
+    let mut new = reuseport_server(port);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    old.kill().unwrap();
+    old.wait().unwrap();
+    listener_becomes(port, new.id()).await;
+    let after = identity::identify(&http, &role, None, None).await;
+    assert!(
+        after
+            .text()
+            .starts_with(&format!("listener pid {} started ", new.id())),
+        "{after:?}"
+    );
+    assert_ne!(after.text(), before.text());
+    assert_eq!(watch.proof(&http, &role, None).await, Ok(()));
+    new.kill().unwrap();
+    new.wait().unwrap();
+}

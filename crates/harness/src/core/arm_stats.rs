@@ -118,7 +118,7 @@ pub struct ArmStats {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub metrics_failed: BTreeMap<String, String>,
     /// Roles whose engine was not the same process at the end of the block as after its
-    /// restart, in words (`arm::IDENTITY_FIELDS`): blocks the verdict.
+    /// restart, in words (`control::identity`): blocks the verdict.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub engine_replaced: Vec<String>,
     /// How the driver's connections were set up and whether the server shed load

@@ -10,6 +10,7 @@
 //!
 //! Pure: the documents are fetched by the arm lifecycle.
 
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::core::flag::{FlagSpec, Setting};
@@ -134,24 +135,121 @@ pub(crate) fn reported_at(doc: &Value, pointers: &[String]) -> Option<String> {
         })
 }
 
-/// Who an engine says it is (`pid` and `started_at` in its effective-config document),
-/// as text to compare before and after a restart; `None` when it says neither.
-pub fn identity(doc: &Value) -> Option<String> {
+/// Where a role's process identity was read (docs/design.md 3.12): what run.json
+/// names per role, so a reader knows what "the same engine served the block" rests on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IdentitySource {
+    /// The engine's own self-report: `pid`/`started_at` (the embedded engine), or the
+    /// process start time among vLLM's info metrics (`process_start_time_seconds`).
+    EngineReport,
+    /// llama-server's `Process-Start-Time-Unix` header on its `/metrics` reply.
+    MetricsHeader,
+    /// The operating system: the process listening on the role's health port, on this
+    /// host (its pid and start time, read as `ss -ltnp` does).
+    ListeningSocket,
+    /// None of these: a restart is proven only by health going down, and a replacement
+    /// during a block that never blinked health goes unseen.
+    None,
+}
+
+impl IdentitySource {
+    pub fn describe(self) -> &'static str {
+        match self {
+            IdentitySource::EngineReport => "the engine's self-report",
+            IdentitySource::MetricsHeader => "the Process-Start-Time-Unix header of its /metrics",
+            IdentitySource::ListeningSocket => "the process listening on its port (this host)",
+            IdentitySource::None => "none: only health going down proves a restart",
+        }
+    }
+}
+
+/// Which process a role is: its pid and start time where known, the process listening
+/// on its port where that can be read, and which of these was the best source. Every
+/// part takes part in the comparison: an engine behind a proxy keeps its listener and
+/// changes its report; a restarted engine that reports only a pid it got back changes
+/// its listener's start time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Identity {
+    pub source: IdentitySource,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<String>,
+    /// The start time as its source gives it (an engine's text or Unix seconds, or
+    /// llama-server's monotonic start stamp).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started: Option<String>,
+    /// The process listening on the role's port, on this host: `pid P started T` (T in
+    /// clock ticks since boot).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listener: Option<String>,
+}
+
+impl Identity {
+    /// A role with no identity from any source.
+    pub fn unknown() -> Identity {
+        Identity {
+            source: IdentitySource::None,
+            pid: None,
+            started: None,
+            listener: None,
+        }
+    }
+
+    pub fn is_known(&self) -> bool {
+        self.pid.is_some() || self.started.is_some() || self.listener.is_some()
+    }
+
+    pub fn has_start_time(&self) -> bool {
+        self.started.is_some() || self.listener.is_some()
+    }
+
+    /// `pid 41 started t1`, `?` for what is missing, then the listener where known
+    /// (`... / listener pid 9 started 123`): the text a restart's proof and a
+    /// replacement's warning compare and quote. A text that ends in ` started ?` has no
+    /// start time ([`restart_proven`]).
+    pub fn text(&self) -> String {
+        let reported = (self.pid.is_some() || self.started.is_some()).then(|| {
+            format!(
+                "pid {} started {}",
+                self.pid.as_deref().unwrap_or("?"),
+                self.started.as_deref().unwrap_or("?")
+            )
+        });
+        match (reported, &self.listener) {
+            (Some(r), Some(l)) => format!("{r} / listener {l}"),
+            (Some(r), None) => r,
+            (None, Some(l)) => format!("listener {l}"),
+            (None, None) => "nothing".into(),
+        }
+    }
+}
+
+/// Who an engine says it is in its effective-config document: `pid` and `started_at`
+/// (the embedded engine), or `start_time` (vLLM's `process_start_time_seconds`, read by
+/// [`prometheus_doc`]); `None` when it says neither.
+pub fn reported_identity(doc: &Value) -> Option<Identity> {
     let field = |key: &str| {
         doc.get(key).filter(|v| !v.is_null()).map(|v| match v {
             Value::String(s) => s.clone(),
             other => other.to_string(),
         })
     };
-    let (pid, started) = (field("pid"), field("started_at"));
+    let pid = field("pid");
+    let started = field("started_at").or_else(|| field("start_time"));
     if pid.is_none() && started.is_none() {
         return None;
     }
-    Some(format!(
-        "pid {} started {}",
-        pid.as_deref().unwrap_or("?"),
-        started.as_deref().unwrap_or("?")
-    ))
+    Some(Identity {
+        source: IdentitySource::EngineReport,
+        pid,
+        started,
+        listener: None,
+    })
+}
+
+/// [`reported_identity`] as text (`pid 41 started t1`).
+pub fn identity(doc: &Value) -> Option<String> {
+    reported_identity(doc).map(|i| i.text())
 }
 
 /// Whether a restart by the role's own command is proven (docs/design.md 3.2): the
@@ -296,6 +394,10 @@ mod tests {
         assert_eq!(old.as_deref(), Some("pid 41 started t1"));
         let new = identity(&json!({"pid": 42, "started_at": "t2"}));
         assert_eq!(identity(&json!({"role": "prefill"})), None);
+        // vLLM's process start time, from its info metrics, names the process too.
+        let vllm = reported_identity(&json!({"start_time": 1.7e9})).unwrap();
+        assert_eq!(vllm.source, IdentitySource::EngineReport);
+        assert!(vllm.has_start_time() && vllm.pid.is_none(), "{vllm:?}");
         assert_eq!(
             identity(&json!({"pid": 7})).as_deref(),
             Some("pid 7 started ?")

@@ -18,6 +18,7 @@ pub mod sequential;
 pub mod session;
 pub mod stats;
 pub mod task;
+pub mod toolprobe;
 pub mod tools;
 pub mod transport;
 pub mod verdict;

@@ -280,11 +280,17 @@ pub struct RoundRecord {
 /// output after the position it failed at.
 pub(crate) const HTTP_BODY_KEPT: usize = 2000;
 
-/// A non-2xx reply as the client received it (the API key masked).
+/// A non-2xx reply as the client received it (the API key masked), or an error event
+/// a server sent inside a 200 event stream (then `status` is the event's own code, and
+/// `partial` the reply text streamed before it).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HttpReply {
     pub status: u16,
     pub body: String,
+    /// Set for an error event that arrived mid-stream: what the reply had said before it
+    /// (content, reasoning and tool-call text as streamed), kept as evidence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partial: Option<String>,
 }
 
 /// One session's result: a line of sessions.jsonl.

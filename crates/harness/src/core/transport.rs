@@ -110,18 +110,41 @@ pub struct LoadGap {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) engine_queued: Option<f64>,
     pub connecting: f64,
-    /// In flight at the client, not connecting, not running or queued at the engine.
+    /// Requests the engines hold in their prefill/decode hand-over queues (SGLang's PD
+    /// queue gauges), per role and queue, averaged like the rest; empty where no role
+    /// reports such a gauge.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) waiting: Vec<Waiting>,
+    /// In flight at the client, not connecting, not running, queued or waiting at the
+    /// engine.
     pub(crate) unaccounted: f64,
 }
 
+/// A gauge of requests an engine holds between prefill and decode, and what it means in
+/// words (`waiting for KV transfer`): an engine preset's (config/engine.rs).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WaitGauge {
+    pub metric: String,
+    pub words: String,
+}
+
+/// Requests in one role's hand-over queue: one sample's count, or a block's average.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Waiting {
+    pub role: String,
+    pub words: String,
+    pub requests: f64,
+}
+
 /// One metrics sample of the block: the client's counts and one engine role's gauges
-/// taken at the same moment.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// taken at the same moment, with every role's hand-over queues at that moment.
+#[derive(Debug, Clone, PartialEq)]
 pub struct GapSample {
     pub(crate) client_in_flight: u64,
     pub connecting: u64,
     pub running: f64,
     pub queued: Option<f64>,
+    pub waiting: Vec<Waiting>,
 }
 
 impl LoadGap {
@@ -146,8 +169,31 @@ impl LoadGap {
             .all(|s| s.queued.is_some())
             .then(|| mean(&|s| s.queued.unwrap_or(0.0)));
         let connecting = mean(&|s| s.connecting as f64);
+        // Each (role, queue) averaged over the loaded samples (a sample without it: 0).
+        let mut waiting: Vec<Waiting> = Vec::new();
+        for w in loaded.iter().flat_map(|s| &s.waiting) {
+            if !waiting
+                .iter()
+                .any(|m| m.role == w.role && m.words == w.words)
+            {
+                waiting.push(Waiting {
+                    requests: 0.0,
+                    ..w.clone()
+                });
+            }
+        }
+        for m in &mut waiting {
+            m.requests = mean(&|s| {
+                s.waiting
+                    .iter()
+                    .filter(|w| w.role == m.role && w.words == m.words)
+                    .map(|w| w.requests)
+                    .sum()
+            });
+        }
+        let waits: f64 = waiting.iter().map(|w| w.requests).sum();
         let unaccounted =
-            (client_in_flight - engine_running - engine_queued.unwrap_or(0.0) - connecting)
+            (client_in_flight - engine_running - engine_queued.unwrap_or(0.0) - waits - connecting)
                 .max(0.0);
         Some(LoadGap {
             samples: loaded.len() as u64,
@@ -156,6 +202,7 @@ impl LoadGap {
             engine_running,
             engine_queued,
             connecting,
+            waiting,
             unaccounted,
         })
     }
@@ -171,10 +218,13 @@ impl LoadGap {
     /// 18.0: 2.0 connecting, 0.0 queued in the engine, 20.0 sent but not seen by the
     /// engine (its accept queue or HTTP layer)".
     pub fn describe(&self) -> String {
-        let queued = match self.engine_queued {
+        let mut queued = match self.engine_queued {
             Some(q) => format!("{q:.1} queued in the engine"),
             None => "queue not reported by the engine".to_string(),
         };
+        for w in &self.waiting {
+            queued.push_str(&format!(", {:.1} {} on {}", w.requests, w.words, w.role));
+        }
         format!(
             "with {:.1} requests in flight at the client, {} ran {:.1} on average ({} samples): \
              {:.1} still connecting, {queued}, {:.1} sent but not seen by the engine (its \
@@ -199,6 +249,7 @@ mod tests {
             connecting,
             running,
             queued,
+            waiting: Vec::new(),
         }
     }
 
@@ -225,6 +276,41 @@ mod tests {
             "with 39.0 requests in flight at the client, decode ran 19.0 on average (2 samples): \
              3.0 still connecting, 7.0 queued in the engine, 10.0 sent but not seen by the \
              engine (its accept queue or HTTP layer, or replies in transit)"
+        );
+    }
+
+    /// SGLang prefill/decode: requests between the two engines are in their hand-over
+    /// queues, not "sent but not seen": the gap names each queue in words.
+    #[test]
+    fn requests_in_the_pd_hand_over_queues_are_named_not_unseen() {
+        let wait = |role: &str, words: &str, requests: f64| Waiting {
+            role: role.into(),
+            words: words.into(),
+            requests,
+        };
+        let mut loaded = sample(40, 0, 20.0, Some(0.0));
+        loaded.waiting = vec![
+            wait("decode", "waiting for KV transfer", 12.0),
+            wait("prefill", "prefilled, KV being sent to decode", 4.0),
+        ];
+        let mut later = sample(40, 0, 22.0, Some(0.0));
+        later.waiting = vec![wait("decode", "waiting for KV transfer", 8.0)];
+        let gap = LoadGap::measure("decode", &[loaded, later]).unwrap();
+        assert_eq!(
+            gap.waiting,
+            vec![
+                wait("decode", "waiting for KV transfer", 10.0),
+                wait("prefill", "prefilled, KV being sent to decode", 2.0),
+            ]
+        );
+        // 40 - 21 - 0 - 10 - 2
+        assert_eq!(gap.unaccounted, 7.0);
+        assert_eq!(
+            gap.describe(),
+            "with 40.0 requests in flight at the client, decode ran 21.0 on average (2 samples): \
+             0.0 still connecting, 0.0 queued in the engine, 10.0 waiting for KV transfer on \
+             decode, 2.0 prefilled, KV being sent to decode on prefill, 7.0 sent but not seen by \
+             the engine (its accept queue or HTTP layer, or replies in transit)"
         );
     }
 

@@ -1146,6 +1146,7 @@ mod tests {
             engine_running: 18.0,
             engine_queued: Some(2.0),
             connecting: 15.0,
+            waiting: Vec::new(),
             unaccounted: 5.0,
         });
         on.stats.transport = Some(TransportStats {

@@ -149,6 +149,22 @@ pub(crate) async fn run_session(
     }
 }
 
+/// Session `index`'s first round alone, judged as a session's is (the tool-call probe,
+/// docs/design.md 3.13): the same request, tools and classifier, on a connection of its
+/// own, counted in `ctx.inflight`.
+pub(crate) async fn first_round(ctx: &SessionContext, index: u32) -> RoundRecord {
+    let Prepared {
+        task, transcript, ..
+    } = Prepared::new(&ctx.workload, index);
+    let mut connection = Connection::new();
+    let started = Instant::now();
+    let outcome = ctx
+        .client
+        .complete(&mut connection, &transcript, &ctx.inflight, None)
+        .await;
+    judge_round(ctx, &task, 0, 1, outcome, started.elapsed()).record
+}
+
 /// One round's reply judged: its record, the reply message if one came, and the error
 /// text of a failed round (a rejection is evidence, not an error).
 struct Judged {
@@ -171,10 +187,15 @@ fn judge_round(
     let judged = match &outcome {
         ChatOutcome::Reply(reply) => RoundOutcome::Reply(&reply.message),
         ChatOutcome::Error(text) => RoundOutcome::Error(text.clone()),
-        ChatOutcome::Status { status, body } => RoundOutcome::Status {
+        ChatOutcome::Status {
+            status,
+            body,
+            partial,
+        } => RoundOutcome::Status {
             status: status.as_u16(),
             body,
             error: status_error(*status, body),
+            partial: partial.as_deref(),
         },
         ChatOutcome::Timeout => RoundOutcome::Timeout,
     };
@@ -198,7 +219,11 @@ fn judge_round(
             error = Some(text);
             (None, 0, None)
         }
-        ChatOutcome::Status { status, body } => {
+        ChatOutcome::Status {
+            status,
+            body,
+            partial,
+        } => {
             // A rejection is evidence, not a failure: its body is the round's
             // evidence, and the session keeps no error text.
             if verdict.class == RoundClass::Error {
@@ -207,6 +232,7 @@ fn judge_round(
             http = Some(HttpReply {
                 status: status.as_u16(),
                 body,
+                partial,
             });
             (None, 0, None)
         }

@@ -290,7 +290,7 @@ pub async fn drive(
 
 /// What every slot shares: the workload, the chat client built for `plan`'s API with
 /// the workload's tools, sampling and request options, and the classifier.
-fn session_context(
+pub(crate) fn session_context(
     plan: &DrivePlan,
     classifier: Arc<Classifier>,
     inflight: Arc<InFlight>,

@@ -10,7 +10,7 @@
 //! key (a server started with one answers 401 to an anonymous `/metrics`).
 
 use super::client::InFlight;
-use crate::core::transport::{GapSample, LoadGap};
+use crate::core::transport::{GapSample, LoadGap, WaitGauge, Waiting};
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -34,6 +34,8 @@ pub struct MetricsEndpoint {
     pub url: String,
     pub running_metric: String,
     pub queued_metric: String,
+    /// The role's prefill/decode hand-over queues (SGLang's PD gauges), for the load gap.
+    pub wait_gauges: Vec<WaitGauge>,
 }
 
 impl MetricsEndpoint {
@@ -44,6 +46,7 @@ impl MetricsEndpoint {
             url,
             running_metric: RUNNING_METRIC.to_string(),
             queued_metric: QUEUED_METRIC.to_string(),
+            wait_gauges: Vec::new(),
         }
     }
 }
@@ -67,7 +70,40 @@ pub(crate) struct Exposition {
     pub malformed: Vec<(usize, String)>,
 }
 
+/// Labels that name replicas of one scheduler rather than schedulers of their own:
+/// SGLang labels every scheduler gauge with `tp_rank`, `pp_rank` and `moe_ep_rank`
+/// (python/sglang/srt/observability/metrics_collector.py, 0.5.23 lines 1382-1392); only
+/// TP rank 0 records unless `--enable-metrics-for-all-schedulers`, and then every rank
+/// of a replica reports that replica's requests: counted once. Data-parallel ranks
+/// (`dp_rank`, set only with data parallelism) are schedulers of their own and add up.
+const REPLICA_LABELS: [&str; 3] = ["tp_rank", "pp_rank", "moe_ep_rank"];
+
 impl Exposition {
+    /// A gauge's value for the whole server: the samples of `name` grouped by their
+    /// labels other than [`REPLICA_LABELS`], the largest of each group (one replica's
+    /// ranks report one count; the largest is the latest to have seen a change), the
+    /// groups summed. NaN samples skipped; `None` when no sample of that name exists.
+    pub fn gauge(&self, name: &str) -> Option<f64> {
+        let mut groups: Vec<(Labels, f64)> = Vec::new();
+        for s in self
+            .samples
+            .iter()
+            .filter(|s| s.name == name && !s.value.is_nan())
+        {
+            let key: Labels = s
+                .labels
+                .iter()
+                .filter(|(k, _)| !REPLICA_LABELS.contains(&k.as_str()))
+                .cloned()
+                .collect();
+            match groups.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, v)) => *v = v.max(s.value),
+                None => groups.push((key, s.value)),
+            }
+        }
+        (!groups.is_empty()).then(|| groups.iter().map(|(_, v)| v).sum())
+    }
+
     /// The sum of `name` over all its label sets, NaN samples skipped; `None` when no
     /// (non-NaN) sample of that name exists.
     pub fn sum(&self, name: &str) -> Option<f64> {
@@ -212,6 +248,10 @@ pub struct MetricsRow {
     /// The client's connects in progress at the sample (older files: absent, 0).
     #[serde(default)]
     pub(crate) client_connecting: u64,
+    /// The role's hand-over queues at this scrape, for the block's load gap; not a
+    /// column of metrics.csv.
+    #[serde(skip)]
+    pub(crate) waiting: Vec<Waiting>,
 }
 
 /// The time series of one poll, with peaks and scrape failures per role.
@@ -260,6 +300,15 @@ impl MetricsLog {
             .peak_running
             .iter()
             .max_by(|a, b| a.1.total_cmp(b.1).then_with(|| b.0.cmp(a.0)))?;
+        // Every role's hand-over queues at the busiest role's sample: the poller scrapes
+        // all roles at one tick, so their rows share its time.
+        let waiting_at = |t_s: f64| -> Vec<Waiting> {
+            self.rows
+                .iter()
+                .filter(|r| r.t_s == t_s)
+                .flat_map(|r| r.waiting.iter().cloned())
+                .collect()
+        };
         let samples: Vec<GapSample> = self
             .rows
             .iter()
@@ -270,6 +319,7 @@ impl MetricsLog {
                     connecting: r.client_connecting,
                     running: r.running?,
                     queued: r.queued,
+                    waiting: waiting_at(r.t_s),
                 })
             })
             .collect();
@@ -287,6 +337,7 @@ impl MetricsLog {
             label: String::new(),
             error: None,
             client_connecting: connecting,
+            waiting: Vec::new(),
         });
     }
 
@@ -298,17 +349,27 @@ impl MetricsLog {
         scraped: Result<String, String>,
     ) {
         let role = endpoint.role.as_str();
+        let mut waiting = Vec::new();
         let (running, queued, error) = match scraped {
             Ok(text) => {
                 let exposition = parse_exposition(&text);
-                let running = exposition.sum(&endpoint.running_metric);
+                for gauge in &endpoint.wait_gauges {
+                    if let Some(requests) = exposition.gauge(&gauge.metric) {
+                        waiting.push(Waiting {
+                            role: role.to_string(),
+                            words: gauge.words.clone(),
+                            requests,
+                        });
+                    }
+                }
+                let running = exposition.gauge(&endpoint.running_metric);
                 let error = running.is_none().then(|| {
                     format!(
                         "{}: no {} sample (set running_metric for role {role}, or the engine preset)",
                         endpoint.url, endpoint.running_metric
                     )
                 });
-                (running, exposition.sum(&endpoint.queued_metric), error)
+                (running, exposition.gauge(&endpoint.queued_metric), error)
             }
             Err(e) => (None, None, Some(e)),
         };
@@ -330,6 +391,7 @@ impl MetricsLog {
             label: String::new(),
             error,
             client_connecting: connecting,
+            waiting,
         });
     }
 }

@@ -14,6 +14,7 @@ pub mod metrics;
 #[cfg(test)]
 mod metrics_proptests;
 pub mod sample;
+pub mod toolprobe;
 
 pub use crate::core::task::{Step, Task};
 pub use client::{ChatClient, ChatOutcome, Connection, InFlight};

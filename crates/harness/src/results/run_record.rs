@@ -184,6 +184,10 @@ pub struct ArmRecord {
     /// for the roles whose engine reports it; empty when no engine does.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub effective: BTreeMap<String, String>,
+    /// Role -> which process served the block and where that was read (the engine's
+    /// report, a metrics header, the listening socket, or `none`); blocks only.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub identity: BTreeMap<String, effective::Identity>,
     /// Sessions classified (`counts` summed), kept as its own key for readers of run.json.
     pub sessions: u64,
     #[serde(flatten)]
@@ -198,6 +202,7 @@ impl ArmRecord {
             repeat,
             readback: BTreeMap::new(),
             effective: BTreeMap::new(),
+            identity: BTreeMap::new(),
             sessions: 0,
             stats: ArmStats::default(),
         }

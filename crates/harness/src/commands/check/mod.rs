@@ -2,9 +2,10 @@
 //! without touching anything. It owns the dry run of every catalog flag against every
 //! launch config (the real editor's `write_setting` on the text in memory, then the
 //! real read-back; nothing is written), the list of flags that do not apply, and the
-//! URL checks (health, metrics with the preset's gauges, effective configuration, and
-//! for llama.cpp whether `/props` says its chat template carries tool calls), each
-//! failure a [`Problem`] with its fix in words. The profile and catalog are loaded by
+//! URL checks (health, metrics with the preset's gauges, effective configuration, what
+//! the engine says of its tool-call parsing), the tool-call probe (a session's first
+//! round through the target's API must come back as parsed `tool_calls`), each failure
+//! a [`Problem`] with its fix in words. The profile and catalog are loaded by
 //! the caller with the ordinary loaders, so a syntax error is the same `ConfigError`
 //! (file, line, fix) every command gives.
 
@@ -20,6 +21,9 @@ use crate::results::run_record;
 pub struct CheckPlan<'a> {
     pub target: &'a TargetProfile,
     pub catalog: &'a FlagCatalog,
+    /// The workload whose first round the tool-call probe sends (its tools, request
+    /// options and classifier); `None` skips the probe.
+    pub workload: Option<&'a crate::config::Workload>,
     /// Skip the URL checks (CI, or a profile written before its engines exist).
     pub offline: bool,
     /// The key `api_key_env` names; `None` also when that variable is unset (then
@@ -133,8 +137,9 @@ pub struct ArmEdit {
 #[derive(Debug, Clone, Serialize)]
 pub struct UrlCheck {
     pub role: String,
-    /// `health`, `metrics`, `effective`, or `tools` (llama.cpp: does `/props` say its
-    /// chat template carries tool calls).
+    /// `health`, `metrics`, `effective`, `tools` (what the engine says of its tool-call
+    /// parsing: llama.cpp's `/props`, SGLang's `tool_call_parser`), or `tool_calls` (the
+    /// probe: does a session's first round come back as parsed calls; role `api`).
     pub kind: String,
     pub url: String,
     pub ok: bool,
@@ -188,6 +193,12 @@ pub async fn check(plan: &CheckPlan<'_>) -> CheckReport {
                 &mut notes,
             )
             .await;
+        }
+        for role in &target.roles {
+            notes.push(identity_note(&http, plan, role).await);
+        }
+        if let Some(workload) = plan.workload {
+            toolcalls::probe_row(plan, workload, &mut urls, &mut problems).await;
         }
     }
     notes.extend(role_notes(target));
@@ -305,6 +316,26 @@ fn check_api_key(
     }
 }
 
+/// Which process the role is, and what a run's "the same engine served the block" rests
+/// on for it (docs/design.md 3.12): the identity source a run would use.
+async fn identity_note(http: &reqwest::Client, plan: &CheckPlan<'_>, role: &RoleSpec) -> String {
+    let identity =
+        crate::control::identity::identify(http, role, plan.api_key.as_deref(), None).await;
+    if identity.is_known() {
+        format!(
+            "role {}: which process it is comes from {} ({}): a restart and a replacement during a block are told by it",
+            role.name,
+            identity.source.describe(),
+            identity.text()
+        )
+    } else {
+        format!(
+            "role {}: nothing says which process it is (no pid or start time in its self-report, no Process-Start-Time-Unix header, not listening on this host): a run proves its restarts only by health going down, and a replacement during a block that never blinks health would go unseen",
+            role.name
+        )
+    }
+}
+
 /// What a run from here could not do with each role, as notes: a restart program this
 /// machine lacks, no effective-config URL, no metrics URL.
 fn role_notes(target: &TargetProfile) -> Vec<String> {
@@ -369,6 +400,7 @@ pub(super) fn split_fix(text: &str) -> (String, String) {
 
 pub mod export;
 mod flags;
+mod toolcalls;
 mod urls;
 
 pub use flags::changed_lines;

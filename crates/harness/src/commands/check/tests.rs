@@ -83,6 +83,7 @@ fn offline<'a>(target: &'a TargetProfile, catalog: &'a FlagCatalog, root: &Path)
     CheckPlan {
         target,
         catalog,
+        workload: None,
         offline: true,
         api_key: None,
         api_key_missing: Some("SOME_KEY".into()),

@@ -1,6 +1,7 @@
 //! The URL checks of `bisect check` (docs/design.md 3.13): each role's health, metrics
 //! (with the preset's running and queued gauges), effective configuration (agreeing with
-//! the launch config), and for llama.cpp whether its chat template carries tool calls.
+//! the launch config), and what the engine says of its tool-call parsing (llama.cpp:
+//! whether its chat template carries tool calls; SGLang: its `tool_call_parser`).
 //! Each answer is a [`UrlCheck`] row; each failure also a [`Problem`] with its fix.
 
 use super::{CheckPlan, Problem, UrlCheck};
@@ -267,7 +268,22 @@ async fn effective_result(
 ) -> (UrlResult, Option<UrlResult>) {
     let (plan, role) = (probe.plan, probe.role);
     let mut tool_support = None;
-    let result = match get(probe.http, url, probe.key).await {
+    let mut answer = get(probe.http, url, probe.key).await;
+    // An SGLang from before `/server_info` serves only the deprecated `/get_server_info`:
+    // asked there, and said.
+    let legacy = crate::config::engine::legacy_effective_url(url);
+    if let (Ok((404, _)), Some(old)) = (&answer, &legacy) {
+        if let Ok((status, body)) = get(probe.http, old, probe.key).await {
+            if (200..300).contains(&status) {
+                notes.push(format!(
+                    "role {}: {url} answered 404 and the deprecated {old} answered: an SGLang from before /server_info (a newer one serves only /server_info)",
+                    role.name
+                ));
+                answer = Ok((status, body));
+            }
+        }
+    }
+    let result = match answer {
         Ok((status, body)) if (200..300).contains(&status) => {
             match crate::core::effective::parse_document(&body) {
                 Some((doc, kind)) => {
@@ -275,21 +291,32 @@ async fn effective_result(
                     if plan.target.engine == Engine::Llamacpp {
                         tool_support = Some(llamacpp_tool_calls(role, &doc));
                     }
+                    if let Some(parser) =
+                        super::toolcalls::sglang_parser(plan.target.engine, role, &doc)
+                    {
+                        tool_support = Some(parser);
+                    }
                     Ok(format!("HTTP {status}, {kind}"))
                 }
                 None => Err((
                     format!("HTTP {status}, but not JSON"),
                     format!(
-                        "point effective_url at the engine's configuration document (SGLang: /get_server_info) at {}",
+                        "point effective_url at the engine's configuration document (SGLang: /server_info, or /get_server_info before it) at {}",
                         probe.at(url)
                     ),
                 )),
             }
         }
         Ok((status, _)) => Err((
-            format!("HTTP {status}"),
             format!(
-                "{}; effective_url (or the {} preset's) at {} should name the engine's configuration document",
+                "HTTP {status}{}",
+                legacy
+                    .as_deref()
+                    .filter(|_| status == 404)
+                    .map_or(String::new(), |old| format!(" (and {old} too)"))
+            ),
+            format!(
+                "{}; effective_url (or the {} preset's) at {} should name the engine's configuration document (SGLang: /server_info, or /get_server_info before it; vLLM: /metrics; llama.cpp: /props)",
                 status_hint(status),
                 plan.target.engine,
                 probe.at(url)

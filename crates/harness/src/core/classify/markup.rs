@@ -20,7 +20,8 @@ use serde::{Deserialize, Serialize};
 /// A tool-call markup family, named as in target profiles (`dsml`, `deepseek_v31`, `hermes`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum MarkupFamily {
-    /// DeepSeek V3.2/V4 DSML: `<｜DSML｜function_calls>`, `<｜DSML｜invoke name=..>`,
+    /// DeepSeek V3.2/V4 DSML: the call block's wrapper (V3.2 `<｜DSML｜function_calls>`,
+    /// V4 `<｜DSML｜tool_calls>`), `<｜DSML｜invoke name=..>`,
     /// `<｜DSML｜parameter name=.. string="true">`.
     #[serde(rename = "dsml")]
     Dsml,
@@ -82,10 +83,13 @@ fn leak_patterns(family: MarkupFamily) -> Vec<(&'static str, String)> {
             // A tag whose `<` was lost or replaced: `｜DSML｜parameter>`.
             (
                 "dsml_fragment",
-                format!(r"(?i){BAR}DSML\s*{BAR}\s*(?:function_calls|invoke|parameter)\b"),
+                format!(
+                    r"(?i){BAR}DSML\s*{BAR}\s*(?:function_calls|tool_calls|invoke|parameter)\b"
+                ),
             ),
-            // The V3.2 wrapper and its children with the DSML prefix stripped.
+            // The V3.2 and V4 wrappers and their children with the DSML prefix stripped.
             ("function_calls", r"<\s*/?\s*function_calls\s*>".to_string()),
+            ("tool_calls", r"<\s*/?\s*tool_calls\s*>".to_string()),
             (
                 "invoke",
                 r#"<\s*/?\s*invoke(?:\s+name\s*=\s*"|\s*>)"#.to_string(),

@@ -71,11 +71,13 @@ pub enum RoundOutcome<'a> {
     /// Transport failure, unparseable body.
     Error(String),
     /// A non-2xx reply: `rejected` when it matches a rejection pattern, else `error`
-    /// with `error` as its text (status and the body's head).
+    /// with `error` as its text (status and the body's head). `partial`: set when the
+    /// error came as an event inside a 200 stream, the reply text streamed before it.
     Status {
         status: u16,
         body: &'a str,
         error: String,
+        partial: Option<&'a str>,
     },
     Timeout,
 }
@@ -170,19 +172,30 @@ impl Classifier {
                 status,
                 body,
                 error,
-            } => match self.rejections.find(*status, body) {
-                Some(pattern) => RoundVerdict::new(
-                    RoundClass::Rejected,
+                partial,
+            } => {
+                // An error event inside a 200 stream says so, with what came before it.
+                let streamed = partial.map_or(String::new(), |text| {
                     format!(
-                        "rejected[{}]: HTTP {status}: {}",
-                        pattern.name,
-                        escape_line(body.trim())
+                        " (an error event mid-stream after HTTP 200; streamed before it: {:?})",
+                        truncate_chars(text, 80)
+                    )
+                });
+                match self.rejections.find(*status, body) {
+                    Some(pattern) => RoundVerdict::new(
+                        RoundClass::Rejected,
+                        format!(
+                            "rejected[{}]: HTTP {status}{streamed}: {}",
+                            pattern.name,
+                            escape_line(body.trim())
+                        ),
                     ),
-                ),
-                None => {
-                    RoundVerdict::new(RoundClass::Error, format!("error: {}", escape_line(error)))
+                    None => RoundVerdict::new(
+                        RoundClass::Error,
+                        format!("error{streamed}: {}", escape_line(error)),
+                    ),
                 }
-            },
+            }
             RoundOutcome::Timeout => RoundVerdict::new(
                 RoundClass::Timeout,
                 "timeout: no complete reply within the round's limit",

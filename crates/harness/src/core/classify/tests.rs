@@ -264,6 +264,27 @@ fn table() -> Vec<Case> {
             "leak[dsml]: <function_calls>\\n<invoke",
         ),
         case(
+            "V4 tool_calls wrapper, whole",
+            reply(text("<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"read_file\">\n<｜DSML｜parameter name=\"path\" string=\"true\">/srv/app/config.yaml</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>")),
+            read_step(),
+            Leak,
+            "leak[dsml]: <｜DSML｜tool_calls>",
+        ),
+        case(
+            "V4 tool_calls wrapper without prefix",
+            reply(text("Sure.\n<tool_calls>\n")),
+            read_step(),
+            Leak,
+            "leak[dsml]: Sure.\\n<tool_calls>",
+        ),
+        case(
+            "V4 wrapper's tail with its < lost",
+            reply(text("done ｜DSML｜tool_calls>")),
+            read_step(),
+            Leak,
+            "｜DSML｜tool_calls",
+        ),
+        case(
             "DSML in reasoning_content",
             reply(reasoning("I need to read the file.</｜DSML｜parameter>\n</｜DSML｜parameter>", Some(""))),
             read_step(),
@@ -830,6 +851,7 @@ fn status(status: u16, body: &str) -> RoundOutcome<'_> {
         status,
         body,
         error: format!("HTTP {status}: {body}"),
+        partial: None,
     }
 }
 

@@ -116,10 +116,13 @@ pub enum ChatOutcome {
     Error(String),
     /// A non-2xx reply: its status and the first `HTTP_BODY_KEPT` characters of its
     /// body (the API key masked). The classifier decides whether it is the engine
-    /// rejecting the model's tool call (`rejected`) or an `error`.
+    /// rejecting the model's tool call (`rejected`) or an `error`. Also an error event
+    /// inside a 200 event stream ([`assemble_stream`]): then `status` is the event's
+    /// code, `body` the event, and `partial` what the reply had streamed before it.
     Status {
         status: StatusCode,
         body: String,
+        partial: Option<String>,
     },
     /// No complete response within the per-request timeout.
     Timeout,
@@ -429,7 +432,11 @@ impl ChatClient {
                 None => text.into_owned(),
             };
             let body = excerpt(&text, crate::core::session::HTTP_BODY_KEPT).to_string();
-            return ChatOutcome::Status { status, body };
+            return ChatOutcome::Status {
+                status,
+                body,
+                partial: None,
+            };
         }
         if self.stream {
             assemble_stream(&text)

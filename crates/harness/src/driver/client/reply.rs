@@ -1,6 +1,13 @@
 //! A chat completion's body read into a round outcome: a JSON reply ([`parse_reply`]) or
 //! server-sent events assembled into one message the way OpenAI's client libraries do
 //! ([`assemble_stream`]).
+//!
+//! A stream is a clean reply only when it ends as streams end: `data: [DONE]`, or a
+//! chunk with a finish reason. An error event inside it (llama-server sends a parse
+//! failure after the first chunk as `data: {"error": {...}}` after HTTP 200, with no
+//! `[DONE]`; vLLM's is `{"object": "error", ...}` or `{"error": {...}}` by version) is
+//! the engine's error reply, whatever came before it: the classifier judges it with the
+//! target's rejection patterns like a non-2xx reply, with the partial text as evidence.
 
 use serde::Deserialize;
 
@@ -56,6 +63,49 @@ struct StreamChunk {
     choices: Vec<StreamChoice>,
     #[serde(default)]
     usage: Option<Usage>,
+    /// `{"error": {"code": 500, "message": ...}}` (llama.cpp, SGLang, newer vLLM).
+    #[serde(default)]
+    error: Option<ErrorDetail>,
+    /// `"error"` in vLLM's flat error object (`{"object": "error", "code": 400, ...}`).
+    #[serde(default)]
+    object: Option<String>,
+    #[serde(default)]
+    code: Option<serde_json::Value>,
+}
+
+#[derive(Deserialize)]
+struct ErrorDetail {
+    #[serde(default)]
+    code: Option<serde_json::Value>,
+}
+
+/// The status an error event stands for: its code where that is an HTTP error status;
+/// else 500 (the event is a server's error reply, and the HTTP status line already said
+/// 200).
+fn event_status(code: Option<&serde_json::Value>) -> hyper::StatusCode {
+    code.and_then(serde_json::Value::as_u64)
+        .filter(|c| (400..=599).contains(c))
+        .and_then(|c| hyper::StatusCode::from_u16(c as u16).ok())
+        .unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR)
+}
+
+/// What a stream had said before it ended badly: its text, reasoning and the calls as
+/// far as they came, for the evidence.
+fn partial_text(message: &ChatMessage, calls: &[ToolCall]) -> String {
+    let mut out = String::new();
+    for piece in [&message.reasoning_content, &message.content]
+        .into_iter()
+        .flatten()
+    {
+        out.push_str(piece);
+    }
+    for call in calls {
+        out.push_str(&format!(
+            "{}({})",
+            call.function.name, call.function.arguments
+        ));
+    }
+    out
 }
 
 #[derive(Deserialize)]
@@ -109,7 +159,9 @@ fn append(slot: &mut Option<String>, piece: Option<String>) {
 /// deltas with its `index` (id and type from the first delta that has them, name and
 /// arguments concatenated), the last non-null `finish_reason`, usage from the chunk
 /// that carries it. A stream with no chunk, or a chunk that does not parse, is an error
-/// quoting it.
+/// quoting it; an error event is the engine's error reply ([`ChatOutcome::Status`] with
+/// the partial text); a stream that ends with neither `[DONE]` nor a finish reason was
+/// cut off, an error.
 pub fn assemble_stream(body: &str) -> ChatOutcome {
     let mut message = ChatMessage {
         role: "assistant".into(),
@@ -119,12 +171,14 @@ pub fn assemble_stream(body: &str) -> ChatOutcome {
     let mut finish_reason = None;
     let mut completion_tokens = 0;
     let mut chunks = 0;
+    let mut done = false;
     for line in body.lines() {
         let Some(data) = line.strip_prefix("data:") else {
             continue;
         };
         let data = data.trim();
         if data == "[DONE]" {
+            done = true;
             break;
         }
         let chunk: StreamChunk = match serde_json::from_str(data) {
@@ -137,6 +191,18 @@ pub fn assemble_stream(body: &str) -> ChatOutcome {
             }
         };
         chunks += 1;
+        let flat_error = chunk.object.as_deref() == Some("error");
+        if chunk.error.is_some() || flat_error {
+            let code = match &chunk.error {
+                Some(detail) => detail.code.as_ref(),
+                None => chunk.code.as_ref(),
+            };
+            return ChatOutcome::Status {
+                status: event_status(code),
+                body: excerpt(data, crate::core::session::HTTP_BODY_KEPT).to_string(),
+                partial: Some(partial_text(&message, &calls)),
+            };
+        }
         if let Some(usage) = chunk.usage {
             completion_tokens = usage.completion_tokens;
         }
@@ -182,6 +248,12 @@ pub fn assemble_stream(body: &str) -> ChatOutcome {
     }
     if chunks == 0 {
         return ChatOutcome::Error(format!("stream has no data chunks: {}", excerpt(body, 200)));
+    }
+    if !done && finish_reason.is_none() {
+        return ChatOutcome::Error(format!(
+            "the stream ended after {chunks} chunks with neither [DONE] nor a finish reason (cut off); streamed before the end: {:?}",
+            excerpt(&partial_text(&message, &calls), 200)
+        ));
     }
     if !calls.is_empty() {
         message.tool_calls = Some(calls);

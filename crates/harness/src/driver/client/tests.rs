@@ -68,6 +68,56 @@ fn streamed_tool_call_deltas_assemble_like_an_openai_client() {
 }
 
 #[test]
+fn an_error_event_mid_stream_is_the_engines_error_reply_with_the_partial_text() {
+    // llama-server, streaming: a first chunk, then the parse failure as an error event
+    // after HTTP 200, and no [DONE].
+    let body = concat!(
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"<tool_call>{\\\"na\"}}]}\n\n",
+        "data: {\"error\":{\"code\":500,\"message\":\"The model produced output that does not match the expected Hermes 2 Pro format\",\"type\":\"server_error\"}}\n\n",
+    );
+    let ChatOutcome::Status {
+        status,
+        body: event,
+        partial,
+    } = assemble_stream(body)
+    else {
+        panic!("expected the error event")
+    };
+    assert_eq!(status.as_u16(), 500);
+    assert!(event.starts_with("{\"error\":{\"code\":500"), "{event}");
+    assert_eq!(partial.as_deref(), Some("<tool_call>{\"na"));
+
+    // vLLM's flat error object; an event with no usable code stands for a 500.
+    let flat = "data: {\"object\":\"error\",\"message\":\"boom\",\"type\":\"BadRequestError\",\"param\":null,\"code\":400}\n\n";
+    let ChatOutcome::Status {
+        status, partial, ..
+    } = assemble_stream(flat)
+    else {
+        panic!()
+    };
+    assert_eq!((status.as_u16(), partial.as_deref()), (400, Some("")));
+    let coded = "data: {\"error\":{\"message\":\"x\",\"code\":\"internal\"}}\n\n";
+    let ChatOutcome::Status { status, .. } = assemble_stream(coded) else {
+        panic!()
+    };
+    assert_eq!(status.as_u16(), 500);
+}
+
+#[test]
+fn a_stream_cut_off_without_done_or_a_finish_reason_is_not_a_reply() {
+    let cut = "data: {\"choices\":[{\"delta\":{\"content\":\"DONE: al\"}}]}\n\n";
+    let ChatOutcome::Error(e) = assemble_stream(cut) else {
+        panic!("a cut stream is not a clean reply")
+    };
+    assert!(e.contains("neither [DONE] nor a finish reason"), "{e}");
+    assert!(e.contains("DONE: al"), "{e}");
+    // A finish reason without [DONE] ends a stream cleanly (some servers omit [DONE]).
+    let finished =
+        "data: {\"choices\":[{\"delta\":{\"content\":\"DONE\"},\"finish_reason\":\"stop\"}]}\n\n";
+    assert!(matches!(assemble_stream(finished), ChatOutcome::Reply(_)));
+}
+
+#[test]
 fn bad_bodies_are_errors_quoting_the_body() {
     let ChatOutcome::Error(e) = parse_reply("<html>bad gateway</html>") else {
         panic!()

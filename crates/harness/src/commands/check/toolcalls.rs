@@ -1,0 +1,107 @@
+//! `bisect check`'s tool-call rows (docs/design.md 3.13): the probe through the target's
+//! API (the first round of the workload's sessions, which must come back as parsed
+//! `tool_calls`: [`crate::core::toolprobe`]), and, where an engine reports its parser,
+//! what it says: SGLang's `tool_call_parser` in `/server_info` (null: SGLang parses no
+//! tool calls at all).
+
+use std::sync::Arc;
+
+use super::{CheckPlan, Problem, UrlCheck};
+use crate::config::{Engine, RoleSpec, Workload};
+use crate::core::toolprobe::{self, ProbeFinding};
+use crate::driver::DrivePlan;
+
+/// The probe's row and, when it fails, its problem.
+pub(super) async fn probe_row(
+    plan: &CheckPlan<'_>,
+    workload: &Workload,
+    urls: &mut Vec<UrlCheck>,
+    problems: &mut Vec<Problem>,
+) {
+    let target = plan.target;
+    let url = format!("{}/chat/completions", target.api.trim_end_matches('/'));
+    let drive = DrivePlan {
+        api: target.api.clone(),
+        model: target.model.clone(),
+        api_key: plan.api_key.clone(),
+        workload: workload.clone(),
+        label: "check".into(),
+        repeat: 0,
+        sessions: toolprobe::TRIES,
+        concurrency: 1,
+    };
+    let replies = match target.classifier(workload) {
+        Ok(classifier) => crate::driver::toolprobe::ask(&drive, Arc::new(classifier))
+            .await
+            .map_err(|e| format!("{e:#}")),
+        Err(e) => Err(format!("{e:#}")),
+    };
+    let (ok, detail) = match replies {
+        Ok(replies) => {
+            let finding = toolprobe::judge(&replies);
+            let last = replies.last().map_or("", |r| r.evidence.as_str());
+            let detail = format!(
+                "{} ({} session{} of workload `{}` asked; last reply: {last})",
+                finding.describe(),
+                replies.len(),
+                if replies.len() == 1 { "" } else { "s" },
+                workload.name
+            );
+            if !finding.proves_parsing() {
+                let fix = match finding {
+                    ProbeFinding::Unanswered => format!(
+                        "make the chat endpoint answer (the target's api, model and key; the engine's log says why it failed); then: {}",
+                        target.engine.tool_call_fix()
+                    ),
+                    _ => target.engine.tool_call_fix().to_string(),
+                };
+                problems.push(Problem {
+                    subject: "tool calls".into(),
+                    message: format!("{url}: {detail}"),
+                    fix,
+                });
+            }
+            (finding.proves_parsing(), detail)
+        }
+        Err(why) => {
+            problems.push(Problem {
+                subject: "tool calls".into(),
+                message: format!("{url}: the probe could not be sent: {why}"),
+                fix: "check the target's api URL".into(),
+            });
+            (false, why)
+        }
+    };
+    urls.push(UrlCheck {
+        role: "api".into(),
+        kind: "tool_calls".into(),
+        url,
+        ok,
+        detail,
+    });
+}
+
+/// SGLang's own word on its tool-call parser: `tool_call_parser` in its server info.
+/// `None` for other engines and documents without the key.
+pub(super) fn sglang_parser(
+    engine: Engine,
+    role: &RoleSpec,
+    doc: &serde_json::Value,
+) -> Option<Result<String, (String, String)>> {
+    if engine != Engine::Sglang {
+        return None;
+    }
+    let reported = doc.get("tool_call_parser")?;
+    Some(match reported.as_str() {
+        Some(name) if !name.is_empty() => Ok(format!("tool_call_parser = {name}")),
+        _ => Err((
+            format!(
+                "tool_call_parser = {reported}: SGLang parses no tool call without one, so every DSML call comes back as content (leak) in both arms and no flag could be implicated"
+            ),
+            format!(
+                "add --tool-call-parser to {} (DeepSeek V4: deepseekv4; V3.2: deepseekv32), restart the role",
+                role.launch.display()
+            ),
+        )),
+    })
+}
