@@ -32,7 +32,9 @@
 # - the model, keyed by its sha256: $XDG_CACHE_HOME/bisect/models/<sha256>/<file>.gguf;
 #   BISECT_MODEL_CACHE overrides the models folder. A file is only ever put there after
 #   its hash matched, and atomically, so a file there is a verified one.
-# Build parallelism: BISECT_LLAMA_JOBS (default: the number of CPUs).
+# Build parallelism: BISECT_LLAMA_JOBS (default: the number of CPUs). Another release:
+# BISECT_LLAMA_CPP_PYTHON_VERSION (and BISECT_LLAMA_BUILD_EXAMPLES=ON for one whose
+# server lives under examples/).
 set -eu
 
 VERSION="${BISECT_LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
@@ -67,7 +69,10 @@ if cpu_has avx512f && cpu_has avx512bw && cpu_has avx512vl; then
     SIMD_FLAGS="$SIMD_FLAGS -DGGML_AVX512=ON"
     cpu_has avx512_vnni && SIMD_FLAGS="$SIMD_FLAGS -DGGML_AVX512_VNNI=ON"
 fi
-BUILD_FLAGS="-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF$SIMD_FLAGS -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DBUILD_SHARED_LIBS=OFF"
+# Older llama.cpp (before the server moved to tools/, e.g. the 0.3.8 sdist's 7841fc7)
+# defines the llama-server target under examples/: BISECT_LLAMA_BUILD_EXAMPLES=ON.
+EXAMPLES="${BISECT_LLAMA_BUILD_EXAMPLES:-OFF}"
+BUILD_FLAGS="-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF$SIMD_FLAGS -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=$EXAMPLES -DLLAMA_BUILD_SERVER=ON -DBUILD_SHARED_LIBS=OFF"
 
 log() { echo "llama-server.sh: $*" >&2; }
 

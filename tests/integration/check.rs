@@ -284,9 +284,24 @@ fn url_checks_pass_against_live_engines_and_catch_one_not_running_its_config() {
         String::from_utf8_lossy(&out.stderr)
     );
     let urls = report["urls"].as_array().unwrap();
-    // health, metrics and effective config for each of the two roles.
-    assert_eq!(urls.len(), 6, "{urls:#?}");
+    // health, metrics and effective config for each of the two roles, and the
+    // tool-call probe through the API.
+    assert_eq!(urls.len(), 7, "{urls:#?}");
     assert!(urls.iter().all(|u| u["ok"] == true), "{urls:#?}");
+    let probe = urls.iter().find(|u| u["kind"] == "tool_calls").unwrap();
+    assert!(
+        probe["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("the reply came back as parsed tool_calls"),
+        "{probe}"
+    );
+    // Each role's identity, and where it came from, is said.
+    let notes = report["notes"].to_string();
+    assert!(
+        notes.contains("role decode: which process it is comes from the engine's self-report"),
+        "{notes}"
+    );
     let metrics = urls.iter().find(|u| u["kind"] == "metrics").unwrap();
     assert!(
         metrics["detail"]
@@ -337,7 +352,12 @@ fn a_dead_port_fails_each_url_with_a_fix_and_offline_skips_them() {
     let profile_at = format!("{}:9", profile.display());
     assert!(text.contains("fix: start it (`sh "), "{text}");
     assert!(text.contains(&profile_at), "{profile_at} in {text}");
-    assert!(text.contains("check: 6 problem(s)"), "{text}");
+    // Three URLs per role, and the tool-call probe through the API.
+    assert!(text.contains("check: 7 problem(s)"), "{text}");
+    assert!(
+        text.contains("no reply could be judged (errors or timeouts)"),
+        "{text}"
+    );
 
     let (code, report, _) = check_offline(&profile, dir.path());
     assert_eq!(code, 0, "{:#?}", problems(&report));
@@ -475,9 +495,160 @@ fn fake_vllm(cache_dtype: &'static str) -> (u16, tokio::runtime::Runtime) {
     );
     let app = axum::Router::new()
         .route("/health", get(|| async { "" }))
-        .route("/metrics", get(move || async move { metrics }));
+        .route("/metrics", get(move || async move { metrics }))
+        .route("/v1/chat/completions", axum::routing::post(parsed_call));
     runtime.spawn(async move { axum::serve(listener, app).await });
     (port, runtime)
+}
+
+/// A chat reply with the call parsed, as an engine with a tool-call parser returns it
+/// (the shape of llama-server's, tests/fixtures/engines/llamacpp/toolcall.json).
+async fn parsed_call() -> axum::Json<Value> {
+    axum::Json(serde_json::json!({
+        "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+            "role": "assistant", "content": null,
+            "tool_calls": [{"id": "c1", "type": "function",
+                "function": {"name": "read_file", "arguments": "{\"path\": \"/srv/app/config.yaml\"}"}}]}}],
+        "usage": {"completion_tokens": 20}
+    }))
+}
+
+/// The engines' own fixture file (tests/fixtures/engines/).
+fn engine_fixture(path: &str) -> String {
+    std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/engines")
+            .join(path),
+    )
+    .unwrap()
+}
+
+/// An SGLang stand-in serving SGLang's own words: `/server_info` (with or without a
+/// tool-call parser), `/metrics` with the scheduler gauges of every TP rank, and a chat
+/// endpoint that returns the DSML call as text (no parser, as SGLang does then) or as
+/// parsed `tool_calls`.
+fn fake_sglang(parser: bool) -> (u16, tokio::runtime::Runtime) {
+    use axum::routing::{get, post};
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let info = engine_fixture(if parser {
+        "sglang/server_info.json"
+    } else {
+        "sglang/server_info-no-parser.json"
+    });
+    let metrics = engine_fixture("sglang/metrics-pd-decode.txt");
+    let chat = move || async move {
+        if parser {
+            parsed_call().await
+        } else {
+            axum::Json(serde_json::json!({
+                "choices": [{"index": 0, "finish_reason": "stop", "message": {
+                    "role": "assistant",
+                    "content": "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"read_file\">\n<｜DSML｜parameter name=\"path\" string=\"true\">/srv/app/config.yaml</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>"}}],
+                "usage": {"completion_tokens": 40}
+            }))
+        }
+    };
+    let app = axum::Router::new()
+        .route("/health", get(|| async { "" }))
+        .route("/metrics", get(move || async move { metrics }))
+        .route(
+            "/server_info",
+            get(move || async move {
+                (
+                    [(axum::http::header::CONTENT_TYPE, "application/json")],
+                    info,
+                )
+            }),
+        )
+        .route("/v1/chat/completions", post(chat));
+    runtime.spawn(async move { axum::serve(listener, app).await });
+    (port, runtime)
+}
+
+/// `targets/sglang-pd/` as shipped, every port (router, prefill, decode) moved to `port`.
+fn sglang_profile(dir: &Path, port: u16) -> PathBuf {
+    let profile_dir = dir.join("sglang-pd");
+    std::fs::create_dir_all(&profile_dir).unwrap();
+    for rel in [
+        "target.toml",
+        "serve_dsv4_prefill.sh",
+        "serve_dsv4_decode.sh",
+    ] {
+        let text = std::fs::read_to_string(targets_dir().join("sglang-pd").join(rel)).unwrap();
+        let text = ["127.0.0.1:8000", "127.0.0.1:30000", "127.0.0.1:30002"]
+            .iter()
+            .fold(text, |t, from| {
+                t.replace(from, &format!("127.0.0.1:{port}"))
+            });
+        std::fs::write(profile_dir.join(rel), text).unwrap();
+    }
+    profile_dir.join("target.toml")
+}
+
+/// The shipped SGLang profile once could never implicate anything: SGLang parses tool
+/// calls only with `--tool-call-parser`, and `check` passed an engine without one. Now
+/// the engine's own `tool_call_parser` is read and a session's first round must come
+/// back as parsed calls.
+#[test]
+fn check_fails_an_sglang_without_a_tool_call_parser_and_passes_one_with_it() {
+    for parser in [false, true] {
+        let (port, _server) = fake_sglang(parser);
+        let dir = tempfile::tempdir().unwrap();
+        let profile = sglang_profile(dir.path(), port);
+        let (code, report, stderr) =
+            check_json(&["--target", profile.to_str().unwrap()], dir.path());
+        let found = problems(&report);
+        let urls = report["urls"].as_array().unwrap();
+        let row = |role: &str, kind: &str| {
+            urls.iter()
+                .find(|u| u["role"] == role && u["kind"] == kind)
+                .unwrap_or_else(|| panic!("no {role} {kind} row: {urls:#?}"))
+                .clone()
+        };
+        if parser {
+            assert_eq!(code, 0, "{found:#?}\n{stderr}");
+            assert_eq!(
+                row("decode", "tools")["detail"],
+                "tool_call_parser = deepseekv4"
+            );
+            assert_eq!(row("api", "tool_calls")["ok"], true);
+            // The effective configuration is read at /server_info, and each of the four
+            // TP ranks' copies of the running gauge is counted once.
+            assert!(row("decode", "effective")["url"]
+                .as_str()
+                .unwrap()
+                .ends_with("/server_info"));
+            assert!(
+                row("decode", "metrics")["detail"]
+                    .as_str()
+                    .unwrap()
+                    .contains("sglang:num_running_reqs = 12"),
+                "{urls:#?}"
+            );
+        } else {
+            assert_eq!(code, 1, "{found:#?}\n{stderr}");
+            let parser_problem: Vec<&String> = found
+                .iter()
+                .filter(|p| p.contains("tool_call_parser = null"))
+                .collect();
+            assert_eq!(parser_problem.len(), 2, "both roles: {found:#?}");
+            assert!(
+                parser_problem[0].contains("--tool-call-parser"),
+                "{found:#?}"
+            );
+            let probe: Vec<&String> = found.iter().filter(|p| p.contains("tool calls")).collect();
+            assert!(
+                probe.iter().any(|p| p.contains("came back as text")
+                    && p.contains("leak[dsml]")
+                    && p.contains("start every SGLang role with --tool-call-parser")),
+                "{found:#?}"
+            );
+        }
+    }
 }
 
 #[test]

@@ -160,8 +160,9 @@ async fn an_engine_that_restarts_by_itself_during_an_arm_blocks_the_verdict() {
     assert_eq!(on.stats.engine_replaced.len(), 1, "{:?}", on.stats);
     assert!(
         on.stats.engine_replaced[0].starts_with("role decode is another process")
-            && on.stats.engine_replaced[0].contains("started_at \"gen-1\" then")
-            && on.stats.engine_replaced[0].contains("started_at \"gen-2\" now"),
+            && on.stats.engine_replaced[0].contains("started gen-1 / listener")
+            && on.stats.engine_replaced[0].contains("started gen-2 / listener")
+            && on.stats.engine_replaced[0].contains("from the engine's self-report"),
         "{:?}",
         on.stats.engine_replaced
     );

@@ -590,7 +590,7 @@ fn sse(events: &[String]) -> Response {
 /// A reply streamed as OpenAI servers do: the message as one delta (each call with its
 /// index), the finish reason and usage, then `[DONE]`.
 fn streamed(mut message: Value, finish: &str) -> Response {
-    if let Some(calls) = message["tool_calls"].as_array_mut() {
+    if let Some(calls) = message.get_mut("tool_calls").and_then(Value::as_array_mut) {
         for (i, call) in calls.iter_mut().enumerate() {
             call["index"] = json!(i);
         }

@@ -213,3 +213,136 @@ fn cache_ram_on_llama_server_judges_real_tool_calls() {
         serve_before
     );
 }
+
+/// A llama-server started from `dir/serve.sh`, stopped on drop.
+struct Server(std::process::Child);
+
+impl Server {
+    fn start(dir: &Path, port: u16, server: &std::ffi::OsStr, model: &std::ffi::OsStr) -> Server {
+        let child = std::process::Command::new("sh")
+            .arg("serve.sh")
+            .current_dir(dir)
+            .env("LLAMA_SERVER", server)
+            .env("LLAMA_MODEL", model)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let health = format!("127.0.0.1:{port}");
+        let started = std::time::Instant::now();
+        loop {
+            use std::io::{Read, Write};
+            if let Ok(mut s) = std::net::TcpStream::connect(&health) {
+                let _ = s.write_all(b"GET /health HTTP/1.0\r\n\r\n");
+                let mut reply = String::new();
+                let _ = s.read_to_string(&mut reply);
+                if reply.starts_with("HTTP/1.1 200") {
+                    return Server(child);
+                }
+            }
+            assert!(
+                started.elapsed().as_secs() < 300,
+                "llama-server did not answer health in 5 minutes"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(500));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `bisect check` on the real llama-server: the tool-call probe (a `tiny` session's
+/// first round) comes back as parsed tool_calls with the shipped template; with a
+/// template that carries no tool calls the check fails, naming the template and the fix.
+#[test]
+fn check_proves_the_real_llama_server_parses_tool_calls() {
+    let _one = crate::common::heavy();
+    let (Some(server), Some(model)) = (
+        std::env::var_os("BISECT_LLAMA_SERVER"),
+        std::env::var_os("BISECT_LLAMA_MODEL"),
+    ) else {
+        assert!(
+            std::env::var_os("BISECT_REQUIRE_LLAMA").is_none(),
+            "BISECT_REQUIRE_LLAMA is set but BISECT_LLAMA_SERVER / BISECT_LLAMA_MODEL are not"
+        );
+        eprintln!(
+            "SKIPPED: llama_cpp check test: BISECT_LLAMA_SERVER / BISECT_LLAMA_MODEL are not set"
+        );
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let profile_dir = dir.path().join("llama-cpp");
+    let shipped = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("targets/llama-cpp");
+    let port = free_port();
+    copy_dir(&shipped, &profile_dir, port);
+    let check = || -> (i32, Value) {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_bisect"))
+            .args(["check", "--json", "--workload", "tiny", "--target"])
+            .arg(profile_dir.join("target.toml"))
+            .env("XDG_STATE_HOME", dir.path().join("state"))
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let report: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+        (out.status.code().unwrap(), report)
+    };
+    let row = |report: &Value, kind: &str| -> Value {
+        report["urls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|u| u["kind"] == kind)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {kind} row: {report}"))
+    };
+
+    let running = Server::start(&profile_dir, port, &server, &model);
+    let (code, report) = check();
+    drop(running);
+    assert_eq!(code, 0, "{report:#}");
+    let probe = row(&report, "tool_calls");
+    assert_eq!(probe["ok"], true, "{probe}");
+    assert!(
+        probe["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("the reply came back as parsed tool_calls"),
+        "{probe}"
+    );
+    // Which process the server is comes from its /metrics header (or its socket).
+    assert!(
+        report["notes"]
+            .to_string()
+            .contains("role server: which process it is comes from"),
+        "{report:#}"
+    );
+
+    // A template that renders no tools and no tool calls: plain ChatML.
+    std::fs::write(
+        profile_dir.join("qwen2.5-coder-tools.jinja"),
+        "{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+    )
+    .unwrap();
+    let running = Server::start(&profile_dir, port, &server, &model);
+    let (code, report) = check();
+    drop(running);
+    assert_eq!(code, 1, "{report:#}");
+    let tools = row(&report, "tools");
+    assert_eq!(tools["ok"], false, "{tools}");
+    let problems = report["problems"].to_string();
+    assert!(
+        problems.contains("supports_tool_calls = false")
+            && problems.contains("--chat-template-file"),
+        "{problems}"
+    );
+    eprintln!(
+        "tool-call probe with a template without tools: {}",
+        row(&report, "tool_calls")
+    );
+}

@@ -366,6 +366,78 @@ mod tests {
         assert!(Engine::Custom.rejections().is_empty());
     }
 
+    /// The presets against the engines' own words (tests/fixtures/engines/): the gauges
+    /// each preset reads are in each engine's exposition, SGLang's TP ranks are one
+    /// replica, its PD hand-over queues are read under both releases' names, and
+    /// llama-server's parse failure is a rejection.
+    #[test]
+    fn presets_read_the_engines_own_expositions_and_errors() {
+        use crate::driver::metrics::parse_exposition;
+        use crate::test_http::engine_fixture;
+        let gauge = |file: &str, name: &str| parse_exposition(&engine_fixture(file)).gauge(name);
+        let llama = Engine::Llamacpp.preset();
+        assert_eq!(
+            gauge("llamacpp/metrics.txt", llama.running_metric),
+            Some(0.0)
+        );
+        assert_eq!(
+            gauge("llamacpp/metrics.txt", llama.queued_metric),
+            Some(0.0)
+        );
+        let vllm = Engine::Vllm.preset();
+        assert_eq!(gauge("vllm/metrics.txt", vllm.running_metric), Some(4.0));
+        assert_eq!(gauge("vllm/metrics.txt", vllm.queued_metric), Some(2.0));
+        let sglang = Engine::Sglang.preset();
+        // Four TP ranks each report the replica's 12 running requests: 12, not 48.
+        let decode = "sglang/metrics-pd-decode.txt";
+        assert_eq!(gauge(decode, sglang.running_metric), Some(12.0));
+        assert_eq!(
+            parse_exposition(&engine_fixture(decode)).sum(sglang.running_metric),
+            Some(48.0),
+            "summing label sets would count the ranks"
+        );
+        // Two data-parallel replicas of two TP ranks each: 7 + 9.
+        assert_eq!(
+            gauge("sglang/metrics-dp.txt", sglang.running_metric),
+            Some(16.0)
+        );
+        assert_eq!(
+            gauge("sglang/metrics-dp.txt", sglang.queued_metric),
+            Some(1.0)
+        );
+        let waits = |file: &str| -> Vec<(String, f64)> {
+            Engine::Sglang
+                .wait_gauges()
+                .iter()
+                .filter_map(|w| Some((w.words.clone(), gauge(file, &w.metric)?)))
+                .collect()
+        };
+        assert_eq!(
+            waits(decode),
+            vec![
+                ("waiting for KV cache space".to_string(), 2.0),
+                ("waiting for KV transfer".to_string(), 5.0),
+            ]
+        );
+        assert_eq!(
+            waits("sglang/metrics-pd-prefill-0.5.10.txt"),
+            vec![
+                (
+                    "waiting for decode to reserve their KV cache (bootstrap)".to_string(),
+                    4.0
+                ),
+                (
+                    "prefilled, their KV cache in transfer to decode".to_string(),
+                    6.0
+                ),
+            ]
+        );
+        let rejections =
+            crate::core::classify::RejectionSet::new(&Engine::Llamacpp.rejections()).unwrap();
+        let body = engine_fixture("llamacpp/rejection-500.json");
+        assert_eq!(rejections.find(500, &body).unwrap().name, "llamacpp.format");
+    }
+
     #[test]
     fn names_round_trip_and_unknown_names_list_the_known_ones() {
         for e in Engine::ALL {

@@ -422,6 +422,16 @@ mod tests {
         assert!(restart_proven(pid_only.as_deref(), pid_only.as_deref(), false).is_err());
     }
 
+    /// vLLM's own exposition (tests/fixtures/engines/vllm/metrics.txt): the process start
+    /// time of its one API server names the process.
+    #[test]
+    fn vllm_names_its_process_by_its_start_time() {
+        let doc = prometheus_doc(&crate::test_http::engine_fixture("vllm/metrics.txt")).unwrap();
+        let identity = reported_identity(&doc).unwrap();
+        assert_eq!(identity.started.as_deref(), Some("1796326980.0"));
+        assert_eq!(identity.source, IdentitySource::EngineReport);
+    }
+
     #[test]
     fn a_configured_pointer_reads_where_the_engine_reports() {
         let vllm = json!({"server_args": {"enable_prefix_caching": false}});

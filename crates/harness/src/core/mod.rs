@@ -7,6 +7,7 @@ pub mod classify;
 pub mod commits;
 pub mod confounds;
 pub mod culprit;
+pub mod deaths;
 pub mod effective;
 pub mod ending;
 pub mod flag;

@@ -69,6 +69,9 @@ pub enum RoundClass {
     /// and body match one of the target's rejection patterns (its tool-call parser
     /// failed on what the model wrote). Corruption, with the body as evidence.
     Rejected,
+    /// The round failed because the engine died (core::deaths): its refused or cut
+    /// connection is the death's, not an infrastructure error nor a timeout.
+    Crashed,
 }
 
 /// The class of a whole session: its first non-ok round's class, else done/maxrounds.
@@ -91,10 +94,13 @@ pub enum SessionClass {
     /// the engine caught before it reached the client. Last, so the order (and `Ord`)
     /// of the classes that existed before it is unchanged.
     Rejected,
+    /// Cut short by the engine's death (core::deaths): judged with the deaths, by engine
+    /// lives, never as clean, timed out or corrupted. Last, for the same reason.
+    Crashed,
 }
 
 impl SessionClass {
-    pub const ALL: [SessionClass; 10] = [
+    pub const ALL: [SessionClass; 11] = [
         SessionClass::Done,
         SessionClass::Maxrounds,
         SessionClass::Leak,
@@ -105,6 +111,7 @@ impl SessionClass {
         SessionClass::Timeout,
         SessionClass::Truncated,
         SessionClass::Rejected,
+        SessionClass::Crashed,
     ];
 
     pub fn name(self) -> &'static str {
@@ -119,6 +126,7 @@ impl SessionClass {
             SessionClass::Timeout => "timeout",
             SessionClass::Truncated => "truncated",
             SessionClass::Rejected => "rejected",
+            SessionClass::Crashed => "crashed",
         }
     }
 
@@ -142,10 +150,10 @@ impl SessionClass {
         matches!(self, SessionClass::Error | SessionClass::Timeout)
     }
 
-    /// Could this session show corruption: neither failed nor cut off at max_tokens
-    /// (`Counts::judged` counts these).
+    /// Could this session show corruption: neither failed, nor cut off at max_tokens,
+    /// nor cut short by the engine's death (`Counts::judged` counts these).
     pub(crate) fn is_judged(self) -> bool {
-        !self.is_failure() && self != SessionClass::Truncated
+        !self.is_failure() && !matches!(self, SessionClass::Truncated | SessionClass::Crashed)
     }
 
     pub(crate) fn from_round(class: RoundClass) -> Option<SessionClass> {
@@ -159,6 +167,7 @@ impl SessionClass {
             RoundClass::NoTool => SessionClass::NoTool,
             RoundClass::Truncated => SessionClass::Truncated,
             RoundClass::Rejected => SessionClass::Rejected,
+            RoundClass::Crashed => SessionClass::Crashed,
         })
     }
 }
@@ -181,6 +190,9 @@ pub struct Counts {
     /// Likewise written only when non-zero (records before the class read as 0).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub rejected: u64,
+    /// Likewise (sessions cut short by an engine death).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub crashed: u64,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -204,6 +216,7 @@ impl Counts {
             SessionClass::Timeout => self.timeout,
             SessionClass::Truncated => self.truncated,
             SessionClass::Rejected => self.rejected,
+            SessionClass::Crashed => self.crashed,
         }
     }
 
@@ -219,6 +232,7 @@ impl Counts {
             SessionClass::Timeout => &mut self.timeout,
             SessionClass::Truncated => &mut self.truncated,
             SessionClass::Rejected => &mut self.rejected,
+            SessionClass::Crashed => &mut self.crashed,
         }
     }
 
@@ -249,6 +263,7 @@ impl Counts {
         self.total()
             .saturating_sub(self.failed())
             .saturating_sub(self.truncated)
+            .saturating_sub(self.crashed)
     }
 }
 

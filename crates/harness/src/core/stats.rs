@@ -24,6 +24,9 @@
 //! - Holm (1979), "A simple sequentially rejective multiple test procedure", Scandinavian
 //!   Journal of Statistics 6:65-70: step-down adjusted p-values, as R's `p.adjust(, "holm")`.
 //!
+//! - The binomial upper tail P(X >= k), X ~ Binomial(n, p): the conditional test of two
+//!   Poisson rates (core::deaths) is its tail at p = e_a / (e_a + e_b).
+//!
 //! Distributions come from `statrs`; nothing here does I/O.
 
 use statrs::distribution::{Beta, ContinuousCDF, Discrete, Hypergeometric, Normal};
@@ -31,6 +34,20 @@ use statrs::distribution::{Beta, ContinuousCDF, Discrete, Hypergeometric, Normal
 /// R's `fisher.test` tolerance: probabilities within this relative margin of the observed
 /// table's count as "no more likely" than it.
 const FISHER_RELATIVE_TOLERANCE: f64 = 1e-7;
+
+/// P(X >= k) for X ~ Binomial(n, p): 1 for k = 0, 0 for k > n; summed exactly from
+/// `statrs`' probability mass (n is a count of engine deaths: small).
+pub fn binomial_upper_tail(k: u64, n: u64, p: f64) -> f64 {
+    if k == 0 {
+        return 1.0;
+    }
+    if k > n {
+        return 0.0;
+    }
+    let dist =
+        statrs::distribution::Binomial::new(p.clamp(0.0, 1.0), n).expect("p is clamped to [0, 1]");
+    (k..=n).map(|i| dist.pmf(i)).sum::<f64>().min(1.0)
+}
 
 /// The observed proportion k/n; an empty sample has rate 0 by convention (its intervals
 /// below are the whole [0, 1], which is what carries the "no information").
@@ -247,6 +264,16 @@ pub(crate) fn holm(p_values: &[f64]) -> Vec<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn binomial_upper_tail_matches_reference_values() {
+        // R: pbinom(2, 10, 0.3, lower.tail = FALSE) = 0.6172172
+        assert!((binomial_upper_tail(3, 10, 0.3) - 0.617_217_2).abs() < 1e-6);
+        // R: pbinom(4, 5, 0.5, lower.tail = FALSE) = 0.03125
+        assert!((binomial_upper_tail(5, 5, 0.5) - 0.03125).abs() < 1e-12);
+        assert_eq!(binomial_upper_tail(0, 5, 0.2), 1.0);
+        assert_eq!(binomial_upper_tail(6, 5, 0.2), 0.0);
+    }
 
     fn close(actual: f64, expected: f64, tolerance: f64) -> bool {
         (actual - expected).abs() <= tolerance

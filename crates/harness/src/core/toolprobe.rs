@@ -85,9 +85,11 @@ fn decisive(class: RoundClass) -> Option<ProbeFinding> {
         RoundClass::Ok | RoundClass::WrongArgs | RoundClass::BadArgs => Some(ProbeFinding::Parsed),
         RoundClass::Rejected => Some(ProbeFinding::Rejected),
         RoundClass::Leak => Some(ProbeFinding::AsText),
-        RoundClass::NoTool | RoundClass::Truncated | RoundClass::Error | RoundClass::Timeout => {
-            None
-        }
+        RoundClass::NoTool
+        | RoundClass::Truncated
+        | RoundClass::Error
+        | RoundClass::Timeout
+        | RoundClass::Crashed => None,
     }
 }
 

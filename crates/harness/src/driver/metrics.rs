@@ -106,6 +106,7 @@ impl Exposition {
 
     /// The sum of `name` over all its label sets, NaN samples skipped; `None` when no
     /// (non-NaN) sample of that name exists.
+    #[cfg(test)]
     pub fn sum(&self, name: &str) -> Option<f64> {
         let mut values = self
             .samples

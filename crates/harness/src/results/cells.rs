@@ -50,7 +50,11 @@ pub(crate) fn arm_cells(flag: &str, arm: &ArmRecord, with_repeat: bool) -> [Stri
         ),
         // Truncated (cut off at max_tokens) sits beside the failures: neither is in
         // the corruption rate, and both say the run measured less than it meant to.
-        format!("{}/{}/{}", c.error, c.timeout, c.truncated),
+        // Sessions an engine death cut short, named only when there were some.
+        match c.crashed {
+            0 => format!("{}/{}/{}", c.error, c.timeout, c.truncated),
+            n => format!("{}/{}/{} +{n} crashed", c.error, c.timeout, c.truncated),
+        },
         format::rate_interval(arm.stats.corrupted, arm.stats.judged(), arm.stats.ci95),
         peaks(&arm.stats.peak_running),
         format!("{:.1}s", arm.stats.wall_s),

@@ -387,3 +387,45 @@ async fn a_llama_server_without_tool_calls_fails_naming_its_template() {
         Some((1, "t.jinja".into()))
     );
 }
+
+/// What the engines say of their tool-call parsing, in their own documents
+/// (tests/fixtures/engines/): SGLang's `tool_call_parser` (null: nothing is parsed),
+/// llama-server's `chat_template_caps` as the real server serves them.
+#[test]
+fn the_engines_own_word_on_their_tool_call_parser_is_read() {
+    use crate::test_http::engine_fixture;
+    let role = RoleSpec::new(
+        "decode",
+        PathBuf::from("serve_dsv4_decode.sh"),
+        "http://127.0.0.1:30002/health".into(),
+        None,
+    );
+    let doc =
+        |file: &str| -> serde_json::Value { serde_json::from_str(&engine_fixture(file)).unwrap() };
+    let (message, fix) = super::toolcalls::sglang_parser(
+        Engine::Sglang,
+        &role,
+        &doc("sglang/server_info-no-parser.json"),
+    )
+    .unwrap()
+    .unwrap_err();
+    assert!(message.starts_with("tool_call_parser = null"), "{message}");
+    assert!(
+        fix.contains("--tool-call-parser") && fix.contains("deepseekv4"),
+        "{fix}"
+    );
+    assert_eq!(
+        super::toolcalls::sglang_parser(Engine::Sglang, &role, &doc("sglang/server_info.json")),
+        Some(Ok("tool_call_parser = deepseekv4".into()))
+    );
+    // Other engines' documents are not read for it.
+    assert_eq!(
+        super::toolcalls::sglang_parser(Engine::Vllm, &role, &doc("sglang/server_info.json")),
+        None
+    );
+    let props = doc("llamacpp/props.json");
+    assert_eq!(
+        super::urls::llamacpp_tool_calls(&role, &props),
+        Ok("chat_template_caps.supports_tool_calls = true".into())
+    );
+}

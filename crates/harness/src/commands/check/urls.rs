@@ -218,9 +218,9 @@ fn gauges_result(plan: &CheckPlan<'_>, role: &RoleSpec, status: u16, body: &str)
         return Ok(format!(
             "HTTP {status}, {} = {}, {} = {}",
             role.running_metric,
-            exposition.sum(&role.running_metric).unwrap_or(f64::NAN),
+            exposition.gauge(&role.running_metric).unwrap_or(f64::NAN),
             role.queued_metric,
-            exposition.sum(&role.queued_metric).unwrap_or(f64::NAN)
+            exposition.gauge(&role.queued_metric).unwrap_or(f64::NAN)
         ));
     }
     let mut similar: Vec<&str> = exposition
@@ -332,7 +332,7 @@ async fn effective_result(
 /// model the tools and parses no call, so every session of a run would end `no_tool` or
 /// `truncated` and nothing could be judged (issue 23: Gemma 3 270M's template, 0 judged
 /// sessions per arm). The fix names the template the launch config passes, with its line.
-fn llamacpp_tool_calls(
+pub(super) fn llamacpp_tool_calls(
     role: &RoleSpec,
     doc: &serde_json::Value,
 ) -> Result<String, (String, String)> {

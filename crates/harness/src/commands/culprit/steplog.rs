@@ -24,7 +24,7 @@ use crate::core::session::SessionClass;
 use crate::results::JsonlWriter;
 
 /// One letter per session class, in `steps.jsonl`.
-const CODES: [(SessionClass, char); 10] = [
+const CODES: [(SessionClass, char); 11] = [
     (SessionClass::Done, 'd'),
     (SessionClass::Maxrounds, 'm'),
     (SessionClass::Leak, 'l'),
@@ -35,6 +35,7 @@ const CODES: [(SessionClass, char); 10] = [
     (SessionClass::Timeout, 't'),
     (SessionClass::Truncated, 'c'),
     (SessionClass::Rejected, 'r'),
+    (SessionClass::Crashed, 'x'),
 ];
 
 fn encode(classes: &[SessionClass]) -> String {
@@ -231,7 +232,7 @@ mod tests {
     fn codes_round_trip() {
         let all = SessionClass::ALL.to_vec();
         assert_eq!(decode(&encode(&all)).unwrap(), all);
-        assert!(decode("dx").is_none());
+        assert!(decode("dq").is_none());
     }
 
     /// Counts blocks that reach the live runner.

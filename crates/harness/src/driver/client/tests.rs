@@ -111,6 +111,12 @@ fn a_stream_cut_off_without_done_or_a_finish_reason_is_not_a_reply() {
     };
     assert!(e.contains("neither [DONE] nor a finish reason"), "{e}");
     assert!(e.contains("DONE: al"), "{e}");
+    // `"tool_calls": null` in a delta is no call, as OpenAI's clients read it.
+    let nulls = "data: {\"choices\":[{\"delta\":{\"content\":\"DONE\",\"tool_calls\":null},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n";
+    let ChatOutcome::Reply(reply) = assemble_stream(nulls) else {
+        panic!("null tool_calls")
+    };
+    assert!(reply.message.tool_calls.is_none());
     // A finish reason without [DONE] ends a stream cleanly (some servers omit [DONE]).
     let finished =
         "data: {\"choices\":[{\"delta\":{\"content\":\"DONE\"},\"finish_reason\":\"stop\"}]}\n\n";
@@ -443,4 +449,51 @@ async fn no_reply_in_time_is_a_timeout_and_the_next_round_gets_a_new_connection(
     let connections: Vec<usize> = seen.lock().iter().map(|s| s.connection).collect();
     assert_eq!(connections, vec![0, 1]);
     assert_eq!(counter.current(), 0);
+}
+
+/// The engines' own replies (tests/fixtures/engines/): llama-server's, captured from the
+/// real server, and SGLang's and vLLM's stream errors as their sources write them.
+#[test]
+fn the_engines_own_replies_and_stream_errors_are_read_as_they_are() {
+    use crate::test_http::engine_fixture;
+    let ChatOutcome::Reply(reply) = parse_reply(&engine_fixture("llamacpp/toolcall.json")) else {
+        panic!("llama-server's tool-call reply")
+    };
+    assert_eq!(reply.finish_reason.as_deref(), Some("tool_calls"));
+    let calls = reply.message.tool_calls.unwrap();
+    assert_eq!(calls[0].function.name, "read_file");
+    assert_eq!(
+        calls[0].function.arguments,
+        r#"{"path": "/srv/app/config.yaml"}"#
+    );
+
+    let ChatOutcome::Reply(streamed) =
+        assemble_stream(&engine_fixture("llamacpp/stream-toolcall.sse"))
+    else {
+        panic!("llama-server's streamed tool call")
+    };
+    assert_eq!(streamed.finish_reason.as_deref(), Some("tool_calls"));
+    let calls = streamed.message.tool_calls.unwrap();
+    assert_eq!(
+        calls[0].function.arguments,
+        r#"{"path": "/srv/app/config.yaml"}"#
+    );
+
+    for (file, code, partial) in [
+        ("llamacpp/stream-error.sse", 500, Some("")),
+        ("sglang/stream-error.sse", 503, Some("")),
+        ("vllm/stream-error.sse", 500, Some("")),
+    ] {
+        let ChatOutcome::Status {
+            status,
+            body,
+            partial: got,
+        } = assemble_stream(&engine_fixture(file))
+        else {
+            panic!("{file}: an error event is the engine's error reply")
+        };
+        assert_eq!(status.as_u16(), code, "{file}");
+        assert!(body.contains("\"error\""), "{file}: {body}");
+        assert_eq!(got.as_deref(), partial, "{file}");
+    }
 }

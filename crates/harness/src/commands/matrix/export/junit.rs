@@ -119,7 +119,7 @@ impl Exporter<MatrixRecord> for JunitXml {
             x.push_str(&format!(
                 "      <system-out>{}</system-out>\n",
                 esc(&format!(
-                    "corrupted {}; leak {} bad_args {} wrong_args {} no_tool {}{} error {} timeout {}; sessions in {}",
+                    "corrupted {}; leak {} bad_args {} wrong_args {} no_tool {}{} error {} timeout {}{}; sessions in {}",
                     format::rate_interval(c.stats.corrupted, c.stats.judged(), c.stats.ci95),
                     c.stats.counts.leak,
                     c.stats.counts.bad_args,
@@ -132,6 +132,10 @@ impl Exporter<MatrixRecord> for JunitXml {
                     },
                     c.stats.counts.error,
                     c.stats.counts.timeout,
+                    match c.stats.counts.crashed {
+                        0 => String::new(),
+                        n => format!(" crashed {n}"),
+                    },
                     c.dir
                 ))
             ));
