@@ -152,6 +152,11 @@ pub(crate) struct MockEngineArgs {
     /// A deterministic delay of 0..this many ms per request.
     #[arg(long, default_value_t = 0)]
     pub(crate) jitter_ms: u64,
+    /// Die of SIGSEGV when this many requests are in flight at once (0: never): an
+    /// engine that crashes at load, for tests of engine deaths. From the environment
+    /// too, so a launch config's `export` line is a flag.
+    #[arg(long, env = "BISECT_MOCK_CRASH_AT_RUNNING", default_value_t = 0)]
+    pub(crate) crash_at_running: u64,
 }
 
 /// Serve the mock until the process is killed (blocking: starts its own runtime).
@@ -163,6 +168,7 @@ pub(crate) fn run_mock(args: MockEngineArgs) -> anyhow::Result<()> {
     runtime.block_on(async {
         let config = MockConfig {
             jitter_ms: args.jitter_ms,
+            crash_at_running: (args.crash_at_running > 0).then_some(args.crash_at_running),
             ..MockConfig::default()
         };
         let addr = SocketAddr::new(args.host, args.port);

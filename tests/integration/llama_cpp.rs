@@ -219,15 +219,17 @@ struct Server(std::process::Child);
 
 impl Server {
     fn start(dir: &Path, port: u16, server: &std::ffi::OsStr, model: &std::ffi::OsStr) -> Server {
-        let child = std::process::Command::new("sh")
-            .arg("serve.sh")
-            .current_dir(dir)
-            .env("LLAMA_SERVER", server)
-            .env("LLAMA_MODEL", model)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
+        let server = Server(
+            std::process::Command::new("sh")
+                .arg("serve.sh")
+                .current_dir(dir)
+                .env("LLAMA_SERVER", server)
+                .env("LLAMA_MODEL", model)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
         let health = format!("127.0.0.1:{port}");
         let started = std::time::Instant::now();
         loop {
@@ -237,7 +239,7 @@ impl Server {
                 let mut reply = String::new();
                 let _ = s.read_to_string(&mut reply);
                 if reply.starts_with("HTTP/1.1 200") {
-                    return Server(child);
+                    return server;
                 }
             }
             assert!(

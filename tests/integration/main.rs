@@ -10,6 +10,7 @@ mod commits_slurm;
 mod common;
 mod crash;
 mod culprit;
+mod deaths;
 mod embedded;
 mod engine_checks;
 mod fake;

@@ -83,6 +83,20 @@ pub struct MockConfig {
     /// Adds a deterministic delay of 0..jitter_ms per request (from the task and round),
     /// so sessions drift apart unless something (the round barrier) holds them together.
     pub jitter_ms: u64,
+    /// Dies of SIGSEGV the moment this many chat requests are in flight at once: an
+    /// engine that crashes at load, for the harness's tests of engine deaths (a real
+    /// signal death of a real process, decided by the load alone).
+    pub crash_at_running: Option<u64>,
+}
+
+/// Kills this process with SIGSEGV. Rust's runtime handles SIGSEGV (to report stack
+/// overflows): a SIGSEGV that is no fault in a guard page makes its handler restore the
+/// default action and return, so the signal is sent twice: the second one kills.
+fn die_of_sigsegv() -> ! {
+    use nix::sys::signal::{raise, Signal};
+    let _ = raise(Signal::SIGSEGV);
+    let _ = raise(Signal::SIGSEGV);
+    std::process::abort()
 }
 
 /// What the mock saw, for assertions and benchmark figures.
@@ -484,8 +498,15 @@ fn text_reply(text: &str) -> Response {
 async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
     let started = Instant::now();
     let stats = &shared.stats;
-    stats.running.fetch_add(1, Ordering::SeqCst);
+    let running = stats.running.fetch_add(1, Ordering::SeqCst) + 1;
     let _running = RunningGuard(&stats.running);
+    if shared
+        .config
+        .crash_at_running
+        .is_some_and(|n| running >= n as i64)
+    {
+        die_of_sigsegv();
+    }
     stats.requests.fetch_add(1, Ordering::SeqCst);
     let bearer = headers
         .get(header::AUTHORIZATION)

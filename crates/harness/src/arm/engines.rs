@@ -12,9 +12,10 @@ use crate::config::{Engine, FlagSpec, TargetProfile, Workload};
 use crate::control::fetch_server_info;
 use crate::control::identity::identify;
 use crate::core::classify::Classifier;
+use crate::core::deaths::EngineDeath;
 use crate::core::effective::Identity;
 use crate::core::{effective, toolprobe};
-use crate::driver::DrivePlan;
+use crate::driver::{DrivePlan, InFlight};
 use crate::exit::Failure;
 
 /// What a restart measured.
@@ -127,15 +128,16 @@ impl Testbed<'_> {
     /// no answer (errors, timeouts) is a warning: the blocks' own error accounting
     /// judges such an engine. Once per command; later blocks skip it.
     pub(super) async fn prove_tool_calls(
-        &self,
+        &mut self,
         workload: &Workload,
         classifier: &Arc<Classifier>,
-    ) -> anyhow::Result<()> {
+        label: &str,
+    ) -> anyhow::Result<Vec<EngineDeath>> {
         if self
             .tool_calls_probed
             .swap(true, std::sync::atomic::Ordering::SeqCst)
         {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let plan = DrivePlan {
             api: self.target.api.clone(),
@@ -147,10 +149,28 @@ impl Testbed<'_> {
             sessions: toolprobe::TRIES,
             concurrency: 1,
         };
+        // The probe's one request in flight, for a death it causes.
+        let inflight = Arc::new(InFlight::new());
+        let _asking = inflight.enter();
+        let watch =
+            super::deaths::DeathWatch::new(self.control.spawned(), Vec::new(), inflight.clone());
         let replies = tokio::select! {
             replies = crate::driver::toolprobe::ask(&plan, classifier.clone()) => replies?,
             () = self.cancel.cancelled() => return Err(Failure::Interrupted.into()),
         };
+        // An engine that died answering the probe died at one request in flight: that
+        // is the block's evidence, and the block runs on a fresh start of it.
+        if watch.poll().await {
+            let deaths = watch.deaths();
+            for death in &deaths {
+                self.progress.note(&format!(
+                    "warning: {} while answering the tool-call probe; restarting it for block {label}",
+                    death.describe()
+                ));
+            }
+            self.restart(&format!("{label}-after-probe")).await?;
+            return Ok(deaths);
+        }
         let finding = toolprobe::judge(&replies);
         let last = replies.last().map_or("", |r| r.evidence.as_str());
         if finding.refuses_a_run() {
@@ -171,7 +191,7 @@ impl Testbed<'_> {
                 finding.describe()
             ));
         }
-        Ok(())
+        Ok(Vec::new())
     }
 
     /// What the engines' self-reports say of every written flag: its effective values
@@ -204,10 +224,14 @@ impl Testbed<'_> {
     }
 
     /// Whether every engine that was identified after the restart is still that
-    /// process: one line per role that is not, or no longer says.
-    pub(super) async fn engines_replaced(&self) -> Vec<String> {
+    /// process: one line per role that is not, or no longer says (roles in `died`, whose
+    /// death the block recorded, are not asked).
+    pub(super) async fn engines_replaced(&self, died: &[&str]) -> Vec<String> {
         let mut found = Vec::new();
         for (name, before) in &self.identities {
+            if died.contains(&name.as_str()) {
+                continue;
+            }
             let Some(role) = self.target.role(name) else {
                 continue;
             };

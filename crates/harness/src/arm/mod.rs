@@ -37,6 +37,7 @@ use crate::exit::Failure;
 use crate::launch::Editor;
 use crate::results::ResultsDir;
 
+mod deaths;
 mod engines;
 
 use engines::Written;
@@ -427,7 +428,7 @@ impl<'a> Testbed<'a> {
     /// stats and streams `sessions.jsonl` and `metrics.csv` into `results`. The stats
     /// come back finished (derived fields computed); `health_wait_s` is the caller's.
     pub async fn drive(
-        &self,
+        &mut self,
         block: BlockName<'_>,
         workload: &Workload,
         classifier: &Arc<Classifier>,
@@ -441,14 +442,16 @@ impl<'a> Testbed<'a> {
     /// [`Testbed::drive`], also handing every finished session to `observe` (in the
     /// order they finish) and returning the driver's own totals (classification time).
     pub(crate) async fn drive_observed(
-        &self,
+        &mut self,
         block: BlockName<'_>,
         workload: &Workload,
         classifier: &Arc<Classifier>,
         results: &ResultsDir,
         observe: &mut (dyn FnMut(&SessionResult) + Send),
     ) -> anyhow::Result<(ArmStats, crate::driver::DriveStats)> {
-        self.prove_tool_calls(workload, classifier).await?;
+        let probe_deaths = self
+            .prove_tool_calls(workload, classifier, block.label)
+            .await?;
         self.progress
             .arm_started(block, u64::from(workload.sessions));
         let drive_plan = DrivePlan {
@@ -484,6 +487,30 @@ impl<'a> Testbed<'a> {
             self.metrics_period,
             poll_cancel.clone(),
         ));
+        // The block's death watch (deaths.rs): spawned roles by their exit, the others by
+        // their health port refusing; polled beside the sessions and at each failed one.
+        let spawned = self.control.spawned();
+        let others = self
+            .target
+            .roles
+            .iter()
+            .filter(|r| !spawned.iter().any(|s| s.role == r.name))
+            .map(|r| (r.name.clone(), r.health.clone()))
+            .collect();
+        let watch = Arc::new(deaths::DeathWatch::new(spawned, others, inflight.clone()));
+        let watch_cancel = self.cancel.child_token();
+        let watcher = {
+            let (watch, stop) = (watch.clone(), watch_cancel.clone());
+            tokio::spawn(async move {
+                loop {
+                    watch.poll().await;
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        () = tokio::time::sleep(Duration::from_millis(100)) => {}
+                    }
+                }
+            })
+        };
         let (tx, mut rx) = mpsc::channel::<SessionResult>(256);
         let started = Instant::now();
         let driver = {
@@ -496,7 +523,8 @@ impl<'a> Testbed<'a> {
         let mut stats = ArmStats::default();
         let mut sessions_out = results.sessions_writer()?;
         let mut received = 0u64;
-        while let Some(result) = rx.recv().await {
+        while let Some(mut result) = rx.recv().await {
+            watch.judge(&mut result).await;
             stats.add_session(&result);
             sessions_out.append(&result)?;
             observe(&result);
@@ -507,6 +535,19 @@ impl<'a> Testbed<'a> {
             }
         }
         let driven = driver.await.context("workload driver panicked")??;
+        watch_cancel.cancel();
+        let _ = watcher.await;
+        watch.poll().await;
+        stats.deaths = probe_deaths;
+        stats.deaths.extend(watch.deaths());
+        for death in &stats.deaths {
+            self.progress.note(&format!(
+                "warning: block {}-r{}: {}",
+                block.label,
+                block.repeat,
+                death.describe()
+            ));
+        }
         stats.wall_s = driven
             .wall_s
             .max(started.elapsed().as_secs_f64().min(driven.wall_s.max(1e-9)));
@@ -536,7 +577,9 @@ impl<'a> Testbed<'a> {
         log.set_label(&format!("{}-r{}", block.label, block.repeat));
         results.append_metrics(&log)?;
         self.check_cancelled()?;
-        stats.engine_replaced = self.engines_replaced().await;
+        // A role that died is evidence (its death), not a replaced engine.
+        let died: Vec<&str> = stats.deaths.iter().map(|d| d.role.as_str()).collect();
+        stats.engine_replaced = self.engines_replaced(&died).await;
         for line in &stats.engine_replaced {
             self.progress.note(&format!("warning: {line}"));
         }

@@ -28,6 +28,7 @@ use crate::config::{RoleSpec, TargetProfile};
 use crate::exit::Failure;
 use crate::launch::{self, SpawnedGroup, TargetLocks};
 
+pub mod death;
 pub mod identity;
 mod processes;
 mod self_report;
@@ -74,6 +75,21 @@ pub trait EngineControl: Send {
     fn health_padding(&self) -> BTreeMap<String, f64> {
         BTreeMap::new()
     }
+
+    /// The processes this controller spawned for the latest restart, still held (not
+    /// waited for), for the arm's death watch ([`death`]). Empty where it spawns none.
+    fn spawned(&self) -> Vec<SpawnedRole> {
+        Vec::new()
+    }
+}
+
+/// A role's process that engine control spawned: what the death watch reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpawnedRole {
+    pub role: String,
+    pub pid: u32,
+    /// Its output, for the lines before a death.
+    pub log: PathBuf,
 }
 
 /// The health poller's first gap between probes; it grows by half each probe up to
@@ -406,6 +422,19 @@ impl EngineControl for ProcessControl {
 
     fn health_padding(&self) -> BTreeMap<String, f64> {
         self.padding.clone()
+    }
+
+    fn spawned(&self) -> Vec<SpawnedRole> {
+        self.spawned
+            .iter()
+            .filter_map(|s| {
+                Some(SpawnedRole {
+                    role: s.role.clone(),
+                    pid: s.child.id()?,
+                    log: s.log.clone(),
+                })
+            })
+            .collect()
     }
 }
 

@@ -12,7 +12,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::core::session::{Counts, SessionResult};
+use crate::core::session::{Counts, RoundClass, SessionResult};
 use crate::core::stats;
 use crate::core::transport::{LoadGap, TransportStats};
 
@@ -129,6 +129,13 @@ pub struct ArmStats {
     /// did by more than 10% ([`LoadGap::is_material`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_gap: Option<LoadGap>,
+    /// Replies the engines served (rounds that got an answer): the exposure of the
+    /// engines' lives (core::deaths). Absent in older records (0).
+    #[serde(default)]
+    pub served: u64,
+    /// The engines that died during the block (core::deaths), in the order noticed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deaths: Vec<crate::core::deaths::EngineDeath>,
 }
 
 impl Default for ArmStats {
@@ -148,6 +155,8 @@ impl Default for ArmStats {
             engine_replaced: Vec::new(),
             transport: None,
             load_gap: None,
+            served: 0,
+            deaths: Vec::new(),
         }
     }
 }
@@ -167,6 +176,16 @@ impl ArmStats {
     /// Count one finished session: the collector's and `reclassify`'s only way in.
     pub(crate) fn add_session(&mut self, session: &SessionResult) {
         self.counts.add(session.class);
+        self.served += session
+            .rounds
+            .iter()
+            .filter(|r| {
+                !matches!(
+                    r.class,
+                    RoundClass::Error | RoundClass::Timeout | RoundClass::Crashed
+                )
+            })
+            .count() as u64;
         self.completion_tokens += session.completion_tokens;
         if let Some(round) = session.first_bad_round {
             self.add_first_bad_round(round, 1);
@@ -187,6 +206,7 @@ impl ArmStats {
         self.counts = Counts::default();
         self.completion_tokens = 0;
         self.first_bad_round.clear();
+        self.served = 0;
     }
 
     /// Recompute the derived fields (corrupted, rate, interval, tokens/s) from counts.
@@ -215,6 +235,8 @@ impl ArmStats {
             }
             pooled.wall_s += b.wall_s;
             pooled.completion_tokens += b.completion_tokens;
+            pooled.served += b.served;
+            pooled.deaths.extend(b.deaths.iter().cloned());
             pooled.health_wait_s += b.health_wait_s;
             for (i, n) in b.first_bad_round.iter().enumerate() {
                 pooled.add_first_bad_round(i as u32 + 1, *n);

@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use crate::core::arm_stats::{ArmLabel, ArmStats};
 use crate::core::confounds::{confounds, load_shortfalls};
+use crate::core::deaths;
 use crate::core::format::{self, percent_digits};
 use crate::core::stats;
 
@@ -214,7 +215,87 @@ pub fn decide(
         &confounds,
         &shortfalls,
     );
+    let blocked = confounds.iter().any(|c| c.severity == Severity::Blocking);
+    let verdict = with_deaths(verdict, (on, off), blocks, policy, flag, blocked);
     (comparison, confounds, verdict)
+}
+
+/// One arm's engine lives, from its pooled stats and its blocks (an arm of one block
+/// is its own block).
+fn exposure<'a>(
+    arm: &'a ArmObservation,
+    blocks: &[ArmObservation],
+    name: &'a str,
+) -> deaths::Exposure<'a> {
+    let own: Vec<&ArmObservation> = blocks.iter().filter(|b| b.label == arm.label).collect();
+    let (n, died) = if own.is_empty() {
+        (1, u64::from(!arm.stats.deaths.is_empty()))
+    } else {
+        (
+            own.len() as u64,
+            own.iter().filter(|b| !b.stats.deaths.is_empty()).count() as u64,
+        )
+    };
+    deaths::Exposure {
+        label: name,
+        deaths: &arm.stats.deaths,
+        blocks: n,
+        blocks_died: died,
+        served: arm.stats.served,
+    }
+}
+
+/// The verdict with the engines' deaths judged in (core::deaths): an arm whose engine
+/// dies while the other's never does is implicated by its deaths when the conditional
+/// test says so (and no blocking confound voids the run); deaths in both arms, or too
+/// few to tell, leave the run inconclusive and never cleared, with the deaths in words.
+fn with_deaths(
+    mut verdict: Verdict,
+    (on, off): (&ArmObservation, &ArmObservation),
+    blocks: &[ArmObservation],
+    policy: &Policy,
+    flag: &str,
+    blocked: bool,
+) -> Verdict {
+    let (on_name, off_name) = (on.name(), off.name());
+    let finding = deaths::judge(
+        &exposure(on, blocks, &on_name),
+        &exposure(off, blocks, &off_name),
+    );
+    match finding {
+        deaths::DeathFinding::None => verdict,
+        deaths::DeathFinding::OneArm { p, text, .. } => {
+            let decisive = p < policy.alpha;
+            if decisive && !blocked {
+                verdict.status = Status::Implicated;
+                verdict.direction = Some(text.clone());
+                verdict
+                    .reasons
+                    .insert(0, format!("{text} < alpha {}", policy.alpha));
+                verdict.summary = format!("implicated: {flag} {text}");
+            } else {
+                if verdict.status == Status::Cleared {
+                    verdict.status = Status::Inconclusive;
+                    verdict.summary = format!("inconclusive: {flag}: an engine died: {text}");
+                }
+                let why = if decisive {
+                    "but the blocking confounds above void the comparison"
+                } else {
+                    "too few deaths to tell them from chance"
+                };
+                verdict.reasons.insert(0, format!("{text}: {why}"));
+            }
+            verdict
+        }
+        deaths::DeathFinding::BothArms { text } => {
+            // Both arms' sessions were cut short by deaths: neither arm is whole.
+            verdict.status = Status::Inconclusive;
+            verdict.direction = None;
+            verdict.summary = format!("inconclusive: {flag}: {text}");
+            verdict.reasons.insert(0, text);
+            verdict
+        }
+    }
 }
 
 fn compare(on: &ArmObservation, off: &ArmObservation, policy: &Policy) -> Comparison {

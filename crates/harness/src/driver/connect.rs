@@ -122,6 +122,10 @@ pub struct ConnectGate {
     /// Connects in progress now (pacing wait included): the metrics poller's sample of
     /// "still connecting" for the load-gap attribution.
     connecting: std::sync::atomic::AtomicU64,
+    /// Set once an engine of the block died ([`ConnectGate::engine_died`]): a refused or
+    /// reset connect is the death's, not a busy server's, and is not tried again (the
+    /// block's remaining sessions end at once instead of each waiting out its round).
+    engine_dead: std::sync::atomic::AtomicBool,
 }
 
 impl Default for ConnectGate {
@@ -178,6 +182,7 @@ impl ConnectGate {
             }),
             pacing,
             connecting: Default::default(),
+            engine_dead: Default::default(),
         }
     }
 
@@ -190,6 +195,12 @@ impl ConnectGate {
     /// Connects now in progress.
     pub fn connecting(&self) -> u64 {
         self.connecting.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// An engine of the block died: from now on a refused or reset connect fails at once.
+    pub fn engine_died(&self) {
+        self.engine_dead
+            .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Opens a TCP connection to `host:port`, paced, retrying refused and reset
@@ -230,6 +241,13 @@ impl ConnectGate {
                     Retry::Reset => tally.reset += 1,
                     Retry::Stalled => tally.stalled += 1,
                 }
+            }
+            if self.engine_dead.load(std::sync::atomic::Ordering::SeqCst)
+                && !matches!(retry, Retry::Stalled)
+            {
+                attempt.finished = true;
+                self.tally.lock().failed += 1;
+                return Err(ConnectFailure::Error(error));
             }
             self.widen(epoch);
             if matches!(retry, Retry::Stalled) {

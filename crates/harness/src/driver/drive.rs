@@ -581,6 +581,7 @@ mod tests {
         let config = MockConfig {
             faults: vec![rule],
             jitter_ms: 15,
+            ..MockConfig::default()
         };
         let (stats, _results, server) = run(config, workload, None).await;
         assert_eq!(stats.counts.no_tool, early);

@@ -76,6 +76,7 @@ pub(crate) fn render_run_html(record: &RunRecord, dir: Option<&Path>) -> String 
         let _ = writeln!(body, "<p>{}</p>", escape(&comparison_sentence(c)));
     }
     body.push_str(&run_confounds(record));
+    body.push_str(&run_deaths(record));
     body.push_str(&super::sequential_view::html(record));
     let rounds: Vec<RoundCounts> = record
         .arms
@@ -168,6 +169,27 @@ fn run_verdict(record: &RunRecord) -> String {
     } else {
         String::new()
     }
+}
+
+/// The engine deaths, each with the log lines before it, collapsed.
+fn run_deaths(record: &RunRecord) -> String {
+    let deaths = record.death_lines();
+    if deaths.is_empty() {
+        return String::new();
+    }
+    let mut s = String::from("<h2>Engine deaths</h2>\n<ul>\n");
+    for (line, log) in &deaths {
+        s.push_str(&format!("<li>{}", escape(line)));
+        if !log.is_empty() {
+            s.push_str(&format!(
+                "<details><summary>the log before it</summary><pre>{}</pre></details>",
+                escape(&log.join("\n"))
+            ));
+        }
+        s.push_str("</li>\n");
+    }
+    s.push_str("</ul>\n");
+    s
 }
 
 fn run_confounds(record: &RunRecord) -> String {

@@ -83,6 +83,17 @@ impl Exporter<RunRecord> for SummaryMarkdown {
                 ));
             }
         }
+        let deaths = r.death_lines();
+        if !deaths.is_empty() {
+            s.push_str("\nEngine deaths (sessions they cut short are `crashed`, judged by engine lives):\n\n");
+            for (line, log) in &deaths {
+                s.push_str(&format!("- {line}"));
+                if let Some(last) = log.iter().rev().find(|l| !l.trim().is_empty()) {
+                    s.push_str(&format!("; its log's last line: `{}`", last.trim()));
+                }
+                s.push('\n');
+            }
+        }
         let rounds: Vec<String> = r
             .arms
             .iter()

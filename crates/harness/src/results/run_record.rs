@@ -194,6 +194,30 @@ pub struct ArmRecord {
     pub stats: ArmStats,
 }
 
+impl RunRecord {
+    /// Every engine death of the run, one line per death in execution order: the block,
+    /// how and when the role died, and the last line its log wrote before (summary.md,
+    /// report.html).
+    pub(crate) fn death_lines(&self) -> Vec<(String, Vec<String>)> {
+        self.runs
+            .iter()
+            .flat_map(|b| {
+                b.stats.deaths.iter().map(move |d| {
+                    (
+                        format!(
+                            "block {} r{}: {}",
+                            b.label,
+                            b.repeat.unwrap_or(0),
+                            d.describe()
+                        ),
+                        d.log_tail.clone(),
+                    )
+                })
+            })
+            .collect()
+    }
+}
+
 impl ArmRecord {
     pub fn new(label: ArmLabel, value: &str, repeat: Option<u32>) -> Self {
         ArmRecord {

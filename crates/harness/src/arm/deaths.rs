@@ -1,0 +1,134 @@
+//! The death watch of one arm block (docs/design.md 3.7, "Engine deaths"): while the
+//! block's sessions run, each role is watched: a process bisect spawned by its exit
+//! status (`control::death::exit_of`, read without reaping it), any other role by its
+//! health port refusing connections. The first sign of a death records it with the time
+//! into the block and the requests in flight then; from that moment the block's connect
+//! pacer tries no refused connect again (the rest of the block ends at once), and the
+//! collector classes every session that failed as `crashed` rather than as an error or a
+//! timeout: a dead engine's refused connections are the death's.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+
+use crate::control::death::{exit_of, refuses};
+use crate::control::SpawnedRole;
+use crate::core::deaths::EngineDeath;
+use crate::core::session::{RoundClass, SessionClass, SessionResult};
+use crate::driver::InFlight;
+
+/// Log lines kept before a death.
+const LOG_LINES: usize = 20;
+
+pub(super) struct DeathWatch {
+    spawned: Vec<SpawnedRole>,
+    /// Roles bisect did not spawn: (role, health URL).
+    others: Vec<(String, String)>,
+    started: Instant,
+    inflight: Arc<InFlight>,
+    seen: Mutex<Vec<EngineDeath>>,
+}
+
+impl DeathWatch {
+    pub(super) fn new(
+        spawned: Vec<SpawnedRole>,
+        others: Vec<(String, String)>,
+        inflight: Arc<InFlight>,
+    ) -> Self {
+        DeathWatch {
+            spawned,
+            others,
+            started: Instant::now(),
+            inflight,
+            seen: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn dead(&self, role: &str) -> bool {
+        self.seen.lock().iter().any(|d| d.role == role)
+    }
+
+    fn record(&self, death: EngineDeath) {
+        let mut seen = self.seen.lock();
+        if !seen.iter().any(|d| d.role == death.role) {
+            seen.push(death);
+            self.inflight.gate().engine_died();
+        }
+    }
+
+    /// Looks at every role not yet dead; true when some role has died by now.
+    pub(super) async fn poll(&self) -> bool {
+        let in_flight = self.inflight.current();
+        for s in &self.spawned {
+            if self.dead(&s.role) {
+                continue;
+            }
+            if let Some(exit) = exit_of(s.pid) {
+                let log_tail = crate::control::log_tail(&s.log, LOG_LINES)
+                    .lines()
+                    .map(str::to_string)
+                    .collect();
+                self.record(EngineDeath {
+                    role: s.role.clone(),
+                    at_s: self.started.elapsed().as_secs_f64(),
+                    in_flight,
+                    exit: Some(exit),
+                    log_tail,
+                });
+            }
+        }
+        for (role, health) in &self.others {
+            if !self.dead(role) && refuses(health).await {
+                self.record(EngineDeath {
+                    role: role.clone(),
+                    at_s: self.started.elapsed().as_secs_f64(),
+                    in_flight,
+                    exit: None,
+                    log_tail: Vec::new(),
+                });
+            }
+        }
+        !self.seen.lock().is_empty()
+    }
+
+    /// The deaths seen, in the order noticed.
+    pub(super) fn deaths(&self) -> Vec<EngineDeath> {
+        self.seen.lock().clone()
+    }
+
+    /// A failed session, once an engine of the block died, is the death's: `crashed`,
+    /// its failing round too, with the death and the round's own evidence.
+    pub(super) async fn judge(&self, session: &mut SessionResult) {
+        if !session.class.is_failure() {
+            return;
+        }
+        // A connection the death reset can reach the client a moment before the
+        // kernel's record of the exit is readable: one second look.
+        if !self.poll().await {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            if !self.poll().await {
+                return;
+            }
+        }
+        let Some(death) = self.seen.lock().first().cloned() else {
+            return;
+        };
+        let evidence = format!(
+            "crashed: {}; the session's round: {}",
+            death.describe(),
+            session.evidence
+        );
+        if let Some(round) = session
+            .rounds
+            .iter_mut()
+            .rev()
+            .find(|r| matches!(r.class, RoundClass::Error | RoundClass::Timeout))
+        {
+            round.class = RoundClass::Crashed;
+            round.evidence = evidence.clone();
+        }
+        session.class = SessionClass::Crashed;
+        session.evidence = evidence;
+    }
+}
