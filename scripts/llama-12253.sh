@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The hunt of llama.cpp issue 12253 (KV-cache defragmentation with a quantized cache
+# corrupted other sequences' cache; fixed by PR 12310) from nothing: builds llama-server
+# from the llama.cpp the llama-cpp-python 0.3.8 sdist vendors (7841fc7, before the fix)
+# and 0.3.9's (8733e0c, after it), then A/Bs the flags of targets/llama-cpp-12253/
+# (DEFRAG: threshold 0.1 vs -1; KV_TYPE: q8_0 vs f16) with `bisect run` on the
+# tool-call-required `tiny` workload, on each build, at the load the machine carries and
+# at 1 in flight, and prints one table row per run (scripts/llama-hunt.sh's table).
+# docs/real-engines.md "Issue 12253" has what it measured.
+#
+# Usage: scripts/llama-12253.sh          (builds: ~20 min each on 2 cores, cached after)
+# Settings (environment): BISECT (default target/release/bisect), SESSIONS (per arm,
+# default 24), LOADS (default "8 1"), RUNS (default "0.3.8:DEFRAG 0.3.8:KV_TYPE
+# 0.3.9:DEFRAG"), RESULTS (default results/llama-12253), TIMEOUT (default 300).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+BISECT="${BISECT:-target/release/bisect}"
+SESSIONS="${SESSIONS:-24}"
+LOADS="${LOADS:-8 1}"
+RUNS="${RUNS:-0.3.8:DEFRAG 0.3.8:KV_TYPE 0.3.9:DEFRAG}"
+RESULTS="${RESULTS:-results/llama-12253}"
+TIMEOUT="${TIMEOUT:-300}"
+PROFILE=targets/llama-cpp-12253/target.toml
+WORKLOAD=targets/llama-cpp-12253/tiny-required.toml
+
+[ -x "$BISECT" ] || cargo build --release
+failed=0
+for run in $RUNS; do
+    version="${run%%:*}"
+    flag="${run#*:}"
+    paths=$(BISECT_LLAMA_CPP_PYTHON_VERSION="$version" BISECT_LLAMA_BUILD_EXAMPLES=ON \
+        bash scripts/llama-server.sh) || { echo "build of $version failed" >&2; exit 1; }
+    eval "$paths"
+    export LLAMA_SERVER LLAMA_MODEL
+    for load in $LOADS; do
+        dir="$RESULTS/$version"
+        echo "== llama.cpp from llama-cpp-python $version, $flag, $load in flight" >&2
+        "$BISECT" run --target "$PROFILE" --flag "$flag" --workload "$WORKLOAD" \
+            --sessions "$SESSIONS" --concurrency "$load" --timeout "$TIMEOUT" \
+            --results "$dir" >&2 || { echo "run failed: $version $flag $load" >&2; failed=1; }
+    done
+done
+for version_dir in "$RESULTS"/*/; do
+    echo "### $(basename "$version_dir")"
+    bash scripts/llama-hunt.sh --table "$version_dir"
+done
+exit "$failed"
