@@ -10,17 +10,21 @@
 #
 # Usage: scripts/llama-12253.sh          (builds: ~20 min each on 2 cores, cached after)
 # Settings (environment): BISECT (default target/release/bisect), SESSIONS (per arm,
-# default 24), LOADS (default "8 1"), RUNS (default "0.3.8:DEFRAG 0.3.8:KV_TYPE
-# 0.3.9:DEFRAG"), RESULTS (default results/llama-12253), TIMEOUT (default 300).
+# default 24), LOADS (default "4 1": 4 is the slots; at 8 in flight half the requests
+# queue and time out on 2 cores), CTX (filler tokens, default 600: at 0 the occupied
+# cache never reaches the 2048 cells a defrag needs), RUNS (default "0.3.8:DEFRAG
+# 0.3.8:KV_TYPE 0.3.9:DEFRAG"), RESULTS (default results/llama-12253), TIMEOUT (default
+# 900).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 BISECT="${BISECT:-target/release/bisect}"
 SESSIONS="${SESSIONS:-24}"
-LOADS="${LOADS:-8 1}"
+LOADS="${LOADS:-4 1}"
+CTX="${CTX:-600}"
 RUNS="${RUNS:-0.3.8:DEFRAG 0.3.8:KV_TYPE 0.3.9:DEFRAG}"
 RESULTS="${RESULTS:-results/llama-12253}"
-TIMEOUT="${TIMEOUT:-300}"
+TIMEOUT="${TIMEOUT:-900}"
 PROFILE=targets/llama-cpp-12253/target.toml
 WORKLOAD=targets/llama-cpp-12253/tiny-required.toml
 
@@ -37,7 +41,7 @@ for run in $RUNS; do
         dir="$RESULTS/$version"
         echo "== llama.cpp from llama-cpp-python $version, $flag, $load in flight" >&2
         "$BISECT" run --target "$PROFILE" --flag "$flag" --workload "$WORKLOAD" \
-            --sessions "$SESSIONS" --concurrency "$load" --timeout "$TIMEOUT" \
+            --sessions "$SESSIONS" --concurrency "$load" --timeout "$TIMEOUT" --ctx "$CTX" \
             --results "$dir" >&2 || { echo "run failed: $version $flag $load" >&2; failed=1; }
     done
 done

@@ -43,7 +43,7 @@ for path in sorted(pathlib.Path(sys.argv[1]).glob("*/run.json")):
     cells = []
     for arm in run["arms"]:
         c = arm["counts"]
-        judged = arm["sessions"] - c.get("error", 0) - c.get("timeout", 0) - c.get("truncated", 0)
+        judged = arm["sessions"] - c.get("error", 0) - c.get("timeout", 0) - c.get("truncated", 0) - c.get("crashed", 0)
         peaks = arm.get("peak_running", {})
         engine = max((v for k, v in peaks.items() if k != "client"), default=None)
         other = ", ".join(

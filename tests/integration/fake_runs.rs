@@ -38,6 +38,21 @@ async fn racy_flag_is_implicated_with_exact_counts() {
         "{verdict:?}"
     );
     assert_eq!(control.restarts.load(Ordering::Relaxed), 2);
+    // Each block names, per role, which process served it and where that was read.
+    for block in &record.runs {
+        for role in ["prefill", "decode"] {
+            let identity = &block.identity[role];
+            assert_eq!(
+                identity.source,
+                bisect_harness::core::effective::IdentitySource::EngineReport,
+                "{identity:?}"
+            );
+            assert!(
+                identity.started.is_some() && identity.listener.is_some(),
+                "{identity:?}"
+            );
+        }
+    }
     assert_eq!(
         t.launch_bytes(),
         before,
@@ -259,7 +274,8 @@ fn session_classes_cover_design() {
             "error",
             "timeout",
             "truncated",
-            "rejected"
+            "rejected",
+            "crashed"
         ]
     );
 }

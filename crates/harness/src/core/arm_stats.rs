@@ -130,12 +130,17 @@ pub struct ArmStats {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_gap: Option<LoadGap>,
     /// Replies the engines served (rounds that got an answer): the exposure of the
-    /// engines' lives (core::deaths). Absent in older records (0).
-    #[serde(default)]
+    /// engines' lives (core::deaths). Absent in older records (0), and written only
+    /// when non-zero, so they keep their shape when rewritten.
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub served: u64,
     /// The engines that died during the block (core::deaths), in the order noticed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub deaths: Vec<crate::core::deaths::EngineDeath>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Default for ArmStats {
