@@ -216,3 +216,8 @@ pub fn bisect_json(args: &[&str], cwd: &Path) -> serde_json::Value {
     );
     serde_json::from_slice(&out.stdout).expect("the record on stdout")
 }
+
+/// A loopback port nothing listens on now (the embedded target's own finder).
+pub fn free_port() -> u16 {
+    bisect_harness::config::embedded::free_port().unwrap()
+}

@@ -9,18 +9,10 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// A one-role target spawning the mock engine, with flag `CRASH` setting the in-flight
 /// count it dies at (`on`/`off` values given).
 fn crashing_target(dir: &Path, on: &str, off: &str) -> PathBuf {
-    let port = free_port();
+    let port = crate::common::free_port();
     std::fs::write(
         dir.join("serve.sh"),
         format!(

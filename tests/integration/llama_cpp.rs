@@ -34,37 +34,40 @@ fn copy_dir(from: &Path, to: &Path, port: u16) {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// The llama-server binary and model `scripts/llama-server.sh` installed, or `None` (the
+/// test says it is skipped) on a machine without them; CI sets `BISECT_REQUIRE_LLAMA` so a
+/// broken install step fails the suite instead of skipping it.
+fn llama_paths(test: &str) -> Option<(std::ffi::OsString, std::ffi::OsString)> {
+    match (
+        std::env::var_os("BISECT_LLAMA_SERVER"),
+        std::env::var_os("BISECT_LLAMA_MODEL"),
+    ) {
+        (Some(server), Some(model)) => Some((server, model)),
+        _ => {
+            assert!(
+                std::env::var_os("BISECT_REQUIRE_LLAMA").is_none(),
+                "BISECT_REQUIRE_LLAMA is set but BISECT_LLAMA_SERVER / BISECT_LLAMA_MODEL are not: \
+                 run scripts/llama-server.sh and export the paths it prints"
+            );
+            eprintln!(
+                "SKIPPED: {test}: BISECT_LLAMA_SERVER / BISECT_LLAMA_MODEL are not set \
+                 (scripts/llama-server.sh prints the paths)"
+            );
+            None
+        }
+    }
 }
 
 #[test]
 fn cache_ram_on_llama_server_judges_real_tool_calls() {
     let _one = crate::common::heavy();
-    let (Some(server), Some(model)) = (
-        std::env::var_os("BISECT_LLAMA_SERVER"),
-        std::env::var_os("BISECT_LLAMA_MODEL"),
-    ) else {
-        // CI sets this so a broken install step fails the suite instead of skipping it.
-        assert!(
-            std::env::var_os("BISECT_REQUIRE_LLAMA").is_none(),
-            "BISECT_REQUIRE_LLAMA is set but BISECT_LLAMA_SERVER / BISECT_LLAMA_MODEL are not: \
-             run scripts/llama-server.sh and export the paths it prints"
-        );
-        eprintln!(
-            "SKIPPED: llama_cpp test: BISECT_LLAMA_SERVER / BISECT_LLAMA_MODEL are not set \
-             (scripts/llama-server.sh prints the paths)"
-        );
+    let Some((server, model)) = llama_paths("llama_cpp run test") else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
     let profile_dir = dir.path().join("llama-cpp");
     let shipped = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("targets/llama-cpp");
-    copy_dir(&shipped, &profile_dir, free_port());
+    copy_dir(&shipped, &profile_dir, crate::common::free_port());
     let serve_before = std::fs::read(profile_dir.join("serve.sh")).unwrap();
     let results = dir.path().join("results");
 
@@ -264,23 +267,13 @@ impl Drop for Server {
 #[test]
 fn check_proves_the_real_llama_server_parses_tool_calls() {
     let _one = crate::common::heavy();
-    let (Some(server), Some(model)) = (
-        std::env::var_os("BISECT_LLAMA_SERVER"),
-        std::env::var_os("BISECT_LLAMA_MODEL"),
-    ) else {
-        assert!(
-            std::env::var_os("BISECT_REQUIRE_LLAMA").is_none(),
-            "BISECT_REQUIRE_LLAMA is set but BISECT_LLAMA_SERVER / BISECT_LLAMA_MODEL are not"
-        );
-        eprintln!(
-            "SKIPPED: llama_cpp check test: BISECT_LLAMA_SERVER / BISECT_LLAMA_MODEL are not set"
-        );
+    let Some((server, model)) = llama_paths("llama_cpp check test") else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
     let profile_dir = dir.path().join("llama-cpp");
     let shipped = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("targets/llama-cpp");
-    let port = free_port();
+    let port = crate::common::free_port();
     copy_dir(&shipped, &profile_dir, port);
     let check = || -> (i32, Value) {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_bisect"))
