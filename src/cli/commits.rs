@@ -1,35 +1,49 @@
 //! `bisect commits --repo DIR GOOD BAD --build CMD [--flag NAME] [--set NAME=VALUE]...
-//! [...]` (and `--simulate`): clap arguments and their conversion into a
-//! [`CommitsPlan`].
+//! [...]`, `bisect commits --releases A,B,C --artifact CMD [--find fix] [...]` (and
+//! `--simulate`): clap arguments and their conversion into a [`CommitsPlan`].
 
 use std::path::PathBuf;
 
-use clap::Args;
+use clap::{Args, ValueEnum};
 
 use super::{command_line, parse_pins, run_id, usage, ExperimentArgs, METRICS_PERIOD};
 use bisect_harness::commands::commits::build::BuildStep;
+use bisect_harness::commands::commits::range::{parse_releases, Find, RangeSpec};
 use bisect_harness::commands::commits::slurm::{Rounds, SlurmRounds};
 use bisect_harness::commands::commits::task;
 use bisect_harness::commands::commits::{CommitsPlan, DEFAULT_MAX_SESSIONS};
 
 #[derive(Debug, Args)]
 pub(crate) struct CommitsArgs {
-    /// The last commit known good: a commit id, tag or branch of --repo.
-    #[arg(required_unless_present = "simulate")]
+    /// The older end: the last commit known good (with --find fix: the last known to
+    /// corrupt). A commit id, tag or branch of --repo.
+    #[arg(required_unless_present_any = ["simulate", "releases"], conflicts_with = "releases")]
     good: Option<String>,
-    /// The first commit known bad; the range is GOOD's first-parent descendants up to it.
-    #[arg(required_unless_present = "simulate")]
+    /// The newer end: the first commit known bad (with --find fix: known fixed); the
+    /// range is the older end's first-parent descendants up to it.
+    #[arg(required_unless_present_any = ["simulate", "releases"], conflicts_with = "releases")]
     bad: Option<String>,
     /// The engine's git repository. Its working tree and branches are never touched:
     /// each tested commit is checked out into a worktree of the search's own.
-    #[arg(long, required_unless_present = "simulate")]
+    #[arg(long, required_unless_present_any = ["simulate", "releases"], conflicts_with = "releases")]
     repo: Option<PathBuf>,
+    /// Search an ordered list of releases instead of a repository's commits: names
+    /// oldest first, comma-separated (e.g. 0.3.7,0.3.8,0.3.9). Needs --artifact, whose
+    /// command `{release}` makes that release the one the target's roles run (a build,
+    /// a pip install, a symlink).
+    #[arg(long, value_delimiter = ',', num_args = 1.., requires = "artifact", conflicts_with = "build")]
+    releases: Vec<String>,
+    /// What to find: the first commit (release) that corrupts (break, after one that
+    /// does not), or the first that no longer does (fix, after one that does).
+    #[arg(long, value_enum, default_value_t = FindArg::Break)]
+    find: FindArg,
     /// Build command, run (`sh -c`) in the commit's worktree with BISECT_COMMIT and
     /// BISECT_COMMIT_DIR set; exit 125 or a failure makes the commit untestable.
     #[arg(long, conflicts_with = "artifact", required_unless_present_any = ["artifact", "simulate"])]
     build: Option<String>,
-    /// Instead of building: a command over `{commit}` that fetches or installs that
-    /// commit's prebuilt artifact (a wheel, an image), run without a checkout.
+    /// Instead of building: a command over `{commit}` (with --releases, `{release}`) that
+    /// fetches or installs that commit's prebuilt artifact (a wheel, an image), run without
+    /// a checkout, in the search's folder.
     #[arg(long)]
     artifact: Option<String>,
     /// Judge each commit by an A/B of this flag (catalog name, or its env/arg name): the
@@ -90,21 +104,7 @@ impl CommitsArgs {
     /// Validate the arguments into a plan (nothing is touched).
     pub(crate) fn plan(&self) -> anyhow::Result<CommitsPlan> {
         let common = &self.common;
-        let (Some(good), Some(bad), Some(repo)) = (&self.good, &self.bad, &self.repo) else {
-            return Err(usage(
-                "GOOD, BAD and --repo are needed",
-                "pass --repo DIR GOOD BAD, or --simulate",
-            ));
-        };
-        if !repo.join(".git").exists() {
-            return Err(usage(
-                format!(
-                    "--repo {}: not a git repository (no .git there)",
-                    repo.display()
-                ),
-                "pass the root of the engine's git checkout",
-            ));
-        }
+        let range = self.range()?;
         let build =
             match (&self.build, &self.artifact) {
                 (Some(cmd), None) => BuildStep::Build(cmd.clone()),
@@ -149,9 +149,11 @@ impl CommitsArgs {
         let plan = CommitsPlan {
             id,
             command: command_line(),
-            repo: repo.clone(),
-            good: good.clone(),
-            bad: bad.clone(),
+            range,
+            find: match self.find {
+                FindArg::Break => Find::Break,
+                FindArg::Fix => Find::Fix,
+            },
             build,
             target,
             workload,
@@ -174,6 +176,33 @@ impl CommitsArgs {
             .validate()
             .map_err(|e| usage(e, "adjust the option named"))?;
         Ok(plan)
+    }
+
+    /// The repository's range or the releases, checked.
+    fn range(&self) -> anyhow::Result<RangeSpec> {
+        if !self.releases.is_empty() {
+            return Ok(RangeSpec::Releases(parse_releases(&self.releases)?));
+        }
+        let (Some(good), Some(bad), Some(repo)) = (&self.good, &self.bad, &self.repo) else {
+            return Err(usage(
+                "GOOD, BAD and --repo are needed",
+                "pass --repo DIR GOOD BAD, --releases A,B,C, or --simulate",
+            ));
+        };
+        if !repo.join(".git").exists() {
+            return Err(usage(
+                format!(
+                    "--repo {}: not a git repository (no .git there)",
+                    repo.display()
+                ),
+                "pass the root of the engine's git checkout",
+            ));
+        }
+        Ok(RangeSpec::Git {
+            repo: repo.clone(),
+            good: good.clone(),
+            bad: bad.clone(),
+        })
     }
 
     /// `--parallel`.
@@ -213,6 +242,13 @@ impl CommitsArgs {
             poll: SQUEUE_POLL,
         }))
     }
+}
+
+/// `--find`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum FindArg {
+    Break,
+    Fix,
 }
 
 /// How often a waiting search asks squeue about its round.

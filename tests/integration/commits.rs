@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use bisect_harness::commands::commits::block::ControlFactory;
 use bisect_harness::commands::commits::build::BuildStep;
+use bisect_harness::commands::commits::range::{Find, RangeSpec};
 use bisect_harness::commands::commits::slurm::Rounds;
 use bisect_harness::commands::commits::{self, CommitsPlan};
 use bisect_harness::commands::run::Quiet;
@@ -136,9 +137,12 @@ fn plan(dir: &Path, repo: &Path, target: TargetProfile, concurrency: u32) -> Com
     CommitsPlan {
         id: "test-commits".into(),
         command: "bisect commits".into(),
-        repo: repo.to_path_buf(),
-        good: "main~64".into(),
-        bad: "main".into(),
+        range: RangeSpec::Git {
+            repo: repo.to_path_buf(),
+            good: "main~64".into(),
+            bad: "main".into(),
+        },
+        find: Find::Break,
         build: BuildStep::Build("sh -n prefill.sh && sh -n decode.sh".into()),
         target,
         workload,
@@ -328,7 +332,9 @@ async fn with_a_flag_the_commit_since_which_bf16_corrupts_is_found() {
         Some(change),
     );
     let mut plan = plan(dir.path(), &repo, target, 80);
-    plan.good = format!("main~{FLAG_COMMITS}");
+    if let RangeSpec::Git { good, .. } = &mut plan.range {
+        *good = format!("main~{FLAG_COMMITS}");
+    }
     plan.flag = Some(flag("BF16_INDEX_K"));
     let record = search(&plan, &dir.path().join("state")).await;
     let verdict = record.verdict.clone().unwrap_or_default();
@@ -528,6 +534,123 @@ fn bad_requests_exit_2_with_the_fix_and_touch_nothing() {
     assert!(err.contains("BF16_INDEX_K is the flag under test"), "{err}");
     assert_eq!(git(&repo, &["worktree", "list"]).lines().count(), 1);
     assert_eq!(git(&repo, &["status", "--porcelain"]), "");
+    // Releases: two or more plain names, made runnable by --artifact, never --build.
+    let (code, _, err) = cli(&["commits", "--releases", "0.3.8", "--artifact", "true"], d);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("two releases or more"), "{err}");
+    let (code, _, err) = cli(
+        &[
+            "commits",
+            "--releases",
+            "0.3.8,0.3.9 x",
+            "--artifact",
+            "true",
+        ],
+        d,
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("not a plain name"), "{err}");
+    let (code, _, err) = cli(
+        &["commits", "--releases", "0.3.8,0.3.9", "--build", "true"],
+        d,
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--artifact"), "{err}");
+    let (code, _, err) = cli(
+        &[
+            "commits",
+            "--releases",
+            "0.3.8,0.3.9",
+            "--repo",
+            r,
+            "--artifact",
+            "true",
+        ],
+        d,
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--repo"), "{err}");
+}
+
+/// Releases r1..=r6 of the embedded engine's launch scripts, `releases/<name>/` under
+/// `dir`: bf16 index-K on (the needle-recall race) in r1..=r3, off from r4 on.
+fn scripted_releases(dir: &Path, scripts: &Path) -> Vec<String> {
+    let names: Vec<String> = (1..=6).map(|i| format!("r{i}")).collect();
+    for (i, name) in names.iter().enumerate() {
+        let release = dir.join("releases").join(name);
+        std::fs::create_dir_all(&release).unwrap();
+        for script in ["prefill.sh", "decode.sh"] {
+            let text = std::fs::read_to_string(scripts.join(script)).unwrap();
+            let text = if i < 3 {
+                text.replace(BF16_OFF, BF16_ON)
+            } else {
+                text.replace(BF16_ON, BF16_OFF)
+            };
+            std::fs::write(release.join(script), text).unwrap();
+        }
+    }
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// The guard serializes whole heavy tests (common::heavy), not tasks within one.
+#[allow(clippy::await_holding_lock)]
+async fn the_release_that_fixed_it_is_found_with_find_fix() {
+    let _one = crate::common::heavy();
+    // mozregression's find-fix: releases oldest first, the old ones corrupt, a later one
+    // stopped. The artifact "installs" a release by copying its scripts to where the
+    // target's roles launch from (as a pip install replaces the engine).
+    let dir = tempfile::tempdir().unwrap();
+    let engine = dir.path().join("engine");
+    std::fs::create_dir_all(&engine).unwrap();
+    let target = embedded::profile(&engine, Path::new(env!("CARGO_BIN_EXE_bisect"))).unwrap();
+    target.write_launch_scripts().unwrap();
+    let names = scripted_releases(dir.path(), &engine);
+    let mut plan = plan(dir.path(), &engine, target, 80);
+    plan.range = RangeSpec::Releases(names.clone());
+    plan.find = Find::Fix;
+    plan.build = BuildStep::Artifact(format!(
+        "cp {0}/releases/{{release}}/prefill.sh {0}/releases/{{release}}/decode.sh {1}/ && echo {{release}} >> {0}/installs.txt",
+        dir.path().display(),
+        engine.display()
+    ));
+    let record = search(&plan, &dir.path().join("state")).await;
+    let verdict = record.verdict.clone().unwrap_or_default();
+    assert_eq!(record.answer.as_deref(), Some("culprit"), "{verdict}");
+    assert!(record.releases);
+    // Newest first: the fixed end is the search's good end.
+    let order: Vec<&str> = record.commits.iter().map(|c| c.sha.as_str()).collect();
+    assert_eq!(order, ["r6", "r5", "r4", "r3", "r2", "r1"]);
+    assert_eq!(record.first_fixed.as_ref().unwrap().sha, "r4", "{verdict}");
+    assert_eq!(record.culprit.as_ref().unwrap().sha, "r3", "{verdict}");
+    assert_eq!(commits::exit_code(&record), 0);
+    // Every tested release was installed before its block, and its block ran its scripts.
+    let installs = std::fs::read_to_string(dir.path().join("installs.txt")).unwrap();
+    for step in &record.steps {
+        assert!(installs.lines().any(|l| l == step.sha), "{installs}");
+        let launched = launched_prefill(&plan, step.dir.as_deref().unwrap());
+        let broken = ["r1", "r2", "r3"].contains(&step.sha.as_str());
+        assert_eq!(
+            launched.contains(BF16_ON),
+            broken,
+            "{}: {launched}",
+            step.sha
+        );
+    }
+    let summary = std::fs::read_to_string(plan.dir.join("summary.md")).unwrap();
+    assert!(
+        summary.contains("First fixed: `r4` release r4 (number 2); the last that corrupts: `r3` release r3 (number 3)"),
+        "{summary}"
+    );
+    assert!(
+        summary.contains("Releases: 5 before r6 back to r1, searched for the first without"),
+        "{summary}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(plan.dir.join("commits.json")).unwrap()).unwrap();
+    assert_eq!(json["find"], "fix");
+    assert_eq!(json["first_fixed"]["sha"], "r4");
+    assert!(!plan.dir.join("worktrees").exists());
 }
 
 #[test]

@@ -46,7 +46,7 @@ pub type ControlFactory<'f> =
 /// `{commit}` / `{commit_dir}` filled into restart commands.
 pub(crate) fn commit_target(
     target: &TargetProfile,
-    repo: &Path,
+    repo: Option<&Path>,
     folder: Option<&Path>,
     sha: &str,
     search_dir: &Path,
@@ -54,12 +54,14 @@ pub(crate) fn commit_target(
     let commit_dir = folder.unwrap_or(search_dir).display().to_string();
     let mut out = target.clone();
     for role in &mut out.roles {
-        if let (Some(folder), Some(inside)) = (folder, launch_inside(role, repo)) {
+        let inside = repo.and_then(|repo| launch_inside(role, repo));
+        if let (Some(folder), Some(inside)) = (folder, inside) {
             role.launch = folder.join(inside);
         }
         if let Some(cmd) = &role.restart {
             role.restart = Some(
                 cmd.replace("{commit}", sha)
+                    .replace("{release}", sha)
                     .replace("{commit_dir}", &commit_dir),
             );
         }
@@ -318,7 +320,7 @@ mod tests {
         target.roles[1].restart =
             Some("systemctl restart engine@{commit} --dir {commit_dir}".into());
         let tree = dir.path().join("worktrees/abc");
-        let t = commit_target(&target, &repo, Some(&tree), "abc123", dir.path());
+        let t = commit_target(&target, Some(&repo), Some(&tree), "abc123", dir.path());
         assert!(runs_the_commit(&target, &repo));
         let mut elsewhere = target.clone();
         elsewhere.roles[0].launch = dir.path().join("decode.sh");

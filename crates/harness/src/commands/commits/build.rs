@@ -2,7 +2,8 @@
 //! in the commit's worktree; `--artifact CMD` runs CMD with `{commit}` replaced by the
 //! commit id in the search's folder, with no checkout (a per-commit wheel or image, as
 //! mozregression fetches nightlies). Both see `BISECT_COMMIT` (the id) and
-//! `BISECT_COMMIT_DIR` (the worktree; the search's folder for an artifact). Exit 0: built;
+//! `BISECT_COMMIT_DIR` (the worktree; the search's folder for an artifact). In a search
+//! over `--releases`, `{release}` (and `{commit}`, and `BISECT_COMMIT`) is the release name. Exit 0: built;
 //! exit 125 or any other failure: the commit is untestable, never "bad" (git bisect's
 //! convention). A build runs in its own process group, killed whole on Ctrl-C. Output goes to `builds/<commit>.log`. Results are cached per commit id
 //! for the search's life, so a commit tested again costs no build.
@@ -125,7 +126,7 @@ impl Builder {
         {
             return Ok((built, None));
         }
-        let short = &sha[..sha.len().min(12)];
+        let short = super::git::short_id(sha);
         let logs = self.dir.join("builds");
         std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
         let log = logs.join(format!("{short}.log"));
@@ -143,7 +144,8 @@ impl Builder {
                 }
             },
             BuildStep::Artifact(template) => {
-                (template.replace("{commit}", sha), self.dir.clone(), None)
+                let cmd = template.replace("{commit}", sha).replace("{release}", sha);
+                (cmd, self.dir.clone(), None)
             }
         };
         let status = run_logged(&cmd, &cwd, sha, &log, cancel).await?;
@@ -199,7 +201,7 @@ impl Builder {
 
 fn ready_marker(dir: &Path, sha: &str) -> PathBuf {
     dir.join("builds")
-        .join(format!("{}.ready", &sha[..sha.len().min(12)]))
+        .join(format!("{}.ready", super::git::short_id(sha)))
 }
 
 /// Removes one commit's build marker: its task died, perhaps mid-block.

@@ -20,6 +20,12 @@ pub struct CommitInfo {
     pub subject: String,
 }
 
+/// A commit id's first 12 characters (a release name, or a shorter id, whole): what
+/// folders, logs and tables name it by.
+pub fn short_id(sha: &str) -> &str {
+    sha.get(..12).unwrap_or(sha)
+}
+
 fn git(repo: &Path, args: &[&str]) -> anyhow::Result<String> {
     let out = Command::new("git")
         .arg("-C")
@@ -110,7 +116,8 @@ pub(crate) fn first_parent_range(
 
 /// The worktrees of one search, under `root` (a folder in the search's results).
 pub struct Worktrees {
-    repo: PathBuf,
+    /// `None` for a search over releases, which checks nothing out.
+    repo: Option<PathBuf>,
     root: PathBuf,
     made: Vec<PathBuf>,
     /// A Slurm array task's: what it makes outlives it (later rounds build on it), and
@@ -121,7 +128,7 @@ pub struct Worktrees {
 impl Worktrees {
     pub fn new(repo: &Path, root: &Path) -> Self {
         Worktrees {
-            repo: repo.to_path_buf(),
+            repo: Some(repo.to_path_buf()),
             root: root.to_path_buf(),
             made: Vec::new(),
             kept: false,
@@ -130,11 +137,18 @@ impl Worktrees {
 
     /// An array task's worktrees: left in place when it ends.
     pub(crate) fn kept(repo: &Path, root: &Path) -> Self {
+        let mut made = Worktrees::new(repo, root);
+        made.kept = true;
+        made
+    }
+
+    /// A release search's: no repository, nothing to check out or remove.
+    pub fn none(root: &Path) -> Self {
         Worktrees {
-            repo: repo.to_path_buf(),
+            repo: None,
             root: root.to_path_buf(),
             made: Vec::new(),
-            kept: true,
+            kept: false,
         }
     }
 
@@ -153,7 +167,10 @@ impl Worktrees {
 
     /// The commit checked out, detached, in a worktree of its own (made once).
     pub fn checkout(&mut self, sha: &str) -> anyhow::Result<PathBuf> {
-        let dir = self.root.join(&sha[..sha.len().min(12)]);
+        let Some(repo) = self.repo.clone() else {
+            anyhow::bail!("a search over releases has no repository to check {sha} out of");
+        };
+        let dir = self.root.join(short_id(sha));
         if self.made.contains(&dir) {
             return Ok(dir);
         }
@@ -162,20 +179,20 @@ impl Worktrees {
         if dir.exists() {
             // Left by a search that was killed: not ours to trust, made again.
             let _ = git(
-                &self.repo,
+                &repo,
                 &["worktree", "remove", "--force", &dir.to_string_lossy()],
             );
             let _ = std::fs::remove_dir_all(&dir);
-            let _ = git(&self.repo, &["worktree", "prune"]);
+            let _ = git(&repo, &["worktree", "prune"]);
         }
         let add = ["worktree", "add", "--detach", &dir.to_string_lossy(), sha];
-        if git(&self.repo, &add).is_err() {
+        if git(&repo, &add).is_err() {
             // Array tasks add worktrees to one repository at once; git's own locks can
             // refuse one of them for a moment.
             std::thread::sleep(std::time::Duration::from_secs(1));
             let _ = std::fs::remove_dir_all(&dir);
-            let _ = git(&self.repo, &["worktree", "prune"]);
-            git(&self.repo, &add)?;
+            let _ = git(&repo, &["worktree", "prune"]);
+            git(&repo, &add)?;
         }
         self.made.push(dir.clone());
         Ok(dir)
@@ -184,17 +201,20 @@ impl Worktrees {
     /// Removes every worktree made, and prunes the repository's list. Errors are
     /// collected, not stopped at.
     pub(crate) fn remove_all(&mut self) -> anyhow::Result<()> {
+        let Some(repo) = self.repo.clone() else {
+            return Ok(());
+        };
         let mut failed = Vec::new();
         for dir in self.made.drain(..) {
             if let Err(e) = git(
-                &self.repo,
+                &repo,
                 &["worktree", "remove", "--force", &dir.to_string_lossy()],
             ) {
                 failed.push(format!("{e:#}"));
                 let _ = std::fs::remove_dir_all(&dir);
             }
         }
-        let _ = git(&self.repo, &["worktree", "prune"]);
+        let _ = git(&repo, &["worktree", "prune"]);
         let _ = std::fs::remove_dir(&self.root);
         if failed.is_empty() {
             Ok(())

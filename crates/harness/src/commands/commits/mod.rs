@@ -18,6 +18,7 @@ pub mod block;
 pub mod build;
 pub mod export;
 pub mod git;
+pub mod range;
 pub mod record;
 mod report;
 pub mod slurm;
@@ -41,6 +42,7 @@ use crate::results::run_record::{FlagInfo, TargetInfo};
 use block::{BlockContext, ControlFactory, Writes};
 use build::{BuildStep, Builder, Built};
 use git::{CommitInfo, Worktrees};
+use range::{Find, RangeSpec};
 use record::{CommitsRecord, Header, StepEntry, StepLog};
 use slurm::Rounds;
 use task::Planned;
@@ -53,9 +55,10 @@ pub const DEFAULT_MAX_SESSIONS: u64 = 8000;
 pub struct CommitsPlan {
     pub id: String,
     pub command: String,
-    pub repo: PathBuf,
-    pub good: String,
-    pub bad: String,
+    /// The repository's range, or the releases.
+    pub range: RangeSpec,
+    /// The first commit that corrupts, or the first that no longer does.
+    pub find: Find,
     pub build: BuildStep,
     pub target: TargetProfile,
     /// One block: its sessions at its concurrency.
@@ -102,8 +105,8 @@ impl CommitsPlan {
         p
     }
 
-    /// The steps.jsonl header of this search over `commits` (the first-parent range):
-    /// what `--resume` and every array task check they run.
+    /// The steps.jsonl header of this search over `commits` (the range in the search's
+    /// order): what `--resume` and every array task check they run.
     pub(crate) fn header(&self, commits: &[CommitInfo]) -> Header {
         Header {
             good: commits[0].sha.clone(),
@@ -112,6 +115,18 @@ impl CommitsPlan {
             commits: commits.len(),
             params: self.params(commits.len()),
             pinned: self.pinned(),
+            find: self.find,
+        }
+    }
+
+    /// The worktrees of this search under `root`: a git range's repository (`kept` for
+    /// an array task's), none for releases.
+    pub(crate) fn worktrees(&self, kept: bool) -> Worktrees {
+        let root = self.dir.join("worktrees");
+        match (self.range.repo(), kept) {
+            (Some(repo), false) => Worktrees::new(repo, &root),
+            (Some(repo), true) => Worktrees::kept(repo, &root),
+            (None, _) => Worktrees::none(&root),
         }
     }
 
@@ -174,22 +189,29 @@ pub async fn run(
     cancel: CancellationToken,
 ) -> anyhow::Result<CommitsRecord> {
     let started = Instant::now();
-    if matches!(plan.build, BuildStep::Build(_))
-        && !block::runs_the_commit(&plan.target, &plan.repo)
-    {
-        return Err(Failure::BadInput(format!(
-            "no role of target {} launches from {} and no restart command names {{commit}} or {{commit_dir}}: every commit would be measured on the same engine\n  fix: point the roles' launch configs into the repository, name {{commit_dir}} in their restart commands, or use --artifact",
-            plan.target.name,
-            plan.repo.display()
-        ))
-        .into());
+    match (&plan.build, plan.range.repo()) {
+        (BuildStep::Build(_), Some(repo)) if !block::runs_the_commit(&plan.target, repo) => {
+            return Err(Failure::BadInput(format!(
+                "no role of target {} launches from {} and no restart command names {{commit}} or {{commit_dir}}: every commit would be measured on the same engine\n  fix: point the roles' launch configs into the repository, name {{commit_dir}} in their restart commands, or use --artifact",
+                plan.target.name,
+                repo.display()
+            ))
+            .into());
+        }
+        (BuildStep::Build(_), None) => {
+            return Err(Failure::BadInput(
+                "--releases has no repository to build in\n  fix: pass --artifact with a command over {release} that installs or points to that release".into(),
+            )
+            .into());
+        }
+        _ => {}
     }
     if matches!(plan.rounds, Rounds::Slurm(_)) {
         let writes = plan.flag.is_some() || !plan.sets.is_empty();
-        slurm::refuse_shared_writes(&plan.target, &plan.repo, &plan.build, writes)?;
+        slurm::refuse_shared_writes(&plan.target, plan.range.repo(), &plan.build, writes)?;
         slurm::refuse_shared_artifacts(&plan.target, &plan.build)?;
     }
-    let commits = git::first_parent_range(&plan.repo, &plan.good, &plan.bad)?;
+    let commits = plan.range.list(plan.find)?;
     let params = plan.params(commits.len());
     params
         .validate()
@@ -206,7 +228,7 @@ pub async fn run(
     let mut record = started_record(plan, &params, commits.clone());
     record.write(&plan.dir)?;
     let mut log = StepLog::open(&log_path, &header, plan.resume)?;
-    let mut worktrees = Worktrees::new(&plan.repo, &plan.dir.join("worktrees"));
+    let mut worktrees = plan.worktrees(false);
     if matches!(plan.rounds, Rounds::Slurm(_)) {
         // Array tasks leave their worktrees for later rounds; any found now are a killed
         // search's, not to be trusted: its arrays are cancelled, the worktrees removed
@@ -251,7 +273,7 @@ fn logged_steps(log_path: &std::path::Path, header: &Header) -> anyhow::Result<V
     let (logged, steps) = record::read_log(log_path)?;
     if logged != *header {
         return Err(Failure::BadInput(format!(
-            "{}: the search it logged differs from this one (logged {:?}; now {:?})\n  fix: resume with the same --repo, GOOD, BAD, --build/--artifact, --sessions, --concurrency, --alpha, --min-effect, --max-sessions, --flag, --background, --set and --parallel",
+            "{}: the search it logged differs from this one (logged {:?}; now {:?})\n  fix: resume with the same --repo, GOOD, BAD (or --releases), --find, --build/--artifact, --sessions, --concurrency, --alpha, --min-effect, --max-sessions, --flag, --background, --set and --parallel",
             log_path.display(),
             logged,
             header
@@ -370,7 +392,7 @@ pub(crate) async fn run_step(
     worktrees: &mut Worktrees,
 ) -> anyhow::Result<StepEntry> {
     let (commit, n) = (p.commit, p.step);
-    let short = &p.sha[..p.sha.len().min(12)];
+    let short = git::short_id(&p.sha);
     ctx.progress.note(&format!(
         "step {n}: commit {commit} {short} {} ({:?})",
         p.subject, p.purpose
@@ -400,7 +422,7 @@ pub(crate) async fn run_step(
     };
     let target = block::commit_target(
         &plan.target,
-        &plan.repo,
+        plan.range.repo(),
         folder.as_deref(),
         &p.sha,
         &plan.dir,
@@ -438,7 +460,10 @@ fn started_record(plan: &CommitsPlan, params: &Params, commits: Vec<CommitInfo>)
         started_at: now(),
         finished_at: None,
         status: RecordStatus::Running,
-        repo: plan.repo.display().to_string(),
+        repo: plan.range.words(),
+        find: plan.find,
+        first_fixed: None,
+        releases: matches!(plan.range, RangeSpec::Releases(_)),
         build: plan.build_words(),
         target: TargetInfo::of(&plan.target),
         workload: plan.workload.params_json(),
@@ -498,6 +523,10 @@ fn record_answer(r: &mut CommitsRecord, search: &Search, answer: &Answer) {
     {
         r.culprit = Some(r.commit_ref(*last, Some(*posterior)));
         r.parent = Some(r.commit_ref(*parent, None));
+        if r.find == Find::Fix {
+            // Newest first: the culprit is the last that corrupts, its parent the fix.
+            r.first_fixed = r.parent.clone();
+        }
         r.posterior = Some(*posterior);
         if first != last {
             r.range = (*first..=*last)

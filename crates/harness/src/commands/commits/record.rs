@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::build::BuildEntry;
 use super::git::CommitInfo;
+use super::range::Find;
 use crate::core::arm_stats::RecordStatus;
 use crate::core::commits::search::Search;
 use crate::core::commits::{Action, Counts, Observation, Params, Purpose, Spent, Test};
@@ -93,6 +94,9 @@ pub(crate) struct Header {
     /// `--set` pins, `NAME=VALUE`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pinned: Vec<String>,
+    /// `--find fix`: a fix search (the range newest first).
+    #[serde(default, skip_serializing_if = "Find::is_break")]
+    pub find: Find,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -115,7 +119,18 @@ pub struct CommitsRecord {
     pub started_at: String,
     pub finished_at: Option<String>,
     pub status: RecordStatus,
+    /// The repository, or `releases A,B,C`.
     pub repo: String,
+    /// `--find fix`: the search looked for the first commit (release) without the
+    /// corruption; `commits` is then newest first, `culprit` the last that corrupts and
+    /// `first_fixed` (its parent in that order) the fix.
+    #[serde(default, skip_serializing_if = "Find::is_break")]
+    pub find: Find,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_fixed: Option<CommitRef>,
+    /// `--releases`: `commits` are release names, not a repository's commits.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub releases: bool,
     pub build: String,
     pub target: TargetInfo,
     pub workload: serde_json::Value,
@@ -126,7 +141,7 @@ pub struct CommitsRecord {
     /// `--set` pins written into every block's launch configs, `NAME=VALUE`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pinned: Vec<String>,
-    /// The first-parent range, good end first.
+    /// The range in the search's order, its good end first (a fix search: newest first).
     pub commits: Vec<CommitInfo>,
     /// culprit / unverified / no_culprit / could_not_reproduce / inconclusive.
     pub answer: Option<String>,
@@ -208,7 +223,54 @@ pub(crate) fn posterior_history(record: &CommitsRecord) -> Vec<Vec<f64>> {
 }
 
 fn short(sha: &str) -> &str {
-    &sha[..sha.len().min(12)]
+    super::git::short_id(sha)
+}
+
+/// What the search ran over, in a sentence's first half.
+pub(crate) fn range_words(r: &CommitsRecord) -> String {
+    let (first, last) = (
+        r.commits.first().map_or("-", |c| short(&c.sha)),
+        r.commits.last().map_or("-", |c| short(&c.sha)),
+    );
+    match (r.find, r.releases) {
+        (Find::Break, false) => format!(
+            "Range: {} commits after {first} up to {last} (first parent)",
+            r.commits.len().saturating_sub(1)
+        ),
+        (Find::Break, true) => format!(
+            "Releases: {} after {first} up to {last}, searched for the first that corrupts",
+            r.commits.len().saturating_sub(1)
+        ),
+        (Find::Fix, releases) => format!(
+            "{}: {} before {first} back to {last}, searched for the first without the corruption \
+             (numbered newest first: the search's good end is the fixed one, its bad end the oldest)",
+            if releases { "Releases" } else { "Range" },
+            r.commits.len().saturating_sub(1)
+        ),
+    }
+}
+
+/// The answer's commit (or release) in a line: the culprit, or with `--find fix` the
+/// first fixed and the last that corrupts.
+pub(crate) fn answer_line(r: &CommitsRecord) -> Option<String> {
+    let c = r.culprit.as_ref()?;
+    Some(match (&r.find, &r.first_fixed) {
+        (Find::Fix, Some(fix)) => format!(
+            "First fixed: `{}` {} (number {}); the last that corrupts: `{}` {} (number {})",
+            short(&fix.sha),
+            fix.subject,
+            fix.commit,
+            short(&c.sha),
+            c.subject,
+            c.commit
+        ),
+        _ => format!(
+            "Culprit: `{}` {} (commit {} of the range)",
+            short(&c.sha),
+            c.subject,
+            c.commit
+        ),
+    })
 }
 
 /// What every block ran with besides the commit: the flag's A/B and the pins, a
@@ -260,10 +322,8 @@ pub(crate) fn render_markdown(r: &CommitsRecord) -> String {
     let mut s = format!("# bisect commits {}\n\n", r.id);
     s += &format!("`{}`\n\n", r.command);
     s += &format!(
-        "Range: {} commits after {} up to {} (first parent), {} sessions per block at {} in flight, build `{}`.\n\n",
-        r.commits.len().saturating_sub(1),
-        r.commits.first().map_or("-", |c| short(&c.sha)),
-        r.commits.last().map_or("-", |c| short(&c.sha)),
+        "{}, {} sessions per block at {} in flight, build `{}`.\n\n",
+        range_words(r),
         r.params.block,
         r.params.concurrency,
         r.build
@@ -276,13 +336,8 @@ pub(crate) fn render_markdown(r: &CommitsRecord) -> String {
         r.answer.as_deref().unwrap_or("running"),
         r.verdict.as_deref().unwrap_or("-")
     );
-    if let Some(c) = &r.culprit {
-        s += &format!(
-            "Culprit: `{}` {} (commit {} of the range)\n\n",
-            short(&c.sha),
-            c.subject,
-            c.commit
-        );
+    if let Some(line) = answer_line(r) {
+        s += &format!("{line}\n\n");
     }
     if !r.untestable.is_empty() {
         s += "Untestable:\n\n";
@@ -430,6 +485,7 @@ mod tests {
             commits: 9,
             params,
             pinned: pinned.iter().map(|p| p.to_string()).collect(),
+            find: Find::Break,
         }
     }
 
@@ -492,6 +548,14 @@ mod tests {
         // Another set of pins, or no flag, is another search.
         assert_ne!(read, header(&[], Some("BF16_INDEX_K")));
         assert_ne!(read, header(&["HICACHE=off"], None));
+        // A fix search over the same ends is another search.
+        let fix = Header {
+            find: Find::Fix,
+            ..h.clone()
+        };
+        assert_ne!(read, fix);
+        let line = serde_json::to_string(&Line::Header(Box::new(fix.clone()))).unwrap();
+        assert!(line.contains("\"find\":\"fix\""), "{line}");
     }
 
     #[test]
@@ -502,6 +566,10 @@ mod tests {
         assert!(params.remove("flag").is_none(), "not written when absent");
         params.remove("background").unwrap();
         assert!(line.get("pinned").is_none());
+        assert!(
+            line.get("find").is_none(),
+            "a break search's header keeps its shape"
+        );
         match serde_json::from_value::<Line>(line).unwrap() {
             Line::Header(read) => assert_eq!(*read, h),
             Line::Step(_) => panic!("a header"),

@@ -4,7 +4,8 @@
 //! probable; the tested commit of each step outlined), and the table of steps.
 
 use super::record::{
-    observation_words, posterior_history, setup_lines, step_labels, CommitsRecord,
+    answer_line, observation_words, posterior_history, range_words, setup_lines, step_labels,
+    CommitsRecord,
 };
 use crate::results::markup::{escape, page};
 
@@ -24,12 +25,9 @@ pub(super) fn render_html(r: &CommitsRecord) -> String {
     for line in setup_lines(r) {
         s += &format!("<p>{}</p>", escape(&line));
     }
-    if let Some(c) = &r.culprit {
-        s += &format!(
-            "<p>Culprit: <code>{}</code> {}</p>",
-            escape(&c.sha),
-            escape(&c.subject)
-        );
+    s += &format!("<p>{}.</p>", escape(&range_words(r)));
+    if let Some(line) = answer_line(r) {
+        s += &format!("<p>{}</p>", escape(&line));
     }
     s += &format!(
         "<p>{} commits, {} steps, {} sessions, {} builds ({:.0} s).</p>",
@@ -58,7 +56,7 @@ pub(super) fn render_html(r: &CommitsRecord) -> String {
             "<tr><td>{}</td><td>{} <code>{}</code> {}</td><td>{:?}</td><td>{}</td><td>{}</td></tr>",
             escape(&label),
             st.commit,
-            escape(&st.sha[..st.sha.len().min(12)]),
+            escape(super::git::short_id(&st.sha)),
             escape(&r.commits.get(st.commit).map_or(String::new(), |c| c.subject.clone())),
             st.purpose,
             escape(&observation_words(&st.observation)),

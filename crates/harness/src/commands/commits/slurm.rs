@@ -59,7 +59,7 @@ pub struct SlurmRounds {
 /// with another task's value.
 pub(crate) fn refuse_shared_writes(
     target: &TargetProfile,
-    repo: &Path,
+    repo: Option<&Path>,
     build: &BuildStep,
     writes: bool,
 ) -> anyhow::Result<()> {
@@ -70,7 +70,8 @@ pub(crate) fn refuse_shared_writes(
         .roles
         .iter()
         .filter(|role| {
-            matches!(build, BuildStep::Artifact(_)) || launch_inside(role, repo).is_none()
+            matches!(build, BuildStep::Artifact(_))
+                || repo.and_then(|repo| launch_inside(role, repo)).is_none()
         })
         .map(|role| format!("{} ({})", role.launch.display(), role.name))
         .collect();
@@ -430,7 +431,10 @@ mod tests {
         let job = Job::parse("42").unwrap();
         let p = planned(7, 3);
         // The commit's build marker: its task may have died mid-block, so it goes.
-        let marker = search.join(format!("builds/{}.ready", &p.sha[..12]));
+        let marker = search.join(format!(
+            "builds/{}.ready",
+            crate::commands::commits::git::short_id(&p.sha)
+        ));
         std::fs::write(&marker, "null").unwrap();
         std::fs::write(round.join("task-1.out"), "building\nerror: node lost\n\n").unwrap();
         // The on block had finished 3 sessions: they are spent.
@@ -500,9 +504,9 @@ mod tests {
         let build = BuildStep::Build("make".into());
         let artifact = BuildStep::Artifact("pip install e-{commit}.whl".into());
         // Nothing written: anything goes.
-        refuse_shared_writes(&outside, &repo, &build, false).unwrap();
+        refuse_shared_writes(&outside, Some(&repo), &build, false).unwrap();
         // Each commit's worktree has its own launch configs.
-        refuse_shared_writes(&inside, &repo, &build, true).unwrap();
+        refuse_shared_writes(&inside, Some(&repo), &build, true).unwrap();
         // An artifact's install is the node's: only a restart naming the commit is safe.
         refuse_shared_artifacts(&inside, &build).unwrap();
         let err = refuse_shared_artifacts(&inside, &artifact).unwrap_err();
@@ -511,7 +515,7 @@ mod tests {
         tagged.roles[0].restart = Some("docker run engine:{commit}".into());
         refuse_shared_artifacts(&tagged, &artifact).unwrap();
         for (target, step) in [(&outside, &build), (&inside, &artifact)] {
-            let err = refuse_shared_writes(target, &repo, step, true).unwrap_err();
+            let err = refuse_shared_writes(target, Some(&repo), step, true).unwrap_err();
             let text = format!("{err:#}");
             assert!(
                 text.contains("prefill.sh (prefill), ") && text.contains("fix: point the roles'"),

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::block::ControlFactory;
 use super::build::Builder;
-use super::git::{CommitInfo, Worktrees};
+use super::git::CommitInfo;
 use super::record::StepEntry;
 use super::{run_step, CommitsPlan};
 use crate::arm::Progress;
@@ -142,7 +142,7 @@ pub async fn run_task(
     same_search(plan)?;
     let ctx = plan.block_context(controls, progress, cancel);
     let mut builder = Builder::shared(plan.build.clone(), &plan.dir);
-    let mut worktrees = Worktrees::kept(&plan.repo, &plan.dir.join("worktrees"));
+    let mut worktrees = plan.worktrees(true);
     let step = run_step(plan, planned, &mut builder, &ctx, &mut worktrees).await?;
     let out = result_file(round, index, &tasks.nonce);
     crate::results::write_atomic(&out, &serde_json::to_vec_pretty(&step)?)
@@ -155,7 +155,7 @@ pub async fn run_task(
 fn same_search(plan: &CommitsPlan) -> anyhow::Result<()> {
     let log = plan.dir.join("steps.jsonl");
     let (logged, _) = super::record::read_log(&log)?;
-    let commits = super::git::first_parent_range(&plan.repo, &plan.good, &plan.bad)?;
+    let commits = plan.range.list(plan.find)?;
     let now = plan.header(&commits);
     if now != logged {
         return Err(Failure::BadInput(format!(
