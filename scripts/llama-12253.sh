@@ -14,7 +14,10 @@
 # queue and time out on 2 cores), CTX (filler tokens, default 600: at 0 the occupied
 # cache never reaches the 2048 cells a defrag needs), RUNS (default "0.3.8:DEFRAG
 # 0.3.8:KV_TYPE 0.3.9:DEFRAG"), RESULTS (default results/llama-12253), TIMEOUT (default
-# 900).
+# 900), RELEASES (default "0.3.8,0.3.9,0.3.36": then the release search, `bisect commits
+# --releases $RELEASES --find fix`, each release made the one serve.sh runs by
+# scripts/llama-12253-release.sh; empty: no search), BLOCK (sessions per block of the
+# search, default 12).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,6 +28,8 @@ CTX="${CTX:-600}"
 RUNS="${RUNS:-0.3.8:DEFRAG 0.3.8:KV_TYPE 0.3.9:DEFRAG}"
 RESULTS="${RESULTS:-results/llama-12253}"
 TIMEOUT="${TIMEOUT:-900}"
+RELEASES="${RELEASES-0.3.8,0.3.9,0.3.36}"
+BLOCK="${BLOCK:-12}"
 PROFILE=targets/llama-cpp-12253/target.toml
 WORKLOAD=targets/llama-cpp-12253/tiny-required.toml
 
@@ -45,8 +50,21 @@ for run in $RUNS; do
             --results "$dir" >&2 || { echo "run failed: $version $flag $load" >&2; failed=1; }
     done
 done
+if [ -n "$RELEASES" ]; then
+    # serve.sh runs the release the artifact links, not a fixed LLAMA_SERVER.
+    echo "== the release that fixed it: bisect commits --releases $RELEASES --find fix" >&2
+    env -u LLAMA_SERVER "$BISECT" commits --releases "$RELEASES" --find fix \
+        --artifact "$PWD/scripts/llama-12253-release.sh {release}" \
+        --target "$PROFILE" --workload "$WORKLOAD" --sessions "$BLOCK" --concurrency 4 \
+        --timeout "$TIMEOUT" --ctx "$CTX" --results "$RESULTS/releases" >&2 ||
+        { echo "release search: exit $?" >&2; failed=1; }
+fi
 for version_dir in "$RESULTS"/*/; do
+    [ "$(basename "$version_dir")" = releases ] && continue
     echo "### $(basename "$version_dir")"
     bash scripts/llama-hunt.sh --table "$version_dir"
+done
+for summary in "$RESULTS"/releases/*/summary.md; do
+    [ -f "$summary" ] && sed -n '1,12p' "$summary"
 done
 exit "$failed"

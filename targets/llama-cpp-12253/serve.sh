@@ -23,7 +23,11 @@ export LLAMA_ARG_FLASH_ATTN=1
 export LLAMA_ARG_N_PARALLEL=4
 export LLAMA_ARG_CTX_SIZE=32768
 export LLAMA_ARG_THREADS=2
-exec "${LLAMA_SERVER:?set LLAMA_SERVER to the 0.3.8 (or 0.3.9) llama-server}" \
+# The server: LLAMA_SERVER, else the release scripts/llama-12253-release.sh last pointed
+# its link at (the release search's `--artifact`).
+SERVER="${LLAMA_SERVER:-${XDG_CACHE_HOME:-$HOME/.cache}/bisect/llama-12253/llama-server}"
+[ -x "$SERVER" ] || { echo "serve.sh: no llama-server at $SERVER: set LLAMA_SERVER to the 0.3.8 (or 0.3.9) llama-server, or run scripts/llama-12253-release.sh 0.3.8" >&2; exit 1; }
+exec "$SERVER" \
     --model "${LLAMA_MODEL:?set LLAMA_MODEL to a .gguf model: eval \"\$(scripts/llama-server.sh)\"}" \
     --alias qwen2.5-coder-1.5b \
     --host 127.0.0.1 --port 8094 \
