@@ -33,7 +33,7 @@ pub mod identity;
 mod processes;
 mod self_report;
 
-pub use processes::log_tail;
+pub use processes::{log_excerpt, log_tail};
 use processes::{
     run_restart_command, spawn_launch, stop_child, truncate, RestartWatch, RESTART_PROOF_GRACE_S,
 };
@@ -334,10 +334,9 @@ impl ProcessControl {
             if let Some(s) = self.spawned.iter_mut().find(|s| s.role == role.name) {
                 if let Some(status) = s.child.try_wait()? {
                     return Err(Failure::CouldNotRun(format!(
-                        "role {} exited with {status} before becoming healthy; last lines of {}:\n{}",
+                        "role {} exited with {status} before becoming healthy; {}",
                         role.name,
-                        s.log.display(),
-                        log_tail(&s.log, 20)
+                        log_excerpt(&s.log, 20)
                     ))
                     .into());
                 }
@@ -379,13 +378,7 @@ impl ProcessControl {
                     .spawned
                     .iter()
                     .find(|s| s.role == role.name)
-                    .map(|s| {
-                        format!(
-                            "\nlast lines of {}:\n{}",
-                            s.log.display(),
-                            log_tail(&s.log, 20)
-                        )
-                    })
+                    .map(|s| format!("\n{}", log_excerpt(&s.log, 20)))
                     .unwrap_or_default();
                 return Err(Failure::CouldNotRun(format!(
                     "role {} not healthy at {} after {} s (last: {last}){tail}",

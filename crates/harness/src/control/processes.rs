@@ -124,11 +124,10 @@ pub(super) async fn run_restart_command(
             kill_group();
             let _ = child.wait().await;
             return Err(Failure::CouldNotRun(format!(
-                "restart command for role {} did not finish within {} s and was killed: {cmd}\nlast lines of {}:\n{}\n  fix: make the command return once the restart is issued, or raise restart_timeout_s for the role in the target profile",
+                "restart command for role {} did not finish within {} s and was killed: {cmd}\n{}\n  fix: make the command return once the restart is issued, or raise restart_timeout_s for the role in the target profile",
                 role.name,
                 limit.as_secs(),
-                log.display(),
-                log_tail(&log, 20)
+                log_excerpt(&log, 20)
             ))
             .into());
         }
@@ -142,8 +141,12 @@ pub(super) async fn run_restart_command(
     // server &`): that engine is the deployment's, so it is not killed here.
     if !status.success() {
         return Err(Failure::CouldNotRun(format!(
-            "restart command for role {} failed ({status}): {cmd}\n{}",
+            "restart command for role {} failed ({status}): {cmd}\n{}{}",
             role.name,
+            crate::core::root_cause::root_cause_words(
+                &std::fs::read_to_string(&log).unwrap_or_default(),
+                &log.display().to_string()
+            ),
             truncate(&log_tail(&log, 40), 2000)
         ))
         .into());
@@ -248,6 +251,25 @@ pub(super) async fn stop_child(child: &mut Child) -> anyhow::Result<()> {
         let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
     }
     Ok(())
+}
+
+/// What a failed start's message shows of the role's log: the first error lines (the
+/// root cause, often far above the tail: [`crate::core::root_cause`]), then the last `n`
+/// lines.
+pub fn log_excerpt(path: &Path, n: usize) -> String {
+    let cause = std::fs::read(path)
+        .map(|bytes| {
+            crate::core::root_cause::root_cause_words(
+                &String::from_utf8_lossy(&bytes),
+                &path.display().to_string(),
+            )
+        })
+        .unwrap_or_default();
+    format!(
+        "{cause}last lines of {}:\n{}",
+        path.display(),
+        log_tail(path, n)
+    )
 }
 
 /// The last `n` lines of a log file (for error messages).

@@ -80,6 +80,34 @@ async fn spawned_role_that_exits_reports_its_log() {
 }
 
 #[tokio::test]
+async fn a_failed_start_names_the_first_error_far_above_the_tail() {
+    // vLLM's shape: the engine core's traceback (the cause), then pages of shutdown, then
+    // the API server's own summary, which is all a 20-line tail would show.
+    let dir = tempfile::tempdir().unwrap();
+    let script = "echo 'INFO starting'\n\
+        echo 'Traceback (most recent call last):' >&2\n\
+        echo '  File \"core.py\", line 3, in run' >&2\n\
+        echo '(EngineCore pid=9) ERROR [core.py:712] ValueError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX.' >&2\n\
+        for i in $(seq 1 40); do echo \"INFO shutting down $i\"; done\n\
+        echo 'RuntimeError: Engine core initialization failed. See root cause above.' >&2\n\
+        exit 1\n";
+    let mut ctl = control_in(dir.path(), &spawned_solo(dir.path(), script, 30));
+    let msg = format!("{:#}", failed_restart(&mut ctl, "on").await);
+    let cause = msg.find("the first error in").expect(&msg);
+    let tail = msg.find("last lines of").expect(&msg);
+    assert!(cause < tail, "{msg}");
+    assert!(
+        msg[cause..tail].contains("line 4: (EngineCore pid=9) ERROR [core.py:712] ValueError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX."),
+        "{msg}"
+    );
+    assert!(
+        !msg[tail..].contains("ValueError"),
+        "the tail alone misses it: {msg}"
+    );
+    ctl.stop().await.unwrap();
+}
+
+#[tokio::test]
 async fn a_restart_does_not_stop_for_its_caller_and_refuses_over_a_running_role() {
     let dir = tempfile::tempdir().unwrap();
     let mut ctl = control_in(dir.path(), &spawned_solo(dir.path(), "exec sleep 600\n", 1));

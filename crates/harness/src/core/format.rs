@@ -13,6 +13,15 @@ use crate::core::stats;
 /// Written for a value that is not a number (NaN, infinite).
 pub(crate) const NOT_A_NUMBER: &str = "n/a";
 
+/// The first `max` characters, with `...` when something was cut (counted in
+/// characters, so a cut never splits one).
+pub fn clip(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((cut, _)) => format!("{}...", &text[..cut]),
+        None => text.to_string(),
+    }
+}
+
 /// A p-value with two significant figures: `0.50`, `0.011`, `0.0028`, and below 0.001
 /// in scientific notation without zero padding, `6.6e-5`. Exactly 0 is `0`, 1 is
 /// `1.00`.

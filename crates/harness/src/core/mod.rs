@@ -15,6 +15,7 @@ pub mod format;
 pub mod judgement;
 pub mod load;
 pub mod phases;
+pub mod root_cause;
 pub mod sequential;
 pub mod session;
 pub mod stats;

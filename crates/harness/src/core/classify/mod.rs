@@ -35,6 +35,7 @@ use serde_json::{Map, Value};
 pub use markup::{MarkupFamily, UnknownFamily};
 pub use rejection::{BadRejection, RejectionPattern, RejectionSet};
 
+use crate::core::format::clip as head;
 use crate::core::session::{ChatMessage, RoundClass, ToolCall};
 use crate::core::workload::{CheckArgs, ToolSpec};
 use markup::{Hit, MarkupSet};
@@ -536,14 +537,6 @@ fn snippet(text: &str, hit: &Hit) -> String {
     out.push_str(&escape_line(&lead));
     out.push_str(&escape_line(&tail));
     out
-}
-
-/// The first `max` characters, with `...` when something was cut.
-fn head(text: &str, max: usize) -> String {
-    match text.char_indices().nth(max) {
-        Some((cut, _)) => format!("{}...", &text[..cut]),
-        None => text.to_string(),
-    }
 }
 
 fn truncate_chars(text: &str, max: usize) -> String {

@@ -1,0 +1,133 @@
+//! The root cause in an engine's log, for the message of a start that failed: the tail
+//! alone is often the last process's summary ("Engine core initialization failed. See
+//! root cause above", vLLM) while the cause lies a hundred lines up, in another process's
+//! traceback. Pure: log text in, the lines that name the cause out.
+//!
+//! The rule, in order:
+//! 1. The exception that ends the log's first Python traceback: the first line after
+//!    "Traceback (most recent call last):" that reads `SomethingError: message` (or
+//!    `...Exception: ...`), whatever prefix the logger or the process put before it
+//!    (`(EngineCore_DP0 pid=41) ERROR 12-03 09:12:44 [core.py:712] ValueError: ...`).
+//!    Later tracebacks are usually the same failure re-raised by the parent process.
+//! 2. Otherwise the first line that says `error`, `fatal`, `panicked`, `abort` or
+//!    `segmentation fault` as a word (llama.cpp's "error: ...", a C++ `terminate called`
+//!    line, a Rust panic), skipping lines that only report a count of errors as zero.
+
+use std::sync::LazyLock;
+
+use regex::Regex;
+
+/// The lines that name the cause, with their 1-based line numbers, at most `max`.
+pub fn root_cause(log: &str, max: usize) -> Vec<(usize, String)> {
+    static EXCEPTION: LazyLock<Regex> = LazyLock::new(|| {
+        Regex::new(r"(?:^|[\s\]:)])(?:[A-Za-z_][A-Za-z0-9_]*\.)*[A-Z][A-Za-z0-9_]*(?:Error|Exception|Exit|Interrupt)(?::\s|$)").unwrap()
+    });
+    static WORD: LazyLock<Regex> = LazyLock::new(|| {
+        Regex::new(r"(?i)\b(error|fatal|panicked|abort(ed)?|segmentation fault|terminate called)\b")
+            .unwrap()
+    });
+    static NOTHING_WRONG: LazyLock<Regex> =
+        LazyLock::new(|| Regex::new(r"(?i)\b(0|no) errors?\b|errors?[=:]\s*0\b").unwrap());
+    let lines: Vec<&str> = log.lines().collect();
+    let take = |start: usize, keep: &dyn Fn(&str) -> bool| -> Vec<(usize, String)> {
+        lines
+            .iter()
+            .enumerate()
+            .skip(start)
+            .filter(|(_, l)| keep(l))
+            .take(max)
+            .map(|(i, l)| (i + 1, l.trim_end().to_string()))
+            .collect()
+    };
+    if let Some(tb) = lines
+        .iter()
+        .position(|l| l.contains("Traceback (most recent call last):"))
+    {
+        let exception = take(tb + 1, &|l| EXCEPTION.is_match(l));
+        if let Some(first) = exception.into_iter().next() {
+            return vec![first];
+        }
+    }
+    take(0, &|l| WORD.is_match(l) && !NOTHING_WRONG.is_match(l))
+}
+
+/// The cause as a message paragraph: "the first error in LOG (line N): ..." lines, or
+/// nothing when the log names none.
+pub fn root_cause_words(log: &str, log_name: &str) -> String {
+    let cause = root_cause(log, 3);
+    if cause.is_empty() {
+        return String::new();
+    }
+    let lines: Vec<String> = cause
+        .iter()
+        .map(|(n, l)| format!("  line {n}: {}", super::format::clip(l, 400)))
+        .collect();
+    format!("the first error in {log_name}:\n{}\n", lines.join("\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_traceback_s_exception_is_the_cause_not_the_parent_s_summary() {
+        let log = "\
+INFO 12-03 09:12:01 [api_server.py:1] vLLM API server version 0.32.0
+(EngineCore_DP0 pid=41) INFO 12-03 09:12:40 [core.py:90] Initializing a V1 LLM engine
+(EngineCore_DP0 pid=41) ERROR 12-03 09:12:44 [core.py:712] EngineCore failed to start.
+(EngineCore_DP0 pid=41) ERROR 12-03 09:12:44 [core.py:712] Traceback (most recent call last):
+(EngineCore_DP0 pid=41) ERROR 12-03 09:12:44 [core.py:712]   File \"core.py\", line 703, in run_engine_core
+(EngineCore_DP0 pid=41) ERROR 12-03 09:12:44 [core.py:712]     raise ValueError(msg)
+(EngineCore_DP0 pid=41) ERROR 12-03 09:12:44 [core.py:712] ValueError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX.
+Traceback (most recent call last):
+  File \"api_server.py\", line 9, in <module>
+RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}
+";
+        let cause = root_cause(log, 3);
+        assert_eq!(cause.len(), 1);
+        assert_eq!(cause[0].0, 7);
+        assert!(cause[0]
+            .1
+            .ends_with("ValueError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX."));
+        let words = root_cause_words(log, "logs/on-r0-server.log");
+        assert!(
+            words.starts_with("the first error in logs/on-r0-server.log:\n  line 7: "),
+            "{words}"
+        );
+    }
+
+    #[test]
+    fn without_a_traceback_the_first_error_word_and_never_a_count_of_none() {
+        let log = "\
+build: 4941 (8733e0c) with cc
+main: 0 errors while loading the vocabulary
+llama_model_load: error loading model: tensor 'blk.0.attn_q.weight' has wrong shape
+llama_load_model_from_file: failed to load model
+srv    load_model: failed to load model, 'model.gguf'
+main: exiting due to model loading error
+";
+        let cause = root_cause(log, 2);
+        assert_eq!(
+            cause,
+            [
+                (3, "llama_model_load: error loading model: tensor 'blk.0.attn_q.weight' has wrong shape".into()),
+                (6, "main: exiting due to model loading error".into()),
+            ]
+        );
+        assert_eq!(root_cause("all good\nready\n", 3), []);
+        assert_eq!(root_cause_words("all good\n", "x.log"), "");
+        let panic = "starting\nthread 'main' panicked at src/main.rs:3:5:\nboom\n";
+        assert_eq!(root_cause(panic, 1)[0].0, 2);
+    }
+
+    #[test]
+    fn a_traceback_without_an_exception_line_falls_back_to_the_words() {
+        // Cut off mid-traceback (the process was killed while printing).
+        let log =
+            "ERROR starting the worker\nTraceback (most recent call last):\n  File \"x.py\"\n";
+        assert_eq!(
+            root_cause(log, 1),
+            [(1, "ERROR starting the worker".into())]
+        );
+    }
+}
