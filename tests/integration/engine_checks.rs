@@ -9,6 +9,7 @@ use std::process::Command;
 
 use bisect_harness::arm::NO_EFFECTIVE_WARNING;
 use bisect_harness::core::arm_stats::ArmLabel;
+use bisect_harness::core::effective::EffectivePointer;
 use bisect_harness::core::verdict::Severity;
 
 use crate::common::{FakeTarget, DECODE_LAUNCH};
@@ -82,9 +83,10 @@ async fn a_profile_pointer_reads_the_flag_where_the_engine_reports_it() {
     t.engine.ignore_restarts();
     let prefill = &mut plan.target.roles[0];
     prefill.effective_url = Some(format!("http://{}/server_info", t.engine.prefill_addr));
-    prefill
-        .effective_pointers
-        .insert("FAKE_BF16".into(), "/env/FAKE_INDEX_BF16".into());
+    prefill.effective_pointers.insert(
+        "FAKE_BF16".into(),
+        EffectivePointer::plain("/env/FAKE_INDEX_BF16"),
+    );
     let mut control = t.engine.control();
     let record = crate::common::run_quiet(&plan, &mut control).await.unwrap();
     assert_eq!(record.arm(ArmLabel::On).unwrap().effective["prefill"], "1");
@@ -104,7 +106,7 @@ async fn no_engine_reporting_the_flag_is_a_recorded_warning() {
     assert!(record.arm(ArmLabel::On).unwrap().effective.is_empty());
     assert_eq!(
         record.extra["warnings"],
-        serde_json::json!([NO_EFFECTIVE_WARNING])
+        serde_json::json!([format!("FAKE_BF16: {NO_EFFECTIVE_WARNING}")])
     );
     let json = std::fs::read_to_string(plan.run_dir.join("run.json")).unwrap();
     assert!(json.contains(NO_EFFECTIVE_WARNING));

@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::{Readback, Testbed};
 use crate::config::{Engine, FlagSpec, TargetProfile, Workload};
@@ -275,10 +276,72 @@ impl Testbed<'_> {
                 ))
                 .into());
             }
+            self.wait_for_port(role).await?;
         }
         Ok(())
     }
+
+    /// Waits, up to [`PORT_FREE_WAIT`], until the role's port on this host is let go of:
+    /// no socket listens on it (an engine still exiting holds it without answering) and
+    /// no connection the last engine closed is still unacknowledged (a server binding
+    /// with SO_REUSEPORT alone cannot bind past those: "couldn't bind HTTP server
+    /// socket", seen between a 0.3.8 and a 0.3.36 llama-server in a release search).
+    async fn wait_for_port(&self, role: &crate::config::RoleSpec) -> anyhow::Result<()> {
+        use crate::control::identity::{port_held, port_unsettled};
+        let busy = || -> Option<String> {
+            if let Some(holder) = port_held(&role.health) {
+                return Some(format!("listened on by {holder}"));
+            }
+            match port_unsettled(&role.health) {
+                Some(n) if n > 0 => Some(format!(
+                    "{n} connection(s) the last engine closed still unacknowledged"
+                )),
+                _ => None,
+            }
+        };
+        let started = Instant::now();
+        let Some(mut why) = busy() else {
+            return Ok(());
+        };
+        while started.elapsed() < PORT_FREE_WAIT {
+            tokio::select! {
+                _ = self.cancel.cancelled() => return Err(Failure::Interrupted.into()),
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+            match busy() {
+                None => {
+                    self.progress.note(&format!(
+                        "role {}: its port was busy ({why}) for {:.1} s after the engines stopped; free now",
+                        role.name,
+                        started.elapsed().as_secs_f64()
+                    ));
+                    return Ok(());
+                }
+                Some(now) => why = now,
+            }
+        }
+        if port_held(&role.health).is_some() {
+            return Err(Failure::CouldNotRun(format!(
+                "the port of {} is still {why}, {} s after bisect's engines stopped, without answering: role {} could not bind it\n  \
+                 fix: stop that process, or give the role another port in its launch config",
+                role.health,
+                PORT_FREE_WAIT.as_secs(),
+                role.name
+            ))
+            .into());
+        }
+        // Unacknowledged closes only: some servers bind past them; start and see.
+        self.progress.note(&format!(
+            "warning: role {}: its port still has {why} after {} s; starting it anyway",
+            role.name,
+            PORT_FREE_WAIT.as_secs()
+        ));
+        Ok(())
+    }
 }
+
+/// How long a restart waits for a role's port to be let go of.
+const PORT_FREE_WAIT: Duration = Duration::from_secs(30);
 
 /// Role -> the flag's value as each engine of its roles reports it, where it does: at
 /// the role's `effective_pointers` entry for the flag, else the default pointers.
@@ -291,22 +354,20 @@ fn effective_values(
         .iter()
         .filter_map(|role| {
             let doc = engine_info.get(role)?;
-            let pointers = match target
+            let pointer = target
                 .role(role)
-                .and_then(|r| r.effective_pointers.get(&flag.name))
-            {
-                Some(pointer) => vec![pointer.clone()],
-                None => effective::pointers(flag),
-            };
-            Some((role.clone(), effective::reported_at(doc, &pointers)?))
+                .and_then(|r| r.effective_pointers.get(&flag.name));
+            Some((role.clone(), effective::reported_for(doc, flag, pointer)?))
         })
         .collect()
 }
 
-/// The warning a run carries when no engine of the flag's roles reports the flag's
-/// effective value: then only the launch-file read-back says the arms differ.
+/// The warning a run carries, after the flag's name ("FLAG: ..."), when no engine of the
+/// flag's roles reports the flag's effective value where bisect looks: then only the
+/// launch-file read-back says the arms differ. An engine may report everything else (its
+/// document is in run.json's `engine_info`): the fix is a pointer to the flag's value.
 pub const NO_EFFECTIVE_WARNING: &str =
-    "no engine reports its effective configuration: only the launch-file read-back stands";
+    "no engine of its roles reports its value where bisect looks (the role's effective_pointers entry for the flag says where; `on`/`off` there map an engine's own words, e.g. False for a disabling switch): only the launch-file read-back stands";
 
 #[cfg(test)]
 mod tests {

@@ -277,6 +277,9 @@ impl<'a> Testbed<'a> {
             metrics_period: spec.metrics_period,
             probe_http: reqwest::Client::builder()
                 .no_proxy()
+                // No idle connection kept to an engine that may be stopped next: one open
+                // when it stops lingers unacknowledged on its port.
+                .pool_max_idle_per_host(0)
                 .timeout(Duration::from_secs(2))
                 .build()?,
             identities: BTreeMap::new(),

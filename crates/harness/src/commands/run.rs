@@ -226,10 +226,10 @@ pub(crate) async fn run_block(
         .get(&plan.flag.name)
         .cloned()
         .unwrap_or_default();
-    if effective.is_empty() && !has_warning(record, NO_EFFECTIVE_WARNING) {
-        bed.progress()
-            .note(&format!("warning: {NO_EFFECTIVE_WARNING}"));
-        push_warning(record, NO_EFFECTIVE_WARNING);
+    let unreported = format!("{}: {NO_EFFECTIVE_WARNING}", plan.flag.name);
+    if effective.is_empty() && !has_warning(record, &unreported) {
+        bed.progress().note(&format!("warning: {unreported}"));
+        push_warning(record, &unreported);
     }
     if let Some(pin) = restarted.disagreements.iter().find(|d| d.pinned) {
         let d = &pin.disagreement;

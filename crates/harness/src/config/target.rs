@@ -13,6 +13,7 @@ use super::engine::Engine;
 use super::{read_text, ConfigError, Source};
 use crate::core::classify::rejection::{self, BadRejection, RejectionPattern};
 use crate::core::classify::{MarkupFamily, RejectionSet};
+use crate::core::effective::EffectivePointer;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct TargetProfile {
@@ -57,9 +58,10 @@ pub struct RoleSpec {
     /// Where the engine reports its effective configuration (a JSON document); `None`
     /// probes `/server_info` then `/get_server_info` beside the health URL.
     pub effective_url: Option<String>,
-    /// Flag name -> JSON pointer of its value in that document; a flag not listed is
-    /// looked up at `/flags/KEY` then `/KEY` (docs/design.md 3.2).
-    pub effective_pointers: BTreeMap<String, String>,
+    /// Flag name -> where its value is in that document (a JSON pointer, and the engine's
+    /// words for on and off where they are not the flag's); a flag not listed is looked
+    /// up at `/flags/KEY` then `/KEY` (docs/design.md 3.2).
+    pub effective_pointers: BTreeMap<String, EffectivePointer>,
     /// Whether engines bisect starts for this role (spawned or by `restart`) inherit
     /// the API key's environment variable; by default it is removed from theirs.
     pub pass_api_key: bool,
@@ -141,7 +143,7 @@ struct RawRole {
     restart_timeout_s: Option<Spanned<i64>>,
     effective_url: Option<Spanned<String>>,
     #[serde(default)]
-    effective_pointers: BTreeMap<String, Spanned<String>>,
+    effective_pointers: BTreeMap<String, Spanned<RawPointer>>,
     #[serde(default)]
     pass_api_key: bool,
     engine: Option<Spanned<String>>,
@@ -502,19 +504,47 @@ fn launch_path(
     Ok(launch)
 }
 
-/// A role's `effective_pointers`: each a JSON pointer (or empty), by flag name.
-fn effective_pointers(src: &Source, r: &RawRole) -> Result<BTreeMap<String, String>, ConfigError> {
+/// One `effective_pointers` entry as written: a JSON pointer, or a table with the
+/// pointer and the engine's words for the flag's on and off values.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum RawPointer {
+    Plain(String),
+    Mapped {
+        pointer: String,
+        on: String,
+        off: String,
+    },
+}
+
+/// A role's `effective_pointers`: each a JSON pointer (or empty), by flag name, with the
+/// engine's words for on and off where given.
+fn effective_pointers(
+    src: &Source,
+    r: &RawRole,
+) -> Result<BTreeMap<String, EffectivePointer>, ConfigError> {
     let mut effective_pointers = BTreeMap::new();
-    for (flag, pointer) in &r.effective_pointers {
-        let p = pointer.get_ref().trim();
+    for (flag, entry) in &r.effective_pointers {
+        let (p, reports) = match entry.get_ref() {
+            RawPointer::Plain(p) => (p.trim(), None),
+            RawPointer::Mapped { pointer, on, off } => {
+                (pointer.trim(), Some((on.clone(), off.clone())))
+            }
+        };
         if !p.is_empty() && !p.starts_with('/') {
             return Err(src.invalid(
-                pointer.span(),
+                entry.span(),
                 format!("effective_pointers.{flag} = {p:?} is not a JSON pointer"),
-                "write a JSON pointer (RFC 6901) into the effective-config document, e.g. \"/server_args/enable_hierarchical_cache\"",
+                "write a JSON pointer (RFC 6901) into the effective-config document, e.g. \"/server_args/enable_hierarchical_cache\", or a table { pointer = \"/...\", on = \"<what the engine reports when the flag is on>\", off = \"...\" }",
             ));
         }
-        effective_pointers.insert(flag.clone(), p.to_string());
+        effective_pointers.insert(
+            flag.clone(),
+            EffectivePointer {
+                pointer: p.to_string(),
+                reports,
+            },
+        );
     }
     Ok(effective_pointers)
 }
@@ -718,6 +748,27 @@ health = "http://127.0.0.1:30002/health"
     }
 
     #[test]
+    fn a_pointer_may_map_the_engine_s_words_for_on_and_off() {
+        let mapped = GOOD.replace(
+            "health_timeout_s = 120\n",
+            "health_timeout_s = 120\neffective_pointers = { HICACHE = { pointer = \"/vllm:cache_config_info/enable_prefix_caching\", on = \"False\", off = \"True\" } }\n",
+        );
+        let (_dir, path) = write_profile(&mapped);
+        let profile = TargetProfile::load(&path).unwrap();
+        assert_eq!(
+            profile.roles[0].effective_pointers["HICACHE"],
+            EffectivePointer {
+                pointer: "/vllm:cache_config_info/enable_prefix_caching".into(),
+                reports: Some(("False".into(), "True".into())),
+            }
+        );
+        let bad = mapped.replace("{ pointer = \"/vllm", "{ pointer = \"vllm");
+        let (line, msg) = error_at(&bad);
+        assert_eq!(line, 13);
+        assert!(msg.contains("is not a JSON pointer"), "{msg}");
+    }
+
+    #[test]
     fn bad_values_and_unknown_keys_point_at_their_line() {
         let text = GOOD.replace("health_timeout_s = 120", "health_timeout_s = 0");
         assert_eq!(error_at(&text).0, 12);
@@ -749,7 +800,7 @@ health = "http://127.0.0.1:30002/health"
         );
         assert_eq!(
             prefill.effective_pointers["HICACHE"],
-            "/server_args/enable_hierarchical_cache"
+            EffectivePointer::plain("/server_args/enable_hierarchical_cache")
         );
         assert!(prefill.pass_api_key);
         let decode = &p.roles[1];

@@ -67,9 +67,8 @@ async fn metrics_start_time(
     (!value.is_empty()).then(|| value.to_string())
 }
 
-/// The process listening on `url`'s port, when its host is this one (a loopback
-/// address or `localhost`) and this user may read it: `pid P started T`.
-pub fn local_listener(url: &str) -> Option<String> {
+/// `url`'s port, when its host is this one (a loopback address or `localhost`).
+fn local_port(url: &str) -> Option<u16> {
     let parsed = reqwest::Url::parse(url).ok()?;
     let host = parsed
         .host_str()?
@@ -79,10 +78,61 @@ pub fn local_listener(url: &str) -> Option<String> {
         Ok(ip) => ip.is_loopback() || ip.is_unspecified(),
         Err(_) => host == "localhost",
     };
-    if !local {
+    local.then(|| parsed.port_or_known_default()).flatten()
+}
+
+/// Whether a socket listens on `url`'s port on this host, answering or not (an engine
+/// still exiting holds its port closed to a new one without answering on it): who holds
+/// it (`pid P started T`, or that this user cannot see), `None` when nothing does or the
+/// host is another.
+pub fn port_held(url: &str) -> Option<String> {
+    let port = local_port(url)?;
+    let proc_root = Path::new("/proc");
+    let inodes = listening_inodes(proc_root, port);
+    if inodes.is_empty() {
         return None;
     }
-    let port = parsed.port_or_known_default()?;
+    Some(local_listener(url).unwrap_or_else(|| "a process this user cannot see".into()))
+}
+
+/// Connections on `url`'s port on this host (its local end) that a stopped engine closed
+/// and the other end has not yet acknowledged: FIN_WAIT1, CLOSING, LAST_ACK. While one
+/// lingers, a server that binds with SO_REUSEPORT alone (llama-server's cpp-httplib)
+/// cannot bind the port: measured between a 0.3.8 llama-server aborted with connections
+/// open and the 0.3.36 one started after it. `None` for another host.
+pub fn port_unsettled(url: &str) -> Option<usize> {
+    let port = local_port(url)?;
+    let mut found = 0;
+    for table in ["net/tcp", "net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(Path::new("/proc").join(table)) else {
+            continue;
+        };
+        found += count_unsettled(&text, port);
+    }
+    Some(found)
+}
+
+/// Lines of a `/proc/net/tcp`-format table whose local port is `port` and whose state is
+/// FIN_WAIT1 (`04`), LAST_ACK (`09`) or CLOSING (`0B`).
+fn count_unsettled(table: &str, port: u16) -> usize {
+    table
+        .lines()
+        .skip(1)
+        .filter(|line| {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            let local_port = cols
+                .get(1)
+                .and_then(|l| l.rsplit(':').next())
+                .and_then(|p| u16::from_str_radix(p, 16).ok());
+            local_port == Some(port) && matches!(cols.get(3), Some(&("04" | "09" | "0B")))
+        })
+        .count()
+}
+
+/// The process listening on `url`'s port, when its host is this one (a loopback
+/// address or `localhost`) and this user may read it: `pid P started T`.
+pub fn local_listener(url: &str) -> Option<String> {
+    let port = local_port(url)?;
     let proc_root = Path::new("/proc");
     let inodes = listening_inodes(proc_root, port);
     let pid = owner_of(proc_root, &inodes)?;
@@ -204,5 +254,38 @@ mod tests {
             local_listener(&format!("http://127.0.0.1:{port}/health")),
             None
         );
+    }
+
+    #[test]
+    fn connections_the_engine_closed_unacknowledged_count_by_local_port_and_state() {
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+   0: 0100007F:1F96 0100007F:A4F2 04 00000001:00000000 01:00000010 00000000     0        0 0\n\
+   1: 0100007F:1F96 0100007F:A4F8 06 00000000:00000000 03:00000010 00000000     0        0 0\n\
+   2: 0100007F:A4F2 0100007F:1F96 08 00000000:000006F0 00:00000000 00000000     0        0 1\n\
+   3: 0100007F:1F96 0100007F:A500 0B 00000001:00000000 01:00000010 00000000     0        0 0\n\
+   4: 0100007F:1F96 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 7\n";
+        // 0x1F96 = 8086: FIN_WAIT1 and CLOSING count; TIME_WAIT, the client's
+        // CLOSE_WAIT (its local port is another) and the listener do not.
+        assert_eq!(count_unsettled(table, 8086), 2);
+        assert_eq!(count_unsettled(table, 8087), 0);
+        assert_eq!(port_unsettled("http://10.1.2.3:8086/health"), None);
+    }
+
+    #[test]
+    fn a_port_is_held_while_a_socket_listens_on_it_answering_or_not() {
+        // A listener that never accepts: what an exiting engine leaves for a moment.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!(
+            "http://localhost:{}/health",
+            listener.local_addr().unwrap().port()
+        );
+        let holder = port_held(&url).unwrap();
+        assert!(
+            holder.starts_with(&format!("pid {} ", std::process::id())),
+            "{holder}"
+        );
+        drop(listener);
+        assert_eq!(port_held(&url), None);
+        assert_eq!(port_held("http://10.1.2.3:8080/health"), None);
     }
 }

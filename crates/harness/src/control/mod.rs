@@ -139,6 +139,9 @@ impl ProcessControl {
             .with_context(|| format!("creating logs directory {}", logs_dir.display()))?;
         let http = reqwest::Client::builder()
             .no_proxy()
+            // No idle connection kept to an engine that may be stopped next: one open
+            // when it stops lingers unacknowledged on its port.
+            .pool_max_idle_per_host(0)
             .timeout(Duration::from_secs(3))
             .build()?;
         Ok(ProcessControl {

@@ -107,6 +107,52 @@ fn prometheus_labels(text: &str) -> Option<serde_json::Map<String, Value>> {
     }
 }
 
+/// Where a role's engine reports a flag's value (a target profile's `effective_pointers`
+/// entry), and, where the engine's word for it is not the flag's, the word it uses in
+/// each arm: vLLM reports `enable_prefix_caching="False"` when NO_PREFIX_CACHING is on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EffectivePointer {
+    /// A JSON pointer into the role's effective-config document.
+    pub pointer: String,
+    /// (what the engine reports when the flag is on, when it is off).
+    pub reports: Option<(String, String)>,
+}
+
+impl EffectivePointer {
+    /// A pointer whose value is the flag's own.
+    pub fn plain(pointer: &str) -> Self {
+        EffectivePointer {
+            pointer: pointer.to_string(),
+            reports: None,
+        }
+    }
+
+    /// The value at the pointer in the flag's terms: the flag's on (off) value where the
+    /// engine reported its word for on (off), [`agrees`]-wise; any other report as it is,
+    /// so it disagrees with both arms.
+    pub fn read(&self, doc: &Value, flag: &FlagSpec) -> Option<String> {
+        let raw = reported_at(doc, std::slice::from_ref(&self.pointer))?;
+        Some(match &self.reports {
+            Some((on, _)) if agrees(on, &raw) => flag.on.clone(),
+            Some((_, off)) if agrees(off, &raw) => flag.off.clone(),
+            _ => raw,
+        })
+    }
+}
+
+/// The flag's value as a role's engine reports it: at the profile's pointer for it
+/// (mapped), else at the default [`pointers`].
+pub fn reported_for(
+    doc: &Value,
+    flag: &FlagSpec,
+    pointer: Option<&EffectivePointer>,
+) -> Option<String> {
+    match pointer {
+        Some(p) => p.read(doc, flag),
+        None => reported(doc, flag),
+    }
+}
+
 /// JSON pointers tried, in order, in an engine's configuration document.
 pub(crate) fn pointers(flag: &FlagSpec) -> Vec<String> {
     let key = report_key(&flag.setting)
@@ -346,6 +392,40 @@ pub(crate) fn disagreements(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mapped_pointer_reads_the_engine_s_words_as_the_flag_s_values() {
+        // vLLM's info metric says enable_prefix_caching="False" when the disabling
+        // switch NO_PREFIX_CACHING is on (written "on").
+        let flag = FlagSpec {
+            on: "on".into(),
+            off: "off".into(),
+            ..flag(Setting::Switch("--no-enable-prefix-caching".into()))
+        };
+        let doc =
+            |v: &str| serde_json::json!({"vllm:cache_config_info": {"enable_prefix_caching": v}});
+        let pointer = EffectivePointer {
+            pointer: "/vllm:cache_config_info/enable_prefix_caching".into(),
+            reports: Some(("False".into(), "True".into())),
+        };
+        assert_eq!(pointer.read(&doc("False"), &flag).as_deref(), Some("on"));
+        assert_eq!(pointer.read(&doc("True"), &flag).as_deref(), Some("off"));
+        // Neither word: as reported, so it disagrees with both arms.
+        assert_eq!(pointer.read(&doc("maybe"), &flag).as_deref(), Some("maybe"));
+        assert!(!agrees("on", "maybe") && !agrees("off", "maybe"));
+        // Unmapped, the engine's own word: "False" against "on" disagrees (the fault a
+        // negating flag had without the mapping).
+        let plain = EffectivePointer::plain("/vllm:cache_config_info/enable_prefix_caching");
+        assert!(!agrees("on", &plain.read(&doc("False"), &flag).unwrap()));
+        assert_eq!(reported_for(&doc("False"), &flag, None), None);
+        // A real vLLM's /metrics (tests/fixtures/engines/vllm/cpu-0.32.0/), prefix caching
+        // on: the flag reads off.
+        let real = prometheus_doc(&crate::test_http::engine_fixture(
+            "vllm/cpu-0.32.0/metrics.txt",
+        ))
+        .unwrap();
+        assert_eq!(pointer.read(&real, &flag).as_deref(), Some("off"));
+    }
     use serde_json::json;
 
     fn flag(setting: Setting) -> FlagSpec {

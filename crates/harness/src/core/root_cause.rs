@@ -11,7 +11,8 @@
 //!    Later tracebacks are usually the same failure re-raised by the parent process.
 //! 2. Otherwise the first line that says `error`, `fatal`, `panicked`, `abort` or
 //!    `segmentation fault` as a word (llama.cpp's "error: ...", a C++ `terminate called`
-//!    line, a Rust panic), skipping lines that only report a count of errors as zero.
+//!    line, a Rust panic), or that llama.cpp's log marks with level `E`, skipping lines
+//!    that only report a count of errors as zero.
 
 use std::sync::LazyLock;
 
@@ -26,6 +27,9 @@ pub fn root_cause(log: &str, max: usize) -> Vec<(usize, String)> {
         Regex::new(r"(?i)\b(error|fatal|panicked|abort(ed)?|segmentation fault|terminate called)\b")
             .unwrap()
     });
+    // llama.cpp's own log format: a timestamp, then the level letter (E for error).
+    static LEVEL_E: LazyLock<Regex> =
+        LazyLock::new(|| Regex::new(r"^\d+\.\d+\.\d+\.\d+ E ").unwrap());
     static NOTHING_WRONG: LazyLock<Regex> =
         LazyLock::new(|| Regex::new(r"(?i)\b(0|no) errors?\b|errors?[=:]\s*0\b").unwrap());
     let lines: Vec<&str> = log.lines().collect();
@@ -44,11 +48,23 @@ pub fn root_cause(log: &str, max: usize) -> Vec<(usize, String)> {
         .position(|l| l.contains("Traceback (most recent call last):"))
     {
         let exception = take(tb + 1, &|l| EXCEPTION.is_match(l));
-        if let Some(first) = exception.into_iter().next() {
-            return vec![first];
+        if let Some((n, line)) = exception.into_iter().next() {
+            // Its message may go on below it, indented (pydantic's "1 validation error
+            // for X" then the error itself), before the next frame or log line.
+            let mut cause = vec![(n, line)];
+            for (i, l) in lines.iter().enumerate().skip(n) {
+                let detail = l.starts_with("  ") && !l.trim_start().starts_with("File \"");
+                if !detail || l.trim().chars().all(|c| c == '^' || c == '~') || cause.len() >= max {
+                    break;
+                }
+                cause.push((i + 1, l.trim_end().to_string()));
+            }
+            return cause;
         }
     }
-    take(0, &|l| WORD.is_match(l) && !NOTHING_WRONG.is_match(l))
+    take(0, &|l| {
+        (WORD.is_match(l) || LEVEL_E.is_match(l)) && !NOTHING_WRONG.is_match(l)
+    })
 }
 
 /// The cause as a message paragraph: "the first error in LOG (line N): ..." lines, or
@@ -118,6 +134,45 @@ main: exiting due to model loading error
         assert_eq!(root_cause_words("all good\n", "x.log"), "");
         let panic = "starting\nthread 'main' panicked at src/main.rs:3:5:\nboom\n";
         assert_eq!(root_cause(panic, 1)[0].0, 2);
+    }
+
+    /// Real vLLM logs (the CPU wheel 0.32.0, tests/fixtures/engines/vllm/cpu-0.32.0/).
+    #[test]
+    fn a_real_vllm_start_failure_names_its_validation_error_and_its_message() {
+        let log =
+            crate::test_http::engine_fixture("vllm/cpu-0.32.0/start-failure-max-model-len.log");
+        let cause = root_cause(&log, 3);
+        assert!(
+            cause[0]
+                .1
+                .ends_with("ValidationError: 1 validation error for ModelConfig"),
+            "{cause:?}"
+        );
+        assert!(
+            cause[1].1.contains(
+                "User-specified max_model_len (100000) is greater than the derived max_model_len"
+            ),
+            "{cause:?}"
+        );
+        // Killed while its worker profiled memory (fp8 KV cache on AVX2): the engine
+        // core's own exception, not the API server's summary after it.
+        let killed = crate::test_http::engine_fixture("vllm/cpu-0.32.0/start-killed-fp8-kv.log");
+        let cause = root_cause(&killed, 3);
+        assert!(cause[0].1.starts_with("(EngineCore pid="), "{cause:?}");
+        assert!(cause[0].1.ends_with("RuntimeError: cancelled"), "{cause:?}");
+    }
+
+    #[test]
+    fn llama_cpp_s_error_level_marks_the_cause_without_the_word() {
+        // A 0.3.36 llama-server that could not bind its port (a release search's block).
+        let log = "\
+0.00.001.840 W DEPRECATED: --defrag-thold is deprecated and no longer necessary to specify
+0.00.006.051 E srv         start: couldn't bind HTTP server socket, hostname: 127.0.0.1, port: 8094
+0.00.006.242 E srv  llama_server: exiting due to HTTP server error
+";
+        let cause = root_cause(log, 1);
+        assert_eq!(cause[0].0, 2);
+        assert!(cause[0].1.contains("couldn't bind HTTP server socket"));
     }
 
     #[test]

@@ -409,11 +409,8 @@ fn compare_effective(
         if !flag.roles.iter().any(|r| r == &role.name) {
             continue;
         }
-        let pointers = match role.effective_pointers.get(&flag.name) {
-            Some(p) => vec![p.clone()],
-            None => crate::core::effective::pointers(flag),
-        };
-        let Some(value) = crate::core::effective::reported_at(doc, &pointers) else {
+        let pointer = role.effective_pointers.get(&flag.name);
+        let Some(value) = crate::core::effective::reported_for(doc, flag, pointer) else {
             continue;
         };
         let Some(launch) = read_setting(&text, &flag.setting, flag) else {

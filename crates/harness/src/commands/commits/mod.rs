@@ -393,10 +393,16 @@ pub(crate) async fn run_step(
 ) -> anyhow::Result<StepEntry> {
     let (commit, n) = (p.commit, p.step);
     let short = git::short_id(&p.sha);
-    ctx.progress.note(&format!(
-        "step {n}: commit {commit} {short} {} ({:?})",
-        p.subject, p.purpose
-    ));
+    let what = match plan.range {
+        RangeSpec::Releases(_) => format!("release {short} (number {commit})"),
+        RangeSpec::Git { .. } => format!("commit {commit} {short}"),
+    };
+    let subject = match plan.range {
+        RangeSpec::Releases(_) => String::new(),
+        RangeSpec::Git { .. } => format!(" {}", p.subject),
+    };
+    ctx.progress
+        .note(&format!("step {n}: {what}{subject} ({:?})", p.purpose));
     let (built, build) = builder
         .build(commit, &p.sha, worktrees, &ctx.cancel)
         .await?;
@@ -414,7 +420,7 @@ pub(crate) async fn run_step(
     let folder = match built {
         Built::Untestable(reason) => {
             ctx.progress
-                .note(&format!("commit {commit} {short} is untestable: {reason}"));
+                .note(&format!("{what} is untestable: {reason}"));
             step.observation = Observation::Untestable { reason };
             return Ok(step);
         }
@@ -433,7 +439,7 @@ pub(crate) async fn run_step(
     });
     step::run_blocks(ctx, &target, ab, &plan.dir, &mut step).await?;
     ctx.progress.note(&format!(
-        "commit {commit} {short}: {}",
+        "{what}: {}",
         record::observation_words(&step.observation)
     ));
     Ok(step)

