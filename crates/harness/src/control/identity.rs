@@ -129,6 +129,39 @@ fn count_unsettled(table: &str, port: u16) -> usize {
         .count()
 }
 
+/// Connections on this host with `url`'s port at either end in a closing state
+/// (TIME_WAIT and the FIN/CLOSING/LAST_ACK states): what lingers after an engine on that
+/// port stopped. `None` for another host.
+pub fn port_lingering(url: &str) -> Option<usize> {
+    let port = local_port(url)?;
+    let mut found = 0;
+    for table in ["net/tcp", "net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(Path::new("/proc").join(table)) else {
+            continue;
+        };
+        found += count_lingering(&text, port);
+    }
+    Some(found)
+}
+
+/// Lines of a `/proc/net/tcp`-format table with `port` at either end and state FIN_WAIT1
+/// (`04`), FIN_WAIT2 (`05`), TIME_WAIT (`06`), LAST_ACK (`09`) or CLOSING (`0B`).
+fn count_lingering(table: &str, port: u16) -> usize {
+    let port_of = |addr: Option<&&str>| {
+        addr.and_then(|a| a.rsplit(':').next())
+            .and_then(|p| u16::from_str_radix(p, 16).ok())
+    };
+    table
+        .lines()
+        .skip(1)
+        .filter(|line| {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            (port_of(cols.get(1)) == Some(port) || port_of(cols.get(2)) == Some(port))
+                && matches!(cols.get(3), Some(&("04" | "05" | "06" | "09" | "0B")))
+        })
+        .count()
+}
+
 /// The process listening on `url`'s port, when its host is this one (a loopback
 /// address or `localhost`) and this user may read it: `pid P started T`.
 pub fn local_listener(url: &str) -> Option<String> {
@@ -268,6 +301,10 @@ mod tests {
         // CLOSE_WAIT (its local port is another) and the listener do not.
         assert_eq!(count_unsettled(table, 8086), 2);
         assert_eq!(count_unsettled(table, 8087), 0);
+        // Lingering: either end (the client's TIME_WAIT to it counts), never the
+        // listener nor an open CLOSE_WAIT.
+        assert_eq!(count_lingering(table, 8086), 3);
+        assert_eq!(count_lingering(table, 0xA4F8), 1);
         assert_eq!(port_unsettled("http://10.1.2.3:8086/health"), None);
     }
 

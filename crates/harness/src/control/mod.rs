@@ -34,6 +34,10 @@ mod processes;
 mod self_report;
 
 pub use processes::{log_excerpt, log_tail};
+
+/// How long a restart waits out the connections lingering on a role's port before
+/// starting a role that exited at once again (TIME_WAIT is 60 s on Linux).
+const LINGER_WAIT: Duration = Duration::from_secs(70);
 use processes::{
     run_restart_command, spawn_launch, stop_child, truncate, RestartWatch, RESTART_PROOF_GRACE_S,
 };
@@ -117,6 +121,9 @@ pub struct ProcessControl {
     state_root: PathBuf,
     /// Role -> padding bound of the latest restart ([`EngineControl::health_padding`]).
     padding: BTreeMap<String, f64>,
+    /// How long a restart waits out connections lingering on a role's port before
+    /// starting an engine that exited at once again ([`LINGER_WAIT`]).
+    linger_wait: Duration,
 }
 
 struct Spawned {
@@ -154,7 +161,15 @@ impl ProcessControl {
             state: None,
             state_root: launch::state_root(),
             padding: BTreeMap::new(),
+            linger_wait: LINGER_WAIT,
         })
+    }
+
+    /// A shorter wait for lingering connections (tests: TIME_WAIT itself lasts 60 s).
+    #[cfg(test)]
+    fn with_linger_wait(mut self, wait: Duration) -> Self {
+        self.linger_wait = wait;
+        self
     }
 
     fn api_key(&self) -> Option<&str> {
@@ -264,7 +279,24 @@ impl ProcessControl {
         for role in &roles {
             let started = Instant::now();
             let watch = watches.remove(&role.name);
-            let padding = self.wait_healthy(role, watch.as_ref(), cancel).await?;
+            let padding = match self.wait_healthy(role, watch.as_ref(), cancel).await {
+                Err(e) if self.exited_beside_lingering_connections(role) => {
+                    // Measured: a 0.3.36 llama-server cannot bind its port for up to a
+                    // minute after a 0.3.8 one died there, while the connections to that
+                    // port wait out TIME_WAIT (another process binding with SO_REUSEPORT
+                    // can). Wait them out and start the role once more.
+                    self.wait_connections_gone(role, cancel).await?;
+                    let first = format!("{e:#}");
+                    self.respawn(role, label, hide_key(role), &first)?;
+                    self.wait_healthy(role, None, cancel).await.map_err(|again| {
+                        again.context(format!(
+                            "role {} also failed when started again after its port's old connections were gone; the first start: {first}",
+                            role.name
+                        ))
+                    })?
+                }
+                other => other?,
+            };
             if watch.is_none() {
                 self.check_own_engine(role).await?;
             }
@@ -272,6 +304,73 @@ impl ProcessControl {
             self.padding.insert(role.name.clone(), padding);
         }
         Ok(waits)
+    }
+
+    /// Whether the role's spawned engine has exited while connections to or from its
+    /// port on this host linger (TIME_WAIT and the other closing states).
+    fn exited_beside_lingering_connections(&mut self, role: &RoleSpec) -> bool {
+        let exited = self
+            .spawned
+            .iter_mut()
+            .find(|s| s.role == role.name)
+            .is_some_and(|s| matches!(s.child.try_wait(), Ok(Some(_))));
+        exited && identity::port_lingering(&role.health).is_some_and(|n| n > 0)
+    }
+
+    /// Waits until no connection lingers on the role's port (TIME_WAIT lasts 60 s on
+    /// Linux), at most the control's linger wait.
+    async fn wait_connections_gone(
+        &self,
+        role: &RoleSpec,
+        cancel: &CancellationToken,
+    ) -> anyhow::Result<()> {
+        let started = Instant::now();
+        while started.elapsed() < self.linger_wait
+            && identity::port_lingering(&role.health).is_some_and(|n| n > 0)
+        {
+            tokio::select! {
+                _ = cancel.cancelled() => return Err(Failure::Interrupted.into()),
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The role's exited engine replaced by a fresh start of its launch config, the
+    /// first start's failure written into its log.
+    fn respawn(
+        &mut self,
+        role: &RoleSpec,
+        label: &str,
+        hide_env: Option<String>,
+        first: &str,
+    ) -> anyhow::Result<()> {
+        let Some(i) = self.spawned.iter().position(|s| s.role == role.name) else {
+            return Ok(());
+        };
+        let old = self.spawned.remove(i);
+        let note = format!(
+            "\nbisect: the start above failed while connections to its port lingered; started again once they were gone. The failure: {first}\n\n"
+        );
+        let _ = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&old.log)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, note.as_bytes()));
+        let mut spawned = spawn_launch(role, &self.logs_dir, label, hide_env)?;
+        spawned.state_dir = old.state_dir.clone();
+        if let (Some(pgid), Some(dir)) = (spawned.child.id(), &spawned.state_dir) {
+            launch::record_group(
+                dir,
+                SpawnedGroup {
+                    role: role.name.clone(),
+                    pgid,
+                    start_ticks: launch::start_ticks(pgid).unwrap_or(0),
+                    owner_pid: std::process::id(),
+                },
+            )?;
+        }
+        self.spawned.push(spawned);
+        Ok(())
     }
 
     /// A spawned role's engine that reports its pid must be in the process group bisect

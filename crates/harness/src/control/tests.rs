@@ -108,6 +108,39 @@ async fn a_failed_start_names_the_first_error_far_above_the_tail() {
 }
 
 #[tokio::test]
+async fn an_engine_that_exits_at_once_beside_lingering_connections_is_started_again() {
+    let dir = tempfile::tempdir().unwrap();
+    // A connection to the role's port that the client closed first: TIME_WAIT, 60 s.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let (served, _) = listener.accept().unwrap();
+    drop(client);
+    std::thread::sleep(Duration::from_millis(50));
+    drop(served);
+    drop(listener);
+    let url = format!("http://127.0.0.1:{port}/health");
+    assert!(identity::port_lingering(&url).unwrap() > 0);
+    // The first start fails at once (as a server that cannot bind), the second serves.
+    let marker = dir.path().join("started-once");
+    let script = format!(
+        "if [ ! -e {m} ]; then touch {m}; echo \"E couldn't bind\"; exit 1; fi\nexec python3 -c '{py}' {port}\n",
+        m = marker.display(),
+        py = REUSEPORT_SERVER,
+    );
+    let mut target = spawned_solo(dir.path(), &script, 30);
+    target.roles[0].health = url;
+    let mut ctl = control_in(dir.path(), &target).with_linger_wait(Duration::from_millis(300));
+    ctl.restart("on", &CancellationToken::new()).await.unwrap();
+    let log = std::fs::read_to_string(dir.path().join("logs/on-solo.log")).unwrap();
+    assert!(
+        log.contains("bisect: the start above failed while connections to its port lingered"),
+        "{log}"
+    );
+    ctl.stop().await.unwrap();
+}
+
+#[tokio::test]
 async fn a_restart_does_not_stop_for_its_caller_and_refuses_over_a_running_role() {
     let dir = tempfile::tempdir().unwrap();
     let mut ctl = control_in(dir.path(), &spawned_solo(dir.path(), "exec sleep 600\n", 1));
