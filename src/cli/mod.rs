@@ -75,8 +75,9 @@ pub(crate) enum Command {
     /// The corruption rate as a function of sessions in flight, and the lowest load at which the bug appears (docs/load.md).
     Load(LoadArgs),
     /// Which commit of the engine introduced a load-dependent corruption: a noisy-oracle
-    /// Bayesian search over a first-parent range, the answer verified (docs/commits.md).
-    Commits(CommitsArgs),
+    /// Bayesian search over a first-parent range or a list of releases (`--find fix`: the
+    /// first without it), the answer verified (docs/commits.md).
+    Commits(Box<CommitsArgs>),
     /// Run one role of the embedded prefill/decode engine.
     Engine(engine::EngineArgs),
     /// Serve the zero-work mock chat engine (benchmarks only).
