@@ -102,30 +102,18 @@ pub fn port_held(url: &str) -> Option<String> {
 /// open and the 0.3.36 one started after it. `None` for another host.
 pub fn port_unsettled(url: &str) -> Option<usize> {
     let port = local_port(url)?;
-    let mut found = 0;
-    for table in ["net/tcp", "net/tcp6"] {
-        let Ok(text) = std::fs::read_to_string(Path::new("/proc").join(table)) else {
-            continue;
-        };
-        found += count_unsettled(&text, port);
-    }
-    Some(found)
+    Some(
+        tcp_tables(Path::new("/proc"))
+            .map(|t| count_unsettled(&t, port))
+            .sum(),
+    )
 }
 
 /// Lines of a `/proc/net/tcp`-format table whose local port is `port` and whose state is
 /// FIN_WAIT1 (`04`), LAST_ACK (`09`) or CLOSING (`0B`).
 fn count_unsettled(table: &str, port: u16) -> usize {
-    table
-        .lines()
-        .skip(1)
-        .filter(|line| {
-            let cols: Vec<&str> = line.split_whitespace().collect();
-            let local_port = cols
-                .get(1)
-                .and_then(|l| l.rsplit(':').next())
-                .and_then(|p| u16::from_str_radix(p, 16).ok());
-            local_port == Some(port) && matches!(cols.get(3), Some(&("04" | "09" | "0B")))
-        })
+    tcp_rows(table)
+        .filter(|r| r.local == port && matches!(r.state, "04" | "09" | "0B"))
         .count()
 }
 
@@ -134,32 +122,52 @@ fn count_unsettled(table: &str, port: u16) -> usize {
 /// port stopped. `None` for another host.
 pub fn port_lingering(url: &str) -> Option<usize> {
     let port = local_port(url)?;
-    let mut found = 0;
-    for table in ["net/tcp", "net/tcp6"] {
-        let Ok(text) = std::fs::read_to_string(Path::new("/proc").join(table)) else {
-            continue;
-        };
-        found += count_lingering(&text, port);
-    }
-    Some(found)
+    Some(
+        tcp_tables(Path::new("/proc"))
+            .map(|t| count_lingering(&t, port))
+            .sum(),
+    )
 }
 
 /// Lines of a `/proc/net/tcp`-format table with `port` at either end and state FIN_WAIT1
 /// (`04`), FIN_WAIT2 (`05`), TIME_WAIT (`06`), LAST_ACK (`09`) or CLOSING (`0B`).
 fn count_lingering(table: &str, port: u16) -> usize {
-    let port_of = |addr: Option<&&str>| {
-        addr.and_then(|a| a.rsplit(':').next())
-            .and_then(|p| u16::from_str_radix(p, 16).ok())
-    };
-    table
-        .lines()
-        .skip(1)
-        .filter(|line| {
-            let cols: Vec<&str> = line.split_whitespace().collect();
-            (port_of(cols.get(1)) == Some(port) || port_of(cols.get(2)) == Some(port))
-                && matches!(cols.get(3), Some(&("04" | "05" | "06" | "09" | "0B")))
+    tcp_rows(table)
+        .filter(|r| {
+            (r.local == port || r.remote == port)
+                && matches!(r.state, "04" | "05" | "06" | "09" | "0B")
         })
         .count()
+}
+
+/// The text of this host's TCP tables, IPv4 and IPv6, those this user may read.
+fn tcp_tables(proc_root: &Path) -> impl Iterator<Item = String> + '_ {
+    ["net/tcp", "net/tcp6"]
+        .into_iter()
+        .filter_map(move |t| std::fs::read_to_string(proc_root.join(t)).ok())
+}
+
+/// One line of a `/proc/net/tcp`-format table: columns `sl`, `local_address`
+/// (`ADDR:PORT`, port in hex), `rem_address`, `st`, ..., `inode` (the 10th).
+struct TcpRow<'t> {
+    local: u16,
+    remote: u16,
+    state: &'t str,
+    inode: u64,
+}
+
+/// The rows of a table, its header skipped, lines that do not parse left out.
+fn tcp_rows(table: &str) -> impl Iterator<Item = TcpRow<'_>> {
+    let port = |addr: &str| u16::from_str_radix(addr.rsplit(':').next()?, 16).ok();
+    table.lines().skip(1).filter_map(move |line| {
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        Some(TcpRow {
+            local: port(cols.get(1)?)?,
+            remote: port(cols.get(2)?)?,
+            state: cols.get(3)?,
+            inode: cols.get(9)?.parse().ok()?,
+        })
+    })
 }
 
 /// The process listening on `url`'s port, when its host is this one (a loopback
@@ -175,31 +183,17 @@ pub fn local_listener(url: &str) -> Option<String> {
 
 /// The inodes of the sockets listening on `port` (state `0A`, LISTEN), IPv4 and IPv6.
 fn listening_inodes(proc_root: &Path, port: u16) -> Vec<u64> {
-    let mut inodes = Vec::new();
-    for table in ["net/tcp", "net/tcp6"] {
-        let Ok(text) = std::fs::read_to_string(proc_root.join(table)) else {
-            continue;
-        };
-        inodes.extend(parse_listeners(&text, port));
-    }
-    inodes
+    tcp_tables(proc_root)
+        .flat_map(|text| parse_listeners(&text, port))
+        .collect()
 }
 
 /// The inodes of `/proc/net/tcp`-format lines listening on `port`: columns `sl`,
 /// `local_address` (`ADDR:PORT`, port in hex), `rem_address`, `st`, ..., `inode` (10th).
 fn parse_listeners(table: &str, port: u16) -> Vec<u64> {
-    table
-        .lines()
-        .skip(1)
-        .filter_map(|line| {
-            let cols: Vec<&str> = line.split_whitespace().collect();
-            let local = cols.get(1)?;
-            let hex_port = local.rsplit(':').next()?;
-            let listening = *cols.get(3)? == "0A";
-            let inode: u64 = cols.get(9)?.parse().ok()?;
-            (listening && u16::from_str_radix(hex_port, 16).ok()? == port && inode != 0)
-                .then_some(inode)
-        })
+    tcp_rows(table)
+        .filter(|r| r.state == "0A" && r.local == port && r.inode != 0)
+        .map(|r| r.inode)
         .collect()
 }
 

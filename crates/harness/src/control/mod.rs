@@ -255,21 +255,7 @@ impl ProcessControl {
                 }
                 None => {
                     let state_dir = self.state_dir(role)?;
-                    let mut spawned = spawn_launch(role, &self.logs_dir, label, hide_key(role))?;
-                    spawned.state_dir = Some(state_dir.clone());
-                    let pgid = spawned.child.id();
-                    self.spawned.push(spawned);
-                    if let Some(pgid) = pgid {
-                        launch::record_group(
-                            &state_dir,
-                            SpawnedGroup {
-                                role: role.name.clone(),
-                                pgid,
-                                start_ticks: launch::start_ticks(pgid).unwrap_or(0),
-                                owner_pid: std::process::id(),
-                            },
-                        )?;
-                    }
+                    self.spawn(role, label, hide_key(role), state_dir)?;
                 }
             }
         }
@@ -356,11 +342,29 @@ impl ProcessControl {
             .append(true)
             .open(&old.log)
             .and_then(|mut f| std::io::Write::write_all(&mut f, note.as_bytes()));
+        let state_dir = match old.state_dir {
+            Some(dir) => dir,
+            None => self.state_dir(role)?,
+        };
+        self.spawn(role, label, hide_env, state_dir)
+    }
+
+    /// Starts the role's launch config in a process group of its own, recorded in
+    /// `state_dir` (so a later bisect can tell it from a stranger's).
+    fn spawn(
+        &mut self,
+        role: &RoleSpec,
+        label: &str,
+        hide_env: Option<String>,
+        state_dir: PathBuf,
+    ) -> anyhow::Result<()> {
         let mut spawned = spawn_launch(role, &self.logs_dir, label, hide_env)?;
-        spawned.state_dir = old.state_dir.clone();
-        if let (Some(pgid), Some(dir)) = (spawned.child.id(), &spawned.state_dir) {
+        spawned.state_dir = Some(state_dir.clone());
+        let pgid = spawned.child.id();
+        self.spawned.push(spawned);
+        if let Some(pgid) = pgid {
             launch::record_group(
-                dir,
+                &state_dir,
                 SpawnedGroup {
                     role: role.name.clone(),
                     pgid,
@@ -369,7 +373,6 @@ impl ProcessControl {
                 },
             )?;
         }
-        self.spawned.push(spawned);
         Ok(())
     }
 
