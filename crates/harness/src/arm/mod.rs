@@ -479,6 +479,7 @@ impl<'a> Testbed<'a> {
                     running_metric: r.running_metric.clone(),
                     queued_metric: r.queued_metric.clone(),
                     wait_gauges: r.wait_gauges.clone(),
+                    counters: r.counters.clone(),
                 })
             })
             .collect();
@@ -564,6 +565,7 @@ impl<'a> Testbed<'a> {
         stats.peak_running.insert("client".into(), inflight.peak());
         stats.transport = Some(driven.transport.clone());
         stats.load_gap = log.load_gap().filter(|gap| gap.is_material());
+        stats.engine_counts = log.engine_counts();
         for line in driven.transport.problems() {
             self.progress.note(&format!(
                 "warning: block {}-r{}: {line}",

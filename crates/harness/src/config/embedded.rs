@@ -161,6 +161,7 @@ pub fn profile(launch_dir: &Path, exe: &Path) -> anyhow::Result<TargetProfile> {
         queued_metric: Engine::Embedded.preset().queued_metric.to_string(),
         effective_url: Engine::Embedded.effective_url(&format!("http://127.0.0.1:{port}/health")),
         wait_gauges: Engine::Embedded.wait_gauges(),
+        counters: Engine::Embedded.counters(),
     };
     Ok(TargetProfile {
         name: "embedded-pd".into(),

@@ -21,6 +21,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use crate::core::classify::{MarkupFamily, RejectionPattern};
+use crate::core::engine_counts::EngineCounter;
 
 /// The serving engine a profile (or one role of it) targets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
@@ -52,7 +53,41 @@ pub struct Preset {
     /// Gauges of requests held between prefill and decode, with their meaning in the
     /// load gap's words: (metric, words).
     pub wait_gauges: &'static [(&'static str, &'static str)],
+    /// Parts of the queued gauge by reason, in the load gap's words: (selector, words).
+    pub queue_reasons: &'static [(&'static str, &'static str)],
+    /// The engine's own counters counted over each block: (selector, meaning).
+    pub counters: &'static [(&'static str, EngineCounter)],
 }
+
+/// vLLM's waiting requests by reason (vllm/v1/metrics/loggers.py,
+/// `vllm:num_requests_waiting_by_reason`, 0.32): they add up to
+/// `vllm:num_requests_waiting`, the preset's queued gauge.
+const VLLM_QUEUE_REASONS: &[(&str, &str)] = &[
+    (
+        r#"vllm:num_requests_waiting_by_reason{reason="capacity"}"#,
+        "waiting for scheduling capacity",
+    ),
+    (
+        r#"vllm:num_requests_waiting_by_reason{reason="deferred"}"#,
+        "deferred by transient constraints (KV transfer, LoRA budget)",
+    ),
+];
+
+/// vLLM's counters (0.32: vllm/v1/metrics/loggers.py `vllm:num_preemptions_total`;
+/// vllm/parser/metrics.py `vllm:tool_call_parser_invocations_total`). The parser counts
+/// once per choice without streaming and once per delta with it, so only the
+/// non-streaming chat completions are read as replies.
+const VLLM_COUNTERS: &[(&str, EngineCounter)] = &[
+    ("vllm:num_preemptions_total", EngineCounter::Preemptions),
+    (
+        r#"vllm:tool_call_parser_invocations_total{mode="non_streaming",outcome="tool_call",request_type="chat_completions"}"#,
+        EngineCounter::ParsedCall,
+    ),
+    (
+        r#"vllm:tool_call_parser_invocations_total{mode="non_streaming",outcome="no_tool_call",request_type="chat_completions"}"#,
+        EngineCounter::ParsedNoCall,
+    ),
+];
 
 /// SGLang prefill/decode disaggregation's hand-over queues, as its metrics collector
 /// names them (python/sglang/srt/observability/metrics_collector.py; 0.5.23 lines
@@ -170,6 +205,8 @@ impl Engine {
                 markup: ALL_MARKUP,
                 rejections: NO_REJECTIONS,
                 wait_gauges: SGLANG_PD_QUEUES,
+                queue_reasons: &[],
+                counters: &[],
             },
             // vLLM serves no document of its engine arguments (as of 0.11), but its
             // /metrics carries info metrics (`vllm:cache_config_info{cache_dtype=...}`)
@@ -183,6 +220,8 @@ impl Engine {
                 markup: ALL_MARKUP,
                 rejections: VLLM_REJECTIONS,
                 wait_gauges: &[],
+                queue_reasons: VLLM_QUEUE_REASONS,
+                counters: VLLM_COUNTERS,
             },
             Engine::Llamacpp => Preset {
                 running_metric: "llamacpp:requests_processing",
@@ -191,6 +230,8 @@ impl Engine {
                 markup: ALL_MARKUP,
                 rejections: LLAMACPP_REJECTIONS,
                 wait_gauges: &[],
+                queue_reasons: &[],
+                counters: &[],
             },
             Engine::Embedded => Preset {
                 running_metric: "sglang:num_running_reqs",
@@ -199,6 +240,8 @@ impl Engine {
                 markup: ALL_MARKUP,
                 rejections: NO_REJECTIONS,
                 wait_gauges: &[],
+                queue_reasons: &[],
+                counters: &[],
             },
             Engine::Custom => Preset {
                 running_metric: "sglang:num_running_reqs",
@@ -207,6 +250,8 @@ impl Engine {
                 markup: ALL_MARKUP,
                 rejections: NO_REJECTIONS,
                 wait_gauges: SGLANG_PD_QUEUES,
+                queue_reasons: &[],
+                counters: &[],
             },
         }
     }
@@ -233,15 +278,30 @@ impl Engine {
         }
     }
 
-    /// The preset's hand-over queue gauges.
+    /// The preset's hand-over queue gauges, then the parts of its queue by reason.
     pub fn wait_gauges(self) -> Vec<crate::core::transport::WaitGauge> {
-        self.preset()
-            .wait_gauges
-            .iter()
-            .map(|(metric, words)| crate::core::transport::WaitGauge {
+        let preset = self.preset();
+        let gauge = |of_queue: bool| {
+            move |(metric, words): &(&str, &str)| crate::core::transport::WaitGauge {
                 metric: metric.to_string(),
                 words: words.to_string(),
-            })
+                of_queue,
+            }
+        };
+        preset
+            .wait_gauges
+            .iter()
+            .map(gauge(false))
+            .chain(preset.queue_reasons.iter().map(gauge(true)))
+            .collect()
+    }
+
+    /// The preset's counters: (selector, meaning).
+    pub fn counters(self) -> Vec<(String, EngineCounter)> {
+        self.preset()
+            .counters
+            .iter()
+            .map(|(selector, counter)| (selector.to_string(), *counter))
             .collect()
     }
 
@@ -436,6 +496,51 @@ mod tests {
             crate::core::classify::RejectionSet::new(&Engine::Llamacpp.rejections()).unwrap();
         let body = engine_fixture("llamacpp/rejection-500.json");
         assert_eq!(rejections.find(500, &body).unwrap().name, "llamacpp.format");
+    }
+
+    /// A real vLLM (the CPU 0.32.0 server, tests/fixtures/engines/vllm/cpu-0.32.0/): the
+    /// preset's gauges, its queue's parts by reason and its counters are all in the
+    /// server's own exposition, the counters read by their labels (the parser's
+    /// non-streaming chat replies, not its per-delta streaming counts).
+    #[test]
+    fn the_vllm_preset_reads_a_real_servers_queue_reasons_and_counters() {
+        use crate::driver::metrics::parse_exposition;
+        use crate::test_http::engine_fixture;
+        let exposition = parse_exposition(&engine_fixture("vllm/cpu-0.32.0/metrics.txt"));
+        assert!(
+            exposition.malformed.is_empty(),
+            "{:?}",
+            exposition.malformed
+        );
+        let vllm = Engine::Vllm.preset();
+        assert_eq!(exposition.gauge(vllm.running_metric), Some(0.0));
+        assert_eq!(exposition.gauge(vllm.queued_metric), Some(0.0));
+        let parts: Vec<(bool, Option<f64>)> = Engine::Vllm
+            .wait_gauges()
+            .iter()
+            .map(|w| (w.of_queue, exposition.gauge(&w.metric)))
+            .collect();
+        assert_eq!(parts, vec![(true, Some(0.0)), (true, Some(0.0))]);
+        let counted: Vec<(EngineCounter, Option<f64>)> = Engine::Vllm
+            .counters()
+            .iter()
+            .map(|(selector, counter)| (*counter, exposition.gauge(selector)))
+            .collect();
+        assert_eq!(
+            counted,
+            vec![
+                (EngineCounter::Preemptions, Some(0.0)),
+                // One non-streaming reply parsed with a call; the streaming requests'
+                // 3 + 21 per-delta counts are not replies and are not read.
+                (EngineCounter::ParsedCall, Some(1.0)),
+                (EngineCounter::ParsedNoCall, Some(0.0)),
+            ]
+        );
+        // A selector whose labels match nothing reads as absent, not as 0.
+        assert_eq!(
+            exposition.gauge(r#"vllm:num_requests_waiting_by_reason{reason="other"}"#),
+            None
+        );
     }
 
     #[test]

@@ -71,8 +71,10 @@ pub struct RoleSpec {
     /// Prometheus gauge of requests queued in this role.
     pub queued_metric: String,
     /// The role's prefill/decode hand-over queues (its engine preset's), named in the
-    /// load gap's words.
+    /// load gap's words, and the parts of its queue by reason.
     pub wait_gauges: Vec<crate::core::transport::WaitGauge>,
+    /// The engine's own counters read over each block (its preset's).
+    pub counters: Vec<(String, crate::core::engine_counts::EngineCounter)>,
 }
 
 impl RoleSpec {
@@ -93,6 +95,7 @@ impl RoleSpec {
             effective_pointers: BTreeMap::new(),
             pass_api_key: false,
             wait_gauges: Vec::new(),
+            counters: Vec::new(),
         }
     }
 }
@@ -442,6 +445,7 @@ fn role(
         running_metric,
         queued_metric,
         wait_gauges: role_engine.wait_gauges(),
+        counters: role_engine.counters(),
     })
 }
 

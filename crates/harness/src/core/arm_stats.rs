@@ -137,6 +137,10 @@ pub struct ArmStats {
     /// The engines that died during the block (core::deaths), in the order noticed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub deaths: Vec<crate::core::deaths::EngineDeath>,
+    /// What the engines' own counters counted over the block (preemptions, replies
+    /// their tool-call parser found a call in or not), where their preset names any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub engine_counts: Vec<crate::core::engine_counts::EngineCount>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -162,6 +166,7 @@ impl Default for ArmStats {
             load_gap: None,
             served: 0,
             deaths: Vec::new(),
+            engine_counts: Vec::new(),
         }
     }
 }
@@ -232,7 +237,9 @@ impl ArmStats {
     /// tokens, wall and health-wait time add up; peaks take the maximum.
     pub fn pool<'a>(blocks: impl IntoIterator<Item = &'a ArmStats>) -> ArmStats {
         let mut pooled = ArmStats::default();
+        let mut counted: Vec<&[crate::core::engine_counts::EngineCount]> = Vec::new();
         for b in blocks {
+            counted.push(&b.engine_counts);
             pooled.counts.merge(&b.counts);
             for (k, v) in &b.peak_running {
                 let slot = pooled.peak_running.entry(k.clone()).or_insert(0);
@@ -270,6 +277,7 @@ impl ArmStats {
                 }
             }
         }
+        pooled.engine_counts = crate::core::engine_counts::pool(counted);
         pooled.finish();
         pooled
     }

@@ -10,6 +10,7 @@ pub mod culprit;
 pub mod deaths;
 pub mod effective;
 pub mod ending;
+pub mod engine_counts;
 pub mod flag;
 pub mod format;
 pub mod judgement;

@@ -121,19 +121,30 @@ pub struct LoadGap {
 }
 
 /// A gauge of requests an engine holds between prefill and decode, and what it means in
-/// words (`waiting for KV transfer`): an engine preset's (config/engine.rs).
+/// words (`waiting for KV transfer`): an engine preset's (config/engine.rs). With
+/// `of_queue`, a part of the engine's queued gauge instead (vLLM's waiting requests by
+/// reason): named inside the queued count, not subtracted from the gap again.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WaitGauge {
     pub metric: String,
     pub words: String,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub of_queue: bool,
 }
 
-/// Requests in one role's hand-over queue: one sample's count, or a block's average.
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// Requests in one role's hand-over queue (or, `of_queue`, one reason's part of its
+/// queue): one sample's count, or a block's average.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Waiting {
     pub role: String,
     pub words: String,
     pub requests: f64,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub of_queue: bool,
 }
 
 /// One metrics sample of the block: the client's counts and one engine role's gauges
@@ -191,7 +202,11 @@ impl LoadGap {
                     .sum()
             });
         }
-        let waits: f64 = waiting.iter().map(|w| w.requests).sum();
+        let waits: f64 = waiting
+            .iter()
+            .filter(|w| !w.of_queue)
+            .map(|w| w.requests)
+            .sum();
         let unaccounted =
             (client_in_flight - engine_running - engine_queued.unwrap_or(0.0) - waits - connecting)
                 .max(0.0);
@@ -222,7 +237,16 @@ impl LoadGap {
             Some(q) => format!("{q:.1} queued in the engine"),
             None => "queue not reported by the engine".to_string(),
         };
-        for w in &self.waiting {
+        let reasons: Vec<String> = self
+            .waiting
+            .iter()
+            .filter(|w| w.of_queue)
+            .map(|w| format!("{:.1} {}", w.requests, w.words))
+            .collect();
+        if !reasons.is_empty() {
+            queued.push_str(&format!(" ({})", reasons.join(", ")));
+        }
+        for w in self.waiting.iter().filter(|w| !w.of_queue) {
             queued.push_str(&format!(", {:.1} {} on {}", w.requests, w.words, w.role));
         }
         format!(
@@ -287,6 +311,7 @@ mod tests {
             role: role.into(),
             words: words.into(),
             requests,
+            of_queue: false,
         };
         let mut loaded = sample(40, 0, 20.0, Some(0.0));
         loaded.waiting = vec![
@@ -311,6 +336,33 @@ mod tests {
              0.0 still connecting, 0.0 queued in the engine, 10.0 waiting for KV transfer on \
              decode, 2.0 prefilled, KV being sent to decode on prefill, 7.0 sent but not seen by \
              the engine (its accept queue or HTTP layer, or replies in transit)"
+        );
+    }
+
+    /// vLLM: its waiting requests by reason are parts of its queued gauge, named inside
+    /// it and not taken from the gap a second time.
+    #[test]
+    fn the_queue_split_by_reason_is_named_inside_the_queued_count() {
+        let reason = |words: &str, requests: f64| Waiting {
+            role: "server".into(),
+            words: words.into(),
+            requests,
+            of_queue: true,
+        };
+        let mut loaded = sample(8, 0, 4.0, Some(4.0));
+        loaded.waiting = vec![
+            reason("waiting for scheduling capacity", 3.0),
+            reason("deferred", 1.0),
+        ];
+        let gap = LoadGap::measure("server", &[loaded]).unwrap();
+        // 8 - 4 running - 4 queued: nothing unaccounted, the reasons not subtracted again.
+        assert_eq!(gap.unaccounted, 0.0);
+        assert_eq!(
+            gap.describe(),
+            "with 8.0 requests in flight at the client, server ran 4.0 on average (1 samples): \
+             0.0 still connecting, 4.0 queued in the engine (3.0 waiting for scheduling \
+             capacity, 1.0 deferred), 0.0 sent but not seen by the engine (its accept queue or \
+             HTTP layer, or replies in transit)"
         );
     }
 

@@ -1261,6 +1261,40 @@ mod tests {
             .any(|c| c.name == "transport" || c.name == "load_gap"));
     }
 
+    /// The engine's own counts are recorded beside bisect's classes and decide nothing.
+    #[test]
+    fn the_engines_own_counts_are_recorded_beside_the_classes_not_deciding() {
+        use crate::core::engine_counts::{EngineCount, EngineCounter};
+        let count = |counter, count| EngineCount {
+            role: "server".into(),
+            counter,
+            count,
+        };
+        let mut on = arm("on", "1", 0, 0, 400);
+        let off = arm("off", "0", 1, 0, 400);
+        let (_, _, before) = decide_default(&on, &off);
+        on.stats.engine_counts = vec![
+            count(EngineCounter::Preemptions, 3),
+            count(EngineCounter::ParsedCall, 1190),
+            count(EngineCounter::ParsedNoCall, 10),
+        ];
+        let (_, confounds, verdict) = decide_default(&on, &off);
+        assert_eq!(verdict, before);
+        let counted = confounds
+            .iter()
+            .find(|c| c.name == "engine_counts")
+            .unwrap();
+        assert_eq!(counted.severity, Severity::Info);
+        assert_eq!(
+            counted.note,
+            "the engine counted: arm on: server: 3 preemptions; its tool-call parser: 1190 \
+             replies with a tool call, 10 replies without one (bisect: 0 sessions no_tool)"
+        );
+        assert_eq!(counted.off, json!([]));
+        let (_, confounds, _) = decide_default(&arm("on", "1", 0, 0, 400), &off);
+        assert!(!confounds.iter().any(|c| c.name == "engine_counts"));
+    }
+
     #[test]
     fn cleared_names_the_load_it_was_cleared_at() {
         let on = arm("on", "1", 0, 0, 400);

@@ -10,6 +10,7 @@
 //! key (a server started with one answers 401 to an anonymous `/metrics`).
 
 use super::client::InFlight;
+use crate::core::engine_counts::{self, EngineCount, EngineCounter};
 use crate::core::transport::{GapSample, LoadGap, WaitGauge, Waiting};
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
@@ -34,8 +35,11 @@ pub struct MetricsEndpoint {
     pub url: String,
     pub running_metric: String,
     pub queued_metric: String,
-    /// The role's prefill/decode hand-over queues (SGLang's PD gauges), for the load gap.
+    /// The role's prefill/decode hand-over queues (SGLang's PD gauges) and the parts of
+    /// its queue by reason (vLLM's), for the load gap.
     pub wait_gauges: Vec<WaitGauge>,
+    /// The engine's own counters to count over the block (selector, meaning).
+    pub counters: Vec<(String, EngineCounter)>,
 }
 
 impl MetricsEndpoint {
@@ -47,6 +51,7 @@ impl MetricsEndpoint {
             running_metric: RUNNING_METRIC.to_string(),
             queued_metric: QUEUED_METRIC.to_string(),
             wait_gauges: Vec::new(),
+            counters: Vec::new(),
         }
     }
 }
@@ -83,13 +88,23 @@ impl Exposition {
     /// labels other than [`REPLICA_LABELS`], the largest of each group (one replica's
     /// ranks report one count; the largest is the latest to have seen a change), the
     /// groups summed. NaN samples skipped; `None` when no sample of that name exists.
+    ///
+    /// `name` may be a selector, `name{label="value",...}`: then only the samples that
+    /// carry every one of those labels with those values (vLLM's
+    /// `vllm:num_requests_waiting_by_reason{reason="capacity"}`). A selector that does
+    /// not parse matches nothing.
     pub fn gauge(&self, name: &str) -> Option<f64> {
+        let (name, wanted) = match name.find('{') {
+            None => (name, Vec::new()),
+            Some(i) => match parse_labels(&name[i..]) {
+                Ok((labels, rest)) if rest.trim().is_empty() => (&name[..i], labels),
+                _ => return None,
+            },
+        };
         let mut groups: Vec<(Labels, f64)> = Vec::new();
-        for s in self
-            .samples
-            .iter()
-            .filter(|s| s.name == name && !s.value.is_nan())
-        {
+        for s in self.samples.iter().filter(|s| {
+            s.name == name && !s.value.is_nan() && wanted.iter().all(|w| s.labels.contains(w))
+        }) {
             let key: Labels = s
                 .labels
                 .iter()
@@ -268,6 +283,8 @@ pub struct MetricsLog {
     pub scrapes: BTreeMap<String, u64>,
     /// The last failure's reason per role.
     pub(crate) last_error: BTreeMap<String, String>,
+    /// Each (role, counter)'s values over the scrapes that carried it, in order.
+    pub(crate) counter_values: BTreeMap<(String, EngineCounter), Vec<f64>>,
 }
 
 impl MetricsLog {
@@ -290,6 +307,19 @@ impl MetricsLog {
                     role.clone(),
                     format!("all {n} scrapes failed, last: {last}"),
                 )
+            })
+            .collect()
+    }
+
+    /// What each role's own counters counted over the poll (their increase), in a
+    /// fixed order; empty where no role has counters or none was ever read.
+    pub fn engine_counts(&self) -> Vec<EngineCount> {
+        self.counter_values
+            .iter()
+            .map(|((role, counter), values)| EngineCount {
+                role: role.clone(),
+                counter: *counter,
+                count: engine_counts::increase(values),
             })
             .collect()
     }
@@ -360,7 +390,16 @@ impl MetricsLog {
                             role: role.to_string(),
                             words: gauge.words.clone(),
                             requests,
+                            of_queue: gauge.of_queue,
                         });
+                    }
+                }
+                for (selector, counter) in &endpoint.counters {
+                    if let Some(value) = exposition.gauge(selector) {
+                        self.counter_values
+                            .entry((role.to_string(), *counter))
+                            .or_default()
+                            .push(value);
                     }
                 }
                 let running = exposition.gauge(&endpoint.running_metric);
@@ -487,6 +526,25 @@ pub async fn poll(
             log.record_scrape(t_s, endpoint, client_now, result);
         }
     }
+    // A counter's last replies may have been counted after the last tick: one more
+    // scrape of the roles with counters, once the block is over.
+    let counted: Vec<&MetricsEndpoint> = endpoints
+        .iter()
+        .filter(|e| !e.counters.is_empty())
+        .collect();
+    if !counted.is_empty() {
+        let t_s = started.elapsed().as_secs_f64();
+        let client_now = (inflight.current(), inflight.connecting());
+        let scraped = futures::future::join_all(
+            counted
+                .iter()
+                .map(|e| scrape(&http, &e.url, api_key.as_deref())),
+        )
+        .await;
+        for (endpoint, result) in counted.into_iter().zip(scraped) {
+            log.record_scrape(t_s, endpoint, client_now, result);
+        }
+    }
     log
 }
 
@@ -564,6 +622,64 @@ process_cpu_seconds_total 4.2E-3
         assert_eq!(exp.sum("e"), Some(2.0));
         let lines: Vec<usize> = exp.malformed.iter().map(|(l, _)| *l).collect();
         assert_eq!(lines, vec![2, 3, 4, 6]);
+    }
+
+    /// The real vLLM exposition scraped three times over a block in which the server
+    /// restarted (its counters back at 0) before the last scrape: the block's counts are
+    /// the rises, the restarted counters' values rises from 0.
+    #[test]
+    fn a_blocks_engine_counts_are_the_counters_rises_over_its_scrapes() {
+        let real = crate::test_http::engine_fixture("vllm/cpu-0.32.0/metrics.txt");
+        let with = |call: &str, no_call: &str, preempted: &str| {
+            real.lines()
+                .map(|line| {
+                    let value = if line.starts_with("vllm:num_preemptions_total{") {
+                        preempted
+                    } else if !line.contains(r#"mode="non_streaming""#)
+                        || !line.contains(r#"request_type="chat_completions""#)
+                        || !line.starts_with("vllm:tool_call_parser_invocations_total{")
+                    {
+                        return line.to_string();
+                    } else if line.contains(r#"outcome="tool_call""#) {
+                        call
+                    } else {
+                        no_call
+                    };
+                    let (sample, _) = line.rsplit_once(' ').unwrap();
+                    format!("{sample} {value}")
+                })
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        let endpoint = MetricsEndpoint {
+            role: "server".into(),
+            url: "http://h/metrics".into(),
+            running_metric: "vllm:num_requests_running".into(),
+            queued_metric: "vllm:num_requests_waiting".into(),
+            wait_gauges: Vec::new(),
+            counters: crate::config::Engine::Vllm.counters(),
+        };
+        let mut log = MetricsLog::default();
+        for (t, text) in [
+            (0.0, real.clone()),
+            (1.0, with("3.0", "1.0", "2.0")),
+            (2.0, with("2.0", "0.0", "0.0")),
+        ] {
+            log.record_scrape(t, &endpoint, (0, 0), Ok(text));
+        }
+        let counts: Vec<(EngineCounter, u64)> = log
+            .engine_counts()
+            .into_iter()
+            .map(|c| (c.counter, c.count))
+            .collect();
+        assert_eq!(
+            counts,
+            vec![
+                (EngineCounter::Preemptions, 2),
+                (EngineCounter::ParsedCall, 2 + 2),
+                (EngineCounter::ParsedNoCall, 1),
+            ]
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

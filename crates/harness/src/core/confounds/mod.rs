@@ -27,8 +27,8 @@ mod shortfall;
 
 pub use recorded::MIN_PEAK_DIFFERENCE;
 use recorded::{
-    differing_rates, metrics_confounds, recorded_confounds, transport_confounds,
-    truncated_confound, unverified_confounds,
+    differing_rates, engine_count_confound, metrics_confounds, recorded_confounds,
+    transport_confounds, truncated_confound, unverified_confounds,
 };
 pub(crate) use shortfall::{engine_load_shortfall, load_shortfall, load_shortfalls};
 
@@ -52,6 +52,7 @@ pub(crate) fn confounds(
     found.extend(metrics_confounds(on, off));
     found.extend(unverified_confounds(on, off, &checked));
     found.extend(transport_confounds(on, off));
+    found.extend(engine_count_confound(on, off));
     found
 }
 

@@ -59,6 +59,39 @@ pub(super) fn transport_confounds(on: &ArmObservation, off: &ArmObservation) -> 
     found
 }
 
+/// What the engines counted themselves (core::engine_counts): recorded beside bisect's
+/// own classes, never deciding. Preemptions say the arm ran the engine's recompute path
+/// (a KV-cache shortage); a parser that found no call in more replies than bisect
+/// classed `no_tool` sessions is a reply lost or changed between the two.
+pub(super) fn engine_count_confound(on: &ArmObservation, off: &ArmObservation) -> Option<Confound> {
+    use crate::core::engine_counts::describe;
+    let said = |arm: &ArmObservation| {
+        describe(&arm.stats.engine_counts).map(|words| {
+            format!(
+                "{words} (bisect: {} sessions no_tool)",
+                arm.stats.counts.no_tool
+            )
+        })
+    };
+    let (on_said, off_said) = (said(on), said(off));
+    if on_said.is_none() && off_said.is_none() {
+        return None;
+    }
+    let note = [(on, &on_said), (off, &off_said)]
+        .iter()
+        .filter_map(|(arm, said)| Some(format!("{}: {}", arm.subject(), said.as_ref()?)))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let value = |arm: &ArmObservation| json!(arm.stats.engine_counts);
+    Some(Confound {
+        name: "engine_counts".to_string(),
+        on: value(on),
+        off: value(off),
+        severity: Severity::Info,
+        note: format!("the engine counted: {note}"),
+    })
+}
+
 /// Significance below which truncation or error+timeout rates are said to differ: a
 /// screening level, not the verdict's alpha, because this only warns.
 const SCREENING_ALPHA: f64 = 0.05;
