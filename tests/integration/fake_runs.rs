@@ -444,24 +444,44 @@ async fn an_engine_bisect_did_not_start_is_refused_before_anything_runs() {
     assert!(record["verdict"].is_null());
 }
 
+/// An engine that keeps running the first arm's value whatever the second writes (it
+/// ignores restarts; a vLLM on CPU does the same with an attention backend): the second
+/// arm is refused as soon as its engine reports the first arm's value, before any of its
+/// sessions, with the reason; the launch configs come back byte for byte.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_engine_that_ignores_its_launch_config_blocks_the_verdict() {
+async fn an_engine_that_runs_the_same_value_in_both_arms_is_refused_before_the_second_arms_sessions(
+) {
     let t = FakeTarget::new().await;
     let before = t.launch_bytes();
     let plan = t.plan("FAKE_BF16", 32, 2);
     t.engine.ignore_restarts();
     let mut control = t.engine.control();
-    let record = crate::common::run_quiet(&plan, &mut control).await.unwrap();
-    let on = record.arm(ArmLabel::On).unwrap();
-    let off = record.arm(ArmLabel::Off).unwrap();
-    // Both launch files read back what each arm wrote...
-    assert_eq!(off.readback["prefill"], "0");
-    // ...but the prefill engine kept reporting the first arm's value.
-    assert_eq!(on.effective["prefill"], "1");
-    assert_eq!(off.effective["prefill"], "1");
-    crate::common::assert_inconclusive_because(&record, |r| {
-        r.contains("arm off set 0 but the prefill engine reports it runs with \"1\"")
-    });
+    let err = crate::common::run_quiet(&plan, &mut control)
+        .await
+        .unwrap_err();
+    let msg = format!("{err:#}");
+    assert!(
+        msg.contains("arm off set FAKE_BF16=0 but the prefill engine reports it runs with \"1\", the value arm on sets: the engine ran the same FAKE_BF16 in both arms"),
+        "{msg}"
+    );
+    assert!(msg.contains("refused before this arm's sessions"), "{msg}");
+    assert!(msg.contains("fix:"), "{msg}");
+    assert_eq!(
+        bisect_harness::commands::code_for_error(&err),
+        bisect_harness::exit::COULD_NOT_RUN
+    );
+    let record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(plan.run_dir.join("run.json")).unwrap())
+            .unwrap();
+    assert_eq!(record["status"], "failed");
+    assert!(record["verdict"].is_null());
+    // Only the first arm's sessions ran: one block of 32 (the block order puts on first).
+    let sessions = std::fs::read_to_string(plan.run_dir.join("sessions.jsonl")).unwrap();
+    let labels: std::collections::BTreeSet<String> = sessions
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["arm"].to_string())
+        .collect();
+    assert_eq!(sessions.lines().count(), 32, "{labels:?}");
     assert_eq!(t.launch_bytes(), before);
 }
 

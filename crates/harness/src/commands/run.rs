@@ -242,6 +242,18 @@ pub(crate) async fn run_block(
         ))
         .into());
     }
+    if let Some(found) = restarted
+        .disagreements
+        .iter()
+        .find(|d| !d.pinned && d.flag == plan.flag.name)
+    {
+        return Err(Failure::CouldNotRun(not_taking_effect(
+            &plan.flag,
+            label,
+            &found.disagreement,
+        ))
+        .into());
+    }
     let identity = restarted.identities.clone();
     for (role, info) in restarted.engine_info {
         record
@@ -285,6 +297,40 @@ pub(crate) async fn run_block(
         restart_s: restarted.restart_s + restarted.health_wait_s + stop_s,
         drive_s,
     })
+}
+
+/// Why an arm is refused before its sessions: its engine reports running the flag with
+/// another value than the arm wrote. Either the other arm's value (the engine ran the
+/// same setting in both arms: vLLM on CPU replaces the attention backend with its own and
+/// turns async scheduling off, whatever the launch says) or neither (the engine put its
+/// own in place): an A/B of it could only clear a setting that never took effect.
+fn not_taking_effect(
+    flag: &FlagSpec,
+    label: ArmLabel,
+    d: &crate::core::effective::Disagreement,
+) -> String {
+    let other = flag.value_for(label != ArmLabel::On);
+    let other_label = if label == ArmLabel::On { "off" } else { "on" };
+    let what = if crate::core::effective::agrees(other, &d.reported) {
+        format!(
+            "the value arm {other_label} sets: the engine ran the same {} in both arms",
+            flag.name
+        )
+    } else {
+        format!(
+            "neither arm's value (on {}, off {}): the engine put its own value of {} in place",
+            flag.on, flag.off, flag.name
+        )
+    };
+    format!(
+        "arm {label} set {}={} but the {} engine reports it runs with {:?}, {what}; an A/B \
+         could only clear a setting that never took effect, so it is refused before this \
+         arm's sessions\n  fix: check that the launch config applies the flag (a dead \
+         conditional, an overriding later line, an ignored variable) and that this engine \
+         build honours it at all (vLLM on CPU replaces the attention backend and turns async \
+         scheduling off); `bisect check` shows what the running engine reports",
+        flag.name, d.expected, d.role, d.reported
+    )
 }
 
 pub(crate) fn pooled_arms(plan: &RunPlan, runs: &[ArmRecord]) -> Vec<ArmRecord> {
@@ -372,5 +418,41 @@ mod tests {
             .collect();
         assert_eq!(order, ["on0", "off0", "off1", "on1", "on2", "off2"]);
         assert_eq!(arm_order(0).len(), 2);
+    }
+
+    /// An engine that runs a value of its own (neither arm's) is named so, with both
+    /// arms' values; one that runs the other arm's value is "the same in both arms".
+    #[test]
+    fn an_arm_whose_engine_runs_another_value_is_refused_in_words() {
+        let flag = FlagSpec {
+            name: "ATTENTION_BACKEND".into(),
+            doc: String::new(),
+            setting: crate::core::flag::Setting::Env("VLLM_ATTENTION_BACKEND".into()),
+            roles: vec!["server".into()],
+            on: "TRITON_ATTN".into(),
+            off: "FLASH_ATTN".into(),
+            source: "flags/ATTENTION_BACKEND.toml".into(),
+        };
+        let ran = |reported: &str| crate::core::effective::Disagreement {
+            role: "server".into(),
+            expected: "TRITON_ATTN".into(),
+            reported: reported.into(),
+        };
+        let own = not_taking_effect(&flag, ArmLabel::On, &ran("CPU_ATTN"));
+        assert!(
+            own.starts_with(
+                "arm on set ATTENTION_BACKEND=TRITON_ATTN but the server engine reports it runs \
+                 with \"CPU_ATTN\", neither arm's value (on TRITON_ATTN, off FLASH_ATTN): the \
+                 engine put its own value of ATTENTION_BACKEND in place; an A/B could only clear"
+            ),
+            "{own}"
+        );
+        let same = not_taking_effect(&flag, ArmLabel::On, &ran("FLASH_ATTN"));
+        assert!(
+            same.contains(
+                "the value arm off sets: the engine ran the same ATTENTION_BACKEND in both arms"
+            ),
+            "{same}"
+        );
     }
 }

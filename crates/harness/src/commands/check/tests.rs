@@ -429,3 +429,41 @@ fn the_engines_own_word_on_their_tool_call_parser_is_read() {
         Ok("chat_template_caps.supports_tool_calls = true".into())
     );
 }
+
+/// A running engine that reports a flag at neither of its values puts its own in place
+/// (vLLM on CPU and the attention backend): check says a run of it is refused, and the
+/// one that reports the other arm's value is still "not running from its launch config".
+#[test]
+fn an_engine_reporting_neither_of_a_flags_values_is_named_before_a_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = target_in(dir.path());
+    let catalog = FlagCatalog::builtin();
+    let root = dir.path().join("state");
+    let plan = offline(&target, &catalog, &root);
+    let decode = &target.roles[1];
+    let launch = std::fs::read_to_string(&decode.launch).unwrap();
+    assert!(launch.contains("SGLANG_DSV4_BF16_INDEX_K=1"), "{launch}");
+    let compare = |reported: &str| {
+        let doc = serde_json::json!({ "flags": { "SGLANG_DSV4_BF16_INDEX_K": reported } });
+        let (mut problems, mut notes) = (Vec::new(), Vec::new());
+        super::urls::compare_effective(&plan, decode, &doc, &mut problems, &mut notes);
+        problems
+    };
+    let own = compare("7");
+    assert_eq!(own.len(), 1, "{own:#?}");
+    assert!(
+        own[0].message.contains(
+            "the engine reports SGLANG_DSV4_BF16_INDEX_K=7, neither of the flag's values (on 1, off 0)"
+        ) && own[0].message.contains("a run of BF16_INDEX_K is refused before its sessions"),
+        "{own:#?}"
+    );
+    let other = compare("0");
+    assert_eq!(other.len(), 1, "{other:#?}");
+    assert!(
+        other[0]
+            .message
+            .contains("not running from its launch config"),
+        "{other:#?}"
+    );
+    assert!(compare("1").is_empty());
+}

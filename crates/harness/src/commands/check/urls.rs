@@ -394,7 +394,7 @@ pub(super) fn chat_template_file(launch: &str) -> Option<(usize, String)> {
 /// its launch config sets: otherwise the engine is not running from that file (never
 /// restarted since an edit, a dead conditional, a variable it ignores), and every arm
 /// would be measured on something else.
-fn compare_effective(
+pub(super) fn compare_effective(
     plan: &CheckPlan<'_>,
     role: &RoleSpec,
     doc: &serde_json::Value,
@@ -417,8 +417,24 @@ fn compare_effective(
             reported.push(format!("{}={value}", flag.name));
             continue;
         };
-        if crate::core::effective::agrees(&launch, &value) {
+        let agrees = |v: &str| crate::core::effective::agrees(v, &value);
+        if agrees(&launch) {
             reported.push(format!("{}={value}", flag.name));
+        } else if !agrees(&flag.on) && !agrees(&flag.off) {
+            // Neither arm's value: no restart will make it take effect (vLLM on CPU
+            // replaces the attention backend), and a run refuses its first arm.
+            problems.push(Problem {
+                subject: format!("role {} flag {}", role.name, flag.name),
+                message: format!(
+                    "the engine reports {}={value}, neither of the flag's values (on {}, off {}) while {} sets {launch}: this engine puts its own value in place, so a run of {} is refused before its sessions",
+                    crate::core::effective::report_key(&flag.setting),
+                    flag.on,
+                    flag.off,
+                    role.launch.display(),
+                    flag.name
+                ),
+                fix: "check whether this engine build honours the setting at all (its start log says what it chose), or leave the flag out of the hunt on this engine".into(),
+            });
         } else {
             problems.push(Problem {
                 subject: format!("role {} flag {}", role.name, flag.name),
