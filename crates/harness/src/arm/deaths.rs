@@ -65,10 +65,7 @@ impl DeathWatch {
                 continue;
             }
             if let Some(exit) = exit_of(s.pid) {
-                let log_tail = crate::control::log_tail(&s.log, LOG_LINES)
-                    .lines()
-                    .map(str::to_string)
-                    .collect();
+                let log_tail = engine_tail(&s.log);
                 self.record(EngineDeath {
                     role: s.role.clone(),
                     at_s: self.started.elapsed().as_secs_f64(),
@@ -131,4 +128,21 @@ impl DeathWatch {
         session.class = SessionClass::Crashed;
         session.evidence = evidence;
     }
+}
+
+/// The dead engine's last [`LOG_LINES`] lines without its echoes of bisect's own polls
+/// (core::root_cause::is_poll_echo), with a first line saying how many were left out.
+fn engine_tail(log: &std::path::Path) -> Vec<String> {
+    let text = match std::fs::read(log) {
+        Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+        Err(e) => return vec![format!("(cannot read {}: {e})", log.display())],
+    };
+    let (mut tail, skipped) = crate::core::root_cause::tail_without_polls(&text, LOG_LINES);
+    if skipped > 0 {
+        tail.insert(
+            0,
+            format!("[{skipped} lines of the engine logging bisect's own polls (/metrics, /health) left out]"),
+        );
+    }
+    tail
 }

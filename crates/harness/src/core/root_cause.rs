@@ -18,6 +18,41 @@ use std::sync::LazyLock;
 
 use regex::Regex;
 
+/// Whether a log line is the engine echoing one of bisect's own polls (its access log of
+/// a `GET` of `/metrics`, `/health`, `/props`, `/server_info`, `/get_server_info`,
+/// `/v1/models`): llama-server at `-lv 1` logs "request: GET /metrics 127.0.0.1 200",
+/// uvicorn (vLLM, SGLang) `"GET /metrics HTTP/1.1" 200 OK`. Four polls a second fill a
+/// dying engine's last lines with these; the lines that say what it was doing are the
+/// others.
+pub fn is_poll_echo(line: &str) -> bool {
+    static POLL: LazyLock<Regex> = LazyLock::new(|| {
+        Regex::new(
+            r#"\bGET /(metrics|health|props|server_info|get_server_info|v1/models)(?:[\s?"]|$)"#,
+        )
+        .unwrap()
+    });
+    POLL.is_match(line)
+}
+
+/// The last `n` lines of `log` that are not [`is_poll_echo`], and how many such echoes
+/// were passed over among the lines kept's span.
+pub fn tail_without_polls(log: &str, n: usize) -> (Vec<String>, usize) {
+    let mut kept = Vec::new();
+    let mut skipped = 0;
+    for line in log.lines().rev() {
+        if kept.len() == n {
+            break;
+        }
+        if is_poll_echo(line) {
+            skipped += 1;
+        } else {
+            kept.push(line.to_string());
+        }
+    }
+    kept.reverse();
+    (kept, skipped)
+}
+
 /// The lines that name the cause, with their 1-based line numbers, at most `max`.
 pub fn root_cause(log: &str, max: usize) -> Vec<(usize, String)> {
     static EXCEPTION: LazyLock<Regex> = LazyLock::new(|| {
@@ -184,5 +219,38 @@ main: exiting due to model loading error
             root_cause(log, 1),
             [(1, "ERROR starting the worker".into())]
         );
+    }
+
+    #[test]
+    fn bisects_own_polls_are_left_out_of_a_dying_engines_tail() {
+        let log = "\
+slot update_slots: id  2 | task 812 | kv cache rm [1024, end)
+srv  log_server_r: request: GET /metrics 127.0.0.1 200
+srv  log_server_r: request: GET /health 127.0.0.1 200
+update_slots: fragmentation: 0.12 - requesting defrag
+INFO:     127.0.0.1:50412 - \"GET /metrics HTTP/1.1\" 200 OK
+srv  log_server_r: request: POST /v1/chat/completions 127.0.0.1 200
+srv  log_server_r: request: GET /metrics 127.0.0.1 200";
+        assert!(is_poll_echo(
+            "srv  log_server_r: request: GET /metrics 127.0.0.1 200"
+        ));
+        assert!(is_poll_echo(
+            "INFO:     127.0.0.1:50412 - \"GET /health HTTP/1.1\" 200 OK"
+        ));
+        // A chat request, and a log line that merely names the path, are kept.
+        assert!(!is_poll_echo(
+            "srv  log_server_r: request: POST /v1/chat/completions 127.0.0.1 200"
+        ));
+        assert!(!is_poll_echo("main: server is listening on /metrics too"));
+        let (tail, skipped) = tail_without_polls(log, 3);
+        assert_eq!(
+            tail,
+            vec![
+                "slot update_slots: id  2 | task 812 | kv cache rm [1024, end)",
+                "update_slots: fragmentation: 0.12 - requesting defrag",
+                "srv  log_server_r: request: POST /v1/chat/completions 127.0.0.1 200",
+            ]
+        );
+        assert_eq!(skipped, 4);
     }
 }
