@@ -50,10 +50,19 @@ for path in sorted(pathlib.Path(sys.argv[1]).glob("*/run.json")):
             f"{k} {v}" for k, v in c.items()
             if v and k not in ("done",)
         )
+        # What the engine counted itself (vLLM: preemptions, its parser's outcomes).
+        counted = {}
+        for e in arm.get("engine_counts", []):
+            counted[e["counter"]] = counted.get(e["counter"], 0) + e["count"]
+        engine_said = ""
+        if counted:
+            engine_said = "; engine: " + ", ".join(
+                f"{name.replace('_', ' ')} {n}" for name, n in sorted(counted.items())
+            )
         cells.append(
             f"{arm['label']}={arm['value']}: {arm['corrupted']}/{judged} corrupted, "
             f"done {c.get('done', 0)}/{arm['sessions']}" + (f" ({other})" if other else "")
-            + f"; peak {peaks.get('client')}/{engine}; {arm['wall_s']:.0f} s"
+            + f"; peak {peaks.get('client')}/{engine}; {arm['wall_s']:.0f} s" + engine_said
         )
     v = run["verdict"]
     wall = run.get("phases", {}).get("wall_s")
