@@ -53,6 +53,13 @@ for run in $RUNS; do
     done
 done
 if [ -n "$RELEASES" ]; then
+    # serve.sh needs the model; with RUNS= no build above has printed its path.
+    if [ -z "${LLAMA_MODEL:-}" ]; then
+        paths=$(BISECT_LLAMA_CPP_PYTHON_VERSION="${RELEASES%%,*}" BISECT_LLAMA_BUILD_EXAMPLES=ON \
+            bash scripts/llama-server.sh) || { echo "build of ${RELEASES%%,*} failed" >&2; exit 1; }
+        eval "$paths"
+        export LLAMA_MODEL
+    fi
     # serve.sh runs the release the artifact links, not a fixed LLAMA_SERVER.
     echo "== the release that fixed it: bisect commits --releases $RELEASES --find fix" >&2
     env -u LLAMA_SERVER "$BISECT" commits --releases "$RELEASES" --find fix \

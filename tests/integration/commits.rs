@@ -188,7 +188,7 @@ fn launched_prefill(plan: &CommitsPlan, block: &str) -> String {
 fn assert_could_not_reproduce(record: &commits::record::CommitsRecord, load: u32) {
     let verdict = record.verdict.clone().unwrap_or_default();
     assert_eq!(
-        record.answer.as_deref(),
+        record.answer.map(|a| a.name()),
         Some("could_not_reproduce"),
         "{verdict}"
     );
@@ -217,7 +217,11 @@ async fn the_commit_that_turns_bf16_on_is_found_and_verified() {
     let plan = plan(dir.path(), &repo, target, 80);
     let record = search(&plan, &dir.path().join("state")).await;
     let verdict = record.verdict.clone().unwrap_or_default();
-    assert_eq!(record.answer.as_deref(), Some("culprit"), "{verdict}");
+    assert_eq!(
+        record.answer.map(|a| a.name()),
+        Some("culprit"),
+        "{verdict}"
+    );
     let culprit = record.culprit.clone().unwrap();
     assert_eq!(culprit.sha, shas[37], "{verdict}");
     assert_eq!(
@@ -274,7 +278,11 @@ async fn a_range_without_the_change_has_no_culprit() {
     plan.policy.min_effect = 0.15;
     let record = search(&plan, &dir.path().join("state")).await;
     let verdict = record.verdict.clone().unwrap_or_default();
-    assert_eq!(record.answer.as_deref(), Some("no_culprit"), "{verdict}");
+    assert_eq!(
+        record.answer.map(|a| a.name()),
+        Some("no_culprit"),
+        "{verdict}"
+    );
     assert!(
         verdict.starts_with("no culprit: the ends do not differ at 80 in flight"),
         "{verdict}"
@@ -338,7 +346,11 @@ async fn with_a_flag_the_commit_since_which_bf16_corrupts_is_found() {
     plan.flag = Some(flag("BF16_INDEX_K"));
     let record = search(&plan, &dir.path().join("state")).await;
     let verdict = record.verdict.clone().unwrap_or_default();
-    assert_eq!(record.answer.as_deref(), Some("culprit"), "{verdict}");
+    assert_eq!(
+        record.answer.map(|a| a.name()),
+        Some("culprit"),
+        "{verdict}"
+    );
     assert_eq!(
         record.culprit.as_ref().unwrap().sha,
         shas[DROP_SYNC],
@@ -616,7 +628,11 @@ async fn the_release_that_fixed_it_is_found_with_find_fix() {
     ));
     let record = search(&plan, &dir.path().join("state")).await;
     let verdict = record.verdict.clone().unwrap_or_default();
-    assert_eq!(record.answer.as_deref(), Some("culprit"), "{verdict}");
+    assert_eq!(
+        record.answer.map(|a| a.name()),
+        Some("culprit"),
+        "{verdict}"
+    );
     assert!(record.releases);
     // Newest first: the fixed end is the search's good end.
     let order: Vec<&str> = record.commits.iter().map(|c| c.sha.as_str()).collect();

@@ -68,7 +68,7 @@ async fn the_interaction_is_found_and_the_slow_flag_held_out() {
     let record = run(&t, &plan).await.unwrap();
     assert_eq!(record.status, RecordStatus::Finished);
     assert_eq!(
-        record.answer.as_deref(),
+        record.answer.map(|a| a.name()),
         Some("culprit"),
         "{:?}",
         record.verdict
@@ -158,7 +158,7 @@ async fn red_herrings_alone_give_no_culprit() {
     let plan = culprit_plan(&t, &["FAKE_NOISE", "FAKE_SLOW"], &[]);
     let record = run(&t, &plan).await.unwrap();
     assert_eq!(
-        record.answer.as_deref(),
+        record.answer.map(|a| a.name()),
         Some("no_culprit"),
         "{:?}",
         record.verdict
@@ -227,7 +227,7 @@ async fn a_pinned_fix_cannot_reproduce() {
     let plan = culprit_plan(&t, &["FAKE_BF16", "FAKE_NOISE"], &[("FAKE_RACE", "0")]);
     let record = run(&t, &plan).await.unwrap();
     assert_eq!(
-        record.answer.as_deref(),
+        record.answer.map(|a| a.name()),
         Some("could_not_reproduce"),
         "{:?}",
         record.verdict
@@ -351,7 +351,7 @@ async fn the_profiles_markup_decides_what_a_leak_is() {
     let plan = culprit_plan(&t, &["FAKE_BF16", "FAKE_RACE"], &[]);
     let record = run(&t, &plan).await.unwrap();
     assert_eq!(
-        record.answer.as_deref(),
+        record.answer.map(|a| a.name()),
         Some("culprit"),
         "{:?}",
         record.verdict

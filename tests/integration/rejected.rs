@@ -248,7 +248,7 @@ async fn the_culprit_search_counts_engine_rejections_as_corruption() {
         crate::culprit::culprit_plan(&t, &["FAKE_REJECT", "FAKE_NOISE"], &[("FAKE_BF16", "0")]);
     let record = crate::culprit::run(&t, &plan).await.unwrap();
     assert_eq!(
-        record.answer.as_deref(),
+        record.answer.map(|a| a.name()),
         Some("culprit"),
         "{:?}",
         record.verdict

@@ -2,6 +2,7 @@
 //! command line from clap arguments) and runs it through the layers below.
 
 pub mod adaptive;
+pub mod answer;
 pub mod check;
 pub mod commits;
 pub mod culprit;

@@ -48,7 +48,7 @@ impl Exporter<CommitsRecord> for CommitsLine {
     fn render(&self, record: &CommitsRecord) -> anyhow::Result<String> {
         Ok(format!(
             "{}: {}\n",
-            record.answer.as_deref().unwrap_or("-"),
+            record.answer.map_or("-", |a| a.name()),
             record.verdict.as_deref().unwrap_or("-")
         ))
     }

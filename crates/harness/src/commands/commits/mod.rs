@@ -32,6 +32,7 @@ use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
 use crate::arm::{settle, Progress};
+use crate::commands::answer::SearchAnswer;
 use crate::commands::run::now;
 use crate::config::{FlagSpec, TargetProfile, Workload};
 use crate::core::arm_stats::RecordStatus;
@@ -173,11 +174,9 @@ impl CommitsPlan {
 /// The exit code of a finished search: 0 culprit found and verified, 1 no culprit (or
 /// the bad end does not reproduce), 3 inconclusive (or the culprit's verification failed).
 pub fn exit_code(record: &CommitsRecord) -> u8 {
-    match record.answer.as_deref() {
-        Some("culprit") => crate::exit::OK,
-        Some("no_culprit" | "could_not_reproduce") => crate::exit::COMMITS_NO_CULPRIT,
-        _ => crate::exit::COULD_NOT_RUN,
-    }
+    record
+        .answer
+        .map_or(crate::exit::COULD_NOT_RUN, SearchAnswer::exit_code)
 }
 
 /// Run the search. The worktrees are removed before this returns, on every path;
@@ -509,16 +508,13 @@ fn record_answer(r: &mut CommitsRecord, search: &Search, answer: &Answer) {
         .take(3)
         .map(|&(c, p)| r.commit_ref(c, Some(p)))
         .collect();
-    r.answer = Some(
-        match answer {
-            Answer::Culprit { verified: true, .. } => "culprit",
-            Answer::Culprit { .. } => "unverified",
-            Answer::NoCulprit { .. } => "no_culprit",
-            Answer::CouldNotReproduce { .. } => "could_not_reproduce",
-            Answer::Inconclusive { .. } => "inconclusive",
-        }
-        .into(),
-    );
+    r.answer = Some(match answer {
+        Answer::Culprit { verified: true, .. } => SearchAnswer::Culprit,
+        Answer::Culprit { .. } => SearchAnswer::Unverified,
+        Answer::NoCulprit { .. } => SearchAnswer::NoCulprit,
+        Answer::CouldNotReproduce { .. } => SearchAnswer::CouldNotReproduce,
+        Answer::Inconclusive { .. } => SearchAnswer::Inconclusive,
+    });
     if let Answer::Culprit {
         first,
         last,

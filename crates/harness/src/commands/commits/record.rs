@@ -144,7 +144,7 @@ pub struct CommitsRecord {
     /// The range in the search's order, its good end first (a fix search: newest first).
     pub commits: Vec<CommitInfo>,
     /// culprit / unverified / no_culprit / could_not_reproduce / inconclusive.
-    pub answer: Option<String>,
+    pub answer: Option<crate::commands::answer::SearchAnswer>,
     pub culprit: Option<CommitRef>,
     /// The commits the answer spans when untestable commits widen it (first..=last).
     pub range: Vec<CommitRef>,
@@ -333,7 +333,7 @@ pub(crate) fn render_markdown(r: &CommitsRecord) -> String {
     }
     s += &format!(
         "**{}**: {}\n\n",
-        r.answer.as_deref().unwrap_or("running"),
+        r.answer.map_or("running", |a| a.name()),
         r.verdict.as_deref().unwrap_or("-")
     );
     if let Some(line) = answer_line(r) {

@@ -19,7 +19,7 @@ pub(super) fn render_html(r: &CommitsRecord) -> String {
     s += &format!("<p><code>{}</code></p>", escape(&r.command));
     s += &format!(
         "<p><b>{}</b>: {}</p>",
-        escape(r.answer.as_deref().unwrap_or("running")),
+        escape(r.answer.map_or("running", |a| a.name())),
         escape(r.verdict.as_deref().unwrap_or("-"))
     );
     for line in setup_lines(r) {

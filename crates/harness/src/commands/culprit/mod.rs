@@ -27,6 +27,7 @@ use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
 use crate::arm::{settle, Progress, Testbed, TestbedOptions};
+use crate::commands::answer::SearchAnswer;
 use crate::commands::run as experiment;
 use crate::config::{FlagSpec, Setting, TargetProfile, Workload};
 use crate::control::EngineControl;
@@ -396,15 +397,12 @@ fn record_answer(
             setting: setting_words(spec, &flags[i].failing),
         }
     };
-    record.answer = Some(
-        match &report.answer {
-            Answer::Culprit { .. } => "culprit",
-            Answer::NoCulprit => "no_culprit",
-            Answer::CouldNotReproduce => "could_not_reproduce",
-            Answer::Inconclusive => "inconclusive",
-        }
-        .into(),
-    );
+    record.answer = Some(match &report.answer {
+        Answer::Culprit { .. } => SearchAnswer::Culprit,
+        Answer::NoCulprit => SearchAnswer::NoCulprit,
+        Answer::CouldNotReproduce => SearchAnswer::CouldNotReproduce,
+        Answer::Inconclusive => SearchAnswer::Inconclusive,
+    });
     if let Answer::Culprit { flags: set } = &report.answer {
         record.culprit = set.iter().map(|&i| show(i)).collect();
     }

@@ -35,7 +35,7 @@ crate::results::record_with_header! {
         /// The listed flags with their failing (as found) and passing (flipped) values.
         pub flags: Vec<FlagValues>,
         /// `culprit`, `no_culprit`, `could_not_reproduce`, `inconclusive`; None while running.
-        pub answer: Option<String>,
+        pub answer: Option<crate::commands::answer::SearchAnswer>,
         /// The verdict in words.
         pub verdict: Option<String>,
         /// The minimal failure-inducing set: catalog names with their failing values.

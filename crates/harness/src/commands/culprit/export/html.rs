@@ -17,15 +17,16 @@ impl Exporter<CulpritRecord> for CulpritHtml {
 }
 
 fn render_html(record: &CulpritRecord) -> String {
-    let class = match record.answer.as_deref() {
-        Some("culprit") => "implicated",
-        Some("no_culprit") | Some("could_not_reproduce") => "cleared",
+    use crate::commands::answer::SearchAnswer;
+    let class = match record.answer {
+        Some(SearchAnswer::Culprit) => "implicated",
+        Some(a) if a.clears() => "cleared",
         _ => "inconclusive",
     };
-    let heading = match record.answer.as_deref() {
-        Some("culprit") => "culprit found",
-        Some("no_culprit") => "no culprit among the listed flags",
-        Some("could_not_reproduce") => "could not reproduce",
+    let heading = match record.answer {
+        Some(SearchAnswer::Culprit) => "culprit found",
+        Some(SearchAnswer::NoCulprit) => "no culprit among the listed flags",
+        Some(SearchAnswer::CouldNotReproduce) => "could not reproduce",
         Some(_) => "inconclusive",
         None => "running",
     };
