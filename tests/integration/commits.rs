@@ -638,6 +638,10 @@ async fn the_release_that_fixed_it_is_found_with_find_fix() {
     let order: Vec<&str> = record.commits.iter().map(|c| c.sha.as_str()).collect();
     assert_eq!(order, ["r6", "r5", "r4", "r3", "r2", "r1"]);
     assert_eq!(record.first_fixed.as_ref().unwrap().sha, "r4", "{verdict}");
+    assert!(
+        verdict.starts_with("release r4 is the first fixed, release r3 the last that corrupts; in the search's numbering (newest first): commit 3 raises corruption"),
+        "{verdict}"
+    );
     assert_eq!(record.culprit.as_ref().unwrap().sha, "r3", "{verdict}");
     assert_eq!(commits::exit_code(&record), 0);
     // Every tested release was installed before its block, and its block ran its scripts.

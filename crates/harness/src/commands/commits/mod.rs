@@ -528,6 +528,17 @@ fn record_answer(r: &mut CommitsRecord, search: &Search, answer: &Answer) {
         if r.find == Find::Fix {
             // Newest first: the culprit is the last that corrupts, its parent the fix.
             r.first_fixed = r.parent.clone();
+            // The search's own words number the list newest first ("commit 1 raises
+            // corruption"): said first in the user's terms.
+            if let (Some(fix), Some(broken)) = (&r.first_fixed, &r.culprit) {
+                r.verdict = Some(format!(
+                    "{} is the first fixed, {} the last that corrupts; in the search's numbering \
+                     (newest first): {}",
+                    fix.subject,
+                    broken.subject,
+                    answer.words()
+                ));
+            }
         }
         r.posterior = Some(*posterior);
         if first != last {
