@@ -160,24 +160,36 @@ async fn equal_corrupting_arms_reach_the_cap_underpowered() {
     );
 }
 
+/// An engine that keeps the first arm's value: the adaptive run stops at the first off
+/// block, after its restart and before its sessions, as a fixed run does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_engine_that_ignores_its_config_stops_the_adaptive_run() {
     let t = FakeTarget::new().await;
+    let before = t.launch_bytes();
     t.engine.ignore_restarts();
     let plan = plan_at_load(&t, "FAKE_BF16", 20);
     let mut control = t.engine.control();
-    let record = adaptive(&plan, &mut control, Some(200)).await;
-    let seq = record.adaptive.as_ref().unwrap();
-    assert_eq!(seq.blocks.len(), 2, "stopped after the first pair");
+    let err = run_adaptive(
+        &plan,
+        &AdaptiveOptions {
+            max_sessions: Some(200),
+        },
+        &mut control,
+        &Quiet,
+        CancellationToken::new(),
+    )
+    .await
+    .unwrap_err();
+    let msg = format!("{err:#}");
     assert!(
-        seq.stopped
-            .as_deref()
-            .unwrap()
-            .contains("blocking check failed"),
-        "{seq:?}"
+        msg.contains("the engine ran the same FAKE_BF16 in both arms"),
+        "{msg}"
     );
-    let verdict = record.verdict.as_ref().unwrap();
-    assert_eq!(verdict.status, Status::Inconclusive, "{verdict:?}");
+    assert_eq!(
+        bisect_harness::commands::code_for_error(&err),
+        bisect_harness::exit::COULD_NOT_RUN
+    );
+    assert_eq!(t.launch_bytes(), before);
 }
 
 /// Blocks classify with the target profile's markup families, as a fixed run does: the
