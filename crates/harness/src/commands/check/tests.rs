@@ -467,3 +467,40 @@ fn an_engine_reporting_neither_of_a_flags_values_is_named_before_a_run() {
     );
     assert!(compare("1").is_empty());
 }
+
+/// An engine that takes the request and never answers within the workload's timeout
+/// (a CPU vLLM's first reply takes longer than `agentic`'s): the probe's fix says which
+/// wait ran out and how to give a slow engine longer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_that_times_out_says_the_workloads_timeout_and_how_to_lengthen_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut target = target_in(dir.path());
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    target.api = format!("http://{}/v1", silent.local_addr().unwrap());
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((conn, _)) = silent.accept().await {
+            open.push(conn);
+        }
+    });
+    let mut workload = crate::config::Workload::builtin("tiny").unwrap();
+    workload.timeout_s = 0.5;
+    let catalog = FlagCatalog::builtin();
+    let root = dir.path().join("state");
+    let mut plan = offline(&target, &catalog, &root);
+    plan.offline = false;
+    plan.workload = Some(&workload);
+    let report = check(&plan).await;
+    held.abort();
+    let probe = report
+        .problems
+        .iter()
+        .find(|p| p.subject == "tool calls")
+        .unwrap_or_else(|| panic!("{:#?}", report.problems));
+    assert!(
+        probe
+            .fix
+            .contains("a reply timed out after the workload's timeout_s = 0.5 s: a slow engine needs a workload with a longer timeout_s"),
+        "{probe:#?}"
+    );
+}

@@ -49,10 +49,25 @@ pub(super) async fn probe_row(
             );
             if !finding.proves_parsing() {
                 let fix = match finding {
-                    ProbeFinding::Unanswered => format!(
-                        "make the chat endpoint answer (the target's api, model and key; the engine's log says why it failed); then: {}",
-                        target.engine.tool_call_fix()
-                    ),
+                    ProbeFinding::Unanswered => {
+                        // A slow engine (a CPU vLLM: 20-60 s a reply) times out where a
+                        // broken one errors: say which wait ran out.
+                        let timed_out = replies
+                            .iter()
+                            .any(|r| r.class == crate::core::session::RoundClass::Timeout);
+                        let slow = if timed_out {
+                            format!(
+                                "; a reply timed out after the workload's timeout_s = {} s: a slow engine needs a workload with a longer timeout_s (--workload FILE)",
+                                workload.timeout_s
+                            )
+                        } else {
+                            String::new()
+                        };
+                        format!(
+                            "make the chat endpoint answer (the target's api, model and key; the engine's log says why it failed){slow}; then: {}",
+                            target.engine.tool_call_fix()
+                        )
+                    }
                     _ => target.engine.tool_call_fix().to_string(),
                 };
                 problems.push(Problem {
