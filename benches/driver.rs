@@ -27,7 +27,7 @@ mod support;
 
 use bisect_engine::mock::{MockConfig, MockServer};
 use bisect_harness::core::classify::Classifier;
-use bisect_harness::core::session::{FunctionCall, ToolCall};
+use bisect_harness::core::session::{FunctionCall, SessionClass, ToolCall};
 use bisect_harness::core::task::initial_conversation;
 use bisect_harness::core::tools::simulate;
 use bisect_harness::driver::client::tools_payload;
@@ -238,9 +238,9 @@ async fn run_row(
         mock_p99: percentile_ms(&handling, 0.99),
         peak_inflight: stats.peak_client_inflight,
         hwm_mib: proc_status_kib("VmHWM:").unwrap_or(0) as f64 / 1024.0,
-        done: stats.counts.done,
-        errors: stats.counts.error,
-        timeouts: stats.counts.timeout,
+        done: stats.counts[SessionClass::Done],
+        errors: stats.counts[SessionClass::Error],
+        timeouts: stats.counts[SessionClass::Timeout],
         scrapes,
         connects: stats.transport.clone(),
     })

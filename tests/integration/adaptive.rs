@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::common::{fake_race_victims, FakeTarget};
 use crate::fake::FakeControl;
+use bisect_harness::core::session::SessionClass;
 
 /// A run of `flag` with blocks of `load` sessions, all in flight at once.
 fn plan_at_load(t: &FakeTarget, flag: &str, load: u32) -> RunPlan {
@@ -68,7 +69,7 @@ async fn a_racy_flag_is_implicated_early_at_the_load() {
     let on = record
         .arm(bisect_harness::core::arm_stats::ArmLabel::On)
         .unwrap();
-    assert_eq!(on.stats.counts.leak, victims * pairs);
+    assert_eq!(on.stats.counts[SessionClass::Leak], victims * pairs);
     assert_eq!(record.runs.len(), seq.blocks.len());
     assert_eq!(
         control.restarts.load(Ordering::Relaxed),
@@ -207,7 +208,8 @@ async fn adaptive_blocks_classify_with_the_profiles_markup() {
     let on = record.arm(ArmLabel::On).unwrap();
     assert_eq!(on.stats.sessions(), 40);
     assert_eq!(
-        on.stats.counts.leak, 0,
+        on.stats.counts[SessionClass::Leak],
+        0,
         "DSML is not a family this profile counts: {:?}",
         on.stats.counts
     );

@@ -25,9 +25,9 @@ async fn racy_flag_is_implicated_with_exact_counts() {
 
     let on = record.arm(ArmLabel::On).unwrap();
     let off = record.arm(ArmLabel::Off).unwrap();
-    assert_eq!(on.stats.counts.leak, victims);
-    assert_eq!(on.stats.counts.done, 64 - victims);
-    assert_eq!(off.stats.counts.done, 64);
+    assert_eq!(on.stats.counts[SessionClass::Leak], victims);
+    assert_eq!(on.stats.counts[SessionClass::Done], 64 - victims);
+    assert_eq!(off.stats.counts[SessionClass::Done], 64);
     assert_eq!(on.stats.first_bad_round, vec![0, victims]);
     assert_eq!(on.readback.get("prefill").map(String::as_str), Some("1"));
     assert_eq!(off.readback.get("decode").map(String::as_str), Some("0"));
@@ -98,7 +98,10 @@ async fn speed_only_flag_is_cleared() {
     let record = crate::common::run_quiet(&plan, &mut control).await.unwrap();
     let verdict = record.verdict.as_ref().unwrap();
     assert_eq!(verdict.status, Status::Cleared, "{verdict:?}");
-    assert!(record.arms.iter().all(|a| a.stats.counts.done == 100));
+    assert!(record
+        .arms
+        .iter()
+        .all(|a| a.stats.counts[SessionClass::Done] == 100));
     assert_eq!(record.sets.get("FAKE_BF16").map(String::as_str), Some("0"));
     assert!(record
         .arms
@@ -131,7 +134,7 @@ async fn small_difference_is_inconclusive_underpowered() {
     let mut control = t.engine.control();
     let record = crate::common::run_quiet(&plan, &mut control).await.unwrap();
     let verdict = record.verdict.as_ref().unwrap();
-    assert_eq!(record.arms[0].stats.counts.leak, victims);
+    assert_eq!(record.arms[0].stats.counts[SessionClass::Leak], victims);
     assert_eq!(verdict.status, Status::Inconclusive, "{verdict:?}");
     assert!(
         verdict.reasons.iter().any(|r| r.contains("underpowered")),
@@ -148,7 +151,7 @@ async fn slow_arm_is_degraded_not_a_verdict() {
     let mut control = t.engine.control();
     let record = crate::common::run_quiet(&plan, &mut control).await.unwrap();
     let on = record.arm(ArmLabel::On).unwrap();
-    assert_eq!(on.stats.counts.timeout, 20);
+    assert_eq!(on.stats.counts[SessionClass::Timeout], 20);
     crate::common::assert_inconclusive_because(&record, |r| {
         r.contains("degraded") && r.contains("on")
     });
@@ -183,7 +186,8 @@ async fn half_applied_flag_is_refused_before_any_restart() {
     let record = crate::common::run_quiet(&plan, &mut control).await.unwrap();
     let off = record.arm(ArmLabel::Off).unwrap();
     assert_eq!(
-        off.stats.counts.error, 4,
+        off.stats.counts[SessionClass::Error],
+        4,
         "prefill 1 vs decode 0 disagree: every request fails"
     );
     assert_eq!(t.launch_bytes(), before);
@@ -205,7 +209,7 @@ async fn repeats_interleave_and_pool() {
     assert_eq!(order, ["on0", "off0", "off1", "on1"]);
     let on = record.arm(ArmLabel::On).unwrap();
     assert_eq!(on.sessions, 32);
-    assert_eq!(on.stats.counts.leak, 2 * victims);
+    assert_eq!(on.stats.counts[SessionClass::Leak], 2 * victims);
     assert_eq!(control.restarts.load(Ordering::Relaxed), 4);
 }
 
@@ -261,7 +265,7 @@ async fn cancellation_restores_and_reports_interrupted() {
 
 #[test]
 fn session_classes_cover_design() {
-    let names: Vec<&str> = SessionClass::ALL.iter().map(|c| c.name()).collect();
+    let names: Vec<&str> = SessionClass::iter().map(|c| c.name()).collect();
     assert_eq!(
         names,
         [
@@ -373,7 +377,10 @@ async fn probe_says_corrupted_then_clean_and_never_edits() {
     }
     let record = run_probe(&plan, &mut control).await;
     assert_eq!(record.outcome, Some(Outcome::Unknown), "{}", record.reason);
-    assert_eq!(record.arm.as_ref().unwrap().stats.counts.done, 64);
+    assert_eq!(
+        record.arm.as_ref().unwrap().stats.counts[SessionClass::Done],
+        64
+    );
     assert!(
         record.reason.contains("no engine-side load measurement"),
         "{}",
@@ -401,10 +408,14 @@ async fn probe_classifies_with_the_profiles_markup() {
     let victims = fake_race_victims(&probe_plan(&t, 64).workload, 64);
     assert!(victims >= 10);
     let all = probe(&t, MarkupFamily::ALL.to_vec(), "results/all").await;
-    assert_eq!(all.arm.unwrap().stats.counts.leak, victims);
+    assert_eq!(all.arm.unwrap().stats.counts[SessionClass::Leak], victims);
     let hermes = probe(&t, vec![MarkupFamily::Hermes], "results/hermes").await;
     let counts = hermes.arm.unwrap().stats.counts;
-    assert_eq!(counts.leak, 0, "DSML is not a family this profile counts");
+    assert_eq!(
+        counts[SessionClass::Leak],
+        0,
+        "DSML is not a family this profile counts"
+    );
     assert_eq!(counts.total(), 64);
 }
 
@@ -510,7 +521,7 @@ async fn a_larger_sample_runs_at_the_same_load() {
         );
     }
     let on = record.arm(ArmLabel::On).unwrap();
-    assert_eq!(on.stats.counts.leak, victims);
+    assert_eq!(on.stats.counts[SessionClass::Leak], victims);
 }
 
 /// An engine that returns every tool call as text (SGLang without `--tool-call-parser`)

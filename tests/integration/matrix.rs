@@ -20,6 +20,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::common::{fake_race_victims, read, FakeTarget};
+use bisect_harness::core::session::SessionClass;
 
 /// The fake's race as a flag, so a test can flip it between nights in the launch config.
 const RACE_FLAG: &str = "doc = \"the fake's race\"\nenv = \"FAKE_RACE\"\nroles = [\"decode\"]\non = \"1\"\noff = \"0\"\n";
@@ -150,8 +151,18 @@ async fn matrix_cells_have_exact_counts_and_one_restart_per_group() {
         };
         assert_eq!(cell.status, RecordStatus::Finished, "{}", cell.id);
         assert_eq!(cell.stats.counts.total(), n as u64, "{}", cell.id);
-        assert_eq!(cell.stats.counts.leak, victims, "{}", cell.id);
-        assert_eq!(cell.stats.counts.done, n as u64 - victims, "{}", cell.id);
+        assert_eq!(
+            cell.stats.counts[SessionClass::Leak],
+            victims,
+            "{}",
+            cell.id
+        );
+        assert_eq!(
+            cell.stats.counts[SessionClass::Done],
+            n as u64 - victims,
+            "{}",
+            cell.id
+        );
         assert_eq!(cell.stats.corrupted, victims, "{}", cell.id);
         assert_eq!(cell.rounds, plan.workload.rounds);
         assert_eq!(
@@ -461,7 +472,7 @@ async fn identical_nights_pass_and_a_changed_workload_is_not_comparable() {
     let mut clean_base = base.record.clone();
     for c in &mut clean_base.cells {
         c.stats.counts = Default::default();
-        c.stats.counts.done = c.sessions as u64;
+        c.stats.counts[SessionClass::Done] = c.sessions as u64;
         c.stats.corrupted = 0;
         c.stats.corruption_rate = 0.0;
     }
@@ -742,12 +753,16 @@ async fn cells_classify_with_the_profiles_markup() {
     let victims = fake_race_victims(&plan.workload, 64);
     assert!(victims >= 10);
     let all = run(&t, &job(&t, &plan, None, "all-families")).await;
-    assert_eq!(all.cells[0].stats.counts.leak, victims);
+    assert_eq!(all.cells[0].stats.counts[SessionClass::Leak], victims);
     let mut hermes_only = job(&t, &plan, None, "hermes-only");
     hermes_only.target.markup = vec![MarkupFamily::Hermes];
     let hermes = run(&t, &hermes_only).await;
     let counts = &hermes.cells[0].stats.counts;
-    assert_eq!(counts.leak, 0, "DSML is not a family this profile counts");
+    assert_eq!(
+        counts[SessionClass::Leak],
+        0,
+        "DSML is not a family this profile counts"
+    );
     assert_eq!(counts.total(), 64);
     assert_eq!(
         hermes.cells[1].stats.corrupted, 0,

@@ -112,7 +112,7 @@ async fn reclassify_restores_leaks_an_old_rule_missed_and_keeps_the_originals() 
     }
     let mut old = dir.read_record().unwrap();
     bisect_harness::commands::reclassify::recount(&mut old, &sessions, &Policy::default());
-    assert_eq!(old.arms[0].stats.counts.leak, 0);
+    assert_eq!(old.arms[0].stats.counts[SessionClass::Leak], 0);
     let old_status = old.verdict.as_ref().unwrap().status;
     assert_ne!(old_status, Status::Implicated);
     let old_lines: String = sessions
@@ -134,8 +134,8 @@ async fn reclassify_restores_leaks_an_old_rule_missed_and_keeps_the_originals() 
 
     let new = dir.read_record().unwrap();
     let on = new.arms.iter().find(|a| a.label == ArmLabel::On).unwrap();
-    assert_eq!(on.stats.counts.leak, victims);
-    assert_eq!(on.stats.counts.done, 64 - victims);
+    assert_eq!(on.stats.counts[SessionClass::Leak], victims);
+    assert_eq!(on.stats.counts[SessionClass::Done], 64 - victims);
     assert_eq!(on.stats.first_bad_round, vec![0, victims]);
     assert_eq!(new.verdict.as_ref().unwrap().status, Status::Implicated);
     let reclassified = dir.read_sessions().unwrap();
@@ -193,7 +193,8 @@ async fn reclassify_judges_with_the_markup_families_the_run_counted() {
         Some(vec![bisect_harness::core::classify::MarkupFamily::Hermes])
     );
     assert_eq!(
-        before.arms[0].stats.counts.leak, 0,
+        before.arms[0].stats.counts[SessionClass::Leak],
+        0,
         "DSML is not counted here"
     );
 
@@ -201,7 +202,7 @@ async fn reclassify_judges_with_the_markup_families_the_run_counted() {
     assert!(stdout.contains(" 0 changed class"), "{stdout}");
     assert!(!stdout.contains("note:"), "{stdout}");
     let after = dir.read_record().unwrap();
-    assert_eq!(after.arms[0].stats.counts.leak, 0);
+    assert_eq!(after.arms[0].stats.counts[SessionClass::Leak], 0);
     assert_eq!(
         after.verdict.as_ref().map(|v| v.status),
         before.verdict.as_ref().map(|v| v.status)
@@ -216,5 +217,5 @@ async fn reclassify_judges_with_the_markup_families_the_run_counted() {
         stdout.contains("note: run.json does not say which markup families"),
         "{stdout}"
     );
-    assert!(dir.read_record().unwrap().arms[0].stats.counts.leak > 0);
+    assert!(dir.read_record().unwrap().arms[0].stats.counts[SessionClass::Leak] > 0);
 }

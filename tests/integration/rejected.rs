@@ -71,13 +71,16 @@ async fn engine_rejections_implicate_the_flag_as_corruption_does() {
     let record = run(&t, &plan).await;
     let on = record.arm(ArmLabel::On).unwrap();
     let off = record.arm(ArmLabel::Off).unwrap();
-    assert_eq!(on.stats.counts.rejected, victims);
-    assert_eq!(on.stats.counts.done, u64::from(SESSIONS) - victims);
-    assert_eq!(on.stats.counts.error, 0);
+    assert_eq!(on.stats.counts[SessionClass::Rejected], victims);
+    assert_eq!(
+        on.stats.counts[SessionClass::Done],
+        u64::from(SESSIONS) - victims
+    );
+    assert_eq!(on.stats.counts[SessionClass::Error], 0);
     assert_eq!(on.stats.corrupted, victims);
     assert_eq!(on.stats.judged(), u64::from(SESSIONS));
     assert_eq!(on.stats.first_bad_round, vec![0, victims]);
-    assert_eq!(off.stats.counts.done, u64::from(SESSIONS));
+    assert_eq!(off.stats.counts[SessionClass::Done], u64::from(SESSIONS));
     let verdict = record.verdict.as_ref().unwrap();
     assert_eq!(verdict.status, Status::Implicated, "{verdict:?}");
     assert!(
@@ -155,17 +158,20 @@ async fn streamed_rejections_mid_stream_implicate_the_flag() {
     let record = run(&t, &plan).await;
     let on = record.arm(ArmLabel::On).unwrap();
     let off = record.arm(ArmLabel::Off).unwrap();
-    assert_eq!(on.stats.counts.rejected, victims);
-    assert_eq!(on.stats.counts.done, u64::from(SESSIONS) - victims);
+    assert_eq!(on.stats.counts[SessionClass::Rejected], victims);
+    assert_eq!(
+        on.stats.counts[SessionClass::Done],
+        u64::from(SESSIONS) - victims
+    );
     assert_eq!(
         (
-            on.stats.counts.error,
-            on.stats.counts.leak,
-            on.stats.counts.no_tool
+            on.stats.counts[SessionClass::Error],
+            on.stats.counts[SessionClass::Leak],
+            on.stats.counts[SessionClass::NoTool]
         ),
         (0, 0, 0)
     );
-    assert_eq!(off.stats.counts.done, u64::from(SESSIONS));
+    assert_eq!(off.stats.counts[SessionClass::Done], u64::from(SESSIONS));
     let verdict = record.verdict.as_ref().unwrap();
     assert_eq!(verdict.status, Status::Implicated, "{verdict:?}");
     let sessions = ResultsDir::open(&plan.run_dir).read_sessions().unwrap();
@@ -197,8 +203,8 @@ async fn the_same_rejections_counted_as_errors_only_degrade_the_arm() {
     let victims = fake_race_victims(&plan.workload, SESSIONS);
     let record = run(&t, &plan).await;
     let on = record.arm(ArmLabel::On).unwrap();
-    assert_eq!(on.stats.counts.error, victims);
-    assert_eq!(on.stats.counts.rejected, 0);
+    assert_eq!(on.stats.counts[SessionClass::Error], victims);
+    assert_eq!(on.stats.counts[SessionClass::Rejected], 0);
     assert_eq!(on.stats.corrupted, 0);
     assert_eq!(on.stats.judged(), u64::from(SESSIONS) - victims);
     let verdict = record.verdict.as_ref().unwrap();
@@ -222,7 +228,10 @@ async fn the_same_rejections_counted_as_errors_only_degrade_the_arm() {
         .all(|c| (c.3, c.4) == (SessionClass::Error, SessionClass::Rejected)));
     let on = summary.record.arm(ArmLabel::On).unwrap();
     assert_eq!(
-        (on.stats.counts.rejected, on.stats.counts.error),
+        (
+            on.stats.counts[SessionClass::Rejected],
+            on.stats.counts[SessionClass::Error]
+        ),
         (victims, 0)
     );
     assert_eq!(

@@ -11,6 +11,7 @@
 //! are the mock's; the shape of the HTTP exchange is the test server's own.
 
 use bisect_engine::mock::{MockConfig, MockServer};
+use bisect_harness::core::session::SessionClass;
 use bisect_harness::core::session::SessionResult;
 use bisect_harness::driver::sample::{drive_collected, sample_workload};
 use bisect_harness::driver::{DrivePlan, DriveStats};
@@ -363,8 +364,17 @@ fn spec(reply: Reply) -> ServerSpec {
 
 fn assert_all_done(stats: &DriveStats, sessions: u64) {
     assert_eq!(stats.sessions as u64, sessions, "{stats:?}");
-    assert_eq!(stats.counts.done, sessions, "{:?}", stats.counts);
-    assert_eq!(stats.counts.error + stats.counts.timeout, 0, "{stats:?}");
+    assert_eq!(
+        stats.counts[SessionClass::Done],
+        sessions,
+        "{:?}",
+        stats.counts
+    );
+    assert_eq!(
+        stats.counts[SessionClass::Error] + stats.counts[SessionClass::Timeout],
+        0,
+        "{stats:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -455,8 +465,8 @@ async fn a_server_that_accepts_and_never_answers_is_timeouts_not_a_low_load() {
     let server = TestServer::start(spec(Reply::Silent), mock.addr());
     let (stats, results) = drive_against(&server, 8, 3, 1.0, false).await;
     assert_eq!(stats.sessions, 8);
-    assert_eq!(stats.counts.timeout, 8, "{:?}", stats.counts);
-    assert_eq!(stats.counts.error, 0);
+    assert_eq!(stats.counts[SessionClass::Timeout], 8, "{:?}", stats.counts);
+    assert_eq!(stats.counts[SessionClass::Error], 0);
     // Every request reached the server and sat there: the load was delivered and the
     // server did not answer, which is what the record says.
     assert_eq!(server.gauge.requests.load(Ordering::SeqCst), 8);
@@ -506,7 +516,7 @@ async fn shedding_past_the_round_timeout_is_an_error_naming_the_status() {
         .filter(|r| r.error.as_deref().unwrap_or_default().contains("HTTP 503"))
         .count() as u64;
     assert!(shed >= 1, "{results:?}");
-    assert_eq!(stats.counts.error, shed);
+    assert_eq!(stats.counts[SessionClass::Error], shed);
     assert_eq!(stats.transport.shed_retried, 0, "{:?}", stats.transport);
     assert!(stats.transport.shed_replies >= shed);
 }

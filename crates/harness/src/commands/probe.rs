@@ -323,19 +323,21 @@ pub async fn run_probe(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::session::Counts;
+    use crate::core::session::{Counts, SessionClass};
 
     /// The probe's arm: `corrupted` bad_args, `failed` timeouts, `truncated`, and done
     /// sessions filling up to `sessions`; decode peaked at the full load (`sessions`).
     fn arm(corrupted: u64, failed: u64, truncated: u64, sessions: u64) -> ArmRecord {
         let mut arm = ArmRecord::new(ArmLabel::Probe, "as-is", Some(0));
-        arm.stats.counts = Counts {
-            bad_args: corrupted,
-            timeout: failed,
-            truncated,
-            done: sessions - corrupted - failed - truncated,
-            ..Counts::default()
-        };
+        arm.stats.counts = Counts::from([
+            (SessionClass::BadArgs, corrupted),
+            (SessionClass::Timeout, failed),
+            (SessionClass::Truncated, truncated),
+            (
+                SessionClass::Done,
+                sessions - corrupted - failed - truncated,
+            ),
+        ]);
         arm.stats.peak_running = [("client".into(), sessions), ("decode".into(), sessions)].into();
         arm.finish();
         arm

@@ -338,8 +338,8 @@ mod tests {
             wall_s,
             ..ArmStats::default()
         };
-        s.counts.done = done;
-        s.counts.leak = leak;
+        s.counts[SessionClass::Done] = done;
+        s.counts[SessionClass::Leak] = leak;
         s.completion_tokens = 100 * (done + leak);
         s.peak_running.insert("client".into(), peak);
         s.first_bad_round = vec![0, leak];

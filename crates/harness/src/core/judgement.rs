@@ -19,6 +19,7 @@
 //! still the bug seen, so each caller weighs the shortfall by what it concludes.
 
 use crate::core::session::Counts;
+use crate::core::session::SessionClass;
 
 /// What a block gave, extracted from its record.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -96,7 +97,7 @@ pub fn judge_block(facts: &BlockFacts, degraded_fraction: f64) -> Result<Judged,
     }
     if judged == 0 {
         return Err(Void::NothingJudged {
-            truncated: counts.truncated,
+            truncated: counts[SessionClass::Truncated],
             failed,
             sessions,
         });
@@ -106,7 +107,7 @@ pub fn judge_block(facts: &BlockFacts, degraded_fraction: f64) -> Result<Judged,
         judged,
         sessions,
         failed,
-        truncated: counts.truncated,
+        truncated: counts[SessionClass::Truncated],
         load_shortfall: facts.load_shortfall.clone(),
     })
 }
@@ -118,13 +119,15 @@ mod tests {
     /// `corrupted` bad_args, `failed` timeouts, `truncated`, the rest done, of `sessions`.
     fn facts(corrupted: u64, failed: u64, truncated: u64, sessions: u64) -> BlockFacts {
         BlockFacts {
-            counts: Counts {
-                bad_args: corrupted,
-                timeout: failed,
-                truncated,
-                done: sessions - corrupted - failed - truncated,
-                ..Counts::default()
-            },
+            counts: Counts::from([
+                (SessionClass::BadArgs, corrupted),
+                (SessionClass::Timeout, failed),
+                (SessionClass::Truncated, truncated),
+                (
+                    SessionClass::Done,
+                    sessions - corrupted - failed - truncated,
+                ),
+            ]),
             ..BlockFacts::default()
         }
     }
@@ -138,8 +141,8 @@ mod tests {
         assert_eq!(j.load_shortfall, None);
         // Rejected replies count as corrupted.
         let mut rejected = facts(0, 0, 0, 80);
-        rejected.counts.rejected = 4;
-        rejected.counts.done = 76;
+        rejected.counts[SessionClass::Rejected] = 4;
+        rejected.counts[SessionClass::Done] = 76;
         assert_eq!(judge_block(&rejected, 0.10).unwrap().corrupted, 4);
     }
 

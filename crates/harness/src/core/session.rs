@@ -75,8 +75,28 @@ pub enum RoundClass {
 }
 
 /// The class of a whole session: its first non-ok round's class, else done/maxrounds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+///
+/// The variants are the only list of the classes: [`SessionClass::iter`], the count
+/// and the names come from them, and every property below is an exhaustive `match`, so
+/// a new class is a variant here, its answers to those matches, and its classifier rule.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    strum::EnumIter,
+    strum::EnumCount,
+    strum::IntoStaticStr,
+    strum::EnumString,
+)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum SessionClass {
     Done,
     Maxrounds,
@@ -100,34 +120,22 @@ pub enum SessionClass {
 }
 
 impl SessionClass {
-    pub const ALL: [SessionClass; 11] = [
-        SessionClass::Done,
-        SessionClass::Maxrounds,
-        SessionClass::Leak,
-        SessionClass::BadArgs,
-        SessionClass::WrongArgs,
-        SessionClass::NoTool,
-        SessionClass::Error,
-        SessionClass::Timeout,
-        SessionClass::Truncated,
-        SessionClass::Rejected,
-        SessionClass::Crashed,
-    ];
+    /// Every class, in the order of the enum (the order records and tables use).
+    pub fn iter() -> impl Iterator<Item = SessionClass> + Clone {
+        <SessionClass as strum::IntoEnumIterator>::iter()
+    }
 
+    /// How many classes there are.
+    pub const COUNT: usize = <SessionClass as strum::EnumCount>::COUNT;
+
+    /// The name records and reports use (docs/design.md 3.6): `bad_args`, `no_tool`...
     pub fn name(self) -> &'static str {
-        match self {
-            SessionClass::Done => "done",
-            SessionClass::Maxrounds => "maxrounds",
-            SessionClass::Leak => "leak",
-            SessionClass::BadArgs => "bad_args",
-            SessionClass::WrongArgs => "wrong_args",
-            SessionClass::NoTool => "no_tool",
-            SessionClass::Error => "error",
-            SessionClass::Timeout => "timeout",
-            SessionClass::Truncated => "truncated",
-            SessionClass::Rejected => "rejected",
-            SessionClass::Crashed => "crashed",
-        }
+        self.into()
+    }
+
+    /// The classes that count as corruption, in order.
+    pub fn corrupted() -> impl Iterator<Item = SessionClass> + Clone {
+        Self::iter().filter(|c| c.is_corrupted())
     }
 
     /// Corrupted = leak + bad_args + wrong_args + no_tool + rejected. A rejected
@@ -135,14 +143,19 @@ impl SessionClass {
     /// would leave the denominator, and a flag that corrupts calls past parsing would
     /// look cleaner than one that corrupts them a little.
     pub fn is_corrupted(self) -> bool {
-        matches!(
-            self,
+        match self {
             SessionClass::Leak
-                | SessionClass::BadArgs
-                | SessionClass::WrongArgs
-                | SessionClass::NoTool
-                | SessionClass::Rejected
-        )
+            | SessionClass::BadArgs
+            | SessionClass::WrongArgs
+            | SessionClass::NoTool
+            | SessionClass::Rejected => true,
+            SessionClass::Done
+            | SessionClass::Maxrounds
+            | SessionClass::Error
+            | SessionClass::Timeout
+            | SessionClass::Truncated
+            | SessionClass::Crashed => false,
+        }
     }
 
     /// error/timeout: not corruption, but they make an arm "degraded".
@@ -154,6 +167,50 @@ impl SessionClass {
     /// nor cut short by the engine's death (`Counts::judged` counts these).
     pub(crate) fn is_judged(self) -> bool {
         !self.is_failure() && !matches!(self, SessionClass::Truncated | SessionClass::Crashed)
+    }
+
+    /// A class added after the first records were written: its count is written only
+    /// when non-zero and reads as 0 when absent, so older records keep their shape when
+    /// rewritten. Every class added from now on answers true.
+    pub(crate) fn recorded_when_nonzero(self) -> bool {
+        match self {
+            SessionClass::Done
+            | SessionClass::Maxrounds
+            | SessionClass::Leak
+            | SessionClass::BadArgs
+            | SessionClass::WrongArgs
+            | SessionClass::NoTool
+            | SessionClass::Error
+            | SessionClass::Timeout => false,
+            SessionClass::Truncated | SessionClass::Rejected | SessionClass::Crashed => true,
+        }
+    }
+
+    /// The name in the tables' narrow columns (`done/max`, `leak/bad/wrong/no_tool/rejected`).
+    pub fn short_name(self) -> &'static str {
+        match self {
+            SessionClass::Maxrounds => "max",
+            SessionClass::BadArgs => "bad",
+            SessionClass::WrongArgs => "wrong",
+            other => other.name(),
+        }
+    }
+
+    /// One letter per session in culprit's step log (docs/culprit.md).
+    pub fn letter(self) -> char {
+        match self {
+            SessionClass::Done => 'd',
+            SessionClass::Maxrounds => 'm',
+            SessionClass::Leak => 'l',
+            SessionClass::BadArgs => 'b',
+            SessionClass::WrongArgs => 'w',
+            SessionClass::NoTool => 'n',
+            SessionClass::Error => 'e',
+            SessionClass::Timeout => 't',
+            SessionClass::Truncated => 'c',
+            SessionClass::Rejected => 'r',
+            SessionClass::Crashed => 'x',
+        }
     }
 
     pub(crate) fn from_round(class: RoundClass) -> Option<SessionClass> {
@@ -172,86 +229,121 @@ impl SessionClass {
     }
 }
 
-/// Counts per session class, serialised with the class names of docs/design.md 3.6.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Counts {
-    pub done: u64,
-    pub maxrounds: u64,
-    pub leak: u64,
-    pub bad_args: u64,
-    pub wrong_args: u64,
-    pub no_tool: u64,
-    pub error: u64,
-    pub timeout: u64,
-    /// Written only when non-zero, so records from before the class existed keep
-    /// their shape when rewritten; absent reads as 0.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub truncated: u64,
-    /// Likewise written only when non-zero (records before the class read as 0).
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub rejected: u64,
-    /// Likewise (sessions cut short by an engine death).
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub crashed: u64,
+/// Sessions per class, indexed by the class (`counts[SessionClass::Leak]`), serialised
+/// as an object with the class names of docs/design.md 3.6 in the enum's order.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts([u64; SessionClass::COUNT]);
+
+impl std::ops::Index<SessionClass> for Counts {
+    type Output = u64;
+    fn index(&self, class: SessionClass) -> &u64 {
+        &self.0[class as usize]
+    }
 }
 
-fn is_zero(n: &u64) -> bool {
-    *n == 0
+impl std::ops::IndexMut<SessionClass> for Counts {
+    fn index_mut(&mut self, class: SessionClass) -> &mut u64 {
+        &mut self.0[class as usize]
+    }
+}
+
+impl<const N: usize> From<[(SessionClass, u64); N]> for Counts {
+    fn from(pairs: [(SessionClass, u64); N]) -> Self {
+        pairs.into_iter().collect()
+    }
+}
+
+impl FromIterator<(SessionClass, u64)> for Counts {
+    fn from_iter<I: IntoIterator<Item = (SessionClass, u64)>>(pairs: I) -> Self {
+        let mut counts = Counts::default();
+        for (class, n) in pairs {
+            counts[class] += n;
+        }
+        counts
+    }
+}
+
+impl Serialize for Counts {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let written = SessionClass::iter()
+            .filter(|c| !(c.recorded_when_nonzero() && self[*c] == 0))
+            .collect::<Vec<_>>();
+        let mut map = serializer.serialize_map(Some(written.len()))?;
+        for class in written {
+            map.serialize_entry(class.name(), &self[class])?;
+        }
+        map.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for Counts {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct CountsVisitor;
+        impl<'de> serde::de::Visitor<'de> for CountsVisitor {
+            type Value = Counts;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object of session counts by class name")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Counts, A::Error> {
+                let mut counts = Counts::default();
+                let mut seen = [false; SessionClass::COUNT];
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    // A name this build does not know is a later class: ignored, as
+                    // serde ignores unknown fields.
+                    match key.parse::<SessionClass>() {
+                        Ok(class) => {
+                            counts[class] = map.next_value()?;
+                            seen[class as usize] = true;
+                        }
+                        Err(_) => {
+                            map.next_value::<serde::de::IgnoredAny>()?;
+                        }
+                    }
+                }
+                if let Some(missing) =
+                    SessionClass::iter().find(|c| !c.recorded_when_nonzero() && !seen[*c as usize])
+                {
+                    return Err(serde::de::Error::missing_field(missing.name()));
+                }
+                Ok(counts)
+            }
+        }
+        deserializer.deserialize_map(CountsVisitor)
+    }
 }
 
 impl Counts {
     pub fn add(&mut self, class: SessionClass) {
-        *self.slot(class) += 1;
+        self[class] += 1;
     }
 
     pub fn get(&self, class: SessionClass) -> u64 {
-        match class {
-            SessionClass::Done => self.done,
-            SessionClass::Maxrounds => self.maxrounds,
-            SessionClass::Leak => self.leak,
-            SessionClass::BadArgs => self.bad_args,
-            SessionClass::WrongArgs => self.wrong_args,
-            SessionClass::NoTool => self.no_tool,
-            SessionClass::Error => self.error,
-            SessionClass::Timeout => self.timeout,
-            SessionClass::Truncated => self.truncated,
-            SessionClass::Rejected => self.rejected,
-            SessionClass::Crashed => self.crashed,
-        }
-    }
-
-    fn slot(&mut self, class: SessionClass) -> &mut u64 {
-        match class {
-            SessionClass::Done => &mut self.done,
-            SessionClass::Maxrounds => &mut self.maxrounds,
-            SessionClass::Leak => &mut self.leak,
-            SessionClass::BadArgs => &mut self.bad_args,
-            SessionClass::WrongArgs => &mut self.wrong_args,
-            SessionClass::NoTool => &mut self.no_tool,
-            SessionClass::Error => &mut self.error,
-            SessionClass::Timeout => &mut self.timeout,
-            SessionClass::Truncated => &mut self.truncated,
-            SessionClass::Rejected => &mut self.rejected,
-            SessionClass::Crashed => &mut self.crashed,
-        }
+        self[class]
     }
 
     pub fn merge(&mut self, other: &Counts) {
-        for c in SessionClass::ALL {
-            *self.slot(c) += other.get(c);
+        for c in SessionClass::iter() {
+            self[c] += other[c];
         }
     }
 
     pub fn total(&self) -> u64 {
-        SessionClass::ALL.iter().map(|c| self.get(*c)).sum()
+        self.0.iter().sum()
     }
 
     pub fn corrupted(&self) -> u64 {
-        self.leak + self.bad_args + self.wrong_args + self.no_tool + self.rejected
+        SessionClass::corrupted().map(|c| self[c]).sum()
     }
 
     pub fn failed(&self) -> u64 {
-        self.error + self.timeout
+        SessionClass::iter()
+            .filter(|c| c.is_failure())
+            .map(|c| self[c])
+            .sum()
     }
 
     /// Sessions that could show corruption: neither failed (error, timeout) nor cut off
@@ -260,10 +352,10 @@ impl Counts {
     /// would let an arm that times out or truncates look cleaner, or let a run where
     /// nothing was judged look like one where nothing went wrong.
     pub fn judged(&self) -> u64 {
-        self.total()
-            .saturating_sub(self.failed())
-            .saturating_sub(self.truncated)
-            .saturating_sub(self.crashed)
+        SessionClass::iter()
+            .filter(|c| c.is_judged())
+            .map(|c| self[c])
+            .sum()
     }
 }
 
@@ -324,4 +416,60 @@ pub struct SessionResult {
     pub(crate) latency_ms: Vec<u64>,
     pub completion_tokens: u64,
     pub error: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_serialise_by_class_name_in_the_enums_order_with_later_classes_only_when_nonzero() {
+        let counts = Counts::from([(SessionClass::Leak, 2), (SessionClass::Done, 5)]);
+        assert_eq!(
+            serde_json::to_string(&counts).unwrap(),
+            r#"{"done":5,"maxrounds":0,"leak":2,"bad_args":0,"wrong_args":0,"no_tool":0,"error":0,"timeout":0}"#
+        );
+        let crashed = Counts::from([(SessionClass::Crashed, 3)]);
+        assert!(serde_json::to_string(&crashed)
+            .unwrap()
+            .ends_with(r#""timeout":0,"crashed":3}"#));
+    }
+
+    #[test]
+    fn counts_read_old_records_and_refuse_ones_missing_a_first_class() {
+        let old = r#"{"done":5,"maxrounds":1,"leak":2,"bad_args":0,"wrong_args":0,"no_tool":0,"error":0,"timeout":1}"#;
+        let counts: Counts = serde_json::from_str(old).unwrap();
+        assert_eq!(
+            (counts.total(), counts.judged(), counts.corrupted()),
+            (9, 8, 2)
+        );
+        assert_eq!(counts[SessionClass::Rejected], 0);
+        // A class a later build adds is ignored here, as serde ignores unknown fields.
+        let later = old.replace("}", r#","diverged":4}"#);
+        assert_eq!(serde_json::from_str::<Counts>(&later).unwrap(), counts);
+        let missing = old.replace(r#""maxrounds":1,"#, "");
+        let err = serde_json::from_str::<Counts>(&missing)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("missing field `maxrounds`"), "{err}");
+    }
+
+    #[test]
+    fn every_class_has_its_own_letter_and_name() {
+        let letters: std::collections::BTreeSet<char> =
+            SessionClass::iter().map(|c| c.letter()).collect();
+        let names: std::collections::BTreeSet<&str> =
+            SessionClass::iter().map(|c| c.name()).collect();
+        assert_eq!(
+            (letters.len(), names.len()),
+            (SessionClass::COUNT, SessionClass::COUNT)
+        );
+        for c in SessionClass::iter() {
+            assert_eq!(c.name().parse::<SessionClass>().unwrap(), c);
+            assert_eq!(
+                serde_json::to_string(&c).unwrap(),
+                format!("\"{}\"", c.name())
+            );
+        }
+    }
 }

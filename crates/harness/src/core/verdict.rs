@@ -15,6 +15,7 @@ use crate::core::arm_stats::{ArmLabel, ArmStats};
 use crate::core::confounds::{confounds, load_shortfalls};
 use crate::core::deaths;
 use crate::core::format::{self, percent_digits};
+use crate::core::session::SessionClass;
 use crate::core::stats;
 
 /// The confidence of every interval the verdict reports.
@@ -570,8 +571,11 @@ fn unjudged_text(on: &ArmObservation, off: &ArmObservation) -> String {
     let why = |arm: &ArmObservation| {
         let c = &arm.stats.counts;
         let mut parts = Vec::new();
-        if c.truncated > 0 {
-            parts.push(format!("{} truncated at max_tokens", c.truncated));
+        if c[SessionClass::Truncated] > 0 {
+            parts.push(format!(
+                "{} truncated at max_tokens",
+                c[SessionClass::Truncated]
+            ));
         }
         if c.failed() > 0 {
             parts.push(format!("{} errored or timed out", c.failed()));
@@ -624,12 +628,11 @@ mod tests {
     /// matching readback and engine-reported value, equal load and speed, and the
     /// default workload parameters.
     fn arm(label: &str, value: &str, corrupted: u64, timeouts: u64, sessions: u64) -> TestArm {
-        let counts = Counts {
-            done: sessions - corrupted - timeouts,
-            leak: corrupted,
-            timeout: timeouts,
-            ..Counts::default()
-        };
+        let counts = Counts::from([
+            (SessionClass::Done, sessions - corrupted - timeouts),
+            (SessionClass::Leak, corrupted),
+            (SessionClass::Timeout, timeouts),
+        ]);
         let mut stats = ArmStats {
             counts,
             peak_running: [("client", 40), ("decode", 40), ("prefill", 12)]
@@ -741,8 +744,8 @@ mod tests {
         // would give 0/400 vs 1/400 and "cleared" (the test above), on 20 judged ones.
         let truncating = |label, value, corrupted| {
             let mut a = arm(label, value, corrupted, 0, 400);
-            a.stats.counts.done -= 380;
-            a.stats.counts.truncated = 380;
+            a.stats.counts[SessionClass::Done] -= 380;
+            a.stats.counts[SessionClass::Truncated] = 380;
             a.stats.finish();
             a
         };
@@ -830,8 +833,8 @@ mod tests {
     #[test]
     fn truncation_is_not_corruption_and_differing_rates_are_warned() {
         let mut on = arm("on", "1", 0, 0, 80);
-        on.stats.counts.done = 60;
-        on.stats.counts.truncated = 20;
+        on.stats.counts[SessionClass::Done] = 60;
+        on.stats.counts[SessionClass::Truncated] = 20;
         on.stats.finish();
         let off = arm("off", "0", 0, 0, 80);
         let (comparison, confounds, verdict) = decide_default(&on, &off);
@@ -853,11 +856,11 @@ mod tests {
 
         // One truncated reply per arm is recorded, not warned.
         let mut on = arm("on", "1", 0, 0, 80);
-        on.stats.counts.done = 79;
-        on.stats.counts.truncated = 1;
+        on.stats.counts[SessionClass::Done] = 79;
+        on.stats.counts[SessionClass::Truncated] = 1;
         let mut off = arm("off", "0", 0, 0, 80);
-        off.stats.counts.done = 79;
-        off.stats.counts.truncated = 1;
+        off.stats.counts[SessionClass::Done] = 79;
+        off.stats.counts[SessionClass::Truncated] = 1;
         let (_, confounds, _) = decide_default(&on, &off);
         let t = confounds.iter().find(|c| c.name == "truncated").unwrap();
         assert_eq!(t.severity, Severity::Info);
@@ -1063,8 +1066,8 @@ mod tests {
     #[test]
     fn differing_error_rates_below_the_degraded_limit_are_warned() {
         let mut on = arm("on", "1", 0, 0, 100);
-        on.stats.counts.done = 91;
-        on.stats.counts.error = 9;
+        on.stats.counts[SessionClass::Done] = 91;
+        on.stats.counts[SessionClass::Error] = 9;
         let off = arm("off", "0", 0, 0, 100);
         let (_, confounds, verdict) = decide_default(&on, &off);
         let failures = confounds
@@ -1092,8 +1095,8 @@ mod tests {
         );
         // Two failures against none: recorded, not warned.
         let mut on = arm("on", "1", 0, 0, 100);
-        on.stats.counts.done = 98;
-        on.stats.counts.error = 2;
+        on.stats.counts[SessionClass::Done] = 98;
+        on.stats.counts[SessionClass::Error] = 2;
         let (_, confounds, _) = decide_default(&on, &off);
         let failures = confounds
             .iter()

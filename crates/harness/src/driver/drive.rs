@@ -447,7 +447,7 @@ mod tests {
         let (stats, results, server) = run(MockConfig::default(), workload, None).await;
         assert_eq!(stats.sessions, 40);
         assert_eq!(stats.cancelled, 0);
-        assert_eq!(stats.counts.done, 40, "{:?}", stats.counts);
+        assert_eq!(stats.counts[SessionClass::Done], 40, "{:?}", stats.counts);
         assert_eq!(results.len(), 40);
         for (i, r) in results.iter().enumerate() {
             assert_eq!(r.index, i as u32);
@@ -526,11 +526,11 @@ mod tests {
                 }
             }
         }
-        expected_counts.done = 60 - claimed.len() as u64;
+        expected_counts[SessionClass::Done] = 60 - claimed.len() as u64;
         assert_eq!(stats.counts, expected_counts);
         assert!(stats.counts.corrupted() >= 10, "{:?}", stats.counts);
         assert!(
-            stats.counts.timeout >= 1,
+            stats.counts[SessionClass::Timeout] >= 1,
             "seed must select a sleeper: {:?}",
             stats.counts
         );
@@ -553,7 +553,12 @@ mod tests {
             workload.ctx = workload.ctx.min(2000);
             let sessions = u64::from(workload.sessions);
             let (stats, results, _server) = run(MockConfig::default(), workload, None).await;
-            assert_eq!(stats.counts.done, sessions, "{name}: {:?}", stats.counts);
+            assert_eq!(
+                stats.counts[SessionClass::Done],
+                sessions,
+                "{name}: {:?}",
+                stats.counts
+            );
             assert!(results
                 .iter()
                 .all(|r| r.transcript.iter().any(|m| m.role == "tool")));
@@ -565,7 +570,7 @@ mod tests {
         let mut workload = sample_workload(5, 3);
         workload.rounds = 2;
         let (stats, results, _server) = run(MockConfig::default(), workload, None).await;
-        assert_eq!(stats.counts.maxrounds, 5);
+        assert_eq!(stats.counts[SessionClass::Maxrounds], 5);
         for r in results {
             assert_eq!(r.rounds_used, 2);
             assert!(r.evidence.contains("2 of 3 steps"), "{}", r.evidence);
@@ -584,8 +589,8 @@ mod tests {
             ..MockConfig::default()
         };
         let (stats, _results, server) = run(config, workload, None).await;
-        assert_eq!(stats.counts.no_tool, early);
-        assert_eq!(stats.counts.done, 24 - early);
+        assert_eq!(stats.counts[SessionClass::NoTool], early);
+        assert_eq!(stats.counts[SessionClass::Done], 24 - early);
         let rounds = server.stats().round_arrivals();
         assert!(
             rounds.windows(2).all(|w| w[0] <= w[1]),
@@ -697,7 +702,12 @@ mod tests {
             .await
             .unwrap();
             collector.await.unwrap();
-            assert_eq!(stats.counts.done, u64::from(sessions), "{:?}", stats.counts);
+            assert_eq!(
+                stats.counts[SessionClass::Done],
+                u64::from(sessions),
+                "{:?}",
+                stats.counts
+            );
             assert!(stats.requests >= 4 * u64::from(sessions));
             assert_eq!(
                 accepted.load(Ordering::SeqCst),

@@ -6,21 +6,63 @@ use std::collections::BTreeMap;
 
 use super::run_record::ArmRecord;
 use crate::core::format;
+use crate::core::session::{Counts, SessionClass};
 use crate::core::verdict::Comparison;
 
-pub(crate) const HEADER: [&str; 9] = [
-    "arm",
-    "sessions",
-    "done/max",
-    "leak/bad/wrong/no_tool/rejected",
-    "error/timeout/truncated",
-    "corrupted",
-    "peak running",
-    "wall",
-    "tok/s",
-];
+/// The arm table's header: the class columns are named from the classes in them.
+pub(crate) fn header() -> [String; 9] {
+    let names = |column: ClassColumn| {
+        column
+            .classes()
+            .map(|c| c.short_name())
+            .collect::<Vec<_>>()
+            .join("/")
+    };
+    [
+        "arm".into(),
+        "sessions".into(),
+        names(ClassColumn::Finished),
+        names(ClassColumn::Corrupted),
+        names(ClassColumn::NotJudged),
+        "corrupted".into(),
+        "peak running".into(),
+        "wall".into(),
+        "tok/s".into(),
+    ]
+}
 
-/// What the class columns of [`HEADER`] mean, under the table in summary.md,
+/// The three class columns of the arm table. Sessions an engine death cut short are
+/// named after the third, only when there were some.
+#[derive(Clone, Copy)]
+enum ClassColumn {
+    /// Judged and clean: done, maxrounds.
+    Finished,
+    /// The corruption rate's numerator.
+    Corrupted,
+    /// Not judged: failures and truncations.
+    NotJudged,
+}
+
+impl ClassColumn {
+    fn classes(self) -> impl Iterator<Item = SessionClass> {
+        SessionClass::iter().filter(move |c| match self {
+            ClassColumn::Finished => c.is_judged() && !c.is_corrupted(),
+            ClassColumn::Corrupted => c.is_corrupted(),
+            ClassColumn::NotJudged => !c.is_judged() && *c != SessionClass::Crashed,
+        })
+    }
+}
+
+/// One class column's cell: the counts of its classes, `/`-separated.
+fn slashed(counts: &Counts, column: ClassColumn) -> String {
+    column
+        .classes()
+        .map(|c| counts[c].to_string())
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+/// What the class columns of [`header`] mean, under the table in summary.md,
 /// report.html and the terminal (docs/design.md 3.5).
 pub(crate) const LEGEND: &str =
     "Classes: done/max = finished / ran out of rounds. Corrupted = leak \
@@ -41,19 +83,16 @@ pub(crate) fn arm_cells(flag: &str, arm: &ArmRecord, with_repeat: bool) -> [Stri
     [
         format!("{label} ({flag}={})", arm.value),
         arm.sessions.to_string(),
-        format!("{}/{}", c.done, c.maxrounds),
+        slashed(c, ClassColumn::Finished),
         // Rejected (the engine refused a call it could not parse) is corruption: it
         // sits with the corrupted classes, not with error.
-        format!(
-            "{}/{}/{}/{}/{}",
-            c.leak, c.bad_args, c.wrong_args, c.no_tool, c.rejected
-        ),
+        slashed(c, ClassColumn::Corrupted),
         // Truncated (cut off at max_tokens) sits beside the failures: neither is in
         // the corruption rate, and both say the run measured less than it meant to.
         // Sessions an engine death cut short, named only when there were some.
-        match c.crashed {
-            0 => format!("{}/{}/{}", c.error, c.timeout, c.truncated),
-            n => format!("{}/{}/{} +{n} crashed", c.error, c.timeout, c.truncated),
+        match c[SessionClass::Crashed] {
+            0 => slashed(c, ClassColumn::NotJudged),
+            n => format!("{} +{n} crashed", slashed(c, ClassColumn::NotJudged)),
         },
         format::rate_interval(arm.stats.corrupted, arm.stats.judged(), arm.stats.ci95),
         peaks(&arm.stats.peak_running),

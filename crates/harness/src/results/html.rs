@@ -13,7 +13,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use super::cells::{arm_cells, compact, comparison_sentence, HEADER, LEGEND};
+use super::cells::{arm_cells, compact, comparison_sentence, header, LEGEND};
 use super::charts::{self, RateBar, RoundCounts};
 use super::markup::{escape, facts_list, figure, list, page, verdict_box};
 use super::run_record::{ArmRecord, RunRecord, TargetInfo};
@@ -214,8 +214,8 @@ fn run_confounds(record: &RunRecord) -> String {
 
 fn arms_table(flag: &str, arms: &[ArmRecord], with_repeat: bool) -> String {
     let mut s = String::from("<table><tr>");
-    for h in HEADER {
-        let _ = write!(s, "<th>{}</th>", escape(h));
+    for h in header() {
+        let _ = write!(s, "<th>{}</th>", escape(&h));
     }
     s.push_str("</tr>\n");
     for arm in arms {

@@ -1,6 +1,6 @@
 //! `summary.md`: the run as a human pastes it into a PR or an incident channel.
 
-use super::cells::{arm_cells, compact, comparison_sentence, HEADER, LEGEND};
+use super::cells::{arm_cells, compact, comparison_sentence, header, LEGEND};
 use super::markup::table_header;
 use super::run_record::{RunRecord, TargetInfo};
 use super::Exporter;
@@ -44,7 +44,7 @@ impl Exporter<RunRecord> for SummaryMarkdown {
             }
             s.push('\n');
         }
-        s.push_str(&table_header(&HEADER));
+        s.push_str(&table_header(&header()));
         for arm in &r.arms {
             s.push_str(&format!(
                 "| {} |\n",
@@ -54,7 +54,7 @@ impl Exporter<RunRecord> for SummaryMarkdown {
         s.push_str(&format!("\n{LEGEND}\n"));
         if r.runs.len() > r.arms.len() {
             s.push_str("\nArm blocks in execution order:\n\n");
-            s.push_str(&table_header(&HEADER));
+            s.push_str(&table_header(&header()));
             for arm in &r.runs {
                 let mut cells = arm_cells(&r.flag.name, arm, false);
                 cells[0] = format!("{} r{}", cells[0], arm.repeat.unwrap_or(0));

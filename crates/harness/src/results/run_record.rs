@@ -297,6 +297,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::core::session::SessionClass;
     use crate::core::verdict::{decide, Policy, Severity, Status};
 
     /// A finished block of the switch `HICACHE` (on = "on"): 200 clean sessions, its
@@ -306,7 +307,7 @@ mod tests {
         let mut b = ArmRecord::new(label, value, Some(repeat));
         b.readback.insert("prefill".into(), value.into());
         b.effective.insert("prefill".into(), reported.into());
-        b.stats.counts.done = 200;
+        b.stats.counts[SessionClass::Done] = 200;
         b.stats.peak_running.insert("prefill".into(), peak);
         b.finish();
         b

@@ -3,7 +3,7 @@
 
 use comfy_table::{presets, Cell, CellAlignment, ContentArrangement, Table};
 
-use super::cells::{arm_cells, compact, HEADER, LEGEND};
+use super::cells::{arm_cells, compact, header, LEGEND};
 use super::run_record::RunRecord;
 use crate::core::format;
 
@@ -25,7 +25,7 @@ pub fn render(record: &RunRecord) -> String {
     table
         .load_preset(presets::UTF8_FULL_CONDENSED)
         .set_content_arrangement(ContentArrangement::Dynamic)
-        .set_header(HEADER.iter().map(Cell::new));
+        .set_header(header().into_iter().map(Cell::new));
     for arm in &record.arms {
         table.add_row(
             arm_cells(&record.flag.name, arm, false)

@@ -234,16 +234,15 @@ pub(crate) fn block_dir(root: &Path, block: u64) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::session::Counts;
+    use crate::core::session::{Counts, SessionClass};
 
     fn arm(corrupted: u64, failed: u64, sessions: u64, peak: u64) -> ArmRecord {
         let mut arm = ArmRecord::new(ArmLabel::Probe, "b001", Some(0));
-        arm.stats.counts = Counts {
-            bad_args: corrupted,
-            timeout: failed,
-            done: sessions - corrupted - failed,
-            ..Counts::default()
-        };
+        arm.stats.counts = Counts::from([
+            (SessionClass::BadArgs, corrupted),
+            (SessionClass::Timeout, failed),
+            (SessionClass::Done, sessions - corrupted - failed),
+        ]);
         arm.stats.peak_running = [("client".into(), sessions), ("decode".into(), peak)].into();
         arm.finish();
         arm

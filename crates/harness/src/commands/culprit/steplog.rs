@@ -23,31 +23,14 @@ use crate::core::culprit::{
 use crate::core::session::SessionClass;
 use crate::results::JsonlWriter;
 
-/// One letter per session class, in `steps.jsonl`.
-const CODES: [(SessionClass, char); 11] = [
-    (SessionClass::Done, 'd'),
-    (SessionClass::Maxrounds, 'm'),
-    (SessionClass::Leak, 'l'),
-    (SessionClass::BadArgs, 'b'),
-    (SessionClass::WrongArgs, 'w'),
-    (SessionClass::NoTool, 'n'),
-    (SessionClass::Error, 'e'),
-    (SessionClass::Timeout, 't'),
-    (SessionClass::Truncated, 'c'),
-    (SessionClass::Rejected, 'r'),
-    (SessionClass::Crashed, 'x'),
-];
-
+/// One letter per session ([`SessionClass::letter`]), in `steps.jsonl`.
 fn encode(classes: &[SessionClass]) -> String {
-    classes
-        .iter()
-        .map(|c| CODES.iter().find(|(k, _)| k == c).map_or('?', |(_, l)| *l))
-        .collect()
+    classes.iter().map(|c| c.letter()).collect()
 }
 
 fn decode(text: &str) -> Option<Vec<SessionClass>> {
     text.chars()
-        .map(|l| CODES.iter().find(|(_, k)| *k == l).map(|(c, _)| *c))
+        .map(|l| SessionClass::iter().find(|c| c.letter() == l))
         .collect()
 }
 
@@ -230,7 +213,7 @@ mod tests {
 
     #[test]
     fn codes_round_trip() {
-        let all = SessionClass::ALL.to_vec();
+        let all = SessionClass::iter().collect::<Vec<_>>();
         assert_eq!(decode(&encode(&all)).unwrap(), all);
         assert!(decode("dq").is_none());
     }

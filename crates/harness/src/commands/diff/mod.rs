@@ -242,6 +242,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::commands::matrix::record::CellRecord;
     use crate::core::arm_stats::{ArmLabel, ArmStats, RecordStatus};
+    use crate::core::session::SessionClass;
     use crate::results::run_record::{ArmRecord, FlagInfo, TargetInfo};
     use serde_json::json;
 
@@ -250,8 +251,8 @@ pub(crate) mod tests {
             wall_s: 10.0,
             ..ArmStats::default()
         };
-        s.counts.done = sessions - corrupted;
-        s.counts.leak = corrupted;
+        s.counts[SessionClass::Done] = sessions - corrupted;
+        s.counts[SessionClass::Leak] = corrupted;
         s.peak_running.insert("client".into(), peak);
         s.finish();
         s.tokens_per_s = tokens_per_s;

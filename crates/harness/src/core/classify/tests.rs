@@ -949,5 +949,5 @@ fn rejected_counts_as_corrupted_in_the_judged_denominator() {
         r#"{"done":1,"maxrounds":0,"leak":0,"bad_args":0,"wrong_args":0,"no_tool":0,"error":0,"timeout":0}"#,
     )
     .unwrap();
-    assert_eq!(old.rejected, 0);
+    assert_eq!(old[SessionClass::Rejected], 0);
 }

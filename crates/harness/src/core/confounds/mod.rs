@@ -20,6 +20,7 @@ use serde_json::{json, Value};
 
 use crate::core::effective;
 use crate::core::format::percent_digits;
+use crate::core::session::SessionClass;
 use crate::core::verdict::{ArmObservation, Confound, Policy, Severity};
 
 mod recorded;
@@ -231,8 +232,8 @@ fn degraded_confound(
             };
             format!(
                 "{who} had {} error and {} timeout sessions of {} ({}% > {}%)",
-                arm.stats.counts.error,
-                arm.stats.counts.timeout,
+                arm.stats.counts[SessionClass::Error],
+                arm.stats.counts[SessionClass::Timeout],
                 arm.classified(),
                 percent_digits(failure_fraction(arm)),
                 percent_digits(policy.degraded_fraction)
@@ -241,8 +242,8 @@ fn degraded_confound(
         .collect();
     let describe = |arm: &ArmObservation| {
         json!({
-            "error": arm.stats.counts.error,
-            "timeout": arm.stats.counts.timeout,
+            "error": arm.stats.counts[SessionClass::Error],
+            "timeout": arm.stats.counts[SessionClass::Timeout],
             "sessions": arm.classified(),
         })
     };

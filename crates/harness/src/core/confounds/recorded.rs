@@ -8,6 +8,7 @@ use std::collections::BTreeSet;
 use serde_json::{json, Value};
 
 use crate::core::format::{p_value, percent_digits, quantity};
+use crate::core::session::SessionClass;
 use crate::core::stats;
 use crate::core::verdict::{ArmObservation, Confound, Policy, Severity};
 
@@ -69,7 +70,7 @@ pub(super) fn engine_count_confound(on: &ArmObservation, off: &ArmObservation) -
         describe(&arm.stats.engine_counts).map(|words| {
             format!(
                 "{words} (bisect: {} sessions no_tool)",
-                arm.stats.counts.no_tool
+                arm.stats.counts[SessionClass::NoTool]
             )
         })
     };
@@ -127,7 +128,10 @@ pub(super) fn truncated_confound(
     off: &ArmObservation,
     policy: &Policy,
 ) -> Option<Confound> {
-    let (t_on, t_off) = (on.stats.counts.truncated, off.stats.counts.truncated);
+    let (t_on, t_off) = (
+        on.stats.counts[SessionClass::Truncated],
+        off.stats.counts[SessionClass::Truncated],
+    );
     if t_on == 0 && t_off == 0 {
         return None;
     }

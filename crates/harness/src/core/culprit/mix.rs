@@ -21,28 +21,18 @@ use statrs::function::factorial::ln_binomial;
 
 use crate::core::session::SessionClass;
 
-/// The corrupted classes, in the order of the table's columns (an unused column drops
-/// out of the test, so outcomes without rejections are judged as before).
-pub(super) const CORRUPTED: [SessionClass; 5] = [
-    SessionClass::Leak,
-    SessionClass::BadArgs,
-    SessionClass::WrongArgs,
-    SessionClass::NoTool,
-    SessionClass::Rejected,
-];
-
 /// Above this many candidate tables the test uses the chi-square approximation.
 pub(super) const MAX_TABLES: u64 = 2_000_000;
 
-/// Counts of each corrupted class in `classes`, in [`CORRUPTED`] order.
-pub(super) fn corrupted_mix<'a>(classes: impl IntoIterator<Item = &'a SessionClass>) -> [u64; 5] {
-    let mut mix = [0u64; 5];
+/// Counts of each corrupted class in `classes`, in the enum's order
+/// ([`SessionClass::corrupted`]): the columns of the table (an unused column drops out of
+/// the test, so outcomes without rejections are judged as before).
+pub(super) fn corrupted_mix<'a>(classes: impl IntoIterator<Item = &'a SessionClass>) -> Vec<u64> {
+    let mut counts = crate::core::session::Counts::default();
     for c in classes {
-        if let Some(j) = CORRUPTED.iter().position(|k| k == c) {
-            mix[j] += 1;
-        }
+        counts.add(*c);
     }
-    mix
+    SessionClass::corrupted().map(|c| counts[c]).collect()
 }
 
 /// Two-sided p-value that rows `a` and `b` come from the same class distribution.

@@ -132,9 +132,9 @@ impl Oracle {
             return SessionClass::Done;
         }
         let mut u = rng.random::<f64>() * self.mix.iter().sum::<f64>();
-        for (class, w) in super::mix::CORRUPTED.iter().zip(self.mix) {
+        for (class, w) in SessionClass::corrupted().zip(self.mix) {
             if u < w {
-                return *class;
+                return class;
             }
             u -= w;
         }

@@ -51,6 +51,7 @@ use super::record::{BaselineInfo, CellComparison, CellRecord, CellStatus, Matrix
 use crate::core::arm_stats::ArmStats;
 use crate::core::confounds::engine_load_shortfall;
 use crate::core::format;
+use crate::core::session::SessionClass;
 pub(crate) use crate::core::stats::fisher_one_sided_greater;
 use crate::core::verdict::Policy;
 
@@ -383,13 +384,19 @@ fn unconfirmed_reasons(
                 "{side} judged only {judged} of {total} sessions ({} truncated at max_tokens, \
                  {} error/timeout): too few could show corruption to call the cell ok; raise \
                  max_tokens (or find why sessions fail)",
-                stats.counts.truncated,
+                stats.counts[SessionClass::Truncated],
                 stats.counts.failed()
             ));
         }
     }
-    let (t, n) = (cell.stats.counts.truncated, cell.stats.sessions());
-    let (t0, n0) = (old.stats.counts.truncated, old.stats.sessions());
+    let (t, n) = (
+        cell.stats.counts[SessionClass::Truncated],
+        cell.stats.sessions(),
+    );
+    let (t0, n0) = (
+        old.stats.counts[SessionClass::Truncated],
+        old.stats.sessions(),
+    );
     let rise = crate::core::stats::rate(t, n) - crate::core::stats::rate(t0, n0);
     let p = fisher_one_sided_greater(t, n - t, t0, n0 - t0);
     if rise >= policy.min_effect && p < TRUNCATED_ALPHA {

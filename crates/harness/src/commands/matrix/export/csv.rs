@@ -30,7 +30,7 @@ impl Exporter<MatrixRecord> for MatrixCsv {
         let mut header: Vec<String> = vec!["cell".into(), "group".into()];
         header.extend(flags.iter().map(|f| format!("flag:{f}")));
         header.extend(["sessions", "rounds", "status"].map(String::from));
-        header.extend(SessionClass::ALL.iter().map(|c| c.name().to_string()));
+        header.extend(SessionClass::iter().map(|c| c.name().to_string()));
         header.extend(["corrupted", "corruption_rate", "ci95_lo", "ci95_hi"].map(String::from));
         header.extend(peaks.iter().map(|p| format!("peak:{p}")));
         header.extend(
@@ -64,11 +64,7 @@ impl Exporter<MatrixRecord> for MatrixCsv {
                 c.rounds.to_string(),
                 c.status.to_string(),
             ]);
-            row.extend(
-                SessionClass::ALL
-                    .iter()
-                    .map(|k| c.stats.counts.get(*k).to_string()),
-            );
+            row.extend(SessionClass::iter().map(|k| c.stats.counts[k].to_string()));
             row.extend([
                 c.stats.corrupted.to_string(),
                 format!("{:.6}", c.stats.corruption_rate),

@@ -11,6 +11,7 @@ use std::path::Path;
 use crate::commands::matrix::load_cell;
 use crate::commands::matrix::record::{CellRecord, CellStatus, MatrixRecord};
 use crate::core::format;
+use crate::core::session::SessionClass;
 use crate::core::session::SessionResult;
 use crate::results::cells::{compact, peaks};
 use crate::results::charts::{self, RateBar, RoundCounts};
@@ -241,8 +242,8 @@ fn cells_table(cells: &[CellRecord]) -> String {
             escape(&c.id),
             c.stats.sessions(),
             format::rate_interval(c.stats.corrupted, c.stats.judged(), c.stats.ci95),
-            c.stats.counts.error,
-            c.stats.counts.timeout,
+            c.stats.counts[SessionClass::Error],
+            c.stats.counts[SessionClass::Timeout],
             escape(&peaks(&c.stats.peak_running)),
             c.stats.tokens_per_s,
             c.stats.wall_s,
@@ -309,11 +310,7 @@ pub(crate) mod tests {
 
     fn cell(id: &str, leak: u64, done: u64, first_bad_round: Vec<u64>) -> CellRecord {
         let mut stats = ArmStats {
-            counts: Counts {
-                leak,
-                done,
-                ..Counts::default()
-            },
+            counts: Counts::from([(SessionClass::Leak, leak), (SessionClass::Done, done)]),
             first_bad_round,
             wall_s: 4.0,
             ..ArmStats::default()

@@ -7,6 +7,7 @@
 
 use crate::commands::matrix::record::{CellRecord, CellStatus, MatrixRecord};
 use crate::core::format;
+use crate::core::session::{Counts, SessionClass};
 use crate::results::Exporter;
 
 pub struct JunitXml;
@@ -119,20 +120,15 @@ impl Exporter<MatrixRecord> for JunitXml {
             x.push_str(&format!(
                 "      <system-out>{}</system-out>\n",
                 esc(&format!(
-                    "corrupted {}; leak {} bad_args {} wrong_args {} no_tool {}{} error {} timeout {}{}; sessions in {}",
+                    "corrupted {}; {} {}{}; sessions in {}",
                     format::rate_interval(c.stats.corrupted, c.stats.judged(), c.stats.ci95),
-                    c.stats.counts.leak,
-                    c.stats.counts.bad_args,
-                    c.stats.counts.wrong_args,
-                    c.stats.counts.no_tool,
+                    named_counts(&c.stats.counts, SessionClass::corrupted()),
+                    named_counts(
+                        &c.stats.counts,
+                        SessionClass::iter().filter(|k| k.is_failure())
+                    ),
                     // Named only when it happened, like run.json's count.
-                    match c.stats.counts.rejected {
-                        0 => String::new(),
-                        n => format!(" rejected {n}"),
-                    },
-                    c.stats.counts.error,
-                    c.stats.counts.timeout,
-                    match c.stats.counts.crashed {
+                    match c.stats.counts[SessionClass::Crashed] {
                         0 => String::new(),
                         n => format!(" crashed {n}"),
                     },
@@ -163,6 +159,16 @@ fn esc(s: &str) -> String {
         }
     }
     out
+}
+
+/// `leak 0 bad_args 2 ...`: each class with its count; a class that records only when
+/// it happened (run.json's rule) is named only then.
+fn named_counts(counts: &Counts, classes: impl Iterator<Item = SessionClass>) -> String {
+    classes
+        .filter(|k| !(k.recorded_when_nonzero() && counts[*k] == 0))
+        .map(|k| format!("{} {}", k.name(), counts[k]))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ use std::collections::BTreeSet;
 use crate::commands::matrix::load_cell;
 use crate::commands::matrix::record::{CellRecord, CellStatus, MatrixRecord};
 use crate::core::format;
+use crate::core::session::SessionClass;
 use crate::results::cells::{compact, peaks};
 use crate::results::markdown::target_words;
 use crate::results::markup::table_header;
@@ -184,7 +185,11 @@ fn cell_table(s: &mut String, r: &MatrixRecord) {
                 c.status.to_string()
             },
             format::percent_interval(c.stats.corruption_rate, c.stats.ci95),
-            format!("{}/{}", c.stats.counts.error, c.stats.counts.timeout),
+            format!(
+                "{}/{}",
+                c.stats.counts[SessionClass::Error],
+                c.stats.counts[SessionClass::Timeout]
+            ),
             peaks(&c.stats.peak_running),
             format!("{:.0}", c.stats.tokens_per_s),
             format!("{:.1}s", c.stats.wall_s),
