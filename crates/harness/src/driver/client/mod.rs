@@ -13,6 +13,7 @@ use super::body::{RequestTemplate, Transcript};
 use super::connect::{ConnectFailure, ConnectGate};
 use crate::config::workload::RequestOptions;
 use crate::config::ToolSpec;
+use crate::core::oracle::TokenChoice;
 use crate::core::session::ChatMessage;
 use anyhow::Context;
 use http_body_util::{BodyExt, Full};
@@ -99,13 +100,16 @@ impl Drop for InFlightGuard<'_> {
     }
 }
 
-/// A parsed reply: `choices[0].message`, `choices[0].finish_reason` and
-/// `usage.completion_tokens` (0 when absent).
+/// A parsed reply: `choices[0].message`, `choices[0].finish_reason`,
+/// `usage.completion_tokens` (0 when absent) and `choices[0].logprobs`.
 #[derive(Debug, Clone)]
 pub struct ChatReply {
     pub message: ChatMessage,
     pub completion_tokens: u64,
     pub finish_reason: Option<String>,
+    /// The reply's tokens with their log-probabilities, where the request asked for
+    /// them and the engine served them (the solo oracle's evidence, core::oracle).
+    pub tokens: Option<Vec<TokenChoice>>,
 }
 
 /// What one request came to, before classification.

@@ -12,6 +12,7 @@
 use serde::Deserialize;
 
 use super::{ChatOutcome, ChatReply};
+use crate::core::oracle::TokenChoice;
 use crate::core::session::{ChatMessage, ToolCall};
 
 #[derive(Deserialize)]
@@ -26,6 +27,51 @@ struct Choice {
     message: ChatMessage,
     #[serde(default)]
     finish_reason: Option<String>,
+    #[serde(default)]
+    logprobs: Option<Logprobs>,
+}
+
+/// `choices[0].logprobs` as OpenAI's chat API serves it when `logprobs: true` is asked
+/// (llama.cpp, vLLM and SGLang serve the same shape): one entry per generated token,
+/// with `top_logprobs` when `top_logprobs: k` is asked too. `null` reads as none.
+#[derive(Deserialize, Default)]
+struct Logprobs {
+    #[serde(default, deserialize_with = "null_as_empty")]
+    content: Vec<LogprobEntry>,
+}
+
+#[derive(Deserialize)]
+struct LogprobEntry {
+    token: String,
+    logprob: f64,
+    #[serde(default, deserialize_with = "null_as_empty")]
+    top_logprobs: Vec<TopLogprob>,
+}
+
+#[derive(Deserialize)]
+struct TopLogprob {
+    token: String,
+    logprob: f64,
+}
+
+impl From<LogprobEntry> for TokenChoice {
+    fn from(e: LogprobEntry) -> Self {
+        TokenChoice {
+            token: e.token,
+            logprob: e.logprob,
+            top: e
+                .top_logprobs
+                .into_iter()
+                .map(|t| (t.token, t.logprob))
+                .collect(),
+        }
+    }
+}
+
+/// The reply's tokens, or `None` when the engine served no log-probabilities.
+fn tokens_of(logprobs: Option<Logprobs>) -> Option<Vec<TokenChoice>> {
+    let content = logprobs?.content;
+    (!content.is_empty()).then(|| content.into_iter().map(TokenChoice::from).collect())
 }
 
 #[derive(Deserialize)]
@@ -50,6 +96,7 @@ pub fn parse_reply(body: &str) -> ChatOutcome {
                 message: choice.message,
                 completion_tokens: response.usage.map_or(0, |u| u.completion_tokens),
                 finish_reason: choice.finish_reason,
+                tokens: tokens_of(choice.logprobs),
             }),
             None => ChatOutcome::Error(format!("response has no choices: {}", excerpt(body, 200))),
         },
@@ -114,6 +161,9 @@ struct StreamChoice {
     delta: StreamDelta,
     #[serde(default)]
     finish_reason: Option<String>,
+    /// This chunk's tokens' log-probabilities, concatenated over the stream.
+    #[serde(default)]
+    logprobs: Option<Logprobs>,
 }
 
 #[derive(Deserialize, Default)]
@@ -179,6 +229,7 @@ pub fn assemble_stream(body: &str) -> ChatOutcome {
     };
     let mut calls: Vec<ToolCall> = Vec::new();
     let mut finish_reason = None;
+    let mut tokens: Vec<TokenChoice> = Vec::new();
     let mut completion_tokens = 0;
     let mut chunks = 0;
     let mut done = false;
@@ -221,6 +272,9 @@ pub fn assemble_stream(body: &str) -> ChatOutcome {
         };
         if let Some(reason) = choice.finish_reason {
             finish_reason = Some(reason);
+        }
+        if let Some(logprobs) = choice.logprobs {
+            tokens.extend(logprobs.content.into_iter().map(TokenChoice::from));
         }
         let delta = choice.delta;
         if let Some(role) = delta.role {
@@ -272,5 +326,6 @@ pub fn assemble_stream(body: &str) -> ChatOutcome {
         message,
         completion_tokens,
         finish_reason,
+        tokens: (!tokens.is_empty()).then_some(tokens),
     })
 }

@@ -20,6 +20,58 @@ fn parses_tool_call_replies_and_usage() {
 }
 
 #[test]
+fn logprobs_are_read_as_tokens_with_their_candidates_and_their_absence_as_none() {
+    // llama-server's shape (tools/server/server-task.cpp `probs_vector_to_json`): id,
+    // token, bytes, logprob, top_logprobs; a zero probability is float's lowest, not -inf.
+    let body = r#"{"choices":[{"index":0,"finish_reason":"stop",
+        "message":{"role":"assistant","content":"DONE"},
+        "logprobs":{"content":[
+          {"id":35,"token":"DO","bytes":[68,79],"logprob":-0.02,
+           "top_logprobs":[{"id":35,"token":"DO","bytes":[68,79],"logprob":-0.02},
+                           {"id":9,"token":"I","bytes":[73],"logprob":-4.1}]},
+          {"id":36,"token":"NE","bytes":[78,69],"logprob":-3.4028234663852886e38,"top_logprobs":[]}]}}],
+        "usage":{"completion_tokens":2}}"#;
+    let ChatOutcome::Reply(reply) = parse_reply(body) else {
+        panic!("expected a reply")
+    };
+    let tokens = reply.tokens.unwrap();
+    assert_eq!(tokens.len(), 2);
+    assert_eq!(tokens[0].token, "DO");
+    assert!((tokens[0].margin().unwrap() - 4.08).abs() < 1e-9);
+    assert_eq!(tokens[1].margin(), None);
+
+    // A stream's tokens come chunk by chunk; `logprobs: null` chunks add none.
+    let stream = concat!(
+        "data: {\"choices\":[{\"delta\":{\"content\":\"DO\"},\"logprobs\":{\"content\":[{\"token\":\"DO\",\"logprob\":-0.02,\"top_logprobs\":[{\"token\":\"I\",\"logprob\":-4.1}]}]}}]}\n\n",
+        "data: {\"choices\":[{\"delta\":{\"content\":\"NE\"},\"logprobs\":{\"content\":[{\"token\":\"NE\",\"logprob\":-0.5}]}}]}\n\n",
+        "data: {\"choices\":[{\"delta\":{},\"logprobs\":null,\"finish_reason\":\"stop\"}]}\n\n",
+        "data: [DONE]\n\n",
+    );
+    let ChatOutcome::Reply(reply) = assemble_stream(stream) else {
+        panic!("expected a reply")
+    };
+    let tokens = reply.tokens.unwrap();
+    assert_eq!(
+        tokens.iter().map(|t| t.token.as_str()).collect::<String>(),
+        "DONE"
+    );
+    assert_eq!(tokens[0].top, vec![("I".to_string(), -4.1)]);
+
+    // Not asked, not served: none, in both paths.
+    let plain = r#"{"choices":[{"message":{"role":"assistant","content":"x"},"logprobs":null}]}"#;
+    let ChatOutcome::Reply(reply) = parse_reply(plain) else {
+        panic!("expected a reply")
+    };
+    assert_eq!(reply.tokens, None);
+    let ChatOutcome::Reply(reply) = assemble_stream(
+        "data: {\"choices\":[{\"delta\":{\"content\":\"x\"},\"finish_reason\":\"stop\"}]}\n",
+    ) else {
+        panic!("expected a reply")
+    };
+    assert_eq!(reply.tokens, None);
+}
+
+#[test]
 fn streamed_tool_call_deltas_assemble_like_an_openai_client() {
     // The shape llama.cpp and vLLM send: id and name first, arguments in pieces,
     // finish_reason on its own chunk, usage last.
