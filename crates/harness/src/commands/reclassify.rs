@@ -553,6 +553,7 @@ mod tests {
             evidence: "old".into(),
             finish_reason: None,
             http: None,
+            logprobs: None,
         }
     }
 

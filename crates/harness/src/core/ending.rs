@@ -141,6 +141,7 @@ mod tests {
             evidence: format!("round {n}"),
             finish_reason: None,
             http: None,
+            logprobs: None,
         }
     }
 

@@ -380,6 +380,11 @@ pub struct RoundRecord {
     /// absent for every other round and in records written before it was kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http: Option<HttpReply>,
+    /// The reply's tokens with their log-probabilities, when the workload asked for them
+    /// (`[request.extra] logprobs = true, top_logprobs = k`) and the engine served them:
+    /// the solo oracle's evidence (core::oracle). Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<Vec<crate::core::oracle::TokenChoice>>,
 }
 
 /// How much of a non-2xx reply's body is judged and kept: engines' error bodies are a
@@ -471,5 +476,25 @@ mod tests {
                 format!("\"{}\"", c.name())
             );
         }
+    }
+
+    #[test]
+    fn a_rounds_logprobs_are_kept_when_served_and_absent_otherwise() {
+        let old =
+            r#"{"round":1,"class":"ok","latency_ms":12,"completion_tokens":3,"evidence":"x"}"#;
+        let round: RoundRecord = serde_json::from_str(old).unwrap();
+        assert_eq!(round.logprobs, None);
+        assert!(!serde_json::to_string(&round).unwrap().contains("logprobs"));
+        let with = RoundRecord {
+            logprobs: Some(vec![crate::core::oracle::TokenChoice {
+                token: "DONE".into(),
+                logprob: -0.01,
+                top: vec![("I".into(), -5.0)],
+            }]),
+            ..round
+        };
+        let back: RoundRecord =
+            serde_json::from_str(&serde_json::to_string(&with).unwrap()).unwrap();
+        assert_eq!(back.logprobs, with.logprobs);
     }
 }

@@ -209,12 +209,16 @@ fn judge_round(
     );
     let mut http = None;
     let mut error = None;
+    let mut logprobs = None;
     let (reply, tokens, finish_reason) = match outcome {
-        ChatOutcome::Reply(reply) => (
-            Some(reply.message),
-            reply.completion_tokens,
-            reply.finish_reason,
-        ),
+        ChatOutcome::Reply(reply) => {
+            logprobs = reply.tokens;
+            (
+                Some(reply.message),
+                reply.completion_tokens,
+                reply.finish_reason,
+            )
+        }
         ChatOutcome::Error(text) => {
             error = Some(text);
             (None, 0, None)
@@ -251,6 +255,7 @@ fn judge_round(
             evidence: verdict.evidence,
             finish_reason,
             http,
+            logprobs,
         },
         reply,
         error,

@@ -531,6 +531,7 @@ mod tests {
                 evidence: "read_file(path=\"/a\")".into(),
                 finish_reason: None,
                 http: None,
+                logprobs: None,
             }],
             latency_ms: vec![12],
             completion_tokens: 20,
