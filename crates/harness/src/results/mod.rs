@@ -55,7 +55,7 @@ pub use export::Exporter;
 /// The exporters rewritten after each arm.
 pub(crate) fn exporters() -> Vec<Box<dyn Exporter<RunRecord>>> {
     vec![
-        Box::new(json::RunJson),
+        Box::new(json::JsonFile("run.json")),
         Box::new(markdown::SummaryMarkdown),
         Box::new(html::HtmlReport),
     ]

@@ -4,24 +4,13 @@
 
 use super::record::{render_markdown, CommitsRecord};
 use super::report::render_html;
+use crate::results::json::JsonFile;
 use crate::results::Exporter;
 
-pub(crate) struct CommitsJson;
 pub(crate) struct CommitsSummary;
 pub(crate) struct CommitsHtml;
 /// The answer and the verdict in words, as printed after the search.
 pub struct CommitsLine;
-
-impl Exporter<CommitsRecord> for CommitsJson {
-    fn file_name(&self) -> &'static str {
-        "commits.json"
-    }
-    fn render(&self, record: &CommitsRecord) -> anyhow::Result<String> {
-        let mut json = serde_json::to_string_pretty(record)?;
-        json.push('\n');
-        Ok(json)
-    }
-}
 
 impl Exporter<CommitsRecord> for CommitsSummary {
     fn file_name(&self) -> &'static str {
@@ -56,5 +45,5 @@ impl Exporter<CommitsRecord> for CommitsLine {
 
 /// The whole-file formats, rewritten after every step.
 pub fn files() -> [&'static dyn Exporter<CommitsRecord>; 3] {
-    [&CommitsJson, &CommitsSummary, &CommitsHtml]
+    [&JsonFile("commits.json"), &CommitsSummary, &CommitsHtml]
 }

@@ -165,7 +165,7 @@ fn read_shards(dirs: &[PathBuf]) -> anyhow::Result<Vec<(PathBuf, MatrixRecord)>>
 /// Create `out` (which must not hold a matrix yet), copy each cell's sessions directory
 /// from the shard it was taken from, and write the merged record's files.
 pub fn write(merged: &Merged, out: &Path) -> anyhow::Result<()> {
-    if out.join(export::json::FILE).exists() {
+    if out.join(export::FILE).exists() {
         return Err(bad(format!(
             "{} already holds a matrix\n  fix: pass a new --out directory",
             out.display()

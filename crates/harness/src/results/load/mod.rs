@@ -4,7 +4,6 @@
 
 pub mod chart;
 pub mod html;
-pub mod json;
 pub mod markdown;
 pub mod table;
 
@@ -16,11 +15,15 @@ use serde::{Deserialize, Serialize};
 use crate::core::format::percent_digits;
 use crate::core::load::report::{e_words, p_words, rate_words, ArmCount, LevelReport};
 use crate::core::load::{LoadParams, LoadReport};
+use crate::results::json::JsonFile;
+
+/// The record's file in a load sweep's directory.
+const JSON: &str = "load.json";
 use crate::results::export::{self, Exporter};
 
 /// The whole-file formats, rewritten after every block.
 pub fn files() -> [&'static dyn Exporter<LoadRecord>; 3] {
-    [&json::LoadJson, &markdown::LoadSummary, &html::LoadHtml]
+    [&JsonFile(JSON), &markdown::LoadSummary, &html::LoadHtml]
 }
 
 pub(crate) const SCHEMA: &str = "bisect.load/1";
@@ -60,7 +63,7 @@ impl LoadRecord {
 
     /// Read `DIR/load.json`.
     pub fn read(dir: &Path) -> anyhow::Result<LoadRecord> {
-        let path = dir.join(json::LoadJson.file_name());
+        let path = dir.join(JSON);
         let text = std::fs::read_to_string(&path)
             .with_context(|| format!("reading {}", path.display()))?;
         serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))

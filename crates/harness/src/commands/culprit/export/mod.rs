@@ -2,7 +2,6 @@
 //! `summary.md`, `report.html` (rewritten after every block) and the terminal table.
 
 pub mod html;
-pub mod json;
 pub mod markdown;
 pub mod table;
 
@@ -12,7 +11,7 @@ use crate::results::Exporter;
 /// The whole-file formats, rewritten after every block.
 pub fn files() -> [&'static dyn Exporter<CulpritRecord>; 3] {
     [
-        &json::CulpritJson,
+        &crate::results::json::JsonFile("culprit.json"),
         &markdown::CulpritSummary,
         &html::CulpritHtml,
     ]

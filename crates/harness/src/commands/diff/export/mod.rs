@@ -2,7 +2,6 @@
 //! for a PR or an incident channel, or the [`Diff`] itself as JSON. This module holds
 //! the cells the table and markdown share; numbers go through [`crate::core::format`].
 
-pub mod json;
 pub mod markdown;
 pub mod table;
 
@@ -30,7 +29,7 @@ pub fn exporter(format: Format) -> &'static dyn Exporter<Diff> {
     match format {
         Format::Table => &table::DiffTable,
         Format::Markdown => &markdown::DiffMarkdown,
-        Format::Json => &json::DiffJson,
+        Format::Json => &crate::results::json::JsonFile("diff.json"),
     }
 }
 

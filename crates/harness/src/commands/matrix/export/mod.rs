@@ -4,7 +4,6 @@
 
 pub mod csv;
 pub mod html;
-pub mod json;
 pub mod junit;
 pub mod markdown;
 
@@ -15,10 +14,13 @@ use anyhow::Context;
 use super::record::MatrixRecord;
 use crate::results::export::{self, Exporter};
 
+/// The record's file in a matrix's directory (the contract other tools read).
+pub const FILE: &str = "matrix.json";
+
 /// Every whole-file format of a matrix record.
 pub(crate) fn exporters() -> [&'static dyn Exporter<MatrixRecord>; 5] {
     [
-        &json::MatrixJson,
+        &crate::results::json::JsonFile(FILE),
         &csv::MatrixCsv,
         &markdown::MatrixSummary,
         &junit::JunitXml,
@@ -33,7 +35,7 @@ pub fn write_all(dir: &Path, record: &MatrixRecord) -> anyhow::Result<()> {
 
 /// Read `DIR/matrix.json`.
 pub fn read_matrix(dir: &Path) -> anyhow::Result<MatrixRecord> {
-    let path = dir.join(json::FILE);
+    let path = dir.join(FILE);
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
