@@ -20,7 +20,13 @@ fn the_embedded_race_has_a_threshold_and_the_sync_load_back_has_none() {
     let _one = crate::common::heavy();
     let dir = tempfile::tempdir().unwrap();
     let args = ["load", "--levels", "1,80", "--sessions", "160", "--json"];
-    let record = bisect_json(&args, dir.path());
+    let out = bisect(&args, dir.path());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    // Blocks are named by level and arm, not in culprit's words (its runner drives them).
+    assert!(err.contains("load block 1: 1 in flight"), "{err}");
+    assert!(!err.contains("culprit block"), "{err}");
+    let record: Value = serde_json::from_slice(&out.stdout).expect("the record on stdout");
     assert_eq!(record["status"], "finished", "{record}");
     let (one, eighty) = (level(&record, 1), level(&record, 80));
     assert!(one["arm"]["corrupted"].as_u64().unwrap() <= 2, "{one}");

@@ -298,6 +298,7 @@ pub async fn run(
             workload: plan.workload.clone(),
             classifier,
             dir: plan.dir.clone(),
+            announce: true,
         };
         let mut runner = steplog::Replay::new(logged, live);
         let mut recorder = Recorder {

@@ -31,6 +31,9 @@ pub(crate) struct TestbedRunner<'t, 'a> {
     pub(crate) classifier: Arc<Classifier>,
     /// The culprit directory.
     pub(crate) dir: PathBuf,
+    /// Say each block's failing values before its restart (culprit); `bisect load`
+    /// names its blocks by level and arm itself, and says nothing here.
+    pub(crate) announce: bool,
 }
 
 /// `blocks/b007`, relative to the culprit directory.
@@ -43,15 +46,17 @@ impl StepRunner for TestbedRunner<'_, '_> {
         self.bed.check_cancelled()?;
         self.write_flags(request)?;
         let label = format!("b{:03}", request.block);
-        let failing = if request.failing.is_empty() {
-            "none".to_string()
-        } else {
-            request.failing.join(", ")
-        };
-        self.bed.progress().note(&format!(
-            "culprit block {}: failing values: {failing}; restarting",
-            request.block
-        ));
+        if self.announce {
+            let failing = if request.failing.is_empty() {
+                "none".to_string()
+            } else {
+                request.failing.join(", ")
+            };
+            self.bed.progress().note(&format!(
+                "culprit block {}: failing values: {failing}; restarting",
+                request.block
+            ));
+        }
         let restarted = self.bed.restart(&label).await?;
         restarted.refuse_disagreements(&format!("block {}", request.block))?;
         let warnings = self.unreported_flags(&restarted);

@@ -194,6 +194,7 @@ pub(crate) async fn sweep_on(
             workload: job.workload.clone(),
             classifier,
             dir: job.dir.to_path_buf(),
+            announce: false,
         },
         flag: job.flag.cloned(),
         fixed: job.fixed.to_vec(),
