@@ -19,7 +19,11 @@
 # scripts/llama-12253-release.sh; 0.3.36 is left out: with the model's own template its
 # server answered the tool-call probe without a call; empty: no search; RUNS= (empty)
 # runs only the search), BLOCK (sessions per block of the
-# search, default 12).
+# search, default 12), LOAD_LEVELS (default "1,4": `bisect load --flag DEFRAG` over
+# these levels on 0.3.8, 12 sessions per arm per level; empty: none), CRASH_CTX (default
+# 8192: the DEFRAG A/B on 0.3.8 at this cache size, where the overrun kills the server;
+# empty: none), CRASH_REPEATS (blocks per arm of that A/B, default 1; about 4 would give
+# a verdict on deaths alone).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,6 +36,9 @@ RESULTS="${RESULTS:-results/llama-12253}"
 TIMEOUT="${TIMEOUT:-900}"
 RELEASES="${RELEASES-0.3.8,0.3.9}"
 BLOCK="${BLOCK:-12}"
+LOAD_LEVELS="${LOAD_LEVELS-1,4}"
+CRASH_CTX="${CRASH_CTX-8192}"
+CRASH_REPEATS="${CRASH_REPEATS:-1}"
 PROFILE=targets/llama-cpp-12253/target.toml
 WORKLOAD=targets/llama-cpp-12253/tiny-required.toml
 
@@ -52,6 +59,25 @@ for run in $RUNS; do
             --results "$dir" >&2 || { echo "run failed: $version $flag $load" >&2; failed=1; }
     done
 done
+if [ -n "$LOAD_LEVELS$CRASH_CTX" ]; then
+    paths=$(BISECT_LLAMA_CPP_PYTHON_VERSION=0.3.8 BISECT_LLAMA_BUILD_EXAMPLES=ON \
+        bash scripts/llama-server.sh) || { echo "build of 0.3.8 failed" >&2; exit 1; }
+    eval "$paths"
+    export LLAMA_SERVER LLAMA_MODEL
+fi
+if [ -n "$LOAD_LEVELS" ]; then
+    echo "== where it starts: bisect load --flag DEFRAG --levels $LOAD_LEVELS on 0.3.8" >&2
+    "$BISECT" load --target "$PROFILE" --flag DEFRAG --levels "$LOAD_LEVELS" \
+        --workload "$WORKLOAD" --sessions 12 --timeout "$TIMEOUT" --ctx "$CTX" \
+        --results "$RESULTS/load-0.3.8" >&2 || { echo "load sweep: exit $?" >&2; failed=1; }
+fi
+if [ -n "$CRASH_CTX" ]; then
+    echo "== the crash: DEFRAG on 0.3.8 with a $CRASH_CTX-cell cache, $CRASH_REPEATS block(s) per arm" >&2
+    "$BISECT" run --target "$PROFILE" --flag DEFRAG --set "CTX_SIZE=$CRASH_CTX" \
+        --workload "$WORKLOAD" --sessions 12 --concurrency 4 --repeats "$CRASH_REPEATS" \
+        --timeout "$TIMEOUT" --ctx "$CTX" --results "$RESULTS/crash-0.3.8" >&2 ||
+        { echo "crash A/B: exit $?" >&2; failed=1; }
+fi
 if [ -n "$RELEASES" ]; then
     # serve.sh needs the model; with RUNS= no build above has printed its path.
     if [ -z "${LLAMA_MODEL:-}" ]; then
@@ -69,11 +95,11 @@ if [ -n "$RELEASES" ]; then
         { echo "release search: exit $?" >&2; failed=1; }
 fi
 for version_dir in "$RESULTS"/*/; do
-    [ "$(basename "$version_dir")" = releases ] && continue
+    case "$(basename "$version_dir")" in releases | load-*) continue ;; esac
     echo "### $(basename "$version_dir")"
     bash scripts/llama-hunt.sh --table "$version_dir"
 done
-for summary in "$RESULTS"/releases/*/summary.md; do
+for summary in "$RESULTS"/load-*/*/summary.md "$RESULTS"/releases/*/summary.md; do
     [ -f "$summary" ] && sed -n '1,12p' "$summary"
 done
 exit "$failed"
