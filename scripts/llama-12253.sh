@@ -44,13 +44,19 @@ WORKLOAD=targets/llama-cpp-12253/tiny-required.toml
 
 [ -x "$BISECT" ] || cargo build --release
 failed=0
+# Build (cached) the llama-server a llama-cpp-python release vendors and export its
+# LLAMA_SERVER and the model's LLAMA_MODEL.
+use_build() {
+    local paths
+    paths=$(BISECT_LLAMA_CPP_PYTHON_VERSION="$1" BISECT_LLAMA_BUILD_EXAMPLES=ON \
+        bash scripts/llama-server.sh) || { echo "build of $1 failed" >&2; exit 1; }
+    eval "$paths"
+    export LLAMA_SERVER LLAMA_MODEL
+}
 for run in $RUNS; do
     version="${run%%:*}"
     flag="${run#*:}"
-    paths=$(BISECT_LLAMA_CPP_PYTHON_VERSION="$version" BISECT_LLAMA_BUILD_EXAMPLES=ON \
-        bash scripts/llama-server.sh) || { echo "build of $version failed" >&2; exit 1; }
-    eval "$paths"
-    export LLAMA_SERVER LLAMA_MODEL
+    use_build "$version"
     for load in $LOADS; do
         dir="$RESULTS/$version"
         echo "== llama.cpp from llama-cpp-python $version, $flag, $load in flight" >&2
@@ -60,10 +66,7 @@ for run in $RUNS; do
     done
 done
 if [ -n "$LOAD_LEVELS$CRASH_CTX" ]; then
-    paths=$(BISECT_LLAMA_CPP_PYTHON_VERSION=0.3.8 BISECT_LLAMA_BUILD_EXAMPLES=ON \
-        bash scripts/llama-server.sh) || { echo "build of 0.3.8 failed" >&2; exit 1; }
-    eval "$paths"
-    export LLAMA_SERVER LLAMA_MODEL
+    use_build 0.3.8
 fi
 if [ -n "$LOAD_LEVELS" ]; then
     echo "== where it starts: bisect load --flag DEFRAG --levels $LOAD_LEVELS on 0.3.8" >&2
@@ -81,10 +84,7 @@ fi
 if [ -n "$RELEASES" ]; then
     # serve.sh needs the model; with RUNS= no build above has printed its path.
     if [ -z "${LLAMA_MODEL:-}" ]; then
-        paths=$(BISECT_LLAMA_CPP_PYTHON_VERSION="${RELEASES%%,*}" BISECT_LLAMA_BUILD_EXAMPLES=ON \
-            bash scripts/llama-server.sh) || { echo "build of ${RELEASES%%,*} failed" >&2; exit 1; }
-        eval "$paths"
-        export LLAMA_MODEL
+        use_build "${RELEASES%%,*}"
     fi
     # serve.sh runs the release the artifact links, not a fixed LLAMA_SERVER.
     echo "== the release that fixed it: bisect commits --releases $RELEASES --find fix" >&2
