@@ -10,7 +10,7 @@
 #        FLAGS="MAX_NUM_SEQS" LOADS="4" scripts/vllm-hunt.sh
 #        scripts/vllm-hunt.sh --table DIR
 # Settings (environment): BISECT (default target/release/bisect), FLAGS (default
-# "NO_PREFIX_CACHING NO_CHUNKED_PREFILL MAX_NUM_SEQS KV_CACHE_SPACE"), LOADS (default
+# "KV_BLOCKS NO_CHUNKED_PREFILL NO_PREFIX_CACHING MAX_NUM_SEQS"), LOADS (default
 # "4 1"), SESSIONS (per arm, default 8), WORKLOAD (default tiny), RESULTS (default
 # results/vllm-hunt), TIMEOUT (per request, default 600: 8 replies at once take ~64 s
 # here), EXTRA (more `bisect run` options). A failed run is reported and the next starts;
@@ -22,7 +22,7 @@ if [ "${1:-}" = "--table" ]; then
     exec bash scripts/llama-hunt.sh --table "${2:?--table DIR}"
 fi
 BISECT="${BISECT:-target/release/bisect}"
-FLAGS="${FLAGS:-NO_PREFIX_CACHING NO_CHUNKED_PREFILL MAX_NUM_SEQS KV_CACHE_SPACE}"
+FLAGS="${FLAGS:-KV_BLOCKS NO_CHUNKED_PREFILL NO_PREFIX_CACHING MAX_NUM_SEQS}"
 LOADS="${LOADS:-4 1}"
 SESSIONS="${SESSIONS:-8}"
 WORKLOAD="${WORKLOAD:-tiny}"

@@ -13,8 +13,12 @@
 #   without AVX-512/AMX, so those GPU flags are not offered here; the KV cache is sized
 #   by VLLM_CPU_KVCACHE_SPACE (GiB), not by GPU memory.
 # Flags (flags/): NO_PREFIX_CACHING, NO_CHUNKED_PREFILL (switches, absent by default),
-# MAX_NUM_SEQS (4 vs 1), KV_CACHE_SPACE (1 vs 4 GiB). --max-num-batched-tokens covers
-# --max-model-len so the NO_CHUNKED_PREFILL arm can start.
+# MAX_NUM_SEQS (4 vs 1), KV_BLOCKS (40 vs 585 blocks of 128 tokens), KV_CACHE_SPACE
+# (1 vs 4 GiB). --max-num-batched-tokens covers --max-model-len so the
+# NO_CHUNKED_PREFILL arm can start; both are 4096, not more, because the engine's
+# warm-up runs one batch of that many tokens on one core before it is healthy (8192:
+# 389-460 s to healthy here; docs/real-engines.md), and the `tiny` workload's prompts
+# stay under 2500 tokens.
 export VLLM_CPU_KVCACHE_SPACE=4
 export VLLM_LOGGING_LEVEL=INFO
 exec "${VLLM_PYTHON:?set VLLM_PYTHON: eval \"\$(scripts/vllm-server.sh)\"}" \
@@ -25,6 +29,7 @@ exec "${VLLM_PYTHON:?set VLLM_PYTHON: eval \"\$(scripts/vllm-server.sh)\"}" \
     --dtype float32 \
     --enable-auto-tool-choice --tool-call-parser xlam \
     --chat-template "$(dirname "$0")/qwen2.5-coder-tools-array.jinja" \
-    --max-model-len 8192 \
-    --max-num-batched-tokens 8192 \
-    --max-num-seqs 4
+    --max-model-len 4096 \
+    --max-num-batched-tokens 4096 \
+    --max-num-seqs 4 \
+    --num-gpu-blocks-override 585

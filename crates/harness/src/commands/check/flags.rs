@@ -95,9 +95,9 @@ pub(super) fn check_flag(
                     files.join(", ")
                 ),
                 fix: format!(
-                    "check the spelling of {key} in {} against the engine's documentation, and set it explicitly (its default, {}) in each role's launch config so an edit replaces a line the engine reads",
+                    "check the spelling of {key} in {} against the engine's documentation, and set it explicitly in each role's launch config (the off arm's value, {}, if that is how the engine runs today) so an edit replaces a line the engine reads",
                     flag.source.display(),
-                    flag.on
+                    flag.off
                 ),
             });
         }
