@@ -3,6 +3,7 @@
 
 pub mod adaptive;
 pub mod answer;
+mod blocks;
 pub mod check;
 pub mod commits;
 pub mod culprit;

@@ -15,6 +15,7 @@ pub mod flag;
 pub mod format;
 pub mod judgement;
 pub mod load;
+pub mod machine;
 pub mod oracle;
 pub mod phases;
 pub mod root_cause;

@@ -1,7 +1,8 @@
 //! `bisect culprit --flags A,B,C [--budget SESSIONS] [--set NAME=VALUE]... [--resume DIR]`:
 //! which values of the listed flags, in the configuration as it is, make the engine fail
 //! (docs/culprit.md). Orchestration only: the search itself is [`crate::core::culprit`]
-//! (pure, behind [`StepRunner`](crate::core::culprit::StepRunner)); this module reads each flag's failing value from the launch
+//! (pure: a sans-IO state machine, driven by [`crate::commands::blocks::drive`]); this
+//! module reads each flag's failing value from the launch
 //! configs, opens the [`crate::arm::Testbed`] (journal, pins), runs the search with the
 //! real [`runner::TestbedRunner`] (or replays `steps.jsonl` first on `--resume`), writes
 //! `culprit.json`, `summary.md` and `report.html` after every block, and closes the
@@ -28,13 +29,14 @@ use tokio_util::sync::CancellationToken;
 
 use crate::arm::{settle, Progress, Testbed, TestbedOptions};
 use crate::commands::answer::SearchAnswer;
+use crate::commands::blocks::{drive, EventSink};
 use crate::commands::run as experiment;
 use crate::config::{FlagSpec, Setting, TargetProfile, Workload};
 use crate::control::EngineControl;
 use crate::core::arm_stats::RecordStatus;
 use crate::core::classify::Classifier;
 use crate::core::culprit::{
-    navigate_alpha, search, Answer, BlockOutcome, BlockRequest, FlagValues, Observer, SearchParams,
+    navigate_alpha, search, Answer, BlockOutcome, BlockRequest, Event, FlagValues, SearchParams,
     SearchReport, StepRecord, MIN_BLOCK,
 };
 use crate::core::verdict::Policy;
@@ -213,7 +215,16 @@ struct Recorder<'a> {
     started: Instant,
 }
 
-impl Observer for Recorder<'_> {
+impl EventSink<Event> for Recorder<'_> {
+    fn event(&mut self, event: Event) -> anyhow::Result<()> {
+        match event {
+            Event::Block(request, outcome) => self.block(&request, &outcome),
+            Event::Step(step) => self.step(step),
+        }
+    }
+}
+
+impl Recorder<'_> {
     fn block(&mut self, request: &BlockRequest, outcome: &BlockOutcome) -> anyhow::Result<()> {
         self.log.block(request, outcome)?;
         for warning in &outcome.warnings {
@@ -228,9 +239,9 @@ impl Observer for Recorder<'_> {
         self.record.write(&self.dir)
     }
 
-    fn step(&mut self, step: &StepRecord) -> anyhow::Result<()> {
-        self.log.step(step)?;
-        self.record.steps.push(step.clone());
+    fn step(&mut self, step: StepRecord) -> anyhow::Result<()> {
+        self.log.step(&step)?;
+        self.record.steps.push(step);
         self.record.write(&self.dir)
     }
 }
@@ -307,7 +318,9 @@ pub async fn run(
             dir: plan.dir.clone(),
             started,
         };
-        let report = search(&params, &mut runner, &mut recorder).await;
+        let report = drive(search(params.clone()), &mut runner, &mut recorder)
+            .await
+            .and_then(|report| Ok(report?));
         replayed = runner.replayed;
         report
     }

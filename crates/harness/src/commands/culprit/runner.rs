@@ -14,9 +14,10 @@ use std::sync::Arc;
 use anyhow::Context;
 
 use crate::arm::{BlockName, Restarted, Testbed, NO_EFFECTIVE_WARNING};
+use crate::commands::blocks::BlockRunner;
 use crate::config::{FlagSpec, Workload};
 use crate::core::classify::Classifier;
-use crate::core::culprit::{BlockOutcome, BlockRequest, StepRunner};
+use crate::core::culprit::{BlockOutcome, BlockRequest};
 use crate::exit::Failure;
 use crate::results::ResultsDir;
 
@@ -41,7 +42,7 @@ pub(crate) fn block_dir(block: u64) -> String {
     format!("blocks/b{block:03}")
 }
 
-impl StepRunner for TestbedRunner<'_, '_> {
+impl BlockRunner<BlockRequest, BlockOutcome> for TestbedRunner<'_, '_> {
     async fn run_block(&mut self, request: &BlockRequest) -> anyhow::Result<BlockOutcome> {
         self.bed.check_cancelled()?;
         self.write_flags(request)?;

@@ -17,9 +17,8 @@ use std::path::Path;
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 
-use crate::core::culprit::{
-    BlockOutcome, BlockRequest, FlagValues, Observer, StepRecord, StepRunner,
-};
+use crate::commands::blocks::{BlockRunner, EventSink};
+use crate::core::culprit::{BlockOutcome, BlockRequest, Event, FlagValues, StepRecord};
 use crate::core::session::SessionClass;
 use crate::results::JsonlWriter;
 
@@ -148,8 +147,21 @@ impl StepLog {
     }
 }
 
-impl Observer for StepLog {
-    fn block(&mut self, request: &BlockRequest, outcome: &BlockOutcome) -> anyhow::Result<()> {
+impl EventSink<Event> for StepLog {
+    fn event(&mut self, event: Event) -> anyhow::Result<()> {
+        match event {
+            Event::Block(request, outcome) => self.block(&request, &outcome),
+            Event::Step(step) => self.step(&step),
+        }
+    }
+}
+
+impl StepLog {
+    pub(super) fn block(
+        &mut self,
+        request: &BlockRequest,
+        outcome: &BlockOutcome,
+    ) -> anyhow::Result<()> {
         self.out.append_one(&Line::Block {
             request: request.clone(),
             outcome: LoggedOutcome {
@@ -162,7 +174,7 @@ impl Observer for StepLog {
         })
     }
 
-    fn step(&mut self, step: &StepRecord) -> anyhow::Result<()> {
+    pub(super) fn step(&mut self, step: &StepRecord) -> anyhow::Result<()> {
         self.out.append_one(&Line::Step(Box::new(step.clone())))
     }
 }
@@ -185,7 +197,9 @@ impl<R> Replay<R> {
     }
 }
 
-impl<R: StepRunner> StepRunner for Replay<R> {
+impl<R: BlockRunner<BlockRequest, BlockOutcome>> BlockRunner<BlockRequest, BlockOutcome>
+    for Replay<R>
+{
     async fn run_block(&mut self, request: &BlockRequest) -> anyhow::Result<BlockOutcome> {
         match self.logged.pop_front() {
             Some((logged, outcome)) if &logged == request => {
@@ -208,8 +222,9 @@ impl<R: StepRunner> StepRunner for Replay<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::commands::blocks::{drive, Discard};
     use crate::core::culprit::simulate::{Expected, Oracle, OracleRunner, Rule};
-    use crate::core::culprit::{search, SearchParams, Silent};
+    use crate::core::culprit::{search, SearchParams};
 
     #[test]
     fn codes_round_trip() {
@@ -220,11 +235,24 @@ mod tests {
 
     /// Counts blocks that reach the live runner.
     struct Counting<'a>(OracleRunner<'a>, u64);
-    impl StepRunner for Counting<'_> {
+    impl BlockRunner<BlockRequest, BlockOutcome> for Counting<'_> {
         async fn run_block(&mut self, r: &BlockRequest) -> anyhow::Result<BlockOutcome> {
             self.1 += 1;
-            self.0.run_block(r).await
+            Ok(self.0.run_block(r))
         }
+    }
+
+    /// Runs `params`' search with `runner`, reporting to `sink`.
+    fn run(
+        params: &SearchParams,
+        runner: &mut impl BlockRunner<BlockRequest, BlockOutcome>,
+        sink: &mut impl EventSink<Event>,
+    ) -> anyhow::Result<crate::core::culprit::SearchReport> {
+        Ok(futures::executor::block_on(drive(
+            search(params.clone()),
+            runner,
+            sink,
+        ))??)
     }
 
     #[test]
@@ -243,11 +271,14 @@ mod tests {
             pinned: vec![],
         };
         let mut log = StepLog::create(&path, &header).unwrap();
-        let mut runner = OracleRunner {
-            oracle: &oracle,
-            seed: 11,
-        };
-        let full = futures::executor::block_on(search(&params, &mut runner, &mut log)).unwrap();
+        let mut runner = Counting(
+            OracleRunner {
+                oracle: &oracle,
+                seed: 11,
+            },
+            0,
+        );
+        let full = run(&params, &mut runner, &mut log).unwrap();
         drop(log);
 
         // Killed after 5 blocks: keep the header and the first 5 block lines.
@@ -277,7 +308,7 @@ mod tests {
         );
         let mut replay = Replay::new(logged.blocks, live);
         let mut log = StepLog::create(&path, &header).unwrap();
-        let resumed = futures::executor::block_on(search(&params, &mut replay, &mut log)).unwrap();
+        let resumed = run(&params, &mut replay, &mut log).unwrap();
         assert_eq!(replay.replayed, 5);
         assert_eq!(replay.live.1, full.blocks.len() as u64 - 5);
         assert_eq!(resumed, full);
@@ -287,13 +318,15 @@ mod tests {
         let other = SearchParams::new(oracle.flag_values(), 80, 4000, 12);
         let mut replay = Replay::new(
             read(&path).unwrap().blocks,
-            OracleRunner {
-                oracle: &oracle,
-                seed: 12,
-            },
+            Counting(
+                OracleRunner {
+                    oracle: &oracle,
+                    seed: 12,
+                },
+                0,
+            ),
         );
-        let err =
-            futures::executor::block_on(search(&other, &mut replay, &mut Silent)).unwrap_err();
+        let err = run(&other, &mut replay, &mut Discard).unwrap_err();
         assert!(
             format!("{err:#}").contains("the log is from another search"),
             "{err:#}"

@@ -1,7 +1,8 @@
 //! `bisect load [--flag NAME] [--levels 1,8,16,32,64,80 | --max C] [--adaptive]`: the
 //! corruption rate as a function of sessions in flight, and the lowest load at which
 //! the bug appears (docs/load.md). Orchestration only: the sweep is
-//! [`crate::core::load`] (pure, behind [`LoadRunner`]); this module opens the
+//! [`crate::core::load`] (a sans-IO state machine, driven by
+//! [`crate::commands::blocks::drive`]); this module opens the
 //! [`Testbed`] (journal, pins), runs every block through the culprit search's real block
 //! runner (write the flag's value and read it back, restart, check what the engines
 //! report against the values and the pins, drive the block's sessions at its level into
@@ -24,13 +25,14 @@ use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
 use crate::arm::{settle, Progress, Testbed, TestbedOptions};
+use crate::commands::blocks::{drive, BlockRunner, EventSink};
 use crate::commands::culprit::runner::TestbedRunner;
 use crate::commands::run::now;
 use crate::config::{FlagSpec, TargetProfile, Workload};
 use crate::control::EngineControl;
 use crate::core::arm_stats::RecordStatus;
-use crate::core::culprit::{BlockOutcome, BlockRequest, StepRunner};
-use crate::core::load::{sweep, Arm, LevelBlock, LoadParams, LoadReport, LoadRunner, Watcher};
+use crate::core::culprit::{BlockOutcome, BlockRequest};
+use crate::core::load::{sweep, Arm, LevelBlock, LoadParams, LoadReport};
 use crate::results::load::{LoadRecord, SCHEMA};
 use crate::results::run_record::TargetInfo;
 
@@ -77,7 +79,7 @@ struct Blocks<'t, 'a> {
     fixed: Vec<(FlagSpec, String)>,
 }
 
-impl LoadRunner for Blocks<'_, '_> {
+impl BlockRunner<LevelBlock, BlockOutcome> for Blocks<'_, '_> {
     async fn run_block(&mut self, block: &LevelBlock) -> anyhow::Result<BlockOutcome> {
         let mut config: BTreeMap<String, String> = self
             .fixed
@@ -118,9 +120,9 @@ struct Recorder<'r> {
     started: Instant,
 }
 
-impl Watcher for Recorder<'_> {
-    fn block_done(&mut self, report: &LoadReport) -> anyhow::Result<()> {
-        self.record.report = Some(report.clone());
+impl EventSink<LoadReport> for Recorder<'_> {
+    fn event(&mut self, report: LoadReport) -> anyhow::Result<()> {
+        self.record.report = Some(report);
         self.record.wall_s = self.started.elapsed().as_secs_f64();
         self.record.write(&self.dir)
     }
@@ -204,8 +206,8 @@ pub(crate) async fn sweep_on(
         dir: job.dir.to_path_buf(),
         started,
     };
-    let flag = job.flag.map(|f| f.name.as_str());
-    sweep(job.params, flag, &mut blocks, &mut recorder).await
+    let flag = job.flag.map(|f| f.name.clone());
+    drive(sweep(job.params.clone(), flag), &mut blocks, &mut recorder).await
 }
 
 /// The record once the sweep ended (finished, failed or interrupted), written into

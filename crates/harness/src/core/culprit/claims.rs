@@ -2,9 +2,8 @@
 //! again as a fresh step, and each of its values is needed. A claim that does not hold is
 //! a navigation error caught: the search runs again once with every step at alpha.
 
-use super::block::StepRunner;
 use super::evidence::{pct, totals, EvidenceKey, FailingSet};
-use super::report::{Answer, Observer, Outcome, StepKind};
+use super::report::{Answer, Outcome, StepKind};
 use super::search::{Halt, Level, Search, Tested};
 use super::step::Eval;
 
@@ -25,15 +24,13 @@ impl Search<'_> {
     pub(super) async fn claimed_minimal_set(
         &mut self,
         finest: bool,
-        runner: &mut impl StepRunner,
-        observer: &mut dyn Observer,
     ) -> Result<(Vec<usize>, EvidenceKey), Halt> {
         loop {
             let testable = self.testable();
-            let answer = self.ddmin(testable, finest, runner, observer).await?;
-            self.ensure_passing_end(0, runner, observer).await?;
+            let answer = self.ddmin(testable, finest).await?;
+            self.ensure_passing_end(0).await?;
             let answer_set = self.with_held(answer.iter().copied());
-            let (retest_key, outcome, reason) = self.retest(&answer_set, runner, observer).await?;
+            let (retest_key, outcome, reason) = self.retest(&answer_set).await?;
             let shown = self.show(&answer);
             if outcome != Outcome::Fails {
                 if outcome == Outcome::Passes {
@@ -56,7 +53,7 @@ impl Search<'_> {
                     ),
                 ));
             }
-            match self.confirm_needed(&answer, runner, observer).await? {
+            match self.confirm_needed(&answer).await? {
                 Confirmation::Confirmed => return Ok((answer, retest_key)),
                 Confirmation::Refuted(why) if self.escalate(&why) => continue,
                 Confirmation::Refuted(why) | Confirmation::Unconfirmed(why) => {
@@ -78,8 +75,6 @@ impl Search<'_> {
     async fn retest(
         &mut self,
         answer_set: &FailingSet,
-        runner: &mut impl StepRunner,
-        observer: &mut dyn Observer,
     ) -> Result<(EvidenceKey, Outcome, String), Halt> {
         match self.final_tested.take() {
             // ddmin ended on a set it tested as the re-test: fresh blocks, at alpha.
@@ -88,13 +83,7 @@ impl Search<'_> {
                 self.retests += 1;
                 let retest_key = (answer_set.clone(), self.retests);
                 let (outcome, reason) = self
-                    .decide_and_record(
-                        &retest_key,
-                        Level::Claim,
-                        |_| StepKind::Retest,
-                        runner,
-                        observer,
-                    )
+                    .decide_and_record(&retest_key, Level::Claim, |_| StepKind::Retest)
                     .await?;
                 Ok((retest_key, outcome, reason))
             }
@@ -161,12 +150,7 @@ impl Search<'_> {
     /// suffice; else the step's own e-process is carried on to 1/alpha (valid at any
     /// stopping time). A one-value answer needs nothing more here than the passing end's
     /// load: without it is the passing end, verified at alpha.
-    async fn confirm_needed(
-        &mut self,
-        answer: &[usize],
-        runner: &mut impl StepRunner,
-        observer: &mut dyn Observer,
-    ) -> Result<Confirmation, Halt> {
+    async fn confirm_needed(&mut self, answer: &[usize]) -> Result<Confirmation, Halt> {
         for &flag in answer {
             let without = self.with_held(answer.iter().copied().filter(|&x| x != flag));
             if without == self.passing_end() {
@@ -212,7 +196,7 @@ impl Search<'_> {
             };
             let key: EvidenceKey = (pick.clone(), 0);
             let (outcome, reason) = self
-                .decide_and_record(&key, Level::Claim, |_| StepKind::Confirm, runner, observer)
+                .decide_and_record(&key, Level::Claim, |_| StepKind::Confirm)
                 .await?;
             self.tested.retain(|t| t.set != pick);
             self.tested.push(Tested {

@@ -1,9 +1,8 @@
 //! Phase 3 of the culprit search, delta debugging: Zeller's ddmin over the testable
 //! flags with a three-valued test, its cache, and what monotonicity implies from it.
 
-use super::block::StepRunner;
 use super::evidence::{EvidenceKey, FailingSet};
-use super::report::{Observer, Outcome, StepKind};
+use super::report::{Outcome, StepKind};
 use super::search::{Halt, Level, Search, Tested};
 
 impl Search<'_> {
@@ -15,8 +14,6 @@ impl Search<'_> {
         &mut self,
         delta: Vec<usize>,
         finest: bool,
-        runner: &mut impl StepRunner,
-        observer: &mut dyn Observer,
     ) -> Result<Vec<usize>, Halt> {
         let mut c = delta;
         let mut n = if finest { c.len().max(2) } else { 2 };
@@ -36,9 +33,9 @@ impl Search<'_> {
                     let flipped_alone =
                         complements && part.len() == 1 && c.len() == self.testable().len();
                     let outcome = if self.would_end(&candidate) {
-                        self.final_test(&candidate, runner, observer).await?
+                        self.final_test(&candidate).await?
                     } else {
-                        self.test(&candidate, runner, observer).await?
+                        self.test(&candidate).await?
                     };
                     match outcome {
                         Outcome::Fails => {
@@ -72,12 +69,7 @@ impl Search<'_> {
 
     /// The outcome of the configuration with `subset` (testable flags) failing and every
     /// other testable flag flipped: cached, implied by monotonicity, or run as a step.
-    async fn test(
-        &mut self,
-        subset: &[usize],
-        runner: &mut impl StepRunner,
-        observer: &mut dyn Observer,
-    ) -> Result<Outcome, Halt> {
+    async fn test(&mut self, subset: &[usize]) -> Result<Outcome, Halt> {
         let set = self.with_held(subset.iter().copied());
         if let Some(outcome) = self.cached(&set) {
             return Ok(outcome);
@@ -89,7 +81,7 @@ impl Search<'_> {
         };
         let key: EvidenceKey = (set.clone(), 0);
         let (outcome, _) = self
-            .decide_and_record(&key, level, |_| StepKind::Ddmin, runner, observer)
+            .decide_and_record(&key, level, |_| StepKind::Ddmin)
             .await?;
         self.tested.push(Tested {
             set,
@@ -101,12 +93,7 @@ impl Search<'_> {
 
     /// A test that can only end the search, so it is the answer's re-test: fresh blocks
     /// decided at alpha, never at the navigation level.
-    async fn final_test(
-        &mut self,
-        subset: &[usize],
-        runner: &mut impl StepRunner,
-        observer: &mut dyn Observer,
-    ) -> Result<Outcome, Halt> {
+    async fn final_test(&mut self, subset: &[usize]) -> Result<Outcome, Halt> {
         let set = self.with_held(subset.iter().copied());
         // Its own blocks when it has none yet (they are fresh, and a confirmation finds
         // them there), else a new generation.
@@ -124,9 +111,7 @@ impl Search<'_> {
                 StepKind::Ddmin
             }
         };
-        let (outcome, reason) = self
-            .decide_and_record(&key, Level::Claim, kind_of, runner, observer)
-            .await?;
+        let (outcome, reason) = self.decide_and_record(&key, Level::Claim, kind_of).await?;
         self.tested.push(Tested {
             set,
             outcome,

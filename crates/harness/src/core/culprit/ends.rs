@@ -3,9 +3,8 @@
 //! verified against it, else the search ends here (could not reproduce, no culprit,
 //! inconclusive).
 
-use super::block::StepRunner;
 use super::evidence::{looks_of, pct, totals, EvidenceKey, Totals};
-use super::report::{Answer, Observer, Outcome, StepKind};
+use super::report::{Answer, Outcome, StepKind};
 use super::search::{Halt, Level, Search, Tested};
 use crate::core::sequential::{mixture_confidence_sequence, Decision, Direction, SequentialState};
 use crate::core::stats;
@@ -13,13 +12,9 @@ use crate::core::stats;
 impl Search<'_> {
     /// The failing end's first block. A configuration as it is that is degraded (errors,
     /// timeouts) cannot be searched: the deployment needs fixing first.
-    pub(super) async fn run_failing_end(
-        &mut self,
-        runner: &mut impl StepRunner,
-        observer: &mut dyn Observer,
-    ) -> Result<(), Halt> {
+    pub(super) async fn run_failing_end(&mut self) -> Result<(), Halt> {
         let fail_key = (self.all(), 0);
-        self.run_block(&fail_key, runner, observer).await?;
+        self.run_block(&fail_key).await?;
         if let Some(why) = self.degraded(&fail_key) {
             let reason = format!("the configuration as it is is degraded: {why}");
             self.record_step(
@@ -27,7 +22,6 @@ impl Search<'_> {
                 &fail_key,
                 (Outcome::Degraded, reason.clone()),
                 Level::Claim,
-                observer,
             )?;
             return Err(Halt::Answer(
                 Answer::CouldNotReproduce,
@@ -40,13 +34,9 @@ impl Search<'_> {
     /// Before every flip is screened (a block per flag), the failing end shows it can fail
     /// at all, by its own always-valid bounds: it runs more blocks, up to the ends' cap,
     /// until its lower bound clears zero ([`Search::failing_end_bounds`]).
-    pub(super) async fn failing_end_can_fail(
-        &mut self,
-        runner: &mut impl StepRunner,
-        observer: &mut dyn Observer,
-    ) -> Result<(), Halt> {
-        while !self.failing_end_bounds(observer)? {
-            self.run_block(&(self.all(), 0), runner, observer).await?;
+    pub(super) async fn failing_end_can_fail(&mut self) -> Result<(), Halt> {
+        while !self.failing_end_bounds()? {
+            self.run_block(&(self.all(), 0)).await?;
         }
         Ok(())
     }
@@ -54,7 +44,7 @@ impl Search<'_> {
     /// Whether the failing end's bounds let the screening start: its lower bound above
     /// zero, or its blocks at the ends' cap. Its upper bound below the effect sought ends
     /// the search, as the ends would.
-    fn failing_end_bounds(&mut self, observer: &mut dyn Observer) -> Result<bool, Halt> {
+    fn failing_end_bounds(&mut self) -> Result<bool, Halt> {
         let fail_key = (self.all(), 0);
         let f = totals(self.blocks_of(&fail_key));
         let [lower, upper] =
@@ -73,7 +63,6 @@ impl Search<'_> {
                 &fail_key,
                 (outcome, words.clone()),
                 Level::Claim,
-                observer,
             )?;
             return Err(Halt::Answer(answer, words));
         }
@@ -84,16 +73,11 @@ impl Search<'_> {
     /// Make the passing end (every testable flag flipped) usable as a reference: not
     /// degraded (else find the flag that degrades it), verified against the failing end
     /// (else the search ends here with that answer), with at least `looks` looks.
-    pub(super) async fn ensure_passing_end(
-        &mut self,
-        looks: usize,
-        runner: &mut impl StepRunner,
-        observer: &mut dyn Observer,
-    ) -> Result<(), Halt> {
+    pub(super) async fn ensure_passing_end(&mut self, looks: usize) -> Result<(), Halt> {
         loop {
             let key = (self.passing_end(), 0);
             if self.blocks_of(&key).is_empty() {
-                self.run_block(&key, runner, observer).await?;
+                self.run_block(&key).await?;
                 continue;
             }
             if let Some(why) = self.degraded(&key) {
@@ -106,27 +90,23 @@ impl Search<'_> {
                         ),
                     ));
                 }
-                self.find_degrader(why, runner, observer).await?;
+                self.find_degrader(why).await?;
                 continue;
             }
             if self.ends_verified.as_ref() != Some(&self.held) {
-                self.verify_ends(runner, observer).await?;
+                self.verify_ends().await?;
                 continue;
             }
             if looks_of(self.blocks_of(&key), self.p.look).len() >= looks {
                 return Ok(());
             }
-            self.run_block(&key, runner, observer).await?;
+            self.run_block(&key).await?;
         }
     }
 
     /// The failing end against the passing end (which is not degraded). Returns once
     /// both are verified; any other end of the ends is the search's answer.
-    pub(super) async fn verify_ends(
-        &mut self,
-        runner: &mut impl StepRunner,
-        observer: &mut dyn Observer,
-    ) -> Result<(), Halt> {
+    pub(super) async fn verify_ends(&mut self) -> Result<(), Halt> {
         let fail_key = (self.all(), 0);
         loop {
             let pass_key = (self.passing_end(), 0);
@@ -137,7 +117,7 @@ impl Search<'_> {
             self.pin_pairing(&pass_key);
             let (outcome, reason, answer) = match self.judge_ends(&fail_key, &pass_key) {
                 Ends::RunBlock(key) => {
-                    self.run_block(&key, runner, observer).await?;
+                    self.run_block(&key).await?;
                     continue;
                 }
                 Ends::Decided(outcome, reason, answer) => (outcome, reason, answer),
@@ -147,7 +127,6 @@ impl Search<'_> {
                 &fail_key,
                 (outcome, reason.clone()),
                 Level::Claim,
-                observer,
             )?;
             if let Some(answer) = answer {
                 return Err(Halt::Answer(

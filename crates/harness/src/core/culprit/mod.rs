@@ -1,8 +1,8 @@
 //! The culprit search as a pure engine (docs/culprit.md): which flag values of a failing
-//! configuration are needed for the failure, interactions included. Everything that
-//! touches engines sits behind [`StepRunner`] (run one configuration for one block of
-//! sessions at the experiment's load, return the classes of its sessions in index
-//! order), so the whole search runs in tests and simulations without processes.
+//! configuration are needed for the failure, interactions included. The search is a
+//! sans-IO state machine ([`CulpritSearch`]): it asks for one configuration's block of
+//! sessions at the experiment's load and is told the classes of its sessions in index
+//! order, so the whole search runs in tests and simulations without processes.
 //!
 //! The search, in order:
 //! 1. **Both ends** (as mozregression and cargo-bisect-rustc verify good and bad before
@@ -78,10 +78,11 @@
 //! search stops there and says what it had.
 //!
 //! Laid out by phase, one module each, all of them `impl` blocks of one state
-//! (`search::Search`, run by [`search()`]): [`ends`], [`untestable`], [`ddmin`],
+//! (`search::Search`, driven through [`search()`]'s state machine): [`ends`], [`untestable`], [`ddmin`],
 //! [`claims`], and [`step`] (how any one step is decided); `search` also holds the blocks
 //! run so far, which [`evidence`] reads as counts. [`params`] is what the search is asked,
-//! [`block`] its seam to the engines, [`report`] what it tells; [`mix`] is the class-mix
+//! [`block`] its seam to the engines (the requests, outcomes and events of a sans-IO
+//! [`CulpritSearch`]), [`report`] what it tells; [`mix`] is the class-mix
 //! test; [`simulate`] runs the search on scripted oracles (the bench and the tests).
 
 mod block;
@@ -99,12 +100,10 @@ mod step;
 mod tests;
 mod untestable;
 
-pub use block::{BlockOutcome, BlockRequest, StepRunner};
+pub use block::{BlockOutcome, BlockRequest, CulpritSearch, Event, SearchError};
 pub use params::{
     navigate_alpha, FlagValues, SearchParams, LOOK_SESSIONS, MIN_BLOCK, MIX_ALPHA, NAVIGATE_FACTOR,
     SLOW_RATIO,
 };
-pub use report::{
-    Answer, Observer, Outcome, SearchReport, Silent, StepKind, StepRecord, Untestable,
-};
+pub use report::{Answer, Outcome, SearchReport, StepKind, StepRecord, Untestable};
 pub use search::search;

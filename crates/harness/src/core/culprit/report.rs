@@ -96,21 +96,3 @@ pub struct SearchReport {
     /// The verdict in words.
     pub verdict: String,
 }
-
-/// Notified of every block and step as it happens (the step log).
-pub trait Observer {
-    fn block(&mut self, request: &BlockRequest, outcome: &BlockOutcome) -> anyhow::Result<()>;
-    fn step(&mut self, step: &StepRecord) -> anyhow::Result<()>;
-}
-
-/// An observer that keeps nothing (simulations).
-pub struct Silent;
-
-impl Observer for Silent {
-    fn block(&mut self, _: &BlockRequest, _: &BlockOutcome) -> anyhow::Result<()> {
-        Ok(())
-    }
-    fn step(&mut self, _: &StepRecord) -> anyhow::Result<()> {
-        Ok(())
-    }
-}

@@ -1,14 +1,16 @@
-//! The culprit search's state and its order: [`search`] runs the phases of the module
-//! header one after the other on one [`Search`], which each phase's module extends.
+//! The culprit search's state and its order: [`search`] builds the state machine that
+//! runs the phases of the module header one after the other on one [`Search`], which
+//! each phase's module extends.
 //! Running a block is the only way its evidence grows; how a configuration's looks pair
 //! with the failing end's is pinned at the configuration's first evaluation.
 
 use std::collections::{BTreeSet, HashMap};
 
-use super::block::{BlockOutcome, BlockRequest, StepRunner};
+use super::block::{BlockOutcome, BlockRequest, CulpritSearch, Event, SearchError};
 use super::evidence::{looks_of, totals, EvidenceKey, FailingSet};
 use super::params::SearchParams;
-use super::report::{Answer, Observer, Outcome, SearchReport, StepRecord, Untestable};
+use super::report::{Answer, Outcome, SearchReport, StepRecord, Untestable};
+use crate::core::machine::Port;
 use crate::core::sequential::SequentialDesign;
 use crate::core::stats;
 
@@ -17,23 +19,22 @@ pub(super) enum Halt {
     Budget,
     /// The search ended early with this answer (could not reproduce, no culprit, ...).
     Answer(Answer, String),
-    Failed(anyhow::Error),
+    Failed(SearchError),
 }
 
-impl From<anyhow::Error> for Halt {
-    fn from(e: anyhow::Error) -> Self {
-        Halt::Failed(e)
-    }
+/// The search for `params`, to be driven block by block (see [`CulpritSearch`]).
+pub fn search(params: SearchParams) -> CulpritSearch {
+    CulpritSearch::new(|port| async move { run_search(&params, port).await })
 }
 
-/// Run the search to its answer. Errors only when the runner or the observer fails;
-/// a spent budget is an answer (inconclusive, with what was found).
-pub async fn search(
+/// Run the search to its answer. Errors only when a block's outcome does not fit its
+/// request; a spent budget is an answer (inconclusive, with what was found).
+async fn run_search(
     params: &SearchParams,
-    runner: &mut impl StepRunner,
-    observer: &mut dyn Observer,
-) -> anyhow::Result<SearchReport> {
+    port: Port<BlockRequest, BlockOutcome, Event>,
+) -> Result<SearchReport, SearchError> {
     let mut s = Search {
+        port,
         p: params,
         design: params.design(params.alpha),
         navigate: params.design(params.navigate_alpha),
@@ -51,7 +52,7 @@ pub async fn search(
         final_tested: None,
         caught: Vec::new(),
     };
-    let answer = match s.run(runner, observer).await {
+    let answer = match s.run().await {
         Ok(answer) => answer,
         Err(Halt::Budget) => (
             Answer::Inconclusive,
@@ -103,6 +104,8 @@ pub(super) struct Pinned {
 /// One search's state: the evidence so far, the flags held out, ddmin's cache and the
 /// level its steps decide at. Each phase's module adds its own methods.
 pub(super) struct Search<'p> {
+    /// Where blocks are asked for and events reported.
+    pub(super) port: Port<BlockRequest, BlockOutcome, Event>,
     pub(super) p: &'p SearchParams,
     pub(super) design: SequentialDesign,
     /// The design of a ddmin step's "fails" (at `navigate_alpha`).
@@ -174,29 +177,24 @@ impl Search<'_> {
 
     /// The phases of the module header, in order. An answer found on the way (could not
     /// reproduce, no culprit, a claim that cannot be made) ends it as [`Halt::Answer`].
-    async fn run(
-        &mut self,
-        runner: &mut impl StepRunner,
-        observer: &mut dyn Observer,
-    ) -> Result<(Answer, String), Halt> {
+    async fn run(&mut self) -> Result<(Answer, String), Halt> {
         // 1. The failing end first: nothing else means anything if it does not fail.
-        self.run_failing_end(runner, observer).await?;
+        self.run_failing_end().await?;
         // 2. Every listed flag flipped. When that degrades the engine, some flip is not a
         // same-speed toggle: the search then starts at the finest granularity (one flag
         // flipped at a time, which is also how a flag whose flip alone degrades is found)
         // and verifies the passing end once the degrading flags are held out.
-        self.run_block(&(self.passing_end(), 0), runner, observer)
-            .await?;
+        self.run_block(&(self.passing_end(), 0)).await?;
         let finest = self.degraded(&(self.passing_end(), 0)).is_some();
         if finest {
             // Screening every flip costs a block per flag: first make sure the failing
             // end can fail at all (its own always-valid bounds), as the ends would.
-            self.failing_end_can_fail(runner, observer).await?;
-            self.screen_single_flips(runner, observer).await?;
+            self.failing_end_can_fail().await?;
+            self.screen_single_flips().await?;
         }
-        self.ensure_passing_end(0, runner, observer).await?;
+        self.ensure_passing_end(0).await?;
         // 3. ddmin over the testable flags, 4. the answer's claims at alpha.
-        let (answer, retest_key) = self.claimed_minimal_set(finest, runner, observer).await?;
+        let (answer, retest_key) = self.claimed_minimal_set(finest).await?;
         Ok(self.culprit_verdict(answer, &retest_key))
     }
 
@@ -204,12 +202,7 @@ impl Search<'_> {
         self.blocks.iter().map(|(r, _)| r.sessions).sum()
     }
 
-    pub(super) async fn run_block(
-        &mut self,
-        key: &EvidenceKey,
-        runner: &mut impl StepRunner,
-        observer: &mut dyn Observer,
-    ) -> Result<(), Halt> {
+    pub(super) async fn run_block(&mut self, key: &EvidenceKey) -> Result<(), Halt> {
         if self.spent() + self.p.block > self.p.budget {
             return Err(Halt::Budget);
         }
@@ -236,15 +229,16 @@ impl Search<'_> {
             concurrency: self.p.concurrency,
             seed: self.p.seed.wrapping_add(number),
         };
-        let outcome = runner.run_block(&request).await?;
+        let outcome = self.port.ask(request.clone()).await;
         if outcome.classes.len() as u64 != request.sessions {
-            return Err(Halt::Failed(anyhow::anyhow!(
-                "block {number} returned {} sessions, asked for {}",
-                outcome.classes.len(),
-                request.sessions
-            )));
+            return Err(Halt::Failed(SearchError::WrongSessions {
+                block: number,
+                got: outcome.classes.len(),
+                asked: request.sessions,
+            }));
         }
-        observer.block(&request, &outcome)?;
+        self.port
+            .emit(Event::Block(request.clone(), outcome.clone()));
         self.evidence
             .entry(key.clone())
             .or_default()

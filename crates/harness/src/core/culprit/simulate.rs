@@ -1,4 +1,4 @@
-//! Scripted outcome oracles for the culprit search: a [`StepRunner`] that draws every
+//! Scripted outcome oracles for the culprit search: a block runner that draws every
 //! session's class from a known model of which flag values break the engine, so the real
 //! search code ([`search()`]) can be run thousands of times and scored
 //! (`cargo bench --bench culprit`, and the deterministic tests in `tests.rs`). Beside it, the
@@ -16,9 +16,7 @@ use std::collections::BTreeSet;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::{
-    search, Answer, BlockOutcome, BlockRequest, FlagValues, SearchParams, Silent, StepRunner,
-};
+use super::{search, Answer, BlockOutcome, BlockRequest, FlagValues, SearchParams};
 use crate::core::session::SessionClass;
 use crate::core::stats;
 
@@ -148,8 +146,9 @@ pub(crate) struct OracleRunner<'a> {
     pub seed: u64,
 }
 
-impl StepRunner for OracleRunner<'_> {
-    async fn run_block(&mut self, request: &BlockRequest) -> anyhow::Result<BlockOutcome> {
+impl OracleRunner<'_> {
+    /// One block of `request`, drawn from the oracle.
+    pub(crate) fn run_block(&self, request: &BlockRequest) -> BlockOutcome {
         let failing = self.oracle.failing_set(request);
         let (corrupt, fail) = self.oracle.rates(&failing, request.concurrency);
         let mut rng = ChaCha8Rng::seed_from_u64(self.seed ^ request.seed.rotate_left(17));
@@ -163,13 +162,13 @@ impl StepRunner for OracleRunner<'_> {
             1.0
         };
         let noise = 1.0 + o.speed_noise * (2.0 * rng.random::<f64>() - 1.0);
-        Ok(BlockOutcome {
+        BlockOutcome {
             classes,
             peak_engine: Some(u64::from(request.concurrency)),
             wall_s: 0.0,
             tokens_per_s: Some(o.speed * noise / slowdown),
             warnings: Vec::new(),
-        })
+        }
     }
 }
 
@@ -215,10 +214,13 @@ pub fn simulate_search(oracle: &Oracle, concurrency: u32, budget: u64, seed: u64
 
 /// Run the real search once against `oracle` with `params` (the flags are the oracle's).
 pub fn simulate_with(oracle: &Oracle, params: &SearchParams) -> Scored {
-    let (params, seed) = (params.clone(), params.seed);
-    let mut runner = OracleRunner { oracle, seed };
-    let report = futures::executor::block_on(search(&params, &mut runner, &mut Silent))
-        .expect("the oracle runner never fails");
+    let runner = OracleRunner {
+        oracle,
+        seed: params.seed,
+    };
+    let report = search(params.clone())
+        .run(|r| runner.run_block(r), drop)
+        .expect("the oracle runner gives every session asked for");
     let untestable: Vec<usize> = report.untestable.iter().map(|u| u.flag).collect();
     Scored {
         correct: matches(&oracle.expected, &report.answer, oracle, &untestable),

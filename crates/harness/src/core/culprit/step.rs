@@ -2,10 +2,10 @@
 //! (against the passing end, and the failing end against it) from the blocks it has,
 //! running more of its own or of a reference until it is decided, then recorded.
 
-use super::block::{BlockOutcome, StepRunner};
+use super::block::{BlockOutcome, Event};
 use super::evidence::{looks_of, pct, totals, EvidenceKey};
 use super::mix;
-use super::report::{Observer, Outcome, StepKind, StepRecord};
+use super::report::{Outcome, StepKind, StepRecord};
 use super::search::{Halt, Level, Search};
 use crate::core::sequential::{ArmPrior, Decision, Direction, PlugInPrior, SequentialState};
 use crate::core::stats;
@@ -31,18 +31,16 @@ impl Search<'_> {
         &mut self,
         key: &EvidenceKey,
         level: Level,
-        runner: &mut impl StepRunner,
-        observer: &mut dyn Observer,
     ) -> Result<(Outcome, String), Halt> {
         loop {
             self.pin_pairing(key);
             match self.evaluate(key, level) {
                 Eval::Decided(outcome, reason) => return Ok((outcome, reason)),
-                Eval::NeedStep => self.run_block(key, runner, observer).await?,
-                Eval::NeedFailing => self.run_block(&(self.all(), 0), runner, observer).await?,
+                Eval::NeedStep => self.run_block(key).await?,
+                Eval::NeedFailing => self.run_block(&(self.all(), 0)).await?,
                 Eval::NeedPassing(looks) => {
                     let held = self.held.clone();
-                    self.ensure_passing_end(looks, runner, observer).await?;
+                    self.ensure_passing_end(looks).await?;
                     if self.held != held {
                         // A flag was held out on the way: this configuration is gone.
                         return Ok((
@@ -61,17 +59,9 @@ impl Search<'_> {
         key: &EvidenceKey,
         level: Level,
         kind_of: impl FnOnce(Outcome) -> StepKind,
-        runner: &mut impl StepRunner,
-        observer: &mut dyn Observer,
     ) -> Result<(Outcome, String), Halt> {
-        let (outcome, reason) = self.decide_step(key, level, runner, observer).await?;
-        self.record_step(
-            kind_of(outcome),
-            key,
-            (outcome, reason.clone()),
-            level,
-            observer,
-        )?;
+        let (outcome, reason) = self.decide_step(key, level).await?;
+        self.record_step(kind_of(outcome), key, (outcome, reason.clone()), level)?;
         Ok((outcome, reason))
     }
 
@@ -313,7 +303,6 @@ impl Search<'_> {
         key: &EvidenceKey,
         (outcome, reason): (Outcome, String),
         level: Level,
-        observer: &mut dyn Observer,
     ) -> Result<(), Halt> {
         self.pin_pairing(key);
         let blocks = self.blocks_of(key);
@@ -358,7 +347,7 @@ impl Search<'_> {
                 Level::Claim => self.p.alpha,
             }),
         };
-        observer.step(&record)?;
+        self.port.emit(Event::Step(record.clone()));
         if outcome == Outcome::OtherFailure {
             self.other_failures.push(record.clone());
         }

@@ -6,10 +6,7 @@
 use std::collections::BTreeSet;
 
 use super::simulate::{scenarios, simulate_search, Expected, Oracle, OracleRunner, Rule};
-use super::{
-    search, Answer, BlockOutcome, BlockRequest, SearchParams, SearchReport, Silent, StepKind,
-    StepRunner,
-};
+use super::{search, Answer, BlockOutcome, BlockRequest, SearchParams, SearchReport, StepKind};
 use crate::core::sequential::LookRecord;
 
 const BUDGET: u64 = 4000;
@@ -41,8 +38,10 @@ fn assert_says(report: &SearchReport, words: &str) {
 
 fn run(oracle: &Oracle, concurrency: u32) -> SearchReport {
     let params = SearchParams::new(oracle.flag_values(), concurrency, BUDGET, 7);
-    let mut runner = OracleRunner { oracle, seed: 7 };
-    futures::executor::block_on(search(&params, &mut runner, &mut Silent)).unwrap()
+    let runner = OracleRunner { oracle, seed: 7 };
+    search(params.clone())
+        .run(|r| runner.run_block(r), drop)
+        .unwrap()
 }
 
 #[test]
@@ -185,23 +184,24 @@ struct Speeds<'a> {
     speed: fn(&BTreeSet<usize>, u64) -> f64,
 }
 
-impl StepRunner for Speeds<'_> {
-    async fn run_block(&mut self, r: &BlockRequest) -> anyhow::Result<BlockOutcome> {
+impl Speeds<'_> {
+    fn run_block(&self, r: &BlockRequest) -> BlockOutcome {
         let mut out = OracleRunner {
             oracle: self.oracle,
             seed: 11,
         }
-        .run_block(r)
-        .await?;
+        .run_block(r);
         out.tokens_per_s = Some((self.speed)(&self.oracle.failing_set(r), r.block));
-        Ok(out)
+        out
     }
 }
 
 fn run_speeds(oracle: &Oracle, speed: fn(&BTreeSet<usize>, u64) -> f64) -> SearchReport {
     let params = SearchParams::new(oracle.flag_values(), 80, BUDGET, 11);
-    let mut runner = Speeds { oracle, speed };
-    futures::executor::block_on(search(&params, &mut runner, &mut Silent)).unwrap()
+    let runner = Speeds { oracle, speed };
+    search(params.clone())
+        .run(|r| runner.run_block(r), drop)
+        .unwrap()
 }
 
 /// Runs blocks like `OracleRunner`, but reports each block's engine-side peak from a
@@ -212,23 +212,24 @@ struct Peaks<'a> {
     peak: fn(&BTreeSet<usize>, u32) -> Option<u64>,
 }
 
-impl StepRunner for Peaks<'_> {
-    async fn run_block(&mut self, r: &BlockRequest) -> anyhow::Result<BlockOutcome> {
+impl Peaks<'_> {
+    fn run_block(&self, r: &BlockRequest) -> BlockOutcome {
         let mut out = OracleRunner {
             oracle: self.oracle,
             seed: 5,
         }
-        .run_block(r)
-        .await?;
+        .run_block(r);
         out.peak_engine = (self.peak)(&self.oracle.failing_set(r), r.concurrency);
-        Ok(out)
+        out
     }
 }
 
 fn run_peaks(oracle: &Oracle, peak: fn(&BTreeSet<usize>, u32) -> Option<u64>) -> SearchReport {
     let params = SearchParams::new(oracle.flag_values(), 80, BUDGET, 5);
-    let mut runner = Peaks { oracle, peak };
-    futures::executor::block_on(search(&params, &mut runner, &mut Silent)).unwrap()
+    let runner = Peaks { oracle, peak };
+    search(params.clone())
+        .run(|r| runner.run_block(r), drop)
+        .unwrap()
 }
 
 #[test]
@@ -405,32 +406,30 @@ fn a_different_failure_mode_is_reported_not_merged() {
     // F0 and F2 together give the race's salad; F1 without them makes the model stop
     // calling tools: those steps fail, but not like the reference.
     struct Two(Oracle, Oracle);
-    impl StepRunner for Two {
-        async fn run_block(&mut self, r: &BlockRequest) -> anyhow::Result<BlockOutcome> {
+    impl Two {
+        fn run_block(&self, r: &BlockRequest) -> BlockOutcome {
             let f = self.0.failing_set(r);
             let mut out = OracleRunner {
                 oracle: &self.0,
                 seed: 3,
             }
-            .run_block(r)
-            .await?;
+            .run_block(r);
             if f.contains(&1) && !(f.contains(&0) && f.contains(&2)) {
                 out = OracleRunner {
                     oracle: &self.1,
                     seed: 3,
                 }
-                .run_block(r)
-                .await?;
+                .run_block(r);
             }
-            Ok(out)
+            out
         }
     }
     let main = crisp(Rule::All(vec![0, 2]), vec![]);
     let mut other = crisp(Rule::Always, vec![]);
     other.mix = [0.0, 0.0, 0.0, 1.0];
     let params = SearchParams::new(main.flag_values(), 80, BUDGET, 3);
-    let report =
-        futures::executor::block_on(search(&params, &mut Two(main, other), &mut Silent)).unwrap();
+    let two = Two(main, other);
+    let report = search(params).run(|r| two.run_block(r), drop).unwrap();
     assert_answer(&report, Answer::Culprit { flags: vec![0, 2] });
     assert!(!report.other_failures.is_empty());
     assert!(report.other_failures[0]
@@ -442,11 +441,13 @@ fn a_different_failure_mode_is_reported_not_merged() {
 fn the_budget_stops_the_search_with_what_it_had() {
     let oracle = crisp(Rule::All(vec![0, 1, 2]), vec![]);
     let params = SearchParams::new(oracle.flag_values(), 80, 400, 7);
-    let mut runner = OracleRunner {
+    let runner = OracleRunner {
         oracle: &oracle,
         seed: 7,
     };
-    let report = futures::executor::block_on(search(&params, &mut runner, &mut Silent)).unwrap();
+    let report = search(params.clone())
+        .run(|r| runner.run_block(r), drop)
+        .unwrap();
     assert_eq!(report.answer, Answer::Inconclusive);
     assert!(report.sessions_spent <= 400);
     assert_says(&report, "budget of 400 sessions is spent");

@@ -3,9 +3,9 @@
 //! toggle; the flag whose flip degrades it is found (alone, or by halving) and held at
 //! its failing value from then on, with its reason.
 
-use super::block::{BlockOutcome, BlockRequest, StepRunner};
+use super::block::{BlockOutcome, BlockRequest};
 use super::evidence::{totals, EvidenceKey};
-use super::report::{Observer, Outcome, StepKind, Untestable};
+use super::report::{Outcome, StepKind, Untestable};
 use super::search::{Halt, Level, Search};
 
 impl Search<'_> {
@@ -84,12 +84,7 @@ impl Search<'_> {
     }
 
     /// Halve the candidates until one flag is left whose flip degrades the passing end.
-    pub(super) async fn find_degrader(
-        &mut self,
-        why: String,
-        runner: &mut impl StepRunner,
-        observer: &mut dyn Observer,
-    ) -> Result<(), Halt> {
+    pub(super) async fn find_degrader(&mut self, why: String) -> Result<(), Halt> {
         let mut candidates = self.testable();
         let mut evidence = why;
         while candidates.len() > 1 {
@@ -105,7 +100,7 @@ impl Search<'_> {
                 0,
             );
             if self.blocks_of(&key).is_empty() {
-                self.run_block(&key, runner, observer).await?;
+                self.run_block(&key).await?;
             }
             match self.degraded(&key) {
                 Some(w) => {
@@ -120,7 +115,6 @@ impl Search<'_> {
                             ),
                         ),
                         Level::Claim,
-                        observer,
                     )?;
                     evidence = w;
                     candidates = second.to_vec();
@@ -137,7 +131,6 @@ impl Search<'_> {
                             ),
                         ),
                         Level::Claim,
-                        observer,
                     )?;
                     candidates = first.to_vec();
                 }
@@ -150,15 +143,14 @@ impl Search<'_> {
         alone.remove(&flag);
         let alone_key = (alone, 0);
         if self.blocks_of(&alone_key).is_empty() {
-            self.run_block(&alone_key, runner, observer).await?;
+            self.run_block(&alone_key).await?;
         }
         if self.slower(self.blocks_of(&alone_key)).is_some() {
-            self.machine_check(std::slice::from_ref(&alone_key), runner, observer)
-                .await?;
+            self.machine_check(std::slice::from_ref(&alone_key)).await?;
         }
         if self.degraded(&alone_key).is_none() {
             let before = self.held.len();
-            self.screen_single_flips(runner, observer).await?;
+            self.screen_single_flips().await?;
             if self.held.len() > before {
                 return Ok(());
             }
@@ -181,11 +173,7 @@ impl Search<'_> {
     /// One block of each flag flipped alone (every other flag as found): a flag whose
     /// flip alone degrades the engine is held out as untestable. The blocks that did not
     /// degrade are ddmin's first complement tests, kept for it.
-    pub(super) async fn screen_single_flips(
-        &mut self,
-        runner: &mut impl StepRunner,
-        observer: &mut dyn Observer,
-    ) -> Result<(), Halt> {
+    pub(super) async fn screen_single_flips(&mut self) -> Result<(), Halt> {
         let singles: Vec<(usize, EvidenceKey)> = self
             .testable()
             .into_iter()
@@ -197,7 +185,7 @@ impl Search<'_> {
             .collect();
         for (_, key) in &singles {
             if self.blocks_of(key).is_empty() {
-                self.run_block(key, runner, observer).await?;
+                self.run_block(key).await?;
             }
         }
         let slow: Vec<EvidenceKey> = singles
@@ -205,7 +193,7 @@ impl Search<'_> {
             .filter(|(_, k)| self.slower(self.blocks_of(k)).is_some())
             .map(|(_, k)| k.clone())
             .collect();
-        self.machine_check(&slow, runner, observer).await?;
+        self.machine_check(&slow).await?;
         for (flag, key) in singles {
             if let Some(why) = self.degraded(&key) {
                 self.record_step(
@@ -213,7 +201,6 @@ impl Search<'_> {
                     &key,
                     (Outcome::Degraded, why.clone()),
                     Level::Claim,
-                    observer,
                 )?;
                 self.hold_out(flag, "alone ", &why);
             }
@@ -225,12 +212,7 @@ impl Search<'_> {
     /// slow blocks of `keys`, run it once more now. A machine that slowed down slows the
     /// failing end too, and its slowest block is the speed reference, so the flag is then
     /// not blamed; the block is evidence like any other of the failing end.
-    async fn machine_check(
-        &mut self,
-        keys: &[EvidenceKey],
-        runner: &mut impl StepRunner,
-        observer: &mut dyn Observer,
-    ) -> Result<(), Halt> {
+    async fn machine_check(&mut self, keys: &[EvidenceKey]) -> Result<(), Halt> {
         let last_of = |failing: &[String], blocks: &[(BlockRequest, BlockOutcome)]| {
             blocks
                 .iter()
@@ -244,7 +226,7 @@ impl Search<'_> {
             .filter_map(|k| last_of(&self.names(&k.0), &self.blocks))
             .max();
         if slow_last.is_some_and(|slow| slow > failing_last) {
-            self.run_block(&(self.all(), 0), runner, observer).await?;
+            self.run_block(&(self.all(), 0)).await?;
         }
         Ok(())
     }

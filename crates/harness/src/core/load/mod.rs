@@ -1,7 +1,8 @@
 //! `bisect load` (docs/load.md): the corruption rate as a function of the sessions in
-//! flight, and the lowest load at which the bug appears. Pure: the sweep talks to the
-//! engines only through [`LoadRunner`] (one block of sessions at one level of load), so
-//! it runs unchanged in tests and in the simulation ([`simulate`]).
+//! flight, and the lowest load at which the bug appears. Pure: the sweep is a sans-IO
+//! state machine ([`LoadSweep`]: it asks for one block of sessions at one level of load
+//! and is told what it gave), so it runs unchanged in tests and in the simulation
+//! ([`simulate`]).
 //!
 //! - [`fit`]: the isotonic (pool-adjacent-violators) fit of rate against load and its
 //!   simultaneous band.
@@ -26,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use crate::core::verdict::Policy;
 
 pub use report::{Answer, Arm, LoadReport};
-pub use sweep::{sweep, LevelBlock, LoadRunner, Silent, Watcher};
+pub use sweep::{sweep, LevelBlock, LoadSweep};
 
 /// Sessions per adaptive block at least (a level below half of it runs this many).
 pub const MIN_BLOCK: u64 = 20;

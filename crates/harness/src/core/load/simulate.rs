@@ -1,5 +1,5 @@
 //! Known dose-response curves scored through the real sweep ([`sweep()`]): a
-//! [`LoadRunner`] whose sessions corrupt independently (ChaCha8 from a fixed seed) at the
+//! block runner whose sessions corrupt independently (ChaCha8 from a fixed seed) at the
 //! curve's rate for the block's level, and whose engine always reaches the level. For
 //! each curve the truth is the lowest level whose rate exceeds the lowest level's; a
 //! sweep is right within one level when its threshold is that level or a neighbour, and
@@ -10,7 +10,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::report::{Answer, LoadReport};
-use super::sweep::{sweep, LevelBlock, LoadRunner, Silent};
+use super::sweep::{sweep, LevelBlock};
 use super::LoadParams;
 use crate::core::culprit::BlockOutcome;
 use crate::core::session::SessionClass;
@@ -95,15 +95,13 @@ struct CurveRunner {
     seed: u64,
 }
 
-impl LoadRunner for CurveRunner {
-    async fn run_block(&mut self, block: &LevelBlock) -> anyhow::Result<BlockOutcome> {
+impl CurveRunner {
+    fn run_block(&self, block: &LevelBlock) -> BlockOutcome {
         let mut rng = ChaCha8Rng::seed_from_u64(self.seed ^ block.seed.rotate_left(23));
         let rate = self.curve.rate(block.level);
-        Ok(scripted_block(
-            block.sessions,
-            Some(u64::from(block.level)),
-            |_| rng.random::<f64>() < rate,
-        ))
+        scripted_block(block.sessions, Some(u64::from(block.level)), |_| {
+            rng.random::<f64>() < rate
+        })
     }
 }
 
@@ -134,9 +132,8 @@ pub(crate) fn scripted_block(
 
 /// The report of one sweep over `curve`.
 pub(crate) fn sweep_curve(curve: Curve, params: &LoadParams, seed: u64) -> LoadReport {
-    let mut runner = CurveRunner { curve, seed };
-    futures::executor::block_on(sweep(params, None, &mut runner, &mut Silent))
-        .expect("the curve runner never fails")
+    let runner = CurveRunner { curve, seed };
+    sweep(params.clone(), None).run(|b| runner.run_block(b), drop)
 }
 
 /// One simulated sweep, scored.

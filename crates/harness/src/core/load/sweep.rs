@@ -20,6 +20,7 @@ use super::threshold::{
 use super::{Allocation, LoadParams};
 use crate::core::confounds::engine_load_shortfall;
 use crate::core::culprit::BlockOutcome;
+use crate::core::machine::{Machine, Port};
 use crate::core::stats;
 
 /// One block the sweep asks for.
@@ -33,39 +34,29 @@ pub struct LevelBlock {
     pub seed: u64,
 }
 
-/// Runs one block at one level: the sweep's only side effect.
-#[allow(async_fn_in_trait)]
-pub trait LoadRunner {
-    async fn run_block(&mut self, block: &LevelBlock) -> anyhow::Result<BlockOutcome>;
+/// The sweep as a sans-IO state machine ([`crate::core::machine`]): ask `next_block`,
+/// run it, `observe` what it gave. Its events are the report as it stands after each
+/// block (to rewrite load.json); it ends with the final report.
+pub type LoadSweep = Machine<LevelBlock, BlockOutcome, LoadReport, LoadReport>;
+
+/// The sweep of `params`. `flag` names the flag of an A/B sweep (for the words).
+pub fn sweep(params: LoadParams, flag: Option<String>) -> LoadSweep {
+    LoadSweep::new(|port| async move { run_sweep(&params, flag.as_deref(), port).await })
 }
 
-/// Told after every block, with the report as it stands (to rewrite load.json).
-pub trait Watcher {
-    fn block_done(&mut self, report: &LoadReport) -> anyhow::Result<()>;
-}
-
-/// A watcher that does nothing.
-pub struct Silent;
-impl Watcher for Silent {
-    fn block_done(&mut self, _: &LoadReport) -> anyhow::Result<()> {
-        Ok(())
-    }
-}
-
-/// Run the sweep to its answer. `flag` names the flag of an A/B sweep (for the words).
-pub async fn sweep(
+/// Run the sweep to its answer.
+async fn run_sweep(
     params: &LoadParams,
     flag: Option<&str>,
-    runner: &mut impl LoadRunner,
-    watcher: &mut impl Watcher,
-) -> anyhow::Result<LoadReport> {
-    let mut state = State::new(params, flag);
+    port: Port<LevelBlock, BlockOutcome, LoadReport>,
+) -> LoadReport {
+    let mut state = State::new(params, flag, port);
     match params.allocation {
         Allocation::Fixed { .. } => {
             for i in 0..params.levels.len() {
                 let sessions = params.block_sessions(params.levels[i]);
                 for arm in state.arms(i % 2 == 1) {
-                    state.run(i, arm, sessions, runner, watcher).await?;
+                    state.run(i, arm, sessions).await;
                 }
             }
             state.stopped = "every level ran its planned sessions".into();
@@ -93,7 +84,7 @@ pub async fn sweep(
                 order.reverse();
             }
             for (j, arm) in order {
-                state.run(j, arm, sessions, runner, watcher).await?;
+                state.run(j, arm, sessions).await;
             }
             state.update_e_process(i);
             if state.report.levels[i].arm.sessions >= max_sessions {
@@ -104,10 +95,11 @@ pub async fn sweep(
     state.analyse();
     let mut report = state.report;
     report.stopped = state.stopped;
-    Ok(report)
+    report
 }
 
 struct State<'p> {
+    port: Port<LevelBlock, BlockOutcome, LoadReport>,
     params: &'p LoadParams,
     flag: Option<&'p str>,
     report: LoadReport,
@@ -117,7 +109,11 @@ struct State<'p> {
 }
 
 impl<'p> State<'p> {
-    fn new(params: &'p LoadParams, flag: Option<&'p str>) -> Self {
+    fn new(
+        params: &'p LoadParams,
+        flag: Option<&'p str>,
+        port: Port<LevelBlock, BlockOutcome, LoadReport>,
+    ) -> Self {
         let levels = params
             .levels
             .iter()
@@ -139,6 +135,7 @@ impl<'p> State<'p> {
             .collect();
         let n = params.levels.len();
         State {
+            port,
             params,
             flag,
             report: LoadReport {
@@ -234,14 +231,7 @@ impl<'p> State<'p> {
         self.e[i].update(level, baseline);
     }
 
-    async fn run(
-        &mut self,
-        i: usize,
-        arm: Arm,
-        sessions: u64,
-        runner: &mut impl LoadRunner,
-        watcher: &mut impl Watcher,
-    ) -> anyhow::Result<()> {
+    async fn run(&mut self, i: usize, arm: Arm, sessions: u64) {
         let level = self.params.levels[i];
         let block = LevelBlock {
             block: self.report.blocks.len() as u64 + 1,
@@ -253,7 +243,7 @@ impl<'p> State<'p> {
                 .seed
                 .wrapping_add(self.report.blocks.len() as u64),
         };
-        let outcome = runner.run_block(&block).await?;
+        let outcome = self.port.ask(block.clone()).await;
         let peaks: BTreeMap<String, u64> = outcome
             .peak_engine
             .map(|p| ("busiest engine role".to_string(), p))
@@ -298,7 +288,7 @@ impl<'p> State<'p> {
         self.report.sessions_spent += count.sessions;
         self.report.restarts += 1;
         self.analyse();
-        watcher.block_done(&self.report)
+        self.port.emit(self.report.clone());
     }
 
     /// More than the degraded fraction of a block's sessions failed: a warning.
@@ -470,13 +460,11 @@ mod tests {
         asked: Vec<(u32, Arm, u64)>,
     }
 
-    impl LoadRunner for Scripted {
-        async fn run_block(&mut self, b: &LevelBlock) -> anyhow::Result<BlockOutcome> {
+    impl Scripted {
+        fn run_block(&mut self, b: &LevelBlock) -> BlockOutcome {
             self.asked.push((b.level, b.arm, b.sessions));
             let per_20 = (self.corrupt)(b.level, b.arm);
-            Ok(scripted_block(b.sessions, (self.peak)(b.level), |i| {
-                i % 20 < per_20
-            }))
+            scripted_block(b.sessions, (self.peak)(b.level), |i| i % 20 < per_20)
         }
     }
 
@@ -485,8 +473,8 @@ mod tests {
     }
 
     fn run(p: &LoadParams, runner: &mut Scripted) -> LoadReport {
-        let flag = p.ab.then_some("X");
-        futures::executor::block_on(sweep(p, flag, runner, &mut Silent)).unwrap()
+        let flag = p.ab.then(|| "X".to_string());
+        sweep(p.clone(), flag).run(|b| runner.run_block(b), drop)
     }
 
     #[test]
