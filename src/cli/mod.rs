@@ -228,7 +228,7 @@ pub(crate) struct WorkloadArgs {
 
 impl WorkloadArgs {
     fn load(&self) -> anyhow::Result<Workload> {
-        let mut workload = Workload::load(&self.workload)?;
+        let mut workload = bisect_harness::config::load_workload(&self.workload)?;
         for (given, field) in [
             (self.sessions, &mut workload.sessions),
             (self.rounds, &mut workload.rounds),
@@ -531,7 +531,7 @@ impl CheckArgs {
             },
             None => (None, None),
         };
-        let workload = Workload::load(&self.workload)?;
+        let workload = bisect_harness::config::load_workload(&self.workload)?;
         Ok(CheckInputs {
             target,
             catalog,

@@ -16,7 +16,7 @@ use bisect_harness::commands::commits::range::{Find, RangeSpec};
 use bisect_harness::commands::commits::slurm::Rounds;
 use bisect_harness::commands::commits::{self, CommitsPlan};
 use bisect_harness::commands::run::Quiet;
-use bisect_harness::config::{embedded, FlagCatalog, FlagSpec, TargetProfile, Workload};
+use bisect_harness::config::{embedded, FlagCatalog, FlagSpec, TargetProfile};
 use bisect_harness::control::{EngineControl, ProcessControl};
 use bisect_harness::core::verdict::Policy;
 use tokio_util::sync::CancellationToken;
@@ -132,7 +132,7 @@ pub(crate) fn scripted_repo(
 }
 
 fn plan(dir: &Path, repo: &Path, target: TargetProfile, concurrency: u32) -> CommitsPlan {
-    let mut workload = Workload::load("agentic").unwrap();
+    let mut workload = bisect_harness::config::load_workload("agentic").unwrap();
     workload.concurrency = Some(concurrency);
     CommitsPlan {
         id: "test-commits".into(),

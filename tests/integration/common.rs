@@ -124,7 +124,7 @@ impl FakeTarget {
     }
 
     pub fn plan(&self, flag: &str, sessions: u32, rounds: u32) -> RunPlan {
-        let mut workload = Workload::load("smoke").unwrap();
+        let mut workload = bisect_harness::config::load_workload("smoke").unwrap();
         workload.sessions = sessions;
         workload.rounds = rounds;
         workload.timeout_s = 5.0;

@@ -6,7 +6,6 @@
 
 use bisect_harness::commands::culprit::{self, CulpritPlan};
 use bisect_harness::commands::run::Quiet;
-use bisect_harness::config::Workload;
 use bisect_harness::core::arm_stats::RecordStatus;
 use bisect_harness::core::culprit::StepKind;
 use bisect_harness::core::verdict::Policy;
@@ -16,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use crate::common::{bisect, FakeTarget};
 
 pub(crate) fn culprit_plan(t: &FakeTarget, flags: &[&str], sets: &[(&str, &str)]) -> CulpritPlan {
-    let mut workload = Workload::load("smoke").unwrap();
+    let mut workload = bisect_harness::config::load_workload("smoke").unwrap();
     // Round 2 is where the fake's race strikes; 40 in flight, blocks of 80.
     workload.rounds = 2;
     workload.sessions = 40;

@@ -93,7 +93,9 @@ fn the_top_level_modules_form_no_cycle_and_the_inner_layers_look_only_inward() {
         .collect();
     assert!(cycles.is_empty(), "import cycles: {cycles:?}");
     let none = BTreeSet::new();
-    let inward: [(&str, &[&str]); 3] = [("core", &[]), ("exit", &[]), ("config", &["core"])];
+    // `core` is a crate of its own (bisect-core): the compiler keeps it from naming the
+    // harness, and `the_core_crate_depends_on_nothing_that_does_io` checks its manifest.
+    let inward: [(&str, &[&str]); 2] = [("exit", &[]), ("config", &["core"])];
     for (module, allowed) in inward {
         let outward: Vec<&String> = graph
             .get(module)
@@ -116,4 +118,55 @@ fn the_check_sees_a_cycle_where_there_is_one() {
     assert!(cycle_through(&graph, "d").is_none());
     let code = code_of("use crate::x; // crate::y\n#[cfg(test)]\nmod tests { use crate::z; }");
     assert!(code.contains("crate::x") && !code.contains("crate::y") && !code.contains("crate::z"));
+}
+
+/// The core crate's manifest names only pure libraries: no async runtime, HTTP client,
+/// process or error-context crate can reach its code (its clippy.toml keeps std's file,
+/// process, network, environment and clock calls out of it).
+#[test]
+fn the_core_crate_depends_on_nothing_that_does_io() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../core/Cargo.toml");
+    let manifest: toml::Table = std::fs::read_to_string(&path).unwrap().parse().unwrap();
+    let pure = [
+        "thiserror",
+        "serde",
+        "serde_json",
+        "regex",
+        "statrs",
+        "rand",
+        "rand_chacha",
+        "jsonschema",
+        "strum",
+        "proptest",
+    ];
+    let deps = manifest["dependencies"].as_table().unwrap();
+    let other: Vec<&String> = deps
+        .keys()
+        .filter(|d| !pure.contains(&d.as_str()))
+        .collect();
+    assert!(other.is_empty(), "bisect-core depends on {other:?}");
+    assert!(
+        deps.len() >= 5,
+        "read too little of {}: {deps:?}",
+        path.display()
+    );
+    // Only the test-support feature brings proptest in.
+    assert_eq!(deps["proptest"]["optional"].as_bool(), Some(true));
+    assert!(clippy_forbids(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../core/clippy.toml")
+    ));
+}
+
+/// The core's clippy.toml forbids the std calls a newcomer would reach for first.
+fn clippy_forbids(path: &Path) -> bool {
+    let text = std::fs::read_to_string(path).unwrap();
+    [
+        "std::fs::read_to_string",
+        "std::fs::File",
+        "std::process::Command",
+        "std::net::TcpStream",
+        "std::time::Instant::now",
+    ]
+    .iter()
+    .all(|p| text.contains(&format!("path = \"{p}\"")))
 }

@@ -17,7 +17,8 @@ pub mod arm;
 pub mod commands;
 pub mod config;
 pub mod control;
-pub mod core;
+/// The pure core, a crate of its own (`bisect-core`) so the compiler keeps it pure.
+pub use bisect_core as core;
 pub mod driver;
 pub mod exit;
 pub mod fault;

@@ -49,9 +49,4 @@ pub(crate) async fn keyed_engine() -> SocketAddr {
 
 /// A conformance fixture in the engines' own words (tests/fixtures/engines/, whose
 /// README says where each came from).
-pub(crate) fn engine_fixture(path: &str) -> String {
-    let full = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/engines")
-        .join(path);
-    std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("{}: {e}", full.display()))
-}
+pub(crate) use bisect_core::testing::engine_fixture;

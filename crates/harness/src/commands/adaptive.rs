@@ -399,7 +399,7 @@ mod tests {
         assert_eq!(at(80).read(), Some(planned));
         assert_eq!(at(40).read(), Some((40, 480)));
         // The schedule built from the kept plan is the one planning gives.
-        let fresh = Schedule::new(spec(80, None)).unwrap();
+        let fresh = Schedule::with_plan(spec(80, None), None).unwrap();
         let kept = Schedule::with_plan(spec(80, None), at(80).read()).unwrap();
         assert_eq!(fresh.record().design, kept.record().design);
     }

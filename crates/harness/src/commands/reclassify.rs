@@ -59,7 +59,7 @@ pub fn recorded_workload(params: &Value, name_or_file: Option<&str>) -> anyhow::
             "run.json records no workload name\n  fix: pass --workload NAME|FILE".into(),
         )
     })?;
-    let mut w = Workload::load(name).map_err(|e| {
+    let mut w = crate::config::load_workload(name).map_err(|e| {
         Failure::BadInput(format!(
             "loading workload `{name}`: {e}\n  fix: pass --workload FILE naming the workload file the run used"
         ))
@@ -523,7 +523,7 @@ mod tests {
     use crate::core::session::{ChatMessage, FunctionCall, ToolCall};
 
     fn workload() -> Workload {
-        let mut w = Workload::load("smoke").unwrap();
+        let mut w = crate::config::load_workload("smoke").unwrap();
         w.rounds = 4;
         w
     }

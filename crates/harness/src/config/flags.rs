@@ -126,47 +126,45 @@ fn is_catalog_name(s: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.')
 }
 
-impl FlagSpec {
-    /// Parses and validates one catalog file. `stem` is the file name without `.toml`,
-    /// which is the catalog name.
-    fn parse(path: &Path, text: &str, stem: &str) -> Result<FlagSpec, ConfigError> {
-        let src = Source { path, text };
-        let raw: RawFlag = src.parse(FLAG_FIX)?;
+/// Parses and validates one catalog file. `stem` is the file name without `.toml`,
+/// which is the catalog name.
+fn parse_flag(path: &Path, text: &str, stem: &str) -> Result<FlagSpec, ConfigError> {
+    let src = Source { path, text };
+    let raw: RawFlag = src.parse(FLAG_FIX)?;
 
-        if !is_catalog_name(stem) {
+    if !is_catalog_name(stem) {
+        return Err(src.invalid(
+            0..0,
+            format!("catalog file name `{stem}` is not a valid flag name"),
+            "name the file NAME.toml with NAME made of letters, digits and _ (e.g. BF16_INDEX_K.toml)",
+        ));
+    }
+    if let Some(name) = &raw.name {
+        if name.get_ref() != stem {
             return Err(src.invalid(
-                0..0,
-                format!("catalog file name `{stem}` is not a valid flag name"),
-                "name the file NAME.toml with NAME made of letters, digits and _ (e.g. BF16_INDEX_K.toml)",
+                name.span(),
+                format!(
+                    "name = {:?} differs from the file name {stem}.toml (the file name is the catalog name)",
+                    name.get_ref()
+                ),
+                format!("rename the file to {}.toml or set name = {stem:?}", name.get_ref()),
             ));
         }
-        if let Some(name) = &raw.name {
-            if name.get_ref() != stem {
-                return Err(src.invalid(
-                    name.span(),
-                    format!(
-                        "name = {:?} differs from the file name {stem}.toml (the file name is the catalog name)",
-                        name.get_ref()
-                    ),
-                    format!("rename the file to {}.toml or set name = {stem:?}", name.get_ref()),
-                ));
-            }
-        }
-
-        let setting = setting(&src, &raw)?;
-        let roles = roles(&src, &raw.roles)?;
-        on_off(&src, &raw, &setting)?;
-
-        Ok(FlagSpec {
-            name: stem.to_string(),
-            doc: raw.doc.unwrap_or_default().trim().to_string(),
-            setting,
-            roles,
-            on: raw.on.into_inner(),
-            off: raw.off.into_inner(),
-            source: path.to_path_buf(),
-        })
     }
+
+    let setting = setting(&src, &raw)?;
+    let roles = roles(&src, &raw.roles)?;
+    on_off(&src, &raw, &setting)?;
+
+    Ok(FlagSpec {
+        name: stem.to_string(),
+        doc: raw.doc.unwrap_or_default().trim().to_string(),
+        setting,
+        roles,
+        on: raw.on.into_inner(),
+        off: raw.off.into_inner(),
+        source: path.to_path_buf(),
+    })
 }
 
 /// Exactly one of `env`, `arg`, `switch`, with a key of its kind.
@@ -289,7 +287,7 @@ impl FlagCatalog {
         for (file, text) in BUILTIN_FLAGS {
             let path = Path::new("flags").join(file);
             let stem = file.trim_end_matches(".toml");
-            let spec = FlagSpec::parse(&path, text, stem)
+            let spec = parse_flag(&path, text, stem)
                 .unwrap_or_else(|e| panic!("shipped flag file is invalid: {e}"));
             catalog.insert(spec);
         }
@@ -324,7 +322,7 @@ impl FlagCatalog {
                     .file_stem()
                     .map(|s| s.to_string_lossy().into_owned())
                     .unwrap_or_default();
-                catalog.insert(FlagSpec::parse(&path, &text, &stem)?);
+                catalog.insert(parse_flag(&path, &text, &stem)?);
             }
         }
         Ok(catalog)
@@ -406,7 +404,7 @@ mod tests {
     use super::*;
 
     fn parse(text: &str, stem: &str) -> Result<FlagSpec, ConfigError> {
-        FlagSpec::parse(Path::new("flags/X.toml"), text, stem)
+        parse_flag(Path::new("flags/X.toml"), text, stem)
     }
 
     fn invalid_line(err: ConfigError) -> (usize, String) {

@@ -635,7 +635,7 @@ fn load_flag(s: &Scratch, text: &[u8]) -> (PathBuf, Result<FlagCatalog, ConfigEr
 
 fn load_workload(s: &Scratch, text: &[u8]) -> (PathBuf, Result<Workload, ConfigError>) {
     let path = s.write("gen_workload.toml", text);
-    let result = Workload::load(path.to_str().expect("UTF-8 scratch path"));
+    let result = crate::config::load_workload(path.to_str().expect("UTF-8 scratch path"));
     (path, result)
 }
 

@@ -575,8 +575,10 @@ impl TargetProfile {
         &self,
         workload: &super::Workload,
     ) -> anyhow::Result<crate::core::classify::Classifier> {
-        crate::core::classify::Classifier::new(&workload.tools, &self.markup)?
-            .with_rejections(&self.rejections)
+        Ok(
+            crate::core::classify::Classifier::new(&workload.tools, &self.markup)?
+                .with_rejections(&self.rejections)?,
+        )
     }
 
     /// Loads and validates a profile; launch paths are resolved relative to the

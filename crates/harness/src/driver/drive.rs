@@ -547,8 +547,8 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn shipped_workloads_run_clean_against_the_mock() {
-        for name in Workload::builtin_names() {
-            let mut workload = Workload::builtin(name).unwrap();
+        for name in crate::config::workload::builtin_workload_names() {
+            let mut workload = crate::config::builtin_workload(name).unwrap();
             workload.sessions = workload.sessions.min(12);
             workload.ctx = workload.ctx.min(2000);
             let sessions = u64::from(workload.sessions);

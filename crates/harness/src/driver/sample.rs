@@ -4,112 +4,14 @@
 
 use std::sync::Arc;
 
-use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::{drive, DrivePlan, DriveStats, InFlight};
-use crate::config::{CheckArgs, TaskSpec, ToolSpec, Workload};
 use crate::core::classify::Classifier;
 use crate::core::session::SessionResult;
 
-fn tool(name: &str, description: &str, parameters: Value, pools: Value, result: &str) -> ToolSpec {
-    let arg_values = pools
-        .as_object()
-        .expect("pools object")
-        .iter()
-        .map(|(k, v)| (k.clone(), v.as_array().expect("pool array").clone()))
-        .collect();
-    ToolSpec {
-        name: name.to_string(),
-        description: description.to_string(),
-        parameters,
-        arg_values,
-        result: result.to_string(),
-    }
-}
-
-/// A small ops-agent workload (three tools, three steps per task) for tests, benches
-/// and the lead's integration tests; `rounds` should exceed 3 for sessions to finish.
-pub fn sample_workload(sessions: u32, rounds: u32) -> Workload {
-    let paths = json!([
-        "/srv/app/config.yaml",
-        "/var/log/nginx/error.log",
-        "/etc/sglang/decode.env",
-        "/srv/app/logs/worker-3.log",
-        "/opt/serve/launch_prefill.sh",
-        "/var/lib/app/queue \"pending\".json"
-    ]);
-    let tools = vec![
-        tool(
-            "read_file",
-            "Read the first lines of a file.",
-            json!({
-                "type": "object",
-                "properties": {
-                    "path": {"type": "string"},
-                    "max_lines": {"type": "integer", "minimum": 1}
-                },
-                "required": ["path"]
-            }),
-            json!({"path": paths, "max_lines": [20, 40, 100, 250]}),
-            "{path} (first {max_lines} lines):\nlisten: 0.0.0.0:8080\ntimeout: 30s",
-        ),
-        tool(
-            "grep",
-            "Search a file for a pattern.",
-            json!({
-                "type": "object",
-                "properties": {
-                    "pattern": {"type": "string"},
-                    "path": {"type": "string"},
-                    "ignore_case": {"type": "boolean"}
-                },
-                "required": ["pattern", "path"]
-            }),
-            json!({
-                "pattern": ["ERROR", "timeout", "kv_pool", "retry \"later\"", "index_k"],
-                "path": paths,
-                "ignore_case": [true, false]
-            }),
-            "{path}: 2 matches for \"{pattern}\"",
-        ),
-        tool(
-            "list_dir",
-            "List a directory.",
-            json!({
-                "type": "object",
-                "properties": {"path": {"type": "string"}},
-                "required": ["path"]
-            }),
-            json!({"path": ["/srv/app", "/var/log", "/etc/sglang", "/opt/serve"]}),
-            r#"{"path": "{path}", "entries": ["config.yaml", "logs", "src"]}"#,
-        ),
-    ];
-    Workload {
-        name: "mock-ops".to_string(),
-        sessions,
-        concurrency: None,
-        rounds,
-        ctx: 0,
-        max_tokens: 256,
-        timeout_s: 30.0,
-        temperature: 0.0,
-        tools,
-        task: TaskSpec {
-            steps: 3,
-            intro:
-                "You are the on-call assistant. Do these steps in order, one tool call per step:"
-                    .to_string(),
-            outro: "When all steps are done, answer with a one-line summary.".to_string(),
-        },
-        check_args: CheckArgs::Strict,
-        barrier: false,
-        seed: 42,
-        source: None,
-        request: Default::default(),
-    }
-}
+pub use crate::core::workload::sample_workload;
 
 /// Drives `plan` outside the arm lifecycle (the driver's own tests, the plain-server
 /// tests) with every markup family counted, and collects every session's result in

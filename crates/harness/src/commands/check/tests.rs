@@ -483,7 +483,7 @@ async fn a_probe_that_times_out_says_the_workloads_timeout_and_how_to_lengthen_i
             open.push(conn);
         }
     });
-    let mut workload = crate::config::Workload::builtin("tiny").unwrap();
+    let mut workload = crate::config::builtin_workload("tiny").unwrap();
     workload.timeout_s = 0.5;
     let catalog = FlagCatalog::builtin();
     let root = dir.path().join("state");

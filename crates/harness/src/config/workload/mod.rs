@@ -129,216 +129,183 @@ fn toml_to_json(value: &toml::Value) -> serde_json::Value {
     serde_json::to_value(value).unwrap_or(serde_json::Value::Null)
 }
 
-impl Workload {
-    /// Names of the builtin workloads.
-    pub(crate) fn builtin_names() -> Vec<&'static str> {
-        BUILTIN_WORKLOADS.iter().map(|(n, _)| *n).collect()
-    }
+/// Names of the builtin workloads.
+pub(crate) fn builtin_workload_names() -> Vec<&'static str> {
+    BUILTIN_WORKLOADS.iter().map(|(n, _)| *n).collect()
+}
 
-    /// A builtin workload by name (`agentic`, `needle`, `smoke`, `tiny`).
-    pub fn builtin(name: &str) -> Result<Workload, ConfigError> {
-        let (file_name, text) = BUILTIN_WORKLOADS
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .ok_or_else(|| ConfigError::UnknownWorkload {
-                name: name.to_string(),
-                known: Self::builtin_names().join(", "),
-            })?;
-        let path = Path::new("workloads").join(format!("{file_name}.toml"));
-        let mut w = Self::parse(&path, text, file_name)?;
-        // Builtins have no file on disk; `source` names only real files.
-        w.source = None;
-        Ok(w)
-    }
+/// A builtin workload by name (`agentic`, `needle`, `smoke`, `tiny`).
+pub fn builtin_workload(name: &str) -> Result<Workload, ConfigError> {
+    let (file_name, text) = BUILTIN_WORKLOADS
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(name))
+        .ok_or_else(|| ConfigError::UnknownWorkload {
+            name: name.to_string(),
+            known: builtin_workload_names().join(", "),
+        })?;
+    let path = Path::new("workloads").join(format!("{file_name}.toml"));
+    let mut w = parse_workload(&path, text, file_name)?;
+    // Builtins have no file on disk; `source` names only real files.
+    w.source = None;
+    Ok(w)
+}
 
-    /// A builtin name (no `/` and no `.toml`) or the path of a workload file.
-    pub fn load(name_or_path: &str) -> Result<Workload, ConfigError> {
-        let looks_like_path = name_or_path.contains('/')
-            || name_or_path.contains('\\')
-            || name_or_path.ends_with(".toml");
-        if !looks_like_path {
-            return Self::builtin(name_or_path);
+/// A builtin name (no `/` and no `.toml`) or the path of a workload file.
+pub fn load_workload(name_or_path: &str) -> Result<Workload, ConfigError> {
+    let looks_like_path = name_or_path.contains('/')
+        || name_or_path.contains('\\')
+        || name_or_path.ends_with(".toml");
+    if !looks_like_path {
+        return builtin_workload(name_or_path);
+    }
+    let path = Path::new(name_or_path);
+    let text = read_text(path)?;
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "workload".into());
+    parse_workload(path, &text, &stem)
+}
+
+fn parse_workload(path: &Path, text: &str, stem: &str) -> Result<Workload, ConfigError> {
+    let src = Source { path, text };
+    let raw: RawWorkload = src.parse(WORKLOAD_FIX)?;
+
+    let name = match &raw.name {
+        Some(n) if n.get_ref().trim().is_empty() => {
+            return Err(src.invalid(
+                n.span(),
+                "name is empty",
+                "name the workload, e.g. name = \"agentic\"",
+            ))
         }
-        let path = Path::new(name_or_path);
-        let text = read_text(path)?;
-        let stem = path
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "workload".into());
-        Self::parse(path, &text, &stem)
+        Some(n) => n.get_ref().trim().to_string(),
+        None => stem.to_string(),
+    };
+    let sessions = src.whole_number("sessions", &raw.sessions, 1)?;
+    let rounds = src.whole_number("rounds", &raw.rounds, 1)?;
+    let ctx = src.whole_number("ctx", &raw.ctx, 0)?;
+    let max_tokens = src.whole_number("max_tokens", &raw.max_tokens, 1)?;
+    let timeout_s = *raw.timeout_s.get_ref();
+    if !(timeout_s.is_finite() && timeout_s > 0.0) {
+        return Err(src.invalid(
+            raw.timeout_s.span(),
+            format!("timeout_s = {timeout_s} must be a positive number of seconds"),
+            "set timeout_s to the per-request timeout, e.g. timeout_s = 30",
+        ));
     }
-
-    fn parse(path: &Path, text: &str, stem: &str) -> Result<Workload, ConfigError> {
-        let src = Source { path, text };
-        let raw: RawWorkload = src.parse(WORKLOAD_FIX)?;
-
-        let name = match &raw.name {
-            Some(n) if n.get_ref().trim().is_empty() => {
+    let temperature = match &raw.temperature {
+        None => 0.0,
+        Some(t) => {
+            let v = *t.get_ref();
+            if !(0.0..=2.0).contains(&v) {
                 return Err(src.invalid(
-                    n.span(),
-                    "name is empty",
-                    "name the workload, e.g. name = \"agentic\"",
+                    t.span(),
+                    format!("temperature = {v} is outside 0..2"),
+                    "use temperature = 0.0 so arms stay comparable",
+                ));
+            }
+            v
+        }
+    };
+    let check_args = match &raw.check_args {
+        None => CheckArgs::Strict,
+        Some(c) => match c.get_ref().as_str() {
+            "strict" => CheckArgs::Strict,
+            "schema" => CheckArgs::Schema,
+            other => {
+                return Err(src.invalid(
+                    c.span(),
+                    format!("check_args = {other:?} is not a known mode"),
+                    "use \"strict\" (calls must match the current step) or \"schema\" (only the schema is checked)",
                 ))
             }
-            Some(n) => n.get_ref().trim().to_string(),
-            None => stem.to_string(),
-        };
-        let sessions = src.whole_number("sessions", &raw.sessions, 1)?;
-        let rounds = src.whole_number("rounds", &raw.rounds, 1)?;
-        let ctx = src.whole_number("ctx", &raw.ctx, 0)?;
-        let max_tokens = src.whole_number("max_tokens", &raw.max_tokens, 1)?;
-        let timeout_s = *raw.timeout_s.get_ref();
-        if !(timeout_s.is_finite() && timeout_s > 0.0) {
+        },
+    };
+    let seed = match &raw.seed {
+        None => 1,
+        Some(s) if *s.get_ref() >= 0 => *s.get_ref() as u64,
+        Some(s) => {
             return Err(src.invalid(
-                raw.timeout_s.span(),
-                format!("timeout_s = {timeout_s} must be a positive number of seconds"),
-                "set timeout_s to the per-request timeout, e.g. timeout_s = 30",
-            ));
+                s.span(),
+                format!("seed = {} is negative", s.get_ref()),
+                "use a seed >= 0",
+            ))
         }
-        let temperature = match &raw.temperature {
-            None => 0.0,
-            Some(t) => {
-                let v = *t.get_ref();
-                if !(0.0..=2.0).contains(&v) {
-                    return Err(src.invalid(
-                        t.span(),
-                        format!("temperature = {v} is outside 0..2"),
-                        "use temperature = 0.0 so arms stay comparable",
-                    ));
-                }
-                v
-            }
-        };
-        let check_args = match &raw.check_args {
-            None => CheckArgs::Strict,
-            Some(c) => match c.get_ref().as_str() {
-                "strict" => CheckArgs::Strict,
-                "schema" => CheckArgs::Schema,
-                other => {
-                    return Err(src.invalid(
-                        c.span(),
-                        format!("check_args = {other:?} is not a known mode"),
-                        "use \"strict\" (calls must match the current step) or \"schema\" (only the schema is checked)",
-                    ))
-                }
-            },
-        };
-        let seed = match &raw.seed {
-            None => 1,
-            Some(s) if *s.get_ref() >= 0 => *s.get_ref() as u64,
-            Some(s) => {
-                return Err(src.invalid(
-                    s.span(),
-                    format!("seed = {} is negative", s.get_ref()),
-                    "use a seed >= 0",
-                ))
-            }
-        };
+    };
 
-        let raw_task = raw.task.get_ref();
-        let steps = src.whole_number("steps", &raw_task.steps, 1)?;
-        if raw_task.outro.get_ref().trim().is_empty() {
-            return Err(src.invalid(
-                raw_task.outro.span(),
-                "task outro is empty: the model would not know what to answer when done",
-                "end the outro with the exact answer, e.g. \"When every step is done, reply exactly: DONE: all steps completed.\"",
-            ));
-        }
-        let task = TaskSpec {
-            steps,
-            intro: raw_task.intro.trim().to_string(),
-            outro: raw_task.outro.get_ref().trim().to_string(),
-        };
-
-        let tools = validate_tools(&src, &raw)?;
-        let request = request_options(&src, &raw, &tools)?;
-
-        Ok(Workload {
-            name,
-            sessions,
-            concurrency: None,
-            rounds,
-            ctx,
-            max_tokens,
-            timeout_s,
-            temperature,
-            tools,
-            task,
-            check_args,
-            barrier: raw.barrier,
-            seed,
-            source: Some(path.to_path_buf()),
-            request,
-        })
+    let raw_task = raw.task.get_ref();
+    let steps = src.whole_number("steps", &raw_task.steps, 1)?;
+    if raw_task.outro.get_ref().trim().is_empty() {
+        return Err(src.invalid(
+            raw_task.outro.span(),
+            "task outro is empty: the model would not know what to answer when done",
+            "end the outro with the exact answer, e.g. \"When every step is done, reply exactly: DONE: all steps completed.\"",
+        ));
     }
+    let task = TaskSpec {
+        steps,
+        intro: raw_task.intro.trim().to_string(),
+        outro: raw_task.outro.get_ref().trim().to_string(),
+    };
 
-    /// Re-checks the limits after command-line overrides (`--sessions 0` etc.); the
-    /// file itself was checked when loaded.
-    pub fn validate_overrides(&self) -> Result<(), ConfigError> {
-        let usage = |message: String, fix: &str| ConfigError::Usage {
-            message,
-            fix: fix.to_string(),
-        };
-        if self.sessions == 0 {
-            return Err(usage(
-                "--sessions must be at least 1".into(),
-                "pass --sessions N with N >= 1",
-            ));
-        }
-        if self.rounds == 0 {
-            return Err(usage(
-                "--rounds must be at least 1".into(),
-                "pass --rounds R with R >= 1",
-            ));
-        }
-        if self.max_tokens == 0 {
-            return Err(usage(
-                "--max-tokens must be at least 1".into(),
-                "pass --max-tokens N with N >= 1",
-            ));
-        }
-        if !(self.timeout_s.is_finite() && self.timeout_s > 0.0) {
-            return Err(usage(
-                format!(
-                    "--timeout {} must be a positive number of seconds",
-                    self.timeout_s
-                ),
-                "pass --timeout SECS with SECS > 0",
-            ));
-        }
-        Ok(())
-    }
+    let tools = validate_tools(&src, &raw)?;
+    let request = request_options(&src, &raw, &tools)?;
 
-    /// The parameters that make two runs comparable, for run.json's `workload` and the
-    /// "workload parameters differ" confound.
-    pub(crate) fn params_json(&self) -> serde_json::Value {
-        let mut params = serde_json::json!({
-            "name": self.name,
-            "sessions": self.sessions,
-            "rounds": self.rounds,
-            "ctx": self.ctx,
-            "max_tokens": self.max_tokens,
-            "timeout_s": self.timeout_s,
-            "seed": self.seed,
-            "temperature": self.temperature,
-            "steps": self.task.steps,
-            "check_args": self.check_args.as_str(),
-            "barrier": self.barrier,
-        });
-        // Only when set: runs and matrix hashes from before the option stay comparable.
-        if let Some(c) = self.concurrency {
-            params["concurrency"] = c.into();
-        }
-        if let Some(request) = self.request.params_json() {
-            params["request"] = request;
-        }
-        params
-    }
+    Ok(Workload {
+        name,
+        sessions,
+        concurrency: None,
+        rounds,
+        ctx,
+        max_tokens,
+        timeout_s,
+        temperature,
+        tools,
+        task,
+        check_args,
+        barrier: raw.barrier,
+        seed,
+        source: Some(path.to_path_buf()),
+        request,
+    })
+}
 
-    /// Sessions in flight at once: `concurrency`, else all of them.
-    pub fn target_concurrency(&self) -> u32 {
-        self.concurrency.unwrap_or(self.sessions).min(self.sessions)
+/// Re-checks the limits after command-line overrides (`--sessions 0` etc.); the
+/// file itself was checked when loaded.
+pub fn validate_overrides(w: &Workload) -> Result<(), ConfigError> {
+    let usage = |message: String, fix: &str| ConfigError::Usage {
+        message,
+        fix: fix.to_string(),
+    };
+    if w.sessions == 0 {
+        return Err(usage(
+            "--sessions must be at least 1".into(),
+            "pass --sessions N with N >= 1",
+        ));
     }
+    if w.rounds == 0 {
+        return Err(usage(
+            "--rounds must be at least 1".into(),
+            "pass --rounds R with R >= 1",
+        ));
+    }
+    if w.max_tokens == 0 {
+        return Err(usage(
+            "--max-tokens must be at least 1".into(),
+            "pass --max-tokens N with N >= 1",
+        ));
+    }
+    if !(w.timeout_s.is_finite() && w.timeout_s > 0.0) {
+        return Err(usage(
+            format!(
+                "--timeout {} must be a positive number of seconds",
+                w.timeout_s
+            ),
+            "pass --timeout SECS with SECS > 0",
+        ));
+    }
+    Ok(())
 }
 
 mod request;

@@ -4,7 +4,7 @@
 use super::*;
 
 fn parse(text: &str) -> Result<Workload, ConfigError> {
-    Workload::parse(Path::new("workloads/t.toml"), text, "t")
+    parse_workload(Path::new("workloads/t.toml"), text, "t")
 }
 
 fn error_line(text: &str) -> (usize, String) {
@@ -84,7 +84,7 @@ fn request_options_refuse_what_bisect_sets_and_bad_examples() {
 
 #[test]
 fn builtins_load_with_the_documented_parameters() {
-    let a = Workload::builtin("agentic").unwrap();
+    let a = crate::config::builtin_workload("agentic").unwrap();
     assert_eq!(
         (
             a.sessions,
@@ -110,12 +110,12 @@ fn builtins_load_with_the_documented_parameters() {
     assert!(a.tools[0].arg_values["path"].contains(&serde_json::json!("/srv/app/config.yaml")));
     assert!(a.tools[2].arg_values["target"].contains(&serde_json::json!("integration")));
 
-    let n = Workload::load("needle").unwrap();
+    let n = crate::config::load_workload("needle").unwrap();
     assert_eq!(
         (n.sessions, n.rounds, n.ctx, n.task.steps),
         (24, 2, 12000, 1)
     );
-    let s = Workload::load("smoke").unwrap();
+    let s = crate::config::load_workload("smoke").unwrap();
     assert_eq!((s.sessions, s.rounds, s.ctx), (4, 4, 100));
     for w in [&a, &n, &s] {
         assert!(
@@ -128,7 +128,7 @@ fn builtins_load_with_the_documented_parameters() {
 
 #[test]
 fn unknown_builtin_lists_known_ones() {
-    let err = Workload::load("agentc").unwrap_err();
+    let err = crate::config::load_workload("agentc").unwrap_err();
     assert!(matches!(err, ConfigError::UnknownWorkload { .. }));
     let text = err.to_string();
     assert!(text.contains("agentic, needle, smoke, tiny"), "{text}");
@@ -139,19 +139,21 @@ fn paths_load_files_and_default_the_name_to_the_stem() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("mine.toml");
     std::fs::write(&path, MINIMAL).unwrap();
-    let w = Workload::load(path.to_str().unwrap()).unwrap();
+    let w = crate::config::load_workload(path.to_str().unwrap()).unwrap();
     assert_eq!(w.name, "mine");
     assert_eq!(w.source.as_deref(), Some(path.as_path()));
     assert_eq!(w.seed, 1);
     assert!(matches!(
-        Workload::load("missing/file.toml").unwrap_err(),
+        crate::config::load_workload("missing/file.toml").unwrap_err(),
         ConfigError::Read { .. }
     ));
 }
 
 #[test]
 fn params_json_has_every_comparable_parameter() {
-    let p = Workload::builtin("agentic").unwrap().params_json();
+    let p = crate::config::builtin_workload("agentic")
+        .unwrap()
+        .params_json();
     assert_eq!(
         p,
         serde_json::json!({
@@ -170,7 +172,7 @@ fn render_result_fills_placeholders_deterministically() {
         w.tools[0].render_result(&args),
         "/a: ok (read_file {\"path\":\"/a\"})"
     );
-    let a = Workload::builtin("agentic").unwrap();
+    let a = crate::config::builtin_workload("agentic").unwrap();
     let run = &a.tools[2];
     assert_eq!(
         run.render_result(&serde_json::json!({"target": "unit", "verbose": true})),
@@ -276,14 +278,14 @@ fn malformed_toml_reports_the_parser_line() {
 
 #[test]
 fn overrides_are_rechecked() {
-    let mut w = Workload::builtin("smoke").unwrap();
-    assert!(w.validate_overrides().is_ok());
+    let mut w = crate::config::builtin_workload("smoke").unwrap();
+    assert!(crate::config::workload::validate_overrides(&w).is_ok());
     w.sessions = 0;
     assert!(matches!(
-        w.validate_overrides(),
+        crate::config::workload::validate_overrides(&w),
         Err(ConfigError::Usage { .. })
     ));
     w.sessions = 1;
     w.timeout_s = 0.0;
-    assert!(w.validate_overrides().is_err());
+    assert!(crate::config::workload::validate_overrides(&w).is_err());
 }

@@ -320,7 +320,7 @@ fn target_path(
 /// the plan's `ctx`, `max_tokens`, `timeout_s` and `seed` on top.
 fn load_workload(src: &Source, base: &Path, raw: &RawPlan) -> Result<Workload, ConfigError> {
     let mut workload = match &raw.workload {
-        None => Workload::load(DEFAULT_WORKLOAD)?,
+        None => crate::config::load_workload(DEFAULT_WORKLOAD)?,
         Some(w) => {
             let given = w.get_ref().trim();
             let is_path = given.contains('/') || given.ends_with(".toml");
@@ -329,7 +329,7 @@ fn load_workload(src: &Source, base: &Path, raw: &RawPlan) -> Result<Workload, C
             } else {
                 given.to_string()
             };
-            Workload::load(&resolved).map_err(|e| match e {
+            crate::config::load_workload(&resolved).map_err(|e| match e {
                 ConfigError::UnknownWorkload { name, known } => src.invalid(
                     w.span(),
                     format!("unknown workload `{name}`"),

@@ -1,0 +1,370 @@
+//! The recorded confounds (docs/design.md 3.7): the ones that qualify a comparison
+//! without voiding it: load, wall time and throughput that differ, truncated replies,
+//! differing error and timeout rates, roles whose load or flag value was never measured,
+//! and what the transport did to the load.
+
+use std::collections::BTreeSet;
+
+use serde_json::{json, Value};
+
+use crate::format::{p_value, percent_digits, quantity};
+use crate::session::SessionClass;
+use crate::stats;
+use crate::verdict::{ArmObservation, Confound, Policy, Severity};
+
+/// What the transport did to the load (docs/design.md 3.4, "Reaching the load"): a
+/// warning where connects came back slow, refused or reset, or the server shed
+/// requests (the load shape was not the one asked); information where the engine ran
+/// clearly fewer requests than the client had in flight, saying where the rest were.
+pub(super) fn transport_confounds(on: &ArmObservation, off: &ArmObservation) -> Vec<Confound> {
+    let mut found = Vec::new();
+    let problems = |arm: &ArmObservation| {
+        arm.stats
+            .transport
+            .as_ref()
+            .map(|t| t.problems())
+            .unwrap_or_default()
+    };
+    let (on_problems, off_problems) = (problems(on), problems(off));
+    if !on_problems.is_empty() || !off_problems.is_empty() {
+        let note = [(on, &on_problems), (off, &off_problems)]
+            .iter()
+            .filter(|(_, p)| !p.is_empty())
+            .map(|(arm, p)| format!("{}: {}", arm.subject(), p.join("; ")))
+            .collect::<Vec<_>>()
+            .join("; ");
+        let value = |p: &Vec<String>| if p.is_empty() { Value::Null } else { json!(p) };
+        found.push(Confound {
+            name: "transport".to_string(),
+            on: value(&on_problems),
+            off: value(&off_problems),
+            severity: Severity::Warning,
+            note,
+        });
+    }
+    let gap = |arm: &ArmObservation| arm.stats.load_gap.as_ref().map(|g| g.describe());
+    if on.stats.load_gap.is_some() || off.stats.load_gap.is_some() {
+        let note = [on, off]
+            .iter()
+            .filter_map(|arm| Some(format!("{}: {}", arm.subject(), gap(arm)?)))
+            .collect::<Vec<_>>()
+            .join("; ");
+        found.push(Confound {
+            name: "load_gap".to_string(),
+            on: gap(on).map_or(Value::Null, |g| json!(g)),
+            off: gap(off).map_or(Value::Null, |g| json!(g)),
+            severity: Severity::Info,
+            note,
+        });
+    }
+    found
+}
+
+/// What the engines counted themselves (core::engine_counts): recorded beside bisect's
+/// own classes, never deciding. Preemptions say the arm ran the engine's recompute path
+/// (a KV-cache shortage); a parser that found no call in more replies than bisect
+/// classed `no_tool` sessions is a reply lost or changed between the two.
+pub(super) fn engine_count_confound(on: &ArmObservation, off: &ArmObservation) -> Option<Confound> {
+    use crate::engine_counts::describe;
+    let said = |arm: &ArmObservation| {
+        describe(&arm.stats.engine_counts).map(|words| {
+            format!(
+                "{words} (bisect: {} sessions no_tool)",
+                arm.stats.counts[SessionClass::NoTool]
+            )
+        })
+    };
+    let (on_said, off_said) = (said(on), said(off));
+    if on_said.is_none() && off_said.is_none() {
+        return None;
+    }
+    let note = [(on, &on_said), (off, &off_said)]
+        .iter()
+        .filter_map(|(arm, said)| Some(format!("{}: {}", arm.subject(), said.as_ref()?)))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let value = |arm: &ArmObservation| json!(arm.stats.engine_counts);
+    Some(Confound {
+        name: "engine_counts".to_string(),
+        on: value(on),
+        off: value(off),
+        severity: Severity::Info,
+        note: format!("the engine counted: {note}"),
+    })
+}
+
+/// Significance below which truncation or error+timeout rates are said to differ: a
+/// screening level, not the verdict's alpha, because this only warns.
+const SCREENING_ALPHA: f64 = 0.05;
+
+/// `on 9/100 (9.0%), off 0/100 (0.0%), Fisher p = 0.0032` for `k` of `n` sessions per
+/// arm, and whether the rates differ: by at least `min_effect`, and Fisher's exact test
+/// says the difference is real (p < [`SCREENING_ALPHA`]).
+pub(super) fn differing_rates(
+    (k_on, n_on): (u64, u64),
+    (k_off, n_off): (u64, u64),
+    policy: &Policy,
+) -> (String, bool) {
+    let (r_on, r_off) = (stats::rate(k_on, n_on), stats::rate(k_off, n_off));
+    let p = stats::fisher_exact_two_sided(k_on, n_on - k_on, k_off, n_off - k_off);
+    let text = format!(
+        "on {k_on}/{n_on} ({}%), off {k_off}/{n_off} ({}%), Fisher p = {}",
+        percent_digits(r_on),
+        percent_digits(r_off),
+        p_value(p)
+    );
+    (
+        text,
+        (r_on - r_off).abs() >= policy.min_effect && p < SCREENING_ALPHA,
+    )
+}
+
+/// Replies cut off at `max_tokens`: not corruption, but a truncated session cannot show
+/// corruption either, so an arm that truncates more can look cleaner for that alone
+/// (a flag that makes the model wordier). Warned when the rates differ
+/// ([`differing_rates`]).
+pub(super) fn truncated_confound(
+    on: &ArmObservation,
+    off: &ArmObservation,
+    policy: &Policy,
+) -> Option<Confound> {
+    let (t_on, t_off) = (
+        on.stats.counts[SessionClass::Truncated],
+        off.stats.counts[SessionClass::Truncated],
+    );
+    if t_on == 0 && t_off == 0 {
+        return None;
+    }
+    let (rates, differ) =
+        differing_rates((t_on, on.classified()), (t_off, off.classified()), policy);
+    let (severity, note) = if differ {
+        (
+            Severity::Warning,
+            format!(
+                "replies truncated at max_tokens differ between arms ({rates}): truncated \
+                 sessions cannot show corruption, so the arm that truncates more can look \
+                 cleaner; raise --max-tokens"
+            ),
+        )
+    } else {
+        (
+            Severity::Info,
+            format!("replies truncated at max_tokens, not counted as corruption: {rates}"),
+        )
+    };
+    Some(Confound {
+        name: "truncated".to_string(),
+        on: json!(t_on),
+        off: json!(t_off),
+        severity,
+        note,
+    })
+}
+
+/// A role none of whose metrics scrapes worked in an arm: its load is unmeasured, and
+/// the peak-running comparison silently lacks it unless this says so.
+pub(super) fn metrics_confounds(on: &ArmObservation, off: &ArmObservation) -> Vec<Confound> {
+    let roles: BTreeSet<&String> = on
+        .stats
+        .metrics_failed
+        .keys()
+        .chain(off.stats.metrics_failed.keys())
+        .collect();
+    roles
+        .into_iter()
+        .map(|role| {
+            let why = |arm: &ArmObservation| {
+                arm.stats
+                    .metrics_failed
+                    .get(role)
+                    .map_or(Value::Null, |w| json!(w))
+            };
+            let reason = on
+                .stats
+                .metrics_failed
+                .get(role)
+                .or_else(|| off.stats.metrics_failed.get(role))
+                .cloned()
+                .unwrap_or_default();
+            Confound {
+                name: format!("metrics.{role}"),
+                on: why(on),
+                off: why(off),
+                severity: Severity::Warning,
+                note: format!("no load measured for role {role}: {reason}"),
+            }
+        })
+        .collect()
+}
+
+/// A role of the flag (one that read back a value) whose engine did not report the
+/// flag's value, in some arm or block checked: only the launch-file read-back says that
+/// role ran the arm's value, and an engine that ignores the setting would run both arms
+/// alike (a `cleared` that cleared nothing). A warning, not blocking: nothing in the run
+/// can fix an engine that does not report, but the verdict must say it rests on the
+/// read-back alone (docs/design.md 3.7, "unverified").
+pub(super) fn unverified_confounds(
+    on: &ArmObservation,
+    off: &ArmObservation,
+    checked: &[ArmObservation],
+) -> Vec<Confound> {
+    let roles: BTreeSet<&String> = checked.iter().flat_map(|c| c.readback.keys()).collect();
+    roles
+        .into_iter()
+        .filter_map(|role| {
+            let silent: Vec<&ArmObservation> = checked
+                .iter()
+                .filter(|c| !c.effective.contains_key(role))
+                .collect();
+            if silent.is_empty() {
+                return None;
+            }
+            let reported =
+                |arm: &ArmObservation| arm.effective.get(role).map_or(Value::Null, |v| json!(v));
+            let when = if silent.len() == checked.len() {
+                String::new()
+            } else {
+                let who: Vec<String> = silent.iter().map(|c| c.subject()).collect();
+                format!(" in {}", who.join(", "))
+            };
+            Some(Confound {
+                name: format!("unverified.{role}"),
+                on: reported(on),
+                off: reported(off),
+                severity: Severity::Warning,
+                note: format!(
+                    "the {role} engine did not report the flag's value{when}: only the \
+                     launch-file read-back says it ran each arm's value, and an engine that \
+                     ignores the setting would run both arms alike (the target profile's \
+                     effective_url and effective_pointers say where an engine reports it)"
+                ),
+            })
+        })
+        .collect()
+}
+
+/// Achieved load and speed: recorded always, warned when they differ by more than
+/// `warn_ratio` (the faster arm finishes sooner, reaches lower concurrency and can look
+/// cleaner for that reason alone).
+pub(super) fn recorded_confounds(
+    on: &ArmObservation,
+    off: &ArmObservation,
+    policy: &Policy,
+) -> Vec<Confound> {
+    let keys: BTreeSet<&String> = on
+        .stats
+        .peak_running
+        .keys()
+        .chain(off.stats.peak_running.keys())
+        .collect();
+    let mut recorded: Vec<Confound> = keys
+        .into_iter()
+        .map(|key| {
+            let what = if key == "client" {
+                "peak client in-flight requests".to_string()
+            } else {
+                format!("peak running requests reported by {key}")
+            };
+            let value = |arm: &ArmObservation| arm.stats.peak_running.get(key).map(|&v| v as f64);
+            // A peak of 0 vs 2 polled requests is sampling noise, not a load confound.
+            let mut confound = measured(
+                format!("peak_running.{key}"),
+                &what,
+                value(on),
+                value(off),
+                policy,
+                MIN_PEAK_DIFFERENCE,
+            );
+            // Peaks are request counts: integers in run.json, as in `peak_running`.
+            let count = |arm: &ArmObservation| {
+                arm.stats
+                    .peak_running
+                    .get(key)
+                    .map_or(Value::Null, |&v| json!(v))
+            };
+            confound.on = count(on);
+            confound.off = count(off);
+            confound
+        })
+        .collect();
+    recorded.push(measured(
+        "wall_s".to_string(),
+        "wall time",
+        Some(on.stats.wall_s),
+        Some(off.stats.wall_s),
+        policy,
+        0.0,
+    ));
+    recorded.push(measured(
+        "tokens_per_s".to_string(),
+        "throughput (tokens/s)",
+        Some(on.stats.tokens_per_s),
+        Some(off.stats.tokens_per_s),
+        policy,
+        0.0,
+    ));
+    recorded
+}
+
+/// Peak running requests must differ by at least this many to be warned about.
+pub const MIN_PEAK_DIFFERENCE: f64 = 8.0;
+
+fn measured(
+    name: String,
+    what: &str,
+    on: Option<f64>,
+    off: Option<f64>,
+    policy: &Policy,
+    min_abs_difference: f64,
+) -> Confound {
+    let to_json = |v: Option<f64>| {
+        v.filter(|v| v.is_finite())
+            .map_or(Value::Null, |v| json!(v))
+    };
+    let (severity, note) = match (on.filter(|v| v.is_finite()), off.filter(|v| v.is_finite())) {
+        (Some(a), Some(b)) => {
+            let difference = relative_difference(a, b);
+            if difference > policy.warn_ratio && (a - b).abs() >= min_abs_difference {
+                (
+                    Severity::Warning,
+                    format!(
+                        "{what} differs by {}% (on {}, off {}), more than {}%: \
+                         the arms ran at different load or speed",
+                        percent_digits(difference),
+                        quantity(a),
+                        quantity(b),
+                        percent_digits(policy.warn_ratio)
+                    ),
+                )
+            } else {
+                (
+                    Severity::Info,
+                    format!(
+                        "{what} within {}% (on {}, off {})",
+                        percent_digits(policy.warn_ratio),
+                        quantity(a),
+                        quantity(b)
+                    ),
+                )
+            }
+        }
+        _ => (Severity::Info, format!("{what} not measured in both arms")),
+    };
+    Confound {
+        name,
+        on: to_json(on),
+        off: to_json(off),
+        severity,
+        note,
+    }
+}
+
+/// |a - b| relative to the larger magnitude; 0 when both are 0.
+fn relative_difference(a: f64, b: f64) -> f64 {
+    let larger = a.abs().max(b.abs());
+    if larger == 0.0 {
+        0.0
+    } else {
+        (a - b).abs() / larger
+    }
+}

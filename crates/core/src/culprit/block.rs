@@ -1,0 +1,67 @@
+//! The culprit search's one seam to the engines: a block it asks for ([`BlockRequest`]),
+//! what the block gave ([`BlockOutcome`]), what it reports as it goes ([`Event`]), and
+//! the state machine they pass through ([`CulpritSearch`]: a testbed runs its blocks in
+//! `bisect culprit`, an oracle in simulations).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::report::{SearchReport, StepRecord};
+use crate::machine::Machine;
+use crate::session::SessionClass;
+
+/// One block to run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BlockRequest {
+    /// 1-based, in the order the search asks for them.
+    pub block: u64,
+    /// Every listed flag -> the value to write.
+    pub config: BTreeMap<String, String>,
+    /// Names of the flags at their failing values.
+    pub failing: Vec<String>,
+    pub sessions: u64,
+    pub concurrency: u32,
+    pub seed: u64,
+}
+
+/// What one block gave.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BlockOutcome {
+    /// Session classes in session-index order.
+    pub classes: Vec<SessionClass>,
+    /// Peak running requests of the busiest engine role; None when no role reports it.
+    pub peak_engine: Option<u64>,
+    pub wall_s: f64,
+    /// Completion tokens per second of driving (restart and health wait left out); None
+    /// when the engine reports no token counts. Compared with the failing end's to tell
+    /// a same-speed toggle from a slow fallback path.
+    #[serde(default)]
+    pub tokens_per_s: Option<f64>,
+    /// What the block could not check, one sentence each (a flag no engine reports);
+    /// kept in the step log, so a resumed search still says it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+/// What the search reports as it goes (the step log, culprit.json).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// A block ran and was taken in as evidence.
+    Block(BlockRequest, BlockOutcome),
+    /// A step was decided.
+    Step(StepRecord),
+}
+
+/// Why a search stopped without an answer: its driver broke the seam's contract.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SearchError {
+    #[error("block {block} returned {got} sessions, asked for {asked}")]
+    WrongSessions { block: u64, got: usize, asked: u64 },
+}
+
+/// The culprit search as a sans-IO state machine ([`crate::machine`]): ask
+/// `next_block`, run it, `observe` what it gave; a spent budget is an answer
+/// (inconclusive, with what was found), never an error.
+pub type CulpritSearch =
+    Machine<BlockRequest, BlockOutcome, Event, Result<SearchReport, SearchError>>;

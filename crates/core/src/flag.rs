@@ -1,0 +1,64 @@
+//! A flag as plain values (docs/design.md 3.3): where it lives in a launch config (env,
+//! arg or switch), which roles carry it, and its on/off values. `config::flags` reads
+//! and checks the catalog files; the core and the launch editor read these.
+
+use std::path::PathBuf;
+
+/// Where a flag lives in a launch config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Setting {
+    /// `export VAR=VALUE` / `VAR=VALUE` lines.
+    Env(String),
+    /// `--arg VALUE` in the launch command.
+    Arg(String),
+    /// `--switch` present (on) / absent (off).
+    Switch(String),
+}
+
+impl Setting {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Setting::Env(_) => "env",
+            Setting::Arg(_) => "arg",
+            Setting::Switch(_) => "switch",
+        }
+    }
+    pub fn key(&self) -> &str {
+        match self {
+            Setting::Env(k) | Setting::Arg(k) | Setting::Switch(k) => k,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct FlagSpec {
+    pub name: String,
+    pub doc: String,
+    pub setting: Setting,
+    pub roles: Vec<String>,
+    pub on: String,
+    pub off: String,
+    pub source: PathBuf,
+}
+
+impl FlagSpec {
+    /// The value an arm labelled `on` or `off` writes.
+    pub fn value_for(&self, on: bool) -> &str {
+        if on {
+            &self.on
+        } else {
+            &self.off
+        }
+    }
+
+    /// The `flag` object of run.json (docs/design.md 3.6): name, env|arg|switch, roles, on, off.
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut obj = serde_json::Map::new();
+        obj.insert("name".into(), self.name.clone().into());
+        obj.insert(self.setting.kind().into(), self.setting.key().into());
+        obj.insert("roles".into(), self.roles.clone().into());
+        obj.insert("on".into(), self.on.clone().into());
+        obj.insert("off".into(), self.off.clone().into());
+        serde_json::Value::Object(obj)
+    }
+}
