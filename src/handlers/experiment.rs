@@ -4,8 +4,6 @@
 
 use std::process::ExitCode;
 
-use std::path::Path;
-
 use tokio_util::sync::CancellationToken;
 
 use super::{print_record, recover_journal, start};
@@ -14,23 +12,22 @@ use bisect_harness::commands::adaptive;
 use bisect_harness::commands::culprit;
 use bisect_harness::commands::load;
 use bisect_harness::commands::probe::{self, Outcome, ProbeRecord};
-use bisect_harness::commands::run as experiment;
+use bisect_harness::commands::run;
 use bisect_harness::commands::run::Progress;
-use bisect_harness::config::TargetProfile;
+use bisect_harness::commands::EnginePlan;
 use bisect_harness::control::ProcessControl;
 use bisect_harness::exit::{self, Failure};
 use bisect_harness::results::run_record::RunRecord;
 use bisect_harness::results::{self, table, Exporter};
 
 /// A command that runs experiments on the target's engines and writes one record: the
-/// steps every such command shares live in [`drive`], the differences here.
+/// steps every such command shares live in [`drive`], the differences here (its plan
+/// says whose engines and where, through [`EnginePlan`]).
 pub(crate) trait Experiment {
-    type Plan;
+    type Plan: EnginePlan;
     type Record: serde::Serialize + 'static;
     fn output(&self) -> &OutputArgs;
     fn plan(&self) -> anyhow::Result<Self::Plan>;
-    /// The plan's target, results directory and API key.
-    fn engines_of(plan: &Self::Plan) -> (&TargetProfile, &Path, Option<&str>);
     async fn execute(
         &self,
         plan: &Self::Plan,
@@ -47,8 +44,8 @@ pub(crate) async fn drive<E: Experiment>(args: &E) -> anyhow::Result<ExitCode> {
     let output = args.output();
     recover_journal(&output.journal_dir())?;
     let plan = args.plan()?;
-    let (target, dir, key) = E::engines_of(&plan);
-    let mut started = start(output.json, target, dir, key)?;
+    let dir = plan.results_dir();
+    let mut started = start(output.json, plan.target(), dir, plan.api_key())?;
     let progress = started.progress.as_ref();
     let record = args
         .execute(&plan, &mut started.control, progress, started.cancel)
@@ -57,53 +54,78 @@ pub(crate) async fn drive<E: Experiment>(args: &E) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// An [`Experiment`]: its arguments, plan and record types, the plan's results directory
-/// field, its table, and how it runs (a closure-like body over the named parameters).
-macro_rules! experiment {
-    ($args:ty, $plan:ty, $record:ty, $dir:ident, $table:expr,
-     |$me:ident, $p:ident, $control:ident, $progress:ident, $cancel:ident| $body:expr) => {
-        impl Experiment for $args {
-            type Plan = $plan;
-            type Record = $record;
-            fn output(&self) -> &OutputArgs {
-                &self.common.output
+impl Experiment for RunArgs {
+    type Plan = run::RunPlan;
+    type Record = RunRecord;
+    fn output(&self) -> &OutputArgs {
+        &self.common.output
+    }
+    fn plan(&self) -> anyhow::Result<Self::Plan> {
+        RunArgs::plan(self)
+    }
+    async fn execute(
+        &self,
+        plan: &Self::Plan,
+        control: &mut ProcessControl,
+        progress: &dyn Progress,
+        cancel: CancellationToken,
+    ) -> anyhow::Result<RunRecord> {
+        match self.adaptive() {
+            Some(options) => {
+                adaptive::run_adaptive(plan, &options, control, progress, cancel).await
             }
-            fn plan(&self) -> anyhow::Result<Self::Plan> {
-                <$args>::plan(self)
-            }
-            fn engines_of(plan: &Self::Plan) -> (&TargetProfile, &Path, Option<&str>) {
-                (&plan.target, &plan.$dir, plan.api_key.as_deref())
-            }
-            async fn execute(
-                &self,
-                $p: &Self::Plan,
-                $control: &mut ProcessControl,
-                $progress: &dyn Progress,
-                $cancel: CancellationToken,
-            ) -> anyhow::Result<Self::Record> {
-                let $me = self;
-                $body
-            }
-            fn table() -> &'static dyn Exporter<Self::Record> {
-                &$table
-            }
+            None => run::run_experiment(plan, control, progress, cancel).await,
         }
-    };
-}
-
-experiment! { RunArgs, experiment::RunPlan, RunRecord, run_dir, table::RunTable,
-    |args, plan, control, progress, cancel| match args.adaptive() {
-        Some(options) => adaptive::run_adaptive(plan, &options, control, progress, cancel).await,
-        None => experiment::run_experiment(plan, control, progress, cancel).await,
+    }
+    fn table() -> &'static dyn Exporter<RunRecord> {
+        &table::RunTable
     }
 }
-experiment! { CulpritArgs, culprit::CulpritPlan, culprit::record::CulpritRecord, dir,
-    culprit::export::table::CulpritTable,
-    |_args, plan, control, progress, cancel| culprit::run(plan, control, progress, cancel).await
+
+impl Experiment for CulpritArgs {
+    type Plan = culprit::CulpritPlan;
+    type Record = culprit::record::CulpritRecord;
+    fn output(&self) -> &OutputArgs {
+        &self.common.output
+    }
+    fn plan(&self) -> anyhow::Result<Self::Plan> {
+        CulpritArgs::plan(self)
+    }
+    async fn execute(
+        &self,
+        plan: &Self::Plan,
+        control: &mut ProcessControl,
+        progress: &dyn Progress,
+        cancel: CancellationToken,
+    ) -> anyhow::Result<Self::Record> {
+        culprit::run(plan, control, progress, cancel).await
+    }
+    fn table() -> &'static dyn Exporter<Self::Record> {
+        &culprit::export::table::CulpritTable
+    }
 }
-experiment! { LoadArgs, load::LoadPlan, results::load::LoadRecord, dir,
-    results::load::table::LoadTable,
-    |_args, plan, control, progress, cancel| load::run(plan, control, progress, cancel).await
+
+impl Experiment for LoadArgs {
+    type Plan = load::LoadPlan;
+    type Record = results::load::LoadRecord;
+    fn output(&self) -> &OutputArgs {
+        &self.common.output
+    }
+    fn plan(&self) -> anyhow::Result<Self::Plan> {
+        LoadArgs::plan(self)
+    }
+    async fn execute(
+        &self,
+        plan: &Self::Plan,
+        control: &mut ProcessControl,
+        progress: &dyn Progress,
+        cancel: CancellationToken,
+    ) -> anyhow::Result<Self::Record> {
+        load::run(plan, control, progress, cancel).await
+    }
+    fn table() -> &'static dyn Exporter<Self::Record> {
+        &results::load::table::LoadTable
+    }
 }
 
 /// The probe's one line: its outcome and why.
@@ -125,8 +147,7 @@ impl Exporter<ProbeRecord> for ProbeLine {
 pub(crate) async fn probe(args: &ProbeArgs) -> anyhow::Result<ExitCode> {
     recover_journal(&args.output.journal_dir())?;
     let plan = args.plan()?;
-    let (mut control, cancel) =
-        super::engines(&plan.target, &plan.run_dir, plan.api_key.as_deref())?;
+    let (mut control, cancel) = super::engines(plan.target(), plan.results_dir(), plan.api_key())?;
     let progress = crate::progress::Lines::new(!args.output.json);
     let record = match probe::run_probe(&plan, &mut control, &progress, cancel).await {
         Ok(r) => r,
@@ -147,6 +168,6 @@ pub(crate) async fn probe(args: &ProbeArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let outcome = record.outcome.unwrap_or(Outcome::Unknown);
-    print_record(args.output.json, &record, &ProbeLine, &plan.run_dir)?;
+    print_record(args.output.json, &record, &ProbeLine, plan.results_dir())?;
     Ok(ExitCode::from(outcome.exit_code()))
 }

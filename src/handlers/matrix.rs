@@ -11,12 +11,13 @@ use crate::cli::{command_line, MatrixArgs, MergeArgs};
 use crate::progress::Lines;
 use bisect_harness::commands::matrix::record::{CellRecord, CellStatus, MatrixRecord};
 use bisect_harness::commands::matrix::{baseline, export, merge as shards, run as matrix_run};
+use bisect_harness::commands::EnginePlan;
 use bisect_harness::exit::{self, Failure};
 
 pub(crate) async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
     recover_journal(&args.output.journal_dir())?;
     let job = args.job()?;
-    let (mut control, cancel) = engines(&job.target, &job.dir, job.api_key.as_deref())?;
+    let (mut control, cancel) = engines(job.target(), job.results_dir(), job.api_key())?;
     stderr_line!(
         "matrix {}: {} cells, results: {}",
         job.plan.name,

@@ -2,7 +2,7 @@
 //! (built by `cli`), drives the harness or the embedded engine, and prints the result.
 //! Returns the exit code of a finished command; errors are mapped by `main`.
 //!
-//! - [`experiment`]: `run`, `probe` and `culprit`, which start engines and edit their
+//! - [`experiment`]: `run`, `probe`, `culprit` and `load`, which start engines and edit their
 //!   launch configs.
 //! - [`matrix`]: `matrix` and `merge`, and the comparison with a baseline night.
 //! - [`results`]: `report`, `diff` and `reclassify`, which read results directories.

@@ -59,12 +59,19 @@ impl Restarted {
             ))
             .into());
         }
+        self.refuse_pins(Some(what))
+    }
+
+    /// A pinned flag some engine does not run with, as the error that stops the command:
+    /// every block would measure another deployment than the one pinned. `what` names
+    /// the block, where there is one to name.
+    pub(crate) fn refuse_pins(&self, what: Option<&str>) -> anyhow::Result<()> {
         if let Some(pin) = self.disagreements.iter().find(|d| d.pinned) {
-            // Every block would measure another deployment than the one pinned.
             let d = &pin.disagreement;
             let (role, value, ran) = (&d.role, &d.expected, &d.reported);
+            let what = what.map(|w| format!("{w}: ")).unwrap_or_default();
             return Err(Failure::CouldNotRun(format!(
-                "{what}: pinned {}={value}, but the {role} engine reports it runs with {ran:?}: \
+                "{what}pinned {}={value}, but the {role} engine reports it runs with {ran:?}: \
                  the launch config does not take effect\n  fix: check how role {role}'s launch \
                  config sets {} (a conditional, an overriding later line)",
                 pin.flag, pin.setting_key

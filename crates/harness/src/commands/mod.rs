@@ -15,9 +15,20 @@ pub mod probe;
 pub mod reclassify;
 pub mod run;
 
-use crate::config::ConfigError;
+use std::path::Path;
+
+use crate::config::{ConfigError, TargetProfile};
 use crate::exit::{self, Failure};
 use crate::launch::LaunchError;
+
+/// What every plan that drives engines tells the command that runs it: whose engines,
+/// where its results go (the engines' logs under them), and the key their self-reports
+/// are read with. One trait, so the binary starts every such command the same way.
+pub trait EnginePlan {
+    fn target(&self) -> &TargetProfile;
+    fn results_dir(&self) -> &Path;
+    fn api_key(&self) -> Option<&str>;
+}
 
 /// The exit code for an error that ended a command (docs/design.md 3.1): a
 /// [`Failure`] by its kind, a bad config file or launch config as bad input, anything

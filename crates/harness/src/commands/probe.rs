@@ -55,6 +55,18 @@ pub struct ProbePlan {
     pub metrics_period: Duration,
 }
 
+impl crate::commands::EnginePlan for ProbePlan {
+    fn target(&self) -> &crate::config::TargetProfile {
+        &self.target
+    }
+    fn results_dir(&self) -> &std::path::Path {
+        &self.run_dir
+    }
+    fn api_key(&self) -> Option<&str> {
+        self.api_key.as_deref()
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {

@@ -49,6 +49,18 @@ pub struct RunPlan {
     pub metrics_period: Duration,
 }
 
+impl crate::commands::EnginePlan for RunPlan {
+    fn target(&self) -> &crate::config::TargetProfile {
+        &self.target
+    }
+    fn results_dir(&self) -> &std::path::Path {
+        &self.run_dir
+    }
+    fn api_key(&self) -> Option<&str> {
+        self.api_key.as_deref()
+    }
+}
+
 /// The order of arm blocks: on, off, then off, on, ... (ABBA), `repeats` pairs.
 pub(crate) fn arm_order(repeats: u32) -> Vec<(ArmLabel, u32)> {
     let mut order = Vec::new();
@@ -231,17 +243,7 @@ pub(crate) async fn run_block(
         bed.progress().note(&format!("warning: {unreported}"));
         push_warning(record, &unreported);
     }
-    if let Some(pin) = restarted.disagreements.iter().find(|d| d.pinned) {
-        let d = &pin.disagreement;
-        let (role, value, ran) = (&d.role, &d.expected, &d.reported);
-        return Err(Failure::CouldNotRun(format!(
-            "pinned {}={value}, but the {role} engine reports it runs with {ran:?}: \
-             the launch config does not take effect\n  fix: check how role {role}'s \
-             launch config sets {} (a conditional, an overriding later line)",
-            pin.flag, pin.setting_key
-        ))
-        .into());
-    }
+    restarted.refuse_pins(None)?;
     if let Some(found) = restarted
         .disagreements
         .iter()

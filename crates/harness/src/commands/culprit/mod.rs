@@ -30,7 +30,6 @@ use tokio_util::sync::CancellationToken;
 use crate::arm::{settle, Progress, Testbed, TestbedOptions};
 use crate::commands::answer::SearchAnswer;
 use crate::commands::blocks::{drive, EventSink};
-use crate::commands::run as experiment;
 use crate::config::{FlagSpec, Setting, TargetProfile, Workload};
 use crate::control::EngineControl;
 use crate::core::arm_stats::RecordStatus;
@@ -69,6 +68,18 @@ pub struct CulpritPlan {
     pub api_key: Option<String>,
     /// Replay `dir/steps.jsonl` before running anything.
     pub resume: bool,
+}
+
+impl crate::commands::EnginePlan for CulpritPlan {
+    fn target(&self) -> &crate::config::TargetProfile {
+        &self.target
+    }
+    fn results_dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+    fn api_key(&self) -> Option<&str> {
+        self.api_key.as_deref()
+    }
 }
 
 impl CulpritPlan {
@@ -332,7 +343,7 @@ pub async fn run(
     }
     record.replayed_blocks = replayed;
     record.wall_s = started.elapsed().as_secs_f64();
-    record.finished_at = Some(experiment::now());
+    record.finished_at = Some(crate::commands::run::now());
     (record.status, record.error) = settle(&outcome);
     let written = record.write(&plan.dir);
     crate::arm::record_written(outcome, written)?;
@@ -364,7 +375,7 @@ fn started_record(plan: &CulpritPlan, params: &SearchParams) -> CulpritRecord {
         schema: SCHEMA.into(),
         id: plan.id.clone(),
         command: plan.command.clone(),
-        started_at: experiment::now(),
+        started_at: crate::commands::run::now(),
         finished_at: None,
         status: RecordStatus::Running,
         target: TargetInfo::of(&plan.target),

@@ -55,6 +55,18 @@ pub struct LoadPlan {
     pub testbed: TestbedOptions,
 }
 
+impl crate::commands::EnginePlan for LoadPlan {
+    fn target(&self) -> &crate::config::TargetProfile {
+        &self.target
+    }
+    fn results_dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+    fn api_key(&self) -> Option<&str> {
+        self.api_key.as_deref()
+    }
+}
+
 /// One sweep on an open testbed whose pins are written: what `bisect load` runs, and
 /// what a matrix's load cell runs.
 pub(crate) struct Sweep<'p> {

@@ -47,6 +47,18 @@ pub struct MatrixJob {
     pub allow_partial: bool,
 }
 
+impl crate::commands::EnginePlan for MatrixJob {
+    fn target(&self) -> &TargetProfile {
+        &self.target
+    }
+    fn results_dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+    fn api_key(&self) -> Option<&str> {
+        self.api_key.as_deref()
+    }
+}
+
 impl MatrixJob {
     /// The cells this invocation runs: the shard's, or all.
     pub fn cells(&self) -> Vec<&Cell> {
