@@ -17,6 +17,7 @@ use crate::deaths;
 use crate::format::{self, percent_digits};
 use crate::session::SessionClass;
 use crate::stats;
+use crate::workload::WorkloadParams;
 
 /// The confidence of every interval the verdict reports.
 const CONFIDENCE: f64 = 0.95;
@@ -506,9 +507,8 @@ fn summary_line(
             percent_digits(m),
             // A chosen load is part of what was cleared: say it, so "cleared at 8 in
             // flight" is never read as "cleared".
-            on.workload
-                .get("concurrency")
-                .and_then(Value::as_u64)
+            WorkloadParams::read(on.workload)
+                .concurrency
                 .map_or(String::new(), |c| format!(", at {c} sessions in flight"))
         ),
         Status::Inconclusive => {

@@ -43,7 +43,8 @@ impl RequestOptions {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum CheckArgs {
     /// A well-formed call must also be the task's current step (`wrong_args` otherwise).
     Strict,
@@ -194,6 +195,42 @@ fn sample_tool(
     }
 }
 
+/// The parameters that make two runs comparable, as records keep them (`workload` in
+/// run.json and the other records), read back typed: every field is optional, since a
+/// record written before a field existed lacks it. Written by
+/// [`Workload::params_json`], compared whole by the "workload parameters differ"
+/// confound; read here by everything that needs one of them.
+#[derive(Debug, Clone, Default, PartialEq, serde::Deserialize)]
+#[serde(default)]
+pub struct WorkloadParams {
+    pub name: Option<String>,
+    pub sessions: Option<u32>,
+    pub rounds: Option<u32>,
+    pub ctx: Option<u32>,
+    pub max_tokens: Option<u32>,
+    pub timeout_s: Option<f64>,
+    pub seed: Option<u64>,
+    pub temperature: Option<f64>,
+    pub steps: Option<u32>,
+    pub check_args: Option<CheckArgs>,
+    pub barrier: Option<bool>,
+    /// Sessions in flight, when the workload chose fewer than all of them.
+    pub concurrency: Option<u32>,
+}
+
+impl WorkloadParams {
+    /// The parameters a record holds; none where it holds no object of them (a value of
+    /// another shape reads as no parameters, never as a wrong one).
+    pub fn read(recorded: &serde_json::Value) -> WorkloadParams {
+        serde_json::from_value(recorded.clone()).unwrap_or_default()
+    }
+
+    /// The sessions meant to be in flight: `concurrency`, else every session.
+    pub fn target_concurrency(&self) -> Option<u32> {
+        self.concurrency.or(self.sessions)
+    }
+}
+
 impl Workload {
     /// The parameters that make two runs comparable, for run.json's `workload` and the
     /// "workload parameters differ" confound.
@@ -306,5 +343,46 @@ pub fn sample_workload(sessions: u32, rounds: u32) -> Workload {
         seed: 42,
         source: None,
         request: Default::default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recorded_parameters_read_back_as_written() {
+        let mut w = sample_workload(12, 4);
+        w.concurrency = Some(3);
+        w.check_args = CheckArgs::Schema;
+        let p = WorkloadParams::read(&w.params_json());
+        assert_eq!(p.name.as_deref(), Some("mock-ops"));
+        assert_eq!(
+            (p.sessions, p.rounds, p.ctx, p.steps),
+            (Some(12), Some(4), Some(0), Some(3))
+        );
+        assert_eq!((p.concurrency, p.target_concurrency()), (Some(3), Some(3)));
+        assert_eq!(p.check_args, Some(CheckArgs::Schema));
+        assert_eq!(
+            (p.seed, p.barrier, p.timeout_s),
+            (Some(42), Some(false), Some(30.0))
+        );
+        // Without a chosen concurrency every session is in flight.
+        w.concurrency = None;
+        assert_eq!(
+            WorkloadParams::read(&w.params_json()).target_concurrency(),
+            Some(12)
+        );
+    }
+
+    #[test]
+    fn an_older_record_reads_what_it_has_and_nothing_else() {
+        let p = WorkloadParams::read(&json!({"name": "smoke", "sessions": 8}));
+        assert_eq!((p.name.as_deref(), p.sessions), (Some("smoke"), Some(8)));
+        assert_eq!((p.rounds, p.concurrency, p.check_args), (None, None, None));
+        assert_eq!(
+            WorkloadParams::read(&json!(null)),
+            WorkloadParams::default()
+        );
     }
 }

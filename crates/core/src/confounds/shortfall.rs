@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::Value;
+use crate::workload::WorkloadParams;
 
 use super::checked;
 use crate::verdict::{ArmObservation, Policy};
@@ -11,10 +11,9 @@ use crate::verdict::{ArmObservation, Policy};
 /// The concurrency an arm was meant to run at: the workload's `concurrency`, else its
 /// `sessions` (all at once); `None` when the workload says neither.
 fn target_concurrency(arm: &ArmObservation) -> Option<u64> {
-    arm.workload
-        .get("concurrency")
-        .and_then(Value::as_u64)
-        .or_else(|| arm.workload.get("sessions").and_then(Value::as_u64))
+    WorkloadParams::read(arm.workload)
+        .target_concurrency()
+        .map(u64::from)
 }
 
 /// Why the achieved load does not support `cleared`, for every arm or block checked

@@ -31,6 +31,7 @@ use crate::core::ending::{Flow, SessionProgress};
 use crate::core::session::{RoundClass, RoundRecord, SessionClass, SessionResult};
 use crate::core::task::initial_conversation;
 use crate::core::verdict::{decide, Policy};
+use crate::core::workload::WorkloadParams;
 use crate::exit::Failure;
 use crate::results::run_record::{ArmRecord, RunRecord};
 use crate::results::{write_atomic, ResultsDir};
@@ -53,8 +54,8 @@ pub struct Summary {
 /// The workload the run used: loaded by `name_or_file` (else the recorded name) and
 /// overridden with run.json's recorded parameters.
 pub fn recorded_workload(params: &Value, name_or_file: Option<&str>) -> anyhow::Result<Workload> {
-    let recorded_name = params.get("name").and_then(Value::as_str);
-    let name = name_or_file.or(recorded_name).ok_or_else(|| {
+    let recorded = WorkloadParams::read(params);
+    let name = name_or_file.or(recorded.name.as_deref()).ok_or_else(|| {
         Failure::BadInput(
             "run.json records no workload name\n  fix: pass --workload NAME|FILE".into(),
         )
@@ -64,39 +65,16 @@ pub fn recorded_workload(params: &Value, name_or_file: Option<&str>) -> anyhow::
             "loading workload `{name}`: {e}\n  fix: pass --workload FILE naming the workload file the run used"
         ))
     })?;
-    let u32_of = |k: &str| params.get(k).and_then(Value::as_u64).map(|v| v as u32);
-    if let Some(v) = u32_of("sessions") {
-        w.sessions = v;
-    }
-    if let Some(v) = u32_of("rounds") {
-        w.rounds = v;
-    }
-    if let Some(v) = u32_of("ctx") {
-        w.ctx = v;
-    }
-    if let Some(v) = u32_of("max_tokens") {
-        w.max_tokens = v;
-    }
-    if let Some(v) = u32_of("steps") {
-        w.task.steps = v;
-    }
-    if let Some(v) = params.get("timeout_s").and_then(Value::as_f64) {
-        w.timeout_s = v;
-    }
-    if let Some(v) = params.get("temperature").and_then(Value::as_f64) {
-        w.temperature = v;
-    }
-    if let Some(v) = params.get("seed").and_then(Value::as_u64) {
-        w.seed = v;
-    }
-    if let Some(v) = params.get("barrier").and_then(Value::as_bool) {
-        w.barrier = v;
-    }
-    match params.get("check_args").and_then(Value::as_str) {
-        Some("schema") => w.check_args = crate::config::CheckArgs::Schema,
-        Some("strict") => w.check_args = crate::config::CheckArgs::Strict,
-        _ => {}
-    }
+    w.sessions = recorded.sessions.unwrap_or(w.sessions);
+    w.rounds = recorded.rounds.unwrap_or(w.rounds);
+    w.ctx = recorded.ctx.unwrap_or(w.ctx);
+    w.max_tokens = recorded.max_tokens.unwrap_or(w.max_tokens);
+    w.task.steps = recorded.steps.unwrap_or(w.task.steps);
+    w.timeout_s = recorded.timeout_s.unwrap_or(w.timeout_s);
+    w.temperature = recorded.temperature.unwrap_or(w.temperature);
+    w.seed = recorded.seed.unwrap_or(w.seed);
+    w.barrier = recorded.barrier.unwrap_or(w.barrier);
+    w.check_args = recorded.check_args.unwrap_or(w.check_args);
     Ok(w)
 }
 

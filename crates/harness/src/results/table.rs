@@ -41,13 +41,15 @@ pub fn render(record: &RunRecord) -> String {
                 }),
         );
     }
+    let params = crate::core::workload::WorkloadParams::read(&record.workload);
+    let shown = |v: Option<u32>| v.map_or("?".to_string(), |v| v.to_string());
     let mut out = format!(
         "bisect run {}: workload {} ({} sessions x {} rounds, ctx {}), {} arm block(s)\n{table}\n{LEGEND}\n",
         record.flag.name,
-        record.workload["name"].as_str().unwrap_or("?"),
-        record.workload["sessions"],
-        record.workload["rounds"],
-        record.workload["ctx"],
+        params.name.as_deref().unwrap_or("?"),
+        shown(params.sessions),
+        shown(params.rounds),
+        shown(params.ctx),
         record.runs.len(),
     );
     if let Some(c) = &record.comparison {

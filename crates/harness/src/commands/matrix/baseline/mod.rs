@@ -427,10 +427,9 @@ fn unconfirmed_reasons(
 /// cell's sessions, else all of them (`Workload::target_concurrency`).
 fn target_concurrency(cell: &CellRecord, workload: &serde_json::Value) -> u64 {
     let sessions = u64::from(cell.sessions);
-    workload
-        .get("concurrency")
-        .and_then(serde_json::Value::as_u64)
-        .map_or(sessions, |c| c.min(sessions))
+    crate::core::workload::WorkloadParams::read(workload)
+        .concurrency
+        .map_or(sessions, |c| u64::from(c).min(sessions))
 }
 
 /// `bisect run`'s load rule (`engine_load_shortfall`, at its default fraction) on one
