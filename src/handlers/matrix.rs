@@ -34,9 +34,9 @@ pub(crate) async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
 
 pub(crate) fn merge(args: &MergeArgs) -> anyhow::Result<ExitCode> {
     let first = export::read_matrix(&args.dirs[0]).map_err(|e| {
-        Failure::BadInput(format!(
-            "{e:#}\n  fix: pass directories written by `bisect matrix --shard I/N`"
-        ))
+        Failure::BadInput(
+            format!("{e:#}\n  fix: pass directories written by `bisect matrix --shard I/N`").into(),
+        )
     })?;
     let out = match &args.out {
         Some(o) => o.clone(),

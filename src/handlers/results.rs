@@ -68,7 +68,7 @@ pub(crate) fn reclassify(args: &ReclassifyArgs) -> anyhow::Result<ExitCode> {
 fn bad(e: anyhow::Error) -> Failure {
     Failure::BadInput(format!(
         "{e:#}\n  fix: pass a results directory written by `bisect run`, `bisect load` or `bisect matrix`"
-    ))
+    ).into())
 }
 
 /// `bisect report DIR`: a run's run.json (keeping keys such as `reclassified`),
@@ -78,7 +78,7 @@ pub(crate) fn report(dir: &Path, json: bool) -> anyhow::Result<ExitCode> {
     let run_json = dir.join("run.json");
     let matrix_json = dir.join("matrix.json");
     if !run_json.is_file() && matrix_json.is_file() {
-        let record = read_matrix(dir).map_err(|e| Failure::BadInput(format!("{e:#}")))?;
+        let record = read_matrix(dir).map_err(|e| Failure::BadInput(format!("{e:#}").into()))?;
         let report = &html::MatrixHtml;
         export::write_all(dir, &record, &[report])?;
         let out = dir.join(report.file_name());

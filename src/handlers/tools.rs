@@ -16,7 +16,7 @@ use bisect_harness::results::Exporter;
 pub(crate) fn engine(args: EngineArgs) -> anyhow::Result<ExitCode> {
     let config = args
         .into_config()
-        .map_err(|e| Failure::BadInput(format!("{e:#}")))?;
+        .map_err(|e| Failure::BadInput(format!("{e:#}").into()))?;
     bisect_engine::run(config)?;
     Ok(ExitCode::SUCCESS)
 }
@@ -105,7 +105,7 @@ pub(crate) fn kernels() -> anyhow::Result<ExitCode> {
         None => println!("GPU: none found (the engine runs on the CPU backend)"),
     }
     let compiled = cuda::compile_check_all()
-        .map_err(|e| Failure::CouldNotRun(format!("NVRTC compile check failed: {e:#}")))?;
+        .map_err(|e| Failure::CouldNotRun(format!("NVRTC compile check failed: {e:#}").into()))?;
     for (file, ptx) in compiled {
         println!("compiled {file}: {ptx} bytes of PTX");
     }

@@ -37,15 +37,92 @@ pub(crate) const COMMITS_NO_CULPRIT: u8 = 1;
 pub enum Failure {
     /// Bad usage or a bad input file; the message names the file, line and fix.
     #[error("{0}")]
-    BadInput(String),
+    BadInput(Problem),
     /// The experiment could not run (engine never healthy, restart failed, ...).
     #[error("{0}")]
-    CouldNotRun(String),
+    CouldNotRun(Problem),
     /// Ctrl-C / SIGTERM.
     #[error("interrupted")]
     Interrupted,
     /// Another bisect holds the target's launch configs: nothing about this build, so
     /// `bisect probe` aborts `git bisect run` instead of skipping the commit.
     #[error("{0}")]
-    Busy(String),
+    Busy(Problem),
+}
+
+/// What went wrong and, where the user can do something, what to do: the fix kept as a
+/// field (as `ConfigError::Usage` keeps it), printed under the message as
+/// `\n  fix: ...`, the one place that layout is written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub message: String,
+    pub fix: Option<String>,
+}
+
+/// How a fix is set under its message when printed.
+const FIX_LINE: &str = "\n  fix: ";
+
+impl Problem {
+    pub fn new(message: impl Into<String>, fix: impl Into<String>) -> Self {
+        Problem {
+            message: message.into(),
+            fix: Some(fix.into()),
+        }
+    }
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)?;
+        match &self.fix {
+            Some(fix) => write!(f, "{FIX_LINE}{fix}"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A message as written, with its fix (after the last `\n  fix: `) taken out into the
+/// field: the text prints the same, and the fix is readable on its own.
+impl From<String> for Problem {
+    fn from(text: String) -> Self {
+        match text.rsplit_once(FIX_LINE) {
+            Some((message, fix)) => Problem::new(message, fix),
+            None => Problem {
+                message: text,
+                fix: None,
+            },
+        }
+    }
+}
+
+impl From<&str> for Problem {
+    fn from(text: &str) -> Self {
+        Problem::from(text.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_written_fix_becomes_the_field_and_prints_the_same() {
+        let text = "block 3: FLAG reads back as 1, not 0\n  fix: check the catalog entry";
+        let p = Problem::from(text);
+        assert_eq!(p.message, "block 3: FLAG reads back as 1, not 0");
+        assert_eq!(p.fix.as_deref(), Some("check the catalog entry"));
+        assert_eq!(p.to_string(), text);
+        assert_eq!(Failure::BadInput(p).to_string(), text);
+    }
+
+    #[test]
+    fn a_message_without_a_fix_has_none() {
+        let p = Problem::from("engine never healthy".to_string());
+        assert_eq!((p.message.as_str(), p.fix), ("engine never healthy", None));
+        let q = Problem::new("no workload name", "pass --workload NAME");
+        assert_eq!(
+            q.to_string(),
+            "no workload name\n  fix: pass --workload NAME"
+        );
+    }
 }

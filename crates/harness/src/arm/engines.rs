@@ -56,7 +56,7 @@ impl Restarted {
             return Err(Failure::CouldNotRun(format!(
                 "{what}: the {role} engine reports {}={got} after the restart, but its launch config sets {value}: the engine does not run with what the search set\n  fix: check the launch script applies the flag (a dead conditional, an ignored variable)",
                 set.flag
-            ))
+            ).into())
             .into());
         }
         self.refuse_pins(Some(what))
@@ -70,12 +70,15 @@ impl Restarted {
             let d = &pin.disagreement;
             let (role, value, ran) = (&d.role, &d.expected, &d.reported);
             let what = what.map(|w| format!("{w}: ")).unwrap_or_default();
-            return Err(Failure::CouldNotRun(format!(
-                "{what}pinned {}={value}, but the {role} engine reports it runs with {ran:?}: \
+            return Err(Failure::CouldNotRun(
+                format!(
+                    "{what}pinned {}={value}, but the {role} engine reports it runs with {ran:?}: \
                  the launch config does not take effect\n  fix: check how role {role}'s launch \
                  config sets {} (a conditional, an overriding later line)",
-                pin.flag, pin.setting_key
-            ))
+                    pin.flag, pin.setting_key
+                )
+                .into(),
+            )
             .into());
         }
         Ok(())
@@ -190,7 +193,7 @@ impl Testbed<'_> {
                 workload.name,
                 finding.describe(),
                 self.target.engine.tool_call_fix()
-            ))
+            ).into())
             .into());
         }
         if !finding.proves_parsing() {
@@ -272,7 +275,8 @@ impl Testbed<'_> {
                     ),
                     None => String::new(),
                 };
-                return Err(Failure::CouldNotRun(format!(
+                return Err(Failure::CouldNotRun(
+                    format!(
                     "something already answers on {} (HTTP {}){who} before bisect started role {}: \
                      an engine bisect did not start would be measured\n  \
                      fix: stop that process (a run killed with -9 leaves its engines running), \
@@ -280,7 +284,9 @@ impl Testbed<'_> {
                     role.health,
                     resp.status().as_u16(),
                     role.name
-                ))
+                )
+                    .into(),
+                )
                 .into());
             }
             self.wait_for_port(role).await?;
@@ -334,7 +340,7 @@ impl Testbed<'_> {
                 role.health,
                 PORT_FREE_WAIT.as_secs(),
                 role.name
-            ))
+            ).into())
             .into());
         }
         // Unacknowledged closes only: some servers bind past them; start and see.

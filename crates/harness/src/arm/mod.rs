@@ -335,7 +335,7 @@ impl<'a> Testbed<'a> {
             return Err(Failure::CouldNotRun(format!(
                 "{what}: {} reads back as {got} in role {role}'s launch config, not {value}\n  fix: check the flag's catalog entry against the launch config",
                 flag.name
-            ))
+            ).into())
             .into());
         }
         Ok(readback)
@@ -629,11 +629,14 @@ pub fn settle<T>(outcome: &anyhow::Result<T>) -> (RecordStatus, Option<String>) 
 /// A role's launch config as text; unreadable is bad input naming the file.
 pub(crate) fn read_launch(role: &crate::config::RoleSpec) -> anyhow::Result<String> {
     std::fs::read_to_string(&role.launch).map_err(|e| {
-        Failure::BadInput(format!(
-            "{}: cannot read launch config of role {}: {e}",
-            role.launch.display(),
-            role.name
-        ))
+        Failure::BadInput(
+            format!(
+                "{}: cannot read launch config of role {}: {e}",
+                role.launch.display(),
+                role.name
+            )
+            .into(),
+        )
         .into()
     })
 }

@@ -79,11 +79,11 @@ pub async fn run_adaptive(
         AdaptiveError::CapBelowLoad { .. } | AdaptiveError::NoLoad => Failure::BadInput(format!(
             "{e}\n  fix: pass --max-sessions of at least the concurrency ({}), or lower --concurrency",
             spec.concurrency
-        )),
+        ).into()),
         other => Failure::BadInput(format!(
             "{other}\n  fix: choose --alpha, --min-effect within (0, 1) that a design can reach, \
              or pass --max-sessions"
-        )),
+        ).into()),
     })?;
     if let (Some(cache), None) = (&cache, known) {
         let d = &schedule.record().design;

@@ -63,7 +63,7 @@ pub fn recorded_workload(params: &Value, name_or_file: Option<&str>) -> anyhow::
     let mut w = crate::config::load_workload(name).map_err(|e| {
         Failure::BadInput(format!(
             "loading workload `{name}`: {e}\n  fix: pass --workload FILE naming the workload file the run used"
-        ))
+        ).into())
     })?;
     w.sessions = recorded.sessions.unwrap_or(w.sessions);
     w.rounds = recorded.rounds.unwrap_or(w.rounds);
@@ -95,7 +95,7 @@ pub fn reclassify_session(
         return Err(Failure::BadInput(format!(
             "{who}: its stored task message differs from workload `{}` regenerated with the recorded parameters (seed {})\n  fix: pass --workload FILE naming the workload file the run used",
             workload.name, workload.seed
-        ))
+        ).into())
         .into());
     }
     let mut pos = prefix.len();
@@ -134,10 +134,13 @@ pub fn reclassify_session(
             .first()
             .filter(|m| m.role == "assistant")
             .ok_or_else(|| {
-                Failure::BadInput(format!(
-                    "{who}: the transcript has no assistant reply for round {}",
-                    stored_round.round
-                ))
+                Failure::BadInput(
+                    format!(
+                        "{who}: the transcript has no assistant reply for round {}",
+                        stored_round.round
+                    )
+                    .into(),
+                )
             })?;
         pos += 1;
         while old.transcript.get(pos).is_some_and(|m| m.role == "tool") {
@@ -301,7 +304,7 @@ pub fn reclassify_dir(dir: &Path, workload: Option<&str>) -> anyhow::Result<Summ
     let (raw_text, raw, mut record) = read_run_record(&run_json)?;
     let sessions = results
         .read_sessions()
-        .map_err(|e| Failure::BadInput(format!("{e:#}")))?;
+        .map_err(|e| Failure::BadInput(format!("{e:#}").into()))?;
     let workload = recorded_workload(&record.workload, workload)?;
     let (classifier, markup_note) = recorded_classifier(&record, &workload)?;
     let (new_sessions, changed, incomplete) = reclassify_all(&classifier, &workload, &sessions)?;
@@ -355,21 +358,21 @@ pub fn reclassify_dir(dir: &Path, workload: Option<&str>) -> anyhow::Result<Summ
 /// input.
 fn read_run_record(run_json: &Path) -> anyhow::Result<(String, Value, RunRecord)> {
     if !run_json.is_file() {
-        return Err(Failure::BadInput(format!(
-            "{}: no such file\n  fix: pass a results directory written by `bisect run`",
-            run_json.display()
-        ))
+        return Err(Failure::BadInput(
+            format!(
+                "{}: no such file\n  fix: pass a results directory written by `bisect run`",
+                run_json.display()
+            )
+            .into(),
+        )
         .into());
     }
     let raw_text = std::fs::read_to_string(run_json)
         .with_context(|| format!("reading {}", run_json.display()))?;
     let raw: Value = serde_json::from_str(&raw_text)
-        .map_err(|e| Failure::BadInput(format!("{}: {e}", run_json.display())))?;
+        .map_err(|e| Failure::BadInput(format!("{}: {e}", run_json.display()).into()))?;
     let record: RunRecord = serde_json::from_value(raw.clone()).map_err(|e| {
-        Failure::BadInput(format!(
-            "{}: not a bisect run record: {e}",
-            run_json.display()
-        ))
+        Failure::BadInput(format!("{}: not a bisect run record: {e}", run_json.display()).into())
     })?;
     Ok((raw_text, raw, record))
 }

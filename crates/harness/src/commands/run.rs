@@ -249,11 +249,9 @@ pub(crate) async fn run_block(
         .iter()
         .find(|d| !d.pinned && d.flag == plan.flag.name)
     {
-        return Err(Failure::CouldNotRun(not_taking_effect(
-            &plan.flag,
-            label,
-            &found.disagreement,
-        ))
+        return Err(Failure::CouldNotRun(
+            not_taking_effect(&plan.flag, label, &found.disagreement).into(),
+        )
         .into());
     }
     let identity = restarted.identities.clone();

@@ -397,7 +397,8 @@ impl ProcessControl {
         };
         match launch::process_group_of(pid as u32) {
             Some(pgid) if pgid == group => Ok(()),
-            found => Err(Failure::CouldNotRun(format!(
+            found => Err(Failure::CouldNotRun(
+                format!(
                 "the engine answering on {} for role {} reports pid {pid}, which is not in the \
                  process group {group} bisect started for it ({}): an engine bisect did not start \
                  would be measured\n  fix: stop that process (a run killed with -9 leaves its \
@@ -408,7 +409,9 @@ impl ProcessControl {
                     Some(other) => format!("its group is {other}"),
                     None => "no such process here".to_string(),
                 }
-            ))
+            )
+                .into(),
+            )
             .into()),
         }
     }
@@ -438,11 +441,14 @@ impl ProcessControl {
             }
             if let Some(s) = self.spawned.iter_mut().find(|s| s.role == role.name) {
                 if let Some(status) = s.child.try_wait()? {
-                    return Err(Failure::CouldNotRun(format!(
-                        "role {} exited with {status} before becoming healthy; {}",
-                        role.name,
-                        log_excerpt(&s.log, 20)
-                    ))
+                    return Err(Failure::CouldNotRun(
+                        format!(
+                            "role {} exited with {status} before becoming healthy; {}",
+                            role.name,
+                            log_excerpt(&s.log, 20)
+                        )
+                        .into(),
+                    )
                     .into());
                 }
             }
@@ -464,7 +470,7 @@ impl ProcessControl {
                                      report `pid` and `started_at` at its effective-config URL so a \
                                      fast restart can be told apart",
                                     role.name
-                                ))
+                                ).into())
                                 .into());
                             }
                             format!("HTTP 200, but {why}")
@@ -485,10 +491,13 @@ impl ProcessControl {
                     .find(|s| s.role == role.name)
                     .map(|s| format!("\n{}", log_excerpt(&s.log, 20)))
                     .unwrap_or_default();
-                return Err(Failure::CouldNotRun(format!(
-                    "role {} not healthy at {} after {} s (last: {last}){tail}",
-                    role.name, role.health, role.health_timeout_s
-                ))
+                return Err(Failure::CouldNotRun(
+                    format!(
+                        "role {} not healthy at {} after {} s (last: {last}){tail}",
+                        role.name, role.health, role.health_timeout_s
+                    )
+                    .into(),
+                )
                 .into());
             }
             last_failed = Some(Instant::now());

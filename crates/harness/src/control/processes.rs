@@ -128,7 +128,7 @@ pub(super) async fn run_restart_command(
                 role.name,
                 limit.as_secs(),
                 log_excerpt(&log, 20)
-            ))
+            ).into())
             .into());
         }
         _ = cancel.cancelled() => {
@@ -140,15 +140,18 @@ pub(super) async fn run_restart_command(
     // A command that succeeded may leave a daemon in its group on purpose (`nohup
     // server &`): that engine is the deployment's, so it is not killed here.
     if !status.success() {
-        return Err(Failure::CouldNotRun(format!(
-            "restart command for role {} failed ({status}): {cmd}\n{}{}",
-            role.name,
-            crate::core::root_cause::root_cause_words(
-                &std::fs::read_to_string(&log).unwrap_or_default(),
-                &log.display().to_string()
-            ),
-            truncate(&log_tail(&log, 40), 2000)
-        ))
+        return Err(Failure::CouldNotRun(
+            format!(
+                "restart command for role {} failed ({status}): {cmd}\n{}{}",
+                role.name,
+                crate::core::root_cause::root_cause_words(
+                    &std::fs::read_to_string(&log).unwrap_or_default(),
+                    &log.display().to_string()
+                ),
+                truncate(&log_tail(&log, 40), 2000)
+            )
+            .into(),
+        )
         .into());
     }
     Ok(())

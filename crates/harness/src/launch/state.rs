@@ -241,7 +241,7 @@ fn held_by(owner: &Owner, dir: &Path) -> anyhow::Error {
         owner.started_at,
         owner.cmdline,
         dir.display()
-    ))
+    ).into())
     .into()
 }
 

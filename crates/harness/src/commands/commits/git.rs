@@ -45,7 +45,7 @@ fn git(repo: &Path, args: &[&str]) -> anyhow::Result<String> {
 }
 
 fn bad_input(message: String) -> anyhow::Error {
-    Failure::BadInput(message).into()
+    Failure::BadInput(message.into()).into()
 }
 
 /// The good end, then every commit on the first-parent path to the bad end, oldest

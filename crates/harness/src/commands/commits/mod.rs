@@ -194,7 +194,7 @@ pub async fn run(
                 "no role of target {} launches from {} and no restart command names {{commit}} or {{commit_dir}}: every commit would be measured on the same engine\n  fix: point the roles' launch configs into the repository, name {{commit_dir}} in their restart commands, or use --artifact",
                 plan.target.name,
                 repo.display()
-            ))
+            ).into())
             .into());
         }
         (BuildStep::Build(_), None) => {
@@ -214,7 +214,7 @@ pub async fn run(
     let params = plan.params(commits.len());
     params
         .validate()
-        .map_err(|e| Failure::BadInput(format!("{e}\n  fix: adjust the option named")))?;
+        .map_err(|e| Failure::BadInput(format!("{e}\n  fix: adjust the option named").into()))?;
     std::fs::create_dir_all(&plan.dir)
         .with_context(|| format!("creating {}", plan.dir.display()))?;
     let header = plan.header(&commits);
@@ -276,7 +276,7 @@ fn logged_steps(log_path: &std::path::Path, header: &Header) -> anyhow::Result<V
             log_path.display(),
             logged,
             header
-        ))
+        ).into())
         .into());
     }
     Ok(steps)
@@ -320,7 +320,7 @@ impl Driving<'_> {
                     return Err(Failure::BadInput(format!(
                         "steps.jsonl step {}: the log tested commit {} ({:?}), the search now asks for {} ({:?})\n  fix: resume with the options the search was started with",
                         step.step, step.commit, step.purpose, test.commit, test.purpose
-                    ))
+                    ).into())
                     .into());
                 }
                 self.search.observe(test, &step.observation, step.spent);

@@ -102,7 +102,7 @@ pub fn parse_releases(names: &[String]) -> Result<Vec<String>, Failure> {
         Failure::BadInput(format!(
             "--releases {}: {what}\n  fix: list two or more release names, oldest first, separated by commas (e.g. --releases 0.3.7,0.3.8,0.3.9)",
             names.join(",")
-        ))
+        ).into())
     };
     if names.len() < 2 {
         return Err(bad("a search needs two releases or more".into()));

@@ -457,16 +457,19 @@ pub(crate) fn read_log(path: &Path) -> anyhow::Result<(Header, Vec<StepEntry>)> 
                     "{}:{}: not a step of bisect commits: {e}\n  fix: resume from the folder the search wrote, unedited",
                     path.display(),
                     i + 1
-                ))
+                ).into())
                 .into())
             }
         }
     }
     let header = header.ok_or_else(|| {
-        crate::exit::Failure::BadInput(format!(
-            "{}: no header line\n  fix: resume from the folder the search wrote",
-            path.display()
-        ))
+        crate::exit::Failure::BadInput(
+            format!(
+                "{}: no header line\n  fix: resume from the folder the search wrote",
+                path.display()
+            )
+            .into(),
+        )
     })?;
     Ok((header, steps))
 }

@@ -81,7 +81,7 @@ pub(crate) fn refuse_shared_writes(
     Err(Failure::BadInput(format!(
         "--parallel with --flag or --set: a round's blocks run at once and each writes its values into {}, which every task shares (outside the repository's worktrees)\n  fix: point the roles' launch configs into the repository and use --build, or drop --parallel and --sbatch",
         shared.join(", ")
-    ))
+    ).into())
     .into())
 }
 
@@ -298,7 +298,7 @@ impl SlurmRounds {
                     "sbatch refused the round's job array ({}): {}\n  fix: check the --sbatch options (partition, account, time) against the cluster",
                     out.status,
                     String::from_utf8_lossy(&out.stderr).trim()
-                ))
+                ).into())
                 .into())
             }
         };

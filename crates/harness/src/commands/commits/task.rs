@@ -114,7 +114,7 @@ pub fn search_dir(round: &Path) -> anyhow::Result<PathBuf> {
             Failure::BadInput(format!(
                 "--round-task {}: not a round folder of a search (<search>/rounds/sNNN)\n  fix: --round-task is written by `bisect commits --parallel` into its job scripts; do not pass it by hand",
                 round.display()
-            ))
+            ).into())
             .into()
         })
 }
@@ -131,12 +131,15 @@ pub async fn run_task(
 ) -> anyhow::Result<StepEntry> {
     let tasks = read_tasks(round)?;
     let Some(planned) = tasks.steps.get(index) else {
-        return Err(Failure::BadInput(format!(
-            "array task {index}: {} plans {} steps\n  fix: submit the round with --array=0-{}",
-            round.join(TASKS_FILE).display(),
-            tasks.steps.len(),
-            tasks.steps.len().saturating_sub(1)
-        ))
+        return Err(Failure::BadInput(
+            format!(
+                "array task {index}: {} plans {} steps\n  fix: submit the round with --array=0-{}",
+                round.join(TASKS_FILE).display(),
+                tasks.steps.len(),
+                tasks.steps.len().saturating_sub(1)
+            )
+            .into(),
+        )
         .into());
     };
     same_search(plan)?;
@@ -161,7 +164,7 @@ fn same_search(plan: &CommitsPlan) -> anyhow::Result<()> {
         return Err(Failure::BadInput(format!(
             "{}: this task parsed another search from its arguments (logged {logged:?}; task {now:?})\n  fix: run every task with the bisect binary and arguments the search was started with",
             log.display()
-        ))
+        ).into())
         .into());
     }
     Ok(())

@@ -91,7 +91,7 @@ impl CulpritPlan {
                 return Err(Failure::BadInput(format!(
                     "--set {}: the flag is also listed in --flags\n  fix: list it or pin it, not both",
                     pinned.name
-                ))
+                ).into())
                 .into());
             }
         }
@@ -145,14 +145,17 @@ pub fn check_request(flags: &[FlagSpec], budget: u64, workload: &Workload) -> Re
     if k < 2 {
         return Err(Failure::BadInput(format!(
             "culprit search needs at least 2 flags, got {k}\n  fix: pass --flags A,B[,C...], or use `bisect run --flag NAME` for one flag"
-        )));
+        ).into()));
     }
     for (i, f) in flags.iter().enumerate() {
         if flags[..i].iter().any(|g| g.name == f.name) {
-            return Err(Failure::BadInput(format!(
-                "flag {} is given twice in --flags\n  fix: name each flag once",
-                f.name
-            )));
+            return Err(Failure::BadInput(
+                format!(
+                    "flag {} is given twice in --flags\n  fix: name each flag once",
+                    f.name
+                )
+                .into(),
+            ));
         }
     }
     let block = u64::from(workload.target_concurrency()).max(MIN_BLOCK);
@@ -161,7 +164,7 @@ pub fn check_request(flags: &[FlagSpec], budget: u64, workload: &Workload) -> Re
             "--budget {budget} cannot pay for the two ends of the search (a block of {block} sessions each, at {} in flight)\n  fix: pass --budget {} or more (the default is {DEFAULT_BUDGET})",
             workload.target_concurrency(),
             2 * block
-        )));
+        ).into()));
     }
     Ok(())
 }
@@ -194,14 +197,14 @@ fn failing_values(target: &TargetProfile, flags: &[FlagSpec]) -> anyhow::Result<
                 flag.name,
                 flag.roles,
                 flag.source.display()
-            ))
+            ).into())
             .into());
         };
         if let Some((role, other)) = seen.iter().find(|(_, v)| *v != failing) {
             return Err(Failure::BadInput(format!(
                 "flag {} is {failing} in role {}'s launch config but {other} in role {role}'s: the configuration as it is is half-applied\n  fix: make the roles agree, or pin the flag with --set",
                 flag.name, seen[0].0
-            ))
+            ).into())
             .into());
         }
         let passing = if failing == flag.on {
@@ -363,7 +366,7 @@ fn logged_blocks(
             log_path.display(),
             logged.header,
             header
-        ))
+        ).into())
         .into());
     }
     Ok(logged.blocks)

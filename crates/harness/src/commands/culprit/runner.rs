@@ -151,12 +151,15 @@ impl TestbedRunner<'_, '_> {
         if !stats.engine_replaced.is_empty() {
             // Part of the block ran on an engine that restarted by itself: its sessions
             // are not this configuration's, and the search's steps compare blocks.
-            return Err(Failure::CouldNotRun(format!(
-                "block {}: {}\n  fix: find why the engine restarted (its logs) and resume \
+            return Err(Failure::CouldNotRun(
+                format!(
+                    "block {}: {}\n  fix: find why the engine restarted (its logs) and resume \
                  the search with --resume",
-                request.block,
-                stats.engine_replaced.join("; ")
-            ))
+                    request.block,
+                    stats.engine_replaced.join("; ")
+                )
+                .into(),
+            )
             .into());
         }
         let mut sessions = results.read_sessions()?;

@@ -149,7 +149,7 @@ pub(crate) fn kind_of(dir: &Path) -> anyhow::Result<Kind> {
             Failure::BadInput(format!(
                 "{}: no such file (and no matrix.json beside it)\n  fix: pass results directories written by `bisect run` or `bisect matrix`",
                 dir.join("run.json").display()
-            ))
+            ).into())
             .into()
         })
 }
@@ -162,11 +162,14 @@ pub fn load(dir: &Path) -> anyhow::Result<Record> {
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let bad = |e: serde_json::Error| {
-        Failure::BadInput(format!(
-            "{}: not a {} record bisect can read: {e}",
-            path.display(),
-            kind.noun()
-        ))
+        Failure::BadInput(
+            format!(
+                "{}: not a {} record bisect can read: {e}",
+                path.display(),
+                kind.noun()
+            )
+            .into(),
+        )
     };
     Ok(match kind {
         Kind::Run => Record::Run(serde_json::from_str(&text).map_err(bad)?),
@@ -181,11 +184,14 @@ pub fn diff_dirs(a: &Path, b: &Path) -> anyhow::Result<Diff> {
     if kind_a != kind_b {
         let describe =
             |k: Kind, p: &Path| format!("{} is a {} ({})", p.display(), k.noun(), k.file());
-        return Err(Failure::BadInput(format!(
-            "cannot diff a run against a matrix: {}, {}\n  fix: diff two runs or two matrices",
-            describe(kind_a, a),
-            describe(kind_b, b)
-        ))
+        return Err(Failure::BadInput(
+            format!(
+                "cannot diff a run against a matrix: {}, {}\n  fix: diff two runs or two matrices",
+                describe(kind_a, a),
+                describe(kind_b, b)
+            )
+            .into(),
+        )
         .into());
     }
     let mut diff = diff_records(a, &load(a)?, b, &load(b)?);

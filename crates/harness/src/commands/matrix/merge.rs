@@ -199,5 +199,5 @@ fn copy_dir(from: &Path, to: &Path) -> anyhow::Result<()> {
 }
 
 fn bad(message: String) -> anyhow::Error {
-    Failure::BadInput(message).into()
+    Failure::BadInput(message.into()).into()
 }

@@ -305,14 +305,17 @@ impl Editor {
             let now = fs::read(&f.path)
                 .with_context(|| format!("reading launch config {}", f.path.display()))?;
             if now != f.written {
-                return Err(Failure::CouldNotRun(format!(
-                    "{} was changed by someone other than bisect while bisect had it edited: \
+                return Err(Failure::CouldNotRun(
+                    format!(
+                        "{} was changed by someone other than bisect while bisect had it edited: \
                      the next arm and every later one would run with that change, so the arms \
                      would differ by more than the flag; stopping\n  fix: leave the launch \
                      configs alone while bisect runs on them, then run again (bisect puts the \
                      original back now and keeps the changed version beside the file)",
-                    f.path.display()
-                ))
+                        f.path.display()
+                    )
+                    .into(),
+                )
                 .into());
             }
         }

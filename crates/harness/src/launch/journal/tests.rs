@@ -416,8 +416,8 @@ fn someone_elses_edit_stops_the_next_edit_and_is_kept_beside_the_file_at_restore
     assert!(
         matches!(
             err.downcast_ref::<Failure>(),
-            Some(Failure::CouldNotRun(m)) if m.contains(&prefill.display().to_string())
-                && m.contains("differ by more than the flag")
+            Some(Failure::CouldNotRun(m)) if m.message.contains(&prefill.display().to_string())
+                && m.message.contains("differ by more than the flag")
         ),
         "{err:#}"
     );

@@ -79,14 +79,14 @@ pub fn load_explicit(dir: &Path, plan_name: &str) -> anyhow::Result<Baseline> {
             "{}: baseline is a matrix of plan {:?}, this is plan {plan_name:?}\n  fix: pass a baseline of the same plan",
             dir.display(),
             record.plan.name
-        ))
+        ).into())
         .into());
     }
     if record.shard.is_some() {
         return Err(crate::exit::Failure::BadInput(format!(
             "{}: baseline is one shard, not a whole matrix\n  fix: merge the night's shards (`bisect merge`) and pass the merged directory",
             dir.display()
-        ))
+        ).into())
         .into());
     }
     Ok(Baseline {
