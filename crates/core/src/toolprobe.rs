@@ -76,6 +76,24 @@ impl ProbeFinding {
             ProbeFinding::Unanswered => "no reply could be judged (errors or timeouts)",
         }
     }
+
+    /// What to do about a refusing finding: `engine_fix` (the engine's way to parse
+    /// calls). A model that answers without calling may also be the workload's doing,
+    /// not the engine's: the probe asks with the workload's own first round, filler
+    /// context and all, and a small model may answer "DONE" under a long filler where it
+    /// calls at none (vLLM on CPU, the 1.5B Qwen: `tiny` called at ctx 0 and answered
+    /// "DONE" at ctx 1500, 2026-12-04). Said where the workload has filler.
+    pub fn fix(self, engine_fix: &str, ctx: u32) -> String {
+        match self {
+            ProbeFinding::NoCall if ctx > 0 => format!(
+                "{engine_fix}; or the model does not call tools under this workload's {ctx} \
+                 filler tokens of earlier conversation: if the probe passes with a smaller \
+                 --ctx, the engine parses calls and the workload is what the model cannot \
+                 follow"
+            ),
+            _ => engine_fix.to_string(),
+        }
+    }
 }
 
 /// A reply's finding, where it decides one; `None` for a reply that says nothing about
@@ -117,6 +135,17 @@ pub fn judge(replies: &[ProbeReply]) -> ProbeFinding {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_model_that_ignores_the_tools_under_filler_is_named_as_a_cause() {
+        let engine = "start the engine with a tool-call parser";
+        assert_eq!(ProbeFinding::NoCall.fix(engine, 0), engine);
+        assert_eq!(ProbeFinding::AsText.fix(engine, 1500), engine);
+        let with_filler = ProbeFinding::NoCall.fix(engine, 1500);
+        assert!(with_filler.starts_with(engine), "{with_filler}");
+        assert!(with_filler.contains("1500 filler tokens"), "{with_filler}");
+        assert!(with_filler.contains("smaller --ctx"), "{with_filler}");
+    }
 
     fn reply(class: RoundClass) -> ProbeReply {
         ProbeReply {

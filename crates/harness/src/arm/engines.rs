@@ -17,7 +17,7 @@ use crate::core::deaths::EngineDeath;
 use crate::core::effective::Identity;
 use crate::core::{effective, toolprobe};
 use crate::driver::{DrivePlan, InFlight};
-use crate::exit::Failure;
+use crate::exit::{Failure, Problem};
 
 /// What a restart measured.
 #[derive(Debug, Clone, Default)]
@@ -185,16 +185,17 @@ impl Testbed<'_> {
         let finding = toolprobe::judge(&replies);
         let last = replies.last().map_or("", |r| r.evidence.as_str());
         if finding.refuses_a_run() {
-            return Err(Failure::CouldNotRun(format!(
-                "the tool-call probe (the first round of {} session{} of workload `{}`, before any block): {}; the engine's reply: {last}.                  Every session of every arm could only end leak or no_tool, so no flag could be implicated
-  fix: {}",
+            let message = format!(
+                "the tool-call probe (the first round of {} session{} of workload `{}`, before \
+                 any block): {}; the engine's reply: {last}. Every session of every arm could \
+                 only end leak or no_tool, so no flag could be implicated",
                 replies.len(),
                 if replies.len() == 1 { "" } else { "s" },
                 workload.name,
                 finding.describe(),
-                self.target.engine.tool_call_fix()
-            ).into())
-            .into());
+            );
+            let fix = finding.fix(self.target.engine.tool_call_fix(), workload.ctx);
+            return Err(Failure::CouldNotRun(Problem::new(message, fix)).into());
         }
         if !finding.proves_parsing() {
             self.progress.note(&format!(
