@@ -1,14 +1,12 @@
-//! The culprit search's one seam to the engines: a block it asks for ([`BlockRequest`]),
-//! what the block gave ([`BlockOutcome`]), what it reports as it goes ([`Event`]), and
-//! the state machine they pass through ([`CulpritSearch`]: a testbed runs its blocks in
-//! `bisect culprit`, an oracle in simulations).
+//! The culprit search's one seam to the engines: a block it asks for ([`BlockRequest`])
+//! and what the block gave ([`BlockOutcome`]), passed through the search's state machine
+//! (`CulpritSearch`, in `search.rs`: a testbed runs its blocks in `bisect culprit`, an
+//! oracle in simulations).
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::report::{SearchReport, StepRecord};
-use crate::machine::Machine;
 use crate::session::SessionClass;
 
 /// One block to run.
@@ -43,25 +41,3 @@ pub struct BlockOutcome {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
 }
-
-/// What the search reports as it goes (the step log, culprit.json).
-#[derive(Debug, Clone, PartialEq)]
-pub enum Event {
-    /// A block ran and was taken in as evidence.
-    Block(BlockRequest, BlockOutcome),
-    /// A step was decided.
-    Step(StepRecord),
-}
-
-/// Why a search stopped without an answer: its driver broke the seam's contract.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum SearchError {
-    #[error("block {block} returned {got} sessions, asked for {asked}")]
-    WrongSessions { block: u64, got: usize, asked: u64 },
-}
-
-/// The culprit search as a sans-IO state machine ([`crate::machine`]): ask
-/// `next_block`, run it, `observe` what it gave; a spent budget is an answer
-/// (inconclusive, with what was found), never an error.
-pub type CulpritSearch =
-    Machine<BlockRequest, BlockOutcome, Event, Result<SearchReport, SearchError>>;

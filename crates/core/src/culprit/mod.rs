@@ -81,8 +81,8 @@
 //! (`search::Search`, driven through [`search()`]'s state machine): [`ends`], [`untestable`], [`ddmin`],
 //! [`claims`], and [`step`] (how any one step is decided); `search` also holds the blocks
 //! run so far, which [`evidence`] reads as counts. [`params`] is what the search is asked,
-//! [`block`] its seam to the engines (the requests, outcomes and events of a sans-IO
-//! [`CulpritSearch`]), [`report`] what it tells; [`mix`] is the class-mix
+//! [`block`] its seam to the engines (the requests and outcomes that pass through the
+//! sans-IO [`CulpritSearch`], which `search` builds with its events), [`report`] what it tells; [`mix`] is the class-mix
 //! test; [`simulate`] runs the search on scripted oracles (the bench and the tests).
 
 mod block;
@@ -100,10 +100,10 @@ mod step;
 mod tests;
 mod untestable;
 
-pub use block::{BlockOutcome, BlockRequest, CulpritSearch, Event, SearchError};
+pub use block::{BlockOutcome, BlockRequest};
 pub use params::{
     navigate_alpha, FlagValues, SearchParams, LOOK_SESSIONS, MIN_BLOCK, MIX_ALPHA, NAVIGATE_FACTOR,
     SLOW_RATIO,
 };
 pub use report::{Answer, Outcome, SearchReport, StepKind, StepRecord, Untestable};
-pub use search::search;
+pub use search::{search, CulpritSearch, Event, SearchError};

@@ -6,13 +6,35 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use super::block::{BlockOutcome, BlockRequest, CulpritSearch, Event, SearchError};
+use super::block::{BlockOutcome, BlockRequest};
 use super::evidence::{looks_of, totals, EvidenceKey, FailingSet};
 use super::params::SearchParams;
 use super::report::{Answer, Outcome, SearchReport, StepRecord, Untestable};
-use crate::machine::Port;
+use crate::machine::{Machine, Port};
 use crate::sequential::SequentialDesign;
 use crate::stats;
+
+/// What the search reports as it goes (the step log, culprit.json).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// A block ran and was taken in as evidence.
+    Block(BlockRequest, BlockOutcome),
+    /// A step was decided.
+    Step(StepRecord),
+}
+
+/// Why a search stopped without an answer: its driver broke the seam's contract.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SearchError {
+    #[error("block {block} returned {got} sessions, asked for {asked}")]
+    WrongSessions { block: u64, got: usize, asked: u64 },
+}
+
+/// The culprit search as a sans-IO state machine ([`crate::machine`]): ask
+/// `next_block`, run it, `observe` what it gave; a spent budget is an answer
+/// (inconclusive, with what was found), never an error.
+pub type CulpritSearch =
+    Machine<BlockRequest, BlockOutcome, Event, Result<SearchReport, SearchError>>;
 
 /// Why the search stopped before an answer.
 pub(super) enum Halt {

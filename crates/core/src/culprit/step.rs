@@ -2,11 +2,11 @@
 //! (against the passing end, and the failing end against it) from the blocks it has,
 //! running more of its own or of a reference until it is decided, then recorded.
 
-use super::block::{BlockOutcome, Event};
+use super::block::BlockOutcome;
 use super::evidence::{looks_of, pct, totals, EvidenceKey};
 use super::mix;
 use super::report::{Outcome, StepKind, StepRecord};
-use super::search::{Halt, Level, Search};
+use super::search::{Event, Halt, Level, Search};
 use crate::sequential::{ArmPrior, Decision, Direction, PlugInPrior, SequentialState};
 use crate::stats;
 
