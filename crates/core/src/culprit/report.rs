@@ -1,5 +1,5 @@
 //! What the culprit search tells: each decided step ([`StepRecord`]) and each block as
-//! it happens, to an [`Observer`] (the step log, the record), and at its end the answer
+//! it happens, as events its driver hands on (the step log, the record), and at its end the answer
 //! and the flags held out as untestable ([`SearchReport`]). These are culprit.json's and
 //! the step log's shapes: extend, never rename.
 
