@@ -1385,6 +1385,30 @@ mod tests {
     }
 
     #[test]
+    fn a_small_peak_gap_past_the_ratio_is_never_called_within_it() {
+        // A real vLLM at 4 in flight: a 17-block KV cache admitted 2 at once, the other
+        // arm 4. Fewer than 8 apart is not warned, but the note once said "within 25%".
+        let mut on = arm("on", "1", 0, 0, 8);
+        let mut off = arm("off", "0", 0, 0, 8);
+        on.stats.peak_running.insert("server".to_string(), 2);
+        off.stats.peak_running.insert("server".to_string(), 4);
+        let (_, confounds, _) = decide_default(&on, &off);
+        let server = confounds
+            .iter()
+            .find(|c| c.name == "peak_running.server")
+            .unwrap();
+        assert_eq!(server.severity, Severity::Info);
+        assert!(!server.note.contains("within"), "{}", server.note);
+        assert!(
+            server
+                .note
+                .contains("differs by 50.0% (on 2, off 4) but by fewer than 8"),
+            "{}",
+            server.note
+        );
+    }
+
+    #[test]
     fn empty_arm_is_inconclusive() {
         let on = arm("on", "1", 0, 0, 0);
         let off = arm("off", "0", 3, 0, 80);
