@@ -50,7 +50,7 @@ pub struct RunPlan {
 }
 
 impl crate::commands::EnginePlan for RunPlan {
-    fn target(&self) -> &crate::config::TargetProfile {
+    fn target(&self) -> &TargetProfile {
         &self.target
     }
     fn results_dir(&self) -> &std::path::Path {

@@ -71,7 +71,7 @@ pub struct CulpritPlan {
 }
 
 impl crate::commands::EnginePlan for CulpritPlan {
-    fn target(&self) -> &crate::config::TargetProfile {
+    fn target(&self) -> &TargetProfile {
         &self.target
     }
     fn results_dir(&self) -> &std::path::Path {

@@ -56,7 +56,7 @@ pub struct LoadPlan {
 }
 
 impl crate::commands::EnginePlan for LoadPlan {
-    fn target(&self) -> &crate::config::TargetProfile {
+    fn target(&self) -> &TargetProfile {
         &self.target
     }
     fn results_dir(&self) -> &std::path::Path {
