@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 
-use super::{command_line, parse_pins, run_id, usage, ExperimentArgs, METRICS_PERIOD};
+use super::{command_line, parse_pins, run_id, usage, ExperimentArgs};
 use bisect_harness::commands::commits::build::BuildStep;
 use bisect_harness::commands::commits::range::{parse_releases, Find, RangeSpec};
 use bisect_harness::commands::commits::slurm::{Rounds, SlurmRounds};
@@ -161,16 +161,13 @@ impl CommitsArgs {
             max_sessions: self.max_sessions,
             dir,
             api_key,
-            metrics_period: METRICS_PERIOD,
             resume: self.resume.is_some(),
             parallel: self.parallel,
             rounds: self.rounds()?,
             flag,
             background: self.background,
             sets,
-            journal_dir: common.output.journal_dir(),
-            state_root: None,
-            allow_partial: common.allow_partial,
+            testbed: common.testbed(),
         };
         plan.params(2)
             .validate()

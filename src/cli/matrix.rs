@@ -60,11 +60,13 @@ impl MatrixArgs {
             target,
             shard: self.shard,
             dir,
-            journal_dir: self.output.journal_dir(),
-            state_root: None,
+            testbed: bisect_harness::arm::TestbedOptions {
+                journal_dir: self.output.journal_dir(),
+                state_root: None,
+                allow_partial: self.allow_partial,
+                metrics_period: METRICS_PERIOD,
+            },
             api_key,
-            metrics_period: METRICS_PERIOD,
-            allow_partial: self.allow_partial,
         })
     }
 }

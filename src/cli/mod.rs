@@ -398,13 +398,10 @@ impl RunArgs {
             workload,
             repeats: self.repeats,
             sets,
-            journal_dir: common.output.journal_dir(),
-            state_root: None,
+            testbed: common.testbed(),
             run_dir,
             policy,
-            allow_partial: common.allow_partial,
             api_key,
-            metrics_period: METRICS_PERIOD,
         })
     }
 }

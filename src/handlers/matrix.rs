@@ -13,6 +13,7 @@ use bisect_harness::commands::matrix::record::{CellRecord, CellStatus, MatrixRec
 use bisect_harness::commands::matrix::{baseline, export, merge as shards, run as matrix_run};
 use bisect_harness::commands::EnginePlan;
 use bisect_harness::exit::{self, Failure};
+use bisect_harness::results::Exporter;
 
 pub(crate) async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
     recover_journal(&args.output.journal_dir())?;
@@ -81,7 +82,10 @@ fn finish(record: &MatrixRecord, dir: &Path, json: bool) -> anyhow::Result<ExitC
     if json {
         println!("{}", serde_json::to_string_pretty(record)?);
     } else {
-        print!("{}", std::fs::read_to_string(dir.join("summary.md"))?);
+        // The summary.md written beside it, rendered from the record in hand (not read
+        // back from disk, where a concurrent writer or a full disk could differ).
+        let summary = export::markdown::MatrixSummary;
+        print!("{}", summary.render_in(record, dir)?);
         println!("\nresults: {}", dir.display());
     }
     Ok(ExitCode::from(exit_code(record)))

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use bisect_harness::arm::TestbedOptions;
 use bisect_harness::commands::commits::block::ControlFactory;
 use bisect_harness::commands::commits::build::BuildStep;
 use bisect_harness::commands::commits::range::{Find, RangeSpec};
@@ -150,14 +151,16 @@ fn plan(dir: &Path, repo: &Path, target: TargetProfile, concurrency: u32) -> Com
         max_sessions: commits::DEFAULT_MAX_SESSIONS,
         dir: dir.join("results/test-commits"),
         api_key: None,
-        metrics_period: Duration::from_millis(100),
         resume: false,
         flag: None,
         background: 0.02,
         sets: Vec::new(),
-        journal_dir: dir.join("results/.bisect-journal"),
-        state_root: Some(dir.join("state")),
-        allow_partial: false,
+        testbed: TestbedOptions {
+            journal_dir: dir.join("results/.bisect-journal"),
+            state_root: Some(dir.join("state")),
+            allow_partial: false,
+            metrics_period: Duration::from_millis(100),
+        },
         parallel: 1,
         rounds: Rounds::Local,
     }

@@ -138,12 +138,9 @@ impl FakeTarget {
             repeats: 1,
             sets: Vec::new(),
             run_dir: results.join(format!("test-{flag}")),
-            journal_dir: results.join(".bisect-journal"),
-            state_root: Some(self.dir.path().join("state")),
             policy: Policy::default(),
-            allow_partial: false,
             api_key: None,
-            metrics_period: Duration::from_millis(50),
+            testbed: self.testbed(),
         }
     }
 

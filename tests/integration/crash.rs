@@ -327,9 +327,11 @@ async fn a_failed_restore_is_reported_first_when_the_results_cannot_be_written_e
     // Once there is room again, the journal that was kept puts the originals back.
     std::fs::remove_dir(&decode_tmp).unwrap();
     std::fs::remove_dir(&record_tmp).unwrap();
-    let recovery =
-        bisect_harness::launch::recover_at(plan.state_root.as_deref().unwrap(), &plan.journal_dir)
-            .unwrap();
+    let recovery = bisect_harness::launch::recover_at(
+        plan.testbed.state_root.as_deref().unwrap(),
+        &plan.testbed.journal_dir,
+    )
+    .unwrap();
     assert!(!recovery.restored.is_empty());
     assert_eq!(t.launch_bytes(), before);
 }

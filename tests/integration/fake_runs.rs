@@ -181,7 +181,7 @@ async fn half_applied_flag_is_refused_before_any_restart() {
 
     // With --allow-partial the same flag runs, and the mismatch shows up as engine errors.
     let mut plan = plan;
-    plan.allow_partial = true;
+    plan.testbed.allow_partial = true;
     plan.run_dir = plan.run_dir.with_file_name("partial-allowed");
     let record = crate::common::run_quiet(&plan, &mut control).await.unwrap();
     let off = record.arm(ArmLabel::Off).unwrap();

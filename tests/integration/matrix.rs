@@ -5,7 +5,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use bisect_harness::commands::diff;
 use bisect_harness::commands::matrix::baseline::{self, Baseline};
@@ -52,11 +51,8 @@ pub(crate) fn job(t: &FakeTarget, plan: &Plan, shard: Option<Shard>, id: &str) -
         target: t.target.clone(),
         shard,
         dir: results.join(id),
-        journal_dir: results.join(".bisect-journal"),
-        state_root: Some(t.dir.path().join("state")),
+        testbed: t.testbed(),
         api_key: None,
-        metrics_period: Duration::from_millis(50),
-        allow_partial: false,
     }
 }
 

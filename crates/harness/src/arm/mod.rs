@@ -141,6 +141,15 @@ pub struct TestbedOptions {
 }
 
 impl TestbedOptions {
+    /// The spec of a testbed over `target` that writes nothing.
+    pub(crate) fn read_only<'a>(
+        &'a self,
+        target: &'a TargetProfile,
+        api_key: Option<String>,
+    ) -> TestbedSpec<'a> {
+        TestbedSpec::read_only(target, api_key, self.metrics_period)
+    }
+
     /// The spec of a testbed over `target` that writes `flags`.
     pub(crate) fn spec<'a>(
         &'a self,

@@ -73,7 +73,10 @@ pub async fn run_adaptive(
         max_sessions: options.max_sessions,
     };
     let planning = Instant::now();
-    let cache = PlanCache::new(plan.state_root.clone().unwrap_or_else(state_root), spec);
+    let cache = PlanCache::new(
+        plan.testbed.state_root.clone().unwrap_or_else(state_root),
+        spec,
+    );
     let known = cache.as_ref().and_then(PlanCache::read);
     let mut schedule = Schedule::with_plan(spec, known).map_err(|e| match e {
         AdaptiveError::CapBelowLoad { .. } | AdaptiveError::NoLoad => Failure::BadInput(format!(

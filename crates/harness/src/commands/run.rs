@@ -11,11 +11,13 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::arm::{fmt_readback, settle, BlockName, Testbed, TestbedSpec, NO_EFFECTIVE_WARNING};
+use crate::arm::{
+    fmt_readback, settle, BlockName, Testbed, TestbedOptions, TestbedSpec, NO_EFFECTIVE_WARNING,
+};
 pub use crate::arm::{Progress, Quiet};
 use crate::config::{FlagSpec, TargetProfile, Workload};
 use crate::control::EngineControl;
@@ -39,14 +41,9 @@ pub struct RunPlan {
     /// Other flags pinned for both arms (`--set`).
     pub sets: Vec<(FlagSpec, String)>,
     pub run_dir: PathBuf,
-    pub journal_dir: PathBuf,
-    /// Where the target's state lives (lock, journal, spawned groups); `None`:
-    /// `$XDG_STATE_HOME/bisect`. Tests point it into their temp dir.
-    pub state_root: Option<PathBuf>,
     pub policy: Policy,
-    pub allow_partial: bool,
     pub api_key: Option<String>,
-    pub metrics_period: Duration,
+    pub testbed: TestbedOptions,
 }
 
 impl crate::commands::EnginePlan for RunPlan {
@@ -111,12 +108,7 @@ pub async fn run_experiment(
 pub(crate) fn testbed_spec(plan: &RunPlan) -> TestbedSpec<'_> {
     let mut flags = vec![&plan.flag];
     flags.extend(plan.sets.iter().map(|(f, _)| f));
-    TestbedSpec::read_only(&plan.target, plan.api_key.clone(), plan.metrics_period).editing(
-        &plan.journal_dir,
-        plan.state_root.as_deref(),
-        flags,
-        plan.allow_partial,
-    )
+    plan.testbed.spec(&plan.target, plan.api_key.clone(), flags)
 }
 
 /// Rewrite the record's files, counting the time as writing.

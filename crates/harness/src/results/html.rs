@@ -29,7 +29,7 @@ pub(crate) const MESSAGE_MAX_CHARS: usize = 2000;
 /// Arm blocks or cells drawn as timelines.
 const MAX_TIMELINES: usize = 24;
 
-/// The exporter registered with [`super::exporters`]: rewritten after each arm block.
+/// The exporter registered with [`super::REPORTS`]: rewritten after each arm block.
 pub(crate) struct HtmlReport;
 
 impl Exporter<RunRecord> for HtmlReport {

@@ -52,14 +52,11 @@ use run_record::RunRecord;
 
 pub use export::Exporter;
 
-/// The exporters rewritten after each arm.
-pub(crate) fn exporters() -> Vec<Box<dyn Exporter<RunRecord>>> {
-    vec![
-        Box::new(json::JsonFile("run.json")),
-        Box::new(markdown::SummaryMarkdown),
-        Box::new(html::HtmlReport),
-    ]
-}
+/// The run record itself, rewritten after each arm before its reports.
+const RECORD: json::JsonFile = json::JsonFile("run.json");
+
+/// The reports rebuilt from the record.
+const REPORTS: [&dyn Exporter<RunRecord>; 2] = [&markdown::SummaryMarkdown, &html::HtmlReport];
 
 /// A run's results directory.
 pub struct ResultsDir {
@@ -87,14 +84,18 @@ impl ResultsDir {
         &self.root
     }
 
-    /// Rewrite run.json, summary.md and report.html atomically.
+    /// Rewrite run.json, then summary.md and report.html, each atomically.
     pub fn write_record(&self, record: &RunRecord) -> anyhow::Result<()> {
-        for (i, exporter) in exporters().into_iter().enumerate() {
-            if i == 1 {
-                crate::fault::pause("results");
-            }
+        let write = |exporter: &dyn Exporter<RunRecord>| -> anyhow::Result<()> {
             let text = exporter.render_in(record, &self.root)?;
-            write_atomic(&self.root.join(exporter.file_name()), text.as_bytes())?;
+            write_atomic(&self.root.join(exporter.file_name()), text.as_bytes())
+        };
+        write(&RECORD)?;
+        // The fault suite's `results` phase: the record is on disk, its reports not yet
+        // (a kill here must leave a run.json that reports can be rebuilt from).
+        crate::fault::pause("results");
+        for exporter in REPORTS {
+            write(exporter)?;
         }
         Ok(())
     }

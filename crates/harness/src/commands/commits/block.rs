@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::arm::{BlockName, Progress, Testbed, TestbedSpec};
+use crate::arm::{BlockName, Progress, Testbed, TestbedOptions};
 use crate::config::{FlagSpec, RoleSpec, TargetProfile, Workload};
 use crate::control::EngineControl;
 use crate::core::arm_stats::ArmLabel;
@@ -118,9 +118,7 @@ impl Ran {
 /// testbed opens read-only, when there are no pins and no flag under test).
 pub(crate) struct Writes<'w> {
     pub pins: &'w [(FlagSpec, String)],
-    pub journal_dir: &'w Path,
-    pub state_root: Option<&'w Path>,
-    pub allow_partial: bool,
+    pub testbed: &'w TestbedOptions,
 }
 
 /// Everything a block needs besides its commit.
@@ -128,7 +126,6 @@ pub(crate) struct BlockContext<'c> {
     pub workload: &'c Workload,
     pub policy: &'c Policy,
     pub api_key: Option<String>,
-    pub metrics_period: std::time::Duration,
     pub progress: &'c dyn Progress,
     pub cancel: tokio_util::sync::CancellationToken,
     pub controls: &'c ControlFactory<'c>,
@@ -158,10 +155,11 @@ pub(crate) async fn run_block(
         .map(|(f, _)| f)
         .chain(flag.map(|(f, _)| f))
         .collect();
-    let mut spec = TestbedSpec::read_only(target, ctx.api_key.clone(), ctx.metrics_period);
-    if !written.is_empty() {
-        spec = spec.editing(w.journal_dir, w.state_root, written, w.allow_partial);
-    }
+    let spec = if written.is_empty() {
+        w.testbed.read_only(target, ctx.api_key.clone())
+    } else {
+        w.testbed.spec(target, ctx.api_key.clone(), written)
+    };
     let mut bed = Testbed::open(spec, control.as_mut(), ctx.progress, ctx.cancel.clone())?;
     let outcome = async {
         let what = format!("block {label}");

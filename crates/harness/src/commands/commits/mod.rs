@@ -26,12 +26,12 @@ mod step;
 pub mod task;
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
-use crate::arm::{settle, Progress};
+use crate::arm::{settle, Progress, TestbedOptions};
 use crate::commands::answer::SearchAnswer;
 use crate::commands::run::now;
 use crate::config::{FlagSpec, TargetProfile, Workload};
@@ -69,7 +69,6 @@ pub struct CommitsPlan {
     /// `results/<id>/` (on `--resume`, the folder resumed).
     pub dir: PathBuf,
     pub api_key: Option<String>,
-    pub metrics_period: Duration,
     pub resume: bool,
     /// `--flag NAME`: every step is NAME's A/B at the commit, the on arm counted.
     pub flag: Option<FlagSpec>,
@@ -77,12 +76,8 @@ pub struct CommitsPlan {
     pub background: f64,
     /// `--set NAME=VALUE` pins, written into every block's launch configs.
     pub sets: Vec<(FlagSpec, String)>,
-    /// Where journals of launch-config edits go (the results root's), and the target's
-    /// state (`None`: `$XDG_STATE_HOME/bisect`; tests point it into their temp dir).
-    pub journal_dir: PathBuf,
-    pub state_root: Option<PathBuf>,
-    /// Allow a flag whose setting also appears in a role it does not list.
-    pub allow_partial: bool,
+    /// How every block's testbed journals, keeps its state and polls the metrics.
+    pub testbed: TestbedOptions,
     /// `--parallel K`: blocks per round (1: one at a time, here).
     pub parallel: u32,
     /// Where a round's blocks run: here, one after another, or as a Slurm job array.
@@ -150,15 +145,12 @@ impl CommitsPlan {
             workload: &self.workload,
             policy: &self.policy,
             api_key: self.api_key.clone(),
-            metrics_period: self.metrics_period,
             progress,
             cancel,
             controls,
             writes: Writes {
                 pins: &self.sets,
-                journal_dir: &self.journal_dir,
-                state_root: self.state_root.as_deref(),
-                allow_partial: self.allow_partial,
+                testbed: &self.testbed,
             },
         }
     }

@@ -9,7 +9,6 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
 use tokio_util::sync::CancellationToken;
@@ -19,7 +18,7 @@ use super::export;
 use super::plan::Plan;
 use super::record::{CellRecord, MatrixRecord, PlanInfo, SCHEMA};
 use crate::arm::{
-    settle, BlockName, Progress, Readback, Testbed, TestbedSpec, NO_EFFECTIVE_WARNING,
+    settle, BlockName, Progress, Readback, Testbed, TestbedOptions, NO_EFFECTIVE_WARNING,
 };
 use crate::config::{FlagSpec, TargetProfile};
 use crate::control::EngineControl;
@@ -38,13 +37,8 @@ pub struct MatrixJob {
     pub shard: Option<Shard>,
     /// The matrix directory (`results/<id>/`).
     pub dir: PathBuf,
-    pub journal_dir: PathBuf,
-    /// Where the target's state lives (lock, journal, spawned groups); `None`:
-    /// `$XDG_STATE_HOME/bisect`. Tests point it into their temp dir.
-    pub state_root: Option<PathBuf>,
     pub api_key: Option<String>,
-    pub metrics_period: Duration,
-    pub allow_partial: bool,
+    pub testbed: TestbedOptions,
 }
 
 impl crate::commands::EnginePlan for MatrixJob {
@@ -91,13 +85,7 @@ pub async fn run_matrix(
             }
         }
     }
-    let spec = TestbedSpec::read_only(&job.target, job.api_key.clone(), job.metrics_period)
-        .editing(
-            &job.journal_dir,
-            job.state_root.as_deref(),
-            flags,
-            job.allow_partial,
-        );
+    let spec = job.testbed.spec(&job.target, job.api_key.clone(), flags);
     let mut bed = Testbed::open(spec, control, progress, cancel)?;
     let outcome = run_groups(job, &mut bed, &mut record).await;
     let closed = bed.close().await;
