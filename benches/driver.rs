@@ -167,6 +167,7 @@ async fn run_row(
         repeat: 1,
         sessions,
         concurrency,
+        oracle: None,
     };
     let target_inflight = plan.slots();
     if let Some(server) = server {

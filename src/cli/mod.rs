@@ -22,6 +22,7 @@ use bisect_harness::commands::adaptive::AdaptiveOptions;
 use bisect_harness::commands::probe::ProbePlan;
 use bisect_harness::commands::run::RunPlan;
 use bisect_harness::config::{ConfigError, FlagCatalog, TargetProfile, Workload};
+use bisect_harness::core::oracle::{self, SoloOracle};
 use bisect_harness::core::verdict::Policy;
 use bisect_harness::exit;
 
@@ -325,7 +326,65 @@ pub(crate) struct RunArgs {
     #[command(flatten)]
     blocks: BlockArgs,
     #[command(flatten)]
+    oracle: OracleArgs,
+    #[command(flatten)]
     pub(crate) common: ExperimentArgs,
+}
+
+/// `[--oracle solo [--oracle-threshold NATS]]`: judge every session also against the
+/// same session run alone (docs/oracle.md).
+#[derive(Debug, Args)]
+pub(crate) struct OracleArgs {
+    /// `solo`: run each arm block's sessions also one at a time, and call a session
+    /// whose well-formed reply differs from its reply alone `diverged` (corruption) or,
+    /// at a near-tie, `drifted`. Needs temperature 0; asks for log-probabilities.
+    #[arg(long, value_enum)]
+    oracle: Option<OracleKind>,
+    /// With --oracle: the margin (nats, top-1 minus top-2 log-probability alone) at or
+    /// below which a parting is a near-tie.
+    #[arg(long = "oracle-threshold", requires = "oracle", default_value_t = bisect_harness::core::oracle::DEFAULT_THRESHOLD)]
+    threshold: f64,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum OracleKind {
+    Solo,
+}
+
+impl OracleArgs {
+    /// The oracle's parameters, with `workload` asking for what it needs (the
+    /// log-probabilities, where the workload does not set them); a workload the oracle
+    /// cannot judge is refused naming the fix.
+    fn solo(&self, workload: &mut Workload) -> anyhow::Result<Option<SoloOracle>> {
+        let Some(OracleKind::Solo) = self.oracle else {
+            return Ok(None);
+        };
+        if !(self.threshold >= 0.0 && self.threshold.is_finite()) {
+            return Err(usage(
+                format!("--oracle-threshold {} is not a margin", self.threshold),
+                "pass a number of nats of 0 or more, e.g. --oracle-threshold 1.0",
+            ));
+        }
+        if workload.temperature != 0.0 {
+            return Err(usage(
+                format!(
+                    "--oracle solo needs temperature 0, the workload has {}: a sampled reply differs from itself alone",
+                    workload.temperature
+                ),
+                "set temperature = 0.0 in the workload (or pass a built-in one)",
+            ));
+        }
+        let extra = &mut workload.request.extra;
+        extra
+            .entry("logprobs")
+            .or_insert(serde_json::Value::Bool(true));
+        extra
+            .entry("top_logprobs")
+            .or_insert(oracle::TOP_LOGPROBS.into());
+        Ok(Some(SoloOracle {
+            threshold: self.threshold,
+        }))
+    }
 }
 
 /// `[--set NAME=VALUE]... [--adaptive [--max-sessions N]]`, shared by `run` and `load`:
@@ -361,7 +420,8 @@ impl RunArgs {
         let common = &self.common;
         let catalog = common.target.catalog()?;
         let flag = catalog.get(&self.flag)?.clone();
-        let workload = common.load.load()?;
+        let mut workload = common.load.load()?;
+        let oracle = self.oracle.solo(&mut workload)?;
         if self.repeats == 0 {
             return Err(usage(
                 "--repeats must be at least 1",
@@ -402,6 +462,7 @@ impl RunArgs {
             run_dir,
             policy,
             api_key,
+            oracle,
         })
     }
 }

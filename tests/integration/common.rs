@@ -141,6 +141,7 @@ impl FakeTarget {
             policy: Policy::default(),
             api_key: None,
             testbed: self.testbed(),
+            oracle: None,
         }
     }
 

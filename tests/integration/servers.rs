@@ -340,6 +340,7 @@ async fn drive_against(
         api_key: None,
         sessions,
         concurrency: 0,
+        oracle: None,
         workload,
         label: "on".into(),
         repeat: 1,

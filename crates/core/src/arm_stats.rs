@@ -384,6 +384,7 @@ mod tests {
             latency_ms: Vec::new(),
             completion_tokens: 0,
             error: None,
+            oracle: None,
         }
     }
 

@@ -74,6 +74,25 @@ pub enum RoundClass {
     Crashed,
 }
 
+impl RoundClass {
+    /// Whether the round got the model's reply (an assistant message in the
+    /// transcript): not a failed request, an engine's rejection or a death.
+    pub fn carries_reply(self) -> bool {
+        match self {
+            RoundClass::Ok
+            | RoundClass::Leak
+            | RoundClass::BadArgs
+            | RoundClass::WrongArgs
+            | RoundClass::NoTool
+            | RoundClass::Truncated => true,
+            RoundClass::Error
+            | RoundClass::Timeout
+            | RoundClass::Rejected
+            | RoundClass::Crashed => false,
+        }
+    }
+}
+
 /// The class of a whole session: its first non-ok round's class, else done/maxrounds.
 ///
 /// The variants are the only list of the classes: [`SessionClass::iter`], the count
@@ -117,6 +136,14 @@ pub enum SessionClass {
     /// Cut short by the engine's death (core::deaths): judged with the deaths, by engine
     /// lives, never as clean, timed out or corrupted. Last, for the same reason.
     Crashed,
+    /// Well-formed, but not what the same session answered alone (core::oracle): the
+    /// first reply that differs parted from its reference where the reference's choice
+    /// won by a wide margin (or, without log-probabilities, at all). Corruption the
+    /// classifier cannot see; judged only with `--oracle solo`.
+    Diverged,
+    /// Parted from its reference at a near-tie of the reference's own choice: numerical
+    /// drift on an engine that is not batch-invariant, recorded, not corruption.
+    Drifted,
 }
 
 impl SessionClass {
@@ -138,7 +165,7 @@ impl SessionClass {
         Self::iter().filter(|c| c.is_corrupted())
     }
 
-    /// Corrupted = leak + bad_args + wrong_args + no_tool + rejected. A rejected
+    /// Corrupted = leak + bad_args + wrong_args + no_tool + rejected + diverged. A rejected
     /// session is the engine refusing a call it could not parse: counted as an error it
     /// would leave the denominator, and a flag that corrupts calls past parsing would
     /// look cleaner than one that corrupts them a little.
@@ -148,13 +175,15 @@ impl SessionClass {
             | SessionClass::BadArgs
             | SessionClass::WrongArgs
             | SessionClass::NoTool
-            | SessionClass::Rejected => true,
+            | SessionClass::Rejected
+            | SessionClass::Diverged => true,
             SessionClass::Done
             | SessionClass::Maxrounds
             | SessionClass::Error
             | SessionClass::Timeout
             | SessionClass::Truncated
-            | SessionClass::Crashed => false,
+            | SessionClass::Crashed
+            | SessionClass::Drifted => false,
         }
     }
 
@@ -182,7 +211,11 @@ impl SessionClass {
             | SessionClass::NoTool
             | SessionClass::Error
             | SessionClass::Timeout => false,
-            SessionClass::Truncated | SessionClass::Rejected | SessionClass::Crashed => true,
+            SessionClass::Truncated
+            | SessionClass::Rejected
+            | SessionClass::Crashed
+            | SessionClass::Diverged
+            | SessionClass::Drifted => true,
         }
     }
 
@@ -210,6 +243,8 @@ impl SessionClass {
             SessionClass::Truncated => 'c',
             SessionClass::Rejected => 'r',
             SessionClass::Crashed => 'x',
+            SessionClass::Diverged => 'v',
+            SessionClass::Drifted => 'f',
         }
     }
 
@@ -421,6 +456,10 @@ pub struct SessionResult {
     pub latency_ms: Vec<u64>,
     pub completion_tokens: u64,
     pub error: Option<String>,
+    /// The solo oracle's comparison with the same session run alone (`--oracle solo`);
+    /// absent without it and in records written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oracle: Option<crate::oracle::Comparison>,
 }
 
 #[cfg(test)]

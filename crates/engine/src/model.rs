@@ -353,6 +353,52 @@ pub(crate) enum Finish {
     Length,
 }
 
+/// One emitted token's log-probability and its best alternatives (tokens with theirs,
+/// highest first), as the server reports them when a request asks for `logprobs`.
+///
+/// A read's distribution is attention's softmax over the indexer's selection, gathered
+/// by the token each position stores (two positions holding one token add up); only the
+/// best [`super::backend::CANDIDATES`] positions are gathered, so a probability is a lower
+/// bound. A literal (a token the plan emits without reading) is certain: log-probability
+/// 0 and no alternative. Each number comes from the request's own rows and selection
+/// (fixed reduction order per sequence), so it is the same alone and in any batch.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct TokenProb {
+    pub(crate) logprob: f32,
+    pub(crate) top: Vec<(u32, f32)>,
+}
+
+impl TokenProb {
+    /// A token the plan emits without reading memory.
+    fn certain(token: u32) -> Self {
+        TokenProb {
+            logprob: 0.0,
+            top: vec![(token, 0.0)],
+        }
+    }
+
+    /// The read's distribution over tokens from the selection's best positions; `None`
+    /// when the backend reported none (the argmax only).
+    fn of_read(token: u32, candidates: &[(u32, f32)], stored: &[u32]) -> Option<Self> {
+        let mut by_token: Vec<(u32, f32)> = Vec::new();
+        for &(position, weight) in candidates {
+            let Some(&t) = stored.get(position as usize) else {
+                continue;
+            };
+            match by_token.iter_mut().find(|(seen, _)| *seen == t) {
+                Some((_, sum)) => *sum += weight,
+                None => by_token.push((t, weight)),
+            }
+        }
+        let chosen = by_token.iter().find(|(t, _)| *t == token)?.1;
+        by_token.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        Some(TokenProb {
+            logprob: chosen.ln(),
+            top: by_token.into_iter().map(|(t, w)| (t, w.ln())).collect(),
+        })
+    }
+}
+
 /// One request's generation state.
 #[derive(Debug, Clone)]
 pub struct Generation {
@@ -362,6 +408,9 @@ pub struct Generation {
     last_selected: usize,
     max_tokens: usize,
     pub(crate) emitted: Vec<u32>,
+    /// One per emitted token: its log-probability, or `None` where the backend gave
+    /// no distribution.
+    pub(crate) probs: Vec<Option<TokenProb>>,
     pub(crate) finish: Option<Finish>,
 }
 
@@ -379,6 +428,7 @@ impl Generation {
             last_selected: 0,
             max_tokens,
             emitted: Vec::new(),
+            probs: Vec::new(),
             finish,
         }
     }
@@ -398,8 +448,12 @@ impl Generation {
             Some(Piece::Copy { anchor, .. }) => {
                 self.last_selected = anchor + self.offset;
                 self.emitted.push(truth[self.last_selected]);
+                self.probs.push(None);
             }
-            Some(Piece::Literal(token)) => self.emitted.push(token),
+            Some(Piece::Literal(token)) => {
+                self.emitted.push(token);
+                self.probs.push(Some(TokenProb::certain(token)));
+            }
             None => {}
         }
         self.advance();
@@ -509,6 +563,7 @@ fn step(
                     literal,
                 )?;
                 generation.emitted.push(literal);
+                generation.probs.push(Some(TokenProb::certain(literal)));
                 generation.advance();
                 generation.check_finished();
             }
@@ -538,12 +593,17 @@ fn step(
     let mut picks = Vec::with_capacity(reads.len());
     for group in groups {
         let outputs = read_group(backend, path, resident, batch, group)?;
-        picks.extend(outputs.into_iter().map(|out| out.argmax as usize));
+        picks.extend(
+            outputs
+                .into_iter()
+                .map(|out| (out.argmax as usize, out.candidates)),
+        );
     }
-    for (read, selected) in reads.iter().zip(picks) {
+    for (read, (selected, candidates)) in reads.iter().zip(picks) {
         let (generation, sequence) = &mut batch[read.slot];
         debug_assert!(read.target < sequence.len());
         let token = sequence.stored_tokens[selected];
+        let prob = TokenProb::of_read(token, &candidates, &sequence.stored_tokens);
         append_token(
             backend,
             path.dtype,
@@ -554,6 +614,7 @@ fn step(
             token,
         )?;
         generation.emitted.push(token);
+        generation.probs.push(prob);
         generation.last_selected = selected;
         generation.advance();
         generation.check_finished();

@@ -28,6 +28,20 @@ pub(crate) struct ChatRequest {
     pub(crate) temperature: Option<f64>,
     #[serde(default)]
     pub(crate) stream: Option<bool>,
+    /// OpenAI's `logprobs`: serve each generated token's log-probability.
+    #[serde(default)]
+    pub(crate) logprobs: Option<bool>,
+    /// OpenAI's `top_logprobs` (0 to 20): the best alternatives at each token too.
+    #[serde(default)]
+    pub(crate) top_logprobs: Option<u8>,
+}
+
+impl ChatRequest {
+    /// How many alternatives to serve per token when log-probabilities are asked for
+    /// (`None`: not asked).
+    pub(crate) fn top_logprobs(&self) -> Option<usize> {
+        (self.logprobs == Some(true)).then(|| usize::from(self.top_logprobs.unwrap_or(0).min(20)))
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]

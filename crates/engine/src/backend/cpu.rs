@@ -131,6 +131,23 @@ fn select_top(mut scored: Vec<(f32, u32)>, k: usize, topk: TopkImpl) -> Vec<u32>
         .collect()
 }
 
+/// The selection's best positions by softmax weight (ties: lower position first, as the
+/// argmax breaks them), at most [`super::CANDIDATES`]. Each weight is computed from its
+/// own score against the whole selection's sum, in the selection's order, so it does not
+/// depend on what else is in the batch.
+fn candidates(scores: &[(u32, f32)], max: f32, total: f32) -> Vec<(u32, f32)> {
+    if total <= 0.0 {
+        return Vec::new();
+    }
+    let mut weighted: Vec<(u32, f32)> = scores
+        .iter()
+        .map(|&(position, score)| (position, (sanitize(score) - max).exp() / total))
+        .collect();
+    weighted.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    weighted.truncate(super::CANDIDATES);
+    weighted
+}
+
 /// Sparse attention of one query over rows 0..n of `keys`, the selected ones.
 fn attend(
     query: &[f32],
@@ -201,6 +218,7 @@ fn attend(
     Ok(AttnOut {
         argmax: best.0,
         weight,
+        candidates: candidates(&selected_scores, max, total),
     })
 }
 

@@ -110,7 +110,14 @@ pub struct AttnOut {
     pub argmax: u32,
     /// Its softmax weight over the selection.
     pub weight: f32,
+    /// The best-weighted positions of the selection with their softmax weights, highest
+    /// first (at most [`CANDIDATES`]): what the served log-probabilities are made of.
+    /// Empty where the backend reports the argmax only (the CUDA kernels).
+    pub candidates: Vec<(u32, f32)>,
 }
+
+/// How many of a selection's positions [`AttnOut::candidates`] keeps.
+pub const CANDIDATES: usize = 8;
 
 /// The whole contract of a backend: the slice methods here, the paged ones in its
 /// supertraits ([`PagedPools`], [`PagedReads`]), each implemented where its code lives.

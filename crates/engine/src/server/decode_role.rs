@@ -324,6 +324,7 @@ pub(super) async fn chat_handler(
     });
     let reply = Reply {
         shared,
+        top_logprobs: request.top_logprobs(),
         model: request.model.unwrap_or_else(|| DEFAULT_MODEL.to_string()),
         prompt_tokens: prompt.len(),
     };
@@ -344,6 +345,8 @@ pub(super) struct Reply {
     pub(super) shared: Arc<DecodeShared>,
     pub(super) model: String,
     pub(super) prompt_tokens: usize,
+    /// The request's `top_logprobs` when it asked for `logprobs` (`None`: not asked).
+    pub(super) top_logprobs: Option<usize>,
 }
 
 impl Reply {
@@ -359,14 +362,52 @@ impl Reply {
         let tool_calls = (!parsed.tool_calls.is_empty()).then(|| sse::tool_calls_json(&parsed));
         let message = json!({"role": "assistant", "content": parsed.content, "tool_calls": tool_calls, "reasoning_content": null});
         let usage = json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion});
+        let mut choice = json!({"index": 0, "message": message, "finish_reason": finish_reason});
+        if let Some(top) = self.top_logprobs {
+            choice["logprobs"] = self.logprobs(generation, top);
+        }
         Json(json!({
             "id": id,
             "object": "chat.completion",
             "created": chrono::Utc::now().timestamp(),
             "model": self.model,
-            "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
+            "choices": [choice],
             "usage": usage,
         }))
         .into_response()
+    }
+
+    /// OpenAI's `choices[0].logprobs` of a finished generation, `top` alternatives a
+    /// token: `{"content": [{"token", "logprob", "bytes", "top_logprobs"}]}`, or `null`
+    /// where the backend gave no distribution for some token (the CUDA kernels return
+    /// the argmax only): no partial list that a reader could take for the whole reply.
+    pub(super) fn logprobs(&self, generation: &Generation, top: usize) -> serde_json::Value {
+        let vocab = &self.shared.vocab;
+        let content: Option<Vec<serde_json::Value>> = generation
+            .emitted
+            .iter()
+            .zip(&generation.probs)
+            .map(|(&token, prob)| {
+                let prob = prob.as_ref()?;
+                let text = vocab.decode(&[token]);
+                let alternatives: Vec<serde_json::Value> = prob
+                    .top
+                    .iter()
+                    .take(top)
+                    .map(|&(t, lp)| {
+                        let text = vocab.decode(&[t]);
+                        json!({"token": text, "logprob": lp, "bytes": text.as_bytes()})
+                    })
+                    .collect();
+                Some(
+                    json!({"token": text, "logprob": prob.logprob, "bytes": text.as_bytes(),
+                    "top_logprobs": alternatives}),
+                )
+            })
+            .collect();
+        match content {
+            Some(content) => json!({ "content": content }),
+            None => serde_json::Value::Null,
+        }
     }
 }

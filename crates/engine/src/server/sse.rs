@@ -136,8 +136,15 @@ impl Stream {
         }
         let usage = json!({"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion});
+        let mut choice =
+            json!({"index": 0, "delta": {}, "finish_reason": finish_reason(generation, &parsed)});
+        if let Some(top) = self.reply.top_logprobs {
+            // The whole reply's tokens in the last chunk: the text streamed ahead of
+            // them is held back at markup, so per-chunk lists would not line up with it.
+            choice["logprobs"] = self.reply.logprobs(generation, top);
+        }
         let last = json!({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-            "choices": [{"index": 0, "delta": {}, "finish_reason": finish_reason(generation, &parsed)}], "usage": usage});
+            "choices": [choice], "usage": usage});
         self.send(format!("data: {last}\n\ndata: [DONE]\n\n")).await;
     }
 

@@ -156,6 +156,67 @@ async fn streaming_matches_the_non_streaming_reply() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logprobs_are_served_token_by_token_the_same_streamed_and_plain() {
+    let (_prefill, decode) = start_pair().await;
+    let client = fresh_client();
+    let chat = format!("{decode}/v1/chat/completions");
+    wait_healthy(&client, &decode, "decode never became healthy").await;
+    let plain: Value = post_json(&client, &chat, &chat_body(256)).await;
+    assert!(plain["choices"][0].get("logprobs").is_none(), "not asked");
+
+    let mut body = chat_body(256);
+    body["logprobs"] = json!(true);
+    body["top_logprobs"] = json!(3);
+    let asked: Value = post_json(&client, &chat, &body).await;
+    let content = asked["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .expect("a token list")
+        .clone();
+    assert_eq!(
+        content.len() as u64,
+        asked["usage"]["completion_tokens"].as_u64().unwrap()
+    );
+    let text: String = content
+        .iter()
+        .map(|t| t["token"].as_str().unwrap())
+        .collect();
+    assert!(
+        text.contains("read_file"),
+        "the tokens spell the raw reply: {text}"
+    );
+    let mut read = 0;
+    for token in &content {
+        let logprob = token["logprob"].as_f64().unwrap();
+        let top = token["top_logprobs"].as_array().unwrap();
+        assert!(!top.is_empty() && top.len() <= 3, "{token}");
+        assert!(logprob <= 1e-6, "{token}");
+        // The alternatives are the best first, and the chosen token is among them
+        // unless three others outweigh it.
+        let lps: Vec<f64> = top.iter().map(|t| t["logprob"].as_f64().unwrap()).collect();
+        assert!(lps.windows(2).all(|w| w[0] >= w[1]), "{token}");
+        if top.len() > 1 {
+            read += 1;
+        }
+    }
+    assert!(read > 0, "copied tokens come from reads with alternatives");
+
+    body["stream"] = json!(true);
+    let sse = send_json(&client, &chat, &body).await.text().await.unwrap();
+    let streamed: Vec<Value> = sse
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array().cloned())
+        .flatten()
+        .collect();
+    assert_eq!(
+        streamed, content,
+        "the same tokens and numbers, alone or streamed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn end_to_end_over_http_with_bad_requests_and_dtype_mismatch() {
     let (prefill, decode) = start_pair().await;
     // No pooled connections: the 413 below makes the server drop its connection, and a

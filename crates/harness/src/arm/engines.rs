@@ -159,6 +159,7 @@ impl Testbed<'_> {
             repeat: 0,
             sessions: toolprobe::TRIES,
             concurrency: 1,
+            oracle: None,
         };
         // The probe's one request in flight, for a death it causes.
         let inflight = Arc::new(InFlight::new());

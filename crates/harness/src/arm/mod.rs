@@ -232,9 +232,17 @@ pub(crate) struct Testbed<'a> {
     /// Whether the engines were shown to parse tool calls (the probe before the first
     /// block, [`Testbed::prove_tool_calls`]); asked once per command.
     tool_calls_probed: std::sync::atomic::AtomicBool,
+    /// The solo oracle's references for the next drives ([`Testbed::judge_against`]).
+    oracle: Option<Arc<crate::driver::Oracle>>,
 }
 
 impl<'a> Testbed<'a> {
+    /// Judge the sessions of the drives that follow against `oracle`'s references too
+    /// (`None`: by the classifier alone, as without `--oracle`).
+    pub(crate) fn judge_against(&mut self, oracle: Option<Arc<crate::driver::Oracle>>) {
+        self.oracle = oracle;
+    }
+
     /// Refuse half-applied flags (unless allowed), then journal the launch configs.
     /// Nothing has been written when this fails.
     pub fn open(
@@ -293,6 +301,7 @@ impl<'a> Testbed<'a> {
                 .build()?,
             identities: BTreeMap::new(),
             written: Vec::new(),
+            oracle: None,
             tool_calls_probed: std::sync::atomic::AtomicBool::new(false),
         })
     }
@@ -475,6 +484,7 @@ impl<'a> Testbed<'a> {
             repeat: block.repeat,
             sessions: workload.sessions,
             concurrency: workload.target_concurrency(),
+            oracle: self.oracle.clone(),
         };
         let inflight = Arc::new(InFlight::default());
         let endpoints: Vec<metrics::MetricsEndpoint> = self

@@ -566,6 +566,7 @@ mod tests {
             latency_ms: vec![10, 20],
             completion_tokens: 40,
             error: None,
+            oracle: None,
         }
     }
 
@@ -601,6 +602,7 @@ mod tests {
             latency_ms: vec![10],
             completion_tokens: 20,
             error: None,
+            oracle: None,
         };
         let (new, incomplete) = reclassify_session(&c, &w, &old).unwrap();
         assert!(incomplete);

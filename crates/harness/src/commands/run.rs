@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use anyhow::Context;
+
 use tokio_util::sync::CancellationToken;
 
 use crate::arm::{
@@ -23,7 +25,9 @@ use crate::config::{FlagSpec, TargetProfile, Workload};
 use crate::control::EngineControl;
 use crate::core::arm_stats::{ArmLabel, RecordStatus};
 use crate::core::classify::Classifier;
+use crate::core::oracle::{ReferencePass, SoloOracle};
 use crate::core::phases::Phases;
+use crate::core::session::SessionResult;
 use crate::core::verdict::{decide, Policy};
 use crate::exit::Failure;
 use crate::results::run_record::{ArmRecord, FlagInfo, RunRecord, TargetInfo, SCHEMA};
@@ -44,6 +48,8 @@ pub struct RunPlan {
     pub policy: Policy,
     pub api_key: Option<String>,
     pub testbed: TestbedOptions,
+    /// `--oracle solo`: each block's sessions are also run alone and compared.
+    pub oracle: Option<SoloOracle>,
 }
 
 impl crate::commands::EnginePlan for RunPlan {
@@ -261,9 +267,16 @@ pub(crate) async fn run_block(
     arm.readback = readback;
     arm.effective = effective;
     arm.identity = identity;
+    if let Some(solo) = plan.oracle {
+        let driving = Instant::now();
+        let (oracle, pass) = reference(bed, results, classifier, block, workload, solo).await?;
+        phases.drive_s += driving.elapsed().as_secs_f64();
+        bed.judge_against(Some(oracle));
+        arm.oracle = Some(pass);
+    }
     let mut outcomes = vec![None; workload.sessions as usize];
     let driving = Instant::now();
-    let (stats, driven) = bed
+    let driven = bed
         .drive_observed(block, workload, classifier, results, &mut |session| {
             if let Some(slot) = outcomes.get_mut(session.index as usize) {
                 *slot = session
@@ -271,8 +284,13 @@ pub(crate) async fn run_block(
                     .is_judged()
                     .then(|| session.class.is_corrupted());
             }
+            if let Some(pass) = arm.oracle.as_mut() {
+                pass.count(session);
+            }
         })
-        .await?;
+        .await;
+    bed.judge_against(None);
+    let (stats, driven) = driven?;
     let drive_s = driving.elapsed().as_secs_f64();
     phases.drive_s += drive_s;
     phases.classify_s += driven.classify_s;
@@ -289,6 +307,71 @@ pub(crate) async fn run_block(
         restart_s: restarted.restart_s + restarted.health_wait_s + stop_s,
         drive_s,
     })
+}
+
+/// The block's reference for the solo oracle: its sessions run one at a time on the
+/// engines just started (the same configuration as the block), written under
+/// `reference/<arm>/` in the results directory; an earlier block of the same arm (a later
+/// repeat) reuses what is there, since the arm's configuration, the workload and its
+/// seed are the same. A session whose reference failed (error, timeout) has none: it is
+/// judged by the classifier alone.
+async fn reference(
+    bed: &mut Testbed<'_>,
+    results: &ResultsDir,
+    classifier: &Arc<Classifier>,
+    block: BlockName<'_>,
+    workload: &Workload,
+    solo: SoloOracle,
+) -> anyhow::Result<(Arc<crate::driver::Oracle>, ReferencePass)> {
+    let dir = ResultsDir::create(&results.root().join("reference").join(block.label))?;
+    let mut pass = ReferencePass {
+        threshold: solo.threshold,
+        ..ReferencePass::default()
+    };
+    let mut sessions = dir.read_sessions().unwrap_or_default();
+    if sessions.len() == workload.sessions as usize {
+        pass.reused = 1;
+        bed.progress().note(&format!(
+            "arm {}: the solo oracle's reference reused ({} sessions)",
+            block.label,
+            sessions.len()
+        ));
+    } else {
+        bed.progress().note(&format!(
+            "arm {}: the solo oracle's reference, {} sessions one at a time",
+            block.label, workload.sessions
+        ));
+        let mut alone = workload.clone();
+        alone.concurrency = Some(1);
+        let started = Instant::now();
+        let label = format!("{}-alone", block.label);
+        let name = BlockName {
+            label: &label,
+            ..block
+        };
+        // What an interrupted pass left would be appended to: start the file anew.
+        sessions.clear();
+        let kept = dir.root().join("sessions.jsonl");
+        if kept.exists() {
+            std::fs::remove_file(&kept).with_context(|| format!("removing {}", kept.display()))?;
+        }
+        bed.drive_observed(name, &alone, classifier, &dir, &mut |s| {
+            sessions.push(s.clone())
+        })
+        .await?;
+        pass.sessions = sessions.len() as u64;
+        pass.wall_s = started.elapsed().as_secs_f64();
+    }
+    let references = sessions
+        .into_iter()
+        .filter(|s: &SessionResult| !s.class.is_failure())
+        .map(|s| (s.index, s))
+        .collect();
+    let oracle = crate::driver::Oracle {
+        references,
+        threshold: solo.threshold,
+    };
+    Ok((Arc::new(oracle), pass))
 }
 
 /// Why an arm is refused before its sessions: its engine reports running the flag with

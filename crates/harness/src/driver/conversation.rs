@@ -33,6 +33,26 @@ pub(crate) struct SessionContext {
     /// Nanoseconds spent classifying replies, all sessions of the block together (the
     /// run's phase accounting).
     pub(crate) classify_ns: std::sync::atomic::AtomicU64,
+    /// The solo oracle: each finished session is compared with the same session alone.
+    pub oracle: Option<Arc<Oracle>>,
+}
+
+/// The solo oracle of one block: every session's reference (the same session run alone
+/// on the same configuration), by index, and the near-tie threshold.
+#[derive(Debug)]
+pub struct Oracle {
+    pub references: std::collections::HashMap<u32, SessionResult>,
+    pub threshold: f64,
+}
+
+impl Oracle {
+    /// Judge `session` against its reference (core::oracle::judge); a session with no
+    /// reference (the reference failed there) is left as the classifier judged it.
+    pub fn judge(&self, session: &mut SessionResult) {
+        if let Some(reference) = self.references.get(&session.index) {
+            crate::core::oracle::judge(session, reference, self.threshold);
+        }
+    }
 }
 
 /// A finished session plus the per-round client latency at microsecond resolution
@@ -129,21 +149,26 @@ pub(crate) async fn run_session(
 
     let ending = progress.finish(workload.rounds);
     let latency_ms = ending.latency_ms();
+    let mut result = SessionResult {
+        label: ctx.label.clone(),
+        repeat: ctx.repeat,
+        index,
+        class: ending.class,
+        rounds_used: ending.rounds.len() as u32,
+        first_bad_round: ending.first_bad_round,
+        evidence: ending.evidence,
+        transcript: transcript.into_messages(),
+        latency_ms,
+        rounds: ending.rounds,
+        completion_tokens,
+        error,
+        oracle: None,
+    };
+    if let Some(oracle) = &ctx.oracle {
+        oracle.judge(&mut result);
+    }
     SessionRun {
-        result: SessionResult {
-            label: ctx.label.clone(),
-            repeat: ctx.repeat,
-            index,
-            class: ending.class,
-            rounds_used: ending.rounds.len() as u32,
-            first_bad_round: ending.first_bad_round,
-            evidence: ending.evidence,
-            transcript: transcript.into_messages(),
-            latency_ms,
-            rounds: ending.rounds,
-            completion_tokens,
-            error,
-        },
+        result,
         round_latency_us,
         send_lag_us,
     }

@@ -44,6 +44,8 @@ pub struct DrivePlan {
     pub sessions: u32,
     /// Sessions in flight at once; 0 (or anything >= `sessions`) starts them all at once.
     pub concurrency: u32,
+    /// The solo oracle's references, when the block is judged against them too.
+    pub oracle: Option<Arc<super::conversation::Oracle>>,
 }
 
 impl DrivePlan {
@@ -315,6 +317,7 @@ pub(crate) fn session_context(
         label: plan.label.clone(),
         repeat: plan.repeat,
         classify_ns: Default::default(),
+        oracle: plan.oracle.clone(),
     }))
 }
 
@@ -413,6 +416,7 @@ mod tests {
             api_key: Some("sk-test".into()),
             sessions: workload.sessions,
             concurrency,
+            oracle: None,
             workload,
             label: "on".into(),
             repeat: 1,
@@ -686,6 +690,7 @@ mod tests {
                 api_key: None,
                 sessions,
                 concurrency,
+                oracle: None,
                 workload,
                 label: "on".into(),
                 repeat: 1,

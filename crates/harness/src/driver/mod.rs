@@ -18,5 +18,6 @@ pub mod toolprobe;
 
 pub use crate::core::task::{Step, Task};
 pub use client::{ChatClient, ChatOutcome, Connection, InFlight};
+pub use conversation::Oracle;
 pub use drive::{drive, DrivePlan, DriveStats};
 pub use metrics::{poll, write_csv, MetricsLog, MetricsRow};

@@ -536,6 +536,7 @@ mod tests {
             latency_ms: vec![12],
             completion_tokens: 20,
             error: None,
+            oracle: None,
         }
     }
 

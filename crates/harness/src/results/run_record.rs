@@ -192,6 +192,9 @@ pub struct ArmRecord {
     pub sessions: u64,
     #[serde(flatten)]
     pub stats: ArmStats,
+    /// The solo oracle's reference pass and findings (`--oracle solo`); absent without.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oracle: Option<crate::core::oracle::ReferencePass>,
 }
 
 impl RunRecord {
@@ -229,6 +232,7 @@ impl ArmRecord {
             identity: BTreeMap::new(),
             sessions: 0,
             stats: ArmStats::default(),
+            oracle: None,
         }
     }
 
@@ -249,6 +253,9 @@ impl ArmRecord {
         );
         arm.stats = ArmStats::pool(blocks.iter().map(|b| &b.stats));
         arm.sessions = arm.stats.sessions();
+        arm.oracle = crate::core::oracle::ReferencePass::pooled(
+            blocks.iter().filter_map(|b| b.oracle.as_ref()),
+        );
         arm
     }
 

@@ -510,7 +510,13 @@ impl CudaBackend {
         Ok(argmax
             .into_iter()
             .zip(weight)
-            .map(|(argmax, weight)| AttnOut { argmax, weight })
+            .map(|(argmax, weight)| AttnOut {
+                argmax,
+                weight,
+                // The kernel reduces to the argmax on the device; no runner-up comes
+                // back, so this backend serves no log-probabilities.
+                candidates: Vec::new(),
+            })
             .collect())
     }
 }

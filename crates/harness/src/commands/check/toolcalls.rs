@@ -29,6 +29,7 @@ pub(super) async fn probe_row(
         repeat: 0,
         sessions: toolprobe::TRIES,
         concurrency: 1,
+        oracle: None,
     };
     let replies = match target.classifier(workload) {
         Ok(classifier) => crate::driver::toolprobe::ask(&drive, Arc::new(classifier))

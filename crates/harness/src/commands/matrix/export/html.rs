@@ -386,6 +386,7 @@ pub(crate) mod tests {
             latency_ms: Vec::new(),
             completion_tokens: 0,
             error: None,
+            oracle: None,
         };
         let line = serde_json::to_string(&leak).unwrap();
         leak.index = 4;
