@@ -27,9 +27,11 @@ use serde_json::{json, Value};
 use crate::config::Workload;
 use crate::core::arm_stats::ArmLabel;
 use crate::core::classify::{account_for_truncation, Classifier, RoundOutcome};
-use crate::core::ending::{Flow, SessionProgress};
-use crate::core::session::{RoundClass, RoundRecord, SessionClass, SessionResult};
-use crate::core::task::initial_conversation;
+use crate::core::ending::{Ending, Flow, SessionProgress};
+use crate::core::session::{
+    ChatMessage, HttpReply, RoundClass, RoundRecord, SessionClass, SessionResult,
+};
+use crate::core::task::{initial_conversation, Task};
 use crate::core::verdict::{decide, Policy};
 use crate::core::workload::WorkloadParams;
 use crate::exit::Failure;
@@ -86,6 +88,19 @@ pub fn reclassify_session(
 ) -> anyhow::Result<(SessionResult, bool)> {
     let who = format!("session {} r{} #{}", old.label, old.repeat, old.index);
     let (task, prefix) = initial_conversation(workload, old.index);
+    check_task_message(&who, workload, old, &prefix)?;
+    let progress = replay_rounds(classifier, workload, old, &task, prefix.len(), &who)?;
+    Ok(replayed_session(old, progress.finish(workload.rounds)))
+}
+
+/// Refuse a session whose stored task message is not the regenerated one: the workload
+/// changed since the run, and judging against it would be silently wrong.
+fn check_task_message(
+    who: &str,
+    workload: &Workload,
+    old: &SessionResult,
+    prefix: &[ChatMessage],
+) -> anyhow::Result<()> {
     let task_message = prefix.last().and_then(|m| m.content.as_deref());
     let stored = old
         .transcript
@@ -98,26 +113,25 @@ pub fn reclassify_session(
         ).into())
         .into());
     }
-    let mut pos = prefix.len();
+    Ok(())
+}
+
+/// The stored rounds judged again, in order, through the live driver's
+/// [`SessionProgress`]; `pos` walks the transcript past each round's reply and tool
+/// results.
+fn replay_rounds(
+    classifier: &Classifier,
+    workload: &Workload,
+    old: &SessionResult,
+    task: &Task,
+    mut pos: usize,
+    who: &str,
+) -> anyhow::Result<SessionProgress> {
     let mut progress = SessionProgress::new(task.steps.len());
     for stored_round in &old.rounds {
         // An error reply kept whole enough to judge: rejected or error, by the patterns.
         if let Some(http) = &stored_round.http {
-            let verdict = classifier.classify(
-                &RoundOutcome::Status {
-                    status: http.status,
-                    body: &http.body,
-                    error: status_error(http.status, &http.body),
-                    partial: http.partial.as_deref(),
-                },
-                task.expected(progress.step()).as_ref(),
-                workload.check_args,
-            );
-            let round = RoundRecord {
-                class: verdict.class,
-                evidence: verdict.evidence,
-                ..stored_round.clone()
-            };
+            let round = rejudge_status(classifier, workload, task, &progress, stored_round, http);
             progress.record(round, None);
             break;
         }
@@ -163,7 +177,38 @@ pub fn reclassify_session(
             break;
         }
     }
-    let mut ending = progress.finish(workload.rounds);
+    Ok(progress)
+}
+
+/// A kept error reply judged again against the run's rejection patterns.
+fn rejudge_status(
+    classifier: &Classifier,
+    workload: &Workload,
+    task: &Task,
+    progress: &SessionProgress,
+    stored_round: &RoundRecord,
+    http: &HttpReply,
+) -> RoundRecord {
+    let verdict = classifier.classify(
+        &RoundOutcome::Status {
+            status: http.status,
+            body: &http.body,
+            error: status_error(http.status, &http.body),
+            partial: http.partial.as_deref(),
+        },
+        task.expected(progress.step()).as_ref(),
+        workload.check_args,
+    );
+    RoundRecord {
+        class: verdict.class,
+        evidence: verdict.evidence,
+        ..stored_round.clone()
+    }
+}
+
+/// The session as its replay ended it; `bool` is true when it was cut short (a round
+/// now ok whose successors were never run).
+fn replayed_session(old: &SessionResult, mut ending: Ending) -> (SessionResult, bool) {
     let incomplete = ending.cut_short;
     if incomplete {
         ending.evidence = format!("reclassified: {}", ending.evidence);
@@ -188,7 +233,7 @@ pub fn reclassify_session(
         error,
         ..old.clone()
     };
-    Ok((new, incomplete))
+    (new, incomplete)
 }
 
 /// A kept error reply's text as the live client wrote it: `HTTP 500 Internal Server
