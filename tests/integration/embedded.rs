@@ -292,3 +292,122 @@ fn adaptive_run_alternates_restarted_blocks_up_to_its_cap() {
         assert_eq!(block["effective"]["decode"], block["value"]);
     }
 }
+
+/// The default workload with its arguments checked against the schema only: a wrong
+/// value that fits the schema is `done` to the classifier.
+fn schema_only_workload(dir: &std::path::Path) -> String {
+    let agentic = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/agentic.toml"),
+    )
+    .unwrap();
+    assert!(agentic.contains("check_args = \"strict\""));
+    let path = dir.join("schema-only.toml");
+    std::fs::write(
+        &path,
+        agentic.replace("check_args = \"strict\"", "check_args = \"schema\""),
+    )
+    .unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn the_solo_oracle_catches_well_formed_wrong_values_the_classifier_passes() {
+    let dir = tempfile::tempdir().unwrap();
+    let workload = schema_only_workload(dir.path());
+    let args = [
+        "run",
+        "--flag",
+        "BF16_INDEX_K",
+        "--oracle",
+        "solo",
+        "--workload",
+        &workload,
+        "--repeats",
+        "2",
+        "--json",
+    ];
+    let run = bisect_json(&args, dir.path());
+    let (on, off) = (arm(&run, "on"), arm(&run, "off"));
+    let diverged = |a: &Value| a["counts"]["diverged"].as_u64().unwrap_or(0);
+    let corrupted = |a: &Value| a["corrupted"].as_u64().unwrap();
+    // Under load bf16 parts from itself alone in sessions whose markup stayed
+    // well-formed: corruption only the oracle sees, counted with the rest.
+    assert!(diverged(on) >= 4, "{}", on["counts"]);
+    assert!(corrupted(on) > diverged(on), "{}", on["counts"]);
+    assert!(
+        diverged(off) <= 3,
+        "fp8 stays its own self: {}",
+        off["counts"]
+    );
+    assert_eq!(run["verdict"]["status"], "implicated", "{}", run["verdict"]);
+    // Each block says what the reference cost; the second block of an arm reused the
+    // first's (same configuration, workload and seed).
+    let blocks = run["runs"].as_array().unwrap();
+    for label in ["on", "off"] {
+        let passes: Vec<&Value> = blocks
+            .iter()
+            .filter(|b| b["label"] == label)
+            .map(|b| &b["oracle"])
+            .collect();
+        assert_eq!(passes.len(), 2);
+        assert_eq!(passes[0]["sessions"], 80, "{}", passes[0]);
+        assert_eq!(passes[0]["reused"], 0);
+        assert_eq!(
+            (&passes[1]["sessions"], &passes[1]["reused"]),
+            (&0.into(), &1.into())
+        );
+        // The embedded engine is batch-invariant: no near-tie excuses a parting.
+        assert!(passes[0]["threshold"].is_null(), "{}", passes[0]);
+        assert_eq!(passes[0]["drifted"], 0);
+    }
+    let run_dir = dir.path().join("results").join(run["id"].as_str().unwrap());
+    let sessions = std::fs::read_to_string(run_dir.join("sessions.jsonl")).unwrap();
+    let evidence: Vec<Value> = sessions
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|s| s["class"] == "diverged")
+        .collect();
+    assert!(!evidence.is_empty());
+    for s in &evidence {
+        assert_eq!(s["oracle"]["outcome"], "diverged", "{s}");
+        assert_eq!(s["oracle"]["mode"], "logprobs", "{s}");
+        assert!(s["evidence"].as_str().unwrap().contains("alone"), "{s}");
+    }
+    let reference = run_dir.join("reference/on/sessions.jsonl");
+    assert_eq!(
+        std::fs::read_to_string(reference).unwrap().lines().count(),
+        80
+    );
+}
+
+#[test]
+fn the_oracle_refuses_a_sampled_workload() {
+    let dir = tempfile::tempdir().unwrap();
+    let workload = schema_only_workload(dir.path());
+    let text = std::fs::read_to_string(&workload).unwrap();
+    std::fs::write(
+        &workload,
+        text.replace("temperature = 0.0", "temperature = 0.7"),
+    )
+    .unwrap();
+    assert!(text.contains("temperature = 0.0"));
+    let out = bisect(
+        &[
+            "run",
+            "--flag",
+            "BF16_INDEX_K",
+            "--oracle",
+            "solo",
+            "--workload",
+            &workload,
+        ],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--oracle solo needs temperature 0"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("fix: set temperature = 0.0"), "{stderr}");
+}

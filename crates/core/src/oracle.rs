@@ -157,6 +157,18 @@ pub struct SoloOracle {
     pub threshold: f64,
 }
 
+impl SoloOracle {
+    /// The threshold a comparison on `batch_invariant` engines uses: none at all there
+    /// (every parting is a bug, however close alone's choice was), this oracle's on
+    /// engines whose numerics follow the batch.
+    pub fn threshold_for(self, batch_invariant: bool) -> f64 {
+        match batch_invariant {
+            true => f64::NEG_INFINITY,
+            false => self.threshold,
+        }
+    }
+}
+
 /// The request fields the oracle asks for when the workload does not set them:
 /// log-probabilities with this many alternatives a token.
 pub const TOP_LOGPROBS: u8 = 5;
@@ -165,7 +177,9 @@ pub const TOP_LOGPROBS: u8 = 5;
 /// on each block, summed over blocks on a pooled arm).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ReferencePass {
-    pub threshold: f64,
+    /// The near-tie threshold used; `None` where none applied (a batch-invariant
+    /// engine, where every parting diverges).
+    pub threshold: Option<f64>,
     /// Sessions run alone for this block (0 where an earlier block's were reused).
     pub sessions: u64,
     /// Seconds the reference sessions took.

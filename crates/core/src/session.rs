@@ -229,6 +229,12 @@ impl SessionClass {
         }
     }
 
+    /// Only the solo oracle gives this class (`--oracle solo`): tables show it only in
+    /// runs the oracle judged.
+    pub fn needs_oracle(self) -> bool {
+        matches!(self, SessionClass::Diverged | SessionClass::Drifted)
+    }
+
     /// One letter per session in culprit's step log (docs/culprit.md).
     pub fn letter(self) -> char {
         match self {

@@ -327,14 +327,7 @@ fn judge(
     let m = policy.min_effect;
     let significant = p < policy.alpha;
     let inside_min_effect = lo > -m && hi < m;
-    let blocking: Vec<&Confound> = confounds
-        .iter()
-        .filter(|c| c.severity == Severity::Blocking)
-        .collect();
-    let warnings: Vec<&Confound> = confounds
-        .iter()
-        .filter(|c| c.severity == Severity::Warning)
-        .collect();
+    let (blocking, warnings) = blocking_and_warnings(confounds);
 
     let (corrupting, clean) = if comparison.rate_diff >= 0.0 {
         (on, off)
@@ -349,26 +342,19 @@ fn judge(
     let p_text = format!("Fisher p = {}", format::p_value(p));
 
     let load_shortfall = (!shortfalls.is_empty()).then(|| shortfalls.join("; "));
-    let status = if !blocking.is_empty() {
-        Status::Inconclusive
-    } else if significant {
-        Status::Implicated
-    } else if inside_min_effect && load_shortfall.is_none() {
-        Status::Cleared
-    } else {
-        Status::Inconclusive
-    };
+    let status = status_of(
+        !blocking.is_empty(),
+        significant,
+        inside_min_effect,
+        load_shortfall.is_some(),
+    );
 
     let mut reasons: Vec<String> = blocking.iter().map(|c| c.note.clone()).collect();
-    if let (Some(shortfall), Status::Inconclusive, true) = (
-        &load_shortfall,
-        status,
-        blocking.is_empty() && !significant && inside_min_effect,
-    ) {
-        reasons.push(format!(
-            "{interval_text} lies inside +-{} points, but {shortfall}: a bug that needs load \
-             is not ruled out at a lower one",
-            percent_digits(m)
+    if status == Status::Inconclusive && blocking.is_empty() && !significant && inside_min_effect {
+        reasons.extend(shortfall_reason(
+            load_shortfall.as_deref(),
+            &interval_text,
+            m,
         ));
     }
     match status {
@@ -392,16 +378,7 @@ fn judge(
     }
     reasons.extend(warnings.iter().map(|c| format!("warning: {}", c.note)));
 
-    let direction = (status == Status::Implicated).then(|| {
-        format!(
-            "{} corrupts: {}/{} vs {}/{}",
-            corrupting.name(),
-            corrupting.corrupted(),
-            corrupting.judged(),
-            clean.corrupted(),
-            clean.judged()
-        )
-    });
+    let direction = (status == Status::Implicated).then(|| direction_words(corrupting, clean));
 
     let summary = summary_line(
         status,
@@ -421,6 +398,61 @@ fn judge(
         reasons,
         summary,
     }
+}
+
+/// The confounds that void the comparison, and those it only warns of.
+fn blocking_and_warnings(confounds: &[Confound]) -> (Vec<&Confound>, Vec<&Confound>) {
+    let blocking = confounds
+        .iter()
+        .filter(|c| c.severity == Severity::Blocking)
+        .collect();
+    let warnings = confounds
+        .iter()
+        .filter(|c| c.severity == Severity::Warning)
+        .collect();
+    (blocking, warnings)
+}
+
+/// The status the numbers support: a blocking confound voids the comparison, and a
+/// difference inside the minimum effect clears only at the planned load.
+fn status_of(
+    blocked: bool,
+    significant: bool,
+    inside_min_effect: bool,
+    short_of_load: bool,
+) -> Status {
+    if blocked {
+        Status::Inconclusive
+    } else if significant {
+        Status::Implicated
+    } else if inside_min_effect && !short_of_load {
+        Status::Cleared
+    } else {
+        Status::Inconclusive
+    }
+}
+
+/// Why an interval inside the minimum effect did not clear: the load fell short.
+fn shortfall_reason(load_shortfall: Option<&str>, interval_text: &str, m: f64) -> Option<String> {
+    load_shortfall.map(|shortfall| {
+        format!(
+            "{interval_text} lies inside +-{} points, but {shortfall}: a bug that needs load \
+             is not ruled out at a lower one",
+            percent_digits(m)
+        )
+    })
+}
+
+/// Which arm corrupts, with both arms' counts.
+fn direction_words(corrupting: &ArmObservation, clean: &ArmObservation) -> String {
+    format!(
+        "{} corrupts: {}/{} vs {}/{}",
+        corrupting.name(),
+        corrupting.corrupted(),
+        corrupting.judged(),
+        clean.corrupted(),
+        clean.judged()
+    )
 }
 
 /// Why a run that is neither implicated nor cleared is not, in words.

@@ -152,38 +152,14 @@ impl DecodeEngine {
         let mut used = 0usize;
         let mut window = (Instant::now(), 0u64);
         loop {
-            {
-                let mut queue = self.queue.lock();
-                while running.is_empty() && queue.is_empty() {
-                    self.wake.wait(&mut queue);
-                }
-                while running.len() < max_running {
-                    let Some(job) = queue.front() else { break };
-                    let need = self.reserved_tokens(job);
-                    if used + need > self.pool_tokens && !running.is_empty() {
-                        break;
-                    }
-                    let job = queue.pop_front().expect("front exists");
-                    self.stats.queued.fetch_sub(1, Ordering::Relaxed);
-                    used += need;
-                    let pages = match resident.as_mut() {
-                        Some(pool) => pool.admit(backend.as_ref(), &job.sequence, need),
-                        None => Vec::new(),
-                    };
-                    running.push((job, need, pages));
-                }
-            }
-            running.retain_mut(|(job, need, pages)| {
-                let gone = job.cancelled.load(Ordering::Relaxed) || job.reply.is_closed();
-                if gone {
-                    used -= *need;
-                    self.stats.aborted.fetch_add(1, Ordering::Relaxed);
-                    if let Some(pool) = resident.as_mut() {
-                        pool.release(pages);
-                    }
-                }
-                !gone
-            });
+            self.admit_queued(
+                &mut running,
+                &mut used,
+                &mut resident,
+                backend.as_ref(),
+                max_running,
+            );
+            self.drop_abandoned(&mut running, &mut used, &mut resident);
             self.publish_batch(running.len(), used);
             if running.is_empty() {
                 continue;
@@ -205,38 +181,90 @@ impl DecodeEngine {
             stream_new_tokens(&mut running);
             self.count_tokens((after - before) as u64, &mut window);
             if let Err(error) = outcome {
-                used = 0;
-                self.publish_batch(0, used);
-                for (job, _, mut pages) in running.drain(..) {
-                    if let Some(pool) = resident.as_mut() {
-                        pool.release(&mut pages);
-                    }
-                    let _ = job
-                        .reply
-                        .send(Err(anyhow::anyhow!("decode step failed: {error:#}")));
-                }
+                self.fail_running(&mut running, &mut used, &mut resident, &error);
                 continue;
             }
-            let mut finished = Vec::new();
-            let mut index = 0;
-            while index < running.len() {
-                if running[index].0.generation.finish.is_some() {
-                    let (job, need, mut pages) = running.swap_remove(index);
-                    used -= need;
-                    if let Some(pool) = resident.as_mut() {
-                        pool.release(&mut pages);
-                    }
-                    finished.push(job);
-                } else {
-                    index += 1;
-                }
-            }
+            let finished = take_finished(&mut running, &mut used, &mut resident);
             // The gauges drop before the replies go out: once the last reply is sent the
             // loop blocks waiting for work, so anything published after would never be.
             self.publish_batch(running.len(), used);
             for job in finished {
                 let _ = job.reply.send(Ok(job.generation));
             }
+        }
+    }
+
+    /// Block until there is work, then admit queued requests in order while the batch
+    /// has room and the pool has their reservation (the first always fits an empty
+    /// batch, so an oversized request still runs alone).
+    fn admit_queued(
+        &self,
+        running: &mut Vec<(DecodeJob, usize, Vec<u32>)>,
+        used: &mut usize,
+        resident: &mut Option<ResidentPool>,
+        backend: &dyn Backend,
+        max_running: usize,
+    ) {
+        let mut queue = self.queue.lock();
+        while running.is_empty() && queue.is_empty() {
+            self.wake.wait(&mut queue);
+        }
+        while running.len() < max_running {
+            let Some(job) = queue.front() else { break };
+            let need = self.reserved_tokens(job);
+            if *used + need > self.pool_tokens && !running.is_empty() {
+                break;
+            }
+            let job = queue.pop_front().expect("front exists");
+            self.stats.queued.fetch_sub(1, Ordering::Relaxed);
+            *used += need;
+            let pages = match resident.as_mut() {
+                Some(pool) => pool.admit(backend, &job.sequence, need),
+                None => Vec::new(),
+            };
+            running.push((job, need, pages));
+        }
+    }
+
+    /// Drop the requests whose client went away (cancelled, or its reply channel
+    /// closed), giving back their reservation and pages.
+    fn drop_abandoned(
+        &self,
+        running: &mut Vec<(DecodeJob, usize, Vec<u32>)>,
+        used: &mut usize,
+        resident: &mut Option<ResidentPool>,
+    ) {
+        running.retain_mut(|(job, need, pages)| {
+            let gone = job.cancelled.load(Ordering::Relaxed) || job.reply.is_closed();
+            if gone {
+                *used -= *need;
+                self.stats.aborted.fetch_add(1, Ordering::Relaxed);
+                if let Some(pool) = resident.as_mut() {
+                    pool.release(pages);
+                }
+            }
+            !gone
+        });
+    }
+
+    /// A failed step fails the whole batch: every running request gets the error and
+    /// gives back its pages.
+    fn fail_running(
+        &self,
+        running: &mut Vec<(DecodeJob, usize, Vec<u32>)>,
+        used: &mut usize,
+        resident: &mut Option<ResidentPool>,
+        error: &anyhow::Error,
+    ) {
+        *used = 0;
+        self.publish_batch(0, *used);
+        for (job, _, mut pages) in running.drain(..) {
+            if let Some(pool) = resident.as_mut() {
+                pool.release(&mut pages);
+            }
+            let _ = job
+                .reply
+                .send(Err(anyhow::anyhow!("decode step failed: {error:#}")));
         }
     }
 
@@ -268,6 +296,30 @@ impl DecodeEngine {
                 .store(0f64.to_bits(), Ordering::Relaxed);
         }
     }
+}
+
+/// Take the requests that finished this step out of the batch, giving back their
+/// reservation and pages; their replies go out once the gauges are published.
+fn take_finished(
+    running: &mut Vec<(DecodeJob, usize, Vec<u32>)>,
+    used: &mut usize,
+    resident: &mut Option<ResidentPool>,
+) -> Vec<DecodeJob> {
+    let mut finished = Vec::new();
+    let mut index = 0;
+    while index < running.len() {
+        if running[index].0.generation.finish.is_some() {
+            let (job, need, mut pages) = running.swap_remove(index);
+            *used -= need;
+            if let Some(pool) = resident.as_mut() {
+                pool.release(&mut pages);
+            }
+            finished.push(job);
+        } else {
+            index += 1;
+        }
+    }
+    finished
 }
 
 /// Sends each streaming request the tokens its last step emitted.

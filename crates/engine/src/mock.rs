@@ -536,6 +536,22 @@ async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes
         .iter()
         .find(|rule| rule.round == state.round && rule.selects(state.task_text))
         .map(|rule| rule.fault);
+    let waited = delay(&shared, &state, fault).await;
+    let response = reply(fault, &state);
+    stats
+        .handling_ns
+        .lock()
+        .push(started.elapsed().saturating_sub(waited).as_nanos() as u64);
+    stats
+        .replied
+        .lock()
+        .insert(state.session_key, Instant::now());
+    response
+}
+
+/// Wait as the request's jitter and a sleep fault ask (cut short by shutdown); returns
+/// the wait, which the handling time leaves out.
+async fn delay(shared: &Shared, state: &Progress<'_>, fault: Option<Fault>) -> Duration {
     let mut waited = jitter(&shared.config, state.task_text, state.round);
     if let Some(Fault::Sleep(extra)) = fault {
         waited += extra;
@@ -546,9 +562,14 @@ async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes
             _ = shared.shutdown.cancelled() => {}
         }
     }
+    waited
+}
 
+/// The answer to the round: the current step's call, the fault's corruption of it, or
+/// the closing text once every step is done.
+fn reply(fault: Option<Fault>, state: &Progress<'_>) -> Response {
     let step = state.task.steps.get(state.done_steps);
-    let response = match (fault, step) {
+    match (fault, step) {
         (Some(Fault::Status500), _) => {
             (StatusCode::INTERNAL_SERVER_ERROR, "injected failure").into_response()
         }
@@ -591,16 +612,7 @@ async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes
             )
         }
         (_, None) => text_reply("All steps are done; nothing unusual found."),
-    };
-    stats
-        .handling_ns
-        .lock()
-        .push(started.elapsed().saturating_sub(waited).as_nanos() as u64);
-    stats
-        .replied
-        .lock()
-        .insert(state.session_key, Instant::now());
-    response
+    }
 }
 
 async fn stats_summary(State(shared): State<Arc<Shared>>) -> Response {

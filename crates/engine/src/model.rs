@@ -356,10 +356,12 @@ pub(crate) enum Finish {
 /// One emitted token's log-probability and its best alternatives (tokens with theirs,
 /// highest first), as the server reports them when a request asks for `logprobs`.
 ///
-/// A read's distribution is attention's softmax over the indexer's selection, gathered
-/// by the token each position stores (two positions holding one token add up); only the
-/// best [`super::backend::CANDIDATES`] positions are gathered, so a probability is a lower
-/// bound. A literal (a token the plan emits without reading) is certain: log-probability
+/// A read's distribution is attention's softmax over the indexer's selection; a token's
+/// log-probability is that of the best position storing it, because the engine emits the
+/// token at the best position (greedy over positions): so the emitted token is always the
+/// first alternative, as greedy decoding's is, and its margin over the runner-up is the
+/// lead its position had over the best position storing another token. Only the best
+/// [`super::backend::CANDIDATES`] positions are read. A literal (a token the plan emits without reading) is certain: log-probability
 /// 0 and no alternative. Each number comes from the request's own rows and selection
 /// (fixed reduction order per sequence), so it is the same alone and in any batch.
 #[derive(Debug, Clone, PartialEq)]
@@ -385,9 +387,9 @@ impl TokenProb {
             let Some(&t) = stored.get(position as usize) else {
                 continue;
             };
-            match by_token.iter_mut().find(|(seen, _)| *seen == t) {
-                Some((_, sum)) => *sum += weight,
-                None => by_token.push((t, weight)),
+            // Candidates come best first: a token's first position is its best.
+            if !by_token.iter().any(|(seen, _)| *seen == t) {
+                by_token.push((t, weight));
             }
         }
         let chosen = by_token.iter().find(|(t, _)| *t == token)?.1;

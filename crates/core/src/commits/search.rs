@@ -443,6 +443,41 @@ impl Search {
         } else {
             format!("{decision:?}")
         };
+        let implicated = matches!(
+            decision,
+            Decision::Implicated {
+                direction: Direction::On
+            }
+        );
+        let (verified, words) = self.verify_words(first, last, parent, mass, implicated, &outcome);
+        if !implicated && self.refuted.len() + 1 < self.params.max_verifications as usize {
+            self.back_to_search(words);
+            return;
+        }
+        let words = self.with_refuted(words);
+        self.phase = Phase::Done(Answer::Culprit {
+            first,
+            last,
+            parent,
+            // Unverified: the mass the candidate holds now, its verification's blocks in.
+            posterior: if verified { mass } else { now },
+            verified,
+            words,
+        });
+    }
+
+    /// The verification's closing sentence, and whether it verified the candidate: a
+    /// rise with its always-valid interval, a rise that is not the flag's (the off arm
+    /// at the culprit not clean), or what the pair gave instead.
+    fn verify_words(
+        &self,
+        first: usize,
+        last: usize,
+        parent: usize,
+        mass: f64,
+        implicated: bool,
+        outcome: &str,
+    ) -> (bool, String) {
         let (on, off) = self.ab.tallies();
         let interval = self
             .ab
@@ -454,12 +489,6 @@ impl Search {
         } else {
             format!("commits {first}..={last} (untestable between)")
         };
-        let implicated = matches!(
-            decision,
-            Decision::Implicated {
-                direction: Direction::On
-            }
-        );
         // With --flag: the off arm at the culprit must be clean, or the rise is not the flag's.
         let off_arm = self.params.flag.as_deref().map(|flag| {
             let (off, on) = (self.off[last], self.counts[last]);
@@ -493,55 +522,62 @@ impl Search {
                 rate_words(on.corrupted, on.sessions)
             )
         } else {
-            format!(
-                "verification failed: the search named {name} (posterior {mass:.3}), but against \
-                 its parent {parent} it gave {} vs {}{arm} at {load} in flight ({outcome}){}",
-                rate_words(on.corrupted, on.sessions),
-                rate_words(off.corrupted, off.sessions),
-                self.drift_words([
-                    (
-                        last,
-                        Counts {
-                            corrupted: on.corrupted,
-                            judged: on.sessions
-                        }
-                    ),
-                    (
-                        parent,
-                        Counts {
-                            corrupted: off.corrupted,
-                            judged: off.sessions
-                        }
-                    ),
-                ])
-            )
+            self.not_implicated_words(&name, last, parent, mass, outcome)
         };
-        if !implicated && self.refuted.len() + 1 < self.params.max_verifications as usize {
-            // Back to the search. The blocks that led it here are suspect (a rate that
-            // drifted while they ran, or plain bad luck): they leave the posterior, the
-            // ends' and the verification's stay, and the search tests afresh.
-            self.refuted.push(words);
-            for (counts, navigated) in self.counts.iter_mut().zip(&mut self.navigation) {
-                *counts = *counts - std::mem::take(navigated);
-            }
-            for (off, navigated) in self.off.iter_mut().zip(&mut self.navigation_off) {
-                *off = *off - std::mem::take(navigated);
-            }
-            self.posterior = posterior(&self.counts);
-            self.phase = Phase::Search;
-            self.maybe_stop();
-            return;
+        (verified, words)
+    }
+
+    /// A verification whose pair did not implicate the candidate: what it gave instead,
+    /// and whether either commit's rate drifted since the search ran it.
+    fn not_implicated_words(
+        &self,
+        name: &str,
+        last: usize,
+        parent: usize,
+        mass: f64,
+        outcome: &str,
+    ) -> String {
+        let (on, off) = self.ab.tallies();
+        let load = self.params.concurrency;
+        let arm = self.params.arm_words();
+        format!(
+            "verification failed: the search named {name} (posterior {mass:.3}), but against \
+             its parent {parent} it gave {} vs {}{arm} at {load} in flight ({outcome}){}",
+            rate_words(on.corrupted, on.sessions),
+            rate_words(off.corrupted, off.sessions),
+            self.drift_words([
+                (
+                    last,
+                    Counts {
+                        corrupted: on.corrupted,
+                        judged: on.sessions
+                    }
+                ),
+                (
+                    parent,
+                    Counts {
+                        corrupted: off.corrupted,
+                        judged: off.sessions
+                    }
+                ),
+            ])
+        )
+    }
+
+    /// Back to the search after a refuted verification. The blocks that led it here are
+    /// suspect (a rate that drifted while they ran, or plain bad luck): they leave the
+    /// posterior, the ends' and the verification's stay, and the search tests afresh.
+    fn back_to_search(&mut self, words: String) {
+        self.refuted.push(words);
+        for (counts, navigated) in self.counts.iter_mut().zip(&mut self.navigation) {
+            *counts = *counts - std::mem::take(navigated);
         }
-        let words = self.with_refuted(words);
-        self.phase = Phase::Done(Answer::Culprit {
-            first,
-            last,
-            parent,
-            // Unverified: the mass the candidate holds now, its verification's blocks in.
-            posterior: if verified { mass } else { now },
-            verified,
-            words,
-        });
+        for (off, navigated) in self.off.iter_mut().zip(&mut self.navigation_off) {
+            *off = *off - std::mem::take(navigated);
+        }
+        self.posterior = posterior(&self.counts);
+        self.phase = Phase::Search;
+        self.maybe_stop();
     }
 
     /// Where one of the verification's two commits gave the search and the verification

@@ -170,3 +170,18 @@ fn resident_decode_emits_the_same_tokens_through_page_tables() {
         }
     }
 }
+
+#[test]
+fn a_reads_logprobs_rank_tokens_by_their_best_position_with_the_emitted_one_first() {
+    // Positions 0..4 store tokens 7, 9, 7, 5; the selection's best positions come first.
+    let stored = [7, 9, 7, 5];
+    let candidates = [(2, 0.5), (1, 0.3), (0, 0.15), (3, 0.05)];
+    let prob = TokenProb::of_read(7, &candidates, &stored).unwrap();
+    assert_eq!(prob.logprob, 0.5f32.ln());
+    let tokens: Vec<u32> = prob.top.iter().map(|(t, _)| *t).collect();
+    assert_eq!(tokens, [7, 9, 5], "one entry a token, best first");
+    assert_eq!(prob.top[1].1, 0.3f32.ln());
+    // No distribution where the backend gave none (the argmax only).
+    assert_eq!(TokenProb::of_read(7, &[], &stored), None);
+    assert_eq!(TokenProb::certain(4).top, [(4, 0.0)]);
+}

@@ -475,7 +475,61 @@ impl<'a> Testbed<'a> {
             .await?;
         self.progress
             .arm_started(block, u64::from(workload.sessions));
-        let drive_plan = DrivePlan {
+        let drive_plan = self.drive_plan(block, workload);
+        let inflight = Arc::new(InFlight::default());
+        let poll_cancel = self.cancel.child_token();
+        let poller = tokio::spawn(metrics::poll(
+            self.metrics_endpoints(),
+            self.api_key.clone(),
+            inflight.clone(),
+            self.metrics_period,
+            poll_cancel.clone(),
+        ));
+        let (watch, watch_cancel, watcher) = self.spawn_death_watch(&inflight);
+        let (tx, rx) = mpsc::channel::<SessionResult>(256);
+        let started = Instant::now();
+        let driver = {
+            let classifier = classifier.clone();
+            let inflight = inflight.clone();
+            let cancel = self.cancel.clone();
+            tokio::spawn(async move { drive(&drive_plan, classifier, tx, inflight, cancel).await })
+        };
+        let mut stats = self.collect_sessions(rx, &watch, results, observe).await?;
+        let driven = driver.await.context("workload driver panicked")??;
+        watch_cancel.cancel();
+        let _ = watcher.await;
+        watch.poll().await;
+        stats.deaths = probe_deaths;
+        stats.deaths.extend(watch.deaths());
+        for death in &stats.deaths {
+            self.progress.note(&format!(
+                "warning: block {}-r{}: {}",
+                block.label,
+                block.repeat,
+                death.describe()
+            ));
+        }
+        stats.wall_s = driven
+            .wall_s
+            .max(started.elapsed().as_secs_f64().min(driven.wall_s.max(1e-9)));
+        poll_cancel.cancel();
+        let log = poller.await.context("metrics poller panicked")?;
+        self.record_load(block, &mut stats, &inflight, &driven, log, results)?;
+        self.check_cancelled()?;
+        // A role that died is evidence (its death), not a replaced engine.
+        let died: Vec<&str> = stats.deaths.iter().map(|d| d.role.as_str()).collect();
+        stats.engine_replaced = self.engines_replaced(&died).await;
+        for line in &stats.engine_replaced {
+            self.progress.note(&format!("warning: {line}"));
+        }
+        stats.finish();
+        self.progress.arm_finished(block, &stats);
+        Ok((stats, driven))
+    }
+
+    /// The driver's plan for one block: this target's endpoint and the workload's sessions.
+    fn drive_plan(&self, block: BlockName<'_>, workload: &Workload) -> DrivePlan {
+        DrivePlan {
             api: self.target.api.clone(),
             model: self.target.model.clone(),
             api_key: self.api_key.clone(),
@@ -485,10 +539,12 @@ impl<'a> Testbed<'a> {
             sessions: workload.sessions,
             concurrency: workload.target_concurrency(),
             oracle: self.oracle.clone(),
-        };
-        let inflight = Arc::new(InFlight::default());
-        let endpoints: Vec<metrics::MetricsEndpoint> = self
-            .target
+        }
+    }
+
+    /// The metrics endpoints the poller scrapes: every role that names one.
+    fn metrics_endpoints(&self) -> Vec<metrics::MetricsEndpoint> {
+        self.target
             .roles
             .iter()
             .filter_map(|r| {
@@ -501,17 +557,20 @@ impl<'a> Testbed<'a> {
                     counters: r.counters.clone(),
                 })
             })
-            .collect();
-        let poll_cancel = self.cancel.child_token();
-        let poller = tokio::spawn(metrics::poll(
-            endpoints,
-            self.api_key.clone(),
-            inflight.clone(),
-            self.metrics_period,
-            poll_cancel.clone(),
-        ));
-        // The block's death watch (deaths.rs): spawned roles by their exit, the others by
-        // their health port refusing; polled beside the sessions and at each failed one.
+            .collect()
+    }
+
+    /// Start the block's death watch (deaths.rs): spawned roles by their exit, the
+    /// others by their health port refusing; polled beside the sessions and at each
+    /// failed one. Returns the watch, the token that stops its poller, and the poller.
+    fn spawn_death_watch(
+        &self,
+        inflight: &Arc<InFlight>,
+    ) -> (
+        Arc<deaths::DeathWatch>,
+        CancellationToken,
+        tokio::task::JoinHandle<()>,
+    ) {
         let spawned = self.control.spawned();
         let others = self
             .target
@@ -534,15 +593,18 @@ impl<'a> Testbed<'a> {
                 }
             })
         };
-        let (tx, mut rx) = mpsc::channel::<SessionResult>(256);
-        let started = Instant::now();
-        let driver = {
-            let classifier = classifier.clone();
-            let inflight = inflight.clone();
-            let cancel = self.cancel.clone();
-            tokio::spawn(async move { drive(&drive_plan, classifier, tx, inflight, cancel).await })
-        };
-        // The one collector: owns the block's aggregate and the sessions.jsonl stream.
+        (watch, watch_cancel, watcher)
+    }
+
+    /// The one collector: owns the block's aggregate and the sessions.jsonl stream,
+    /// judging each finished session against the death watch as it arrives.
+    async fn collect_sessions(
+        &self,
+        mut rx: mpsc::Receiver<SessionResult>,
+        watch: &deaths::DeathWatch,
+        results: &ResultsDir,
+        observe: &mut (dyn FnMut(&SessionResult) + Send),
+    ) -> anyhow::Result<ArmStats> {
         let mut stats = ArmStats::default();
         let mut sessions_out = results.sessions_writer()?;
         let mut received = 0u64;
@@ -557,25 +619,20 @@ impl<'a> Testbed<'a> {
                 crate::fault::pause("workload");
             }
         }
-        let driven = driver.await.context("workload driver panicked")??;
-        watch_cancel.cancel();
-        let _ = watcher.await;
-        watch.poll().await;
-        stats.deaths = probe_deaths;
-        stats.deaths.extend(watch.deaths());
-        for death in &stats.deaths {
-            self.progress.note(&format!(
-                "warning: block {}-r{}: {}",
-                block.label,
-                block.repeat,
-                death.describe()
-            ));
-        }
-        stats.wall_s = driven
-            .wall_s
-            .max(started.elapsed().as_secs_f64().min(driven.wall_s.max(1e-9)));
-        poll_cancel.cancel();
-        let mut log = poller.await.context("metrics poller panicked")?;
+        Ok(stats)
+    }
+
+    /// Fold the poller's log and the driver's transport into the block's stats, warn
+    /// of what was not measured, and append the log to `metrics.csv`.
+    fn record_load(
+        &self,
+        block: BlockName<'_>,
+        stats: &mut ArmStats,
+        inflight: &InFlight,
+        driven: &crate::driver::DriveStats,
+        mut log: metrics::MetricsLog,
+        results: &ResultsDir,
+    ) -> anyhow::Result<()> {
         stats.peak_running = log
             .peak_running
             .iter()
@@ -600,16 +657,7 @@ impl<'a> Testbed<'a> {
         }
         log.set_label(&format!("{}-r{}", block.label, block.repeat));
         results.append_metrics(&log)?;
-        self.check_cancelled()?;
-        // A role that died is evidence (its death), not a replaced engine.
-        let died: Vec<&str> = stats.deaths.iter().map(|d| d.role.as_str()).collect();
-        stats.engine_replaced = self.engines_replaced(&died).await;
-        for line in &stats.engine_replaced {
-            self.progress.note(&format!("warning: {line}"));
-        }
-        stats.finish();
-        self.progress.arm_finished(block, &stats);
-        Ok((stats, driven))
+        Ok(())
     }
 
     /// Stop the engines and restore the launch configs byte for byte. Call on every

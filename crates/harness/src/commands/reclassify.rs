@@ -27,9 +27,11 @@ use serde_json::{json, Value};
 use crate::config::Workload;
 use crate::core::arm_stats::ArmLabel;
 use crate::core::classify::{account_for_truncation, Classifier, RoundOutcome};
-use crate::core::ending::{Flow, SessionProgress};
-use crate::core::session::{RoundClass, RoundRecord, SessionClass, SessionResult};
-use crate::core::task::initial_conversation;
+use crate::core::ending::{Ending, Flow, SessionProgress};
+use crate::core::session::{
+    ChatMessage, HttpReply, RoundClass, RoundRecord, SessionClass, SessionResult,
+};
+use crate::core::task::{initial_conversation, Task};
 use crate::core::verdict::{decide, Policy};
 use crate::core::workload::WorkloadParams;
 use crate::exit::Failure;
@@ -86,6 +88,19 @@ pub fn reclassify_session(
 ) -> anyhow::Result<(SessionResult, bool)> {
     let who = format!("session {} r{} #{}", old.label, old.repeat, old.index);
     let (task, prefix) = initial_conversation(workload, old.index);
+    check_task_message(&who, workload, old, &prefix)?;
+    let progress = replay_rounds(classifier, workload, old, &task, prefix.len(), &who)?;
+    Ok(replayed_session(old, progress.finish(workload.rounds)))
+}
+
+/// Refuse a session whose stored task message is not the regenerated one: the workload
+/// changed since the run, and judging against it would be silently wrong.
+fn check_task_message(
+    who: &str,
+    workload: &Workload,
+    old: &SessionResult,
+    prefix: &[ChatMessage],
+) -> anyhow::Result<()> {
     let task_message = prefix.last().and_then(|m| m.content.as_deref());
     let stored = old
         .transcript
@@ -98,26 +113,25 @@ pub fn reclassify_session(
         ).into())
         .into());
     }
-    let mut pos = prefix.len();
+    Ok(())
+}
+
+/// The stored rounds judged again, in order, through the live driver's
+/// [`SessionProgress`]; `pos` walks the transcript past each round's reply and tool
+/// results.
+fn replay_rounds(
+    classifier: &Classifier,
+    workload: &Workload,
+    old: &SessionResult,
+    task: &Task,
+    mut pos: usize,
+    who: &str,
+) -> anyhow::Result<SessionProgress> {
     let mut progress = SessionProgress::new(task.steps.len());
     for stored_round in &old.rounds {
         // An error reply kept whole enough to judge: rejected or error, by the patterns.
         if let Some(http) = &stored_round.http {
-            let verdict = classifier.classify(
-                &RoundOutcome::Status {
-                    status: http.status,
-                    body: &http.body,
-                    error: status_error(http.status, &http.body),
-                    partial: http.partial.as_deref(),
-                },
-                task.expected(progress.step()).as_ref(),
-                workload.check_args,
-            );
-            let round = RoundRecord {
-                class: verdict.class,
-                evidence: verdict.evidence,
-                ..stored_round.clone()
-            };
+            let round = rejudge_status(classifier, workload, task, &progress, stored_round, http);
             progress.record(round, None);
             break;
         }
@@ -163,7 +177,38 @@ pub fn reclassify_session(
             break;
         }
     }
-    let mut ending = progress.finish(workload.rounds);
+    Ok(progress)
+}
+
+/// A kept error reply judged again against the run's rejection patterns.
+fn rejudge_status(
+    classifier: &Classifier,
+    workload: &Workload,
+    task: &Task,
+    progress: &SessionProgress,
+    stored_round: &RoundRecord,
+    http: &HttpReply,
+) -> RoundRecord {
+    let verdict = classifier.classify(
+        &RoundOutcome::Status {
+            status: http.status,
+            body: &http.body,
+            error: status_error(http.status, &http.body),
+            partial: http.partial.as_deref(),
+        },
+        task.expected(progress.step()).as_ref(),
+        workload.check_args,
+    );
+    RoundRecord {
+        class: verdict.class,
+        evidence: verdict.evidence,
+        ..stored_round.clone()
+    }
+}
+
+/// The session as its replay ended it; `bool` is true when it was cut short (a round
+/// now ok whose successors were never run).
+fn replayed_session(old: &SessionResult, mut ending: Ending) -> (SessionResult, bool) {
     let incomplete = ending.cut_short;
     if incomplete {
         ending.evidence = format!("reclassified: {}", ending.evidence);
@@ -178,7 +223,7 @@ pub fn reclassify_session(
         (SessionClass::Error, Some(http)) => Some(status_error(http.status, &http.body)),
         _ => old.error.clone(),
     };
-    let new = SessionResult {
+    let mut new = SessionResult {
         class: ending.class,
         rounds_used: ending.rounds.len() as u32,
         first_bad_round: ending.first_bad_round,
@@ -186,9 +231,15 @@ pub fn reclassify_session(
         evidence: ending.evidence,
         rounds: ending.rounds,
         error,
+        oracle: None,
         ..old.clone()
     };
-    Ok((new, incomplete))
+    // What the solo oracle saw does not depend on the classifier's rules: a session it
+    // called diverged stays so unless a new rule finds its own corruption first.
+    if let Some(comparison) = old.oracle.clone() {
+        crate::core::oracle::apply(&mut new, comparison);
+    }
+    (new, incomplete)
 }
 
 /// A kept error reply's text as the live client wrote it: `HTTP 500 Internal Server
@@ -608,6 +659,32 @@ mod tests {
         assert!(incomplete);
         assert_eq!(new.class, SessionClass::Maxrounds);
         assert_eq!(new.first_bad_round, None);
+
+        // What the solo oracle saw outlives the rule change: the same session, parted
+        // from its reply alone, stays diverged with the oracle's evidence.
+        let parted = SessionResult {
+            oracle: Some(crate::core::oracle::Comparison::Diverged {
+                parting: crate::core::oracle::Parting {
+                    round: 1,
+                    position: 9,
+                    reference: Some("a".into()),
+                    loaded: Some("b".into()),
+                    margin: Some(4.0),
+                },
+                mode: crate::core::oracle::OracleMode::Logprobs,
+            }),
+            ..old.clone()
+        };
+        let (new, _) = reclassify_session(&c, &w, &parted).unwrap();
+        assert_eq!(
+            (new.class, new.first_bad_round),
+            (SessionClass::Diverged, Some(1))
+        );
+        assert!(
+            new.evidence.starts_with("round 1 at 9: alone"),
+            "{}",
+            new.evidence
+        );
 
         transcript.push(ChatMessage::new("tool", "ok"));
         let timed_out = SessionResult {

@@ -324,8 +324,9 @@ async fn reference(
     solo: SoloOracle,
 ) -> anyhow::Result<(Arc<crate::driver::Oracle>, ReferencePass)> {
     let dir = ResultsDir::create(&results.root().join("reference").join(block.label))?;
+    let threshold = solo.threshold_for(bed.target().engine.batch_invariant());
     let mut pass = ReferencePass {
-        threshold: solo.threshold,
+        threshold: threshold.is_finite().then_some(threshold),
         ..ReferencePass::default()
     };
     let mut sessions = dir.read_sessions().unwrap_or_default();
@@ -369,7 +370,7 @@ async fn reference(
         .collect();
     let oracle = crate::driver::Oracle {
         references,
-        threshold: solo.threshold,
+        threshold,
     };
     Ok((Arc::new(oracle), pass))
 }

@@ -39,6 +39,21 @@ pub enum Engine {
     Custom,
 }
 
+impl Engine {
+    /// Whether a request's output cannot depend on what else is in the batch, whatever
+    /// the launch flags: the embedded engine computes each request's reads from its own
+    /// rows in a fixed order (no cross-request reduction), so alone and under load agree
+    /// to the bit unless a bug intervenes. The real engines only in a deterministic mode
+    /// (SGLang's `--enable-deterministic-inference`, vLLM's `VLLM_BATCH_INVARIANT=1`)
+    /// that bisect does not yet read back: false for them.
+    pub fn batch_invariant(self) -> bool {
+        match self {
+            Engine::Embedded => true,
+            Engine::Sglang | Engine::Vllm | Engine::Llamacpp | Engine::Custom => false,
+        }
+    }
+}
+
 /// What a preset sets. `effective_path` is joined to the origin of the role's health
 /// URL (`http://host:port`); `None` means the engine serves no configuration document
 /// bisect knows of.

@@ -9,11 +9,31 @@ use crate::core::format;
 use crate::core::session::{Counts, SessionClass};
 use crate::core::verdict::Comparison;
 
+/// Which classes the arm table shows: the solo oracle's two (`diverged`, `drifted`)
+/// only in a run it judged, so every other run's table reads as it always did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Shown {
+    oracle: bool,
+}
+
+impl Shown {
+    /// The classes `record`'s tables show.
+    pub(crate) fn of(record: &super::run_record::RunRecord) -> Self {
+        Shown {
+            oracle: record.runs.iter().any(|b| b.oracle.is_some()),
+        }
+    }
+
+    fn shows(self, class: SessionClass) -> bool {
+        self.oracle || !class.needs_oracle()
+    }
+}
+
 /// The arm table's header: the class columns are named from the classes in them.
-pub(crate) fn header() -> [String; 9] {
+pub(crate) fn header(shown: Shown) -> [String; 9] {
     let names = |column: ClassColumn| {
         column
-            .classes()
+            .classes(shown)
             .map(|c| c.short_name())
             .collect::<Vec<_>>()
             .join("/")
@@ -44,19 +64,22 @@ enum ClassColumn {
 }
 
 impl ClassColumn {
-    fn classes(self) -> impl Iterator<Item = SessionClass> {
-        SessionClass::iter().filter(move |c| match self {
-            ClassColumn::Finished => c.is_judged() && !c.is_corrupted(),
-            ClassColumn::Corrupted => c.is_corrupted(),
-            ClassColumn::NotJudged => !c.is_judged() && *c != SessionClass::Crashed,
+    fn classes(self, shown: Shown) -> impl Iterator<Item = SessionClass> {
+        SessionClass::iter().filter(move |c| {
+            shown.shows(*c)
+                && match self {
+                    ClassColumn::Finished => c.is_judged() && !c.is_corrupted(),
+                    ClassColumn::Corrupted => c.is_corrupted(),
+                    ClassColumn::NotJudged => !c.is_judged() && *c != SessionClass::Crashed,
+                }
         })
     }
 }
 
 /// One class column's cell: the counts of its classes, `/`-separated.
-fn slashed(counts: &Counts, column: ClassColumn) -> String {
+fn slashed(counts: &Counts, column: ClassColumn, shown: Shown) -> String {
     column
-        .classes()
+        .classes(shown)
         .map(|c| counts[c].to_string())
         .collect::<Vec<_>>()
         .join("/")
@@ -72,9 +95,27 @@ engine refused the model's tool call with an error reply naming a parse failure,
 llama.cpp's HTTP 500; the body is the evidence). error/timeout/truncated are not judged: the \
 rate is corrupted over the other sessions.";
 
+/// The legend's sentence for the solo oracle's classes, in runs it judged.
+const ORACLE_LEGEND: &str = " With --oracle solo every session is also compared with the \
+same session run alone: diverged (corrupted) = a well-formed reply that parted from its reply \
+alone where alone's choice was clear; drifted (not corrupted) = parted at a near-tie.";
+
+/// [`LEGEND`], with the oracle's classes where the table shows them.
+pub(crate) fn legend(shown: Shown) -> String {
+    match shown.oracle {
+        true => format!("{LEGEND}{ORACLE_LEGEND}"),
+        false => LEGEND.to_string(),
+    }
+}
+
 /// The row of one arm; blocks (`repeat` set) are named with their repeat, `on r1`,
 /// when `with_repeat` asks for it.
-pub(crate) fn arm_cells(flag: &str, arm: &ArmRecord, with_repeat: bool) -> [String; 9] {
+pub(crate) fn arm_cells(
+    flag: &str,
+    arm: &ArmRecord,
+    with_repeat: bool,
+    shown: Shown,
+) -> [String; 9] {
     let label = match (with_repeat, arm.repeat) {
         (true, Some(r)) => format!("{} r{r}", arm.label),
         _ => arm.label.to_string(),
@@ -83,16 +124,16 @@ pub(crate) fn arm_cells(flag: &str, arm: &ArmRecord, with_repeat: bool) -> [Stri
     [
         format!("{label} ({flag}={})", arm.value),
         arm.sessions.to_string(),
-        slashed(c, ClassColumn::Finished),
+        slashed(c, ClassColumn::Finished, shown),
         // Rejected (the engine refused a call it could not parse) is corruption: it
         // sits with the corrupted classes, not with error.
-        slashed(c, ClassColumn::Corrupted),
+        slashed(c, ClassColumn::Corrupted, shown),
         // Truncated (cut off at max_tokens) sits beside the failures: neither is in
         // the corruption rate, and both say the run measured less than it meant to.
         // Sessions an engine death cut short, named only when there were some.
         match c[SessionClass::Crashed] {
-            0 => slashed(c, ClassColumn::NotJudged),
-            n => format!("{} +{n} crashed", slashed(c, ClassColumn::NotJudged)),
+            0 => slashed(c, ClassColumn::NotJudged, shown),
+            n => format!("{} +{n} crashed", slashed(c, ClassColumn::NotJudged, shown)),
         },
         format::rate_interval(arm.stats.corrupted, arm.stats.judged(), arm.stats.ci95),
         peaks(&arm.stats.peak_running),

@@ -13,7 +13,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use super::cells::{arm_cells, compact, comparison_sentence, header, LEGEND};
+use super::cells::{arm_cells, compact, comparison_sentence, header, legend, Shown};
 use super::charts::{self, RateBar, RoundCounts};
 use super::markup::{escape, facts_list, figure, list, page, verdict_box};
 use super::run_record::{ArmRecord, RunRecord, TargetInfo};
@@ -66,11 +66,12 @@ pub(crate) fn render_run_html(record: &RunRecord, dir: Option<&Path>) -> String 
         "corrupted sessions per arm, pooled over repeats",
         &bars,
     )));
-    body.push_str(&arms_table(&record.flag.name, &record.arms, false));
-    let _ = writeln!(body, "<p class=\"meta\">{}</p>", escape(LEGEND));
+    let shown = Shown::of(record);
+    body.push_str(&arms_table(&record.flag.name, &record.arms, false, shown));
+    let _ = writeln!(body, "<p class=\"meta\">{}</p>", escape(&legend(shown)));
     if record.runs.len() > record.arms.len() {
         body.push_str("<h3>Arm blocks in execution order</h3>\n");
-        body.push_str(&arms_table(&record.flag.name, &record.runs, true));
+        body.push_str(&arms_table(&record.flag.name, &record.runs, true, shown));
     }
     if let Some(c) = &record.comparison {
         let _ = writeln!(body, "<p>{}</p>", escape(&comparison_sentence(c)));
@@ -212,15 +213,15 @@ fn run_confounds(record: &RunRecord) -> String {
     s
 }
 
-fn arms_table(flag: &str, arms: &[ArmRecord], with_repeat: bool) -> String {
+fn arms_table(flag: &str, arms: &[ArmRecord], with_repeat: bool, shown: Shown) -> String {
     let mut s = String::from("<table><tr>");
-    for h in header() {
+    for h in header(shown) {
         let _ = write!(s, "<th>{}</th>", escape(&h));
     }
     s.push_str("</tr>\n");
     for arm in arms {
         s.push_str("<tr>");
-        for (i, cell) in arm_cells(flag, arm, with_repeat).iter().enumerate() {
+        for (i, cell) in arm_cells(flag, arm, with_repeat, shown).iter().enumerate() {
             let class = if i == 0 || i == 6 {
                 ""
             } else {

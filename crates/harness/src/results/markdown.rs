@@ -1,6 +1,6 @@
 //! `summary.md`: the run as a human pastes it into a PR or an incident channel.
 
-use super::cells::{arm_cells, compact, comparison_sentence, header, LEGEND};
+use super::cells::{arm_cells, compact, comparison_sentence, header, legend, Shown};
 use super::markup::table_header;
 use super::run_record::{RunRecord, TargetInfo};
 use super::Exporter;
@@ -14,112 +14,143 @@ impl Exporter<RunRecord> for SummaryMarkdown {
 
     fn render(&self, r: &RunRecord) -> anyhow::Result<String> {
         let mut s = String::new();
-        s.push_str(&format!("# bisect run `{}`: {}\n\n", r.flag.name, r.id));
-        let setting = r
-            .flag
-            .env
-            .as_ref()
-            .map(|v| format!("env `{v}`"))
-            .or_else(|| r.flag.arg.as_ref().map(|v| format!("arg `{v}`")))
-            .or_else(|| r.flag.switch.as_ref().map(|v| format!("switch `{v}`")))
-            .unwrap_or_default();
-        s.push_str(&format!(
-            "- flag: `{}` ({setting}) in roles {}; on = `{}`, off = `{}`\n",
-            r.flag.name,
-            r.flag.roles.join(", "),
-            r.flag.on,
-            r.flag.off
-        ));
-        s.push_str(&format!("- target: {}\n", target_words(&r.target)));
-        s.push_str(&format!("- workload: `{}`\n", compact(&r.workload)));
-        if !r.sets.is_empty() {
-            let sets: Vec<String> = r.sets.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            s.push_str(&format!("- pinned: {}\n", sets.join(", ")));
-        }
-        s.push_str(&format!("- status: {}\n\n", r.status));
-        if let Some(v) = &r.verdict {
-            s.push_str(&format!("**Verdict: {}**\n\n", v.summary));
-            for reason in &v.reasons {
-                s.push_str(&format!("- {reason}\n"));
-            }
-            s.push('\n');
-        }
-        s.push_str(&table_header(&header()));
-        for arm in &r.arms {
-            s.push_str(&format!(
-                "| {} |\n",
-                arm_cells(&r.flag.name, arm, false).join(" | ")
-            ));
-        }
-        s.push_str(&format!("\n{LEGEND}\n"));
-        if r.runs.len() > r.arms.len() {
-            s.push_str("\nArm blocks in execution order:\n\n");
-            s.push_str(&table_header(&header()));
-            for arm in &r.runs {
-                let mut cells = arm_cells(&r.flag.name, arm, false);
-                cells[0] = format!("{} r{}", cells[0], arm.repeat.unwrap_or(0));
-                s.push_str(&format!("| {} |\n", cells.join(" | ")));
-            }
-        }
-        if let Some(c) = &r.comparison {
-            s.push_str(&format!("\n{}\n", comparison_sentence(c)));
-        }
-        if !r.confounds.is_empty() {
-            s.push('\n');
-            s.push_str(&table_header(&[
-                "confound", "on", "off", "severity", "note",
-            ]));
-            for c in &r.confounds {
-                s.push_str(&format!(
-                    "| {} | {} | {} | {} | {} |\n",
-                    c.name,
-                    compact(&c.on),
-                    compact(&c.off),
-                    serde_json::to_value(c.severity)
-                        .ok()
-                        .and_then(|v| v.as_str().map(String::from))
-                        .unwrap_or_default(),
-                    c.note
-                ));
-            }
-        }
-        let deaths = r.death_lines();
-        if !deaths.is_empty() {
-            s.push_str("\nEngine deaths (sessions they cut short are `crashed`, judged by engine lives):\n\n");
-            for (line, log) in &deaths {
-                s.push_str(&format!("- {line}"));
-                if let Some(last) = log.iter().rev().find(|l| !l.trim().is_empty()) {
-                    s.push_str(&format!("; its log's last line: `{}`", last.trim()));
-                }
-                s.push('\n');
-            }
-        }
-        let rounds: Vec<String> = r
-            .arms
-            .iter()
-            .filter(|a| !a.stats.first_bad_round.is_empty())
-            .map(|a| {
-                let per: Vec<String> = a
-                    .stats
-                    .first_bad_round
-                    .iter()
-                    .enumerate()
-                    .map(|(i, n)| format!("r{} {n}", i + 1))
-                    .collect();
-                format!("{}: {}", a.label, per.join(", "))
-            })
-            .collect();
-        if !rounds.is_empty() {
-            s.push_str(&format!(
-                "\nFirst non-ok round per session: {}\n",
-                rounds.join("; ")
-            ));
-        }
+        push_heading(&mut s, r);
+        push_arms(&mut s, r);
+        push_confounds(&mut s, r);
+        push_deaths(&mut s, r);
+        push_first_bad_rounds(&mut s, r);
         s.push_str(&super::sequential_view::markdown(r));
         if let Some(e) = &r.error {
             s.push_str(&format!("\nError: {e}\n"));
         }
         Ok(s)
+    }
+}
+
+/// The title, what was flipped where, the status, and the verdict with its reasons.
+fn push_heading(s: &mut String, r: &RunRecord) {
+    s.push_str(&format!("# bisect run `{}`: {}\n\n", r.flag.name, r.id));
+    let setting = r
+        .flag
+        .env
+        .as_ref()
+        .map(|v| format!("env `{v}`"))
+        .or_else(|| r.flag.arg.as_ref().map(|v| format!("arg `{v}`")))
+        .or_else(|| r.flag.switch.as_ref().map(|v| format!("switch `{v}`")))
+        .unwrap_or_default();
+    s.push_str(&format!(
+        "- flag: `{}` ({setting}) in roles {}; on = `{}`, off = `{}`\n",
+        r.flag.name,
+        r.flag.roles.join(", "),
+        r.flag.on,
+        r.flag.off
+    ));
+    s.push_str(&format!("- target: {}\n", target_words(&r.target)));
+    s.push_str(&format!("- workload: `{}`\n", compact(&r.workload)));
+    if !r.sets.is_empty() {
+        let sets: Vec<String> = r.sets.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        s.push_str(&format!("- pinned: {}\n", sets.join(", ")));
+    }
+    s.push_str(&format!("- status: {}\n\n", r.status));
+    if let Some(v) = &r.verdict {
+        s.push_str(&format!("**Verdict: {}**\n\n", v.summary));
+        for reason in &v.reasons {
+            s.push_str(&format!("- {reason}\n"));
+        }
+        s.push('\n');
+    }
+}
+
+/// The arms' table with its legend, the blocks in execution order when there were
+/// repeats, and the comparison's sentence.
+fn push_arms(s: &mut String, r: &RunRecord) {
+    let shown = Shown::of(r);
+    s.push_str(&table_header(&header(shown)));
+    for arm in &r.arms {
+        s.push_str(&format!(
+            "| {} |\n",
+            arm_cells(&r.flag.name, arm, false, shown).join(" | ")
+        ));
+    }
+    s.push_str(&format!("\n{}\n", legend(shown)));
+    if r.runs.len() > r.arms.len() {
+        s.push_str("\nArm blocks in execution order:\n\n");
+        s.push_str(&table_header(&header(shown)));
+        for arm in &r.runs {
+            let mut cells = arm_cells(&r.flag.name, arm, false, shown);
+            cells[0] = format!("{} r{}", cells[0], arm.repeat.unwrap_or(0));
+            s.push_str(&format!("| {} |\n", cells.join(" | ")));
+        }
+    }
+    if let Some(c) = &r.comparison {
+        s.push_str(&format!("\n{}\n", comparison_sentence(c)));
+    }
+}
+
+/// The confounds' table, when there are any.
+fn push_confounds(s: &mut String, r: &RunRecord) {
+    if r.confounds.is_empty() {
+        return;
+    }
+    s.push('\n');
+    s.push_str(&table_header(&[
+        "confound", "on", "off", "severity", "note",
+    ]));
+    for c in &r.confounds {
+        s.push_str(&format!(
+            "| {} | {} | {} | {} | {} |\n",
+            c.name,
+            compact(&c.on),
+            compact(&c.off),
+            serde_json::to_value(c.severity)
+                .ok()
+                .and_then(|v| v.as_str().map(String::from))
+                .unwrap_or_default(),
+            c.note
+        ));
+    }
+}
+
+/// The engine deaths, each with its log's last non-blank line.
+fn push_deaths(s: &mut String, r: &RunRecord) {
+    let deaths = r.death_lines();
+    if deaths.is_empty() {
+        return;
+    }
+    s.push_str(
+        "\nEngine deaths (sessions they cut short are `crashed`, judged by engine lives):\n\n",
+    );
+    for (line, log) in &deaths {
+        s.push_str(&format!("- {line}"));
+        if let Some(last) = log.iter().rev().find(|l| !l.trim().is_empty()) {
+            s.push_str(&format!("; its log's last line: `{}`", last.trim()));
+        }
+        s.push('\n');
+    }
+}
+
+/// Per arm, how many sessions first went wrong at each round.
+fn push_first_bad_rounds(s: &mut String, r: &RunRecord) {
+    let rounds: Vec<String> = r
+        .arms
+        .iter()
+        .filter(|a| !a.stats.first_bad_round.is_empty())
+        .map(|a| {
+            let per: Vec<String> = a
+                .stats
+                .first_bad_round
+                .iter()
+                .enumerate()
+                .map(|(i, n)| format!("r{} {n}", i + 1))
+                .collect();
+            format!("{}: {}", a.label, per.join(", "))
+        })
+        .collect();
+    if !rounds.is_empty() {
+        s.push_str(&format!(
+            "\nFirst non-ok round per session: {}\n",
+            rounds.join("; ")
+        ));
     }
 }
 

@@ -3,7 +3,7 @@
 
 use comfy_table::{presets, Cell, CellAlignment, ContentArrangement, Table};
 
-use super::cells::{arm_cells, compact, header, LEGEND};
+use super::cells::{arm_cells, compact, header, legend, Shown};
 use super::run_record::RunRecord;
 use crate::core::format;
 
@@ -21,14 +21,15 @@ impl super::Exporter<RunRecord> for RunTable {
 
 /// The whole terminal report: arms table, comparison, confounds, verdict.
 pub fn render(record: &RunRecord) -> String {
+    let shown = Shown::of(record);
     let mut table = Table::new();
     table
         .load_preset(presets::UTF8_FULL_CONDENSED)
         .set_content_arrangement(ContentArrangement::Dynamic)
-        .set_header(header().into_iter().map(Cell::new));
+        .set_header(header(shown).into_iter().map(Cell::new));
     for arm in &record.arms {
         table.add_row(
-            arm_cells(&record.flag.name, arm, false)
+            arm_cells(&record.flag.name, arm, false, shown)
                 .into_iter()
                 .enumerate()
                 .map(|(i, s)| {
@@ -42,15 +43,16 @@ pub fn render(record: &RunRecord) -> String {
         );
     }
     let params = crate::core::workload::WorkloadParams::read(&record.workload);
-    let shown = |v: Option<u32>| v.map_or("?".to_string(), |v| v.to_string());
+    let number = |v: Option<u32>| v.map_or("?".to_string(), |v| v.to_string());
     let mut out = format!(
-        "bisect run {}: workload {} ({} sessions x {} rounds, ctx {}), {} arm block(s)\n{table}\n{LEGEND}\n",
+        "bisect run {}: workload {} ({} sessions x {} rounds, ctx {}), {} arm block(s)\n{table}\n{}\n",
         record.flag.name,
         params.name.as_deref().unwrap_or("?"),
-        shown(params.sessions),
-        shown(params.rounds),
-        shown(params.ctx),
+        number(params.sessions),
+        number(params.rounds),
+        number(params.ctx),
         record.runs.len(),
+        legend(shown),
     );
     if let Some(c) = &record.comparison {
         out.push_str(&format!(

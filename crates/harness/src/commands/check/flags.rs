@@ -21,9 +21,41 @@ pub(super) fn check_flag(
         Coverage::Partial { missing } => missing.clone(),
         _ => Vec::new(),
     };
+    check_coverage(flag, &missing_roles, target, texts, &subject, problems);
+    let edits = role_edits(flag, texts, &subject, problems);
+    check_key_found(flag, &edits, &subject, problems, notes);
+
+    FlagCheck {
+        name: flag.name.clone(),
+        kind: flag.setting.kind().into(),
+        key: flag.setting.key().into(),
+        on: flag.on.clone(),
+        off: flag.off.clone(),
+        roles: flag.roles.clone(),
+        coverage: if missing_roles.is_empty() {
+            "full".into()
+        } else {
+            "partial".into()
+        },
+        missing_roles,
+        source: flag.source.display().to_string(),
+        edits,
+    }
+}
+
+/// The flag's reach: roles it lists that the target lacks, and launch configs where
+/// only part of it could be applied.
+fn check_coverage(
+    flag: &FlagSpec,
+    missing_roles: &[String],
+    target: &TargetProfile,
+    texts: &[(String, std::path::PathBuf, String)],
+    subject: &str,
+    problems: &mut Vec<Problem>,
+) {
     if !missing_roles.is_empty() {
         problems.push(Problem {
-            subject: subject.clone(),
+            subject: subject.to_string(),
             message: format!(
                 "applies partially: it lists roles {} but the target has no role {} (its roles: {}); `bisect flags --target` lists it as not applying, and a run would flip it only where the target has the role",
                 flag.roles.join(", "),
@@ -39,12 +71,21 @@ pub(super) fn check_flag(
     if let Err(e) = check_partial(flag, texts) {
         let (message, fix) = split_fix(&e.to_string());
         problems.push(Problem {
-            subject: subject.clone(),
+            subject: subject.to_string(),
             message,
             fix,
         });
     }
+}
 
+/// Both arms' dry-run edits in every launch config of a role the flag lists; each
+/// refused edit is also a problem.
+fn role_edits(
+    flag: &FlagSpec,
+    texts: &[(String, std::path::PathBuf, String)],
+    subject: &str,
+    problems: &mut Vec<Problem>,
+) -> Vec<RoleEdit> {
     let mut edits = Vec::new();
     for (role, path, text) in texts {
         if !flag.roles.iter().any(|r| r == role) {
@@ -73,51 +114,44 @@ pub(super) fn check_flag(
             arms,
         });
     }
+    edits
+}
 
-    // A key found in none of the launch configs is most often a misspelt name: bisect
-    // would add it, the read-back would agree, and an engine that does not know the
-    // name would run unchanged. A switch's absence is its `off` value, so only a note.
-    if !edits.is_empty() && edits.iter().all(|e| e.line.is_none()) {
-        let files: Vec<&str> = edits.iter().map(|e| e.launch.as_str()).collect();
-        let key = flag.setting.key();
-        if matches!(flag.setting, crate::config::Setting::Switch(_)) {
-            notes.push(format!(
-                "flag {}: switch {key} is absent from {} (reads as {}); the on arm adds it to the launch command",
-                flag.name,
-                files.join(", "),
-                flag.off
-            ));
-        } else {
-            problems.push(Problem {
-                subject: subject.clone(),
-                message: format!(
-                    "{key} matches no line of {}: a run would add it, and an engine that does not know that name would run unchanged while the read-back agrees",
-                    files.join(", ")
-                ),
-                fix: format!(
-                    "check the spelling of {key} in {} against the engine's documentation, and set it explicitly in each role's launch config (the off arm's value, {}, if that is how the engine runs today) so an edit replaces a line the engine reads",
-                    flag.source.display(),
-                    flag.off
-                ),
-            });
-        }
+/// A key found in none of the launch configs is most often a misspelt name: bisect
+/// would add it, the read-back would agree, and an engine that does not know the
+/// name would run unchanged. A switch's absence is its `off` value, so only a note.
+fn check_key_found(
+    flag: &FlagSpec,
+    edits: &[RoleEdit],
+    subject: &str,
+    problems: &mut Vec<Problem>,
+    notes: &mut Vec<String>,
+) {
+    if edits.is_empty() || edits.iter().any(|e| e.line.is_some()) {
+        return;
     }
-
-    FlagCheck {
-        name: flag.name.clone(),
-        kind: flag.setting.kind().into(),
-        key: flag.setting.key().into(),
-        on: flag.on.clone(),
-        off: flag.off.clone(),
-        roles: flag.roles.clone(),
-        coverage: if missing_roles.is_empty() {
-            "full".into()
-        } else {
-            "partial".into()
-        },
-        missing_roles,
-        source: flag.source.display().to_string(),
-        edits,
+    let files: Vec<&str> = edits.iter().map(|e| e.launch.as_str()).collect();
+    let key = flag.setting.key();
+    if matches!(flag.setting, crate::config::Setting::Switch(_)) {
+        notes.push(format!(
+            "flag {}: switch {key} is absent from {} (reads as {}); the on arm adds it to the launch command",
+            flag.name,
+            files.join(", "),
+            flag.off
+        ));
+    } else {
+        problems.push(Problem {
+            subject: subject.to_string(),
+            message: format!(
+                "{key} matches no line of {}: a run would add it, and an engine that does not know that name would run unchanged while the read-back agrees",
+                files.join(", ")
+            ),
+            fix: format!(
+                "check the spelling of {key} in {} against the engine's documentation, and set it explicitly in each role's launch config (the off arm's value, {}, if that is how the engine runs today) so an edit replaces a line the engine reads",
+                flag.source.display(),
+                flag.off
+            ),
+        });
     }
 }
 

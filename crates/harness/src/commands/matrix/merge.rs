@@ -27,8 +27,21 @@ pub fn join(dirs: &[PathBuf], id: &str, command: &str) -> anyhow::Result<Merged>
         return Err(bad("no directories to merge\n  fix: pass the shard directories, e.g. bisect merge results/night/*".into()));
     }
     let shards = read_shards(dirs)?;
-    let first = &shards[0].1;
+    let owner = cell_owners(&shards)?;
+    check_all_settled(&shards, &owner)?;
+    let sources = owner
+        .iter()
+        .map(|(id, (s, _))| (id.to_string(), shards[*s].0.clone()))
+        .collect();
+    let record = joined_record(&shards, &owner, id, command);
+    Ok(Merged { record, sources })
+}
 
+/// Cell id -> (shard, cell) of the shard that settled it; a cell settled in two shards
+/// is refused.
+fn cell_owners(
+    shards: &[(PathBuf, MatrixRecord)],
+) -> anyhow::Result<BTreeMap<&str, (usize, usize)>> {
     let mut owner: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
     for (s, (dir, r)) in shards.iter().enumerate() {
         for (c, cell) in r.cells.iter().enumerate() {
@@ -45,6 +58,16 @@ pub fn join(dirs: &[PathBuf], id: &str, command: &str) -> anyhow::Result<Merged>
             }
         }
     }
+    Ok(owner)
+}
+
+/// Refuse a join with a cell of the plan that no shard settled, naming every shard
+/// given and how it ended.
+fn check_all_settled(
+    shards: &[(PathBuf, MatrixRecord)],
+    owner: &BTreeMap<&str, (usize, usize)>,
+) -> anyhow::Result<()> {
+    let first = &shards[0].1;
     let missing: Vec<&str> = first
         .plan
         .cells
@@ -52,29 +75,40 @@ pub fn join(dirs: &[PathBuf], id: &str, command: &str) -> anyhow::Result<Merged>
         .map(String::as_str)
         .filter(|id| !owner.contains_key(id))
         .collect();
-    if !missing.is_empty() {
-        let given: Vec<String> = shards
-            .iter()
-            .map(|(d, r)| {
-                format!(
-                    "{} ({}, {})",
-                    d.display(),
-                    r.shard
-                        .map(|s| s.to_string())
-                        .unwrap_or_else(|| "whole".into()),
-                    r.status
-                )
-            })
-            .collect();
-        return Err(bad(format!(
-            "{} of {} cells are in no finished shard: {}\n  shards given: {}\n  fix: run the missing shards (or rerun the failed ones) and merge again",
-            missing.len(),
-            first.plan.cells.len(),
-            missing.join(", "),
-            given.join("; ")
-        )));
+    if missing.is_empty() {
+        return Ok(());
     }
+    let given: Vec<String> = shards
+        .iter()
+        .map(|(d, r)| {
+            format!(
+                "{} ({}, {})",
+                d.display(),
+                r.shard
+                    .map(|s| s.to_string())
+                    .unwrap_or_else(|| "whole".into()),
+                r.status
+            )
+        })
+        .collect();
+    Err(bad(format!(
+        "{} of {} cells are in no finished shard: {}\n  shards given: {}\n  fix: run the missing shards (or rerun the failed ones) and merge again",
+        missing.len(),
+        first.plan.cells.len(),
+        missing.join(", "),
+        given.join("; ")
+    )))
+}
 
+/// The merged matrix record: the plan's cells in plan order, each from its owner shard
+/// with its derived fields recomputed, and the shards' times and engine info combined.
+fn joined_record(
+    shards: &[(PathBuf, MatrixRecord)],
+    owner: &BTreeMap<&str, (usize, usize)>,
+    id: &str,
+    command: &str,
+) -> MatrixRecord {
+    let first = &shards[0].1;
     let cells = first
         .plan
         .cells
@@ -91,14 +125,10 @@ pub fn join(dirs: &[PathBuf], id: &str, command: &str) -> anyhow::Result<Merged>
         })
         .collect();
     let mut engine_info = BTreeMap::new();
-    for (_, r) in &shards {
+    for (_, r) in shards {
         engine_info.extend(r.engine_info.clone());
     }
-    let sources = owner
-        .iter()
-        .map(|(id, (s, _))| (id.to_string(), shards[*s].0.clone()))
-        .collect();
-    let record = MatrixRecord {
+    MatrixRecord {
         schema: SCHEMA.into(),
         id: id.to_string(),
         command: command.to_string(),
@@ -130,8 +160,7 @@ pub fn join(dirs: &[PathBuf], id: &str, command: &str) -> anyhow::Result<Merged>
         regressions: Vec::new(),
         engine_info,
         error: None,
-    };
-    Ok(Merged { record, sources })
+    }
 }
 
 /// Read every shard's matrix.json and check they are shards of one plan.

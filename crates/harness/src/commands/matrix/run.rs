@@ -214,6 +214,19 @@ async fn run_group(
         export::write_all(&job.dir, record)?;
         return Ok(());
     }
+    drive_cells(job, bed, classifier, record, group, restarted.health_wait_s).await
+}
+
+/// Drive every cell of a restarted group, `repeats` blocks each, pooling each cell's
+/// blocks and rewriting the matrix files after every block.
+async fn drive_cells(
+    job: &MatrixJob,
+    bed: &mut Testbed<'_>,
+    classifier: &Arc<Classifier>,
+    record: &mut MatrixRecord,
+    group: &[(usize, &Cell)],
+    health_wait_s: f64,
+) -> anyhow::Result<()> {
     let mut blocks: Vec<Vec<ArmStats>> = vec![Vec::new(); group.len()];
     // A cell's repeats run back to back, cells in ascending load: a cell then never
     // starts on a pool that a heavier cell of its group just filled (its sessions would
@@ -238,36 +251,38 @@ async fn run_group(
             let mut stats = bed.drive(block, &workload, classifier, &results).await?;
             // The restart's health wait belongs to the whole group; the first block of
             // each cell records it.
-            stats.health_wait_s = if repeat == 0 {
-                restarted.health_wait_s
-            } else {
-                0.0
-            };
+            stats.health_wait_s = if repeat == 0 { health_wait_s } else { 0.0 };
             blocks[slot].push(stats);
             let rec = &mut record.cells[*i];
             rec.stats = ArmStats::pool(&blocks[slot]);
             if repeat + 1 == repeats {
-                // A role whose metrics never answered: its load is unmeasured, which the
-                // cell says (the baseline comparison judges the load from the others).
-                for (role, why) in &rec.stats.metrics_failed {
-                    let warning = format!("{}: no load measured for role {role}: {why}", cell.id);
-                    if !rec.warnings.contains(&warning) {
-                        rec.warnings.push(warning);
-                    }
-                }
-                // An engine that restarted by itself during the cell (`engine_replaced`)
-                // ran part of it cold: the cell is measured but not compared.
-                if rec.stats.engine_replaced.is_empty() {
-                    rec.status = RecordStatus::Finished;
-                } else {
-                    rec.status = RecordStatus::Blocked;
-                    rec.blocked = rec.stats.engine_replaced.clone();
-                }
+                settle_cell(rec, &cell.id);
             }
             export::write_all(&job.dir, record)?;
         }
     }
     Ok(())
+}
+
+/// A cell after its last block: warned of the roles whose load went unmeasured, and
+/// finished, or blocked when an engine restarted by itself during it.
+fn settle_cell(rec: &mut CellRecord, id: &str) {
+    // A role whose metrics never answered: its load is unmeasured, which the
+    // cell says (the baseline comparison judges the load from the others).
+    for (role, why) in &rec.stats.metrics_failed {
+        let warning = format!("{id}: no load measured for role {role}: {why}");
+        if !rec.warnings.contains(&warning) {
+            rec.warnings.push(warning);
+        }
+    }
+    // An engine that restarted by itself during the cell (`engine_replaced`)
+    // ran part of it cold: the cell is measured but not compared.
+    if rec.stats.engine_replaced.is_empty() {
+        rec.status = RecordStatus::Finished;
+    } else {
+        rec.status = RecordStatus::Blocked;
+        rec.blocked = rec.stats.engine_replaced.clone();
+    }
 }
 
 /// What the engines of a restart group report about the group's configuration.

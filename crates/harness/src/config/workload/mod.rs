@@ -171,17 +171,7 @@ fn parse_workload(path: &Path, text: &str, stem: &str) -> Result<Workload, Confi
     let src = Source { path, text };
     let raw: RawWorkload = src.parse(WORKLOAD_FIX)?;
 
-    let name = match &raw.name {
-        Some(n) if n.get_ref().trim().is_empty() => {
-            return Err(src.invalid(
-                n.span(),
-                "name is empty",
-                "name the workload, e.g. name = \"agentic\"",
-            ))
-        }
-        Some(n) => n.get_ref().trim().to_string(),
-        None => stem.to_string(),
-    };
+    let name = workload_name(&src, &raw, stem)?;
     let sessions = src.whole_number("sessions", &raw.sessions, 1)?;
     let rounds = src.whole_number("rounds", &raw.rounds, 1)?;
     let ctx = src.whole_number("ctx", &raw.ctx, 0)?;
@@ -194,61 +184,10 @@ fn parse_workload(path: &Path, text: &str, stem: &str) -> Result<Workload, Confi
             "set timeout_s to the per-request timeout, e.g. timeout_s = 30",
         ));
     }
-    let temperature = match &raw.temperature {
-        None => 0.0,
-        Some(t) => {
-            let v = *t.get_ref();
-            if !(0.0..=2.0).contains(&v) {
-                return Err(src.invalid(
-                    t.span(),
-                    format!("temperature = {v} is outside 0..2"),
-                    "use temperature = 0.0 so arms stay comparable",
-                ));
-            }
-            v
-        }
-    };
-    let check_args = match &raw.check_args {
-        None => CheckArgs::Strict,
-        Some(c) => match c.get_ref().as_str() {
-            "strict" => CheckArgs::Strict,
-            "schema" => CheckArgs::Schema,
-            other => {
-                return Err(src.invalid(
-                    c.span(),
-                    format!("check_args = {other:?} is not a known mode"),
-                    "use \"strict\" (calls must match the current step) or \"schema\" (only the schema is checked)",
-                ))
-            }
-        },
-    };
-    let seed = match &raw.seed {
-        None => 1,
-        Some(s) if *s.get_ref() >= 0 => *s.get_ref() as u64,
-        Some(s) => {
-            return Err(src.invalid(
-                s.span(),
-                format!("seed = {} is negative", s.get_ref()),
-                "use a seed >= 0",
-            ))
-        }
-    };
-
-    let raw_task = raw.task.get_ref();
-    let steps = src.whole_number("steps", &raw_task.steps, 1)?;
-    if raw_task.outro.get_ref().trim().is_empty() {
-        return Err(src.invalid(
-            raw_task.outro.span(),
-            "task outro is empty: the model would not know what to answer when done",
-            "end the outro with the exact answer, e.g. \"When every step is done, reply exactly: DONE: all steps completed.\"",
-        ));
-    }
-    let task = TaskSpec {
-        steps,
-        intro: raw_task.intro.trim().to_string(),
-        outro: raw_task.outro.get_ref().trim().to_string(),
-    };
-
+    let temperature = temperature(&src, &raw)?;
+    let check_args = check_args_mode(&src, &raw)?;
+    let seed = seed(&src, &raw)?;
+    let task = task_spec(&src, &raw)?;
     let tools = validate_tools(&src, &raw)?;
     let request = request_options(&src, &raw, &tools)?;
 
@@ -268,6 +207,84 @@ fn parse_workload(path: &Path, text: &str, stem: &str) -> Result<Workload, Confi
         seed,
         source: Some(path.to_path_buf()),
         request,
+    })
+}
+
+/// `name`, trimmed; the file's stem when absent, refused when blank.
+fn workload_name(src: &Source, raw: &RawWorkload, stem: &str) -> Result<String, ConfigError> {
+    match &raw.name {
+        Some(n) if n.get_ref().trim().is_empty() => Err(src.invalid(
+            n.span(),
+            "name is empty",
+            "name the workload, e.g. name = \"agentic\"",
+        )),
+        Some(n) => Ok(n.get_ref().trim().to_string()),
+        None => Ok(stem.to_string()),
+    }
+}
+
+/// `temperature`, 0 when absent; refused outside 0..2.
+fn temperature(src: &Source, raw: &RawWorkload) -> Result<f64, ConfigError> {
+    match &raw.temperature {
+        None => Ok(0.0),
+        Some(t) => {
+            let v = *t.get_ref();
+            if !(0.0..=2.0).contains(&v) {
+                return Err(src.invalid(
+                    t.span(),
+                    format!("temperature = {v} is outside 0..2"),
+                    "use temperature = 0.0 so arms stay comparable",
+                ));
+            }
+            Ok(v)
+        }
+    }
+}
+
+/// `check_args`: `strict` (the default) or `schema`.
+fn check_args_mode(src: &Source, raw: &RawWorkload) -> Result<CheckArgs, ConfigError> {
+    match &raw.check_args {
+        None => Ok(CheckArgs::Strict),
+        Some(c) => match c.get_ref().as_str() {
+            "strict" => Ok(CheckArgs::Strict),
+            "schema" => Ok(CheckArgs::Schema),
+            other => Err(src.invalid(
+                c.span(),
+                format!("check_args = {other:?} is not a known mode"),
+                "use \"strict\" (calls must match the current step) or \"schema\" (only the schema is checked)",
+            )),
+        },
+    }
+}
+
+/// `seed`, 1 when absent; refused when negative.
+fn seed(src: &Source, raw: &RawWorkload) -> Result<u64, ConfigError> {
+    match &raw.seed {
+        None => Ok(1),
+        Some(s) if *s.get_ref() >= 0 => Ok(*s.get_ref() as u64),
+        Some(s) => Err(src.invalid(
+            s.span(),
+            format!("seed = {} is negative", s.get_ref()),
+            "use a seed >= 0",
+        )),
+    }
+}
+
+/// `[task]`: at least one step, and an outro that says what to answer when done.
+fn task_spec(src: &Source, raw: &RawWorkload) -> Result<TaskSpec, ConfigError> {
+    let raw_task = raw.task.get_ref();
+    let steps = src.whole_number("steps", &raw_task.steps, 1)?;
+    if raw_task.outro.get_ref().trim().is_empty() {
+        return Err(src.invalid(
+            raw_task.outro.span(),
+            "task outro is empty: the model would not know what to answer when done",
+            "end the outro with the exact answer, e.g. \"When every step is done, reply exactly: DONE: all steps completed.\"",
+        ));
+    }
+    Ok(TaskSpec {
+        steps,
+        intro: raw_task.intro.trim().to_string(),
+        outro: raw_task.outro.get_ref().trim().to_string(),
     })
 }
 

@@ -136,6 +136,62 @@ fn event_status(code: Option<&serde_json::Value>) -> hyper::StatusCode {
         .unwrap_or(hyper::StatusCode::INTERNAL_SERVER_ERROR)
 }
 
+/// An error event (`{"error": {...}}`, or vLLM's flat `{"object": "error", ...}`) as the
+/// engine's error reply, with what the stream had said before it; `None` for any other
+/// chunk.
+fn error_event(
+    chunk: &StreamChunk,
+    data: &str,
+    message: &ChatMessage,
+    calls: &[ToolCall],
+) -> Option<ChatOutcome> {
+    let flat_error = chunk.object.as_deref() == Some("error");
+    if chunk.error.is_none() && !flat_error {
+        return None;
+    }
+    let code = match &chunk.error {
+        Some(detail) => detail.code.as_ref(),
+        None => chunk.code.as_ref(),
+    };
+    Some(ChatOutcome::Status {
+        status: event_status(code),
+        body: excerpt(data, crate::core::session::HTTP_BODY_KEPT).to_string(),
+        partial: Some(partial_text(message, calls)),
+    })
+}
+
+/// One chunk's tool-call deltas folded into the calls by their `index`: id and type
+/// from the first delta that has them, name and arguments concatenated.
+fn merge_tool_call_deltas(calls: &mut Vec<ToolCall>, deltas: Vec<ToolCallDelta>) {
+    for d in deltas {
+        while calls.len() <= d.index {
+            calls.push(ToolCall {
+                id: String::new(),
+                kind: "function".into(),
+                function: crate::core::session::FunctionCall {
+                    name: String::new(),
+                    arguments: String::new(),
+                },
+            });
+        }
+        let call = &mut calls[d.index];
+        if let Some(id) = d.id.filter(|id| !id.is_empty()) {
+            if call.id.is_empty() {
+                call.id = id;
+            }
+        }
+        if let Some(kind) = d.kind {
+            call.kind = kind;
+        }
+        if let Some(f) = d.function {
+            call.function.name.push_str(&f.name.unwrap_or_default());
+            call.function
+                .arguments
+                .push_str(&f.arguments.unwrap_or_default());
+        }
+    }
+}
+
 /// What a stream had said before it ended badly: its text, reasoning and the calls as
 /// far as they came, for the evidence.
 fn partial_text(message: &ChatMessage, calls: &[ToolCall]) -> String {
@@ -252,17 +308,8 @@ pub fn assemble_stream(body: &str) -> ChatOutcome {
             }
         };
         chunks += 1;
-        let flat_error = chunk.object.as_deref() == Some("error");
-        if chunk.error.is_some() || flat_error {
-            let code = match &chunk.error {
-                Some(detail) => detail.code.as_ref(),
-                None => chunk.code.as_ref(),
-            };
-            return ChatOutcome::Status {
-                status: event_status(code),
-                body: excerpt(data, crate::core::session::HTTP_BODY_KEPT).to_string(),
-                partial: Some(partial_text(&message, &calls)),
-            };
+        if let Some(outcome) = error_event(&chunk, data, &message, &calls) {
+            return outcome;
         }
         if let Some(usage) = chunk.usage {
             completion_tokens = usage.completion_tokens;
@@ -282,33 +329,7 @@ pub fn assemble_stream(body: &str) -> ChatOutcome {
         }
         append(&mut message.content, delta.content);
         append(&mut message.reasoning_content, delta.reasoning_content);
-        for d in delta.tool_calls {
-            while calls.len() <= d.index {
-                calls.push(ToolCall {
-                    id: String::new(),
-                    kind: "function".into(),
-                    function: crate::core::session::FunctionCall {
-                        name: String::new(),
-                        arguments: String::new(),
-                    },
-                });
-            }
-            let call = &mut calls[d.index];
-            if let Some(id) = d.id.filter(|id| !id.is_empty()) {
-                if call.id.is_empty() {
-                    call.id = id;
-                }
-            }
-            if let Some(kind) = d.kind {
-                call.kind = kind;
-            }
-            if let Some(f) = d.function {
-                call.function.name.push_str(&f.name.unwrap_or_default());
-                call.function
-                    .arguments
-                    .push_str(&f.arguments.unwrap_or_default());
-            }
-        }
+        merge_tool_call_deltas(&mut calls, delta.tool_calls);
     }
     if chunks == 0 {
         return ChatOutcome::Error(format!("stream has no data chunks: {}", excerpt(body, 200)));
