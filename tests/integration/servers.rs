@@ -521,3 +521,106 @@ async fn shedding_past_the_round_timeout_is_an_error_naming_the_status() {
     assert_eq!(stats.transport.shed_retried, 0, "{:?}", stats.transport);
     assert!(stats.transport.shed_replies >= shed);
 }
+
+/// `sessions` sessions of 3 rounds against a mock with `load`: first one at a time (the
+/// reference), then all at once judged against it by the solo oracle (threshold 1 nat).
+/// Arguments are checked against the schema only, so a changed value is the oracle's to
+/// see. Returns the loaded sessions and how many the mock changed.
+async fn oracle_against(
+    load: bisect_engine::mock::LoadFault,
+    sessions: u32,
+) -> (Vec<SessionResult>, usize) {
+    let server = MockServer::start(MockConfig {
+        under_load: Some(load),
+        // Requests overlap under load, not alone.
+        jitter_ms: 20,
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let mut workload = sample_workload(sessions, 3);
+    workload.check_args = bisect_harness::core::workload::CheckArgs::Schema;
+    workload
+        .request
+        .extra
+        .insert("logprobs".into(), true.into());
+    workload
+        .request
+        .extra
+        .insert("top_logprobs".into(), 2.into());
+    let plan = |concurrency: u32, oracle| DrivePlan {
+        api: server.api(),
+        model: "mock".into(),
+        api_key: None,
+        sessions,
+        concurrency,
+        oracle,
+        workload: workload.clone(),
+        label: "on".into(),
+        repeat: 0,
+    };
+    let (_, alone) = drive_collected(&plan(1, None), CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        server.stats().changed_under_load(),
+        0,
+        "alone: the task's own calls"
+    );
+    let clean = |c: SessionClass| matches!(c, SessionClass::Done | SessionClass::Maxrounds);
+    assert!(
+        alone.iter().all(|s| clean(s.class)),
+        "{:?}",
+        alone
+            .iter()
+            .map(|s| (s.class, &s.evidence))
+            .collect::<Vec<_>>()
+    );
+    let oracle = bisect_harness::driver::Oracle {
+        references: alone.into_iter().map(|s| (s.index, s)).collect(),
+        threshold: 1.0,
+    };
+    let (_, loaded) = drive_collected(&plan(0, Some(Arc::new(oracle))), CancellationToken::new())
+        .await
+        .unwrap();
+    (loaded, server.stats().changed_under_load())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn near_ties_that_flip_under_load_drift_and_never_diverge() {
+    use bisect_engine::mock::LoadFault;
+    let (loaded, changed) = oracle_against(LoadFault::NearTieFlip { margin: 0.3 }, 16).await;
+    assert!(changed > 0, "the load flipped some near-ties");
+    let count = |c| loaded.iter().filter(|s| s.class == c).count();
+    assert_eq!(count(SessionClass::Diverged), 0);
+    assert_eq!(
+        count(SessionClass::Drifted),
+        changed,
+        "every flipped session drifted"
+    );
+    for s in loaded.iter().filter(|s| s.class == SessionClass::Drifted) {
+        assert!(
+            s.evidence.contains("alone's margin 0.30 nats"),
+            "{}",
+            s.evidence
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_swapped_between_sessions_under_load_all_diverge() {
+    use bisect_engine::mock::LoadFault;
+    let (loaded, changed) = oracle_against(LoadFault::Swap, 16).await;
+    assert!(changed > 0, "the load crossed some requests");
+    let count = |c| loaded.iter().filter(|s| s.class == c).count();
+    assert_eq!(
+        count(SessionClass::Diverged),
+        changed,
+        "every swapped session diverged"
+    );
+    assert_eq!(count(SessionClass::Drifted), 0);
+    assert_eq!(
+        count(SessionClass::Done) + count(SessionClass::Maxrounds),
+        loaded.len() - changed
+    );
+}

@@ -50,6 +50,21 @@ pub enum Fault {
     Sleep(Duration),
 }
 
+/// What the mock does while more than one chat request is in flight: the solo oracle's
+/// two stand-ins. Alone (one request in flight) every reply is the task's own call.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LoadFault {
+    /// An engine whose every choice is a near-tie that batch size can flip (numerics
+    /// that follow the batch): under load a call's first argument value is the
+    /// runner-up's (altered as `WrongArgs` alters it). Every served token's margin is
+    /// `margin` nats, alone and under load.
+    NearTieFlip { margin: f32 },
+    /// An engine that crosses requests under load: a reply is the call the previous
+    /// request in flight was answered with, and that request got this one's (two
+    /// sessions' replies swapped). Every served token wins by 8 nats.
+    Swap,
+}
+
 /// Applies `fault` in round `round` (1-based) of the sessions whose task message has
 /// `crc32(text) % modulus == residue`.
 #[derive(Debug, Clone, PartialEq)]
@@ -87,6 +102,8 @@ pub struct MockConfig {
     /// engine that crashes at load, for the harness's tests of engine deaths (a real
     /// signal death of a real process, decided by the load alone).
     pub crash_at_running: Option<u64>,
+    /// What changes under load ([`LoadFault`]); `None`: nothing.
+    pub under_load: Option<LoadFault>,
 }
 
 /// Kills this process with SIGSEGV. Rust's runtime handles SIGSEGV (to report stack
@@ -111,9 +128,18 @@ pub struct MockStats {
     /// conversation up to its task message.
     replied: Mutex<HashMap<u32, Instant>>,
     think_ns: Mutex<Vec<u64>>,
+    /// Sessions (by key) whose reply a load fault changed at least once.
+    changed_under_load: Mutex<std::collections::HashSet<u32>>,
+    /// [`LoadFault::Swap`]'s held call: (tool, arguments) of the last request answered.
+    held: Mutex<Option<(String, String)>>,
 }
 
 impl MockStats {
+    /// Sessions whose reply a load fault changed at least once.
+    pub fn changed_under_load(&self) -> usize {
+        self.changed_under_load.lock().len()
+    }
+
     /// Chat requests answered (any status).
     pub fn requests(&self) -> u64 {
         self.requests.load(Ordering::SeqCst)
@@ -335,6 +361,9 @@ struct Progress<'a> {
 struct ChatRequest<'a> {
     #[serde(default, borrow)]
     messages: Vec<RequestMessage<'a>>,
+    /// OpenAI's `logprobs`: serve each reply's tokens with log-probabilities.
+    #[serde(default)]
+    logprobs: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -410,6 +439,8 @@ struct Choice<'a> {
     index: u32,
     message: ReplyMessage<'a>,
     finish_reason: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    logprobs: Option<Value>,
 }
 
 #[derive(Serialize)]
@@ -441,6 +472,14 @@ struct Usage {
 }
 
 fn completion(message: ReplyMessage<'_>, completion_tokens: usize) -> Response {
+    completion_with(message, completion_tokens, None)
+}
+
+fn completion_with(
+    message: ReplyMessage<'_>,
+    completion_tokens: usize,
+    logprobs: Option<Value>,
+) -> Response {
     let body = Completion {
         id: "chatcmpl-mock",
         object: "chat.completion",
@@ -449,6 +488,7 @@ fn completion(message: ReplyMessage<'_>, completion_tokens: usize) -> Response {
             index: 0,
             message,
             finish_reason: "stop",
+            logprobs,
         }],
         usage: Usage {
             prompt_tokens: 0,
@@ -537,7 +577,16 @@ async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes
         .find(|rule| rule.round == state.round && rule.selects(state.task_text))
         .map(|rule| rule.fault);
     let waited = delay(&shared, &state, fault).await;
-    let response = reply(fault, &state);
+    let response = match shared.config.under_load {
+        Some(load) if fault.is_none() => load_reply(
+            &shared,
+            load,
+            running > 1,
+            request.logprobs == Some(true),
+            &state,
+        ),
+        _ => reply(fault, &state),
+    };
     stats
         .handling_ns
         .lock()
@@ -563,6 +612,78 @@ async fn delay(shared: &Shared, state: &Progress<'_>, fault: Option<Fault>) -> D
         }
     }
     waited
+}
+
+/// The answer to the round under a [`LoadFault`]: the task's own call alone, changed
+/// under load as the fault says, with log-probabilities when `logprobs` asked.
+fn load_reply(
+    shared: &Shared,
+    load: LoadFault,
+    loaded: bool,
+    logprobs: bool,
+    state: &Progress<'_>,
+) -> Response {
+    let Some((tool, args)) = state.task.steps.get(state.done_steps) else {
+        return text_reply("All steps are done; nothing unusual found.");
+    };
+    let own = (tool.clone(), Value::Object(args.clone()).to_string());
+    let (call, margin) = match load {
+        LoadFault::NearTieFlip { margin } if loaded => {
+            let mut args = args.clone();
+            if let Some((_, value)) = args.iter_mut().next() {
+                *value = altered(value);
+            }
+            ((tool.clone(), Value::Object(args).to_string()), margin)
+        }
+        LoadFault::NearTieFlip { margin } => (own.clone(), margin),
+        LoadFault::Swap => {
+            let mut held = shared.stats.held.lock();
+            let call = match (loaded, held.take()) {
+                (true, Some(other)) => other,
+                _ => own.clone(),
+            };
+            *held = Some(own.clone());
+            (call, 8.0)
+        }
+    };
+    if call != own {
+        shared
+            .stats
+            .changed_under_load
+            .lock()
+            .insert(state.session_key);
+    }
+    let (tool, arguments) = call;
+    let text = format!("{tool}({arguments})");
+    let pieces = tokenizer::split(&text);
+    let served = logprobs.then(|| {
+        let content: Vec<Value> = pieces
+            .iter()
+            .map(|token| {
+                let chosen = -0.01f32;
+                json!({"token": token, "logprob": chosen,
+                    "top_logprobs": [{"token": token, "logprob": chosen},
+                                     {"token": "<runner-up>", "logprob": chosen - margin}]})
+            })
+            .collect();
+        json!({ "content": content })
+    });
+    completion_with(
+        ReplyMessage {
+            role: "assistant",
+            content: None,
+            tool_calls: Some([ReplyCall {
+                id: format!("call_{}", state.round),
+                kind: "function",
+                function: ReplyFunction {
+                    name: &tool,
+                    arguments: &arguments,
+                },
+            }]),
+        },
+        pieces.len(),
+        served,
+    )
 }
 
 /// The answer to the round: the current step's call, the fault's corruption of it, or
