@@ -284,10 +284,14 @@ fn url_checks_pass_against_live_engines_and_catch_one_not_running_its_config() {
         String::from_utf8_lossy(&out.stderr)
     );
     let urls = report["urls"].as_array().unwrap();
-    // health, metrics and effective config for each of the two roles, and the
-    // tool-call probe through the API.
-    assert_eq!(urls.len(), 7, "{urls:#?}");
+    // health, metrics and effective config for each of the two roles, the tool-call
+    // probe through the API, and what the solo oracle could judge with.
+    assert_eq!(urls.len(), 8, "{urls:#?}");
     assert!(urls.iter().all(|u| u["ok"] == true), "{urls:#?}");
+    let logprobs = urls.iter().find(|u| u["kind"] == "logprobs").unwrap();
+    let said = logprobs["detail"].as_str().unwrap();
+    assert!(said.starts_with("log-probabilities served ("), "{said}");
+    assert!(said.ends_with("the engine is batch-invariant by construction: any parting from a session alone is a bug"), "{said}");
     let probe = urls.iter().find(|u| u["kind"] == "tool_calls").unwrap();
     assert!(
         probe["detail"]

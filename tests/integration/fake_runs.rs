@@ -279,7 +279,9 @@ fn session_classes_cover_design() {
             "timeout",
             "truncated",
             "rejected",
-            "crashed"
+            "crashed",
+            "diverged",
+            "drifted"
         ]
     );
 }

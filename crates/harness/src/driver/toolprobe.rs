@@ -13,6 +13,16 @@ use crate::core::toolprobe::{wants_another, ProbeReply};
 
 /// The probe's replies, in the order asked. `plan` names the API, model, key and
 /// workload (its label and repeat name nothing: no session is recorded).
+/// Session 0's first round alone, asked as `plan` says: the tokens the engine served
+/// with their log-probabilities (`None`: none came back).
+pub async fn first_round_tokens(
+    plan: &DrivePlan,
+    classifier: Arc<Classifier>,
+) -> anyhow::Result<Option<Vec<crate::core::oracle::TokenChoice>>> {
+    let ctx = session_context(plan, classifier, Arc::new(InFlight::new()))?;
+    Ok(first_round(&ctx, 0).await.logprobs)
+}
+
 pub async fn ask(plan: &DrivePlan, classifier: Arc<Classifier>) -> anyhow::Result<Vec<ProbeReply>> {
     let ctx = session_context(plan, classifier, Arc::new(InFlight::new()))?;
     let mut replies = Vec::new();

@@ -138,8 +138,10 @@ pub struct ArmEdit {
 pub struct UrlCheck {
     pub role: String,
     /// `health`, `metrics`, `effective`, `tools` (what the engine says of its tool-call
-    /// parsing: llama.cpp's `/props`, SGLang's `tool_call_parser`), or `tool_calls` (the
-    /// probe: does a session's first round come back as parsed calls; role `api`).
+    /// parsing: llama.cpp's `/props`, SGLang's `tool_call_parser`), `tool_calls` (the
+    /// probe: does a session's first round come back as parsed calls; role `api`), or
+    /// `logprobs` (does the engine serve log-probabilities, and is it batch-invariant:
+    /// what the solo oracle can judge with; informative, never a problem).
     pub kind: String,
     pub url: String,
     pub ok: bool,
@@ -199,6 +201,9 @@ pub async fn check(plan: &CheckPlan<'_>) -> CheckReport {
         }
         if let Some(workload) = plan.workload {
             toolcalls::probe_row(plan, workload, &mut urls, &mut problems).await;
+            if urls.last().is_some_and(|u| u.kind == "tool_calls" && u.ok) {
+                urls.push(toolcalls::logprobs_row(plan, workload).await);
+            }
         }
     }
     notes.extend(role_notes(target));

@@ -97,6 +97,67 @@ pub(super) async fn probe_row(
     });
 }
 
+/// What `--oracle solo` can judge with on this target: one first round asking for
+/// log-probabilities (with [`crate::core::oracle::TOP_LOGPROBS`] alternatives), and
+/// whether the engine is batch-invariant. `ok` when log-probabilities came back with
+/// alternatives (margins known); otherwise the detail says what the oracle falls back to.
+pub(super) async fn logprobs_row(plan: &CheckPlan<'_>, workload: &Workload) -> UrlCheck {
+    let target = plan.target;
+    let url = format!("{}/chat/completions", target.api.trim_end_matches('/'));
+    let mut asking = workload.clone();
+    let extra = &mut asking.request.extra;
+    extra.insert("logprobs".into(), true.into());
+    extra.insert(
+        "top_logprobs".into(),
+        crate::core::oracle::TOP_LOGPROBS.into(),
+    );
+    let drive = DrivePlan {
+        api: target.api.clone(),
+        model: target.model.clone(),
+        api_key: plan.api_key.clone(),
+        workload: asking.clone(),
+        label: "check".into(),
+        repeat: 0,
+        sessions: 1,
+        concurrency: 1,
+        oracle: None,
+    };
+    let tokens = match target.classifier(&asking) {
+        Ok(classifier) => {
+            crate::driver::toolprobe::first_round_tokens(&drive, Arc::new(classifier))
+                .await
+                .map_err(|e| format!("{e:#}"))
+        }
+        Err(e) => Err(format!("{e:#}")),
+    };
+    let deterministic = match target.engine.batch_invariant() {
+        true => "batch-invariant by construction: any parting from a session alone is a bug",
+        false => "not known to be batch-invariant (no deterministic mode read back): a parting at a near-tie counts as drift",
+    };
+    let (ok, served) = match tokens {
+        Ok(Some(tokens)) if tokens.iter().any(|t| t.margin().is_some()) => (
+            true,
+            format!("served ({} tokens with alternatives): --oracle solo compares tokens and margins", tokens.len()),
+        ),
+        Ok(Some(_)) => (
+            false,
+            "served without alternatives: --oracle solo knows no margins, so every parting diverges".to_string(),
+        ),
+        Ok(None) => (
+            false,
+            "not served: --oracle solo compares texts only (exact match), every difference diverges".to_string(),
+        ),
+        Err(why) => (false, format!("not asked: {why}")),
+    };
+    UrlCheck {
+        role: "api".into(),
+        kind: "logprobs".into(),
+        url,
+        ok,
+        detail: format!("log-probabilities {served}; the engine is {deterministic}"),
+    }
+}
+
 /// SGLang's own word on its tool-call parser: `tool_call_parser` in its server info.
 /// `None` for other engines and documents without the key.
 pub(super) fn sglang_parser(
