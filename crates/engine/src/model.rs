@@ -410,9 +410,11 @@ pub struct Generation {
     last_selected: usize,
     max_tokens: usize,
     pub(crate) emitted: Vec<u32>,
-    /// One per emitted token: its log-probability, or `None` where the backend gave
-    /// no distribution.
+    /// One per emitted token when the request asked for log-probabilities
+    /// ([`Generation::keep_probs`]): its log-probability, or `None` where the backend gave
+    /// no distribution. Empty otherwise: a request that did not ask pays nothing.
     pub(crate) probs: Vec<Option<TokenProb>>,
+    keep_probs: bool,
     pub(crate) finish: Option<Finish>,
 }
 
@@ -431,7 +433,20 @@ impl Generation {
             max_tokens,
             emitted: Vec::new(),
             probs: Vec::new(),
+            keep_probs: false,
             finish,
+        }
+    }
+
+    /// Keep each emitted token's log-probability (the request asked for `logprobs`).
+    pub(crate) fn keep_probs(&mut self) {
+        self.keep_probs = true;
+    }
+
+    /// Record the log-probability of the token just emitted, when asked to.
+    fn push_prob(&mut self, prob: impl FnOnce() -> Option<TokenProb>) {
+        if self.keep_probs {
+            self.probs.push(prob());
         }
     }
 
@@ -450,11 +465,11 @@ impl Generation {
             Some(Piece::Copy { anchor, .. }) => {
                 self.last_selected = anchor + self.offset;
                 self.emitted.push(truth[self.last_selected]);
-                self.probs.push(None);
+                self.push_prob(|| None);
             }
             Some(Piece::Literal(token)) => {
                 self.emitted.push(token);
-                self.probs.push(Some(TokenProb::certain(token)));
+                self.push_prob(|| Some(TokenProb::certain(token)));
             }
             None => {}
         }
@@ -565,7 +580,7 @@ fn step(
                     literal,
                 )?;
                 generation.emitted.push(literal);
-                generation.probs.push(Some(TokenProb::certain(literal)));
+                generation.push_prob(|| Some(TokenProb::certain(literal)));
                 generation.advance();
                 generation.check_finished();
             }
@@ -605,7 +620,7 @@ fn step(
         let (generation, sequence) = &mut batch[read.slot];
         debug_assert!(read.target < sequence.len());
         let token = sequence.stored_tokens[selected];
-        let prob = TokenProb::of_read(token, &candidates, &sequence.stored_tokens);
+
         append_token(
             backend,
             path.dtype,
@@ -616,7 +631,7 @@ fn step(
             token,
         )?;
         generation.emitted.push(token);
-        generation.probs.push(prob);
+        generation.push_prob(|| TokenProb::of_read(token, &candidates, &sequence.stored_tokens));
         generation.last_selected = selected;
         generation.advance();
         generation.check_finished();

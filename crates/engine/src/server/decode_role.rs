@@ -299,7 +299,10 @@ pub(super) async fn chat_handler(
         Ok(conversation) => conversation,
         Err(error) => return error_response(StatusCode::BAD_REQUEST, error.to_string()),
     };
-    let (prompt, generation) = model::prepare(&conversation, &shared.vocab);
+    let (prompt, mut generation) = model::prepare(&conversation, &shared.vocab);
+    if request.top_logprobs().is_some() {
+        generation.keep_probs();
+    }
     let sequence = match receive_prompt_kv(&shared, &prompt).await {
         Ok(sequence) => sequence,
         Err(response) => return response,

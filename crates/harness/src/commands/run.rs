@@ -18,7 +18,8 @@ use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
 use crate::arm::{
-    fmt_readback, settle, BlockName, Testbed, TestbedOptions, TestbedSpec, NO_EFFECTIVE_WARNING,
+    fmt_readback, settle, BlockName, Restarted, Testbed, TestbedOptions, TestbedSpec,
+    NO_EFFECTIVE_WARNING,
 };
 pub use crate::arm::{Progress, Quiet};
 use crate::config::{FlagSpec, TargetProfile, Workload};
@@ -226,38 +227,13 @@ pub(crate) async fn run_block(
         plan.flag.name,
         fmt_readback(&readback)
     ));
-    let restarted = bed.restart(&block_name).await?;
+    let mut restarted = bed.restart(&block_name).await?;
     phases.restarts += 1;
     phases.restart_s += restarted.restart_s;
     phases.health_wait_s += restarted.health_wait_s;
     phases.health_padding_s += restarted.health_padding_s;
-    let effective = restarted
-        .effective
-        .get(&plan.flag.name)
-        .cloned()
-        .unwrap_or_default();
-    let unreported = format!("{}: {NO_EFFECTIVE_WARNING}", plan.flag.name);
-    if effective.is_empty() && !has_warning(record, &unreported) {
-        bed.progress().note(&format!("warning: {unreported}"));
-        push_warning(record, &unreported);
-    }
-    restarted.refuse_pins(None)?;
-    if let Some(found) = restarted
-        .disagreements
-        .iter()
-        .find(|d| !d.pinned && d.flag == plan.flag.name)
-    {
-        return Err(Failure::CouldNotRun(
-            not_taking_effect(&plan.flag, label, &found.disagreement).into(),
-        )
-        .into());
-    }
+    let effective = check_restarted(plan, bed, record, label, &block_name, &mut restarted)?;
     let identity = restarted.identities.clone();
-    for (role, info) in restarted.engine_info {
-        record
-            .engine_info
-            .insert(format!("{block_name}/{role}"), info);
-    }
     let block = BlockName {
         label: label.as_str(),
         value,
@@ -307,6 +283,47 @@ pub(crate) async fn run_block(
         restart_s: restarted.restart_s + restarted.health_wait_s + stop_s,
         drive_s,
     })
+}
+
+/// What the engines reported after the block's restart, checked: the flag's effective
+/// value (warned once in the record when no engine reports it), a pin or the flag that
+/// did not take effect refused, and the engines' self-reports kept in `record` under
+/// the block's name. Returns the flag's effective value by role.
+fn check_restarted(
+    plan: &RunPlan,
+    bed: &Testbed<'_>,
+    record: &mut RunRecord,
+    label: ArmLabel,
+    block_name: &str,
+    restarted: &mut Restarted,
+) -> anyhow::Result<BTreeMap<String, String>> {
+    let effective = restarted
+        .effective
+        .get(&plan.flag.name)
+        .cloned()
+        .unwrap_or_default();
+    let unreported = format!("{}: {NO_EFFECTIVE_WARNING}", plan.flag.name);
+    if effective.is_empty() && !has_warning(record, &unreported) {
+        bed.progress().note(&format!("warning: {unreported}"));
+        push_warning(record, &unreported);
+    }
+    restarted.refuse_pins(None)?;
+    if let Some(found) = restarted
+        .disagreements
+        .iter()
+        .find(|d| !d.pinned && d.flag == plan.flag.name)
+    {
+        return Err(Failure::CouldNotRun(
+            not_taking_effect(&plan.flag, label, &found.disagreement).into(),
+        )
+        .into());
+    }
+    for (role, info) in std::mem::take(&mut restarted.engine_info) {
+        record
+            .engine_info
+            .insert(format!("{block_name}/{role}"), info);
+    }
+    Ok(effective)
 }
 
 /// The block's reference for the solo oracle: its sessions run one at a time on the
