@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::{command_line, parse_pins, run_id, usage, ExperimentArgs};
+use super::{command_line, parse_pins, run_id, usage, ExperimentArgs, OracleArgs};
 use bisect_harness::commands::culprit::{self, CulpritPlan};
 
 #[derive(Debug, Args)]
@@ -25,6 +25,8 @@ pub(crate) struct CulpritArgs {
     /// again) and continue in DIR. Pass the same flags and options.
     #[arg(long, value_name = "DIR")]
     resume: Option<PathBuf>,
+    #[command(flatten)]
+    oracle: OracleArgs,
     // The search goes to RESULTS/<id>/, each block to RESULTS/<id>/blocks/bNNN/.
     #[command(flatten)]
     pub(crate) common: ExperimentArgs,
@@ -42,7 +44,8 @@ impl CulpritArgs {
             .filter(|name| !name.trim().is_empty())
             .map(|name| catalog.get(name).cloned())
             .collect::<Result<Vec<_>, _>>()?;
-        let workload = common.load.load()?;
+        let mut workload = common.load.load()?;
+        let oracle = self.oracle.solo(&mut workload)?;
         culprit::check_request(&flags, self.budget, &workload)?;
         if common.load.sessions.is_some() {
             return Err(usage(
@@ -80,6 +83,7 @@ impl CulpritArgs {
             dir,
             testbed: common.testbed(),
             resume: self.resume.is_some(),
+            oracle,
         })
     }
 }

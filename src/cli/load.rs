@@ -4,7 +4,7 @@
 
 use clap::Args;
 
-use super::{command_line, parse_pins, run_id, usage, BlockArgs, ExperimentArgs};
+use super::{command_line, parse_pins, run_id, usage, BlockArgs, ExperimentArgs, OracleArgs};
 use bisect_harness::commands::load::LoadPlan;
 use bisect_harness::core::load::{Allocation, LoadParams, DEFAULT_LEVELS};
 
@@ -27,6 +27,8 @@ pub(crate) struct LoadArgs {
     #[command(flatten)]
     blocks: BlockArgs,
     #[command(flatten)]
+    oracle: OracleArgs,
+    #[command(flatten)]
     pub(crate) common: ExperimentArgs,
 }
 
@@ -40,7 +42,8 @@ impl LoadArgs {
             Some(name) => Some(catalog.get(name)?.clone()),
             None => None,
         };
-        let workload = common.load.load()?;
+        let mut workload = common.load.load()?;
+        let oracle = self.oracle.solo(&mut workload)?;
         if common.load.concurrency.is_some() {
             return Err(usage(
                 "--concurrency does not apply to `bisect load`: the levels are the loads",
@@ -89,6 +92,7 @@ impl LoadArgs {
             flag,
             sets,
             testbed: common.testbed(),
+            oracle,
         })
     }
 }

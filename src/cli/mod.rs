@@ -355,7 +355,7 @@ impl OracleArgs {
     /// The oracle's parameters, with `workload` asking for what it needs (the
     /// log-probabilities, where the workload does not set them); a workload the oracle
     /// cannot judge is refused naming the fix.
-    fn solo(&self, workload: &mut Workload) -> anyhow::Result<Option<SoloOracle>> {
+    pub(crate) fn solo(&self, workload: &mut Workload) -> anyhow::Result<Option<SoloOracle>> {
         let Some(OracleKind::Solo) = self.oracle else {
             return Ok(None);
         };

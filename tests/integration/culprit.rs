@@ -42,6 +42,7 @@ pub(crate) fn culprit_plan(t: &FakeTarget, flags: &[&str], sets: &[(&str, &str)]
         testbed: t.testbed(),
         api_key: None,
         resume: false,
+        oracle: None,
     }
 }
 

@@ -39,6 +39,7 @@ use crate::results::ResultsDir;
 
 mod deaths;
 mod engines;
+mod oracle;
 
 use engines::Written;
 pub use engines::{Disagreeing, Restarted, NO_EFFECTIVE_WARNING};

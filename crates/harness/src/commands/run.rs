@@ -13,8 +13,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::Context;
-
 use tokio_util::sync::CancellationToken;
 
 use crate::arm::{
@@ -26,9 +24,8 @@ use crate::config::{FlagSpec, TargetProfile, Workload};
 use crate::control::EngineControl;
 use crate::core::arm_stats::{ArmLabel, RecordStatus};
 use crate::core::classify::Classifier;
-use crate::core::oracle::{ReferencePass, SoloOracle};
+use crate::core::oracle::SoloOracle;
 use crate::core::phases::Phases;
-use crate::core::session::SessionResult;
 use crate::core::verdict::{decide, Policy};
 use crate::exit::Failure;
 use crate::results::run_record::{ArmRecord, FlagInfo, RunRecord, TargetInfo, SCHEMA};
@@ -245,7 +242,9 @@ pub(crate) async fn run_block(
     arm.identity = identity;
     if let Some(solo) = plan.oracle {
         let driving = Instant::now();
-        let (oracle, pass) = reference(bed, results, classifier, block, workload, solo).await?;
+        let (oracle, pass) = bed
+            .reference(results, classifier, block, workload, solo)
+            .await?;
         phases.drive_s += driving.elapsed().as_secs_f64();
         bed.judge_against(Some(oracle));
         arm.oracle = Some(pass);
@@ -324,72 +323,6 @@ fn check_restarted(
             .insert(format!("{block_name}/{role}"), info);
     }
     Ok(effective)
-}
-
-/// The block's reference for the solo oracle: its sessions run one at a time on the
-/// engines just started (the same configuration as the block), written under
-/// `reference/<arm>/` in the results directory; an earlier block of the same arm (a later
-/// repeat) reuses what is there, since the arm's configuration, the workload and its
-/// seed are the same. A session whose reference failed (error, timeout) has none: it is
-/// judged by the classifier alone.
-async fn reference(
-    bed: &mut Testbed<'_>,
-    results: &ResultsDir,
-    classifier: &Arc<Classifier>,
-    block: BlockName<'_>,
-    workload: &Workload,
-    solo: SoloOracle,
-) -> anyhow::Result<(Arc<crate::driver::Oracle>, ReferencePass)> {
-    let dir = ResultsDir::create(&results.root().join("reference").join(block.label))?;
-    let threshold = solo.threshold_for(bed.target().engine.batch_invariant());
-    let mut pass = ReferencePass {
-        threshold: threshold.is_finite().then_some(threshold),
-        ..ReferencePass::default()
-    };
-    let mut sessions = dir.read_sessions().unwrap_or_default();
-    if sessions.len() == workload.sessions as usize {
-        pass.reused = 1;
-        bed.progress().note(&format!(
-            "arm {}: the solo oracle's reference reused ({} sessions)",
-            block.label,
-            sessions.len()
-        ));
-    } else {
-        bed.progress().note(&format!(
-            "arm {}: the solo oracle's reference, {} sessions one at a time",
-            block.label, workload.sessions
-        ));
-        let mut alone = workload.clone();
-        alone.concurrency = Some(1);
-        let started = Instant::now();
-        let label = format!("{}-alone", block.label);
-        let name = BlockName {
-            label: &label,
-            ..block
-        };
-        // What an interrupted pass left would be appended to: start the file anew.
-        sessions.clear();
-        let kept = dir.root().join("sessions.jsonl");
-        if kept.exists() {
-            std::fs::remove_file(&kept).with_context(|| format!("removing {}", kept.display()))?;
-        }
-        bed.drive_observed(name, &alone, classifier, &dir, &mut |s| {
-            sessions.push(s.clone())
-        })
-        .await?;
-        pass.sessions = sessions.len() as u64;
-        pass.wall_s = started.elapsed().as_secs_f64();
-    }
-    let references = sessions
-        .into_iter()
-        .filter(|s: &SessionResult| !s.class.is_failure())
-        .map(|s| (s.index, s))
-        .collect();
-    let oracle = crate::driver::Oracle {
-        references,
-        threshold,
-    };
-    Ok((Arc::new(oracle), pass))
 }
 
 /// Why an arm is refused before its sessions: its engine reports running the flag with

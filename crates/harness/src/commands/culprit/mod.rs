@@ -68,6 +68,8 @@ pub struct CulpritPlan {
     pub api_key: Option<String>,
     /// Replay `dir/steps.jsonl` before running anything.
     pub resume: bool,
+    /// `--oracle solo`: every block's sessions are also run alone and compared.
+    pub oracle: Option<crate::core::oracle::SoloOracle>,
 }
 
 impl crate::commands::EnginePlan for CulpritPlan {
@@ -324,6 +326,7 @@ pub async fn run(
             classifier,
             dir: plan.dir.clone(),
             announce: true,
+            oracle: plan.oracle,
         };
         let mut runner = steplog::Replay::new(logged, live);
         let mut recorder = Recorder {

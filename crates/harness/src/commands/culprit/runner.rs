@@ -35,6 +35,9 @@ pub(crate) struct TestbedRunner<'t, 'a> {
     /// Say each block's failing values before its restart (culprit); `bisect load`
     /// names its blocks by level and arm itself, and says nothing here.
     pub(crate) announce: bool,
+    /// `--oracle solo`: each block's sessions also run alone first, and are judged
+    /// against themselves alone.
+    pub(crate) oracle: Option<crate::core::oracle::SoloOracle>,
 }
 
 /// `blocks/b007`, relative to the culprit directory.
@@ -143,10 +146,19 @@ impl TestbedRunner<'_, '_> {
             value: "",
             repeat: 0,
         };
+        if let Some(solo) = self.oracle {
+            let (oracle, _) = self
+                .bed
+                .reference(results, &self.classifier, block, &workload, solo)
+                .await?;
+            self.bed.judge_against(Some(oracle));
+        }
         let stats = self
             .bed
             .drive(block, &workload, &self.classifier, results)
-            .await?;
+            .await;
+        self.bed.judge_against(None);
+        let stats = stats?;
         self.bed.stop().await?;
         if !stats.engine_replaced.is_empty() {
             // Part of the block ran on an engine that restarted by itself: its sessions

@@ -33,6 +33,7 @@ use crate::control::EngineControl;
 use crate::core::arm_stats::RecordStatus;
 use crate::core::culprit::{BlockOutcome, BlockRequest};
 use crate::core::load::{sweep, Arm, LevelBlock, LoadParams, LoadReport};
+use crate::core::oracle::SoloOracle;
 use crate::results::load::{LoadRecord, SCHEMA};
 use crate::results::run_record::TargetInfo;
 
@@ -53,6 +54,8 @@ pub struct LoadPlan {
     /// Pinned for every block.
     pub sets: Vec<(FlagSpec, String)>,
     pub testbed: TestbedOptions,
+    /// `--oracle solo`: every block's sessions are also run alone and compared.
+    pub oracle: Option<SoloOracle>,
 }
 
 impl crate::commands::EnginePlan for LoadPlan {
@@ -80,6 +83,8 @@ pub(crate) struct Sweep<'p> {
     pub(crate) params: &'p LoadParams,
     /// Where `blocks/bNNN/` and the record's files go.
     pub(crate) dir: &'p Path,
+    /// The solo oracle, when every block is judged against its sessions alone too.
+    pub(crate) oracle: Option<SoloOracle>,
 }
 
 /// The culprit runner behind the sweep's seam: a level's block is a culprit block with
@@ -175,6 +180,7 @@ pub async fn run(
             workload: &plan.workload,
             params: &plan.params,
             dir: &plan.dir,
+            oracle: plan.oracle,
         };
         sweep_on(&mut bed, &job, &mut record, started).await
     }
@@ -209,6 +215,7 @@ pub(crate) async fn sweep_on(
             classifier,
             dir: job.dir.to_path_buf(),
             announce: false,
+            oracle: job.oracle,
         },
         flag: job.flag.cloned(),
         fixed: job.fixed.to_vec(),

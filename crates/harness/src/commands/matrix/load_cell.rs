@@ -150,6 +150,8 @@ pub(super) async fn run(
         workload: &workload,
         params: &params,
         dir: &dir,
+        // The matrix has no --oracle yet (docs/oracle.md).
+        oracle: None,
     };
     let outcome = sweep_on(bed, &on, &mut load, started).await;
     let finished = finish(&mut load, outcome, started, &dir);
