@@ -295,7 +295,7 @@ fn adaptive_run_alternates_restarted_blocks_up_to_its_cap() {
 
 /// The default workload with its arguments checked against the schema only: a wrong
 /// value that fits the schema is `done` to the classifier.
-fn schema_only_workload(dir: &std::path::Path) -> String {
+pub(crate) fn schema_only_workload(dir: &std::path::Path) -> String {
     let agentic = std::fs::read_to_string(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("workloads/agentic.toml"),
     )

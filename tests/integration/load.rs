@@ -100,3 +100,57 @@ fn bad_levels_and_options_are_refused_with_the_fix() {
     }
     assert!(!dir.path().join("results").exists(), "nothing ran");
 }
+
+#[test]
+fn the_solo_oracle_judges_every_load_block_against_itself_alone() {
+    let _one = crate::common::heavy();
+    let dir = tempfile::tempdir().unwrap();
+    let workload = crate::embedded::schema_only_workload(dir.path());
+    let args = [
+        "load",
+        "--flag",
+        "BF16_INDEX_K",
+        "--levels",
+        "1,80",
+        "--oracle",
+        "solo",
+        "--workload",
+        &workload,
+        "--json",
+    ];
+    let record = bisect_json(&args, dir.path());
+    let (one, eighty) = (level(&record, 1), level(&record, 80));
+    assert!(one["arm"]["corrupted"].as_u64().unwrap() <= 2, "{one}");
+    assert!(
+        eighty["arm"]["corrupted"].as_u64().unwrap() >= 8,
+        "{eighty}"
+    );
+    let run_dir = dir
+        .path()
+        .join("results")
+        .join(record["id"].as_str().unwrap());
+    // Every block ran its sessions alone first, and at 80 in flight sessions the
+    // schema-only classifier passed were caught as diverged.
+    let mut diverged = 0;
+    for block in ["b001", "b002", "b003", "b004"] {
+        let blocks = run_dir.join("blocks").join(block);
+        let alone = std::fs::read_dir(blocks.join("reference")).unwrap().count();
+        assert_eq!(alone, 1, "{block}: one reference");
+        let sessions = std::fs::read_to_string(blocks.join("sessions.jsonl")).unwrap();
+        diverged += sessions
+            .lines()
+            .filter(|l| l.contains("\"class\":\"diverged\""))
+            .count();
+    }
+    assert!(diverged >= 4, "{diverged} diverged sessions in all blocks");
+    assert_eq!(
+        answer_level(&record),
+        Some(80),
+        "{}",
+        record["report"]["verdict"]
+    );
+}
+
+fn answer_level(record: &Value) -> Option<u64> {
+    record["report"]["answer"]["level"].as_u64()
+}
