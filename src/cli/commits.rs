@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 
-use super::{command_line, parse_pins, run_id, usage, ExperimentArgs};
+use super::{command_line, parse_pins, run_id, usage, ExperimentArgs, OracleArgs};
 use bisect_harness::commands::commits::build::BuildStep;
 use bisect_harness::commands::commits::range::{parse_releases, Find, RangeSpec};
 use bisect_harness::commands::commits::slurm::{Rounds, SlurmRounds};
@@ -97,6 +97,8 @@ pub(crate) struct CommitsArgs {
     )]
     pub(crate) sizes: Vec<usize>,
     #[command(flatten)]
+    oracle: OracleArgs,
+    #[command(flatten)]
     pub(crate) common: ExperimentArgs,
 }
 
@@ -114,7 +116,8 @@ impl CommitsArgs {
                     "e.g. --build 'make' or --artifact 'pip install wheels/engine-{commit}.whl'",
                 )),
             };
-        let workload = common.load.load()?;
+        let mut workload = common.load.load()?;
+        let oracle = self.oracle.solo(&mut workload)?;
         let policy = common.decision.policy()?;
         // The catalog only where a flag is named: a plain search reads no flag files.
         let (flag, sets) = if self.flag.is_none() && self.set.is_empty() {
@@ -168,6 +171,7 @@ impl CommitsArgs {
             background: self.background,
             sets,
             testbed: common.testbed(),
+            oracle,
         };
         plan.params(2)
             .validate()

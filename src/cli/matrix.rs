@@ -35,12 +35,15 @@ pub(crate) struct MatrixArgs {
     /// Allow a flag whose setting also appears in a role it does not list.
     #[arg(long = "allow-partial")]
     allow_partial: bool,
+    #[command(flatten)]
+    oracle: super::OracleArgs,
 }
 
 impl MatrixArgs {
     /// Load the plan and resolve its target into a job (nothing is written).
     pub(crate) fn job(&self) -> anyhow::Result<MatrixJob> {
-        let plan = Plan::load(&self.plan)?;
+        let mut plan = Plan::load(&self.plan)?;
+        let oracle = self.oracle.solo(&mut plan.workload)?;
         if self.shard.is_some() && self.baseline.baseline.is_some() {
             return Err(usage(
                 "--baseline with --shard: the regression rule is Holm-corrected across the whole matrix",
@@ -67,6 +70,7 @@ impl MatrixArgs {
                 metrics_period: METRICS_PERIOD,
             },
             api_key,
+            oracle,
         })
     }
 }

@@ -163,6 +163,7 @@ fn plan(dir: &Path, repo: &Path, target: TargetProfile, concurrency: u32) -> Com
         },
         parallel: 1,
         rounds: Rounds::Local,
+        oracle: None,
     }
 }
 

@@ -53,6 +53,7 @@ pub(crate) fn job(t: &FakeTarget, plan: &Plan, shard: Option<Shard>, id: &str) -
         dir: results.join(id),
         testbed: t.testbed(),
         api_key: None,
+        oracle: None,
     }
 }
 
@@ -840,4 +841,36 @@ fn the_documented_slurm_scripts_are_the_ones_ci_submits() {
         ci.contains("scripts/slurm/nightly-shards.sbatch")
             && ci.contains("scripts/slurm/nightly-merge.sbatch")
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_solo_oracle_runs_each_cell_alone_first_and_leaves_classifier_counts_alone() {
+    let t = FakeTarget::new().await;
+    // Small cells: every reference session runs alone, held for the poller.
+    let text = plan_text("").replace("sessions = [4, 64]", "sessions = [4, 16]");
+    let plan = load_plan(&t, &text);
+    let mut job = job(&t, &plan, None, "oracle-night");
+    job.oracle = Some(bisect_harness::core::oracle::SoloOracle { threshold: 1.0 });
+    let record = run(&t, &job).await;
+    assert_eq!(record.status, RecordStatus::Finished);
+    for cell in &record.cells {
+        let n = cell.sessions;
+        let victims = match cell.flags["FAKE_BF16"] == "1" {
+            true => fake_race_victims(&plan.workload, n),
+            false => 0,
+        };
+        // The fake's corruption is the classifier's to see (leaks): the oracle's
+        // comparison stands beside those sessions and adds no class of its own.
+        assert_eq!(
+            cell.stats.counts[SessionClass::Leak],
+            victims,
+            "{}",
+            cell.id
+        );
+        assert_eq!(cell.stats.counts[SessionClass::Diverged], 0, "{}", cell.id);
+        assert_eq!(cell.stats.corrupted, victims, "{}", cell.id);
+        let alone = job.dir.join("cells").join(&cell.id).join("reference");
+        assert!(alone.is_dir(), "{}: its reference pass", cell.id);
+    }
+    assert!(record.cells.iter().any(|c| c.stats.corrupted > 0));
 }

@@ -88,4 +88,32 @@ impl Testbed<'_> {
         };
         Ok((Arc::new(oracle), pass))
     }
+
+    /// [`Testbed::drive`], with `oracle` (when given) judging every session also against
+    /// the same session alone: the block's reference pass first, then the sessions under
+    /// load. Returns the block's statistics and, with the oracle, its reference pass.
+    pub(crate) async fn drive_judged(
+        &mut self,
+        block: BlockName<'_>,
+        workload: &Workload,
+        classifier: &Arc<Classifier>,
+        results: &ResultsDir,
+        oracle: Option<SoloOracle>,
+    ) -> anyhow::Result<(crate::core::arm_stats::ArmStats, Option<ReferencePass>)> {
+        let Some(solo) = oracle else {
+            let stats = self.drive(block, workload, classifier, results).await?;
+            return Ok((stats, None));
+        };
+        let (references, mut pass) = self
+            .reference(results, classifier, block, workload, solo)
+            .await?;
+        self.judge_against(Some(references));
+        let mut count = |session: &SessionResult| pass.count(session);
+        let driven = self
+            .drive_observed(block, workload, classifier, results, &mut count)
+            .await;
+        self.judge_against(None);
+        let (stats, _) = driven?;
+        Ok((stats, Some(pass)))
+    }
 }

@@ -130,6 +130,8 @@ pub(crate) struct BlockContext<'c> {
     pub cancel: tokio_util::sync::CancellationToken,
     pub controls: &'c ControlFactory<'c>,
     pub writes: Writes<'c>,
+    /// `--oracle solo`: each block's sessions also run alone first.
+    pub oracle: Option<crate::core::oracle::SoloOracle>,
 }
 
 /// One block at the commit's target into `dir`, with `flag` (the flag under test and
@@ -177,8 +179,8 @@ pub(crate) async fn run_block(
             repeat: 0,
         };
         let mut arm = ArmRecord::new(ArmLabel::Probe, label, Some(0));
-        arm.stats = bed
-            .drive(block, ctx.workload, &classifier, &results)
+        (arm.stats, arm.oracle) = bed
+            .drive_judged(block, ctx.workload, &classifier, &results, ctx.oracle)
             .await?;
         arm.stats.health_wait_s = restarted.health_wait_s;
         arm.finish();

@@ -82,6 +82,8 @@ pub struct CommitsPlan {
     pub parallel: u32,
     /// Where a round's blocks run: here, one after another, or as a Slurm job array.
     pub rounds: Rounds,
+    /// `--oracle solo`: each block's sessions also run alone and are compared.
+    pub oracle: Option<crate::core::oracle::SoloOracle>,
 }
 
 impl CommitsPlan {
@@ -152,6 +154,7 @@ impl CommitsPlan {
                 pins: &self.sets,
                 testbed: &self.testbed,
             },
+            oracle: self.oracle,
         }
     }
 

@@ -146,19 +146,10 @@ impl TestbedRunner<'_, '_> {
             value: "",
             repeat: 0,
         };
-        if let Some(solo) = self.oracle {
-            let (oracle, _) = self
-                .bed
-                .reference(results, &self.classifier, block, &workload, solo)
-                .await?;
-            self.bed.judge_against(Some(oracle));
-        }
-        let stats = self
+        let (stats, _) = self
             .bed
-            .drive(block, &workload, &self.classifier, results)
-            .await;
-        self.bed.judge_against(None);
-        let stats = stats?;
+            .drive_judged(block, &workload, &self.classifier, results, self.oracle)
+            .await?;
         self.bed.stop().await?;
         if !stats.engine_replaced.is_empty() {
             // Part of the block ran on an engine that restarted by itself: its sessions

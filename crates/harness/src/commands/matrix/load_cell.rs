@@ -150,8 +150,7 @@ pub(super) async fn run(
         workload: &workload,
         params: &params,
         dir: &dir,
-        // The matrix has no --oracle yet (docs/oracle.md).
-        oracle: None,
+        oracle: job.oracle,
     };
     let outcome = sweep_on(bed, &on, &mut load, started).await;
     let finished = finish(&mut load, outcome, started, &dir);

@@ -39,6 +39,8 @@ pub struct MatrixJob {
     pub dir: PathBuf,
     pub api_key: Option<String>,
     pub testbed: TestbedOptions,
+    /// `--oracle solo`: every cell's sessions also run alone and are compared.
+    pub oracle: Option<crate::core::oracle::SoloOracle>,
 }
 
 impl crate::commands::EnginePlan for MatrixJob {
@@ -248,7 +250,9 @@ async fn drive_cells(
                 value: "",
                 repeat,
             };
-            let mut stats = bed.drive(block, &workload, classifier, &results).await?;
+            let (mut stats, _) = bed
+                .drive_judged(block, &workload, classifier, &results, job.oracle)
+                .await?;
             // The restart's health wait belongs to the whole group; the first block of
             // each cell records it.
             stats.health_wait_s = if repeat == 0 { health_wait_s } else { 0.0 };
