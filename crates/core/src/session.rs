@@ -495,7 +495,7 @@ mod tests {
         );
         assert_eq!(counts[SessionClass::Rejected], 0);
         // A class a later build adds is ignored here, as serde ignores unknown fields.
-        let later = old.replace("}", r#","diverged":4}"#);
+        let later = old.replace("}", r#","garbled":4}"#);
         assert_eq!(serde_json::from_str::<Counts>(&later).unwrap(), counts);
         let missing = old.replace(r#""maxrounds":1,"#, "");
         let err = serde_json::from_str::<Counts>(&missing)
