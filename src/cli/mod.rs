@@ -22,7 +22,7 @@ use bisect_harness::commands::adaptive::AdaptiveOptions;
 use bisect_harness::commands::probe::ProbePlan;
 use bisect_harness::commands::run::RunPlan;
 use bisect_harness::config::{ConfigError, FlagCatalog, TargetProfile, Workload};
-use bisect_harness::core::oracle::{self, SoloOracle};
+use bisect_harness::core::solo::{self, SoloOracle};
 use bisect_harness::core::verdict::Policy;
 use bisect_harness::exit;
 
@@ -342,7 +342,7 @@ pub(crate) struct OracleArgs {
     oracle: Option<OracleKind>,
     /// With --oracle: the margin (nats, top-1 minus top-2 log-probability alone) at or
     /// below which a parting is a near-tie.
-    #[arg(long = "oracle-threshold", requires = "oracle", default_value_t = bisect_harness::core::oracle::DEFAULT_THRESHOLD)]
+    #[arg(long = "oracle-threshold", requires = "oracle", default_value_t = bisect_harness::core::solo::DEFAULT_THRESHOLD)]
     threshold: f64,
 }
 
@@ -380,7 +380,7 @@ impl OracleArgs {
             .or_insert(serde_json::Value::Bool(true));
         extra
             .entry("top_logprobs")
-            .or_insert(oracle::TOP_LOGPROBS.into());
+            .or_insert(solo::TOP_LOGPROBS.into());
         Ok(Some(SoloOracle {
             threshold: self.threshold,
         }))

@@ -850,7 +850,7 @@ async fn the_solo_oracle_runs_each_cell_alone_first_and_leaves_classifier_counts
     let text = plan_text("").replace("sessions = [4, 64]", "sessions = [4, 16]");
     let plan = load_plan(&t, &text);
     let mut job = job(&t, &plan, None, "oracle-night");
-    job.oracle = Some(bisect_harness::core::oracle::SoloOracle { threshold: 1.0 });
+    job.oracle = Some(bisect_harness::core::solo::SoloOracle { threshold: 1.0 });
     let record = run(&t, &job).await;
     assert_eq!(record.status, RecordStatus::Finished);
     for cell in &record.cells {

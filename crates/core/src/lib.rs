@@ -27,6 +27,7 @@ pub mod proptest_config;
 pub mod root_cause;
 pub mod sequential;
 pub mod session;
+pub mod solo;
 pub mod stats;
 pub mod task;
 #[cfg(any(test, feature = "test-support"))]

@@ -11,8 +11,8 @@ use anyhow::Context;
 use super::{BlockName, Testbed};
 use crate::config::Workload;
 use crate::core::classify::Classifier;
-use crate::core::oracle::{ReferencePass, SoloOracle};
 use crate::core::session::SessionResult;
+use crate::core::solo::{ReferencePass, SoloOracle};
 use crate::results::ResultsDir;
 
 impl Testbed<'_> {

@@ -237,7 +237,7 @@ fn replayed_session(old: &SessionResult, mut ending: Ending) -> (SessionResult, 
     // What the solo oracle saw does not depend on the classifier's rules: a session it
     // called diverged stays so unless a new rule finds its own corruption first.
     if let Some(comparison) = old.oracle.clone() {
-        crate::core::oracle::apply(&mut new, comparison);
+        crate::core::solo::apply(&mut new, comparison);
     }
     (new, incomplete)
 }

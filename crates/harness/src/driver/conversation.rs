@@ -46,11 +46,11 @@ pub struct Oracle {
 }
 
 impl Oracle {
-    /// Judge `session` against its reference (core::oracle::judge); a session with no
+    /// Judge `session` against its reference (core::solo::judge); a session with no
     /// reference (the reference failed there) is left as the classifier judged it.
     pub fn judge(&self, session: &mut SessionResult) {
         if let Some(reference) = self.references.get(&session.index) {
-            crate::core::oracle::judge(session, reference, self.threshold);
+            crate::core::solo::judge(session, reference, self.threshold);
         }
     }
 }

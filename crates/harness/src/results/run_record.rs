@@ -194,7 +194,7 @@ pub struct ArmRecord {
     pub stats: ArmStats,
     /// The solo oracle's reference pass and findings (`--oracle solo`); absent without.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub oracle: Option<crate::core::oracle::ReferencePass>,
+    pub oracle: Option<crate::core::solo::ReferencePass>,
 }
 
 impl RunRecord {
@@ -253,7 +253,7 @@ impl ArmRecord {
         );
         arm.stats = ArmStats::pool(blocks.iter().map(|b| &b.stats));
         arm.sessions = arm.stats.sessions();
-        arm.oracle = crate::core::oracle::ReferencePass::pooled(
+        arm.oracle = crate::core::solo::ReferencePass::pooled(
             blocks.iter().filter_map(|b| b.oracle.as_ref()),
         );
         arm

@@ -98,7 +98,7 @@ pub(super) async fn probe_row(
 }
 
 /// What `--oracle solo` can judge with on this target: one first round asking for
-/// log-probabilities (with [`crate::core::oracle::TOP_LOGPROBS`] alternatives), and
+/// log-probabilities (with [`crate::core::solo::TOP_LOGPROBS`] alternatives), and
 /// whether the engine is batch-invariant. `ok` when log-probabilities came back with
 /// alternatives (margins known); otherwise the detail says what the oracle falls back to.
 pub(super) async fn logprobs_row(plan: &CheckPlan<'_>, workload: &Workload) -> UrlCheck {
@@ -109,7 +109,7 @@ pub(super) async fn logprobs_row(plan: &CheckPlan<'_>, workload: &Workload) -> U
     extra.insert("logprobs".into(), true.into());
     extra.insert(
         "top_logprobs".into(),
-        crate::core::oracle::TOP_LOGPROBS.into(),
+        crate::core::solo::TOP_LOGPROBS.into(),
     );
     let drive = DrivePlan {
         api: target.api.clone(),

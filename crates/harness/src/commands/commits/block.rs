@@ -131,7 +131,7 @@ pub(crate) struct BlockContext<'c> {
     pub controls: &'c ControlFactory<'c>,
     pub writes: Writes<'c>,
     /// `--oracle solo`: each block's sessions also run alone first.
-    pub oracle: Option<crate::core::oracle::SoloOracle>,
+    pub oracle: Option<crate::core::solo::SoloOracle>,
 }
 
 /// One block at the commit's target into `dir`, with `flag` (the flag under test and

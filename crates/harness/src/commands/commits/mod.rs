@@ -83,7 +83,7 @@ pub struct CommitsPlan {
     /// Where a round's blocks run: here, one after another, or as a Slurm job array.
     pub rounds: Rounds,
     /// `--oracle solo`: each block's sessions also run alone and are compared.
-    pub oracle: Option<crate::core::oracle::SoloOracle>,
+    pub oracle: Option<crate::core::solo::SoloOracle>,
 }
 
 impl CommitsPlan {

@@ -69,7 +69,7 @@ pub struct CulpritPlan {
     /// Replay `dir/steps.jsonl` before running anything.
     pub resume: bool,
     /// `--oracle solo`: every block's sessions are also run alone and compared.
-    pub oracle: Option<crate::core::oracle::SoloOracle>,
+    pub oracle: Option<crate::core::solo::SoloOracle>,
 }
 
 impl crate::commands::EnginePlan for CulpritPlan {

@@ -37,7 +37,7 @@ pub(crate) struct TestbedRunner<'t, 'a> {
     pub(crate) announce: bool,
     /// `--oracle solo`: each block's sessions also run alone first, and are judged
     /// against themselves alone.
-    pub(crate) oracle: Option<crate::core::oracle::SoloOracle>,
+    pub(crate) oracle: Option<crate::core::solo::SoloOracle>,
 }
 
 /// `blocks/b007`, relative to the culprit directory.

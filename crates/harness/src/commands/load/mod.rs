@@ -33,7 +33,7 @@ use crate::control::EngineControl;
 use crate::core::arm_stats::RecordStatus;
 use crate::core::culprit::{BlockOutcome, BlockRequest};
 use crate::core::load::{sweep, Arm, LevelBlock, LoadParams, LoadReport};
-use crate::core::oracle::SoloOracle;
+use crate::core::solo::SoloOracle;
 use crate::results::load::{LoadRecord, SCHEMA};
 use crate::results::run_record::TargetInfo;
 

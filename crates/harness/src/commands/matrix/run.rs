@@ -40,7 +40,7 @@ pub struct MatrixJob {
     pub api_key: Option<String>,
     pub testbed: TestbedOptions,
     /// `--oracle solo`: every cell's sessions also run alone and are compared.
-    pub oracle: Option<crate::core::oracle::SoloOracle>,
+    pub oracle: Option<crate::core::solo::SoloOracle>,
 }
 
 impl crate::commands::EnginePlan for MatrixJob {
