@@ -334,9 +334,13 @@ fn the_solo_oracle_catches_well_formed_wrong_values_the_classifier_passes() {
     // well-formed: corruption only the oracle sees, counted with the rest.
     assert!(diverged(on) >= 4, "{}", on["counts"]);
     assert!(corrupted(on) > diverged(on), "{}", on["counts"]);
+    // fp8's smaller page narrows the race's window without closing it: the oracle sees
+    // its rare well-formed slips too (3 and 5 of 160 measured, the second on a machine
+    // busy with a llama-server run), far fewer than bf16's.
     assert!(
-        diverged(off) <= 3,
-        "fp8 stays its own self: {}",
+        diverged(off) <= 16 && corrupted(on) >= 4 * corrupted(off).max(1),
+        "fp8 parts from itself far less: on {}, off {}",
+        on["counts"],
         off["counts"]
     );
     assert_eq!(run["verdict"]["status"], "implicated", "{}", run["verdict"]);
