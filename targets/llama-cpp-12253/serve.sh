@@ -17,7 +17,7 @@
 # probe refused the run, rightly).
 # Flags (flags/): DEFRAG (the threshold: 0.1, the default, vs -1, off) and KV_TYPE
 # (q8_0 vs f16, K and V together).
-export LLAMA_ARG_DEFRAG_THOLD=-1
+export LLAMA_ARG_DEFRAG_THOLD=0.1
 export KV_TYPE=q8_0
 export LLAMA_ARG_FLASH_ATTN=1
 export LLAMA_ARG_N_PARALLEL=4
