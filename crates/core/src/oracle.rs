@@ -183,10 +183,11 @@ fn text_parting(round: u32, reference: &str, loaded: &str) -> Parting {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn tok(token: &str, logprob: f64, runner_up: f64) -> TokenChoice {
+    /// A token chosen at `logprob` over one runner-up (shared with core::solo's tests).
+    pub(crate) fn tok(token: &str, logprob: f64, runner_up: f64) -> TokenChoice {
         TokenChoice {
             token: token.into(),
             logprob,

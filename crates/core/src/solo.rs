@@ -186,15 +186,7 @@ pub fn apply(loaded: &mut SessionResult, comparison: Comparison) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::oracle::TokenChoice;
-
-    fn tok(token: &str, logprob: f64, runner_up: f64) -> TokenChoice {
-        TokenChoice {
-            token: token.into(),
-            logprob,
-            top: vec![(token.into(), logprob), ("<other>".into(), runner_up)],
-        }
-    }
+    use crate::oracle::tests::tok;
 
     fn session(class: SessionClass, replies: &[&str], margin: f64) -> SessionResult {
         // The prompt's filler turns come before the task: never compared.
