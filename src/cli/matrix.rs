@@ -68,6 +68,7 @@ impl MatrixArgs {
                 state_root: None,
                 allow_partial: self.allow_partial,
                 metrics_period: METRICS_PERIOD,
+                reference_cache: Some(self.output.reference_cache()),
             },
             api_key,
             oracle,

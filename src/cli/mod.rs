@@ -169,6 +169,11 @@ impl OutputArgs {
     pub(crate) fn journal_dir(&self) -> PathBuf {
         self.results.join(".bisect-journal")
     }
+
+    /// Where the solo oracle keeps its references for later blocks and runs.
+    pub(crate) fn reference_cache(&self) -> PathBuf {
+        self.results.join("reference-cache")
+    }
 }
 
 /// The significance level and smallest effect of a verdict, shared by run and culprit.
@@ -311,6 +316,7 @@ impl ExperimentArgs {
             state_root: None,
             allow_partial: self.allow_partial,
             metrics_period: METRICS_PERIOD,
+            reference_cache: Some(self.output.reference_cache()),
         }
     }
 }

@@ -147,7 +147,7 @@ fn every_shipped_profile_passes_offline_and_is_left_untouched() {
 /// A profile for two embedded engine roles on `ports`, their launch scripts written
 /// beside it (the generated scripts bisect itself uses), `extra` appended to the
 /// top-level keys.
-fn embedded_profile(dir: &Path, prefill: u16, decode: u16, extra: &str) -> PathBuf {
+pub(crate) fn embedded_profile(dir: &Path, prefill: u16, decode: u16, extra: &str) -> PathBuf {
     let exe = env!("CARGO_BIN_EXE_bisect");
     std::fs::write(
         dir.join("prefill.sh"),
@@ -197,7 +197,7 @@ fn profile_with_flags(dir: &Path, flags: &[(&str, &str, &[&str])]) -> PathBuf {
     profile
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     bisect_harness::config::embedded::free_port().unwrap()
 }
 
@@ -704,4 +704,39 @@ fn vllm_reports_its_kv_cache_dtype_through_its_info_metrics() {
             );
         }
     }
+}
+
+/// vLLM reports its batch-invariant mode nowhere but its environment: bisect reads it
+/// from the process listening on each role's port. Two real processes here (the
+/// embedded engine's roles, read as vLLM's would be): one started with
+/// `VLLM_BATCH_INVARIANT=1`, one without; the pair is not batch-invariant.
+#[test]
+fn a_vllm_roles_deterministic_mode_is_read_from_its_processs_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let (prefill, decode) = (free_port(), free_port());
+    let profile = embedded_profile(dir.path(), prefill, decode, "");
+    let script = dir.path().join("prefill.sh");
+    let text = std::fs::read_to_string(&script).unwrap();
+    std::fs::write(&script, format!("export VLLM_BATCH_INVARIANT=1\n{text}")).unwrap();
+    let _p = Role::start(&script);
+    wait_healthy(prefill);
+    let _d = Role::start(&dir.path().join("decode.sh"));
+    wait_healthy(decode);
+    let mut target = bisect_harness::config::TargetProfile::load(&profile).unwrap();
+    target.engine = bisect_harness::config::Engine::Vllm;
+    let read = bisect_harness::control::determinism::read(&target, &BTreeMap::new());
+    use bisect_harness::core::determinism::{Reading, Verdict};
+    assert!(
+        matches!(read.roles["prefill"], Reading::Environment { on: true, .. }),
+        "{read:?}"
+    );
+    assert!(
+        matches!(read.roles["decode"], Reading::Environment { on: false, .. }),
+        "{read:?}"
+    );
+    assert_eq!(read.verdict(), Verdict::NotInvariant);
+    // Read as SGLang's would be: the embedded engine's server info has no such key.
+    target.engine = bisect_harness::config::Engine::Sglang;
+    let read = bisect_harness::control::determinism::read(&target, &BTreeMap::new());
+    assert_eq!(read.verdict(), Verdict::Unknown, "{read:?}");
 }

@@ -160,6 +160,7 @@ fn plan(dir: &Path, repo: &Path, target: TargetProfile, concurrency: u32) -> Com
             state_root: Some(dir.join("state")),
             allow_partial: false,
             metrics_period: Duration::from_millis(100),
+            reference_cache: Some(dir.join("results/reference-cache")),
         },
         parallel: 1,
         rounds: Rounds::Local,
@@ -729,4 +730,69 @@ async fn ctrl_c_during_a_build_removes_the_worktrees() {
         serde_json::from_str(&std::fs::read_to_string(plan.dir.join("commits.json")).unwrap())
             .unwrap();
     assert_eq!(record["status"], "interrupted", "{record}");
+}
+
+/// `commits --oracle solo`: every block runs its sessions alone first, on the commit's
+/// own build, and the search still finds the commit that turns bf16 on, with arguments
+/// checked against the schema only (the oracle sees the wrong values the classifier
+/// passes). Each commit's launch configs are its own cache entry: no block is judged
+/// against another commit's reference.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// The guard serializes whole heavy tests (common::heavy), not tasks within one.
+#[allow(clippy::await_holding_lock)]
+async fn the_solo_oracle_judges_every_commit_block_against_itself_alone() {
+    let _one = crate::common::heavy();
+    let dir = tempfile::tempdir().unwrap();
+    let change = Change {
+        commit: 5,
+        edits: &[(BF16_OFF, BF16_ON)],
+        subject: "turn the bf16 index-K default on",
+    };
+    let (repo, target, shas) = scripted_repo(dir.path(), 8, &[(BF16_ON, BF16_OFF)], Some(change));
+    let mut plan = plan(dir.path(), &repo, target, 80);
+    plan.range = RangeSpec::Git {
+        repo: repo.clone(),
+        good: "main~8".into(),
+        bad: "main".into(),
+    };
+    plan.workload.check_args = bisect_harness::config::CheckArgs::Schema;
+    plan.oracle = Some(bisect_harness::core::solo::SoloOracle {
+        threshold: bisect_harness::core::solo::DEFAULT_THRESHOLD,
+    });
+    let record = search(&plan, &dir.path().join("state")).await;
+    let verdict = record.verdict.clone().unwrap_or_default();
+    assert_eq!(
+        record.culprit.map(|c| c.sha),
+        Some(shas[5].clone()),
+        "{verdict}"
+    );
+    let mut judged = 0;
+    let mut diverged = 0;
+    for block in std::fs::read_dir(plan.dir.join("blocks")).unwrap() {
+        let block = block.unwrap().path();
+        let label = block.file_name().unwrap().to_string_lossy().to_string();
+        let alone = block.join("reference").join(&label).join("sessions.jsonl");
+        assert!(alone.exists(), "{}: no reference", block.display());
+        let sessions = std::fs::read_to_string(block.join("sessions.jsonl")).unwrap();
+        judged += sessions
+            .lines()
+            .filter(|l| l.contains("\"oracle\":"))
+            .count();
+        diverged += sessions
+            .lines()
+            .filter(|l| l.contains("\"class\":\"diverged\""))
+            .count();
+    }
+    assert!(
+        judged >= 80,
+        "{judged} sessions judged against themselves alone"
+    );
+    assert!(diverged >= 1, "no diverged session in any bf16 block");
+    let entries = std::fs::read_dir(dir.path().join("results/reference-cache"))
+        .unwrap()
+        .count();
+    assert!(
+        entries >= 2,
+        "{entries}: one entry per commit's configuration"
+    );
 }

@@ -120,6 +120,7 @@ impl FakeTarget {
             state_root: Some(self.dir.path().join("state")),
             allow_partial: false,
             metrics_period: Duration::from_millis(50),
+            reference_cache: Some(self.dir.path().join("results/reference-cache")),
         }
     }
 

@@ -382,6 +382,106 @@ fn the_solo_oracle_catches_well_formed_wrong_values_the_classifier_passes() {
         std::fs::read_to_string(reference).unwrap().lines().count(),
         80
     );
+    // The second block of an arm was checked (one session alone again) before reuse;
+    // each arm's launch config is its own cache entry.
+    let arm_cache = |label: &str| {
+        let b: Vec<&Value> = blocks.iter().filter(|b| b["label"] == label).collect();
+        assert_eq!(b[1]["oracle"]["checked"], 1, "{}", b[1]["oracle"]);
+        assert_eq!(b[0]["oracle"]["cache"], b[1]["oracle"]["cache"]);
+        b[0]["oracle"]["cache"].as_str().unwrap().to_string()
+    };
+    assert_ne!(arm_cache("on"), arm_cache("off"));
+    let said = &blocks[0]["oracle"]["determinism"]["roles"];
+    assert_eq!(said["decode"]["source"], "by_construction", "{said}");
+}
+
+/// The reference cache across runs: a second run with the same configuration (a
+/// profile on disk, as a user's; the default embedded target is generated per run with
+/// fresh ports, so its entries serve that run only) reuses every arm's kept reference
+/// after one session run alone again agrees; a kept reference that no longer matches the
+/// engine (here: its first session replaced by another task's) is found stale by that
+/// check and run again in full.
+#[test]
+fn a_later_run_reuses_kept_references_once_a_session_alone_agrees() {
+    let _one = crate::common::heavy();
+    let dir = tempfile::tempdir().unwrap();
+    let workload = schema_only_workload(dir.path());
+    let ports = (crate::check::free_port(), crate::check::free_port());
+    let profile = crate::check::embedded_profile(dir.path(), ports.0, ports.1, "");
+    let args = [
+        "run",
+        "--target",
+        profile.to_str().unwrap(),
+        "--flag",
+        "BF16_INDEX_K",
+        "--oracle",
+        "solo",
+        "--workload",
+        &workload,
+        "--sessions",
+        "8",
+        "--json",
+    ];
+    let pass = |run: &Value, label: &str| {
+        let block = run["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| b["label"] == label)
+            .unwrap();
+        block["oracle"].clone()
+    };
+    let first = bisect_json(&args, dir.path());
+    let second = bisect_json(&args, dir.path());
+    assert_ne!(first["id"], second["id"]);
+    for label in ["on", "off"] {
+        let (was, now) = (pass(&first, label), pass(&second, label));
+        assert_eq!(
+            (&was["sessions"], &was["reused"]),
+            (&8.into(), &0.into()),
+            "{was}"
+        );
+        assert_eq!(
+            (
+                &now["sessions"],
+                &now["reused"],
+                &now["checked"],
+                &now["stale"]
+            ),
+            (&0.into(), &1.into(), &1.into(), &0.into()),
+            "{now}"
+        );
+        assert_eq!(was["cache"], now["cache"]);
+    }
+    // Tamper with the "on" arm's entry: session 0's record replaced by session 1's.
+    let entry = dir
+        .path()
+        .join("results/reference-cache")
+        .join(pass(&first, "on")["cache"].as_str().unwrap())
+        .join("sessions.jsonl");
+    let text = std::fs::read_to_string(&entry).unwrap();
+    let mut lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let zero = lines.iter().position(|s| s["index"] == 0).unwrap();
+    let one = lines.iter().position(|s| s["index"] == 1).unwrap();
+    let mut replaced = lines[one].clone();
+    replaced["index"] = 0.into();
+    lines[zero] = replaced;
+    let tampered: String = lines.iter().map(|s| format!("{s}\n")).collect();
+    std::fs::write(&entry, tampered).unwrap();
+    let third = bisect_json(&args, dir.path());
+    let (on, off) = (pass(&third, "on"), pass(&third, "off"));
+    assert_eq!(
+        (&on["sessions"], &on["reused"], &on["checked"], &on["stale"]),
+        (&8.into(), &0.into(), &1.into(), &1.into()),
+        "{on}"
+    );
+    assert_eq!(off["reused"], 1, "{off}");
+    // The entry was written again from the fresh pass: a fourth run reuses it.
+    let fourth = bisect_json(&args, dir.path());
+    assert_eq!(pass(&fourth, "on")["reused"], 1);
 }
 
 #[test]

@@ -293,6 +293,23 @@ pub fn reported_identity(doc: &Value) -> Option<Identity> {
     })
 }
 
+/// Which build of its engine a role runs, as its self-report names it: SGLang's
+/// `version`, llama-server's `build_info` (`/props`), the embedded engine's `version`
+/// and `build` (its executable's size and modification time); `None` when it names
+/// none (vLLM's `/metrics`). The solo oracle's reference cache is keyed by it: a
+/// reference is reused across runs only where every role names its build.
+pub fn build_identity(doc: &Value) -> Option<String> {
+    let parts: Vec<String> = ["version", "build_info", "build"]
+        .iter()
+        .filter_map(|key| match doc.get(*key)? {
+            Value::String(s) if !s.is_empty() => Some(format!("{key} {s}")),
+            Value::Null | Value::String(_) => None,
+            other => Some(format!("{key} {other}")),
+        })
+        .collect();
+    (!parts.is_empty()).then(|| parts.join(", "))
+}
+
 /// [`reported_identity`] as text (`pid 41 started t1`).
 pub fn identity(doc: &Value) -> Option<String> {
     reported_identity(doc).map(|i| i.text())
@@ -392,6 +409,24 @@ pub fn disagreements(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_build_is_named_by_the_fields_engines_report() {
+        use serde_json::json;
+        assert_eq!(
+            build_identity(&json!({"version": "0.5.5", "tp_size": 1})).as_deref(),
+            Some("version 0.5.5")
+        );
+        assert_eq!(
+            build_identity(&json!({"build_info": "b5280-abc1234", "total_slots": 4})).as_deref(),
+            Some("build_info b5280-abc1234")
+        );
+        assert_eq!(build_identity(&json!({"version": "", "pid": 4})), None);
+        assert_eq!(
+            build_identity(&json!({"vllm:num_requests_running": 0})),
+            None
+        );
+    }
 
     #[test]
     fn a_mapped_pointer_reads_the_engine_s_words_as_the_flag_s_values() {

@@ -12,6 +12,7 @@ pub mod commits;
 pub mod confounds;
 pub mod culprit;
 pub mod deaths;
+pub mod determinism;
 pub mod effective;
 pub mod ending;
 pub mod engine_counts;

@@ -46,11 +46,11 @@ pub struct ReferencePass {
     /// The near-tie threshold used; `None` where none applied (a batch-invariant
     /// engine, where every parting diverges).
     pub threshold: Option<f64>,
-    /// Sessions run alone for this block (0 where an earlier block's were reused).
+    /// Sessions run alone for this block (0 where a kept reference was reused).
     pub sessions: u64,
-    /// Seconds the reference sessions took.
+    /// Seconds the reference took: its sessions alone, or the check of a kept one.
     pub wall_s: f64,
-    /// Blocks that reused an earlier block's reference (same arm, same configuration).
+    /// Blocks that reused a kept reference (the same key, and the check agreed).
     pub reused: u64,
     /// Sessions under load compared with a reference, by outcome.
     pub same: u64,
@@ -61,6 +61,19 @@ pub struct ReferencePass {
     /// Sessions the classifier called corrupted whose replies were the same alone: the
     /// model's own slip, not the load's.
     pub corrupted_same_alone: u64,
+    /// The reference cache's entry this block's reference is kept in (its folder under
+    /// `reference-cache/`); absent in records from before the cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<String>,
+    /// Sessions run alone again to check a kept reference before reusing it.
+    #[serde(default)]
+    pub checked: u64,
+    /// Kept references the check found stale (run again in full).
+    #[serde(default)]
+    pub stale: u64,
+    /// Whether the engines said they are batch-invariant (what set `threshold`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub determinism: Option<crate::determinism::Determinism>,
 }
 
 impl ReferencePass {
@@ -97,6 +110,8 @@ impl ReferencePass {
         for p in passes {
             let t = total.get_or_insert_with(|| ReferencePass {
                 threshold: p.threshold,
+                cache: p.cache.clone(),
+                determinism: p.determinism.clone(),
                 ..ReferencePass::default()
             });
             t.sessions += p.sessions;
@@ -107,6 +122,8 @@ impl ReferencePass {
             t.drifted += p.drifted;
             t.by_logprobs += p.by_logprobs;
             t.corrupted_same_alone += p.corrupted_same_alone;
+            t.checked += p.checked;
+            t.stale += p.stale;
         }
         total
     }
@@ -149,6 +166,19 @@ fn reply_text(message: &ChatMessage) -> String {
         ));
     }
     text
+}
+
+/// Whether a kept reference still stands: the same session run alone again now gave
+/// the same replies, token for token (no near-tie excused: alone twice on one build and
+/// configuration is the same computation). A failed session on either side proves
+/// nothing: the reference is not trusted.
+pub fn still_stands(kept: &SessionResult, again: &SessionResult) -> bool {
+    !kept.class.is_failure()
+        && !again.class.is_failure()
+        && matches!(
+            compare(&replies(kept), &replies(again), f64::NEG_INFINITY),
+            Comparison::Same { .. }
+        )
 }
 
 /// Judge `loaded` against the same session run alone (`reference`): record the
@@ -276,5 +306,18 @@ mod tests {
         judge(&mut leak, &reference, DEFAULT_THRESHOLD);
         assert_eq!(leak.class, SessionClass::Leak);
         assert!(matches!(leak.oracle, Some(Comparison::Diverged { .. })));
+    }
+
+    #[test]
+    fn a_kept_reference_stands_only_when_alone_again_is_the_same_to_the_token() {
+        let kept = session(SessionClass::Done, &["call(7)", "DONE"], 0.1);
+        assert!(still_stands(&kept, &kept.clone()));
+        // A near-tie flipped is excused under load, never between two runs alone.
+        let again = session(SessionClass::Done, &["call(1)", "DONE"], 0.1);
+        assert!(!still_stands(&kept, &again));
+        // A failed run proves nothing either way.
+        let failed = session(SessionClass::Error, &["call(7)", "DONE"], 0.1);
+        assert!(!still_stands(&kept, &failed));
+        assert!(!still_stands(&failed, &kept));
     }
 }

@@ -132,6 +132,8 @@ async fn server_info(State(state): State<Arc<AppState>>) -> Response {
         "ppid": std::os::unix::process::parent_id(),
         "started_at": state.started_at,
         "device": state.device,
+        "version": concat!("bisect-engine ", env!("CARGO_PKG_VERSION")),
+        "build": build(),
         "index_k_dtype": config.flags.dtype().name(),
         "index_k_bytes_per_token": config.flags.dtype().bytes_per_token(),
         "flags": {
@@ -154,6 +156,25 @@ async fn server_info(State(state): State<Arc<AppState>>) -> Response {
         info["pool"] = decode.pool();
     }
     Json(info).into_response()
+}
+
+/// Which build serves: the executable's size and modification time (seconds), so a
+/// harness keying cached results by the engine's build sees a rebuilt engine as another
+/// (the crate's version alone stays the same across rebuilds). `None` where the
+/// executable cannot be read.
+fn build() -> Option<String> {
+    let exe = std::env::current_exe().ok()?;
+    let meta = std::fs::metadata(exe).ok()?;
+    let modified = meta
+        .modified()
+        .ok()?
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?;
+    Some(format!(
+        "{} bytes, modified {}",
+        meta.len(),
+        modified.as_secs()
+    ))
 }
 
 /// Serve one role until the process is killed.

@@ -86,6 +86,9 @@ pub(crate) struct TestbedSpec<'a> {
     allow_partial: bool,
     api_key: Option<String>,
     metrics_period: Duration,
+    /// Where the solo oracle's references are kept across blocks and runs; `None`: a
+    /// `reference-cache/` beside each block's results.
+    reference_cache: Option<&'a Path>,
 }
 
 impl<'a> TestbedSpec<'a> {
@@ -104,6 +107,7 @@ impl<'a> TestbedSpec<'a> {
             allow_partial: true,
             api_key,
             metrics_period,
+            reference_cache: None,
         }
     }
 
@@ -139,6 +143,10 @@ pub struct TestbedOptions {
     /// Allow a flag whose setting also appears in a role it does not list.
     pub allow_partial: bool,
     pub metrics_period: Duration,
+    /// Where the solo oracle keeps its references for later blocks and runs to reuse
+    /// (the CLI: `reference-cache/` in the results directory); `None`: beside each
+    /// block's results.
+    pub reference_cache: Option<PathBuf>,
 }
 
 impl TestbedOptions {
@@ -148,7 +156,10 @@ impl TestbedOptions {
         target: &'a TargetProfile,
         api_key: Option<String>,
     ) -> TestbedSpec<'a> {
-        TestbedSpec::read_only(target, api_key, self.metrics_period)
+        TestbedSpec {
+            reference_cache: self.reference_cache.as_deref(),
+            ..TestbedSpec::read_only(target, api_key, self.metrics_period)
+        }
     }
 
     /// The spec of a testbed over `target` that writes `flags`.
@@ -158,7 +169,7 @@ impl TestbedOptions {
         api_key: Option<String>,
         flags: Vec<&'a FlagSpec>,
     ) -> TestbedSpec<'a> {
-        TestbedSpec::read_only(target, api_key, self.metrics_period).editing(
+        self.read_only(target, api_key).editing(
             &self.journal_dir,
             self.state_root.as_deref(),
             flags,
@@ -235,6 +246,12 @@ pub(crate) struct Testbed<'a> {
     tool_calls_probed: std::sync::atomic::AtomicBool,
     /// The solo oracle's references for the next drives ([`Testbed::judge_against`]).
     oracle: Option<Arc<crate::driver::Oracle>>,
+    /// Whether the engines said after the last restart that they are batch-invariant.
+    determinism: crate::core::determinism::Determinism,
+    /// Role -> the build its engine named after the last restart
+    /// ([`crate::core::effective::build_identity`]).
+    builds: BTreeMap<String, Option<String>>,
+    reference_cache: Option<PathBuf>,
 }
 
 impl<'a> Testbed<'a> {
@@ -303,6 +320,9 @@ impl<'a> Testbed<'a> {
             identities: BTreeMap::new(),
             written: Vec::new(),
             oracle: None,
+            determinism: Default::default(),
+            builds: BTreeMap::new(),
+            reference_cache: spec.reference_cache.map(Path::to_path_buf),
             tool_calls_probed: std::sync::atomic::AtomicBool::new(false),
         })
     }
@@ -436,6 +456,19 @@ impl<'a> Testbed<'a> {
             }
         }
         self.check_written(&mut restarted);
+        self.determinism = crate::control::determinism::read(self.target, &restarted.engine_info);
+        self.builds = self
+            .target
+            .roles
+            .iter()
+            .map(|role| {
+                let build = restarted
+                    .engine_info
+                    .get(&role.name)
+                    .and_then(crate::core::effective::build_identity);
+                (role.name.clone(), build)
+            })
+            .collect();
         restarted.restart_s = (started.elapsed().as_secs_f64() - restarted.health_wait_s).max(0.0);
         Ok(restarted)
     }

@@ -40,16 +40,19 @@ pub enum Engine {
 }
 
 impl Engine {
-    /// Whether a request's output cannot depend on what else is in the batch, whatever
-    /// the launch flags: the embedded engine computes each request's reads from its own
-    /// rows in a fixed order (no cross-request reduction), so alone and under load agree
-    /// to the bit unless a bug intervenes. The real engines only in a deterministic mode
-    /// (SGLang's `--enable-deterministic-inference`, vLLM's `VLLM_BATCH_INVARIANT=1`)
-    /// that bisect does not yet read back: false for them.
-    pub fn batch_invariant(self) -> bool {
+    /// Where the engine keeps its batch-invariant mode, for the testbed and `bisect check`
+    /// to read back (crate::core::determinism): the embedded engine computes each
+    /// request's reads from its own rows in a fixed order (no cross-request reduction),
+    /// so alone and under load agree to the bit unless a bug intervenes; SGLang reports
+    /// `--enable-deterministic-inference` in its server info; vLLM's
+    /// `VLLM_BATCH_INVARIANT=1` lives only in its environment; llama.cpp has no such mode.
+    pub fn mode_source(self) -> crate::core::determinism::ModeSource {
+        use crate::core::determinism::ModeSource;
         match self {
-            Engine::Embedded => true,
-            Engine::Sglang | Engine::Vllm | Engine::Llamacpp | Engine::Custom => false,
+            Engine::Embedded => ModeSource::ByConstruction,
+            Engine::Sglang | Engine::Custom => ModeSource::ServerInfo,
+            Engine::Vllm => ModeSource::ProcessEnvironment,
+            Engine::Llamacpp => ModeSource::NoMode,
         }
     }
 }
@@ -291,6 +294,26 @@ impl Engine {
             }
             Engine::Custom => {
                 "configure the engine's tool-call parser for the model's call format (SGLang --tool-call-parser, vLLM --enable-auto-tool-choice --tool-call-parser, llama-server --jinja with a tools template), or set engine in the profile to get its preset"
+            }
+        }
+    }
+
+    /// How to make the engine batch-invariant, so that `--oracle solo` compares exactly
+    /// (every parting diverges, none excused as a near-tie).
+    pub fn deterministic_fix(self) -> &'static str {
+        match self {
+            Engine::Sglang => {
+                "start every SGLang role with --enable-deterministic-inference (FlashInfer, FA3 or Triton attention backend); its server info then says enable_deterministic_inference = true"
+            }
+            Engine::Vllm => {
+                "start vLLM with VLLM_BATCH_INVARIANT=1 (NVIDIA compute capability 8.0 or newer), on the host bisect runs on: vLLM reports it nowhere else, so bisect reads the serving process's environment"
+            }
+            Engine::Llamacpp => {
+                "llama.cpp has no batch-invariant mode: partings at or below --oracle-threshold (nats) count as drift, and docs/oracle.md says how the threshold was measured"
+            }
+            Engine::Embedded => "none needed: the embedded engine is batch-invariant by construction",
+            Engine::Custom => {
+                "set engine in the profile (sglang, vllm) so bisect knows where the engine reports its deterministic mode"
             }
         }
     }

@@ -170,14 +170,19 @@ fn tcp_rows(table: &str) -> impl Iterator<Item = TcpRow<'_>> {
     })
 }
 
+/// The process listening on the port of `url` on this host (the lowest pid holding the
+/// socket), where there is one and `/proc` shows it.
+pub fn listener_pid(url: &str) -> Option<u32> {
+    let port = local_port(url)?;
+    let proc_root = Path::new("/proc");
+    owner_of(proc_root, &listening_inodes(proc_root, port))
+}
+
 /// The process listening on `url`'s port, when its host is this one (a loopback
 /// address or `localhost`) and this user may read it: `pid P started T`.
 pub fn local_listener(url: &str) -> Option<String> {
-    let port = local_port(url)?;
-    let proc_root = Path::new("/proc");
-    let inodes = listening_inodes(proc_root, port);
-    let pid = owner_of(proc_root, &inodes)?;
-    let started = start_ticks(proc_root, pid)?;
+    let pid = listener_pid(url)?;
+    let started = start_ticks(Path::new("/proc"), pid)?;
     Some(format!("pid {pid} started {started}"))
 }
 

@@ -29,6 +29,7 @@ use crate::exit::Failure;
 use crate::launch::{self, SpawnedGroup, TargetLocks};
 
 pub mod death;
+pub mod determinism;
 pub mod identity;
 mod processes;
 mod self_report;

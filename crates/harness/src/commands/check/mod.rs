@@ -202,7 +202,9 @@ pub async fn check(plan: &CheckPlan<'_>) -> CheckReport {
         if let Some(workload) = plan.workload {
             toolcalls::probe_row(plan, workload, &mut urls, &mut problems).await;
             if urls.last().is_some_and(|u| u.kind == "tool_calls" && u.ok) {
-                urls.push(toolcalls::logprobs_row(plan, workload).await);
+                let (row, warning) = toolcalls::logprobs_row(plan, workload, &http).await;
+                urls.push(row);
+                notes.extend(warning);
             }
         }
     }

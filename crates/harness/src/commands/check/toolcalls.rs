@@ -101,7 +101,13 @@ pub(super) async fn probe_row(
 /// log-probabilities (with [`crate::core::solo::TOP_LOGPROBS`] alternatives), and
 /// whether the engine is batch-invariant. `ok` when log-probabilities came back with
 /// alternatives (margins known); otherwise the detail says what the oracle falls back to.
-pub(super) async fn logprobs_row(plan: &CheckPlan<'_>, workload: &Workload) -> UrlCheck {
+/// The second result is the warning `bisect check` notes where the engines are not all
+/// batch-invariant (the fix names the engine's deterministic mode).
+pub(super) async fn logprobs_row(
+    plan: &CheckPlan<'_>,
+    workload: &Workload,
+    http: &reqwest::Client,
+) -> (UrlCheck, Option<String>) {
     let target = plan.target;
     let url = format!("{}/chat/completions", target.api.trim_end_matches('/'));
     let mut asking = workload.clone();
@@ -130,10 +136,22 @@ pub(super) async fn logprobs_row(plan: &CheckPlan<'_>, workload: &Workload) -> U
         }
         Err(e) => Err(format!("{e:#}")),
     };
-    let deterministic = match target.engine.batch_invariant() {
-        true => "batch-invariant by construction: any parting from a session alone is a bug",
-        false => "not known to be batch-invariant (no deterministic mode read back): a parting at a near-tie counts as drift",
-    };
+    let mut reports = std::collections::BTreeMap::new();
+    for role in &target.roles {
+        if let Some(doc) =
+            crate::control::fetch_server_info(http, role, plan.api_key.as_deref()).await
+        {
+            reports.insert(role.name.clone(), doc);
+        }
+    }
+    let determinism = crate::control::determinism::read(target, &reports);
+    let deterministic = determinism.describe();
+    let warning = (!determinism.batch_invariant()).then(|| {
+        format!(
+            "warning: --oracle solo: the engine is {deterministic}\n  fix: {}",
+            target.engine.deterministic_fix()
+        )
+    });
     let (ok, served) = match tokens {
         Ok(Some(tokens)) if tokens.iter().any(|t| t.margin().is_some()) => (
             true,
@@ -149,13 +167,14 @@ pub(super) async fn logprobs_row(plan: &CheckPlan<'_>, workload: &Workload) -> U
         ),
         Err(why) => (false, format!("not asked: {why}")),
     };
-    UrlCheck {
+    let row = UrlCheck {
         role: "api".into(),
         kind: "logprobs".into(),
         url,
         ok,
         detail: format!("log-probabilities {served}; the engine is {deterministic}"),
-    }
+    };
+    (row, warning)
 }
 
 /// SGLang's own word on its tool-call parser: `tool_call_parser` in its server info.
