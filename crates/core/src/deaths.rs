@@ -135,7 +135,7 @@ pub enum DeathFinding {
 /// e_b)` (module doc). An arm with no exposure at all (it died before serving a reply)
 /// is given one request of it, so a death at the first request is not infinitely
 /// unlikely.
-pub fn conditional_p(d_a: u64, e_a: u64, d_b: u64, e_b: u64) -> f64 {
+pub(crate) fn conditional_p(d_a: u64, e_a: u64, d_b: u64, e_b: u64) -> f64 {
     let (e_a, e_b) = (e_a.max(1) as f64, e_b.max(1) as f64);
     stats::binomial_upper_tail(d_a, d_a + d_b, e_a / (e_a + e_b))
 }

@@ -14,9 +14,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 /// SGLang's server-argument name for its deterministic mode.
-pub const SGLANG_KEY: &str = "enable_deterministic_inference";
+pub(crate) const SGLANG_KEY: &str = "enable_deterministic_inference";
 /// vLLM's environment variable for its batch-invariant mode.
-pub const VLLM_VAR: &str = "VLLM_BATCH_INVARIANT";
+pub(crate) const VLLM_VAR: &str = "VLLM_BATCH_INVARIANT";
 
 /// Where an engine kind keeps its deterministic mode, for the harness to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

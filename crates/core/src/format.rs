@@ -15,7 +15,7 @@ pub(crate) const NOT_A_NUMBER: &str = "n/a";
 
 /// The first `max` characters, with `...` when something was cut (counted in
 /// characters, so a cut never splits one).
-pub fn clip(text: &str, max: usize) -> String {
+pub(crate) fn clip(text: &str, max: usize) -> String {
     match text.char_indices().nth(max) {
         Some((cut, _)) => format!("{}...", &text[..cut]),
         None => text.to_string(),

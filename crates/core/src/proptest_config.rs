@@ -10,9 +10,9 @@
 use proptest::test_runner::{Config, RngSeed};
 
 /// Cases per property unless `BISECT_PROPTEST_CASES` says otherwise.
-pub const DEFAULT_CASES: u32 = 10_000;
+pub(crate) const DEFAULT_CASES: u32 = 10_000;
 /// Seed unless `BISECT_PROPTEST_SEED` says otherwise.
-pub const DEFAULT_SEED: u64 = 0x00b1_5ec7;
+pub(crate) const DEFAULT_SEED: u64 = 0x00b1_5ec7;
 
 #[allow(clippy::disallowed_methods)] // The tests' own settings, read by the tests.
 fn env_number<T: std::str::FromStr>(name: &str) -> Option<T> {

@@ -77,7 +77,7 @@ pub enum RoundClass {
 impl RoundClass {
     /// Whether the round got the model's reply (an assistant message in the
     /// transcript): not a failed request, an engine's rejection or a death.
-    pub fn carries_reply(self) -> bool {
+    pub(crate) fn carries_reply(self) -> bool {
         match self {
             RoundClass::Ok
             | RoundClass::Leak
@@ -153,7 +153,7 @@ impl SessionClass {
     }
 
     /// How many classes there are.
-    pub const COUNT: usize = <SessionClass as strum::EnumCount>::COUNT;
+    pub(crate) const COUNT: usize = <SessionClass as strum::EnumCount>::COUNT;
 
     /// The name records and reports use (docs/design.md 3.6): `bad_args`, `no_tool`...
     pub fn name(self) -> &'static str {

@@ -29,7 +29,9 @@
 //!
 //! Distributions come from `statrs`; nothing here does I/O.
 
-use statrs::distribution::{Beta, ContinuousCDF, Discrete, Hypergeometric, Normal};
+#[cfg(test)]
+use statrs::distribution::Beta;
+use statrs::distribution::{ContinuousCDF, Discrete, Hypergeometric, Normal};
 
 /// R's `fisher.test` tolerance: probabilities within this relative margin of the observed
 /// table's count as "no more likely" than it.
@@ -37,7 +39,7 @@ const FISHER_RELATIVE_TOLERANCE: f64 = 1e-7;
 
 /// P(X >= k) for X ~ Binomial(n, p): 1 for k = 0, 0 for k > n; summed exactly from
 /// `statrs`' probability mass (n is a count of engine deaths: small).
-pub fn binomial_upper_tail(k: u64, n: u64, p: f64) -> f64 {
+pub(crate) fn binomial_upper_tail(k: u64, n: u64, p: f64) -> f64 {
     if k == 0 {
         return 1.0;
     }
@@ -107,7 +109,8 @@ pub fn wilson(k: u64, n: u64, confidence: f64) -> (f64, f64) {
 /// Clopper-Pearson exact interval for k successes in n trials at the given confidence.
 /// n = 0 gives [0, 1]; k = 0 has lower bound 0 and k = n upper bound 1 (the Beta
 /// quantiles there have a zero shape parameter).
-pub fn clopper_pearson(k: u64, n: u64, confidence: f64) -> (f64, f64) {
+#[cfg(test)]
+pub(crate) fn clopper_pearson(k: u64, n: u64, confidence: f64) -> (f64, f64) {
     if n == 0 {
         return (0.0, 1.0);
     }

@@ -143,7 +143,8 @@ pub(crate) fn render_call(tool: &str, args: &Map<String, Value>) -> String {
 /// Parses the numbered list of a task message back into (tool, args) pairs, in list
 /// order. Lines that are not `N. tool(name=JSON, ...)` are ignored; `None` when the text
 /// holds no such line. Used by tests to check rendering.
-pub fn parse_task_message(text: &str) -> Option<Vec<(String, Map<String, Value>)>> {
+#[cfg(test)]
+pub(crate) fn parse_task_message(text: &str) -> Option<Vec<(String, Map<String, Value>)>> {
     let mut calls = Vec::new();
     for line in text.lines() {
         if let Some(call) = parse_numbered_line(line.trim()) {
@@ -153,6 +154,7 @@ pub fn parse_task_message(text: &str) -> Option<Vec<(String, Map<String, Value>)
     (!calls.is_empty()).then_some(calls)
 }
 
+#[cfg(test)]
 fn parse_numbered_line(line: &str) -> Option<(String, Map<String, Value>)> {
     let dot = line.find(". ")?;
     if dot == 0 || !line[..dot].bytes().all(|b| b.is_ascii_digit()) {
@@ -192,6 +194,7 @@ fn parse_numbered_line(line: &str) -> Option<(String, Map<String, Value>)> {
 
 /// Byte length of the JSON value at the start of `text`: a string up to its closing
 /// quote, an array/object up to its matching bracket, a scalar up to `,` or `)`.
+#[cfg(test)]
 fn json_value_end(text: &str) -> Option<usize> {
     let bytes = text.as_bytes();
     let mut depth = 0usize;

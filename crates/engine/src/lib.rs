@@ -132,7 +132,7 @@ impl EngineFlags {
         }
     }
 
-    pub fn attn_path(&self) -> AttnPath {
+    pub(crate) fn attn_path(&self) -> AttnPath {
         if self.mma_flashmla {
             AttnPath::Mma
         } else {
@@ -140,7 +140,7 @@ impl EngineFlags {
         }
     }
 
-    pub fn topk_impl(&self) -> TopkImpl {
+    pub(crate) fn topk_impl(&self) -> TopkImpl {
         if self.topk_v2 {
             TopkImpl::V2
         } else {

@@ -166,7 +166,7 @@ impl MockStats {
     /// the handler to the same session's next request arriving. It covers both kernel
     /// crossings, the client's event loop and its own work per round, whichever client it
     /// is, so clients are compared by the same clock (benches/python, scripts/bench-clients.sh).
-    pub fn think_ns(&self) -> Vec<u64> {
+    pub(crate) fn think_ns(&self) -> Vec<u64> {
         self.think_ns.lock().clone()
     }
 

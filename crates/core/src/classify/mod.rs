@@ -31,7 +31,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
 
-pub use markup::{MarkupFamily, UnknownFamily};
+pub use markup::MarkupFamily;
 pub use rejection::{BadRejection, RejectionPattern, RejectionSet};
 
 use crate::format::clip as head;

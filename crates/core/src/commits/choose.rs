@@ -205,7 +205,7 @@ fn joint_information(points: &[usize], cum: &[f64], none: f64, q: [f64; 3]) -> f
 }
 
 /// Most blocks one round may run: the joint information enumerates `2^k` outcomes.
-pub const MAX_PARALLEL: usize = 8;
+pub(crate) const MAX_PARALLEL: usize = 8;
 
 impl Choice<'_> {
     /// The `k` distinct commits of one round (ascending): with `k == 1` [`next_commit`];

@@ -130,7 +130,7 @@ impl Params {
     }
 
     /// Sessions one step costs: a block, or with `flag` a block of each arm.
-    pub fn step_sessions(&self) -> u64 {
+    pub(crate) fn step_sessions(&self) -> u64 {
         self.block * if self.flag.is_some() { 2 } else { 1 }
     }
 

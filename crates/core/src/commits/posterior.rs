@@ -108,7 +108,8 @@ pub(crate) fn posterior(counts: &[Counts]) -> Posterior {
 
 impl Posterior {
     /// P(the first bad commit is at or before `i`): commit i is on the bad side.
-    pub fn bad_side(&self, i: usize) -> f64 {
+    #[cfg(test)]
+    pub(crate) fn bad_side(&self, i: usize) -> f64 {
         self.culprit[..=i.min(self.culprit.len() - 1)].iter().sum()
     }
 

@@ -26,12 +26,12 @@ use crate::verdict::{ArmObservation, Confound, Policy, Severity};
 mod recorded;
 mod shortfall;
 
-pub use recorded::MIN_PEAK_DIFFERENCE;
 use recorded::{
     differing_rates, engine_count_confound, metrics_confounds, recorded_confounds,
     transport_confounds, truncated_confound, unverified_confounds,
 };
-pub use shortfall::{engine_load_shortfall, load_shortfall, load_shortfalls};
+pub(crate) use shortfall::load_shortfalls;
+pub use shortfall::{engine_load_shortfall, load_shortfall};
 
 /// Every confound, blocking ones first, in a fixed order. `blocks`: as
 /// [`crate::verdict::decide`] takes them.

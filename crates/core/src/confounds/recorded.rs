@@ -307,7 +307,7 @@ pub(super) fn recorded_confounds(
 }
 
 /// Peak running requests must differ by at least this many to be warned about.
-pub const MIN_PEAK_DIFFERENCE: f64 = 8.0;
+pub(crate) const MIN_PEAK_DIFFERENCE: f64 = 8.0;
 
 fn measured(
     name: String,

@@ -20,7 +20,7 @@ fn target_concurrency(arm: &ArmObservation) -> Option<u64> {
 /// ([`checked`]: a pooled arm's peak is its best block's) that falls short: the engine
 /// side (the busiest role's peak running requests) below `min_load_fraction` of the
 /// target, or no engine role reporting its load at all.
-pub fn load_shortfalls(
+pub(crate) fn load_shortfalls(
     on: &ArmObservation,
     off: &ArmObservation,
     blocks: &[ArmObservation],

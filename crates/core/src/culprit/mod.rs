@@ -101,9 +101,6 @@ mod tests;
 mod untestable;
 
 pub use block::{BlockOutcome, BlockRequest};
-pub use params::{
-    navigate_alpha, FlagValues, SearchParams, LOOK_SESSIONS, MIN_BLOCK, MIX_ALPHA, NAVIGATE_FACTOR,
-    SLOW_RATIO,
-};
+pub use params::{navigate_alpha, FlagValues, SearchParams, MIN_BLOCK};
 pub use report::{Answer, Outcome, SearchReport, StepKind, StepRecord, Untestable};
-pub use search::{search, CulpritSearch, Event, SearchError};
+pub use search::{search, Event};

@@ -93,14 +93,14 @@ pub const MIN_BLOCK: u64 = 80;
 /// Level of the class-mix test. Low on purpose: a search tests the mix at every failing
 /// step (up to a dozen), and a real change of failure mode (salad against no tool calls)
 /// gives p far below it even on a dozen corrupted sessions.
-pub const MIX_ALPHA: f64 = 0.001;
+pub(crate) const MIX_ALPHA: f64 = 0.001;
 
 /// A ddmin step decides at `NAVIGATE_FACTOR * alpha` (0.05 at the default 0.01): its
 /// errors cost sessions, not the answer, whose claims are re-decided at alpha (the
 /// `//!` header). Chosen by the bench (mean over its nine scenarios): at 0.01 and 0.02
 /// the searches cost more (656 and 646 sessions against 636) for no better accuracy; at
 /// 0.1 they cost 633 but the worst scenario drops from 0.990 to 0.985.
-pub const NAVIGATE_FACTOR: f64 = 5.0;
+pub(crate) const NAVIGATE_FACTOR: f64 = 5.0;
 
 /// The level of a ddmin step for a search at `alpha`.
 pub fn navigate_alpha(alpha: f64) -> f64 {
@@ -112,7 +112,7 @@ pub fn navigate_alpha(alpha: f64) -> f64 {
 /// same-speed toggle. 4x: the embedded engine's MMA fallback (SGLANG_SM120_MMA_FLASHMLA=0)
 /// measured about 17x slower (26 s blocks against 1.5 s); blocks of one configuration on
 /// a 2-core machine shared with builds varied by up to about 2x.
-pub const SLOW_RATIO: f64 = 4.0;
+pub(crate) const SLOW_RATIO: f64 = 4.0;
 
 /// Sessions per sequential look.
-pub const LOOK_SESSIONS: u64 = 10;
+pub(crate) const LOOK_SESSIONS: u64 = 10;

@@ -33,7 +33,7 @@ pub enum SearchError {
 /// The culprit search as a sans-IO state machine ([`crate::machine`]): ask
 /// `next_block`, run it, `observe` what it gave; a spent budget is an answer
 /// (inconclusive, with what was found), never an error.
-pub type CulpritSearch =
+pub(crate) type CulpritSearch =
     Machine<BlockRequest, BlockOutcome, Event, Result<SearchReport, SearchError>>;
 
 /// Why the search stopped before an answer.

@@ -10,12 +10,12 @@ use super::{PlugInPrior, Tally, SEQUENCE_PRIOR};
 /// `calculateETwoProportions`): the likelihood of the block under the plug-in rates
 /// `ta`, `tb` (from the earlier blocks `past_on`, `past_off`) over its likelihood under the
 /// common rate `t0 = (na ta + nb tb) / (na + nb)`.
-pub fn block_log_e_value(past_on: Tally, past_off: Tally, on: Tally, off: Tally) -> f64 {
+pub(crate) fn block_log_e_value(past_on: Tally, past_off: Tally, on: Tally, off: Tally) -> f64 {
     block_log_e_value_with(past_on, past_off, PlugInPrior::default(), on, off)
 }
 
 /// [`block_log_e_value`] with the plug-in estimates starting from `prior`.
-pub fn block_log_e_value_with(
+pub(crate) fn block_log_e_value_with(
     past_on: Tally,
     past_off: Tally,
     prior: PlugInPrior,
@@ -40,7 +40,7 @@ pub fn block_log_e_value_with(
 /// the rates p whose mixture martingale `B(a+k, b+n-k) / B(a, b) / (p^k (1-p)^(n-k))`,
 /// a = b = SEQUENCE_PRIOR, is below 1/alpha. It covers the true rate at every n at once
 /// with probability >= 1 - alpha. n = 0 gives [0, 1].
-pub fn mixture_confidence_sequence(k: u64, n: u64, alpha: f64) -> [f64; 2] {
+pub(crate) fn mixture_confidence_sequence(k: u64, n: u64, alpha: f64) -> [f64; 2] {
     if n == 0 {
         return [0.0, 1.0];
     }

@@ -170,7 +170,8 @@ pub fn spending_boundaries(alpha: f64, fractions: &[f64]) -> Vec<f64> {
 
 /// Classical O'Brien-Fleming boundaries for K equally spaced looks: C sqrt(K/k), with C
 /// such that the total two-sided crossing probability is alpha.
-pub fn classical_obrien_fleming(alpha: f64, looks: usize) -> Vec<f64> {
+#[cfg(test)]
+pub(crate) fn classical_obrien_fleming(alpha: f64, looks: usize) -> Vec<f64> {
     let fractions: Vec<f64> = (1..=looks).map(|k| k as f64 / looks as f64).collect();
     let shape: Vec<f64> = (1..=looks)
         .map(|k| (looks as f64 / k as f64).sqrt())

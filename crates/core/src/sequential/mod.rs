@@ -371,7 +371,7 @@ impl Tally {
 /// (`block_e_value_has_expectation_at_most_one_under_every_null`), so a prior may come
 /// from a design or from data the e-process never reads; it only moves power.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct ArmPrior {
+pub(crate) struct ArmPrior {
     pub corrupted: f64,
     pub clean: f64,
 }
@@ -399,7 +399,7 @@ impl ArmPrior {
 
 /// The priors of both arms' plug-in estimates.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-pub struct PlugInPrior {
+pub(crate) struct PlugInPrior {
     pub on: ArmPrior,
     pub off: ArmPrior,
 }
@@ -572,7 +572,8 @@ impl SequentialState {
         Ok(decision)
     }
 
-    pub fn design(&self) -> &SequentialDesign {
+    #[cfg(test)]
+    pub(crate) fn design(&self) -> &SequentialDesign {
         &self.design
     }
 
@@ -604,7 +605,7 @@ pub mod group_sequential;
 mod simulate;
 
 use evidence::intersect;
-pub use evidence::{block_log_e_value, block_log_e_value_with, mixture_confidence_sequence};
+pub(crate) use evidence::{block_log_e_value, block_log_e_value_with, mixture_confidence_sequence};
 use simulate::simulate_one;
 pub use simulate::{draw_binomial, OperatingCharacteristics, SimulatedRun};
 

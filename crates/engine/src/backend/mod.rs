@@ -117,7 +117,7 @@ pub struct AttnOut {
 }
 
 /// How many of a selection's positions [`AttnOut::candidates`] keeps.
-pub const CANDIDATES: usize = 8;
+pub(crate) const CANDIDATES: usize = 8;
 
 /// The whole contract of a backend: the slice methods here, the paged ones in its
 /// supertraits ([`PagedPools`], [`PagedReads`]), each implemented where its code lives.

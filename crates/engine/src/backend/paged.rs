@@ -69,18 +69,13 @@ impl PoolSpec {
     }
 
     /// Bytes of one page's main KV (MAIN_DIM f32 per row).
-    pub fn main_page_bytes(&self) -> usize {
+    pub(crate) fn main_page_bytes(&self) -> usize {
         self.page_tokens * super::MAIN_DIM * 4
     }
 
     /// Bytes of one page's index-K.
-    pub fn index_page_bytes(&self) -> usize {
+    pub(crate) fn index_page_bytes(&self) -> usize {
         self.page_tokens * self.dtype.bytes_per_token()
-    }
-
-    /// Device bytes of the whole pool's KV (both regions).
-    pub fn kv_bytes(&self) -> usize {
-        self.device_pages * (self.main_page_bytes() + self.index_page_bytes())
     }
 }
 

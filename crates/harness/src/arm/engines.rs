@@ -21,7 +21,7 @@ use crate::exit::{Failure, Problem};
 
 /// What a restart measured.
 #[derive(Debug, Clone, Default)]
-pub struct Restarted {
+pub(crate) struct Restarted {
     /// Health wait summed over roles, seconds.
     pub health_wait_s: f64,
     /// The health poller's padding summed over roles, seconds: an upper bound on the
@@ -88,7 +88,7 @@ impl Restarted {
 /// A flag an engine does not run with as written (a dead conditional, an overriding
 /// later line, an ignored variable).
 #[derive(Debug, Clone)]
-pub struct Disagreeing {
+pub(crate) struct Disagreeing {
     pub flag: String,
     /// Where the flag lives in the launch config (the env variable, the argument).
     pub(crate) setting_key: String,

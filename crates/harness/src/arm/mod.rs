@@ -42,7 +42,8 @@ mod engines;
 mod oracle;
 
 use engines::Written;
-pub use engines::{Disagreeing, Restarted, NO_EFFECTIVE_WARNING};
+pub use engines::NO_EFFECTIVE_WARNING;
+pub(crate) use engines::Restarted;
 
 /// Role -> the value read back from its launch config after an edit.
 pub(crate) type Readback = BTreeMap<String, String>;

@@ -9,7 +9,7 @@
 //! in flight.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -425,11 +425,6 @@ pub(crate) fn initial_record(plan: &RunPlan) -> RunRecord {
 
 pub fn now() -> String {
     chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-}
-
-/// Directory helpers used by callers that need a path relative to the run.
-pub fn launch_dir(run_dir: &Path) -> PathBuf {
-    run_dir.join("launch")
 }
 
 #[cfg(test)]

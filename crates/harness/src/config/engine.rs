@@ -46,7 +46,7 @@ impl Engine {
     /// so alone and under load agree to the bit unless a bug intervenes; SGLang reports
     /// `--enable-deterministic-inference` in its server info; vLLM's
     /// `VLLM_BATCH_INVARIANT=1` lives only in its environment; llama.cpp has no such mode.
-    pub fn mode_source(self) -> crate::core::determinism::ModeSource {
+    pub(crate) fn mode_source(self) -> crate::core::determinism::ModeSource {
         use crate::core::determinism::ModeSource;
         match self {
             Engine::Embedded => ModeSource::ByConstruction,
@@ -278,7 +278,7 @@ impl Engine {
 
     /// What to change when the tool-call probe finds the engine returns calls as text
     /// or its model never calls (docs/design.md 3.13), in the engine's own options.
-    pub fn tool_call_fix(self) -> &'static str {
+    pub(crate) fn tool_call_fix(self) -> &'static str {
         match self {
             Engine::Sglang => {
                 "start every SGLang role with --tool-call-parser set for the model (DeepSeek V4: --tool-call-parser deepseekv4; V3.2: deepseekv32; V3.1: deepseekv31; Qwen: qwen25; see targets/sglang-pd/serve_dsv4_*.sh); SGLang parses tool calls only when a parser is set"
@@ -300,7 +300,7 @@ impl Engine {
 
     /// How to make the engine batch-invariant, so that `--oracle solo` compares exactly
     /// (every parting diverges, none excused as a near-tie).
-    pub fn deterministic_fix(self) -> &'static str {
+    pub(crate) fn deterministic_fix(self) -> &'static str {
         match self {
             Engine::Sglang => {
                 "start every SGLang role with --enable-deterministic-inference (FlashInfer, FA3 or Triton attention backend); its server info then says enable_deterministic_inference = true"
@@ -319,7 +319,7 @@ impl Engine {
     }
 
     /// The preset's hand-over queue gauges, then the parts of its queue by reason.
-    pub fn wait_gauges(self) -> Vec<crate::core::transport::WaitGauge> {
+    pub(crate) fn wait_gauges(self) -> Vec<crate::core::transport::WaitGauge> {
         let preset = self.preset();
         let gauge = |of_queue: bool| {
             move |(metric, words): &(&str, &str)| crate::core::transport::WaitGauge {
@@ -364,7 +364,7 @@ impl Engine {
 /// Where an older engine served the self-report asked for at `url`: SGLang's
 /// `/get_server_info` for `/server_info` (the new path since the old one was deprecated;
 /// SGLang releases before it serve only the old one). `None` for any other URL.
-pub fn legacy_effective_url(url: &str) -> Option<String> {
+pub(crate) fn legacy_effective_url(url: &str) -> Option<String> {
     url.strip_suffix("/server_info")
         .map(|base| format!("{base}/get_server_info"))
 }

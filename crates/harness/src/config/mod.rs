@@ -19,10 +19,12 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 use toml::Spanned;
 
-pub use engine::{Engine, Preset};
+pub use engine::Engine;
 pub use flags::{validate_value, Coverage, FlagCatalog, FlagSpec, Setting};
 pub use target::{RoleSpec, TargetProfile};
-pub use workload::{builtin_workload, load_workload, CheckArgs, TaskSpec, ToolSpec, Workload};
+#[cfg(test)]
+pub(crate) use workload::builtin_workload;
+pub use workload::{load_workload, CheckArgs, TaskSpec, ToolSpec, Workload};
 
 /// A bad input file or value. `Display` is the full user-facing message: it names the
 /// file (and line where known) and says how to fix it.

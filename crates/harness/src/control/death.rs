@@ -12,7 +12,7 @@ use crate::core::deaths::ExitDesc;
 
 /// How process `pid` ended, if it has: `None` while it runs. A process gone from
 /// `/proc` altogether (reaped by someone) ended with an unknown status.
-pub fn exit_of(pid: u32) -> Option<ExitDesc> {
+pub(crate) fn exit_of(pid: u32) -> Option<ExitDesc> {
     exit_in(Path::new("/proc"), pid)
 }
 

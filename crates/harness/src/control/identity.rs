@@ -20,7 +20,7 @@ const START_HEADER: &str = "Process-Start-Time-Unix";
 /// (a self-report with a start time, llama-server's header, the listening socket, a
 /// self-reported pid alone). `report` is its self-report when one was just read (else
 /// it is asked for).
-pub async fn identify(
+pub(crate) async fn identify(
     http: &reqwest::Client,
     role: &RoleSpec,
     api_key: Option<&str>,
@@ -85,7 +85,7 @@ fn local_port(url: &str) -> Option<u16> {
 /// still exiting holds its port closed to a new one without answering on it): who holds
 /// it (`pid P started T`, or that this user cannot see), `None` when nothing does or the
 /// host is another.
-pub fn port_held(url: &str) -> Option<String> {
+pub(crate) fn port_held(url: &str) -> Option<String> {
     let port = local_port(url)?;
     let proc_root = Path::new("/proc");
     let inodes = listening_inodes(proc_root, port);
@@ -100,7 +100,7 @@ pub fn port_held(url: &str) -> Option<String> {
 /// lingers, a server that binds with SO_REUSEPORT alone (llama-server's cpp-httplib)
 /// cannot bind the port: measured between a 0.3.8 llama-server aborted with connections
 /// open and the 0.3.36 one started after it. `None` for another host.
-pub fn port_unsettled(url: &str) -> Option<usize> {
+pub(crate) fn port_unsettled(url: &str) -> Option<usize> {
     let port = local_port(url)?;
     Some(
         tcp_tables(Path::new("/proc"))
@@ -120,7 +120,7 @@ fn count_unsettled(table: &str, port: u16) -> usize {
 /// Connections on this host with `url`'s port at either end in a closing state
 /// (TIME_WAIT and the FIN/CLOSING/LAST_ACK states): what lingers after an engine on that
 /// port stopped. `None` for another host.
-pub fn port_lingering(url: &str) -> Option<usize> {
+pub(crate) fn port_lingering(url: &str) -> Option<usize> {
     let port = local_port(url)?;
     Some(
         tcp_tables(Path::new("/proc"))
@@ -172,7 +172,7 @@ fn tcp_rows(table: &str) -> impl Iterator<Item = TcpRow<'_>> {
 
 /// The process listening on the port of `url` on this host (the lowest pid holding the
 /// socket), where there is one and `/proc` shows it.
-pub fn listener_pid(url: &str) -> Option<u32> {
+pub(crate) fn listener_pid(url: &str) -> Option<u32> {
     let port = local_port(url)?;
     let proc_root = Path::new("/proc");
     owner_of(proc_root, &listening_inodes(proc_root, port))
@@ -180,7 +180,7 @@ pub fn listener_pid(url: &str) -> Option<u32> {
 
 /// The process listening on `url`'s port, when its host is this one (a loopback
 /// address or `localhost`) and this user may read it: `pid P started T`.
-pub fn local_listener(url: &str) -> Option<String> {
+pub(crate) fn local_listener(url: &str) -> Option<String> {
     let pid = listener_pid(url)?;
     let started = start_ticks(Path::new("/proc"), pid)?;
     Some(format!("pid {pid} started {started}"))

@@ -42,7 +42,7 @@ const LINGER_WAIT: Duration = Duration::from_secs(70);
 use processes::{
     run_restart_command, spawn_launch, stop_child, truncate, RestartWatch, RESTART_PROOF_GRACE_S,
 };
-pub use self_report::fetch_server_info;
+pub(crate) use self_report::fetch_server_info;
 
 /// What an arm needs from engine control. Object-safe async without a macro crate: the
 /// methods return boxed futures.

@@ -42,7 +42,7 @@ fn keyed_get(
 /// the ownership of a spawned role's engine, the foreign-engine refusal): every path
 /// sends the API key (`api_key_env`'s) when the target has one, as the engines that
 /// want it on their metrics want it here too.
-pub async fn fetch_server_info(
+pub(crate) async fn fetch_server_info(
     client: &reqwest::Client,
     role: &RoleSpec,
     api_key: Option<&str>,

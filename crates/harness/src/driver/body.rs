@@ -19,7 +19,7 @@ use serde_json::Value;
 
 /// Sampling limits sent with every request of a workload.
 #[derive(Debug, Clone, Copy)]
-pub struct Sampling {
+pub(crate) struct Sampling {
     pub max_tokens: u32,
     pub temperature: f64,
 }
@@ -153,7 +153,7 @@ fn headroom(len: usize) -> usize {
 /// A session's conversation, each message kept both as itself (for the classifier and
 /// `sessions.jsonl`) and serialised once (for the next request's body).
 #[derive(Debug, Clone, Default)]
-pub struct Transcript {
+pub(crate) struct Transcript {
     messages: Vec<ChatMessage>,
     /// The messages as serde writes the elements of a JSON array: each one's JSON,
     /// joined by `,`, without the brackets.
@@ -202,7 +202,8 @@ impl Transcript {
         }
     }
 
-    pub fn messages(&self) -> &[ChatMessage] {
+    #[cfg(test)]
+    pub(crate) fn messages(&self) -> &[ChatMessage] {
         &self.messages
     }
 

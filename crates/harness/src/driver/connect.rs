@@ -198,7 +198,7 @@ impl ConnectGate {
     }
 
     /// An engine of the block died: from now on a refused or reset connect fails at once.
-    pub fn engine_died(&self) {
+    pub(crate) fn engine_died(&self) {
         self.engine_dead
             .store(true, std::sync::atomic::Ordering::SeqCst);
     }

@@ -21,8 +21,6 @@ use std::time::{Duration, Instant};
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
-/// The sampling period used unless a caller asks otherwise.
-pub const DEFAULT_PERIOD: Duration = Duration::from_millis(250);
 pub(crate) const RUNNING_METRIC: &str = "sglang:num_running_reqs";
 pub(crate) const QUEUED_METRIC: &str = "sglang:num_queue_reqs";
 /// Role name of the rows that carry only the client's own in-flight count.
@@ -551,7 +549,7 @@ pub async fn poll(
 /// Appends `log`'s rows to the CSV at `path` (columns t_s, role, running, queued,
 /// client_inflight, label, error, client_connecting), writing the header only into a new or empty file,
 /// so each arm appends to one metrics.csv.
-pub fn write_csv(log: &MetricsLog, path: &Path) -> anyhow::Result<()> {
+pub(crate) fn write_csv(log: &MetricsLog, path: &Path) -> anyhow::Result<()> {
     let file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)

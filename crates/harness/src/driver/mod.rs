@@ -17,7 +17,8 @@ pub mod sample;
 pub mod toolprobe;
 
 pub use crate::core::task::{Step, Task};
-pub use client::{ChatClient, ChatOutcome, Connection, InFlight};
+pub use client::{Connection, InFlight};
 pub use conversation::Oracle;
 pub use drive::{drive, DrivePlan, DriveStats};
-pub use metrics::{poll, write_csv, MetricsLog, MetricsRow};
+pub use metrics::poll;
+pub(crate) use metrics::write_csv;

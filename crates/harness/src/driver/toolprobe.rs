@@ -15,7 +15,7 @@ use crate::core::toolprobe::{wants_another, ProbeReply};
 /// workload (its label and repeat name nothing: no session is recorded).
 /// Session 0's first round alone, asked as `plan` says: the tokens the engine served
 /// with their log-probabilities (`None`: none came back).
-pub async fn first_round_tokens(
+pub(crate) async fn first_round_tokens(
     plan: &DrivePlan,
     classifier: Arc<Classifier>,
 ) -> anyhow::Result<Option<Vec<crate::core::oracle::TokenChoice>>> {

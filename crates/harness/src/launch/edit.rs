@@ -136,7 +136,7 @@ fn switch_words<'c>(text: &str, cmds: &'c [Command], switch: &str) -> Vec<&'c Wo
 /// assignment, quotes removed; arg: the value of the last `--arg VALUE` or
 /// `--arg=VALUE`; `None` when the variable or argument does not appear (outside
 /// comments). switch: `flag.on` when the switch is present, else `flag.off` (never None).
-pub fn read_setting(text: &str, setting: &Setting, flag: &FlagSpec) -> Option<String> {
+pub(crate) fn read_setting(text: &str, setting: &Setting, flag: &FlagSpec) -> Option<String> {
     let cmds = commands(text);
     match setting {
         Setting::Env(var) => env_occurrences(text, &cmds, var).pop().map(|o| o.value),
@@ -321,7 +321,7 @@ fn remove_word(text: &str, w: &Word) -> String {
 /// `export VAR=VALUE` line after the last variable-only line (or after the shebang and
 /// leading comments), arg as ` --arg VALUE` and a switch as ` --switch` at the end of the
 /// launch command. A switch is removed (every occurrence) for its `off` value.
-pub fn write_setting(
+pub(crate) fn write_setting(
     text: &str,
     flag: &FlagSpec,
     value: &str,
@@ -397,14 +397,14 @@ fn setting_at(text: &str, setting: &Setting) -> Option<usize> {
 
 /// The 1-based line where the launch config sets the setting (env: its last assignment,
 /// arg: its last occurrence, switch: its first), if it does; for `bisect check`.
-pub fn setting_line(text: &str, setting: &Setting) -> Option<usize> {
+pub(crate) fn setting_line(text: &str, setting: &Setting) -> Option<usize> {
     setting_at(text, setting).map(|at| line_of(text, at))
 }
 
 /// Refuses a half-applied flag: one whose variable or argument appears in the launch
 /// config of a role the flag does not list (that role would keep the old value).
 /// `roles` holds (role name, launch config path, its text) for every role of the target.
-pub fn check_partial(
+pub(crate) fn check_partial(
     flag: &FlagSpec,
     roles: &[(String, std::path::PathBuf, String)],
 ) -> Result<(), LaunchError> {

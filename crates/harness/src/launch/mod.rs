@@ -19,11 +19,13 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-pub use edit::{check_partial, read_setting, setting_line, write_setting};
-pub use journal::{recover, recover_at, Editor, Kept, Recovery, JOURNAL_FILE};
-pub use state::{
-    forget_group, process_group_of, record_group, start_ticks, state_root, SpawnedGroup,
-};
+pub(crate) use edit::{check_partial, read_setting, setting_line, write_setting};
+pub use journal::{recover, recover_at, Kept};
+pub use journal::Recovery;
+pub(crate) use journal::{Editor, JOURNAL_FILE};
+pub use state::state_root;
+pub use state::SpawnedGroup;
+pub(crate) use state::{forget_group, process_group_of, record_group, start_ticks};
 
 /// The launch configs of a target, held by this process: each file's lock, taken for a
 /// command that does not edit them (a probe) or shared with this process's editor.
@@ -92,7 +94,7 @@ pub(crate) fn state_root_for_tests(root: &std::path::Path, canonical: &[PathBuf]
 /// A launch config or flag value the editor refuses. `Display` names the file and line
 /// where known and says how to fix it.
 #[derive(Debug, thiserror::Error)]
-pub enum LaunchError {
+pub(crate) enum LaunchError {
     #[error("flag {flag}: {reason}\n  fix: use a plain value (letters, digits, . _ : / , = + -)")]
     BadValue {
         flag: String,

@@ -111,7 +111,7 @@ pub fn state_dir(root: &Path, canonical: &[PathBuf]) -> anyhow::Result<PathBuf> 
 
 /// Start time of process `pid` in clock ticks since boot (field 22 of
 /// `/proc/<pid>/stat`), `None` when there is no such process.
-pub fn start_ticks(pid: u32) -> Option<u64> {
+pub(crate) fn start_ticks(pid: u32) -> Option<u64> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) may hold spaces and parentheses: fields resume after
     // the last ')'. Field 3 is the state, so field 22 is the 20th after it.
@@ -120,7 +120,7 @@ pub fn start_ticks(pid: u32) -> Option<u64> {
 }
 
 /// The process group of `pid` (field 5 of `/proc/PID/stat`), if it exists.
-pub fn process_group_of(pid: u32) -> Option<u32> {
+pub(crate) fn process_group_of(pid: u32) -> Option<u32> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let rest = &stat[stat.rfind(')')? + 1..];
     rest.split_whitespace().nth(2)?.parse().ok()
@@ -335,7 +335,7 @@ fn write_groups(dir: &Path, groups: &[SpawnedGroup]) -> anyhow::Result<()> {
 }
 
 /// Records a spawned group durably (call with the lock held).
-pub fn record_group(dir: &Path, group: SpawnedGroup) -> anyhow::Result<()> {
+pub(crate) fn record_group(dir: &Path, group: SpawnedGroup) -> anyhow::Result<()> {
     let mut groups = read_groups(dir)?;
     groups.retain(|g| g.pgid != group.pgid);
     groups.push(group);
@@ -343,7 +343,7 @@ pub fn record_group(dir: &Path, group: SpawnedGroup) -> anyhow::Result<()> {
 }
 
 /// Forgets a group that was stopped.
-pub fn forget_group(dir: &Path, pgid: u32) -> anyhow::Result<()> {
+pub(crate) fn forget_group(dir: &Path, pgid: u32) -> anyhow::Result<()> {
     let mut groups = read_groups(dir)?;
     groups.retain(|g| g.pgid != pgid);
     write_groups(dir, &groups)

@@ -218,7 +218,7 @@ pub(super) fn dry_run(flag: &FlagSpec, path: &Path, text: &str, arm: &str, value
 /// The whole lines that differ between `old` and `new`: (first line number in `old`,
 /// its lines, the lines replacing them). An insertion has no `old` lines; its number
 /// is the line the new ones go before.
-pub fn changed_lines(old: &str, new: &str) -> (usize, Vec<String>, Vec<String>) {
+pub(crate) fn changed_lines(old: &str, new: &str) -> (usize, Vec<String>, Vec<String>) {
     let (a, b) = (old.as_bytes(), new.as_bytes());
     let mut prefix = a.iter().zip(b).take_while(|(x, y)| x == y).count();
     while !old.is_char_boundary(prefix) {

@@ -410,7 +410,8 @@ mod flags;
 mod toolcalls;
 mod urls;
 
-pub use flags::changed_lines;
+#[cfg(test)]
+use flags::changed_lines;
 use flags::check_flag;
 use urls::check_role_urls;
 

@@ -22,7 +22,7 @@ pub struct CommitInfo {
 
 /// A commit id's first 12 characters (a release name, or a shorter id, whole): what
 /// folders, logs and tables name it by.
-pub fn short_id(sha: &str) -> &str {
+pub(crate) fn short_id(sha: &str) -> &str {
     sha.get(..12).unwrap_or(sha)
 }
 

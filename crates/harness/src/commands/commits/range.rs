@@ -48,7 +48,7 @@ pub enum Find {
 
 impl Find {
     /// For `skip_serializing_if`: records of break searches keep their old shape.
-    pub fn is_break(&self) -> bool {
+    pub(crate) fn is_break(&self) -> bool {
         *self == Find::Break
     }
 }

@@ -22,7 +22,7 @@ use crate::core::commits::{Observation, Purpose, Spent, Test};
 use crate::exit::Failure;
 
 /// The round's steps, as the search planned them.
-pub const TASKS_FILE: &str = "tasks.json";
+pub(crate) const TASKS_FILE: &str = "tasks.json";
 
 /// One step of a round: its number in the search, the commit and why.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -70,7 +70,7 @@ impl Planned {
 /// task of an earlier submission of the same round (a killed search's, resumed) can
 /// never leave a step this one collects.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RoundPlan {
+pub(crate) struct RoundPlan {
     pub nonce: String,
     pub steps: Vec<Planned>,
 }
@@ -88,7 +88,7 @@ impl RoundPlan {
 }
 
 /// Where task `index` of the submission `nonce` of the round in `round` leaves its step.
-pub fn result_file(round: &Path, index: usize, nonce: &str) -> PathBuf {
+pub(crate) fn result_file(round: &Path, index: usize, nonce: &str) -> PathBuf {
     round.join(format!("task-{index}-{nonce}.json"))
 }
 

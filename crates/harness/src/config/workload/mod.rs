@@ -135,7 +135,7 @@ pub(crate) fn builtin_workload_names() -> Vec<&'static str> {
 }
 
 /// A builtin workload by name (`agentic`, `needle`, `smoke`, `tiny`).
-pub fn builtin_workload(name: &str) -> Result<Workload, ConfigError> {
+pub(crate) fn builtin_workload(name: &str) -> Result<Workload, ConfigError> {
     let (file_name, text) = BUILTIN_WORKLOADS
         .iter()
         .find(|(n, _)| n.eq_ignore_ascii_case(name))
@@ -290,7 +290,8 @@ fn task_spec(src: &Source, raw: &RawWorkload) -> Result<TaskSpec, ConfigError> {
 
 /// Re-checks the limits after command-line overrides (`--sessions 0` etc.); the
 /// file itself was checked when loaded.
-pub fn validate_overrides(w: &Workload) -> Result<(), ConfigError> {
+#[cfg(test)]
+pub(crate) fn validate_overrides(w: &Workload) -> Result<(), ConfigError> {
     let usage = |message: String, fix: &str| ConfigError::Usage {
         message,
         fix: fix.to_string(),

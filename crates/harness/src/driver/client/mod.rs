@@ -8,7 +8,7 @@
 //! body or stream). Also [`InFlight`], the client-side in-flight request counter the
 //! metrics poller samples and run.json reports as `peak_running.client`.
 
-pub use super::body::Sampling;
+pub(crate) use super::body::Sampling;
 use super::body::{RequestTemplate, Transcript};
 use super::connect::{ConnectFailure, ConnectGate};
 use crate::config::workload::RequestOptions;
@@ -85,7 +85,8 @@ impl InFlight {
     }
 
     /// Starts a new peak measurement (one per arm) from the current level.
-    pub fn reset_peak(&self) {
+    #[cfg(test)]
+    pub(crate) fn reset_peak(&self) {
         self.peak.store(self.current(), Ordering::SeqCst);
     }
 }
@@ -103,7 +104,7 @@ impl Drop for InFlightGuard<'_> {
 /// A parsed reply: `choices[0].message`, `choices[0].finish_reason`,
 /// `usage.completion_tokens` (0 when absent) and `choices[0].logprobs`.
 #[derive(Debug, Clone)]
-pub struct ChatReply {
+pub(crate) struct ChatReply {
     pub message: ChatMessage,
     pub completion_tokens: u64,
     pub finish_reason: Option<String>,
@@ -114,7 +115,7 @@ pub struct ChatReply {
 
 /// What one request came to, before classification.
 #[derive(Debug, Clone)]
-pub enum ChatOutcome {
+pub(crate) enum ChatOutcome {
     Reply(ChatReply),
     /// Connect failure, unparseable body.
     Error(String),
@@ -250,7 +251,7 @@ enum Failure {
 /// One engine's chat endpoint: where it is, the fixed parts of every request body, and
 /// the limits. Cheap to share; the connections are the slots' ([`Connection`]).
 #[derive(Debug, Clone)]
-pub struct ChatClient {
+pub(crate) struct ChatClient {
     url: String,
     /// Host name or address to connect to (IPv6 without brackets) and port.
     host: String,
@@ -354,7 +355,8 @@ impl ChatClient {
         self
     }
 
-    pub fn url(&self) -> &str {
+    #[cfg(test)]
+    pub(crate) fn url(&self) -> &str {
         &self.url
     }
 
@@ -600,8 +602,9 @@ mod reply;
 mod wave;
 
 use reply::excerpt;
-pub use reply::{assemble_stream, parse_reply};
-pub use wave::{FirstWave, WaveSeat};
+pub(crate) use reply::{assemble_stream, parse_reply};
+pub use wave::FirstWave;
+pub use wave::WaveSeat;
 
 #[cfg(test)]
 mod tests;

@@ -89,7 +89,7 @@ pub(super) fn excerpt(text: &str, n: usize) -> &str {
 }
 
 /// Parses a 2xx body into a reply; anything else is an `Error` quoting the body.
-pub fn parse_reply(body: &str) -> ChatOutcome {
+pub(crate) fn parse_reply(body: &str) -> ChatOutcome {
     match serde_json::from_str::<ChatResponse>(body) {
         Ok(response) => match response.choices.into_iter().next() {
             Some(choice) => ChatOutcome::Reply(ChatReply {
@@ -278,7 +278,7 @@ fn append(slot: &mut Option<String>, piece: Option<String>) {
 /// quoting it; an error event is the engine's error reply ([`ChatOutcome::Status`] with
 /// the partial text); a stream that ends with neither `[DONE]` nor a finish reason was
 /// cut off, an error.
-pub fn assemble_stream(body: &str) -> ChatOutcome {
+pub(crate) fn assemble_stream(body: &str) -> ChatOutcome {
     let mut message = ChatMessage {
         role: "assistant".into(),
         ..Default::default()

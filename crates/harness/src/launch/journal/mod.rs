@@ -39,7 +39,7 @@ use super::state::{self, LockGuard, Reentry, SpawnedGroup};
 use super::{read_setting, write_setting, LaunchError};
 
 /// Name of the journal file inside the journal directory.
-pub const JOURNAL_FILE: &str = "journal.json";
+pub(crate) const JOURNAL_FILE: &str = "journal.json";
 const COPY_PREFIX: &str = "original-";
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -125,7 +125,7 @@ struct Journaled {
 /// Holds the journals of a target's launch configs: [`Editor::apply`] edits them,
 /// [`Editor::restore`] (or dropping the editor) puts every original back.
 #[derive(Debug)]
-pub struct Editor {
+pub(crate) struct Editor {
     files: Vec<Journaled>,
     restored: bool,
     recovered: Vec<PathBuf>,
@@ -193,14 +193,9 @@ impl Editor {
     /// Takes the lock of every launch config (refused while another live bisect holds
     /// any of them), recovers what a dead bisect left on them (its engines killed, its
     /// journals replayed, see [`Editor::recovered`]) and a legacy journal in
-    /// `journal_dir` (the results root's `.bisect-journal`), checks that every launch
+    /// `legacy_dir` (the results root's `.bisect-journal`), checks that every launch
     /// config can be written, then saves `files` and writes their journals durably,
-    /// before any edit.
-    pub fn begin(journal_dir: &Path, files: &[PathBuf]) -> anyhow::Result<Editor> {
-        Editor::begin_at(&state::state_root(), journal_dir, files)
-    }
-
-    /// [`Editor::begin`] with the state under `root` instead of `$XDG_STATE_HOME/bisect`.
+    /// before any edit. The state lives under `root` (the CLI's: `$XDG_STATE_HOME/bisect`).
     pub(crate) fn begin_at(
         root: &Path,
         legacy_dir: &Path,
@@ -290,7 +285,8 @@ impl Editor {
     }
 
     /// The journaled launch configs (canonical paths, sorted).
-    pub fn files(&self) -> impl Iterator<Item = &Path> {
+    #[cfg(test)]
+    pub(crate) fn files(&self) -> impl Iterator<Item = &Path> {
         self.files.iter().map(|f| f.path.as_path())
     }
 
@@ -470,7 +466,8 @@ pub(super) use disk::write_atomic;
 use disk::{check_writable, clear_journal, keep_aside, remove_copies, write_journal};
 pub(super) use recovery::take_files;
 use recovery::{put_back, recover_legacy};
-pub use recovery::{recover, recover_at, Recovery};
+pub use recovery::{recover, recover_at};
+pub use recovery::Recovery;
 
 #[cfg(test)]
 mod tests;

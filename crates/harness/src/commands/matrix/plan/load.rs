@@ -16,7 +16,7 @@ use crate::core::load::{Allocation, LoadParams};
 
 /// A validated load cell, before its id and hash are made ([`super::super::cells`]).
 #[derive(Debug, Clone, PartialEq)]
-pub struct LoadCellSpec {
+pub(crate) struct LoadCellSpec {
     /// The other flags, one value each for every block.
     pub fixed: Vec<(FlagSpec, String)>,
     pub sweep: LoadSweep,
