@@ -44,8 +44,8 @@ pub(crate) async fn drive<E: Experiment>(args: &E) -> anyhow::Result<ExitCode> {
     let output = args.output();
     recover_journal(&output.journal_dir())?;
     let plan = args.plan()?;
-    let dir = plan.results_dir();
-    let mut started = start(output.json, plan.target(), dir, plan.api_key())?;
+    let dir = plan.engines().results;
+    let mut started = start(output.json, plan.engines())?;
     let progress = started.progress.as_ref();
     let record = args
         .execute(&plan, &mut started.control, progress, started.cancel)
@@ -147,7 +147,7 @@ impl Exporter<ProbeRecord> for ProbeLine {
 pub(crate) async fn probe(args: &ProbeArgs) -> anyhow::Result<ExitCode> {
     recover_journal(&args.output.journal_dir())?;
     let plan = args.plan()?;
-    let (mut control, cancel) = super::engines(plan.target(), plan.results_dir(), plan.api_key())?;
+    let (mut control, cancel) = super::engines(plan.engines())?;
     let progress = crate::progress::Lines::new(!args.output.json);
     let record = match probe::run_probe(&plan, &mut control, &progress, cancel).await {
         Ok(r) => r,
@@ -168,6 +168,6 @@ pub(crate) async fn probe(args: &ProbeArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let outcome = record.outcome.unwrap_or(Outcome::Unknown);
-    print_record(args.output.json, &record, &ProbeLine, plan.results_dir())?;
+    print_record(args.output.json, &record, &ProbeLine, plan.engines().results)?;
     Ok(ExitCode::from(outcome.exit_code()))
 }

@@ -18,7 +18,7 @@ use bisect_harness::results::Exporter;
 pub(crate) async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
     recover_journal(&args.output.journal_dir())?;
     let job = args.job()?;
-    let (mut control, cancel) = engines(job.target(), job.results_dir(), job.api_key())?;
+    let (mut control, cancel) = engines(job.engines())?;
     stderr_line!(
         "matrix {}: {} cells, results: {}",
         job.plan.name,

@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use crate::cli::{Cli, Command};
 use crate::{progress, signals};
 use bisect_harness::commands::run::Progress;
-use bisect_harness::config::TargetProfile;
+use bisect_harness::commands::Engines;
 use bisect_harness::control::ProcessControl;
 use bisect_harness::results::Exporter;
 
@@ -80,14 +80,15 @@ fn recover_journal(journal_dir: &Path) -> anyhow::Result<()> {
 /// with `api_key`) and the cancellation Ctrl-C or SIGTERM triggers, which stops them and
 /// restores the launch configs. The target's own launch scripts (the embedded
 /// engine's) are written here first: the command line's parser writes nothing.
-fn engines(
-    target: &TargetProfile,
-    dir: &Path,
-    api_key: Option<&str>,
-) -> anyhow::Result<(ProcessControl, CancellationToken)> {
+fn engines(engines: Engines<'_>) -> anyhow::Result<(ProcessControl, CancellationToken)> {
+    let Engines {
+        target,
+        results,
+        api_key,
+    } = engines;
     target.write_launch_scripts()?;
     let cancel = signals::cancel_on_signal();
-    let control = ProcessControl::new(target, &dir.join("logs"), api_key.map(String::from))?;
+    let control = ProcessControl::new(target, &results.join("logs"), api_key.map(String::from))?;
     Ok((control, cancel))
 }
 
@@ -112,15 +113,10 @@ struct Started {
 
 /// Start what an experiment command needs: its engines' control ([`engines`]) and
 /// progress, and say where its results go.
-fn start(
-    json: bool,
-    target: &TargetProfile,
-    dir: &Path,
-    api_key: Option<&str>,
-) -> anyhow::Result<Started> {
-    let (control, cancel) = engines(target, dir, api_key)?;
+fn start(json: bool, plan: Engines<'_>) -> anyhow::Result<Started> {
+    let (control, cancel) = engines(plan)?;
     let progress = progress(json);
-    stderr_line!("results: {}", dir.display());
+    stderr_line!("results: {}", plan.results.display());
     Ok(Started {
         control,
         cancel,

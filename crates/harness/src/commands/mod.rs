@@ -21,13 +21,19 @@ use crate::config::{ConfigError, TargetProfile};
 use crate::exit::{self, Failure};
 use crate::launch::LaunchError;
 
-/// What every plan that drives engines tells the command that runs it: whose engines,
-/// where its results go (the engines' logs under them), and the key their self-reports
-/// are read with. One trait, so the binary starts every such command the same way.
+/// Whose engines a plan drives, where its results go (the engines' logs under them), and
+/// the key their self-reports are read with.
+#[derive(Debug, Clone, Copy)]
+pub struct Engines<'a> {
+    pub target: &'a TargetProfile,
+    pub results: &'a Path,
+    pub api_key: Option<&'a str>,
+}
+
+/// What every plan that drives engines tells the command that runs it ([`Engines`]).
+/// One trait, so the binary starts every such command the same way.
 pub trait EnginePlan {
-    fn target(&self) -> &TargetProfile;
-    fn results_dir(&self) -> &Path;
-    fn api_key(&self) -> Option<&str>;
+    fn engines(&self) -> Engines<'_>;
 }
 
 /// The exit code for an error that ended a command (docs/design.md 3.1): a

@@ -56,14 +56,12 @@ pub struct ProbePlan {
 }
 
 impl crate::commands::EnginePlan for ProbePlan {
-    fn target(&self) -> &TargetProfile {
-        &self.target
-    }
-    fn results_dir(&self) -> &std::path::Path {
-        &self.run_dir
-    }
-    fn api_key(&self) -> Option<&str> {
-        self.api_key.as_deref()
+    fn engines(&self) -> crate::commands::Engines<'_> {
+        crate::commands::Engines {
+            target: &self.target,
+            results: &self.run_dir,
+            api_key: self.api_key.as_deref(),
+        }
     }
 }
 

@@ -59,14 +59,12 @@ pub struct LoadPlan {
 }
 
 impl crate::commands::EnginePlan for LoadPlan {
-    fn target(&self) -> &TargetProfile {
-        &self.target
-    }
-    fn results_dir(&self) -> &std::path::Path {
-        &self.dir
-    }
-    fn api_key(&self) -> Option<&str> {
-        self.api_key.as_deref()
+    fn engines(&self) -> crate::commands::Engines<'_> {
+        crate::commands::Engines {
+            target: &self.target,
+            results: &self.dir,
+            api_key: self.api_key.as_deref(),
+        }
     }
 }
 
