@@ -168,6 +168,11 @@ pub(crate) async fn probe(args: &ProbeArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let outcome = record.outcome.unwrap_or(Outcome::Unknown);
-    print_record(args.output.json, &record, &ProbeLine, plan.engines().results)?;
+    print_record(
+        args.output.json,
+        &record,
+        &ProbeLine,
+        plan.engines().results,
+    )?;
     Ok(ExitCode::from(outcome.exit_code()))
 }

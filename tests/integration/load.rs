@@ -132,10 +132,20 @@ fn the_solo_oracle_judges_every_load_block_against_itself_alone() {
     // Every block ran its sessions alone first, and at 80 in flight sessions the
     // schema-only classifier passed were caught as diverged.
     let mut diverged = 0;
+    let (mut ran_alone, mut reused) = (0, 0);
     for block in ["b001", "b002", "b003", "b004"] {
         let blocks = run_dir.join("blocks").join(block);
-        let alone = std::fs::read_dir(blocks.join("reference")).unwrap().count();
-        assert_eq!(alone, 1, "{block}: one reference");
+        let alone: Vec<_> = std::fs::read_dir(blocks.join("reference"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(alone.len(), 1, "{block}: one reference");
+        // What the block's reference cost is kept beside it.
+        let pass: Value =
+            serde_json::from_str(&std::fs::read_to_string(alone[0].join("pass.json")).unwrap())
+                .unwrap();
+        ran_alone += pass["sessions"].as_u64().unwrap();
+        reused += pass["reused"].as_u64().unwrap();
         let sessions = std::fs::read_to_string(blocks.join("sessions.jsonl")).unwrap();
         diverged += sessions
             .lines()
@@ -143,6 +153,13 @@ fn the_solo_oracle_judges_every_load_block_against_itself_alone() {
             .count();
     }
     assert!(diverged >= 4, "{diverged} diverged sessions in all blocks");
+    // Each load block draws its own seed (its own tasks): none can reuse another's
+    // reference, and every one ran its sessions alone.
+    assert_eq!(reused, 0);
+    assert!(
+        ran_alone >= 4 * 8,
+        "{ran_alone} sessions alone in all blocks"
+    );
     assert_eq!(
         answer_level(&record),
         Some(80),

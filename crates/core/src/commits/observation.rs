@@ -114,7 +114,12 @@ pub fn judge_pair(
 /// did), and its Wilson 95% upper bound below the on arm's rate (the rule by which
 /// `bisect probe` calls a build clean, the bug rate being what the on arm showed). With
 /// the words either way.
-pub(crate) fn off_arm_clean(flag: &str, off: Counts, on: Counts, background: f64) -> (bool, String) {
+pub(crate) fn off_arm_clean(
+    flag: &str,
+    off: Counts,
+    on: Counts,
+    background: f64,
+) -> (bool, String) {
     let (lo, hi) = wilson(off.corrupted, off.judged, 0.95);
     let numbers = format!(
         "{flag} off there {}/{} ({}, 95% CI {}-{}%)",

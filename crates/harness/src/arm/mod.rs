@@ -41,9 +41,9 @@ mod deaths;
 mod engines;
 mod oracle;
 
+pub(crate) use engines::Restarted;
 use engines::Written;
 pub use engines::NO_EFFECTIVE_WARNING;
-pub(crate) use engines::Restarted;
 
 /// Role -> the value read back from its launch config after an edit.
 pub(crate) type Readback = BTreeMap<String, String>;

@@ -192,21 +192,56 @@ impl Testbed<'_> {
         results: &ResultsDir,
         oracle: Option<SoloOracle>,
     ) -> anyhow::Result<(crate::core::arm_stats::ArmStats, Option<ReferencePass>)> {
+        let (stats, _, pass) = self
+            .drive_judged_observed(block, workload, classifier, results, oracle, &mut |_| {})
+            .await?;
+        Ok((stats, pass))
+    }
+
+    /// [`Testbed::drive_judged`], also handing every finished session under load to
+    /// `observe` and returning the driver's totals (as [`Testbed::drive_observed`]).
+    pub(crate) async fn drive_judged_observed(
+        &mut self,
+        block: BlockName<'_>,
+        workload: &Workload,
+        classifier: &Arc<Classifier>,
+        results: &ResultsDir,
+        oracle: Option<SoloOracle>,
+        observe: &mut (dyn FnMut(&SessionResult) + Send),
+    ) -> anyhow::Result<(
+        crate::core::arm_stats::ArmStats,
+        crate::driver::DriveStats,
+        Option<ReferencePass>,
+    )> {
         let Some(solo) = oracle else {
-            let stats = self.drive(block, workload, classifier, results).await?;
-            return Ok((stats, None));
+            let (stats, driven) = self
+                .drive_observed(block, workload, classifier, results, observe)
+                .await?;
+            return Ok((stats, driven, None));
         };
         let (references, mut pass) = self
             .reference(results, classifier, block, workload, solo)
             .await?;
         self.judge_against(Some(references));
-        let mut count = |session: &SessionResult| pass.count(session);
+        let mut count = |session: &SessionResult| {
+            pass.count(session);
+            observe(session);
+        };
         let driven = self
             .drive_observed(block, workload, classifier, results, &mut count)
             .await;
         self.judge_against(None);
-        let (stats, _) = driven?;
-        Ok((stats, Some(pass)))
+        let (stats, driven) = driven?;
+        // Every command's block keeps what its reference cost and found beside it (run
+        // and commits also put it in their records).
+        let kept = results
+            .root()
+            .join("reference")
+            .join(block.label)
+            .join(PASS_FILE);
+        let text = serde_json::to_string_pretty(&pass)? + "\n";
+        crate::results::write_atomic(&kept, text.as_bytes())?;
+        Ok((stats, driven, Some(pass)))
     }
 }
 
@@ -271,3 +306,6 @@ fn copy_sessions(from: &Path, to: &Path) -> anyhow::Result<()> {
 
 /// The key file of a cache entry.
 const KEY_FILE: &str = "key.json";
+
+/// A block's reference pass record, beside its reference sessions.
+const PASS_FILE: &str = "pass.json";

@@ -238,32 +238,27 @@ pub(crate) async fn run_block(
     arm.readback = readback;
     arm.effective = effective;
     arm.identity = identity;
-    if let Some(solo) = plan.oracle {
-        let driving = Instant::now();
-        let (oracle, pass) = bed
-            .reference(results, classifier, block, workload, solo)
-            .await?;
-        phases.drive_s += driving.elapsed().as_secs_f64();
-        bed.judge_against(Some(oracle));
-        arm.oracle = Some(pass);
-    }
     let mut outcomes = vec![None; workload.sessions as usize];
     let driving = Instant::now();
-    let driven = bed
-        .drive_observed(block, workload, classifier, results, &mut |session| {
-            if let Some(slot) = outcomes.get_mut(session.index as usize) {
-                *slot = session
-                    .class
-                    .is_judged()
-                    .then(|| session.class.is_corrupted());
-            }
-            if let Some(pass) = arm.oracle.as_mut() {
-                pass.count(session);
-            }
-        })
-        .await;
-    bed.judge_against(None);
-    let (stats, driven) = driven?;
+    // With the oracle, the drive's time includes the block's reference pass.
+    let (stats, driven, pass) = bed
+        .drive_judged_observed(
+            block,
+            workload,
+            classifier,
+            results,
+            plan.oracle,
+            &mut |session| {
+                if let Some(slot) = outcomes.get_mut(session.index as usize) {
+                    *slot = session
+                        .class
+                        .is_judged()
+                        .then(|| session.class.is_corrupted());
+                }
+            },
+        )
+        .await?;
+    arm.oracle = pass;
     let drive_s = driving.elapsed().as_secs_f64();
     phases.drive_s += drive_s;
     phases.classify_s += driven.classify_s;

@@ -20,8 +20,8 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 
 pub(crate) use edit::{check_partial, read_setting, setting_line, write_setting};
-pub use journal::{recover, recover_at, Kept};
 pub use journal::Recovery;
+pub use journal::{recover, recover_at, Kept};
 pub(crate) use journal::{Editor, JOURNAL_FILE};
 pub use state::state_root;
 pub use state::SpawnedGroup;

@@ -465,9 +465,9 @@ mod recovery;
 pub(super) use disk::write_atomic;
 use disk::{check_writable, clear_journal, keep_aside, remove_copies, write_journal};
 pub(super) use recovery::take_files;
+pub use recovery::Recovery;
 use recovery::{put_back, recover_legacy};
 pub use recovery::{recover, recover_at};
-pub use recovery::Recovery;
 
 #[cfg(test)]
 mod tests;

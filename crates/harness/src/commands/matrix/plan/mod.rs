@@ -23,8 +23,8 @@ use crate::config::workload::DEFAULT_WORKLOAD;
 use crate::config::{
     read_text, validate_value, ConfigError, FlagCatalog, FlagSpec, Setting, Source, Workload,
 };
-pub use load::LoadSweep;
 pub(crate) use load::LoadCellSpec;
+pub use load::LoadSweep;
 use policy::regression_policy;
 pub use policy::RegressionPolicy;
 
