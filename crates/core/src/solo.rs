@@ -62,7 +62,8 @@ pub struct ReferencePass {
     /// model's own slip, not the load's.
     pub corrupted_same_alone: u64,
     /// The reference cache's entry this block's reference is kept in (its folder under
-    /// `reference-cache/`); absent in records from before the cache.
+    /// `reference-cache/`); absent where a reference session failed (such a pass is not
+    /// kept for others) and in records from before the cache.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache: Option<String>,
     /// Sessions run alone again to check a kept reference before reusing it.

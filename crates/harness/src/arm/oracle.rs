@@ -92,7 +92,13 @@ impl Testbed<'_> {
                 ));
                 let sessions = self.run_alone(name, &alone, classifier, &kept).await?;
                 pass.sessions = sessions.len() as u64;
-                keep(&entry, &key, kept.root())?;
+                // A pass with a failed session (a timeout, an engine error) is this
+                // block's only: kept, a later block would never judge that session.
+                if sessions.iter().all(|s| !s.class.is_failure()) {
+                    keep(&entry, &key, kept.root())?;
+                } else {
+                    pass.cache = None;
+                }
                 sessions
             }
         };
