@@ -46,10 +46,14 @@ for line in open(f"{run_dir}/sessions.jsonl"):
         continue
     if o["outcome"] == "same":
         same += 1
+        # Tokens that parted though the reply the client reads stayed the same.
+        p = o.get("token_parting")
+        if p:
+            rows.append((p["margin"], s["label"], s["index"], p["round"], p["position"], p["reference"], p["loaded"], "same reply"))
         continue
     p = o["parting"]
     rows.append((p["margin"], s["label"], s["index"], p["round"], p["position"], p["reference"], p["loaded"], s["class"]))
-print(f"{run_dir}: {same} sessions the same alone, {len(rows)} parted")
+print(f"{run_dir}: {same} sessions with the same replies alone, {len(rows)} parted on tokens")
 print("margin (nats) | arm | session | round | token | alone | under load | class")
 for r in sorted(rows, key=lambda r: (r[0] is None, r[0] or 0)):
     m = "unknown" if r[0] is None else f"{r[0]:.3f}"

@@ -79,8 +79,17 @@ pub struct Parting {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum Comparison {
-    /// Every round compared was identical.
-    Same { rounds: u32, mode: OracleMode },
+    /// Every round compared gave the same reply. `token_parting`: where the token streams
+    /// first parted though the replies as the client reads them (content, parsed tool
+    /// calls) stayed the same, e.g. compact against pretty-printed JSON around the same
+    /// call: not corruption, but a difference the engine's numerics made, kept with the
+    /// reference's margin there (what the threshold is measured from, docs/oracle.md).
+    Same {
+        rounds: u32,
+        mode: OracleMode,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        token_parting: Option<Parting>,
+    },
     /// Parted where the reference's choice was clear (margin above the threshold, or
     /// unknown, or exact-match mode): corruption.
     Diverged { parting: Parting, mode: OracleMode },
@@ -102,10 +111,14 @@ pub fn compare(reference: &[ReplyTokens], loaded: &[ReplyTokens], threshold: f64
         OracleMode::ExactMatch
     };
     let mut rounds = 0;
+    let mut same_reply_parting = None;
     for (i, (r, l)) in reference.iter().zip(loaded).enumerate() {
         let round = i as u32 + 1;
         if r.text == l.text {
             rounds = round;
+            if let (None, Some(rt), Some(lt)) = (&same_reply_parting, &r.tokens, &l.tokens) {
+                same_reply_parting = token_parting(round, rt, lt);
+            }
             continue;
         }
         let parting = match (mode, &r.tokens, &l.tokens) {
@@ -121,7 +134,11 @@ pub fn compare(reference: &[ReplyTokens], loaded: &[ReplyTokens], threshold: f64
             Comparison::Diverged { parting, mode }
         };
     }
-    Comparison::Same { rounds, mode }
+    Comparison::Same {
+        rounds,
+        mode,
+        token_parting: same_reply_parting,
+    }
 }
 
 /// The first token that differs, with the reference's margin there. `None` when the
@@ -235,9 +252,38 @@ pub(crate) mod tests {
             compare(&r, &r, 0.5),
             Comparison::Same {
                 rounds: 2,
-                mode: OracleMode::Logprobs
+                mode: OracleMode::Logprobs,
+                token_parting: None,
             }
         );
+    }
+
+    /// Measured on llama-server (docs/oracle.md): under load the model wrote the same
+    /// tool call pretty-printed where alone it wrote it compact, a 0.06-nat near-tie.
+    /// The replies the client reads are the same, so the session is; the token parting
+    /// is kept, with its margin.
+    #[test]
+    fn a_token_parting_that_leaves_the_reply_the_same_is_kept_beside_same() {
+        let alone = ReplyTokens {
+            text: "read_file({\"path\":\"a\"})".into(),
+            tokens: Some(vec![tok("{\"", -0.70, -0.76), tok("path", -0.1, -5.0)]),
+        };
+        let loaded = ReplyTokens {
+            text: alone.text.clone(),
+            tokens: Some(vec![tok("{\n", -0.69, -0.75), tok("path", -0.1, -5.0)]),
+        };
+        match compare(&[alone], &[loaded], 0.0) {
+            Comparison::Same {
+                rounds: 1,
+                token_parting: Some(parting),
+                ..
+            } => {
+                assert_eq!((parting.round, parting.position), (1, 0));
+                assert_eq!(parting.reference.as_deref(), Some("{\""));
+                assert!((parting.margin.unwrap() - 0.06).abs() < 1e-9, "{parting:?}");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
@@ -351,7 +397,8 @@ pub(crate) mod tests {
             compare(&r, &r[..1], 0.5),
             Comparison::Same {
                 rounds: 1,
-                mode: OracleMode::ExactMatch
+                mode: OracleMode::ExactMatch,
+                token_parting: None,
             }
         );
     }

@@ -72,6 +72,10 @@ pub struct ReferencePass {
     /// Kept references the check found stale (run again in full).
     #[serde(default)]
     pub stale: u64,
+    /// Of `same`: sessions whose token streams parted though every reply stayed the same
+    /// (the engine's numerics at a near-tie, e.g. JSON spacing around the same call).
+    #[serde(default)]
+    pub same_reply_tokens_parted: u64,
     /// Whether the engines said they are batch-invariant (what set `threshold`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub determinism: Option<crate::determinism::Determinism>,
@@ -84,8 +88,15 @@ impl ReferencePass {
             return;
         };
         let mode = match comparison {
-            Comparison::Same { mode, .. } => {
+            Comparison::Same {
+                mode,
+                token_parting,
+                ..
+            } => {
                 self.same += 1;
+                if token_parting.is_some() {
+                    self.same_reply_tokens_parted += 1;
+                }
                 if session.class.is_corrupted() {
                     self.corrupted_same_alone += 1;
                 }
@@ -125,6 +136,7 @@ impl ReferencePass {
             t.corrupted_same_alone += p.corrupted_same_alone;
             t.checked += p.checked;
             t.stale += p.stale;
+            t.same_reply_tokens_parted += p.same_reply_tokens_parted;
         }
         total
     }
@@ -170,15 +182,19 @@ fn reply_text(message: &ChatMessage) -> String {
 }
 
 /// Whether a kept reference still stands: the same session run alone again now gave
-/// the same replies, token for token (no near-tie excused: alone twice on one build and
-/// configuration is the same computation). A failed session on either side proves
+/// the same replies, token for token (no near-tie excused, not even a token parting that
+/// left the reply the same: alone twice on one build and configuration is the same
+/// computation). A failed session on either side proves
 /// nothing: the reference is not trusted.
 pub fn still_stands(kept: &SessionResult, again: &SessionResult) -> bool {
     !kept.class.is_failure()
         && !again.class.is_failure()
         && matches!(
             compare(&replies(kept), &replies(again), f64::NEG_INFINITY),
-            Comparison::Same { .. }
+            Comparison::Same {
+                token_parting: None,
+                ..
+            }
         )
 }
 
