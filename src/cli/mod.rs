@@ -510,6 +510,7 @@ impl ProbeArgs {
         let (target, api_key) = self.target.resolve(&run_dir)?;
         Ok(ProbePlan {
             id,
+            command: command_line(),
             api_key,
             target,
             workload,

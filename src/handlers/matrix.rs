@@ -68,7 +68,7 @@ fn compare_with_baseline(
     }
     let found = match &args.baseline {
         Some(b) => Some(baseline::load_explicit(b, &record.plan.name)?),
-        None => baseline::find_newest(root, &record.plan.name, &record.started_at, dir)?,
+        None => baseline::find_newest(root, &record.plan.name, &record.header.started_at, dir)?,
     };
     if let Some(b) = found {
         let policy = record.plan.policy;

@@ -66,7 +66,7 @@ async fn the_interaction_is_found_and_the_slow_flag_held_out() {
         &[],
     );
     let record = run(&t, &plan).await.unwrap();
-    assert_eq!(record.status, RecordStatus::Finished);
+    assert_eq!(record.header.status, RecordStatus::Finished);
     assert_eq!(
         record.answer.map(|a| a.name()),
         Some("culprit"),

@@ -323,6 +323,7 @@ fn probe_plan(t: &FakeTarget, sessions: u32) -> bisect_harness::commands::probe:
     let run = t.plan("FAKE_BF16", sessions, 4);
     bisect_harness::commands::probe::ProbePlan {
         id: "probe".into(),
+        command: "bisect probe".into(),
         target: run.target,
         workload: run.workload,
         catalog: t.catalog.clone(),

@@ -37,7 +37,7 @@ fn a_run_json_from_before_the_reorganisation_loads_typed() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = fixture_copy(tmp.path(), "old");
     let record = ResultsDir::open(&dir).read_record().unwrap();
-    assert_eq!(record.status, RecordStatus::Finished);
+    assert_eq!(record.header.status, RecordStatus::Finished);
     let on = record.arm(ArmLabel::On).unwrap();
     let off = record.arm(ArmLabel::Off).unwrap();
     assert_eq!((on.stats.corrupted, on.sessions), (22, 80));

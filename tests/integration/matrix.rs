@@ -112,7 +112,7 @@ async fn matrix_cells_have_exact_counts_and_one_restart_per_group() {
     let record = matrix_run::run_matrix(&job, &mut control, &Quiet, CancellationToken::new())
         .await
         .unwrap();
-    assert_eq!(record.status, RecordStatus::Finished);
+    assert_eq!(record.header.status, RecordStatus::Finished);
     assert_eq!(
         control.restarts.load(Ordering::Relaxed),
         4,
@@ -327,13 +327,13 @@ async fn shards_merge_into_the_unsharded_matrix() {
 /// Redact what differs between executions and machines, then render.
 fn redacted(record: &MatrixRecord, exporter: &dyn Exporter<MatrixRecord>) -> String {
     let mut r = record.clone();
-    r.id = "[id]".into();
-    r.started_at = "[time]".into();
-    r.finished_at = Some("[time]".into());
+    r.header.id = "[id]".into();
+    r.header.started_at = "[time]".into();
+    r.header.finished_at = Some("[time]".into());
     r.plan.path = "[path]/nightly.toml".into();
     r.plan.hash = "[hash]".into();
     r.workload_hash = "[hash]".into();
-    r.target.api = "http://[addr]/v1".into();
+    r.header.target.api = "http://[addr]/v1".into();
     for c in &mut r.cells {
         c.stats.wall_s = 1.0;
         c.stats.tokens_per_s = 100.0;
@@ -449,10 +449,10 @@ async fn identical_nights_pass_and_a_changed_workload_is_not_comparable() {
     let mut second = run(&t, &job(&t, &plan, None, "n2")).await;
     let root = t.dir.path().join("results");
     let dir2 = root.join("n2");
-    let found = baseline::find_newest(&root, "fake-nightly", &second.started_at, &dir2)
+    let found = baseline::find_newest(&root, "fake-nightly", &second.header.started_at, &dir2)
         .unwrap()
         .expect("the first night is found as the baseline");
-    assert_eq!(found.record.id, first.id);
+    assert_eq!(found.record.header.id, first.header.id);
     assert_eq!(found.chosen, "newest");
     baseline::compare(&mut second, &found, &plan.policy);
     assert!(second.regressions.is_empty(), "{:?}", second.regressions);
@@ -621,7 +621,7 @@ async fn an_engine_that_ignores_its_config_blocks_the_cells() {
     t.engine.ignore_restarts();
     let night_job = job(&t, &plan, None, "ignoring");
     let mut night = run(&t, &night_job).await;
-    assert_eq!(night.status, RecordStatus::Finished);
+    assert_eq!(night.header.status, RecordStatus::Finished);
     assert_eq!(t.launch_bytes(), before, "launch configs restored");
     let noise_warning = format!("FAKE_NOISE: {}", bisect_harness::arm::NO_EFFECTIVE_WARNING);
     for cell in &night.cells {
@@ -852,7 +852,7 @@ async fn the_solo_oracle_runs_each_cell_alone_first_and_leaves_classifier_counts
     let mut job = job(&t, &plan, None, "oracle-night");
     job.oracle = Some(bisect_harness::core::solo::SoloOracle { threshold: 1.0 });
     let record = run(&t, &job).await;
-    assert_eq!(record.status, RecordStatus::Finished);
+    assert_eq!(record.header.status, RecordStatus::Finished);
     for cell in &record.cells {
         let n = cell.sessions;
         let victims = match cell.flags["FAKE_BF16"] == "1" {

@@ -38,7 +38,12 @@ async fn a_load_cell_sweeps_in_its_directory_and_compares_its_threshold() {
     assert_eq!(plan.cells[1].id, LOAD_ID);
     set_race(&t, false);
     let clean = run(&t, &job(&t, &plan, None, "clean")).await;
-    assert_eq!(clean.status, RecordStatus::Finished, "{:?}", clean.error);
+    assert_eq!(
+        clean.header.status,
+        RecordStatus::Finished,
+        "{:?}",
+        clean.error
+    );
     let cell = &clean.cells[1];
     let load = cell.load.as_ref().unwrap();
     assert_eq!(cell.status, RecordStatus::Finished);

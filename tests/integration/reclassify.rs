@@ -189,7 +189,7 @@ async fn reclassify_judges_with_the_markup_families_the_run_counted() {
     let dir = ResultsDir::open(&plan.run_dir);
     let before = dir.read_record().unwrap();
     assert_eq!(
-        before.target.markup,
+        before.header.target.markup,
         Some(vec![bisect_harness::core::classify::MarkupFamily::Hermes])
     );
     assert_eq!(

@@ -131,8 +131,8 @@ pub async fn run_adaptive(
     }
     phases.finish(started.elapsed().as_secs_f64());
     record.phases = Some(phases);
-    (record.status, record.error) = settle(&outcome);
-    record.finished_at = Some(now());
+    (record.header.status, record.error) = settle(&outcome);
+    record.header.finished_at = Some(now());
     let written = results.write_record(&record);
     closed.combine_written(outcome, written)?;
     Ok(record)

@@ -38,12 +38,21 @@ use crate::core::arm_stats::ArmLabel;
 use crate::core::format;
 use crate::core::judgement::{judge_block, Judged, Void};
 use crate::core::verdict::Policy;
+use crate::results::json::JsonFile;
 use crate::results::run_record::{ArmRecord, TargetInfo};
-use crate::results::{write_atomic, ResultsDir};
+use crate::results::{export, RecordHeader, ResultsDir};
+
+/// Which reader understands probe.json.
+const SCHEMA: &str = "bisect.probe/1";
+
+/// probe.json: the record, rewritten when the probe starts and when it ends.
+const RECORD: JsonFile = JsonFile("probe.json");
 
 #[derive(Debug, Clone)]
 pub struct ProbePlan {
     pub id: String,
+    /// The command line as typed, for the record.
+    pub command: String,
     pub target: TargetProfile,
     pub workload: Workload,
     pub catalog: FlagCatalog,
@@ -86,11 +95,9 @@ impl Outcome {
 /// `probe.json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ProbeRecord {
-    pub schema: String,
-    pub id: String,
-    pub started_at: String,
-    pub finished_at: Option<String>,
-    pub target: TargetInfo,
+    /// schema, id, command, times, status, target: the header every record opens with.
+    #[serde(flatten)]
+    pub header: crate::results::RecordHeader,
     pub workload: serde_json::Value,
     /// Every catalog flag found in the launch configs: flag -> role -> value.
     pub flags: BTreeMap<String, BTreeMap<String, String>>,
@@ -271,22 +278,20 @@ pub async fn run_probe(
     }
     let results = ResultsDir::create(&plan.run_dir)?;
     let mut record = ProbeRecord {
-        schema: "bisect.probe/1".into(),
-        id: plan.id.clone(),
-        started_at: now(),
-        finished_at: None,
-        target: TargetInfo::of(&plan.target),
+        header: RecordHeader::running(
+            SCHEMA,
+            &plan.id,
+            &plan.command,
+            now(),
+            TargetInfo::of(&plan.target),
+        ),
         workload: plan.workload.params_json(),
         flags: effective_flags(plan),
         arm: None,
         outcome: None,
         reason: String::new(),
     };
-    let write = |r: &ProbeRecord| -> anyhow::Result<()> {
-        let mut text = serde_json::to_string_pretty(r)?;
-        text.push('\n');
-        write_atomic(&plan.run_dir.join("probe.json"), text.as_bytes())
-    };
+    let write = |r: &ProbeRecord| export::write_all(&plan.run_dir, r, &[&RECORD]);
     write(&record)?;
     let spec = TestbedSpec::read_only(&plan.target, plan.api_key.clone(), plan.metrics_period);
     let mut bed = Testbed::open(spec, control, progress, cancel)?;
@@ -324,7 +329,8 @@ pub async fn run_probe(
         }
         Err(e) => record.reason = format!("could not run: {e:#}"),
     }
-    record.finished_at = Some(now());
+    record.header.finished_at = Some(now());
+    record.header.status = crate::arm::settle(&outcome).0;
     write(&record)?;
     closed.combine(outcome)?;
     Ok(record)

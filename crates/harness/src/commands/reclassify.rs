@@ -305,7 +305,7 @@ pub(crate) fn recorded_policy(record: &RunRecord) -> Policy {
     if let Some(c) = &record.comparison {
         policy.min_effect = c.min_effect;
     }
-    let words: Vec<&str> = record.command.split_whitespace().collect();
+    let words: Vec<&str> = record.header.command.split_whitespace().collect();
     for (i, w) in words.iter().enumerate() {
         let (key, inline) = match w.split_once('=') {
             Some((k, v)) => (k, Some(v)),
@@ -436,7 +436,7 @@ fn recorded_classifier(
 ) -> anyhow::Result<(Classifier, Option<String>)> {
     // The families the run counted as leaks; a record from before they were written
     // down is judged with every family, and says so.
-    let (classifier, markup_note) = match &record.target.markup {
+    let (classifier, markup_note) = match &record.header.target.markup {
         Some(families) => (Classifier::new(&workload.tools, families), None),
         None => (
             Classifier::with_defaults(&workload.tools),
@@ -450,7 +450,7 @@ fn recorded_classifier(
     };
     // The rejection patterns the run judged error replies with (none in older records,
     // whose error rounds kept no body to judge).
-    let rejections = record.target.rejections.clone().unwrap_or_default();
+    let rejections = record.header.target.rejections.clone().unwrap_or_default();
     let classifier = classifier
         .and_then(|c| c.with_rejections(&rejections))
         .with_context(|| format!("building the classifier for workload `{}`", workload.name))?;

@@ -22,7 +22,7 @@ use crate::arm::{
 pub use crate::arm::{Progress, Quiet};
 use crate::config::{FlagSpec, TargetProfile, Workload};
 use crate::control::EngineControl;
-use crate::core::arm_stats::{ArmLabel, RecordStatus};
+use crate::core::arm_stats::ArmLabel;
 use crate::core::classify::Classifier;
 use crate::core::phases::Phases;
 use crate::core::solo::SoloOracle;
@@ -99,8 +99,8 @@ pub async fn run_experiment(
     }
     phases.finish(started.elapsed().as_secs_f64());
     record.phases = Some(phases);
-    (record.status, record.error) = settle(&outcome);
-    record.finished_at = Some(now());
+    (record.header.status, record.error) = settle(&outcome);
+    record.header.finished_at = Some(now());
     let written = results.write_record(&record);
     closed.combine_written(outcome, written)?;
     Ok(record)
@@ -389,13 +389,13 @@ fn finish_verdict(plan: &RunPlan, record: &mut RunRecord) {
 pub(crate) fn initial_record(plan: &RunPlan) -> RunRecord {
     let flag = FlagInfo::of(&plan.flag);
     RunRecord {
-        schema: SCHEMA.into(),
-        id: plan.id.clone(),
-        command: plan.command.clone(),
-        started_at: now(),
-        finished_at: None,
-        status: RecordStatus::Running,
-        target: TargetInfo::of(&plan.target),
+        header: crate::results::RecordHeader::running(
+            SCHEMA,
+            &plan.id,
+            &plan.command,
+            now(),
+            TargetInfo::of(&plan.target),
+        ),
         flag,
         workload: plan.workload.params_json(),
         sets: plan

@@ -99,7 +99,7 @@ pub(crate) fn render_run_html(record: &RunRecord, dir: Option<&Path>) -> String 
     body.push_str(&sessions_section(&sessions));
     body.push_str(&engine_info_section(&record.engine_info));
     page(
-        &format!("bisect run {}: {}", record.flag.name, record.id),
+        &format!("bisect run {}: {}", record.flag.name, record.header.id),
         &body,
     )
 }
@@ -111,10 +111,10 @@ fn run_header(record: &RunRecord) -> String {
         s,
         "<h1>bisect run <code>{}</code></h1>\n<p class=\"meta\">{} &middot; status <b>{}</b> &middot; started {} &middot; finished {}</p>",
         escape(&record.flag.name),
-        escape(&record.id),
-        escape(record.status.as_str()),
-        escape(&record.started_at),
-        escape(record.finished_at.as_deref().unwrap_or("-"))
+        escape(&record.header.id),
+        escape(record.header.status.as_str()),
+        escape(&record.header.started_at),
+        escape(record.header.finished_at.as_deref().unwrap_or("-"))
     );
     let flag = &record.flag;
     let setting = flag
@@ -133,12 +133,12 @@ fn run_header(record: &RunRecord) -> String {
             escape(&flag.on),
             escape(&flag.off),
         ),
-        target_fact(&record.target),
+        target_fact(&record.header.target),
         format!(
             "workload <code>{}</code>",
             escape(&compact(&record.workload))
         ),
-        format!("command <code>{}</code>", escape(&record.command)),
+        format!("command <code>{}</code>", escape(&record.header.command)),
     ];
     s.push_str(&facts_list(&facts));
     s
@@ -164,7 +164,7 @@ fn run_verdict(record: &RunRecord) -> String {
     } else if let Some(e) = &record.error {
         verdict_box(
             "inconclusive",
-            &format!("No verdict ({})", record.status.as_str()),
+            &format!("No verdict ({})", record.header.status.as_str()),
             &format!("<pre>{}</pre>", escape(e)),
         )
     } else {

@@ -29,7 +29,10 @@ impl Exporter<RunRecord> for SummaryMarkdown {
 
 /// The title, what was flipped where, the status, and the verdict with its reasons.
 fn push_heading(s: &mut String, r: &RunRecord) {
-    s.push_str(&format!("# bisect run `{}`: {}\n\n", r.flag.name, r.id));
+    s.push_str(&format!(
+        "# bisect run `{}`: {}\n\n",
+        r.flag.name, r.header.id
+    ));
     let setting = r
         .flag
         .env
@@ -45,13 +48,13 @@ fn push_heading(s: &mut String, r: &RunRecord) {
         r.flag.on,
         r.flag.off
     ));
-    s.push_str(&format!("- target: {}\n", target_words(&r.target)));
+    s.push_str(&format!("- target: {}\n", target_words(&r.header.target)));
     s.push_str(&format!("- workload: `{}`\n", compact(&r.workload)));
     if !r.sets.is_empty() {
         let sets: Vec<String> = r.sets.iter().map(|(k, v)| format!("{k}={v}")).collect();
         s.push_str(&format!("- pinned: {}\n", sets.join(", ")));
     }
-    s.push_str(&format!("- status: {}\n\n", r.status));
+    s.push_str(&format!("- status: {}\n\n", r.header.status));
     if let Some(v) = &r.verdict {
         s.push_str(&format!("**Verdict: {}**\n\n", v.summary));
         for reason in &v.reasons {

@@ -5,28 +5,6 @@
 //! arm block, so an interrupted run still leaves a readable directory. Streams
 //! (sessions, metrics) are appended as they arrive.
 
-/// A record struct whose first fields are the header every results record shares
-/// (run.json, culprit.json, load.json, commits.json): written once here so their JSON
-/// stays alike and a field added to the header reaches all of them.
-macro_rules! record_with_header {
-    ($(#[$meta:meta])* pub struct $name:ident { $($fields:tt)* }) => {
-        $(#[$meta])*
-        pub struct $name {
-            /// `bisect.<kind>/<version>`: which reader understands the file.
-            pub schema: String,
-            pub id: String,
-            /// The command line as typed.
-            pub command: String,
-            pub started_at: String,
-            pub finished_at: Option<String>,
-            pub status: $crate::core::arm_stats::RecordStatus,
-            pub target: $crate::results::run_record::TargetInfo,
-            $($fields)*
-        }
-    };
-}
-pub(crate) use record_with_header;
-
 pub mod cells;
 pub mod charts;
 pub mod export;
@@ -51,6 +29,46 @@ use crate::driver::metrics::MetricsLog;
 use run_record::RunRecord;
 
 pub use export::Exporter;
+
+/// The fields every results record opens with (run.json, culprit.json, load.json,
+/// commits.json, matrix.json, probe.json), flattened into each as its first field: one
+/// struct, so their JSON stays alike and a field added here reaches all of them.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct RecordHeader {
+    /// `bisect.<kind>/<version>`: which reader understands the file.
+    pub schema: String,
+    pub id: String,
+    /// The command line as typed (empty in probe records written before it was kept).
+    #[serde(default)]
+    pub command: String,
+    pub started_at: String,
+    pub finished_at: Option<String>,
+    /// Where the record stands (`pending` in probe records written before it was kept).
+    #[serde(default)]
+    pub status: crate::core::arm_stats::RecordStatus,
+    pub target: run_record::TargetInfo,
+}
+
+impl RecordHeader {
+    /// A record's header as its command starts: running, not finished.
+    pub(crate) fn running(
+        schema: &str,
+        id: &str,
+        command: &str,
+        started_at: String,
+        target: run_record::TargetInfo,
+    ) -> RecordHeader {
+        RecordHeader {
+            schema: schema.into(),
+            id: id.into(),
+            command: command.into(),
+            started_at,
+            finished_at: None,
+            status: crate::core::arm_stats::RecordStatus::Running,
+            target,
+        }
+    }
+}
 
 /// The run record itself, rewritten after each arm before its reports.
 const RECORD: json::JsonFile = json::JsonFile("run.json");

@@ -17,36 +17,37 @@ use crate::core::verdict::{ArmObservation, Comparison, Confound, Verdict};
 
 pub(crate) const SCHEMA: &str = "bisect.run/1";
 
-crate::results::record_with_header! {
-    #[derive(Debug, Clone, Serialize, Deserialize)]
-    pub struct RunRecord {
-        pub flag: FlagInfo,
-        pub workload: serde_json::Value,
-        /// Flags pinned with --set, as written.
-        #[serde(default)]
-        pub sets: BTreeMap<String, String>,
-        /// Exactly two once finished: `on` and `off`, pooled over repeats.
-        pub arms: Vec<ArmRecord>,
-        /// One per executed arm block, in execution order.
-        pub runs: Vec<ArmRecord>,
-        pub comparison: Option<Comparison>,
-        #[serde(default)]
-        pub confounds: Vec<Confound>,
-        pub verdict: Option<Verdict>,
-        /// `/server_info` per role and arm block, where the engine serves it.
-        #[serde(default)]
-        pub engine_info: BTreeMap<String, serde_json::Value>,
-        pub error: Option<String>,
-        /// `bisect run --adaptive`: the sequential design, every block and every look.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        pub adaptive: Option<AdaptiveRecord>,
-        /// Where the run's wall time went (absent in records written before it existed).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        pub phases: Option<Phases>,
-        /// Keys written by other commands (e.g. `reclassified` history), kept on rewrite.
-        #[serde(flatten)]
-        pub extra: serde_json::Map<String, serde_json::Value>,
-    }
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunRecord {
+    /// schema, id, command, times, status, target: the header every record opens with.
+    #[serde(flatten)]
+    pub header: crate::results::RecordHeader,
+    pub flag: FlagInfo,
+    pub workload: serde_json::Value,
+    /// Flags pinned with --set, as written.
+    #[serde(default)]
+    pub sets: BTreeMap<String, String>,
+    /// Exactly two once finished: `on` and `off`, pooled over repeats.
+    pub arms: Vec<ArmRecord>,
+    /// One per executed arm block, in execution order.
+    pub runs: Vec<ArmRecord>,
+    pub comparison: Option<Comparison>,
+    #[serde(default)]
+    pub confounds: Vec<Confound>,
+    pub verdict: Option<Verdict>,
+    /// `/server_info` per role and arm block, where the engine serves it.
+    #[serde(default)]
+    pub engine_info: BTreeMap<String, serde_json::Value>,
+    pub error: Option<String>,
+    /// `bisect run --adaptive`: the sequential design, every block and every look.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adaptive: Option<AdaptiveRecord>,
+    /// Where the run's wall time went (absent in records written before it existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phases: Option<Phases>,
+    /// Keys written by other commands (e.g. `reclassified` history), kept on rewrite.
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

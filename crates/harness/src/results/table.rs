@@ -83,7 +83,7 @@ pub fn render(record: &RunRecord) -> String {
             out.push_str(&format!("  - {r}\n"));
         }
     } else if let Some(e) = &record.error {
-        out.push_str(&format!("no verdict ({}): {e}\n", record.status));
+        out.push_str(&format!("no verdict ({}): {e}\n", record.header.status));
     }
     out
 }

@@ -35,7 +35,6 @@ use crate::arm::{settle, Progress, TestbedOptions};
 use crate::commands::answer::SearchAnswer;
 use crate::commands::run::now;
 use crate::config::{FlagSpec, TargetProfile, Workload};
-use crate::core::arm_stats::RecordStatus;
 use crate::core::commits::{Action, Answer, Observation, Params, Search, Spent, Test};
 use crate::core::verdict::Policy;
 use crate::exit::Failure;
@@ -255,8 +254,8 @@ pub async fn run(
         record_answer(&mut record, &search, answer);
     }
     record.wall_s = started.elapsed().as_secs_f64();
-    record.finished_at = Some(now());
-    (record.status, record.error) = settle(&outcome);
+    record.header.finished_at = Some(now());
+    (record.header.status, record.error) = settle(&outcome);
     let written = record.write(&plan.dir);
     crate::arm::record_written(outcome, written)?;
     Ok(record)
@@ -454,18 +453,18 @@ fn untestable_refs(r: &CommitsRecord, search: &Search) -> Vec<record::CommitRef>
 
 fn started_record(plan: &CommitsPlan, params: &Params, commits: Vec<CommitInfo>) -> CommitsRecord {
     CommitsRecord {
-        schema: record::SCHEMA.into(),
-        id: plan.id.clone(),
-        command: plan.command.clone(),
-        started_at: now(),
-        finished_at: None,
-        status: RecordStatus::Running,
+        header: crate::results::RecordHeader::running(
+            record::SCHEMA,
+            &plan.id,
+            &plan.command,
+            now(),
+            TargetInfo::of(&plan.target),
+        ),
         repo: plan.range.words(),
         find: plan.find,
         first_fixed: None,
         releases: matches!(plan.range, RangeSpec::Releases(_)),
         build: plan.build_words(),
-        target: TargetInfo::of(&plan.target),
         workload: plan.workload.params_json(),
         params: params.clone(),
         flag: plan.flag.as_ref().map(FlagInfo::of),

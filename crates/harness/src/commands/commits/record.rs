@@ -12,12 +12,11 @@ use serde::{Deserialize, Serialize};
 use super::build::BuildEntry;
 use super::git::CommitInfo;
 use super::range::Find;
-use crate::core::arm_stats::RecordStatus;
 use crate::core::commits::search::Search;
 use crate::core::commits::{Action, Counts, Observation, Params, Purpose, Spent, Test};
 use crate::core::sequential::LookRecord;
 use crate::results::export;
-use crate::results::run_record::{FlagInfo, TargetInfo};
+use crate::results::run_record::FlagInfo;
 
 pub(crate) const SCHEMA: &str = "bisect.commits/1";
 
@@ -113,12 +112,9 @@ pub struct CommitRef {
 /// commits.json.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CommitsRecord {
-    pub schema: String,
-    pub id: String,
-    pub command: String,
-    pub started_at: String,
-    pub finished_at: Option<String>,
-    pub status: RecordStatus,
+    /// schema, id, command, times, status, target: the header every record opens with.
+    #[serde(flatten)]
+    pub header: crate::results::RecordHeader,
     /// The repository, or `releases A,B,C`.
     pub repo: String,
     /// `--find fix`: the search looked for the first commit (release) without the
@@ -132,7 +128,6 @@ pub struct CommitsRecord {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub releases: bool,
     pub build: String,
-    pub target: TargetInfo,
     pub workload: serde_json::Value,
     pub params: Params,
     /// `--flag`: the flag whose A/B every step runs (`params.flag` names it).
@@ -319,8 +314,8 @@ pub(crate) fn step_labels(r: &CommitsRecord) -> Vec<(String, Option<usize>)> {
 
 /// summary.md: the answer in words, then every step.
 pub(crate) fn render_markdown(r: &CommitsRecord) -> String {
-    let mut s = format!("# bisect commits {}\n\n", r.id);
-    s += &format!("`{}`\n\n", r.command);
+    let mut s = format!("# bisect commits {}\n\n", r.header.id);
+    s += &format!("`{}`\n\n", r.header.command);
     s += &format!(
         "{}, {} sessions per block at {} in flight, build `{}`.\n\n",
         range_words(r),

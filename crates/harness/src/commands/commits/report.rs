@@ -15,8 +15,8 @@ const WIDTH: f64 = 900.0;
 /// The page.
 pub(super) fn render_html(r: &CommitsRecord) -> String {
     let mut s = String::new();
-    s += &format!("<h1>bisect commits {}</h1>", escape(&r.id));
-    s += &format!("<p><code>{}</code></p>", escape(&r.command));
+    s += &format!("<h1>bisect commits {}</h1>", escape(&r.header.id));
+    s += &format!("<p><code>{}</code></p>", escape(&r.header.command));
     s += &format!(
         "<p><b>{}</b>: {}</p>",
         escape(r.answer.map_or("running", |a| a.name())),
@@ -64,7 +64,7 @@ pub(super) fn render_html(r: &CommitsRecord) -> String {
         );
     }
     s += "</table>\n";
-    page(&format!("bisect commits {}", r.id), &s)
+    page(&format!("bisect commits {}", r.header.id), &s)
 }
 
 fn heat_map(r: &CommitsRecord) -> String {

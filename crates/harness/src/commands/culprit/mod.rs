@@ -32,7 +32,6 @@ use crate::commands::answer::SearchAnswer;
 use crate::commands::blocks::{drive, EventSink};
 use crate::config::{FlagSpec, Setting, TargetProfile, Workload};
 use crate::control::EngineControl;
-use crate::core::arm_stats::RecordStatus;
 use crate::core::classify::Classifier;
 use crate::core::culprit::{
     navigate_alpha, search, Answer, BlockOutcome, BlockRequest, Event, FlagValues, SearchParams,
@@ -347,8 +346,8 @@ pub async fn run(
     }
     record.replayed_blocks = replayed;
     record.wall_s = started.elapsed().as_secs_f64();
-    record.finished_at = Some(crate::commands::run::now());
-    (record.status, record.error) = settle(&outcome);
+    record.header.finished_at = Some(crate::commands::run::now());
+    (record.header.status, record.error) = settle(&outcome);
     let written = record.write(&plan.dir);
     crate::arm::record_written(outcome, written)?;
     Ok(record)
@@ -376,13 +375,13 @@ fn logged_blocks(
 /// culprit.json as the search starts: what it was asked, nothing found yet.
 fn started_record(plan: &CulpritPlan, params: &SearchParams) -> CulpritRecord {
     CulpritRecord {
-        schema: SCHEMA.into(),
-        id: plan.id.clone(),
-        command: plan.command.clone(),
-        started_at: crate::commands::run::now(),
-        finished_at: None,
-        status: RecordStatus::Running,
-        target: TargetInfo::of(&plan.target),
+        header: crate::results::RecordHeader::running(
+            SCHEMA,
+            &plan.id,
+            &plan.command,
+            crate::commands::run::now(),
+            TargetInfo::of(&plan.target),
+        ),
         workload: plan.workload.params_json(),
         concurrency: params.concurrency,
         block_sessions: params.block,

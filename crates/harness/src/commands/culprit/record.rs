@@ -12,50 +12,51 @@ use crate::results::export;
 
 pub(crate) const SCHEMA: &str = "bisect.culprit/2";
 
-crate::results::record_with_header! {
-    /// `culprit.json`.
-    #[derive(Debug, Clone, Serialize, Deserialize)]
-    pub struct CulpritRecord {
-        /// The base workload; block b runs it with seed + b, `block_sessions` sessions at
-        /// `concurrency` in flight.
-        pub workload: serde_json::Value,
-        pub concurrency: u32,
-        pub(crate) block_sessions: u64,
-        pub(crate) look_sessions: u64,
-        pub budget: u64,
-        pub alpha: f64,
-        pub navigate_alpha: f64,
-        pub min_effect: f64,
-        /// Pinned for every block (`--set NAME=VALUE`).
-        pub pinned: Vec<String>,
-        /// The markup families whose tool-call syntax in a reply counts as a leak (the target
-        /// profile's `markup`, as `bisect run` classifies).
-        #[serde(default)]
-        pub markup: Vec<crate::core::classify::MarkupFamily>,
-        /// The listed flags with their failing (as found) and passing (flipped) values.
-        pub flags: Vec<FlagValues>,
-        /// `culprit`, `no_culprit`, `could_not_reproduce`, `inconclusive`; None while running.
-        pub answer: Option<crate::commands::answer::SearchAnswer>,
-        /// The verdict in words.
-        pub verdict: Option<String>,
-        /// The minimal failure-inducing set: catalog names with their failing values.
-        pub culprit: Vec<FlagValue>,
-        pub untestable: Vec<UntestableFlag>,
-        /// Steps that failed with another class mix than the reference failure.
-        pub(crate) other_failures: Vec<StepRecord>,
-        /// What the blocks could not check, one sentence each (a listed or pinned flag that
-        /// no engine reports: only the launch-file read-back stands for it).
-        #[serde(default, skip_serializing_if = "Vec::is_empty")]
-        pub warnings: Vec<String>,
-        pub steps: Vec<StepRecord>,
-        pub blocks: Vec<BlockSummary>,
-        pub sessions_spent: u64,
-        pub restarts: u64,
-        /// Blocks answered from the step log of an earlier run (`--resume`).
-        pub replayed_blocks: u64,
-        pub wall_s: f64,
-        pub error: Option<String>,
-    }
+/// `culprit.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CulpritRecord {
+    /// schema, id, command, times, status, target: the header every record opens with.
+    #[serde(flatten)]
+    pub header: crate::results::RecordHeader,
+    /// The base workload; block b runs it with seed + b, `block_sessions` sessions at
+    /// `concurrency` in flight.
+    pub workload: serde_json::Value,
+    pub concurrency: u32,
+    pub(crate) block_sessions: u64,
+    pub(crate) look_sessions: u64,
+    pub budget: u64,
+    pub alpha: f64,
+    pub navigate_alpha: f64,
+    pub min_effect: f64,
+    /// Pinned for every block (`--set NAME=VALUE`).
+    pub pinned: Vec<String>,
+    /// The markup families whose tool-call syntax in a reply counts as a leak (the target
+    /// profile's `markup`, as `bisect run` classifies).
+    #[serde(default)]
+    pub markup: Vec<crate::core::classify::MarkupFamily>,
+    /// The listed flags with their failing (as found) and passing (flipped) values.
+    pub flags: Vec<FlagValues>,
+    /// `culprit`, `no_culprit`, `could_not_reproduce`, `inconclusive`; None while running.
+    pub answer: Option<crate::commands::answer::SearchAnswer>,
+    /// The verdict in words.
+    pub verdict: Option<String>,
+    /// The minimal failure-inducing set: catalog names with their failing values.
+    pub culprit: Vec<FlagValue>,
+    pub untestable: Vec<UntestableFlag>,
+    /// Steps that failed with another class mix than the reference failure.
+    pub(crate) other_failures: Vec<StepRecord>,
+    /// What the blocks could not check, one sentence each (a listed or pinned flag that
+    /// no engine reports: only the launch-file read-back stands for it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+    pub steps: Vec<StepRecord>,
+    pub blocks: Vec<BlockSummary>,
+    pub sessions_spent: u64,
+    pub restarts: u64,
+    /// Blocks answered from the step log of an earlier run (`--resume`).
+    pub replayed_blocks: u64,
+    pub wall_s: f64,
+    pub error: Option<String>,
 }
 
 /// A flag at a value, as the catalog names it and as the launch config spells it.

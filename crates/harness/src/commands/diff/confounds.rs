@@ -191,7 +191,7 @@ impl Deployment<'_> {
         Deployment {
             workload: &r.workload,
             pinned: &r.sets,
-            target: &r.target,
+            target: &r.header.target,
         }
     }
 
@@ -199,7 +199,7 @@ impl Deployment<'_> {
         Deployment {
             workload: &m.workload,
             pinned: &m.plan.set,
-            target: &m.target,
+            target: &m.header.target,
         }
     }
 }
@@ -349,7 +349,7 @@ mod tests {
         b.engine_info
             .insert("off-r1/prefill".into(), json!({"env": {"X": "9"}}));
         b.arms[1].readback.insert("decode".into(), "0".into());
-        b.target.model = "another".into();
+        b.header.target.model = "another".into();
         b.sets.insert("OTHER_FLAG".into(), "1".into());
         let c = run_confounds(&run(14, 80, 80), &b);
         let names = names(&c);

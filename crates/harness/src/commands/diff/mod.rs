@@ -221,18 +221,18 @@ pub(crate) fn diff_records(path_a: &Path, a: &Record, path_b: &Path, b: &Record)
 fn side(path: &Path, record: &Record) -> Side {
     let (id, verdict) = match record {
         Record::Run(r) => (
-            r.id.clone(),
+            r.header.id.clone(),
             r.verdict
                 .as_ref()
                 .map(|v| v.status.as_str())
-                .unwrap_or(r.status.as_str())
+                .unwrap_or(r.header.status.as_str())
                 .to_string(),
         ),
         Record::Matrix(m) => (
-            m.id.clone(),
+            m.header.id.clone(),
             match m.baseline {
                 Some(_) => format!("{} regressed cell(s)", m.regressions.len()),
-                None => m.status.to_string(),
+                None => m.header.status.to_string(),
             },
         ),
     };
@@ -278,13 +278,15 @@ pub(crate) mod tests {
 
     pub fn run(on: u64, sessions: u64, peak: u64) -> RunRecord {
         RunRecord {
-            schema: crate::results::run_record::SCHEMA.into(),
-            id: "r".into(),
-            command: "bisect run".into(),
-            started_at: "2025-01-01T00:00:00Z".into(),
-            finished_at: None,
-            status: RecordStatus::Finished,
-            target: TargetInfo::bare("t", "http://x/v1"),
+            header: crate::results::RecordHeader {
+                schema: crate::results::run_record::SCHEMA.into(),
+                id: "r".into(),
+                command: "bisect run".into(),
+                started_at: "2025-01-01T00:00:00Z".into(),
+                finished_at: None,
+                status: RecordStatus::Finished,
+                target: TargetInfo::bare("t", "http://x/v1"),
+            },
             flag: FlagInfo {
                 name: "BF16_INDEX_K".into(),
                 env: Some("SGLANG_BF16".into()),

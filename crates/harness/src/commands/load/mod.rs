@@ -30,7 +30,6 @@ use crate::commands::culprit::runner::TestbedRunner;
 use crate::commands::run::now;
 use crate::config::{FlagSpec, TargetProfile, Workload};
 use crate::control::EngineControl;
-use crate::core::arm_stats::RecordStatus;
 use crate::core::culprit::{BlockOutcome, BlockRequest};
 use crate::core::load::{sweep, Arm, LevelBlock, LoadParams, LoadReport};
 use crate::core::solo::SoloOracle;
@@ -239,8 +238,8 @@ pub(crate) fn finish(
         record.report = Some(report.clone());
     }
     record.wall_s = started.elapsed().as_secs_f64();
-    record.finished_at = Some(now());
-    (record.status, record.error) = settle(&outcome);
+    record.header.finished_at = Some(now());
+    (record.header.status, record.error) = settle(&outcome);
     let written = record.write(dir);
     crate::arm::record_written(outcome, written).map(|_| ())
 }
@@ -256,13 +255,13 @@ pub(crate) fn started_record(
     params: &LoadParams,
 ) -> LoadRecord {
     LoadRecord {
-        schema: SCHEMA.into(),
-        id,
-        command,
-        started_at: now(),
-        finished_at: None,
-        status: RecordStatus::Running,
-        target: TargetInfo::of(target),
+        header: crate::results::RecordHeader::running(
+            SCHEMA,
+            &id,
+            &command,
+            now(),
+            TargetInfo::of(target),
+        ),
         flag: flag.map(|f| f.name.clone()),
         pinned: sets
             .iter()

@@ -87,7 +87,7 @@ fn check_all_settled(
                 r.shard
                     .map(|s| s.to_string())
                     .unwrap_or_else(|| "whole".into()),
-                r.status
+                r.header.status
             )
         })
         .collect();
@@ -129,30 +129,32 @@ fn joined_record(
         engine_info.extend(r.engine_info.clone());
     }
     MatrixRecord {
-        schema: SCHEMA.into(),
-        id: id.to_string(),
-        command: command.to_string(),
+        header: crate::results::RecordHeader {
+            schema: SCHEMA.into(),
+            id: id.to_string(),
+            command: command.to_string(),
+            started_at: shards
+                .iter()
+                .map(|(_, r)| r.header.started_at.clone())
+                .min()
+                .unwrap_or_default(),
+            finished_at: shards
+                .iter()
+                .filter_map(|(_, r)| r.header.finished_at.clone())
+                .max(),
+            status: RecordStatus::Finished,
+            target: first.header.target.clone(),
+        },
         plan: first.plan.clone(),
         shard: None,
         merged_from: shards
             .iter()
             .map(|(d, r)| MergedShard {
                 dir: d.display().to_string(),
-                id: r.id.clone(),
+                id: r.header.id.clone(),
                 shard: r.shard,
             })
             .collect(),
-        started_at: shards
-            .iter()
-            .map(|(_, r)| r.started_at.clone())
-            .min()
-            .unwrap_or_default(),
-        finished_at: shards
-            .iter()
-            .filter_map(|(_, r)| r.finished_at.clone())
-            .max(),
-        status: RecordStatus::Finished,
-        target: first.target.clone(),
         workload: first.workload.clone(),
         workload_hash: first.workload_hash.clone(),
         cells,

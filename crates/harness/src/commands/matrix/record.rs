@@ -14,7 +14,6 @@ use super::cells::{Cell, Shard};
 use super::load_cell::{LoadCellRecord, ThresholdComparison};
 use super::plan::{Plan, RegressionPolicy};
 use crate::core::arm_stats::{ArmStats, RecordStatus};
-use crate::results::run_record::TargetInfo;
 
 pub(crate) const SCHEMA: &str = "bisect.matrix/1";
 
@@ -26,19 +25,15 @@ pub fn now() -> String {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct MatrixRecord {
-    pub schema: String,
-    pub id: String,
-    pub command: String,
+    /// schema, id, command, times, status, target: the header every record opens with.
+    #[serde(flatten)]
+    pub header: crate::results::RecordHeader,
     pub plan: PlanInfo,
     /// The shard this directory holds; `None` for a whole matrix (unsharded or merged).
     pub shard: Option<Shard>,
     /// For a merged matrix: the shard directories it was joined from.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub merged_from: Vec<MergedShard>,
-    pub started_at: String,
-    pub finished_at: Option<String>,
-    pub status: RecordStatus,
-    pub target: TargetInfo,
     pub workload: serde_json::Value,
     pub workload_hash: String,
     /// The cells this directory ran (a shard's subset), in plan order.
@@ -264,7 +259,7 @@ impl MatrixRecord {
     /// Whole (not a shard) and finished: what a later night may use as its baseline.
     pub fn is_complete(&self) -> bool {
         self.shard.is_none()
-            && self.status == RecordStatus::Finished
+            && self.header.status == RecordStatus::Finished
             && self.cells.len() == self.plan.cells.len()
     }
 }

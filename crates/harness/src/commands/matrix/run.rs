@@ -90,8 +90,8 @@ pub async fn run_matrix(
     let outcome = run_groups(job, &mut bed, &mut record).await;
     let closed = bed.close().await;
 
-    (record.status, record.error) = settle(&outcome);
-    record.finished_at = Some(super::record::now());
+    (record.header.status, record.error) = settle(&outcome);
+    record.header.finished_at = Some(super::record::now());
     let written = export::write_all(&job.dir, &record);
     closed.combine_written(outcome, written)?;
     Ok(record)
@@ -100,16 +100,16 @@ pub async fn run_matrix(
 fn initial_record(job: &MatrixJob) -> MatrixRecord {
     let workload_hash = job.plan.workload_hash();
     MatrixRecord {
-        schema: SCHEMA.into(),
-        id: job.id.clone(),
-        command: job.command.clone(),
+        header: crate::results::RecordHeader::running(
+            SCHEMA,
+            &job.id,
+            &job.command,
+            super::record::now(),
+            TargetInfo::of(&job.target),
+        ),
         plan: PlanInfo::of(&job.plan),
         shard: job.shard,
         merged_from: Vec::new(),
-        started_at: super::record::now(),
-        finished_at: None,
-        status: RecordStatus::Running,
-        target: TargetInfo::of(&job.target),
         workload: job.plan.workload.params_json(),
         workload_hash: workload_hash.clone(),
         cells: job

@@ -21,8 +21,8 @@ impl Exporter<LoadRecord> for LoadHtml {
 pub(super) fn render_html(record: &LoadRecord) -> String {
     let mut body = format!(
         "<h1>bisect load {}</h1>\n<p class=\"meta\"><code>{}</code></p>\n",
-        escape(&record.id),
-        escape(&record.command)
+        escape(&record.header.id),
+        escape(&record.header.command)
     );
     body.push_str(&verdict_box(
         "load",
@@ -32,7 +32,7 @@ pub(super) fn render_html(record: &LoadRecord) -> String {
     if let Some(report) = &record.report {
         body.push_str(&chart::svg(report, record.flag.is_some()));
     }
-    let mut items = vec![target_fact(&record.target)];
+    let mut items = vec![target_fact(&record.header.target)];
     items.extend(facts(record).iter().map(|f| escape(f)));
     body.push_str(&facts_list(&items));
     body.push_str("<table><thead><tr>");
@@ -48,5 +48,5 @@ pub(super) fn render_html(record: &LoadRecord) -> String {
         body.push_str("</tr>\n");
     }
     body.push_str("</tbody></table>\n");
-    page(&format!("bisect load {}", record.id), &body)
+    page(&format!("bisect load {}", record.header.id), &body)
 }

@@ -17,7 +17,10 @@ impl Exporter<LoadRecord> for LoadSummary {
 }
 
 pub(super) fn render_markdown(record: &LoadRecord) -> String {
-    let mut s = format!("# bisect load {}\n\n`{}`\n\n", record.id, record.command);
+    let mut s = format!(
+        "# bisect load {}\n\n`{}`\n\n",
+        record.header.id, record.header.command
+    );
     s.push_str(&format!("**{}**\n\n", record.verdict()));
     for line in facts(record) {
         s.push_str(&format!("- {line}\n"));

@@ -37,22 +37,23 @@ pub fn rerender(dir: &Path) -> anyhow::Result<LoadRecord> {
     Ok(record)
 }
 
-crate::results::record_with_header! {
-    /// `load.json`.
-    #[derive(Debug, Clone, Serialize, Deserialize)]
-    pub struct LoadRecord {
-        /// The flag each level is an A/B of (`on` vs `off`); `None`: the configuration as it is.
-        pub flag: Option<String>,
-        /// Pinned for every block (`--set NAME=VALUE`).
-        pub pinned: Vec<String>,
-        /// The base workload; block b runs it with seed + b - 1 at its level.
-        pub workload: serde_json::Value,
-        pub params: LoadParams,
-        /// What the sweep found so far (rewritten after every block).
-        pub report: Option<LoadReport>,
-        pub wall_s: f64,
-        pub error: Option<String>,
-    }
+/// `load.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LoadRecord {
+    /// schema, id, command, times, status, target: the header every record opens with.
+    #[serde(flatten)]
+    pub header: crate::results::RecordHeader,
+    /// The flag each level is an A/B of (`on` vs `off`); `None`: the configuration as it is.
+    pub flag: Option<String>,
+    /// Pinned for every block (`--set NAME=VALUE`).
+    pub pinned: Vec<String>,
+    /// The base workload; block b runs it with seed + b - 1 at its level.
+    pub workload: serde_json::Value,
+    pub params: LoadParams,
+    /// What the sweep found so far (rewritten after every block).
+    pub report: Option<LoadReport>,
+    pub wall_s: f64,
+    pub error: Option<String>,
 }
 
 impl LoadRecord {
@@ -209,16 +210,18 @@ mod tests {
         );
         let report = sweep_curve(curves()[0].1, &params, 11);
         LoadRecord {
-            schema: SCHEMA.into(),
-            id: "test-load".into(),
-            command: "bisect load".into(),
-            started_at: "2026-12-02T00:00:00Z".into(),
-            finished_at: None,
-            status: RecordStatus::Finished,
-            target: serde_json::from_value(serde_json::json!({
-                "name": "embedded", "api": "chat", "model": "m", "profile": null, "roles": []
-            }))
-            .unwrap(),
+            header: crate::results::RecordHeader {
+                schema: SCHEMA.into(),
+                id: "test-load".into(),
+                command: "bisect load".into(),
+                started_at: "2026-12-02T00:00:00Z".into(),
+                finished_at: None,
+                status: RecordStatus::Finished,
+                target: serde_json::from_value(serde_json::json!({
+                    "name": "embedded", "api": "chat", "model": "m", "profile": null, "roles": []
+                }))
+                .unwrap(),
+            },
             flag: None,
             pinned: Vec::new(),
             workload: serde_json::Value::Null,

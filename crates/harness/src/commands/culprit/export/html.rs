@@ -32,8 +32,8 @@ fn render_html(record: &CulpritRecord) -> String {
     };
     let mut body = format!(
         "<h1>bisect culprit {}</h1>\n<p class=\"meta\"><code>{}</code></p>\n",
-        escape(&record.id),
-        escape(&record.command)
+        escape(&record.header.id),
+        escape(&record.header.command)
     );
     let culprit: Vec<String> = record
         .culprit
@@ -99,5 +99,5 @@ fn render_html(record: &CulpritRecord) -> String {
         ));
     }
     body.push_str("</table>\n<p class=\"meta\">Every step is a sequential A/B (anytime-valid e-process) against the verified ends; the step log is <code>steps.jsonl</code>. Method: docs/culprit.md.</p>\n");
-    page(&format!("bisect culprit {}", record.id), &body)
+    page(&format!("bisect culprit {}", record.header.id), &body)
 }

@@ -16,7 +16,10 @@ impl Exporter<CulpritRecord> for CulpritSummary {
 }
 
 fn render_markdown(record: &CulpritRecord) -> String {
-    let mut s = format!("# bisect culprit {}\n\n`{}`\n\n", record.id, record.command);
+    let mut s = format!(
+        "# bisect culprit {}\n\n`{}`\n\n",
+        record.header.id, record.header.command
+    );
     s.push_str(&format!(
         "**{}**\n\n",
         record.verdict.as_deref().unwrap_or("(not finished)")

@@ -126,15 +126,18 @@ pub fn find_newest(
         };
         if record.plan.name != plan_name
             || !record.is_complete()
-            || record.started_at.as_str() >= started_at
+            || record.header.started_at.as_str() >= started_at
         {
             continue;
         }
         let newer = match &best {
             None => true,
             Some(b) => {
-                (record.started_at.as_str(), record.id.as_str())
-                    > (b.record.started_at.as_str(), b.record.id.as_str())
+                (record.header.started_at.as_str(), record.header.id.as_str())
+                    > (
+                        b.record.header.started_at.as_str(),
+                        b.record.header.id.as_str(),
+                    )
             }
         };
         if newer {
@@ -175,8 +178,8 @@ pub fn compare(night: &mut MatrixRecord, baseline: &Baseline, policy: &Regressio
         .collect();
     night.baseline = Some(BaselineInfo {
         dir: baseline.dir.display().to_string(),
-        id: base.id.clone(),
-        started_at: base.started_at.clone(),
+        id: base.header.id.clone(),
+        started_at: base.header.started_at.clone(),
         chosen: baseline.chosen.to_string(),
         test: TEST_NAME.into(),
         correction: CORRECTION.into(),

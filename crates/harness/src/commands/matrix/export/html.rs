@@ -50,10 +50,10 @@ pub(crate) fn render_matrix_html(record: &MatrixRecord, dir: Option<&Path>) -> S
         body,
         "<h1>bisect matrix <code>{}</code></h1>\n<p class=\"meta\">{} &middot; status <b>{}</b> &middot; started {} &middot; finished {}</p>",
         escape(&record.plan.name),
-        escape(&record.id),
-        record.status,
-        escape(&record.started_at),
-        escape(record.finished_at.as_deref().unwrap_or("-"))
+        escape(&record.header.id),
+        record.header.status,
+        escape(&record.header.started_at),
+        escape(record.header.finished_at.as_deref().unwrap_or("-"))
     );
     body.push_str(&facts_list(&facts(record)));
     body.push_str(&regressions_section(record));
@@ -93,7 +93,7 @@ pub(crate) fn render_matrix_html(record: &MatrixRecord, dir: Option<&Path>) -> S
     body.push_str(&timelines_section(&metrics));
     body.push_str(&sessions_section(&sessions));
     page(
-        &format!("bisect matrix {}: {}", record.plan.name, record.id),
+        &format!("bisect matrix {}: {}", record.plan.name, record.header.id),
         &body,
     )
 }
@@ -116,7 +116,7 @@ fn facts(r: &MatrixRecord) -> Vec<String> {
     if !r.merged_from.is_empty() {
         facts.push(format!("merged from {} shards", r.merged_from.len()));
     }
-    facts.push(target_fact(&r.target));
+    facts.push(target_fact(&r.header.target));
     facts.push(format!(
         "workload <code>{}</code> (hash <code>{}</code>)",
         escape(&compact(&r.workload)),
@@ -340,9 +340,15 @@ pub(crate) mod tests {
     /// A finished matrix of `cells`, no baseline: also the record of diff's tests.
     pub(crate) fn matrix(cells: Vec<CellRecord>) -> MatrixRecord {
         MatrixRecord {
-            schema: crate::commands::matrix::record::SCHEMA.into(),
-            id: "m1".into(),
-            command: "bisect matrix plan.toml".into(),
+            header: crate::results::RecordHeader {
+                schema: crate::commands::matrix::record::SCHEMA.into(),
+                id: "m1".into(),
+                command: "bisect matrix plan.toml".into(),
+                started_at: "2025-01-01T00:00:00.000Z".into(),
+                finished_at: None,
+                status: RecordStatus::Finished,
+                target: TargetInfo::bare("fake", "http://127.0.0.1:1/v1"),
+            },
             plan: PlanInfo {
                 name: "nightly".into(),
                 path: "plan.toml".into(),
@@ -354,10 +360,6 @@ pub(crate) mod tests {
             },
             shard: None,
             merged_from: Vec::new(),
-            started_at: "2025-01-01T00:00:00.000Z".into(),
-            finished_at: None,
-            status: RecordStatus::Finished,
-            target: TargetInfo::bare("fake", "http://127.0.0.1:1/v1"),
             workload: serde_json::json!({"name": "smoke"}),
             workload_hash: "w".into(),
             cells,

@@ -73,14 +73,14 @@ impl Exporter<MatrixRecord> for JunitXml {
             "  <testsuite name=\"{}\" tests=\"{}\" failures=\"{failures}\" errors=\"{errors}\" skipped=\"{skipped}\" time=\"{time:.3}\" timestamp=\"{}\">\n",
             esc(&suite),
             r.cells.len(),
-            esc(&r.started_at)
+            esc(&r.header.started_at)
         ));
         x.push_str("    <properties>\n");
         let mut props = vec![
-            ("matrix_id", r.id.clone()),
+            ("matrix_id", r.header.id.clone()),
             ("plan_hash", r.plan.hash.clone()),
             ("workload_hash", r.workload_hash.clone()),
-            ("status", r.status.to_string()),
+            ("status", r.header.status.to_string()),
         ];
         if let Some(s) = &r.shard {
             props.push(("shard", s.to_string()));

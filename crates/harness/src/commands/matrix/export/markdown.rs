@@ -32,7 +32,10 @@ impl Exporter<MatrixRecord> for MatrixSummary {
 
 /// Title, the plan, target, workload, baseline and the regressions line.
 fn header(s: &mut String, r: &MatrixRecord) {
-    s.push_str(&format!("# bisect matrix `{}`: {}\n\n", r.plan.name, r.id));
+    s.push_str(&format!(
+        "# bisect matrix `{}`: {}\n\n",
+        r.plan.name, r.header.id
+    ));
     let groups: BTreeSet<usize> = r.cells.iter().map(|c| c.group).collect();
     s.push_str(&format!(
         "- plan: `{}` (hash `{}`): {} cells here in {} restart groups, repeats {}\n",
@@ -51,7 +54,7 @@ fn header(s: &mut String, r: &MatrixRecord) {
     if !r.merged_from.is_empty() {
         s.push_str(&format!("- merged from {} shards\n", r.merged_from.len()));
     }
-    s.push_str(&format!("- target: {}\n", target_words(&r.target)));
+    s.push_str(&format!("- target: {}\n", target_words(&r.header.target)));
     let workload: Vec<String> = r
         .workload
         .as_object()
@@ -71,7 +74,7 @@ fn header(s: &mut String, r: &MatrixRecord) {
         let sets: Vec<String> = r.plan.set.iter().map(|(k, v)| format!("{k}={v}")).collect();
         s.push_str(&format!("- pinned in every cell: {}\n", sets.join(", ")));
     }
-    s.push_str(&format!("- status: {}\n", r.status));
+    s.push_str(&format!("- status: {}\n", r.header.status));
     match &r.baseline {
         Some(b) => s.push_str(&format!(
             "- baseline: `{}` ({}, started {}): {} compared ({}, {}-corrected, alpha {}, min effect {}, tokens/s noise {}){}, {} not comparable, {} new, {} missing here\n",
