@@ -25,6 +25,7 @@ pub mod oracle;
 pub mod phases;
 #[cfg(any(test, feature = "test-support"))]
 pub mod proptest_config;
+pub mod reason;
 pub mod root_cause;
 pub mod sequential;
 pub mod session;

@@ -15,6 +15,7 @@ use crate::arm_stats::{ArmLabel, ArmStats};
 use crate::confounds::{confounds, load_shortfalls};
 use crate::deaths;
 use crate::format::{self, percent_digits};
+use crate::reason::Reason;
 use crate::session::SessionClass;
 use crate::stats;
 use crate::workload::WorkloadParams;
@@ -188,7 +189,7 @@ pub struct Verdict {
     /// For `implicated`: which value corrupts, e.g. `on (=1) corrupts: 14/80 vs 0/80`.
     pub direction: Option<String>,
     /// Every reason for the status in words; warnings are listed too.
-    pub reasons: Vec<String>,
+    pub reasons: Vec<Reason>,
     /// One line for a chat message.
     pub summary: String,
 }
@@ -271,9 +272,10 @@ fn with_deaths(
             if decisive && !blocked {
                 verdict.status = Status::Implicated;
                 verdict.direction = Some(text.clone());
-                verdict
-                    .reasons
-                    .insert(0, format!("{text} < alpha {}", policy.alpha));
+                verdict.reasons.insert(
+                    0,
+                    Reason::finding(format!("{text} < alpha {}", policy.alpha)),
+                );
                 verdict.summary = format!("implicated: {flag} {text}");
             } else {
                 if verdict.status == Status::Cleared {
@@ -285,7 +287,9 @@ fn with_deaths(
                 } else {
                     "too few deaths to tell them from chance"
                 };
-                verdict.reasons.insert(0, format!("{text}: {why}"));
+                verdict
+                    .reasons
+                    .insert(0, Reason::finding(format!("{text}: {why}")));
             }
             verdict
         }
@@ -294,7 +298,7 @@ fn with_deaths(
             verdict.status = Status::Inconclusive;
             verdict.direction = None;
             verdict.summary = format!("inconclusive: {flag}: {text}");
-            verdict.reasons.insert(0, text);
+            verdict.reasons.insert(0, Reason::finding(text));
             verdict
         }
     }
@@ -349,25 +353,25 @@ fn judge(
         load_shortfall.is_some(),
     );
 
-    let mut reasons: Vec<String> = blocking.iter().map(|c| c.note.clone()).collect();
+    let mut findings: Vec<String> = blocking.iter().map(|c| c.note.clone()).collect();
     if status == Status::Inconclusive && blocking.is_empty() && !significant && inside_min_effect {
-        reasons.extend(shortfall_reason(
+        findings.extend(shortfall_reason(
             load_shortfall.as_deref(),
             &interval_text,
             m,
         ));
     }
     match status {
-        Status::Implicated => reasons.push(format!(
+        Status::Implicated => findings.push(format!(
             "{p_text} < alpha {}: {} corrupts more",
             policy.alpha,
             corrupting.name()
         )),
-        Status::Cleared => reasons.push(format!(
+        Status::Cleared => findings.push(format!(
             "{interval_text} lies inside +-{} points and {p_text}",
             percent_digits(m)
         )),
-        Status::Inconclusive => reasons.extend(undecided_reasons(
+        Status::Inconclusive => findings.extend(undecided_reasons(
             (on, off),
             corrupting,
             policy,
@@ -376,7 +380,11 @@ fn judge(
             (&p_text, &interval_text),
         )),
     }
-    reasons.extend(warnings.iter().map(|c| format!("warning: {}", c.note)));
+    let reasons: Vec<Reason> = findings
+        .into_iter()
+        .map(Reason::finding)
+        .chain(warnings.iter().map(|c| Reason::warning(&c.note)))
+        .collect();
 
     let direction = (status == Status::Implicated).then(|| direction_words(corrupting, clean));
 
@@ -508,7 +516,7 @@ fn summary_line(
     (corrupting, clean): (&ArmObservation, &ArmObservation),
     comparison: &Comparison,
     p_text: &str,
-    reasons: &[String],
+    reasons: &[Reason],
     warnings: &[&Confound],
     m: f64,
 ) -> String {
@@ -546,8 +554,8 @@ fn summary_line(
         Status::Inconclusive => {
             let shown: Vec<&str> = reasons
                 .iter()
-                .filter(|r| !r.starts_with("warning: "))
-                .map(String::as_str)
+                .filter(|r| r.is_finding())
+                .map(Reason::as_str)
                 .collect();
             format!(
                 "inconclusive: {subject}{} {} vs {} {}, {p_text}: {}",
@@ -753,7 +761,7 @@ mod tests {
         assert_eq!(verdict.direction, None);
         assert!(verdict
             .reasons
-            .contains(&"not significant (p = 0.50 >= alpha 0.01)".to_string()));
+            .contains(&Reason::finding("not significant (p = 0.50 >= alpha 0.01)")));
         // Pooled rate 2/120, min_effect 0.05, alpha 0.01, power 0.8 -> 411 (stats tests).
         assert!(
             verdict.reasons.iter().any(|r| r.starts_with(

@@ -7,6 +7,7 @@ use serde_json::Value;
 use super::AdaptiveRecord;
 use crate::confounds::{confounds, load_shortfalls};
 use crate::format::{self, percent_digits};
+use crate::reason::Reason;
 use crate::sequential::{Decision, Direction};
 use crate::stats;
 use crate::verdict::{
@@ -90,7 +91,10 @@ pub fn verdict(
         .filter(|c| c.severity == Severity::Warning)
         .collect();
     let shortfalls = adaptive_shortfalls(on, off, blocks, policy, record);
-    let mut reasons: Vec<String> = blocking.iter().map(|c| c.note.clone()).collect();
+    let mut reasons: Vec<Reason> = blocking
+        .iter()
+        .map(|c| Reason::finding(c.note.clone()))
+        .collect();
     let contradiction = drained_contradiction(record, &comparison, policy);
     let status = decided_status(
         &Decided {
@@ -104,13 +108,13 @@ pub fn verdict(
         },
         &mut reasons,
     );
-    reasons.push(format!(
+    reasons.push(Reason::reference(format!(
         "for reference only (not valid under optional stopping): pooled Fisher p = {}, \
          Newcombe 95% interval {} points",
         format::p_value(comparison.p_value),
         interval_text(comparison.diff_ci95)
-    ));
-    reasons.extend(warnings.iter().map(|c| format!("warning: {}", c.note)));
+    )));
+    reasons.extend(warnings.iter().map(|c| Reason::warning(&c.note)));
 
     let (corrupting, clean) = corrupting_first(record, on, off);
     let direction = (status == Status::Implicated).then(|| {
@@ -258,14 +262,14 @@ struct Decided<'a, 'b> {
 
 /// The status the sequential decision earns once the blocking checks, the drained
 /// sessions and the load have had their say; pushes the reason onto `reasons`.
-fn decided_status(d: &Decided, reasons: &mut Vec<String>) -> Status {
+fn decided_status(d: &Decided, reasons: &mut Vec<Reason>) -> Status {
     let (record, path) = (d.record, &d.path);
     let m = record.design.min_effect;
     match (&record.decision, !d.blocked) {
         (Some(dec @ (Decision::Implicated { .. } | Decision::Cleared)), true)
             if d.contradiction.is_some() =>
         {
-            reasons.push(format!(
+            reasons.push(Reason::finding(format!(
                 "the sequential test {path} says {}, but {}",
                 if matches!(dec, Decision::Cleared) {
                     "cleared"
@@ -273,13 +277,13 @@ fn decided_status(d: &Decided, reasons: &mut Vec<String>) -> Status {
                     "implicated"
                 },
                 d.contradiction.as_deref().unwrap_or_default()
-            ));
+            )));
             Status::Inconclusive
         }
         (_, false) => {
-            reasons.push(format!(
+            reasons.push(Reason::finding(format!(
                 "the sequential test {path}, but the blocking checks above void the comparison"
-            ));
+            )));
             Status::Inconclusive
         }
         (Some(Decision::Implicated { direction }), true) => {
@@ -288,33 +292,33 @@ fn decided_status(d: &Decided, reasons: &mut Vec<String>) -> Status {
             } else {
                 d.off
             };
-            reasons.push(format!(
+            reasons.push(Reason::finding(format!(
                 "sequential test {path}: the e-value reached 1/alpha = {}, {} corrupts more \
                  (error rate <= alpha {} under this optional stopping)",
                 e_value_text(1.0 / record.design.alpha),
                 arm_name(arm),
                 record.design.alpha
-            ));
+            )));
             Status::Implicated
         }
         (Some(Decision::Cleared), true) if d.shortfalls.is_empty() => {
-            reasons.push(format!(
+            reasons.push(Reason::finding(format!(
                 "sequential test {path}: the interval lies inside +-{} points",
                 percent_digits(m)
-            ));
+            )));
             Status::Cleared
         }
         (Some(Decision::Cleared), true) => {
-            reasons.push(format!(
+            reasons.push(Reason::finding(format!(
                 "sequential test {path}: the interval lies inside +-{} points, but {}: a bug \
                  that needs load is not ruled out at a lower one",
                 percent_digits(m),
                 d.shortfalls.join("; ")
-            ));
+            )));
             Status::Inconclusive
         }
         (Some(Decision::Underpowered { interval }), true) => {
-            reasons.push(format!(
+            reasons.push(Reason::finding(format!(
                 "underpowered: the cap of {} sessions per arm was reached undecided, {path}; \
                  the interval {} must lie inside +-{} points to clear, or the e-value reach {} \
                  to implicate (raise --max-sessions, or --min-effect)",
@@ -322,14 +326,14 @@ fn decided_status(d: &Decided, reasons: &mut Vec<String>) -> Status {
                 interval_text(*interval),
                 percent_digits(m),
                 e_value_text(1.0 / record.design.alpha)
-            ));
+            )));
             Status::Inconclusive
         }
         (Some(Decision::Continue) | None, true) => {
-            reasons.push(format!(
+            reasons.push(Reason::finding(format!(
                 "stopped before the sequential test decided ({}), {path}",
                 record.stopped.as_deref().unwrap_or("the run ended early")
-            ));
+            )));
             Status::Inconclusive
         }
     }
@@ -343,7 +347,7 @@ fn summary_line(
     off: &ArmObservation,
     flag: &str,
     record: &AdaptiveRecord,
-    reasons: &[String],
+    reasons: &[Reason],
 ) -> String {
     let (corrupting, clean) = corrupting_first(record, on, off);
     let (on_run, off_run) = record.sessions_per_arm();
@@ -379,8 +383,8 @@ fn summary_line(
         Status::Inconclusive => {
             let shown: Vec<&str> = reasons
                 .iter()
-                .filter(|r| !r.starts_with("warning: ") && !r.starts_with("for reference"))
-                .map(String::as_str)
+                .filter(|r| r.is_finding())
+                .map(Reason::as_str)
                 .collect();
             format!(
                 "inconclusive: {subject}{} {} vs {} {}: {}",

@@ -41,13 +41,13 @@ pub(crate) fn facts_list(items: &[String]) -> String {
     )
 }
 
-pub fn list(items: &[String]) -> String {
+pub fn list<S: AsRef<str>>(items: &[S]) -> String {
     if items.is_empty() {
         return String::new();
     }
     let mut s = String::from("<ul>");
     for i in items {
-        let _ = write!(s, "<li>{}</li>", escape(i));
+        let _ = write!(s, "<li>{}</li>", escape(i.as_ref()));
     }
     s.push_str("</ul>");
     s
