@@ -1,13 +1,14 @@
 //! HTTP side of both roles (axum on `crate::listen`'s connection handling): the
 //! routes, the state they share, and the endpoints both roles serve: `/health`,
 //! `/metrics` (Prometheus text from `crate::metrics`' table) and `/server_info`. The
-//! role endpoints live in `decode_role` (OpenAI chat, with streaming in `sse`) and
-//! `prefill_role` (`/internal/prefill`). Compute runs on dedicated threads; handlers
-//! only queue work and wait. A handler dropped by a disconnecting client cancels its
-//! work.
+//! role endpoints live in `decode_role` (OpenAI chat, its reply made in `reply` and
+//! streamed by `sse`) and `prefill_role` (`/internal/prefill`). Compute runs on
+//! dedicated threads; handlers only queue work and wait. A handler dropped by a
+//! disconnecting client cancels its work.
 
 mod decode_role;
 mod prefill_role;
+mod reply;
 mod sse;
 #[cfg(test)]
 mod tests;
