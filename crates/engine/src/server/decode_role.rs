@@ -263,17 +263,12 @@ pub(super) async fn chat_handler(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let not_decode = "this is the prefill role: send chat requests to decode";
-    let (body, shared) = match super::role_request(body, &state.decode, not_decode) {
-        Ok(accepted) => accepted,
-        Err(response) => return *response,
-    };
-    let request: ChatRequest = match serde_json::from_slice(&body) {
-        Ok(request) => request,
-        Err(error) => {
-            let message = format!("malformed request body: {error}");
-            return error_response(StatusCode::BAD_REQUEST, message);
-        }
-    };
+    let malformed = "malformed request body";
+    let (request, shared): (ChatRequest, _) =
+        match super::role_request(body, &state.decode, not_decode, malformed) {
+            Ok(accepted) => accepted,
+            Err(response) => return *response,
+        };
     let conversation = match request.validate() {
         Ok(conversation) => conversation,
         Err(error) => return error_response(StatusCode::BAD_REQUEST, error.to_string()),

@@ -29,18 +29,24 @@ use std::sync::Arc;
 
 /// A role handler's first steps: the request body (or the rejection's response), then
 /// the role's shared state (or 404 saying `not_this_role` when this server plays the
-/// other role). The refusal is boxed: a `Response` is large and this is the rare path.
-fn role_request<T: Clone>(
+/// other role), then the body's JSON as the role's request (or 400 saying `malformed`
+/// and why). The refusal is boxed: a `Response` is large and this is the rare path.
+fn role_request<T: Clone, R: serde::de::DeserializeOwned>(
     body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
     role: &Option<T>,
     not_this_role: &str,
-) -> Result<(axum::body::Bytes, T), Box<Response>> {
+    malformed: &str,
+) -> Result<(R, T), Box<Response>> {
     let body = body
         .map_err(|rejection| Box::new(error_response(rejection.status(), rejection.body_text())))?;
     let shared = role
         .clone()
         .ok_or_else(|| Box::new(error_response(StatusCode::NOT_FOUND, not_this_role)))?;
-    Ok((body, shared))
+    let request = serde_json::from_slice(&body).map_err(|error| {
+        let message = format!("{malformed}: {error}");
+        Box::new(error_response(StatusCode::BAD_REQUEST, message))
+    })?;
+    Ok((request, shared))
 }
 
 fn error_response(status: StatusCode, message: impl Into<String>) -> Response {
