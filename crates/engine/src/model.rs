@@ -15,7 +15,7 @@
 
 use super::backend::{
     AppendedRows, AttnJob, AttnOut, AttnPath, Backend, IndexKDtype, IndexRows, IndexerJob,
-    PageRows, PagedAttnJob, PagedIndexerJob, PoolId, TopkImpl, INDEX_DIM, MAIN_DIM,
+    IndexerRead, PageRows, PagedAttnJob, PagedIndexerJob, PoolId, TopkImpl, INDEX_DIM, MAIN_DIM,
 };
 use super::keys;
 use super::template::{Conversation, Turn};
@@ -661,7 +661,12 @@ fn read_group(
                     }
                 })
                 .collect();
-            backend.indexer_topk(path.dtype, &index_jobs, path.top_k, path.topk)?
+            let read = IndexerRead {
+                dtype: path.dtype,
+                k: path.top_k,
+                topk: path.topk,
+            };
+            backend.indexer_topk(&index_jobs, read)?
         }
         Some(resident) => {
             let index_jobs: Vec<PagedIndexerJob<'_>> = group

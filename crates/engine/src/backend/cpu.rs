@@ -9,8 +9,8 @@ use super::cpu_pool::{CpuPools, Region, Rows};
 use super::paged::{self, PageRows};
 use super::{
     layout, mla_up_projection, AppendedRows, AttnJob, AttnOut, AttnPath, Backend, GatheredKv,
-    IndexKDtype, IndexerJob, PageContents, PagedAttnJob, PagedIndexerJob, PagedPools, PagedReads,
-    PoolId, PoolSpec, PoolStats, TopkImpl, INDEX_DIM, MAIN_DIM,
+    IndexKDtype, IndexerJob, IndexerRead, PageContents, PagedAttnJob, PagedIndexerJob, PagedPools,
+    PagedReads, PoolId, PoolSpec, PoolStats, TopkImpl, INDEX_DIM, MAIN_DIM,
 };
 use anyhow::{ensure, Result};
 use std::cmp::Ordering;
@@ -58,22 +58,21 @@ impl CpuBackend {
     /// the top `k` in the indexer's order.
     fn indexer_job(
         &self,
-        dtype: IndexKDtype,
+        read: IndexerRead,
         query: &[f32],
         index_k: Rows<'_, u8>,
         n: usize,
-        (k, topk): (usize, TopkImpl),
     ) -> Vec<u32> {
         let mut row = [0.0f32; INDEX_DIM];
         let scored: Vec<(f32, u32)> = index_k
             .first(n)
             .enumerate()
             .map(|(position, bytes)| {
-                layout::dequantize_row(dtype, bytes, &self.fp8_table, &mut row);
+                layout::dequantize_row(read.dtype, bytes, &self.fp8_table, &mut row);
                 (sanitize(dot(query, &row)), position as u32)
             })
             .collect();
-        select_top(scored, k, topk)
+        select_top(scored, read.k, read.topk)
     }
 }
 
@@ -248,14 +247,8 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn indexer_topk(
-        &self,
-        dtype: IndexKDtype,
-        jobs: &[IndexerJob<'_>],
-        k: usize,
-        topk: TopkImpl,
-    ) -> Result<Vec<Vec<u32>>> {
-        let per_token = dtype.bytes_per_token();
+    fn indexer_topk(&self, jobs: &[IndexerJob<'_>], read: IndexerRead) -> Result<Vec<Vec<u32>>> {
+        let per_token = read.dtype.bytes_per_token();
         let mut results = Vec::with_capacity(jobs.len());
         for job in jobs {
             ensure!(
@@ -267,7 +260,7 @@ impl Backend for CpuBackend {
                 "index-K buffer shorter than n rows"
             );
             let rows = Rows::gathered(job.index_k, per_token, job.n);
-            results.push(self.indexer_job(dtype, job.query, rows, job.n, (k, topk)));
+            results.push(self.indexer_job(read, job.query, rows, job.n));
         }
         Ok(results)
     }
@@ -363,11 +356,16 @@ impl PagedReads for CpuBackend {
         // Every CPU load-back has landed already: there is nothing to wait for.
         self.pools.with(pool, |p| {
             paged::check_indexer_jobs(&p.spec, jobs)?;
+            let read = IndexerRead {
+                dtype: p.spec.dtype,
+                k,
+                topk,
+            };
             let mut results = Vec::with_capacity(jobs.len());
             for job in jobs {
                 p.count_stale_reads(Region::Index, job.pages, job.n);
                 let rows = p.index_rows(job.pages);
-                results.push(self.indexer_job(p.spec.dtype, job.query, rows, job.n, (k, topk)));
+                results.push(self.indexer_job(read, job.query, rows, job.n));
             }
             Ok(results)
         })
@@ -470,8 +468,9 @@ mod tests {
                 index_k: &bytes,
                 n: 300,
             }];
-            let v1 = backend.indexer_topk(dtype, &job, 32, TopkImpl::V1).unwrap();
-            let v2 = backend.indexer_topk(dtype, &job, 32, TopkImpl::V2).unwrap();
+            let read = |topk| IndexerRead { dtype, k: 32, topk };
+            let v1 = backend.indexer_topk(&job, read(TopkImpl::V1)).unwrap();
+            let v2 = backend.indexer_topk(&job, read(TopkImpl::V2)).unwrap();
             assert_eq!(v1, v2);
             assert_eq!(v1[0].len(), 32);
             assert_eq!(&v1[0][..2], &[0, 100]);

@@ -75,6 +75,16 @@ pub enum TopkImpl {
     V2,
 }
 
+/// What one indexer call reads and keeps: index-K stored in `dtype`, then per job the
+/// `k` best-scored positions, found with `topk`. One value for the whole call because
+/// the kernels take one storage format and one selection for a whole batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexerRead {
+    pub dtype: IndexKDtype,
+    pub k: usize,
+    pub topk: TopkImpl,
+}
+
 /// Which attention path (`SGLANG_SM120_MMA_FLASHMLA`): same results.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttnPath {
@@ -125,15 +135,9 @@ pub trait Backend: PagedPools + PagedReads + Send + Sync {
     fn name(&self) -> &'static str;
     /// Quantize `keys` (n * INDEX_DIM f32) into `out` (n * bytes_per_token) in `dtype`.
     fn quantize_index_k(&self, dtype: IndexKDtype, keys: &[f32], out: &mut [u8]) -> Result<()>;
-    /// Per job: dequantized dot-product scores, then the top `k` positions
+    /// Per job: dequantized dot-product scores, then the top `read.k` positions
     /// (score descending, ties by lower position). Returns min(k, n) positions per job.
-    fn indexer_topk(
-        &self,
-        dtype: IndexKDtype,
-        jobs: &[IndexerJob<'_>],
-        k: usize,
-        topk: TopkImpl,
-    ) -> Result<Vec<Vec<u32>>>;
+    fn indexer_topk(&self, jobs: &[IndexerJob<'_>], read: IndexerRead) -> Result<Vec<Vec<u32>>>;
     /// Per job: softmax(q.K_sel / sqrt(MAIN_DIM)) over the selected rows; returns the argmax.
     fn sparse_attention(&self, jobs: &[AttnJob<'_>], path: AttnPath) -> Result<Vec<AttnOut>>;
     /// Occupies the compute stream for `ns` nanoseconds of device time without waiting

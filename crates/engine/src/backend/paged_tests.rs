@@ -4,7 +4,7 @@
 
 use super::cpu::CpuBackend;
 use super::{
-    AppendedRows, AttnJob, AttnPath, Backend, IndexKDtype, IndexerJob, PagedAttnJob,
+    AppendedRows, AttnJob, AttnPath, Backend, IndexKDtype, IndexerJob, IndexerRead, PagedAttnJob,
     PagedIndexerJob, PagedPools, PagedReads, PoolId, PoolSpec, TopkImpl, INDEX_DIM, MAIN_DIM,
 };
 use rand::seq::SliceRandom;
@@ -184,7 +184,8 @@ fn paged_reads_equal_the_slice_methods_on_gathered_rows() {
                 .collect();
             for k in [1usize, 32, 2048] {
                 for topk in [TopkImpl::V1, TopkImpl::V2] {
-                    let want = cpu.indexer_topk(dtype, &slice_jobs, k, topk).unwrap();
+                    let read = IndexerRead { dtype, k, topk };
+                    let want = cpu.indexer_topk(&slice_jobs, read).unwrap();
                     let got = cpu
                         .indexer_topk_paged(pool, &indexer_jobs(&fixture), k, topk, false)
                         .unwrap();

@@ -1,25 +1,24 @@
 //! The decode role over HTTP: OpenAI `POST /v1/chat/completions` (the prompt's KV
 //! comes from prefill's `/internal/prefill`, generation runs on the `DecodeEngine`'s
-//! compute thread; streaming replies are `sse`'s), the watcher that keeps decode's
+//! compute thread; the reply is `reply`'s, streamed by `sse`), the watcher that keeps decode's
 //! `/health` honest about whether its prefill is usable, and this role's `/metrics`
 //! values.
 
+use super::reply::{Reply, ReplyShared};
 use super::{error_response, sse, CancelOnDrop};
 use crate::backend::{Backend, IndexKDtype};
 use crate::decode::{DecodeEngine, DecodeJob};
 use crate::metrics::Metric;
-use crate::model::{self, Generation, SequenceKv};
+use crate::model::{self, SequenceKv};
 use crate::template::ChatRequest;
-use crate::tokenizer::Vocab;
 use crate::transfer::{self, PrefillRequest, TransferError};
-use crate::{dsml, EngineConfig};
+use crate::EngineConfig;
 use anyhow::Context;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::response::Response;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -36,20 +35,17 @@ const PREFILL_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 /// What the HTTP side of decode shares between requests.
 pub(super) struct DecodeShared {
     engine: Arc<DecodeEngine>,
-    pub(super) vocab: Vocab,
+    /// Shared with every reply in flight, streamed ones included.
+    replies: Arc<ReplyShared>,
     client: reqwest::Client,
     prefill_url: String,
     dtype: IndexKDtype,
     /// Why decode cannot use its prefill right now (latest check); None when it can.
     prefill_problem: Mutex<Option<String>>,
-    prompt_tokens: AtomicU64,
-    completion_tokens: AtomicU64,
-    requests: AtomicU64,
     checksum_mismatches: AtomicU64,
     checksum_matches: AtomicU64,
     stale_pages_received: AtomicU64,
     transfer_errors: AtomicU64,
-    next_id: AtomicU64,
 }
 
 /// Start the compute thread and the prefill watcher of the decode role.
@@ -76,7 +72,7 @@ pub(super) fn start(
     let idle = Duration::from_millis(config.http.idle_timeout_ms / 2);
     let shared = Arc::new(DecodeShared {
         engine,
-        vocab: Vocab::new(),
+        replies: Arc::new(ReplyShared::new()),
         client: reqwest::Client::builder()
             .no_proxy()
             .pool_idle_timeout(idle)
@@ -85,14 +81,10 @@ pub(super) fn start(
         prefill_problem: Mutex::new(Some(format!("prefill at {prefill_url} not checked yet"))),
         prefill_url,
         dtype: config.flags.dtype(),
-        prompt_tokens: AtomicU64::new(0),
-        completion_tokens: AtomicU64::new(0),
-        requests: AtomicU64::new(0),
         checksum_mismatches: AtomicU64::new(0),
         checksum_matches: AtomicU64::new(0),
         stale_pages_received: AtomicU64::new(0),
         transfer_errors: AtomicU64::new(0),
-        next_id: AtomicU64::new(0),
     });
     tokio::spawn(watch_prefill(shared.clone()));
     Ok(shared)
@@ -104,26 +96,13 @@ impl DecodeShared {
         self.prefill_problem.lock().clone()
     }
 
-    pub(super) fn next_completion_id(&self) -> String {
-        format!("chatcmpl-{}", self.next_id.fetch_add(1, Ordering::Relaxed))
-    }
-
-    /// Counts one answered request.
-    pub(super) fn record_usage(&self, prompt_tokens: usize, completion_tokens: usize) {
-        self.requests.fetch_add(1, Ordering::Relaxed);
-        self.prompt_tokens
-            .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
-        self.completion_tokens
-            .fetch_add(completion_tokens as u64, Ordering::Relaxed);
-    }
-
     pub(super) fn pool(&self) -> Value {
         json!({"decode_pool_tokens": self.engine.pool_tokens, "page_tokens": self.engine.page_tokens})
     }
 
     /// This role's `/metrics` values.
     pub(super) fn metrics(&self) -> Vec<(Metric, f64)> {
-        let stats = &self.engine.stats;
+        let (stats, replies) = (&self.engine.stats, &self.replies);
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
         vec![
             (Metric::RunningRequests, load(&stats.running)),
@@ -137,9 +116,9 @@ impl DecodeShared {
                 Metric::GenThroughput,
                 f64::from_bits(stats.throughput_bits.load(Ordering::Relaxed)),
             ),
-            (Metric::Requests, load(&self.requests)),
-            (Metric::PromptTokens, load(&self.prompt_tokens)),
-            (Metric::CompletionTokens, load(&self.completion_tokens)),
+            (Metric::Requests, load(&replies.requests)),
+            (Metric::PromptTokens, load(&replies.prompt_tokens)),
+            (Metric::CompletionTokens, load(&replies.completion_tokens)),
             (Metric::AbortedRequests, load(&stats.aborted)),
             (Metric::EagerDecodeSteps, load(&stats.eager_steps)),
             (Metric::GraphDecodeSteps, load(&stats.graph_steps)),
@@ -284,22 +263,17 @@ pub(super) async fn chat_handler(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let not_decode = "this is the prefill role: send chat requests to decode";
-    let (body, shared) = match super::role_request(body, &state.decode, not_decode) {
-        Ok(accepted) => accepted,
-        Err(response) => return *response,
-    };
-    let request: ChatRequest = match serde_json::from_slice(&body) {
-        Ok(request) => request,
-        Err(error) => {
-            let message = format!("malformed request body: {error}");
-            return error_response(StatusCode::BAD_REQUEST, message);
-        }
-    };
+    let malformed = "malformed request body";
+    let (request, shared): (ChatRequest, _) =
+        match super::role_request(body, &state.decode, not_decode, malformed) {
+            Ok(accepted) => accepted,
+            Err(response) => return *response,
+        };
     let conversation = match request.validate() {
         Ok(conversation) => conversation,
         Err(error) => return error_response(StatusCode::BAD_REQUEST, error.to_string()),
     };
-    let (prompt, mut generation) = model::prepare(&conversation, &shared.vocab);
+    let (prompt, mut generation) = model::prepare(&conversation, &shared.replies.vocab);
     if request.top_logprobs().is_some() {
         generation.keep_probs();
     }
@@ -326,7 +300,7 @@ pub(super) async fn chat_handler(
         streamed: 0,
     });
     let reply = Reply {
-        shared,
+        shared: shared.replies.clone(),
         top_logprobs: request.top_logprobs(),
         model: request.model.unwrap_or_else(|| DEFAULT_MODEL.to_string()),
         prompt_tokens: prompt.len(),
@@ -340,77 +314,5 @@ pub(super) async fn chat_handler(
         Ok(Ok(generation)) => reply.complete(&generation),
         Ok(Err(error)) => error_response(StatusCode::INTERNAL_SERVER_ERROR, format!("{error:#}")),
         Err(_) => error_response(StatusCode::INTERNAL_SERVER_ERROR, "decode worker stopped"),
-    }
-}
-
-/// What a reply needs besides the generation.
-pub(super) struct Reply {
-    pub(super) shared: Arc<DecodeShared>,
-    pub(super) model: String,
-    pub(super) prompt_tokens: usize,
-    /// The request's `top_logprobs` when it asked for `logprobs` (`None`: not asked).
-    pub(super) top_logprobs: Option<usize>,
-}
-
-impl Reply {
-    /// The non-streaming `chat.completion` of a finished generation.
-    fn complete(&self, generation: &Generation) -> Response {
-        let shared = &self.shared;
-        let text = shared.vocab.decode(&generation.emitted);
-        let parsed = dsml::parse(&text);
-        let finish_reason = sse::finish_reason(generation, &parsed);
-        let id = shared.next_completion_id();
-        let (prompt, completion) = (self.prompt_tokens, generation.emitted.len());
-        shared.record_usage(prompt, completion);
-        let tool_calls = (!parsed.tool_calls.is_empty()).then(|| sse::tool_calls_json(&parsed));
-        let message = json!({"role": "assistant", "content": parsed.content, "tool_calls": tool_calls, "reasoning_content": null});
-        let usage = json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion});
-        let mut choice = json!({"index": 0, "message": message, "finish_reason": finish_reason});
-        if let Some(top) = self.top_logprobs {
-            choice["logprobs"] = self.logprobs(generation, top);
-        }
-        Json(json!({
-            "id": id,
-            "object": "chat.completion",
-            "created": chrono::Utc::now().timestamp(),
-            "model": self.model,
-            "choices": [choice],
-            "usage": usage,
-        }))
-        .into_response()
-    }
-
-    /// OpenAI's `choices[0].logprobs` of a finished generation, `top` alternatives a
-    /// token: `{"content": [{"token", "logprob", "bytes", "top_logprobs"}]}`, or `null`
-    /// where the backend gave no distribution for some token (the CUDA kernels return
-    /// the argmax only): no partial list that a reader could take for the whole reply.
-    pub(super) fn logprobs(&self, generation: &Generation, top: usize) -> serde_json::Value {
-        let vocab = &self.shared.vocab;
-        let content: Option<Vec<serde_json::Value>> = generation
-            .emitted
-            .iter()
-            .zip(&generation.probs)
-            .map(|(&token, prob)| {
-                let prob = prob.as_ref()?;
-                let text = vocab.decode(&[token]);
-                let alternatives: Vec<serde_json::Value> = prob
-                    .top
-                    .iter()
-                    .take(top)
-                    .map(|&(t, lp)| {
-                        let text = vocab.decode(&[t]);
-                        json!({"token": text, "logprob": lp, "bytes": text.as_bytes()})
-                    })
-                    .collect();
-                Some(
-                    json!({"token": text, "logprob": prob.logprob, "bytes": text.as_bytes(),
-                    "top_logprobs": alternatives}),
-                )
-            })
-            .collect();
-        match content {
-            Some(content) => json!({ "content": content }),
-            None => serde_json::Value::Null,
-        }
     }
 }

@@ -1,13 +1,14 @@
 //! HTTP side of both roles (axum on `crate::listen`'s connection handling): the
 //! routes, the state they share, and the endpoints both roles serve: `/health`,
 //! `/metrics` (Prometheus text from `crate::metrics`' table) and `/server_info`. The
-//! role endpoints live in `decode_role` (OpenAI chat, with streaming in `sse`) and
-//! `prefill_role` (`/internal/prefill`). Compute runs on dedicated threads; handlers
-//! only queue work and wait. A handler dropped by a disconnecting client cancels its
-//! work.
+//! role endpoints live in `decode_role` (OpenAI chat, its reply made in `reply` and
+//! streamed by `sse`) and `prefill_role` (`/internal/prefill`). Compute runs on
+//! dedicated threads; handlers only queue work and wait. A handler dropped by a
+//! disconnecting client cancels its work.
 
 mod decode_role;
 mod prefill_role;
+mod reply;
 mod sse;
 #[cfg(test)]
 mod tests;
@@ -28,18 +29,24 @@ use std::sync::Arc;
 
 /// A role handler's first steps: the request body (or the rejection's response), then
 /// the role's shared state (or 404 saying `not_this_role` when this server plays the
-/// other role). The refusal is boxed: a `Response` is large and this is the rare path.
-fn role_request<T: Clone>(
+/// other role), then the body's JSON as the role's request (or 400 saying `malformed`
+/// and why). The refusal is boxed: a `Response` is large and this is the rare path.
+fn role_request<T: Clone, R: serde::de::DeserializeOwned>(
     body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
     role: &Option<T>,
     not_this_role: &str,
-) -> Result<(axum::body::Bytes, T), Box<Response>> {
+    malformed: &str,
+) -> Result<(R, T), Box<Response>> {
     let body = body
         .map_err(|rejection| Box::new(error_response(rejection.status(), rejection.body_text())))?;
     let shared = role
         .clone()
         .ok_or_else(|| Box::new(error_response(StatusCode::NOT_FOUND, not_this_role)))?;
-    Ok((body, shared))
+    let request = serde_json::from_slice(&body).map_err(|error| {
+        let message = format!("{malformed}: {error}");
+        Box::new(error_response(StatusCode::BAD_REQUEST, message))
+    })?;
+    Ok((request, shared))
 }
 
 fn error_response(status: StatusCode, message: impl Into<String>) -> Response {

@@ -198,19 +198,12 @@ pub(super) async fn prefill_handler(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let not_prefill = "this is not a prefill server";
-    let (body, shared) = match super::role_request(body, &state.prefill, not_prefill) {
-        Ok(accepted) => accepted,
-        Err(response) => return *response,
-    };
-    let request: PrefillRequest = match serde_json::from_slice(&body) {
-        Ok(request) => request,
-        Err(error) => {
-            return error_response(
-                StatusCode::BAD_REQUEST,
-                format!("bad prefill request: {error}"),
-            )
-        }
-    };
+    let malformed = "bad prefill request";
+    let (request, shared): (PrefillRequest, _) =
+        match super::role_request(body, &state.prefill, not_prefill, malformed) {
+            Ok(accepted) => accepted,
+            Err(response) => return *response,
+        };
     if request.tokens.is_empty() {
         return error_response(StatusCode::BAD_REQUEST, "empty prompt");
     }

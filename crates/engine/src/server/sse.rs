@@ -1,43 +1,16 @@
-//! Streaming chat completions (server-sent events) and the OpenAI reply pieces both
-//! reply forms share (`finish_reason`, `tool_calls`). Plain text streams token by
-//! token; DSML tool-call markup is held back and sent as `tool_calls` once the whole
-//! reply is parsed, as sglang's streaming detector does.
+//! Streaming chat completions (server-sent events), built of `reply`'s pieces. Plain
+//! text streams token by token; DSML tool-call markup is held back and sent as
+//! `tool_calls` once the whole reply is parsed, as sglang's streaming detector does.
 
-use super::decode_role::Reply;
+use super::reply::{finish_reason, tool_calls_json, Reply};
 use super::CancelOnDrop;
 use crate::dsml;
-use crate::model::{self, Finish};
+use crate::model;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 use std::convert::Infallible;
 use tokio::sync::{mpsc, oneshot};
-
-/// OpenAI `finish_reason` of a finished generation.
-pub(super) fn finish_reason(
-    generation: &model::Generation,
-    parsed: &dsml::ParsedOutput,
-) -> &'static str {
-    match (generation.finish, parsed.tool_calls.is_empty()) {
-        (Some(Finish::Length), _) => "length",
-        (_, false) => "tool_calls",
-        _ => "stop",
-    }
-}
-
-/// OpenAI `tool_calls` of a parsed reply (the `index` key serves streaming deltas and is
-/// ignored by non-streaming clients).
-pub(super) fn tool_calls_json(parsed: &dsml::ParsedOutput) -> Vec<Value> {
-    parsed
-        .tool_calls
-        .iter()
-        .enumerate()
-        .map(|(index, call)| {
-            json!({"index": index, "id": format!("call_{index}"), "type": "function",
-                "function": {"name": call.name, "arguments": call.arguments}})
-        })
-        .collect()
-}
 
 /// Where DSML markup starts in streamed text: content before it streams token by token,
 /// the markup is held back and sent as `tool_calls` once the whole reply is parsed;

@@ -11,8 +11,8 @@ use anyhow::{ensure, Context, Result};
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::super::{
-    paged, AttnJob, AttnOut, AttnPath, Backend, IndexKDtype, IndexerJob, TopkImpl, INDEX_DIM,
-    MAIN_DIM,
+    paged, AttnJob, AttnOut, AttnPath, Backend, IndexKDtype, IndexerJob, IndexerRead, TopkImpl,
+    INDEX_DIM, MAIN_DIM,
 };
 use super::{
     blocks, grid_for, row_starts, to_u32, CudaBackend, ATTN_THREADS, ELEMENTWISE_THREADS,
@@ -54,13 +54,8 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
-    fn indexer_topk(
-        &self,
-        dtype: IndexKDtype,
-        jobs: &[IndexerJob<'_>],
-        k: usize,
-        topk: TopkImpl,
-    ) -> Result<Vec<Vec<u32>>> {
+    fn indexer_topk(&self, jobs: &[IndexerJob<'_>], read: IndexerRead) -> Result<Vec<Vec<u32>>> {
+        let IndexerRead { dtype, k, topk } = read;
         let bytes_per_token = dtype.bytes_per_token();
         for (j, job) in jobs.iter().enumerate() {
             paged::check_query("indexer", j, job.query, INDEX_DIM)?;

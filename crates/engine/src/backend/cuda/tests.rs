@@ -5,8 +5,8 @@
 use super::*;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{
-    AppendedRows, AttnJob, AttnPath, Backend, IndexKDtype, IndexerJob, PagedPools, PagedReads,
-    PoolId, TopkImpl, INDEX_DIM, MAIN_DIM,
+    AppendedRows, AttnJob, AttnPath, Backend, IndexKDtype, IndexerJob, IndexerRead, PagedPools,
+    PagedReads, PoolId, TopkImpl, INDEX_DIM, MAIN_DIM,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -218,8 +218,9 @@ fn gpu_indexer_topk_matches_cpu_exactly() {
             .collect();
         for k in [1usize, 64, 2048] {
             for topk in [TopkImpl::V1, TopkImpl::V2] {
-                let want = cpu.indexer_topk(dtype, &jobs, k, topk).unwrap();
-                let got = gpu.indexer_topk(dtype, &jobs, k, topk).unwrap();
+                let read = IndexerRead { dtype, k, topk };
+                let want = cpu.indexer_topk(&jobs, read).unwrap();
+                let got = gpu.indexer_topk(&jobs, read).unwrap();
                 assert_eq!(got, want, "{dtype:?} k={k} {topk:?}");
             }
         }
@@ -367,7 +368,14 @@ fn decode_step_throughput() {
             let mut last = Vec::new();
             for _ in 0..STEPS {
                 let selected = backend
-                    .indexer_topk(dtype, &indexer_jobs, TOP_K, TopkImpl::V2)
+                    .indexer_topk(
+                        &indexer_jobs,
+                        IndexerRead {
+                            dtype,
+                            k: TOP_K,
+                            topk: TopkImpl::V2,
+                        },
+                    )
                     .unwrap();
                 let attention_jobs: Vec<AttnJob<'_>> = sequences
                     .iter()
