@@ -469,6 +469,7 @@ impl RunArgs {
             policy,
             api_key,
             oracle,
+            adaptive: self.adaptive(),
         })
     }
 }

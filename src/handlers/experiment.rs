@@ -7,124 +7,50 @@ use std::process::ExitCode;
 use tokio_util::sync::CancellationToken;
 
 use super::{print_record, recover_journal, start};
-use crate::cli::{CulpritArgs, LoadArgs, OutputArgs, ProbeArgs, RunArgs};
+use crate::cli::{OutputArgs, ProbeArgs};
 use bisect_harness::commands::adaptive;
-use bisect_harness::commands::culprit;
-use bisect_harness::commands::load;
 use bisect_harness::commands::probe::{self, Outcome, ProbeRecord};
-use bisect_harness::commands::run;
-use bisect_harness::commands::run::Progress;
+use bisect_harness::commands::run::{self, Progress, RunPlan};
 use bisect_harness::commands::EnginePlan;
-use bisect_harness::control::ProcessControl;
+use bisect_harness::control::EngineControl;
 use bisect_harness::exit::{self, Failure};
 use bisect_harness::results::run_record::RunRecord;
-use bisect_harness::results::{self, table, Exporter};
+use bisect_harness::results::Exporter;
 
-/// A command that runs experiments on the target's engines and writes one record: the
-/// steps every such command shares live in [`drive`], the differences here (its plan
-/// says whose engines and where, through [`EnginePlan`]).
-pub(crate) trait Experiment {
-    type Plan: EnginePlan;
-    type Record: serde::Serialize + 'static;
-    fn output(&self) -> &OutputArgs;
-    fn plan(&self) -> anyhow::Result<Self::Plan>;
-    async fn execute(
-        &self,
-        plan: &Self::Plan,
-        control: &mut ProcessControl,
-        progress: &dyn Progress,
-        cancel: CancellationToken,
-    ) -> anyhow::Result<Self::Record>;
-    fn table() -> &'static dyn Exporter<Self::Record>;
-}
-
-/// Restore what a dead run left, plan, start the engines, run, print the record; exit 0
-/// when it finished, whatever its answer.
-pub(crate) async fn drive<E: Experiment>(args: &E) -> anyhow::Result<ExitCode> {
-    let output = args.output();
+/// Restore what a dead run left, plan, start the engines the plan names, run it with
+/// `execute`, print the record with `table`; exit 0 when it finished, whatever its
+/// answer. The one path of `run`, `culprit` and `load`: each command's own lifecycle
+/// (open the testbed, run its blocks, settle, close, write) is its `execute`.
+pub(crate) async fn drive<P: EnginePlan, R: serde::Serialize>(
+    output: &OutputArgs,
+    plan: impl FnOnce() -> anyhow::Result<P>,
+    execute: impl AsyncFnOnce(
+        &P,
+        &mut dyn EngineControl,
+        &dyn Progress,
+        CancellationToken,
+    ) -> anyhow::Result<R>,
+    table: &dyn Exporter<R>,
+) -> anyhow::Result<ExitCode> {
     recover_journal(&output.journal_dir())?;
-    let plan = args.plan()?;
-    let dir = plan.engines().results;
+    let plan = plan()?;
     let mut started = start(output.json, plan.engines())?;
     let progress = started.progress.as_ref();
-    let record = args
-        .execute(&plan, &mut started.control, progress, started.cancel)
-        .await?;
-    print_record(output.json, &record, E::table(), dir)?;
+    let record = execute(&plan, &mut started.control, progress, started.cancel).await?;
+    print_record(output.json, &record, table, plan.engines().results)?;
     Ok(ExitCode::SUCCESS)
 }
 
-impl Experiment for RunArgs {
-    type Plan = run::RunPlan;
-    type Record = RunRecord;
-    fn output(&self) -> &OutputArgs {
-        &self.common.output
-    }
-    fn plan(&self) -> anyhow::Result<Self::Plan> {
-        RunArgs::plan(self)
-    }
-    async fn execute(
-        &self,
-        plan: &Self::Plan,
-        control: &mut ProcessControl,
-        progress: &dyn Progress,
-        cancel: CancellationToken,
-    ) -> anyhow::Result<RunRecord> {
-        match self.adaptive() {
-            Some(options) => {
-                adaptive::run_adaptive(plan, &options, control, progress, cancel).await
-            }
-            None => run::run_experiment(plan, control, progress, cancel).await,
-        }
-    }
-    fn table() -> &'static dyn Exporter<RunRecord> {
-        &table::RunTable
-    }
-}
-
-impl Experiment for CulpritArgs {
-    type Plan = culprit::CulpritPlan;
-    type Record = culprit::record::CulpritRecord;
-    fn output(&self) -> &OutputArgs {
-        &self.common.output
-    }
-    fn plan(&self) -> anyhow::Result<Self::Plan> {
-        CulpritArgs::plan(self)
-    }
-    async fn execute(
-        &self,
-        plan: &Self::Plan,
-        control: &mut ProcessControl,
-        progress: &dyn Progress,
-        cancel: CancellationToken,
-    ) -> anyhow::Result<Self::Record> {
-        culprit::run(plan, control, progress, cancel).await
-    }
-    fn table() -> &'static dyn Exporter<Self::Record> {
-        &culprit::export::table::CulpritTable
-    }
-}
-
-impl Experiment for LoadArgs {
-    type Plan = load::LoadPlan;
-    type Record = results::load::LoadRecord;
-    fn output(&self) -> &OutputArgs {
-        &self.common.output
-    }
-    fn plan(&self) -> anyhow::Result<Self::Plan> {
-        LoadArgs::plan(self)
-    }
-    async fn execute(
-        &self,
-        plan: &Self::Plan,
-        control: &mut ProcessControl,
-        progress: &dyn Progress,
-        cancel: CancellationToken,
-    ) -> anyhow::Result<Self::Record> {
-        load::run(plan, control, progress, cancel).await
-    }
-    fn table() -> &'static dyn Exporter<Self::Record> {
-        &results::load::table::LoadTable
+/// `bisect run`: its arm blocks, or with `--adaptive` the sequential design's.
+pub(crate) async fn run(
+    plan: &RunPlan,
+    control: &mut dyn EngineControl,
+    progress: &dyn Progress,
+    cancel: CancellationToken,
+) -> anyhow::Result<RunRecord> {
+    match &plan.adaptive {
+        Some(options) => adaptive::run_adaptive(plan, options, control, progress, cancel).await,
+        None => run::run_experiment(plan, control, progress, cancel).await,
     }
 }
 

@@ -24,9 +24,10 @@ use tokio_util::sync::CancellationToken;
 use crate::cli::{Cli, Command};
 use crate::{progress, signals};
 use bisect_harness::commands::run::Progress;
-use bisect_harness::commands::Engines;
+use bisect_harness::commands::{culprit, load, Engines};
 use bisect_harness::control::ProcessControl;
-use bisect_harness::results::Exporter;
+use bisect_harness::results::load as load_record;
+use bisect_harness::results::{table, Exporter};
 
 /// Run a parsed command line to its exit code.
 pub(crate) fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -45,10 +46,25 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Reclassify(args) => results::reclassify(&args),
         Command::Merge(args) => matrix::merge(&args),
         Command::Matrix(args) => runtime()?.block_on(matrix::matrix(&args)),
-        Command::Run(args) => runtime()?.block_on(experiment::drive(&args)),
+        Command::Run(args) => runtime()?.block_on(experiment::drive(
+            &args.common.output,
+            || args.plan(),
+            experiment::run,
+            &table::RunTable,
+        )),
         Command::Probe(args) => runtime()?.block_on(experiment::probe(&args)),
-        Command::Culprit(args) => runtime()?.block_on(experiment::drive(&args)),
-        Command::Load(args) => runtime()?.block_on(experiment::drive(&args)),
+        Command::Culprit(args) => runtime()?.block_on(experiment::drive(
+            &args.common.output,
+            || args.plan(),
+            culprit::run,
+            &culprit::export::table::CulpritTable,
+        )),
+        Command::Load(args) => runtime()?.block_on(experiment::drive(
+            &args.common.output,
+            || args.plan(),
+            load::run,
+            &load_record::table::LoadTable,
+        )),
         Command::Commits(args) => commits::commits(&args),
     }
 }

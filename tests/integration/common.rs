@@ -143,6 +143,7 @@ impl FakeTarget {
             api_key: None,
             testbed: self.testbed(),
             oracle: None,
+            adaptive: None,
         }
     }
 

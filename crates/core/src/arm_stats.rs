@@ -271,7 +271,7 @@ impl ArmStats {
                 if pooled
                     .load_gap
                     .as_ref()
-                    .map_or(true, |p| shortfall(gap) > shortfall(p))
+                    .is_none_or(|p| shortfall(gap) > shortfall(p))
                 {
                     pooled.load_gap = Some(gap.clone());
                 }

@@ -83,6 +83,17 @@ impl Reason {
     }
 }
 
+/// The findings among `reasons`, in order, as one line: why an inconclusive verdict is
+/// inconclusive, without its warnings or reference figures.
+pub fn findings(reasons: &[Reason]) -> String {
+    let shown: Vec<&str> = reasons
+        .iter()
+        .filter(|r| r.is_finding())
+        .map(Reason::as_str)
+        .collect();
+    shown.join("; ")
+}
+
 /// A reason reads as its line, so reports and tests treat it as the text it is.
 impl Deref for Reason {
     type Target = str;

@@ -552,18 +552,13 @@ fn summary_line(
                 .map_or(String::new(), |c| format!(", at {c} sessions in flight"))
         ),
         Status::Inconclusive => {
-            let shown: Vec<&str> = reasons
-                .iter()
-                .filter(|r| r.is_finding())
-                .map(Reason::as_str)
-                .collect();
             format!(
                 "inconclusive: {subject}{} {} vs {} {}, {p_text}: {}",
                 on.name(),
                 on.rate_text(true),
                 off.name(),
                 off.rate_text(false),
-                shown.join("; ")
+                crate::reason::findings(reasons)
             )
         }
     };

@@ -174,7 +174,7 @@ pub fn plan(context: &[u32], wanted: &[u32]) -> Vec<Piece> {
                 .zip(&wanted[index..])
                 .take_while(|(a, b)| a == b)
                 .count();
-            if best.map_or(true, |(_, best_len)| len > best_len) {
+            if best.is_none_or(|(_, best_len)| len > best_len) {
                 best = Some((start, len));
             }
         }

@@ -381,18 +381,13 @@ fn summary_line(
             record.design.concurrency
         ),
         Status::Inconclusive => {
-            let shown: Vec<&str> = reasons
-                .iter()
-                .filter(|r| r.is_finding())
-                .map(Reason::as_str)
-                .collect();
             format!(
                 "inconclusive: {subject}{} {} vs {} {}: {}",
                 arm_name(on),
                 rate_text(on, true),
                 arm_name(off),
                 rate_text(off, false),
-                shown.join("; ")
+                crate::reason::findings(reasons)
             )
         }
     }

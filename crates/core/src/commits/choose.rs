@@ -251,7 +251,7 @@ impl Choice<'_> {
                     continue;
                 }
                 let v = value(&with(&chosen, i));
-                if best.map_or(true, |(_, b)| better(v, b)) {
+                if best.is_none_or(|(_, b)| better(v, b)) {
                     best = Some((i, v));
                 }
             }
@@ -273,7 +273,7 @@ impl Choice<'_> {
                     }
                     let points = with(&others, i);
                     let v = value(&points);
-                    if best.as_ref().map_or(true, |(_, b)| better(v, *b)) {
+                    if best.as_ref().is_none_or(|(_, b)| better(v, *b)) {
                         best = Some((points, v));
                     }
                 }

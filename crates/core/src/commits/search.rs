@@ -494,7 +494,7 @@ impl Search {
             let (off, on) = (self.off[last], self.counts[last]);
             off_arm_clean(flag, off, on, self.params.background)
         });
-        let verified = implicated && off_arm.as_ref().map_or(true, |(clean, _)| *clean);
+        let verified = implicated && off_arm.as_ref().is_none_or(|(clean, _)| *clean);
         let off_words = off_arm
             .as_ref()
             .map(|(_, words)| format!("; {words}"))

@@ -189,7 +189,7 @@ pub fn movement(
 pub fn short_levels(tonight: &[LevelShown], up_to: Option<u32>) -> Vec<u32> {
     tonight
         .iter()
-        .filter(|l| l.status == Some(Status::Short) && up_to.map_or(true, |u| l.level <= u))
+        .filter(|l| l.status == Some(Status::Short) && up_to.is_none_or(|u| l.level <= u))
         .map(|l| l.level)
         .collect()
 }

@@ -54,7 +54,7 @@ pub(crate) fn isotonic(values: &[f64], weights: &[f64]) -> Vec<f64> {
     }
     let weighted: Vec<f64> = blocks
         .iter()
-        .flat_map(|&(s, w, n)| std::iter::repeat(s / w).take(n))
+        .flat_map(|&(s, w, n)| std::iter::repeat_n(s / w, n))
         .collect();
     let mut next = weighted.iter().copied();
     let first = weighted.first().copied().unwrap_or(0.0);

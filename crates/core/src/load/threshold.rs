@@ -227,7 +227,7 @@ pub fn resolve(statuses: &[Status]) -> Resolution {
             .iter()
             .copied()
             .rev()
-            .filter(|&i| i < t && flat_below.map_or(true, |f| i > f))
+            .filter(|&i| i < t && flat_below.is_none_or(|f| i > f))
             .find(|&i| statuses[i] == Status::Open),
         // Without a rise: the highest level, while it is open (a flat or capped top
         // level answers for every level below it).

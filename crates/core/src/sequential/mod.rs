@@ -280,7 +280,7 @@ impl SequentialDesign {
                 })
                 .sum::<f64>()
                 / 2.0;
-            if best.map_or(true, |(lowest, _)| seconds < lowest) {
+            if best.is_none_or(|(lowest, _)| seconds < lowest) {
                 best = Some((seconds, design));
             }
         }

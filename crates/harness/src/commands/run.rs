@@ -48,6 +48,8 @@ pub struct RunPlan {
     pub testbed: TestbedOptions,
     /// `--oracle solo`: each block's sessions are also run alone and compared.
     pub oracle: Option<SoloOracle>,
+    /// `--adaptive`: blocks alternate until the sequential test decides.
+    pub adaptive: Option<super::adaptive::AdaptiveOptions>,
 }
 
 impl crate::commands::EnginePlan for RunPlan {

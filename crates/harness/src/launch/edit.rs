@@ -92,7 +92,7 @@ fn env_occurrences(text: &str, cmds: &[Command], var: &str) -> Vec<Occurrence> {
 fn may_pass_options(text: &str, cmd: &Command) -> bool {
     parse_command(text, cmd)
         .command
-        .map_or(true, |k| !NOT_LAUNCH.contains(&cmd.words[k].value.as_str()))
+        .is_none_or(|k| !NOT_LAUNCH.contains(&cmd.words[k].value.as_str()))
 }
 
 fn arg_occurrences(text: &str, cmds: &[Command], arg: &str) -> Vec<Occurrence> {

@@ -99,7 +99,7 @@ impl TestbedRunner<'_, '_> {
             if restarted
                 .effective
                 .get(&flag.name)
-                .map_or(true, |reported| reported.is_empty())
+                .is_none_or(|reported| reported.is_empty())
             {
                 let warning = format!("{}: {NO_EFFECTIVE_WARNING}", flag.name);
                 if !self.warned.contains(&warning) {

@@ -115,10 +115,10 @@ impl ToolCheck<'_> {
                 SCHEMA_FIX,
             ));
         }
-        if !parameters
+        if parameters
             .get("properties")
             .and_then(|p| p.as_object())
-            .is_some_and(|p| !p.is_empty())
+            .is_none_or(|p| p.is_empty())
         {
             return Err(self.invalid(
                 span,
