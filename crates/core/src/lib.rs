@@ -16,6 +16,7 @@ pub mod determinism;
 pub mod effective;
 pub mod ending;
 pub mod engine_counts;
+pub mod evidence;
 pub mod flag;
 pub mod format;
 pub mod judgement;

@@ -19,9 +19,9 @@ use std::collections::BTreeSet;
 use serde_json::{json, Value};
 
 use crate::effective;
+use crate::evidence::{ArmObservation, Confound, Policy, Severity};
 use crate::format::percent_digits;
 use crate::session::SessionClass;
-use crate::verdict::{ArmObservation, Confound, Policy, Severity};
 
 mod recorded;
 mod shortfall;

@@ -7,10 +7,10 @@ use std::collections::BTreeSet;
 
 use serde_json::{json, Value};
 
+use crate::evidence::{ArmObservation, Confound, Policy, Severity};
 use crate::format::{p_value, percent_digits, quantity};
 use crate::session::SessionClass;
 use crate::stats;
-use crate::verdict::{ArmObservation, Confound, Policy, Severity};
 
 /// What the transport did to the load (docs/design.md 3.4, "Reaching the load"): a
 /// warning where connects came back slow, refused or reset, or the server shed

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use crate::workload::WorkloadParams;
 
 use super::checked;
-use crate::verdict::{ArmObservation, Policy};
+use crate::evidence::{ArmObservation, Policy};
 
 /// The concurrency an arm was meant to run at: the workload's `concurrency`, else its
 /// `sessions` (all at once); `None` when the workload says neither.

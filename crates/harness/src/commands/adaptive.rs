@@ -33,12 +33,7 @@ use crate::launch::state_root;
 use crate::results::run_record::{ArmRecord, RunRecord};
 use crate::results::ResultsDir;
 
-/// What `--adaptive` adds to a run plan.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct AdaptiveOptions {
-    /// `--max-sessions`: the cap per arm instead of the planned one.
-    pub max_sessions: Option<u64>,
-}
+pub use super::run::AdaptiveOptions;
 
 /// The workload every block runs: the plan's, held at its target concurrency C. Its
 /// `sessions` is set per block; the record shows C as both.

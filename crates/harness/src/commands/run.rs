@@ -49,7 +49,14 @@ pub struct RunPlan {
     /// `--oracle solo`: each block's sessions are also run alone and compared.
     pub oracle: Option<SoloOracle>,
     /// `--adaptive`: blocks alternate until the sequential test decides.
-    pub adaptive: Option<super::adaptive::AdaptiveOptions>,
+    pub adaptive: Option<AdaptiveOptions>,
+}
+
+/// What `--adaptive` adds to a run plan.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AdaptiveOptions {
+    /// `--max-sessions`: the cap per arm instead of the planned one.
+    pub max_sessions: Option<u64>,
 }
 
 impl crate::commands::EnginePlan for RunPlan {
