@@ -35,8 +35,9 @@ pub(crate) async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
 
 pub(crate) fn merge(args: &MergeArgs) -> anyhow::Result<ExitCode> {
     let first = export::read_matrix(&args.dirs[0]).map_err(|e| {
-        Failure::BadInput(
-            format!("{e:#}\n  fix: pass directories written by `bisect matrix --shard I/N`").into(),
+        Failure::bad_input(
+            format!("{e:#}"),
+            "pass directories written by `bisect matrix --shard I/N`",
         )
     })?;
     let out = match &args.out {

@@ -301,16 +301,16 @@ impl Editor {
             let now = fs::read(&f.path)
                 .with_context(|| format!("reading launch config {}", f.path.display()))?;
             if now != f.written {
-                return Err(Failure::CouldNotRun(
+                return Err(Failure::could_not_run(
                     format!(
                         "{} was changed by someone other than bisect while bisect had it edited: \
-                     the next arm and every later one would run with that change, so the arms \
-                     would differ by more than the flag; stopping\n  fix: leave the launch \
-                     configs alone while bisect runs on them, then run again (bisect puts the \
-                     original back now and keeps the changed version beside the file)",
+                         the next arm and every later one would run with that change, so the \
+                         arms would differ by more than the flag; stopping",
                         f.path.display()
-                    )
-                    .into(),
+                    ),
+                    "leave the launch configs alone while bisect runs on them, then run again \
+                     (bisect puts the original back now and keeps the changed version beside \
+                     the file)",
                 )
                 .into());
             }
