@@ -33,7 +33,7 @@ use anyhow::{anyhow, bail, Context};
 use serde::{Deserialize, Serialize};
 
 use crate::config::{FlagSpec, RoleSpec};
-use crate::exit::Failure;
+use crate::exit::{Failure, Problem};
 
 use super::state::{self, LockGuard, Reentry, SpawnedGroup};
 use super::{read_setting, write_setting, LaunchError};
@@ -444,13 +444,17 @@ impl Drop for Editor {
                     .map(|f| f.dir.display().to_string())
                     .collect();
                 // Written, not `eprintln!`: a panic here, in a drop, would abort.
-                let _ = writeln!(
-                    std::io::stderr().lock(),
-                    "error: the launch configs are still edited: could not restore them: {e:#}\n  \
-                     fix: free what blocked the write (a full disk?), then run `bisect restore` \
-                     (journals in {})",
-                    journals.join(", ")
+                let problem = Problem::new(
+                    format!(
+                        "error: the launch configs are still edited: could not restore them: {e:#}"
+                    ),
+                    format!(
+                        "free what blocked the write (a full disk?), then run `bisect restore` \
+                         (journals in {})",
+                        journals.join(", ")
+                    ),
                 );
+                let _ = writeln!(std::io::stderr().lock(), "{problem}");
             }
         }
         for kept in self.kept.drain(..) {
