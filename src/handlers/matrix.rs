@@ -12,7 +12,7 @@ use crate::progress::Lines;
 use bisect_harness::commands::matrix::record::{CellRecord, CellStatus, MatrixRecord};
 use bisect_harness::commands::matrix::{baseline, export, merge as shards, run as matrix_run};
 use bisect_harness::commands::EnginePlan;
-use bisect_harness::exit::{self, Failure};
+use bisect_harness::exit::{self, Failure, Problem};
 use bisect_harness::results::Exporter;
 
 pub(crate) async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
@@ -35,8 +35,9 @@ pub(crate) async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
 
 pub(crate) fn merge(args: &MergeArgs) -> anyhow::Result<ExitCode> {
     let first = export::read_matrix(&args.dirs[0]).map_err(|e| {
-        Failure::BadInput(
-            format!("{e:#}\n  fix: pass directories written by `bisect matrix --shard I/N`").into(),
+        Failure::bad_input(
+            format!("{e:#}"),
+            "pass directories written by `bisect matrix --shard I/N`",
         )
     })?;
     let out = match &args.out {
@@ -113,18 +114,26 @@ fn exit_code(record: &MatrixRecord) -> u8 {
         return exit::OK;
     }
     if !blocked.is_empty() {
-        stderr_line!(
-            "{} cell(s) blocked: the engine did not run the cell's configuration ({}); reasons in summary.md\n  fix: make the launch configs apply the flags (see the reasons), then run the matrix again",
-            blocked.len(),
-            blocked.join(", ")
+        let problem = Problem::new(
+            format!(
+                "{} cell(s) blocked: the engine did not run the cell's configuration ({}); reasons in summary.md",
+                blocked.len(),
+                blocked.join(", ")
+            ),
+            "make the launch configs apply the flags (see the reasons), then run the matrix again",
         );
+        stderr_line!("{problem}");
     }
     if !inconclusive.is_empty() {
-        stderr_line!(
-            "{} cell(s) inconclusive: no regression found, but the measurement cannot show the cell ok ({}); reasons in summary.md\n  fix: see each reason (raise max_tokens, restore the engine's load or its metrics), then run the matrix again",
-            inconclusive.len(),
-            inconclusive.join(", ")
+        let problem = Problem::new(
+            format!(
+                "{} cell(s) inconclusive: no regression found, but the measurement cannot show the cell ok ({}); reasons in summary.md",
+                inconclusive.len(),
+                inconclusive.join(", ")
+            ),
+            "see each reason (raise max_tokens, restore the engine's load or its metrics), then run the matrix again",
         );
+        stderr_line!("{problem}");
     }
     exit::COULD_NOT_RUN
 }

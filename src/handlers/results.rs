@@ -10,7 +10,7 @@ use serde_json::Value;
 use crate::cli::{DiffArgs, ReclassifyArgs};
 use bisect_harness::commands::diff;
 use bisect_harness::commands::matrix::export::{html, read_matrix};
-use bisect_harness::exit::Failure;
+use bisect_harness::exit::{Failure, Problem};
 use bisect_harness::results::{export, load, Exporter, ResultsDir};
 
 pub(crate) fn diff(args: &DiffArgs) -> anyhow::Result<ExitCode> {
@@ -66,9 +66,10 @@ pub(crate) fn reclassify(args: &ReclassifyArgs) -> anyhow::Result<ExitCode> {
 
 /// A results directory bisect cannot read: bad input, with what it reads.
 fn bad(e: anyhow::Error) -> Failure {
-    Failure::BadInput(format!(
-        "{e:#}\n  fix: pass a results directory written by `bisect run`, `bisect load` or `bisect matrix`"
-    ).into())
+    Failure::bad_input(
+        format!("{e:#}"),
+        "pass a results directory written by `bisect run`, `bisect load` or `bisect matrix`",
+    )
 }
 
 /// `bisect report DIR`: a run's run.json (keeping keys such as `reclassified`),
@@ -78,7 +79,8 @@ pub(crate) fn report(dir: &Path, json: bool) -> anyhow::Result<ExitCode> {
     let run_json = dir.join("run.json");
     let matrix_json = dir.join("matrix.json");
     if !run_json.is_file() && matrix_json.is_file() {
-        let record = read_matrix(dir).map_err(|e| Failure::BadInput(format!("{e:#}").into()))?;
+        let record = read_matrix(dir)
+            .map_err(|e| Failure::BadInput(Problem::message_only(format!("{e:#}"))))?;
         let report = &html::MatrixHtml;
         export::write_all(dir, &record, &[report])?;
         let out = dir.join(report.file_name());

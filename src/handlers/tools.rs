@@ -9,14 +9,14 @@ use crate::cli::{CheckArgs, FlagsArgs, RestoreArgs};
 use bisect_harness::commands::check::export::CheckTable;
 use bisect_harness::commands::check::CheckPlan;
 use bisect_harness::config::{Coverage, FlagCatalog};
-use bisect_harness::exit::{self, Failure};
+use bisect_harness::exit::{self, Failure, Problem};
 use bisect_harness::redact::scrub;
 use bisect_harness::results::Exporter;
 
 pub(crate) fn engine(args: EngineArgs) -> anyhow::Result<ExitCode> {
     let config = args
         .into_config()
-        .map_err(|e| Failure::BadInput(format!("{e:#}").into()))?;
+        .map_err(|e| Failure::BadInput(Problem::message_only(format!("{e:#}"))))?;
     bisect_engine::run(config)?;
     Ok(ExitCode::SUCCESS)
 }
@@ -104,8 +104,11 @@ pub(crate) fn kernels() -> anyhow::Result<ExitCode> {
         Some(gpu) => println!("GPU: {gpu}"),
         None => println!("GPU: none found (the engine runs on the CPU backend)"),
     }
-    let compiled = cuda::compile_check_all()
-        .map_err(|e| Failure::CouldNotRun(format!("NVRTC compile check failed: {e:#}").into()))?;
+    let compiled = cuda::compile_check_all().map_err(|e| {
+        Failure::CouldNotRun(Problem::message_only(format!(
+            "NVRTC compile check failed: {e:#}"
+        )))
+    })?;
     for (file, ptx) in compiled {
         println!("compiled {file}: {ptx} bytes of PTX");
     }

@@ -63,11 +63,37 @@ pub struct Problem {
 const FIX_LINE: &str = "\n  fix: ";
 
 impl Problem {
+    /// A message with what to do about it.
     pub fn new(message: impl Into<String>, fix: impl Into<String>) -> Self {
         Problem {
             message: message.into(),
             fix: Some(fix.into()),
         }
+    }
+
+    /// A message with no fix to offer (the text is kept as given, never searched for one).
+    pub fn message_only(message: impl Into<String>) -> Self {
+        Problem {
+            message: message.into(),
+            fix: None,
+        }
+    }
+}
+
+impl Failure {
+    /// [`Failure::BadInput`] with its fix.
+    pub fn bad_input(message: impl Into<String>, fix: impl Into<String>) -> Self {
+        Failure::BadInput(Problem::new(message, fix))
+    }
+
+    /// [`Failure::CouldNotRun`] with its fix.
+    pub fn could_not_run(message: impl Into<String>, fix: impl Into<String>) -> Self {
+        Failure::CouldNotRun(Problem::new(message, fix))
+    }
+
+    /// [`Failure::Busy`] with its fix.
+    pub fn busy(message: impl Into<String>, fix: impl Into<String>) -> Self {
+        Failure::Busy(Problem::new(message, fix))
     }
 }
 
@@ -81,47 +107,56 @@ impl std::fmt::Display for Problem {
     }
 }
 
-/// A message as written, with its fix (after the last `\n  fix: `) taken out into the
-/// field: the text prints the same, and the fix is readable on its own.
-impl From<String> for Problem {
-    fn from(text: String) -> Self {
-        match text.rsplit_once(FIX_LINE) {
-            Some((message, fix)) => Problem::new(message, fix),
-            None => Problem {
-                message: text,
-                fix: None,
-            },
-        }
-    }
-}
-
-impl From<&str> for Problem {
-    fn from(text: &str) -> Self {
-        Problem::from(text.to_string())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn a_written_fix_becomes_the_field_and_prints_the_same() {
+    fn the_fix_is_a_field_and_prints_under_the_message() {
         let text = "block 3: FLAG reads back as 1, not 0\n  fix: check the catalog entry";
-        let p = Problem::from(text);
+        let p = Problem::new(
+            "block 3: FLAG reads back as 1, not 0",
+            "check the catalog entry",
+        );
         assert_eq!(p.message, "block 3: FLAG reads back as 1, not 0");
         assert_eq!(p.fix.as_deref(), Some("check the catalog entry"));
         assert_eq!(p.to_string(), text);
-        assert_eq!(Failure::BadInput(p).to_string(), text);
+        assert_eq!(Failure::BadInput(p.clone()).to_string(), text);
+        let bad = Failure::bad_input(
+            "block 3: FLAG reads back as 1, not 0",
+            "check the catalog entry",
+        );
+        assert!(matches!(&bad, Failure::BadInput(q) if *q == p));
+        assert_eq!(bad.to_string(), text);
+        let cannot = Failure::could_not_run("engine never healthy", "read its log");
+        assert!(
+            matches!(&cannot, Failure::CouldNotRun(q) if q.fix.as_deref() == Some("read its log"))
+        );
+        assert_eq!(
+            cannot.to_string(),
+            "engine never healthy\n  fix: read its log"
+        );
+        let busy = Failure::busy("configs held by pid 7", "wait for it");
+        assert!(matches!(&busy, Failure::Busy(q) if q.message == "configs held by pid 7"));
+        assert_eq!(
+            busy.to_string(),
+            "configs held by pid 7\n  fix: wait for it"
+        );
     }
 
     #[test]
-    fn a_message_without_a_fix_has_none() {
-        let p = Problem::from("engine never healthy".to_string());
+    fn a_message_without_a_fix_has_none_and_is_never_searched_for_one() {
+        let p = Problem::message_only("engine never healthy");
         assert_eq!((p.message.as_str(), p.fix), ("engine never healthy", None));
-        let q = Problem::new("no workload name", "pass --workload NAME");
+        // A message that happens to hold the fix layout (an error's text passed on) stays
+        // one message: nothing reads a fix back out of a string.
+        let written = "reading x\n  fix: pass y";
+        let q = Problem::message_only(written);
+        assert_eq!((q.message.as_str(), &q.fix), (written, &None));
+        assert_eq!(q.to_string(), written);
+        let r = Problem::new("no workload name", "pass --workload NAME");
         assert_eq!(
-            q.to_string(),
+            r.to_string(),
             "no workload name\n  fix: pass --workload NAME"
         );
     }

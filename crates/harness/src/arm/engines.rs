@@ -53,10 +53,13 @@ impl Restarted {
         if let Some(set) = self.disagreements.iter().find(|d| !d.pinned) {
             let d = &set.disagreement;
             let (role, got, value) = (&d.role, &d.reported, &d.expected);
-            return Err(Failure::CouldNotRun(format!(
-                "{what}: the {role} engine reports {}={got} after the restart, but its launch config sets {value}: the engine does not run with what the search set\n  fix: check the launch script applies the flag (a dead conditional, an ignored variable)",
-                set.flag
-            ).into())
+            return Err(Failure::could_not_run(
+                format!(
+                    "{what}: the {role} engine reports {}={got} after the restart, but its launch config sets {value}: the engine does not run with what the search set",
+                    set.flag
+                ),
+                "check the launch script applies the flag (a dead conditional, an ignored variable)",
+            )
             .into());
         }
         self.refuse_pins(Some(what))
@@ -70,14 +73,17 @@ impl Restarted {
             let d = &pin.disagreement;
             let (role, value, ran) = (&d.role, &d.expected, &d.reported);
             let what = what.map(|w| format!("{w}: ")).unwrap_or_default();
-            return Err(Failure::CouldNotRun(
+            return Err(Failure::could_not_run(
                 format!(
                     "{what}pinned {}={value}, but the {role} engine reports it runs with {ran:?}: \
-                 the launch config does not take effect\n  fix: check how role {role}'s launch \
-                 config sets {} (a conditional, an overriding later line)",
-                    pin.flag, pin.setting_key
-                )
-                .into(),
+                     the launch config does not take effect",
+                    pin.flag
+                ),
+                format!(
+                    "check how role {role}'s launch config sets {} (a conditional, an \
+                     overriding later line)",
+                    pin.setting_key
+                ),
             )
             .into());
         }
@@ -277,17 +283,16 @@ impl Testbed<'_> {
                     ),
                     None => String::new(),
                 };
-                return Err(Failure::CouldNotRun(
+                return Err(Failure::could_not_run(
                     format!(
-                    "something already answers on {} (HTTP {}){who} before bisect started role {}: \
-                     an engine bisect did not start would be measured\n  \
-                     fix: stop that process (a run killed with -9 leaves its engines running), \
-                     or run `bisect restore`, or give the role another port in its launch config",
-                    role.health,
-                    resp.status().as_u16(),
-                    role.name
-                )
-                    .into(),
+                        "something already answers on {} (HTTP {}){who} before bisect started \
+                         role {}: an engine bisect did not start would be measured",
+                        role.health,
+                        resp.status().as_u16(),
+                        role.name
+                    ),
+                    "stop that process (a run killed with -9 leaves its engines running), or run \
+                     `bisect restore`, or give the role another port in its launch config",
                 )
                 .into());
             }
@@ -336,13 +341,15 @@ impl Testbed<'_> {
             }
         }
         if port_held(&role.health).is_some() {
-            return Err(Failure::CouldNotRun(format!(
-                "the port of {} is still {why}, {} s after bisect's engines stopped, without answering: role {} could not bind it\n  \
-                 fix: stop that process, or give the role another port in its launch config",
-                role.health,
-                PORT_FREE_WAIT.as_secs(),
-                role.name
-            ).into())
+            return Err(Failure::could_not_run(
+                format!(
+                    "the port of {} is still {why}, {} s after bisect's engines stopped, without answering: role {} could not bind it",
+                    role.health,
+                    PORT_FREE_WAIT.as_secs(),
+                    role.name
+                ),
+                "stop that process, or give the role another port in its launch config",
+            )
             .into());
         }
         // Unacknowledged closes only: some servers bind past them; start and see.

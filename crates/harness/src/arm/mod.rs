@@ -33,7 +33,7 @@ use crate::core::arm_stats::{ArmStats, RecordStatus};
 use crate::core::classify::Classifier;
 use crate::core::session::SessionResult;
 use crate::driver::{drive, metrics, DrivePlan, InFlight};
-use crate::exit::Failure;
+use crate::exit::{Failure, Problem};
 use crate::launch::Editor;
 use crate::results::ResultsDir;
 
@@ -372,10 +372,13 @@ impl<'a> Testbed<'a> {
     ) -> anyhow::Result<Readback> {
         let readback = self.set(flag, value)?;
         if let Some((role, got)) = readback.iter().find(|(_, got)| *got != value) {
-            return Err(Failure::CouldNotRun(format!(
-                "{what}: {} reads back as {got} in role {role}'s launch config, not {value}\n  fix: check the flag's catalog entry against the launch config",
-                flag.name
-            ).into())
+            return Err(Failure::could_not_run(
+                format!(
+                    "{what}: {} reads back as {got} in role {role}'s launch config, not {value}",
+                    flag.name
+                ),
+                "check the flag's catalog entry against the launch config",
+            )
             .into());
         }
         Ok(readback)
@@ -731,14 +734,11 @@ pub fn settle<T>(outcome: &anyhow::Result<T>) -> (RecordStatus, Option<String>) 
 /// A role's launch config as text; unreadable is bad input naming the file.
 pub(crate) fn read_launch(role: &crate::config::RoleSpec) -> anyhow::Result<String> {
     std::fs::read_to_string(&role.launch).map_err(|e| {
-        Failure::BadInput(
-            format!(
-                "{}: cannot read launch config of role {}: {e}",
-                role.launch.display(),
-                role.name
-            )
-            .into(),
-        )
+        Failure::BadInput(Problem::message_only(format!(
+            "{}: cannot read launch config of role {}: {e}",
+            role.launch.display(),
+            role.name
+        )))
         .into()
     })
 }

@@ -74,14 +74,18 @@ pub async fn run_adaptive(
     );
     let known = cache.as_ref().and_then(PlanCache::read);
     let mut schedule = Schedule::with_plan(spec, known).map_err(|e| match e {
-        AdaptiveError::CapBelowLoad { .. } | AdaptiveError::NoLoad => Failure::BadInput(format!(
-            "{e}\n  fix: pass --max-sessions of at least the concurrency ({}), or lower --concurrency",
-            spec.concurrency
-        ).into()),
-        other => Failure::BadInput(format!(
-            "{other}\n  fix: choose --alpha, --min-effect within (0, 1) that a design can reach, \
-             or pass --max-sessions"
-        ).into()),
+        AdaptiveError::CapBelowLoad { .. } | AdaptiveError::NoLoad => Failure::bad_input(
+            e.to_string(),
+            format!(
+                "pass --max-sessions of at least the concurrency ({}), or lower --concurrency",
+                spec.concurrency
+            ),
+        ),
+        other => Failure::bad_input(
+            other.to_string(),
+            "choose --alpha, --min-effect within (0, 1) that a design can reach, or pass \
+             --max-sessions",
+        ),
     })?;
     if let (Some(cache), None) = (&cache, known) {
         let d = &schedule.record().design;

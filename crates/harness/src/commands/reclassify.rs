@@ -34,7 +34,7 @@ use crate::core::session::{
 use crate::core::task::{initial_conversation, Task};
 use crate::core::verdict::{decide, Policy};
 use crate::core::workload::WorkloadParams;
-use crate::exit::Failure;
+use crate::exit::{Failure, Problem};
 use crate::results::run_record::{ArmRecord, RunRecord};
 use crate::results::{write_atomic, ResultsDir};
 
@@ -58,14 +58,16 @@ pub struct Summary {
 pub fn recorded_workload(params: &Value, name_or_file: Option<&str>) -> anyhow::Result<Workload> {
     let recorded = WorkloadParams::read(params);
     let name = name_or_file.or(recorded.name.as_deref()).ok_or_else(|| {
-        Failure::BadInput(
-            "run.json records no workload name\n  fix: pass --workload NAME|FILE".into(),
+        Failure::bad_input(
+            "run.json records no workload name",
+            "pass --workload NAME|FILE",
         )
     })?;
     let mut w = crate::config::load_workload(name).map_err(|e| {
-        Failure::BadInput(format!(
-            "loading workload `{name}`: {e}\n  fix: pass --workload FILE naming the workload file the run used"
-        ).into())
+        Failure::bad_input(
+            format!("loading workload `{name}`: {e}"),
+            "pass --workload FILE naming the workload file the run used",
+        )
     })?;
     w.sessions = recorded.sessions.unwrap_or(w.sessions);
     w.rounds = recorded.rounds.unwrap_or(w.rounds);
@@ -107,10 +109,13 @@ fn check_task_message(
         .get(prefix.len().saturating_sub(1))
         .and_then(|m| m.content.as_deref());
     if task_message != stored {
-        return Err(Failure::BadInput(format!(
-            "{who}: its stored task message differs from workload `{}` regenerated with the recorded parameters (seed {})\n  fix: pass --workload FILE naming the workload file the run used",
-            workload.name, workload.seed
-        ).into())
+        return Err(Failure::bad_input(
+            format!(
+                "{who}: its stored task message differs from workload `{}` regenerated with the recorded parameters (seed {})",
+                workload.name, workload.seed
+            ),
+            "pass --workload FILE naming the workload file the run used",
+        )
         .into());
     }
     Ok(())
@@ -148,13 +153,10 @@ fn replay_rounds(
             .first()
             .filter(|m| m.role == "assistant")
             .ok_or_else(|| {
-                Failure::BadInput(
-                    format!(
-                        "{who}: the transcript has no assistant reply for round {}",
-                        stored_round.round
-                    )
-                    .into(),
-                )
+                Failure::BadInput(Problem::message_only(format!(
+                    "{who}: the transcript has no assistant reply for round {}",
+                    stored_round.round
+                )))
             })?;
         pos += 1;
         while old.transcript.get(pos).is_some_and(|m| m.role == "tool") {
@@ -355,7 +357,7 @@ pub fn reclassify_dir(dir: &Path, workload: Option<&str>) -> anyhow::Result<Summ
     let (raw_text, raw, mut record) = read_run_record(&run_json)?;
     let sessions = results
         .read_sessions()
-        .map_err(|e| Failure::BadInput(format!("{e:#}").into()))?;
+        .map_err(|e| Failure::BadInput(Problem::message_only(format!("{e:#}"))))?;
     let workload = recorded_workload(&record.workload, workload)?;
     let (classifier, markup_note) = recorded_classifier(&record, &workload)?;
     let (new_sessions, changed, incomplete) = reclassify_all(&classifier, &workload, &sessions)?;
@@ -409,21 +411,25 @@ pub fn reclassify_dir(dir: &Path, workload: Option<&str>) -> anyhow::Result<Summ
 /// input.
 fn read_run_record(run_json: &Path) -> anyhow::Result<(String, Value, RunRecord)> {
     if !run_json.is_file() {
-        return Err(Failure::BadInput(
-            format!(
-                "{}: no such file\n  fix: pass a results directory written by `bisect run`",
-                run_json.display()
-            )
-            .into(),
+        return Err(Failure::bad_input(
+            format!("{}: no such file", run_json.display()),
+            "pass a results directory written by `bisect run`",
         )
         .into());
     }
     let raw_text = std::fs::read_to_string(run_json)
         .with_context(|| format!("reading {}", run_json.display()))?;
-    let raw: Value = serde_json::from_str(&raw_text)
-        .map_err(|e| Failure::BadInput(format!("{}: {e}", run_json.display()).into()))?;
+    let raw: Value = serde_json::from_str(&raw_text).map_err(|e| {
+        Failure::BadInput(Problem::message_only(format!(
+            "{}: {e}",
+            run_json.display()
+        )))
+    })?;
     let record: RunRecord = serde_json::from_value(raw.clone()).map_err(|e| {
-        Failure::BadInput(format!("{}: not a bisect run record: {e}", run_json.display()).into())
+        Failure::BadInput(Problem::message_only(format!(
+            "{}: not a bisect run record: {e}",
+            run_json.display()
+        )))
     })?;
     Ok((raw_text, raw, record))
 }

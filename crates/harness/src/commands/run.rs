@@ -27,7 +27,7 @@ use crate::core::classify::Classifier;
 use crate::core::phases::Phases;
 use crate::core::solo::SoloOracle;
 use crate::core::verdict::{decide, Policy};
-use crate::exit::Failure;
+use crate::exit::{Failure, Problem};
 use crate::results::run_record::{ArmRecord, FlagInfo, RunRecord, TargetInfo, SCHEMA};
 use crate::results::ResultsDir;
 
@@ -314,9 +314,11 @@ fn check_restarted(
         .iter()
         .find(|d| !d.pinned && d.flag == plan.flag.name)
     {
-        return Err(Failure::CouldNotRun(
-            not_taking_effect(&plan.flag, label, &found.disagreement).into(),
-        )
+        return Err(Failure::CouldNotRun(not_taking_effect(
+            &plan.flag,
+            label,
+            &found.disagreement,
+        ))
         .into());
     }
     for (role, info) in std::mem::take(&mut restarted.engine_info) {
@@ -336,7 +338,7 @@ fn not_taking_effect(
     flag: &FlagSpec,
     label: ArmLabel,
     d: &crate::core::effective::Disagreement,
-) -> String {
+) -> Problem {
     let other = flag.value_for(label != ArmLabel::On);
     let other_label = if label == ArmLabel::On { "off" } else { "on" };
     let what = if crate::core::effective::agrees(other, &d.reported) {
@@ -350,14 +352,17 @@ fn not_taking_effect(
             flag.on, flag.off, flag.name
         )
     };
-    format!(
-        "arm {label} set {}={} but the {} engine reports it runs with {:?}, {what}; an A/B \
-         could only clear a setting that never took effect, so it is refused before this \
-         arm's sessions\n  fix: check that the launch config applies the flag (a dead \
-         conditional, an overriding later line, an ignored variable) and that this engine \
-         build honours it at all (vLLM on CPU replaces the attention backend and turns async \
-         scheduling off); `bisect check` shows what the running engine reports",
-        flag.name, d.expected, d.role, d.reported
+    Problem::new(
+        format!(
+            "arm {label} set {}={} but the {} engine reports it runs with {:?}, {what}; an A/B \
+             could only clear a setting that never took effect, so it is refused before this \
+             arm's sessions",
+            flag.name, d.expected, d.role, d.reported
+        ),
+        "check that the launch config applies the flag (a dead conditional, an overriding \
+         later line, an ignored variable) and that this engine build honours it at all (vLLM \
+         on CPU replaces the attention backend and turns async scheduling off); `bisect \
+         check` shows what the running engine reports",
     )
 }
 
@@ -463,6 +468,12 @@ mod tests {
         };
         let own = not_taking_effect(&flag, ArmLabel::On, &ran("CPU_ATTN"));
         assert!(
+            own.fix.as_deref().is_some_and(|fix| fix
+                .starts_with("check that the launch config applies the flag (a dead conditional")),
+            "{own}"
+        );
+        let own = own.to_string();
+        assert!(
             own.starts_with(
                 "arm on set ATTENTION_BACKEND=TRITON_ATTN but the server engine reports it runs \
                  with \"CPU_ATTN\", neither arm's value (on TRITON_ATTN, off FLASH_ATTN): the \
@@ -470,7 +481,7 @@ mod tests {
             ),
             "{own}"
         );
-        let same = not_taking_effect(&flag, ArmLabel::On, &ran("FLASH_ATTN"));
+        let same = not_taking_effect(&flag, ArmLabel::On, &ran("FLASH_ATTN")).message;
         assert!(
             same.contains(
                 "the value arm off sets: the engine ran the same ATTENTION_BACKEND in both arms"

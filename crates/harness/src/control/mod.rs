@@ -25,7 +25,7 @@ use tokio::process::Child;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{RoleSpec, TargetProfile};
-use crate::exit::Failure;
+use crate::exit::{Failure, Problem};
 use crate::launch::{self, SpawnedGroup, TargetLocks};
 
 pub mod death;
@@ -398,20 +398,20 @@ impl ProcessControl {
         };
         match launch::process_group_of(pid as u32) {
             Some(pgid) if pgid == group => Ok(()),
-            found => Err(Failure::CouldNotRun(
+            found => Err(Failure::could_not_run(
                 format!(
-                "the engine answering on {} for role {} reports pid {pid}, which is not in the \
-                 process group {group} bisect started for it ({}): an engine bisect did not start \
-                 would be measured\n  fix: stop that process (a run killed with -9 leaves its \
-                 engines running), or give the role another port in its launch config",
-                role.health,
-                role.name,
-                match found {
-                    Some(other) => format!("its group is {other}"),
-                    None => "no such process here".to_string(),
-                }
-            )
-                .into(),
+                    "the engine answering on {} for role {} reports pid {pid}, which is not in \
+                     the process group {group} bisect started for it ({}): an engine bisect did \
+                     not start would be measured",
+                    role.health,
+                    role.name,
+                    match found {
+                        Some(other) => format!("its group is {other}"),
+                        None => "no such process here".to_string(),
+                    }
+                ),
+                "stop that process (a run killed with -9 leaves its engines running), or give \
+                 the role another port in its launch config",
             )
             .into()),
         }
@@ -442,14 +442,11 @@ impl ProcessControl {
             }
             if let Some(s) = self.spawned.iter_mut().find(|s| s.role == role.name) {
                 if let Some(status) = s.child.try_wait()? {
-                    return Err(Failure::CouldNotRun(
-                        format!(
-                            "role {} exited with {status} before becoming healthy; {}",
-                            role.name,
-                            log_excerpt(&s.log, 20)
-                        )
-                        .into(),
-                    )
+                    return Err(Failure::CouldNotRun(Problem::message_only(format!(
+                        "role {} exited with {status} before becoming healthy; {}",
+                        role.name,
+                        log_excerpt(&s.log, 20)
+                    )))
                     .into());
                 }
             }
@@ -464,14 +461,13 @@ impl ProcessControl {
                         Err(why) => {
                             let since = *unproven_since.get_or_insert_with(Instant::now);
                             if since.elapsed() >= grace || Instant::now() >= deadline {
-                                return Err(Failure::CouldNotRun(format!(
-                                    "restart of {} did not happen: {why}\n  fix: make the role's \
-                                     restart command really restart the engine (a restart, not a \
-                                     reload; the right service or container), or have the engine \
-                                     report `pid` and `started_at` at its effective-config URL so a \
-                                     fast restart can be told apart",
-                                    role.name
-                                ).into())
+                                return Err(Failure::could_not_run(
+                                    format!("restart of {} did not happen: {why}", role.name),
+                                    "make the role's restart command really restart the engine \
+                                     (a restart, not a reload; the right service or container), \
+                                     or have the engine report `pid` and `started_at` at its \
+                                     effective-config URL so a fast restart can be told apart",
+                                )
                                 .into());
                             }
                             format!("HTTP 200, but {why}")
@@ -492,13 +488,10 @@ impl ProcessControl {
                     .find(|s| s.role == role.name)
                     .map(|s| format!("\n{}", log_excerpt(&s.log, 20)))
                     .unwrap_or_default();
-                return Err(Failure::CouldNotRun(
-                    format!(
-                        "role {} not healthy at {} after {} s (last: {last}){tail}",
-                        role.name, role.health, role.health_timeout_s
-                    )
-                    .into(),
-                )
+                return Err(Failure::CouldNotRun(Problem::message_only(format!(
+                    "role {} not healthy at {} after {} s (last: {last}){tail}",
+                    role.name, role.health, role.health_timeout_s
+                )))
                 .into());
             }
             last_failed = Some(Instant::now());

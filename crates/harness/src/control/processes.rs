@@ -12,7 +12,7 @@ use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::RoleSpec;
-use crate::exit::Failure;
+use crate::exit::{Failure, Problem};
 
 use super::Spawned;
 
@@ -123,12 +123,15 @@ pub(super) async fn run_restart_command(
         _ = tokio::time::sleep(limit) => {
             kill_group();
             let _ = child.wait().await;
-            return Err(Failure::CouldNotRun(format!(
-                "restart command for role {} did not finish within {} s and was killed: {cmd}\n{}\n  fix: make the command return once the restart is issued, or raise restart_timeout_s for the role in the target profile",
-                role.name,
-                limit.as_secs(),
-                log_excerpt(&log, 20)
-            ).into())
+            return Err(Failure::could_not_run(
+                format!(
+                    "restart command for role {} did not finish within {} s and was killed: {cmd}\n{}",
+                    role.name,
+                    limit.as_secs(),
+                    log_excerpt(&log, 20)
+                ),
+                "make the command return once the restart is issued, or raise restart_timeout_s for the role in the target profile",
+            )
             .into());
         }
         _ = cancel.cancelled() => {
@@ -140,18 +143,15 @@ pub(super) async fn run_restart_command(
     // A command that succeeded may leave a daemon in its group on purpose (`nohup
     // server &`): that engine is the deployment's, so it is not killed here.
     if !status.success() {
-        return Err(Failure::CouldNotRun(
-            format!(
-                "restart command for role {} failed ({status}): {cmd}\n{}{}",
-                role.name,
-                crate::core::root_cause::root_cause_words(
-                    &std::fs::read_to_string(&log).unwrap_or_default(),
-                    &log.display().to_string()
-                ),
-                truncate(&log_tail(&log, 40), 2000)
-            )
-            .into(),
-        )
+        return Err(Failure::CouldNotRun(Problem::message_only(format!(
+            "restart command for role {} failed ({status}): {cmd}\n{}{}",
+            role.name,
+            crate::core::root_cause::root_cause_words(
+                &std::fs::read_to_string(&log).unwrap_or_default(),
+                &log.display().to_string()
+            ),
+            truncate(&log_tail(&log, 40), 2000)
+        )))
         .into());
     }
     Ok(())

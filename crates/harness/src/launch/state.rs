@@ -234,14 +234,16 @@ fn held_by(owner: &Owner, dir: &Path) -> anyhow::Error {
                 .join(", ")
         ),
     };
-    Failure::Busy(format!(
-        "{named} in use by another bisect (pid {}, started {}): {}\n  \
-         fix: wait for it to finish, or stop it (Ctrl-C or kill restores its configs; after kill -9 the next bisect recovers them); state in {}",
-        owner.pid,
-        owner.started_at,
-        owner.cmdline,
-        dir.display()
-    ).into())
+    Failure::busy(
+        format!(
+            "{named} in use by another bisect (pid {}, started {}): {}",
+            owner.pid, owner.started_at, owner.cmdline
+        ),
+        format!(
+            "wait for it to finish, or stop it (Ctrl-C or kill restores its configs; after kill -9 the next bisect recovers them); state in {}",
+            dir.display()
+        ),
+    )
     .into()
 }
 

@@ -184,16 +184,20 @@ pub async fn run(
     let started = Instant::now();
     match (&plan.build, plan.range.repo()) {
         (BuildStep::Build(_), Some(repo)) if !block::runs_the_commit(&plan.target, repo) => {
-            return Err(Failure::BadInput(format!(
-                "no role of target {} launches from {} and no restart command names {{commit}} or {{commit_dir}}: every commit would be measured on the same engine\n  fix: point the roles' launch configs into the repository, name {{commit_dir}} in their restart commands, or use --artifact",
-                plan.target.name,
-                repo.display()
-            ).into())
+            return Err(Failure::bad_input(
+                format!(
+                    "no role of target {} launches from {} and no restart command names {{commit}} or {{commit_dir}}: every commit would be measured on the same engine",
+                    plan.target.name,
+                    repo.display()
+                ),
+                "point the roles' launch configs into the repository, name {commit_dir} in their restart commands, or use --artifact",
+            )
             .into());
         }
         (BuildStep::Build(_), None) => {
-            return Err(Failure::BadInput(
-                "--releases has no repository to build in\n  fix: pass --artifact with a command over {release} that installs or points to that release".into(),
+            return Err(Failure::bad_input(
+                "--releases has no repository to build in",
+                "pass --artifact with a command over {release} that installs or points to that release",
             )
             .into());
         }
@@ -208,7 +212,7 @@ pub async fn run(
     let params = plan.params(commits.len());
     params
         .validate()
-        .map_err(|e| Failure::BadInput(format!("{e}\n  fix: adjust the option named").into()))?;
+        .map_err(|e| Failure::bad_input(e.to_string(), "adjust the option named"))?;
     std::fs::create_dir_all(&plan.dir)
         .with_context(|| format!("creating {}", plan.dir.display()))?;
     let header = plan.header(&commits);
@@ -265,12 +269,15 @@ pub async fn run(
 fn logged_steps(log_path: &std::path::Path, header: &Header) -> anyhow::Result<Vec<StepEntry>> {
     let (logged, steps) = record::read_log(log_path)?;
     if logged != *header {
-        return Err(Failure::BadInput(format!(
-            "{}: the search it logged differs from this one (logged {:?}; now {:?})\n  fix: resume with the same --repo, GOOD, BAD (or --releases), --find, --build/--artifact, --sessions, --concurrency, --alpha, --min-effect, --max-sessions, --flag, --background, --set and --parallel",
-            log_path.display(),
-            logged,
-            header
-        ).into())
+        return Err(Failure::bad_input(
+            format!(
+                "{}: the search it logged differs from this one (logged {:?}; now {:?})",
+                log_path.display(),
+                logged,
+                header
+            ),
+            "resume with the same --repo, GOOD, BAD (or --releases), --find, --build/--artifact, --sessions, --concurrency, --alpha, --min-effect, --max-sessions, --flag, --background, --set and --parallel",
+        )
         .into());
     }
     Ok(steps)
@@ -311,10 +318,13 @@ impl Driving<'_> {
                     continue;
                 };
                 if step.commit != test.commit || step.purpose != test.purpose {
-                    return Err(Failure::BadInput(format!(
-                        "steps.jsonl step {}: the log tested commit {} ({:?}), the search now asks for {} ({:?})\n  fix: resume with the options the search was started with",
-                        step.step, step.commit, step.purpose, test.commit, test.purpose
-                    ).into())
+                    return Err(Failure::bad_input(
+                        format!(
+                            "steps.jsonl step {}: the log tested commit {} ({:?}), the search now asks for {} ({:?})",
+                            step.step, step.commit, step.purpose, test.commit, test.purpose
+                        ),
+                        "resume with the options the search was started with",
+                    )
                     .into());
                 }
                 self.search.observe(test, &step.observation, step.spent);

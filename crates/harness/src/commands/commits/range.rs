@@ -99,10 +99,10 @@ impl RangeSpec {
 /// command line can carry unquoted (`{release}` is pasted into `sh -c`).
 pub fn parse_releases(names: &[String]) -> Result<Vec<String>, Failure> {
     let bad = |what: String| {
-        Failure::BadInput(format!(
-            "--releases {}: {what}\n  fix: list two or more release names, oldest first, separated by commas (e.g. --releases 0.3.7,0.3.8,0.3.9)",
-            names.join(",")
-        ).into())
+        Failure::bad_input(
+            format!("--releases {}: {what}", names.join(",")),
+            "list two or more release names, oldest first, separated by commas (e.g. --releases 0.3.7,0.3.8,0.3.9)",
+        )
     };
     if names.len() < 2 {
         return Err(bad("a search needs two releases or more".into()));

@@ -448,22 +448,22 @@ pub(crate) fn read_log(path: &Path) -> anyhow::Result<(Header, Vec<StepEntry>)> 
             Ok(Line::Step(s)) => steps.push(*s),
             Err(_) if i + 1 == lines.len() => break,
             Err(e) => {
-                return Err(crate::exit::Failure::BadInput(format!(
-                    "{}:{}: not a step of bisect commits: {e}\n  fix: resume from the folder the search wrote, unedited",
-                    path.display(),
-                    i + 1
-                ).into())
+                return Err(crate::exit::Failure::bad_input(
+                    format!(
+                        "{}:{}: not a step of bisect commits: {e}",
+                        path.display(),
+                        i + 1
+                    ),
+                    "resume from the folder the search wrote, unedited",
+                )
                 .into())
             }
         }
     }
     let header = header.ok_or_else(|| {
-        crate::exit::Failure::BadInput(
-            format!(
-                "{}: no header line\n  fix: resume from the folder the search wrote",
-                path.display()
-            )
-            .into(),
+        crate::exit::Failure::bad_input(
+            format!("{}: no header line", path.display()),
+            "resume from the folder the search wrote",
         )
     })?;
     Ok((header, steps))

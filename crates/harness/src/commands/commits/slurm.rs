@@ -78,10 +78,13 @@ pub(crate) fn refuse_shared_writes(
     if shared.is_empty() {
         return Ok(());
     }
-    Err(Failure::BadInput(format!(
-        "--parallel with --flag or --set: a round's blocks run at once and each writes its values into {}, which every task shares (outside the repository's worktrees)\n  fix: point the roles' launch configs into the repository and use --build, or drop --parallel and --sbatch",
-        shared.join(", ")
-    ).into())
+    Err(Failure::bad_input(
+        format!(
+            "--parallel with --flag or --set: a round's blocks run at once and each writes its values into {}, which every task shares (outside the repository's worktrees)",
+            shared.join(", ")
+        ),
+        "point the roles' launch configs into the repository and use --build, or drop --parallel and --sbatch",
+    )
     .into())
 }
 
@@ -98,8 +101,9 @@ pub(crate) fn refuse_shared_artifacts(
         .iter()
         .any(|r| r.restart.as_deref().is_some_and(|c| c.contains("{commit}")));
     if matches!(build, BuildStep::Artifact(_)) && !named {
-        return Err(Failure::BadInput(
-            "--parallel with --artifact: a round's tasks install their commits' artifacts at once, and nothing tells that they do not share one environment\n  fix: name {commit} in the roles' restart commands (e.g. an image tag), or use --build with the build's product inside the worktree, or drop --parallel and --sbatch".into(),
+        return Err(Failure::bad_input(
+            "--parallel with --artifact: a round's tasks install their commits' artifacts at once, and nothing tells that they do not share one environment",
+            "name {commit} in the roles' restart commands (e.g. an image tag), or use --build with the build's product inside the worktree, or drop --parallel and --sbatch",
         )
         .into());
     }
@@ -294,11 +298,14 @@ impl SlurmRounds {
         let job = match (out.status.success(), Job::parse(&stdout)) {
             (true, Some(job)) => job,
             _ => {
-                return Err(Failure::BadInput(format!(
-                    "sbatch refused the round's job array ({}): {}\n  fix: check the --sbatch options (partition, account, time) against the cluster",
-                    out.status,
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ).into())
+                return Err(Failure::bad_input(
+                    format!(
+                        "sbatch refused the round's job array ({}): {}",
+                        out.status,
+                        String::from_utf8_lossy(&out.stderr).trim()
+                    ),
+                    "check the --sbatch options (partition, account, time) against the cluster",
+                )
                 .into())
             }
         };

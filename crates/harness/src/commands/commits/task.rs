@@ -111,10 +111,13 @@ pub fn search_dir(round: &Path) -> anyhow::Result<PathBuf> {
         .and_then(Path::parent)
         .map(Path::to_path_buf)
         .ok_or_else(|| {
-            Failure::BadInput(format!(
-                "--round-task {}: not a round folder of a search (<search>/rounds/sNNN)\n  fix: --round-task is written by `bisect commits --parallel` into its job scripts; do not pass it by hand",
-                round.display()
-            ).into())
+            Failure::bad_input(
+                format!(
+                    "--round-task {}: not a round folder of a search (<search>/rounds/sNNN)",
+                    round.display()
+                ),
+                "--round-task is written by `bisect commits --parallel` into its job scripts; do not pass it by hand",
+            )
             .into()
         })
 }
@@ -131,14 +134,16 @@ pub async fn run_task(
 ) -> anyhow::Result<StepEntry> {
     let tasks = read_tasks(round)?;
     let Some(planned) = tasks.steps.get(index) else {
-        return Err(Failure::BadInput(
+        return Err(Failure::bad_input(
             format!(
-                "array task {index}: {} plans {} steps\n  fix: submit the round with --array=0-{}",
+                "array task {index}: {} plans {} steps",
                 round.join(TASKS_FILE).display(),
-                tasks.steps.len(),
+                tasks.steps.len()
+            ),
+            format!(
+                "submit the round with --array=0-{}",
                 tasks.steps.len().saturating_sub(1)
-            )
-            .into(),
+            ),
         )
         .into());
     };
@@ -161,10 +166,13 @@ fn same_search(plan: &CommitsPlan) -> anyhow::Result<()> {
     let commits = plan.range.list(plan.find)?;
     let now = plan.header(&commits);
     if now != logged {
-        return Err(Failure::BadInput(format!(
-            "{}: this task parsed another search from its arguments (logged {logged:?}; task {now:?})\n  fix: run every task with the bisect binary and arguments the search was started with",
-            log.display()
-        ).into())
+        return Err(Failure::bad_input(
+            format!(
+                "{}: this task parsed another search from its arguments (logged {logged:?}; task {now:?})",
+                log.display()
+            ),
+            "run every task with the bisect binary and arguments the search was started with",
+        )
         .into());
     }
     Ok(())

@@ -87,10 +87,10 @@ impl CulpritPlan {
         check_request(&self.flags, self.budget, &self.workload)?;
         for (pinned, _) in &self.sets {
             if self.flags.iter().any(|f| f.name == pinned.name) {
-                return Err(Failure::BadInput(format!(
-                    "--set {}: the flag is also listed in --flags\n  fix: list it or pin it, not both",
-                    pinned.name
-                ).into())
+                return Err(Failure::bad_input(
+                    format!("--set {}: the flag is also listed in --flags", pinned.name),
+                    "list it or pin it, not both",
+                )
                 .into());
             }
         }
@@ -142,28 +142,31 @@ impl CulpritPlan {
 pub fn check_request(flags: &[FlagSpec], budget: u64, workload: &Workload) -> Result<(), Failure> {
     let k = flags.len();
     if k < 2 {
-        return Err(Failure::BadInput(format!(
-            "culprit search needs at least 2 flags, got {k}\n  fix: pass --flags A,B[,C...], or use `bisect run --flag NAME` for one flag"
-        ).into()));
+        return Err(Failure::bad_input(
+            format!("culprit search needs at least 2 flags, got {k}"),
+            "pass --flags A,B[,C...], or use `bisect run --flag NAME` for one flag",
+        ));
     }
     for (i, f) in flags.iter().enumerate() {
         if flags[..i].iter().any(|g| g.name == f.name) {
-            return Err(Failure::BadInput(
-                format!(
-                    "flag {} is given twice in --flags\n  fix: name each flag once",
-                    f.name
-                )
-                .into(),
+            return Err(Failure::bad_input(
+                format!("flag {} is given twice in --flags", f.name),
+                "name each flag once",
             ));
         }
     }
     let block = u64::from(workload.target_concurrency()).max(MIN_BLOCK);
     if budget < 2 * block {
-        return Err(Failure::BadInput(format!(
-            "--budget {budget} cannot pay for the two ends of the search (a block of {block} sessions each, at {} in flight)\n  fix: pass --budget {} or more (the default is {DEFAULT_BUDGET})",
-            workload.target_concurrency(),
-            2 * block
-        ).into()));
+        return Err(Failure::bad_input(
+            format!(
+                "--budget {budget} cannot pay for the two ends of the search (a block of {block} sessions each, at {} in flight)",
+                workload.target_concurrency()
+            ),
+            format!(
+                "pass --budget {} or more (the default is {DEFAULT_BUDGET})",
+                2 * block
+            ),
+        ));
     }
     Ok(())
 }
@@ -191,19 +194,23 @@ fn failing_values(target: &TargetProfile, flags: &[FlagSpec]) -> anyhow::Result<
             seen.push((role.name.clone(), value));
         }
         let Some((_, failing)) = seen.first().cloned() else {
-            return Err(Failure::BadInput(format!(
-                "flag {} lists roles {:?}, none of which the target has\n  fix: correct the flag's roles in {}",
-                flag.name,
-                flag.roles,
-                flag.source.display()
-            ).into())
+            return Err(Failure::bad_input(
+                format!(
+                    "flag {} lists roles {:?}, none of which the target has",
+                    flag.name, flag.roles
+                ),
+                format!("correct the flag's roles in {}", flag.source.display()),
+            )
             .into());
         };
         if let Some((role, other)) = seen.iter().find(|(_, v)| *v != failing) {
-            return Err(Failure::BadInput(format!(
-                "flag {} is {failing} in role {}'s launch config but {other} in role {role}'s: the configuration as it is is half-applied\n  fix: make the roles agree, or pin the flag with --set",
-                flag.name, seen[0].0
-            ).into())
+            return Err(Failure::bad_input(
+                format!(
+                    "flag {} is {failing} in role {}'s launch config but {other} in role {role}'s: the configuration as it is is half-applied",
+                    flag.name, seen[0].0
+                ),
+                "make the roles agree, or pin the flag with --set",
+            )
             .into());
         }
         let passing = if failing == flag.on {
@@ -361,12 +368,15 @@ fn logged_blocks(
 ) -> anyhow::Result<Vec<(BlockRequest, BlockOutcome)>> {
     let logged = steplog::read(log_path)?;
     if logged.header != *header {
-        return Err(Failure::BadInput(format!(
-            "{}: the search it logged differs from this one (logged {:?}; now {:?})\n  fix: resume with the same --flags, --set, --concurrency, --seed and --budget, and unchanged launch configs",
-            log_path.display(),
-            logged.header,
-            header
-        ).into())
+        return Err(Failure::bad_input(
+            format!(
+                "{}: the search it logged differs from this one (logged {:?}; now {:?})",
+                log_path.display(),
+                logged.header,
+                header
+            ),
+            "resume with the same --flags, --set, --concurrency, --seed and --budget, and unchanged launch configs",
+        )
         .into());
     }
     Ok(logged.blocks)

@@ -154,14 +154,13 @@ impl TestbedRunner<'_, '_> {
         if !stats.engine_replaced.is_empty() {
             // Part of the block ran on an engine that restarted by itself: its sessions
             // are not this configuration's, and the search's steps compare blocks.
-            return Err(Failure::CouldNotRun(
+            return Err(Failure::could_not_run(
                 format!(
-                    "block {}: {}\n  fix: find why the engine restarted (its logs) and resume \
-                 the search with --resume",
+                    "block {}: {}",
                     request.block,
                     stats.engine_replaced.join("; ")
-                )
-                .into(),
+                ),
+                "find why the engine restarted (its logs) and resume the search with --resume",
             )
             .into());
         }

@@ -29,7 +29,7 @@ use serde_json::Value;
 use crate::commands::matrix::record::MatrixRecord;
 use crate::core::session::Counts;
 use crate::core::verdict::Severity;
-use crate::exit::Failure;
+use crate::exit::{Failure, Problem};
 use crate::results::run_record::RunRecord;
 
 pub use export::render;
@@ -146,10 +146,13 @@ pub(crate) fn kind_of(dir: &Path) -> anyhow::Result<Kind> {
         .into_iter()
         .find(|k| dir.join(k.file()).is_file())
         .ok_or_else(|| {
-            Failure::BadInput(format!(
-                "{}: no such file (and no matrix.json beside it)\n  fix: pass results directories written by `bisect run` or `bisect matrix`",
-                dir.join("run.json").display()
-            ).into())
+            Failure::bad_input(
+                format!(
+                    "{}: no such file (and no matrix.json beside it)",
+                    dir.join("run.json").display()
+                ),
+                "pass results directories written by `bisect run` or `bisect matrix`",
+            )
             .into()
         })
 }
@@ -162,14 +165,11 @@ pub fn load(dir: &Path) -> anyhow::Result<Record> {
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let bad = |e: serde_json::Error| {
-        Failure::BadInput(
-            format!(
-                "{}: not a {} record bisect can read: {e}",
-                path.display(),
-                kind.noun()
-            )
-            .into(),
-        )
+        Failure::BadInput(Problem::message_only(format!(
+            "{}: not a {} record bisect can read: {e}",
+            path.display(),
+            kind.noun()
+        )))
     };
     Ok(match kind {
         Kind::Run => Record::Run(serde_json::from_str(&text).map_err(bad)?),
@@ -184,13 +184,13 @@ pub fn diff_dirs(a: &Path, b: &Path) -> anyhow::Result<Diff> {
     if kind_a != kind_b {
         let describe =
             |k: Kind, p: &Path| format!("{} is a {} ({})", p.display(), k.noun(), k.file());
-        return Err(Failure::BadInput(
+        return Err(Failure::bad_input(
             format!(
-                "cannot diff a run against a matrix: {}, {}\n  fix: diff two runs or two matrices",
+                "cannot diff a run against a matrix: {}, {}",
                 describe(kind_a, a),
                 describe(kind_b, b)
-            )
-            .into(),
+            ),
+            "diff two runs or two matrices",
         )
         .into());
     }

@@ -24,7 +24,10 @@ pub struct Merged {
 /// Read the shard directories and join them (nothing is written).
 pub fn join(dirs: &[PathBuf], id: &str, command: &str) -> anyhow::Result<Merged> {
     if dirs.is_empty() {
-        return Err(bad("no directories to merge\n  fix: pass the shard directories, e.g. bisect merge results/night/*".into()));
+        return Err(bad(
+            "no directories to merge".into(),
+            "pass the shard directories, e.g. bisect merge results/night/*",
+        ));
     }
     let shards = read_shards(dirs)?;
     let owner = cell_owners(&shards)?;
@@ -49,12 +52,15 @@ fn cell_owners(
                 continue;
             }
             if let Some((other, _)) = owner.insert(cell.id.as_str(), (s, c)) {
-                return Err(bad(format!(
-                    "overlapping shards: cell {} is in both {} and {}\n  fix: merge one directory per shard (I/N with the same N, each I once)",
-                    cell.id,
-                    shards[other].0.display(),
-                    dir.display()
-                )));
+                return Err(bad(
+                    format!(
+                        "overlapping shards: cell {} is in both {} and {}",
+                        cell.id,
+                        shards[other].0.display(),
+                        dir.display()
+                    ),
+                    "merge one directory per shard (I/N with the same N, each I once)",
+                ));
             }
         }
     }
@@ -91,13 +97,16 @@ fn check_all_settled(
             )
         })
         .collect();
-    Err(bad(format!(
-        "{} of {} cells are in no finished shard: {}\n  shards given: {}\n  fix: run the missing shards (or rerun the failed ones) and merge again",
-        missing.len(),
-        first.plan.cells.len(),
-        missing.join(", "),
-        given.join("; ")
-    )))
+    Err(bad(
+        format!(
+            "{} of {} cells are in no finished shard: {}\n  shards given: {}",
+            missing.len(),
+            first.plan.cells.len(),
+            missing.join(", "),
+            given.join("; ")
+        ),
+        "run the missing shards (or rerun the failed ones) and merge again",
+    ))
 }
 
 /// The merged matrix record: the plan's cells in plan order, each from its owner shard
@@ -170,24 +179,28 @@ fn read_shards(dirs: &[PathBuf]) -> anyhow::Result<Vec<(PathBuf, MatrixRecord)>>
     let mut shards = Vec::new();
     for dir in dirs {
         let record = export::read_matrix(dir).map_err(|e| {
-            bad(format!(
-                "{e:#}\n  fix: pass directories written by `bisect matrix --shard I/N`"
-            ))
+            bad(
+                format!("{e:#}"),
+                "pass directories written by `bisect matrix --shard I/N`",
+            )
         })?;
         shards.push((dir.clone(), record));
     }
     let (first_dir, first) = &shards[0];
     for (dir, r) in &shards[1..] {
         if r.plan.name != first.plan.name || r.plan.hash != first.plan.hash {
-            return Err(bad(format!(
-                "shards of different plans: {} is plan {:?} (hash {}), {} is plan {:?} (hash {})\n  fix: merge only the shards of one night of one plan",
-                first_dir.display(),
-                first.plan.name,
-                first.plan.hash,
-                dir.display(),
-                r.plan.name,
-                r.plan.hash
-            )));
+            return Err(bad(
+                format!(
+                    "shards of different plans: {} is plan {:?} (hash {}), {} is plan {:?} (hash {})",
+                    first_dir.display(),
+                    first.plan.name,
+                    first.plan.hash,
+                    dir.display(),
+                    r.plan.name,
+                    r.plan.hash
+                ),
+                "merge only the shards of one night of one plan",
+            ));
         }
     }
     Ok(shards)
@@ -197,10 +210,10 @@ fn read_shards(dirs: &[PathBuf]) -> anyhow::Result<Vec<(PathBuf, MatrixRecord)>>
 /// from the shard it was taken from, and write the merged record's files.
 pub fn write(merged: &Merged, out: &Path) -> anyhow::Result<()> {
     if out.join(export::FILE).exists() {
-        return Err(bad(format!(
-            "{} already holds a matrix\n  fix: pass a new --out directory",
-            out.display()
-        )));
+        return Err(bad(
+            format!("{} already holds a matrix", out.display()),
+            "pass a new --out directory",
+        ));
     }
     std::fs::create_dir_all(out.join("cells"))
         .with_context(|| format!("creating {}", out.join("cells").display()))?;
@@ -229,6 +242,6 @@ fn copy_dir(from: &Path, to: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn bad(message: String) -> anyhow::Error {
-    Failure::BadInput(message.into()).into()
+fn bad(message: String, fix: &str) -> anyhow::Error {
+    Failure::bad_input(message, fix).into()
 }

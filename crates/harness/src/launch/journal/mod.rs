@@ -33,7 +33,7 @@ use anyhow::{anyhow, bail, Context};
 use serde::{Deserialize, Serialize};
 
 use crate::config::{FlagSpec, RoleSpec};
-use crate::exit::Failure;
+use crate::exit::{Failure, Problem};
 
 use super::state::{self, LockGuard, Reentry, SpawnedGroup};
 use super::{read_setting, write_setting, LaunchError};
@@ -301,16 +301,16 @@ impl Editor {
             let now = fs::read(&f.path)
                 .with_context(|| format!("reading launch config {}", f.path.display()))?;
             if now != f.written {
-                return Err(Failure::CouldNotRun(
+                return Err(Failure::could_not_run(
                     format!(
                         "{} was changed by someone other than bisect while bisect had it edited: \
-                     the next arm and every later one would run with that change, so the arms \
-                     would differ by more than the flag; stopping\n  fix: leave the launch \
-                     configs alone while bisect runs on them, then run again (bisect puts the \
-                     original back now and keeps the changed version beside the file)",
+                         the next arm and every later one would run with that change, so the \
+                         arms would differ by more than the flag; stopping",
                         f.path.display()
-                    )
-                    .into(),
+                    ),
+                    "leave the launch configs alone while bisect runs on them, then run again \
+                     (bisect puts the original back now and keeps the changed version beside \
+                     the file)",
                 )
                 .into());
             }
@@ -444,13 +444,17 @@ impl Drop for Editor {
                     .map(|f| f.dir.display().to_string())
                     .collect();
                 // Written, not `eprintln!`: a panic here, in a drop, would abort.
-                let _ = writeln!(
-                    std::io::stderr().lock(),
-                    "error: the launch configs are still edited: could not restore them: {e:#}\n  \
-                     fix: free what blocked the write (a full disk?), then run `bisect restore` \
-                     (journals in {})",
-                    journals.join(", ")
+                let problem = Problem::new(
+                    format!(
+                        "error: the launch configs are still edited: could not restore them: {e:#}"
+                    ),
+                    format!(
+                        "free what blocked the write (a full disk?), then run `bisect restore` \
+                         (journals in {})",
+                        journals.join(", ")
+                    ),
                 );
+                let _ = writeln!(std::io::stderr().lock(), "{problem}");
             }
         }
         for kept in self.kept.drain(..) {

@@ -75,18 +75,24 @@ pub struct Baseline {
 pub fn load_explicit(dir: &Path, plan_name: &str) -> anyhow::Result<Baseline> {
     let record = super::export::read_matrix(dir)?;
     if record.plan.name != plan_name {
-        return Err(crate::exit::Failure::BadInput(format!(
-            "{}: baseline is a matrix of plan {:?}, this is plan {plan_name:?}\n  fix: pass a baseline of the same plan",
-            dir.display(),
-            record.plan.name
-        ).into())
+        return Err(crate::exit::Failure::bad_input(
+            format!(
+                "{}: baseline is a matrix of plan {:?}, this is plan {plan_name:?}",
+                dir.display(),
+                record.plan.name
+            ),
+            "pass a baseline of the same plan",
+        )
         .into());
     }
     if record.shard.is_some() {
-        return Err(crate::exit::Failure::BadInput(format!(
-            "{}: baseline is one shard, not a whole matrix\n  fix: merge the night's shards (`bisect merge`) and pass the merged directory",
-            dir.display()
-        ).into())
+        return Err(crate::exit::Failure::bad_input(
+            format!(
+                "{}: baseline is one shard, not a whole matrix",
+                dir.display()
+            ),
+            "merge the night's shards (`bisect merge`) and pass the merged directory",
+        )
         .into());
     }
     Ok(Baseline {
