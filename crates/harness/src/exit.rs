@@ -59,6 +59,13 @@ pub struct Problem {
     pub fix: Option<String>,
 }
 
+/// A problem in a record (`bisect check`'s refused edits) is the text it prints.
+impl serde::Serialize for Problem {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 /// How a fix is set under its message when printed.
 const FIX_LINE: &str = "\n  fix: ";
 

@@ -329,7 +329,6 @@ pub(crate) fn write_setting(
 ) -> Result<String, LaunchError> {
     validate_value(value).map_err(|reason| LaunchError::BadValue {
         flag: flag.name.clone(),
-        value: value.to_string(),
         reason,
     })?;
     let cmds = commands(text);
@@ -346,7 +345,6 @@ pub(crate) fn write_setting(
             if value.is_empty() {
                 return Err(LaunchError::BadValue {
                     flag: flag.name.clone(),
-                    value: value.to_string(),
                     reason: format!("{arg} needs a non-empty value"),
                 });
             }
@@ -373,7 +371,6 @@ pub(crate) fn write_setting(
             } else {
                 Err(LaunchError::BadValue {
                     flag: flag.name.clone(),
-                    value: value.to_string(),
                     reason: format!(
                         "{sw} is a switch: its values are {:?} (present) and {:?} (absent)",
                         flag.on, flag.off

@@ -19,6 +19,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
+use crate::exit::Problem;
+
 pub(crate) use edit::{check_partial, read_setting, setting_line, write_setting};
 pub use journal::Recovery;
 pub use journal::{recover, recover_at, Kept};
@@ -91,48 +93,36 @@ pub(crate) fn state_root_for_tests(root: &std::path::Path, canonical: &[PathBuf]
     state::state_path(root, canonical)
 }
 
-/// A launch config or flag value the editor refuses. `Display` names the file and line
-/// where known and says how to fix it.
-#[derive(Debug, thiserror::Error)]
+/// A launch config or flag value the editor refuses. [`LaunchError::problem`] says what
+/// is wrong (naming the file and line where known) and how to fix it, as two values;
+/// `Display` prints them the way every problem is printed.
+#[derive(Debug)]
 pub(crate) enum LaunchError {
-    #[error("flag {flag}: {reason}\n  fix: use a plain value (letters, digits, . _ : / , = + -)")]
     BadValue {
         flag: String,
-        value: String,
         reason: String,
     },
     /// The flag's setting appears in the launch config of a role the flag does not list.
-    #[error("{path}:{line}: {message}\n  fix: {fix}", path = path.display())]
     Partial {
+        /// Which role's config sets it (its message names it too).
+        #[allow(dead_code)]
         role: String,
         path: PathBuf,
         line: usize,
         message: String,
         fix: String,
     },
-    #[error(
-        "{path}:{line}: no launch command to add {key} (flag {flag}) to\n  fix: make the script end with its launch command (e.g. `exec python -m sglang.launch_server ...`) or add {key} to it by hand",
-        path = path.display()
-    )]
     NoPlace {
         path: PathBuf,
         line: usize,
         flag: String,
         key: String,
     },
-    #[error(
-        "flag {flag} lists roles {} but the target has none of them (its roles: {})\n  fix: name the target's roles in the flag's roles (a --flags-dir copy of {flag}.toml), or rename the target's roles",
-        listed.join(", "), available.join(", ")
-    )]
     NoRole {
         flag: String,
         listed: Vec<String>,
         available: Vec<String>,
     },
-    #[error(
-        "{path}: after writing {key}={expected} for role {role:?}, reading it back gives {}\n  fix: check the script for a later or conditional setting of {key} that bisect cannot see, or set it by hand once",
-        found.as_deref().map(|f| format!("{f:?}")).unwrap_or_else(|| "nothing".into()), path = path.display()
-    )]
     Readback {
         role: String,
         path: PathBuf,
@@ -141,10 +131,87 @@ pub(crate) enum LaunchError {
         found: Option<String>,
     },
     /// Checked for every launch config before the first edit.
-    #[error("{path}: launch config {reason}\n  fix: {fix}", path = path.display())]
     NotWritable {
         path: PathBuf,
         reason: String,
         fix: String,
     },
 }
+
+impl LaunchError {
+    /// What is wrong and what to do, apart.
+    pub(crate) fn problem(&self) -> Problem {
+        match self {
+            LaunchError::BadValue { flag, reason, .. } => Problem::new(
+                format!("flag {flag}: {reason}"),
+                "use a plain value (letters, digits, . _ : / , = + -)",
+            ),
+            LaunchError::Partial {
+                path,
+                line,
+                message,
+                fix,
+                ..
+            } => Problem::new(format!("{}:{line}: {message}", path.display()), fix.clone()),
+            LaunchError::NoPlace {
+                path,
+                line,
+                flag,
+                key,
+            } => Problem::new(
+                format!(
+                    "{}:{line}: no launch command to add {key} (flag {flag}) to",
+                    path.display()
+                ),
+                format!(
+                    "make the script end with its launch command (e.g. `exec python -m sglang.launch_server ...`) or add {key} to it by hand"
+                ),
+            ),
+            LaunchError::NoRole {
+                flag,
+                listed,
+                available,
+            } => Problem::new(
+                format!(
+                    "flag {flag} lists roles {} but the target has none of them (its roles: {})",
+                    listed.join(", "),
+                    available.join(", ")
+                ),
+                format!(
+                    "name the target's roles in the flag's roles (a --flags-dir copy of {flag}.toml), or rename the target's roles"
+                ),
+            ),
+            LaunchError::Readback {
+                role,
+                path,
+                key,
+                expected,
+                found,
+            } => Problem::new(
+                format!(
+                    "{}: after writing {key}={expected} for role {role:?}, reading it back gives {}",
+                    path.display(),
+                    found
+                        .as_deref()
+                        .map(|f| format!("{f:?}"))
+                        .unwrap_or_else(|| "nothing".into())
+                ),
+                format!(
+                    "check the script for a later or conditional setting of {key} that bisect cannot see, or set it by hand once"
+                ),
+            ),
+            LaunchError::NotWritable { path, reason, fix } => Problem::new(
+                format!("{}: launch config {reason}", path.display()),
+                fix.clone(),
+            ),
+        }
+    }
+}
+
+impl std::fmt::Display for LaunchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.problem().fmt(f)
+    }
+}
+
+impl std::error::Error for LaunchError {}

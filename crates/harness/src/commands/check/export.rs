@@ -90,7 +90,10 @@ fn flags(out: &mut String, r: &CheckReport) {
                         let _ = writeln!(
                             out,
                             "{head} REFUSED: {}",
-                            a.error.as_deref().unwrap_or("").replace('\n', " ")
+                            a.error
+                                .as_ref()
+                                .map_or(String::new(), |e| e.to_string())
+                                .replace('\n', " ")
                         );
                     }
                     "unchanged" => {

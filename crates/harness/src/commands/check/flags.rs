@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use super::{role_names, split_fix, ArmEdit, FlagCheck, Problem, RoleEdit};
+use super::{role_names, ArmEdit, FlagCheck, Problem, RoleEdit};
 use crate::config::{line_of, Coverage, FlagSpec, TargetProfile};
 use crate::launch::{check_partial, read_setting, setting_line, write_setting};
 
@@ -69,12 +69,7 @@ fn check_coverage(
         });
     }
     if let Err(e) = check_partial(flag, texts) {
-        let (message, fix) = split_fix(&e.to_string());
-        problems.push(Problem {
-            subject: subject.to_string(),
-            message,
-            fix,
-        });
+        problems.push(Problem::of(subject.to_string(), e.problem()));
     }
 }
 
@@ -97,12 +92,10 @@ fn role_edits(
         for (arm, value) in [("on", &flag.on), ("off", &flag.off)] {
             let edit = dry_run(flag, path, text, arm, value);
             if let Some(error) = &edit.error {
-                let (message, fix) = split_fix(error);
-                problems.push(Problem {
-                    subject: format!("{subject} ({arm}, role {role})"),
-                    message,
-                    fix,
-                });
+                problems.push(Problem::of(
+                    format!("{subject} ({arm}, role {role})"),
+                    error.clone(),
+                ));
             }
             arms.push(edit);
         }
@@ -158,7 +151,7 @@ fn check_key_found(
 /// One arm's edit computed with the real editor on the text in memory, then read back
 /// the way a run reads back the file it wrote.
 pub(super) fn dry_run(flag: &FlagSpec, path: &Path, text: &str, arm: &str, value: &str) -> ArmEdit {
-    let refused = |error: String| ArmEdit {
+    let refused = |error: crate::exit::Problem| ArmEdit {
         arm: arm.into(),
         value: value.into(),
         change: "refused".into(),
@@ -169,15 +162,20 @@ pub(super) fn dry_run(flag: &FlagSpec, path: &Path, text: &str, arm: &str, value
     };
     let edited = match write_setting(text, flag, value, path) {
         Ok(edited) => edited,
-        Err(e) => return refused(e.to_string()),
+        Err(e) => return refused(e.problem()),
     };
     let found = read_setting(&edited, &flag.setting, flag);
     if found.as_deref() != Some(value) {
         let key = flag.setting.key();
-        return refused(format!(
-            "{}: after writing {key}={value}, reading it back gives {}\n  fix: check the launch config for a later or conditional setting of {key} that bisect cannot see, or set it by hand once",
-            path.display(),
-            found.map(|f| format!("{f:?}")).unwrap_or_else(|| "nothing".into())
+        return refused(crate::exit::Problem::new(
+            format!(
+                "{}: after writing {key}={value}, reading it back gives {}",
+                path.display(),
+                found.map(|f| format!("{f:?}")).unwrap_or_else(|| "nothing".into())
+            ),
+            format!(
+                "check the launch config for a later or conditional setting of {key} that bisect cannot see, or set it by hand once"
+            ),
         ));
     }
     let (line, before, after) = changed_lines(text, &edited);

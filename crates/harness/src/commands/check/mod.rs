@@ -45,6 +45,17 @@ pub struct Problem {
     pub fix: String,
 }
 
+impl Problem {
+    /// A refusal's problem (what is wrong and its fix, apart) about `subject`.
+    pub(crate) fn of(subject: String, problem: crate::exit::Problem) -> Problem {
+        Problem {
+            subject,
+            message: problem.message,
+            fix: problem.fix.unwrap_or_default(),
+        }
+    }
+}
+
 /// The outcome of `bisect check`; `problems` empty means every check passed.
 #[derive(Debug, Clone, Serialize)]
 pub struct CheckReport {
@@ -130,7 +141,8 @@ pub struct ArmEdit {
     pub line: usize,
     pub before: Vec<String>,
     pub after: Vec<String>,
-    pub error: Option<String>,
+    /// Why the editor refused it (`change` is `refused`); written as the text it prints.
+    pub error: Option<crate::exit::Problem>,
 }
 
 /// One URL asked.
@@ -395,14 +407,6 @@ pub(super) fn role_names(target: &TargetProfile) -> String {
         .map(|r| r.name.as_str())
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-/// A `LaunchError`'s text split into what is wrong and its `fix:` line.
-pub(super) fn split_fix(text: &str) -> (String, String) {
-    match text.split_once("\n  fix: ") {
-        Some((message, fix)) => (message.to_string(), fix.to_string()),
-        None => (text.to_string(), String::new()),
-    }
 }
 
 pub mod export;

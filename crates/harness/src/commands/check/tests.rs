@@ -292,7 +292,7 @@ fn dry_run_refuses_what_the_read_back_would() {
     assert_eq!((e.change.as_str(), e.line), ("unchanged", 1));
     let bad = dry_run(&flag, Path::new("p.sh"), text, "off", "0 1");
     assert_eq!(bad.change, "refused");
-    assert!(bad.error.unwrap().contains("fix:"));
+    assert!(bad.error.unwrap().to_string().contains("fix:"));
 }
 
 /// A llama-server stand-in whose `/props` says whether its template carries tool
