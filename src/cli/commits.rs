@@ -120,7 +120,7 @@ impl CommitsArgs {
         let oracle = self.oracle.solo(&mut workload)?;
         let policy = common.decision.policy()?;
         // The catalog only where a flag is named: a plain search reads no flag files.
-        let (flag, sets) = if self.flag.is_none() && self.set.is_empty() {
+        let (flag, pins) = if self.flag.is_none() && self.set.is_empty() {
             (None, Vec::new())
         } else {
             let catalog = common.target.catalog()?;
@@ -128,8 +128,8 @@ impl CommitsArgs {
                 Some(name) => Some(catalog.get(name)?.clone()),
                 None => None,
             };
-            let sets = parse_pins(&catalog, &self.set, flag.as_ref().map(|f| f.name.as_str()))?;
-            (flag, sets)
+            let pins = parse_pins(&catalog, &self.set, flag.as_ref().map(|f| f.name.as_str()))?;
+            (flag, pins)
         };
         let search_dir = match &self.round_task {
             Some(round) => Some(task::search_dir(round)?),
@@ -169,7 +169,7 @@ impl CommitsArgs {
             rounds: self.rounds()?,
             flag,
             background: self.background,
-            sets,
+            pins,
             testbed: common.testbed(),
             oracle,
         };

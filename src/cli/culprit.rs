@@ -53,7 +53,7 @@ impl CulpritArgs {
                 "drop --sessions; set the load with --concurrency and the most sessions with --budget",
             ));
         }
-        let sets = parse_pins(&catalog, &self.set, None)?;
+        let pins = parse_pins(&catalog, &self.set, None)?;
         let policy = common.decision.policy()?;
         let (id, dir) = match &self.resume {
             Some(dir) => {
@@ -74,7 +74,7 @@ impl CulpritArgs {
             id,
             command: command_line(),
             flags,
-            sets,
+            pins,
             api_key,
             target,
             workload,

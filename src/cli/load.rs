@@ -73,7 +73,7 @@ impl LoadArgs {
             }
         };
         let policy = common.decision.policy()?;
-        let sets = parse_pins(
+        let pins = parse_pins(
             &catalog,
             &self.blocks.set,
             flag.as_ref().map(|f| f.name.as_str()),
@@ -90,7 +90,7 @@ impl LoadArgs {
             params: LoadParams::new(levels, flag.is_some(), allocation, &policy, workload.seed),
             workload,
             flag,
-            sets,
+            pins,
             testbed: common.testbed(),
             oracle,
         })

@@ -452,7 +452,7 @@ impl RunArgs {
                 ));
             }
         }
-        let sets = parse_pins(&catalog, &self.blocks.set, Some(&flag.name))?;
+        let pins = parse_pins(&catalog, &self.blocks.set, Some(&flag.name))?;
         let id = run_id(&flag.name, common.tag.as_deref());
         let run_dir = common.output.results.join(&id);
         let (target, api_key) = common.target.resolve(&run_dir)?;
@@ -463,7 +463,7 @@ impl RunArgs {
             target,
             workload,
             repeats: self.repeats,
-            sets,
+            pins,
             testbed: common.testbed(),
             run_dir,
             policy,
@@ -644,8 +644,8 @@ fn parse_pins(
     catalog: &FlagCatalog,
     pins: &[String],
     under_test: Option<&str>,
-) -> anyhow::Result<Vec<(bisect_harness::config::FlagSpec, String)>> {
-    let mut sets = Vec::new();
+) -> anyhow::Result<Vec<bisect_harness::config::Pin>> {
+    let mut out = Vec::new();
     for s in pins {
         let Some((name, value)) = s.split_once('=') else {
             return Err(usage(
@@ -666,9 +666,9 @@ fn parse_pins(
                 "use only letters, digits and ._:/,=+-",
             )
         })?;
-        sets.push((f, value.to_string()));
+        out.push(bisect_harness::config::Pin::new(f, value));
     }
-    Ok(sets)
+    Ok(out)
 }
 
 fn usage(message: impl Into<String>, fix: impl Into<String>) -> anyhow::Error {

@@ -154,7 +154,7 @@ fn plan(dir: &Path, repo: &Path, target: TargetProfile, concurrency: u32) -> Com
         resume: false,
         flag: None,
         background: 0.02,
-        sets: Vec::new(),
+        pins: Vec::new(),
         testbed: TestbedOptions {
             journal_dir: dir.join("results/.bisect-journal"),
             state_root: Some(dir.join("state")),
@@ -403,7 +403,10 @@ async fn a_pin_reaches_every_commit_and_resume_refuses_another() {
     let dir = tempfile::tempdir().unwrap();
     let (repo, target, shas) = engine_repo(dir.path(), Some(37), false);
     let mut plan = plan(dir.path(), &repo, target, 80);
-    plan.sets = vec![(flag("INDEX_K_HICACHE_SYNC"), "1".into())];
+    plan.pins = vec![bisect_harness::config::Pin::new(
+        flag("INDEX_K_HICACHE_SYNC"),
+        "1",
+    )];
     let record = search(&plan, &dir.path().join("state")).await;
     assert_could_not_reproduce(&record, 80);
     assert_eq!(record.pinned, ["INDEX_K_HICACHE_SYNC=1"]);
@@ -428,7 +431,7 @@ async fn a_pin_reaches_every_commit_and_resume_refuses_another() {
     // Resuming without the pin is another search: refused before anything runs.
     let mut resumed = plan.clone();
     resumed.resume = true;
-    resumed.sets.clear();
+    resumed.pins.clear();
     let controls: Box<ControlFactory<'_>> = Box::new(|target, logs| {
         Ok(Box::new(ProcessControl::new(target, logs, None)?) as Box<dyn EngineControl>)
     });

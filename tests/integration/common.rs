@@ -137,7 +137,7 @@ impl FakeTarget {
             target: self.target.clone(),
             workload,
             repeats: 1,
-            sets: Vec::new(),
+            pins: Vec::new(),
             run_dir: results.join(format!("test-{flag}")),
             policy: Policy::default(),
             api_key: None,
@@ -150,7 +150,8 @@ impl FakeTarget {
     /// Pin the catalog's `flag` to `value` in both arms of `plan` (`--set`).
     pub fn pin(&self, plan: &mut RunPlan, flag: &str, value: &str) {
         let spec = self.catalog.get(flag).unwrap().clone();
-        plan.sets.push((spec, value.into()));
+        plan.pins
+            .push(bisect_harness::config::Pin::new(spec, value));
     }
 }
 

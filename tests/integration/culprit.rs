@@ -30,9 +30,9 @@ pub(crate) fn culprit_plan(t: &FakeTarget, flags: &[&str], sets: &[(&str, &str)]
             .iter()
             .map(|f| t.catalog.get(f).unwrap().clone())
             .collect(),
-        sets: sets
+        pins: sets
             .iter()
-            .map(|(f, v)| (t.catalog.get(f).unwrap().clone(), v.to_string()))
+            .map(|(f, v)| bisect_harness::config::Pin::new(t.catalog.get(f).unwrap().clone(), *v))
             .collect(),
         target: t.target.clone(),
         workload,

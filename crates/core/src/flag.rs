@@ -41,6 +41,29 @@ pub struct FlagSpec {
     pub source: PathBuf,
 }
 
+/// A flag held at one value: a `--set NAME=VALUE` pin, a matrix cell's setting, a load
+/// level's arm value. Written into its roles' launch configs with the rest of a block's
+/// values, read back, and checked against what the engines report.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pin {
+    pub flag: FlagSpec,
+    pub value: String,
+}
+
+impl Pin {
+    pub fn new(flag: FlagSpec, value: impl Into<String>) -> Pin {
+        Pin {
+            flag,
+            value: value.into(),
+        }
+    }
+
+    /// `NAME=VALUE`, as records and step logs name a pin.
+    pub fn words(&self) -> String {
+        format!("{}={}", self.flag.name, self.value)
+    }
+}
+
 impl FlagSpec {
     /// The value an arm labelled `on` or `off` writes.
     pub fn value_for(&self, on: bool) -> &str {

@@ -27,6 +27,7 @@ use anyhow::Context;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::Pin;
 use crate::config::{FlagSpec, TargetProfile, Workload};
 use crate::control::EngineControl;
 use crate::core::arm_stats::{ArmStats, RecordStatus};
@@ -386,12 +387,9 @@ impl<'a> Testbed<'a> {
 
     /// Pin flags for every arm (`--set`, a plan's `[set]`): written, read back, noted.
     /// Returns flag -> read-back.
-    pub fn pin(
-        &mut self,
-        sets: &[(FlagSpec, String)],
-    ) -> anyhow::Result<BTreeMap<String, Readback>> {
+    pub fn pin(&mut self, sets: &[Pin]) -> anyhow::Result<BTreeMap<String, Readback>> {
         let mut pinned = BTreeMap::new();
-        for (flag, value) in sets {
+        for Pin { flag, value } in sets {
             let readback = self.set(flag, value)?;
             if let Some(w) = self.written.iter_mut().find(|w| w.flag.name == flag.name) {
                 w.pinned = true;

@@ -149,7 +149,7 @@ struct Run<'a> {
 impl Run<'_> {
     async fn blocks(&mut self, bed: &mut Testbed<'_>) -> anyhow::Result<()> {
         let editing = Instant::now();
-        bed.pin(&self.plan.sets)?;
+        bed.pin(&self.plan.pins)?;
         self.phases.edit_s += editing.elapsed().as_secs_f64();
         let classifier = Arc::new(self.plan.target.classifier(self.workload)?);
         while let Some(next) = self.schedule.next_block() {

@@ -20,6 +20,7 @@ use crate::arm::{
     NO_EFFECTIVE_WARNING,
 };
 pub use crate::arm::{Progress, Quiet};
+use crate::config::Pin;
 use crate::config::{FlagSpec, TargetProfile, Workload};
 use crate::control::EngineControl;
 use crate::core::arm_stats::ArmLabel;
@@ -41,7 +42,7 @@ pub struct RunPlan {
     pub workload: Workload,
     pub repeats: u32,
     /// Other flags pinned for both arms (`--set`).
-    pub sets: Vec<(FlagSpec, String)>,
+    pub pins: Vec<Pin>,
     pub run_dir: PathBuf,
     pub policy: Policy,
     pub api_key: Option<String>,
@@ -118,7 +119,7 @@ pub async fn run_experiment(
 /// How `run` (fixed or adaptive) opens its testbed: the flag under test and the pins.
 pub(crate) fn testbed_spec(plan: &RunPlan) -> TestbedSpec<'_> {
     let mut flags = vec![&plan.flag];
-    flags.extend(plan.sets.iter().map(|(f, _)| f));
+    flags.extend(plan.pins.iter().map(|p| &p.flag));
     plan.testbed.spec(&plan.target, plan.api_key.clone(), flags)
 }
 
@@ -142,7 +143,7 @@ async fn run_blocks(
     phases: &mut Phases,
 ) -> anyhow::Result<()> {
     let editing = Instant::now();
-    bed.pin(&plan.sets)?;
+    bed.pin(&plan.pins)?;
     phases.edit_s += editing.elapsed().as_secs_f64();
     let classifier = Arc::new(plan.target.classifier(&plan.workload)?);
     for (label, repeat) in arm_order(plan.repeats) {
@@ -413,9 +414,9 @@ pub(crate) fn initial_record(plan: &RunPlan) -> RunRecord {
         flag,
         workload: plan.workload.params_json(),
         sets: plan
-            .sets
+            .pins
             .iter()
-            .map(|(f, v)| (f.name.clone(), v.clone()))
+            .map(|p| (p.flag.name.clone(), p.value.clone()))
             .collect(),
         arms: Vec::new(),
         runs: Vec::new(),

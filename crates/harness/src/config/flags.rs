@@ -13,7 +13,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::{read_text, ConfigError, Source, TargetProfile};
-pub use crate::core::flag::{FlagSpec, Setting};
+pub use crate::core::flag::{FlagSpec, Pin, Setting};
 
 /// How a flag's roles meet a target's roles ([`FlagCatalog::coverage`]).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -20,7 +20,7 @@ use thiserror::Error;
 use toml::Spanned;
 
 pub use engine::Engine;
-pub use flags::{validate_value, Coverage, FlagCatalog, FlagSpec, Setting};
+pub use flags::{validate_value, Coverage, FlagCatalog, FlagSpec, Pin, Setting};
 pub use target::{RoleSpec, TargetProfile};
 #[cfg(test)]
 pub(crate) use workload::builtin_workload;

@@ -28,6 +28,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::arm::{BlockName, Progress, Testbed, TestbedOptions};
+use crate::config::Pin;
 use crate::config::{FlagSpec, RoleSpec, TargetProfile, Workload};
 use crate::control::EngineControl;
 use crate::core::arm_stats::ArmLabel;
@@ -117,7 +118,7 @@ impl Ran {
 /// `--set` pins, journaled and restored as `bisect run` does (nothing is written, and the
 /// testbed opens read-only, when there are no pins and no flag under test).
 pub(crate) struct Writes<'w> {
-    pub pins: &'w [(FlagSpec, String)],
+    pub pins: &'w [Pin],
     pub testbed: &'w TestbedOptions,
 }
 
@@ -154,7 +155,7 @@ pub(crate) async fn run_block(
     let written: Vec<&FlagSpec> = w
         .pins
         .iter()
-        .map(|(f, _)| f)
+        .map(|p| &p.flag)
         .chain(flag.map(|(f, _)| f))
         .collect();
     let spec = if written.is_empty() {

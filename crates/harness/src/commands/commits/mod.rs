@@ -34,6 +34,7 @@ use tokio_util::sync::CancellationToken;
 use crate::arm::{settle, Progress, TestbedOptions};
 use crate::commands::answer::SearchAnswer;
 use crate::commands::run::now;
+use crate::config::Pin;
 use crate::config::{FlagSpec, TargetProfile, Workload};
 use crate::core::commits::{Action, Answer, Observation, Params, Search, Spent, Test};
 use crate::core::verdict::Policy;
@@ -74,7 +75,7 @@ pub struct CommitsPlan {
     /// With `flag`: the rate above which the off arm's corruption is not the flag's.
     pub background: f64,
     /// `--set NAME=VALUE` pins, written into every block's launch configs.
-    pub sets: Vec<(FlagSpec, String)>,
+    pub pins: Vec<Pin>,
     /// How every block's testbed journals, keeps its state and polls the metrics.
     pub testbed: TestbedOptions,
     /// `--parallel K`: blocks per round (1: one at a time, here).
@@ -129,10 +130,7 @@ impl CommitsPlan {
 
     /// The pins as `NAME=VALUE`.
     fn pinned(&self) -> Vec<String> {
-        self.sets
-            .iter()
-            .map(|(f, v)| format!("{}={v}", f.name))
-            .collect()
+        self.pins.iter().map(Pin::words).collect()
     }
 
     /// What every block of the search runs with.
@@ -150,7 +148,7 @@ impl CommitsPlan {
             cancel,
             controls,
             writes: Writes {
-                pins: &self.sets,
+                pins: &self.pins,
                 testbed: &self.testbed,
             },
             oracle: self.oracle,
@@ -204,7 +202,7 @@ pub async fn run(
         _ => {}
     }
     if matches!(plan.rounds, Rounds::Slurm(_)) {
-        let writes = plan.flag.is_some() || !plan.sets.is_empty();
+        let writes = plan.flag.is_some() || !plan.pins.is_empty();
         slurm::refuse_shared_writes(&plan.target, plan.range.repo(), &plan.build, writes)?;
         slurm::refuse_shared_artifacts(&plan.target, &plan.build)?;
     }

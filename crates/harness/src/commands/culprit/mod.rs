@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 use crate::arm::{settle, Progress, Testbed, TestbedOptions};
 use crate::commands::answer::SearchAnswer;
 use crate::commands::blocks::{drive, EventSink};
+use crate::config::Pin;
 use crate::config::{FlagSpec, Setting, TargetProfile, Workload};
 use crate::control::EngineControl;
 use crate::core::classify::Classifier;
@@ -55,7 +56,7 @@ pub struct CulpritPlan {
     pub command: String,
     pub flags: Vec<FlagSpec>,
     /// Pinned for every block.
-    pub sets: Vec<(FlagSpec, String)>,
+    pub pins: Vec<Pin>,
     pub target: TargetProfile,
     /// The base workload: its concurrency is the load every block runs at.
     pub workload: Workload,
@@ -85,7 +86,11 @@ impl CulpritPlan {
     /// Refuse, before any edit, what cannot give a meaningful search (exit 2).
     pub fn validate(&self) -> anyhow::Result<()> {
         check_request(&self.flags, self.budget, &self.workload)?;
-        for (pinned, _) in &self.sets {
+        for Pin {
+            flag: pinned,
+            value: _,
+        } in &self.pins
+        {
             if self.flags.iter().any(|f| f.name == pinned.name) {
                 return Err(Failure::bad_input(
                     format!("--set {}: the flag is also listed in --flags", pinned.name),
@@ -98,7 +103,7 @@ impl CulpritPlan {
             let flags: Vec<&FlagSpec> = self
                 .flags
                 .iter()
-                .chain(self.sets.iter().map(|(f, _)| f))
+                .chain(self.pins.iter().map(|p| &p.flag))
                 .collect();
             crate::arm::refuse_half_applied(&self.target, &flags)?;
         }
@@ -115,10 +120,7 @@ impl CulpritPlan {
 
     /// The `--set` pins as `NAME=VALUE`, as the step log and the record name them.
     fn pinned(&self) -> Vec<String> {
-        self.sets
-            .iter()
-            .map(|(f, v)| format!("{}={v}", f.name))
-            .collect()
+        self.pins.iter().map(Pin::words).collect()
     }
 
     fn search_params(&self, flags: Vec<FlagValues>) -> SearchParams {
@@ -311,7 +313,7 @@ pub async fn run(
     let mut record = started_record(plan, &params);
     record.write(&plan.dir)?;
 
-    let written = plan.flags.iter().chain(plan.sets.iter().map(|(f, _)| f));
+    let written = plan.flags.iter().chain(plan.pins.iter().map(|p| &p.flag));
     let spec = plan
         .testbed
         .spec(&plan.target, plan.api_key.clone(), written.collect());
@@ -319,12 +321,12 @@ pub async fn run(
     let mut bed = Testbed::open(spec, control, progress, cancel)?;
     let mut replayed = 0;
     let outcome = async {
-        bed.pin(&plan.sets)?;
+        bed.pin(&plan.pins)?;
         let classifier = Arc::new(plan.classifier()?);
         let live = runner::TestbedRunner {
             bed: &mut bed,
             flags: plan.flags.clone(),
-            pins: plan.sets.clone(),
+            pins: plan.pins.clone(),
             warned: Vec::new(),
             workload: plan.workload.clone(),
             classifier,

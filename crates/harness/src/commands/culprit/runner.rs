@@ -15,6 +15,7 @@ use anyhow::Context;
 
 use crate::arm::{BlockName, Restarted, Testbed, NO_EFFECTIVE_WARNING};
 use crate::commands::blocks::BlockRunner;
+use crate::config::Pin;
 use crate::config::{FlagSpec, Workload};
 use crate::core::classify::Classifier;
 use crate::core::culprit::{BlockOutcome, BlockRequest};
@@ -25,7 +26,7 @@ pub(crate) struct TestbedRunner<'t, 'a> {
     pub(crate) bed: &'t mut Testbed<'a>,
     pub(crate) flags: Vec<FlagSpec>,
     /// `--set` pins, written once by the testbed: checked after every restart.
-    pub(crate) pins: Vec<(FlagSpec, String)>,
+    pub(crate) pins: Vec<Pin>,
     /// Warnings already printed (each block still records its own).
     pub(crate) warned: Vec<String>,
     pub(crate) workload: Workload,
@@ -90,10 +91,7 @@ impl TestbedRunner<'_, '_> {
     /// The listed and pinned flags no engine reports: a warning of the block (only the
     /// launch-file read-back stands for them), printed once per search.
     fn unreported_flags(&mut self, restarted: &Restarted) -> Vec<String> {
-        let all = self
-            .flags
-            .iter()
-            .chain(self.pins.iter().map(|(flag, _)| flag));
+        let all = self.flags.iter().chain(self.pins.iter().map(|p| &p.flag));
         let mut warnings = Vec::new();
         for flag in all {
             if restarted

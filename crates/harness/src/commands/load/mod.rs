@@ -28,6 +28,7 @@ use crate::arm::{settle, Progress, Testbed, TestbedOptions};
 use crate::commands::blocks::{drive, BlockRunner, EventSink};
 use crate::commands::culprit::runner::TestbedRunner;
 use crate::commands::run::now;
+use crate::config::Pin;
 use crate::config::{FlagSpec, TargetProfile, Workload};
 use crate::control::EngineControl;
 use crate::core::culprit::{BlockOutcome, BlockRequest};
@@ -51,7 +52,7 @@ pub struct LoadPlan {
     /// The flag each level is an A/B of; `None`: the configuration as it is.
     pub flag: Option<FlagSpec>,
     /// Pinned for every block.
-    pub sets: Vec<(FlagSpec, String)>,
+    pub pins: Vec<Pin>,
     pub testbed: TestbedOptions,
     /// `--oracle solo`: every block's sessions are also run alone and compared.
     pub oracle: Option<SoloOracle>,
@@ -73,9 +74,9 @@ pub(crate) struct Sweep<'p> {
     /// The flag each level is an A/B of; `None`: the configuration as it is.
     pub(crate) flag: Option<&'p FlagSpec>,
     /// Other flags every block writes at one value (a matrix cell's configuration).
-    pub(crate) fixed: &'p [(FlagSpec, String)],
+    pub(crate) fixed: &'p [Pin],
     /// The pins, checked against what the engines report after every restart.
-    pub(crate) pins: &'p [(FlagSpec, String)],
+    pub(crate) pins: &'p [Pin],
     pub(crate) workload: &'p Workload,
     pub(crate) params: &'p LoadParams,
     /// Where `blocks/bNNN/` and the record's files go.
@@ -90,7 +91,7 @@ pub(crate) struct Sweep<'p> {
 struct Blocks<'t, 'a> {
     runner: TestbedRunner<'t, 'a>,
     flag: Option<FlagSpec>,
-    fixed: Vec<(FlagSpec, String)>,
+    fixed: Vec<Pin>,
 }
 
 impl BlockRunner<LevelBlock, BlockOutcome> for Blocks<'_, '_> {
@@ -98,7 +99,7 @@ impl BlockRunner<LevelBlock, BlockOutcome> for Blocks<'_, '_> {
         let mut config: BTreeMap<String, String> = self
             .fixed
             .iter()
-            .map(|(f, v)| (f.name.clone(), v.clone()))
+            .map(|p| (p.flag.name.clone(), p.value.clone()))
             .collect();
         let mut failing = Vec::new();
         if let Some(flag) = &self.flag {
@@ -157,23 +158,23 @@ pub async fn run(
         plan.command.clone(),
         &plan.target,
         plan.flag.as_ref(),
-        &plan.sets,
+        &plan.pins,
         &plan.workload,
         &plan.params,
     );
     record.write(&plan.dir)?;
-    let written = plan.flag.iter().chain(plan.sets.iter().map(|(f, _)| f));
+    let written = plan.flag.iter().chain(plan.pins.iter().map(|p| &p.flag));
     let spec = plan
         .testbed
         .spec(&plan.target, plan.api_key.clone(), written.collect());
     let started = Instant::now();
     let mut bed = Testbed::open(spec, control, progress, cancel)?;
     let outcome = async {
-        bed.pin(&plan.sets)?;
+        bed.pin(&plan.pins)?;
         let job = Sweep {
             flag: plan.flag.as_ref(),
             fixed: &[],
-            pins: &plan.sets,
+            pins: &plan.pins,
             workload: &plan.workload,
             params: &plan.params,
             dir: &plan.dir,
@@ -199,7 +200,7 @@ pub(crate) async fn sweep_on(
     let flags = job
         .flag
         .into_iter()
-        .chain(job.fixed.iter().map(|(f, _)| f))
+        .chain(job.fixed.iter().map(|p| &p.flag))
         .cloned()
         .collect();
     let mut blocks = Blocks {
@@ -250,7 +251,7 @@ pub(crate) fn started_record(
     command: String,
     target: &TargetProfile,
     flag: Option<&FlagSpec>,
-    sets: &[(FlagSpec, String)],
+    sets: &[Pin],
     workload: &Workload,
     params: &LoadParams,
 ) -> LoadRecord {
@@ -263,10 +264,7 @@ pub(crate) fn started_record(
             TargetInfo::of(target),
         ),
         flag: flag.map(|f| f.name.clone()),
-        pinned: sets
-            .iter()
-            .map(|(f, v)| format!("{}={v}", f.name))
-            .collect(),
+        pinned: sets.iter().map(Pin::words).collect(),
         workload: workload.params_json(),
         params: params.clone(),
         report: None,

@@ -13,6 +13,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use super::plan::{CellSpec, Layout, LoadCellSpec, LoadSweep, RegressionPolicy};
+use crate::config::Pin;
 use crate::config::{FlagSpec, Workload};
 use crate::core::load::Allocation;
 
@@ -23,7 +24,7 @@ pub struct Cell {
     pub id: String,
     /// Index of its restart group (0-based, execution order).
     pub group: usize,
-    pub flags: Vec<(FlagSpec, String)>,
+    pub flags: Vec<Pin>,
     pub sessions: u32,
     pub rounds: u32,
     /// Hash of flag values + sessions + rounds (a load cell: + its sweep and the
@@ -40,7 +41,7 @@ impl Cell {
     pub fn flag_values(&self) -> BTreeMap<String, String> {
         self.flags
             .iter()
-            .map(|(f, v)| (f.name.clone(), v.clone()))
+            .map(|p| (p.flag.name.clone(), p.value.clone()))
             .collect()
     }
 }
@@ -80,14 +81,14 @@ fn cell_specs(layout: &Layout) -> Vec<CellSpec> {
             sessions,
             rounds,
         } => {
-            let mut combos: Vec<Vec<(FlagSpec, String)>> = vec![Vec::new()];
+            let mut combos: Vec<Vec<Pin>> = vec![Vec::new()];
             for (flag, values) in flags {
                 combos = combos
                     .into_iter()
                     .flat_map(|combo| {
                         values.iter().map(move |v| {
                             let mut next = combo.clone();
-                            next.push((flag.clone(), v.clone()));
+                            next.push(Pin::new(flag.clone(), v.clone()));
                             next
                         })
                     })
@@ -118,10 +119,10 @@ fn cell_specs(layout: &Layout) -> Vec<CellSpec> {
 
 /// Cells grouped by flag values (order-insensitive), groups in order of first appearance.
 fn group(specs: Vec<CellSpec>, default_rounds: u32) -> Vec<Cell> {
-    let key = |flags: &[(FlagSpec, String)]| -> BTreeMap<String, String> {
+    let key = |flags: &[Pin]| -> BTreeMap<String, String> {
         flags
             .iter()
-            .map(|(f, v)| (f.name.clone(), v.clone()))
+            .map(|p| (p.flag.name.clone(), p.value.clone()))
             .collect()
     };
     let mut group_keys: Vec<BTreeMap<String, String>> = Vec::new();
@@ -198,7 +199,7 @@ fn load_cell(
 }
 
 /// `FLAG=value,...,s<sessions>[,r<rounds>]`.
-fn cell_id(flags: &[(FlagSpec, String)], sessions: u32, rounds: Option<u32>) -> String {
+fn cell_id(flags: &[Pin], sessions: u32, rounds: Option<u32>) -> String {
     let mut parts = flag_parts(flags);
     parts.push(format!("s{sessions}"));
     if let Some(r) = rounds {
@@ -207,11 +208,8 @@ fn cell_id(flags: &[(FlagSpec, String)], sessions: u32, rounds: Option<u32>) -> 
     safe_id(parts)
 }
 
-fn flag_parts(flags: &[(FlagSpec, String)]) -> Vec<String> {
-    flags
-        .iter()
-        .map(|(f, v)| format!("{}={v}", f.name))
-        .collect()
+fn flag_parts(flags: &[Pin]) -> Vec<String> {
+    flags.iter().map(Pin::words).collect()
 }
 
 /// Directory-safe id: characters a value may hold but a path should not (`/`, `:`) become `_`.
@@ -229,21 +227,21 @@ fn safe_id(parts: Vec<String>) -> String {
         .collect()
 }
 
-fn config_hash(flags: &[(FlagSpec, String)], sessions: u32, rounds: u32) -> String {
+fn config_hash(flags: &[Pin], sessions: u32, rounds: u32) -> String {
     stable_hash(&config_doc(flags, sessions, rounds).to_string())
 }
 
 /// What a cell's configuration hash covers: flag values and settings, sessions, rounds.
-fn config_doc(flags: &[(FlagSpec, String)], sessions: u32, rounds: u32) -> serde_json::Value {
+fn config_doc(flags: &[Pin], sessions: u32, rounds: u32) -> serde_json::Value {
     let values: BTreeMap<String, String> = flags
         .iter()
-        .map(|(f, v)| (f.name.clone(), v.clone()))
+        .map(|p| (p.flag.name.clone(), p.value.clone()))
         .collect();
     // The setting (env/arg/switch key and roles) is part of the configuration: the same
     // catalog name pointing at another variable is another experiment.
     let settings: BTreeMap<String, (String, String, Vec<String>)> = flags
         .iter()
-        .map(|(f, _)| (f.name.clone(), setting(f)))
+        .map(|p| (p.flag.name.clone(), setting(&p.flag)))
         .collect();
     serde_json::json!({
         "flags": values,
@@ -426,7 +424,7 @@ mod tests {
         let c = FlagCatalog::builtin();
         let f = c.get("CUDA_GRAPH_MAX_BS").unwrap().clone();
         let spec = |v: &str| CellSpec {
-            flags: vec![(f.clone(), v.into())],
+            flags: vec![Pin::new(f.clone(), v)],
             sessions: 2,
             rounds: None,
         };

@@ -131,7 +131,7 @@ pub(super) async fn run(
         job.command.clone(),
         bed.target(),
         sweep.flag.as_ref(),
-        &job.plan.sets,
+        &job.plan.pins,
         &workload,
         &params,
     );
@@ -146,7 +146,7 @@ pub(super) async fn run(
     let on = Sweep {
         flag: sweep.flag.as_ref(),
         fixed: &cell.flags,
-        pins: &job.plan.sets,
+        pins: &job.plan.pins,
         workload: &workload,
         params: &params,
         dir: &dir,

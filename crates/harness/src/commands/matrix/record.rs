@@ -246,9 +246,9 @@ impl PlanInfo {
             repeats: plan.repeats,
             policy: plan.policy,
             set: plan
-                .sets
+                .pins
                 .iter()
-                .map(|(f, v)| (f.name.clone(), v.clone()))
+                .map(|p| (p.flag.name.clone(), p.value.clone()))
                 .collect(),
             cells: plan.cells.iter().map(|c| c.id.clone()).collect(),
         }

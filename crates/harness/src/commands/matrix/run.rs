@@ -20,6 +20,7 @@ use super::record::{CellRecord, MatrixRecord, PlanInfo, SCHEMA};
 use crate::arm::{
     settle, BlockName, Progress, Readback, Testbed, TestbedOptions, NO_EFFECTIVE_WARNING,
 };
+use crate::config::Pin;
 use crate::config::{FlagSpec, TargetProfile};
 use crate::control::EngineControl;
 use crate::core::arm_stats::{ArmStats, RecordStatus};
@@ -76,10 +77,10 @@ pub async fn run_matrix(
     let mut record = initial_record(job);
     export::write_all(&job.dir, &record)?;
 
-    let mut flags: Vec<&FlagSpec> = job.plan.sets.iter().map(|(f, _)| f).collect();
+    let mut flags: Vec<&FlagSpec> = job.plan.pins.iter().map(|p| &p.flag).collect();
     for cell in &job.plan.cells {
         let ab = cell.load.iter().flat_map(|l| &l.flag);
-        for f in cell.flags.iter().map(|(f, _)| f).chain(ab) {
+        for f in cell.flags.iter().map(|p| &p.flag).chain(ab) {
             if !flags.iter().any(|g| g.name == f.name) {
                 flags.push(f);
             }
@@ -129,7 +130,7 @@ async fn run_groups(
     bed: &mut Testbed<'_>,
     record: &mut MatrixRecord,
 ) -> anyhow::Result<()> {
-    let pinned = bed.pin(&job.plan.sets)?;
+    let pinned = bed.pin(&job.plan.pins)?;
     let classifier = Arc::new(job.target.classifier(&job.plan.workload)?);
     let cells = job.cells();
     let mut groups: Vec<Vec<(usize, &Cell)>> = Vec::new();
@@ -172,7 +173,7 @@ async fn run_group(
 ) -> anyhow::Result<()> {
     let first = group[0].1;
     let mut readback = pinned.clone();
-    for (flag, value) in &first.flags {
+    for Pin { flag, value } in &first.flags {
         readback.insert(flag.name.clone(), bed.set(flag, value)?);
     }
     let label = &format!("group{}", first.group);
@@ -181,12 +182,12 @@ async fn run_group(
         first
             .flags
             .iter()
-            .map(|(f, v)| format!("{}={v}", f.name))
+            .map(Pin::words)
             .collect::<Vec<_>>()
             .join(", ")
     ));
     let restarted = bed.restart(label).await?;
-    let check = check_effective(&job.plan.sets, &first.flags, &restarted.effective);
+    let check = check_effective(&job.plan.pins, &first.flags, &restarted.effective);
     for warning in &check.warnings {
         if !record.cells.iter().any(|c| c.warnings.contains(warning)) {
             bed.progress().note(&format!("warning: {warning}"));
@@ -301,15 +302,15 @@ struct EffectiveCheck {
 /// Compare every pinned and cell flag value with what the engines report after the
 /// restart (`effective`, flag -> role -> the value its engine reports).
 fn check_effective(
-    pinned: &[(FlagSpec, String)],
-    cell: &[(FlagSpec, String)],
+    pinned: &[Pin],
+    cell: &[Pin],
     effective: &BTreeMap<String, Readback>,
 ) -> EffectiveCheck {
     let mut check = EffectiveCheck::default();
     let all = pinned
         .iter()
-        .map(|(f, v)| (f, v, "pinned "))
-        .chain(cell.iter().map(|(f, v)| (f, v, "")));
+        .map(|Pin { flag: f, value: v }| (f, v, "pinned "))
+        .chain(cell.iter().map(|Pin { flag: f, value: v }| (f, v, "")));
     for (flag, value, kind) in all {
         let reported = effective.get(&flag.name).cloned().unwrap_or_default();
         if reported.is_empty() {

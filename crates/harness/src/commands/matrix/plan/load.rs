@@ -11,6 +11,7 @@ use std::collections::BTreeSet;
 use toml::Spanned;
 
 use super::{counts, FlagValues, Layout, RawCell};
+use crate::config::Pin;
 use crate::config::{ConfigError, FlagSpec, Source};
 use crate::core::load::{Allocation, LoadParams};
 
@@ -18,7 +19,7 @@ use crate::core::load::{Allocation, LoadParams};
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct LoadCellSpec {
     /// The other flags, one value each for every block.
-    pub fixed: Vec<(FlagSpec, String)>,
+    pub fixed: Vec<Pin>,
     pub sweep: LoadSweep,
     pub rounds: Option<u32>,
 }
@@ -86,14 +87,14 @@ impl FlagValues<'_> {
         &self,
         cells: &[&Spanned<RawCell>],
         layout: &Layout,
-        sets: &[(FlagSpec, String)],
+        sets: &[Pin],
         default_sessions: u32,
     ) -> Result<Vec<LoadCellSpec>, ConfigError> {
         let mut named: Option<BTreeSet<String>> = match layout {
             Layout::Axes { flags, .. } => Some(flags.iter().map(|(f, _)| f.name.clone()).collect()),
             Layout::Cells(specs) => specs
                 .first()
-                .map(|c| c.flags.iter().map(|(f, _)| f.name.clone()).collect()),
+                .map(|c| c.flags.iter().map(|p| p.flag.name.clone()).collect()),
         };
         let mut out = Vec::new();
         for cell in cells {
@@ -101,7 +102,7 @@ impl FlagValues<'_> {
             let mine: BTreeSet<String> = spec
                 .fixed
                 .iter()
-                .map(|(f, _)| &f.name)
+                .map(|p| &p.flag.name)
                 .chain(spec.sweep.flag.iter().map(|f| &f.name))
                 .cloned()
                 .collect();
@@ -130,7 +131,7 @@ impl FlagValues<'_> {
     fn load_cell(
         &self,
         cell: &Spanned<RawCell>,
-        sets: &[(FlagSpec, String)],
+        sets: &[Pin],
         default_sessions: u32,
     ) -> Result<LoadCellSpec, ConfigError> {
         let src = self.src;
@@ -147,10 +148,10 @@ impl FlagValues<'_> {
         let written = written.chain(
             fixed
                 .iter()
-                .map(|(f, _)| (f, c.flags.as_ref().map(|v| v.span()))),
+                .map(|Pin { flag: f, .. }| (f, c.flags.as_ref().map(|v| v.span()))),
         );
         for (f, span) in written {
-            if sets.iter().any(|(g, _)| g.name == f.name) {
+            if sets.iter().any(|p| p.flag.name == f.name) {
                 return Err(src.invalid(
                     span.unwrap_or(cell.span()),
                     format!(
@@ -162,7 +163,7 @@ impl FlagValues<'_> {
             }
         }
         if let (Some(f), Some(table)) = (&flag, &c.flags) {
-            if fixed.iter().any(|(g, _)| g.name == f.name) {
+            if fixed.iter().any(|p| p.flag.name == f.name) {
                 return Err(src.invalid(
                     table.span(),
                     format!(

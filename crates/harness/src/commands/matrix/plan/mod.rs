@@ -20,6 +20,7 @@ mod load;
 mod policy;
 
 use crate::config::workload::DEFAULT_WORKLOAD;
+use crate::config::Pin;
 use crate::config::{
     read_text, validate_value, ConfigError, FlagCatalog, FlagSpec, Setting, Source, Workload,
 };
@@ -39,7 +40,7 @@ pub struct Plan {
     /// The workload every cell runs, before the cell's sessions/rounds are set.
     pub workload: Workload,
     /// Flags pinned to one value in every cell (`[set]`).
-    pub sets: Vec<(FlagSpec, String)>,
+    pub pins: Vec<Pin>,
     /// Blocks per cell, pooled.
     pub repeats: u32,
     pub policy: RegressionPolicy,
@@ -63,7 +64,7 @@ pub enum Layout {
 
 #[derive(Debug, Clone)]
 pub struct CellSpec {
-    pub flags: Vec<(FlagSpec, String)>,
+    pub flags: Vec<Pin>,
     pub sessions: u32,
     pub rounds: Option<u32>,
 }
@@ -174,7 +175,7 @@ impl Plan {
             src: &src,
             catalog: &catalog,
         };
-        let sets = flags.pinned(raw.set.as_ref())?;
+        let pins = flags.pinned(raw.set.as_ref())?;
         let (plain, loads) = load::partition(&src, &raw.cell)?;
         let layout = match (&raw.axes, plain.is_empty()) {
             (Some(axes), false) => {
@@ -194,8 +195,8 @@ impl Plan {
             (Some(axes), true) => flags.axes(axes.get_ref(), &raw, workload.sessions)?,
             (None, _) => flags.explicit_cells(&raw, &plain)?,
         };
-        flags.check_pins_not_varied(raw.set.as_ref(), &sets, &layout)?;
-        let loads = flags.load_cells(&loads, &layout, &sets, workload.sessions)?;
+        flags.check_pins_not_varied(raw.set.as_ref(), &pins, &layout)?;
+        let loads = flags.load_cells(&loads, &layout, &pins, workload.sessions)?;
         let repeats = match &raw.repeats {
             Some(r) => src.whole_number("repeats", r, 1)?,
             None => 1,
@@ -220,7 +221,7 @@ impl Plan {
             source: path.to_path_buf(),
             target,
             workload,
-            sets,
+            pins,
             repeats,
             policy,
             cells,
@@ -240,7 +241,7 @@ impl Plan {
             "name": self.name,
             "target": self.target.as_ref().map(|p| p.display().to_string()),
             "workload_hash": self.workload_hash(),
-            "set": self.sets.iter().map(|(f, v)| (f.name.clone(), v.clone())).collect::<Vec<_>>(),
+            "set": self.pins.iter().map(|p| (p.flag.name.clone(), p.value.clone())).collect::<Vec<_>>(),
             "repeats": self.repeats,
             "policy": self.policy,
             "cells": self.cells.iter().map(|c| (c.id.clone(), c.config_hash.clone())).collect::<Vec<_>>(),
@@ -418,11 +419,11 @@ impl FlagValues<'_> {
         &self,
         table: &Ordered<Spanned<RawValue>>,
         twice: &str,
-    ) -> Result<Vec<(FlagSpec, String)>, ConfigError> {
-        let mut out: Vec<(FlagSpec, String)> = Vec::new();
+    ) -> Result<Vec<Pin>, ConfigError> {
+        let mut out: Vec<Pin> = Vec::new();
         for (k, v) in &table.0 {
             let f = self.flag(k, v.span())?;
-            if out.iter().any(|(g, _)| g.name == f.name) {
+            if out.iter().any(|p| p.flag.name == f.name) {
                 return Err(self.src.invalid(
                     v.span(),
                     format!("flag {} {twice}", f.name),
@@ -430,16 +431,13 @@ impl FlagValues<'_> {
                 ));
             }
             let val = self.value(&f, v)?;
-            out.push((f, val));
+            out.push(Pin::new(f, val));
         }
         Ok(out)
     }
 
     /// `[set]`: flags pinned to one value in every cell.
-    fn pinned(
-        &self,
-        set: Option<&Ordered<Spanned<RawValue>>>,
-    ) -> Result<Vec<(FlagSpec, String)>, ConfigError> {
+    fn pinned(&self, set: Option<&Ordered<Spanned<RawValue>>>) -> Result<Vec<Pin>, ConfigError> {
         match set {
             Some(table) => self.assignments(table, "is pinned twice"),
             None => Ok(Vec::new()),
@@ -542,7 +540,7 @@ impl FlagValues<'_> {
                 .as_ref()
                 .ok_or_else(|| missing("sessions", "sessions = 16"))?;
             let flags = self.assignments(table.get_ref(), "is set twice in this cell")?;
-            let mut names: Vec<String> = flags.iter().map(|(f, _)| f.name.clone()).collect();
+            let mut names: Vec<String> = flags.iter().map(|p| p.flag.name.clone()).collect();
             names.sort();
             // A flag named by some cells only would keep the previous group's value
             // in the others: their configuration would depend on execution order.
@@ -579,15 +577,15 @@ impl FlagValues<'_> {
     fn check_pins_not_varied(
         &self,
         set: Option<&Ordered<Spanned<RawValue>>>,
-        sets: &[(FlagSpec, String)],
+        sets: &[Pin],
         layout: &Layout,
     ) -> Result<(), ConfigError> {
-        for (f, _) in sets {
+        for Pin { flag: f, .. } in sets {
             let clash = match layout {
                 Layout::Axes { flags, .. } => flags.iter().any(|(g, _)| g.name == f.name),
                 Layout::Cells(specs) => specs
                     .iter()
-                    .any(|c| c.flags.iter().any(|(g, _)| g.name == f.name)),
+                    .any(|c| c.flags.iter().any(|p| p.flag.name == f.name)),
             };
             if clash {
                 let span = set
