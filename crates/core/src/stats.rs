@@ -27,6 +27,9 @@
 //! - The binomial upper tail P(X >= k), X ~ Binomial(n, p): the conditional test of two
 //!   Poisson rates (core::deaths) is its tail at p = e_a / (e_a + e_b).
 //!
+//! - Percentiles of latencies by the nearest-rank method (the smallest value with at least
+//!   a fraction q of the values at or below it), as the driver reports them.
+//!
 //! Distributions come from `statrs`; nothing here does I/O.
 
 #[cfg(test)]
@@ -264,6 +267,15 @@ pub fn holm(p_values: &[f64]) -> Vec<f64> {
     adjusted
 }
 
+/// Nearest-rank percentile of an ascending slice (`q` in 0..=1); 0 for an empty one.
+pub fn percentile(sorted: &[u64], q: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -476,5 +488,14 @@ mod tests {
         assert_close!(adjusted[0], 0.02, 1e-12);
         assert!(adjusted[1].is_nan());
         assert_close!(adjusted[2], 0.02, 1e-12);
+    }
+
+    #[test]
+    fn percentile_is_nearest_rank() {
+        let v: Vec<u64> = (1..=100).collect();
+        assert_eq!(percentile(&v, 0.5), 50);
+        assert_eq!(percentile(&v, 0.99), 99);
+        assert_eq!(percentile(&[7], 0.99), 7);
+        assert_eq!(percentile(&[], 0.5), 0);
     }
 }

@@ -23,7 +23,7 @@
 //! time is measured apart from reply time, and the tally becomes the arm's
 //! [`TransportStats`].
 
-use super::drive::percentile;
+use crate::core::stats::percentile;
 use crate::core::transport::{TransportStats, SLOW_CONNECT_MS};
 use parking_lot::Mutex;
 use std::io;

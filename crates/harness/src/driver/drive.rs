@@ -20,6 +20,7 @@ use super::conversation::{run_session, Prepared, SessionContext};
 use crate::config::Workload;
 use crate::core::classify::Classifier;
 use crate::core::session::{Counts, SessionResult};
+use crate::core::stats::percentile;
 use anyhow::Context;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -85,15 +86,6 @@ pub struct DriveStats {
     pub requests: u64,
     /// Connection set-up and load shedding, as the connect pacer saw them.
     pub transport: crate::core::transport::TransportStats,
-}
-
-/// Nearest-rank percentile of an ascending slice (`q` in 0..=1); 0 for an empty one.
-pub(super) fn percentile(sorted: &[u64], q: f64) -> u64 {
-    if sorted.is_empty() {
-        return 0;
-    }
-    let rank = (q * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 struct Finished {
@@ -723,14 +715,5 @@ mod tests {
             // first request is out before any first reply is acted on.
             assert_eq!(stats.peak_client_inflight, u64::from(plan.slots()));
         }
-    }
-
-    #[test]
-    fn percentile_is_nearest_rank() {
-        let v: Vec<u64> = (1..=100).collect();
-        assert_eq!(percentile(&v, 0.5), 50);
-        assert_eq!(percentile(&v, 0.99), 99);
-        assert_eq!(percentile(&[7], 0.99), 7);
-        assert_eq!(percentile(&[], 0.5), 0);
     }
 }

@@ -8,6 +8,7 @@
 //! setting, a readback that disagrees) is a [`LaunchError`] (exit code 2); I/O failures
 //! are plain `anyhow` errors.
 
+mod atomic;
 mod edit;
 mod journal;
 #[cfg(test)]

@@ -332,7 +332,7 @@ fn write_groups(dir: &Path, groups: &[SpawnedGroup]) -> anyhow::Result<()> {
         };
     }
     let json = serde_json::to_vec_pretty(groups)?;
-    super::journal::write_atomic(&path, &json, 0o600)
+    super::atomic::write_atomic(&path, &json, 0o600)
         .with_context(|| format!("writing {}", path.display()))
 }
 

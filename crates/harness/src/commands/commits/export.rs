@@ -47,3 +47,8 @@ impl Exporter<CommitsRecord> for CommitsLine {
 pub fn files() -> [&'static dyn Exporter<CommitsRecord>; 3] {
     [&JsonFile("commits.json"), &CommitsSummary, &CommitsHtml]
 }
+
+/// Rewrite commits.json, summary.md and report.html in `dir`, each atomically: the record does not write itself.
+pub fn write(dir: &std::path::Path, record: &CommitsRecord) -> anyhow::Result<()> {
+    crate::results::export::write_all(dir, record, &files())
+}

@@ -221,7 +221,7 @@ pub async fn run(
         Vec::new()
     };
     let mut record = started_record(plan, &params, commits.clone());
-    record.write(&plan.dir)?;
+    export::write(&plan.dir, &record)?;
     let mut log = StepLog::open(&log_path, &header, plan.resume)?;
     let mut worktrees = plan.worktrees(false);
     if matches!(plan.rounds, Rounds::Slurm(_)) {
@@ -258,7 +258,7 @@ pub async fn run(
     record.wall_s = started.elapsed().as_secs_f64();
     record.header.finished_at = Some(now());
     (record.header.status, record.error) = settle(&outcome);
-    let written = record.write(&plan.dir);
+    let written = export::write(&plan.dir, &record);
     crate::arm::record_written(outcome, written)?;
     Ok(record)
 }
@@ -379,7 +379,7 @@ impl Driving<'_> {
         r.steps.push(step);
         r.wall_s = self.started.elapsed().as_secs_f64();
         r.untestable = untestable_refs(r, self.search);
-        r.write(&self.plan.dir)
+        export::write(&self.plan.dir, r)
     }
 }
 

@@ -15,7 +15,6 @@ use super::range::Find;
 use crate::core::commits::search::Search;
 use crate::core::commits::{Action, Counts, Observation, Params, Purpose, Spent, Test};
 use crate::core::sequential::LookRecord;
-use crate::results::export;
 use crate::results::run_record::FlagInfo;
 
 pub(crate) const SCHEMA: &str = "bisect.commits/1";
@@ -174,11 +173,6 @@ impl CommitsRecord {
             posterior,
             reason: None,
         }
-    }
-
-    /// commits.json, summary.md and report.html, each atomically.
-    pub fn write(&self, dir: &Path) -> anyhow::Result<()> {
-        export::write_all(dir, self, &super::export::files())
     }
 }
 

@@ -258,13 +258,13 @@ impl Recorder<'_> {
         self.record.sessions_spent += request.sessions;
         self.record.restarts += 1;
         self.record.wall_s = self.started.elapsed().as_secs_f64();
-        self.record.write(&self.dir)
+        export::write(&self.dir, self.record)
     }
 
     fn step(&mut self, step: StepRecord) -> anyhow::Result<()> {
         self.log.step(&step)?;
         self.record.steps.push(step);
-        self.record.write(&self.dir)
+        export::write(&self.dir, self.record)
     }
 }
 
@@ -311,7 +311,7 @@ pub async fn run(
         Vec::new()
     };
     let mut record = started_record(plan, &params);
-    record.write(&plan.dir)?;
+    export::write(&plan.dir, &record)?;
 
     let written = plan.flags.iter().chain(plan.pins.iter().map(|p| &p.flag));
     let spec = plan
@@ -357,7 +357,7 @@ pub async fn run(
     record.wall_s = started.elapsed().as_secs_f64();
     record.header.finished_at = Some(crate::commands::run::now());
     (record.header.status, record.error) = settle(&outcome);
-    let written = record.write(&plan.dir);
+    let written = export::write(&plan.dir, &record);
     crate::arm::record_written(outcome, written)?;
     Ok(record)
 }

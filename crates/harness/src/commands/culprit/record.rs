@@ -3,12 +3,9 @@
 //! summary (rendered by [`super::export`]). The step log (`steps.jsonl`) is
 //! [`super::steplog`]'s.
 
-use std::path::Path;
-
 use serde::{Deserialize, Serialize};
 
 use crate::core::culprit::{FlagValues, Outcome, StepRecord};
-use crate::results::export;
 
 pub(crate) const SCHEMA: &str = "bisect.culprit/2";
 
@@ -91,12 +88,7 @@ pub struct BlockSummary {
     pub dir: String,
 }
 
-impl CulpritRecord {
-    /// Rewrite culprit.json, summary.md and report.html atomically.
-    pub fn write(&self, dir: &Path) -> anyhow::Result<()> {
-        export::write_all(dir, self, &super::export::files())
-    }
-}
+impl CulpritRecord {}
 
 pub(super) fn outcome_word(o: Outcome) -> &'static str {
     match o {

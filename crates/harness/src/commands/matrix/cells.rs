@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
-use super::plan::{CellSpec, Layout, LoadCellSpec, LoadSweep, RegressionPolicy};
+use super::plan::spec::{CellSpec, Layout, LoadCellSpec, LoadSweep, RegressionPolicy};
 use crate::config::Pin;
 use crate::config::{FlagSpec, Workload};
 use crate::core::load::Allocation;

@@ -16,6 +16,7 @@
 pub mod baseline;
 pub mod cells;
 pub mod export;
+pub mod job;
 pub mod load_cell;
 pub mod merge;
 pub mod plan;

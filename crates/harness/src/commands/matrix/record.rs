@@ -8,14 +8,28 @@
 
 use std::collections::BTreeMap;
 
+use anyhow::Context;
+
 use serde::{Deserialize, Serialize};
 
 use super::cells::{Cell, Shard};
-use super::load_cell::{LoadCellRecord, ThresholdComparison};
-use super::plan::{Plan, RegressionPolicy};
+use super::plan::{LoadSweep, Plan, RegressionPolicy};
 use crate::core::arm_stats::{ArmStats, RecordStatus};
+use crate::core::load::compare::{shown, threshold_words, LevelShown, Moved};
+use crate::core::load::{Allocation, Answer, LoadReport};
 
 pub(crate) const SCHEMA: &str = "bisect.matrix/1";
+
+/// The record's file in a matrix's directory (the contract other tools read).
+pub const FILE: &str = "matrix.json";
+
+/// Read `DIR/matrix.json`.
+pub fn read_matrix(dir: &std::path::Path) -> anyhow::Result<MatrixRecord> {
+    let path = dir.join(FILE);
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
 
 /// Timestamps with milliseconds: baselines are "earlier matrices", and two nights (or a
 /// test's two runs) can start within one second. Fixed width, so strings order by time.
@@ -262,4 +276,71 @@ impl MatrixRecord {
             && self.header.status == RecordStatus::Finished
             && self.cells.len() == self.plan.cells.len()
     }
+}
+
+/// What `matrix.json` keeps of a load cell; the whole sweep is the cell's load.json.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LoadCellRecord {
+    /// Sessions in flight, ascending.
+    pub levels: Vec<u32>,
+    /// Each level an A/B of this flag; `None`: every level against the lowest.
+    pub flag: Option<String>,
+    pub allocation: Allocation,
+    /// The sweep's answer; `None` until a block finished.
+    pub answer: Option<Answer>,
+    /// The answer as the tables show it: the level, "rises at lowest (L)", "none shown".
+    pub threshold: String,
+    /// What each level showed: what the next night's comparison reads.
+    #[serde(default)]
+    pub shown: Vec<LevelShown>,
+    /// The sweep's verdict in words.
+    pub verdict: String,
+    pub sessions_spent: u64,
+}
+
+impl LoadCellRecord {
+    /// A load cell not run yet.
+    pub(super) fn pending(sweep: &LoadSweep) -> LoadCellRecord {
+        LoadCellRecord::of(sweep, None)
+    }
+
+    pub(super) fn of(sweep: &LoadSweep, report: Option<&LoadReport>) -> LoadCellRecord {
+        LoadCellRecord {
+            levels: sweep.levels.clone(),
+            flag: sweep.flag.as_ref().map(|f| f.name.clone()),
+            allocation: sweep.allocation,
+            answer: report.map(|r| r.answer.clone()),
+            threshold: threshold_words(report.map(|r| &r.answer)),
+            shown: report.map(shown).unwrap_or_default(),
+            verdict: report.map_or_else(String::new, |r| r.verdict.clone()),
+            sessions_spent: report.map_or(0, |r| r.sessions_spent),
+        }
+    }
+
+    /// `levels 1+16+64, 80 per level` (`A/B of FLAG at ...`, `... up to 480 per level`).
+    pub(crate) fn sweep_words(&self) -> String {
+        let levels: Vec<String> = self.levels.iter().map(u32::to_string).collect();
+        let allocation = match self.allocation {
+            Allocation::Fixed { sessions } => format!("{sessions} per level"),
+            Allocation::Adaptive { max_sessions } => {
+                format!("adaptive, up to {max_sessions} per level")
+            }
+        };
+        match &self.flag {
+            Some(f) => format!("A/B of {f} at {}, {allocation}", levels.join("+")),
+            None => format!("levels {}, {allocation}", levels.join("+")),
+        }
+    }
+}
+
+/// A load cell's threshold against the baseline night's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ThresholdComparison {
+    /// The baseline night's threshold in words.
+    pub baseline: String,
+    /// Which way it moved; `None` when either night's sweep gave no answer.
+    pub moved: Option<Moved>,
+    /// The move is backed by the tests: a lower threshold on a level the baseline
+    /// showed flat.
+    pub shown: bool,
 }

@@ -7,62 +7,24 @@
 //! `cells/<cell-id>/`; the matrix files are rewritten after every cell block.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
-use super::cells::{Cell, Shard};
+use super::cells::Cell;
 use super::export;
-use super::plan::Plan;
+use super::job::cell_dir;
+pub use super::job::MatrixJob;
 use super::record::{CellRecord, MatrixRecord, PlanInfo, SCHEMA};
-use crate::arm::{
-    settle, BlockName, Progress, Readback, Testbed, TestbedOptions, NO_EFFECTIVE_WARNING,
-};
+use crate::arm::{settle, BlockName, Progress, Readback, Testbed, NO_EFFECTIVE_WARNING};
+use crate::config::FlagSpec;
 use crate::config::Pin;
-use crate::config::{FlagSpec, TargetProfile};
 use crate::control::EngineControl;
 use crate::core::arm_stats::{ArmStats, RecordStatus};
 use crate::core::classify::Classifier;
 use crate::results::run_record::TargetInfo;
 use crate::results::ResultsDir;
-
-/// Everything one `bisect matrix` invocation needs, validated.
-#[derive(Debug, Clone)]
-pub struct MatrixJob {
-    pub id: String,
-    pub command: String,
-    pub plan: Plan,
-    pub target: TargetProfile,
-    pub shard: Option<Shard>,
-    /// The matrix directory (`results/<id>/`).
-    pub dir: PathBuf,
-    pub api_key: Option<String>,
-    pub testbed: TestbedOptions,
-    /// `--oracle solo`: every cell's sessions also run alone and are compared.
-    pub oracle: Option<crate::core::solo::SoloOracle>,
-}
-
-impl crate::commands::EnginePlan for MatrixJob {
-    fn engines(&self) -> crate::commands::Engines<'_> {
-        crate::commands::Engines {
-            target: &self.target,
-            results: &self.dir,
-            api_key: self.api_key.as_deref(),
-        }
-    }
-}
-
-impl MatrixJob {
-    /// The cells this invocation runs: the shard's, or all.
-    pub fn cells(&self) -> Vec<&Cell> {
-        match &self.shard {
-            Some(s) => s.select(&self.plan.cells),
-            None => self.plan.cells.iter().collect(),
-        }
-    }
-}
 
 /// Run the job's cells. Launch configs are restored before this returns, on every path;
 /// the record (also on disk) says how far it got.
@@ -333,9 +295,4 @@ fn check_effective(
         check.effective.insert(flag.name.clone(), reported);
     }
     check
-}
-
-/// `cells/<cell-id>/` under a matrix directory.
-pub(crate) fn cell_dir(matrix_dir: &Path, cell: &Cell) -> PathBuf {
-    matrix_dir.join("cells").join(&cell.id)
 }

@@ -2,14 +2,15 @@
 //! rename, permissions kept), the originals kept aside durably, and the journal file
 //! itself written and cleared.
 
-use std::fs::{self, File, Permissions};
+use std::fs;
 use std::io::{self, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
 use super::{Journal, COPY_PREFIX, JOURNAL_FILE};
+pub(super) use crate::launch::atomic::{sync_dir, temp_path, write_atomic};
 use crate::launch::LaunchError;
 
 /// Refuses, before any edit, a launch config bisect could not write or restore: a
@@ -54,44 +55,6 @@ pub(super) fn check_writable(path: &Path, mode: u32) -> Result<(), LaunchError> 
             format!("make {} writable for this user", folder.display()),
         )),
     }
-}
-
-/// Where a file's in-progress atomic write goes: beside it, so the rename stays on one
-/// filesystem, under a fixed name so recovery can clean it up.
-pub(super) fn temp_path(path: &Path) -> PathBuf {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    path.with_file_name(format!(".{name}.bisect-tmp"))
-}
-
-/// fsync of a directory makes a rename in it durable; some filesystems refuse it, and
-/// the data itself is already synced, so that failure is only logged.
-pub(super) fn sync_dir(dir: &Path) {
-    if let Err(e) = File::open(dir).and_then(|d| d.sync_all()) {
-        tracing::debug!("fsync of directory {} failed: {e}", dir.display());
-    }
-}
-
-pub(in crate::launch) fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
-    let tmp = temp_path(path);
-    let result = (|| {
-        let mut f = File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.set_permissions(Permissions::from_mode(mode & 0o7777))?;
-        f.sync_all()?;
-        drop(f);
-        fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-        return result;
-    }
-    if let Some(dir) = path.parent() {
-        sync_dir(dir);
-    }
-    Ok(())
 }
 
 /// Saves someone else's version of the launch config `path` beside it, under a new name

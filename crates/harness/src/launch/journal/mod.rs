@@ -466,8 +466,7 @@ impl Drop for Editor {
 mod disk;
 mod recovery;
 
-pub(super) use disk::write_atomic;
-use disk::{check_writable, clear_journal, keep_aside, remove_copies, write_journal};
+use disk::{check_writable, clear_journal, keep_aside, remove_copies, write_atomic, write_journal};
 pub(super) use recovery::take_files;
 pub use recovery::Recovery;
 use recovery::{put_back, recover_legacy};

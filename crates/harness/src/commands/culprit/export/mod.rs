@@ -16,3 +16,8 @@ pub fn files() -> [&'static dyn Exporter<CulpritRecord>; 3] {
         &html::CulpritHtml,
     ]
 }
+
+/// Rewrite culprit.json, summary.md and report.html in `dir`, each atomically: the record does not write itself.
+pub fn write(dir: &std::path::Path, record: &CulpritRecord) -> anyhow::Result<()> {
+    crate::results::export::write_all(dir, record, &files())
+}

@@ -73,7 +73,7 @@ pub struct Baseline {
 
 /// Read `DIR/matrix.json` as a baseline; it must be a whole matrix of the same plan name.
 pub fn load_explicit(dir: &Path, plan_name: &str) -> anyhow::Result<Baseline> {
-    let record = super::export::read_matrix(dir)?;
+    let record = super::record::read_matrix(dir)?;
     if record.plan.name != plan_name {
         return Err(crate::exit::Failure::bad_input(
             format!(
@@ -127,7 +127,7 @@ pub fn find_newest(
             continue;
         }
         // A directory another tool left half-written is not a baseline; skip it.
-        let Ok(record) = super::export::read_matrix(&dir) else {
+        let Ok(record) = super::record::read_matrix(&dir) else {
             continue;
         };
         if record.plan.name != plan_name
@@ -238,7 +238,7 @@ fn compare_cell(cell: &mut CellRecord, base: &MatrixRecord, alpha: f64) -> Optio
     // A load cell's tests are its sweep's own: its threshold is compared, outside the
     // Fisher family of the other cells.
     if cell.load.is_some() {
-        cell.comparison = Some(super::load_cell::compare(cell, old, alpha));
+        cell.comparison = Some(load::compare(cell, old, alpha));
         return None;
     }
     // Judged sessions only (`Counts::judged`), as every rate.
@@ -482,5 +482,6 @@ pub(super) fn empty(
     }
 }
 
+pub(crate) mod load;
 #[cfg(test)]
 mod tests;

@@ -8,7 +8,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::commands::matrix::load_cell;
+use crate::commands::matrix::baseline::load as load_cell;
 use crate::commands::matrix::record::{CellRecord, CellStatus, MatrixRecord};
 use crate::core::format;
 use crate::core::session::SessionClass;

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::commands::matrix::load_cell;
+use crate::commands::matrix::baseline::load as load_cell;
 use crate::commands::matrix::record::{CellRecord, CellStatus, MatrixRecord};
 use crate::core::format;
 use crate::core::session::SessionClass;

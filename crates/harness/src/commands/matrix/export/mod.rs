@@ -9,13 +9,10 @@ pub mod markdown;
 
 use std::path::Path;
 
-use anyhow::Context;
-
+pub use super::record::read_matrix;
 use super::record::MatrixRecord;
+pub use super::record::FILE;
 use crate::results::export::{self, Exporter};
-
-/// The record's file in a matrix's directory (the contract other tools read).
-pub const FILE: &str = "matrix.json";
 
 /// Every whole-file format of a matrix record.
 pub(crate) fn exporters() -> [&'static dyn Exporter<MatrixRecord>; 5] {
@@ -31,12 +28,4 @@ pub(crate) fn exporters() -> [&'static dyn Exporter<MatrixRecord>; 5] {
 /// Rewrite every export of `record` in `dir`, each atomically.
 pub fn write_all(dir: &Path, record: &MatrixRecord) -> anyhow::Result<()> {
     export::write_all(dir, record, &exporters())
-}
-
-/// Read `DIR/matrix.json`.
-pub fn read_matrix(dir: &Path) -> anyhow::Result<MatrixRecord> {
-    let path = dir.join(FILE);
-    let text =
-        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
 }

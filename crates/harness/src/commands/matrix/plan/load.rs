@@ -10,29 +10,11 @@ use std::collections::BTreeSet;
 
 use toml::Spanned;
 
-use super::{counts, FlagValues, Layout, RawCell};
+use super::spec::{Layout, LoadCellSpec, LoadSweep};
+use super::{counts, FlagValues, RawCell};
 use crate::config::Pin;
-use crate::config::{ConfigError, FlagSpec, Source};
+use crate::config::{ConfigError, Source};
 use crate::core::load::{Allocation, LoadParams};
-
-/// A validated load cell, before its id and hash are made ([`super::super::cells`]).
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct LoadCellSpec {
-    /// The other flags, one value each for every block.
-    pub fixed: Vec<Pin>,
-    pub sweep: LoadSweep,
-    pub rounds: Option<u32>,
-}
-
-/// What a load cell sweeps.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LoadSweep {
-    /// Sessions in flight, ascending.
-    pub levels: Vec<u32>,
-    /// Each level an A/B of this flag; `None`: every level against the lowest.
-    pub flag: Option<FlagSpec>,
-    pub allocation: Allocation,
-}
 
 /// `[[cell]]` entries as the plan holds them.
 type RawCells<'r> = Vec<&'r Spanned<RawCell>>;

@@ -18,16 +18,15 @@ use super::cells::{self, Cell};
 
 mod load;
 mod policy;
+pub(crate) mod spec;
 
 use crate::config::workload::DEFAULT_WORKLOAD;
 use crate::config::Pin;
 use crate::config::{
     read_text, validate_value, ConfigError, FlagCatalog, FlagSpec, Setting, Source, Workload,
 };
-pub(crate) use load::LoadCellSpec;
-pub use load::LoadSweep;
 use policy::regression_policy;
-pub use policy::RegressionPolicy;
+pub use spec::{CellSpec, Layout, LoadSweep, RegressionPolicy};
 
 /// A validated plan: flags resolved through the catalog, workload loaded, cells expanded.
 #[derive(Debug, Clone)]
@@ -46,27 +45,6 @@ pub struct Plan {
     pub policy: RegressionPolicy,
     /// Every cell of the plan, grouped by restart group, in execution order.
     pub cells: Vec<Cell>,
-}
-
-/// How a plan names its cells before expansion.
-#[derive(Debug, Clone)]
-pub enum Layout {
-    /// The cross product of flag values, then rounds, then sessions (innermost).
-    Axes {
-        flags: Vec<(FlagSpec, Vec<String>)>,
-        sessions: Vec<u32>,
-        /// `None`: every cell runs the workload's rounds and the id carries no rounds.
-        rounds: Option<Vec<u32>>,
-    },
-    /// An explicit list; every cell names the same flags.
-    Cells(Vec<CellSpec>),
-}
-
-#[derive(Debug, Clone)]
-pub struct CellSpec {
-    pub flags: Vec<Pin>,
-    pub sessions: u32,
-    pub rounds: Option<u32>,
 }
 
 const PLAN_FIX: &str = "see plans/nightly.toml for every key of a plan";
