@@ -101,6 +101,16 @@ fn replaced_confound(on: &ArmObservation, off: &ArmObservation) -> Option<Confou
     })
 }
 
+/// One confound per role some checked arm or block read back, where `check` finds one,
+/// in role order.
+pub(super) fn per_readback_role<'a>(
+    checked: &'a [ArmObservation],
+    check: impl FnMut(&'a String) -> Option<Confound>,
+) -> Vec<Confound> {
+    let roles: BTreeSet<&String> = checked.iter().flat_map(|c| c.readback.keys()).collect();
+    roles.into_iter().filter_map(check).collect()
+}
+
 /// A role whose launch config does not read back the value its arm set, in any arm or
 /// block checked: it did not run the configuration it is labelled with (or prefill and
 /// decode disagreed). `on` and `off` show the pooled arms' read-backs, which keep a
@@ -110,41 +120,36 @@ fn readback_confounds(
     off: &ArmObservation,
     checked: &[ArmObservation],
 ) -> Vec<Confound> {
-    let roles: BTreeSet<&String> = checked.iter().flat_map(|c| c.readback.keys()).collect();
-    roles
-        .into_iter()
-        .filter_map(|role| {
-            let mismatched: Vec<String> = checked
-                .iter()
-                .map(|c| (c, c.readback.get(role)))
-                .filter(|(c, read)| read.map(String::as_str) != Some(c.value))
-                .map(|(c, read)| {
-                    format!(
-                        "{} set {} but {} read back {}",
-                        c.subject(),
-                        c.value,
-                        role,
-                        read.map_or_else(|| "nothing".to_string(), |v| format!("{v:?}"))
-                    )
-                })
-                .collect();
-            if mismatched.is_empty() {
-                return None;
-            }
-            let read =
-                |arm: &ArmObservation| arm.readback.get(role).map_or(Value::Null, |v| json!(v));
-            Some(Confound {
-                name: format!("readback.{role}"),
-                on: read(on),
-                off: read(off),
-                severity: Severity::Blocking,
-                note: format!(
-                    "readback mismatch in role {role}: {}",
-                    mismatched.join("; ")
-                ),
+    per_readback_role(checked, |role| {
+        let mismatched: Vec<String> = checked
+            .iter()
+            .map(|c| (c, c.readback.get(role)))
+            .filter(|(c, read)| read.map(String::as_str) != Some(c.value))
+            .map(|(c, read)| {
+                format!(
+                    "{} set {} but {} read back {}",
+                    c.subject(),
+                    c.value,
+                    role,
+                    read.map_or_else(|| "nothing".to_string(), |v| format!("{v:?}"))
+                )
             })
+            .collect();
+        if mismatched.is_empty() {
+            return None;
+        }
+        let read = |arm: &ArmObservation| arm.readback.get(role).map_or(Value::Null, |v| json!(v));
+        Some(Confound {
+            name: format!("readback.{role}"),
+            on: read(on),
+            off: read(off),
+            severity: Severity::Blocking,
+            note: format!(
+                "readback mismatch in role {role}: {}",
+                mismatched.join("; ")
+            ),
         })
-        .collect()
+    })
 }
 
 /// A role whose running engine reports a value other than its arm's, in any arm or

@@ -208,39 +208,35 @@ pub(super) fn unverified_confounds(
     off: &ArmObservation,
     checked: &[ArmObservation],
 ) -> Vec<Confound> {
-    let roles: BTreeSet<&String> = checked.iter().flat_map(|c| c.readback.keys()).collect();
-    roles
-        .into_iter()
-        .filter_map(|role| {
-            let silent: Vec<&ArmObservation> = checked
-                .iter()
-                .filter(|c| !c.effective.contains_key(role))
-                .collect();
-            if silent.is_empty() {
-                return None;
-            }
-            let reported =
-                |arm: &ArmObservation| arm.effective.get(role).map_or(Value::Null, |v| json!(v));
-            let when = if silent.len() == checked.len() {
-                String::new()
-            } else {
-                let who: Vec<String> = silent.iter().map(|c| c.subject()).collect();
-                format!(" in {}", who.join(", "))
-            };
-            Some(Confound {
-                name: format!("unverified.{role}"),
-                on: reported(on),
-                off: reported(off),
-                severity: Severity::Warning,
-                note: format!(
-                    "the {role} engine did not report the flag's value{when}: only the \
+    super::per_readback_role(checked, |role| {
+        let silent: Vec<&ArmObservation> = checked
+            .iter()
+            .filter(|c| !c.effective.contains_key(role))
+            .collect();
+        if silent.is_empty() {
+            return None;
+        }
+        let reported =
+            |arm: &ArmObservation| arm.effective.get(role).map_or(Value::Null, |v| json!(v));
+        let when = if silent.len() == checked.len() {
+            String::new()
+        } else {
+            let who: Vec<String> = silent.iter().map(|c| c.subject()).collect();
+            format!(" in {}", who.join(", "))
+        };
+        Some(Confound {
+            name: format!("unverified.{role}"),
+            on: reported(on),
+            off: reported(off),
+            severity: Severity::Warning,
+            note: format!(
+                "the {role} engine did not report the flag's value{when}: only the \
                      launch-file read-back says it ran each arm's value, and an engine that \
                      ignores the setting would run both arms alike (the target profile's \
                      effective_url and effective_pointers say where an engine reports it)"
-                ),
-            })
+            ),
         })
-        .collect()
+    })
 }
 
 /// Achieved load and speed: recorded always, warned when they differ by more than

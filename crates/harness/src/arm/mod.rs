@@ -58,6 +58,16 @@ pub struct BlockName<'a> {
     pub repeat: u32,
 }
 
+/// One block's drive: which block, the workload its sessions run, how they are judged,
+/// and the results directory its files go to. What every `Testbed::drive*` takes.
+#[derive(Clone, Copy)]
+pub struct BlockDrive<'a> {
+    pub block: BlockName<'a>,
+    pub workload: &'a Workload,
+    pub classifier: &'a Arc<Classifier>,
+    pub results: &'a ResultsDir,
+}
+
 /// Where progress goes: a bar on a TTY, plain lines otherwise, nothing in tests.
 pub trait Progress: Send + Sync {
     fn arm_started(&self, block: BlockName<'_>, sessions: u64);
@@ -484,14 +494,8 @@ impl<'a> Testbed<'a> {
     /// the metrics poller, and the one collector that aggregates into the returned
     /// stats and streams `sessions.jsonl` and `metrics.csv` into `results`. The stats
     /// come back finished (derived fields computed); `health_wait_s` is the caller's.
-    pub async fn drive(
-        &mut self,
-        block: BlockName<'_>,
-        workload: &Workload,
-        classifier: &Arc<Classifier>,
-        results: &ResultsDir,
-    ) -> anyhow::Result<ArmStats> {
-        self.drive_observed(block, workload, classifier, results, &mut |_| {})
+    pub async fn drive(&mut self, d: BlockDrive<'_>) -> anyhow::Result<ArmStats> {
+        self.drive_observed(d, &mut |_| {})
             .await
             .map(|(stats, _)| stats)
     }
@@ -500,12 +504,15 @@ impl<'a> Testbed<'a> {
     /// order they finish) and returning the driver's own totals (classification time).
     pub(crate) async fn drive_observed(
         &mut self,
-        block: BlockName<'_>,
-        workload: &Workload,
-        classifier: &Arc<Classifier>,
-        results: &ResultsDir,
+        d: BlockDrive<'_>,
         observe: &mut (dyn FnMut(&SessionResult) + Send),
     ) -> anyhow::Result<(ArmStats, crate::driver::DriveStats)> {
+        let BlockDrive {
+            block,
+            workload,
+            classifier,
+            results,
+        } = d;
         let probe_deaths = self
             .prove_tool_calls(workload, classifier, block.label)
             .await?;

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 
-use super::{BlockName, Testbed};
+use super::{BlockDrive, BlockName, Testbed};
 use crate::config::Workload;
 use crate::core::classify::Classifier;
 use crate::core::session::SessionResult;
@@ -29,13 +29,11 @@ impl Testbed<'_> {
     /// timeout) has none: it is judged by the classifier alone.
     pub(crate) async fn reference(
         &mut self,
-        results: &ResultsDir,
-        classifier: &Arc<Classifier>,
-        block: BlockName<'_>,
-        workload: &Workload,
+        d: BlockDrive<'_>,
         solo: SoloOracle,
     ) -> anyhow::Result<(Arc<crate::driver::Oracle>, ReferencePass)> {
-        let kept = ResultsDir::create(&results.root().join("reference").join(block.label))?;
+        let (block, workload) = (d.block, d.workload);
+        let kept = ResultsDir::create(&d.results.root().join("reference").join(block.label))?;
         let threshold = solo.threshold_for(self.determinism.batch_invariant());
         let mut alone = workload.clone();
         alone.concurrency = Some(1);
@@ -43,7 +41,7 @@ impl Testbed<'_> {
         let cache_root = self
             .reference_cache
             .clone()
-            .unwrap_or_else(|| results.root().join("reference-cache"));
+            .unwrap_or_else(|| d.results.root().join("reference-cache"));
         let entry = cache_root.join(format!("{:08x}", crc32fast::hash(key.as_bytes())));
         let mut pass = ReferencePass {
             threshold: threshold.is_finite().then_some(threshold),
@@ -61,7 +59,7 @@ impl Testbed<'_> {
             Some(sessions) => {
                 pass.checked = 1;
                 if self
-                    .still_stands(name, &alone, classifier, &kept, &sessions)
+                    .still_stands(name, &alone, d.classifier, &kept, &sessions)
                     .await?
                 {
                     pass.reused = 1;
@@ -90,7 +88,14 @@ impl Testbed<'_> {
                     "arm {}: the solo oracle's reference, {} sessions one at a time",
                     block.label, workload.sessions
                 ));
-                let sessions = self.run_alone(name, &alone, classifier, &kept).await?;
+                let sessions = self
+                    .run_alone(BlockDrive {
+                        block: name,
+                        workload: &alone,
+                        classifier: d.classifier,
+                        results: &kept,
+                    })
+                    .await?;
                 pass.sessions = sessions.len() as u64;
                 // A pass with a failed session (a timeout, an engine error) is this
                 // block's only: kept, a later block would never judge that session.
@@ -147,22 +152,14 @@ impl Testbed<'_> {
 
     /// Run `alone`'s sessions one at a time into `kept` (anew: what an interrupted pass
     /// left would be appended to).
-    async fn run_alone(
-        &mut self,
-        name: BlockName<'_>,
-        alone: &Workload,
-        classifier: &Arc<Classifier>,
-        kept: &ResultsDir,
-    ) -> anyhow::Result<Vec<SessionResult>> {
-        let file = kept.root().join("sessions.jsonl");
+    async fn run_alone(&mut self, d: BlockDrive<'_>) -> anyhow::Result<Vec<SessionResult>> {
+        let file = d.results.root().join("sessions.jsonl");
         if file.exists() {
             std::fs::remove_file(&file).with_context(|| format!("removing {}", file.display()))?;
         }
         let mut sessions = Vec::new();
-        self.drive_observed(name, alone, classifier, kept, &mut |s| {
-            sessions.push(s.clone())
-        })
-        .await?;
+        self.drive_observed(d, &mut |s| sessions.push(s.clone()))
+            .await?;
         Ok(sessions)
     }
 
@@ -179,7 +176,14 @@ impl Testbed<'_> {
         let mut one = alone.clone();
         one.sessions = 1;
         let check = ResultsDir::create(&kept.root().join("check"))?;
-        let again = self.run_alone(name, &one, classifier, &check).await?;
+        let again = self
+            .run_alone(BlockDrive {
+                block: name,
+                workload: &one,
+                classifier,
+                results: &check,
+            })
+            .await?;
         let first = sessions.iter().find(|s| s.index == 0);
         Ok(match (first, again.first()) {
             (Some(kept), Some(again)) => crate::core::solo::still_stands(kept, again),
@@ -192,15 +196,10 @@ impl Testbed<'_> {
     /// load. Returns the block's statistics and, with the oracle, its reference pass.
     pub(crate) async fn drive_judged(
         &mut self,
-        block: BlockName<'_>,
-        workload: &Workload,
-        classifier: &Arc<Classifier>,
-        results: &ResultsDir,
+        d: BlockDrive<'_>,
         oracle: Option<SoloOracle>,
     ) -> anyhow::Result<(crate::core::arm_stats::ArmStats, Option<ReferencePass>)> {
-        let (stats, _, pass) = self
-            .drive_judged_observed(block, workload, classifier, results, oracle, &mut |_| {})
-            .await?;
+        let (stats, _, pass) = self.drive_judged_observed(d, oracle, &mut |_| {}).await?;
         Ok((stats, pass))
     }
 
@@ -208,10 +207,7 @@ impl Testbed<'_> {
     /// `observe` and returning the driver's totals (as [`Testbed::drive_observed`]).
     pub(crate) async fn drive_judged_observed(
         &mut self,
-        block: BlockName<'_>,
-        workload: &Workload,
-        classifier: &Arc<Classifier>,
-        results: &ResultsDir,
+        d: BlockDrive<'_>,
         oracle: Option<SoloOracle>,
         observe: &mut (dyn FnMut(&SessionResult) + Send),
     ) -> anyhow::Result<(
@@ -220,30 +216,25 @@ impl Testbed<'_> {
         Option<ReferencePass>,
     )> {
         let Some(solo) = oracle else {
-            let (stats, driven) = self
-                .drive_observed(block, workload, classifier, results, observe)
-                .await?;
+            let (stats, driven) = self.drive_observed(d, observe).await?;
             return Ok((stats, driven, None));
         };
-        let (references, mut pass) = self
-            .reference(results, classifier, block, workload, solo)
-            .await?;
+        let (references, mut pass) = self.reference(d, solo).await?;
         self.judge_against(Some(references));
         let mut count = |session: &SessionResult| {
             pass.count(session);
             observe(session);
         };
-        let driven = self
-            .drive_observed(block, workload, classifier, results, &mut count)
-            .await;
+        let driven = self.drive_observed(d, &mut count).await;
         self.judge_against(None);
         let (stats, driven) = driven?;
         // Every command's block keeps what its reference cost and found beside it (run
         // and commits also put it in their records).
-        let kept = results
+        let kept = d
+            .results
             .root()
             .join("reference")
-            .join(block.label)
+            .join(d.block.label)
             .join(PASS_FILE);
         let text = serde_json::to_string_pretty(&pass)? + "\n";
         crate::results::write_atomic(&kept, text.as_bytes())?;

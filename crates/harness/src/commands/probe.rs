@@ -30,7 +30,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use crate::arm::{BlockName, Progress, Testbed, TestbedSpec};
+use crate::arm::{BlockDrive, BlockName, Progress, Testbed, TestbedSpec};
 use crate::commands::run::now;
 use crate::config::{FlagCatalog, TargetProfile, Workload};
 use crate::control::EngineControl;
@@ -306,7 +306,12 @@ pub async fn run_probe(
         };
         let mut arm = ArmRecord::new(ArmLabel::Probe, "as-is", Some(0));
         arm.stats = bed
-            .drive(block, &plan.workload, &classifier, &results)
+            .drive(BlockDrive {
+                block,
+                workload: &plan.workload,
+                classifier: &classifier,
+                results: &results,
+            })
             .await?;
         arm.stats.health_wait_s = restarted.health_wait_s;
         arm.finish();

@@ -16,7 +16,7 @@ use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::arm::{
-    fmt_readback, settle, BlockName, Restarted, Testbed, TestbedOptions, TestbedSpec,
+    fmt_readback, settle, BlockDrive, BlockName, Restarted, Testbed, TestbedOptions, TestbedSpec,
     NO_EFFECTIVE_WARNING,
 };
 pub use crate::arm::{Progress, Quiet};
@@ -253,10 +253,12 @@ pub(crate) async fn run_block(
     // With the oracle, the drive's time includes the block's reference pass.
     let (stats, driven, pass) = bed
         .drive_judged_observed(
-            block,
-            workload,
-            classifier,
-            results,
+            BlockDrive {
+                block,
+                workload,
+                classifier,
+                results,
+            },
             plan.oracle,
             &mut |session| {
                 if let Some(slot) = outcomes.get_mut(session.index as usize) {

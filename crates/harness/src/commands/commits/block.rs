@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::arm::{BlockName, Progress, Testbed, TestbedOptions};
+use crate::arm::{BlockDrive, BlockName, Progress, Testbed, TestbedOptions};
 use crate::config::Pin;
 use crate::config::{FlagSpec, RoleSpec, TargetProfile, Workload};
 use crate::control::EngineControl;
@@ -181,7 +181,15 @@ pub(crate) async fn run_block(
         };
         let mut arm = ArmRecord::new(ArmLabel::Probe, label, Some(0));
         (arm.stats, arm.oracle) = bed
-            .drive_judged(block, ctx.workload, &classifier, &results, ctx.oracle)
+            .drive_judged(
+                BlockDrive {
+                    block,
+                    workload: ctx.workload,
+                    classifier: &classifier,
+                    results: &results,
+                },
+                ctx.oracle,
+            )
             .await?;
         arm.stats.health_wait_s = restarted.health_wait_s;
         arm.finish();

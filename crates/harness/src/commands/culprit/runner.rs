@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
-use crate::arm::{BlockName, Restarted, Testbed, NO_EFFECTIVE_WARNING};
+use crate::arm::{BlockDrive, BlockName, Restarted, Testbed, NO_EFFECTIVE_WARNING};
 use crate::commands::blocks::BlockRunner;
 use crate::config::Pin;
 use crate::config::{FlagSpec, Workload};
@@ -146,7 +146,15 @@ impl TestbedRunner<'_, '_> {
         };
         let (stats, _) = self
             .bed
-            .drive_judged(block, &workload, &self.classifier, results, self.oracle)
+            .drive_judged(
+                BlockDrive {
+                    block,
+                    workload: &workload,
+                    classifier: &self.classifier,
+                    results,
+                },
+                self.oracle,
+            )
             .await?;
         self.bed.stop().await?;
         if !stats.engine_replaced.is_empty() {

@@ -17,7 +17,9 @@ use super::export;
 use super::job::cell_dir;
 pub use super::job::MatrixJob;
 use super::record::{CellRecord, MatrixRecord, PlanInfo, SCHEMA};
-use crate::arm::{settle, BlockName, Progress, Readback, Testbed, NO_EFFECTIVE_WARNING};
+use crate::arm::{
+    settle, BlockDrive, BlockName, Progress, Readback, Testbed, NO_EFFECTIVE_WARNING,
+};
 use crate::config::FlagSpec;
 use crate::config::Pin;
 use crate::control::EngineControl;
@@ -212,7 +214,15 @@ async fn drive_cells(
                 repeat,
             };
             let (mut stats, _) = bed
-                .drive_judged(block, &workload, classifier, &results, job.oracle)
+                .drive_judged(
+                    BlockDrive {
+                        block,
+                        workload: &workload,
+                        classifier,
+                        results: &results,
+                    },
+                    job.oracle,
+                )
                 .await?;
             // The restart's health wait belongs to the whole group; the first block of
             // each cell records it.
