@@ -12,7 +12,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// What a reason is to the verdict's status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReasonKind {
+pub(crate) enum ReasonKind {
     /// Why the status is what it is; an inconclusive summary lists every one.
     Finding,
     /// A figure given for reference only (the adaptive run's pooled Fisher p, not valid
@@ -57,11 +57,12 @@ impl Reason {
         }
     }
 
-    pub fn kind(&self) -> ReasonKind {
+    #[cfg(test)]
+    pub(crate) fn kind(&self) -> ReasonKind {
         self.kind
     }
 
-    pub fn is_finding(&self) -> bool {
+    pub(crate) fn is_finding(&self) -> bool {
         self.kind == ReasonKind::Finding
     }
 

@@ -94,7 +94,7 @@ impl Failure {
     }
 
     /// [`Failure::CouldNotRun`] with its fix.
-    pub fn could_not_run(message: impl Into<String>, fix: impl Into<String>) -> Self {
+    pub(crate) fn could_not_run(message: impl Into<String>, fix: impl Into<String>) -> Self {
         Failure::CouldNotRun(Problem::new(message, fix))
     }
 

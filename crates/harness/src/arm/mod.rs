@@ -61,7 +61,7 @@ pub struct BlockName<'a> {
 /// One block's drive: which block, the workload its sessions run, how they are judged,
 /// and the results directory its files go to. What every `Testbed::drive*` takes.
 #[derive(Clone, Copy)]
-pub struct BlockDrive<'a> {
+pub(crate) struct BlockDrive<'a> {
     pub block: BlockName<'a>,
     pub workload: &'a Workload,
     pub classifier: &'a Arc<Classifier>,
@@ -494,7 +494,7 @@ impl<'a> Testbed<'a> {
     /// the metrics poller, and the one collector that aggregates into the returned
     /// stats and streams `sessions.jsonl` and `metrics.csv` into `results`. The stats
     /// come back finished (derived fields computed); `health_wait_s` is the caller's.
-    pub async fn drive(&mut self, d: BlockDrive<'_>) -> anyhow::Result<ArmStats> {
+    pub(crate) async fn drive(&mut self, d: BlockDrive<'_>) -> anyhow::Result<ArmStats> {
         self.drive_observed(d, &mut |_| {})
             .await
             .map(|(stats, _)| stats)
