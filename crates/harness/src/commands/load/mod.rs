@@ -139,7 +139,7 @@ impl EventSink<LoadReport> for Recorder<'_> {
     fn event(&mut self, report: LoadReport) -> anyhow::Result<()> {
         self.record.report = Some(report);
         self.record.wall_s = self.started.elapsed().as_secs_f64();
-        self.record.write(&self.dir)
+        crate::results::load::write(&self.dir, self.record)
     }
 }
 
@@ -162,7 +162,7 @@ pub async fn run(
         &plan.workload,
         &plan.params,
     );
-    record.write(&plan.dir)?;
+    crate::results::load::write(&plan.dir, &record)?;
     let written = plan.flag.iter().chain(plan.pins.iter().map(|p| &p.flag));
     let spec = plan
         .testbed
@@ -241,7 +241,7 @@ pub(crate) fn finish(
     record.wall_s = started.elapsed().as_secs_f64();
     record.header.finished_at = Some(now());
     (record.header.status, record.error) = settle(&outcome);
-    let written = record.write(dir);
+    let written = crate::results::load::write(dir, record);
     crate::arm::record_written(outcome, written).map(|_| ())
 }
 

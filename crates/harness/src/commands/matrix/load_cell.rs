@@ -56,7 +56,7 @@ pub(super) async fn run(
         &workload,
         &params,
     );
-    load.write(&dir)?;
+    crate::results::load::write(&dir, &load)?;
     bed.progress().note(&format!(
         "{}: load sweep, {} levels",
         cell.id,

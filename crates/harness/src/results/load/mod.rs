@@ -56,12 +56,13 @@ pub struct LoadRecord {
     pub error: Option<String>,
 }
 
-impl LoadRecord {
-    /// load.json, summary.md and report.html, each written atomically.
-    pub fn write(&self, dir: &Path) -> anyhow::Result<()> {
-        export::write_all(dir, self, &files())
-    }
+/// Rewrite load.json, summary.md and report.html in `dir`, each atomically: the record
+/// does not write itself.
+pub fn write(dir: &Path, record: &LoadRecord) -> anyhow::Result<()> {
+    export::write_all(dir, record, &files())
+}
 
+impl LoadRecord {
     /// Read `DIR/load.json`.
     pub fn read(dir: &Path) -> anyhow::Result<LoadRecord> {
         let path = dir.join(JSON);
