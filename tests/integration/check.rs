@@ -293,13 +293,7 @@ fn url_checks_pass_against_live_engines_and_catch_one_not_running_its_config() {
     assert!(said.starts_with("log-probabilities served ("), "{said}");
     assert!(said.ends_with("the engine is batch-invariant by construction: any parting from a session alone is a bug"), "{said}");
     let probe = urls.iter().find(|u| u["kind"] == "tool_calls").unwrap();
-    assert!(
-        probe["detail"]
-            .as_str()
-            .unwrap()
-            .starts_with("the reply came back as parsed tool_calls"),
-        "{probe}"
-    );
+    crate::common::assert_tool_calls_parsed(probe);
     // Each role's identity, and where it came from, is said.
     let notes = report["notes"].to_string();
     assert!(

@@ -189,14 +189,18 @@ fn launched_prefill(plan: &CommitsPlan, block: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// The search ended "could not reproduce" (exit 1) at `load` in flight.
-fn assert_could_not_reproduce(record: &commits::record::CommitsRecord, load: u32) {
+/// The search ended with `answer` (its name): its verdict line.
+#[track_caller]
+fn assert_answer(record: &commits::record::CommitsRecord, answer: &str) -> String {
     let verdict = record.verdict.clone().unwrap_or_default();
-    assert_eq!(
-        record.answer.map(|a| a.name()),
-        Some("could_not_reproduce"),
-        "{verdict}"
-    );
+    assert_eq!(record.answer.map(|a| a.name()), Some(answer), "{verdict}");
+    verdict
+}
+
+/// The search ended "could not reproduce" (exit 1) at `load` in flight.
+#[track_caller]
+fn assert_could_not_reproduce(record: &commits::record::CommitsRecord, load: u32) {
+    let verdict = assert_answer(record, "could_not_reproduce");
     assert!(
         verdict.contains(&format!("at {load} in flight")),
         "{verdict}"
@@ -221,12 +225,7 @@ async fn the_commit_that_turns_bf16_on_is_found_and_verified() {
     let (repo, target, shas) = engine_repo(dir.path(), Some(37), false);
     let plan = plan(dir.path(), &repo, target, 80);
     let record = search(&plan, &dir.path().join("state")).await;
-    let verdict = record.verdict.clone().unwrap_or_default();
-    assert_eq!(
-        record.answer.map(|a| a.name()),
-        Some("culprit"),
-        "{verdict}"
-    );
+    let verdict = assert_answer(&record, "culprit");
     let culprit = record.culprit.clone().unwrap();
     assert_eq!(culprit.sha, shas[37], "{verdict}");
     assert_eq!(
@@ -282,12 +281,7 @@ async fn a_range_without_the_change_has_no_culprit() {
     let mut plan = plan(dir.path(), &repo, target, 80);
     plan.policy.min_effect = 0.15;
     let record = search(&plan, &dir.path().join("state")).await;
-    let verdict = record.verdict.clone().unwrap_or_default();
-    assert_eq!(
-        record.answer.map(|a| a.name()),
-        Some("no_culprit"),
-        "{verdict}"
-    );
+    let verdict = assert_answer(&record, "no_culprit");
     assert!(
         verdict.starts_with("no culprit: the ends do not differ at 80 in flight"),
         "{verdict}"
@@ -350,12 +344,7 @@ async fn with_a_flag_the_commit_since_which_bf16_corrupts_is_found() {
     }
     plan.flag = Some(flag("BF16_INDEX_K"));
     let record = search(&plan, &dir.path().join("state")).await;
-    let verdict = record.verdict.clone().unwrap_or_default();
-    assert_eq!(
-        record.answer.map(|a| a.name()),
-        Some("culprit"),
-        "{verdict}"
-    );
+    let verdict = assert_answer(&record, "culprit");
     assert_eq!(
         record.culprit.as_ref().unwrap().sha,
         shas[DROP_SYNC],
@@ -460,24 +449,31 @@ fn cli(args: &[&str], dir: &Path) -> (Option<i32>, String, String) {
     )
 }
 
+/// Runs `bisect ARGS` in `dir`, which must refuse it as a bad request (exit 2): its
+/// stderr.
+#[track_caller]
+fn refused(args: &[&str], dir: &Path) -> String {
+    let (code, _, err) = cli(args, dir);
+    assert_eq!(code, Some(2), "{err}");
+    err
+}
+
 #[test]
 fn bad_requests_exit_2_with_the_fix_and_touch_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let (code, _, err) = cli(
+    let err = refused(
         &["commits", "--repo", "nowhere", "a", "b", "--build", "true"],
         d,
     );
-    assert_eq!(code, Some(2), "{err}");
     assert!(
         err.contains("--repo nowhere: not a git repository"),
         "{err}"
     );
     // Neither --build nor --artifact.
-    let (code, _, err) = cli(&["commits", "--repo", ".", "a", "b"], d);
-    assert_eq!(code, Some(2), "{err}");
+    refused(&["commits", "--repo", ".", "a", "b"], d);
     // --background belongs to --flag; a pin names a catalog flag, not the flag under test.
-    let (code, _, err) = cli(
+    let err = refused(
         &[
             "commits",
             "--repo",
@@ -491,7 +487,6 @@ fn bad_requests_exit_2_with_the_fix_and_touch_nothing() {
         ],
         d,
     );
-    assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("--flag"), "{err}");
     // The ends swapped: refused before anything is checked out or started.
     let repo = d.join("r");
@@ -505,16 +500,15 @@ fn bad_requests_exit_2_with_the_fix_and_touch_nothing() {
     let r = repo.to_str().unwrap();
     // The embedded engine's own launch scripts are not in the repository: no commit
     // would ever run.
-    let (code, _, err) = cli(
+    let err = refused(
         &["commits", "--repo", r, "main~2", "main", "--build", "true"],
         d,
     );
-    assert_eq!(code, Some(2), "{err}");
     assert!(
         err.contains("every commit would be measured on the same engine"),
         "{err}"
     );
-    let (code, _, err) = cli(
+    let err = refused(
         &[
             "commits",
             "--repo",
@@ -526,15 +520,13 @@ fn bad_requests_exit_2_with_the_fix_and_touch_nothing() {
         ],
         d,
     );
-    assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("is not an ancestor of the bad end"), "{err}");
-    let (code, _, err) = cli(
+    let err = refused(
         &["commits", "--repo", r, "nope", "main", "--artifact", "true"],
         d,
     );
-    assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("\"nope\" is not a commit"), "{err}");
-    let (code, _, err) = cli(
+    let err = refused(
         &[
             "commits",
             "--repo",
@@ -550,15 +542,13 @@ fn bad_requests_exit_2_with_the_fix_and_touch_nothing() {
         ],
         d,
     );
-    assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("BF16_INDEX_K is the flag under test"), "{err}");
     assert_eq!(git(&repo, &["worktree", "list"]).lines().count(), 1);
     assert_eq!(git(&repo, &["status", "--porcelain"]), "");
     // Releases: two or more plain names, made runnable by --artifact, never --build.
-    let (code, _, err) = cli(&["commits", "--releases", "0.3.8", "--artifact", "true"], d);
-    assert_eq!(code, Some(2), "{err}");
+    let err = refused(&["commits", "--releases", "0.3.8", "--artifact", "true"], d);
     assert!(err.contains("two releases or more"), "{err}");
-    let (code, _, err) = cli(
+    let err = refused(
         &[
             "commits",
             "--releases",
@@ -568,15 +558,13 @@ fn bad_requests_exit_2_with_the_fix_and_touch_nothing() {
         ],
         d,
     );
-    assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("not a plain name"), "{err}");
-    let (code, _, err) = cli(
+    let err = refused(
         &["commits", "--releases", "0.3.8,0.3.9", "--build", "true"],
         d,
     );
-    assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("--artifact"), "{err}");
-    let (code, _, err) = cli(
+    let err = refused(
         &[
             "commits",
             "--releases",
@@ -588,7 +576,6 @@ fn bad_requests_exit_2_with_the_fix_and_touch_nothing() {
         ],
         d,
     );
-    assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("--repo"), "{err}");
 }
 
@@ -635,12 +622,7 @@ async fn the_release_that_fixed_it_is_found_with_find_fix() {
         engine.display()
     ));
     let record = search(&plan, &dir.path().join("state")).await;
-    let verdict = record.verdict.clone().unwrap_or_default();
-    assert_eq!(
-        record.answer.map(|a| a.name()),
-        Some("culprit"),
-        "{verdict}"
-    );
+    let verdict = assert_answer(&record, "culprit");
     assert!(record.releases);
     // Newest first: the fixed end is the search's good end.
     let order: Vec<&str> = record.commits.iter().map(|c| c.sha.as_str()).collect();

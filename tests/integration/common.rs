@@ -205,6 +205,19 @@ pub fn assert_inconclusive_because(record: &RunRecord, says: impl Fn(&str) -> bo
     assert!(verdict.reasons.iter().any(|r| says(r)), "{verdict:?}");
 }
 
+/// `bisect check`'s tool-call probe row (`kind = "tool_calls"` in its report) says the
+/// engine's reply came back as parsed tool calls.
+#[track_caller]
+pub fn assert_tool_calls_parsed(probe: &serde_json::Value) {
+    assert!(
+        probe["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("the reply came back as parsed tool_calls"),
+        "{probe}"
+    );
+}
+
 /// Run the real binary with `--json` among `args`, require exit 0 and read the record it
 /// prints (run.json, load.json, matrix.json).
 pub fn bisect_json(args: &[&str], cwd: &Path) -> serde_json::Value {

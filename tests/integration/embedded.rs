@@ -9,6 +9,14 @@ use std::process::Command;
 
 use serde_json::Value;
 
+/// `bisect run --flag FLAG ARGS --json` in `dir`, which must exit 0: the run's record.
+fn run_flag(dir: &std::path::Path, flag: &str, args: &[&str]) -> Value {
+    let mut all = vec!["run", "--flag", flag];
+    all.extend_from_slice(args);
+    all.push("--json");
+    bisect_json(&all, dir)
+}
+
 fn arm<'a>(run: &'a Value, label: &str) -> &'a Value {
     run["arms"]
         .as_array()
@@ -21,10 +29,7 @@ fn arm<'a>(run: &'a Value, label: &str) -> &'a Value {
 #[test]
 fn bf16_index_k_is_implicated_and_scripts_are_restored() {
     let dir = tempfile::tempdir().unwrap();
-    let run = bisect_json(
-        &["run", "--flag", "BF16_INDEX_K", "--repeats", "2", "--json"],
-        dir.path(),
-    );
+    let run = run_flag(dir.path(), "BF16_INDEX_K", &["--repeats", "2"]);
     let (on, off) = (arm(&run, "on"), arm(&run, "off"));
     assert_eq!(on["sessions"], 160);
     let (on_bad, off_bad) = (
@@ -69,20 +74,10 @@ fn bf16_index_k_is_implicated_and_scripts_are_restored() {
 #[test]
 fn slow_legacy_attention_is_degraded_not_judged() {
     let dir = tempfile::tempdir().unwrap();
-    let run = bisect_json(
-        &[
-            "run",
-            "--flag",
-            "MMA_FLASHMLA",
-            "--sessions",
-            "40",
-            "--rounds",
-            "2",
-            "--timeout",
-            "2",
-            "--json",
-        ],
+    let run = run_flag(
         dir.path(),
+        "MMA_FLASHMLA",
+        &["--sessions", "40", "--rounds", "2", "--timeout", "2"],
     );
     assert_eq!(arm(&run, "off")["counts"]["timeout"], 40, "{}", run["arms"]);
     // The fast arm answers in well under the 2 s timeout; on a machine loaded by other
@@ -103,18 +98,10 @@ fn slow_legacy_attention_is_degraded_not_judged() {
 #[test]
 fn one_session_never_corrupts() {
     let dir = tempfile::tempdir().unwrap();
-    let run = bisect_json(
-        &[
-            "run",
-            "--flag",
-            "TOPK_V2",
-            "--sessions",
-            "1",
-            "--repeats",
-            "3",
-            "--json",
-        ],
+    let run = run_flag(
         dir.path(),
+        "TOPK_V2",
+        &["--sessions", "1", "--repeats", "3"],
     );
     for label in ["on", "off"] {
         let a = arm(&run, label);
@@ -314,19 +301,18 @@ pub(crate) fn schema_only_workload(dir: &std::path::Path) -> String {
 fn the_solo_oracle_catches_well_formed_wrong_values_the_classifier_passes() {
     let dir = tempfile::tempdir().unwrap();
     let workload = schema_only_workload(dir.path());
-    let args = [
-        "run",
-        "--flag",
+    let run = run_flag(
+        dir.path(),
         "BF16_INDEX_K",
-        "--oracle",
-        "solo",
-        "--workload",
-        &workload,
-        "--repeats",
-        "2",
-        "--json",
-    ];
-    let run = bisect_json(&args, dir.path());
+        &[
+            "--oracle",
+            "solo",
+            "--workload",
+            &workload,
+            "--repeats",
+            "2",
+        ],
+    );
     let (on, off) = (arm(&run, "on"), arm(&run, "off"));
     let diverged = |a: &Value| a["counts"]["diverged"].as_u64().unwrap_or(0);
     let corrupted = |a: &Value| a["corrupted"].as_u64().unwrap();

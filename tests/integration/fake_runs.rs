@@ -2,13 +2,26 @@
 
 use std::sync::atomic::Ordering;
 
-use bisect_harness::commands::run::{self as experiment, Quiet};
+use bisect_harness::commands::run::{self as experiment, Quiet, RunPlan};
+use bisect_harness::control::EngineControl;
 use bisect_harness::core::arm_stats::ArmLabel;
 use bisect_harness::core::session::SessionClass;
 use bisect_harness::core::verdict::Status;
 use tokio_util::sync::CancellationToken;
 
 use crate::common::{fake_race_victims, read, FakeTarget};
+
+/// Runs `plan` on the fake, which must refuse it: the error and its whole message.
+async fn run_refused(plan: &RunPlan, control: &mut dyn EngineControl) -> (anyhow::Error, String) {
+    let err = crate::common::run_quiet(plan, control).await.unwrap_err();
+    let msg = format!("{err:#}");
+    (err, msg)
+}
+
+/// The record `plan` wrote, finished or not.
+fn run_json(plan: &RunPlan) -> serde_json::Value {
+    serde_json::from_str(&read(&plan.run_dir.join("run.json"))).unwrap()
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racy_flag_is_implicated_with_exact_counts() {
@@ -163,10 +176,7 @@ async fn half_applied_flag_is_refused_before_any_restart() {
     let before = t.launch_bytes();
     let plan = t.plan("FAKE_BF16_DECODE_ONLY", 4, 1);
     let mut control = t.engine.control();
-    let err = crate::common::run_quiet(&plan, &mut control)
-        .await
-        .unwrap_err();
-    let msg = format!("{err:#}");
+    let (err, msg) = run_refused(&plan, &mut control).await;
     assert!(
         msg.contains("prefill"),
         "names the role that also sets it: {msg}"
@@ -227,8 +237,7 @@ async fn configs_restored_when_a_restart_fails_midway() {
         .unwrap_err();
     assert!(format!("{err:#}").contains("simulated restart failure"));
     assert_eq!(t.launch_bytes(), before);
-    let run_json: serde_json::Value =
-        serde_json::from_str(&crate::common::read(&plan.run_dir.join("run.json"))).unwrap();
+    let run_json = run_json(&plan);
     assert_eq!(run_json["status"], "failed");
     assert_eq!(
         run_json["runs"].as_array().unwrap().len(),
@@ -258,8 +267,7 @@ async fn cancellation_restores_and_reports_interrupted() {
         bisect_harness::exit::INTERRUPTED
     );
     assert_eq!(t.launch_bytes(), before);
-    let run_json: serde_json::Value =
-        serde_json::from_str(&crate::common::read(&plan.run_dir.join("run.json"))).unwrap();
+    let run_json = run_json(&plan);
     assert_eq!(run_json["status"], "interrupted");
 }
 
@@ -433,10 +441,7 @@ async fn an_engine_bisect_did_not_start_is_refused_before_anything_runs() {
         role.restart = None;
     }
     let mut control = t.engine.control();
-    let err = crate::common::run_quiet(&plan, &mut control)
-        .await
-        .unwrap_err();
-    let msg = format!("{err:#}");
+    let (err, msg) = run_refused(&plan, &mut control).await;
     assert!(msg.contains("something already answers on"), "{msg}");
     assert!(msg.contains("fix:"), "{msg}");
     assert!(msg.contains("\"prefill\""), "names what answered: {msg}");
@@ -451,9 +456,7 @@ async fn an_engine_bisect_did_not_start_is_refused_before_anything_runs() {
         "no session ran against a foreign engine"
     );
     assert_eq!(t.launch_bytes(), before);
-    let record: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(plan.run_dir.join("run.json")).unwrap())
-            .unwrap();
+    let record = run_json(&plan);
     assert_eq!(record["status"], "failed");
     assert!(record["verdict"].is_null());
 }
@@ -470,10 +473,7 @@ async fn an_engine_that_runs_the_same_value_in_both_arms_is_refused_before_the_s
     let plan = t.plan("FAKE_BF16", 32, 2);
     t.engine.ignore_restarts();
     let mut control = t.engine.control();
-    let err = crate::common::run_quiet(&plan, &mut control)
-        .await
-        .unwrap_err();
-    let msg = format!("{err:#}");
+    let (err, msg) = run_refused(&plan, &mut control).await;
     assert!(
         msg.contains("arm off set FAKE_BF16=0 but the prefill engine reports it runs with \"1\", the value arm on sets: the engine ran the same FAKE_BF16 in both arms"),
         "{msg}"
@@ -484,9 +484,7 @@ async fn an_engine_that_runs_the_same_value_in_both_arms_is_refused_before_the_s
         bisect_harness::commands::code_for_error(&err),
         bisect_harness::exit::COULD_NOT_RUN
     );
-    let record: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(plan.run_dir.join("run.json")).unwrap())
-            .unwrap();
+    let record = run_json(&plan);
     assert_eq!(record["status"], "failed");
     assert!(record["verdict"].is_null());
     // Only the first arm's sessions ran: one block of 32 (the block order puts on first).
@@ -541,10 +539,7 @@ async fn a_run_refuses_an_engine_that_returns_tool_calls_as_text() {
     let before = t.launch_bytes();
     let plan = t.plan("FAKE_BF16", 8, 2);
     let mut control = t.engine.control();
-    let err = crate::common::run_quiet(&plan, &mut control)
-        .await
-        .unwrap_err();
-    let msg = format!("{err:#}");
+    let (err, msg) = run_refused(&plan, &mut control).await;
     assert!(
         msg.contains("the tool-call probe") && msg.contains("came back as text"),
         "{msg}"
@@ -564,8 +559,7 @@ async fn a_run_refuses_an_engine_that_returns_tool_calls_as_text() {
     // One request asked (a call as text decides at once); no session was driven.
     assert_eq!(t.engine.requests(), 1);
     assert_eq!(t.launch_bytes(), before);
-    let record: serde_json::Value =
-        serde_json::from_str(&read(&plan.run_dir.join("run.json"))).unwrap();
+    let record = run_json(&plan);
     assert_eq!(record["status"], "failed");
     assert!(record["verdict"].is_null());
 }

@@ -303,13 +303,7 @@ fn check_proves_the_real_llama_server_parses_tool_calls() {
     assert_eq!(code, 0, "{report:#}");
     let probe = row(&report, "tool_calls");
     assert_eq!(probe["ok"], true, "{probe}");
-    assert!(
-        probe["detail"]
-            .as_str()
-            .unwrap()
-            .starts_with("the reply came back as parsed tool_calls"),
-        "{probe}"
-    );
+    crate::common::assert_tool_calls_parsed(&probe);
     // Which process the server is comes from its /metrics header (or its socket).
     assert!(
         report["notes"]

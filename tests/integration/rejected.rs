@@ -5,13 +5,15 @@
 //! implicated; counted as errors, as before, the same run only says the on arm was
 //! degraded. `bisect reclassify` judges the kept replies again with the run's patterns.
 
+use std::path::Path;
+
 use bisect_harness::commands::reclassify::reclassify_dir;
 use bisect_harness::commands::run::{self as experiment, Quiet, RunPlan};
 use bisect_harness::config::{Engine, FlagCatalog};
 use bisect_harness::core::arm_stats::ArmLabel;
-use bisect_harness::core::session::SessionClass;
+use bisect_harness::core::session::{SessionClass, SessionResult};
 use bisect_harness::core::verdict::Status;
-use bisect_harness::results::run_record::RunRecord;
+use bisect_harness::results::run_record::{ArmRecord, RunRecord};
 use bisect_harness::results::ResultsDir;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -59,6 +61,25 @@ async fn run(t: &FakeTarget, plan: &RunPlan) -> RunRecord {
         .unwrap()
 }
 
+/// The on arm's race victims came back rejected and the rest of its sessions done.
+#[track_caller]
+fn assert_victims_rejected(on: &ArmRecord, victims: u64) {
+    assert_eq!(on.stats.counts[SessionClass::Rejected], victims);
+    assert_eq!(
+        on.stats.counts[SessionClass::Done],
+        u64::from(SESSIONS) - victims
+    );
+}
+
+/// The sessions of the run in `dir` that the engine rejected.
+fn rejected_sessions(dir: &Path) -> Vec<SessionResult> {
+    let sessions = ResultsDir::open(dir).read_sessions().unwrap();
+    sessions
+        .into_iter()
+        .filter(|s| s.class == SessionClass::Rejected)
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn engine_rejections_implicate_the_flag_as_corruption_does() {
     let t = rejecting_target().await;
@@ -71,11 +92,7 @@ async fn engine_rejections_implicate_the_flag_as_corruption_does() {
     let record = run(&t, &plan).await;
     let on = record.arm(ArmLabel::On).unwrap();
     let off = record.arm(ArmLabel::Off).unwrap();
-    assert_eq!(on.stats.counts[SessionClass::Rejected], victims);
-    assert_eq!(
-        on.stats.counts[SessionClass::Done],
-        u64::from(SESSIONS) - victims
-    );
+    assert_victims_rejected(on, victims);
     assert_eq!(on.stats.counts[SessionClass::Error], 0);
     assert_eq!(on.stats.corrupted, victims);
     assert_eq!(on.stats.judged(), u64::from(SESSIONS));
@@ -95,11 +112,7 @@ async fn engine_rejections_implicate_the_flag_as_corruption_does() {
 
     // The evidence is the engine's own reply; the session is no failure.
     let dir = &plan.run_dir;
-    let sessions = ResultsDir::open(dir).read_sessions().unwrap();
-    let rejected: Vec<_> = sessions
-        .iter()
-        .filter(|s| s.class == SessionClass::Rejected)
-        .collect();
+    let rejected = rejected_sessions(dir);
     assert_eq!(rejected.len() as u64, victims);
     for s in &rejected {
         assert!(
@@ -158,11 +171,7 @@ async fn streamed_rejections_mid_stream_implicate_the_flag() {
     let record = run(&t, &plan).await;
     let on = record.arm(ArmLabel::On).unwrap();
     let off = record.arm(ArmLabel::Off).unwrap();
-    assert_eq!(on.stats.counts[SessionClass::Rejected], victims);
-    assert_eq!(
-        on.stats.counts[SessionClass::Done],
-        u64::from(SESSIONS) - victims
-    );
+    assert_victims_rejected(on, victims);
     assert_eq!(
         (
             on.stats.counts[SessionClass::Error],
@@ -174,11 +183,7 @@ async fn streamed_rejections_mid_stream_implicate_the_flag() {
     assert_eq!(off.stats.counts[SessionClass::Done], u64::from(SESSIONS));
     let verdict = record.verdict.as_ref().unwrap();
     assert_eq!(verdict.status, Status::Implicated, "{verdict:?}");
-    let sessions = ResultsDir::open(&plan.run_dir).read_sessions().unwrap();
-    let rejected: Vec<_> = sessions
-        .iter()
-        .filter(|s| s.class == SessionClass::Rejected)
-        .collect();
+    let rejected = rejected_sessions(&plan.run_dir);
     assert_eq!(rejected.len() as u64, victims);
     for s in &rejected {
         assert!(

@@ -219,6 +219,17 @@ impl Script {
         start..out.len()
     }
 
+    /// Writes the setting's `value` with its quotes and records where it sits.
+    fn push_setting_value(out: &mut String, r: &mut Rendered, value: &(String, Quote)) {
+        let span = Self::push_value(out, value);
+        r.occurrences.push(Occurrence {
+            span,
+            quote: value.1,
+            prefix: String::new(),
+            value: value.0.clone(),
+        });
+    }
+
     /// Renders the script; `skip[i]` drops switch item `i` (in item order) together with
     /// the separator before it (`Some(true)`) or after it (`Some(false)`).
     fn render_with(&self, drop_switch: &[Option<bool>]) -> Rendered {
@@ -249,13 +260,7 @@ impl Script {
             if let Some(value) = &launch.prefix_assign {
                 out.push_str(&self.key);
                 out.push('=');
-                let span = Self::push_value(&mut out, value);
-                r.occurrences.push(Occurrence {
-                    span,
-                    quote: value.1,
-                    prefix: String::new(),
-                    value: value.0.clone(),
-                });
+                Self::push_setting_value(&mut out, &mut r, value);
                 out.push(' ');
             }
             if launch.exec {
@@ -298,13 +303,7 @@ impl Script {
                         } else {
                             ' '
                         });
-                        let span = Self::push_value(&mut out, value);
-                        r.occurrences.push(Occurrence {
-                            span,
-                            quote: value.1,
-                            prefix: String::new(),
-                            value: value.0.clone(),
-                        });
+                        Self::push_setting_value(&mut out, &mut r, value);
                     }
                     Item::ArgWordQuoted((value, quote)) => {
                         let start = out.len();
@@ -401,13 +400,7 @@ impl Script {
                 }
                 out.push_str(&self.key);
                 out.push('=');
-                let span = Self::push_value(out, value);
-                r.occurrences.push(Occurrence {
-                    span,
-                    quote: value.1,
-                    prefix: String::new(),
-                    value: value.0.clone(),
-                });
+                Self::push_setting_value(out, r, value);
                 if let Some(c) = comment {
                     out.push_str("  ");
                     out.push_str(c);

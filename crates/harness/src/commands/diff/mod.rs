@@ -319,24 +319,12 @@ pub(crate) mod tests {
     }
 
     pub fn cell(id: &str, corrupted: u64, sessions: u64) -> CellRecord {
-        CellRecord {
-            id: id.into(),
-            group: 0,
-            flags: Default::default(),
-            sessions: sessions as u32,
-            rounds: 4,
-            config_hash: format!("hash-{id}"),
-            workload_hash: "w".into(),
-            status: RecordStatus::Finished,
-            readback: Default::default(),
-            effective: Default::default(),
-            blocked: Vec::new(),
-            warnings: Vec::new(),
-            stats: stats(corrupted, sessions, sessions, 900.0),
-            dir: format!("cells/{id}"),
-            comparison: None,
-            load: None,
-        }
+        crate::commands::matrix::export::html::tests::finished_cell(
+            id,
+            sessions as u32,
+            &format!("hash-{id}"),
+            stats(corrupted, sessions, sessions, 900.0),
+        )
     }
 
     /// A finished matrix with these cells (the page test's record, reused).

@@ -317,13 +317,24 @@ pub(crate) mod tests {
         };
         stats.peak_running.insert("client".into(), leak + done);
         stats.finish();
+        finished_cell(id, (leak + done) as u32, "c", stats)
+    }
+
+    /// A finished cell `id` of `sessions` sessions in group 0 with these `stats`, no
+    /// comparison: also the cell of diff's tests.
+    pub(crate) fn finished_cell(
+        id: &str,
+        sessions: u32,
+        config_hash: &str,
+        stats: ArmStats,
+    ) -> CellRecord {
         CellRecord {
             id: id.into(),
             group: 0,
             flags: Default::default(),
-            sessions: (leak + done) as u32,
+            sessions,
             rounds: 4,
-            config_hash: "c".into(),
+            config_hash: config_hash.into(),
             workload_hash: "w".into(),
             status: RecordStatus::Finished,
             readback: Default::default(),
