@@ -206,16 +206,6 @@ impl Closed {
         self.stopped.context("stopping the engines")?;
         Ok(value)
     }
-
-    /// [`Closed::combine`] for a command that writes its record after closing, `written`
-    /// being that write: see [`record_written`].
-    pub(crate) fn combine_written<T>(
-        self,
-        outcome: anyhow::Result<T>,
-        written: anyhow::Result<()>,
-    ) -> anyhow::Result<T> {
-        record_written(self.combine(outcome), written)
-    }
 }
 
 /// A command's result once its record is written: `result` (its outcome combined with
@@ -234,6 +224,32 @@ pub(crate) fn record_written<T>(
             "{first:#}\n  and the results could not be written either: {unwritten:#}"
         )),
     }
+}
+
+/// The one lifecycle of every command that drives engines (run, run --adaptive, probe,
+/// culprit, load, matrix): open the testbed, run `body` on it, close it whatever
+/// happened (engines stopped, launch configs restored), then let `end` settle the
+/// command's record in `state` from the outcome combined with the close
+/// ([`Closed::combine`]: a failed restore is what the record and the user read first)
+/// and write it; a failed write never hides the outcome ([`record_written`]). `end` also
+/// gets the seconds closing took.
+pub(crate) async fn lifecycle<S, T>(
+    spec: TestbedSpec<'_>,
+    control: &mut dyn EngineControl,
+    progress: &dyn Progress,
+    cancel: CancellationToken,
+    state: &mut S,
+    body: impl AsyncFnOnce(&mut Testbed<'_>, &mut S) -> anyhow::Result<T>,
+    end: impl FnOnce(&mut S, &anyhow::Result<T>, f64) -> anyhow::Result<()>,
+) -> anyhow::Result<T> {
+    let mut bed = Testbed::open(spec, control, progress, cancel)?;
+    let outcome = body(&mut bed, state).await;
+    let closing = std::time::Instant::now();
+    let closed = bed.close().await;
+    let close_s = closing.elapsed().as_secs_f64();
+    let outcome = closed.combine(outcome);
+    let written = end(state, &outcome, close_s);
+    record_written(outcome, written)
 }
 
 /// A target under bisect's control for the length of one command.

@@ -13,9 +13,10 @@ use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::arm::{settle, Progress, Testbed};
+use crate::arm::{lifecycle, Progress, Testbed};
 use crate::commands::run::{
-    initial_record, now, pooled_arms, run_block, testbed_spec, write_timed, BlockSpec, RunPlan,
+    end_record, initial_record, pooled_arms, run_block, testbed_spec, write_timed, BlockSpec,
+    RunPlan,
 };
 use crate::config::Workload;
 use crate::control::EngineControl;
@@ -110,7 +111,6 @@ pub async fn run_adaptive(
     record.adaptive = Some(schedule.record().clone());
     write_timed(&results, &record, &mut phases)?;
 
-    let mut bed = Testbed::open(testbed_spec(plan), control, progress, cancel)?;
     let mut run = Run {
         plan,
         workload: &workload,
@@ -119,21 +119,24 @@ pub async fn run_adaptive(
         phases: &mut phases,
         schedule: &mut schedule,
     };
-    let outcome = run.blocks(&mut bed).await;
-    let closing = Instant::now();
-    let closed = bed.close().await;
-    phases.close_s = closing.elapsed().as_secs_f64();
-
-    record.adaptive = Some(schedule.record().clone());
-    if outcome.is_ok() {
-        finish_verdict(plan, &workload, &mut record);
-    }
-    phases.finish(started.elapsed().as_secs_f64());
-    record.phases = Some(phases);
-    (record.header.status, record.error) = settle(&outcome);
-    record.header.finished_at = Some(now());
-    let written = results.write_record(&record);
-    closed.combine_written(outcome, written)?;
+    lifecycle(
+        testbed_spec(plan),
+        control,
+        progress,
+        cancel,
+        &mut run,
+        async |bed, run| run.blocks(bed).await,
+        |run, outcome, close_s| {
+            run.phases.close_s = close_s;
+            run.record.adaptive = Some(run.schedule.record().clone());
+            if outcome.is_ok() {
+                finish_verdict(plan, &workload, run.record);
+            }
+            end_record(run.record, run.phases, started, outcome);
+            results.write_record(run.record)
+        },
+    )
+    .await?;
     Ok(record)
 }
 

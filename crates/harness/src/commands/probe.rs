@@ -30,7 +30,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use crate::arm::{BlockDrive, BlockName, Progress, Testbed, TestbedSpec};
+use crate::arm::{lifecycle, BlockDrive, BlockName, Progress, Testbed, TestbedSpec};
 use crate::commands::run::now;
 use crate::config::{FlagCatalog, TargetProfile, Workload};
 use crate::control::EngineControl;
@@ -294,8 +294,7 @@ pub async fn run_probe(
     let write = |r: &ProbeRecord| export::write_all(&plan.run_dir, r, &[&RECORD]);
     write(&record)?;
     let spec = TestbedSpec::read_only(&plan.target, plan.api_key.clone(), plan.metrics_period);
-    let mut bed = Testbed::open(spec, control, progress, cancel)?;
-    let outcome = async {
+    let body = async |bed: &mut Testbed<'_>, _: &mut ProbeRecord| {
         let restarted = bed.restart("probe").await?;
         // The profile's markup families decide what a leak is, as in `bisect run`.
         let classifier = Arc::new(plan.target.classifier(&plan.workload)?);
@@ -316,28 +315,36 @@ pub async fn run_probe(
         arm.stats.health_wait_s = restarted.health_wait_s;
         arm.finish();
         anyhow::Ok(arm)
-    }
-    .await;
-    let closed = bed.close().await;
-    match &outcome {
-        Ok(arm) => {
-            let (o, reason) = decide(
-                arm,
-                &record.workload,
-                plan.background,
-                plan.bug_rate,
-                &plan.policy(),
-            );
-            record.outcome = Some(o);
-            record.reason = reason;
-            record.arm = Some(arm.clone());
-        }
-        Err(e) => record.reason = format!("could not run: {e:#}"),
-    }
-    record.header.finished_at = Some(now());
-    record.header.status = crate::arm::settle(&outcome).0;
-    write(&record)?;
-    closed.combine(outcome)?;
+    };
+    lifecycle(
+        spec,
+        control,
+        progress,
+        cancel,
+        &mut record,
+        body,
+        |record, outcome, _| {
+            match outcome {
+                Ok(arm) => {
+                    let (o, reason) = decide(
+                        arm,
+                        &record.workload,
+                        plan.background,
+                        plan.bug_rate,
+                        &plan.policy(),
+                    );
+                    record.outcome = Some(o);
+                    record.reason = reason;
+                    record.arm = Some(arm.clone());
+                }
+                Err(e) => record.reason = format!("could not run: {e:#}"),
+            }
+            record.header.finished_at = Some(now());
+            record.header.status = crate::arm::settle(outcome).0;
+            write(record)
+        },
+    )
+    .await?;
     Ok(record)
 }
 

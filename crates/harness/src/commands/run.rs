@@ -16,8 +16,8 @@ use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::arm::{
-    fmt_readback, settle, BlockDrive, BlockName, Restarted, Testbed, TestbedOptions, TestbedSpec,
-    NO_EFFECTIVE_WARNING,
+    fmt_readback, lifecycle, settle, BlockDrive, BlockName, Restarted, Testbed, TestbedOptions,
+    TestbedSpec, NO_EFFECTIVE_WARNING,
 };
 pub use crate::arm::{Progress, Quiet};
 use crate::config::Pin;
@@ -95,25 +95,41 @@ pub async fn run_experiment(
     let started = Instant::now();
     let mut phases = Phases::default();
     let results = ResultsDir::create(&plan.run_dir)?;
-    let mut record = initial_record(plan);
+    let record = initial_record(plan);
     write_timed(&results, &record, &mut phases)?;
 
-    let mut bed = Testbed::open(testbed_spec(plan), control, progress, cancel)?;
-    let outcome = run_blocks(plan, &mut bed, &results, &mut record, &mut phases).await;
-    let closing = Instant::now();
-    let closed = bed.close().await;
-    phases.close_s = closing.elapsed().as_secs_f64();
+    let mut state = (record, phases);
+    lifecycle(
+        testbed_spec(plan),
+        control,
+        progress,
+        cancel,
+        &mut state,
+        async |bed, (record, phases)| run_blocks(plan, bed, &results, record, phases).await,
+        |(record, phases), outcome, close_s| {
+            phases.close_s = close_s;
+            if outcome.is_ok() {
+                finish_verdict(plan, record);
+            }
+            end_record(record, phases, started, outcome);
+            results.write_record(record)
+        },
+    )
+    .await?;
+    Ok(state.0)
+}
 
-    if outcome.is_ok() {
-        finish_verdict(plan, &mut record);
-    }
+/// A run's record as it ends, fixed or adaptive: its phases, status, error and end time.
+pub(crate) fn end_record(
+    record: &mut RunRecord,
+    phases: &mut Phases,
+    started: Instant,
+    outcome: &anyhow::Result<()>,
+) {
     phases.finish(started.elapsed().as_secs_f64());
-    record.phases = Some(phases);
-    (record.header.status, record.error) = settle(&outcome);
+    record.phases = Some(phases.clone());
+    (record.header.status, record.error) = settle(outcome);
     record.header.finished_at = Some(now());
-    let written = results.write_record(&record);
-    closed.combine_written(outcome, written)?;
-    Ok(record)
 }
 
 /// How `run` (fixed or adaptive) opens its testbed: the flag under test and the pins.

@@ -27,7 +27,7 @@ use std::time::Instant;
 use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
-use crate::arm::{settle, Progress, Testbed, TestbedOptions};
+use crate::arm::{lifecycle, settle, Progress, Testbed, TestbedOptions};
 use crate::commands::answer::SearchAnswer;
 use crate::commands::blocks::{drive, EventSink};
 use crate::config::Pin;
@@ -318,13 +318,11 @@ pub async fn run(
         .testbed
         .spec(&plan.target, plan.api_key.clone(), written.collect());
     let started = Instant::now();
-    let mut bed = Testbed::open(spec, control, progress, cancel)?;
-    let mut replayed = 0;
-    let outcome = async {
+    let body = async |bed: &mut Testbed<'_>, record: &mut CulpritRecord| {
         bed.pin(&plan.pins)?;
         let classifier = Arc::new(plan.classifier()?);
         let live = runner::TestbedRunner {
-            bed: &mut bed,
+            bed,
             flags: plan.flags.clone(),
             pins: plan.pins.clone(),
             warned: Vec::new(),
@@ -337,28 +335,34 @@ pub async fn run(
         let mut runner = steplog::Replay::new(logged, live);
         let mut recorder = Recorder {
             log: steplog::StepLog::create(&log_path, &header)?,
-            record: &mut record,
+            record,
             dir: plan.dir.clone(),
             started,
         };
         let report = drive(search(params.clone()), &mut runner, &mut recorder)
             .await
             .and_then(|report| Ok(report?));
-        replayed = runner.replayed;
+        recorder.record.replayed_blocks = runner.replayed;
         report
-    }
-    .await;
-    let closed = bed.close().await;
-    let outcome = closed.combine(outcome);
-    if let Ok(report) = &outcome {
-        record_answer(&mut record, plan, &flags, report);
-    }
-    record.replayed_blocks = replayed;
-    record.wall_s = started.elapsed().as_secs_f64();
-    record.header.finished_at = Some(crate::commands::run::now());
-    (record.header.status, record.error) = settle(&outcome);
-    let written = export::write(&plan.dir, &record);
-    crate::arm::record_written(outcome, written)?;
+    };
+    lifecycle(
+        spec,
+        control,
+        progress,
+        cancel,
+        &mut record,
+        body,
+        |record, outcome, _| {
+            if let Ok(report) = outcome {
+                record_answer(record, plan, &flags, report);
+            }
+            record.wall_s = started.elapsed().as_secs_f64();
+            record.header.finished_at = Some(crate::commands::run::now());
+            (record.header.status, record.error) = settle(outcome);
+            export::write(&plan.dir, record)
+        },
+    )
+    .await?;
     Ok(record)
 }
 

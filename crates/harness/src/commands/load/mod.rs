@@ -24,7 +24,7 @@ use std::time::Instant;
 use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
-use crate::arm::{settle, Progress, Testbed, TestbedOptions};
+use crate::arm::{lifecycle, settle, Progress, Testbed, TestbedOptions};
 use crate::commands::blocks::{drive, BlockRunner, EventSink};
 use crate::commands::culprit::runner::TestbedRunner;
 use crate::commands::run::now;
@@ -168,23 +168,28 @@ pub async fn run(
         .testbed
         .spec(&plan.target, plan.api_key.clone(), written.collect());
     let started = Instant::now();
-    let mut bed = Testbed::open(spec, control, progress, cancel)?;
-    let outcome = async {
-        bed.pin(&plan.pins)?;
-        let job = Sweep {
-            flag: plan.flag.as_ref(),
-            fixed: &[],
-            pins: &plan.pins,
-            workload: &plan.workload,
-            params: &plan.params,
-            dir: &plan.dir,
-            oracle: plan.oracle,
-        };
-        sweep_on(&mut bed, &job, &mut record, started).await
-    }
-    .await;
-    let closed = bed.close().await;
-    finish(&mut record, closed.combine(outcome), started, &plan.dir)?;
+    let job = Sweep {
+        flag: plan.flag.as_ref(),
+        fixed: &[],
+        pins: &plan.pins,
+        workload: &plan.workload,
+        params: &plan.params,
+        dir: &plan.dir,
+        oracle: plan.oracle,
+    };
+    lifecycle(
+        spec,
+        control,
+        progress,
+        cancel,
+        &mut record,
+        async |bed, record| {
+            bed.pin(&plan.pins)?;
+            sweep_on(bed, &job, record, started).await
+        },
+        |record, outcome, _| finish(record, outcome, started, &plan.dir),
+    )
+    .await?;
     Ok(record)
 }
 
@@ -231,18 +236,17 @@ pub(crate) async fn sweep_on(
 /// `dir`; the sweep's error, if any, comes back after the write (which never hides it).
 pub(crate) fn finish(
     record: &mut LoadRecord,
-    outcome: anyhow::Result<LoadReport>,
+    outcome: &anyhow::Result<LoadReport>,
     started: Instant,
     dir: &Path,
 ) -> anyhow::Result<()> {
-    if let Ok(report) = &outcome {
+    if let Ok(report) = outcome {
         record.report = Some(report.clone());
     }
     record.wall_s = started.elapsed().as_secs_f64();
     record.header.finished_at = Some(now());
-    (record.header.status, record.error) = settle(&outcome);
-    let written = crate::results::load::write(dir, record);
-    crate::arm::record_written(outcome, written).map(|_| ())
+    (record.header.status, record.error) = settle(outcome);
+    crate::results::load::write(dir, record)
 }
 
 /// A sweep's record as it starts: nothing measured yet.

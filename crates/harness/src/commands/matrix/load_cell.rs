@@ -74,7 +74,8 @@ pub(super) async fn run(
         oracle: job.oracle,
     };
     let outcome = sweep_on(bed, &on, &mut load, started).await;
-    let finished = finish(&mut load, outcome, started, &dir);
+    let written = finish(&mut load, &outcome, started, &dir);
+    let finished = crate::arm::record_written(outcome, written).map(|_| ());
     let rec = &mut record.cells[i];
     rec.load = Some(LoadCellRecord::of(sweep, load.report.as_ref()));
     rec.stats.wall_s = load.wall_s;

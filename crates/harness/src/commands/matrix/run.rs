@@ -18,7 +18,7 @@ use super::job::cell_dir;
 pub use super::job::MatrixJob;
 use super::record::{CellRecord, MatrixRecord, PlanInfo, SCHEMA};
 use crate::arm::{
-    settle, BlockDrive, BlockName, Progress, Readback, Testbed, NO_EFFECTIVE_WARNING,
+    lifecycle, settle, BlockDrive, BlockName, Progress, Readback, Testbed, NO_EFFECTIVE_WARNING,
 };
 use crate::config::FlagSpec;
 use crate::config::Pin;
@@ -51,14 +51,20 @@ pub async fn run_matrix(
         }
     }
     let spec = job.testbed.spec(&job.target, job.api_key.clone(), flags);
-    let mut bed = Testbed::open(spec, control, progress, cancel)?;
-    let outcome = run_groups(job, &mut bed, &mut record).await;
-    let closed = bed.close().await;
-
-    (record.header.status, record.error) = settle(&outcome);
-    record.header.finished_at = Some(super::record::now());
-    let written = export::write_all(&job.dir, &record);
-    closed.combine_written(outcome, written)?;
+    lifecycle(
+        spec,
+        control,
+        progress,
+        cancel,
+        &mut record,
+        async |bed, record| run_groups(job, bed, record).await,
+        |record, outcome, _| {
+            (record.header.status, record.error) = settle(outcome);
+            record.header.finished_at = Some(super::record::now());
+            export::write_all(&job.dir, record)
+        },
+    )
+    .await?;
     Ok(record)
 }
 
