@@ -227,22 +227,18 @@ pub(crate) fn record_written<T>(
 }
 
 /// The one lifecycle of every command that drives engines (run, run --adaptive, probe,
-/// culprit, load, matrix): open the testbed, run `body` on it, close it whatever
+/// culprit, load, matrix), on the testbed it opened: run `body` on it, close it whatever
 /// happened (engines stopped, launch configs restored), then let `end` settle the
 /// command's record in `state` from the outcome combined with the close
 /// ([`Closed::combine`]: a failed restore is what the record and the user read first)
 /// and write it; a failed write never hides the outcome ([`record_written`]). `end` also
 /// gets the seconds closing took.
 pub(crate) async fn lifecycle<S, T>(
-    spec: TestbedSpec<'_>,
-    control: &mut dyn EngineControl,
-    progress: &dyn Progress,
-    cancel: CancellationToken,
+    mut bed: Testbed<'_>,
     state: &mut S,
     body: impl AsyncFnOnce(&mut Testbed<'_>, &mut S) -> anyhow::Result<T>,
     end: impl FnOnce(&mut S, &anyhow::Result<T>, f64) -> anyhow::Result<()>,
 ) -> anyhow::Result<T> {
-    let mut bed = Testbed::open(spec, control, progress, cancel)?;
     let outcome = body(&mut bed, state).await;
     let closing = std::time::Instant::now();
     let closed = bed.close().await;

@@ -119,11 +119,9 @@ pub async fn run_adaptive(
         phases: &mut phases,
         schedule: &mut schedule,
     };
+    let bed = Testbed::open(testbed_spec(plan), control, progress, cancel)?;
     lifecycle(
-        testbed_spec(plan),
-        control,
-        progress,
-        cancel,
+        bed,
         &mut run,
         async |bed, run| run.blocks(bed).await,
         |run, outcome, close_s| {

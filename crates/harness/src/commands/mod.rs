@@ -30,6 +30,20 @@ pub struct Engines<'a> {
     pub api_key: Option<&'a str>,
 }
 
+impl<'a> Engines<'a> {
+    pub(crate) fn new(
+        target: &'a TargetProfile,
+        results: &'a Path,
+        api_key: Option<&'a str>,
+    ) -> Engines<'a> {
+        Engines {
+            target,
+            results,
+            api_key,
+        }
+    }
+}
+
 /// What every plan that drives engines tells the command that runs it ([`Engines`]).
 /// One trait, so the binary starts every such command the same way.
 pub trait EnginePlan {

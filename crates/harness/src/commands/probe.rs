@@ -66,11 +66,7 @@ pub struct ProbePlan {
 
 impl crate::commands::EnginePlan for ProbePlan {
     fn engines(&self) -> crate::commands::Engines<'_> {
-        crate::commands::Engines {
-            target: &self.target,
-            results: &self.run_dir,
-            api_key: self.api_key.as_deref(),
-        }
+        crate::commands::Engines::new(&self.target, &self.run_dir, self.api_key.as_deref())
     }
 }
 
@@ -316,34 +312,27 @@ pub async fn run_probe(
         arm.finish();
         anyhow::Ok(arm)
     };
-    lifecycle(
-        spec,
-        control,
-        progress,
-        cancel,
-        &mut record,
-        body,
-        |record, outcome, _| {
-            match outcome {
-                Ok(arm) => {
-                    let (o, reason) = decide(
-                        arm,
-                        &record.workload,
-                        plan.background,
-                        plan.bug_rate,
-                        &plan.policy(),
-                    );
-                    record.outcome = Some(o);
-                    record.reason = reason;
-                    record.arm = Some(arm.clone());
-                }
-                Err(e) => record.reason = format!("could not run: {e:#}"),
+    let bed = Testbed::open(spec, control, progress, cancel)?;
+    lifecycle(bed, &mut record, body, |record, outcome, _| {
+        match outcome {
+            Ok(arm) => {
+                let (o, reason) = decide(
+                    arm,
+                    &record.workload,
+                    plan.background,
+                    plan.bug_rate,
+                    &plan.policy(),
+                );
+                record.outcome = Some(o);
+                record.reason = reason;
+                record.arm = Some(arm.clone());
             }
-            record.header.finished_at = Some(now());
-            record.header.status = crate::arm::settle(outcome).0;
-            write(record)
-        },
-    )
+            Err(e) => record.reason = format!("could not run: {e:#}"),
+        }
+        record.header.finished_at = Some(now());
+        record.header.status = crate::arm::settle(outcome).0;
+        write(record)
+    })
     .await?;
     Ok(record)
 }

@@ -62,11 +62,7 @@ pub struct AdaptiveOptions {
 
 impl crate::commands::EnginePlan for RunPlan {
     fn engines(&self) -> crate::commands::Engines<'_> {
-        crate::commands::Engines {
-            target: &self.target,
-            results: &self.run_dir,
-            api_key: self.api_key.as_deref(),
-        }
+        crate::commands::Engines::new(&self.target, &self.run_dir, self.api_key.as_deref())
     }
 }
 
@@ -99,11 +95,9 @@ pub async fn run_experiment(
     write_timed(&results, &record, &mut phases)?;
 
     let mut state = (record, phases);
+    let bed = Testbed::open(testbed_spec(plan), control, progress, cancel)?;
     lifecycle(
-        testbed_spec(plan),
-        control,
-        progress,
-        cancel,
+        bed,
         &mut state,
         async |bed, (record, phases)| run_blocks(plan, bed, &results, record, phases).await,
         |(record, phases), outcome, close_s| {

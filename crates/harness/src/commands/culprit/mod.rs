@@ -74,11 +74,7 @@ pub struct CulpritPlan {
 
 impl crate::commands::EnginePlan for CulpritPlan {
     fn engines(&self) -> crate::commands::Engines<'_> {
-        crate::commands::Engines {
-            target: &self.target,
-            results: &self.dir,
-            api_key: self.api_key.as_deref(),
-        }
+        crate::commands::Engines::new(&self.target, &self.dir, self.api_key.as_deref())
     }
 }
 
@@ -345,23 +341,16 @@ pub async fn run(
         recorder.record.replayed_blocks = runner.replayed;
         report
     };
-    lifecycle(
-        spec,
-        control,
-        progress,
-        cancel,
-        &mut record,
-        body,
-        |record, outcome, _| {
-            if let Ok(report) = outcome {
-                record_answer(record, plan, &flags, report);
-            }
-            record.wall_s = started.elapsed().as_secs_f64();
-            record.header.finished_at = Some(crate::commands::run::now());
-            (record.header.status, record.error) = settle(outcome);
-            export::write(&plan.dir, record)
-        },
-    )
+    let bed = Testbed::open(spec, control, progress, cancel)?;
+    lifecycle(bed, &mut record, body, |record, outcome, _| {
+        if let Ok(report) = outcome {
+            record_answer(record, plan, &flags, report);
+        }
+        record.wall_s = started.elapsed().as_secs_f64();
+        record.header.finished_at = Some(crate::commands::run::now());
+        (record.header.status, record.error) = settle(outcome);
+        export::write(&plan.dir, record)
+    })
     .await?;
     Ok(record)
 }

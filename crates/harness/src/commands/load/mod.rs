@@ -60,11 +60,7 @@ pub struct LoadPlan {
 
 impl crate::commands::EnginePlan for LoadPlan {
     fn engines(&self) -> crate::commands::Engines<'_> {
-        crate::commands::Engines {
-            target: &self.target,
-            results: &self.dir,
-            api_key: self.api_key.as_deref(),
-        }
+        crate::commands::Engines::new(&self.target, &self.dir, self.api_key.as_deref())
     }
 }
 
@@ -177,11 +173,9 @@ pub async fn run(
         dir: &plan.dir,
         oracle: plan.oracle,
     };
+    let bed = Testbed::open(spec, control, progress, cancel)?;
     lifecycle(
-        spec,
-        control,
-        progress,
-        cancel,
+        bed,
         &mut record,
         async |bed, record| {
             bed.pin(&plan.pins)?;

@@ -26,11 +26,7 @@ pub struct MatrixJob {
 
 impl crate::commands::EnginePlan for MatrixJob {
     fn engines(&self) -> crate::commands::Engines<'_> {
-        crate::commands::Engines {
-            target: &self.target,
-            results: &self.dir,
-            api_key: self.api_key.as_deref(),
-        }
+        crate::commands::Engines::new(&self.target, &self.dir, self.api_key.as_deref())
     }
 }
 

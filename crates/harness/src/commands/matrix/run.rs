@@ -51,11 +51,9 @@ pub async fn run_matrix(
         }
     }
     let spec = job.testbed.spec(&job.target, job.api_key.clone(), flags);
+    let bed = Testbed::open(spec, control, progress, cancel)?;
     lifecycle(
-        spec,
-        control,
-        progress,
-        cancel,
+        bed,
         &mut record,
         async |bed, record| run_groups(job, bed, record).await,
         |record, outcome, _| {
