@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use super::{command_line, resolve_target, run_id, usage, OutputArgs, METRICS_PERIOD};
-use bisect_harness::commands::matrix::run::MatrixJob;
+use bisect_harness::commands::matrix::job::MatrixJob;
 use bisect_harness::commands::matrix::{Plan, Shard};
 
 /// Which night to compare with.

@@ -18,12 +18,12 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
 use bisect_harness::arm::TestbedOptions;
-use bisect_harness::commands::adaptive::AdaptiveOptions;
 use bisect_harness::commands::probe::ProbePlan;
+use bisect_harness::commands::run::AdaptiveOptions;
 use bisect_harness::commands::run::RunPlan;
 use bisect_harness::config::{ConfigError, FlagCatalog, TargetProfile, Workload};
+use bisect_harness::core::evidence::Policy;
 use bisect_harness::core::solo::{self, SoloOracle};
-use bisect_harness::core::verdict::Policy;
 use bisect_harness::exit;
 
 pub(crate) use commits::CommitsArgs;

@@ -10,7 +10,9 @@ use crate::cli::matrix::{matrix_id, BaselineArgs};
 use crate::cli::{command_line, MatrixArgs, MergeArgs};
 use crate::progress::Lines;
 use bisect_harness::commands::matrix::record::{CellRecord, CellStatus, MatrixRecord};
-use bisect_harness::commands::matrix::{baseline, export, merge as shards, run as matrix_run};
+use bisect_harness::commands::matrix::{
+    baseline, export, merge as shards, record, run as matrix_run,
+};
 use bisect_harness::commands::EnginePlan;
 use bisect_harness::exit::{self, Failure, Problem};
 use bisect_harness::results::Exporter;
@@ -34,7 +36,7 @@ pub(crate) async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub(crate) fn merge(args: &MergeArgs) -> anyhow::Result<ExitCode> {
-    let first = export::read_matrix(&args.dirs[0]).map_err(|e| {
+    let first = record::read_matrix(&args.dirs[0]).map_err(|e| {
         Failure::bad_input(
             format!("{e:#}"),
             "pass directories written by `bisect matrix --shard I/N`",

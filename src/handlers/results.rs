@@ -9,7 +9,8 @@ use serde_json::Value;
 
 use crate::cli::{DiffArgs, ReclassifyArgs};
 use bisect_harness::commands::diff;
-use bisect_harness::commands::matrix::export::{html, read_matrix};
+use bisect_harness::commands::matrix::export::html;
+use bisect_harness::commands::matrix::record::read_matrix;
 use bisect_harness::exit::{Failure, Problem};
 use bisect_harness::results::{export, load, Exporter, ResultsDir};
 

@@ -3,7 +3,8 @@
 
 use std::sync::atomic::Ordering;
 
-use bisect_harness::commands::adaptive::{run_adaptive, AdaptiveOptions};
+use bisect_harness::commands::adaptive::run_adaptive;
+use bisect_harness::commands::run::AdaptiveOptions;
 use bisect_harness::commands::run::{Quiet, RunPlan};
 use bisect_harness::core::adaptive::CapSource;
 use bisect_harness::core::sequential::{Decision, Direction};

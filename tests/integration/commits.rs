@@ -19,7 +19,7 @@ use bisect_harness::commands::commits::{self, CommitsPlan};
 use bisect_harness::commands::run::Quiet;
 use bisect_harness::config::{embedded, FlagCatalog, FlagSpec, TargetProfile};
 use bisect_harness::control::{EngineControl, ProcessControl};
-use bisect_harness::core::verdict::Policy;
+use bisect_harness::core::evidence::Policy;
 use tokio_util::sync::CancellationToken;
 
 const COMMITS: usize = 64;

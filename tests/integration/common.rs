@@ -7,7 +7,7 @@ use bisect_harness::arm::TestbedOptions;
 use bisect_harness::commands::run::RunPlan;
 use bisect_harness::config::{FlagCatalog, RoleSpec, TargetProfile, Workload};
 use bisect_harness::control::EngineControl;
-use bisect_harness::core::verdict::Policy;
+use bisect_harness::core::evidence::Policy;
 use bisect_harness::results::run_record::RunRecord;
 
 use crate::fake::FakeEngine;

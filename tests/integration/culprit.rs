@@ -8,7 +8,7 @@ use bisect_harness::commands::culprit::{self, CulpritPlan};
 use bisect_harness::commands::run::Quiet;
 use bisect_harness::core::arm_stats::RecordStatus;
 use bisect_harness::core::culprit::StepKind;
-use bisect_harness::core::verdict::Policy;
+use bisect_harness::core::evidence::Policy;
 use bisect_harness::results::Exporter;
 use tokio_util::sync::CancellationToken;
 

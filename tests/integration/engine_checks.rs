@@ -10,7 +10,7 @@ use std::process::Command;
 use bisect_harness::arm::NO_EFFECTIVE_WARNING;
 use bisect_harness::core::arm_stats::ArmLabel;
 use bisect_harness::core::effective::EffectivePointer;
-use bisect_harness::core::verdict::Severity;
+use bisect_harness::core::evidence::Severity;
 
 use crate::common::{FakeTarget, DECODE_LAUNCH};
 use crate::crash::{state_home, write_profile_with};
@@ -177,7 +177,7 @@ async fn an_engine_that_restarts_by_itself_during_an_arm_blocks_the_verdict() {
     let blocking: Vec<&str> = record
         .confounds
         .iter()
-        .filter(|c| c.severity == bisect_harness::core::verdict::Severity::Blocking)
+        .filter(|c| c.severity == bisect_harness::core::evidence::Severity::Blocking)
         .map(|c| c.name.as_str())
         .collect();
     assert_eq!(blocking, vec!["engine_replaced"]);

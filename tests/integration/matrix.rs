@@ -9,8 +9,9 @@ use std::sync::atomic::Ordering;
 use bisect_harness::commands::diff;
 use bisect_harness::commands::matrix::baseline::{self, Baseline};
 use bisect_harness::commands::matrix::export::{self, junit::JunitXml, markdown::MatrixSummary};
-use bisect_harness::commands::matrix::record::{CellStatus, MatrixRecord};
-use bisect_harness::commands::matrix::run::{self as matrix_run, MatrixJob};
+use bisect_harness::commands::matrix::job::MatrixJob;
+use bisect_harness::commands::matrix::record::{read_matrix, CellStatus, MatrixRecord};
+use bisect_harness::commands::matrix::run as matrix_run;
 use bisect_harness::commands::matrix::{merge, Plan, Shard};
 use bisect_harness::commands::run::Quiet;
 use bisect_harness::core::arm_stats::RecordStatus;
@@ -266,9 +267,9 @@ async fn shards_merge_into_the_unsharded_matrix() {
     let merged = merge::join(&reversed, "merged", "bisect merge").unwrap();
     let out = t.dir.path().join("results/merged");
     merge::write(&merged, &out).unwrap();
-    let merged = export::read_matrix(&out).unwrap();
+    let merged = read_matrix(&out).unwrap();
     // Both as written to matrix.json (reading JSON back may round floats in the last place).
-    let whole = export::read_matrix(&t.dir.path().join("results/whole")).unwrap();
+    let whole = read_matrix(&t.dir.path().join("results/whole")).unwrap();
     assert_eq!(untimed(&merged.cells), untimed(&whole.cells));
     assert_eq!(merged.plan.hash, whole.plan.hash);
     assert!(merged.shard.is_none() && merged.is_complete());
@@ -433,7 +434,7 @@ async fn race_turned_on_regresses_against_a_clean_baseline() {
     // The other direction is an improvement, never a regression.
     let fixed_base = Baseline {
         dir: racy_job.dir.clone(),
-        record: export::read_matrix(&racy_job.dir).unwrap(),
+        record: read_matrix(&racy_job.dir).unwrap(),
         chosen: "explicit",
     };
     let mut fixed = clean.clone();
@@ -700,13 +701,13 @@ async fn an_engine_that_ignores_its_config_blocks_the_cells() {
     let merged = merge::join(&shards, "merged", "bisect merge").unwrap();
     let out = t.dir.path().join("results/ignoring-merged");
     merge::write(&merged, &out).unwrap();
-    let whole = export::read_matrix(&night_job.dir).unwrap();
+    let whole = read_matrix(&night_job.dir).unwrap();
     let mut whole_cells = whole.cells.clone();
     for c in &mut whole_cells {
         c.comparison = None;
     }
     assert_eq!(
-        untimed(&export::read_matrix(&out).unwrap().cells),
+        untimed(&read_matrix(&out).unwrap().cells),
         untimed(&whole_cells)
     );
     assert_eq!(t.launch_bytes(), before);

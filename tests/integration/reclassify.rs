@@ -10,8 +10,9 @@ use bisect_harness::commands::reclassify::{reclassify_session, recorded_workload
 use bisect_harness::commands::run::{self as experiment, Quiet, RunPlan};
 use bisect_harness::core::arm_stats::ArmLabel;
 use bisect_harness::core::classify::Classifier;
+use bisect_harness::core::evidence::Policy;
 use bisect_harness::core::session::{RoundClass, SessionClass};
-use bisect_harness::core::verdict::{Policy, Status};
+use bisect_harness::core::verdict::Status;
 use bisect_harness::results::ResultsDir;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;

@@ -2,8 +2,7 @@
 //! the record that holds it), the decision thresholds, and the confounds found in them.
 //! The confound checks (`crate::confounds`) and the verdicts (`crate::verdict`,
 //! `crate::adaptive::verdict`) both read these; they live here, below both, so neither
-//! imports the other's vocabulary. `crate::verdict` re-exports them, where records and
-//! the harness have always named them.
+//! imports the other's vocabulary.
 
 use std::collections::BTreeMap;
 

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::confounds::{confounds, load_shortfalls};
 use crate::deaths;
-pub use crate::evidence::{ArmObservation, Confound, Policy, Severity, CONFIDENCE};
+use crate::evidence::{ArmObservation, Confound, Policy, Severity, CONFIDENCE};
 use crate::format::{self, percent_digits};
 use crate::reason::Reason;
 use crate::session::SessionClass;

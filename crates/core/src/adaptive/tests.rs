@@ -7,9 +7,10 @@ use serde_json::json;
 
 use super::*;
 use crate::arm_stats::ArmStats;
+use crate::evidence::{ArmObservation, Policy, Severity};
 use crate::sequential::Direction;
 use crate::session::SessionClass;
-use crate::verdict::{ArmObservation, Policy, Severity, Status};
+use crate::verdict::Status;
 
 fn spec(concurrency: u64, max_sessions: Option<u64>) -> AdaptiveSpec {
     AdaptiveSpec {

@@ -6,13 +6,11 @@ use serde_json::Value;
 
 use super::AdaptiveRecord;
 use crate::confounds::{confounds, load_shortfalls};
+use crate::evidence::{ArmObservation, Confound, Policy, Severity};
 use crate::format::{self, percent_digits};
 use crate::reason::Reason;
 use crate::sequential::{Decision, Direction};
-use crate::stats;
-use crate::verdict::{
-    decide, ArmObservation, Comparison, Confound, Policy, Severity, Status, Verdict,
-};
+use crate::verdict::{decide, Comparison, Status, Verdict};
 
 /// `1.2e4` for large e-values, `3.4` for small ones.
 pub fn e_value_text(e: f64) -> String {
@@ -33,19 +31,6 @@ fn interval_text([lo, hi]: [f64; 2]) -> String {
     format!("{} to {}", percent_digits(lo), percent_digits(hi))
 }
 
-/// `14/160 (8.8%, 95% CI 5.3-14.2%)` of a pooled arm.
-fn rate_text(arm: &ArmObservation, words: bool) -> String {
-    let (k, n) = (arm.stats.counts.corrupted(), arm.stats.judged());
-    let (lo, hi) = stats::wilson(k, n, 0.95);
-    format!(
-        "{k}/{n} ({}%, {}{}-{}%)",
-        percent_digits(stats::rate(k, n)),
-        if words { "95% CI " } else { "" },
-        percent_digits(lo),
-        percent_digits(hi)
-    )
-}
-
 /// The arm the decision says corrupts, then the other; `on` first unless `off` was
 /// implicated.
 fn corrupting_first<'b, 'a>(
@@ -59,10 +44,6 @@ fn corrupting_first<'b, 'a>(
         }) => (off, on),
         _ => (on, off),
     }
-}
-
-fn arm_name(arm: &ArmObservation) -> String {
-    format!("{} (={})", arm.label, arm.value)
 }
 
 /// The verdict of an adaptive run: the sequential decision, voided by any blocking check
@@ -120,7 +101,7 @@ pub fn verdict(
     let direction = (status == Status::Implicated).then(|| {
         format!(
             "{} corrupts: {}/{} vs {}/{}",
-            arm_name(corrupting),
+            corrupting.name(),
             corrupting.stats.counts.corrupted(),
             corrupting.stats.sessions(),
             clean.stats.counts.corrupted(),
@@ -296,7 +277,7 @@ fn decided_status(d: &Decided, reasons: &mut Vec<Reason>) -> Status {
                 "sequential test {path}: the e-value reached 1/alpha = {}, {} corrupts more \
                  (error rate <= alpha {} under this optional stopping)",
                 e_value_text(1.0 / record.design.alpha),
-                arm_name(arm),
+                arm.name(),
                 record.design.alpha
             )));
             Status::Implicated
@@ -363,19 +344,19 @@ fn summary_line(
         Status::Implicated => format!(
             "implicated: {subject}{} corrupts {} vs {} {}, sequential e-value {e_text} >= {} \
              after {on_run} + {off_run} sessions",
-            arm_name(corrupting),
-            rate_text(corrupting, true),
-            arm_name(clean),
-            rate_text(clean, false),
+            corrupting.name(),
+            corrupting.rate_text(true),
+            clean.name(),
+            clean.rate_text(false),
             e_value_text(1.0 / record.design.alpha)
         ),
         Status::Cleared => format!(
             "cleared: {subject}{} {} vs {} {}, always-valid interval {} points inside +-{}, \
              after {on_run} + {off_run} sessions at {} sessions in flight",
-            arm_name(on),
-            rate_text(on, true),
-            arm_name(off),
-            rate_text(off, false),
+            on.name(),
+            on.rate_text(true),
+            off.name(),
+            off.rate_text(false),
             interval_text(last.map_or([-1.0, 1.0], |l| l.record.diff_interval)),
             percent_digits(m),
             record.design.concurrency
@@ -383,10 +364,10 @@ fn summary_line(
         Status::Inconclusive => {
             format!(
                 "inconclusive: {subject}{} {} vs {} {}: {}",
-                arm_name(on),
-                rate_text(on, true),
-                arm_name(off),
-                rate_text(off, false),
+                on.name(),
+                on.rate_text(true),
+                off.name(),
+                off.rate_text(false),
                 crate::reason::findings(reasons)
             )
         }

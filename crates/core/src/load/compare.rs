@@ -199,7 +199,7 @@ mod tests {
     use super::super::simulate::{sweep_curve, Curve};
     use super::super::{Allocation, LoadParams};
     use super::*;
-    use crate::verdict::Policy;
+    use crate::evidence::Policy;
 
     fn params() -> LoadParams {
         LoadParams::new(

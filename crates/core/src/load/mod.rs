@@ -24,7 +24,7 @@ pub mod threshold;
 
 use serde::{Deserialize, Serialize};
 
-use crate::verdict::Policy;
+use crate::evidence::Policy;
 
 pub use report::{Answer, Arm, LoadReport};
 pub use sweep::{sweep, LevelBlock, LoadSweep};

@@ -192,7 +192,7 @@ pub fn simulate(curve: Curve, params: &LoadParams, seed: u64) -> Scored {
 /// ([`Scored::located`]), and mean and 95th-percentile sessions.
 pub fn table(reps: u64) -> String {
     use super::{Allocation, DEFAULT_LEVELS};
-    use crate::verdict::Policy;
+    use crate::evidence::Policy;
     let allocations = [
         (
             "adaptive, cap 480/level",
@@ -238,7 +238,7 @@ pub fn table(reps: u64) -> String {
 mod tests {
     use super::super::{Allocation, DEFAULT_LEVELS};
     use super::*;
-    use crate::verdict::Policy;
+    use crate::evidence::Policy;
 
     /// Of 20 seeded sweeps of `curve` at the default levels, how many `count` holds for.
     fn over_seeds(curve: Curve, allocation: Allocation, count: fn(&Scored) -> bool) -> usize {

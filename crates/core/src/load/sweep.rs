@@ -450,7 +450,7 @@ impl<'p> State<'p> {
 mod tests {
     use super::super::simulate::scripted_block;
     use super::*;
-    use crate::verdict::Policy;
+    use crate::evidence::Policy;
 
     /// Exactly `corrupt(level, arm)` of every 20 sessions corrupted; the engine reaches
     /// `peak(level)`.

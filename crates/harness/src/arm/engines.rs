@@ -17,7 +17,7 @@ use crate::core::deaths::EngineDeath;
 use crate::core::effective::Identity;
 use crate::core::{effective, toolprobe};
 use crate::driver::{DrivePlan, InFlight};
-use crate::exit::{Failure, Problem};
+use crate::exit::Failure;
 
 /// What a restart measured.
 #[derive(Debug, Clone, Default)]
@@ -202,7 +202,7 @@ impl Testbed<'_> {
                 finding.describe(),
             );
             let fix = finding.fix(self.target.engine.tool_call_fix(), workload.ctx);
-            return Err(Failure::CouldNotRun(Problem::new(message, fix)).into());
+            return Err(Failure::could_not_run(message, fix).into());
         }
         if !finding.proves_parsing() {
             self.progress.note(&format!(

@@ -25,16 +25,16 @@ use crate::core::adaptive::{
 };
 use crate::core::arm_stats::ArmLabel;
 use crate::core::confounds::{confounds, load_shortfall};
+use crate::core::evidence::{ArmObservation, Severity};
 use crate::core::format::percent_digits;
 use crate::core::phases::Phases;
 use crate::core::sequential::{Decision, DesignGoal};
-use crate::core::verdict::{ArmObservation, Severity};
 use crate::exit::Failure;
 use crate::launch::state_root;
 use crate::results::run_record::{ArmRecord, RunRecord};
 use crate::results::ResultsDir;
 
-pub use super::run::AdaptiveOptions;
+use super::run::AdaptiveOptions;
 
 /// The workload every block runs: the plan's, held at its target concurrency C. Its
 /// `sessions` is set per block; the record shows C as both.

@@ -2,8 +2,8 @@
 //! ([`crate::core::judgement`]): the plain values `probe` and `commits` both judge.
 
 use crate::core::confounds::load_shortfall;
+use crate::core::evidence::Policy;
 use crate::core::judgement::BlockFacts;
-use crate::core::verdict::Policy;
 use crate::results::run_record::ArmRecord;
 
 /// The arm's counts, its replaced engines, and its load's shortfall against the target

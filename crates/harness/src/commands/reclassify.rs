@@ -28,11 +28,12 @@ use crate::config::Workload;
 use crate::core::arm_stats::ArmLabel;
 use crate::core::classify::{account_for_truncation, Classifier, RoundOutcome};
 use crate::core::ending::{Ending, Flow, SessionProgress};
+use crate::core::evidence::Policy;
 use crate::core::session::{
     ChatMessage, HttpReply, RoundClass, RoundRecord, SessionClass, SessionResult,
 };
 use crate::core::task::{initial_conversation, Task};
-use crate::core::verdict::{decide, Policy};
+use crate::core::verdict::decide;
 use crate::core::workload::WorkloadParams;
 use crate::exit::{Failure, Problem};
 use crate::results::run_record::{ArmRecord, RunRecord};

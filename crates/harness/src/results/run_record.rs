@@ -13,7 +13,8 @@ use crate::core::phases::Phases;
 
 use crate::core::arm_stats::{pool_readback, ArmLabel, ArmStats};
 use crate::core::classify::{MarkupFamily, RejectionPattern};
-use crate::core::verdict::{ArmObservation, Comparison, Confound, Verdict};
+use crate::core::evidence::{ArmObservation, Confound};
+use crate::core::verdict::{Comparison, Verdict};
 
 pub(crate) const SCHEMA: &str = "bisect.run/1";
 
@@ -305,8 +306,9 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::core::evidence::{Policy, Severity};
     use crate::core::session::SessionClass;
-    use crate::core::verdict::{decide, Policy, Severity, Status};
+    use crate::core::verdict::{decide, Status};
 
     /// A finished block of the switch `HICACHE` (on = "on"): 200 clean sessions, its
     /// engine reporting `reported` for prefill and peaking at `peak` running requests.
@@ -341,7 +343,7 @@ mod tests {
         record
     }
 
-    fn verdict(record: &RunRecord) -> (Vec<crate::core::verdict::Confound>, Status, String) {
+    fn verdict(record: &RunRecord) -> (Vec<crate::core::evidence::Confound>, Status, String) {
         let (on, off) = (
             record.arm(ArmLabel::On).unwrap(),
             record.arm(ArmLabel::Off).unwrap(),

@@ -44,10 +44,6 @@ fn git(repo: &Path, args: &[&str]) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
-fn bad_input(message: String, fix: impl Into<String>) -> anyhow::Error {
-    Failure::bad_input(message, fix).into()
-}
-
 /// The good end, then every commit on the first-parent path to the bad end, oldest
 /// first (the bad end last). Refused (exit 2) when a name does not resolve, when the good
 /// end is not an ancestor of the bad end, or when they are the same commit.
@@ -58,7 +54,7 @@ pub(crate) fn first_parent_range(
 ) -> anyhow::Result<Vec<CommitInfo>> {
     let resolve = |name: &str, which: &str| {
         git(repo, &["rev-parse", "--verify", "--quiet", &format!("{name}^{{commit}}")]).map_err(|_| {
-            bad_input(
+            Failure::bad_input(
                 format!("{which} end {name:?} is not a commit of {}", repo.display()),
                 format!(
                     "pass a commit id, tag or branch of that repository (`git -C {} log --oneline`)",
@@ -70,10 +66,11 @@ pub(crate) fn first_parent_range(
     let good_sha = resolve(good, "the good")?;
     let bad_sha = resolve(bad, "the bad")?;
     if good_sha == bad_sha {
-        return Err(bad_input(
+        return Err(Failure::bad_input(
             format!("the good and bad ends are the same commit {good_sha}"),
             "pass the last commit known good and the first known bad",
-        ));
+        )
+        .into());
     }
     let ancestor = Command::new("git")
         .arg("-C")
@@ -82,10 +79,11 @@ pub(crate) fn first_parent_range(
         .status()
         .context("running git merge-base")?;
     if !ancestor.success() {
-        return Err(bad_input(
+        return Err(Failure::bad_input(
             format!("the good end {good} is not an ancestor of the bad end {bad}"),
             "pass GOOD BAD in that order, GOOD older",
-        ));
+        )
+        .into());
     }
     let log = git(
         repo,
@@ -111,10 +109,11 @@ pub(crate) fn first_parent_range(
         });
     }
     if commits.last().map(|c| c.sha.as_str()) != Some(bad_sha.as_str()) {
-        return Err(bad_input(
+        return Err(Failure::bad_input(
             format!("the bad end {bad} is not on the first-parent path from the good end {good}"),
             "pass a bad end whose first-parent history reaches the good end",
-        ));
+        )
+        .into());
     }
     Ok(commits)
 }

@@ -37,7 +37,7 @@ use crate::commands::run::now;
 use crate::config::Pin;
 use crate::config::{FlagSpec, TargetProfile, Workload};
 use crate::core::commits::{Action, Answer, Observation, Params, Search, Spent, Test};
-use crate::core::verdict::Policy;
+use crate::core::evidence::Policy;
 use crate::exit::Failure;
 use crate::results::run_record::{FlagInfo, TargetInfo};
 use block::{BlockContext, ControlFactory, Writes};

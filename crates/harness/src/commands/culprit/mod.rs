@@ -38,7 +38,7 @@ use crate::core::culprit::{
     navigate_alpha, search, Answer, BlockOutcome, BlockRequest, Event, FlagValues, SearchParams,
     SearchReport, StepRecord, MIN_BLOCK,
 };
-use crate::core::verdict::Policy;
+use crate::core::evidence::Policy;
 use crate::exit::Failure;
 use crate::launch::read_setting;
 use crate::results::run_record::TargetInfo;

@@ -12,8 +12,8 @@ use super::rows::pair;
 use super::{ConfoundDiff, WARN_RATIO};
 use crate::commands::matrix::record::MatrixRecord;
 use crate::core::arm_stats::ArmStats;
+use crate::core::evidence::Severity;
 use crate::core::format;
-use crate::core::verdict::Severity;
 use crate::results::run_record::{RunRecord, TargetInfo};
 
 /// Engine-info leaves listed at most, so one noisy `/server_info` cannot drown the rest.

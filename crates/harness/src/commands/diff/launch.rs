@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use serde_json::json;
 
 use super::ConfoundDiff;
-use crate::core::verdict::Severity;
+use crate::core::evidence::Severity;
 
 /// The directory name snapshots live under.
 const LAUNCH_DIR: &str = "launch";

@@ -27,8 +27,8 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::commands::matrix::record::MatrixRecord;
+use crate::core::evidence::Severity;
 use crate::core::session::Counts;
-use crate::core::verdict::Severity;
 use crate::exit::{Failure, Problem};
 use crate::results::run_record::RunRecord;
 

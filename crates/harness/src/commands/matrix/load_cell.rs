@@ -15,8 +15,8 @@ use super::record::{LoadCellRecord, MatrixRecord};
 use crate::arm::{Readback, Testbed};
 use crate::commands::load::{finish, started_record, sweep_on, Sweep};
 use crate::core::arm_stats::RecordStatus;
+use crate::core::evidence::Policy;
 use crate::core::load::LoadParams;
-use crate::core::verdict::Policy;
 
 /// Run load cell `i` of `record` on `bed`: the sweep's files go to the cell's directory
 /// after every block, the matrix's after the sweep. The sweep's error (the matrix

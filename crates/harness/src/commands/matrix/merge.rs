@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 
 use super::export;
-use super::record::{MatrixRecord, MergedShard, SCHEMA};
+use super::record::{read_matrix, MatrixRecord, MergedShard, FILE, SCHEMA};
 use crate::core::arm_stats::RecordStatus;
 use crate::exit::Failure;
 
@@ -24,10 +24,11 @@ pub struct Merged {
 /// Read the shard directories and join them (nothing is written).
 pub fn join(dirs: &[PathBuf], id: &str, command: &str) -> anyhow::Result<Merged> {
     if dirs.is_empty() {
-        return Err(bad(
-            "no directories to merge".into(),
+        return Err(Failure::bad_input(
+            "no directories to merge",
             "pass the shard directories, e.g. bisect merge results/night/*",
-        ));
+        )
+        .into());
     }
     let shards = read_shards(dirs)?;
     let owner = cell_owners(&shards)?;
@@ -52,7 +53,7 @@ fn cell_owners(
                 continue;
             }
             if let Some((other, _)) = owner.insert(cell.id.as_str(), (s, c)) {
-                return Err(bad(
+                return Err(Failure::bad_input(
                     format!(
                         "overlapping shards: cell {} is in both {} and {}",
                         cell.id,
@@ -60,7 +61,8 @@ fn cell_owners(
                         dir.display()
                     ),
                     "merge one directory per shard (I/N with the same N, each I once)",
-                ));
+                )
+                .into());
             }
         }
     }
@@ -97,7 +99,7 @@ fn check_all_settled(
             )
         })
         .collect();
-    Err(bad(
+    Err(Failure::bad_input(
         format!(
             "{} of {} cells are in no finished shard: {}\n  shards given: {}",
             missing.len(),
@@ -106,7 +108,8 @@ fn check_all_settled(
             given.join("; ")
         ),
         "run the missing shards (or rerun the failed ones) and merge again",
-    ))
+    )
+    .into())
 }
 
 /// The merged matrix record: the plan's cells in plan order, each from its owner shard
@@ -178,8 +181,8 @@ fn joined_record(
 fn read_shards(dirs: &[PathBuf]) -> anyhow::Result<Vec<(PathBuf, MatrixRecord)>> {
     let mut shards = Vec::new();
     for dir in dirs {
-        let record = export::read_matrix(dir).map_err(|e| {
-            bad(
+        let record = read_matrix(dir).map_err(|e| {
+            Failure::bad_input(
                 format!("{e:#}"),
                 "pass directories written by `bisect matrix --shard I/N`",
             )
@@ -189,7 +192,7 @@ fn read_shards(dirs: &[PathBuf]) -> anyhow::Result<Vec<(PathBuf, MatrixRecord)>>
     let (first_dir, first) = &shards[0];
     for (dir, r) in &shards[1..] {
         if r.plan.name != first.plan.name || r.plan.hash != first.plan.hash {
-            return Err(bad(
+            return Err(Failure::bad_input(
                 format!(
                     "shards of different plans: {} is plan {:?} (hash {}), {} is plan {:?} (hash {})",
                     first_dir.display(),
@@ -200,7 +203,7 @@ fn read_shards(dirs: &[PathBuf]) -> anyhow::Result<Vec<(PathBuf, MatrixRecord)>>
                     r.plan.hash
                 ),
                 "merge only the shards of one night of one plan",
-            ));
+            ).into());
         }
     }
     Ok(shards)
@@ -209,11 +212,12 @@ fn read_shards(dirs: &[PathBuf]) -> anyhow::Result<Vec<(PathBuf, MatrixRecord)>>
 /// Create `out` (which must not hold a matrix yet), copy each cell's sessions directory
 /// from the shard it was taken from, and write the merged record's files.
 pub fn write(merged: &Merged, out: &Path) -> anyhow::Result<()> {
-    if out.join(export::FILE).exists() {
-        return Err(bad(
+    if out.join(FILE).exists() {
+        return Err(Failure::bad_input(
             format!("{} already holds a matrix", out.display()),
             "pass a new --out directory",
-        ));
+        )
+        .into());
     }
     std::fs::create_dir_all(out.join("cells"))
         .with_context(|| format!("creating {}", out.join("cells").display()))?;
@@ -240,8 +244,4 @@ fn copy_dir(from: &Path, to: &Path) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-fn bad(message: String, fix: &str) -> anyhow::Error {
-    Failure::bad_input(message, fix).into()
 }

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::cells::Cell;
 use super::export;
 use super::job::cell_dir;
-pub use super::job::MatrixJob;
+use super::job::MatrixJob;
 use super::record::{CellRecord, MatrixRecord, PlanInfo, SCHEMA};
 use crate::arm::{
     lifecycle, settle, BlockDrive, BlockName, Progress, Readback, Testbed, NO_EFFECTIVE_WARNING,

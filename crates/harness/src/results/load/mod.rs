@@ -196,9 +196,9 @@ pub(super) fn facts(record: &LoadRecord) -> Vec<String> {
 mod tests {
     use super::*;
     use crate::core::arm_stats::RecordStatus;
+    use crate::core::evidence::Policy;
     use crate::core::load::simulate::{curves, sweep_curve};
     use crate::core::load::{Allocation, DEFAULT_LEVELS};
-    use crate::core::verdict::Policy;
     use crate::results::load::{html::render_html, markdown::render_markdown, table::render_table};
 
     fn record(allocation: Allocation) -> LoadRecord {

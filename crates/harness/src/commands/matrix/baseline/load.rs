@@ -106,9 +106,9 @@ mod tests {
     use crate::commands::matrix::plan::LoadSweep;
     use crate::commands::matrix::plan::RegressionPolicy;
     use crate::commands::matrix::record::{LoadCellRecord, MatrixRecord};
+    use crate::core::evidence::Policy;
     use crate::core::load::simulate::{sweep_curve, Curve};
     use crate::core::load::{Allocation, LoadParams};
-    use crate::core::verdict::Policy;
     use crate::results::Exporter;
 
     const ID: &str = "load,l1+16+32+64,s320";

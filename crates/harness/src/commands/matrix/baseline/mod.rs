@@ -50,10 +50,10 @@ use super::plan::RegressionPolicy;
 use super::record::{BaselineInfo, CellComparison, CellRecord, CellStatus, MatrixRecord};
 use crate::core::arm_stats::ArmStats;
 use crate::core::confounds::engine_load_shortfall;
+use crate::core::evidence::Policy;
 use crate::core::format;
 use crate::core::session::SessionClass;
 pub(crate) use crate::core::stats::fisher_one_sided_greater;
-use crate::core::verdict::Policy;
 
 pub(crate) const TEST_NAME: &str = "fisher_exact_one_sided_greater";
 pub(crate) const CORRECTION: &str = "holm";

@@ -9,9 +9,7 @@ pub mod markdown;
 
 use std::path::Path;
 
-pub use super::record::read_matrix;
-use super::record::MatrixRecord;
-pub use super::record::FILE;
+use super::record::{MatrixRecord, FILE};
 use crate::results::export::{self, Exporter};
 
 /// Every whole-file format of a matrix record.
