@@ -5,7 +5,7 @@
 
 use anyhow::Context;
 use bisect_engine::listen::HttpLimits;
-use bisect_engine::mock::{MockConfig, MockServer};
+use bisect_engine::mock::{FaultRule, MockConfig, MockServer};
 use bisect_engine::{DeviceChoice, EngineConfig, EngineFlags, EngineTuning, Role};
 use std::net::SocketAddr;
 
@@ -157,6 +157,26 @@ pub(crate) struct MockEngineArgs {
     /// too, so a launch config's `export` line is a flag.
     #[arg(long, env = "BISECT_MOCK_CRASH_AT_RUNNING", default_value_t = 0)]
     pub(crate) crash_at_running: u64,
+    /// Answer the first round of the sessions whose task message has crc32 % M == 0
+    /// with DSML markup as text (a leak), alone or under load (0: never): an engine
+    /// whose first rounds are sometimes corrupted even alone. From the environment too.
+    #[arg(
+        long,
+        value_name = "M",
+        env = "BISECT_MOCK_LEAK_FIRST_ROUND",
+        default_value_t = 0
+    )]
+    pub(crate) leak_first_round: u32,
+    /// Become poisoned the first time this many requests are in flight at once (0:
+    /// never): every call from then on has a wrong argument, even alone, until the
+    /// process restarts. From the environment too.
+    #[arg(
+        long,
+        value_name = "N",
+        env = "BISECT_MOCK_POISON_AT_RUNNING",
+        default_value_t = 0
+    )]
+    pub(crate) poison_at_running: u64,
 }
 
 /// Serve the mock until the process is killed (blocking: starts its own runtime).
@@ -169,6 +189,11 @@ pub(crate) fn run_mock(args: MockEngineArgs) -> anyhow::Result<()> {
         let config = MockConfig {
             jitter_ms: args.jitter_ms,
             crash_at_running: (args.crash_at_running > 0).then_some(args.crash_at_running),
+            poison_at_running: (args.poison_at_running > 0).then_some(args.poison_at_running),
+            faults: (args.leak_first_round > 0)
+                .then(|| FaultRule::leak_first_round(args.leak_first_round))
+                .into_iter()
+                .collect(),
             ..MockConfig::default()
         };
         let addr = SocketAddr::new(args.host, args.port);

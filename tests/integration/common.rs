@@ -235,3 +235,53 @@ pub fn bisect_json(args: &[&str], cwd: &Path) -> serde_json::Value {
 pub fn free_port() -> u16 {
     bisect_harness::config::embedded::free_port().unwrap()
 }
+
+/// One flag of a [`mock_target`]: an environment variable of the mock's launch script,
+/// exported at `start` until bisect writes it.
+pub struct MockFlag<'a> {
+    pub name: &'a str,
+    pub env: &'a str,
+    pub start: &'a str,
+    pub doc: &'a str,
+    pub on: &'a str,
+    pub off: &'a str,
+}
+
+/// A one-role target in `dir` that spawns `bisect mock-engine` from `serve.sh` (which
+/// exports each flag's variable at its `start`, and passes `--jitter-ms`), with `flags` in its
+/// `flags/` directory: (the profile's path, the mock's port).
+pub fn mock_target(dir: &Path, jitter_ms: u64, flags: &[MockFlag<'_>]) -> (PathBuf, u16) {
+    let port = free_port();
+    let exports: String = flags
+        .iter()
+        .map(|f| format!("export {}={}\n", f.env, f.start))
+        .collect();
+    std::fs::write(
+        dir.join("serve.sh"),
+        format!(
+            "#!/bin/sh\n{exports}exec {} mock-engine --port {port} --jitter-ms {jitter_ms}\n",
+            env!("CARGO_BIN_EXE_bisect")
+        ),
+    )
+    .unwrap();
+    std::fs::create_dir_all(dir.join("flags")).unwrap();
+    for f in flags {
+        std::fs::write(
+            dir.join(format!("flags/{}.toml", f.name)),
+            format!(
+                "doc = \"{}\"\nenv = \"{}\"\nroles = [\"server\"]\non = \"{}\"\noff = \"{}\"\n",
+                f.doc, f.env, f.on, f.off
+            ),
+        )
+        .unwrap();
+    }
+    let profile = dir.join("target.toml");
+    std::fs::write(
+        &profile,
+        format!(
+            "name = \"mock\"\napi = \"http://127.0.0.1:{port}/v1\"\nmodel = \"mock\"\nflags_dir = \"flags\"\n\n[[role]]\nname = \"server\"\nlaunch = \"serve.sh\"\nhealth = \"http://127.0.0.1:{port}/health\"\nmetrics = \"http://127.0.0.1:{port}/metrics\"\nhealth_timeout_s = 30\n"
+        ),
+    )
+    .unwrap();
+    (profile, port)
+}

@@ -12,46 +12,43 @@ use serde_json::Value;
 /// A one-role target spawning the mock engine, with flag `CRASH` setting the in-flight
 /// count it dies at (`on`/`off` values given).
 fn crashing_target(dir: &Path, on: &str, off: &str) -> PathBuf {
-    let port = crate::common::free_port();
-    std::fs::write(
-        dir.join("serve.sh"),
-        format!(
-            "#!/bin/sh\nexport BISECT_MOCK_CRASH_AT_RUNNING=0\nexec {} mock-engine --port {port} --jitter-ms 150\n",
-            env!("CARGO_BIN_EXE_bisect")
-        ),
-    )
-    .unwrap();
-    std::fs::create_dir_all(dir.join("flags")).unwrap();
-    std::fs::write(
-        dir.join("flags/CRASH.toml"),
-        format!("doc = \"the mock dies of SIGSEGV at this many requests in flight (0: never)\"\nenv = \"BISECT_MOCK_CRASH_AT_RUNNING\"\nroles = [\"server\"]\non = \"{on}\"\noff = \"{off}\"\n"),
-    )
-    .unwrap();
-    let profile = dir.join("target.toml");
-    std::fs::write(
-        &profile,
-        format!(
-            "name = \"crashing-mock\"\napi = \"http://127.0.0.1:{port}/v1\"\nmodel = \"mock\"\nflags_dir = \"flags\"\n\n[[role]]\nname = \"server\"\nlaunch = \"serve.sh\"\nhealth = \"http://127.0.0.1:{port}/health\"\nmetrics = \"http://127.0.0.1:{port}/metrics\"\nhealth_timeout_s = 30\n"
-        ),
-    )
-    .unwrap();
-    profile
+    let flag = crate::common::MockFlag {
+        name: "CRASH",
+        env: "BISECT_MOCK_CRASH_AT_RUNNING",
+        start: "0",
+        doc: "the mock dies of SIGSEGV at this many requests in flight (0: never)",
+        on,
+        off,
+    };
+    crate::common::mock_target(dir, 150, &[flag]).0
 }
 
-/// `bisect run --flag CRASH` on `profile`: (exit code, run.json, the run's directory).
+/// `bisect run --flag CRASH` on `profile`, 16 `smoke` sessions a block, two blocks an
+/// arm: (exit code, run.json, the run's directory).
 fn run(dir: &Path, profile: &Path, concurrency: u32) -> (i32, Value, PathBuf) {
-    let results = dir.join("results");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_bisect"))
-        .args([
-            "run",
-            "--flag",
-            "CRASH",
+    let concurrency = concurrency.to_string();
+    run_with(
+        dir,
+        profile,
+        &[
             "--workload",
             "smoke",
             "--sessions",
             "16",
-        ])
-        .args(["--concurrency", &concurrency.to_string(), "--repeats", "2"])
+            "--concurrency",
+            &concurrency,
+            "--repeats",
+            "2",
+        ],
+    )
+}
+
+/// `bisect run --flag CRASH ARGS` on `profile`.
+fn run_with(dir: &Path, profile: &Path, args: &[&str]) -> (i32, Value, PathBuf) {
+    let results = dir.join("results");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_bisect"))
+        .args(["run", "--flag", "CRASH"])
+        .args(args)
         .arg("--target")
         .arg(profile)
         .arg("--results")
@@ -88,20 +85,26 @@ fn an_engine_that_dies_of_sigsegv_at_load_in_one_arm_implicates_the_flag() {
     let verdict = &record["verdict"];
     assert_eq!(verdict["status"], "implicated", "{verdict:#}");
     let direction = verdict["direction"].as_str().unwrap();
+    // Each block restarts its engine after every death and goes on, until the death
+    // budget (8 a block): 16 deaths and 14 restarts in the on arm's two blocks.
     assert!(
-        direction.starts_with("on (=4) crashes the engine: 2 engine deaths (SIGSEGV) at ")
-            && direction.contains("2 of 2 blocks died")
-            && direction.contains("off (=0) 0 of 2 blocks died"),
+        direction.starts_with("on (=4) crashes the engine: 16 engine deaths (SIGSEGV) at ")
+            && direction.contains("(the client's count): 14 restarts, 2 of 2 blocks died")
+            && direction.contains("off (=0) 0 of 2 blocks died, 128 requests served"),
         "{direction}"
     );
     for block in blocks(&record, "on") {
         let deaths = block["deaths"].as_array().unwrap();
-        assert_eq!(deaths.len(), 1, "{block:#}");
-        let death = &deaths[0];
-        assert_eq!(death["role"], "server");
-        assert_eq!(death["exit"]["signal"], 11);
-        assert_eq!(death["exit"]["signal_name"], "SIGSEGV");
-        assert!(death["in_flight"].as_u64().unwrap() >= 1, "{death}");
+        assert_eq!(deaths.len(), 8, "{block:#}");
+        assert_eq!(block["restarts"].as_array().unwrap().len(), 7, "{block:#}");
+        assert!(block["unrun"].as_u64().unwrap() >= 1, "{block:#}");
+        for death in deaths {
+            assert_eq!(death["role"], "server");
+            assert_eq!(death["exit"]["signal"], 11);
+            assert_eq!(death["exit"]["signal_name"], "SIGSEGV");
+            // The mock dies at 4 in flight: the client's count around it says so.
+            assert!(death["in_flight"].as_u64().unwrap() >= 4, "{death}");
+        }
         // The sessions it cut short are the death's, not errors or timeouts.
         let counts = &block["counts"];
         assert!(counts["crashed"].as_u64().unwrap() >= 1, "{block:#}");
@@ -177,4 +180,35 @@ fn an_engine_that_dies_at_one_in_flight_is_said_to() {
             .contains("every death came at 1 request in flight: the crash is not load-dependent"),
         "{reasons}"
     );
+}
+
+#[test]
+fn a_default_run_on_an_engine_dying_at_load_is_implicated_by_its_deaths_in_one_command() {
+    let _one = crate::common::heavy();
+    let dir = tempfile::tempdir().unwrap();
+    // Dies once 40 requests are in flight: never alone, always at the default load.
+    let profile = crashing_target(dir.path(), "40", "0");
+    let (code, record, _) = run_with(dir.path(), &profile, &[]);
+    assert_eq!(code, 0, "{record:#}");
+    let verdict = &record["verdict"];
+    assert_eq!(verdict["status"], "implicated", "{verdict:#}");
+    let summary = verdict["summary"].as_str().unwrap();
+    assert!(
+        summary.contains("on (=40) crashes the engine: 8 engine deaths (SIGSEGV) at ")
+            && summary.contains("7 restarts"),
+        "{summary}"
+    );
+    // The in-flight words are the client's count around each death, never the 0 or 1 a
+    // gauge read after the death, and never contradict each other.
+    assert!(!summary.contains("at 0 in flight"), "{summary}");
+    assert!(!summary.contains("not load-dependent"), "{summary}");
+    let on = blocks(&record, "on");
+    for death in on[0]["deaths"].as_array().unwrap() {
+        assert!(death["in_flight"].as_u64().unwrap() >= 40, "{death}");
+    }
+    let restarts = on[0]["restarts"].as_array().unwrap();
+    assert_eq!(restarts.len(), 7);
+    assert!(restarts
+        .iter()
+        .all(|r| r["restart_s"].as_f64().unwrap() > 0.0));
 }

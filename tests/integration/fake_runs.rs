@@ -556,8 +556,9 @@ async fn a_run_refuses_an_engine_that_returns_tool_calls_as_text() {
         bisect_harness::commands::code_for_error(&err),
         bisect_harness::exit::COULD_NOT_RUN
     );
-    // One request asked (a call as text decides at once); no session was driven.
-    assert_eq!(t.engine.requests(), 1);
+    // The probe's three sessions asked, every one of them (one call as text decides
+    // nothing alone); no session was driven.
+    assert_eq!(t.engine.requests(), 3);
     assert_eq!(t.launch_bytes(), before);
     let record = run_json(&plan);
     assert_eq!(record["status"], "failed");

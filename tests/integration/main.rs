@@ -22,6 +22,8 @@ mod load;
 mod matrix;
 mod matrix_load;
 mod ownership;
+mod poisoned;
+mod probe_tolerance;
 mod reclassify;
 mod rejected;
 mod report_diff;

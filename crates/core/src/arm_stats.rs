@@ -137,10 +137,30 @@ pub struct ArmStats {
     /// The engines that died during the block (core::deaths), in the order noticed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub deaths: Vec<crate::deaths::EngineDeath>,
+    /// The restarts after those deaths, each beginning a new engine life in the block.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub restarts: Vec<crate::deaths::DeathRestart>,
+    /// Set when the block stopped at the death budget ([`crate::deaths::DEATH_BUDGET`])
+    /// with sessions it never ran: how many.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unrun: u64,
+    /// The solo canaries run after a corrupted session on the same engine
+    /// (core::poison): whether each engine life was poisoned by its first failure.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub canaries: Vec<crate::poison::Canary>,
     /// What the engines' own counters counted over the block (preemptions, replies
     /// their tool-call parser found a call in or not), where their preset names any.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub engine_counts: Vec<crate::engine_counts::EngineCount>,
+    /// The corruption rate against request index (core::trend): judged sessions in
+    /// equal-count bins by their engine life's request index, pooled by bin position.
+    /// Absent in records without session timings, and with too few sessions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trend: Vec<crate::trend::TrendBin>,
+    /// The judged sessions' timings, collected by [`ArmStats::add_session`] and cut into
+    /// `trend` by [`ArmStats::finish`]: working state, not part of the record.
+    #[serde(skip)]
+    pub timeline: Vec<crate::trend::TimedSession>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -166,7 +186,12 @@ impl Default for ArmStats {
             load_gap: None,
             served: 0,
             deaths: Vec::new(),
+            restarts: Vec::new(),
+            unrun: 0,
+            canaries: Vec::new(),
             engine_counts: Vec::new(),
+            trend: Vec::new(),
+            timeline: Vec::new(),
         }
     }
 }
@@ -200,6 +225,8 @@ impl ArmStats {
         if let Some(round) = session.first_bad_round {
             self.add_first_bad_round(round, 1);
         }
+        self.timeline
+            .extend(crate::trend::TimedSession::of(session));
     }
 
     fn add_first_bad_round(&mut self, round: u32, n: u64) {
@@ -217,6 +244,8 @@ impl ArmStats {
         self.completion_tokens = 0;
         self.first_bad_round.clear();
         self.served = 0;
+        self.timeline.clear();
+        self.trend.clear();
     }
 
     /// Recompute the derived fields (corrupted, rate, interval, tokens/s) from counts.
@@ -231,15 +260,22 @@ impl ArmStats {
         } else {
             0.0
         };
+        // A record read back (or a pool) has no timeline: its bins stand as they are.
+        if !self.timeline.is_empty() {
+            self.trend = crate::trend::bin(&self.timeline);
+        }
     }
 
     /// Pool several blocks of the same arm (repeats, looks, a cell's repeats): counts,
-    /// tokens, wall and health-wait time add up; peaks take the maximum.
+    /// tokens, wall and health-wait time add up; peaks take the maximum; the trend's bins
+    /// pool by position (core::trend).
     pub fn pool<'a>(blocks: impl IntoIterator<Item = &'a ArmStats>) -> ArmStats {
         let mut pooled = ArmStats::default();
         let mut counted: Vec<&[crate::engine_counts::EngineCount]> = Vec::new();
+        let mut trends: Vec<&[crate::trend::TrendBin]> = Vec::new();
         for b in blocks {
             counted.push(&b.engine_counts);
+            trends.push(&b.trend);
             pooled.counts.merge(&b.counts);
             for (k, v) in &b.peak_running {
                 let slot = pooled.peak_running.entry(k.clone()).or_insert(0);
@@ -249,6 +285,9 @@ impl ArmStats {
             pooled.completion_tokens += b.completion_tokens;
             pooled.served += b.served;
             pooled.deaths.extend(b.deaths.iter().cloned());
+            pooled.restarts.extend(b.restarts.iter().cloned());
+            pooled.unrun += b.unrun;
+            pooled.canaries.extend(b.canaries.iter().cloned());
             pooled.health_wait_s += b.health_wait_s;
             for (i, n) in b.first_bad_round.iter().enumerate() {
                 pooled.add_first_bad_round(i as u32 + 1, *n);
@@ -278,6 +317,7 @@ impl ArmStats {
             }
         }
         pooled.engine_counts = crate::engine_counts::pool(counted);
+        pooled.trend = crate::trend::pool(trends);
         pooled.finish();
         pooled
     }
@@ -385,6 +425,7 @@ mod tests {
             completion_tokens: 0,
             error: None,
             oracle: None,
+            timing: None,
         }
     }
 
@@ -402,6 +443,59 @@ mod tests {
         s.clear_sessions();
         assert_eq!(s.sessions(), 0);
         assert!(s.first_bad_round.is_empty());
+    }
+
+    #[test]
+    fn session_timings_become_trend_bins_that_pool_and_clear() {
+        use crate::session::SessionTiming;
+        let timed = |i: u64, class: SessionClass| SessionResult {
+            index: i as u32,
+            timing: Some(SessionTiming {
+                life: 0,
+                started_s: i as f64 / 4.0,
+                uptime_s: i as f64 / 4.0,
+                request_seq: i,
+                ended_s: i as f64 / 4.0 + 1.0,
+            }),
+            ..session(class)
+        };
+        let mut s = ArmStats::default();
+        for i in 0..40 {
+            let class = if i >= 35 {
+                SessionClass::Leak
+            } else if i % 10 == 3 {
+                // Not judged: in no bin.
+                SessionClass::Timeout
+            } else {
+                SessionClass::Done
+            };
+            s.add_session(&timed(i, class));
+        }
+        // Without a timing (an older record's sessions): counted, in no bin.
+        s.add_session(&session(SessionClass::Leak));
+        s.finish();
+        // 36 judged sessions with timings: 7 bins of 5 or 6, by request index.
+        let sessions: Vec<u64> = s.trend.iter().map(|b| b.sessions).collect();
+        assert_eq!(sessions, [5, 5, 5, 5, 5, 5, 6]);
+        assert_eq!((s.trend[0].first_seq, s.trend[0].last_seq), (0, 5));
+        assert_eq!(s.trend[6].corrupted, 5);
+        assert_eq!(s.corrupted, 6);
+        // Written to run.json and read back: the bins stand, the timeline is gone.
+        let back: ArmStats = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+        assert_eq!(back.trend, s.trend);
+        assert!(back.timeline.is_empty());
+        let mut again = back.clone();
+        again.finish();
+        assert_eq!(again.trend, s.trend);
+        // Two blocks pool by position; a record without bins adds none and keeps its shape.
+        let pooled = ArmStats::pool([&s, &back, &ArmStats::default()]);
+        assert_eq!(pooled.trend.len(), 7);
+        assert_eq!(pooled.trend[6].sessions, 12);
+        let old = serde_json::to_value(ArmStats::default()).unwrap();
+        assert!(old.get("trend").is_none());
+        s.clear_sessions();
+        s.finish();
+        assert!(s.trend.is_empty() && s.timeline.is_empty());
     }
 
     #[test]

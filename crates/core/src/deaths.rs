@@ -60,8 +60,14 @@ pub struct EngineDeath {
     pub role: String,
     /// Seconds into the block's drive when it was noticed.
     pub at_s: f64,
-    /// Requests in flight at the client then.
+    /// Requests in flight at the client around the death: the most the client's own
+    /// count held in the watch's last window before it noticed (the requests the death
+    /// cut have left the count by then), never a sampled gauge.
     pub in_flight: u64,
+    /// The role's running-requests gauge as the metrics poller last sampled it before
+    /// the death, beside the client's count (absent when the role has no metrics).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_running: Option<f64>,
     /// How the process ended, for a role bisect spawned; `None` for a role that stopped
     /// accepting connections (a restart command's engine: its exit is its supervisor's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -79,9 +85,29 @@ impl EngineDeath {
             None => "stopped accepting connections".into(),
         };
         format!(
-            "role {} {how} at {:.1} s with {} in flight",
-            self.role, self.at_s, self.in_flight
+            "role {} {how} at {:.1} s with {}",
+            self.role,
+            self.at_s,
+            self.load_words()
         )
+    }
+
+    /// `4 in flight (the client's count; the engine last sampled 3 running)`: the
+    /// client's count is the load; the engine's sample, when there is one, stands beside
+    /// it as a sample, never in its place.
+    pub fn load_words(&self) -> String {
+        match self.engine_running {
+            Some(running) => format!(
+                "{} in flight (the client's count; the engine last sampled {} running)",
+                self.in_flight,
+                if running.fract() == 0.0 {
+                    format!("{running:.0}")
+                } else {
+                    format!("{running:.1}")
+                }
+            ),
+            None => format!("{} in flight (the client's count)", self.in_flight),
+        }
     }
 
     /// A short name of how it died, for tables: `SIGSEGV`, `exit 1`, `refused`.
@@ -100,6 +126,27 @@ impl EngineDeath {
     }
 }
 
+/// Deaths an arm block takes before it stops restarting its engines and ends with the
+/// sessions it has. Eight: an arm whose engines die while the other's never do is
+/// judged by the conditional test (module doc), whose p-value at equal exposure is
+/// `0.5^d`; `0.5^8 = 0.0039` is decisive at the default alpha 0.01 with room to spare
+/// even when the dying arm served as many requests as the other (7 would leave 0.0078),
+/// and an engine that dies at load serves fewer, so its p-value falls faster. More deaths
+/// cost restarts and learn nothing the verdict needs.
+pub const DEATH_BUDGET: usize = 8;
+
+/// A restart of a block's engines after a death, so the block goes on (the arm's
+/// sessions not yet run, and those the death cut short, run on the new engine life).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeathRestart {
+    /// Seconds into the block's drive when the restart began.
+    pub at_s: f64,
+    /// Seconds the restart took, the health wait included.
+    pub restart_s: f64,
+    /// Sessions the new life was given to run.
+    pub sessions: u64,
+}
+
 /// One arm's engine lives: its deaths and the requests its engines served.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Exposure<'a> {
@@ -110,6 +157,8 @@ pub struct Exposure<'a> {
     pub blocks_died: u64,
     /// Replies the arm's engines served (every round that got an answer).
     pub served: u64,
+    /// Restarts after deaths, each a new engine life that went on with the arm.
+    pub restarts: u64,
 }
 
 /// What the deaths of two arms say.
@@ -154,15 +203,31 @@ fn arm_words(e: &Exposure<'_>) -> String {
     } else {
         format!("{lo}-{hi} in flight")
     };
+    let restarts = match e.restarts {
+        0 => String::new(),
+        1 => "1 restart, ".to_string(),
+        n => format!("{n} restarts, "),
+    };
     format!(
-        "{} engine death{} ({}) at {load}: {} of {} blocks died, {} requests served",
+        "{} engine death{} ({}) at {load} (the client's count): {restarts}{} of {} blocks died, {} requests served ({} per death)",
         e.deaths.len(),
         if e.deaths.len() == 1 { "" } else { "s" },
         kinds_dedup.join(", "),
         e.blocks_died,
         e.blocks,
-        e.served
+        e.served,
+        per_death(e.served, e.deaths.len() as u64),
     )
+}
+
+/// Requests served per death, to one decimal where it is small.
+fn per_death(served: u64, deaths: u64) -> String {
+    let per = served as f64 / deaths.max(1) as f64;
+    if per < 10.0 {
+        format!("{per:.1}")
+    } else {
+        format!("{per:.0}")
+    }
 }
 
 /// The deaths of arms `a` and `b` judged (module doc).
@@ -217,6 +282,7 @@ mod tests {
             role: "server".into(),
             at_s: 1.5,
             in_flight,
+            engine_running: None,
             exit: Some(ExitDesc {
                 code: None,
                 signal: Some(11),
@@ -238,6 +304,7 @@ mod tests {
             blocks,
             blocks_died: deaths.len() as u64,
             served,
+            restarts: 0,
         }
     }
 
@@ -271,7 +338,7 @@ mod tests {
         assert!(p < 0.01, "{p}");
         assert!(!at_one_in_flight);
         assert!(
-            text.starts_with("on crashes the engine: 2 engine deaths (SIGSEGV) at 4 in flight: 2 of 2 blocks died, 6 requests served; off 0 of 2 blocks died, 160 requests served"),
+            text.starts_with("on crashes the engine: 2 engine deaths (SIGSEGV) at 4 in flight (the client's count): 2 of 2 blocks died, 6 requests served (3.0 per death); off 0 of 2 blocks died, 160 requests served"),
             "{text}"
         );
     }
@@ -329,7 +396,7 @@ mod tests {
         };
         assert_eq!(
             refused.describe(),
-            "role server stopped accepting connections at 1.5 s with 3 in flight"
+            "role server stopped accepting connections at 1.5 s with 3 in flight (the client's count)"
         );
     }
 }

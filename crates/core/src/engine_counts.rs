@@ -4,7 +4,8 @@
 //! engine's side of the same events, recorded beside them so a reader can tell "the
 //! model wrote no call" (the engine's parser agrees) from "the engine lost the call
 //! between parser and client" (it does not), and can see preemption, the recompute path
-//! a KV-cache shortage sends requests down, in an arm that corrupts.
+//! a KV-cache shortage sends requests down, in an arm that corrupts. Also how long each
+//! role was busy, which decides whether its sampled peak is compared between arms.
 //!
 //! Pure: the metrics poller (driver/metrics.rs) fills in the counts from the counters a
 //! preset names (config/engine.rs); the verdict words them as a recorded confound.
@@ -25,6 +26,13 @@ pub enum EngineCounter {
     ParsedCall,
     /// Whole replies in which it found none (`outcome="no_tool_call"`).
     ParsedNoCall,
+    /// Milliseconds the role's running gauge read above zero (the embedded engine's
+    /// `bisect_engine_busy_seconds_total`, read in seconds, counted in ms): over the
+    /// block's wall time, the chance a sample of that gauge saw the role busy, which
+    /// says whether its sampled peak can show its load (confounds::recorded,
+    /// docs/design.md 3.7 "Peaks that mean something"). Not worded by [`describe`]: the
+    /// peak comparison says it where it matters.
+    BusyMs,
 }
 
 impl EngineCounter {
@@ -33,6 +41,16 @@ impl EngineCounter {
             EngineCounter::Preemptions => format!("{n} preemptions"),
             EngineCounter::ParsedCall => format!("{n} replies with a tool call"),
             EngineCounter::ParsedNoCall => format!("{n} replies without one"),
+            EngineCounter::BusyMs => format!("busy {n} ms"),
+        }
+    }
+
+    /// This counter's counts per unit of the engine's own counter: 1000 for
+    /// [`EngineCounter::BusyMs`] (the engine counts seconds), else 1.
+    pub fn per_unit(self) -> f64 {
+        match self {
+            EngineCounter::BusyMs => 1000.0,
+            _ => 1.0,
         }
     }
 }
@@ -77,7 +95,11 @@ pub fn pool<'a>(blocks: impl IntoIterator<Item = &'a [EngineCount]>) -> Vec<Engi
 /// "decode: 3 preemptions; its tool-call parser: 40 replies with a tool call, 2
 /// replies without one", or None when nothing was counted.
 pub fn describe(counts: &[EngineCount]) -> Option<String> {
-    let mut roles: Vec<&str> = counts.iter().map(|c| c.role.as_str()).collect();
+    let mut roles: Vec<&str> = counts
+        .iter()
+        .filter(|c| c.counter != EngineCounter::BusyMs)
+        .map(|c| c.role.as_str())
+        .collect();
     roles.sort_unstable();
     roles.dedup();
     let parts: Vec<String> = roles

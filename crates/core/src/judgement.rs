@@ -10,7 +10,10 @@
 //! 2. no session finished;
 //! 3. degraded: more than `degraded_fraction` of the sessions errored or timed out;
 //! 4. no session could show corruption (every one failed or was truncated at
-//!    max_tokens).
+//!    max_tokens);
+//! 5. an engine died during the block and no session was corrupted: an engine that
+//!    dies is evidence (core::deaths), never a clean block; corruption seen beside a
+//!    death is still the bug seen, and the block is judged.
 //!
 //! Otherwise the block is judged: k corrupted (rejected replies included) of n judged
 //! sessions (neither failed nor truncated, `Counts::judged`). Whether the load reached
@@ -28,6 +31,8 @@ pub struct BlockFacts {
     pub counts: Counts,
     /// One line per engine that was another process at the end than after the restart.
     pub engine_replaced: Vec<String>,
+    /// One line per engine death during the block (core::deaths).
+    pub deaths: Vec<String>,
     /// Why the block's load does not count as the target's, when it does not.
     pub load_shortfall: Option<String>,
 }
@@ -47,6 +52,8 @@ pub enum Void {
         failed: u64,
         sessions: u64,
     },
+    /// The engine died during a block that showed no corruption: the deaths' lines.
+    EngineDied(Vec<String>),
 }
 
 impl std::fmt::Display for Void {
@@ -65,6 +72,13 @@ impl std::fmt::Display for Void {
             } => write!(
                 f,
                 "no session could show corruption: {truncated} of {sessions} truncated"
+            ),
+            Void::EngineDied(deaths) => write!(
+                f,
+                "the engine died during the block ({} death{}: {}): an engine that dies is never clean",
+                deaths.len(),
+                if deaths.len() == 1 { "" } else { "s" },
+                deaths.join("; ")
             ),
         }
     }
@@ -102,6 +116,9 @@ pub fn judge_block(facts: &BlockFacts, degraded_fraction: f64) -> Result<Judged,
             sessions,
         });
     }
+    if !facts.deaths.is_empty() && counts.corrupted() == 0 {
+        return Err(Void::EngineDied(facts.deaths.clone()));
+    }
     Ok(Judged {
         corrupted: counts.corrupted(),
         judged,
@@ -115,6 +132,27 @@ pub fn judge_block(facts: &BlockFacts, degraded_fraction: f64) -> Result<Judged,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_block_whose_engine_died_is_never_clean_but_its_corruption_counts() {
+        let died = BlockFacts {
+            deaths: vec!["role server killed by SIGSEGV (signal 11) at 3.0 s with 4 in flight (the client's count)".into()],
+            ..facts(0, 0, 0, 20)
+        };
+        let void = judge_block(&died, 0.2).unwrap_err();
+        assert!(matches!(void, Void::EngineDied(_)));
+        assert!(
+            void.to_string().starts_with(
+                "the engine died during the block (1 death: role server killed by SIGSEGV"
+            ),
+            "{void}"
+        );
+        let corrupted = BlockFacts {
+            deaths: died.deaths.clone(),
+            ..facts(3, 0, 0, 20)
+        };
+        assert_eq!(judge_block(&corrupted, 0.2).unwrap().corrupted, 3);
+    }
 
     /// `corrupted` bad_args, `failed` timeouts, `truncated`, the rest done, of `sessions`.
     fn facts(corrupted: u64, failed: u64, truncated: u64, sessions: u64) -> BlockFacts {

@@ -24,6 +24,7 @@ pub mod load;
 pub mod machine;
 pub mod oracle;
 pub mod phases;
+pub mod poison;
 #[cfg(any(test, feature = "test-support"))]
 pub mod proptest_config;
 pub mod reason;
@@ -38,5 +39,6 @@ pub mod testing;
 pub mod toolprobe;
 pub mod tools;
 pub mod transport;
+pub mod trend;
 pub mod verdict;
 pub mod workload;

@@ -466,6 +466,28 @@ pub struct SessionResult {
     /// absent without it and in records written before it existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oracle: Option<crate::oracle::Comparison>,
+    /// When the session ran against its engine's life (corruption against time): absent
+    /// in records written before it was kept, and for sessions no driver ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timing: Option<SessionTiming>,
+}
+
+/// When one session ran, against the block and the engine life that served it: what
+/// the rate-against-time trend (core::trend) and the poisoned-engine split read.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SessionTiming {
+    /// The engine life within the block that served it: 0 until the first death, then
+    /// one more after each restart (core::deaths).
+    pub life: u32,
+    /// Seconds from the block's drive start to the session's first request.
+    pub started_s: f64,
+    /// Seconds from its engine life's start (the engines healthy) to its first request.
+    pub uptime_s: f64,
+    /// Chat requests the block had sent to this engine life before the session's first
+    /// request: the session's request index.
+    pub request_seq: u64,
+    /// Seconds from the block's drive start to the session's end.
+    pub ended_s: f64,
 }
 
 #[cfg(test)]

@@ -274,6 +274,7 @@ mod tests {
             completion_tokens: 0,
             error: None,
             oracle: None,
+            timing: None,
         }
     }
 

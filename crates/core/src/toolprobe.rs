@@ -1,26 +1,38 @@
 //! The tool-call probe's judgement (docs/design.md 3.13, "Does the engine parse tool
 //! calls"): before an A/B is spent, and in `bisect check`, the engine is asked the first
-//! round of a workload's session (the request a session sends, with its tools), and the
-//! reply must come back as parsed OpenAI `tool_calls`. An engine without a tool-call
-//! parser (SGLang started without `--tool-call-parser`, vLLM without
-//! `--enable-auto-tool-choice`, llama-server without a template that carries tools)
-//! returns every call as text: every round of both arms is `leak` (or `no_tool`), and no
-//! flag can ever be implicated. The probe names that before a session is spent.
+//! rounds of a workload's first sessions (the requests the sessions send, with their
+//! tools), and one reply at least must come back as parsed OpenAI `tool_calls`. An
+//! engine without a tool-call parser (SGLang started without `--tool-call-parser`, vLLM
+//! without `--enable-auto-tool-choice`, llama-server without a template that carries
+//! tools) returns every call as text: every round of both arms is `leak` (or
+//! `no_tool`), and no flag can ever be implicated. The probe names that before a
+//! session is spent.
 //!
-//! Pure: the requests are sent by the caller ([`crate::driver`]); this reads the
-//! classes of their replies. Rules, per reply: a parsed call (`ok`, `wrong_args`,
-//! `bad_args`: the parser produced `tool_calls`) proves it; the engine's own rejection
-//! (`rejected`) proves a parser ran; markup in the text (`leak`) proves calls come back
-//! as text. A reply with no call and no markup (`no_tool`, `truncated`) says nothing
-//! about the parser, so the next session is asked, up to [`TRIES`]; after that many
-//! the model does not call tools when asked. An `error` or `timeout` reply is not an
-//! answer about the parser either: when no reply gave one, the probe could not judge.
+//! Pure: the requests are sent by the caller (`driver::toolprobe`): the first round of
+//! [`TRIES`] sessions, one at a time, every one of them asked (the probe does not stop
+//! at the first reply). This reads the classes of their replies ([`Tally`]). Rules: one
+//! parsed call among them (`ok`, `wrong_args`, `bad_args`: the parser produced
+//! `tool_calls`) proves a parser runs, and so does the engine's own rejection
+//! (`rejected`); the command then proceeds whatever the other replies were. An engine
+//! whose parser works but whose first rounds are sometimes corrupted even alone (one
+//! request in flight) is still testable: its other replies, markup in the text (`leak`)
+//! or no call (`no_tool`, `truncated`), are said in a note ([`Tally::tolerated`], "1 of
+//! 3 first rounds came back as text alone"), since such sessions count in both arms.
+//! Only when no reply came back parsed is the run refused: markup in any text (`leak`)
+//! says calls come back as text ([`ProbeFinding::AsText`]); replies with neither call
+//! nor markup say the model does not call tools when asked ([`ProbeFinding::NoCall`]).
+//! An `error`, `timeout` or `crashed` reply is not an answer about the parser: when no
+//! reply gave one, the probe could not judge ([`ProbeFinding::Unanswered`]).
 
 use serde::{Deserialize, Serialize};
 
 use crate::session::RoundClass;
 
-/// Sessions asked at most before a probe with no decisive reply ends.
+/// Sessions asked, every one of them: their first rounds, one at a time. Three keep
+/// the probe cheap (three replies, once per command: about a minute on a CPU engine
+/// answering in 20 s) while an engine that corrupts a third of its first rounds alone
+/// refuses a run only when all three are corrupted (about 1 time in 27), not whenever
+/// the first one is.
 pub const TRIES: u32 = 3;
 
 /// One reply of the probe: its round class and the classifier's evidence.
@@ -34,11 +46,12 @@ pub struct ProbeReply {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ProbeFinding {
-    /// The reply came back as parsed `tool_calls`.
+    /// A reply came back as parsed `tool_calls`.
     Parsed,
     /// The engine refused the model's call as unparseable: a parser ran.
     Rejected,
-    /// The call came back as text (markup in `content`): no parser, or the wrong one.
+    /// No reply came back parsed, and a call came back as text (markup in `content`):
+    /// no parser, or the wrong one.
     AsText,
     /// No reply held a call or markup: the model does not call tools when asked (the
     /// template does not show it the tools, or it ignores them).
@@ -68,7 +81,7 @@ impl ProbeFinding {
                 "the engine's tool-call parser rejected the model's call (a parser runs)"
             }
             ProbeFinding::AsText => {
-                "the tool call came back as text in the reply's content, not as tool_calls: the engine parses no tool calls"
+                "the tool calls came back as text in the replies' content, none as tool_calls: the engine parses no tool calls"
             }
             ProbeFinding::NoCall => {
                 "the model answered without calling the tool it was asked to call"
@@ -96,40 +109,165 @@ impl ProbeFinding {
     }
 }
 
-/// A reply's finding, where it decides one; `None` for a reply that says nothing about
-/// the parser (ask the next session).
-fn decisive(class: RoundClass) -> Option<ProbeFinding> {
+/// How the replies of a probe fell, by what each says about the engine's parser.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tally {
+    /// Replies asked for (every session's first round, errors included).
+    pub asked: u32,
+    /// Parsed calls: `ok`, `wrong_args`, `bad_args`.
+    pub parsed: u32,
+    /// The engine's parser refused the model's call: `rejected`.
+    pub rejected: u32,
+    /// Markup in the text: `leak`.
+    pub as_text: u32,
+    /// Neither a call nor markup: `no_tool`, `truncated`.
+    pub no_call: u32,
+    /// No answer about the parser: `error`, `timeout`, `crashed`.
+    pub unanswered: u32,
+}
+
+impl Tally {
+    /// The tally of `replies`.
+    pub fn of(replies: &[ProbeReply]) -> Tally {
+        let mut tally = Tally::default();
+        for reply in replies {
+            tally.asked += 1;
+            *tally.slot(reply.class) += 1;
+        }
+        tally
+    }
+
+    fn slot(&mut self, class: RoundClass) -> &mut u32 {
+        match finding_of(class) {
+            Some(ProbeFinding::Parsed) => &mut self.parsed,
+            Some(ProbeFinding::Rejected) => &mut self.rejected,
+            Some(ProbeFinding::AsText) => &mut self.as_text,
+            Some(ProbeFinding::NoCall) => &mut self.no_call,
+            Some(ProbeFinding::Unanswered) | None => &mut self.unanswered,
+        }
+    }
+
+    /// The finding: `Parsed` when any reply came back parsed, else `Rejected` when the
+    /// parser refused any; else (nothing proves a parser) `AsText` when any reply held
+    /// markup, `NoCall` when any came back without a call, `Unanswered` when none came
+    /// back. The order the replies came in does not matter.
+    pub fn finding(&self) -> ProbeFinding {
+        if self.parsed > 0 {
+            ProbeFinding::Parsed
+        } else if self.rejected > 0 {
+            ProbeFinding::Rejected
+        } else if self.as_text > 0 {
+            ProbeFinding::AsText
+        } else if self.no_call > 0 {
+            ProbeFinding::NoCall
+        } else {
+            ProbeFinding::Unanswered
+        }
+    }
+
+    /// The replies in words: "3 asked: 2 parsed, 1 as text".
+    pub fn in_words(&self) -> String {
+        let parts: Vec<String> = [
+            (self.parsed, "parsed"),
+            (self.rejected, "rejected by the parser"),
+            (self.as_text, "as text"),
+            (self.no_call, "without a call"),
+            (self.unanswered, "an error or timeout"),
+        ]
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, what)| format!("{n} {what}"))
+        .collect();
+        if parts.is_empty() {
+            return "none asked".into();
+        }
+        format!("{} asked: {}", self.asked, parts.join(", "))
+    }
+
+    /// The note of a probe that proved a parser although some first rounds came back as
+    /// text or without a call, alone (one request in flight): the command proceeds, and
+    /// says so. `None` when nothing was tolerated (every reply parsed, or errors only
+    /// beside the parsed ones), and when the probe refuses or could not judge.
+    pub fn tolerated(&self) -> Option<String> {
+        if !self.finding().proves_parsing() || self.as_text + self.no_call == 0 {
+            return None;
+        }
+        let n = self.asked;
+        let mut corrupted = Vec::new();
+        if self.as_text > 0 {
+            corrupted.push(format!(
+                "{} of {n} first rounds came back as text alone (one request in flight)",
+                self.as_text
+            ));
+        }
+        if self.no_call > 0 {
+            corrupted.push(format!(
+                "{} of {n} first rounds came back without a call alone (one request in flight)",
+                self.no_call
+            ));
+        }
+        let how = match (self.parsed > 0, self.rejected > 0) {
+            (true, false) => "as parsed tool_calls",
+            (false, true) => "rejected by the engine's tool-call parser",
+            _ => "as parsed tool_calls or rejected by the engine's tool-call parser",
+        };
+        Some(format!(
+            "the tool-call probe: {}; {} of {n} came back {how}, so the engine parses tool \
+             calls and the command proceeds. Its first rounds are sometimes corrupted even \
+             without load: such sessions count in both arms",
+            corrupted.join("; "),
+            self.parsed + self.rejected,
+        ))
+    }
+}
+
+/// What one reply says about the parser; `None` for a reply that says nothing
+/// (an error, a timeout, a death).
+fn finding_of(class: RoundClass) -> Option<ProbeFinding> {
     match class {
         RoundClass::Ok | RoundClass::WrongArgs | RoundClass::BadArgs => Some(ProbeFinding::Parsed),
         RoundClass::Rejected => Some(ProbeFinding::Rejected),
         RoundClass::Leak => Some(ProbeFinding::AsText),
-        RoundClass::NoTool
-        | RoundClass::Truncated
-        | RoundClass::Error
-        | RoundClass::Timeout
-        | RoundClass::Crashed => None,
+        RoundClass::NoTool | RoundClass::Truncated => Some(ProbeFinding::NoCall),
+        RoundClass::Error | RoundClass::Timeout | RoundClass::Crashed => None,
     }
 }
 
-/// Whether another session must be asked after `replies`.
+/// Whether another session must be asked after `replies`: until [`TRIES`] were, every
+/// one of them, so that a corrupted first round decides nothing alone.
 pub fn wants_another(replies: &[ProbeReply]) -> bool {
-    replies.len() < TRIES as usize && !replies.iter().any(|r| decisive(r.class).is_some())
+    replies.len() < TRIES as usize
 }
 
-/// The finding of `replies` (in the order asked): the first decisive reply's; else
-/// `NoCall` when some reply came back without a call, `Unanswered` when none came back.
+/// The finding of `replies` ([`Tally::finding`]).
 pub fn judge(replies: &[ProbeReply]) -> ProbeFinding {
-    if let Some(found) = replies.iter().find_map(|r| decisive(r.class)) {
-        return found;
-    }
-    let answered = replies
-        .iter()
-        .any(|r| matches!(r.class, RoundClass::NoTool | RoundClass::Truncated));
-    if answered {
-        ProbeFinding::NoCall
+    Tally::of(replies).finding()
+}
+
+/// [`Tally::tolerated`]'s note of `replies`, quoting the first corrupted reply's
+/// evidence: what a command that proceeds says (its progress, `bisect check`'s notes).
+pub fn tolerated(replies: &[ProbeReply]) -> Option<String> {
+    let tally = Tally::of(replies);
+    let note = tally.tolerated()?;
+    let corrupted = if tally.as_text > 0 {
+        ProbeFinding::AsText
     } else {
-        ProbeFinding::Unanswered
-    }
+        ProbeFinding::NoCall
+    };
+    Some(format!(
+        "{note} (the first such reply: {})",
+        evidence(replies, corrupted)
+    ))
+}
+
+/// The evidence to quote for `finding`: the first reply that gave it (a refusal quotes
+/// a call that came back as text), else the last reply's.
+pub fn evidence(replies: &[ProbeReply], finding: ProbeFinding) -> &str {
+    replies
+        .iter()
+        .find(|r| finding_of(r.class) == Some(finding))
+        .or(replies.last())
+        .map_or("", |r| r.evidence.as_str())
 }
 
 #[cfg(test)]
@@ -154,43 +292,156 @@ mod tests {
         }
     }
 
+    fn replies(classes: &[RoundClass]) -> Vec<ProbeReply> {
+        classes
+            .iter()
+            .enumerate()
+            .map(|(i, class)| ProbeReply {
+                class: *class,
+                evidence: format!("reply {i}: {class:?}"),
+            })
+            .collect()
+    }
+
     #[test]
-    fn a_parsed_call_or_a_rejection_proves_a_parser_and_ends_the_probe() {
+    fn every_try_is_asked_whatever_the_first_replies_were() {
+        for class in [RoundClass::Ok, RoundClass::Leak, RoundClass::Rejected] {
+            let mut asked = vec![reply(class)];
+            assert!(wants_another(&asked), "{class:?}");
+            asked.push(reply(class));
+            assert!(wants_another(&asked), "{class:?}");
+            asked.push(reply(class));
+            assert!(!wants_another(&asked), "{class:?}");
+        }
+    }
+
+    #[test]
+    fn a_parsed_call_or_a_rejection_proves_a_parser() {
         for class in [RoundClass::Ok, RoundClass::WrongArgs, RoundClass::BadArgs] {
-            let replies = [reply(class)];
-            assert_eq!(judge(&replies), ProbeFinding::Parsed);
-            assert!(!wants_another(&replies));
+            let all = replies(&[class; 3]);
+            assert_eq!(judge(&all), ProbeFinding::Parsed);
+            assert_eq!(Tally::of(&all).tolerated(), None, "nothing to tolerate");
         }
         assert_eq!(
-            judge(&[reply(RoundClass::Rejected)]),
+            judge(&replies(&[RoundClass::Rejected; 3])),
             ProbeFinding::Rejected
         );
         assert!(ProbeFinding::Rejected.proves_parsing());
         assert!(!ProbeFinding::Parsed.refuses_a_run());
     }
 
+    /// An engine whose parser works but whose first rounds are sometimes corrupted even
+    /// alone is testable: one parsed call among the replies proves the parser, in any
+    /// position, and the corrupted ones are said in the note.
     #[test]
-    fn a_call_in_the_text_refuses_at_once() {
-        let replies = [reply(RoundClass::Leak)];
-        assert!(!wants_another(&replies));
-        assert_eq!(judge(&replies), ProbeFinding::AsText);
-        assert!(ProbeFinding::AsText.refuses_a_run());
+    fn one_parsed_call_among_leaks_proves_a_parser_and_the_leaks_are_noted() {
+        use RoundClass::*;
+        for (classes, finding, note) in [
+            (
+                vec![Leak, Ok, Ok],
+                ProbeFinding::Parsed,
+                "1 of 3 first rounds came back as text alone (one request in flight); \
+                 2 of 3 came back as parsed tool_calls",
+            ),
+            (
+                vec![Leak, Leak, WrongArgs],
+                ProbeFinding::Parsed,
+                "2 of 3 first rounds came back as text alone (one request in flight); \
+                 1 of 3 came back as parsed tool_calls",
+            ),
+            (
+                vec![NoTool, BadArgs, Leak],
+                ProbeFinding::Parsed,
+                "1 of 3 first rounds came back as text alone (one request in flight); \
+                 1 of 3 first rounds came back without a call alone (one request in flight); \
+                 1 of 3 came back as parsed tool_calls",
+            ),
+            (
+                vec![Leak, Rejected, Timeout],
+                ProbeFinding::Rejected,
+                "1 of 3 first rounds came back as text alone (one request in flight); \
+                 1 of 3 came back rejected by the engine's tool-call parser",
+            ),
+            (
+                vec![Rejected, Ok, Truncated],
+                ProbeFinding::Parsed,
+                "1 of 3 first rounds came back without a call alone (one request in flight); \
+                 2 of 3 came back as parsed tool_calls or rejected by the engine's tool-call parser",
+            ),
+        ] {
+            let asked = replies(&classes);
+            assert_eq!(judge(&asked), finding, "{classes:?}");
+            assert!(!finding.refuses_a_run());
+            let tally = Tally::of(&asked);
+            let said = tally.tolerated().unwrap();
+            assert!(
+                said.starts_with(&format!("the tool-call probe: {note}, so the engine parses tool calls and the command proceeds")),
+                "{classes:?}: {said}"
+            );
+            assert!(said.ends_with("such sessions count in both arms"), "{said}");
+        }
+        // Errors beside parsed calls are nothing to tolerate: they said nothing.
+        let mixed = replies(&[Ok, NoTool, Leak]);
+        let said = tolerated(&mixed).unwrap();
+        assert!(
+            said.ends_with("count in both arms (the first such reply: reply 2: Leak)"),
+            "{said}"
+        );
+        let erring = Tally::of(&replies(&[Error, Ok, Crashed]));
+        assert_eq!(erring.finding(), ProbeFinding::Parsed);
+        assert_eq!(erring.tolerated(), None);
+        assert_eq!(
+            erring.in_words(),
+            "3 asked: 1 parsed, 2 an error or timeout"
+        );
     }
 
     #[test]
-    fn no_call_asks_again_up_to_the_tries_then_says_the_model_does_not_call() {
-        let mut replies = vec![reply(RoundClass::NoTool)];
-        assert!(wants_another(&replies));
-        replies.push(reply(RoundClass::Ok));
-        assert_eq!(judge(&replies), ProbeFinding::Parsed);
-        let silent = vec![
-            reply(RoundClass::NoTool),
-            reply(RoundClass::Timeout),
-            reply(RoundClass::Truncated),
-        ];
-        assert!(!wants_another(&silent));
-        assert_eq!(judge(&silent), ProbeFinding::NoCall);
-        assert!(ProbeFinding::NoCall.refuses_a_run());
+    fn no_parsed_reply_refuses_as_today_and_quotes_a_call_that_came_back_as_text() {
+        use RoundClass::*;
+        for (classes, finding) in [
+            (vec![Leak, Leak, Leak], ProbeFinding::AsText),
+            (vec![NoTool, Leak, Error], ProbeFinding::AsText),
+            (vec![Timeout, Error, Leak], ProbeFinding::AsText),
+            (vec![NoTool, Timeout, Truncated], ProbeFinding::NoCall),
+            (vec![NoTool, NoTool, NoTool], ProbeFinding::NoCall),
+        ] {
+            let asked = replies(&classes);
+            assert_eq!(judge(&asked), finding, "{classes:?}");
+            assert!(finding.refuses_a_run(), "{classes:?}");
+            assert_eq!(Tally::of(&asked).tolerated(), None, "{classes:?}");
+        }
+        let asked = replies(&[NoTool, Leak, Error]);
+        assert_eq!(evidence(&asked, ProbeFinding::AsText), "reply 1: Leak");
+        assert_eq!(
+            Tally::of(&asked).in_words(),
+            "3 asked: 1 as text, 1 without a call, 1 an error or timeout"
+        );
+        // Where no reply gave the finding, the last reply is quoted.
+        assert_eq!(evidence(&asked, ProbeFinding::Parsed), "reply 2: Error");
+        assert_eq!(evidence(&[], ProbeFinding::Parsed), "");
+    }
+
+    #[test]
+    fn the_order_of_the_replies_does_not_matter() {
+        use RoundClass::*;
+        let classes = [Leak, NoTool, Ok, Rejected, Error];
+        for a in classes {
+            for b in classes {
+                for c in classes {
+                    let one = judge(&replies(&[a, b, c]));
+                    for order in [[a, c, b], [b, a, c], [b, c, a], [c, a, b], [c, b, a]] {
+                        assert_eq!(judge(&replies(&order)), one, "{a:?} {b:?} {c:?}");
+                    }
+                    let parsed_or_rejected = [a, b, c].iter().any(|x| matches!(x, Ok | Rejected));
+                    assert_eq!(
+                        one.proves_parsing(),
+                        parsed_or_rejected,
+                        "{a:?} {b:?} {c:?}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
@@ -201,5 +452,6 @@ mod tests {
         assert!(!ProbeFinding::Unanswered.refuses_a_run());
         assert!(!ProbeFinding::Unanswered.proves_parsing());
         assert_eq!(judge(&[]), ProbeFinding::Unanswered);
+        assert_eq!(Tally::of(&[]).in_words(), "none asked");
     }
 }

@@ -86,7 +86,69 @@ pub fn decide(
     );
     let blocked = confounds.iter().any(|c| c.severity == Severity::Blocking);
     let verdict = with_deaths(verdict, (on, off), blocks, policy, flag, blocked);
+    let verdict = with_poisoning(verdict, (on, off), flag);
     (comparison, confounds, verdict)
+}
+
+/// The verdict with poisoned engines said (core::poison): an arm whose engine, after
+/// its first failure, corrupted a session alone that it had served clean before, has a
+/// rate that is a poisoned engine's, not one of load. `implicated` of that arm stands
+/// (the flag's arm made the engine fail, the other never did) but says it in those
+/// words first; any other status becomes `inconclusive`, never `cleared`: an arm whose
+/// engine was poisoned compares nothing at one rate.
+fn with_poisoning(
+    mut verdict: Verdict,
+    (on, off): (&ArmObservation, &ArmObservation),
+    flag: &str,
+) -> Verdict {
+    let poisoned = |arm: &ArmObservation| -> Option<String> {
+        let canaries: Vec<_> = arm.stats.canaries.iter().filter(|c| c.poisoned()).collect();
+        let first = canaries.first()?;
+        let of = arm.stats.canaries.len();
+        Some(format!(
+            "{}: poisoned after the first failure in {} of {of} engine li{} that failed: {}",
+            arm.name(),
+            canaries.len(),
+            if of == 1 { "fe" } else { "ves" },
+            first.describe()
+        ))
+    };
+    let found: Vec<(bool, String)> = [(true, on), (false, off)]
+        .into_iter()
+        .filter_map(|(is_on, arm)| poisoned(arm).map(|words| (is_on, words)))
+        .collect();
+    if found.is_empty() {
+        return verdict;
+    }
+    let implicated_arm_poisoned = verdict.status == Status::Implicated
+        && found.len() == 1
+        && verdict
+            .direction
+            .as_deref()
+            .is_some_and(|d| d.starts_with(&if found[0].0 { on.name() } else { off.name() }));
+    for (_, words) in found.iter().rev() {
+        verdict.reasons.insert(
+            0,
+            Reason::finding(format!(
+                "{words}: its rate is a poisoned engine's, not a load-dependent rate"
+            )),
+        );
+    }
+    if implicated_arm_poisoned {
+        verdict.summary = format!("implicated: {flag} {}", found[0].1);
+    } else {
+        verdict.status = Status::Inconclusive;
+        verdict.direction = None;
+        verdict.summary = format!(
+            "inconclusive: {flag}: {}",
+            found
+                .iter()
+                .map(|(_, w)| w.as_str())
+                .collect::<Vec<_>>()
+                .join("; ")
+        );
+    }
+    verdict
 }
 
 /// One arm's engine lives, from its pooled stats and its blocks (an arm of one block
@@ -111,6 +173,7 @@ fn exposure<'a>(
         blocks: n,
         blocks_died: died,
         served: arm.stats.served,
+        restarts: arm.stats.restarts.len() as u64,
     }
 }
 
@@ -560,6 +623,66 @@ mod tests {
             readback,
             workload: json!({"name": "agentic", "sessions": sessions, "concurrency": 40, "rounds": 4, "ctx": 2000}),
         }
+    }
+
+    /// A canary on `arm`'s engine after its first failure, corrupted alone or not.
+    fn canary(poisoned: bool) -> crate::poison::Canary {
+        use crate::poison::{Canary, FirstFailure, Tally};
+        Canary {
+            life: 0,
+            first_failure: FirstFailure {
+                index: 3,
+                at_s: 1.0,
+                request_seq: 9,
+                class: SessionClass::Leak,
+            },
+            index: 0,
+            clean_before: true,
+            class: if poisoned {
+                SessionClass::Leak
+            } else {
+                SessionClass::Done
+            },
+            evidence: String::new(),
+            before: Tally {
+                judged: 20,
+                corrupted: 1,
+            },
+            after: Tally {
+                judged: 58,
+                corrupted: 58,
+            },
+        }
+    }
+
+    #[test]
+    fn a_poisoned_engine_is_named_and_never_read_as_a_load_dependent_rate() {
+        let mut on = arm("on", "1", 59, 0, 80);
+        on.stats.canaries = vec![canary(true)];
+        let off = arm("off", "0", 0, 0, 80);
+        let (_, _, verdict) = decide_default(&on, &off);
+        assert_eq!(verdict.status, Status::Implicated);
+        assert!(
+            verdict
+                .summary
+                .starts_with("implicated: BF16_INDEX_K on (=1): poisoned after the first failure"),
+            "{}",
+            verdict.summary
+        );
+        assert!(verdict.reasons[0].contains("not a load-dependent rate"));
+        assert!(verdict.reasons[0].contains("after it 58 of 58"));
+        // A canary that came back clean alone changes nothing.
+        on.stats.canaries = vec![canary(false)];
+        let (_, _, plain) = decide_default(&on, &off);
+        assert_eq!(plain.status, Status::Implicated);
+        assert!(!plain.summary.contains("poisoned"), "{}", plain.summary);
+        // Poisoned in the arm that is not implicated, or in both: never one rate.
+        let mut off_poisoned = arm("off", "0", 2, 0, 80);
+        off_poisoned.stats.canaries = vec![canary(true)];
+        let clean_on = arm("on", "1", 1, 0, 80);
+        let (_, _, v) = decide_default(&clean_on, &off_poisoned);
+        assert_eq!(v.status, Status::Inconclusive);
+        assert!(v.summary.contains("off (=0): poisoned"), "{}", v.summary);
     }
 
     fn decide_default(on: &TestArm, off: &TestArm) -> (Comparison, Vec<Confound>, Verdict) {

@@ -42,6 +42,8 @@ pub(crate) struct DecodeStats {
     pub(crate) graph_steps: AtomicU64,
     /// Tokens/s over the last completed ~1 s window, f64 bits.
     pub(crate) throughput_bits: AtomicU64,
+    /// Time `running` read above zero.
+    pub(crate) busy: crate::metrics::BusyTime,
 }
 
 /// Decode's device pool on the CUDA backend: pages handed to running requests.
@@ -287,6 +289,7 @@ impl DecodeEngine {
     /// Publishes the running batch's size and pool use (and zero throughput once idle).
     fn publish_batch(&self, running: usize, used_tokens: usize) {
         self.stats.running.store(running as u64, Ordering::Relaxed);
+        self.stats.busy.publish(running);
         self.stats
             .used_tokens
             .store(used_tokens as u64, Ordering::Relaxed);

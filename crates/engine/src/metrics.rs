@@ -7,7 +7,9 @@
 //! (running and queued requests feed its load-confound check). The `bisect_engine_`
 //! rows are the embedded engine's own instrumentation.
 
+use parking_lot::Mutex;
 use std::fmt::Write as _;
+use std::time::{Duration, Instant};
 
 /// Prometheus metric type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,6 +59,7 @@ pub(crate) enum Metric {
     KernelStaleIndexKReads,
     KernelStaleMainReads,
     LoadBackWaits,
+    BusySeconds,
     TransferErrors,
 }
 
@@ -80,7 +83,7 @@ const fn row(metric: Metric, name: &'static str, kind: Kind, help: &'static str)
 }
 
 /// The table, in [`Metric`]'s declaration order (a test checks it).
-const TABLE: [Spec; 29] = {
+const TABLE: [Spec; 30] = {
     use Kind::{Counter, Gauge};
     use Metric::*;
     [
@@ -253,6 +256,12 @@ const TABLE: [Spec; 29] = {
             "Page reads whose stream waited on an unfinished HiCache load-back; device-resident prefill pool only.",
         ),
         row(
+            BusySeconds,
+            "bisect_engine_busy_seconds_total",
+            Counter,
+            "Seconds sglang:num_running_reqs read above zero: over a window, its rise over the window's length is the chance a sample of that gauge sees this role busy.",
+        ),
+        row(
             TransferErrors,
             "bisect_engine_transfer_errors_total",
             Counter,
@@ -287,6 +296,51 @@ pub(crate) fn render(values: &[(Metric, f64)]) -> String {
 
 pub(crate) const CONTENT_TYPE: &str = "text/plain; version=0.0.4";
 
+/// The time a role's running-requests gauge read above zero, reported as
+/// [`Metric::BusySeconds`]: over any window, its increase over the window's length is
+/// the chance that a sample of the gauge taken in it sees the role busy. The harness
+/// reads it to tell a role that holds requests (its sampled gauge shows its load) from
+/// one they pass through in bursts shorter than a metrics period (docs/design.md 3.7,
+/// "Peaks that mean something"). Fed every value the role publishes
+/// ([`BusyTime::publish`]).
+#[derive(Debug)]
+pub(crate) struct BusyTime {
+    /// Closed intervals above zero, and the last value published with its time.
+    state: Mutex<(Duration, Instant, bool)>,
+}
+
+impl Default for BusyTime {
+    fn default() -> Self {
+        BusyTime {
+            state: Mutex::new((Duration::ZERO, Instant::now(), false)),
+        }
+    }
+}
+
+impl BusyTime {
+    /// The gauge now reads `running`.
+    pub(crate) fn publish(&self, running: usize) {
+        let now = Instant::now();
+        let mut state = self.state.lock();
+        let (busy, since, above) = &mut *state;
+        if *above {
+            *busy += now.duration_since(*since);
+        }
+        (*since, *above) = (now, running > 0);
+    }
+
+    /// Seconds above zero so far, the interval still open included.
+    pub(crate) fn seconds(&self) -> f64 {
+        let (busy, since, above) = *self.state.lock();
+        let open = if above {
+            since.elapsed()
+        } else {
+            Duration::ZERO
+        };
+        (busy + open).as_secs_f64()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -303,6 +357,28 @@ mod tests {
              # TYPE bisect_engine_requests_total counter\n\
              bisect_engine_requests_total 7\n"
         );
+    }
+
+    /// Busy time is the time the gauge read above zero: it grows while a published
+    /// value is above zero (read mid-interval too) and stands still at zero.
+    #[test]
+    fn busy_time_counts_only_time_above_zero() {
+        let busy = BusyTime::default();
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(busy.seconds(), 0.0, "nothing published: never busy");
+        busy.publish(3);
+        std::thread::sleep(Duration::from_millis(20));
+        let open = busy.seconds();
+        assert!(open >= 0.020, "{open}");
+        busy.publish(1);
+        std::thread::sleep(Duration::from_millis(10));
+        busy.publish(0);
+        let closed = busy.seconds();
+        assert!(closed >= open + 0.010, "{open} then {closed}");
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(busy.seconds(), closed, "idle time is not busy");
+        busy.publish(0);
+        assert_eq!(busy.seconds(), closed);
     }
 
     #[test]

@@ -4,7 +4,10 @@
 //! answers, instantly, with exactly the call the current step asks for (a short text
 //! answer once all steps are done). Fault rules corrupt chosen sessions in
 //! deterministic ways (a CRC-32 of the task message picks them, the round says when),
-//! so tests can predict every class and count; nothing here is random.
+//! so tests can predict every class and count; nothing here is random. Two knobs
+//! depend on the load instead: `crash_at_running` dies of SIGSEGV, and
+//! `poison_at_running` corrupts every call for the rest of the process's life, once
+//! that many chat requests were in flight at once.
 //! Also serves `/health` and `/metrics` (its own running requests, from the engine's
 //! one metrics table), with the engine's connection handling (`listen`), and `/stats`
 //! (`/stats/reset`): handling time and the client's think time between rounds, as seen
@@ -26,7 +29,7 @@ use serde_json::{json, Value};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -85,6 +88,14 @@ impl FaultRule {
         }
     }
 
+    /// An engine whose first rounds are sometimes corrupted even alone: round 1 of the
+    /// sessions whose task message has `crc32 % modulus == 0` is answered with DSML
+    /// markup in `content` ([`Fault::LeakDsml`]), whatever the load
+    /// (`--leak-first-round`, `BISECT_MOCK_LEAK_FIRST_ROUND`).
+    pub fn leak_first_round(modulus: u32) -> Self {
+        FaultRule::new(modulus, 0, 1, Fault::LeakDsml)
+    }
+
     /// Whether this rule picks the session whose task message is `task_message`.
     pub fn selects(&self, task_message: &str) -> bool {
         crc32fast::hash(task_message.as_bytes()) % self.modulus.max(1) == self.residue
@@ -102,6 +113,13 @@ pub struct MockConfig {
     /// engine that crashes at load, for the harness's tests of engine deaths (a real
     /// signal death of a real process, decided by the load alone).
     pub crash_at_running: Option<u64>,
+    /// Becomes poisoned the first time this many chat requests are in flight at once,
+    /// for the rest of its process life: every call from then on, that request's
+    /// included, has a wrong argument ([`Fault::WrongArgs`]), alone or not, until the
+    /// process restarts (a session with no step left still gets its closing text). An
+    /// engine poisoned by its first failure (xgrammar #460, vLLM #35718), for tests of
+    /// corruption against time.
+    pub poison_at_running: Option<u64>,
     /// What changes under load ([`LoadFault`]); `None`: nothing.
     pub under_load: Option<LoadFault>,
 }
@@ -132,12 +150,32 @@ pub struct MockStats {
     changed_under_load: Mutex<std::collections::HashSet<u32>>,
     /// [`LoadFault::Swap`]'s held call: (tool, arguments) of the last request answered.
     held: Mutex<Option<(String, String)>>,
+    /// Whether [`MockConfig::poison_at_running`] poisoned the mock (never cleared).
+    poisoned: AtomicBool,
+    /// When it was poisoned: set once, with the `poisoned` flag.
+    poisoning: std::sync::OnceLock<Poisoning>,
+}
+
+/// When the mock was poisoned ([`MockConfig::poison_at_running`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Poisoning {
+    /// The chat request that poisoned it, as [`MockStats::requests`] counted it (from
+    /// 1; since the last [`MockStats::clear`]).
+    pub request: u64,
+    /// Chat requests in flight at that moment, that one included.
+    pub running: u64,
 }
 
 impl MockStats {
     /// Sessions whose reply a load fault changed at least once.
     pub fn changed_under_load(&self) -> usize {
         self.changed_under_load.lock().len()
+    }
+
+    /// Whether the mock is poisoned ([`MockConfig::poison_at_running`]) and since which
+    /// request; `None` while it is not.
+    pub fn poisoned(&self) -> Option<Poisoning> {
+        self.poisoning.get().copied()
     }
 
     /// Chat requests answered (any status).
@@ -197,6 +235,7 @@ impl MockStats {
             "requests": self.requests(),
             "handling": percentiles(self.handling_ns()),
             "think": percentiles(self.think_ns()),
+            "poisoned": self.poisoned(),
         })
     }
 }
@@ -547,7 +586,18 @@ async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes
     {
         die_of_sigsegv();
     }
-    stats.requests.fetch_add(1, Ordering::SeqCst);
+    let request = stats.requests.fetch_add(1, Ordering::SeqCst) + 1;
+    if shared
+        .config
+        .poison_at_running
+        .is_some_and(|n| running >= n as i64)
+        && !stats.poisoned.swap(true, Ordering::SeqCst)
+    {
+        let _ = stats.poisoning.set(Poisoning {
+            request,
+            running: running as u64,
+        });
+    }
     let bearer = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -570,12 +620,16 @@ async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes
             stats.think_ns.lock().push(think.as_nanos() as u64);
         }
     }
-    let fault = shared
-        .config
-        .faults
-        .iter()
-        .find(|rule| rule.round == state.round && rule.selects(state.task_text))
-        .map(|rule| rule.fault);
+    let fault = if stats.poisoned.load(Ordering::SeqCst) {
+        Some(Fault::WrongArgs)
+    } else {
+        shared
+            .config
+            .faults
+            .iter()
+            .find(|rule| rule.round == state.round && rule.selects(state.task_text))
+            .map(|rule| rule.fault)
+    };
     let waited = delay(&shared, &state, fault).await;
     let response = match shared.config.under_load {
         Some(load) if fault.is_none() => load_reply(

@@ -3,7 +3,8 @@
 //! (read-back or effective value not the arm's, a degraded arm, differing workloads);
 //! recorded ones qualify it (load, wall time, throughput, replies truncated at
 //! `max_tokens`, error+timeout rates that differ, roles whose load was never measured,
-//! roles whose engine does not report the flag's value); [`load_shortfalls`] says when
+//! roles whose engine does not report the flag's value, an arm whose rate moves with its
+//! request index: `crate::trend`); [`load_shortfalls`] says when
 //! the engine never ran the target concurrency, which only `cleared` needs.
 //!
 //! The checks that hold per engine start (read-back, effective value, load) are made on
@@ -54,6 +55,7 @@ pub fn confounds(
     found.extend(unverified_confounds(on, off, &checked));
     found.extend(transport_confounds(on, off));
     found.extend(engine_count_confound(on, off));
+    found.extend(crate::trend::trend_confound(on, off, policy));
     found
 }
 

@@ -37,6 +37,8 @@ pub(super) struct Totals {
     pub(super) classified: u64,
     pub(super) sessions: u64,
     pub(super) error_timeout: u64,
+    /// Sessions an engine death cut short (core::deaths).
+    pub(super) crashed: u64,
 }
 
 pub(super) fn totals(blocks: &[BlockOutcome]) -> Totals {
@@ -46,6 +48,9 @@ pub(super) fn totals(blocks: &[BlockOutcome]) -> Totals {
         classified: all().filter(|c| c.is_judged()).count() as u64,
         sessions: all().count() as u64,
         error_timeout: all().filter(|c| c.is_failure()).count() as u64,
+        crashed: all()
+            .filter(|c| **c == crate::session::SessionClass::Crashed)
+            .count() as u64,
     }
 }
 

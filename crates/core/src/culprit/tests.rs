@@ -8,6 +8,7 @@ use std::collections::BTreeSet;
 use super::simulate::{scenarios, simulate_search, Expected, Oracle, OracleRunner, Rule};
 use super::{search, Answer, BlockOutcome, BlockRequest, SearchParams, SearchReport, StepKind};
 use crate::sequential::LookRecord;
+use crate::session::SessionClass;
 
 const BUDGET: u64 = 4000;
 
@@ -329,6 +330,52 @@ fn a_one_value_answer_needs_the_passing_ends_load() {
             .contains("F2=1 could not be shown needed: the passing end passes, but 1 of its"),
         "{}",
         report.verdict
+    );
+}
+
+/// Runs blocks like `OracleRunner`, but an engine that dies whenever F3 is flipped:
+/// most of those blocks' sessions are `crashed`, the rest clean.
+struct Dying<'a> {
+    oracle: &'a Oracle,
+}
+
+impl Dying<'_> {
+    fn run_block(&self, r: &BlockRequest) -> BlockOutcome {
+        let mut out = OracleRunner {
+            oracle: self.oracle,
+            seed: 11,
+        }
+        .run_block(r);
+        if !self.oracle.failing_set(r).contains(&3) {
+            for (i, class) in out.classes.iter_mut().enumerate() {
+                *class = if i % 4 == 0 {
+                    SessionClass::Done
+                } else {
+                    SessionClass::Crashed
+                };
+            }
+        }
+        out
+    }
+}
+
+#[test]
+fn a_flag_whose_flip_kills_the_engine_is_never_a_pass() {
+    // F3 flipped: the engine dies and no session it kept shows corruption. Counted by
+    // its clean sessions alone that would pass, and F3 would be named a culprit.
+    let oracle = crisp(Rule::All(vec![0, 1]), vec![]);
+    let params = SearchParams::new(oracle.flag_values(), 80, BUDGET, 11);
+    let runner = Dying { oracle: &oracle };
+    let report = search(params).run(|r| runner.run_block(r), drop).unwrap();
+    assert_answer(&report, Answer::Culprit { flags: vec![0, 1] });
+    assert_eq!(report.untestable.len(), 1, "{}", report.verdict);
+    assert_eq!(report.untestable[0].flag, 3);
+    assert!(
+        report.untestable[0]
+            .reason
+            .contains("an engine that dies is never a pass"),
+        "{}",
+        report.untestable[0].reason
     );
 }
 

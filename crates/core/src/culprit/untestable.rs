@@ -22,6 +22,15 @@ impl Search<'_> {
                 100.0 * self.p.degraded_fraction
             ));
         }
+        // An engine that dies is evidence, never a pass (core::deaths): a configuration
+        // whose engine died and showed no corruption is not a same-speed toggle either.
+        if t.crashed > 0 && t.corrupted == 0 {
+            return Some(format!(
+                "the engine died under it ({} session{} cut short, none corrupted): an engine that dies is never a pass",
+                t.crashed,
+                if t.crashed == 1 { "" } else { "s" }
+            ));
+        }
         if key.0 == self.all() {
             return None; // the failing end is the speed reference
         }

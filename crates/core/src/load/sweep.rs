@@ -255,6 +255,21 @@ impl<'p> State<'p> {
         let short = (level > 1)
             .then(|| engine_load_shortfall(&peaks, u64::from(level), self.params.min_load_fraction))
             .flatten();
+        // An engine that dies is evidence, never a flat level (core::deaths): a block
+        // whose engine died and showed no corruption does not count as run at its load.
+        let crashed = outcome
+            .classes
+            .iter()
+            .filter(|c| **c == crate::session::SessionClass::Crashed)
+            .count();
+        let short = short.or_else(|| {
+            (crashed > 0 && !outcome.classes.iter().any(|c| c.is_corrupted())).then(|| {
+                format!(
+                    "saw the engine die ({crashed} session{} cut short, none corrupted): an engine that dies is never flat",
+                    if crashed == 1 { "" } else { "s" }
+                )
+            })
+        });
         let mut count = ArmCount::default();
         count.add(&outcome.classes, outcome.peak_engine);
         self.note_degraded(&block, &count);

@@ -169,3 +169,152 @@ async fn stats_count_think_time_between_a_sessions_rounds_only() {
     assert_eq!(status, reqwest::StatusCode::NO_CONTENT);
     assert!(server.stats().think_ns().is_empty());
 }
+
+/// A task message of its own for session `i`: a task the mock parses, whose text (and
+/// so its CRC-32) differs per session.
+fn session_task(i: u32) -> Value {
+    json!({"role": "user", "content": format!("You are on call. Do these steps in order:\n\
+        1. read_file(path=\"/srv/app{i}/config.yaml\", max_lines=40)\n\
+        2. list_dir(path=\"/srv/app{i}\")\n\
+        When all steps are done, answer with a one-line summary.")})
+}
+
+/// The message of a chat reply.
+fn message_of(reply: &Value) -> &Value {
+    &reply["choices"][0]["message"]
+}
+
+/// `--leak-first-round M`: the first round of the sessions the rule picks comes back as
+/// DSML markup in the text even alone (one request in flight), the others' as parsed
+/// calls, and the picked sessions' later rounds are parsed again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leak_first_round_leaks_the_picked_sessions_first_round_alone() {
+    let rule = FaultRule::leak_first_round(3);
+    assert_eq!(rule, FaultRule::new(3, 0, 1, Fault::LeakDsml));
+    let server = MockServer::start(MockConfig {
+        faults: vec![rule.clone()],
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let client = reqwest::Client::new();
+    let url = format!("{}/chat/completions", server.api());
+    let (mut leaked, mut parsed) = (0, 0);
+    for i in 0..12 {
+        let task = session_task(i);
+        let text = task["content"].as_str().unwrap().to_string();
+        let picked = crc32fast::hash(text.as_bytes()) % 3 == 0;
+        assert_eq!(rule.selects(&text), picked);
+        let first = post_json(&client, &url, &json!({"messages": [task.clone()]})).await;
+        let message = message_of(&first);
+        if picked {
+            leaked += 1;
+            assert!(message["tool_calls"].is_null(), "{first}");
+            let content = message["content"].as_str().unwrap();
+            assert!(
+                content.starts_with("<｜DSML｜function_calls>")
+                    && content.contains(&format!("/srv/app{i}/config.yaml")),
+                "{content}"
+            );
+        } else {
+            parsed += 1;
+            assert_eq!(message["tool_calls"][0]["function"]["name"], "read_file");
+        }
+        // Round 2 of every session, picked or not, is the step's own call.
+        let second = json!({"messages": [
+            task,
+            {"role": "assistant", "content": null, "tool_calls": []},
+            {"role": "tool", "tool_call_id": "call_1", "content": "x"},
+        ]});
+        let reply = post_json(&client, &url, &second).await;
+        assert_eq!(
+            message_of(&reply)["tool_calls"][0]["function"]["name"],
+            "list_dir",
+            "{reply}"
+        );
+    }
+    assert!(leaked > 0 && parsed > 0, "{leaked} leaked, {parsed} parsed");
+    assert_eq!(server.stats().poisoned(), None);
+}
+
+/// `--poison-at-running N`: alone the mock answers right; the first time N requests are
+/// in flight at once it is poisoned, and every call from then on, that request's
+/// included and those sent alone afterwards, has a wrong argument.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_at_running_corrupts_every_call_after_the_first_load_even_alone() {
+    let server = MockServer::start(MockConfig {
+        poison_at_running: Some(2),
+        // Every first round waits, so that a second request finds the first in flight.
+        faults: vec![FaultRule::new(
+            1,
+            0,
+            1,
+            Fault::Sleep(Duration::from_millis(500)),
+        )],
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let client = reqwest::Client::new();
+    let url = format!("{}/chat/completions", server.api());
+    let second_round = |i: u32| {
+        json!({"messages": [
+            session_task(i),
+            {"role": "assistant", "content": null, "tool_calls": []},
+            {"role": "tool", "tool_call_id": "call_1", "content": "x"},
+        ]})
+    };
+    let path_of = |reply: &Value| -> Value {
+        let call = &message_of(reply)["tool_calls"][0]["function"];
+        assert_eq!(call["name"], "list_dir", "{reply}");
+        serde_json::from_str::<Value>(call["arguments"].as_str().unwrap()).unwrap()["path"].clone()
+    };
+    // Alone, one request at a time: right, and not poisoned.
+    let alone = post_json(&client, &url, &second_round(0)).await;
+    assert_eq!(path_of(&alone), "/srv/app0");
+    let first = post_json(&client, &url, &json!({"messages": [session_task(1)]})).await;
+    let call = &message_of(&first)["tool_calls"][0]["function"];
+    let arguments: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(arguments["path"], "/srv/app1/config.yaml", "{first}");
+    assert_eq!(server.stats().poisoned(), None);
+    // Two in flight: the first sleeps in the handler while the second arrives.
+    let sleeper = {
+        let (client, url) = (client.clone(), url.clone());
+        tokio::spawn(async move {
+            post_json(&client, &url, &json!({"messages": [session_task(2)]})).await
+        })
+    };
+    let started = Instant::now();
+    while server.stats.running.load(Ordering::SeqCst) < 1 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "never in flight"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let poisoning = post_json(&client, &url, &second_round(3)).await;
+    assert_eq!(
+        path_of(&poisoning),
+        "/srv/app3.bak",
+        "that request's own call"
+    );
+    let poisoned = server.stats().poisoned().expect("poisoned");
+    assert_eq!(
+        poisoned,
+        Poisoning {
+            request: 4,
+            running: 2
+        }
+    );
+    sleeper.await.unwrap();
+    // From then on, alone, every call is wrong, for the rest of the process's life.
+    for i in 4..7 {
+        let reply = post_json(&client, &url, &second_round(i)).await;
+        assert_eq!(path_of(&reply), format!("/srv/app{i}.bak"));
+    }
+    server.stats().clear();
+    let reply = post_json(&client, &url, &second_round(7)).await;
+    assert_eq!(path_of(&reply), "/srv/app7.bak", "a clear does not cure it");
+    let summary = get_json(&client, format!("http://{}/stats", server.addr())).await;
+    assert_eq!(summary["poisoned"], json!({"request": 4, "running": 2}));
+}

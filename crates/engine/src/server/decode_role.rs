@@ -131,6 +131,7 @@ impl DecodeShared {
                 Metric::StaleIndexKPagesReceived,
                 load(&self.stale_pages_received),
             ),
+            (Metric::BusySeconds, stats.busy.seconds()),
             (Metric::TransferErrors, load(&self.transfer_errors)),
         ]
     }

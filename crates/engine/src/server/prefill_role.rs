@@ -4,7 +4,7 @@
 
 use super::{error_response, CancelOnDrop};
 use crate::backend::{Backend, PoolStats};
-use crate::metrics::Metric;
+use crate::metrics::{BusyTime, Metric};
 use crate::prefill::{PrefillCore, PrefillCounters, PrefillGauges};
 use crate::transfer::{self, PrefillRequest};
 use crate::EngineConfig;
@@ -41,6 +41,8 @@ pub(super) struct PrefillShared {
     /// stale reads as the reading kernel counted them.
     pool_stats: Mutex<Option<PoolStats>>,
     next_id: AtomicU64,
+    /// Time the running gauge read above zero.
+    busy: BusyTime,
     checksum: bool,
     pub(super) ready: AtomicBool,
 }
@@ -57,6 +59,7 @@ pub(super) fn start(
         counters: Mutex::new(PrefillCounters::default()),
         pool_stats: Mutex::new(None),
         next_id: AtomicU64::new(0),
+        busy: BusyTime::default(),
         checksum: config.flags.index_k_checksum,
         ready: AtomicBool::new(false),
     });
@@ -115,7 +118,9 @@ fn prefill_loop(
         let outcome = core.step(backend.as_ref());
         // Published before the replies go out, so a client that got its answer never
         // reads gauges that still count its request.
-        *shared.gauges.lock() = core.gauges();
+        let gauges = core.gauges();
+        *shared.gauges.lock() = gauges;
+        shared.busy.publish(gauges.running);
         let shipped_any = matches!(&outcome, Ok(shipped) if !shipped.is_empty());
         if shipped_any || core.counters.evicted_pages != shared.counters.lock().evicted_pages {
             // Only when something was read or evicted: on CUDA this reads the kernels'
@@ -269,6 +274,7 @@ impl PrefillShared {
             (Metric::LoaderBytes, counters.loader_bytes as f64),
             (Metric::HostPages, gauges.host_pages as f64),
             (Metric::LoaderJobs, gauges.loader_jobs as f64),
+            (Metric::BusySeconds, self.busy.seconds()),
         ];
         if let Some(stats) = *self.pool_stats.lock() {
             values.extend([

@@ -28,6 +28,9 @@ pub(super) struct DeathWatch {
     started: Instant,
     inflight: Arc<InFlight>,
     seen: Mutex<Vec<EngineDeath>>,
+    /// The client's peak in flight over the previous poll window: with the current
+    /// window's, the load a death noticed now came at.
+    last_window: Mutex<u64>,
 }
 
 impl DeathWatch {
@@ -42,6 +45,7 @@ impl DeathWatch {
             started: Instant::now(),
             inflight,
             seen: Mutex::new(Vec::new()),
+            last_window: Mutex::new(0),
         }
     }
 
@@ -59,7 +63,16 @@ impl DeathWatch {
 
     /// Looks at every role not yet dead; true when some role has died by now.
     pub(super) async fn poll(&self) -> bool {
-        let in_flight = self.inflight.current();
+        // The client's own count over this window and the one before: a death is
+        // noticed up to a poll period after it, when the requests it cut are gone from
+        // the count (the count now would say 0 of a death at full load).
+        let in_flight = {
+            let mut last = self.last_window.lock();
+            let window = self.inflight.take_recent_peak();
+            let around = window.max(*last);
+            *last = window;
+            around
+        };
         for s in &self.spawned {
             if self.dead(&s.role) {
                 continue;
@@ -70,6 +83,7 @@ impl DeathWatch {
                     role: s.role.clone(),
                     at_s: self.started.elapsed().as_secs_f64(),
                     in_flight,
+                    engine_running: self.inflight.engine_running(&s.role),
                     exit: Some(exit),
                     log_tail,
                 });
@@ -81,6 +95,7 @@ impl DeathWatch {
                     role: role.clone(),
                     at_s: self.started.elapsed().as_secs_f64(),
                     in_flight,
+                    engine_running: self.inflight.engine_running(role),
                     exit: None,
                     log_tail: Vec::new(),
                 });

@@ -139,11 +139,14 @@ fn replaced(name: &str, before: &Identity, after: &Identity) -> Option<String> {
 
 impl Testbed<'_> {
     /// Before the command's first block: does the engine return the workload's tool
-    /// calls parsed (docs/design.md 3.13)? An engine that returns them as text, or whose
-    /// model never calls, could only show `leak`/`no_tool` in every arm: the command
-    /// refuses (exit 3) with the engine's fix rather than spend an A/B. A probe that got
-    /// no answer (errors, timeouts) is a warning: the blocks' own error accounting
-    /// judges such an engine. Once per command; later blocks skip it.
+    /// calls parsed (docs/design.md 3.13)? The first rounds of
+    /// [`toolprobe::TRIES`] sessions are asked, one at a time; one parsed call (or the
+    /// parser's rejection) among them proves a parser, and the others, corrupted alone,
+    /// are a note ([`toolprobe::Tally::tolerated`]). An engine that returns every call
+    /// as text, or whose model never calls, could only show `leak`/`no_tool` in every
+    /// arm: the command refuses (exit 3) with the engine's fix rather than spend an A/B.
+    /// A probe that got no answer (errors, timeouts) is a warning: the blocks' own error
+    /// accounting judges such an engine. Once per command; later blocks skip it.
     pub(super) async fn prove_tool_calls(
         &mut self,
         workload: &Workload,
@@ -189,24 +192,27 @@ impl Testbed<'_> {
             self.restart(&format!("{label}-after-probe")).await?;
             return Ok(deaths);
         }
-        let finding = toolprobe::judge(&replies);
-        let last = replies.last().map_or("", |r| r.evidence.as_str());
+        let tally = toolprobe::Tally::of(&replies);
+        let finding = tally.finding();
+        let quoted = toolprobe::evidence(&replies, finding);
         if finding.refuses_a_run() {
             let message = format!(
-                "the tool-call probe (the first round of {} session{} of workload `{}`, before \
-                 any block): {}; the engine's reply: {last}. Every session of every arm could \
-                 only end leak or no_tool, so no flag could be implicated",
-                replies.len(),
-                if replies.len() == 1 { "" } else { "s" },
+                "the tool-call probe (the first rounds of workload `{}`'s sessions, one at a \
+                 time, before any block; {}): {}; the engine's reply: {quoted}. Every session \
+                 of every arm could only end leak or no_tool, so no flag could be implicated",
                 workload.name,
+                tally.in_words(),
                 finding.describe(),
             );
             let fix = finding.fix(self.target.engine.tool_call_fix(), workload.ctx);
             return Err(Failure::could_not_run(message, fix).into());
         }
+        if let Some(note) = toolprobe::tolerated(&replies) {
+            self.progress.note(&format!("warning: {note}"));
+        }
         if !finding.proves_parsing() {
             self.progress.note(&format!(
-                "warning: the tool-call probe could not tell whether the engine parses tool calls: {} (last: {last})",
+                "warning: the tool-call probe could not tell whether the engine parses tool calls: {} (last: {quoted})",
                 finding.describe()
             ));
         }

@@ -32,8 +32,9 @@ use crate::config::{FlagSpec, TargetProfile, Workload};
 use crate::control::EngineControl;
 use crate::core::arm_stats::{ArmStats, RecordStatus};
 use crate::core::classify::Classifier;
+use crate::core::poison::Ran;
 use crate::core::session::SessionResult;
-use crate::driver::{drive, metrics, DrivePlan, InFlight};
+use crate::driver::{metrics, DrivePlan, InFlight};
 use crate::exit::{Failure, Problem};
 use crate::launch::Editor;
 use crate::results::ResultsDir;
@@ -514,11 +515,20 @@ impl<'a> Testbed<'a> {
 
     /// [`Testbed::drive`], also handing every finished session to `observe` (in the
     /// order they finish) and returning the driver's own totals (classification time).
+    ///
+    /// An engine that dies is evidence, and the block goes on (docs/design.md 3.7,
+    /// "Engine deaths"): after a death the engines are restarted (timed, their identity
+    /// and effective values read again as at any restart) and the sessions the death
+    /// cut short or kept from starting run on the new engine life at the same
+    /// concurrency, until every session has run or the block has seen
+    /// [`DEATH_BUDGET`](crate::core::deaths::DEATH_BUDGET) deaths; the block's stats
+    /// pool its lives, so deaths count against every request served in the block.
     pub(crate) async fn drive_observed(
         &mut self,
         d: BlockDrive<'_>,
         observe: &mut (dyn FnMut(&SessionResult) + Send),
     ) -> anyhow::Result<(ArmStats, crate::driver::DriveStats)> {
+        use crate::core::deaths::{DeathRestart, DEATH_BUDGET};
         let BlockDrive {
             block,
             workload,
@@ -531,6 +541,120 @@ impl<'a> Testbed<'a> {
         self.progress
             .arm_started(block, u64::from(workload.sessions));
         let drive_plan = self.drive_plan(block, workload);
+        let block_started = Instant::now();
+        let mut life = crate::driver::Life {
+            life: 0,
+            indices: (0..drive_plan.sessions).collect(),
+            block_started,
+            life_started: block_started,
+        };
+        let mut lives = Vec::new();
+        let mut driven = crate::driver::DriveStats::default();
+        let mut restarts = Vec::new();
+        let mut deaths = probe_deaths.len();
+        let mut unrun = 0;
+        loop {
+            let (mut stats, life_driven, unfinished, ran) = self
+                .drive_life(block, &drive_plan, &life, classifier, results, observe)
+                .await?;
+            let died = !stats.deaths.is_empty();
+            // A poisoned engine is told apart from load on the engine that failed: a
+            // dead one is restarted anyway, and the restart clears what it carried.
+            if !died {
+                stats.canaries.extend(
+                    self.canary(block, &drive_plan, &life, classifier, &ran)
+                        .await?,
+                );
+            }
+            deaths += stats.deaths.len();
+            lives.push(stats);
+            driven = if life.life == 0 {
+                life_driven
+            } else {
+                crate::driver::DriveStats {
+                    wall_s: driven.wall_s + life_driven.wall_s,
+                    classify_s: driven.classify_s + life_driven.classify_s,
+                    ..driven
+                }
+            };
+            if !died || unfinished.is_empty() {
+                break;
+            }
+            if deaths >= DEATH_BUDGET {
+                unrun = unfinished.len() as u64;
+                self.progress.note(&format!(
+                    "warning: block {}-r{}: {deaths} engine deaths, the budget of {DEATH_BUDGET}: \
+                     the block ends with {unrun} of its sessions not run",
+                    block.label, block.repeat
+                ));
+                break;
+            }
+            self.check_cancelled()?;
+            let at_s = block_started.elapsed().as_secs_f64();
+            let restarting = Instant::now();
+            let what = format!(
+                "block {}-r{} after engine death {deaths}",
+                block.label, block.repeat
+            );
+            let restarted = self
+                .restart(&format!(
+                    "{}-r{}-life{}",
+                    block.label,
+                    block.repeat,
+                    life.life + 1
+                ))
+                .await
+                .with_context(|| format!("restarting the engines for {what}"))?;
+            restarted.refuse_disagreements(&what)?;
+            restarts.push(DeathRestart {
+                at_s,
+                restart_s: restarting.elapsed().as_secs_f64(),
+                sessions: unfinished.len() as u64,
+            });
+            self.progress.note(&format!(
+                "{what}: engines restarted in {:.1} s; {} session{} go on on the new engine life",
+                restarting.elapsed().as_secs_f64(),
+                unfinished.len(),
+                if unfinished.len() == 1 { "" } else { "s" }
+            ));
+            life = crate::driver::Life {
+                life: life.life + 1,
+                indices: unfinished,
+                block_started,
+                life_started: Instant::now(),
+            };
+        }
+        let mut stats = ArmStats::pool(&lives);
+        // The block's trend bins its sessions across its lives (core::trend orders them
+        // by request index within their life), not life by life.
+        stats.timeline = lives
+            .iter()
+            .flat_map(|l| l.timeline.iter().copied())
+            .collect();
+        stats.deaths = probe_deaths;
+        stats
+            .deaths
+            .extend(lives.iter().flat_map(|l| l.deaths.iter().cloned()));
+        stats.restarts = restarts;
+        stats.unrun = unrun;
+        stats.finish();
+        self.progress.arm_finished(block, &stats);
+        Ok((stats, driven))
+    }
+
+    /// One engine life of a block ([`Testbed::drive_observed`]): `life`'s sessions with
+    /// the metrics poller and the death watch beside them. Returns the life's stats,
+    /// the driver's totals, and the sessions still to run: those a death cut short
+    /// (`crashed`) or kept from starting.
+    async fn drive_life(
+        &mut self,
+        block: BlockName<'_>,
+        drive_plan: &DrivePlan,
+        life: &crate::driver::Life,
+        classifier: &Arc<Classifier>,
+        results: &ResultsDir,
+        observe: &mut (dyn FnMut(&SessionResult) + Send),
+    ) -> anyhow::Result<(ArmStats, crate::driver::DriveStats, Vec<u32>, Vec<Ran>)> {
         let inflight = Arc::new(InFlight::default());
         let poll_cancel = self.cancel.child_token();
         let poller = tokio::spawn(metrics::poll(
@@ -547,15 +671,33 @@ impl<'a> Testbed<'a> {
             let classifier = classifier.clone();
             let inflight = inflight.clone();
             let cancel = self.cancel.clone();
-            tokio::spawn(async move { drive(&drive_plan, classifier, tx, inflight, cancel).await })
+            let (plan, life) = (drive_plan.clone(), life.clone());
+            tokio::spawn(async move {
+                crate::driver::drive_life(&plan, &life, classifier, tx, inflight, cancel).await
+            })
         };
-        let mut stats = self.collect_sessions(rx, &watch, results, observe).await?;
+        let mut done = std::collections::HashSet::new();
+        let mut ran = Vec::new();
+        let mut stats = self
+            .collect_sessions(rx, &watch, results, &mut |session: &SessionResult| {
+                if session.class != crate::core::session::SessionClass::Crashed {
+                    done.insert(session.index);
+                }
+                if let Some(timing) = session.timing {
+                    ran.push(Ran {
+                        index: session.index,
+                        class: session.class,
+                        timing,
+                    });
+                }
+                observe(session)
+            })
+            .await?;
         let driven = driver.await.context("workload driver panicked")??;
         watch_cancel.cancel();
         let _ = watcher.await;
         watch.poll().await;
-        stats.deaths = probe_deaths;
-        stats.deaths.extend(watch.deaths());
+        stats.deaths = watch.deaths();
         for death in &stats.deaths {
             self.progress.note(&format!(
                 "warning: block {}-r{}: {}",
@@ -577,9 +719,78 @@ impl<'a> Testbed<'a> {
         for line in &stats.engine_replaced {
             self.progress.note(&format!("warning: {line}"));
         }
-        stats.finish();
-        self.progress.arm_finished(block, &stats);
-        Ok((stats, driven))
+        let unfinished = life
+            .indices
+            .iter()
+            .copied()
+            .filter(|i| !done.contains(i))
+            .collect();
+        Ok((stats, driven, unfinished, ran))
+    }
+
+    /// After a corrupted session, is the engine poisoned (core::poison)? One session
+    /// alone on the same engine, no restart: a task that was clean on it before the
+    /// first failure, where there is one. The canary's session is kept in the record
+    /// (not in sessions.jsonl: it is not one of the block's sessions).
+    async fn canary(
+        &mut self,
+        block: BlockName<'_>,
+        drive_plan: &DrivePlan,
+        life: &crate::driver::Life,
+        classifier: &Arc<Classifier>,
+        ran: &[Ran],
+    ) -> anyhow::Result<Option<crate::core::poison::Canary>> {
+        let Some(task) = crate::core::poison::canary_task(ran) else {
+            return Ok(None);
+        };
+        let plan = DrivePlan {
+            label: format!("{}-canary", block.label),
+            concurrency: 1,
+            sessions: 1,
+            ..drive_plan.clone()
+        };
+        let alone = crate::driver::Life {
+            indices: vec![task.index],
+            ..life.clone()
+        };
+        let (tx, mut rx) = mpsc::channel::<SessionResult>(1);
+        let driven = crate::driver::drive_life(
+            &plan,
+            &alone,
+            classifier.clone(),
+            tx,
+            Arc::new(InFlight::default()),
+            self.cancel.clone(),
+        );
+        let (driven, session) = tokio::join!(driven, rx.recv());
+        driven?;
+        self.check_cancelled()?;
+        let Some(session) = session else {
+            return Ok(None);
+        };
+        let (before, after) = crate::core::poison::split(ran, &task.first_failure);
+        let canary = crate::core::poison::Canary {
+            life: life.life,
+            first_failure: task.first_failure,
+            index: task.index,
+            clean_before: task.clean_before,
+            class: session.class,
+            evidence: session.evidence,
+            before,
+            after,
+        };
+        let line = format!(
+            "block {}-r{}: {}",
+            block.label,
+            block.repeat,
+            canary.describe()
+        );
+        self.progress.note(&if canary.poisoned() {
+            format!("warning: {line}")
+        } else {
+            line
+        });
+        Ok(Some(canary))
     }
 
     /// The driver's plan for one block: this target's endpoint and the workload's sessions.

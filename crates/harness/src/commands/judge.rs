@@ -16,6 +16,7 @@ pub(crate) fn block_facts(
     BlockFacts {
         counts: arm.stats.counts,
         engine_replaced: arm.stats.engine_replaced.clone(),
+        deaths: arm.stats.deaths.iter().map(|d| d.describe()).collect(),
         load_shortfall: load_shortfall(&arm.observe(workload), policy),
     }
 }

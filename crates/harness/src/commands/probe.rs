@@ -213,6 +213,9 @@ fn void_words(void: &Void) -> String {
             "no session could show corruption: {truncated} of {sessions} were truncated at \
              max_tokens and {failed} failed; raise --max-tokens"
         ),
+        Void::EngineDied(_) => format!(
+            "{void}; this build crashes the engine: look at the deaths' log lines (run.json              `deaths`), or mark it bad by hand if a crash is the bug"
+        ),
     }
 }
 

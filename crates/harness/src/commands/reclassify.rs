@@ -625,6 +625,7 @@ mod tests {
             completion_tokens: 40,
             error: None,
             oracle: None,
+            timing: None,
         }
     }
 
@@ -661,6 +662,7 @@ mod tests {
             completion_tokens: 20,
             error: None,
             oracle: None,
+            timing: None,
         };
         let (new, incomplete) = reclassify_session(&c, &w, &old).unwrap();
         assert!(incomplete);

@@ -253,6 +253,8 @@ impl Engine {
                 queue_reasons: &[],
                 counters: &[],
             },
+            // Each role counts the time its running gauge read above zero: whether its
+            // sampled peak can show its load (core::confounds::recorded).
             Engine::Embedded => Preset {
                 running_metric: "sglang:num_running_reqs",
                 queued_metric: "sglang:num_queue_reqs",
@@ -261,7 +263,7 @@ impl Engine {
                 rejections: NO_REJECTIONS,
                 wait_gauges: &[],
                 queue_reasons: &[],
-                counters: &[],
+                counters: &[("bisect_engine_busy_seconds_total", EngineCounter::BusyMs)],
             },
             Engine::Custom => Preset {
                 running_metric: "sglang:num_running_reqs",

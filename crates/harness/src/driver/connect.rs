@@ -203,6 +203,13 @@ impl ConnectGate {
             .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
+    /// Whether an engine of the block was seen dead ([`ConnectGate::engine_died`]): the
+    /// drive starts no new session after it (the rest of the arm runs on a restarted
+    /// engine, `arm::Testbed::drive_observed`).
+    pub(crate) fn is_engine_dead(&self) -> bool {
+        self.engine_dead.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Opens a TCP connection to `host:port`, paced, retrying refused and reset
     /// connects until `deadline`.
     pub async fn connect(

@@ -14,7 +14,7 @@ use crate::config::Workload;
 use crate::core::classify::{account_for_truncation, Classifier, RoundOutcome};
 use crate::core::ending::{Flow, SessionProgress};
 use crate::core::session::{
-    ChatMessage, HttpReply, RoundClass, RoundRecord, SessionResult, ToolCall,
+    ChatMessage, HttpReply, RoundClass, RoundRecord, SessionResult, SessionTiming, ToolCall,
 };
 use crate::core::task::{initial_conversation, Task};
 use crate::core::tools::{simulate, tool_message};
@@ -35,6 +35,45 @@ pub(crate) struct SessionContext {
     pub(crate) classify_ns: std::sync::atomic::AtomicU64,
     /// The solo oracle: each finished session is compared with the same session alone.
     pub oracle: Option<Arc<Oracle>>,
+    /// The clocks each session's timing is read against.
+    pub timeline: Timeline,
+}
+
+/// The block's and the engine life's start, and which life this is: what a session's
+/// [`SessionTiming`] is measured from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timeline {
+    pub life: u32,
+    pub block_started: Instant,
+    pub life_started: Instant,
+}
+
+impl Timeline {
+    /// Life 0 of a block starting now.
+    pub(crate) fn now() -> Self {
+        let now = Instant::now();
+        Timeline {
+            life: 0,
+            block_started: now,
+            life_started: now,
+        }
+    }
+
+    /// The timing of a session whose first request was the `request_seq`-th sent to
+    /// this life, at `started`, and that ended now.
+    fn of(&self, started: Instant, request_seq: u64) -> SessionTiming {
+        SessionTiming {
+            life: self.life,
+            started_s: started
+                .saturating_duration_since(self.block_started)
+                .as_secs_f64(),
+            uptime_s: started
+                .saturating_duration_since(self.life_started)
+                .as_secs_f64(),
+            request_seq,
+            ended_s: self.block_started.elapsed().as_secs_f64(),
+        }
+    }
 }
 
 /// The solo oracle of one block: every session's reference (the same session run alone
@@ -107,6 +146,8 @@ pub(crate) async fn run_session(
     let mut replied_at: Option<Instant> = None;
     let mut completion_tokens = 0u64;
     let mut error = None;
+    // Requests this life had been sent before the session's first, and when it began.
+    let (first_seq, began) = (ctx.inflight.sent(), Instant::now());
 
     for round in 1..=workload.rounds {
         let started = Instant::now();
@@ -163,6 +204,7 @@ pub(crate) async fn run_session(
         completion_tokens,
         error,
         oracle: None,
+        timing: Some(ctx.timeline.of(began, first_seq)),
     };
     if let Some(oracle) = &ctx.oracle {
         oracle.judge(&mut result);

@@ -109,8 +109,9 @@ struct Slot {
     barrier: Option<Arc<RoundBarrier>>,
     results: mpsc::Sender<SessionResult>,
     stop: CancellationToken,
-    next_index: Arc<AtomicU32>,
-    sessions: u32,
+    /// The session indices this drive runs, in order, and the position of the next.
+    order: Arc<[u32]>,
+    next: Arc<AtomicU32>,
     /// Kept alive from one session of this slot to the next, like a pooled connection.
     connection: Connection,
     /// The slot's first session, built before the clock started.
@@ -126,13 +127,18 @@ impl Slot {
             if self.stop.is_cancelled() {
                 return outcome;
             }
+            // Once an engine of the block died, no session starts on it: the sessions
+            // not started run on the restarted engine (arm::Testbed::drive_observed).
+            if self.ctx.inflight.gate().is_engine_dead() {
+                return outcome;
+            }
             let session = match self.first.take() {
                 Some(first) => first,
                 None => {
-                    let index = self.next_index.fetch_add(1, Ordering::Relaxed);
-                    if index >= self.sessions {
+                    let at = self.next.fetch_add(1, Ordering::Relaxed);
+                    let Some(&index) = self.order.get(at as usize) else {
                         return outcome;
-                    }
+                    };
                     Prepared::new(&self.ctx.workload, index)
                 }
             };
@@ -196,6 +202,34 @@ async fn open_connections(ctx: &SessionContext, slots: u32) -> Vec<Connection> {
     opened
 }
 
+/// One engine life's part of a block: which of the plan's sessions it runs, and the
+/// clocks its sessions' [`SessionTiming`](crate::core::session::SessionTiming) is read
+/// against. A block whose engine never dies is one life running every session.
+#[derive(Debug, Clone)]
+pub struct Life {
+    /// The engine life within the block: 0 until the first death, one more per restart.
+    pub life: u32,
+    /// The session indices to run, in order.
+    pub indices: Vec<u32>,
+    /// When the block's drive started (its first life's).
+    pub block_started: Instant,
+    /// When this engine life started (the engines healthy).
+    pub life_started: Instant,
+}
+
+impl Life {
+    /// The whole block on one life starting now: sessions `0..plan.sessions`.
+    pub fn whole(plan: &DrivePlan) -> Self {
+        let now = Instant::now();
+        Life {
+            life: 0,
+            indices: (0..plan.sessions).collect(),
+            block_started: now,
+            life_started: now,
+        }
+    }
+}
+
 /// Runs every session of `plan`, sending each result on `results` as it ends.
 /// Fails if the HTTP client cannot be built, a session task panics, or the results
 /// receiver is gone (then the remaining sessions are stopped: their results would be lost).
@@ -206,18 +240,52 @@ pub async fn drive(
     inflight: Arc<InFlight>,
     cancel: CancellationToken,
 ) -> anyhow::Result<DriveStats> {
-    let ctx = session_context(plan, classifier, inflight.clone())?;
+    drive_life(
+        plan,
+        &Life::whole(plan),
+        classifier,
+        results,
+        inflight,
+        cancel,
+    )
+    .await
+}
+
+/// [`drive`] of the sessions `life` names, at the plan's concurrency, on one engine
+/// life: once the block's connect gate hears of a death, no further session starts
+/// (those in flight end `crashed`), and `DriveStats::cancelled` counts the ones never
+/// started.
+pub async fn drive_life(
+    plan: &DrivePlan,
+    life: &Life,
+    classifier: Arc<Classifier>,
+    results: mpsc::Sender<SessionResult>,
+    inflight: Arc<InFlight>,
+    cancel: CancellationToken,
+) -> anyhow::Result<DriveStats> {
+    let mut ctx = session_context(plan, classifier, inflight.clone())?;
+    Arc::get_mut(&mut ctx)
+        .expect("the context is not shared yet")
+        .timeline = super::conversation::Timeline {
+        life: life.life,
+        block_started: life.block_started,
+        life_started: life.life_started,
+    };
     let workload = ctx.workload.clone();
-    let slots = plan.slots();
-    if workload.barrier && slots < plan.sessions {
+    let sessions = life.indices.len() as u32;
+    let slots = if plan.concurrency == 0 {
+        sessions
+    } else {
+        plan.concurrency.min(sessions)
+    };
+    if workload.barrier && slots < sessions {
         anyhow::bail!(
-            "the round barrier needs every session in flight at once, but concurrency {slots} < {} sessions\n  fix: drop `barrier` from the workload, or run with --concurrency equal to --sessions",
-            plan.sessions
+            "the round barrier needs every session in flight at once, but concurrency {slots} < {sessions} sessions\n  fix: drop `barrier` from the workload, or run with --concurrency equal to --sessions",
         );
     }
     let barrier = workload
         .barrier
-        .then(|| Arc::new(RoundBarrier::new(plan.sessions as usize)));
+        .then(|| Arc::new(RoundBarrier::new(sessions as usize)));
     // Stops the sessions on the caller's cancel, or when the collector went away.
     let stop = cancel.child_token();
     // Before the clock: each slot's connection is opened, so the opening burst is the
@@ -233,7 +301,8 @@ pub async fn drive(
         _ = stop.cancelled() => Vec::new(),
     };
     let mut connections = opened.into_iter();
-    let next_index = Arc::new(AtomicU32::new(slots));
+    let order: Arc<[u32]> = life.indices.clone().into();
+    let next = Arc::new(AtomicU32::new(slots));
     let wave = Arc::new(FirstWave::new(slots));
 
     // Slots wait at this gate until all are spawned, so the first sessions start as one
@@ -247,10 +316,10 @@ pub async fn drive(
             barrier: barrier.clone(),
             results: results.clone(),
             stop: stop.clone(),
-            next_index: next_index.clone(),
-            sessions: plan.sessions,
+            order: order.clone(),
+            next: next.clone(),
             connection: connections.next().unwrap_or_default(),
-            first: Some(Prepared::new(&workload, index)),
+            first: Some(Prepared::new(&workload, order[index as usize])),
             wave: Some(wave.seat()),
         };
         let start = start.clone();
@@ -267,7 +336,7 @@ pub async fn drive(
     let mut stats = drive_stats(&ctx, &inflight, started, joined.finished);
     // Sessions that never finished (stopped mid-flight, or never started because the
     // run was stopped) are not recorded: count them, so nothing is silently missing.
-    stats.cancelled = plan.sessions - stats.sessions;
+    stats.cancelled = sessions - stats.sessions;
 
     if let Some(message) = joined.panicked {
         anyhow::bail!("a session task of arm {} failed: {message}", plan.label);
@@ -310,6 +379,7 @@ pub(crate) fn session_context(
         repeat: plan.repeat,
         classify_ns: Default::default(),
         oracle: plan.oracle.clone(),
+        timeline: super::conversation::Timeline::now(),
     }))
 }
 
@@ -433,6 +503,75 @@ mod tests {
                 rule.selects(messages.last().unwrap().content.as_deref().unwrap())
             })
             .collect()
+    }
+
+    /// A life runs exactly the sessions it names, at the plan's concurrency, each with
+    /// its timing against the life; once the gate hears of a death, nothing new starts.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_life_runs_its_sessions_and_starts_none_after_a_death() {
+        let workload = sample_workload(12, 2);
+        let server = MockServer::start(MockConfig::default()).await.unwrap();
+        let plan = DrivePlan {
+            api: server.api(),
+            model: "mock".into(),
+            api_key: None,
+            sessions: workload.sessions,
+            concurrency: 2,
+            oracle: None,
+            workload,
+            label: "on".into(),
+            repeat: 0,
+        };
+        let began = Instant::now();
+        let life = Life {
+            life: 2,
+            indices: vec![9, 3, 7],
+            block_started: began,
+            life_started: began,
+        };
+        let collect = |inflight: Arc<InFlight>| {
+            let (plan, life) = (plan.clone(), life.clone());
+            async move {
+                let (tx, mut rx) = mpsc::channel(16);
+                let classifier = Arc::new(Classifier::with_defaults(&plan.workload.tools).unwrap());
+                let driven = tokio::spawn(async move {
+                    drive_life(
+                        &plan,
+                        &life,
+                        classifier,
+                        tx,
+                        inflight,
+                        CancellationToken::new(),
+                    )
+                    .await
+                });
+                let mut got = Vec::new();
+                while let Some(s) = rx.recv().await {
+                    got.push(s);
+                }
+                (driven.await.unwrap().unwrap(), got)
+            }
+        };
+        let (stats, got) = collect(Arc::new(InFlight::new())).await;
+        let mut indices: Vec<u32> = got.iter().map(|s| s.index).collect();
+        indices.sort_unstable();
+        assert_eq!(indices, vec![3, 7, 9]);
+        assert_eq!((stats.sessions, stats.cancelled), (3, 0));
+        for s in &got {
+            let timing = s.timing.expect("a driven session has its timing");
+            assert_eq!(timing.life, 2);
+            assert!(timing.ended_s >= timing.started_s);
+        }
+        // The first two sessions take request indices 0 and 1 (one each at once).
+        let mut seqs: Vec<u64> = got.iter().map(|s| s.timing.unwrap().request_seq).collect();
+        seqs.sort_unstable();
+        assert_eq!(&seqs[..2], &[0, 1]);
+        // A gate that has heard of a death: no session starts, each counted as not run.
+        let dead = Arc::new(InFlight::new());
+        dead.gate().engine_died();
+        let (stats, got) = collect(dead).await;
+        assert!(got.is_empty(), "{}", got.len());
+        assert_eq!(stats.cancelled, 3);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -309,15 +309,19 @@ impl MetricsLog {
             .collect()
     }
 
-    /// What each role's own counters counted over the poll (their increase), in a
-    /// fixed order; empty where no role has counters or none was ever read.
+    /// What each role's own counters counted over the poll (their increase, in the
+    /// counter's unit: [`EngineCounter::per_unit`]), in a fixed order; empty where no
+    /// role has counters or none was ever read.
     pub fn engine_counts(&self) -> Vec<EngineCount> {
         self.counter_values
             .iter()
-            .map(|((role, counter), values)| EngineCount {
-                role: role.clone(),
-                counter: *counter,
-                count: engine_counts::increase(values),
+            .map(|((role, counter), values)| {
+                let scaled: Vec<f64> = values.iter().map(|v| v * counter.per_unit()).collect();
+                EngineCount {
+                    role: role.clone(),
+                    counter: *counter,
+                    count: engine_counts::increase(&scaled),
+                }
             })
             .collect()
     }
@@ -522,6 +526,11 @@ pub async fn poll(
         };
         for (endpoint, result) in endpoints.iter().zip(scraped) {
             log.record_scrape(t_s, endpoint, client_now, result);
+            // The death watch records the engine's last sample beside the client's
+            // count at a death.
+            if let Some(running) = log.rows.last().and_then(|row| row.running) {
+                inflight.note_engine_running(&endpoint.role, running);
+            }
         }
     }
     // A counter's last replies may have been counted after the last tick: one more
@@ -677,6 +686,30 @@ process_cpu_seconds_total 4.2E-3
                 (EngineCounter::ParsedCall, 2 + 2),
                 (EngineCounter::ParsedNoCall, 1),
             ]
+        );
+    }
+
+    /// The embedded engine's busy time, in seconds, is counted in milliseconds over the
+    /// block (its preset's counter).
+    #[test]
+    fn busy_seconds_are_counted_in_milliseconds() {
+        let endpoint = MetricsEndpoint {
+            counters: crate::config::Engine::Embedded.counters(),
+            ..MetricsEndpoint::sglang("prefill", "http://h/metrics".into())
+        };
+        let mut log = MetricsLog::default();
+        for (t, busy) in [(0.0, 0.25), (0.25, 0.2625), (0.5, 0.375)] {
+            let text =
+                format!("sglang:num_running_reqs 0\nbisect_engine_busy_seconds_total {busy}\n");
+            log.record_scrape(t, &endpoint, (0, 0), Ok(text));
+        }
+        assert_eq!(
+            log.engine_counts(),
+            vec![EngineCount {
+                role: "prefill".into(),
+                counter: EngineCounter::BusyMs,
+                count: 125,
+            }]
         );
     }
 

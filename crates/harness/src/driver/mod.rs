@@ -19,6 +19,6 @@ pub mod toolprobe;
 pub use crate::core::task::{Step, Task};
 pub use client::{Connection, InFlight};
 pub use conversation::Oracle;
-pub use drive::{drive, DrivePlan, DriveStats};
+pub use drive::{drive, drive_life, DrivePlan, DriveStats, Life};
 pub use metrics::poll;
 pub(crate) use metrics::write_csv;

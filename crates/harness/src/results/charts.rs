@@ -2,11 +2,13 @@
 //! loaded: text becomes SVG `<text>` elements the browser lays out, so the report stays
 //! self-contained).
 //!
-//! Three charts: corruption rate per arm or cell with its Wilson 95% whiskers, the
+//! Four charts: corruption rate per arm or cell with its Wilson 95% whiskers, the
 //! concurrency timeline of one arm block (engine running requests per role and client
-//! in-flight over time, from metrics.csv), and the round at which corruption first appears
-//! (sessions per first bad round, grouped by arm). Every function is pure: data in, SVG
-//! text out.
+//! in-flight over time, from metrics.csv), the round at which corruption first appears
+//! (sessions per first bad round, grouped by arm), and the corruption rate against
+//! request index per arm (core::trend's bins; each point's uptime and counts in its SVG
+//! `<title>` tooltip, which needs no script). Every function is pure: data in, SVG text
+//! out.
 
 use std::collections::BTreeMap;
 
@@ -299,6 +301,133 @@ pub(crate) fn first_bad_rounds(title: &str, groups: &[RoundCounts]) -> anyhow::R
     )
 }
 
+/// One arm's corruption rate against request index: its label and core::trend's bins.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct TrendSeries {
+    pub label: String,
+    pub bins: Vec<crate::core::trend::TrendBin>,
+}
+
+/// The corruption rate per bin against the bin's mean request index, a line with Wilson
+/// 95% whiskers per arm; hovering a point shows its bin, requests, mean uptime and counts
+/// (an SVG `<title>` on a transparent circle over it).
+pub(crate) fn trend(title: &str, series: &[TrendSeries]) -> anyhow::Result<String> {
+    let filled = |s: &TrendSeries| -> Vec<(usize, crate::core::trend::TrendBin)> {
+        s.bins
+            .iter()
+            .cloned()
+            .enumerate()
+            .filter(|(_, b)| b.sessions > 0)
+            .collect()
+    };
+    let wilson = |b: &crate::core::trend::TrendBin| {
+        crate::core::stats::wilson(b.corrupted, b.sessions, 0.95)
+    };
+    let rate = |b: &crate::core::trend::TrendBin| crate::core::stats::rate(b.corrupted, b.sessions);
+    let x_max = series
+        .iter()
+        .flat_map(|s| s.bins.iter().map(|b| b.request_seq.max(b.last_seq as f64)))
+        .fold(1.0_f64, f64::max)
+        * 1.05;
+    let y_max = series
+        .iter()
+        .flat_map(|s| {
+            s.bins
+                .iter()
+                .filter(|b| b.sessions > 0)
+                .map(|b| wilson(b).1)
+        })
+        .fold(0.1_f64, f64::max)
+        .min(1.0)
+        * 1.08;
+    let mut hits: Vec<(i32, i32, String)> = Vec::new();
+    let svg =
+        framed(
+            title,
+            320,
+            54,
+            (0.0..x_max, 0.0..y_max),
+            !series.is_empty(),
+            |chart| {
+                chart
+                    .configure_mesh()
+                    .x_desc("request index: requests the engine life had been sent (bin mean)")
+                    .y_desc("corrupted sessions")
+                    .x_label_formatter(&|x| format!("{x:.0}"))
+                    .y_label_formatter(&|y| format!("{:.0}%", y * 100.0))
+                    .label_style((FONT, 14))
+                    .draw()
+                    .map_err(draw_err)?;
+                for (i, s) in series.iter().enumerate() {
+                    let points = filled(s);
+                    let style = colour(i).stroke_width(2);
+                    chart
+                        .draw_series(LineSeries::new(
+                            points.iter().map(|(_, b)| (b.request_seq, rate(b))),
+                            style,
+                        ))
+                        .map_err(draw_err)?
+                        .label(s.label.clone())
+                        .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], style));
+                    chart
+                        .draw_series(points.iter().map(|(_, b)| {
+                            let (lo, hi) = wilson(b);
+                            ErrorBar::new_vertical(
+                                b.request_seq,
+                                lo,
+                                rate(b),
+                                hi,
+                                colour(i).stroke_width(1),
+                                8,
+                            )
+                        }))
+                        .map_err(draw_err)?;
+                    chart
+                        .draw_series(points.iter().map(|(_, b)| {
+                            Circle::new((b.request_seq, rate(b)), 4, colour(i).filled())
+                        }))
+                        .map_err(draw_err)?;
+                    for (j, b) in &points {
+                        let (x, y) = chart.backend_coord(&(b.request_seq, rate(b)));
+                        let (lo, hi) = wilson(b);
+                        hits.push((
+                            x,
+                            y,
+                            format!(
+                                "{}: bin {} of {}, requests {}-{} (mean {:.1}), uptime {:.1} s: \
+                             {}/{} = {} (Wilson 95%)",
+                                s.label,
+                                j + 1,
+                                s.bins.len(),
+                                b.first_seq,
+                                b.last_seq,
+                                b.request_seq,
+                                b.uptime_s,
+                                b.corrupted,
+                                b.sessions,
+                                format::percent_interval(rate(b), [lo, hi])
+                            ),
+                        ));
+                    }
+                }
+                Ok(())
+            },
+        )?;
+    let tooltips: String = hits
+        .iter()
+        .map(|(x, y, text)| {
+            format!(
+                "<circle cx=\"{x}\" cy=\"{y}\" r=\"8\" fill=\"#000\" fill-opacity=\"0\"><title>{}</title></circle>\n",
+                super::markup::escape(text)
+            )
+        })
+        .collect();
+    Ok(match svg.rfind("</svg>") {
+        Some(end) => format!("{}{tooltips}{}", &svg[..end], &svg[end..]),
+        None => svg,
+    })
+}
+
 /// Timeline series of one arm block from metrics.csv rows: engine running requests per
 /// role (rows with a value) and the client's in-flight count (rows of role `client`).
 pub(crate) fn block_series(rows: &[MetricsPoint]) -> Vec<Series> {
@@ -456,6 +585,50 @@ mod tests {
         // background, plot area, 3 + 1 bars, 2 legend swatches (+ legend box).
         assert!(svg.matches("<rect").count() >= 8, "{svg}");
         assert!(svg.contains("\non\n") && svg.contains("\noff\n"), "{svg}");
+    }
+
+    #[test]
+    fn trend_draws_a_line_per_arm_and_a_tooltip_per_filled_bin() {
+        use crate::core::trend::TrendBin;
+        let bin = |i: u64, k: u64| TrendBin {
+            sessions: 10,
+            corrupted: k,
+            request_seq: 10.0 * i as f64 + 4.5,
+            first_seq: 10 * i,
+            last_seq: 10 * i + 9,
+            uptime_s: 0.5 * i as f64,
+        };
+        let mut off: Vec<TrendBin> = (0..4).map(|i| bin(i, 0)).collect();
+        off[2].sessions = 0;
+        let svg = trend(
+            "corruption against request index",
+            &[
+                TrendSeries {
+                    label: "on (X=1)".into(),
+                    bins: (0..8).map(|i| bin(i, i)).collect(),
+                },
+                TrendSeries {
+                    label: "off (X=0)".into(),
+                    bins: off,
+                },
+            ],
+        )
+        .unwrap();
+        assert!(svg.trim_end().ends_with("</svg>"), "{svg}");
+        assert_eq!(svg.matches("<title>").count(), 8 + 3, "{svg}");
+        assert!(
+            svg.contains(
+                "<title>on (X=1): bin 8 of 8, requests 70-79 (mean 74.5), uptime 3.5 s: \
+                 7/10 = 70.0% [39.7%, 89.2%] (Wilson 95%)</title>"
+            ),
+            "{svg}"
+        );
+        assert!(svg.contains("on (X=1)") && svg.contains("off (X=0)"));
+        let thick = svg
+            .lines()
+            .filter(|l| l.starts_with("<polyline") && l.contains("stroke-width=\"2\""))
+            .count();
+        assert_eq!(thick, 4, "two lines + two legend marks: {svg}");
     }
 
     #[test]

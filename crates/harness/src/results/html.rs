@@ -78,6 +78,7 @@ pub(crate) fn render_run_html(record: &RunRecord, dir: Option<&Path>) -> String 
     }
     body.push_str(&run_confounds(record));
     body.push_str(&run_deaths(record));
+    body.push_str(&run_lives(record));
     body.push_str(&super::sequential_view::html(record));
     let rounds: Vec<RoundCounts> = record
         .arms
@@ -88,6 +89,7 @@ pub(crate) fn render_run_html(record: &RunRecord, dir: Option<&Path>) -> String 
         })
         .collect();
     body.push_str(&first_bad_round_section(&rounds));
+    body.push_str(&trend_section(&record.flag.name, &record.arms));
     let (sessions, metrics) = match dir {
         Some(d) => (
             read_sessions_lenient(&d.join("sessions.jsonl")),
@@ -170,6 +172,20 @@ fn run_verdict(record: &RunRecord) -> String {
     } else {
         String::new()
     }
+}
+
+/// The blocks' engine lives: restarts after deaths, the death budget, canaries.
+fn run_lives(record: &RunRecord) -> String {
+    let lines = record.life_lines();
+    if lines.is_empty() {
+        return String::new();
+    }
+    let mut s = String::from("<h2>Engine lives</h2>\n<ul>\n");
+    for line in &lines {
+        s.push_str(&format!("<li>{}</li>\n", escape(line)));
+    }
+    s.push_str("</ul>\n");
+    s
 }
 
 /// The engine deaths, each with the log lines before it, collapsed.
@@ -302,6 +318,66 @@ pub(crate) fn first_bad_round_section(rounds: &[RoundCounts]) -> String {
             rounds,
         )));
     }
+    s
+}
+
+/// The corruption rate against request index per arm (core::trend), with each arm's
+/// Cochran-Armitage test and its bins in a table; nothing when no arm has bins (records
+/// without session timings, or too few sessions).
+fn trend_section(flag: &str, arms: &[ArmRecord]) -> String {
+    use crate::core::format::p_value;
+    use crate::core::trend;
+    if arms.iter().all(|a| a.stats.trend.is_empty()) {
+        return String::new();
+    }
+    let name = |a: &ArmRecord| format!("{} ({flag}={})", a.label, a.value);
+    let series: Vec<charts::TrendSeries> = arms
+        .iter()
+        .filter(|a| !a.stats.trend.is_empty())
+        .map(|a| charts::TrendSeries {
+            label: name(a),
+            bins: a.stats.trend.clone(),
+        })
+        .collect();
+    let mut s = String::from("<h2>Corruption against time</h2>\n");
+    s.push_str(&figure(charts::trend(
+        "corrupted sessions per bin of request index (hover a point for its uptime)",
+        &series,
+    )));
+    let tests: Vec<String> = arms
+        .iter()
+        .map(|a| match trend::test(&a.stats.trend) {
+            Some(t) => format!(
+                "{}: Cochran-Armitage z = {:.2}, p = {} over {} bins by request index",
+                name(a),
+                t.z,
+                p_value(t.p),
+                a.stats.trend.len()
+            ),
+            None => format!("{}: too few sessions with timings to bin", name(a)),
+        })
+        .collect();
+    let _ = writeln!(
+        s,
+        "<p class=\"meta\">{}; a trend is a confound at p &lt; the verdict's alpha.</p>",
+        escape(&tests.join("; "))
+    );
+    s.push_str("<details><summary>the bins</summary><table><tr><th>arm</th><th>bin</th><th>requests</th><th>mean uptime</th><th>corrupted</th></tr>\n");
+    for a in arms {
+        for (i, b) in a.stats.trend.iter().enumerate() {
+            let _ = writeln!(
+                s,
+                "<tr><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}-{}</td><td class=\"num\">{:.1} s</td><td class=\"num\">{}</td></tr>",
+                escape(&name(a)),
+                i + 1,
+                b.first_seq,
+                b.last_seq,
+                b.uptime_s,
+                escape(&crate::core::format::rate(b.corrupted, b.sessions)),
+            );
+        }
+    }
+    s.push_str("</table></details>\n");
     s
 }
 
@@ -538,6 +614,7 @@ mod tests {
             completion_tokens: 20,
             error: None,
             oracle: None,
+            timing: None,
         }
     }
 
@@ -596,6 +673,31 @@ mod tests {
         for forbidden in ["<script", "<link", "@import", "url(", "src="] {
             assert!(!html.contains(forbidden), "{forbidden}");
         }
+    }
+
+    #[test]
+    fn the_trend_chart_appears_when_an_arm_has_bins_and_not_in_older_records() {
+        use crate::core::trend::{bin, TimedSession};
+        let mut record = crate::commands::diff::tests::run(10, 80, 80);
+        let older = render_run_html(&record, None);
+        assert!(!older.contains("Corruption against time"));
+        let timeline: Vec<TimedSession> = (0..80)
+            .map(|i| TimedSession {
+                request_seq: i,
+                uptime_s: i as f64 / 8.0,
+                life: 0,
+                corrupted: i >= 70,
+            })
+            .collect();
+        record.arms[0].stats.trend = bin(&timeline);
+        let html = render_run_html(&record, None);
+        assert!(html.contains("<h2>Corruption against time</h2>"), "{html}");
+        // One tooltip per bin of the arm that has bins; the other arm says why it has none.
+        assert_eq!(html.matches("</title></circle>").count(), 8, "{html}");
+        assert!(html.contains("bin 8 of 8, requests 70-79 (mean 74.5), uptime 9.3 s"));
+        assert!(html.contains("on (BF16_INDEX_K=1): Cochran-Armitage z = "));
+        assert!(html.contains("off (BF16_INDEX_K=1): too few sessions with timings to bin"));
+        assert!(html.contains("<td class=\"num\">70-79</td><td class=\"num\">9.3 s</td><td class=\"num\">10/10 (100.0%)</td>"), "{html}");
     }
 
     #[test]

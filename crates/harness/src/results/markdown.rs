@@ -18,7 +18,9 @@ impl Exporter<RunRecord> for SummaryMarkdown {
         push_arms(&mut s, r);
         push_confounds(&mut s, r);
         push_deaths(&mut s, r);
+        push_lives(&mut s, r);
         push_first_bad_rounds(&mut s, r);
+        push_trend(&mut s, r);
         s.push_str(&super::sequential_view::markdown(r));
         if let Some(e) = &r.error {
             s.push_str(&format!("\nError: {e}\n"));
@@ -114,6 +116,18 @@ fn push_confounds(s: &mut String, r: &RunRecord) {
     }
 }
 
+/// The blocks' engine lives: restarts after deaths, the death budget, canaries.
+fn push_lives(s: &mut String, r: &RunRecord) {
+    let lines = r.life_lines();
+    if lines.is_empty() {
+        return;
+    }
+    s.push_str("\nEngine lives (restarts after deaths; a canary alone after a failure):\n\n");
+    for line in lines {
+        s.push_str(&format!("- {line}\n"));
+    }
+}
+
 /// The engine deaths, each with its log's last non-blank line.
 fn push_deaths(s: &mut String, r: &RunRecord) {
     let deaths = r.death_lines();
@@ -157,6 +171,40 @@ fn push_first_bad_rounds(s: &mut String, r: &RunRecord) {
     }
 }
 
+/// When the `trend` confound fired (core::trend): each arm's corruption per bin of
+/// request index, first to last, with the requests and uptimes they span.
+fn push_trend(s: &mut String, r: &RunRecord) {
+    if !r.confounds.iter().any(|c| c.name == "trend") {
+        return;
+    }
+    let arms: Vec<String> = r
+        .arms
+        .iter()
+        .filter_map(|a| {
+            let (first, last) = (a.stats.trend.first()?, a.stats.trend.last()?);
+            let bins: Vec<String> = a
+                .stats
+                .trend
+                .iter()
+                .map(|b| format!("{}/{}", b.corrupted, b.sessions))
+                .collect();
+            Some(format!(
+                "{}: {} (requests {}-{}, uptime {:.1}-{:.1} s)",
+                a.label,
+                bins.join(", "),
+                first.first_seq,
+                last.last_seq,
+                first.uptime_s,
+                last.uptime_s
+            ))
+        })
+        .collect();
+    s.push_str(&format!(
+        "\nCorruption against request index (corrupted per bin, first to last): {}\n",
+        arms.join("; ")
+    ));
+}
+
 /// `NAME (`API`, model `MODEL`)`: how every summary.md names its target.
 pub(crate) fn target_words(t: &TargetInfo) -> String {
     format!("{} (`{}`, model `{}`)", t.name, t.api, t.model)
@@ -165,6 +213,41 @@ pub(crate) fn target_words(t: &TargetInfo) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_trend_that_fired_gets_its_line() {
+        use crate::core::trend::{bin, TimedSession};
+        let mut r = crate::commands::diff::tests::run(10, 80, 80);
+        let timeline: Vec<TimedSession> = (0..40)
+            .map(|i| TimedSession {
+                request_seq: i,
+                uptime_s: i as f64 / 8.0,
+                life: 0,
+                corrupted: i >= 30,
+            })
+            .collect();
+        r.arms[0].stats.trend = bin(&timeline);
+        let quiet = SummaryMarkdown.render(&r).unwrap();
+        assert!(
+            !quiet.contains("Corruption against request index"),
+            "{quiet}"
+        );
+        let (on, off) = (
+            r.arms[0].observe(&r.workload),
+            r.arms[1].observe(&r.workload),
+        );
+        let fired = crate::core::trend::trend_confound(&on, &off, &Default::default()).unwrap();
+        r.confounds.push(fired);
+        let md = SummaryMarkdown.render(&r).unwrap();
+        assert!(
+            md.contains(
+                "\nCorruption against request index (corrupted per bin, first to last): \
+                 on: 0/5, 0/5, 0/5, 0/5, 0/5, 0/5, 5/5, 5/5 (requests 0-39, uptime 0.2-4.6 s)\n"
+            ),
+            "{md}"
+        );
+        assert!(md.contains("| trend |"), "{md}");
+    }
 
     #[test]
     fn a_table_header_has_its_rule_one_cell_per_column() {

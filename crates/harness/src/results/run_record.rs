@@ -221,6 +221,37 @@ impl RunRecord {
             })
             .collect()
     }
+
+    /// What happened to each block's engine lives, in execution order: each restart
+    /// after a death, sessions left unrun at the death budget, and each poisoned-engine
+    /// canary (summary.md, report.html).
+    pub(crate) fn life_lines(&self) -> Vec<String> {
+        let mut lines = Vec::new();
+        for b in &self.runs {
+            let block = format!("block {} r{}", b.label, b.repeat.unwrap_or(0));
+            for r in &b.stats.restarts {
+                lines.push(format!(
+                    "{block}: engines restarted after a death at {:.1} s, in {:.1} s; {} session{} went on on the new engine life",
+                    r.at_s,
+                    r.restart_s,
+                    r.sessions,
+                    if r.sessions == 1 { "" } else { "s" }
+                ));
+            }
+            if b.stats.unrun > 0 {
+                lines.push(format!(
+                    "{block}: {} session{} not run: the block stopped at the death budget ({} deaths)",
+                    b.stats.unrun,
+                    if b.stats.unrun == 1 { "" } else { "s" },
+                    crate::core::deaths::DEATH_BUDGET
+                ));
+            }
+            for c in &b.stats.canaries {
+                lines.push(format!("{block}: {}", c.describe()));
+            }
+        }
+        lines
+    }
 }
 
 impl ArmRecord {

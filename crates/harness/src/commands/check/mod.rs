@@ -3,9 +3,10 @@
 //! launch config (the real editor's `write_setting` on the text in memory, then the
 //! real read-back; nothing is written), the list of flags that do not apply, and the
 //! URL checks (health, metrics with the preset's gauges, effective configuration, what
-//! the engine says of its tool-call parsing), the tool-call probe (a session's first
-//! round through the target's API must come back as parsed `tool_calls`), each failure
-//! a [`Problem`] with its fix in words. The profile and catalog are loaded by
+//! the engine says of its tool-call parsing), the tool-call probe (of three sessions'
+//! first rounds through the target's API, one must come back as parsed `tool_calls`;
+//! the others, as text or without a call, are a note), each failure a [`Problem`] with
+//! its fix in words. The profile and catalog are loaded by
 //! the caller with the ordinary loaders, so a syntax error is the same `ConfigError`
 //! (file, line, fix) every command gives.
 
@@ -21,7 +22,7 @@ use crate::results::run_record;
 pub struct CheckPlan<'a> {
     pub target: &'a TargetProfile,
     pub catalog: &'a FlagCatalog,
-    /// The workload whose first round the tool-call probe sends (its tools, request
+    /// The workload whose sessions' first rounds the tool-call probe sends (its tools, request
     /// options and classifier); `None` skips the probe.
     pub workload: Option<&'a crate::config::Workload>,
     /// Skip the URL checks (CI, or a profile written before its engines exist).
@@ -212,7 +213,7 @@ pub async fn check(plan: &CheckPlan<'_>) -> CheckReport {
             notes.push(identity_note(&http, plan, role).await);
         }
         if let Some(workload) = plan.workload {
-            toolcalls::probe_row(plan, workload, &mut urls, &mut problems).await;
+            toolcalls::probe_row(plan, workload, &mut urls, &mut problems, &mut notes).await;
             if urls.last().is_some_and(|u| u.kind == "tool_calls" && u.ok) {
                 let (row, warning) = toolcalls::logprobs_row(plan, workload, &http).await;
                 urls.push(row);

@@ -1,8 +1,9 @@
 //! `bisect check`'s tool-call rows (docs/design.md 3.13): the probe through the target's
 //! API (the first round of the workload's sessions, which must come back as parsed
-//! `tool_calls`: [`crate::core::toolprobe`]), and, where an engine reports its parser,
-//! what it says: SGLang's `tool_call_parser` in `/server_info` (null: SGLang parses no
-//! tool calls at all).
+//! `tool_calls`: [`crate::core::toolprobe`], the rule a run applies: one parsed call
+//! among the sessions asked passes, with a note for the rest), and, where an engine
+//! reports its parser, what it says: SGLang's `tool_call_parser` in `/server_info`
+//! (null: SGLang parses no tool calls at all).
 
 use std::sync::Arc;
 
@@ -11,12 +12,14 @@ use crate::config::{Engine, RoleSpec, Workload};
 use crate::core::toolprobe::{self, ProbeFinding};
 use crate::driver::DrivePlan;
 
-/// The probe's row and, when it fails, its problem.
+/// The probe's row and, when it fails, its problem; when it passes although some first
+/// rounds came back as text or without a call, the note a run prints.
 pub(super) async fn probe_row(
     plan: &CheckPlan<'_>,
     workload: &Workload,
     urls: &mut Vec<UrlCheck>,
     problems: &mut Vec<Problem>,
+    notes: &mut Vec<String>,
 ) {
     let target = plan.target;
     let url = format!("{}/chat/completions", target.api.trim_end_matches('/'));
@@ -39,15 +42,22 @@ pub(super) async fn probe_row(
     };
     let (ok, detail) = match replies {
         Ok(replies) => {
-            let finding = toolprobe::judge(&replies);
-            let last = replies.last().map_or("", |r| r.evidence.as_str());
+            let tally = toolprobe::Tally::of(&replies);
+            let finding = tally.finding();
+            let quoted = toolprobe::evidence(&replies, finding);
+            let reply = if finding.proves_parsing() || finding.refuses_a_run() {
+                "reply"
+            } else {
+                "last reply"
+            };
             let detail = format!(
-                "{} ({} session{} of workload `{}` asked; last reply: {last})",
+                "{} (the first rounds of workload `{}`'s sessions, one at a time, {}; {reply}: \
+                 {quoted})",
                 finding.describe(),
-                replies.len(),
-                if replies.len() == 1 { "" } else { "s" },
-                workload.name
+                workload.name,
+                tally.in_words(),
             );
+            notes.extend(toolprobe::tolerated(&replies));
             if !finding.proves_parsing() {
                 let fix = match finding {
                     ProbeFinding::Unanswered => {

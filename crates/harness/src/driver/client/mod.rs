@@ -42,6 +42,15 @@ const FAR_FUTURE: Duration = Duration::from_secs(86400 * 365 * 30);
 pub struct InFlight {
     current: AtomicU64,
     peak: AtomicU64,
+    /// The most requests in flight since the last [`InFlight::take_recent_peak`]: the
+    /// client's own count around an engine's death, which the death watch notices only
+    /// after the requests it cut have already left `current`.
+    recent_peak: AtomicU64,
+    /// Chat requests sent so far (each counted as it is sent): a session's request index.
+    sent: AtomicU64,
+    /// Role -> the engine's last sampled running-requests gauge (the metrics poller's),
+    /// recorded beside the client's count at a death.
+    engine_running: parking_lot::Mutex<std::collections::BTreeMap<String, f64>>,
     gate: std::sync::Arc<ConnectGate>,
 }
 
@@ -73,7 +82,31 @@ impl InFlight {
     pub(crate) fn enter(&self) -> InFlightGuard<'_> {
         let now = self.current.fetch_add(1, Ordering::SeqCst) + 1;
         self.peak.fetch_max(now, Ordering::SeqCst);
+        self.recent_peak.fetch_max(now, Ordering::SeqCst);
+        self.sent.fetch_add(1, Ordering::SeqCst);
         InFlightGuard { counter: self }
+    }
+
+    /// The most requests in flight since the last call (at least those in flight now),
+    /// starting the next window from the current level.
+    pub(crate) fn take_recent_peak(&self) -> u64 {
+        let now = self.current();
+        self.recent_peak.swap(now, Ordering::SeqCst).max(now)
+    }
+
+    /// Chat requests sent so far.
+    pub fn sent(&self) -> u64 {
+        self.sent.load(Ordering::SeqCst)
+    }
+
+    /// Keep `role`'s last sampled running gauge.
+    pub(crate) fn note_engine_running(&self, role: &str, running: f64) {
+        self.engine_running.lock().insert(role.to_string(), running);
+    }
+
+    /// `role`'s last sampled running gauge, if the poller read one.
+    pub(crate) fn engine_running(&self, role: &str) -> Option<f64> {
+        self.engine_running.lock().get(role).copied()
     }
 
     pub fn current(&self) -> u64 {

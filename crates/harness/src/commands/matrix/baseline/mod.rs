@@ -371,6 +371,23 @@ fn regression_reasons(
             old.stats.counts.total()
         ));
     }
+    // An engine that dies is evidence (core::deaths): a cell whose engine now dies where
+    // the baseline's never did regressed, whatever its surviving sessions say.
+    if !cell.stats.deaths.is_empty() && old.stats.deaths.is_empty() {
+        let kinds: std::collections::BTreeSet<String> =
+            cell.stats.deaths.iter().map(|d| d.short()).collect();
+        reasons.push(format!(
+            "the engine died {} time{} ({}) where the baseline's never did: {}",
+            cell.stats.deaths.len(),
+            if cell.stats.deaths.len() == 1 {
+                ""
+            } else {
+                "s"
+            },
+            kinds.into_iter().collect::<Vec<_>>().join(", "),
+            cell.stats.deaths[0].describe()
+        ));
+    }
     reasons
 }
 
@@ -383,6 +400,15 @@ fn unconfirmed_reasons(
     policy: &RegressionPolicy,
 ) -> Vec<String> {
     let mut reasons = Vec::new();
+    // Deaths in both nights: neither cell is whole, and an engine that dies is never ok.
+    if !cell.stats.deaths.is_empty() {
+        reasons.push(format!(
+            "the engine died {} time{} in this night's cell (the baseline's {} times): an engine that dies is never ok",
+            cell.stats.deaths.len(),
+            if cell.stats.deaths.len() == 1 { "" } else { "s" },
+            old.stats.deaths.len()
+        ));
+    }
     for (side, stats) in [
         ("this night's cell", &cell.stats),
         ("the baseline cell", &old.stats),

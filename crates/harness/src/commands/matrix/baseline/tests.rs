@@ -80,6 +80,31 @@ fn status_and_reasons(c: &CellRecord) -> (CellStatus, String) {
 }
 
 #[test]
+fn a_cell_whose_engine_died_is_never_ok() {
+    let death: crate::core::deaths::EngineDeath = serde_json::from_value(serde_json::json!({
+        "role": "decode", "at_s": 2.0, "in_flight": 40,
+        "exit": {"signal": 11, "signal_name": "SIGSEGV"}
+    }))
+    .unwrap();
+    let mut dying = measured("c", 60, 0, 0, 0);
+    dying.stats.deaths = vec![death];
+    // Tonight's engine dies where the baseline's never did: a regression, whatever
+    // its surviving sessions say.
+    let n = compared(vec![measured("c", 80, 0, 0, 0)], vec![dying.clone()]);
+    let (status, why) = status_and_reasons(&n.cells[0]);
+    assert_eq!(status, CellStatus::Regressed, "{why}");
+    assert!(
+        why.contains("the engine died 1 time (SIGSEGV) where the baseline's never did"),
+        "{why}"
+    );
+    // It died in both nights: not a new regression, never ok either.
+    let n = compared(vec![dying.clone()], vec![dying]);
+    let (status, why) = status_and_reasons(&n.cells[0]);
+    assert_eq!(status, CellStatus::Inconclusive, "{why}");
+    assert!(why.contains("an engine that dies is never ok"), "{why}");
+}
+
+#[test]
 fn a_cell_that_judged_nothing_is_never_ok() {
     // The baseline corrupted 14 of 80; tonight a wordier model runs into max_tokens in
     // every session: 0/0 judged, Fisher p = 1, no regression rule fires. Not "ok".

@@ -400,6 +400,7 @@ pub(crate) mod tests {
             completion_tokens: 0,
             error: None,
             oracle: None,
+            timing: None,
         };
         let line = serde_json::to_string(&leak).unwrap();
         leak.index = 4;
