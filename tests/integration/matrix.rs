@@ -98,6 +98,12 @@ fn untimed(cells: &[bisect_harness::commands::matrix::CellRecord]) -> Vec<Value>
             // blocked cell, which drove nothing).
             o.remove("transport");
             o.remove("load_gap");
+            // What ran when (the trend's bins, the canary's task and the first
+            // failure's time) and how often the poller found a role busy measure one
+            // execution as well.
+            o.remove("trend");
+            o.remove("canaries");
+            o.remove("busy_samples");
             v
         })
         .collect()

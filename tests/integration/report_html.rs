@@ -62,8 +62,8 @@ async fn report_html_renders_in_headless_chromium() {
     crate::common::run_quiet(&plan, &mut control).await.unwrap();
     let page = plan.run_dir.join("report.html");
     let html = crate::common::read(&page);
-    // Rate bars, first bad round, one timeline per arm block.
-    assert_eq!(html.matches("<svg").count(), 4, "charts in the page");
+    // Rate bars, first bad round, one timeline per arm block, corruption against time.
+    assert_eq!(html.matches("<svg").count(), 5, "charts in the page");
     assert_eq!(
         html.matches("<details class=\"session corrupted\">")
             .count() as u64,

@@ -144,6 +144,11 @@ pub struct ArmStats {
     /// with sessions it never ran: how many.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub unrun: u64,
+    /// Role -> [samples the poller found its running gauge above zero, samples that
+    /// read it]: whether its sampled peak is a level it held (core::confounds, the peak
+    /// rule, where the engine counts no busy time of its own).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub busy_samples: BTreeMap<String, [u64; 2]>,
     /// The solo canaries run after a corrupted session on the same engine
     /// (core::poison): whether each engine life was poisoned by its first failure.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -189,6 +194,7 @@ impl Default for ArmStats {
             restarts: Vec::new(),
             unrun: 0,
             canaries: Vec::new(),
+            busy_samples: BTreeMap::new(),
             engine_counts: Vec::new(),
             trend: Vec::new(),
             timeline: Vec::new(),
@@ -288,6 +294,11 @@ impl ArmStats {
             pooled.restarts.extend(b.restarts.iter().cloned());
             pooled.unrun += b.unrun;
             pooled.canaries.extend(b.canaries.iter().cloned());
+            for (role, [busy, samples]) in &b.busy_samples {
+                let slot = pooled.busy_samples.entry(role.clone()).or_default();
+                slot[0] += busy;
+                slot[1] += samples;
+            }
             pooled.health_wait_s += b.health_wait_s;
             for (i, n) in b.first_bad_round.iter().enumerate() {
                 pooled.add_first_bad_round(i as u32 + 1, *n);

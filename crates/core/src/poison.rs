@@ -6,13 +6,16 @@
 //!
 //! The test is a canary: once a block's engine life has served a corrupted session,
 //! one session is run alone on that same engine (no restart, nothing else in flight).
-//! Its task is one that came back clean on this engine before the first failure, where
-//! there is one: corrupted now, alone, the task did not change and the load is gone, so
-//! the engine did ([`Canary::poisoned`]). Where no task came back clean before the first
-//! failure, the canary is the first failure's own task, and the record says so (a task
-//! that fails alone every time would read the same; the words name the weaker
-//! evidence). The block's sessions are then counted apart: those that ended before the
-//! first failure and those that started after it ([`split`]).
+//! Its task is one that came back clean on this engine: before the first failure where
+//! there is one, else at any time (a task clean on this engine), else the first
+//! failure's own task ([`Chosen`]). Clean alone, the engine is not
+//! poisoned. Corrupted alone, the same task is run alone once more on a freshly
+//! restarted engine: clean there, the engine the failure left behind was what corrupted
+//! it, so it was poisoned ([`Canary::poisoned`]); corrupted there too, the task
+//! corrupts with nothing else in flight on this configuration (a corruption that needs
+//! no load, or a task that always fails), and nothing was carried: not poisoned. The
+//! block's sessions are then counted apart: those that ended before the first failure
+//! and those that started after it ([`split`]).
 //!
 //! Pure: the canary is run by the arm lifecycle; this chooses its task, splits the
 //! sessions and words the finding.
@@ -41,13 +44,37 @@ pub struct FirstFailure {
     pub class: SessionClass,
 }
 
-/// The canary's task: which session index, and whether it had come back clean on this
-/// engine before the first failure.
+/// Why the canary's task was chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Chosen {
+    /// It came back clean on this engine before the first failure.
+    CleanBefore,
+    /// It came back clean on this engine, ending after the first failure (no session
+    /// had ended clean before it).
+    CleanOnEngine,
+    /// The first failure's own task: no session came back clean on this engine.
+    FirstFailure,
+}
+
+impl Chosen {
+    fn words(self) -> &'static str {
+        match self {
+            Chosen::CleanBefore => "clean on this engine before the first failure",
+            Chosen::CleanOnEngine => "clean on this engine, ending after the first failure",
+            Chosen::FirstFailure => {
+                "the first failure's own task: none had come back clean on this engine"
+            }
+        }
+    }
+}
+
+/// The canary's task: which session index, and why it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CanaryTask {
     pub first_failure: FirstFailure,
     pub index: u32,
-    pub clean_before: bool,
+    pub chosen: Chosen,
 }
 
 /// Judged and corrupted sessions.
@@ -75,11 +102,15 @@ pub struct Canary {
     pub first_failure: FirstFailure,
     /// The canary's session index.
     pub index: u32,
-    /// Whether that task came back clean on this engine before the first failure.
-    pub clean_before: bool,
+    /// Why that task.
+    pub chosen: Chosen,
     /// The canary's class, alone on the same engine.
     pub class: SessionClass,
     pub evidence: String,
+    /// The same task's class alone on a freshly restarted engine, run when the canary
+    /// came back corrupted (absent otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fresh: Option<SessionClass>,
     /// Sessions of the life that ended before the first failure (it included).
     pub before: Tally,
     /// Sessions of the life that started after the first failure.
@@ -87,34 +118,34 @@ pub struct Canary {
 }
 
 impl Canary {
-    /// Corrupted alone on the engine that had failed: it is poisoned.
+    /// Corrupted alone on the engine that had failed, clean alone on a fresh one: it is
+    /// poisoned.
     pub fn poisoned(&self) -> bool {
-        self.class.is_corrupted()
+        self.class.is_corrupted() && self.fresh.is_some_and(|f| !f.is_corrupted())
     }
 
     /// The finding in words, for a record, a table note and the verdict.
     pub fn describe(&self) -> String {
-        let task = if self.clean_before {
-            format!(
-                "session {} (clean on this engine before the first failure)",
-                self.index
-            )
-        } else {
-            format!(
-                "session {} (the first failure's own task: none had come back clean before it)",
-                self.index
-            )
-        };
-        let outcome = if self.poisoned() {
-            format!(
-                "came back {} alone: the engine was poisoned after the first failure",
-                self.class.name()
-            )
-        } else {
-            format!(
+        let task = format!("session {} ({})", self.index, self.chosen.words());
+        let outcome = match self.fresh {
+            _ if !self.class.is_corrupted() => format!(
                 "came back {} alone: the engine was not poisoned",
                 self.class.name()
-            )
+            ),
+            Some(fresh) if !fresh.is_corrupted() => format!(
+                "came back {} alone, and {} alone on a freshly restarted engine: the engine was poisoned after the first failure",
+                self.class.name(),
+                fresh.name()
+            ),
+            Some(fresh) => format!(
+                "came back {} alone, and {} alone on a freshly restarted engine too: the task corrupts with nothing else in flight, the engine was not poisoned",
+                self.class.name(),
+                fresh.name()
+            ),
+            None => format!(
+                "came back {} alone; no fresh engine was asked, so poisoning is not told from a corruption that needs no load",
+                self.class.name()
+            ),
         };
         format!(
             "first failure ({}) at {:.1} s, request {}; a canary, {task}, run alone on the same engine afterwards {outcome}; before the first failure {} of {} judged sessions corrupted, after it {} of {}",
@@ -142,23 +173,27 @@ pub fn canary_task(sessions: &[Ran]) -> Option<CanaryTask> {
         request_seq: first.timing.request_seq,
         class: first.class,
     };
-    let clean = sessions
+    let clean = |s: &&Ran| s.class.is_judged() && !s.class.is_corrupted();
+    let before = sessions
         .iter()
-        .filter(|s| {
-            s.class.is_judged() && !s.class.is_corrupted() && s.timing.ended_s <= first_failure.at_s
-        })
+        .filter(clean)
+        .filter(|s| s.timing.ended_s <= first_failure.at_s)
         .min_by_key(|s| s.index);
-    Some(match clean {
-        Some(clean) => CanaryTask {
-            first_failure,
-            index: clean.index,
-            clean_before: true,
-        },
-        None => CanaryTask {
-            first_failure,
-            index: first.index,
-            clean_before: false,
-        },
+    let later = || {
+        sessions
+            .iter()
+            .filter(clean)
+            .min_by(|a, b| a.timing.ended_s.total_cmp(&b.timing.ended_s))
+    };
+    let (index, chosen) = match (before, later()) {
+        (Some(s), _) => (s.index, Chosen::CleanBefore),
+        (None, Some(s)) => (s.index, Chosen::CleanOnEngine),
+        (None, None) => (first.index, Chosen::FirstFailure),
+    };
+    Some(CanaryTask {
+        first_failure,
+        index,
+        chosen,
     })
 }
 
@@ -208,7 +243,7 @@ mod tests {
         assert_eq!(task.first_failure.index, 5);
         assert_eq!(task.first_failure.at_s, 2.0);
         assert_eq!(task.first_failure.request_seq, 10);
-        assert_eq!((task.index, task.clean_before), (1, true));
+        assert_eq!((task.index, task.chosen), (1, Chosen::CleanBefore));
         let (before, after) = split(&sessions, &task.first_failure);
         assert_eq!(
             before,
@@ -228,11 +263,18 @@ mod tests {
     }
 
     #[test]
-    fn with_nothing_clean_before_it_the_first_failure_is_its_own_canary() {
+    fn without_a_task_clean_before_it_a_later_clean_one_then_the_failure_itself() {
         use SessionClass::*;
-        let sessions = [ran(2, Leak, 0.0, 0.5), ran(4, Timeout, 0.0, 0.4)];
+        let sessions = [
+            ran(2, Leak, 0.0, 0.5),
+            ran(4, Timeout, 0.0, 0.4),
+            ran(6, Done, 0.0, 0.9),
+            ran(1, Done, 0.0, 0.7),
+        ];
         let task = canary_task(&sessions).unwrap();
-        assert_eq!((task.index, task.clean_before), (2, false));
+        assert_eq!((task.index, task.chosen), (1, Chosen::CleanOnEngine));
+        let task = canary_task(&sessions[..2]).unwrap();
+        assert_eq!((task.index, task.chosen), (2, Chosen::FirstFailure));
         assert!(canary_task(&[ran(1, Done, 0.0, 1.0)]).is_none());
     }
 
@@ -247,9 +289,10 @@ mod tests {
                 class: SessionClass::WrongArgs,
             },
             index: 1,
-            clean_before: true,
+            chosen: Chosen::CleanBefore,
             class: SessionClass::WrongArgs,
             evidence: String::new(),
+            fresh: Some(SessionClass::Done),
             before: Tally {
                 judged: 3,
                 corrupted: 1,
@@ -272,8 +315,23 @@ mod tests {
             ),
             "{words}"
         );
+        // Corrupted alone on a fresh engine too: the task corrupts without load (a
+        // fault the task always meets), nothing was carried.
+        let always = Canary {
+            fresh: Some(SessionClass::WrongArgs),
+            ..canary.clone()
+        };
+        assert!(!always.poisoned());
+        assert!(
+            always
+                .describe()
+                .contains("the task corrupts with nothing else in flight"),
+            "{}",
+            always.describe()
+        );
         let clean = Canary {
             class: SessionClass::Done,
+            fresh: None,
             ..canary
         };
         assert!(!clean.poisoned());

@@ -637,13 +637,14 @@ mod tests {
                 class: SessionClass::Leak,
             },
             index: 0,
-            clean_before: true,
+            chosen: crate::poison::Chosen::CleanBefore,
             class: if poisoned {
                 SessionClass::Leak
             } else {
                 SessionClass::Done
             },
             evidence: String::new(),
+            fresh: Some(SessionClass::Done),
             before: Tally {
                 judged: 20,
                 corrupted: 1,

@@ -26,6 +26,7 @@ use crate::session::SessionClass;
 
 mod recorded;
 mod shortfall;
+pub mod trend;
 
 use recorded::{
     differing_rates, engine_count_confound, metrics_confounds, recorded_confounds,
@@ -55,7 +56,7 @@ pub fn confounds(
     found.extend(unverified_confounds(on, off, &checked));
     found.extend(transport_confounds(on, off));
     found.extend(engine_count_confound(on, off));
-    found.extend(crate::trend::trend_confound(on, off, policy));
+    found.extend(trend::trend_confound(on, off, policy));
     found
 }
 

@@ -333,14 +333,46 @@ const MIN_BUSY_SHARE: f64 = 0.5;
 /// The share of the arm's wall time its engine counted `role`'s running gauge above
 /// zero ([`EngineCounter::BusyMs`]), at most 1; None where the role does not count it (then
 /// its peak is compared as any other).
-fn busy_share(arm: &ArmObservation, role: &str) -> Option<f64> {
-    let busy_ms = arm
+fn busy_share(arm: &ArmObservation, role: &str) -> Option<Busy> {
+    let counted = arm
         .stats
         .engine_counts
         .iter()
-        .find(|c| c.role == role && c.counter == EngineCounter::BusyMs)?
-        .count;
-    (arm.stats.wall_s > 0.0).then(|| (busy_ms as f64 / 1000.0 / arm.stats.wall_s).min(1.0))
+        .find(|c| c.role == role && c.counter == EngineCounter::BusyMs);
+    if let Some(counted) = counted {
+        return (arm.stats.wall_s > 0.0).then(|| Busy {
+            share: (counted.count as f64 / 1000.0 / arm.stats.wall_s).min(1.0),
+            sampled: None,
+        });
+    }
+    // An engine that counts no busy time: the share of the poller's samples that found
+    // the role busy, where there are enough of them to say so.
+    let [busy, samples] = *arm.stats.busy_samples.get(role)?;
+    (samples >= MIN_BUSY_SAMPLES).then(|| Busy {
+        share: busy as f64 / samples as f64,
+        sampled: Some([busy, samples]),
+    })
+}
+
+/// Samples an arm needs before the share of them that found a role busy stands in for
+/// a busy time the engine does not count: fewer, and one sample decides.
+const MIN_BUSY_SAMPLES: u64 = 8;
+
+/// How much of an arm a role was busy, and, when the poller's samples say it rather than
+/// the engine's own count, how many of them found it busy.
+#[derive(Debug, Clone, Copy)]
+struct Busy {
+    share: f64,
+    sampled: Option<[u64; 2]>,
+}
+
+impl Busy {
+    fn words(self) -> String {
+        match self.sampled {
+            None => format!("{}%", percent_digits(self.share)),
+            Some([busy, samples]) => format!("{busy} of {samples} samples"),
+        }
+    }
 }
 
 /// The peak of an engine role busy under [`MIN_BUSY_SHARE`] of both arms: recorded, with
@@ -350,7 +382,8 @@ fn busy_share(arm: &ArmObservation, role: &str) -> Option<f64> {
 /// then differ in where requests spent their time, itself a load difference. The
 /// client's peak never comes here: it is counted, not sampled.
 fn brief_role(role: &str, on: &ArmObservation, off: &ArmObservation) -> Option<Confound> {
-    let (share_on, share_off) = (busy_share(on, role)?, busy_share(off, role)?);
+    let (busy_on, busy_off) = (busy_share(on, role)?, busy_share(off, role)?);
+    let (share_on, share_off) = (busy_on.share, busy_off.share);
     let (peak_on, peak_off) = (
         *on.stats.peak_running.get(role)?,
         *off.stats.peak_running.get(role)?,
@@ -365,12 +398,17 @@ fn brief_role(role: &str, on: &ArmObservation, off: &ArmObservation) -> Option<C
         severity: Severity::Info,
         note: format!(
             "peak running requests reported by {role} not compared (on {peak_on}, off \
-             {peak_off}): {role} was busy {}% of the on arm and {}% of the off arm by its \
-             own count, under the {}% a sampled peak needs; its requests pass through in \
+             {peak_off}): {role} was busy {} of the on arm and {} of the off arm by {}, \
+             under the {}% a sampled peak needs; its requests pass through in \
              bursts shorter than the metrics period, so its sampled peak is the burst a \
              sample happened to land in, not its load",
-            percent_digits(share_on),
-            percent_digits(share_off),
+            busy_on.words(),
+            busy_off.words(),
+            if busy_on.sampled.is_some() || busy_off.sampled.is_some() {
+                "the poller's samples"
+            } else {
+                "its own count"
+            },
             percent_digits(MIN_BUSY_SHARE)
         ),
     })
@@ -640,6 +678,50 @@ mod tests {
             named(&confounds, "peak_running.prefill").note,
             "peak running requests reported by prefill differs by 100.0% (on 0, off 23), \
              more than 25.0%: the arms ran at different load or speed"
+        );
+    }
+
+    /// An engine that counts no busy time of its own (SGLang, vLLM, llama.cpp): the
+    /// poller's samples say how often the role was busy, and a role they rarely found
+    /// busy in either arm is not compared; one they found busy is, as before.
+    #[test]
+    fn the_pollers_samples_stand_in_for_a_busy_time_the_engine_does_not_count() {
+        let peaks = |decode, prefill| [("client", 80), ("decode", decode), ("prefill", prefill)];
+        let busy_unknown = [("decode", None), ("prefill", None)];
+        let mut on = Arm::new(ArmLabel::On, 18, &peaks(80, 0), &busy_unknown);
+        let mut off = Arm::new(ArmLabel::Off, 0, &peaks(80, 23), &busy_unknown);
+        for (arm, prefill) in [(&mut on, [0, 14]), (&mut off, [2, 16])] {
+            arm.stats.busy_samples = [
+                ("decode".to_string(), [14, 14]),
+                ("prefill".to_string(), prefill),
+            ]
+            .into_iter()
+            .collect();
+        }
+        let (confounds, _) = decided(&on, &off);
+        let prefill = named(&confounds, "peak_running.prefill");
+        assert_eq!(prefill.severity, Severity::Info);
+        assert!(
+            prefill.note.contains(
+                "prefill was busy 0 of 14 samples of the on arm and 2 of 16 samples of the off arm by the poller's samples"
+            ),
+            "{}",
+            prefill.note
+        );
+        // Found busy in most samples of an arm: its peak is a level, and compared.
+        off.stats.busy_samples.insert("prefill".into(), [12, 16]);
+        let (confounds, _) = decided(&on, &off);
+        assert_eq!(
+            named(&confounds, "peak_running.prefill").severity,
+            Severity::Warning
+        );
+        // Too few samples to say: compared as before.
+        on.stats.busy_samples.insert("prefill".into(), [0, 3]);
+        off.stats.busy_samples.insert("prefill".into(), [0, 3]);
+        let (confounds, _) = decided(&on, &off);
+        assert_eq!(
+            named(&confounds, "peak_running.prefill").severity,
+            Severity::Warning
         );
     }
 

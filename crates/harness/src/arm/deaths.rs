@@ -49,6 +49,13 @@ impl DeathWatch {
         }
     }
 
+    /// Times deaths from `started` (the block's drive start, so a death on a later
+    /// engine life reads as seconds into the block, as the restarts do).
+    pub(super) fn timed_from(mut self, started: Instant) -> Self {
+        self.started = started;
+        self
+    }
+
     fn dead(&self, role: &str) -> bool {
         self.seen.lock().iter().any(|d| d.role == role)
     }

@@ -646,6 +646,41 @@ impl<'a> Testbed<'a> {
     /// the metrics poller and the death watch beside them. Returns the life's stats,
     /// the driver's totals, and the sessions still to run: those a death cut short
     /// (`crashed`) or kept from starting.
+    /// Session `index` alone (nothing else in flight) on the engines as they are, its
+    /// result not written to sessions.jsonl; `None` if it was not run (cancelled).
+    async fn alone(
+        &mut self,
+        block: BlockName<'_>,
+        drive_plan: &DrivePlan,
+        life: &crate::driver::Life,
+        classifier: &Arc<Classifier>,
+        index: u32,
+    ) -> anyhow::Result<Option<SessionResult>> {
+        let plan = DrivePlan {
+            label: format!("{}-canary", block.label),
+            concurrency: 1,
+            sessions: 1,
+            ..drive_plan.clone()
+        };
+        let alone = crate::driver::Life {
+            indices: vec![index],
+            ..life.clone()
+        };
+        let (tx, mut rx) = mpsc::channel::<SessionResult>(1);
+        let driven = crate::driver::drive_life(
+            &plan,
+            &alone,
+            classifier.clone(),
+            tx,
+            Arc::new(InFlight::default()),
+            self.cancel.clone(),
+        );
+        let (driven, session) = tokio::join!(driven, rx.recv());
+        driven?;
+        self.check_cancelled()?;
+        Ok(session)
+    }
+
     async fn drive_life(
         &mut self,
         block: BlockName<'_>,
@@ -664,7 +699,7 @@ impl<'a> Testbed<'a> {
             self.metrics_period,
             poll_cancel.clone(),
         ));
-        let (watch, watch_cancel, watcher) = self.spawn_death_watch(&inflight);
+        let (watch, watch_cancel, watcher) = self.spawn_death_watch(&inflight, life.block_started);
         let (tx, rx) = mpsc::channel::<SessionResult>(256);
         let started = Instant::now();
         let driver = {
@@ -730,8 +765,10 @@ impl<'a> Testbed<'a> {
 
     /// After a corrupted session, is the engine poisoned (core::poison)? One session
     /// alone on the same engine, no restart: a task that was clean on it before the
-    /// first failure, where there is one. The canary's session is kept in the record
-    /// (not in sessions.jsonl: it is not one of the block's sessions).
+    /// first failure, where there is one. Corrupted alone, the same task alone once more
+    /// on freshly restarted engines tells a poisoned engine from a task that corrupts
+    /// without load. The canary's sessions are kept in the record (not in
+    /// sessions.jsonl: they are not the block's sessions).
     async fn canary(
         &mut self,
         block: BlockName<'_>,
@@ -743,39 +780,39 @@ impl<'a> Testbed<'a> {
         let Some(task) = crate::core::poison::canary_task(ran) else {
             return Ok(None);
         };
-        let plan = DrivePlan {
-            label: format!("{}-canary", block.label),
-            concurrency: 1,
-            sessions: 1,
-            ..drive_plan.clone()
-        };
-        let alone = crate::driver::Life {
-            indices: vec![task.index],
-            ..life.clone()
-        };
-        let (tx, mut rx) = mpsc::channel::<SessionResult>(1);
-        let driven = crate::driver::drive_life(
-            &plan,
-            &alone,
-            classifier.clone(),
-            tx,
-            Arc::new(InFlight::default()),
-            self.cancel.clone(),
-        );
-        let (driven, session) = tokio::join!(driven, rx.recv());
-        driven?;
-        self.check_cancelled()?;
-        let Some(session) = session else {
+        let Some(session) = self
+            .alone(block, drive_plan, life, classifier, task.index)
+            .await?
+        else {
             return Ok(None);
+        };
+        let fresh = if session.class.is_corrupted() {
+            let label = format!("{}-r{}-canary", block.label, block.repeat);
+            let restarted = self.restart(&label).await?;
+            restarted.refuse_disagreements(&format!(
+                "block {}-r{}'s canary",
+                block.label, block.repeat
+            ))?;
+            let fresh = crate::driver::Life {
+                life: life.life + 1,
+                life_started: Instant::now(),
+                ..life.clone()
+            };
+            self.alone(block, drive_plan, &fresh, classifier, task.index)
+                .await?
+                .map(|s| s.class)
+        } else {
+            None
         };
         let (before, after) = crate::core::poison::split(ran, &task.first_failure);
         let canary = crate::core::poison::Canary {
             life: life.life,
             first_failure: task.first_failure,
             index: task.index,
-            clean_before: task.clean_before,
+            chosen: task.chosen,
             class: session.class,
             evidence: session.evidence,
+            fresh,
             before,
             after,
         };
@@ -832,6 +869,7 @@ impl<'a> Testbed<'a> {
     fn spawn_death_watch(
         &self,
         inflight: &Arc<InFlight>,
+        block_started: Instant,
     ) -> (
         Arc<deaths::DeathWatch>,
         CancellationToken,
@@ -845,7 +883,9 @@ impl<'a> Testbed<'a> {
             .filter(|r| !spawned.iter().any(|s| s.role == r.name))
             .map(|r| (r.name.clone(), r.health.clone()))
             .collect();
-        let watch = Arc::new(deaths::DeathWatch::new(spawned, others, inflight.clone()));
+        let watch = Arc::new(
+            deaths::DeathWatch::new(spawned, others, inflight.clone()).timed_from(block_started),
+        );
         let watch_cancel = self.cancel.child_token();
         let watcher = {
             let (watch, stop) = (watch.clone(), watch_cancel.clone());
@@ -908,6 +948,7 @@ impl<'a> Testbed<'a> {
         stats.transport = Some(driven.transport.clone());
         stats.load_gap = log.load_gap().filter(|gap| gap.is_material());
         stats.engine_counts = log.engine_counts();
+        stats.busy_samples = log.busy_samples();
         for line in driven.transport.problems() {
             self.progress.note(&format!(
                 "warning: block {}-r{}: {line}",

@@ -312,6 +312,21 @@ impl MetricsLog {
     /// What each role's own counters counted over the poll (their increase, in the
     /// counter's unit: [`EngineCounter::per_unit`]), in a fixed order; empty where no
     /// role has counters or none was ever read.
+    /// Role -> (samples whose running gauge read above zero, samples that read it): how
+    /// often the poller found each role busy, the sampled stand-in for an engine that
+    /// counts no busy time of its own (core::confounds, the peak rule).
+    pub fn busy_samples(&self) -> BTreeMap<String, [u64; 2]> {
+        let mut busy: BTreeMap<String, [u64; 2]> = BTreeMap::new();
+        for row in &self.rows {
+            if let Some(running) = row.running {
+                let slot = busy.entry(row.role.clone()).or_default();
+                slot[0] += u64::from(running > 0.0);
+                slot[1] += 1;
+            }
+        }
+        busy
+    }
+
     pub fn engine_counts(&self) -> Vec<EngineCount> {
         self.counter_values
             .iter()

@@ -236,7 +236,8 @@ mod tests {
             r.arms[0].observe(&r.workload),
             r.arms[1].observe(&r.workload),
         );
-        let fired = crate::core::trend::trend_confound(&on, &off, &Default::default()).unwrap();
+        let fired =
+            crate::core::confounds::trend::trend_confound(&on, &off, &Default::default()).unwrap();
         r.confounds.push(fired);
         let md = SummaryMarkdown.render(&r).unwrap();
         assert!(

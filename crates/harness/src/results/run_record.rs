@@ -223,8 +223,8 @@ impl RunRecord {
     }
 
     /// What happened to each block's engine lives, in execution order: each restart
-    /// after a death, sessions left unrun at the death budget, and each poisoned-engine
-    /// canary (summary.md, report.html).
+    /// after a death, sessions left unrun at the death budget, and each canary that came
+    /// back corrupted alone (summary.md, report.html).
     pub(crate) fn life_lines(&self) -> Vec<String> {
         let mut lines = Vec::new();
         for b in &self.runs {
@@ -246,7 +246,9 @@ impl RunRecord {
                     crate::core::deaths::DEATH_BUDGET
                 ));
             }
-            for c in &b.stats.canaries {
+            // A canary that came back clean alone only says the engine was not
+            // poisoned: run.json keeps it; the pages list the ones that corrupted alone.
+            for c in b.stats.canaries.iter().filter(|c| c.class.is_corrupted()) {
                 lines.push(format!("{block}: {}", c.describe()));
             }
         }

@@ -203,22 +203,9 @@ async fn drive_cells(
     let mut order: Vec<(usize, &(usize, &Cell))> = group.iter().enumerate().collect();
     order.sort_by_key(|(_, (_, cell))| (cell.sessions, cell.rounds));
     let repeats = job.plan.repeats.max(1);
-    // A block whose canary found the engine poisoned by its first failure (core::poison)
-    // would hand that engine to the next block: it restarts first.
-    let mut poisoned = false;
-    let mut poison_wait_s = 0.0;
     for (slot, (i, cell)) in order {
         for repeat in 0..repeats {
             bed.check_cancelled()?;
-            if std::mem::take(&mut poisoned) {
-                let label = format!("{}-r{repeat}-after-poisoning", cell.id);
-                bed.progress().note(&format!(
-                    "{label}: the engine was poisoned by the block before; restarting"
-                ));
-                let restarted = bed.restart(&label).await?;
-                restarted.refuse_disagreements(&label)?;
-                poison_wait_s = restarted.health_wait_s;
-            }
             let results = ResultsDir::create(&cell_dir(&job.dir, cell))?;
             results.snapshot_launch("cell", repeat, &job.target)?;
             let mut workload = job.plan.workload.clone();
@@ -243,9 +230,7 @@ async fn drive_cells(
                 .await?;
             // The restart's health wait belongs to the whole group; the first block of
             // each cell records it.
-            stats.health_wait_s =
-                if repeat == 0 { health_wait_s } else { 0.0 } + std::mem::take(&mut poison_wait_s);
-            poisoned = stats.canaries.iter().any(|c| c.poisoned());
+            stats.health_wait_s = if repeat == 0 { health_wait_s } else { 0.0 };
             blocks[slot].push(stats);
             let rec = &mut record.cells[*i];
             rec.stats = ArmStats::pool(&blocks[slot]);
