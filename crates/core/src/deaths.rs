@@ -23,6 +23,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::session::SessionClass;
 use crate::stats;
 
 /// How a role's process ended.
@@ -145,6 +146,21 @@ pub struct DeathRestart {
     pub restart_s: f64,
     /// Sessions the new life was given to run.
     pub sessions: u64,
+}
+
+/// Sessions a death cut short in a block that showed no corruption: the block is no
+/// "no bug here" (never clean, a pass or a flat level: an engine that dies is evidence),
+/// while corruption seen beside a death is still the bug seen. `None` when nothing was
+/// cut short or something was corrupted.
+pub fn crashed_without_corruption<'a>(
+    classes: impl IntoIterator<Item = &'a SessionClass>,
+) -> Option<u64> {
+    let (mut crashed, mut corrupted) = (0u64, false);
+    for class in classes {
+        crashed += u64::from(*class == SessionClass::Crashed);
+        corrupted |= class.is_corrupted();
+    }
+    (crashed > 0 && !corrupted).then_some(crashed)
 }
 
 /// One arm's engine lives: its deaths and the requests its engines served.
@@ -368,6 +384,17 @@ mod tests {
             judge(&arm("on", &[], 1, 3), &arm("off", &[], 1, 3)),
             DeathFinding::None
         );
+    }
+
+    #[test]
+    fn a_block_that_only_crashed_is_told_from_one_that_also_corrupted() {
+        use SessionClass::*;
+        assert_eq!(
+            crashed_without_corruption(&[Done, Crashed, Crashed]),
+            Some(2)
+        );
+        assert_eq!(crashed_without_corruption(&[Leak, Crashed]), None);
+        assert_eq!(crashed_without_corruption(&[Done, Timeout]), None);
     }
 
     #[test]

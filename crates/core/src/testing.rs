@@ -1,5 +1,6 @@
 //! Test support shared with the harness's tests: the real engines' captured replies,
-//! logs and metrics (tests/fixtures/engines, described in its README).
+//! logs and metrics (tests/fixtures/engines, described in its README), and a timeline
+//! of timed sessions for the trend's tests.
 
 /// The text of `tests/fixtures/engines/<path>`.
 ///
@@ -11,4 +12,18 @@ pub fn engine_fixture(path: &str) -> String {
         .join("../../tests/fixtures/engines")
         .join(path);
     std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("{}: {e}", full.display()))
+}
+
+/// `n` timed sessions with request indices `0..n` and uptime `i / 8` s, corrupted where
+/// `bad(i)`: the input of [`crate::trend::bin`] in the trend's, the confound's and the
+/// reports' tests.
+pub fn trend_timeline(n: u64, bad: impl Fn(u64) -> bool) -> Vec<crate::trend::TimedSession> {
+    (0..n)
+        .map(|i| crate::trend::TimedSession {
+            request_seq: i,
+            uptime_s: i as f64 / 8.0,
+            life: 0,
+            corrupted: bad(i),
+        })
+        .collect()
 }

@@ -227,7 +227,7 @@ pub fn pool<'a>(blocks: impl IntoIterator<Item = &'a [TrendBin]>) -> Vec<TrendBi
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
 
     fn close(a: f64, b: f64, tolerance: f64) -> bool {
@@ -310,17 +310,7 @@ pub(crate) mod tests {
         );
     }
 
-    /// `n` sessions with request indices 0..n, corrupted where `bad(i)`.
-    pub(crate) fn timeline(n: u64, bad: impl Fn(u64) -> bool) -> Vec<TimedSession> {
-        (0..n)
-            .map(|i| TimedSession {
-                request_seq: i,
-                uptime_s: i as f64 / 8.0,
-                life: 0,
-                corrupted: bad(i),
-            })
-            .collect()
-    }
+    use crate::testing::trend_timeline as timeline;
 
     #[test]
     fn bins_are_equal_count_by_request_index_and_fewer_for_few_sessions() {

@@ -111,8 +111,8 @@ pub fn trend_confound(
 mod tests {
     use super::*;
     use crate::arm_stats::{ArmLabel, ArmStats};
+    use crate::testing::trend_timeline as timeline;
     use crate::trend::bin;
-    use crate::trend::tests::timeline;
     use std::collections::BTreeMap;
 
     fn observation<'a>(

@@ -37,8 +37,6 @@ pub(super) struct Totals {
     pub(super) classified: u64,
     pub(super) sessions: u64,
     pub(super) error_timeout: u64,
-    /// Sessions an engine death cut short (core::deaths).
-    pub(super) crashed: u64,
 }
 
 pub(super) fn totals(blocks: &[BlockOutcome]) -> Totals {
@@ -48,10 +46,12 @@ pub(super) fn totals(blocks: &[BlockOutcome]) -> Totals {
         classified: all().filter(|c| c.is_judged()).count() as u64,
         sessions: all().count() as u64,
         error_timeout: all().filter(|c| c.is_failure()).count() as u64,
-        crashed: all()
-            .filter(|c| **c == crate::session::SessionClass::Crashed)
-            .count() as u64,
     }
+}
+
+/// [`crate::deaths::crashed_without_corruption`] over a configuration's blocks.
+pub(super) fn crashed_without_corruption(blocks: &[BlockOutcome]) -> Option<u64> {
+    crate::deaths::crashed_without_corruption(blocks.iter().flat_map(|b| b.classes.iter()))
 }
 
 pub(super) fn pct(k: u64, n: u64) -> String {

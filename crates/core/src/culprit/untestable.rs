@@ -24,11 +24,11 @@ impl Search<'_> {
         }
         // An engine that dies is evidence, never a pass (core::deaths): a configuration
         // whose engine died and showed no corruption is not a same-speed toggle either.
-        if t.crashed > 0 && t.corrupted == 0 {
+        let crashed = super::evidence::crashed_without_corruption(blocks);
+        if let Some(crashed) = crashed {
             return Some(format!(
-                "the engine died under it ({} session{} cut short, none corrupted): an engine that dies is never a pass",
-                t.crashed,
-                if t.crashed == 1 { "" } else { "s" }
+                "the engine died under it ({crashed} session{} cut short, none corrupted): an engine that dies is never a pass",
+                if crashed == 1 { "" } else { "s" }
             ));
         }
         if key.0 == self.all() {

@@ -257,13 +257,8 @@ impl<'p> State<'p> {
             .flatten();
         // An engine that dies is evidence, never a flat level (core::deaths): a block
         // whose engine died and showed no corruption does not count as run at its load.
-        let crashed = outcome
-            .classes
-            .iter()
-            .filter(|c| **c == crate::session::SessionClass::Crashed)
-            .count();
         let short = short.or_else(|| {
-            (crashed > 0 && !outcome.classes.iter().any(|c| c.is_corrupted())).then(|| {
+            crate::deaths::crashed_without_corruption(&outcome.classes).map(|crashed| {
                 format!(
                     "saw the engine die ({crashed} session{} cut short, none corrupted): an engine that dies is never flat",
                     if crashed == 1 { "" } else { "s" }

@@ -642,10 +642,6 @@ impl<'a> Testbed<'a> {
         Ok((stats, driven))
     }
 
-    /// One engine life of a block ([`Testbed::drive_observed`]): `life`'s sessions with
-    /// the metrics poller and the death watch beside them. Returns the life's stats,
-    /// the driver's totals, and the sessions still to run: those a death cut short
-    /// (`crashed`) or kept from starting.
     /// Session `index` alone (nothing else in flight) on the engines as they are, its
     /// result not written to sessions.jsonl; `None` if it was not run (cancelled).
     async fn alone(
@@ -681,6 +677,10 @@ impl<'a> Testbed<'a> {
         Ok(session)
     }
 
+    /// One engine life of a block ([`Testbed::drive_observed`]): `life`'s sessions with
+    /// the metrics poller and the death watch beside them. Returns the life's stats,
+    /// the driver's totals, and the sessions still to run: those a death cut short
+    /// (`crashed`) or kept from starting.
     async fn drive_life(
         &mut self,
         block: BlockName<'_>,

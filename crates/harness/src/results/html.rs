@@ -677,18 +677,11 @@ mod tests {
 
     #[test]
     fn the_trend_chart_appears_when_an_arm_has_bins_and_not_in_older_records() {
-        use crate::core::trend::{bin, TimedSession};
+        use crate::core::trend::bin;
         let mut record = crate::commands::diff::tests::run(10, 80, 80);
         let older = render_run_html(&record, None);
         assert!(!older.contains("Corruption against time"));
-        let timeline: Vec<TimedSession> = (0..80)
-            .map(|i| TimedSession {
-                request_seq: i,
-                uptime_s: i as f64 / 8.0,
-                life: 0,
-                corrupted: i >= 70,
-            })
-            .collect();
+        let timeline = crate::core::testing::trend_timeline(80, |i| i >= 70);
         record.arms[0].stats.trend = bin(&timeline);
         let html = render_run_html(&record, None);
         assert!(html.contains("<h2>Corruption against time</h2>"), "{html}");

@@ -216,16 +216,9 @@ mod tests {
 
     #[test]
     fn a_trend_that_fired_gets_its_line() {
-        use crate::core::trend::{bin, TimedSession};
+        use crate::core::trend::bin;
         let mut r = crate::commands::diff::tests::run(10, 80, 80);
-        let timeline: Vec<TimedSession> = (0..40)
-            .map(|i| TimedSession {
-                request_seq: i,
-                uptime_s: i as f64 / 8.0,
-                life: 0,
-                corrupted: i >= 30,
-            })
-            .collect();
+        let timeline = crate::core::testing::trend_timeline(40, |i| i >= 30);
         r.arms[0].stats.trend = bin(&timeline);
         let quiet = SummaryMarkdown.render(&r).unwrap();
         assert!(
