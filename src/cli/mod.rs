@@ -486,6 +486,11 @@ pub(crate) struct ProbeArgs {
     /// Corruption rate the bad build showed; clean needs the 95% upper bound below it.
     #[arg(long = "bug-rate", default_value_t = 0.10)]
     bug_rate: f64,
+    /// Catalog flag whose mechanism must have run for "clean" (its witnesses, at the
+    /// value the launch configs hold): without it, a clean probe of a build whose code
+    /// path never ran would mark that build good.
+    #[arg(long, value_name = "FLAG")]
+    mechanism: Option<String>,
     #[command(flatten)]
     pub(crate) output: OutputArgs,
 }
@@ -506,6 +511,10 @@ impl ProbeArgs {
                 ));
             }
         }
+        let mechanism = match &self.mechanism {
+            Some(name) => Some(catalog.get(name)?.clone()),
+            None => None,
+        };
         let id = run_id("probe", None);
         let run_dir = self.output.results.join(&id);
         let (target, api_key) = self.target.resolve(&run_dir)?;
@@ -521,6 +530,7 @@ impl ProbeArgs {
             bug_rate: self.bug_rate,
             degraded_fraction: Policy::default().degraded_fraction,
             metrics_period: METRICS_PERIOD,
+            mechanism,
         })
     }
 }

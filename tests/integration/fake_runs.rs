@@ -341,6 +341,7 @@ fn probe_plan(t: &FakeTarget, sessions: u32) -> bisect_harness::commands::probe:
         bug_rate: 0.10,
         degraded_fraction: 0.10,
         metrics_period: std::time::Duration::from_millis(50),
+        mechanism: None,
     }
 }
 

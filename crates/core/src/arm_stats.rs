@@ -157,6 +157,10 @@ pub struct ArmStats {
     /// their tool-call parser found a call in or not), where their preset names any.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub engine_counts: Vec<crate::engine_counts::EngineCount>,
+    /// What the witnesses of the flags this block set counted (core::mechanism): whether
+    /// the path each flag controls ran.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mechanisms: Vec<crate::mechanism::MechanismRecord>,
     /// The corruption rate against request index (core::trend): judged sessions in
     /// equal-count bins by their engine life's request index, pooled by bin position.
     /// Absent in records without session timings, and with too few sessions.
@@ -196,6 +200,7 @@ impl Default for ArmStats {
             canaries: Vec::new(),
             busy_samples: BTreeMap::new(),
             engine_counts: Vec::new(),
+            mechanisms: Vec::new(),
             trend: Vec::new(),
             timeline: Vec::new(),
         }
@@ -279,8 +284,10 @@ impl ArmStats {
         let mut pooled = ArmStats::default();
         let mut counted: Vec<&[crate::engine_counts::EngineCount]> = Vec::new();
         let mut trends: Vec<&[crate::trend::TrendBin]> = Vec::new();
+        let mut mechanisms: Vec<&[crate::mechanism::MechanismRecord]> = Vec::new();
         for b in blocks {
             counted.push(&b.engine_counts);
+            mechanisms.push(&b.mechanisms);
             trends.push(&b.trend);
             pooled.counts.merge(&b.counts);
             for (k, v) in &b.peak_running {
@@ -329,6 +336,7 @@ impl ArmStats {
         }
         pooled.engine_counts = crate::engine_counts::pool(counted);
         pooled.trend = crate::trend::pool(trends);
+        pooled.mechanisms = crate::mechanism::pool(mechanisms);
         pooled.finish();
         pooled
     }

@@ -472,6 +472,7 @@ mod tests {
             on: "1".into(),
             off: "0".into(),
             source: "flags/F.toml".into(),
+            mechanism: None,
         }
     }
 

@@ -39,6 +39,8 @@ pub struct FlagSpec {
     pub on: String,
     pub off: String,
     pub source: PathBuf,
+    /// What shows the path the flag controls ran (its file's `[mechanism]`), if it says.
+    pub mechanism: Option<crate::mechanism::Mechanism>,
 }
 
 /// A flag held at one value: a `--set NAME=VALUE` pin, a matrix cell's setting, a load

@@ -22,6 +22,7 @@ pub mod format;
 pub mod judgement;
 pub mod load;
 pub mod machine;
+pub mod mechanism;
 pub mod oracle;
 pub mod phases;
 pub mod poison;

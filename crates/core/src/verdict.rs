@@ -12,6 +12,7 @@ use crate::confounds::{confounds, load_shortfalls};
 use crate::deaths;
 use crate::evidence::{ArmObservation, Confound, Policy, Severity, CONFIDENCE};
 use crate::format::{self, percent_digits};
+use crate::mechanism;
 use crate::reason::Reason;
 use crate::session::SessionClass;
 use crate::stats;
@@ -87,7 +88,50 @@ pub fn decide(
     let blocked = confounds.iter().any(|c| c.severity == Severity::Blocking);
     let verdict = with_deaths(verdict, (on, off), blocks, policy, flag, blocked);
     let verdict = with_poisoning(verdict, (on, off), flag);
+    let verdict = with_mechanism(verdict, (on, off), flag);
     (comparison, confounds, verdict)
+}
+
+/// The verdict with the flag's mechanism judged in (core::mechanism, docs/design.md 3.7
+/// "No verdict clears a mechanism that never ran"): `cleared` needs the path the flag
+/// controls to have run in the arms whose value enables it, else it is `inconclusive`
+/// with the counts and the flag's fix first among its reasons; could-not-tell does the
+/// same. Every other status keeps its data and says whether the mechanism ran.
+pub fn with_mechanism(
+    mut verdict: Verdict,
+    (on, off): (&ArmObservation, &ArmObservation),
+    flag: &str,
+) -> Verdict {
+    let (on_name, off_name) = (on.label.as_str(), off.label.as_str());
+    let Some(coverage) = mechanism::coverage(&[
+        (on_name, &on.stats.mechanisms),
+        (off_name, &off.stats.mechanisms),
+    ]) else {
+        return verdict;
+    };
+    match (verdict.status, coverage.refusal()) {
+        (Status::Cleared, Some(refusal)) => {
+            verdict.status = Status::Inconclusive;
+            verdict.summary = format!("inconclusive: {flag}: {refusal}");
+            verdict.reasons.insert(0, Reason::finding(refusal));
+        }
+        (Status::Inconclusive, Some(refusal)) => {
+            verdict.reasons.insert(0, Reason::finding(refusal));
+        }
+        // The data implicate the flag whatever its witnesses counted; the record says
+        // what they counted (a path that ran only in the corrupting arm is the usual
+        // story: a bigger page that overflows a pool).
+        (Status::Implicated, Some(_)) => verdict
+            .reasons
+            .push(Reason::finding(format!("witnessed: {}", coverage.counts()))),
+        (_, None) => match coverage {
+            mechanism::Coverage::Unwatched(_) => {
+                verdict.reasons.push(Reason::warning(&coverage.words()))
+            }
+            _ => verdict.reasons.push(Reason::finding(coverage.words())),
+        },
+    }
+    verdict
 }
 
 /// The verdict with poisoned engines said (core::poison): an arm whose engine, after

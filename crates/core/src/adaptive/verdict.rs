@@ -113,16 +113,17 @@ pub fn verdict(
         let names: Vec<&str> = warnings.iter().map(|c| c.name.as_str()).collect();
         summary.push_str(&format!(" (warnings: {})", names.join(", ")));
     }
-    (
-        comparison,
-        found,
+    let verdict = crate::verdict::with_mechanism(
         Verdict {
             status,
             direction,
             reasons,
             summary,
         },
-    )
+        (on, off),
+        flag,
+    );
+    (comparison, found, verdict)
 }
 
 /// A fixed run's confounds over the pooled arms and blocks, with a blocking one first

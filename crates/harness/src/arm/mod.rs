@@ -42,6 +42,7 @@ use crate::results::ResultsDir;
 mod deaths;
 mod engines;
 mod oracle;
+mod witness;
 
 pub(crate) use engines::Restarted;
 use engines::Written;
@@ -266,6 +267,8 @@ pub(crate) struct Testbed<'a> {
     /// Every flag written or pinned, by first write, with its latest value: what each
     /// restart checks the engines' self-reports against.
     written: Vec<Written>,
+    /// Flags not written whose mechanisms are counted ([`Testbed::watch_mechanism`]).
+    watched: Vec<(FlagSpec, String)>,
     /// Whether the engines were shown to parse tool calls (the probe before the first
     /// block, [`Testbed::prove_tool_calls`]); asked once per command.
     tool_calls_probed: std::sync::atomic::AtomicBool,
@@ -344,6 +347,7 @@ impl<'a> Testbed<'a> {
                 .build()?,
             identities: BTreeMap::new(),
             written: Vec::new(),
+            watched: Vec::new(),
             oracle: None,
             determinism: Default::default(),
             builds: BTreeMap::new(),
@@ -691,9 +695,16 @@ impl<'a> Testbed<'a> {
         observe: &mut (dyn FnMut(&SessionResult) + Send),
     ) -> anyhow::Result<(ArmStats, crate::driver::DriveStats, Vec<u32>, Vec<Ran>)> {
         let inflight = Arc::new(InFlight::default());
+        let witnesses = witness::Watch::open(
+            &self.watched_flags(),
+            self.target.engine.name(),
+            &self.role_access(),
+            &self.probe_http,
+        )
+        .await;
         let poll_cancel = self.cancel.child_token();
         let poller = tokio::spawn(metrics::poll(
-            self.metrics_endpoints(),
+            self.metrics_endpoints(&witnesses),
             self.api_key.clone(),
             inflight.clone(),
             self.metrics_period,
@@ -746,6 +757,7 @@ impl<'a> Testbed<'a> {
             .max(started.elapsed().as_secs_f64().min(driven.wall_s.max(1e-9)));
         poll_cancel.cancel();
         let log = poller.await.context("metrics poller panicked")?;
+        stats.mechanisms = witnesses.close(&log, &self.probe_http).await;
         self.record_load(block, &mut stats, &inflight, &driven, log, results)?;
         self.check_cancelled()?;
         // A role that died is evidence (its death), not a replaced engine.
@@ -845,8 +857,45 @@ impl<'a> Testbed<'a> {
         }
     }
 
-    /// The metrics endpoints the poller scrapes: every role that names one.
-    fn metrics_endpoints(&self) -> Vec<metrics::MetricsEndpoint> {
+    /// Count `flag`'s mechanism at `value` in every block from now on, a flag this
+    /// command does not write (the probe's `--mechanism`, read as the configs hold it).
+    pub(crate) fn watch_mechanism(&mut self, flag: &FlagSpec, value: &str) {
+        self.watched.retain(|(f, _)| f.name != flag.name);
+        self.watched.push((flag.clone(), value.to_string()));
+    }
+
+    /// The flags this command A/Bs (written, not pinned) at their values now, and those
+    /// it was asked to watch: whose mechanisms each block's witnesses count.
+    fn watched_flags(&self) -> Vec<(FlagSpec, String)> {
+        self.written
+            .iter()
+            .filter(|w| !w.pinned)
+            .map(|w| (w.flag.clone(), w.value.clone()))
+            .chain(self.watched.iter().cloned())
+            .collect()
+    }
+
+    /// What each role's witnesses may read now: the log of a role bisect spawned, and
+    /// the origin of its health URL.
+    fn role_access(&self) -> Vec<witness::RoleAccess> {
+        let spawned = self.control.spawned();
+        self.target
+            .roles
+            .iter()
+            .map(|r| witness::RoleAccess {
+                role: r.name.clone(),
+                log: spawned
+                    .iter()
+                    .find(|s| s.role == r.name)
+                    .map(|s| s.log.clone()),
+                origin: crate::config::engine::origin(&r.health).map(String::from),
+            })
+            .collect()
+    }
+
+    /// The metrics endpoints the poller scrapes: every role that names one, with the
+    /// witness counters of `witnesses` on it.
+    fn metrics_endpoints(&self, witnesses: &witness::Watch) -> Vec<metrics::MetricsEndpoint> {
         self.target
             .roles
             .iter()
@@ -858,6 +907,7 @@ impl<'a> Testbed<'a> {
                     queued_metric: r.queued_metric.clone(),
                     wait_gauges: r.wait_gauges.clone(),
                     counters: r.counters.clone(),
+                    witnesses: witnesses.counters_of(&r.name),
                 })
             })
             .collect()

@@ -62,6 +62,10 @@ pub struct ProbePlan {
     pub bug_rate: f64,
     pub degraded_fraction: f64,
     pub metrics_period: Duration,
+    /// The flag whose mechanism "clean" needs to have run (`--mechanism`), at the value
+    /// the launch configs hold (the flag's `on`, the engine's default, where they hold
+    /// none).
+    pub mechanism: Option<crate::config::FlagSpec>,
 }
 
 impl crate::commands::EnginePlan for ProbePlan {
@@ -172,10 +176,24 @@ pub fn decide(
                 ),
             );
         }
+        // No clean answer for a path that never ran (core::mechanism).
+        let coverage = crate::core::mechanism::coverage(&[("probe", &arm.stats.mechanisms)]);
+        if let Some(refusal) = coverage.as_ref().and_then(|c| c.refusal()) {
+            return (
+                Outcome::Unknown,
+                format!(
+                    "{rate} would rule out the bug rate {}, but {refusal}",
+                    format::percent(bug_rate)
+                ),
+            );
+        }
+        let ran = coverage
+            .map(|c| format!("; {}", c.words()))
+            .unwrap_or_default();
         (
             Outcome::Clean,
             format!(
-                "{rate}: rules out the bug rate {}{}",
+                "{rate}: rules out the bug rate {}{ran}{}",
                 format::percent(bug_rate),
                 metrics_warnings(arm)
             ),
@@ -293,7 +311,18 @@ pub async fn run_probe(
     let write = |r: &ProbeRecord| export::write_all(&plan.run_dir, r, &[&RECORD]);
     write(&record)?;
     let spec = TestbedSpec::read_only(&plan.target, plan.api_key.clone(), plan.metrics_period);
+    let watched = plan.mechanism.as_ref().map(|flag| {
+        let value = record
+            .flags
+            .get(&flag.name)
+            .and_then(|roles| roles.values().next().cloned())
+            .unwrap_or_else(|| flag.on.clone());
+        (flag.clone(), value)
+    });
     let body = async |bed: &mut Testbed<'_>, _: &mut ProbeRecord| {
+        if let Some((flag, value)) = &watched {
+            bed.watch_mechanism(flag, value);
+        }
         let restarted = bed.restart("probe").await?;
         // The profile's markup families decide what a leak is, as in `bisect run`.
         let classifier = Arc::new(plan.target.classifier(&plan.workload)?);

@@ -474,6 +474,7 @@ mod tests {
             on: "TRITON_ATTN".into(),
             off: "FLASH_ATTN".into(),
             source: "flags/ATTENTION_BACKEND.toml".into(),
+            mechanism: None,
         };
         let ran = |reported: &str| crate::core::effective::Disagreement {
             role: "server".into(),

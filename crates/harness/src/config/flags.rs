@@ -97,10 +97,11 @@ struct RawFlag {
     roles: Spanned<Vec<Spanned<String>>>,
     on: Spanned<String>,
     off: Spanned<String>,
+    mechanism: Option<super::mechanism::RawMechanism>,
 }
 
 const FLAG_FIX: &str =
-    "see flags/BF16_INDEX_K.toml for the format: name, doc, one of env/arg/switch, roles, on, off";
+    "see flags/BF16_INDEX_K.toml for the format: name, doc, one of env/arg/switch, roles, on, off, [mechanism]";
 
 fn is_env_name(s: &str) -> bool {
     let mut chars = s.chars();
@@ -155,6 +156,10 @@ fn parse_flag(path: &Path, text: &str, stem: &str) -> Result<FlagSpec, ConfigErr
     let setting = setting(&src, &raw)?;
     let roles = roles(&src, &raw.roles)?;
     on_off(&src, &raw, &setting)?;
+    let mechanism = match raw.mechanism {
+        Some(m) => Some(super::mechanism::parse(&src, m, &roles)?),
+        None => None,
+    };
 
     Ok(FlagSpec {
         name: stem.to_string(),
@@ -164,6 +169,7 @@ fn parse_flag(path: &Path, text: &str, stem: &str) -> Result<FlagSpec, ConfigErr
         on: raw.on.into_inner(),
         off: raw.off.into_inner(),
         source: path.to_path_buf(),
+        mechanism,
     })
 }
 

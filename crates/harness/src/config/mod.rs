@@ -9,6 +9,7 @@
 pub mod embedded;
 pub mod engine;
 pub mod flags;
+mod mechanism;
 #[cfg(test)]
 mod proptests;
 pub mod target;

@@ -38,6 +38,8 @@ pub struct MetricsEndpoint {
     pub wait_gauges: Vec<WaitGauge>,
     /// The engine's own counters to count over the block (selector, meaning).
     pub counters: Vec<(String, EngineCounter)>,
+    /// The counters that witness a flag's mechanism (core::mechanism), by selector.
+    pub witnesses: Vec<String>,
 }
 
 impl MetricsEndpoint {
@@ -50,7 +52,26 @@ impl MetricsEndpoint {
             queued_metric: QUEUED_METRIC.to_string(),
             wait_gauges: Vec::new(),
             counters: Vec::new(),
+            witnesses: Vec::new(),
         }
+    }
+}
+
+/// Checks a counter selector, `name` or `name{label="value",...}`, as
+/// [`Exposition::gauge`] reads it: why it would match nothing, if it would.
+pub(crate) fn check_selector(selector: &str) -> Result<(), String> {
+    let name = match selector.find('{') {
+        None => selector,
+        Some(i) => match parse_labels(&selector[i..]) {
+            Ok((_, rest)) if rest.trim().is_empty() => &selector[..i],
+            Ok((_, rest)) => return Err(format!("text after its labels: {rest:?}")),
+            Err(e) => return Err(e),
+        },
+    };
+    let mut chars = name.chars();
+    match chars.next() {
+        Some(c) if is_name_char(c, true) && chars.all(|c| is_name_char(c, false)) => Ok(()),
+        _ => Err(format!("{name:?} is not a metric name")),
     }
 }
 
@@ -283,6 +304,8 @@ pub struct MetricsLog {
     pub(crate) last_error: BTreeMap<String, String>,
     /// Each (role, counter)'s values over the scrapes that carried it, in order.
     pub(crate) counter_values: BTreeMap<(String, EngineCounter), Vec<f64>>,
+    /// Each (role, witness selector)'s values over the scrapes that carried it.
+    pub(crate) witness_values: BTreeMap<(String, String), Vec<f64>>,
 }
 
 impl MetricsLog {
@@ -339,6 +362,23 @@ impl MetricsLog {
                 }
             })
             .collect()
+    }
+
+    /// What the witness counter `selector` of `role` counted over the poll (its
+    /// increase), or why it cannot say: no scrape of the role carried it.
+    pub fn witness_count(&self, role: &str, selector: &str) -> Result<u64, String> {
+        match self.witness_values.get(&(role.to_string(), selector.to_string())) {
+            Some(values) => Ok(engine_counts::increase(values)),
+            None => Err(format!(
+                "no sample of {selector} in {} scrape{} of {role}{}",
+                self.scrapes.get(role).copied().unwrap_or(0),
+                if self.scrapes.get(role) == Some(&1) { "" } else { "s" },
+                self.last_error
+                    .get(role)
+                    .map(|e| format!(" (last failure: {e})"))
+                    .unwrap_or_default()
+            )),
+        }
     }
 
     /// Where the client's in-flight requests were while the busiest engine role ran
@@ -415,6 +455,14 @@ impl MetricsLog {
                     if let Some(value) = exposition.gauge(selector) {
                         self.counter_values
                             .entry((role.to_string(), *counter))
+                            .or_default()
+                            .push(value);
+                    }
+                }
+                for selector in &endpoint.witnesses {
+                    if let Some(value) = exposition.gauge(selector) {
+                        self.witness_values
+                            .entry((role.to_string(), selector.clone()))
                             .or_default()
                             .push(value);
                     }
@@ -552,7 +600,7 @@ pub async fn poll(
     // scrape of the roles with counters, once the block is over.
     let counted: Vec<&MetricsEndpoint> = endpoints
         .iter()
-        .filter(|e| !e.counters.is_empty())
+        .filter(|e| !e.counters.is_empty() || !e.witnesses.is_empty())
         .collect();
     if !counted.is_empty() {
         let t_s = started.elapsed().as_secs_f64();
@@ -680,6 +728,10 @@ process_cpu_seconds_total 4.2E-3
             queued_metric: "vllm:num_requests_waiting".into(),
             wait_gauges: Vec::new(),
             counters: crate::config::Engine::Vllm.counters(),
+            witnesses: vec![
+                "vllm:num_preemptions_total".into(),
+                "vllm:prefix_cache_hits_total{engine=\"7\"}".into(),
+            ],
         };
         let mut log = MetricsLog::default();
         for (t, text) in [
@@ -702,6 +754,16 @@ process_cpu_seconds_total 4.2E-3
                 (EngineCounter::ParsedNoCall, 1),
             ]
         );
+        // The same counter read as KV_BLOCKS's witness; a selector no sample carries is
+        // a read that failed, never a zero.
+        assert_eq!(log.witness_count("server", "vllm:num_preemptions_total"), Ok(2));
+        assert_eq!(
+            log.witness_count("server", "vllm:prefix_cache_hits_total{engine=\"7\"}"),
+            Err("no sample of vllm:prefix_cache_hits_total{engine=\"7\"} in 3 scrapes of server".into())
+        );
+        assert_eq!(check_selector("vllm:num_preemptions_total"), Ok(()));
+        assert!(check_selector("vllm:x{engine=\"0\"").is_err());
+        assert!(check_selector("9lives").is_err());
     }
 
     /// The embedded engine's busy time, in seconds, is counted in milliseconds over the

@@ -44,6 +44,7 @@ fn spec(kind: Kind, key: &str, on: &str, off: &str) -> FlagSpec {
         on: on.into(),
         off: off.into(),
         source: PathBuf::from("flags/GEN.toml"),
+        mechanism: None,
     }
 }
 
