@@ -186,7 +186,13 @@ impl MechanismRecord {
             )
         };
         let (name, fix, needed, unwatched, witnesses) = match &flag.mechanism {
-            None => (String::new(), String::new(), true, Some(no_witness()), vec![]),
+            None => (
+                String::new(),
+                String::new(),
+                true,
+                Some(no_witness()),
+                vec![],
+            ),
             Some(m) => {
                 let (unwatched, witnesses) = match &m.watch {
                     Watch::Unobservable(why) => (Some(why.clone()), vec![]),
@@ -307,12 +313,12 @@ impl Coverage {
             Coverage::NeverRan { words, fix } if fix.is_empty() => {
                 Some(format!("the mechanism never ran: {words}"))
             }
-            Coverage::NeverRan { words, fix } => {
-                Some(format!("the mechanism never ran: {words}; to reach it: {fix}"))
-            }
-            Coverage::Unknown(words) => Some(format!(
-                "could not tell whether the mechanism ran: {words}"
+            Coverage::NeverRan { words, fix } => Some(format!(
+                "the mechanism never ran: {words}; to reach it: {fix}"
             )),
+            Coverage::Unknown(words) => {
+                Some(format!("could not tell whether the mechanism ran: {words}"))
+            }
             Coverage::Exercised(_) | Coverage::Unwatched(_) => None,
         }
     }
@@ -388,8 +394,7 @@ pub fn coverage(arms: &[(&str, &[MechanismRecord])]) -> Option<Coverage> {
             _ => format!("{label} ({witness}): {counts}"),
         };
         let ran: Vec<Ran> = needed.iter().map(|(_, r)| r.ran()).collect();
-        let (rank, c) = if let Some((_, r)) = of.iter().find(|(_, r)| r.ran() == Ran::Unwatched)
-        {
+        let (rank, c) = if let Some((_, r)) = of.iter().find(|(_, r)| r.ran() == Ran::Unwatched) {
             (
                 1,
                 Coverage::Unwatched(
@@ -481,9 +486,15 @@ mod tests {
         );
         // Ran in the off arm only (the flag disables it there: a witness that also
         // counts something else) still leaves the on arm unexercised.
-        let c = coverage(&[("on", &[counted(&f, "0.1", 0)]), ("off", &[counted(&f, "-1", 5)])]);
+        let c = coverage(&[
+            ("on", &[counted(&f, "0.1", 0)]),
+            ("off", &[counted(&f, "-1", 5)]),
+        ]);
         assert!(matches!(c, Some(Coverage::NeverRan { .. })));
-        let c = coverage(&[("on", &[counted(&f, "0.1", 9)]), ("off", &[counted(&f, "-1", 0)])]);
+        let c = coverage(&[
+            ("on", &[counted(&f, "0.1", 9)]),
+            ("off", &[counted(&f, "-1", 0)]),
+        ]);
         assert_eq!(
             c.unwrap().words(),
             "the mechanism ran: defrag (log /requesting defrag/ of server): on 9, off 0; \
@@ -494,9 +505,15 @@ mod tests {
     #[test]
     fn both_arms_must_run_a_mechanism_either_value_runs() {
         let f = defrag(Some(mech(Arms::Both)));
-        let c = coverage(&[("on", &[counted(&f, "0.1", 3)]), ("off", &[counted(&f, "-1", 0)])]);
+        let c = coverage(&[
+            ("on", &[counted(&f, "0.1", 3)]),
+            ("off", &[counted(&f, "-1", 0)]),
+        ]);
         assert!(matches!(c, Some(Coverage::NeverRan { .. })));
-        let c = coverage(&[("on", &[counted(&f, "0.1", 3)]), ("off", &[counted(&f, "-1", 1)])]);
+        let c = coverage(&[
+            ("on", &[counted(&f, "0.1", 3)]),
+            ("off", &[counted(&f, "-1", 1)]),
+        ]);
         assert!(matches!(c, Some(Coverage::Exercised(_))));
     }
 

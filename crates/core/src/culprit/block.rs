@@ -40,4 +40,8 @@ pub struct BlockOutcome {
     /// kept in the step log, so a resumed search still says it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// What the witnesses of the flags the block set counted (core::mechanism): a
+    /// configuration whose path never ran is never a pass, a level never flat.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mechanisms: Vec<crate::mechanism::MechanismRecord>,
 }

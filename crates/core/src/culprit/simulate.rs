@@ -168,6 +168,7 @@ impl OracleRunner<'_> {
             wall_s: 0.0,
             tokens_per_s: Some(o.speed * noise / slowdown),
             warnings: Vec::new(),
+            mechanisms: Vec::new(),
         }
     }
 }

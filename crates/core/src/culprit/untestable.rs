@@ -31,6 +31,19 @@ impl Search<'_> {
                 if crashed == 1 { "" } else { "s" }
             ));
         }
+        // A path that never ran is never a pass (core::mechanism): a configuration that
+        // showed no corruption while a flag it holds at an enabling value never ran its
+        // mechanism says nothing about that flag.
+        if t.corrupted == 0 {
+            let records: Vec<&[crate::mechanism::MechanismRecord]> =
+                blocks.iter().map(|b| b.mechanisms.as_slice()).collect();
+            let pooled = crate::mechanism::pool(records);
+            if let Some(refusal) =
+                crate::mechanism::coverage(&[("it", &pooled)]).and_then(|c| c.refusal())
+            {
+                return Some(format!("{refusal}: a path that never ran is never a pass"));
+            }
+        }
         if key.0 == self.all() {
             return None; // the failing end is the speed reference
         }

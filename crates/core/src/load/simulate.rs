@@ -127,6 +127,7 @@ pub(crate) fn scripted_block(
         wall_s: 0.0,
         tokens_per_s: None,
         warnings: Vec::new(),
+        mechanisms: Vec::new(),
     }
 }
 

@@ -265,6 +265,15 @@ impl<'p> State<'p> {
                 )
             })
         });
+        // A level at which the flag's path never ran is never flat (core::mechanism).
+        let short = short.or_else(|| {
+            let corrupted = outcome.classes.iter().any(|c| c.is_corrupted());
+            let coverage = crate::mechanism::coverage(&[(arm.as_str(), &outcome.mechanisms)]);
+            coverage
+                .and_then(|c| c.refusal())
+                .filter(|_| !corrupted)
+                .map(|refusal| format!("{refusal}: a level whose path never ran is never flat"))
+        });
         let mut count = ArmCount::default();
         count.add(&outcome.classes, outcome.peak_engine);
         self.note_degraded(&block, &count);

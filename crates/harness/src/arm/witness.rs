@@ -87,9 +87,11 @@ impl Watch {
             let index = watch.records.len();
             let witnesses: Vec<_> = match &flag.mechanism {
                 Some(m) => match &m.watch {
-                    crate::core::mechanism::Watch::Witnesses(ws) => {
-                        ws.iter().filter(|w| w.applies_to(engine)).cloned().collect()
-                    }
+                    crate::core::mechanism::Watch::Witnesses(ws) => ws
+                        .iter()
+                        .filter(|w| w.applies_to(engine))
+                        .cloned()
+                        .collect(),
                     crate::core::mechanism::Watch::Unobservable(_) => vec![],
                 },
                 None => vec![],
@@ -115,7 +117,10 @@ impl Watch {
                                 .as_ref()
                                 .map(|o| format!("{o}{path}"))
                                 .ok_or_else(|| {
-                                    format!("role {} has no http:// origin to read {path} at", access.role)
+                                    format!(
+                                        "role {} has no http:// origin to read {path} at",
+                                        access.role
+                                    )
                                 });
                             let start = match &url {
                                 Ok(u) => read_field(http, u, field).await,
@@ -143,7 +148,11 @@ impl Watch {
 
     /// Closes the window: every witness counted, with `metrics`, the poller's log of
     /// the same life. A witness whose role the target lacks is a read that failed.
-    pub(crate) async fn close(mut self, metrics: &MetricsLog, http: &reqwest::Client) -> Vec<MechanismRecord> {
+    pub(crate) async fn close(
+        mut self,
+        metrics: &MetricsLog,
+        http: &reqwest::Client,
+    ) -> Vec<MechanismRecord> {
         let spots = std::mem::take(&mut self.spots);
         for (ri, record) in self.records.iter_mut().enumerate() {
             for (wi, reading) in record.witnesses.iter_mut().enumerate() {
@@ -164,7 +173,11 @@ impl Watch {
                 How::Endpoint { url, field, start } => match (url, start) {
                     (Ok(url), Ok(before)) => read_field(http, url, field).await.map(|after| {
                         // An engine restarted within the window counts from zero again.
-                        let rise = if after >= *before { after - before } else { after };
+                        let rise = if after >= *before {
+                            after - before
+                        } else {
+                            after
+                        };
                         rise.round() as u64
                     }),
                     (Err(e), _) | (_, Err(e)) => Err(e.clone()),

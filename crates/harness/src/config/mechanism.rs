@@ -54,18 +54,17 @@ pub(super) fn parse(
             "name what runs, e.g. name = \"defrag\"",
         ));
     }
-    let arms = match raw.arms.as_ref().map(|a| (a.get_ref().as_str(), a.span())) {
-        None | Some(("on", _)) => Arms::On,
-        Some(("off", _)) => Arms::Off,
-        Some(("both", _)) => Arms::Both,
-        Some((other, span)) => {
-            return Err(src.invalid(
+    let arms =
+        match raw.arms.as_ref().map(|a| (a.get_ref().as_str(), a.span())) {
+            None | Some(("on", _)) => Arms::On,
+            Some(("off", _)) => Arms::Off,
+            Some(("both", _)) => Arms::Both,
+            Some((other, span)) => return Err(src.invalid(
                 span,
                 format!("[mechanism] in = {other:?} is not an arm"),
                 "in = \"on\" (the on value enables it), \"off\" (the off value does) or \"both\"",
-            ))
-        }
-    };
+            )),
+        };
     let watch = match (&raw.unobservable, raw.witness.is_empty()) {
         (Some(why), true) if !why.get_ref().trim().is_empty() => {
             Watch::Unobservable(why.get_ref().trim().to_string())
@@ -112,12 +111,18 @@ fn witness(src: &Source, raw: RawWitness, roles: &[String]) -> Result<Witness, C
         .flatten()
         .collect();
     let anchor = |raw: &RawWitness| {
-        [&raw.counter, &raw.log, &raw.endpoint, &raw.role, &raw.engine]
-            .into_iter()
-            .flatten()
-            .map(|s| s.span())
-            .next()
-            .unwrap_or(0..0)
+        [
+            &raw.counter,
+            &raw.log,
+            &raw.endpoint,
+            &raw.role,
+            &raw.engine,
+        ]
+        .into_iter()
+        .flatten()
+        .map(|s| s.span())
+        .next()
+        .unwrap_or(0..0)
     };
     let kind = match kinds.as_slice() {
         [] => {
@@ -202,7 +207,10 @@ fn witness(src: &Source, raw: RawWitness, roles: &[String]) -> Result<Witness, C
         if !roles.contains(role.get_ref()) {
             return Err(src.invalid(
                 role.span(),
-                format!("witness role {:?} is not one of the flag's roles", role.get_ref()),
+                format!(
+                    "witness role {:?} is not one of the flag's roles",
+                    role.get_ref()
+                ),
                 format!("use one of {roles:?}, or leave role out to add every role up"),
             ));
         }
@@ -222,4 +230,122 @@ fn witness(src: &Source, raw: RawWitness, roles: &[String]) -> Result<Witness, C
         min: raw.min.unwrap_or(1).max(1),
         source,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use crate::config::FlagCatalog;
+    use crate::core::mechanism::{Arms, Watch, WitnessKind};
+
+    /// Every flag directory the project ships: the built-in catalog and each target's.
+    fn shipped_dirs() -> Vec<PathBuf> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let mut dirs: Vec<PathBuf> = std::fs::read_dir(root.join("targets"))
+            .unwrap()
+            .map(|e| e.unwrap().path().join("flags"))
+            .filter(|d| d.is_dir())
+            .collect();
+        dirs.sort();
+        dirs.push(root.join("flags"));
+        dirs
+    }
+
+    #[test]
+    fn every_shipped_flag_names_its_mechanism_with_sourced_witnesses() {
+        let mut seen = 0;
+        for dir in shipped_dirs() {
+            let catalog = FlagCatalog::load(std::slice::from_ref(&dir)).unwrap();
+            for flag in &catalog.flags {
+                let m = flag
+                    .mechanism
+                    .as_ref()
+                    .unwrap_or_else(|| panic!("{} has no [mechanism]", flag.source.display()));
+                assert!(!m.fix.is_empty() || matches!(m.watch, Watch::Unobservable(_)));
+                if let Watch::Witnesses(ws) = &m.watch {
+                    for w in ws {
+                        assert!(w.source.contains(':'), "{}: {}", flag.name, w.source);
+                    }
+                }
+                seen += 1;
+            }
+        }
+        // Six built-in flags and twenty of the targets' (three, seven, five, five).
+        assert!(seen >= 26, "{seen}");
+        let dir = shipped_dirs()
+            .into_iter()
+            .find(|d| d.ends_with("llama-cpp-12253/flags"))
+            .unwrap();
+        let defrag = FlagCatalog::load(&[dir]).unwrap();
+        let defrag = defrag.get("DEFRAG").unwrap().mechanism.clone().unwrap();
+        assert_eq!(defrag.arms, Arms::On);
+        let Watch::Witnesses(ws) = &defrag.watch else {
+            panic!("DEFRAG has witnesses")
+        };
+        assert!(
+            matches!(&ws[0].kind, WitnessKind::Log { pattern, .. } if pattern == "requesting defrag")
+        );
+    }
+
+    fn refused(mechanism: &str) -> String {
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!(
+            "name = \"X\"\nenv = \"X\"\nroles = [\"server\"]\non = \"1\"\noff = \"0\"\n\n{mechanism}"
+        );
+        std::fs::write(dir.path().join("X.toml"), text).unwrap();
+        FlagCatalog::load(&[dir.path().to_path_buf()])
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn a_bad_mechanism_table_names_the_line_and_the_fix() {
+        let head = "[mechanism]\nname = \"defrag\"\n";
+        let w = |body: &str| format!("{head}[[mechanism.witness]]\n{body}");
+        let cases = [
+            (format!("{head}in = \"sometimes\"\n"), ":9", "is not an arm"),
+            (
+                head.to_string(),
+                ":8",
+                "names no witness and does not say it is unobservable",
+            ),
+            (
+                w("log = 'a'\ncounter = 'b_total'\nsource = \"f.c:1\"\n"),
+                ":10",
+                "more than one of counter, log, endpoint",
+            ),
+            (
+                w("log = '(a'\nsource = \"f.c:1\"\n"),
+                ":10",
+                "is not a regex",
+            ),
+            (
+                w("log = 'a'\nrole = \"decode\"\nsource = \"f.c:1\"\n"),
+                ":11",
+                "not one of the flag's roles",
+            ),
+            (w("log = 'a'\n"), ":10", "a witness without source"),
+            (
+                w("endpoint = \"/slots\"\nsource = \"f.c:1\"\n"),
+                ":10",
+                "needs field",
+            ),
+            (
+                w("counter = 'x{a=\"1\"'\nsource = \"f.c:1\"\n"),
+                ":10",
+                "counter",
+            ),
+            (
+                w("log = 'a'\nengine = \"tgi\"\nsource = \"f.c:1\"\n"),
+                ":11",
+                "tgi",
+            ),
+        ];
+        for (table, line, words) in cases {
+            let e = refused(&table);
+            assert!(e.contains(&format!("X.toml{line}")), "{line} in {e}");
+            assert!(e.contains(words), "{words} in {e}");
+        }
+    }
 }

@@ -92,6 +92,8 @@ pub(crate) struct Sample {
 pub(crate) struct Exposition {
     pub samples: Vec<Sample>,
     pub malformed: Vec<(usize, String)>,
+    /// The metric families its `# TYPE` lines declare.
+    pub declared: Vec<String>,
 }
 
 /// Labels that name replicas of one scheduler rather than schedulers of their own:
@@ -136,6 +138,22 @@ impl Exposition {
             }
         }
         (!groups.is_empty()).then(|| groups.iter().map(|(_, v)| v).sum())
+    }
+
+    /// A counter's value by selector ([`Exposition::gauge`]), or 0 when the server
+    /// declares its family (`# TYPE`) but serves no sample of those labels yet: a
+    /// labelled counter appears at its first increment (Python's prometheus_client,
+    /// SGLang's `sglang:load_back_tokens_total{pool="kv"}`). `None`: not served at all.
+    pub fn counter(&self, selector: &str) -> Option<f64> {
+        if let Some(v) = self.gauge(selector) {
+            return Some(v);
+        }
+        let name = selector.split('{').next().unwrap_or(selector);
+        let family = name.strip_suffix("_total").unwrap_or(name);
+        self.declared
+            .iter()
+            .any(|d| d == name || d == family)
+            .then_some(0.0)
     }
 
     /// The sum of `name` over all its label sets, NaN samples skipped; `None` when no
@@ -258,6 +276,12 @@ pub(crate) fn parse_exposition(text: &str) -> Exposition {
     let mut out = Exposition::default();
     for (i, raw) in text.lines().enumerate() {
         let line = raw.trim();
+        if let Some(family) = line.strip_prefix("# TYPE ") {
+            if let Some(name) = family.split_whitespace().next() {
+                out.declared.push(name.to_string());
+            }
+            continue;
+        }
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
@@ -367,12 +391,19 @@ impl MetricsLog {
     /// What the witness counter `selector` of `role` counted over the poll (its
     /// increase), or why it cannot say: no scrape of the role carried it.
     pub fn witness_count(&self, role: &str, selector: &str) -> Result<u64, String> {
-        match self.witness_values.get(&(role.to_string(), selector.to_string())) {
+        match self
+            .witness_values
+            .get(&(role.to_string(), selector.to_string()))
+        {
             Some(values) => Ok(engine_counts::increase(values)),
             None => Err(format!(
                 "no sample of {selector} in {} scrape{} of {role}{}",
                 self.scrapes.get(role).copied().unwrap_or(0),
-                if self.scrapes.get(role) == Some(&1) { "" } else { "s" },
+                if self.scrapes.get(role) == Some(&1) {
+                    ""
+                } else {
+                    "s"
+                },
                 self.last_error
                     .get(role)
                     .map(|e| format!(" (last failure: {e})"))
@@ -460,7 +491,7 @@ impl MetricsLog {
                     }
                 }
                 for selector in &endpoint.witnesses {
-                    if let Some(value) = exposition.gauge(selector) {
+                    if let Some(value) = exposition.counter(selector) {
                         self.witness_values
                             .entry((role.to_string(), selector.clone()))
                             .or_default()
@@ -756,12 +787,27 @@ process_cpu_seconds_total 4.2E-3
         );
         // The same counter read as KV_BLOCKS's witness; a selector no sample carries is
         // a read that failed, never a zero.
-        assert_eq!(log.witness_count("server", "vllm:num_preemptions_total"), Ok(2));
+        assert_eq!(
+            log.witness_count("server", "vllm:num_preemptions_total"),
+            Ok(2)
+        );
         assert_eq!(
             log.witness_count("server", "vllm:prefix_cache_hits_total{engine=\"7\"}"),
-            Err("no sample of vllm:prefix_cache_hits_total{engine=\"7\"} in 3 scrapes of server".into())
+            Err(
+                "no sample of vllm:prefix_cache_hits_total{engine=\"7\"} in 3 scrapes of server"
+                    .into()
+            )
         );
         assert_eq!(check_selector("vllm:num_preemptions_total"), Ok(()));
+        // A labelled counter the server declares but has not incremented yet reads 0.
+        let declared = parse_exposition(
+            "# HELP sglang:load_back_tokens_total x\n# TYPE sglang:load_back_tokens counter\n",
+        );
+        assert_eq!(
+            declared.counter("sglang:load_back_tokens_total{pool=\"kv\"}"),
+            Some(0.0)
+        );
+        assert_eq!(declared.counter("sglang:other_total"), None);
         assert!(check_selector("vllm:x{engine=\"0\"").is_err());
         assert!(check_selector("9lives").is_err());
     }

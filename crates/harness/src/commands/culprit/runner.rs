@@ -184,6 +184,7 @@ impl TestbedRunner<'_, '_> {
             wall_s: stats.wall_s,
             tokens_per_s: (stats.completion_tokens > 0).then_some(stats.tokens_per_s),
             warnings: Vec::new(),
+            mechanisms: stats.mechanisms.clone(),
         })
     }
 }

@@ -54,6 +54,8 @@ struct LoggedOutcome {
     tokens_per_s: Option<f64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     warnings: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    mechanisms: Vec<crate::core::mechanism::MechanismRecord>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -119,6 +121,7 @@ pub(super) fn read(path: &Path) -> anyhow::Result<Logged> {
                         wall_s: outcome.wall_s,
                         tokens_per_s: outcome.tokens_per_s,
                         warnings: outcome.warnings,
+                        mechanisms: outcome.mechanisms,
                     },
                 ));
             }
@@ -170,6 +173,7 @@ impl StepLog {
                 wall_s: outcome.wall_s,
                 tokens_per_s: outcome.tokens_per_s,
                 warnings: outcome.warnings.clone(),
+                mechanisms: outcome.mechanisms.clone(),
             },
         })
     }

@@ -400,6 +400,15 @@ fn unconfirmed_reasons(
     policy: &RegressionPolicy,
 ) -> Vec<String> {
     let mut reasons = Vec::new();
+    // A path that never ran is never ok (core::mechanism).
+    if let Some(refusal) =
+        crate::core::mechanism::coverage(&[("this night's cell", &cell.stats.mechanisms)])
+            .and_then(|c| c.refusal())
+    {
+        reasons.push(format!(
+            "{refusal}: a cell whose path never ran is never ok"
+        ));
+    }
     // Deaths in both nights: neither cell is whole, and an engine that dies is never ok.
     if !cell.stats.deaths.is_empty() {
         reasons.push(format!(
