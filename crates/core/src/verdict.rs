@@ -124,6 +124,8 @@ pub fn with_mechanism(
         (Status::Implicated, Some(_)) => verdict
             .reasons
             .push(Reason::finding(format!("witnessed: {}", coverage.counts()))),
+        // An implicated flag needs no witness: its data stand.
+        (Status::Implicated, None) if matches!(coverage, mechanism::Coverage::Unwatched(_)) => {}
         (_, None) => match coverage {
             mechanism::Coverage::Unwatched(_) => {
                 verdict.reasons.push(Reason::warning(&coverage.words()))

@@ -43,6 +43,7 @@ mod deaths;
 mod engines;
 mod oracle;
 mod witness;
+pub(crate) use witness::sum_at as witness_sum_at;
 
 pub(crate) use engines::Restarted;
 use engines::Written;

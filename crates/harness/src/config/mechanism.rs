@@ -105,6 +105,24 @@ pub(super) fn parse(
     })
 }
 
+/// A counter selector as the metrics poller reads it: a Prometheus name, optionally
+/// with `{label="value",...}` that a sample's labels must include.
+fn check_selector(selector: &str) -> Result<(), &'static str> {
+    static RE: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
+    let re = RE.get_or_init(|| {
+        let label = r#"\s*[a-zA-Z_][a-zA-Z0-9_]*\s*=\s*"(?:[^"\\]|\\.)*"\s*"#;
+        regex::Regex::new(&format!(
+            r"^[a-zA-Z_:][a-zA-Z0-9_:]*(?:\{{{label}(?:,{label})*,?\}})?$"
+        ))
+        .expect("static selector pattern")
+    });
+    if re.is_match(selector) {
+        Ok(())
+    } else {
+        Err("not a Prometheus name with optional {label=\"value\",...}")
+    }
+}
+
 fn witness(src: &Source, raw: RawWitness, roles: &[String]) -> Result<Witness, ConfigError> {
     let kinds: Vec<&Spanned<String>> = [&raw.counter, &raw.log, &raw.endpoint]
         .into_iter()
@@ -141,7 +159,7 @@ fn witness(src: &Source, raw: RawWitness, roles: &[String]) -> Result<Witness, C
         }
         [_] => {
             if let Some(c) = &raw.counter {
-                crate::driver::metrics::check_selector(c.get_ref()).map_err(|why| {
+                check_selector(c.get_ref()).map_err(|why| {
                     src.invalid(
                         c.span(),
                         format!("counter {:?}: {why}", c.get_ref()),
@@ -286,6 +304,20 @@ mod tests {
         assert!(
             matches!(&ws[0].kind, WitnessKind::Log { pattern, .. } if pattern == "requesting defrag")
         );
+    }
+
+    #[test]
+    fn selectors_are_names_with_optional_labels() {
+        for ok in [
+            "vllm:num_preemptions_total",
+            "sglang:load_back_tokens_total{pool=\"kv\"}",
+            "x{a=\"1\", b=\"q\\\"t\"}",
+        ] {
+            assert_eq!(super::check_selector(ok), Ok(()), "{ok}");
+        }
+        for bad in ["9lives", "x{a=\"1\"", "x{a=1}", "x y", ""] {
+            assert!(super::check_selector(bad).is_err(), "{bad}");
+        }
     }
 
     fn refused(mechanism: &str) -> String {

@@ -77,6 +77,7 @@ pub(crate) fn render_run_html(record: &RunRecord, dir: Option<&Path>) -> String 
         let _ = writeln!(body, "<p>{}</p>", escape(&comparison_sentence(c)));
     }
     body.push_str(&run_confounds(record));
+    body.push_str(&run_mechanism(record));
     body.push_str(&run_deaths(record));
     body.push_str(&run_lives(record));
     body.push_str(&super::sequential_view::html(record));
@@ -172,6 +173,20 @@ fn run_verdict(record: &RunRecord) -> String {
     } else {
         String::new()
     }
+}
+
+/// Whether the flag's path ran, by its witnesses, per arm.
+fn run_mechanism(record: &RunRecord) -> String {
+    let lines = record.mechanism_lines();
+    if lines.is_empty() {
+        return String::new();
+    }
+    let mut s = String::from("<h2>Mechanism</h2>\n<ul>\n");
+    for line in &lines {
+        s.push_str(&format!("<li>{}</li>\n", escape(line)));
+    }
+    s.push_str("</ul>\n");
+    s
 }
 
 /// The blocks' engine lives: restarts after deaths, the death budget, canaries.

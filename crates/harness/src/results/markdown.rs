@@ -17,6 +17,7 @@ impl Exporter<RunRecord> for SummaryMarkdown {
         push_heading(&mut s, r);
         push_arms(&mut s, r);
         push_confounds(&mut s, r);
+        push_mechanism(&mut s, r);
         push_deaths(&mut s, r);
         push_lives(&mut s, r);
         push_first_bad_rounds(&mut s, r);
@@ -113,6 +114,18 @@ fn push_confounds(s: &mut String, r: &RunRecord) {
                 .unwrap_or_default(),
             c.note
         ));
+    }
+}
+
+/// Whether the flag's path ran, by its witnesses, per arm.
+fn push_mechanism(s: &mut String, r: &RunRecord) {
+    let lines = r.mechanism_lines();
+    if lines.is_empty() {
+        return;
+    }
+    s.push_str("\nMechanism (what the flag's witnesses counted):\n\n");
+    for line in lines {
+        s.push_str(&format!("- {line}\n"));
     }
 }
 

@@ -222,6 +222,42 @@ impl RunRecord {
             .collect()
     }
 
+    /// What the flag's witnesses counted per arm (core::mechanism): whether the path it
+    /// controls ran, then each witness's count per arm with its failed reads
+    /// (summary.md, report.html). Empty for records without witness counts.
+    pub(crate) fn mechanism_lines(&self) -> Vec<String> {
+        let arms: Vec<(&str, &[crate::core::mechanism::MechanismRecord])> = self
+            .arms
+            .iter()
+            .map(|a| (a.label.as_str(), a.stats.mechanisms.as_slice()))
+            .collect();
+        let Some(coverage) = crate::core::mechanism::coverage(&arms) else {
+            return Vec::new();
+        };
+        let mut lines = vec![coverage.words()];
+        for a in &self.arms {
+            for r in &a.stats.mechanisms {
+                for w in &r.witnesses {
+                    let mut line = format!(
+                        "{} ({}={}{}): {} counted {} (at least {} means it ran)",
+                        a.label.as_str(),
+                        r.flag,
+                        r.value,
+                        if r.needed { ", enables it" } else { "" },
+                        w.witness,
+                        w.count,
+                        w.min
+                    );
+                    if !w.unread.is_empty() {
+                        line.push_str(&format!("; reads failed: {}", w.unread.join("; ")));
+                    }
+                    lines.push(line);
+                }
+            }
+        }
+        lines
+    }
+
     /// What happened to each block's engine lives, in execution order: each restart
     /// after a death, sessions left unrun at the death budget, and each canary that came
     /// back corrupted alone (summary.md, report.html).

@@ -76,6 +76,9 @@ fn flags(out: &mut String, r: &CheckReport) {
                 format!(" PARTIAL: the target has no {}", f.missing_roles.join(","))
             }
         );
+        for line in &f.mechanism {
+            let _ = writeln!(out, "    {line}");
+        }
         for e in &f.edits {
             let now = match (&e.current, e.line) {
                 (Some(v), Some(l)) => format!("now {v} (line {l})"),

@@ -40,6 +40,7 @@ pub(super) fn check_flag(
         missing_roles,
         source: flag.source.display().to_string(),
         edits,
+        mechanism: Vec::new(),
     }
 }
 

@@ -116,6 +116,9 @@ pub struct FlagCheck {
     pub source: String,
     /// One per listed role the target has.
     pub edits: Vec<RoleEdit>,
+    /// The flag's mechanism and its witnesses for this engine, each with whether it
+    /// can be read now (commands/check/witness.rs).
+    pub mechanism: Vec<String>,
 }
 
 /// How the flag would be written into one role's launch config.
@@ -222,6 +225,19 @@ pub async fn check(plan: &CheckPlan<'_>) -> CheckReport {
         }
     }
     notes.extend(role_notes(target));
+    let witness_http = (!plan.offline).then(|| {
+        reqwest::Client::builder()
+            .no_proxy()
+            .timeout(plan.timeout)
+            .build()
+            .expect("a client with a timeout builds")
+    });
+    let mut flags = flags;
+    for f in &mut flags {
+        if let Some(spec) = plan.catalog.flags.iter().find(|s| s.name == f.name) {
+            f.mechanism = witness::lines(spec, target, witness_http.as_ref()).await;
+        }
+    }
 
     CheckReport {
         profile: profile_path,
@@ -414,6 +430,7 @@ pub mod export;
 mod flags;
 mod toolcalls;
 mod urls;
+mod witness;
 
 #[cfg(test)]
 use flags::changed_lines;

@@ -111,6 +111,58 @@ fn load_confounds(scope: &str, a: &ArmStats, b: &ArmStats, out: &mut Vec<Confoun
         json!(a.wall_s),
         json!(b.wall_s),
     ));
+    mechanism_confounds(scope, a, b, out);
+}
+
+/// What each witness of the flags' mechanisms counted (core::mechanism): a path that
+/// ran on one side and not on the other is a warning whatever the numbers, since one
+/// record's rate then says nothing of that path.
+fn mechanism_confounds(scope: &str, a: &ArmStats, b: &ArmStats, out: &mut Vec<ConfoundDiff>) {
+    use crate::core::mechanism::{MechanismRecord, WitnessReading};
+    let find = |stats: &ArmStats, flag: &str, witness: &str| -> Option<(u64, u64)> {
+        stats
+            .mechanisms
+            .iter()
+            .filter(|r: &&MechanismRecord| r.flag == flag)
+            .flat_map(|r| r.witnesses.iter())
+            .find(|w: &&WitnessReading| w.witness == witness)
+            .map(|w| (w.count, w.min))
+    };
+    let mut seen: Vec<(String, String, String)> = Vec::new();
+    for r in a.mechanisms.iter().chain(&b.mechanisms) {
+        for w in &r.witnesses {
+            let key = (r.flag.clone(), r.name.clone(), w.witness.clone());
+            if !seen.contains(&key) {
+                seen.push(key);
+            }
+        }
+    }
+    for (flag, name, witness) in seen {
+        let label = format!("mechanism {flag}: {name} ({witness})");
+        let (x, y) = (find(a, &flag, &witness), find(b, &flag, &witness));
+        match (x, y) {
+            (Some((x, min)), Some((y, _))) if (x >= min) != (y >= min) => out.push(confound(
+                scope,
+                &label,
+                json!(x),
+                json!(y),
+                Severity::Warning,
+                &format!(
+                    "the path ran (at least {min}) in {} only",
+                    if x >= min { "A" } else { "B" }
+                ),
+            )),
+            (Some((x, _)), Some((y, _))) => out.extend(numeric(scope, &label, json!(x), json!(y))),
+            _ => out.push(confound(
+                scope,
+                &label,
+                json!(x.map(|v| v.0)),
+                json!(y.map(|v| v.0)),
+                Severity::Warning,
+                "counted on one side only",
+            )),
+        }
+    }
 }
 
 /// A setting compared entry by entry: how a differing entry is named, how much it
@@ -333,6 +385,42 @@ mod tests {
             .iter()
             .map(|c| (c.scope.clone(), c.name.clone(), c.severity))
             .collect()
+    }
+
+    #[test]
+    fn a_path_that_ran_on_one_side_only_is_a_warning() {
+        use crate::core::mechanism::{MechanismRecord, WitnessReading};
+        let record = |count: u64| MechanismRecord {
+            flag: "DEFRAG".into(),
+            name: "defrag".into(),
+            value: "0.1".into(),
+            needed: true,
+            fix: String::new(),
+            unwatched: None,
+            witnesses: vec![WitnessReading {
+                witness: "log /requesting defrag/".into(),
+                min: 1,
+                count,
+                unread: vec![],
+            }],
+        };
+        let (mut a, mut b) = (run(14, 80, 80), run(14, 80, 80));
+        a.arms[0].stats.mechanisms = vec![record(9)];
+        b.arms[0].stats.mechanisms = vec![record(0)];
+        let c = run_confounds(&a, &b);
+        let found = c
+            .iter()
+            .find(|c| c.name == "mechanism DEFRAG: defrag (log /requesting defrag/)")
+            .unwrap();
+        assert_eq!(
+            (found.severity, found.note.as_str()),
+            (Severity::Warning, "the path ran (at least 1) in A only")
+        );
+        b.arms[0].stats.mechanisms = vec![record(7)];
+        let c = run_confounds(&a, &b);
+        assert!(c
+            .iter()
+            .any(|c| c.name.starts_with("mechanism DEFRAG") && c.severity == Severity::Info));
     }
 
     #[test]
