@@ -69,6 +69,51 @@ fn bf16_index_k_is_implicated_and_scripts_are_restored() {
         "{applied_off}"
     );
     assert!(run_dir.join("report.html").exists() && run_dir.join("summary.md").exists());
+    // The record shows the mechanism ran: the bf16 arm loaded index-K pages back.
+    let loadbacks = &on["mechanisms"][0]["witnesses"][0];
+    assert_eq!(
+        loadbacks["witness"],
+        "counter bisect_engine_hicache_loadbacks_total of prefill"
+    );
+    assert!(
+        loadbacks["count"].as_u64().unwrap() > 0,
+        "{}",
+        on["mechanisms"]
+    );
+    let summary = std::fs::read_to_string(run_dir.join("summary.md")).unwrap();
+    assert!(
+        summary.contains("Mechanism (what the flag's witnesses counted)"),
+        "{summary}"
+    );
+}
+
+/// docs/design.md 3.7, "No verdict clears a mechanism that never ran": HiCache at 4
+/// sessions in flight, which prefill's pool holds whole, loads nothing back, so 400
+/// clean sessions per arm (a difference interval well inside +-5 points, cleared before
+/// witnesses) end inconclusive with the counts and the flag's fix.
+#[test]
+fn hicache_at_a_load_its_pool_holds_never_ran_and_is_not_cleared() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = run_flag(
+        dir.path(),
+        "HICACHE",
+        &["--sessions", "400", "--rounds", "2", "--concurrency", "4"],
+    );
+    let verdict = &run["verdict"];
+    assert_eq!(verdict["status"], "inconclusive", "{verdict}");
+    let summary = verdict["summary"].as_str().unwrap();
+    assert!(
+        summary.starts_with(
+            "inconclusive: HICACHE: the mechanism never ran: HiCache load-back (counter \
+             bisect_engine_hicache_loadbacks_total of prefill): on 0, off 0"
+        ) && summary.contains("to reach it: more sessions in flight"),
+        "{summary}"
+    );
+    // Without the rule the same data would clear it.
+    let reasons = verdict["reasons"].to_string();
+    assert!(reasons.contains("lies inside +-5.0 points"), "{reasons}");
+    assert_eq!(arm(&run, "on")["mechanisms"][0]["needed"], true);
+    assert_eq!(arm(&run, "off")["mechanisms"][0]["needed"], false);
 }
 
 /// The README's main job, ten times, with its default concurrency shape (80 sessions at

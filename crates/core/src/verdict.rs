@@ -850,6 +850,60 @@ mod tests {
         assert!((with_timeouts.stats.corruption_rate - 2.0 / 360.0).abs() < 1e-12);
     }
 
+    /// docs/design.md 3.7: no verdict clears a mechanism that never ran. The same clean
+    /// data are cleared where the witness counted the path in the arm that enables it,
+    /// inconclusive with the fix where it counted nothing; implicated stands either way
+    /// and says what the witness counted.
+    #[test]
+    fn cleared_needs_the_flag_s_mechanism_to_have_run() {
+        use crate::mechanism::{MechanismRecord, WitnessReading};
+        let record = |value: &str, needed: bool, count: u64| MechanismRecord {
+            flag: "DEFRAG".into(),
+            name: "defrag".into(),
+            value: value.into(),
+            needed,
+            fix: "raise --ctx".into(),
+            unwatched: None,
+            witnesses: vec![WitnessReading {
+                witness: "log /requesting defrag/".into(),
+                min: 1,
+                count,
+                unread: vec![],
+            }],
+        };
+        let with = |corrupted: u64, value: &str, label: &str, needed: bool, count: u64| {
+            let mut a = arm(label, value, corrupted, 0, 400);
+            a.stats.mechanisms = vec![record(value, needed, count)];
+            a
+        };
+        let (_, _, ran) =
+            decide_default(&with(0, "1", "on", true, 9), &with(1, "0", "off", false, 0));
+        assert_eq!(ran.status, Status::Cleared, "{:?}", ran.reasons);
+        assert!(ran.reasons.iter().any(
+            |r| r.contains("the mechanism ran: defrag (log /requesting defrag/): on 9, off 0")
+        ));
+
+        let (_, _, never) =
+            decide_default(&with(0, "1", "on", true, 0), &with(1, "0", "off", false, 0));
+        assert_eq!(never.status, Status::Inconclusive);
+        assert_eq!(
+            never.summary,
+            "inconclusive: BF16_INDEX_K: the mechanism never ran: defrag (log /requesting defrag/): \
+             on 0, off 0; it runs only in on; to reach it: raise --ctx"
+        );
+        assert!(never.reasons[0].starts_with("the mechanism never ran"));
+
+        let (_, _, implicated) = decide_default(
+            &with(40, "1", "on", true, 0),
+            &with(0, "0", "off", false, 0),
+        );
+        assert_eq!(implicated.status, Status::Implicated);
+        assert!(implicated
+            .reasons
+            .iter()
+            .any(|r| r.starts_with("witnessed: defrag (log /requesting defrag/): on 0, off 0")));
+    }
+
     #[test]
     fn no_difference_on_many_sessions_is_cleared() {
         let (comparison, _, verdict) =
