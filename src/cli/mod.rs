@@ -222,7 +222,7 @@ pub(crate) struct WorkloadArgs {
     rounds: Option<u32>,
     /// Filler tokens of earlier conversation per session.
     #[arg(long)]
-    ctx: Option<u32>,
+    pub(crate) ctx: Option<u32>,
     #[arg(long = "max-tokens")]
     max_tokens: Option<u32>,
     /// Per-request timeout in seconds.
@@ -295,7 +295,7 @@ pub(crate) struct ExperimentArgs {
     #[command(flatten)]
     pub(crate) target: TargetArgs,
     #[command(flatten)]
-    load: WorkloadArgs,
+    pub(crate) load: WorkloadArgs,
     /// Appended to the id (the results directory's name).
     #[arg(long)]
     tag: Option<String>,
@@ -329,6 +329,12 @@ pub(crate) struct RunArgs {
     /// Arm pairs, interleaved on, off, off, on, ...
     #[arg(long, default_value_t = 1)]
     repeats: u32,
+    /// Size each session's filler context (instead of --ctx) so the sessions in flight
+    /// fill this share of the engine's KV cache at their last round, as the engine
+    /// reports its capacity on a restart at the value that lets the flag's path run
+    /// (docs/design.md 3.4 "Pressure"); e.g. 0.5. Above 1 oversubscribes it.
+    #[arg(long, value_name = "FRACTION")]
+    pressure: Option<f64>,
     #[command(flatten)]
     blocks: BlockArgs,
     #[command(flatten)]
@@ -435,6 +441,26 @@ impl RunArgs {
             ));
         }
         let policy = common.decision.policy()?;
+        if let Some(p) = self.pressure {
+            if !(p > 0.0 && p.is_finite()) {
+                return Err(usage(
+                    "--pressure must be a positive share of the KV cache",
+                    "e.g. --pressure 0.5 (half the cache at the last round), 1.2 to oversubscribe it",
+                ));
+            }
+            if common.load.ctx.is_some() {
+                return Err(usage(
+                    "--pressure sizes the filler context itself: it cannot be given with --ctx",
+                    "drop one of --pressure and --ctx",
+                ));
+            }
+            if self.blocks.adaptive {
+                return Err(usage(
+                    "--pressure is not supported with --adaptive yet",
+                    "size it once with a fixed run, then pass the --ctx it chose (run.json `pressure`)",
+                ));
+            }
+        }
         if self.blocks.adaptive && self.repeats != 1 {
             return Err(usage(
                 "--repeats does not apply to --adaptive: its blocks alternate until the test decides",
@@ -470,6 +496,7 @@ impl RunArgs {
             api_key,
             oracle,
             adaptive: self.adaptive(),
+            pressure: self.pressure,
         })
     }
 }

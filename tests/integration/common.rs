@@ -144,6 +144,7 @@ impl FakeTarget {
             testbed: self.testbed(),
             oracle: None,
             adaptive: None,
+            pressure: None,
         }
     }
 

@@ -26,6 +26,7 @@ pub mod mechanism;
 pub mod oracle;
 pub mod phases;
 pub mod poison;
+pub mod pressure;
 #[cfg(any(test, feature = "test-support"))]
 pub mod proptest_config;
 pub mod reason;

@@ -536,6 +536,43 @@ mod tests {
         assert!(report.verdict.contains("level 80 is not reported as 80"));
     }
 
+    /// A level at which the flag's path never ran is short, never flat: the DEFRAG sweep
+    /// at 1 and 4 in flight, defrag logged only at 4 (docs/real-engines.md, 12253).
+    #[test]
+    fn a_level_whose_mechanism_never_ran_is_never_flat() {
+        use crate::mechanism::{MechanismRecord, WitnessReading};
+        let p = params(&[1, 4], true, Allocation::Fixed { sessions: 40 });
+        let defrags = |level: u32, arm: Arm| MechanismRecord {
+            flag: "X".into(),
+            name: "defrag".into(),
+            value: if arm == Arm::Off { "-1" } else { "0.1" }.into(),
+            needed: arm != Arm::Off,
+            fix: "4 or more in flight".into(),
+            unwatched: None,
+            witnesses: vec![WitnessReading {
+                witness: "log /requesting defrag/".into(),
+                min: 1,
+                count: u64::from(level > 1 && arm != Arm::Off) * 5,
+                unread: vec![],
+            }],
+        };
+        let report = sweep(p.clone(), Some("X".into())).run(
+            |b| {
+                let mut out = scripted_block(b.sessions, Some(u64::from(b.level)), |_| false);
+                out.mechanisms = vec![defrags(b.level, b.arm)];
+                out
+            },
+            drop,
+        );
+        let short = report.levels[0].short.as_deref().unwrap_or_default();
+        assert!(
+            short.contains("the mechanism never ran: defrag") && short.contains("never flat"),
+            "{:?}",
+            report.levels[0]
+        );
+        assert!(report.levels[1].short.is_none(), "{:?}", report.levels[1]);
+    }
+
     #[test]
     fn one_session_in_flight_is_never_short() {
         // Short requests one at a time: the poller saw none running at level 1.

@@ -39,6 +39,7 @@ use crate::exit::{Failure, Problem};
 use crate::launch::Editor;
 use crate::results::ResultsDir;
 
+mod capacity;
 mod deaths;
 mod engines;
 mod oracle;
@@ -501,6 +502,11 @@ impl<'a> Testbed<'a> {
             .collect();
         restarted.restart_s = (started.elapsed().as_secs_f64() - restarted.health_wait_s).max(0.0);
         Ok(restarted)
+    }
+
+    /// The KV capacity the engines report now (core::pressure; arm/capacity.rs).
+    pub(crate) async fn capacity(&self) -> Result<crate::core::pressure::Capacity, String> {
+        capacity::read(self.target.engine, &self.target.roles, &self.probe_http).await
     }
 
     /// Stop the engines this testbed started (between restart groups). Idempotent.

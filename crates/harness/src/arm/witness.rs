@@ -303,6 +303,47 @@ mod tests {
         assert_eq!(sum_at(&slots, "no-slash"), None);
         let doc = serde_json::json!({"a/b": {"x": 2}});
         assert_eq!(sum_at(&doc, "/a~1b/x"), Some(2.0));
+        // A real server's reply: llama.cpp 0.3.8's /props (tests/fixtures/engines/).
+        let props: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("../../tests/fixtures/engines/llamacpp/props-0.3.8.json"),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(sum_at(&props, "/total_slots"), Some(4.0));
+        assert_eq!(
+            sum_at(&props, "/default_generation_settings/n_ctx"),
+            Some(2048.0)
+        );
+        assert_eq!(
+            sum_at(&props, "/default_generation_settings/is_processing"),
+            Some(0.0)
+        );
+    }
+
+    /// The DEFRAG witness on the real 0.3.8 server's log (tests/fixtures/engines/README.md).
+    #[test]
+    fn the_defrag_witness_counts_the_real_servers_line() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/engines/llamacpp/defrag-0.3.8.log");
+        let bytes = std::fs::read(root).unwrap();
+        let catalog =
+            crate::config::FlagCatalog::load(&[std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../targets/llama-cpp-12253/flags")])
+            .unwrap();
+        let Some(crate::core::mechanism::Mechanism {
+            watch: crate::core::mechanism::Watch::Witnesses(ws),
+            ..
+        }) = &catalog.get("DEFRAG").unwrap().mechanism
+        else {
+            panic!("DEFRAG has witnesses")
+        };
+        let WitnessKind::Log { pattern, .. } = &ws[0].kind else {
+            panic!("a log witness")
+        };
+        assert_eq!(count_matches(&bytes, &Regex::new(pattern).unwrap()), 1);
     }
 
     #[test]

@@ -430,6 +430,40 @@ mod tests {
         assert_eq!(Outcome::Clean.exit_code(), 0);
     }
 
+    /// `--mechanism DEFRAG`: 0/80 rules the bug rate out only where defrag ran; with
+    /// no defrag logged the build is "could not tell" (git bisect skips it), not good.
+    #[test]
+    fn clean_needs_the_watched_mechanism_to_have_run() {
+        use crate::core::mechanism::{MechanismRecord, WitnessReading};
+        let watched = |count: u64| {
+            let mut a = arm(0, 0, 0, 80);
+            a.stats.mechanisms = vec![MechanismRecord {
+                flag: "DEFRAG".into(),
+                name: "defrag".into(),
+                value: "0.1".into(),
+                needed: true,
+                fix: "4 or more in flight".into(),
+                unwatched: None,
+                witnesses: vec![WitnessReading {
+                    witness: "log /requesting defrag/".into(),
+                    min: 1,
+                    count,
+                    unread: vec![],
+                }],
+            }];
+            a
+        };
+        let (o, why) = probe(&watched(0));
+        assert_eq!(o, Outcome::Unknown);
+        assert!(
+            why.contains("but the mechanism never ran: defrag (log /requesting defrag/): probe 0"),
+            "{why}"
+        );
+        let (o, why) = probe(&watched(3));
+        assert_eq!(o, Outcome::Clean);
+        assert!(why.contains("the mechanism ran: defrag"), "{why}");
+    }
+
     #[test]
     fn truncated_sessions_never_make_a_build_clean() {
         // 80 sessions all cut off at max_tokens: nothing was judged. Counted as clean

@@ -52,6 +52,9 @@ pub struct RunPlan {
     pub oracle: Option<SoloOracle>,
     /// `--adaptive`: blocks alternate until the sequential test decides.
     pub adaptive: Option<AdaptiveOptions>,
+    /// `--pressure`: size the filler context to this share of the engine's KV cache
+    /// (core::pressure) instead of the workload's `ctx`.
+    pub pressure: Option<f64>,
 }
 
 /// What `--adaptive` adds to a run plan.
@@ -156,13 +159,14 @@ async fn run_blocks(
     let editing = Instant::now();
     bed.pin(&plan.pins)?;
     phases.edit_s += editing.elapsed().as_secs_f64();
-    let classifier = Arc::new(plan.target.classifier(&plan.workload)?);
+    let workload = sized_workload(plan, bed, record, phases).await?;
+    let classifier = Arc::new(plan.target.classifier(&workload)?);
     for (label, repeat) in arm_order(plan.repeats) {
         bed.check_cancelled()?;
         let block = BlockSpec {
             label,
             repeat,
-            workload: &plan.workload,
+            workload: &workload,
         };
         let ran = run_block(plan, bed, results, record, &classifier, block, phases).await?;
         record.runs.push(ran.arm);
@@ -170,6 +174,53 @@ async fn run_blocks(
         write_timed(results, record, phases)?;
     }
     Ok(())
+}
+
+/// The workload both arms run: the plan's, or with `--pressure` its filler context
+/// sized to that share of the engine's KV cache (core::pressure), read on engines
+/// restarted at the value that lets the flag's mechanism run (its `on`, or its `off`
+/// for a flag that disables a path), with the pins in place. Recorded in run.json
+/// (`pressure`, and the workload's `ctx`).
+async fn sized_workload(
+    plan: &RunPlan,
+    bed: &mut Testbed<'_>,
+    record: &mut RunRecord,
+    phases: &mut Phases,
+) -> anyhow::Result<Workload> {
+    let mut workload = plan.workload.clone();
+    let Some(pressure) = plan.pressure else {
+        return Ok(workload);
+    };
+    let enabling = match plan.flag.mechanism.as_ref().map(|m| m.arms) {
+        Some(crate::core::mechanism::Arms::Off) => &plan.flag.off,
+        _ => &plan.flag.on,
+    };
+    bed.set(&plan.flag, enabling)?;
+    let restarted = bed.restart("pressure").await?;
+    phases.restarts += 1;
+    phases.restart_s += restarted.restart_s;
+    phases.health_wait_s += restarted.health_wait_s;
+    let capacity = bed.capacity().await.map_err(|why| {
+        crate::exit::Failure::could_not_run(
+            format!("--pressure: could not read the engine's KV capacity: {why}"),
+            "pass --ctx instead, sized by hand",
+        )
+    })?;
+    let sizing = crate::core::pressure::size(
+        &capacity,
+        pressure,
+        u64::from(workload.target_concurrency()),
+        crate::core::pressure::base_tokens(&workload),
+    );
+    workload.ctx = sizing.ctx;
+    bed.progress().note(&format!(
+        "{}={enabling}: {}",
+        plan.flag.name,
+        sizing.words()
+    ));
+    record.workload = workload.params_json();
+    record.pressure = Some(sizing);
+    Ok(workload)
 }
 
 /// Whether run.json's `warnings` already holds `warning`.
@@ -401,7 +452,8 @@ fn finish_verdict(plan: &RunPlan, record: &mut RunRecord) {
     let (Some(on), Some(off)) = (record.arm(ArmLabel::On), record.arm(ArmLabel::Off)) else {
         return;
     };
-    let params = plan.workload.params_json();
+    // The workload the arms ran (its ctx sized by --pressure where asked).
+    let params = record.workload.clone();
     let (comparison, confounds, verdict) = decide(
         &on.observe(&params),
         &off.observe(&params),
@@ -440,6 +492,7 @@ pub(crate) fn initial_record(plan: &RunPlan) -> RunRecord {
         error: None,
         adaptive: None,
         phases: None,
+        pressure: None,
         extra: serde_json::Map::new(),
     }
 }

@@ -204,8 +204,7 @@ fn witness(src: &Source, raw: RawWitness, roles: &[String]) -> Result<Witness, C
             }
         }
     };
-    if raw.field.is_some() && !matches!(kind, WitnessKind::Endpoint { .. }) {
-        let f = raw.field.as_ref().expect("checked");
+    if let (Some(f), false) = (&raw.field, matches!(kind, WitnessKind::Endpoint { .. })) {
         return Err(src.invalid(
             f.span(),
             "field belongs to an endpoint witness",

@@ -46,6 +46,9 @@ pub struct RunRecord {
     /// Where the run's wall time went (absent in records written before it existed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phases: Option<Phases>,
+    /// `--pressure`: the capacity read and the filler context chosen for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pressure: Option<crate::core::pressure::Sizing>,
     /// Keys written by other commands (e.g. `reclassified` history), kept on rewrite.
     #[serde(flatten)]
     pub extra: serde_json::Map<String, serde_json::Value>,
