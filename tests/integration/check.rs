@@ -141,6 +141,36 @@ fn every_shipped_profile_passes_offline_and_is_left_untouched() {
     assert_eq!(off["change"], "replace");
     assert_eq!(off["before"][0], "export SGLANG_DSV4_BF16_INDEX_K=1");
     assert_eq!(off["after"][0], "export SGLANG_DSV4_BF16_INDEX_K=0");
+    // Each flag lists its mechanism and witness for this engine, and what reads it.
+    let mechanism: Vec<&str> = bf16["mechanism"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap())
+        .collect();
+    assert_eq!(mechanism[0], "mechanism: index-K load-back (runs in both)");
+    assert!(
+        mechanism[1].starts_with(
+            "  witness counter sglang:load_back_tokens_total{pool=\"kv\"} of prefill (at least 1): prefill: read from"
+        ) && mechanism[1].contains("(offline: not tried)"),
+        "{mechanism:?}"
+    );
+    // The 12253 profile's DEFRAG: a log bisect captures, at the level its line needs.
+    let (_, llama, _) = check_offline(&dir.join("llama-cpp-12253/target.toml"), cwd.path());
+    let defrag = llama["flags"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == "DEFRAG")
+        .unwrap();
+    let witness = defrag["mechanism"][1].as_str().unwrap();
+    assert!(
+        witness.contains("log /requesting defrag/")
+            && witness.contains("needs --log-verbosity 1")
+            && witness
+                .contains("server: readable (bisect captures the output of the role it spawns)"),
+        "{witness}"
+    );
     assert_eq!(snapshot(&dir), before, "a file under targets/ changed");
 }
 
