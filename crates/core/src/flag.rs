@@ -76,6 +76,18 @@ impl FlagSpec {
         }
     }
 
+    /// What a block at `value` on an engine of preset `engine` records of this flag's
+    /// mechanism before its witnesses count (core::mechanism).
+    pub fn mechanism_record(&self, value: &str, engine: &str) -> crate::mechanism::MechanismRecord {
+        crate::mechanism::MechanismRecord::of(
+            (&self.name, &self.source.display().to_string()),
+            self.mechanism.as_ref(),
+            (&self.on, &self.off),
+            value,
+            engine,
+        )
+    }
+
     /// The `flag` object of run.json (docs/design.md 3.6): name, env|arg|switch, roles, on, off.
     pub fn to_json(&self) -> serde_json::Value {
         let mut obj = serde_json::Map::new();

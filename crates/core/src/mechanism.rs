@@ -17,8 +17,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::flag::FlagSpec;
-
 /// How a witness is read. The harness reads each over one engine life and adds the
 /// lives of a block up.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,13 +93,13 @@ impl Arms {
         }
     }
 
-    /// Whether `value` of `flag` lets the mechanism run. A value that is neither the
-    /// flag's on nor its off (a load level's or a `--set`'s) counts as enabling unless it
+    /// Whether `value` of a flag whose values are `(on, off)` lets the mechanism run. A
+    /// value that is neither (a load level's or a `--set`'s) counts as enabling unless it
     /// is the one value that disables.
-    pub fn enabled_by(self, flag: &FlagSpec, value: &str) -> bool {
+    pub fn enabled_by(self, (on, off): (&str, &str), value: &str) -> bool {
         match self {
-            Arms::On => value != flag.off,
-            Arms::Off => value != flag.on,
+            Arms::On => value != off,
+            Arms::Off => value != on,
             Arms::Both => true,
         }
     }
@@ -175,22 +173,25 @@ pub enum Ran {
 }
 
 impl MechanismRecord {
-    /// The record of a flag at `value` whose mechanism is `mechanism` (or none) on an
-    /// engine of preset `engine`, before anything is counted: one zero reading per
-    /// witness that applies.
-    pub fn new(flag: &FlagSpec, value: &str, engine: &str) -> MechanismRecord {
-        let no_witness = || {
-            format!(
-                "{} names no witness of its mechanism (a [mechanism] table)",
-                flag.source.display()
-            )
-        };
-        let (name, fix, needed, unwatched, witnesses) = match &flag.mechanism {
+    /// The record of flag `flag` (its file `file`, its values `values` = (on, off)) at
+    /// `value`, whose mechanism is `mechanism` (or none), on an engine of preset
+    /// `engine`, before anything is counted: one zero reading per witness that applies.
+    /// `FlagSpec::mechanism_record` calls it with the flag's own fields.
+    pub fn of(
+        (flag, file): (&str, &str),
+        mechanism: Option<&Mechanism>,
+        values: (&str, &str),
+        value: &str,
+        engine: &str,
+    ) -> MechanismRecord {
+        let (name, fix, needed, unwatched, witnesses) = match mechanism {
             None => (
                 String::new(),
                 String::new(),
                 true,
-                Some(no_witness()),
+                Some(format!(
+                    "{file} names no witness of its mechanism (a [mechanism] table)"
+                )),
                 vec![],
             ),
             Some(m) => {
@@ -207,23 +208,23 @@ impl MechanismRecord {
                                 unread: vec![],
                             })
                             .collect();
-                        let none = readings.is_empty().then(|| {
-                            format!("{} names no witness for the {engine} engine", flag.name)
-                        });
+                        let none = readings
+                            .is_empty()
+                            .then(|| format!("{flag} names no witness for the {engine} engine"));
                         (none, readings)
                     }
                 };
                 (
                     m.name.clone(),
                     m.fix.clone(),
-                    m.arms.enabled_by(flag, value),
+                    m.arms.enabled_by(values, value),
                     unwatched,
                     witnesses,
                 )
             }
         };
         MechanismRecord {
-            flag: flag.name.clone(),
+            flag: flag.to_string(),
             name,
             value: value.to_string(),
             needed,
@@ -430,19 +431,19 @@ pub fn coverage(arms: &[(&str, &[MechanismRecord])]) -> Option<Coverage> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::flag::Setting;
 
-    fn defrag(mechanism: Option<Mechanism>) -> FlagSpec {
-        FlagSpec {
-            name: "DEFRAG".into(),
-            doc: String::new(),
-            setting: Setting::Env("LLAMA_ARG_DEFRAG_THOLD".into()),
-            roles: vec!["server".into()],
-            on: "0.1".into(),
-            off: "-1".into(),
-            source: "flags/DEFRAG.toml".into(),
+    /// DEFRAG's values (on, off).
+    const VALUES: (&str, &str) = ("0.1", "-1");
+
+    /// The record of DEFRAG with `mechanism` at `value` on `engine`.
+    fn record(mechanism: Option<&Mechanism>, value: &str, engine: &str) -> MechanismRecord {
+        MechanismRecord::of(
+            ("DEFRAG", "flags/DEFRAG.toml"),
             mechanism,
-        }
+            VALUES,
+            value,
+            engine,
+        )
     }
 
     fn log_witness(engine: Option<&str>) -> Witness {
@@ -467,15 +468,15 @@ mod tests {
         }
     }
 
-    fn counted(flag: &FlagSpec, value: &str, n: u64) -> MechanismRecord {
-        let mut r = MechanismRecord::new(flag, value, "llamacpp");
+    fn counted(m: &Mechanism, value: &str, n: u64) -> MechanismRecord {
+        let mut r = record(Some(m), value, "llamacpp");
         r.witnesses[0].count = n;
         r
     }
 
     #[test]
     fn the_arm_whose_value_enables_it_must_run_it() {
-        let f = defrag(Some(mech(Arms::On)));
+        let f = mech(Arms::On);
         let (on, off) = (counted(&f, "0.1", 0), counted(&f, "-1", 0));
         assert!(on.needed && !off.needed);
         let c = coverage(&[("on", &[on]), ("off", &[off])]).unwrap();
@@ -504,7 +505,7 @@ mod tests {
 
     #[test]
     fn both_arms_must_run_a_mechanism_either_value_runs() {
-        let f = defrag(Some(mech(Arms::Both)));
+        let f = mech(Arms::Both);
         let c = coverage(&[
             ("on", &[counted(&f, "0.1", 3)]),
             ("off", &[counted(&f, "-1", 0)]),
@@ -519,10 +520,10 @@ mod tests {
 
     #[test]
     fn a_flag_that_disables_a_path_needs_it_in_its_off_arm() {
-        let f = defrag(Some(mech(Arms::Off)));
-        assert!(Arms::Off.enabled_by(&f, "-1") && !Arms::Off.enabled_by(&f, "0.1"));
+        let f = mech(Arms::Off);
+        assert!(f.arms.enabled_by(VALUES, "-1") && !f.arms.enabled_by(VALUES, "0.1"));
         // A value that is neither on nor off enables unless it is the disabling one.
-        assert!(Arms::On.enabled_by(&f, "0.05") && Arms::Off.enabled_by(&f, "0.05"));
+        assert!(Arms::On.enabled_by(VALUES, "0.05") && Arms::Off.enabled_by(VALUES, "0.05"));
     }
 
     #[test]
@@ -531,7 +532,7 @@ mod tests {
         if let Watch::Witnesses(ws) = &mut m.watch {
             ws[0].min = 5;
         }
-        let f = defrag(Some(m));
+        let f = m;
         let below = counted(&f, "0.1", 4);
         assert_eq!(below.ran(), Ran::No);
         let mut unread = below.clone();
@@ -547,7 +548,7 @@ mod tests {
         unread.witnesses[0].count = 5;
         assert_eq!(unread.ran(), Ran::Yes);
 
-        let none = MechanismRecord::new(&defrag(None), "0.1", "llamacpp");
+        let none = record(None, "0.1", "llamacpp");
         assert_eq!(none.ran(), Ran::Unwatched);
         let c = coverage(&[("on", &[none])]).unwrap();
         assert_eq!(c.refusal(), None);
@@ -557,7 +558,7 @@ mod tests {
              of its mechanism (a [mechanism] table)"
         );
         // A witness for another engine does not apply.
-        let other = MechanismRecord::new(&f, "0.1", "vllm");
+        let other = record(Some(&f), "0.1", "vllm");
         assert!(other.witnesses.is_empty());
         assert_eq!(
             other.unwatched.as_deref(),
@@ -567,7 +568,7 @@ mod tests {
 
     #[test]
     fn pooling_adds_counts_and_keeps_failed_reads() {
-        let f = defrag(Some(mech(Arms::On)));
+        let f = mech(Arms::On);
         let a = [counted(&f, "0.1", 2)];
         let mut b = [counted(&f, "0.1", 3)];
         b[0].witnesses[0].unread.push("life 2: log gone".into());
@@ -580,7 +581,7 @@ mod tests {
 
     #[test]
     fn records_round_trip_through_json() {
-        let f = defrag(Some(mech(Arms::On)));
+        let f = mech(Arms::On);
         let r = counted(&f, "0.1", 7);
         let text = serde_json::to_string(&r).unwrap();
         assert_eq!(serde_json::from_str::<MechanismRecord>(&text).unwrap(), r);

@@ -83,7 +83,7 @@ impl Watch {
     ) -> Watch {
         let mut watch = Watch::default();
         for (flag, value) in flags {
-            let record = MechanismRecord::new(flag, value, engine);
+            let record = flag.mechanism_record(value, engine);
             let index = watch.records.len();
             let witnesses: Vec<_> = match &flag.mechanism {
                 Some(m) => match &m.watch {
