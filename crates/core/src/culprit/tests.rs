@@ -379,6 +379,60 @@ fn a_flag_whose_flip_kills_the_engine_is_never_a_pass() {
     );
 }
 
+/// Runs blocks like `OracleRunner`, but flipping F3 keeps F0's path from running: those
+/// blocks come back clean, and F0's witness counts nothing where its value enables it.
+struct Gated<'a> {
+    oracle: &'a Oracle,
+}
+
+impl Gated<'_> {
+    fn run_block(&self, r: &BlockRequest) -> BlockOutcome {
+        let mut out = OracleRunner {
+            oracle: self.oracle,
+            seed: 11,
+        }
+        .run_block(r);
+        let gated = !self.oracle.failing_set(r).contains(&3);
+        if gated {
+            out.classes.iter_mut().for_each(|c| *c = SessionClass::Done);
+        }
+        out.mechanisms = vec![crate::mechanism::MechanismRecord {
+            flag: "F0".into(),
+            name: "the F0 path".into(),
+            value: "1".into(),
+            needed: true,
+            fix: String::new(),
+            unwatched: None,
+            witnesses: vec![crate::mechanism::WitnessReading {
+                witness: "counter f0_total".into(),
+                min: 1,
+                count: if gated { 0 } else { 7 },
+                unread: vec![],
+            }],
+        }];
+        out
+    }
+}
+
+#[test]
+fn a_configuration_whose_path_never_ran_is_never_a_pass() {
+    // F3 flipped: nothing corrupts because F0's path never runs. Counted as a pass,
+    // F3 would be named a culprit; it is held out instead, saying why.
+    let oracle = crisp(Rule::All(vec![0, 1]), vec![]);
+    let params = SearchParams::new(oracle.flag_values(), 80, BUDGET, 11);
+    let runner = Gated { oracle: &oracle };
+    let report = search(params).run(|r| runner.run_block(r), drop).unwrap();
+    assert_answer(&report, Answer::Culprit { flags: vec![0, 1] });
+    assert_eq!(report.untestable.len(), 1, "{}", report.verdict);
+    assert_eq!(report.untestable[0].flag, 3);
+    let reason = &report.untestable[0].reason;
+    assert!(
+        reason.contains("the mechanism never ran: the F0 path (counter f0_total): it 0")
+            && reason.contains("a path that never ran is never a pass"),
+        "{reason}"
+    );
+}
+
 #[test]
 fn a_flag_whose_flip_is_much_slower_is_held_out_with_the_figures() {
     // F3 flipped: 17x slower (300 against 5000 tokens/s), no timeouts at all.

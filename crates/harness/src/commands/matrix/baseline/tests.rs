@@ -104,6 +104,35 @@ fn a_cell_whose_engine_died_is_never_ok() {
     assert!(why.contains("an engine that dies is never ok"), "{why}");
 }
 
+/// docs/design.md 3.7: a cell whose flag's path never ran is never ok; where it ran,
+/// the same cell is ok.
+#[test]
+fn a_cell_whose_mechanism_never_ran_is_never_ok() {
+    let defrags = |count: u64| -> Vec<crate::core::mechanism::MechanismRecord> {
+        serde_json::from_value(serde_json::json!([{
+            "flag": "DEFRAG", "name": "defrag", "value": "0.1", "needed": true,
+            "fix": "4 or more in flight",
+            "witnesses": [{"witness": "log /requesting defrag/", "min": 1, "count": count}]
+        }]))
+        .unwrap()
+    };
+    let mut idle = measured("c", 80, 0, 0, 0);
+    idle.stats.mechanisms = defrags(0);
+    let n = compared(vec![measured("c", 80, 0, 0, 0)], vec![idle]);
+    let (status, why) = status_and_reasons(&n.cells[0]);
+    assert_eq!(status, CellStatus::Inconclusive, "{why}");
+    assert!(
+        why.contains(
+            "the mechanism never ran: defrag (log /requesting defrag/): this night's cell 0"
+        ) && why.contains("a cell whose path never ran is never ok"),
+        "{why}"
+    );
+    let mut ran = measured("c", 80, 0, 0, 0);
+    ran.stats.mechanisms = defrags(5);
+    let n = compared(vec![measured("c", 80, 0, 0, 0)], vec![ran]);
+    assert_eq!(status_and_reasons(&n.cells[0]).0, CellStatus::Ok);
+}
+
 #[test]
 fn a_cell_that_judged_nothing_is_never_ok() {
     // The baseline corrupted 14 of 80; tonight a wordier model runs into max_tokens in
