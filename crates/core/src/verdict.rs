@@ -115,7 +115,15 @@ pub fn with_mechanism(
             verdict.summary = format!("inconclusive: {flag}: {refusal}");
             verdict.reasons.insert(0, Reason::finding(refusal));
         }
+        // Inconclusive for its own reasons too: the path that never ran leads, since
+        // no number of sessions at this workload would settle it.
         (Status::Inconclusive, Some(refusal)) => {
+            let rest = verdict
+                .summary
+                .strip_prefix("inconclusive: ")
+                .unwrap_or(&verdict.summary)
+                .to_string();
+            verdict.summary = format!("inconclusive: {flag}: {refusal}; {rest}");
             verdict.reasons.insert(0, Reason::finding(refusal));
         }
         // The data implicate the flag whatever its witnesses counted; the record says
@@ -892,6 +900,31 @@ mod tests {
              on 0, off 0; it runs only in on; to reach it: raise --ctx"
         );
         assert!(never.reasons[0].starts_with("the mechanism never ran"));
+
+        // Too few sessions to decide anyway: the path that never ran still leads.
+        let few = |a: TestArm| {
+            let mut a = a;
+            a.stats.counts[SessionClass::Done] = 10;
+            a.stats.finish();
+            a
+        };
+        let (_, _, underpowered) = decide_default(
+            &few(with(0, "1", "on", true, 0)),
+            &few(with(0, "0", "off", false, 0)),
+        );
+        assert_eq!(underpowered.status, Status::Inconclusive);
+        assert!(
+            underpowered
+                .summary
+                .starts_with("inconclusive: BF16_INDEX_K: the mechanism never ran: defrag"),
+            "{}",
+            underpowered.summary
+        );
+        assert!(
+            underpowered.summary.contains("; BF16_INDEX_K on (=1) 0/10"),
+            "{}",
+            underpowered.summary
+        );
 
         let (_, _, implicated) = decide_default(
             &with(40, "1", "on", true, 0),

@@ -115,7 +115,8 @@ pub(crate) async fn read(
     Err(why.join("; "))
 }
 
-async fn get_text(http: &reqwest::Client, url: &str) -> Result<String, String> {
+/// `GET url`'s body, or why not in words (a failed request, a non-2xx status).
+pub(crate) async fn get_text(http: &reqwest::Client, url: &str) -> Result<String, String> {
     let reply = http
         .get(url)
         .send()
@@ -127,7 +128,11 @@ async fn get_text(http: &reqwest::Client, url: &str) -> Result<String, String> {
     reply.text().await.map_err(|e| format!("GET {url}: {e}"))
 }
 
-async fn get_json(http: &reqwest::Client, url: &str) -> Result<serde_json::Value, String> {
+/// `GET url`'s body as JSON, or why not in words.
+pub(crate) async fn get_json(
+    http: &reqwest::Client,
+    url: &str,
+) -> Result<serde_json::Value, String> {
     let text = get_text(http, url).await?;
     serde_json::from_str(&text).map_err(|e| format!("GET {url}: not JSON: {e}"))
 }

@@ -44,6 +44,7 @@ mod deaths;
 mod engines;
 mod oracle;
 mod witness;
+pub(crate) use capacity::{get_json, get_text};
 pub(crate) use witness::sum_at as witness_sum_at;
 
 pub(crate) use engines::Restarted;

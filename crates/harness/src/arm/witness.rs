@@ -236,18 +236,7 @@ pub(crate) fn count_matches(bytes: &[u8], pattern: &Regex) -> u64 {
 }
 
 async fn read_field(http: &reqwest::Client, url: &str, field: &str) -> Result<f64, String> {
-    let reply = http
-        .get(url)
-        .send()
-        .await
-        .map_err(|e| format!("GET {url}: {e}"))?;
-    if !reply.status().is_success() {
-        return Err(format!("GET {url}: {}", reply.status()));
-    }
-    let doc: serde_json::Value = reply
-        .json()
-        .await
-        .map_err(|e| format!("GET {url}: not JSON: {e}"))?;
+    let doc = super::capacity::get_json(http, url).await?;
     sum_at(&doc, field).ok_or_else(|| format!("GET {url}: no number at {field}"))
 }
 

@@ -83,7 +83,7 @@ async fn readable(
             let Some(http) = http else {
                 return format!("read from {url} (offline: not tried)");
             };
-            match get(http, url).await {
+            match crate::arm::get_text(http, url).await {
                 Ok(text) => {
                     let exposition = crate::driver::metrics::parse_exposition(&text);
                     match exposition.counter(selector) {
@@ -102,28 +102,13 @@ async fn readable(
             let Some(http) = http else {
                 return format!("read from {url} (offline: not tried)");
             };
-            match get(http, &url).await {
-                Ok(text) => match serde_json::from_str::<serde_json::Value>(&text) {
-                    Ok(doc) => match crate::arm::witness_sum_at(&doc, field) {
-                        Some(v) => format!("readable, {v} now"),
-                        None => format!("NOT readable now: {url} has no number at {field}"),
-                    },
-                    Err(e) => format!("NOT readable now: {url} is not JSON ({e})"),
+            match crate::arm::get_json(http, &url).await {
+                Ok(doc) => match crate::arm::witness_sum_at(&doc, field) {
+                    Some(v) => format!("readable, {v} now"),
+                    None => format!("NOT readable now: {url} has no number at {field}"),
                 },
                 Err(e) => format!("not read now: {e}"),
             }
         }
     }
-}
-
-async fn get(http: &reqwest::Client, url: &str) -> Result<String, String> {
-    let reply = http
-        .get(url)
-        .send()
-        .await
-        .map_err(|e| format!("GET {url}: {e}"))?;
-    if !reply.status().is_success() {
-        return Err(format!("GET {url}: {}", reply.status()));
-    }
-    reply.text().await.map_err(|e| format!("GET {url}: {e}"))
 }
