@@ -229,10 +229,20 @@ fn stops_the_search(e: &anyhow::Error) -> bool {
 }
 
 /// The block's observation by the checks of this module's header: the core's one
-/// judgement of a block, a load short of the target voiding it too.
+/// judgement of a block, a load short of the target voiding it too, and a clean block
+/// whose flag's path never ran (core::mechanism) could not tell: a commit is never
+/// good for a path that never ran.
 pub fn judge(arm: &ArmRecord, workload: &serde_json::Value, policy: &Policy) -> Observation {
     let facts = crate::commands::judge::block_facts(arm, workload, policy);
-    Observation::of_block(judge_block(&facts, policy.degraded_fraction))
+    let observation = Observation::of_block(judge_block(&facts, policy.degraded_fraction));
+    let never_ran = crate::core::mechanism::coverage(&[("the block", &arm.stats.mechanisms)])
+        .and_then(|c| c.refusal());
+    match (observation, never_ran) {
+        (Observation::Block { corrupted: 0, .. }, Some(refusal)) => {
+            Observation::CouldNotTell { reason: refusal }
+        }
+        (observation, _) => observation,
+    }
 }
 
 /// `blocks/b007` for block 7.
@@ -292,6 +302,29 @@ mod tests {
             .engine_replaced
             .push("role decode is another process (pid 1 -> 2)".into());
         assert!(why(&replaced).contains("pid 1 -> 2"));
+        // A clean block whose flag's path never ran says nothing of the commit; one
+        // that corrupted still counts.
+        let defrags: Vec<crate::core::mechanism::MechanismRecord> =
+            serde_json::from_value(serde_json::json!([{
+                "flag": "DEFRAG", "name": "defrag", "value": "0.1", "needed": true,
+                "witnesses": [{"witness": "log /requesting defrag/", "min": 1, "count": 0}]
+            }]))
+            .unwrap();
+        let mut idle = arm(0, 0, 80, 80);
+        idle.stats.mechanisms = defrags.clone();
+        assert!(
+            why(&idle).starts_with(
+                "the mechanism never ran: defrag (log /requesting defrag/): the block 0"
+            ),
+            "{}",
+            why(&idle)
+        );
+        let mut corrupted = arm(12, 0, 80, 80);
+        corrupted.stats.mechanisms = defrags;
+        assert!(matches!(
+            judge(&corrupted, &w, &p),
+            Observation::Block { corrupted: 12, .. }
+        ));
     }
 
     #[test]
