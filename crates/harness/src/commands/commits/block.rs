@@ -201,7 +201,14 @@ pub(crate) async fn run_block(
     let wall_s = started.elapsed().as_secs_f64();
     match outcome {
         Ok((arm, info)) => Ok(Ran {
-            observation: judge(&arm, &ctx.workload.params_json(), ctx.policy),
+            // The flag's off block is the pair's control: the search counts the on
+            // block, and only there must the path have run.
+            observation: judge(
+                &arm,
+                &ctx.workload.params_json(),
+                ctx.policy,
+                flag.is_none_or(|(f, value)| value != f.off),
+            ),
             arm: Some(arm),
             wall_s,
             engine_info: info.into_iter().collect(),
@@ -229,14 +236,21 @@ fn stops_the_search(e: &anyhow::Error) -> bool {
 }
 
 /// The block's observation by the checks of this module's header: the core's one
-/// judgement of a block, a load short of the target voiding it too, and a clean block
+/// judgement of a block, a load short of the target voiding it too, and, for a block
+/// the search counts (`counted`: not a `--flag` pair's off control), a clean block
 /// whose flag's path never ran (core::mechanism) could not tell: a commit is never
 /// good for a path that never ran.
-pub fn judge(arm: &ArmRecord, workload: &serde_json::Value, policy: &Policy) -> Observation {
+pub fn judge(
+    arm: &ArmRecord,
+    workload: &serde_json::Value,
+    policy: &Policy,
+    counted: bool,
+) -> Observation {
     let facts = crate::commands::judge::block_facts(arm, workload, policy);
     let observation = Observation::of_block(judge_block(&facts, policy.degraded_fraction));
     let never_ran = crate::core::mechanism::coverage(&[("the block", &arm.stats.mechanisms)])
-        .and_then(|c| c.refusal());
+        .and_then(|c| c.refusal())
+        .filter(|_| counted);
     match (observation, never_ran) {
         (Observation::Block { corrupted: 0, .. }, Some(refusal)) => {
             Observation::CouldNotTell { reason: refusal }
@@ -272,7 +286,7 @@ mod tests {
         let w = serde_json::json!({ "sessions": 80 });
         let p = Policy::default();
         assert_eq!(
-            judge(&arm(12, 0, 80, 80), &w, &p),
+            judge(&arm(12, 0, 80, 80), &w, &p, true),
             Observation::Block {
                 corrupted: 12,
                 judged: 80
@@ -280,13 +294,13 @@ mod tests {
         );
         // Two timeouts leave the denominator, within the degraded share.
         assert_eq!(
-            judge(&arm(12, 2, 80, 80), &w, &p),
+            judge(&arm(12, 2, 80, 80), &w, &p, true),
             Observation::Block {
                 corrupted: 12,
                 judged: 78
             }
         );
-        let why = |a: &ArmRecord| match judge(a, &w, &p) {
+        let why = |a: &ArmRecord| match judge(a, &w, &p, true) {
             Observation::CouldNotTell { reason } => reason,
             other => panic!("{other:?}"),
         };
@@ -319,10 +333,15 @@ mod tests {
             "{}",
             why(&idle)
         );
+        // The off control of a --flag pair is not what the search counts.
+        assert!(matches!(
+            judge(&idle, &w, &p, false),
+            Observation::Block { corrupted: 0, .. }
+        ));
         let mut corrupted = arm(12, 0, 80, 80);
         corrupted.stats.mechanisms = defrags;
         assert!(matches!(
-            judge(&corrupted, &w, &p),
+            judge(&corrupted, &w, &p, true),
             Observation::Block { corrupted: 12, .. }
         ));
     }
