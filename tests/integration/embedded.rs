@@ -87,6 +87,44 @@ fn bf16_index_k_is_implicated_and_scripts_are_restored() {
     );
 }
 
+/// docs/design.md 3.4 "Pressure": bisect reads prefill's pool and sizes the filler so
+/// the sessions in flight oversubscribe it; HiCache's load-back then runs and the flag
+/// is implicated, where 4 sessions in flight (below) never reach it.
+#[test]
+fn pressure_sizes_the_context_from_the_pool_and_reaches_the_load_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = run_flag(
+        dir.path(),
+        "HICACHE",
+        &["--pressure", "1.5", "--sessions", "40", "--rounds", "2"],
+    );
+    let sizing = &run["pressure"];
+    assert_eq!(sizing["capacity"]["kv_tokens"], 920 * 64, "{sizing}");
+    assert_eq!(sizing["in_flight"], 40);
+    assert_eq!(run["workload"]["ctx"], sizing["ctx"]);
+    assert!(sizing["ctx"].as_u64().unwrap() > 1000, "{sizing}");
+    let loadbacks = arm(&run, "on")["mechanisms"][0]["witnesses"][0]["count"]
+        .as_u64()
+        .unwrap();
+    assert!(loadbacks > 0, "{}", run["arms"]);
+    assert_eq!(run["verdict"]["status"], "implicated", "{}", run["verdict"]);
+    // --pressure chooses the context: it cannot be given with --ctx.
+    let out = bisect(
+        &[
+            "run",
+            "--flag",
+            "HICACHE",
+            "--pressure",
+            "0.5",
+            "--ctx",
+            "100",
+        ],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be given with --ctx"));
+}
+
 /// docs/design.md 3.7, "No verdict clears a mechanism that never ran": HiCache at 4
 /// sessions in flight, which prefill's pool holds whole, loads nothing back, so 400
 /// clean sessions per arm (a difference interval well inside +-5 points, cleared before
