@@ -66,6 +66,15 @@ impl Witness {
         }
     }
 
+    /// Whether this witness is read on `role` of a flag written into `flag_roles`: its
+    /// own role, else every role of the flag.
+    pub fn reads(&self, role: &str, flag_roles: &[String]) -> bool {
+        match &self.role {
+            Some(own) => own == role,
+            None => flag_roles.iter().any(|r| r == role),
+        }
+    }
+
     /// Whether this witness applies to a target of engine preset `engine`.
     pub fn applies_to(&self, engine: &str) -> bool {
         self.engine.as_deref().is_none_or(|e| e == engine)
@@ -123,6 +132,17 @@ pub struct Mechanism {
     /// Which workload parameter would make it run, said when it did not.
     pub fix: String,
     pub watch: Watch,
+}
+
+impl Mechanism {
+    /// The witnesses read on a target of engine preset `engine`, in file order: the
+    /// readings of a record ([`MechanismRecord::of`]) are these, index for index.
+    pub fn witnesses_for(&self, engine: &str) -> Vec<&Witness> {
+        match &self.watch {
+            Watch::Witnesses(ws) => ws.iter().filter(|w| w.applies_to(engine)).collect(),
+            Watch::Unobservable(_) => Vec::new(),
+        }
+    }
 }
 
 /// One witness's count over a block or an arm (`mechanisms[].witnesses[]` in run.json).
@@ -197,10 +217,10 @@ impl MechanismRecord {
             Some(m) => {
                 let (unwatched, witnesses) = match &m.watch {
                     Watch::Unobservable(why) => (Some(why.clone()), vec![]),
-                    Watch::Witnesses(ws) => {
-                        let readings: Vec<WitnessReading> = ws
-                            .iter()
-                            .filter(|w| w.applies_to(engine))
+                    Watch::Witnesses(_) => {
+                        let readings: Vec<WitnessReading> = m
+                            .witnesses_for(engine)
+                            .into_iter()
                             .map(|w| WitnessReading {
                                 witness: w.words(),
                                 min: w.min,

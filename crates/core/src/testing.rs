@@ -1,6 +1,7 @@
 //! Test support shared with the harness's tests: the real engines' captured replies,
 //! logs and metrics (tests/fixtures/engines, described in its README), and a timeline
-//! of timed sessions for the trend's tests.
+//! of timed sessions for the trend's tests, and a witness's record for the tests of the
+//! never-ran rule.
 
 /// The text of `tests/fixtures/engines/<path>`.
 ///
@@ -26,4 +27,28 @@ pub fn trend_timeline(n: u64, bad: impl Fn(u64) -> bool) -> Vec<crate::trend::Ti
             corrupted: bad(i),
         })
         .collect()
+}
+
+/// What a block or arm recorded of `flag`'s mechanism `name` at `value`: one witness
+/// `witness` (minimum 1) that counted `count`, `needed` when the value lets the path run.
+pub fn witnessed(
+    (flag, name): (&str, &str),
+    (value, needed): (&str, bool),
+    witness: &str,
+    count: u64,
+) -> crate::mechanism::MechanismRecord {
+    crate::mechanism::MechanismRecord {
+        flag: flag.into(),
+        name: name.into(),
+        value: value.into(),
+        needed,
+        fix: String::new(),
+        unwatched: None,
+        witnesses: vec![crate::mechanism::WitnessReading {
+            witness: witness.into(),
+            min: 1,
+            count,
+            unread: vec![],
+        }],
+    }
 }

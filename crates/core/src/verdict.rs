@@ -864,20 +864,14 @@ mod tests {
     /// and says what the witness counted.
     #[test]
     fn cleared_needs_the_flag_s_mechanism_to_have_run() {
-        use crate::mechanism::{MechanismRecord, WitnessReading};
-        let record = |value: &str, needed: bool, count: u64| MechanismRecord {
-            flag: "DEFRAG".into(),
-            name: "defrag".into(),
-            value: value.into(),
-            needed,
+        let record = |value: &str, needed: bool, count: u64| crate::mechanism::MechanismRecord {
             fix: "raise --ctx".into(),
-            unwatched: None,
-            witnesses: vec![WitnessReading {
-                witness: "log /requesting defrag/".into(),
-                min: 1,
+            ..crate::testing::witnessed(
+                ("DEFRAG", "defrag"),
+                (value, needed),
+                "log /requesting defrag/",
                 count,
-                unread: vec![],
-            }],
+            )
         };
         let with = |corrupted: u64, value: &str, label: &str, needed: bool, count: u64| {
             let mut a = arm(label, value, corrupted, 0, 400);

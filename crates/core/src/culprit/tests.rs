@@ -396,20 +396,12 @@ impl Gated<'_> {
         if gated {
             out.classes.iter_mut().for_each(|c| *c = SessionClass::Done);
         }
-        out.mechanisms = vec![crate::mechanism::MechanismRecord {
-            flag: "F0".into(),
-            name: "the F0 path".into(),
-            value: "1".into(),
-            needed: true,
-            fix: String::new(),
-            unwatched: None,
-            witnesses: vec![crate::mechanism::WitnessReading {
-                witness: "counter f0_total".into(),
-                min: 1,
-                count: if gated { 0 } else { 7 },
-                unread: vec![],
-            }],
-        }];
+        out.mechanisms = vec![crate::testing::witnessed(
+            ("F0", "the F0 path"),
+            ("1", true),
+            "counter f0_total",
+            if gated { 0 } else { 7 },
+        )];
         out
     }
 }

@@ -540,21 +540,14 @@ mod tests {
     /// at 1 and 4 in flight, defrag logged only at 4 (docs/real-engines.md, 12253).
     #[test]
     fn a_level_whose_mechanism_never_ran_is_never_flat() {
-        use crate::mechanism::{MechanismRecord, WitnessReading};
         let p = params(&[1, 4], true, Allocation::Fixed { sessions: 40 });
-        let defrags = |level: u32, arm: Arm| MechanismRecord {
-            flag: "X".into(),
-            name: "defrag".into(),
-            value: if arm == Arm::Off { "-1" } else { "0.1" }.into(),
-            needed: arm != Arm::Off,
-            fix: "4 or more in flight".into(),
-            unwatched: None,
-            witnesses: vec![WitnessReading {
-                witness: "log /requesting defrag/".into(),
-                min: 1,
-                count: u64::from(level > 1 && arm != Arm::Off) * 5,
-                unread: vec![],
-            }],
+        let defrags = |level: u32, arm: Arm| {
+            crate::testing::witnessed(
+                ("X", "defrag"),
+                (if arm == Arm::Off { "-1" } else { "0.1" }, arm != Arm::Off),
+                "log /requesting defrag/",
+                u64::from(level > 1 && arm != Arm::Off) * 5,
+            )
         };
         let report = sweep(p.clone(), Some("X".into())).run(
             |b| {

@@ -141,11 +141,7 @@ pub(crate) async fn get_json(
 mod tests {
     use super::*;
 
-    fn fixture(path: &str) -> String {
-        let root =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/engines");
-        std::fs::read_to_string(root.join(path)).unwrap()
-    }
+    use crate::core::testing::engine_fixture as fixture;
 
     #[test]
     fn capacities_from_the_engines_own_replies() {

@@ -703,7 +703,7 @@ impl<'a> Testbed<'a> {
         observe: &mut (dyn FnMut(&SessionResult) + Send),
     ) -> anyhow::Result<(ArmStats, crate::driver::DriveStats, Vec<u32>, Vec<Ran>)> {
         let inflight = Arc::new(InFlight::default());
-        let witnesses = witness::Watch::open(
+        let witnesses = witness::Window::open(
             &self.watched_flags(),
             self.target.engine.name(),
             &self.role_access(),
@@ -903,7 +903,7 @@ impl<'a> Testbed<'a> {
 
     /// The metrics endpoints the poller scrapes: every role that names one, with the
     /// witness counters of `witnesses` on it.
-    fn metrics_endpoints(&self, witnesses: &witness::Watch) -> Vec<metrics::MetricsEndpoint> {
+    fn metrics_endpoints(&self, witnesses: &witness::Window) -> Vec<metrics::MetricsEndpoint> {
         self.target
             .roles
             .iter()

@@ -40,10 +40,10 @@ enum How {
     },
 }
 
-/// The witnesses of one engine life, opened before its sessions ([`Watch::open`]) and
-/// counted after them ([`Watch::close`]).
+/// The witnesses of one engine life, opened before its sessions ([`Window::open`]) and
+/// counted after them ([`Window::close`]).
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Watch {
+pub(crate) struct Window {
     records: Vec<MechanismRecord>,
     spots: Vec<Spot>,
 }
@@ -56,7 +56,7 @@ pub(crate) struct RoleAccess {
     pub origin: Option<String>,
 }
 
-impl Watch {
+impl Window {
     /// The counter selectors `role`'s metrics poller must read.
     pub(crate) fn counters_of(&self, role: &str) -> Vec<String> {
         let mut out: Vec<String> = self
@@ -80,29 +80,19 @@ impl Watch {
         engine: &str,
         roles: &[RoleAccess],
         http: &reqwest::Client,
-    ) -> Watch {
-        let mut watch = Watch::default();
+    ) -> Window {
+        let mut watch = Window::default();
         for (flag, value) in flags {
             let record = flag.mechanism_record(value, engine);
             let index = watch.records.len();
-            let witnesses: Vec<_> = match &flag.mechanism {
-                Some(m) => match &m.watch {
-                    crate::core::mechanism::Watch::Witnesses(ws) => ws
-                        .iter()
-                        .filter(|w| w.applies_to(engine))
-                        .cloned()
-                        .collect(),
-                    crate::core::mechanism::Watch::Unobservable(_) => vec![],
-                },
-                None => vec![],
-            };
+            let witnesses = flag
+                .mechanism
+                .as_ref()
+                .map_or_else(Vec::new, |m| m.witnesses_for(engine));
             for (reading, w) in witnesses.iter().enumerate() {
                 let on: Vec<&RoleAccess> = roles
                     .iter()
-                    .filter(|r| match &w.role {
-                        Some(role) => &r.role == role,
-                        None => flag.roles.contains(&r.role),
-                    })
+                    .filter(|r| w.reads(&r.role, &flag.roles))
                     .collect();
                 for access in on {
                     let how = match &w.kind {
@@ -293,13 +283,9 @@ mod tests {
         let doc = serde_json::json!({"a/b": {"x": 2}});
         assert_eq!(sum_at(&doc, "/a~1b/x"), Some(2.0));
         // A real server's reply: llama.cpp 0.3.8's /props (tests/fixtures/engines/).
-        let props: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(
-                std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                    .join("../../tests/fixtures/engines/llamacpp/props-0.3.8.json"),
-            )
-            .unwrap(),
-        )
+        let props: serde_json::Value = serde_json::from_str(&crate::core::testing::engine_fixture(
+            "llamacpp/props-0.3.8.json",
+        ))
         .unwrap();
         assert_eq!(sum_at(&props, "/total_slots"), Some(4.0));
         assert_eq!(
@@ -315,9 +301,7 @@ mod tests {
     /// The DEFRAG witness on the real 0.3.8 server's log (tests/fixtures/engines/README.md).
     #[test]
     fn the_defrag_witness_counts_the_real_servers_line() {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../tests/fixtures/engines/llamacpp/defrag-0.3.8.log");
-        let bytes = std::fs::read(root).unwrap();
+        let log = crate::core::testing::engine_fixture("llamacpp/defrag-0.3.8.log");
         let catalog =
             crate::config::FlagCatalog::load(&[std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("../../targets/llama-cpp-12253/flags")])
@@ -332,7 +316,10 @@ mod tests {
         let WitnessKind::Log { pattern, .. } = &ws[0].kind else {
             panic!("a log witness")
         };
-        assert_eq!(count_matches(&bytes, &Regex::new(pattern).unwrap()), 1);
+        assert_eq!(
+            count_matches(log.as_bytes(), &Regex::new(pattern).unwrap()),
+            1
+        );
     }
 
     #[test]

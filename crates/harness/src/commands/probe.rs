@@ -434,23 +434,14 @@ mod tests {
     /// no defrag logged the build is "could not tell" (git bisect skips it), not good.
     #[test]
     fn clean_needs_the_watched_mechanism_to_have_run() {
-        use crate::core::mechanism::{MechanismRecord, WitnessReading};
         let watched = |count: u64| {
             let mut a = arm(0, 0, 0, 80);
-            a.stats.mechanisms = vec![MechanismRecord {
-                flag: "DEFRAG".into(),
-                name: "defrag".into(),
-                value: "0.1".into(),
-                needed: true,
-                fix: "4 or more in flight".into(),
-                unwatched: None,
-                witnesses: vec![WitnessReading {
-                    witness: "log /requesting defrag/".into(),
-                    min: 1,
-                    count,
-                    unread: vec![],
-                }],
-            }];
+            a.stats.mechanisms = vec![crate::core::testing::witnessed(
+                ("DEFRAG", "defrag"),
+                ("0.1", true),
+                "log /requesting defrag/",
+                count,
+            )];
             a
         };
         let (o, why) = probe(&watched(0));

@@ -197,9 +197,7 @@ async fn sized_workload(
     };
     bed.set(&plan.flag, enabling)?;
     let restarted = bed.restart("pressure").await?;
-    phases.restarts += 1;
-    phases.restart_s += restarted.restart_s;
-    phases.health_wait_s += restarted.health_wait_s;
+    count_restart(phases, &restarted);
     let capacity = bed.capacity().await.map_err(|why| {
         crate::exit::Failure::could_not_run(
             format!("--pressure: could not read the engine's KV capacity: {why}"),
@@ -221,6 +219,14 @@ async fn sized_workload(
     record.workload = workload.params_json();
     record.pressure = Some(sizing);
     Ok(workload)
+}
+
+/// One restart's time into the run's phases.
+fn count_restart(phases: &mut Phases, restarted: &crate::arm::Restarted) {
+    phases.restarts += 1;
+    phases.restart_s += restarted.restart_s;
+    phases.health_wait_s += restarted.health_wait_s;
+    phases.health_padding_s += restarted.health_padding_s;
 }
 
 /// Whether run.json's `warnings` already holds `warning`.
@@ -295,10 +301,7 @@ pub(crate) async fn run_block(
         fmt_readback(&readback)
     ));
     let mut restarted = bed.restart(&block_name).await?;
-    phases.restarts += 1;
-    phases.restart_s += restarted.restart_s;
-    phases.health_wait_s += restarted.health_wait_s;
-    phases.health_padding_s += restarted.health_padding_s;
+    count_restart(phases, &restarted);
     let effective = check_restarted(plan, bed, record, label, &block_name, &mut restarted)?;
     let identity = restarted.identities.clone();
     let block = BlockName {

@@ -20,13 +20,10 @@ pub(super) async fn lines(
         )];
     };
     let head = format!("mechanism: {} (runs in {})", m.name, m.arms.as_str());
-    let witnesses = match &m.watch {
-        Watch::Unobservable(why) => return vec![format!("{head}; unobservable: {why}")],
-        Watch::Witnesses(ws) => ws
-            .iter()
-            .filter(|w| w.applies_to(engine))
-            .collect::<Vec<_>>(),
-    };
+    if let Watch::Unobservable(why) = &m.watch {
+        return vec![format!("{head}; unobservable: {why}")];
+    }
+    let witnesses = m.witnesses_for(engine);
     if witnesses.is_empty() {
         return vec![format!("{head}; no witness for the {engine} engine")];
     }
@@ -35,10 +32,7 @@ pub(super) async fn lines(
         let roles: Vec<&crate::config::RoleSpec> = target
             .roles
             .iter()
-            .filter(|r| match &w.role {
-                Some(role) => &r.name == role,
-                None => flag.roles.contains(&r.name),
-            })
+            .filter(|r| w.reads(&r.name, &flag.roles))
             .collect();
         let mut states = Vec::new();
         for role in &roles {

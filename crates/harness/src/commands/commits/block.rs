@@ -318,12 +318,12 @@ mod tests {
         assert!(why(&replaced).contains("pid 1 -> 2"));
         // A clean block whose flag's path never ran says nothing of the commit; one
         // that corrupted still counts.
-        let defrags: Vec<crate::core::mechanism::MechanismRecord> =
-            serde_json::from_value(serde_json::json!([{
-                "flag": "DEFRAG", "name": "defrag", "value": "0.1", "needed": true,
-                "witnesses": [{"witness": "log /requesting defrag/", "min": 1, "count": 0}]
-            }]))
-            .unwrap();
+        let defrags = vec![crate::core::testing::witnessed(
+            ("DEFRAG", "defrag"),
+            ("0.1", true),
+            "log /requesting defrag/",
+            0,
+        )];
         let mut idle = arm(0, 0, 80, 80);
         idle.stats.mechanisms = defrags.clone();
         assert!(

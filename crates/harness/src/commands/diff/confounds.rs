@@ -389,20 +389,13 @@ mod tests {
 
     #[test]
     fn a_path_that_ran_on_one_side_only_is_a_warning() {
-        use crate::core::mechanism::{MechanismRecord, WitnessReading};
-        let record = |count: u64| MechanismRecord {
-            flag: "DEFRAG".into(),
-            name: "defrag".into(),
-            value: "0.1".into(),
-            needed: true,
-            fix: String::new(),
-            unwatched: None,
-            witnesses: vec![WitnessReading {
-                witness: "log /requesting defrag/".into(),
-                min: 1,
+        let record = |count: u64| {
+            crate::core::testing::witnessed(
+                ("DEFRAG", "defrag"),
+                ("0.1", true),
+                "log /requesting defrag/",
                 count,
-                unread: vec![],
-            }],
+            )
         };
         let (mut a, mut b) = (run(14, 80, 80), run(14, 80, 80));
         a.arms[0].stats.mechanisms = vec![record(9)];

@@ -108,13 +108,13 @@ fn a_cell_whose_engine_died_is_never_ok() {
 /// the same cell is ok.
 #[test]
 fn a_cell_whose_mechanism_never_ran_is_never_ok() {
-    let defrags = |count: u64| -> Vec<crate::core::mechanism::MechanismRecord> {
-        serde_json::from_value(serde_json::json!([{
-            "flag": "DEFRAG", "name": "defrag", "value": "0.1", "needed": true,
-            "fix": "4 or more in flight",
-            "witnesses": [{"witness": "log /requesting defrag/", "min": 1, "count": count}]
-        }]))
-        .unwrap()
+    let defrags = |count: u64| {
+        vec![crate::core::testing::witnessed(
+            ("DEFRAG", "defrag"),
+            ("0.1", true),
+            "log /requesting defrag/",
+            count,
+        )]
     };
     let mut idle = measured("c", 80, 0, 0, 0);
     idle.stats.mechanisms = defrags(0);
