@@ -236,11 +236,13 @@ echo "== merged vs unsharded"
 # What must be equal (docs/matrix.md, merge.rs): the plan's identity and cell list, the
 # workload hash and every cell field except the measurements of one execution (wall,
 # tokens/s, health wait, peak concurrency, connect times, the load gap, the trend's bins,
-# a canary's task and times, how often the poller found a role busy, what the flags'
-# mechanism witnesses counted) and the baseline comparison.
+# a canary's task and times, how often the poller found a role busy, how long the engine
+# counted itself busy, what the flags' mechanism witnesses counted) and the baseline
+# comparison.
 cells='{plan: {name: .plan.name, hash: .plan.hash, cells: .plan.cells},
         workload_hash, shard,
-        cells: [.cells[] | del(.wall_s, .tokens_per_s, .health_wait_s, .peak_running, .comparison, .transport, .load_gap, .trend, .canaries, .busy_samples, .mechanisms)]}'
+        cells: [.cells[] | del(.wall_s, .tokens_per_s, .health_wait_s, .peak_running, .comparison, .transport, .load_gap, .trend, .canaries, .busy_samples, .mechanisms)
+                | if .engine_counts then .engine_counts |= map(select(.counter != "busy_ms")) else . end]}'
 jq -S "$cells" "$merged/matrix.json" >"$run/merged.cells.json"
 jq -S "$cells" "$whole" >"$run/unsharded.cells.json"
 n=$(jq '.cells | length' "$run/merged.cells.json")
