@@ -510,6 +510,38 @@ impl<'a> Testbed<'a> {
         capacity::read(self.target.engine, &self.target.roles, &self.probe_http).await
     }
 
+    /// The engine's count of session 0's opening request at ctx 0 and at `ctx` of
+    /// filler (core::pressure::Counted), two requests one after the other, or why
+    /// there is none.
+    pub(crate) async fn count_prompt(
+        &self,
+        workload: &Workload,
+        ctx: u32,
+    ) -> Result<crate::core::pressure::Counted, String> {
+        let at = |ctx: u32| {
+            let mut w = workload.clone();
+            w.ctx = ctx;
+            DrivePlan {
+                api: self.target.api.clone(),
+                model: self.target.model.clone(),
+                api_key: self.api_key.clone(),
+                workload: w,
+                label: "pressure-count".into(),
+                repeat: 0,
+                sessions: 1,
+                concurrency: 1,
+                oracle: None,
+            }
+        };
+        let at_zero = crate::driver::count::prompt_tokens(&at(0)).await?;
+        let at_ctx = crate::driver::count::prompt_tokens(&at(ctx)).await?;
+        Ok(crate::core::pressure::Counted {
+            at_zero,
+            ctx,
+            at_ctx,
+        })
+    }
+
     /// Stop the engines this testbed started (between restart groups). Idempotent.
     pub async fn stop(&mut self) -> anyhow::Result<()> {
         self.control.stop().await

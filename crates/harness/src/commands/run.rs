@@ -204,12 +204,8 @@ async fn sized_workload(
             "pass --ctx instead, sized by hand",
         )
     })?;
-    let sizing = crate::core::pressure::size(
-        &capacity,
-        pressure,
-        u64::from(workload.target_concurrency()),
-        crate::core::pressure::base_tokens(&workload),
-    );
+    let in_flight = u64::from(workload.target_concurrency());
+    let sizing = pressure_sizing(bed, &workload, &capacity, pressure, in_flight).await;
     workload.ctx = sizing.ctx;
     bed.progress().note(&format!(
         "{}={enabling}: {}",
@@ -219,6 +215,28 @@ async fn sized_workload(
     record.workload = workload.params_json();
     record.pressure = Some(sizing);
     Ok(workload)
+}
+
+/// The sizing for `pressure`, in the engine's own tokens where it counts them: the
+/// workload's estimate first, then session 0's opening request counted by the engine at
+/// ctx 0 and at the estimate's filler (at least 256, so the rise is measurable), and the
+/// filler sized again on that line. An engine that counts nothing (or a count that does
+/// not rise with the filler) keeps the estimate, and the sizing's words say why.
+async fn pressure_sizing(
+    bed: &Testbed<'_>,
+    workload: &Workload,
+    capacity: &crate::core::pressure::Capacity,
+    pressure: f64,
+    in_flight: u64,
+) -> crate::core::pressure::Sizing {
+    use crate::core::pressure::{size, Tokens};
+    let estimate = |why: String| Tokens::estimated(workload, why);
+    let first = size(capacity, pressure, in_flight, &estimate(String::new()));
+    let tokens = match bed.count_prompt(workload, first.ctx.max(256)).await {
+        Ok(counted) => Tokens::counted(workload, counted).unwrap_or_else(estimate),
+        Err(why) => estimate(why),
+    };
+    size(capacity, pressure, in_flight, &tokens)
 }
 
 /// One restart's time into the run's phases.

@@ -9,6 +9,7 @@ pub mod body;
 pub mod client;
 pub mod connect;
 pub mod conversation;
+pub(crate) mod count;
 pub mod drive;
 pub mod metrics;
 #[cfg(test)]

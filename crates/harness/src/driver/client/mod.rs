@@ -135,11 +135,15 @@ impl Drop for InFlightGuard<'_> {
 }
 
 /// A parsed reply: `choices[0].message`, `choices[0].finish_reason`,
-/// `usage.completion_tokens` (0 when absent) and `choices[0].logprobs`.
+/// `usage.completion_tokens` (0 when absent), `usage.prompt_tokens` and
+/// `choices[0].logprobs`.
 #[derive(Debug, Clone)]
 pub(crate) struct ChatReply {
     pub message: ChatMessage,
     pub completion_tokens: u64,
+    /// The engine's count of the request's prompt, where it served one (pressure's
+    /// sizing reads it: core::pressure::Tokens::counted).
+    pub prompt_tokens: Option<u64>,
     pub finish_reason: Option<String>,
     /// The reply's tokens with their log-probabilities, where the request asked for
     /// them and the engine served them (the solo oracle's evidence, core::oracle).

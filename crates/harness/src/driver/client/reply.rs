@@ -78,6 +78,8 @@ fn tokens_of(logprobs: Option<Logprobs>) -> Option<Vec<TokenChoice>> {
 struct Usage {
     #[serde(default)]
     completion_tokens: u64,
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
 }
 
 /// First `n` characters, on a char boundary.
@@ -94,7 +96,8 @@ pub(crate) fn parse_reply(body: &str) -> ChatOutcome {
         Ok(response) => match response.choices.into_iter().next() {
             Some(choice) => ChatOutcome::Reply(ChatReply {
                 message: choice.message,
-                completion_tokens: response.usage.map_or(0, |u| u.completion_tokens),
+                completion_tokens: response.usage.as_ref().map_or(0, |u| u.completion_tokens),
+                prompt_tokens: response.usage.and_then(|u| u.prompt_tokens),
                 finish_reason: choice.finish_reason,
                 tokens: tokens_of(choice.logprobs),
             }),
@@ -287,6 +290,7 @@ pub(crate) fn assemble_stream(body: &str) -> ChatOutcome {
     let mut finish_reason = None;
     let mut tokens: Vec<TokenChoice> = Vec::new();
     let mut completion_tokens = 0;
+    let mut prompt_tokens = None;
     let mut chunks = 0;
     let mut done = false;
     for line in body.lines() {
@@ -313,6 +317,7 @@ pub(crate) fn assemble_stream(body: &str) -> ChatOutcome {
         }
         if let Some(usage) = chunk.usage {
             completion_tokens = usage.completion_tokens;
+            prompt_tokens = usage.prompt_tokens.or(prompt_tokens);
         }
         let Some(choice) = chunk.choices.into_iter().next() else {
             continue;
@@ -346,6 +351,7 @@ pub(crate) fn assemble_stream(body: &str) -> ChatOutcome {
     ChatOutcome::Reply(ChatReply {
         message,
         completion_tokens,
+        prompt_tokens,
         finish_reason,
         tokens: (!tokens.is_empty()).then_some(tokens),
     })

@@ -13,6 +13,7 @@ fn parses_tool_call_replies_and_usage() {
         panic!("expected a reply")
     };
     assert_eq!(reply.completion_tokens, 17);
+    assert_eq!(reply.prompt_tokens, Some(10));
     assert_eq!(reply.finish_reason.as_deref(), Some("tool_calls"));
     let calls = reply.message.tool_calls.unwrap();
     assert_eq!(calls[0].function.name, "read_file");
@@ -34,6 +35,7 @@ fn logprobs_are_read_as_tokens_with_their_candidates_and_their_absence_as_none()
     let ChatOutcome::Reply(reply) = parse_reply(body) else {
         panic!("expected a reply")
     };
+    assert_eq!(reply.prompt_tokens, None, "no prompt_tokens in its usage");
     let tokens = reply.tokens.unwrap();
     assert_eq!(tokens.len(), 2);
     assert_eq!(tokens[0].token, "DO");
@@ -82,7 +84,7 @@ fn streamed_tool_call_deltas_assemble_like_an_openai_client() {
             "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"\\\"/a\\\"}\"}}]}}]}\n\n",
             "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":1,\"id\":\"call_2\",\"function\":{\"name\":\"grep\",\"arguments\":\"{}\"}}]}}]}\n\n",
             "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"tool_calls\"}]}\n\n",
-            "data: {\"choices\":[],\"usage\":{\"completion_tokens\":21}}\n\n",
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":480,\"completion_tokens\":21}}\n\n",
             "data: [DONE]\n\n",
         );
     let ChatOutcome::Reply(reply) = assemble_stream(body) else {
@@ -90,6 +92,7 @@ fn streamed_tool_call_deltas_assemble_like_an_openai_client() {
     };
     assert_eq!(reply.finish_reason.as_deref(), Some("tool_calls"));
     assert_eq!(reply.completion_tokens, 21);
+    assert_eq!(reply.prompt_tokens, Some(480));
     assert_eq!(reply.message.content, None);
     let calls = reply.message.tool_calls.unwrap();
     assert_eq!(calls.len(), 2);
