@@ -20,6 +20,13 @@ export LLAMA_ARG_N_PARALLEL=4
 # busy cores: 0.6 tokens/s with the default 2 threads, 5.2 with 1. Raise it on a machine
 # with cores to spare.
 export LLAMA_ARG_THREADS=1
+# Trace-level log (llama-server's default verbosity is 3): flag CACHE_RAM's witness, the
+# prompt-cache restore line (" - found better prompt with f_keep", SRV_TRC in
+# tools/server/server-task.cpp), is printed only at 4 or more; bisect counts it in the
+# server's log per block (docs/real-engines.md, "Mechanism witnesses"). Builds before
+# the variable's rename (0.3.8's common/arg.cpp) read LLAMA_LOG_VERBOSITY.
+export LLAMA_ARG_LOG_VERBOSITY=4
+export LLAMA_LOG_VERBOSITY=4
 # Context for all slots together: 4 x 4096 tokens.
 # The exec line's --slot-prompt-similarity is flag SLOT_SIMILARITY (llama-server reads no
 # variable for it); 0.10 is its default.
