@@ -454,12 +454,6 @@ impl RunArgs {
                     "drop one of --pressure and --ctx",
                 ));
             }
-            if self.blocks.adaptive {
-                return Err(usage(
-                    "--pressure is not supported with --adaptive yet",
-                    "size it once with a fixed run, then pass the --ctx it chose (run.json `pressure`)",
-                ));
-            }
         }
         if self.blocks.adaptive && self.repeats != 1 {
             return Err(usage(

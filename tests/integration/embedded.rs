@@ -120,6 +120,34 @@ fn pressure_sizes_the_context_from_the_pool_and_reaches_the_load_back() {
         .unwrap();
     assert!(loadbacks > 0, "{}", run["arms"]);
     assert_eq!(run["verdict"]["status"], "implicated", "{}", run["verdict"]);
+    // The sequential design sizes its blocks' filler the same way, once, before its
+    // first block.
+    let adaptive_dir = tempfile::tempdir().unwrap();
+    let adaptive = run_flag(
+        adaptive_dir.path(),
+        "HICACHE",
+        &[
+            "--adaptive",
+            "--pressure",
+            "1.5",
+            "--concurrency",
+            "40",
+            "--rounds",
+            "2",
+        ],
+    );
+    assert_eq!(
+        adaptive["pressure"]["ctx"], sizing["ctx"],
+        "{}",
+        adaptive["pressure"]
+    );
+    assert_eq!(adaptive["workload"]["ctx"], sizing["ctx"]);
+    assert!(adaptive["adaptive"].is_object());
+    assert_eq!(
+        adaptive["verdict"]["status"], "implicated",
+        "{}",
+        adaptive["verdict"]
+    );
     // --pressure chooses the context: it cannot be given with --ctx.
     let out = bisect(
         &[

@@ -113,7 +113,7 @@ pub async fn run_adaptive(
 
     let mut run = Run {
         plan,
-        workload: &workload,
+        workload,
         results: &results,
         record: &mut record,
         phases: &mut phases,
@@ -128,7 +128,7 @@ pub async fn run_adaptive(
             run.phases.close_s = close_s;
             run.record.adaptive = Some(run.schedule.record().clone());
             if outcome.is_ok() {
-                finish_verdict(plan, &workload, run.record);
+                finish_verdict(plan, &run.workload, run.record);
             }
             end_record(run.record, run.phases, started, outcome);
             results.write_record(run.record)
@@ -140,7 +140,9 @@ pub async fn run_adaptive(
 
 struct Run<'a> {
     plan: &'a RunPlan,
-    workload: &'a Workload,
+    /// Every block's workload, its filler sized once the engines are up with
+    /// `--pressure` (run's sizing).
+    workload: Workload,
     results: &'a ResultsDir,
     record: &'a mut RunRecord,
     phases: &'a mut Phases,
@@ -152,7 +154,10 @@ impl Run<'_> {
         let editing = Instant::now();
         bed.pin(&self.plan.pins)?;
         self.phases.edit_s += editing.elapsed().as_secs_f64();
-        let classifier = Arc::new(self.plan.target.classifier(self.workload)?);
+        self.workload =
+            super::run::sized_workload(self.plan, &self.workload, bed, self.record, self.phases)
+                .await?;
+        let classifier = Arc::new(self.plan.target.classifier(&self.workload)?);
         while let Some(next) = self.schedule.next_block() {
             bed.check_cancelled()?;
             let mut workload = self.workload.clone();
@@ -194,7 +199,7 @@ impl Run<'_> {
     /// the pooled blocks, stops the run (it voids the verdict, so more blocks would not
     /// make it valid). Says where the e-process stands.
     fn after_pair(&mut self, progress: &dyn Progress, pair: u64, decision: Decision) {
-        let check = pair_check(self.plan, self.workload, self.record, pair);
+        let check = pair_check(self.plan, &self.workload, self.record, pair);
         let failed: Vec<&str> = check
             .pair_blocking
             .iter()

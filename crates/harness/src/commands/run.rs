@@ -159,7 +159,7 @@ async fn run_blocks(
     let editing = Instant::now();
     bed.pin(&plan.pins)?;
     phases.edit_s += editing.elapsed().as_secs_f64();
-    let workload = sized_workload(plan, bed, record, phases).await?;
+    let workload = sized_workload(plan, &plan.workload, bed, record, phases).await?;
     let classifier = Arc::new(plan.target.classifier(&workload)?);
     for (label, repeat) in arm_order(plan.repeats) {
         bed.check_cancelled()?;
@@ -176,18 +176,19 @@ async fn run_blocks(
     Ok(())
 }
 
-/// The workload both arms run: the plan's, or with `--pressure` its filler context
+/// The workload both arms run: `workload`, or with `--pressure` its filler context
 /// sized to that share of the engine's KV cache (core::pressure), read on engines
 /// restarted at the value that lets the flag's mechanism run (its `on`, or its `off`
 /// for a flag that disables a path), with the pins in place. Recorded in run.json
 /// (`pressure`, and the workload's `ctx`).
-async fn sized_workload(
+pub(crate) async fn sized_workload(
     plan: &RunPlan,
+    workload: &Workload,
     bed: &mut Testbed<'_>,
     record: &mut RunRecord,
     phases: &mut Phases,
 ) -> anyhow::Result<Workload> {
-    let mut workload = plan.workload.clone();
+    let mut workload = workload.clone();
     let Some(pressure) = plan.pressure else {
         return Ok(workload);
     };
