@@ -1,12 +1,12 @@
-//! `bisect load [--flag NAME] [--levels 1,8,16,32,64,80 | --max C] [--adaptive
-//! [--max-sessions N]] [--set NAME=VALUE]...`: clap arguments and their conversion into
+//! `bisect load [--flag NAME] [--levels 1,8,16,32,64,80 | --max C | --pressures
+//! 10,50,100 [--concurrency C]] [--adaptive [--max-sessions N]] [--set NAME=VALUE]...`: clap arguments and their conversion into
 //! a [`LoadPlan`].
 
 use clap::Args;
 
 use super::{command_line, parse_pins, run_id, usage, BlockArgs, ExperimentArgs, OracleArgs};
 use bisect_harness::commands::load::LoadPlan;
-use bisect_harness::core::load::{Allocation, LoadParams, DEFAULT_LEVELS};
+use bisect_harness::core::load::{Allocation, Axis, LoadParams, DEFAULT_LEVELS};
 
 /// `--max-sessions` without a value: the cap per arm at each level of an adaptive sweep.
 pub(crate) const DEFAULT_MAX_SESSIONS: u64 = 480;
@@ -19,6 +19,13 @@ pub(crate) struct LoadArgs {
     /// Levels 1, 8, 16, ... doubling below C, then C.
     #[arg(long, value_name = "C")]
     max: Option<u32>,
+    /// Sweep the KV cache's pressure instead of the load: levels in percent of the
+    /// engine's KV cache, ascending (e.g. 10,25,50,100,150), every block at --concurrency
+    /// sessions in flight (default: the workload's); each level's filler is sized as
+    /// `run --pressure` sizes it, and the answer names the lowest pressure at which the
+    /// flag's mechanism runs and the lowest at which corruption appears.
+    #[arg(long, value_delimiter = ',', value_name = "PERCENT", conflicts_with_all = ["levels", "max"])]
+    pressures: Vec<u32>,
     /// Make each level an A/B of this flag (on vs off at that load); without it, every
     /// level runs the configuration as it is and is compared with the lowest.
     #[arg(long)]
@@ -44,22 +51,45 @@ impl LoadArgs {
         };
         let mut workload = common.load.load()?;
         let oracle = self.oracle.solo(&mut workload)?;
-        if common.load.concurrency.is_some() {
-            return Err(usage(
-                "--concurrency does not apply to `bisect load`: the levels are the loads",
-                "drop --concurrency; pass the loads with --levels 1,8,16,32,64,80 or --max 80",
-            ));
-        }
-        let levels = match (self.max, self.levels.is_empty()) {
-            (Some(c), _) => LoadParams::levels_up_to(c),
-            (None, true) => DEFAULT_LEVELS.to_vec(),
-            (None, false) => self.levels.clone(),
+        let axis = if self.pressures.is_empty() {
+            if common.load.concurrency.is_some() {
+                return Err(usage(
+                    "--concurrency does not apply to `bisect load`: the levels are the loads",
+                    "drop --concurrency; pass the loads with --levels 1,8,16,32,64,80 or --max 80 \
+                     (or sweep pressure at one load with --pressures and --concurrency)",
+                ));
+            }
+            Axis::InFlight
+        } else {
+            if common.load.ctx.is_some() {
+                return Err(usage(
+                    "--pressures sizes each level's filler context itself: it cannot be given with --ctx",
+                    "drop one of --pressures and --ctx",
+                ));
+            }
+            Axis::Pressure {
+                in_flight: workload.target_concurrency(),
+            }
         };
-        LoadParams::check_levels(&levels, flag.is_some())
-            .map_err(|e| usage(format!("--levels: {e}"), "e.g. --levels 1,8,16,32,64,80"))?;
+        let levels = match (self.max, self.levels.is_empty(), &axis) {
+            (_, _, Axis::Pressure { .. }) => self.pressures.clone(),
+            (Some(c), _, _) => LoadParams::levels_up_to(c),
+            (None, true, _) => DEFAULT_LEVELS.to_vec(),
+            (None, false, _) => self.levels.clone(),
+        };
+        LoadParams::check_levels(&levels, flag.is_some()).map_err(|e| match axis {
+            Axis::InFlight => usage(format!("--levels: {e}"), "e.g. --levels 1,8,16,32,64,80"),
+            Axis::Pressure { .. } => usage(
+                format!(
+                    "--pressures: {}",
+                    e.replace("sessions in flight", "percent of the cache")
+                ),
+                "e.g. --pressures 10,25,50,100,150",
+            ),
+        })?;
         let allocation = if self.blocks.adaptive {
             let cap = self.blocks.max_sessions.unwrap_or(DEFAULT_MAX_SESSIONS);
-            let top = u64::from(*levels.last().expect("checked levels"));
+            let top = u64::from(axis.in_flight(*levels.last().expect("checked levels")));
             if cap < top {
                 return Err(usage(
                     format!("--max-sessions {cap} is below the highest level {top}: not one block at that load fits"),
@@ -87,7 +117,10 @@ impl LoadArgs {
             dir,
             target,
             api_key,
-            params: LoadParams::new(levels, flag.is_some(), allocation, &policy, workload.seed),
+            params: LoadParams {
+                axis,
+                ..LoadParams::new(levels, flag.is_some(), allocation, &policy, workload.seed)
+            },
             workload,
             flag,
             pins,

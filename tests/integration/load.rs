@@ -74,6 +74,62 @@ fn the_embedded_race_has_a_threshold_and_the_sync_load_back_has_none() {
     );
 }
 
+/// `--pressures`: every block at 40 in flight, each level's filler sized to its share
+/// of prefill's pool; HiCache's load-back (the flag's mechanism) runs only when the
+/// sessions overflow the pool, and the answer names where it ran and where corruption
+/// appears (docs/load.md, "Pressure").
+#[test]
+fn a_pressure_sweep_names_where_the_mechanism_runs_and_where_it_corrupts() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = [
+        "load",
+        "--flag",
+        "HICACHE",
+        "--pressures",
+        "25,150",
+        "--concurrency",
+        "40",
+        // Three times the load, for margin: the race corrupted 4 to 14 of 40 per block.
+        "--sessions",
+        "120",
+        "--rounds",
+        "2",
+        "--json",
+    ];
+    let out = bisect(&args, dir.path());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("40 in flight at 150% of the KV cache"),
+        "{err}"
+    );
+    let record: Value = serde_json::from_slice(&out.stdout).expect("the record on stdout");
+    assert_eq!(
+        record["params"]["axis"]["kind"], "pressure",
+        "{}",
+        record["params"]
+    );
+    let sizings = record["pressure"].as_array().unwrap();
+    assert_eq!(sizings.len(), 2);
+    assert!(sizings[1]["ctx"].as_u64() > sizings[0]["ctx"].as_u64());
+    assert!(sizings.iter().all(|s| s["in_flight"] == 40));
+    let (low, high) = (level(&record, 25), level(&record, 150));
+    assert_eq!(low["mechanism"], "no", "{low}");
+    assert_eq!(high["mechanism"], "yes", "{high}");
+    assert!(high["arm"]["corrupted"].as_u64().unwrap() >= 8, "{high}");
+    assert_eq!(high["off"]["corrupted"], 0, "{high}");
+    assert!(high["arm"]["peak_engine"].as_u64().unwrap() >= 36, "{high}");
+    let report = &record["report"];
+    assert_eq!(report["answer"]["level"], 150, "{}", report["verdict"]);
+    assert_eq!(report["mechanism"]["from"], 150);
+    let verdict = report["verdict"].as_str().unwrap();
+    assert!(
+        verdict.starts_with("lowest reproducing pressure: 150% of the KV cache")
+            && verdict.contains("ran from 150% of the KV cache (never at 25% of the KV cache)"),
+        "{verdict}"
+    );
+}
+
 #[test]
 fn bad_levels_and_options_are_refused_with_the_fix() {
     let dir = tempfile::tempdir().unwrap();
@@ -87,6 +143,14 @@ fn bad_levels_and_options_are_refused_with_the_fix() {
         (
             &["load", "--adaptive", "--max-sessions", "40"][..],
             "below the highest level 80",
+        ),
+        (
+            &["load", "--pressures", "50,25", "--concurrency", "4"][..],
+            "--pressures: levels [50, 25] are not strictly ascending",
+        ),
+        (
+            &["load", "--pressures", "50", "--ctx", "100"][..],
+            "cannot be given with --ctx",
         ),
     ] {
         let out = bisect(args, dir.path());

@@ -180,7 +180,8 @@ pub struct MechanismRecord {
 }
 
 /// Whether a block or an arm ran the mechanism.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Ran {
     /// A witness reached its minimum.
     Yes,
@@ -190,6 +191,20 @@ pub enum Ran {
     Unknown,
     /// Nothing can show it.
     Unwatched,
+}
+
+impl Ran {
+    /// Two blocks' answers as one: ran if either ran; else unknown if either could not
+    /// tell; else never ran if either was read; else unwatched.
+    pub fn or(self, other: Ran) -> Ran {
+        use Ran::*;
+        match (self, other) {
+            (Yes, _) | (_, Yes) => Yes,
+            (Unknown, _) | (_, Unknown) => Unknown,
+            (No, _) | (_, No) => No,
+            (Unwatched, Unwatched) => Unwatched,
+        }
+    }
 }
 
 impl MechanismRecord {

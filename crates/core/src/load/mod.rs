@@ -1,5 +1,6 @@
 //! `bisect load` (docs/load.md): the corruption rate as a function of the sessions in
-//! flight, and the lowest load at which the bug appears. Pure: the sweep is a sans-IO
+//! flight (or of the KV cache's pressure at a fixed load, [`Axis`]), and the lowest
+//! level at which the bug appears and at which the flag's mechanism runs. Pure: the sweep is a sans-IO
 //! state machine ([`LoadSweep`]: it asks for one block of sessions at one level of load
 //! and is told what it gave), so it runs unchanged in tests and in the simulation
 //! ([`simulate`]).
@@ -45,11 +46,68 @@ pub enum Allocation {
     Adaptive { max_sessions: u64 },
 }
 
+/// What a sweep's levels are.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Axis {
+    /// Sessions in flight.
+    #[default]
+    InFlight,
+    /// Pressure in percent of the engine's KV cache (core::pressure), every level at
+    /// `in_flight` sessions in flight: each level's filler is sized to fill that share.
+    Pressure { in_flight: u32 },
+}
+
+impl Axis {
+    /// What the levels measure: "load" or "pressure".
+    pub fn noun(self) -> &'static str {
+        match self {
+            Axis::InFlight => "load",
+            Axis::Pressure { .. } => "pressure",
+        }
+    }
+
+    /// A level in words: "8 in flight", "50% of the KV cache".
+    pub fn words(self, level: u32) -> String {
+        match self {
+            Axis::InFlight => format!("{level} in flight"),
+            Axis::Pressure { .. } => format!("{level}% of the KV cache"),
+        }
+    }
+
+    /// The column's name in tables and charts.
+    pub fn unit(self) -> &'static str {
+        match self {
+            Axis::InFlight => "in flight",
+            Axis::Pressure { .. } => "pressure %",
+        }
+    }
+
+    /// Sessions in flight at `level`.
+    pub fn in_flight(self, level: u32) -> u32 {
+        match self {
+            Axis::InFlight => level,
+            Axis::Pressure { in_flight } => in_flight,
+        }
+    }
+
+    /// The share of the KV cache `level` aims at, on a pressure axis.
+    pub fn pressure(self, level: u32) -> Option<f64> {
+        match self {
+            Axis::InFlight => None,
+            Axis::Pressure { .. } => Some(f64::from(level) / 100.0),
+        }
+    }
+}
+
 /// What the sweep is asked.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LoadParams {
-    /// Sessions in flight, ascending, distinct.
+    /// Sessions in flight (or pressure in percent, by `axis`), ascending, distinct.
     pub levels: Vec<u32>,
+    /// What the levels are (records before pressure sweeps: sessions in flight).
+    #[serde(default)]
+    pub axis: Axis,
     /// Each level an A/B of a flag (`on` vs `off` at that load); otherwise every level
     /// against the lowest.
     pub ab: bool,
@@ -76,6 +134,7 @@ impl LoadParams {
     ) -> Self {
         LoadParams {
             levels,
+            axis: Axis::InFlight,
             ab,
             allocation,
             alpha: policy.alpha,
@@ -122,12 +181,12 @@ impl LoadParams {
     }
 
     /// Sessions of one block at `level`: fixed, the planned sessions (at least the
-    /// level); adaptive, twice the level (at least [`MIN_BLOCK`]), so that the load is
+    /// level's sessions in flight); adaptive, twice those (at least [`MIN_BLOCK`]), so that the load is
     /// held with sessions ending and new ones starting for half the block, not only
     /// reached at the start and drained. Measured on the embedded engine (docs/load.md):
     /// 64 sessions at 64 in flight corrupted 0 of 192 where 200 at 64 corrupted 12.
     pub(crate) fn block_sessions(&self, level: u32) -> u64 {
-        let level = u64::from(level);
+        let level = u64::from(self.axis.in_flight(level));
         match self.allocation {
             Allocation::Fixed { sessions } => sessions.max(level),
             Allocation::Adaptive { .. } => (2 * level).max(MIN_BLOCK),

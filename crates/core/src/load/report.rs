@@ -6,7 +6,9 @@
 use serde::{Deserialize, Serialize};
 
 use super::threshold::Status;
+use super::Axis;
 use crate::format::percent_digits;
+use crate::mechanism::Ran;
 use crate::sequential::Tally;
 use crate::session::SessionClass;
 
@@ -122,6 +124,22 @@ pub struct LevelReport {
     pub fit: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub band: Option<[f64; 2]>,
+    /// Whether the flag's mechanism ran in this level's blocks whose value enables it
+    /// (core::mechanism; any block that ran it counts); `None`: no such block yet, or
+    /// the flag names no witness.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mechanism: Option<Ran>,
+}
+
+/// Where in the levels the flag's mechanism ran.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Reach {
+    /// The mechanism's name (the flag's name when its file names none).
+    pub name: String,
+    /// The lowest level at which it ran; `None`: at none of those read.
+    pub from: Option<u32>,
+    /// Levels read and found not to run it.
+    pub never: Vec<u32>,
 }
 
 /// The answer.
@@ -163,6 +181,12 @@ pub struct LoadReport {
     /// those of a rate that never falls with load.
     pub contradicts_monotone: bool,
     pub warnings: Vec<String>,
+    /// What the levels' levels are (sessions in flight, or pressure).
+    #[serde(default)]
+    pub axis: Axis,
+    /// Where the flag's mechanism ran, when its blocks were watched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mechanism: Option<Reach>,
 }
 
 /// `12/80 = 15.0%`.
@@ -181,15 +205,15 @@ pub(crate) fn verdict_words(
     levels: &[LevelReport],
     ab: Option<&str>,
     min_effect: f64,
+    axis: Axis,
+    reach: Option<&Reach>,
 ) -> String {
     let at = |level: u32| levels.iter().find(|l| l.level == level);
+    let words = |level: u32| axis.words(level);
+    let noun = axis.noun();
     let baseline = |l: &LevelReport| match (&l.off, ab) {
         (Some(off), Some(_)) => format!("off {}", rate_words(off)),
-        _ => format!(
-            "{} in flight {}",
-            levels[0].level,
-            rate_words(&levels[0].arm)
-        ),
+        _ => format!("{} {}", words(levels[0].level), rate_words(&levels[0].arm)),
     };
     let evidence = |l: &LevelReport| match (l.holm_p, l.e_value) {
         (Some(p), _) => format!("Holm-adjusted one-sided Fisher p = {}", p_words(p)),
@@ -210,7 +234,8 @@ pub(crate) fn verdict_words(
         Answer::Threshold { level, above, at_lowest } => {
             let l = at(*level).expect("the threshold is a level");
             let mut t = format!(
-                "lowest reproducing load: {level} in flight ({subject} {} vs {}, {})",
+                "lowest reproducing {noun}: {} ({subject} {} vs {}, {})",
+                words(*level),
                 rate_words(&l.arm),
                 baseline(l),
                 evidence(l)
@@ -219,7 +244,8 @@ pub(crate) fn verdict_words(
                 (_, true) if ab.is_some() => t.push_str("; it rises already at the lowest level tried"),
                 (_, true) => t.push_str("; it rises already at the lowest level above the baseline"),
                 (Some(a), false) => t.push_str(&format!(
-                    "; at {a} in flight it is within {points} points of the baseline, so the rise starts between {a} and {level}"
+                    "; at {} it is within {points} points of the baseline, so the rise starts between {a} and {level}",
+                    words(*a)
                 )),
                 (None, false) => t.push_str(&format!(
                     "; no level below {level} is shown within {points} points of the baseline, so the rise may start lower"
@@ -229,8 +255,8 @@ pub(crate) fn verdict_words(
         }
         Answer::NoThreshold { flat_through, all_flat } => match (flat_through, all_flat) {
             (_, true) => format!(
-                "no threshold in the levels tried: every level up to {} in flight is within {points} points of {base}",
-                levels.last().map_or(0, |l| l.level)
+                "no threshold in the levels tried: every level up to {} is within {points} points of {base}",
+                words(levels.last().map_or(0, |l| l.level))
             ),
             (Some(f), false) => format!(
                 "no threshold shown in the levels tried: no level corrupts more than {base}; levels up to {f} are within {points} points of it, higher ones undecided"
@@ -240,11 +266,40 @@ pub(crate) fn verdict_words(
             ),
         },
     };
+    if let Some(reach) = reach {
+        let never = reach
+            .never
+            .iter()
+            .map(|&l| words(l))
+            .collect::<Vec<_>>()
+            .join(", ");
+        match reach.from {
+            Some(from) if reach.never.is_empty() => text.push_str(&format!(
+                "; the mechanism ({}) ran from {}",
+                reach.name,
+                words(from)
+            )),
+            Some(from) => text.push_str(&format!(
+                "; the mechanism ({}) ran from {} (never at {never})",
+                reach.name,
+                words(from)
+            )),
+            None if !reach.never.is_empty() => text.push_str(&format!(
+                "; the mechanism ({}) never ran at any level read ({never})",
+                reach.name
+            )),
+            None => {}
+        }
+    }
     for l in levels {
         if let Some(why) = &l.short {
+            let as_what = match axis {
+                Axis::InFlight => l.level.to_string(),
+                Axis::Pressure { .. } => words(l.level),
+            };
             text.push_str(&format!(
-                "; level {} is not reported as {}: {why}",
-                l.level, l.level
+                "; level {} is not reported as {as_what}: {why}",
+                l.level
             ));
         }
     }

@@ -13,7 +13,9 @@
 use std::collections::BTreeMap;
 
 use super::fit::{fit_rates, monotone_band, Count};
-use super::report::{verdict_words, Answer, Arm, ArmCount, BlockRecord, LevelReport, LoadReport};
+use super::report::{
+    verdict_words, Answer, Arm, ArmCount, BlockRecord, LevelReport, LoadReport, Reach,
+};
 use super::threshold::{
     fixed_rule, resolve, sequential_status, EProcess, Resolution, Status, CLEAR_ALPHA,
 };
@@ -21,14 +23,19 @@ use super::{Allocation, LoadParams};
 use crate::confounds::engine_load_shortfall;
 use crate::culprit::BlockOutcome;
 use crate::machine::{Machine, Port};
+use crate::mechanism::Ran;
 use crate::stats;
 
 /// One block the sweep asks for.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct LevelBlock {
     /// 1-based, in the order asked.
     pub block: u64,
     pub level: u32,
+    /// Sessions in flight: the level itself, or a pressure sweep's fixed load.
+    pub in_flight: u32,
+    /// A pressure sweep's share of the KV cache for this level's filler.
+    pub pressure: Option<f64>,
     pub arm: Arm,
     pub sessions: u64,
     pub seed: u64,
@@ -106,6 +113,8 @@ struct State<'p> {
     e: Vec<EProcess>,
     capped: Vec<bool>,
     stopped: String,
+    /// The flag's mechanism's name, once a block's record has named it.
+    mechanism_name: Option<String>,
 }
 
 impl<'p> State<'p> {
@@ -131,6 +140,7 @@ impl<'p> State<'p> {
                 wilson: [0.0, 1.0],
                 fit: None,
                 band: None,
+                mechanism: None,
             })
             .collect();
         let n = params.levels.len();
@@ -152,10 +162,13 @@ impl<'p> State<'p> {
                 band_confidence: 1.0 - CLEAR_ALPHA,
                 contradicts_monotone: false,
                 warnings: Vec::new(),
+                axis: params.axis,
+                mechanism: None,
             },
             e: vec![EProcess::default(); n],
             capped: vec![false; n],
             stopped: String::new(),
+            mechanism_name: None,
         }
     }
 
@@ -233,9 +246,12 @@ impl<'p> State<'p> {
 
     async fn run(&mut self, i: usize, arm: Arm, sessions: u64) {
         let level = self.params.levels[i];
+        let in_flight = self.params.axis.in_flight(level);
         let block = LevelBlock {
             block: self.report.blocks.len() as u64 + 1,
             level,
+            in_flight,
+            pressure: self.params.axis.pressure(level),
             arm,
             sessions,
             seed: self
@@ -252,8 +268,10 @@ impl<'p> State<'p> {
         // One session in flight has no lower load to fall to (an engine that answered
         // ran it), and its requests come one at a time between the poller's samples,
         // which then mostly see none running: not load-checked, as in the matrix.
-        let short = (level > 1)
-            .then(|| engine_load_shortfall(&peaks, u64::from(level), self.params.min_load_fraction))
+        let short = (in_flight > 1)
+            .then(|| {
+                engine_load_shortfall(&peaks, u64::from(in_flight), self.params.min_load_fraction)
+            })
             .flatten();
         // An engine that dies is evidence, never a flat level (core::deaths): a block
         // whose engine died and showed no corruption does not count as run at its load.
@@ -282,7 +300,11 @@ impl<'p> State<'p> {
                 self.report.warnings.push(warning.clone());
             }
         }
+        let ran = self.ran(&outcome.mechanisms);
         let entry = &mut self.report.levels[i];
+        if let Some(ran) = ran {
+            entry.mechanism = Some(entry.mechanism.map_or(ran, |r| r.or(ran)));
+        }
         if let (Some(why), None) = (&short, &entry.short) {
             entry.short = Some(format!("block {} ({}) {why}", block.block, arm.as_str()));
         }
@@ -308,6 +330,37 @@ impl<'p> State<'p> {
         self.report.restarts += 1;
         self.analyse();
         self.port.emit(self.report.clone());
+    }
+
+    /// Whether a block ran the sweep's flag's mechanism, when its value enables it.
+    fn ran(&mut self, records: &[crate::mechanism::MechanismRecord]) -> Option<Ran> {
+        let flag = self.flag?;
+        let record = records.iter().find(|r| r.flag == flag && r.needed)?;
+        if self.mechanism_name.is_none() {
+            self.mechanism_name = Some(if record.name.is_empty() {
+                flag.to_string()
+            } else {
+                record.name.clone()
+            });
+        }
+        Some(record.ran())
+    }
+
+    /// Where the mechanism ran over the levels read so far.
+    fn reach(&self) -> Option<Reach> {
+        let name = self.mechanism_name.clone()?;
+        let read = |want: Ran| {
+            self.report
+                .levels
+                .iter()
+                .filter(move |l| l.mechanism == Some(want))
+                .map(|l| l.level)
+        };
+        Some(Reach {
+            name,
+            from: read(Ran::Yes).next(),
+            never: read(Ran::No).collect(),
+        })
     }
 
     /// More than the degraded fraction of a block's sessions failed: a warning.
@@ -362,11 +415,14 @@ impl<'p> State<'p> {
                 all_flat: top_flat,
             }
         };
+        self.report.mechanism = self.reach();
         self.report.verdict = verdict_words(
             &self.report.answer,
             &self.report.levels,
             self.flag,
             self.params.min_effect,
+            self.params.axis,
+            self.report.mechanism.as_ref(),
         );
         Resolution {
             threshold: resolution.threshold.map(|t| tested[t]),
@@ -470,6 +526,7 @@ mod tests {
     use super::super::simulate::scripted_block;
     use super::*;
     use crate::evidence::Policy;
+    use crate::load::Axis;
 
     /// Exactly `corrupt(level, arm)` of every 20 sessions corrupted; the engine reaches
     /// `peak(level)`.
@@ -564,6 +621,84 @@ mod tests {
             report.levels[0]
         );
         assert!(report.levels[1].short.is_none(), "{:?}", report.levels[1]);
+        // Where it ran is the answer's too: from 4 in flight, never at 1.
+        assert_eq!(report.levels[0].mechanism, Some(Ran::No));
+        assert_eq!(report.levels[1].mechanism, Some(Ran::Yes));
+        assert_eq!(
+            report.mechanism,
+            Some(Reach {
+                name: "defrag".into(),
+                from: Some(4),
+                never: vec![1],
+            })
+        );
+        assert!(
+            report
+                .verdict
+                .contains("the mechanism (defrag) ran from 4 in flight (never at 1 in flight)"),
+            "{}",
+            report.verdict
+        );
+    }
+
+    /// A pressure sweep: every block at the same sessions in flight, each level a share
+    /// of the KV cache; the engine's load is checked against the sessions in flight, not
+    /// the level; the mechanism first runs, and corruption first appears, at 50%.
+    #[test]
+    fn a_pressure_sweep_holds_the_load_and_answers_in_shares_of_the_cache() {
+        let mut p = params(&[10, 50, 100], true, Allocation::Fixed { sessions: 40 });
+        p.axis = Axis::Pressure { in_flight: 4 };
+        let mut asked = Vec::new();
+        let report = sweep(p.clone(), Some("X".into())).run(
+            |b| {
+                asked.push((b.level, b.in_flight, b.pressure, b.sessions));
+                let hot = b.level >= 50 && b.arm == Arm::On;
+                // The engine reaches the 4 in flight, never the level's number.
+                let mut out = scripted_block(b.sessions, Some(4), |i| hot && i % 4 == 0);
+                out.mechanisms = vec![crate::testing::witnessed(
+                    ("X", "preemption"),
+                    (
+                        if b.arm == Arm::On { "40" } else { "585" },
+                        b.arm == Arm::On,
+                    ),
+                    "counter vllm:num_preemptions_total",
+                    u64::from(hot) * 7,
+                )];
+                out
+            },
+            drop,
+        );
+        assert!(asked
+            .iter()
+            .all(|&(_, in_flight, _, sessions)| in_flight == 4 && sessions == 40));
+        assert_eq!(asked[0].2, Some(0.1));
+        assert_eq!(asked.last().unwrap().2, Some(1.0));
+        assert!(
+            report.levels.iter().skip(1).all(|l| l.short.is_none()),
+            "{:?}",
+            report.levels
+        );
+        assert!(
+            matches!(report.answer, Answer::Threshold { level: 50, .. }),
+            "{:?}: {}",
+            report.answer,
+            report.verdict
+        );
+        assert!(
+            report
+                .verdict
+                .starts_with("lowest reproducing pressure: 50% of the KV cache"),
+            "{}",
+            report.verdict
+        );
+        assert!(
+            report.verdict.contains(
+                "the mechanism (preemption) ran from 50% of the KV cache (never at 10% of the KV cache)"
+            ),
+            "{}",
+            report.verdict
+        );
+        assert_eq!(report.axis, p.axis);
     }
 
     #[test]

@@ -27,6 +27,7 @@ use crate::core::arm_stats::ArmLabel;
 use crate::core::classify::Classifier;
 use crate::core::evidence::Policy;
 use crate::core::phases::Phases;
+use crate::core::pressure::{size, Tokens};
 use crate::core::solo::SoloOracle;
 use crate::core::verdict::decide;
 use crate::exit::{Failure, Problem};
@@ -192,25 +193,23 @@ pub(crate) async fn sized_workload(
     let Some(pressure) = plan.pressure else {
         return Ok(workload);
     };
-    let enabling = match plan.flag.mechanism.as_ref().map(|m| m.arms) {
-        Some(crate::core::mechanism::Arms::Off) => &plan.flag.off,
-        _ => &plan.flag.on,
-    };
-    bed.set(&plan.flag, enabling)?;
-    let restarted = bed.restart("pressure").await?;
+    let (capacity, restarted) = capacity_for_pressure(bed, Some(&plan.flag)).await?;
     count_restart(phases, &restarted);
-    let capacity = bed.capacity().await.map_err(|why| {
-        crate::exit::Failure::could_not_run(
-            format!("--pressure: could not read the engine's KV capacity: {why}"),
-            "pass --ctx instead, sized by hand",
-        )
-    })?;
     let in_flight = u64::from(workload.target_concurrency());
-    let sizing = pressure_sizing(bed, &workload, &capacity, pressure, in_flight).await;
+    let hint = size(
+        &capacity,
+        pressure,
+        in_flight,
+        &Tokens::estimated(&workload, ""),
+    )
+    .ctx;
+    let tokens = count_tokens(bed, &workload, hint).await;
+    let sizing = size(&capacity, pressure, in_flight, &tokens);
     workload.ctx = sizing.ctx;
     bed.progress().note(&format!(
-        "{}={enabling}: {}",
+        "{}={}: {}",
         plan.flag.name,
+        enabling_value(&plan.flag),
         sizing.words()
     ));
     record.workload = workload.params_json();
@@ -218,26 +217,46 @@ pub(crate) async fn sized_workload(
     Ok(workload)
 }
 
-/// The sizing for `pressure`, in the engine's own tokens where it counts them: the
-/// workload's estimate first, then session 0's opening request counted by the engine at
-/// ctx 0 and at the estimate's filler (at least 256, so the rise is measurable), and the
-/// filler sized again on that line. An engine that counts nothing (or a count that does
-/// not rise with the filler) keeps the estimate, and the sizing's words say why.
-async fn pressure_sizing(
-    bed: &Testbed<'_>,
-    workload: &Workload,
-    capacity: &crate::core::pressure::Capacity,
-    pressure: f64,
-    in_flight: u64,
-) -> crate::core::pressure::Sizing {
-    use crate::core::pressure::{size, Tokens};
+/// The value of `flag` that lets its mechanism run: its `on`, or its `off` for a flag
+/// that disables a path.
+fn enabling_value(flag: &FlagSpec) -> &str {
+    match flag.mechanism.as_ref().map(|m| m.arms) {
+        Some(crate::core::mechanism::Arms::Off) => &flag.off,
+        _ => &flag.on,
+    }
+}
+
+/// The engines' KV capacity for `--pressure`, read after a restart at the value of
+/// `flag` that lets its mechanism run (as the configs hold it, without a flag), with
+/// the pins in place: the restart's time is the caller's to count.
+pub(crate) async fn capacity_for_pressure(
+    bed: &mut Testbed<'_>,
+    flag: Option<&FlagSpec>,
+) -> anyhow::Result<(crate::core::pressure::Capacity, crate::arm::Restarted)> {
+    if let Some(flag) = flag {
+        bed.set(flag, enabling_value(flag))?;
+    }
+    let restarted = bed.restart("pressure").await?;
+    let capacity = bed.capacity().await.map_err(|why| {
+        crate::exit::Failure::could_not_run(
+            format!("--pressure: could not read the engine's KV capacity: {why}"),
+            "pass --ctx instead, sized by hand",
+        )
+    })?;
+    Ok((capacity, restarted))
+}
+
+/// A session's tokens against its filler, in the engine's own tokens where it counts
+/// them: session 0's opening request counted by the engine at ctx 0 and at `hint`
+/// (the estimate's filler for the aim, at least 256 so the rise is measurable). An
+/// engine that counts nothing (or a count that does not rise with the filler) gives
+/// the workload's estimate, and the sizing's words say why.
+pub(crate) async fn count_tokens(bed: &Testbed<'_>, workload: &Workload, hint: u32) -> Tokens {
     let estimate = |why: String| Tokens::estimated(workload, why);
-    let first = size(capacity, pressure, in_flight, &estimate(String::new()));
-    let tokens = match bed.count_prompt(workload, first.ctx.max(256)).await {
+    match bed.count_prompt(workload, hint.max(256)).await {
         Ok(counted) => Tokens::counted(workload, counted).unwrap_or_else(estimate),
         Err(why) => estimate(why),
-    };
-    size(capacity, pressure, in_flight, &tokens)
+    }
 }
 
 /// One restart's time into the run's phases.

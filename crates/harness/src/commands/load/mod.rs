@@ -32,7 +32,7 @@ use crate::config::Pin;
 use crate::config::{FlagSpec, TargetProfile, Workload};
 use crate::control::EngineControl;
 use crate::core::culprit::{BlockOutcome, BlockRequest};
-use crate::core::load::{sweep, Arm, LevelBlock, LoadParams, LoadReport};
+use crate::core::load::{sweep, Arm, Axis, LevelBlock, LoadParams, LoadReport};
 use crate::core::solo::SoloOracle;
 use crate::results::load::{LoadRecord, SCHEMA};
 use crate::results::run_record::TargetInfo;
@@ -88,6 +88,8 @@ struct Blocks<'t, 'a> {
     runner: TestbedRunner<'t, 'a>,
     flag: Option<FlagSpec>,
     fixed: Vec<Pin>,
+    /// A pressure sweep's filler per level.
+    ctx: BTreeMap<u32, u32>,
 }
 
 impl BlockRunner<LevelBlock, BlockOutcome> for Blocks<'_, '_> {
@@ -105,10 +107,17 @@ impl BlockRunner<LevelBlock, BlockOutcome> for Blocks<'_, '_> {
                 failing.push(flag.name.clone());
             }
         }
+        let pressure = match (block.pressure, self.ctx.get(&block.level)) {
+            (Some(p), Some(&ctx)) => {
+                self.runner.workload.ctx = ctx;
+                format!(" at {}% of the KV cache (--ctx {ctx})", (100.0 * p).round())
+            }
+            _ => String::new(),
+        };
         self.runner.bed.progress().note(&format!(
-            "load block {}: {} in flight, {} ({} sessions)",
+            "load block {}: {} in flight{pressure}, {} ({} sessions)",
             block.block,
-            block.level,
+            block.in_flight,
             block.arm.as_str(),
             block.sessions
         ));
@@ -117,7 +126,7 @@ impl BlockRunner<LevelBlock, BlockOutcome> for Blocks<'_, '_> {
             config,
             failing,
             sessions: block.sessions,
-            concurrency: block.level,
+            concurrency: block.in_flight,
             seed: block.seed,
         };
         self.runner.run_block(&request).await
@@ -196,6 +205,7 @@ pub(crate) async fn sweep_on(
     started: Instant,
 ) -> anyhow::Result<LoadReport> {
     let classifier = Arc::new(bed.target().classifier(job.workload)?);
+    let ctx = pressure_levels(bed, job, record).await?;
     let flags = job
         .flag
         .into_iter()
@@ -216,6 +226,7 @@ pub(crate) async fn sweep_on(
         },
         flag: job.flag.cloned(),
         fixed: job.fixed.to_vec(),
+        ctx,
     };
     let mut recorder = Recorder {
         record,
@@ -224,6 +235,48 @@ pub(crate) async fn sweep_on(
     };
     let flag = job.flag.map(|f| f.name.clone());
     drive(sweep(job.params.clone(), flag), &mut blocks, &mut recorder).await
+}
+
+/// A pressure sweep's filler per level (core::pressure), sized once before its first
+/// block: on engines restarted at the value that lets the flag's mechanism run, their
+/// capacity read and a session's tokens counted by the engine; recorded in load.json
+/// (`pressure`, one sizing per level). Empty for a sweep of sessions in flight.
+async fn pressure_levels(
+    bed: &mut Testbed<'_>,
+    job: &Sweep<'_>,
+    record: &mut LoadRecord,
+) -> anyhow::Result<BTreeMap<u32, u32>> {
+    use crate::commands::run::{capacity_for_pressure, count_tokens};
+    use crate::core::pressure::{size, Tokens};
+    let Axis::Pressure { in_flight } = job.params.axis else {
+        return Ok(BTreeMap::new());
+    };
+    let in_flight = u64::from(in_flight);
+    let (capacity, _) = capacity_for_pressure(bed, job.flag).await?;
+    let top = job
+        .params
+        .levels
+        .last()
+        .map_or(1.0, |&l| f64::from(l) / 100.0);
+    let hint = size(
+        &capacity,
+        top,
+        in_flight,
+        &Tokens::estimated(job.workload, ""),
+    )
+    .ctx;
+    let tokens = count_tokens(bed, job.workload, hint).await;
+    let mut ctx = BTreeMap::new();
+    record.pressure.clear();
+    for &level in &job.params.levels {
+        let sizing = size(&capacity, f64::from(level) / 100.0, in_flight, &tokens);
+        bed.progress()
+            .note(&format!("level {level}: {}", sizing.words()));
+        ctx.insert(level, sizing.ctx);
+        record.pressure.push(sizing);
+    }
+    crate::results::load::write(job.dir, record)?;
+    Ok(ctx)
 }
 
 /// The record once the sweep ended (finished, failed or interrupted), written into
@@ -266,6 +319,7 @@ pub(crate) fn started_record(
         workload: workload.params_json(),
         params: params.clone(),
         report: None,
+        pressure: Vec::new(),
         wall_s: 0.0,
         error: None,
     }

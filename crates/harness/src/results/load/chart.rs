@@ -7,7 +7,7 @@
 use std::fmt::Write as _;
 
 use crate::core::load::report::{Answer, LevelReport};
-use crate::core::load::LoadReport;
+use crate::core::load::{Axis, LoadReport};
 use crate::core::stats;
 
 const W: f64 = 720.0;
@@ -20,6 +20,9 @@ const BOTTOM: f64 = 56.0;
 struct Scale {
     max_level: f64,
     max_rate: f64,
+    /// The right axis's top: the highest level in flight, or a pressure sweep's load.
+    max_running: f64,
+    axis: Axis,
 }
 
 impl Scale {
@@ -29,14 +32,18 @@ impl Scale {
     fn y(&self, rate: f64) -> f64 {
         H - BOTTOM - (H - TOP - BOTTOM) * (rate / self.max_rate).min(1.0)
     }
-    /// The right axis: engine-side running requests, 0 to the highest level.
+    /// The right axis: engine-side running requests, 0 to the highest load asked.
     fn y_load(&self, running: f64) -> f64 {
-        H - BOTTOM - (H - TOP - BOTTOM) * (running / self.max_level).min(1.0)
+        H - BOTTOM - (H - TOP - BOTTOM) * (running / self.max_running).min(1.0)
     }
 }
 
-fn scale(levels: &[LevelReport]) -> Scale {
+fn scale(levels: &[LevelReport], axis: Axis) -> Scale {
     let max_level = levels.iter().map(|l| l.level).max().unwrap_or(1).max(1) as f64;
+    let max_running = match axis {
+        Axis::InFlight => max_level,
+        Axis::Pressure { in_flight } => f64::from(in_flight.max(1)),
+    };
     let top = levels
         .iter()
         .flat_map(|l| {
@@ -53,6 +60,8 @@ fn scale(levels: &[LevelReport]) -> Scale {
     Scale {
         max_level,
         max_rate,
+        max_running,
+        axis,
     }
 }
 
@@ -62,7 +71,7 @@ pub fn svg(report: &LoadReport, ab: bool) -> String {
     if levels.is_empty() {
         return String::new();
     }
-    let s = scale(levels);
+    let s = scale(levels, report.axis);
     let mut out = format!(
         "<svg class=\"load-chart\" xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {W} {H}\" width=\"{W}\" height=\"{H}\" font-family=\"sans-serif\" font-size=\"12\">\n"
     );
@@ -104,7 +113,7 @@ fn axes(out: &mut String, s: &Scale, levels: &[LevelReport]) {
     for i in 0..=4 {
         let rate = s.max_rate * f64::from(i) / 4.0;
         let y = s.y(rate);
-        let running = s.max_level * f64::from(i) / 4.0;
+        let running = s.max_running * f64::from(i) / 4.0;
         let _ = writeln!(
             out,
             "<line x1=\"{x0}\" y1=\"{y:.1}\" x2=\"{x1}\" y2=\"{y:.1}\" stroke=\"#ddd\"/><text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{:.0}%</text><text x=\"{:.1}\" y=\"{:.1}\" fill=\"#e65100\">{running:.0}</text>",
@@ -117,9 +126,14 @@ fn axes(out: &mut String, s: &Scale, levels: &[LevelReport]) {
     }
     let _ = writeln!(
         out,
-        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">sessions in flight (asked)</text>",
+        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
         (x0 + x1) / 2.0,
-        H - 14.0
+        H - 14.0,
+        match s.axis {
+            Axis::InFlight => "sessions in flight (asked)".to_string(),
+            Axis::Pressure { in_flight } =>
+                format!("KV cache pressure, % (asked), at {in_flight} in flight"),
+        }
     );
     let _ = writeln!(
         out,
@@ -162,12 +176,17 @@ fn band_and_fit(out: &mut String, s: &Scale, levels: &[LevelReport]) {
 }
 
 fn load_points(out: &mut String, s: &Scale, levels: &[LevelReport]) {
+    // Where the engine's peak should be: the level itself, or a pressure sweep's load.
     let (first, last) = (s.x(0.0), s.x(s.max_level));
+    let asked = |level: f64| match s.axis {
+        Axis::InFlight => level,
+        Axis::Pressure { in_flight } => f64::from(in_flight),
+    };
     let _ = writeln!(
         out,
         "<line x1=\"{first:.1}\" y1=\"{:.1}\" x2=\"{last:.1}\" y2=\"{:.1}\" stroke=\"#e65100\" stroke-opacity=\"0.5\" stroke-dasharray=\"3 3\"/>",
-        s.y_load(0.0),
-        s.y_load(s.max_level)
+        s.y_load(asked(0.0)),
+        s.y_load(asked(s.max_level))
     );
     for l in levels {
         let Some(peak) = l.arm.peak_engine else {

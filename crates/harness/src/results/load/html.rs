@@ -2,7 +2,7 @@
 //! band and the engine-side load, the facts and the table of levels.
 
 use super::LoadRecord;
-use super::{chart, facts, rows, COLUMNS};
+use super::{chart, columns, facts, rows};
 use crate::results::html::target_fact;
 use crate::results::markup::{escape, facts_list, page, verdict_box};
 use crate::results::Exporter;
@@ -36,7 +36,7 @@ pub(super) fn render_html(record: &LoadRecord) -> String {
     items.extend(facts(record).iter().map(|f| escape(f)));
     body.push_str(&facts_list(&items));
     body.push_str("<table><thead><tr>");
-    for c in COLUMNS {
+    for c in columns(record) {
         body.push_str(&format!("<th>{}</th>", escape(c)));
     }
     body.push_str("</tr></thead><tbody>\n");

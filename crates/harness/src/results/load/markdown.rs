@@ -1,7 +1,7 @@
 //! `summary.md` of a load sweep: verdict, facts, the table of levels.
 
 use super::LoadRecord;
-use super::{facts, rows, COLUMNS};
+use super::{columns, facts, rows};
 use crate::results::markup::table_header;
 use crate::results::Exporter;
 
@@ -26,7 +26,7 @@ pub(super) fn render_markdown(record: &LoadRecord) -> String {
         s.push_str(&format!("- {line}\n"));
     }
     s.push('\n');
-    s.push_str(&table_header(&COLUMNS));
+    s.push_str(&table_header(&columns(record)));
     for row in rows(record) {
         s.push_str(&format!("| {} |\n", row.join(" | ")));
     }

@@ -52,6 +52,10 @@ pub struct LoadRecord {
     pub params: LoadParams,
     /// What the sweep found so far (rewritten after every block).
     pub report: Option<LoadReport>,
+    /// A pressure sweep: each level's filler sized to its share of the KV cache
+    /// (core::pressure), in the order of the levels.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pressure: Vec<crate::core::pressure::Sizing>,
     pub wall_s: f64,
     pub error: Option<String>,
 }
@@ -78,7 +82,21 @@ impl LoadRecord {
     }
 }
 
-pub(super) const COLUMNS: [&str; 8] = [
+/// The table's columns; the first names the sweep's axis.
+pub(super) fn columns(record: &LoadRecord) -> [&'static str; 8] {
+    [
+        record.params.axis.unit(),
+        COLUMNS[1],
+        COLUMNS[2],
+        COLUMNS[3],
+        COLUMNS[4],
+        COLUMNS[5],
+        COLUMNS[6],
+        COLUMNS[7],
+    ]
+}
+
+const COLUMNS: [&str; 8] = [
     "in flight",
     "arm",
     "corrupted",
@@ -106,7 +124,7 @@ fn arm_cells(l: &LevelReport, arm: &ArmCount, name: &str, first: bool) -> Vec<St
         _ => String::new(),
     };
     let status = match (first, &l.short, l.status, l.implied) {
-        (true, Some(_), _, _) => "load fell short".to_string(),
+        (true, Some(_), _, _) => "not reported (short)".to_string(),
         (true, None, _, Some(implied)) => format!("{} (implied)", implied.word()),
         (true, None, Some(s), None) => s.word(),
         (true, None, None, _) => "baseline".to_string(),
@@ -177,6 +195,9 @@ pub(super) fn facts(record: &LoadRecord) -> Vec<String> {
                 &r.stopped
             }
         ));
+        for sizing in &record.pressure {
+            lines.push(sizing.words());
+        }
         if r.contradicts_monotone {
             lines.push(
                 "the counts contradict a rate that never falls with load (the band is empty somewhere): the fit and the threshold assume it does".into(),
@@ -228,6 +249,7 @@ mod tests {
             workload: serde_json::Value::Null,
             params,
             report: Some(report),
+            pressure: Vec::new(),
             wall_s: 1.0,
             error: None,
         }

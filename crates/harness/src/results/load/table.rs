@@ -3,7 +3,7 @@
 use comfy_table::{presets, Cell, CellAlignment, ContentArrangement, Table};
 
 use super::LoadRecord;
-use super::{facts, rows, COLUMNS};
+use super::{columns, facts, rows};
 use crate::results::Exporter;
 
 pub struct LoadTable;
@@ -23,7 +23,7 @@ pub(super) fn render_table(record: &LoadRecord) -> String {
     table
         .load_preset(presets::UTF8_FULL_CONDENSED)
         .set_content_arrangement(ContentArrangement::Dynamic)
-        .set_header(COLUMNS);
+        .set_header(columns(record));
     for row in rows(record) {
         table.add_row(
             row.into_iter()
