@@ -915,19 +915,19 @@ impl<'a> Testbed<'a> {
             .collect()
     }
 
-    /// What each role's witnesses may read now: the log of a role bisect spawned, and
-    /// the origin of its health URL.
+    /// What each role's witnesses may read now: the log of a role bisect spawned (or
+    /// follows with the role's `log` command), and the origin of its health URL.
     fn role_access(&self) -> Vec<witness::RoleAccess> {
-        let spawned = self.control.spawned();
+        let logs = self.control.logs();
         self.target
             .roles
             .iter()
             .map(|r| witness::RoleAccess {
                 role: r.name.clone(),
-                log: spawned
+                log: logs
                     .iter()
-                    .find(|s| s.role == r.name)
-                    .map(|s| s.log.clone()),
+                    .find(|(role, _)| *role == r.name)
+                    .map(|(_, log)| log.clone()),
                 origin: crate::config::engine::origin(&r.health).map(String::from),
             })
             .collect()

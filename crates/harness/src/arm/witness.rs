@@ -186,8 +186,9 @@ impl Window {
 fn log_start(access: &RoleAccess) -> Result<(PathBuf, u64), String> {
     let Some(path) = &access.log else {
         return Err(format!(
-            "role {}'s log is not bisect's to read (its restart command starts it): \
-             a counter or endpoint witness reads it",
+            "role {}'s log is not bisect's to read (its restart command starts it): give \
+             the role a `log` command that follows it (e.g. log = \"journalctl -u UNIT -f \
+             -n 0 -o cat\"), or a counter or endpoint witness reads it",
             access.role
         ));
     };

@@ -151,6 +151,7 @@ pub fn profile(launch_dir: &Path, exe: &Path) -> anyhow::Result<TargetProfile> {
         name: name.to_string(),
         launch,
         restart: None,
+        log: None,
         health: format!("http://127.0.0.1:{port}/health"),
         metrics: Some(format!("http://127.0.0.1:{port}/metrics")),
         health_timeout_s: 60,

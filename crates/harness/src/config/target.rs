@@ -50,6 +50,10 @@ pub struct RoleSpec {
     pub launch: PathBuf,
     /// Restart command; without it bisect spawns `sh LAUNCH` itself.
     pub restart: Option<String>,
+    /// With a restart command: a command that prints the role's log from now on until
+    /// stopped (`journalctl -u UNIT -f -n 0 -o cat`, `kubectl logs -f deploy/NAME`),
+    /// followed into the run's logs after every restart, so log witnesses can read it.
+    pub log: Option<String>,
     pub health: String,
     pub metrics: Option<String>,
     pub health_timeout_s: u64,
@@ -85,6 +89,7 @@ impl RoleSpec {
             name: name.to_string(),
             launch,
             restart: None,
+            log: None,
             health,
             metrics,
             health_timeout_s: DEFAULT_HEALTH_TIMEOUT_S,
@@ -140,6 +145,7 @@ struct RawRole {
     name: Spanned<String>,
     launch: Spanned<String>,
     restart: Option<Spanned<String>>,
+    log: Option<Spanned<String>>,
     health: Spanned<String>,
     metrics: Option<Spanned<String>>,
     health_timeout_s: Option<Spanned<i64>>,
@@ -154,7 +160,7 @@ struct RawRole {
     queued_metric: Option<Spanned<String>>,
 }
 
-const PROFILE_FIX: &str = "see docs/design.md 3.2: name, api, model, optional api_key_env, engine, markup, flags_dir, [[reject]] tables (name, status, body, off), then one [[role]] table per engine role (name, launch, health, optional restart, metrics, health_timeout_s, restart_timeout_s, engine, running_metric, queued_metric, effective_url, effective_pointers, pass_api_key)";
+const PROFILE_FIX: &str = "see docs/design.md 3.2: name, api, model, optional api_key_env, engine, markup, flags_dir, [[reject]] tables (name, status, body, off), then one [[role]] table per engine role (name, launch, health, optional restart and log, metrics, health_timeout_s, restart_timeout_s, engine, running_metric, queued_metric, effective_url, effective_pointers, pass_api_key)";
 
 fn parse_engine(src: &Source, v: &Spanned<String>) -> Result<Engine, ConfigError> {
     v.get_ref().parse::<Engine>().map_err(|e| {
@@ -394,6 +400,23 @@ fn role(
             "systemctl restart sglang-prefill",
         )?),
     };
+    let log =
+        match (&r.log, &restart) {
+            (None, _) => None,
+            (Some(cmd), None) => return Err(src.invalid(
+                cmd.span(),
+                format!(
+                    "role {role_name}: `log` applies to a role started by its `restart` command"
+                ),
+                "drop `log`: bisect captures the output of the roles it spawns itself",
+            )),
+            (Some(cmd), Some(_)) => Some(non_empty(
+                src,
+                "log",
+                cmd,
+                "journalctl -u sglang-prefill -f -n 0 -o cat",
+            )?),
+        };
     let health = check_url(src, "health", &r.health)?;
     let metrics = match &r.metrics {
         None => None,
@@ -435,6 +458,7 @@ fn role(
         name: role_name,
         launch,
         restart,
+        log,
         health,
         metrics,
         health_timeout_s,
@@ -717,6 +741,34 @@ health = "http://127.0.0.1:30002/health"
         assert_eq!(line, 16);
         assert!(
             msg.contains(".yaml file") && msg.contains("targets/vllm/target-k8s.toml"),
+            "{msg}"
+        );
+    }
+
+    /// A role under a restart command can name a command that follows its log; a role
+    /// bisect spawns cannot (its output is captured already), refused at the key's line.
+    #[test]
+    fn a_log_command_belongs_to_a_restarted_role() {
+        let text = GOOD.replace(
+            "restart = \"systemctl restart sglang-dsv4-prefill\"",
+            "restart = \"systemctl restart sglang-dsv4-prefill\"\nlog = \"journalctl -u sglang-dsv4-prefill -f -n 0 -o cat\"",
+        );
+        let (_dir, path) = write_profile(&text);
+        let p = TargetProfile::load(&path).unwrap();
+        assert_eq!(
+            p.roles[0].log.as_deref(),
+            Some("journalctl -u sglang-dsv4-prefill -f -n 0 -o cat")
+        );
+        assert_eq!(p.roles[1].log, None);
+        let text = GOOD.replace(
+            "launch = \"scripts/serve_decode.sh\"",
+            "launch = \"scripts/serve_decode.sh\"\nlog = \"tail -f /var/log/x\"",
+        );
+        let (line, msg) = error_at(&text);
+        assert_eq!(line, 17);
+        assert!(
+            msg.contains("`log` applies to a role started by its `restart` command")
+                && msg.contains("drop `log`"),
             "{msg}"
         );
     }

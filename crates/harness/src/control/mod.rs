@@ -40,7 +40,8 @@ pub use processes::{log_excerpt, log_tail};
 /// starting a role that exited at once again (TIME_WAIT is 60 s on Linux).
 const LINGER_WAIT: Duration = Duration::from_secs(70);
 use processes::{
-    run_restart_command, spawn_launch, stop_child, truncate, RestartWatch, RESTART_PROOF_GRACE_S,
+    run_restart_command, spawn_follower, spawn_launch, stop_child, truncate, RestartWatch,
+    RESTART_PROOF_GRACE_S,
 };
 pub(crate) use self_report::fetch_server_info;
 
@@ -86,6 +87,15 @@ pub trait EngineControl: Send {
     fn spawned(&self) -> Vec<SpawnedRole> {
         Vec::new()
     }
+
+    /// Per role, the file its log goes to for the latest restart: a spawned role's
+    /// output, or what a restarted role's `log` command follows. What log witnesses read.
+    fn logs(&self) -> Vec<(String, PathBuf)> {
+        self.spawned()
+            .into_iter()
+            .map(|s| (s.role, s.log))
+            .collect()
+    }
 }
 
 /// A role's process that engine control spawned: what the death watch reads.
@@ -116,6 +126,9 @@ pub struct ProcessControl {
     logs_dir: PathBuf,
     http: reqwest::Client,
     spawned: Vec<Spawned>,
+    /// The `log` commands following restarted roles' logs (never engines: not in
+    /// [`EngineControl::spawned`], not death-watched).
+    followers: Vec<Spawned>,
     /// The locks of the target's launch configs, taken at the first claim or restart
     /// (shared with this process's launch-config editor when it holds them already).
     state: Option<TargetLocks>,
@@ -159,6 +172,7 @@ impl ProcessControl {
             logs_dir: logs_dir.to_path_buf(),
             http,
             spawned: Vec::new(),
+            followers: Vec::new(),
             state: None,
             state_root: launch::state_root(),
             padding: BTreeMap::new(),
@@ -206,6 +220,11 @@ impl ProcessControl {
 
     async fn stop_all(&mut self) -> anyhow::Result<()> {
         let mut first_err = None;
+        for mut f in self.followers.drain(..) {
+            if let Err(e) = stop_child(&mut f.child).await {
+                first_err.get_or_insert(anyhow!("stopping role {}'s log command: {e:#}", f.role));
+            }
+        }
         for mut s in self.spawned.drain(..) {
             let pgid = s.child.id();
             if let Err(e) = stop_child(&mut s.child).await {
@@ -289,6 +308,10 @@ impl ProcessControl {
             }
             waits.insert(role.name.clone(), started.elapsed().as_secs_f64());
             self.padding.insert(role.name.clone(), padding);
+            if let (Some(_), Some(cmd)) = (&role.restart, &role.log) {
+                self.followers
+                    .push(spawn_follower(role, cmd, &self.logs_dir, label)?);
+            }
         }
         Ok(waits)
     }
@@ -523,6 +546,14 @@ impl EngineControl for ProcessControl {
 
     fn health_padding(&self) -> BTreeMap<String, f64> {
         self.padding.clone()
+    }
+
+    fn logs(&self) -> Vec<(String, PathBuf)> {
+        self.spawned
+            .iter()
+            .chain(&self.followers)
+            .map(|s| (s.role.clone(), s.log.clone()))
+            .collect()
     }
 
     fn spawned(&self) -> Vec<SpawnedRole> {

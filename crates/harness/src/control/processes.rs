@@ -236,6 +236,37 @@ pub(super) fn spawn_launch(
     })
 }
 
+/// A role started by its restart command has its log followed by the role's `log`
+/// command (`sh -c`, e.g. `journalctl -u UNIT -f -n 0 -o cat`), in its own process
+/// group, its output into `LABEL-ROLE.log` as a spawned role's: what its mechanism's
+/// log witnesses read (arm/witness.rs). Started once the role is healthy, so a command
+/// that follows the new process (`kubectl logs -f`) finds it; stopped with the engines.
+pub(super) fn spawn_follower(
+    role: &RoleSpec,
+    cmd: &str,
+    logs_dir: &Path,
+    label: &str,
+) -> anyhow::Result<Spawned> {
+    let log = logs_dir.join(format!("{label}-{}.log", role.name));
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .with_context(|| format!("opening {}", log.display()))?;
+    let mut command = Command::new("sh");
+    command.arg("-c").arg(cmd);
+    own_group_logged(&mut command, out, None)?;
+    let child = command
+        .spawn()
+        .with_context(|| format!("running the log command of role {}: {cmd}", role.name))?;
+    Ok(Spawned {
+        role: role.name.clone(),
+        child,
+        log,
+        state_dir: None,
+    })
+}
+
 pub(super) async fn stop_child(child: &mut Child) -> anyhow::Result<()> {
     if child.try_wait()?.is_some() {
         return Ok(());

@@ -282,6 +282,53 @@ async fn a_restart_is_proven_through_an_effective_url_that_wants_the_key() {
     assert!(format!("{err:#}").contains("did not happen"), "{err:#}");
 }
 
+/// A role under a restart command with a `log` command: after the restart the command
+/// follows the role's log into the run's logs (what log witnesses read), it is listed
+/// among the logs but never as an engine for the death watch, and stopping the engines
+/// stops it.
+#[tokio::test]
+async fn a_restarted_roles_log_command_is_followed_until_the_engines_stop() {
+    let addr = crate::test_http::keyed_engine().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut target = solo_target(dir.path().join("unused.sh"), Some("true"), 1);
+    target.roles[0].health = format!("http://{addr}/health");
+    target.roles[0].effective_url = Some(format!("http://{addr}/config"));
+    target.roles[0].log =
+        Some("echo 'fragmentation: 0.12 - requesting defrag'; exec sleep 60".into());
+    let mut ctl = ProcessControl::new(
+        &target,
+        &dir.path().join("logs"),
+        Some(crate::test_http::KEY.into()),
+    )
+    .unwrap()
+    .with_state_root(&dir.path().join("state"));
+    ctl.restart("on", &CancellationToken::new()).await.unwrap();
+    let logs = ctl.logs();
+    assert_eq!(
+        logs,
+        vec![("solo".to_string(), dir.path().join("logs/on-solo.log"))]
+    );
+    assert!(ctl.spawned().is_empty(), "a log command is not an engine");
+    let followed = async {
+        loop {
+            if std::fs::read_to_string(&logs[0].1).is_ok_and(|t| t.contains("requesting defrag")) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), followed)
+        .await
+        .expect("the log command's output reaches the role's log");
+    let pid = ctl.followers[0].child.id().unwrap() as i32;
+    ctl.stop().await.unwrap();
+    assert!(ctl.logs().is_empty());
+    assert!(
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_err(),
+        "the log command is gone"
+    );
+}
+
 /// Issue: restart commands took no lock, so a probe restarted the engines in the
 /// middle of a run's arm. Restarting (and a probe's claim) now holds the launch
 /// configs first.

@@ -64,11 +64,17 @@ async fn readable(
     http: Option<&reqwest::Client>,
 ) -> String {
     match &w.kind {
-        WitnessKind::Log { .. } => match &role.restart {
-            None => "readable (bisect captures the output of the role it spawns)".into(),
-            Some(_) => {
-                "NOT readable: its restart command starts it, so its log is not bisect's".into()
+        WitnessKind::Log { .. } => match (&role.restart, &role.log) {
+            (None, _) => "readable (bisect captures the output of the role it spawns)".into(),
+            (Some(_), Some(cmd)) => {
+                format!(
+                    "readable through the role's log command, followed after each restart: {cmd}"
+                )
             }
+            (Some(_), None) => "NOT readable: its restart command starts it, so its log is not \
+                 bisect's; give the role a `log` command that follows it (e.g. log = \
+                 \"journalctl -u UNIT -f -n 0 -o cat\")"
+                .into(),
         },
         WitnessKind::Counter { selector } => {
             let Some(url) = &role.metrics else {
