@@ -8,6 +8,10 @@ use super::{command_line, parse_pins, run_id, usage, BlockArgs, ExperimentArgs, 
 use bisect_harness::commands::load::LoadPlan;
 use bisect_harness::core::load::{Allocation, Axis, LoadParams, DEFAULT_LEVELS};
 
+/// The highest `--pressures` level, in percent: past it the sessions' filler is many
+/// times the cache (and built in memory whole).
+const MAX_PRESSURE: u32 = 1000;
+
 /// `--max-sessions` without a value: the cap per arm at each level of an adaptive sweep.
 pub(crate) const DEFAULT_MAX_SESSIONS: u64 = 480;
 
@@ -71,6 +75,15 @@ impl LoadArgs {
                 in_flight: workload.target_concurrency(),
             }
         };
+        if let Some(&p) = self.pressures.iter().find(|&&p| p > MAX_PRESSURE) {
+            return Err(usage(
+                format!(
+                    "--pressures: {p}% is more than {MAX_PRESSURE}% of the KV cache: the sessions' filler alone would be {}x the cache",
+                    p / 100
+                ),
+                "the levels are percent of the KV cache: e.g. --pressures 10,25,50,100,150",
+            ));
+        }
         let levels = match (self.max, self.levels.is_empty(), &axis) {
             (_, _, Axis::Pressure { .. }) => self.pressures.clone(),
             (Some(c), _, _) => LoadParams::levels_up_to(c),

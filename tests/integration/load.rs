@@ -86,7 +86,7 @@ fn a_pressure_sweep_names_where_the_mechanism_runs_and_where_it_corrupts() {
         "--flag",
         "HICACHE",
         "--pressures",
-        "25,150",
+        "70,150",
         "--concurrency",
         "40",
         // Three times the load, for margin: the race corrupted 4 to 14 of 40 per block.
@@ -113,7 +113,7 @@ fn a_pressure_sweep_names_where_the_mechanism_runs_and_where_it_corrupts() {
     assert_eq!(sizings.len(), 2);
     assert!(sizings[1]["ctx"].as_u64() > sizings[0]["ctx"].as_u64());
     assert!(sizings.iter().all(|s| s["in_flight"] == 40));
-    let (low, high) = (level(&record, 25), level(&record, 150));
+    let (low, high) = (level(&record, 70), level(&record, 150));
     assert_eq!(low["mechanism"], "no", "{low}");
     assert_eq!(high["mechanism"], "yes", "{high}");
     assert!(high["arm"]["corrupted"].as_u64().unwrap() >= 8, "{high}");
@@ -125,8 +125,19 @@ fn a_pressure_sweep_names_where_the_mechanism_runs_and_where_it_corrupts() {
     let verdict = report["verdict"].as_str().unwrap();
     assert!(
         verdict.starts_with("lowest reproducing pressure: 150% of the KV cache")
-            && verdict.contains("ran from 150% of the KV cache (never at 25% of the KV cache)"),
+            && verdict.contains("ran from 150% of the KV cache (never at 70% of the KV cache)"),
         "{verdict}"
+    );
+    // A level no filler can reach (at 40 in flight a session's opening alone is more
+    // than 25% of the pool) is refused before its first block, with what it reaches.
+    let low = [&args[..4], &["25,150"], &args[5..]].concat();
+    let out = bisect(&low, dir.path());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("these levels cannot be reached: 25% (sized to 6")
+            && err.contains("fix: drop them"),
+        "{err}"
     );
 }
 
@@ -151,6 +162,10 @@ fn bad_levels_and_options_are_refused_with_the_fix() {
         (
             &["load", "--pressures", "50", "--ctx", "100"][..],
             "cannot be given with --ctx",
+        ),
+        (
+            &["load", "--pressures", "50,5000", "--concurrency", "4"][..],
+            "5000% is more than 1000% of the KV cache",
         ),
     ] {
         let out = bisect(args, dir.path());

@@ -244,11 +244,14 @@ pub(crate) fn verdict_words(
                 (_, true) if ab.is_some() => t.push_str("; it rises already at the lowest level tried"),
                 (_, true) => t.push_str("; it rises already at the lowest level above the baseline"),
                 (Some(a), false) => t.push_str(&format!(
-                    "; at {} it is within {points} points of the baseline, so the rise starts between {a} and {level}",
-                    words(*a)
+                    "; at {} it is within {points} points of the baseline, so the rise starts between {} and {}",
+                    words(*a),
+                    words(*a),
+                    words(*level)
                 )),
                 (None, false) => t.push_str(&format!(
-                    "; no level below {level} is shown within {points} points of the baseline, so the rise may start lower"
+                    "; no level below {} is shown within {points} points of the baseline, so the rise may start lower",
+                    words(*level)
                 )),
             }
             t
@@ -259,7 +262,8 @@ pub(crate) fn verdict_words(
                 words(levels.last().map_or(0, |l| l.level))
             ),
             (Some(f), false) => format!(
-                "no threshold shown in the levels tried: no level corrupts more than {base}; levels up to {f} are within {points} points of it, higher ones undecided"
+                "no threshold shown in the levels tried: no level corrupts more than {base}; levels up to {} are within {points} points of it, higher ones undecided",
+                words(*f)
             ),
             (None, false) => format!(
                 "no threshold shown in the levels tried: no level corrupts more than {base}, and none is shown within {points} points of it (more sessions would tell)"
@@ -274,16 +278,23 @@ pub(crate) fn verdict_words(
             .collect::<Vec<_>>()
             .join(", ");
         match reach.from {
-            Some(from) if reach.never.is_empty() => text.push_str(&format!(
-                "; the mechanism ({}) ran from {}",
-                reach.name,
-                words(from)
-            )),
-            Some(from) => text.push_str(&format!(
-                "; the mechanism ({}) ran from {} (never at {never})",
-                reach.name,
-                words(from)
-            )),
+            Some(from) => {
+                let (below, above): (Vec<u32>, Vec<u32>) =
+                    reach.never.iter().partition(|&&l| l < from);
+                let list =
+                    |levels: Vec<u32>| levels.into_iter().map(words).collect::<Vec<_>>().join(", ");
+                text.push_str(&format!(
+                    "; the mechanism ({}) ran from {}",
+                    reach.name,
+                    words(from)
+                ));
+                if !below.is_empty() {
+                    text.push_str(&format!(" (never at {})", list(below)));
+                }
+                if !above.is_empty() {
+                    text.push_str(&format!(", yet not at {}", list(above)));
+                }
+            }
             None if !reach.never.is_empty() => text.push_str(&format!(
                 "; the mechanism ({}) never ran at any level read ({never})",
                 reach.name

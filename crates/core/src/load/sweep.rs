@@ -699,6 +699,26 @@ mod tests {
             report.verdict
         );
         assert_eq!(report.axis, p.axis);
+        // A level above the first that ran it and did not: said apart, never as "never".
+        let reach = Reach {
+            name: "preemption".into(),
+            from: Some(50),
+            never: vec![10, 100],
+        };
+        let words = crate::load::report::verdict_words(
+            &report.answer,
+            &report.levels,
+            Some("X"),
+            0.05,
+            p.axis,
+            Some(&reach),
+        );
+        assert!(
+            words.contains(
+                "ran from 50% of the KV cache (never at 10% of the KV cache), yet not at 100% of the KV cache"
+            ),
+            "{words}"
+        );
     }
 
     #[test]

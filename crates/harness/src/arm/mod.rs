@@ -797,7 +797,8 @@ impl<'a> Testbed<'a> {
             .max(started.elapsed().as_secs_f64().min(driven.wall_s.max(1e-9)));
         poll_cancel.cancel();
         let log = poller.await.context("metrics poller panicked")?;
-        stats.mechanisms = witnesses.close(&log, &self.probe_http).await;
+        let lost = self.control.lost_logs();
+        stats.mechanisms = witnesses.close(&log, &self.probe_http, &lost).await;
         self.record_load(block, &mut stats, &inflight, &driven, log, results)?;
         self.check_cancelled()?;
         // A role that died is evidence (its death), not a replaced engine.

@@ -138,10 +138,13 @@ impl Window {
 
     /// Closes the window: every witness counted, with `metrics`, the poller's log of
     /// the same life. A witness whose role the target lacks is a read that failed.
+    /// `lost`: per role, why its followed log stopped being followed (its log
+    /// witnesses then count what came before, and say they could not read the rest).
     pub(crate) async fn close(
         mut self,
         metrics: &MetricsLog,
         http: &reqwest::Client,
+        lost: &[(String, String)],
     ) -> Vec<MechanismRecord> {
         let spots = std::mem::take(&mut self.spots);
         for (ri, record) in self.records.iter_mut().enumerate() {
@@ -177,6 +180,11 @@ impl Window {
             match counted {
                 Ok(n) => reading.count += n,
                 Err(why) => reading.unread.push(why),
+            }
+            if matches!(spot.how, How::Log { .. }) {
+                for (_, why) in lost.iter().filter(|(role, _)| *role == spot.role) {
+                    reading.unread.push(why.clone());
+                }
             }
         }
         self.records

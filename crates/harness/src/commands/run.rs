@@ -248,12 +248,13 @@ pub(crate) async fn capacity_for_pressure(
 
 /// A session's tokens against its filler, in the engine's own tokens where it counts
 /// them: session 0's opening request counted by the engine at ctx 0 and at `hint`
-/// (the estimate's filler for the aim, at least 256 so the rise is measurable). An
-/// engine that counts nothing (or a count that does not rise with the filler) gives
-/// the workload's estimate, and the sizing's words say why.
+/// (the estimate's filler for the aim, at least 256 so the rise is measurable, at most
+/// 2048 so the request fits a small model's context). An engine that counts nothing
+/// (or a count that does not rise with the filler) gives the workload's estimate, and
+/// the sizing's words say why.
 pub(crate) async fn count_tokens(bed: &Testbed<'_>, workload: &Workload, hint: u32) -> Tokens {
     let estimate = |why: String| Tokens::estimated(workload, why);
-    match bed.count_prompt(workload, hint.max(256)).await {
+    match bed.count_prompt(workload, hint.clamp(256, 2048)).await {
         Ok(counted) => Tokens::counted(workload, counted).unwrap_or_else(estimate),
         Err(why) => estimate(why),
     }

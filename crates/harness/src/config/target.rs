@@ -400,23 +400,24 @@ fn role(
             "systemctl restart sglang-prefill",
         )?),
     };
-    let log =
-        match (&r.log, &restart) {
-            (None, _) => None,
-            (Some(cmd), None) => return Err(src.invalid(
+    let log = match (&r.log, &restart) {
+        (None, _) => None,
+        (Some(cmd), None) => {
+            return Err(src.invalid(
                 cmd.span(),
                 format!(
                     "role {role_name}: `log` applies to a role started by its `restart` command"
                 ),
                 "drop `log`: bisect captures the output of the roles it spawns itself",
-            )),
-            (Some(cmd), Some(_)) => Some(non_empty(
-                src,
-                "log",
-                cmd,
-                "journalctl -u sglang-prefill -f -n 0 -o cat",
-            )?),
-        };
+            ))
+        }
+        (Some(cmd), Some(_)) => Some(non_empty(
+            src,
+            "log",
+            cmd,
+            "journalctl -u sglang-prefill -f -n 0 -o cat",
+        )?),
+    };
     let health = check_url(src, "health", &r.health)?;
     let metrics = match &r.metrics {
         None => None,

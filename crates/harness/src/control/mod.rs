@@ -96,6 +96,13 @@ pub trait EngineControl: Send {
             .map(|s| (s.role, s.log))
             .collect()
     }
+
+    /// Per role, why its followed log stopped being followed (its `log` command exited:
+    /// no permission, a typo, a lost session): the lines after it are missing, so what
+    /// its log witnesses counted is not all there was.
+    fn lost_logs(&mut self) -> Vec<(String, String)> {
+        Vec::new()
+    }
 }
 
 /// A role's process that engine control spawned: what the death watch reads.
@@ -548,6 +555,30 @@ impl EngineControl for ProcessControl {
         self.padding.clone()
     }
 
+    fn lost_logs(&mut self) -> Vec<(String, String)> {
+        let roles = &self.roles;
+        self.followers
+            .iter_mut()
+            .filter_map(|f| {
+                let status = f.child.try_wait().ok()??;
+                let cmd = roles
+                    .iter()
+                    .find(|r| r.name == f.role)
+                    .and_then(|r| r.log.as_deref())
+                    .unwrap_or_default();
+                Some((
+                    f.role.clone(),
+                    format!(
+                        "role {}'s log command exited ({status}) while it was followed: {cmd} \
+                         (its output, {}, says why)",
+                        f.role,
+                        f.log.display()
+                    ),
+                ))
+            })
+            .collect()
+    }
+
     fn logs(&self) -> Vec<(String, PathBuf)> {
         self.spawned
             .iter()
@@ -582,6 +613,16 @@ impl Drop for ProcessControl {
                 if let Some(dir) = &s.state_dir {
                     let _ = launch::forget_group(dir, pid);
                 }
+            }
+        }
+        // A log command's group too (a pipeline such as `journalctl -f | grep` outlives
+        // its `sh`, which alone dies with bisect).
+        for f in &self.followers {
+            if let Some(pid) = f.child.id() {
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
             }
         }
     }

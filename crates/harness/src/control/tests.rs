@@ -329,6 +329,46 @@ async fn a_restarted_roles_log_command_is_followed_until_the_engines_stop() {
     );
 }
 
+/// A log command that exits (no permission, a typo) is a lost log, said with its exit
+/// status, so the witnesses that read it are "could not tell", never "never ran".
+#[tokio::test]
+async fn a_log_command_that_exits_is_a_lost_log() {
+    let addr = crate::test_http::keyed_engine().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut target = solo_target(dir.path().join("unused.sh"), Some("true"), 1);
+    target.roles[0].health = format!("http://{addr}/health");
+    target.roles[0].effective_url = Some(format!("http://{addr}/config"));
+    target.roles[0].log = Some(
+        "echo 'No journal files were opened due to insufficient permissions.' >&2; exit 1".into(),
+    );
+    let mut ctl = ProcessControl::new(
+        &target,
+        &dir.path().join("logs"),
+        Some(crate::test_http::KEY.into()),
+    )
+    .unwrap()
+    .with_state_root(&dir.path().join("state"));
+    ctl.restart("on", &CancellationToken::new()).await.unwrap();
+    let lost = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let lost = ctl.lost_logs();
+            if !lost.is_empty() {
+                return lost;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the exit is noticed");
+    assert_eq!(lost[0].0, "solo");
+    assert!(
+        lost[0].1.contains("log command exited (exit status: 1)"),
+        "{}",
+        lost[0].1
+    );
+    ctl.stop().await.unwrap();
+}
+
 /// Issue: restart commands took no lock, so a probe restarted the engines in the
 /// middle of a run's arm. Restarting (and a probe's claim) now holds the launch
 /// configs first.

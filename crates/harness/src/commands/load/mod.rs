@@ -253,6 +253,9 @@ async fn pressure_levels(
     };
     let in_flight = u64::from(in_flight);
     let (capacity, _) = capacity_for_pressure(bed, job.flag).await?;
+    // Counted at the highest level's filler (at most 2048, count_tokens): the filler's
+    // tokens are not quite a line (a sentence's overshoot weighs more in a short one),
+    // and the high levels are where a sweep's answer is.
     let top = job
         .params
         .levels
@@ -268,14 +271,36 @@ async fn pressure_levels(
     let tokens = count_tokens(bed, job.workload, hint).await;
     let mut ctx = BTreeMap::new();
     record.pressure.clear();
+    let mut unreachable = Vec::new();
     for &level in &job.params.levels {
         let sizing = size(&capacity, f64::from(level) / 100.0, in_flight, &tokens);
         bed.progress()
             .note(&format!("level {level}: {}", sizing.words()));
+        // A level sized short runs another pressure than its own (ctx 0 already above
+        // it, or a slot's cap below it): reported as that level, its answer would be
+        // wrong. Refused before any block, with what each reaches.
+        if let Some(why) = &sizing.short {
+            unreachable.push(format!(
+                "{level}% (sized to {:.0}%: {why})",
+                100.0 * sizing.aimed
+            ));
+        }
         ctx.insert(level, sizing.ctx);
         record.pressure.push(sizing);
     }
     crate::results::load::write(job.dir, record)?;
+    if !unreachable.is_empty() {
+        return Err(crate::exit::Failure::bad_input(
+            format!(
+                "--pressures: at {in_flight} in flight these levels cannot be reached: {}",
+                unreachable.join("; ")
+            ),
+            "drop them (the levels are percent of the KV cache; load.json `pressure` has \
+             each level's sizing), or change --concurrency: fewer sessions in flight reach \
+             a lower pressure, more (up to the slots) a higher one",
+        )
+        .into());
+    }
     Ok(ctx)
 }
 
