@@ -335,6 +335,18 @@ pub(crate) struct RunArgs {
     /// (docs/design.md 3.4 "Pressure"); e.g. 0.5. Above 1 oversubscribes it.
     #[arg(long, value_name = "FRACTION")]
     pressure: Option<f64>,
+    /// Print what the run is planned to cost (restarts, sessions, wall time,
+    /// engine-hours) and exit without touching an engine or writing a result.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
+    /// Seconds one engine restart costs (health included), for the planned cost; by
+    /// default this target's earlier runs' mean (kept in bisect's state directory).
+    #[arg(long, value_name = "SECONDS")]
+    restart_cost: Option<f64>,
+    /// Seconds one wave of sessions costs (as many sessions as run at once, start to
+    /// end), for the planned cost; by default this target's earlier runs' mean.
+    #[arg(long, value_name = "SECONDS")]
+    session_cost: Option<f64>,
     #[command(flatten)]
     blocks: BlockArgs,
     #[command(flatten)]
@@ -440,6 +452,17 @@ impl RunArgs {
                 "pass --repeats 1 or more",
             ));
         }
+        for (name, v) in [
+            ("--restart-cost", self.restart_cost),
+            ("--session-cost", self.session_cost),
+        ] {
+            if v.is_some_and(|s| !(s >= 0.0 && s.is_finite())) {
+                return Err(usage(
+                    format!("{name} must be seconds, 0 or more"),
+                    format!("e.g. {name} 900 (15 minutes)"),
+                ));
+            }
+        }
         let policy = common.decision.policy()?;
         if let Some(p) = self.pressure {
             if !(p > 0.0 && p.is_finite()) {
@@ -491,6 +514,10 @@ impl RunArgs {
             oracle,
             adaptive: self.adaptive(),
             pressure: self.pressure,
+            costs: bisect_harness::commands::run::CostUnits {
+                restart_s: self.restart_cost,
+                session_s: self.session_cost,
+            },
         })
     }
 }

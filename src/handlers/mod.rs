@@ -46,6 +46,12 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Reclassify(args) => results::reclassify(&args),
         Command::Merge(args) => matrix::merge(&args),
         Command::Matrix(args) => runtime()?.block_on(matrix::matrix(&args)),
+        Command::Run(args) if args.dry_run => {
+            let plan = args.plan()?;
+            let planned = bisect_harness::commands::run::planned_cost(&plan);
+            println!("{}", planned.words);
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Run(args) => runtime()?.block_on(experiment::drive(
             &args.common.output,
             || args.plan(),

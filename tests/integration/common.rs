@@ -145,6 +145,7 @@ impl FakeTarget {
             oracle: None,
             adaptive: None,
             pressure: None,
+            costs: Default::default(),
         }
     }
 

@@ -667,3 +667,76 @@ fn the_oracle_refuses_a_sampled_workload() {
     );
     assert!(stderr.contains("fix: set temperature = 0.0"), "{stderr}");
 }
+
+/// Issue 45, the cost model's first part: a run says what it cost (restarts, driving,
+/// engine-hours) in run.json and its summary, and `--dry-run` prices the plan without
+/// touching an engine or writing a result: by given units, or by what this target's
+/// earlier runs measured (kept in bisect's state directory).
+#[test]
+fn a_run_says_what_it_cost_and_a_dry_run_what_it_will() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let bisect = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_bisect"))
+            .args(args)
+            .env("XDG_STATE_HOME", state.path())
+            .current_dir(dir.path())
+            .output()
+            .unwrap()
+    };
+    let dry = ["run", "--flag", "BF16_INDEX_K", "--dry-run"];
+    let out = bisect(&dry);
+    assert_eq!(out.status.code(), Some(0));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.starts_with("planned: 2 restarts, 160 sessions in 2 blocks")
+            && said.contains("the cost of a restart unknown (pass --restart-cost SECONDS)"),
+        "{said}"
+    );
+    let out = bisect(
+        &[
+            &dry[..],
+            &["--restart-cost", "900", "--session-cost", "600"],
+        ]
+        .concat(),
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("about 50.0 min wall, 0.83 engine-hours"),
+        "{said}"
+    );
+    assert!(
+        !dir.path().join("results").exists(),
+        "a dry run writes nothing"
+    );
+
+    let out = bisect(&["run", "--flag", "BF16_INDEX_K", "--sessions", "8", "--json"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("planned: 2 restarts, 16 sessions"), "{err}");
+    let record: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let cost = &record["cost"];
+    assert_eq!(cost["restarts"], 2, "{cost}");
+    assert_eq!(cost["replicas"], 1);
+    let hours = cost["engine_hours"].as_f64().unwrap();
+    assert!((hours - record["phases"]["wall_s"].as_f64().unwrap() / 3600.0).abs() < 1e-9);
+    let run_dir = dir
+        .path()
+        .join("results")
+        .join(record["id"].as_str().unwrap());
+    let summary = std::fs::read_to_string(run_dir.join("summary.md")).unwrap();
+    assert!(summary.contains("cost: 2 restarts ("), "{summary}");
+
+    let said = String::from_utf8_lossy(&bisect(&dry).stdout).to_string();
+    assert!(
+        said.contains("a restart (measured over this target's last 2)")
+            && said.contains("a wave of sessions (measured over this target's last 2)")
+            && said.contains("engine-hours"),
+        "{said}"
+    );
+}

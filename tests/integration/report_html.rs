@@ -150,6 +150,8 @@ pub fn redactions() -> Vec<(&'static str, &'static str)> {
         (r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", "[time]"),
         // The phase accounting is all timings.
         (r"(?m)^wall \d[^\n]*", "[phases]"),
+        // What the run cost: its restarts stay, the times and engine-hours go.
+        (r"(?m)^(cost: \d+ restarts?) \([^\n]*", "$1 [times]"),
         (r"\b\d+\.\d+s\b", "[wall]"),
         (r"(client|prefill|decode) \d+", "$1 [peak]"),
         (r"\| \d+ \|\n", "| [tok/s] |\n"),

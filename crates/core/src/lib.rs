@@ -10,6 +10,7 @@ pub mod arm_stats;
 pub mod classify;
 pub mod commits;
 pub mod confounds;
+pub mod cost;
 pub mod culprit;
 pub mod deaths;
 pub mod determinism;

@@ -57,6 +57,7 @@ pub async fn run_adaptive(
 ) -> anyhow::Result<RunRecord> {
     let started = Instant::now();
     let mut phases = Phases::default();
+    progress.note(&super::run::planned_cost(plan).words);
     let workload = block_workload(plan);
     let spec = AdaptiveSpec {
         goal: DesignGoal {
@@ -130,7 +131,7 @@ pub async fn run_adaptive(
             if outcome.is_ok() {
                 finish_verdict(plan, &run.workload, run.record);
             }
-            end_record(run.record, run.phases, started, outcome);
+            end_record(plan, run.record, run.phases, started, outcome);
             results.write_record(run.record)
         },
     )

@@ -25,6 +25,7 @@ use crate::config::{FlagSpec, TargetProfile, Workload};
 use crate::control::EngineControl;
 use crate::core::arm_stats::ArmLabel;
 use crate::core::classify::Classifier;
+use crate::core::cost::{plan as plan_cost, Blocks, Cost, Planned, Unit};
 use crate::core::evidence::Policy;
 use crate::core::phases::Phases;
 use crate::core::pressure::{size, Tokens};
@@ -56,6 +57,16 @@ pub struct RunPlan {
     /// `--pressure`: size the filler context to this share of the engine's KV cache
     /// (core::pressure) instead of the workload's `ctx`.
     pub pressure: Option<f64>,
+    /// `--restart-cost` / `--session-cost`: the units its planned cost is priced in
+    /// where the target has no measured rates (core::cost).
+    pub costs: CostUnits,
+}
+
+/// The seconds a restart and a wave of sessions cost, as the command line gives them.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CostUnits {
+    pub restart_s: Option<f64>,
+    pub session_s: Option<f64>,
 }
 
 /// What `--adaptive` adds to a run plan.
@@ -95,6 +106,7 @@ pub async fn run_experiment(
 ) -> anyhow::Result<RunRecord> {
     let started = Instant::now();
     let mut phases = Phases::default();
+    progress.note(&planned_cost(plan).words);
     let results = ResultsDir::create(&plan.run_dir)?;
     let record = initial_record(plan);
     write_timed(&results, &record, &mut phases)?;
@@ -110,7 +122,7 @@ pub async fn run_experiment(
             if outcome.is_ok() {
                 finish_verdict(plan, record);
             }
-            end_record(record, phases, started, outcome);
+            end_record(plan, record, phases, started, outcome);
             results.write_record(record)
         },
     )
@@ -118,8 +130,10 @@ pub async fn run_experiment(
     Ok(state.0)
 }
 
-/// A run's record as it ends, fixed or adaptive: its phases, status, error and end time.
+/// A run's record as it ends, fixed or adaptive: its phases, cost, status, error and end
+/// time; the target's measured rates (core::cost::Rates) take in its restarts and waves.
 pub(crate) fn end_record(
+    plan: &RunPlan,
     record: &mut RunRecord,
     phases: &mut Phases,
     started: Instant,
@@ -127,8 +141,55 @@ pub(crate) fn end_record(
 ) {
     phases.finish(started.elapsed().as_secs_f64());
     record.phases = Some(phases.clone());
+    record.cost = Some(Cost::of(phases, 1));
     (record.header.status, record.error) = settle(outcome);
     record.header.finished_at = Some(now());
+    let sessions = record.runs.iter().map(|r| r.sessions).sum();
+    let concurrency = plan.workload.target_concurrency();
+    crate::results::rates::update(&rates_root(plan), &plan.target.name, |r| {
+        r.observe(phases, sessions, concurrency)
+    });
+}
+
+/// Where the target's measured rates are kept (bisect's state directory).
+fn rates_root(plan: &RunPlan) -> PathBuf {
+    plan.testbed
+        .state_root
+        .clone()
+        .unwrap_or_else(crate::launch::state_root)
+}
+
+/// What `plan` is expected to cost (`run --dry-run` prints it; every run says it as it
+/// starts): its restarts and blocks priced at `--restart-cost` / `--session-cost`, else
+/// at this target's measured rates. An adaptive run's blocks depend on its data: it is
+/// priced for its first pair of blocks, and says so.
+pub fn planned_cost(plan: &RunPlan) -> Planned {
+    let rates = crate::results::rates::read(&rates_root(plan), &plan.target.name);
+    let restart = Unit::pick(
+        plan.costs.restart_s,
+        rates.per_restart().map(|s| (s, rates.restarts as f64)),
+    );
+    let wave = Unit::pick(
+        plan.costs.session_s,
+        rates.per_wave().map(|s| (s, rates.waves)),
+    );
+    let c = plan.workload.target_concurrency();
+    let (pairs, sessions) = match &plan.adaptive {
+        Some(_) => (1, u64::from(c)),
+        None => (u64::from(plan.repeats), u64::from(plan.workload.sessions)),
+    };
+    let blocks = Blocks {
+        restarts: 2 * pairs + u64::from(plan.pressure.is_some()),
+        blocks: vec![(sessions, c); 2 * pairs as usize],
+    };
+    let mut planned = plan_cost(&blocks, 1, &restart, &wave);
+    if plan.adaptive.is_some() {
+        planned.words.push_str(
+            " for the first pair of blocks; the sequential design adds pairs until its test \
+             decides (up to its cap)",
+        );
+    }
+    planned
 }
 
 /// How `run` (fixed or adaptive) opens its testbed: the flag under test and the pins.
@@ -534,6 +595,7 @@ pub(crate) fn initial_record(plan: &RunPlan) -> RunRecord {
         error: None,
         adaptive: None,
         phases: None,
+        cost: None,
         pressure: None,
         extra: serde_json::Map::new(),
     }

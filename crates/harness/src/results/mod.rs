@@ -13,6 +13,7 @@ pub mod json;
 pub mod load;
 pub mod markdown;
 pub mod markup;
+pub mod rates;
 pub mod run_record;
 pub mod sequential_view;
 pub mod table;

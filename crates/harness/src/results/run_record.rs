@@ -46,6 +46,9 @@ pub struct RunRecord {
     /// Where the run's wall time went (absent in records written before it existed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phases: Option<Phases>,
+    /// What the run cost: restarts, driving, engine-hours, wall (core::cost).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<crate::core::cost::Cost>,
     /// `--pressure`: the capacity read and the filler context chosen for it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pressure: Option<crate::core::pressure::Sizing>,

@@ -103,6 +103,9 @@ pub fn markdown(record: &RunRecord) -> String {
     if let Some(p) = &record.phases {
         let _ = writeln!(s, "\n## Where the time went\n\n{}", p.line());
     }
+    if let Some(c) = &record.cost {
+        let _ = writeln!(s, "\n{}", c.line());
+    }
     s
 }
 
@@ -124,6 +127,9 @@ pub fn text(record: &RunRecord) -> String {
     }
     if let Some(p) = &record.phases {
         let _ = writeln!(s, "time: {}", p.line());
+    }
+    if let Some(c) = &record.cost {
+        let _ = writeln!(s, "{}", c.line());
     }
     s
 }
@@ -161,6 +167,9 @@ pub fn html(record: &RunRecord) -> String {
             "<h2>Where the time went</h2>\n<p>{}</p>",
             escape(&p.line())
         );
+    }
+    if let Some(c) = &record.cost {
+        let _ = writeln!(s, "<p>{}</p>", escape(&c.line()));
     }
     s
 }

@@ -314,6 +314,7 @@ pub(crate) mod tests {
             error: None,
             adaptive: None,
             phases: None,
+            cost: None,
             pressure: None,
             extra: Default::default(),
         }

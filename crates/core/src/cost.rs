@@ -1,0 +1,328 @@
+//! What a verdict costs in the units a user of real engines pays (issue 45, docs/design.md
+//! 3.6 "Cost"): engine restarts and the time they took (health wait included), the time
+//! spent driving sessions, the wall time, and engine-hours: every replica set the command
+//! holds, for as long as it holds it (one set today, so engine-hours are the wall time in
+//! hours). And before a command starts, its planned cost ([`plan`]), from a cost per
+//! restart and a cost per wave of sessions, each given (`--restart-cost`,
+//! `--session-cost`) or measured by this target's earlier commands ([`Rates`]).
+//!
+//! Pure: the command layer measures (core::phases) and keeps the rates.
+
+use serde::{Deserialize, Serialize};
+
+use crate::phases::Phases;
+
+/// A finished (or stopped) command's cost.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Cost {
+    pub restarts: u64,
+    /// Restarting and waiting for health, seconds.
+    pub restart_s: f64,
+    pub drive_s: f64,
+    pub wall_s: f64,
+    /// Replica sets held for the wall time.
+    pub replicas: u32,
+    pub engine_hours: f64,
+}
+
+impl Cost {
+    /// The cost of a command whose phases are `phases` (finished), on `replicas` sets.
+    pub fn of(phases: &Phases, replicas: u32) -> Cost {
+        Cost {
+            restarts: phases.restarts,
+            restart_s: phases.restart_s + phases.health_wait_s,
+            drive_s: phases.drive_s,
+            wall_s: phases.wall_s,
+            replicas,
+            engine_hours: f64::from(replicas) * phases.wall_s / 3600.0,
+        }
+    }
+
+    /// `cost: 3 restarts (757 s, 52% of the wall), driving 633 s, 0.41 engine-hours (1
+    /// replica set x 24.4 min)`.
+    pub fn line(&self) -> String {
+        format!(
+            "cost: {} restart{} ({:.0} s, {:.0}% of the wall), driving {:.0} s, {} engine-hours \
+             ({} replica set{} x {})",
+            self.restarts,
+            if self.restarts == 1 { "" } else { "s" },
+            self.restart_s,
+            share(self.restart_s, self.wall_s),
+            self.drive_s,
+            hours_words(self.engine_hours),
+            self.replicas,
+            if self.replicas == 1 { "" } else { "s" },
+            duration_words(self.wall_s)
+        )
+    }
+}
+
+fn share(part: f64, whole: f64) -> f64 {
+    if whole > 0.0 {
+        100.0 * part / whole
+    } else {
+        0.0
+    }
+}
+
+fn hours_words(h: f64) -> String {
+    if h >= 10.0 {
+        format!("{h:.0}")
+    } else if h >= 0.1 {
+        format!("{h:.2}")
+    } else {
+        format!("{h:.4}")
+    }
+}
+
+/// `24.4 min`, `3.1 s`, `2.5 h`.
+pub fn duration_words(s: f64) -> String {
+    if s >= 7200.0 {
+        format!("{:.1} h", s / 3600.0)
+    } else if s >= 120.0 {
+        format!("{:.1} min", s / 60.0)
+    } else {
+        format!("{s:.1} s")
+    }
+}
+
+/// One target's costs as measured by its earlier commands: the mean seconds per restart
+/// (health wait included) and per wave of sessions (a block's driving time over its
+/// sessions divided by its concurrency: the time for as many sessions as run at once to
+/// pass through).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Rates {
+    pub restarts: u64,
+    pub restart_s: f64,
+    pub waves: f64,
+    pub drive_s: f64,
+}
+
+impl Rates {
+    /// Adds a finished command's measurements: `phases`, having run `sessions` sessions
+    /// in blocks of `concurrency` in flight.
+    pub fn observe(&mut self, phases: &Phases, sessions: u64, concurrency: u32) {
+        self.restarts += phases.restarts;
+        self.restart_s += phases.restart_s + phases.health_wait_s;
+        if sessions > 0 && concurrency > 0 {
+            self.waves += sessions as f64 / f64::from(concurrency);
+            self.drive_s += phases.drive_s;
+        }
+    }
+
+    /// Mean seconds per restart, if one was measured.
+    pub fn per_restart(&self) -> Option<f64> {
+        (self.restarts > 0).then(|| self.restart_s / self.restarts as f64)
+    }
+
+    /// Mean seconds per wave of sessions, if one was measured.
+    pub fn per_wave(&self) -> Option<f64> {
+        (self.waves > 0.0).then(|| self.drive_s / self.waves)
+    }
+}
+
+/// Where a planned cost's unit came from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Unit {
+    /// Given on the command line.
+    Given(f64),
+    /// Measured: the mean over `n` earlier restarts (or waves) on this target.
+    Measured { seconds: f64, n: f64 },
+    /// Neither: the plan cannot price it.
+    Unknown,
+}
+
+impl Unit {
+    /// `given` if any, else what `measured` (mean, count) says.
+    pub fn pick(given: Option<f64>, measured: Option<(f64, f64)>) -> Unit {
+        match (given, measured) {
+            (Some(s), _) => Unit::Given(s),
+            (None, Some((seconds, n))) => Unit::Measured { seconds, n },
+            (None, None) => Unit::Unknown,
+        }
+    }
+
+    fn seconds(&self) -> Option<f64> {
+        match self {
+            Unit::Given(s) | Unit::Measured { seconds: s, .. } => Some(*s),
+            Unit::Unknown => None,
+        }
+    }
+
+    fn words(&self, what: &str, flag: &str) -> String {
+        match self {
+            Unit::Given(s) => format!(
+                "{} a {what} ({} given)",
+                duration_words(*s),
+                flag.split(' ').next().unwrap_or(flag)
+            ),
+            Unit::Measured { seconds, n } => format!(
+                "{} a {what} (measured over this target's last {n:.0})",
+                duration_words(*seconds)
+            ),
+            Unit::Unknown => format!("the cost of a {what} unknown (pass {flag})"),
+        }
+    }
+}
+
+/// A command's planned blocks: how many restarts, and each block's sessions and
+/// sessions in flight.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Blocks {
+    pub restarts: u64,
+    /// (sessions, in flight) per block.
+    pub blocks: Vec<(u64, u32)>,
+}
+
+/// What a plan is expected to cost.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Planned {
+    pub restarts: u64,
+    pub sessions: u64,
+    pub restart_s: Option<f64>,
+    pub drive_s: Option<f64>,
+    /// Restart plus driving (the harness's own time is a few percent, core::phases).
+    pub wall_s: Option<f64>,
+    pub engine_hours: Option<f64>,
+    pub words: String,
+}
+
+/// The planned cost of `blocks` on `replicas` replica sets, at `restart` seconds per
+/// restart and `wave` seconds per wave of sessions (see [`Rates`]).
+pub fn plan(blocks: &Blocks, replicas: u32, restart: &Unit, wave: &Unit) -> Planned {
+    let sessions: u64 = blocks.blocks.iter().map(|b| b.0).sum();
+    let waves: f64 = blocks
+        .blocks
+        .iter()
+        .map(|&(s, c)| (s as f64 / f64::from(c.max(1))).ceil())
+        .sum();
+    let restart_s = restart.seconds().map(|s| s * blocks.restarts as f64);
+    let drive_s = wave.seconds().map(|s| s * waves);
+    let wall_s = restart_s.zip(drive_s).map(|(r, d)| r + d);
+    let engine_hours = wall_s.map(|w| f64::from(replicas) * w / 3600.0);
+    let words = format!(
+        "planned: {} restart{}, {} sessions in {} block{} ({waves:.0} waves); {}; {}; {}",
+        blocks.restarts,
+        if blocks.restarts == 1 { "" } else { "s" },
+        sessions,
+        blocks.blocks.len(),
+        if blocks.blocks.len() == 1 { "" } else { "s" },
+        restart.words("restart", "--restart-cost SECONDS"),
+        wave.words("wave of sessions", "--session-cost SECONDS"),
+        match (wall_s, engine_hours) {
+            (Some(w), Some(h)) => format!(
+                "about {} wall, {} engine-hours",
+                duration_words(w),
+                hours_words(h)
+            ),
+            _ => match restart_s {
+                Some(r) => format!("restarts alone about {}", duration_words(r)),
+                None => "no estimate".to_string(),
+            },
+        }
+    );
+    Planned {
+        restarts: blocks.restarts,
+        sessions,
+        restart_s,
+        drive_s,
+        wall_s,
+        engine_hours,
+        words,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The real vLLM CPU A/B of docs/real-engines.md: 3 restarts, 757 s restarting and
+    /// waiting for health, 633 s driving, 1461 s in all.
+    fn vllm() -> Phases {
+        let mut p = Phases {
+            restart_s: 4.38,
+            health_wait_s: 752.72,
+            drive_s: 632.69,
+            restarts: 3,
+            ..Phases::default()
+        };
+        p.finish(1461.49);
+        p
+    }
+
+    #[test]
+    fn a_commands_cost_is_its_restarts_driving_and_engine_hours() {
+        let c = Cost::of(&vllm(), 1);
+        assert_eq!(c.restarts, 3);
+        assert!((c.restart_s - 757.1).abs() < 1e-9);
+        assert!((c.engine_hours - 1461.49 / 3600.0).abs() < 1e-12);
+        assert_eq!(
+            c.line(),
+            "cost: 3 restarts (757 s, 52% of the wall), driving 633 s, 0.41 engine-hours (1 replica set x 24.4 min)"
+        );
+        // Two replica sets held as long cost twice the engine-hours.
+        assert!((Cost::of(&vllm(), 2).engine_hours - 2.0 * c.engine_hours).abs() < 1e-12);
+    }
+
+    #[test]
+    fn rates_are_means_per_restart_and_per_wave() {
+        let mut r = Rates::default();
+        assert_eq!(r.per_restart(), None);
+        r.observe(&vllm(), 16, 4);
+        assert!((r.per_restart().unwrap() - 757.1 / 3.0).abs() < 1e-9);
+        // 16 sessions at 4 in flight: 4 waves in 633 s.
+        assert!((r.per_wave().unwrap() - 632.69 / 4.0).abs() < 1e-9);
+        r.observe(&Phases::default(), 0, 4);
+        assert!((r.per_wave().unwrap() - 632.69 / 4.0).abs() < 1e-9);
+    }
+
+    /// The issue's SGLang-scale profile: a restart 15 min, a block of 80 sessions about
+    /// 10 min. A fixed A/B of one block per arm: 2 restarts, 2 blocks.
+    #[test]
+    fn a_plan_is_priced_by_its_restarts_and_waves() {
+        let blocks = Blocks {
+            restarts: 2,
+            blocks: vec![(80, 80), (80, 80)],
+        };
+        let p = plan(&blocks, 1, &Unit::Given(900.0), &Unit::Given(600.0));
+        assert_eq!(p.restart_s, Some(1800.0));
+        assert_eq!(p.drive_s, Some(1200.0));
+        assert_eq!(p.wall_s, Some(3000.0));
+        assert!((p.engine_hours.unwrap() - 3000.0 / 3600.0).abs() < 1e-12);
+        assert!(
+            p.words.starts_with("planned: 2 restarts, 160 sessions in 2 blocks (2 waves); 15.0 min a restart (--restart-cost given)"),
+            "{}",
+            p.words
+        );
+        assert!(
+            p.words.ends_with("about 50.0 min wall, 0.83 engine-hours"),
+            "{}",
+            p.words
+        );
+        // Without a session cost the restarts alone are priced, and the plan says so.
+        let partial = plan(&blocks, 1, &Unit::Given(900.0), &Unit::Unknown);
+        assert_eq!(partial.wall_s, None);
+        assert!(
+            partial
+                .words
+                .contains("the cost of a wave of sessions unknown (pass --session-cost SECONDS)"),
+            "{}",
+            partial.words
+        );
+        assert!(
+            partial.words.ends_with("restarts alone about 30.0 min"),
+            "{}",
+            partial.words
+        );
+        // A measured unit names where it came from.
+        let measured = Unit::pick(None, Some((252.4, 3.0)));
+        assert!(plan(&blocks, 1, &measured, &Unit::Unknown)
+            .words
+            .contains("4.2 min a restart (measured over this target's last 3)"));
+        assert_eq!(
+            Unit::pick(Some(60.0), Some((252.4, 3.0))),
+            Unit::Given(60.0)
+        );
+    }
+}
