@@ -205,18 +205,29 @@ fn die_with_parent(command: &mut Command) {
     }
 }
 
-pub(super) fn spawn_launch(
+/// `LABEL-ROLE.log` under `logs_dir`, opened to append: where a spawned role's output,
+/// or a followed role's log, goes.
+fn open_log(
     role: &RoleSpec,
     logs_dir: &Path,
     label: &str,
-    hide_env: Option<String>,
-) -> anyhow::Result<Spawned> {
+) -> anyhow::Result<(std::path::PathBuf, std::fs::File)> {
     let log = logs_dir.join(format!("{label}-{}.log", role.name));
     let out = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(&log)
         .with_context(|| format!("opening {}", log.display()))?;
+    Ok((log, out))
+}
+
+pub(super) fn spawn_launch(
+    role: &RoleSpec,
+    logs_dir: &Path,
+    label: &str,
+    hide_env: Option<String>,
+) -> anyhow::Result<Spawned> {
+    let (log, out) = open_log(role, logs_dir, label)?;
     // Scripts may refer to files beside them, so run them from their own directory.
     let launch = std::path::absolute(&role.launch)
         .with_context(|| format!("resolving {}", role.launch.display()))?;
@@ -247,12 +258,7 @@ pub(super) fn spawn_follower(
     logs_dir: &Path,
     label: &str,
 ) -> anyhow::Result<Spawned> {
-    let log = logs_dir.join(format!("{label}-{}.log", role.name));
-    let out = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log)
-        .with_context(|| format!("opening {}", log.display()))?;
+    let (log, out) = open_log(role, logs_dir, label)?;
     let mut command = Command::new("sh");
     command.arg("-c").arg(cmd);
     own_group_logged(&mut command, out, None)?;

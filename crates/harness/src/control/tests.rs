@@ -282,26 +282,35 @@ async fn a_restart_is_proven_through_an_effective_url_that_wants_the_key() {
     assert!(format!("{err:#}").contains("did not happen"), "{err:#}");
 }
 
+/// Control of a one-role target restarted by a command (`true`) whose engine proves the
+/// restart with the key, and whose `log` command is `log`.
+async fn keyed_with_log(dir: &Path, log: &str) -> ProcessControl {
+    let addr = crate::test_http::keyed_engine().await;
+    let mut target = solo_target(dir.join("unused.sh"), Some("true"), 1);
+    target.roles[0].health = format!("http://{addr}/health");
+    target.roles[0].effective_url = Some(format!("http://{addr}/config"));
+    target.roles[0].log = Some(log.into());
+    ProcessControl::new(
+        &target,
+        &dir.join("logs"),
+        Some(crate::test_http::KEY.into()),
+    )
+    .unwrap()
+    .with_state_root(&dir.join("state"))
+}
+
 /// A role under a restart command with a `log` command: after the restart the command
 /// follows the role's log into the run's logs (what log witnesses read), it is listed
 /// among the logs but never as an engine for the death watch, and stopping the engines
 /// stops it.
 #[tokio::test]
 async fn a_restarted_roles_log_command_is_followed_until_the_engines_stop() {
-    let addr = crate::test_http::keyed_engine().await;
     let dir = tempfile::tempdir().unwrap();
-    let mut target = solo_target(dir.path().join("unused.sh"), Some("true"), 1);
-    target.roles[0].health = format!("http://{addr}/health");
-    target.roles[0].effective_url = Some(format!("http://{addr}/config"));
-    target.roles[0].log =
-        Some("echo 'fragmentation: 0.12 - requesting defrag'; exec sleep 60".into());
-    let mut ctl = ProcessControl::new(
-        &target,
-        &dir.path().join("logs"),
-        Some(crate::test_http::KEY.into()),
+    let mut ctl = keyed_with_log(
+        dir.path(),
+        "echo 'fragmentation: 0.12 - requesting defrag'; exec sleep 60",
     )
-    .unwrap()
-    .with_state_root(&dir.path().join("state"));
+    .await;
     ctl.restart("on", &CancellationToken::new()).await.unwrap();
     let logs = ctl.logs();
     assert_eq!(
@@ -333,21 +342,12 @@ async fn a_restarted_roles_log_command_is_followed_until_the_engines_stop() {
 /// status, so the witnesses that read it are "could not tell", never "never ran".
 #[tokio::test]
 async fn a_log_command_that_exits_is_a_lost_log() {
-    let addr = crate::test_http::keyed_engine().await;
     let dir = tempfile::tempdir().unwrap();
-    let mut target = solo_target(dir.path().join("unused.sh"), Some("true"), 1);
-    target.roles[0].health = format!("http://{addr}/health");
-    target.roles[0].effective_url = Some(format!("http://{addr}/config"));
-    target.roles[0].log = Some(
-        "echo 'No journal files were opened due to insufficient permissions.' >&2; exit 1".into(),
-    );
-    let mut ctl = ProcessControl::new(
-        &target,
-        &dir.path().join("logs"),
-        Some(crate::test_http::KEY.into()),
+    let mut ctl = keyed_with_log(
+        dir.path(),
+        "echo 'No journal files were opened due to insufficient permissions.' >&2; exit 1",
     )
-    .unwrap()
-    .with_state_root(&dir.path().join("state"));
+    .await;
     ctl.restart("on", &CancellationToken::new()).await.unwrap();
     let lost = tokio::time::timeout(Duration::from_secs(10), async {
         loop {
