@@ -208,6 +208,15 @@ impl Ran {
 }
 
 impl MechanismRecord {
+    /// The mechanism's name in words: its own, or its flag's when the file names none.
+    pub fn label(&self) -> String {
+        if self.name.is_empty() {
+            self.flag.clone()
+        } else {
+            self.name.clone()
+        }
+    }
+
     /// The record of flag `flag` (its file `file`, its values `values` = (on, off)) at
     /// `value`, whose mechanism is `mechanism` (or none), on an engine of preset
     /// `engine`, before anything is counted: one zero reading per witness that applies.
@@ -405,11 +414,7 @@ pub fn coverage(arms: &[(&str, &[MechanismRecord])]) -> Option<Coverage> {
             .filter_map(|(arm, records)| Some((*arm, records.iter().find(|r| r.flag == flag)?)))
             .collect();
         let first = of[0].1;
-        let label = if first.name.is_empty() {
-            flag.to_string()
-        } else {
-            first.name.clone()
-        };
+        let label = first.label();
         let witness = first
             .witnesses
             .iter()

@@ -337,11 +337,7 @@ impl<'p> State<'p> {
         let flag = self.flag?;
         let record = records.iter().find(|r| r.flag == flag && r.needed)?;
         if self.mechanism_name.is_none() {
-            self.mechanism_name = Some(if record.name.is_empty() {
-                flag.to_string()
-            } else {
-                record.name.clone()
-            });
+            self.mechanism_name = Some(record.label());
         }
         Some(record.ran())
     }

@@ -521,17 +521,12 @@ impl<'a> Testbed<'a> {
         let at = |ctx: u32| {
             let mut w = workload.clone();
             w.ctx = ctx;
-            DrivePlan {
-                api: self.target.api.clone(),
-                model: self.target.model.clone(),
-                api_key: self.api_key.clone(),
-                workload: w,
-                label: "pressure-count".into(),
+            let name = BlockName {
+                label: "pressure-count",
+                value: "",
                 repeat: 0,
-                sessions: 1,
-                concurrency: 1,
-                oracle: None,
-            }
+            };
+            self.drive_plan(name, &w)
         };
         let at_zero = crate::driver::count::prompt_tokens(&at(0)).await?;
         let at_ctx = crate::driver::count::prompt_tokens(&at(ctx)).await?;

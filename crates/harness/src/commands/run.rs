@@ -257,14 +257,7 @@ pub(crate) async fn sized_workload(
     let (capacity, restarted) = capacity_for_pressure(bed, Some(&plan.flag)).await?;
     count_restart(phases, &restarted);
     let in_flight = u64::from(workload.target_concurrency());
-    let hint = size(
-        &capacity,
-        pressure,
-        in_flight,
-        &Tokens::estimated(&workload, ""),
-    )
-    .ctx;
-    let tokens = count_tokens(bed, &workload, hint).await;
+    let tokens = count_tokens(bed, &workload, &capacity, pressure, in_flight).await;
     let sizing = size(&capacity, pressure, in_flight, &tokens);
     workload.ctx = sizing.ctx;
     bed.progress().note(&format!(
@@ -308,13 +301,20 @@ pub(crate) async fn capacity_for_pressure(
 }
 
 /// A session's tokens against its filler, in the engine's own tokens where it counts
-/// them: session 0's opening request counted by the engine at ctx 0 and at `hint`
-/// (the estimate's filler for the aim, at least 256 so the rise is measurable, at most
-/// 2048 so the request fits a small model's context). An engine that counts nothing
-/// (or a count that does not rise with the filler) gives the workload's estimate, and
-/// the sizing's words say why.
-pub(crate) async fn count_tokens(bed: &Testbed<'_>, workload: &Workload, hint: u32) -> Tokens {
+/// them: session 0's opening request counted by the engine at ctx 0 and at the filler
+/// the estimate gives `pressure` of `capacity` at `in_flight` (at least 256 so the rise
+/// is measurable, at most 2048 so the request fits a small model's context). An engine
+/// that counts nothing (or a count that does not rise with the filler) gives the
+/// workload's estimate, and the sizing's words say why.
+pub(crate) async fn count_tokens(
+    bed: &Testbed<'_>,
+    workload: &Workload,
+    capacity: &crate::core::pressure::Capacity,
+    pressure: f64,
+    in_flight: u64,
+) -> Tokens {
     let estimate = |why: String| Tokens::estimated(workload, why);
+    let hint = size(capacity, pressure, in_flight, &estimate(String::new())).ctx;
     match bed.count_prompt(workload, hint.clamp(256, 2048)).await {
         Ok(counted) => Tokens::counted(workload, counted).unwrap_or_else(estimate),
         Err(why) => estimate(why),

@@ -3,10 +3,10 @@
 //! sent alone, as a session would send it, the reply cut to one token since only the
 //! prompt's count is read.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use super::body::{Sampling, Transcript};
-use super::client::{tools_payload, ChatClient, ChatOutcome, Connection, InFlight};
+use super::body::Transcript;
+use super::client::{ChatOutcome, Connection, InFlight};
 use super::drive::DrivePlan;
 use crate::core::task::initial_conversation;
 
@@ -14,19 +14,8 @@ use crate::core::task::initial_conversation;
 /// `plan.workload`, or why there is no count (the engine failed, timed out, or serves no
 /// `usage.prompt_tokens`).
 pub(crate) async fn prompt_tokens(plan: &DrivePlan) -> Result<u64, String> {
-    let workload = &plan.workload;
-    let timeout = Duration::from_secs_f64(workload.timeout_s.max(0.001));
-    let client = ChatClient::new(&plan.api, &plan.model, plan.api_key.clone(), timeout)
-        .map_err(|e| format!("chat client for {}: {e:#}", plan.api))?
-        .with_request(
-            &tools_payload(&workload.tools),
-            Sampling {
-                max_tokens: 1,
-                temperature: workload.temperature,
-            },
-            &workload.request,
-        );
-    let (_, messages) = initial_conversation(workload, 0);
+    let client = plan.client(1).map_err(|e| format!("{e:#}"))?;
+    let (_, messages) = initial_conversation(&plan.workload, 0);
     let started = Instant::now();
     let outcome = client
         .complete(

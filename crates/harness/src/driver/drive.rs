@@ -351,6 +351,27 @@ pub async fn drive_life(
     Ok(stats)
 }
 
+impl DrivePlan {
+    /// The chat client for this plan's API with the workload's tools, temperature,
+    /// request options and timeout, its replies cut at `max_tokens`.
+    pub(crate) fn client(&self, max_tokens: u32) -> anyhow::Result<ChatClient> {
+        let w = &self.workload;
+        let timeout = Duration::from_secs_f64(w.timeout_s.max(0.001));
+        Ok(
+            ChatClient::new(&self.api, &self.model, self.api_key.clone(), timeout)
+                .with_context(|| format!("chat client for {}", self.api))?
+                .with_request(
+                    &tools_payload(&w.tools),
+                    Sampling {
+                        max_tokens,
+                        temperature: w.temperature,
+                    },
+                    &w.request,
+                ),
+        )
+    }
+}
+
 /// What every slot shares: the workload, the chat client built for `plan`'s API with
 /// the workload's tools, sampling and request options, and the classifier.
 pub(crate) fn session_context(
@@ -359,17 +380,7 @@ pub(crate) fn session_context(
     inflight: Arc<InFlight>,
 ) -> anyhow::Result<Arc<SessionContext>> {
     let workload = Arc::new(plan.workload.clone());
-    let timeout = Duration::from_secs_f64(workload.timeout_s.max(0.001));
-    let client = ChatClient::new(&plan.api, &plan.model, plan.api_key.clone(), timeout)
-        .with_context(|| format!("chat client for {}", plan.api))?
-        .with_request(
-            &tools_payload(&workload.tools),
-            Sampling {
-                max_tokens: workload.max_tokens,
-                temperature: workload.temperature,
-            },
-            &workload.request,
-        );
+    let client = plan.client(workload.max_tokens)?;
     Ok(Arc::new(SessionContext {
         workload,
         client,

@@ -247,7 +247,7 @@ async fn pressure_levels(
     record: &mut LoadRecord,
 ) -> anyhow::Result<BTreeMap<u32, u32>> {
     use crate::commands::run::{capacity_for_pressure, count_tokens};
-    use crate::core::pressure::{size, Tokens};
+    use crate::core::pressure::size;
     let Axis::Pressure { in_flight } = job.params.axis else {
         return Ok(BTreeMap::new());
     };
@@ -261,14 +261,7 @@ async fn pressure_levels(
         .levels
         .last()
         .map_or(1.0, |&l| f64::from(l) / 100.0);
-    let hint = size(
-        &capacity,
-        top,
-        in_flight,
-        &Tokens::estimated(job.workload, ""),
-    )
-    .ctx;
-    let tokens = count_tokens(bed, job.workload, hint).await;
+    let tokens = count_tokens(bed, job.workload, &capacity, top, in_flight).await;
     let mut ctx = BTreeMap::new();
     record.pressure.clear();
     let mut unreachable = Vec::new();
