@@ -96,6 +96,8 @@ impl FakeTarget {
             flags_dir: None,
             rejections: Vec::new(),
             launch_scripts: Vec::new(),
+            replica: None,
+            replicas: Vec::new(),
         };
         let catalog = FlagCatalog::load(&[flags]).unwrap();
         FakeTarget {

@@ -60,6 +60,9 @@ pub struct ArmObservation<'a> {
     /// reasons then name the block, `on-r1`); `None` for a pooled arm, or an arm of one
     /// block (which is its arm).
     pub block: Option<u32>,
+    /// The replica set the block ran on, for a target with several (`[[replica]]`);
+    /// `None` on a single replica and for pooled arms.
+    pub replica: Option<&'a str>,
     pub stats: &'a ArmStats,
     /// Role -> the value read back from its launch config after the edit.
     pub readback: &'a BTreeMap<String, String>,

@@ -637,6 +637,7 @@ mod tests {
                 label: self.label,
                 value: &self.value,
                 block: None,
+                replica: None,
                 stats: &self.stats,
                 readback: &self.readback,
                 effective: &self.effective,
@@ -1115,6 +1116,7 @@ mod tests {
         fn block(&self, repeat: u32) -> ArmObservation<'_> {
             ArmObservation {
                 block: Some(repeat),
+                replica: None,
                 ..self.obs()
             }
         }

@@ -247,6 +247,7 @@ fn the_verdict_follows_the_sequential_decision_and_every_blocking_check() {
         label,
         value,
         block: None,
+        replica: None,
         stats,
         readback,
         effective: Box::leak(Box::default()),

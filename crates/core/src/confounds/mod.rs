@@ -25,6 +25,7 @@ use crate::format::percent_digits;
 use crate::session::SessionClass;
 
 mod recorded;
+mod replica;
 mod shortfall;
 pub mod trend;
 
@@ -57,6 +58,10 @@ pub fn confounds(
     found.extend(transport_confounds(on, off));
     found.extend(engine_count_confound(on, off));
     found.extend(trend::trend_confound(on, off, policy));
+    found.extend(replica::replica_confound(blocks, policy));
+    // Blocking ones first, each group in the order above (a replica confound is
+    // blocking only when the arms ran unevenly on the replicas).
+    found.sort_by_key(|c| c.severity != Severity::Blocking);
     found
 }
 

@@ -553,6 +553,7 @@ mod tests {
                 label: self.label,
                 value: if self.label == ArmLabel::On { "1" } else { "0" },
                 block: None,
+                replica: None,
                 stats: &self.stats,
                 readback: &self.values,
                 effective: &self.values,

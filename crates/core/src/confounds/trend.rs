@@ -125,6 +125,7 @@ mod tests {
             label,
             value: if label == ArmLabel::On { "1" } else { "0" },
             block: None,
+            replica: None,
             stats,
             readback: empty,
             effective: empty,

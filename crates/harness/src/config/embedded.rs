@@ -179,6 +179,8 @@ pub fn profile(launch_dir: &Path, exe: &Path) -> anyhow::Result<TargetProfile> {
         flags_dir: None,
         rejections: Vec::new(),
         launch_scripts,
+        replica: None,
+        replicas: Vec::new(),
     })
 }
 

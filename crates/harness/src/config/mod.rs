@@ -22,7 +22,7 @@ use toml::Spanned;
 
 pub use engine::Engine;
 pub use flags::{validate_value, Coverage, FlagCatalog, FlagSpec, Pin, Setting};
-pub use target::{RoleSpec, TargetProfile};
+pub use target::{ReplicaSet, RoleSpec, TargetProfile, FIRST_REPLICA};
 #[cfg(test)]
 pub(crate) use workload::builtin_workload;
 pub use workload::{load_workload, CheckArgs, TaskSpec, ToolSpec, Workload};

@@ -41,6 +41,22 @@ pub struct TargetProfile {
     /// [`TargetProfile::write_launch_scripts`] when the command starts, never while the
     /// command line is parsed; empty for a profile loaded from a file.
     pub launch_scripts: Vec<(PathBuf, String)>,
+    /// This replica set's name where the target lists several (`replica_name`, default
+    /// `a`); `None` on a single replica.
+    pub replica: Option<String>,
+    /// The other replica sets (`[[replica]]`): each the same roles with launch configs,
+    /// ports and restart commands of its own (docs/design.md 3.2, "Replicas").
+    pub replicas: Vec<ReplicaSet>,
+}
+
+/// One more replica set of a target: the same roles as the profile's own, on engines of
+/// their own.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplicaSet {
+    pub name: String,
+    /// Its OpenAI-compatible base URL.
+    pub api: String,
+    pub roles: Vec<RoleSpec>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -125,6 +141,19 @@ struct RawProfile {
     reject: Vec<Spanned<RawReject>>,
     #[serde(default)]
     role: Vec<Spanned<RawRole>>,
+    replica_name: Option<Spanned<String>>,
+    #[serde(default)]
+    replica: Vec<Spanned<RawReplica>>,
+}
+
+/// `[[replica]]`: another replica set, with its own `[[replica.role]]` tables.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawReplica {
+    name: Spanned<String>,
+    api: Spanned<String>,
+    #[serde(default)]
+    role: Vec<Spanned<RawRole>>,
 }
 
 /// `[[reject]]`: a rejection pattern of the profile's own, or one that replaces
@@ -160,7 +189,7 @@ struct RawRole {
     queued_metric: Option<Spanned<String>>,
 }
 
-const PROFILE_FIX: &str = "see docs/design.md 3.2: name, api, model, optional api_key_env, engine, markup, flags_dir, [[reject]] tables (name, status, body, off), then one [[role]] table per engine role (name, launch, health, optional restart and log, metrics, health_timeout_s, restart_timeout_s, engine, running_metric, queued_metric, effective_url, effective_pointers, pass_api_key)";
+const PROFILE_FIX: &str = "see docs/design.md 3.2: name, api, model, optional api_key_env, engine, markup, flags_dir, [[reject]] tables (name, status, body, off), then one [[role]] table per engine role (name, launch, health, optional restart and log, metrics, health_timeout_s, restart_timeout_s, engine, running_metric, queued_metric, effective_url, effective_pointers, pass_api_key); for replicas, optional replica_name (the profile's own set, default \"a\") and [[replica]] tables (name, api, then [[replica.role]] tables like [[role]])";
 
 fn parse_engine(src: &Source, v: &Spanned<String>) -> Result<Engine, ConfigError> {
     v.get_ref().parse::<Engine>().map_err(|e| {
@@ -474,6 +503,105 @@ fn role(
     })
 }
 
+/// The name of the profile's own replica set when it lists others and names none.
+pub const FIRST_REPLICA: &str = "a";
+
+/// The profile's `[[replica]]` sets, checked: distinct names, the same roles as the
+/// profile's own (a flag is written alike on every set), and launch configs and health
+/// URLs of their own (two sets sharing a file would edit one engine's config for both).
+fn replicas(
+    src: &Source,
+    base: &Path,
+    engine: Engine,
+    raw: &RawProfile,
+    own: &[RoleSpec],
+) -> Result<Vec<ReplicaSet>, ConfigError> {
+    let own_names: Vec<&str> = own.iter().map(|r| r.name.as_str()).collect();
+    let mut launches: Vec<(PathBuf, String)> = own
+        .iter()
+        .map(|r| (canonical(&r.launch), "the profile's own set".to_string()))
+        .collect();
+    let mut healths: Vec<(String, String)> = own
+        .iter()
+        .map(|r| (r.health.clone(), "the profile's own set".to_string()))
+        .collect();
+    let mut sets: Vec<ReplicaSet> = Vec::new();
+    for spanned in &raw.replica {
+        let r = spanned.get_ref();
+        let name = non_empty(src, "replica name", &r.name, "b")?;
+        if sets.iter().any(|s| s.name == name) {
+            return Err(src.invalid(
+                r.name.span(),
+                format!("replica {name:?} is defined twice"),
+                "give every [[replica]] a distinct name",
+            ));
+        }
+        let api = check_url(src, "api", &r.api)?;
+        let mut roles = Vec::new();
+        for role_table in &r.role {
+            let t = role_table.get_ref();
+            let role_name = non_empty(src, "role name", &t.name, "prefill")?;
+            if roles.iter().any(|x: &RoleSpec| x.name == role_name) {
+                return Err(src.invalid(
+                    t.name.span(),
+                    format!("replica {name:?}: role {role_name:?} is defined twice"),
+                    "give every [[replica.role]] of a set a distinct name",
+                ));
+            }
+            let spec = role(src, base, engine, t, role_name)?;
+            let at = |what: &str| format!("replica {name:?} role {:?}'s {what}", spec.name);
+            let launch = canonical(&spec.launch);
+            if let Some((_, owner)) = launches.iter().find(|(l, _)| *l == launch) {
+                return Err(src.invalid(
+                    t.launch.span(),
+                    format!(
+                        "{} {} is {owner}'s launch config too: bisect would write one arm's value into both sets",
+                        at("launch config"),
+                        spec.launch.display()
+                    ),
+                    "give every replica set a launch config of its own (a copy that serves on its own port)",
+                ));
+            }
+            if let Some((_, owner)) = healths.iter().find(|(h, _)| *h == spec.health) {
+                return Err(src.invalid(
+                    t.health.span(),
+                    format!(
+                        "{} {} is {owner}'s too: bisect could not tell the two sets' engines apart",
+                        at("health URL"),
+                        spec.health
+                    ),
+                    "point every replica set's roles at their own engines' ports",
+                ));
+            }
+            launches.push((launch, format!("replica {name:?}")));
+            healths.push((spec.health.clone(), format!("replica {name:?}")));
+            roles.push(spec);
+        }
+        let mut names: Vec<&str> = roles.iter().map(|x| x.name.as_str()).collect();
+        let mut expected = own_names.clone();
+        names.sort_unstable();
+        expected.sort_unstable();
+        if names != expected {
+            return Err(src.invalid(
+                spanned.span(),
+                format!(
+                    "replica {name:?} has the roles [{}] but the profile's own are [{}]: every replica set runs the same roles, so a flag is written alike on each",
+                    names.join(", "),
+                    expected.join(", ")
+                ),
+                "give the replica one [[replica.role]] table per role of the profile, same names",
+            ));
+        }
+        sets.push(ReplicaSet { name, api, roles });
+    }
+    Ok(sets)
+}
+
+/// A launch path as the file system names it (itself where it cannot be resolved).
+fn canonical(path: &Path) -> PathBuf {
+    std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
 /// A timeout in seconds: `default` when absent; zero or less is refused with `fix`
 /// (and the default).
 fn positive_seconds(
@@ -650,6 +778,25 @@ impl TargetProfile {
             roles.push(role(&src, base, engine, r, role_name)?);
         }
 
+        let replicas = replicas(&src, base, engine, &raw, &roles)?;
+        let replica = match (&raw.replica_name, replicas.is_empty()) {
+            (_, true) => None,
+            (None, false) => Some(FIRST_REPLICA.to_string()),
+            (Some(v), false) => Some(non_empty(&src, "replica_name", v, FIRST_REPLICA)?),
+        };
+        if let Some(first) = &replica {
+            if let Some(twin) = raw
+                .replica
+                .iter()
+                .find(|r| r.get_ref().name.get_ref().trim() == first)
+            {
+                return Err(src.invalid(
+                    twin.get_ref().name.span(),
+                    format!("replica {first:?} is the profile's own set (replica_name) and a [[replica]] too"),
+                    "give every replica set a distinct name (replica_name names the profile's own [[role]] tables)",
+                ));
+            }
+        }
         Ok(TargetProfile {
             name,
             api,
@@ -662,7 +809,28 @@ impl TargetProfile {
             flags_dir,
             rejections,
             launch_scripts: Vec::new(),
+            replica,
+            replicas,
         })
+    }
+
+    /// Every replica set as a target of its own (its name in `replica`, no other sets):
+    /// the profile itself on a single replica. What a command opens one testbed per.
+    pub fn replica_sets(&self) -> Vec<TargetProfile> {
+        let own = TargetProfile {
+            replicas: Vec::new(),
+            ..self.clone()
+        };
+        let mut sets = vec![own.clone()];
+        for r in &self.replicas {
+            sets.push(TargetProfile {
+                api: r.api.clone(),
+                roles: r.roles.clone(),
+                replica: Some(r.name.clone()),
+                ..own.clone()
+            });
+        }
+        sets
     }
 
     /// The role called `name`, if the profile has one.
@@ -770,6 +938,125 @@ health = "http://127.0.0.1:30002/health"
         assert!(
             msg.contains("`log` applies to a role started by its `restart` command")
                 && msg.contains("drop `log`"),
+            "{msg}"
+        );
+    }
+
+    /// A second replica set: the same roles on launch configs and ports of its own.
+    const REPLICA_B: &str = r#"
+[[replica]]
+name = "b"
+api  = "http://127.0.0.1:9000/v1"
+
+[[replica.role]]
+name    = "prefill"
+launch  = "b/serve_prefill.sh"
+restart = "systemctl restart sglang-dsv4-prefill-b"
+health  = "http://127.0.0.1:31000/health"
+
+[[replica.role]]
+name   = "decode"
+launch = "b/serve_decode.sh"
+health = "http://127.0.0.1:31002/health"
+"#;
+
+    /// Replica sets load as targets of their own, the profile's own named `a`; a single
+    /// replica is the profile itself, its record unchanged.
+    #[test]
+    fn replica_sets_are_targets_of_their_own() {
+        let (dir, path) = write_profile(&format!("{GOOD}{REPLICA_B}"));
+        std::fs::create_dir(dir.path().join("b")).unwrap();
+        for f in ["serve_prefill.sh", "serve_decode.sh"] {
+            std::fs::write(dir.path().join("b").join(f), "exec true\n").unwrap();
+        }
+        let p = TargetProfile::load(&path).unwrap();
+        assert_eq!(p.replica.as_deref(), Some("a"));
+        let sets = p.replica_sets();
+        assert_eq!(sets.len(), 2);
+        assert_eq!(sets[0].roles, p.roles);
+        assert!(sets.iter().all(|s| s.replicas.is_empty()));
+        assert_eq!(sets[1].replica.as_deref(), Some("b"));
+        assert_eq!(sets[1].api, "http://127.0.0.1:9000/v1");
+        assert_eq!(
+            sets[1].roles[0].launch,
+            dir.path().join("b/serve_prefill.sh")
+        );
+        assert_eq!(
+            sets[1].roles[0].restart.as_deref(),
+            Some("systemctl restart sglang-dsv4-prefill-b")
+        );
+        assert_eq!(sets[1].name, p.name);
+
+        let (_dir, single) = write_profile(GOOD);
+        let single = TargetProfile::load(&single).unwrap();
+        assert_eq!(single.replica, None);
+        assert_eq!(single.replica_sets(), vec![single.clone()]);
+    }
+
+    /// A replica set that shares a launch config or a health URL with another, or runs
+    /// other roles, is refused at its line with the fix.
+    #[test]
+    fn a_replica_set_needs_the_same_roles_on_files_and_ports_of_its_own() {
+        // (the line of the refusal, the line `needle` is on, the message)
+        let with = |profile: String, needle: &str| {
+            let (dir, path) = write_profile(&profile);
+            std::fs::create_dir(dir.path().join("b")).unwrap();
+            for f in ["serve_prefill.sh", "serve_decode.sh"] {
+                std::fs::write(dir.path().join("b").join(f), "exec true\n").unwrap();
+            }
+            // The first line holding `needle` from the [[replica]] table on.
+            let from = profile.lines().position(|l| l == "[[replica]]").unwrap();
+            let at = from
+                + 1
+                + profile
+                    .lines()
+                    .skip(from)
+                    .position(|l| l.contains(needle))
+                    .unwrap();
+            let (line, msg) = TargetProfile::load(&path).unwrap_err().line_and_text();
+            (line, at, msg)
+        };
+        let shared = format!(
+            "{GOOD}{}",
+            REPLICA_B.replace("b/serve_decode.sh", "scripts/serve_decode.sh")
+        );
+        let (line, at, msg) = with(shared, "scripts/serve_decode.sh");
+        assert_eq!(line, at, "{msg}");
+        assert!(
+            msg.contains("is the profile's own set's launch config too")
+                && msg.contains("a launch config of its own"),
+            "{msg}"
+        );
+        let (line, at, msg) = with(
+            format!("{GOOD}{}", REPLICA_B.replace("31002", "30002")),
+            "30002",
+        );
+        assert_eq!(line, at, "{msg}");
+        assert!(
+            msg.contains("could not tell the two sets' engines apart"),
+            "{msg}"
+        );
+        let (line, at, msg) = with(
+            format!(
+                "{GOOD}{}",
+                REPLICA_B.replace("name   = \"decode\"", "name   = \"router\"")
+            ),
+            "[[replica]]",
+        );
+        assert_eq!(line, at, "{msg}");
+        assert!(
+            msg.contains(
+                "has the roles [prefill, router] but the profile's own are [decode, prefill]"
+            ),
+            "{msg}"
+        );
+        let (line, at, msg) = with(
+            format!("replica_name = \"b\"\n{GOOD}{REPLICA_B}"),
+            "name = \"b\"",
+        );
+        assert_eq!(line, at, "{msg}");
+        assert!(
+            msg.contains("is the profile's own set (replica_name) and a [[replica]] too"),
             "{msg}"
         );
     }

@@ -30,6 +30,8 @@ fn solo_target(launch: PathBuf, restart: Option<&str>, health_timeout_s: u64) ->
         flags_dir: None,
         rejections: Vec::new(),
         launch_scripts: Vec::new(),
+        replica: None,
+        replicas: Vec::new(),
     }
 }
 

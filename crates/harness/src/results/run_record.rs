@@ -186,6 +186,10 @@ pub struct ArmRecord {
     /// Repeat index for a block in `runs`; absent for pooled arms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repeat: Option<u32>,
+    /// The replica set a block ran on, for a target with several (`[[replica]]`);
+    /// absent on a single replica and for pooled arms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica: Option<String>,
     /// Role -> the value read back from its launch config after the edit.
     pub readback: BTreeMap<String, String>,
     /// Role -> the flag's value as the running engine reports it (its `/server_info`),
@@ -304,6 +308,7 @@ impl ArmRecord {
             label,
             value: value.to_string(),
             repeat,
+            replica: None,
             readback: BTreeMap::new(),
             effective: BTreeMap::new(),
             identity: BTreeMap::new(),
@@ -342,6 +347,7 @@ impl ArmRecord {
             label: self.label,
             value: &self.value,
             block: None,
+            replica: None,
             stats: &self.stats,
             readback: &self.readback,
             effective: &self.effective,
@@ -369,6 +375,7 @@ impl RunRecord {
                 let several = self.runs.iter().filter(|r| r.label == run.label).count() > 1;
                 ArmObservation {
                     block: run.repeat.filter(|_| several),
+                    replica: run.replica.as_deref(),
                     ..run.observe(workload)
                 }
             })

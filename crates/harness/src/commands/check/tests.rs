@@ -76,6 +76,8 @@ fn target_in(dir: &Path) -> TargetProfile {
         flags_dir: None,
         rejections: Vec::new(),
         launch_scripts: Vec::new(),
+        replica: None,
+        replicas: Vec::new(),
     }
 }
 
@@ -353,6 +355,8 @@ async fn a_llama_server_without_tool_calls_fails_naming_its_template() {
             rejections: Vec::new(),
             flags_dir: None,
             launch_scripts: Vec::new(),
+            replica: None,
+            replicas: Vec::new(),
         };
         let mut plan = offline(&target, &catalog, dir.path());
         plan.offline = false;

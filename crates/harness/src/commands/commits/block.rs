@@ -376,6 +376,8 @@ mod tests {
             flags_dir: None,
             rejections: Vec::new(),
             launch_scripts: Vec::new(),
+            replica: None,
+            replicas: Vec::new(),
         };
         target.roles[1].restart =
             Some("systemctl restart engine@{commit} --dir {commit_dir}".into());
