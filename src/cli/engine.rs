@@ -5,7 +5,7 @@
 
 use anyhow::Context;
 use bisect_engine::listen::HttpLimits;
-use bisect_engine::mock::{FaultRule, MockConfig, MockServer};
+use bisect_engine::mock::{Fault, FaultRule, MockConfig, MockServer};
 use bisect_engine::{DeviceChoice, EngineConfig, EngineFlags, EngineTuning, Role};
 use std::net::SocketAddr;
 
@@ -177,6 +177,20 @@ pub(crate) struct MockEngineArgs {
         default_value_t = 0
     )]
     pub(crate) poison_at_running: u64,
+    /// Milliseconds per token of every reply, slept before it (0: none): an engine
+    /// bound by decode latency rather than this machine's CPU. From the environment too.
+    #[arg(long, env = "BISECT_MOCK_TOKEN_DELAY_MS", default_value_t = 0)]
+    pub(crate) token_delay_ms: u64,
+    /// Answer round 1 of the sessions whose task message has crc32 % M == 1 with a
+    /// wrong argument, alone or under load (0: never): a build that corrupts some
+    /// sessions whatever the flag (a replica that differs). From the environment too.
+    #[arg(
+        long,
+        value_name = "M",
+        env = "BISECT_MOCK_WRONG_ARGS_EVERY",
+        default_value_t = 0
+    )]
+    pub(crate) wrong_args_every: u32,
 }
 
 /// Serve the mock until the process is killed (blocking: starts its own runtime).
@@ -193,7 +207,12 @@ pub(crate) fn run_mock(args: MockEngineArgs) -> anyhow::Result<()> {
             faults: (args.leak_first_round > 0)
                 .then(|| FaultRule::leak_first_round(args.leak_first_round))
                 .into_iter()
+                .chain(
+                    (args.wrong_args_every > 0)
+                        .then(|| FaultRule::new(args.wrong_args_every, 1, 1, Fault::WrongArgs)),
+                )
                 .collect(),
+            token_delay_ms: args.token_delay_ms,
             ..MockConfig::default()
         };
         let addr = SocketAddr::new(args.host, args.port);

@@ -326,9 +326,11 @@ pub(crate) struct RunArgs {
     /// Flag to test, by catalog name (e.g. BF16_INDEX_K) or by its env/arg name.
     #[arg(long)]
     flag: String,
-    /// Arm pairs, interleaved on, off, off, on, ...
-    #[arg(long, default_value_t = 1)]
-    repeats: u32,
+    /// Arm pairs, interleaved on, off, off, on, ... On a target with replica sets each
+    /// pair runs at once, on and off on two sets, crossing over every pair (default 2
+    /// there, so every arm runs as much on each set; 1 elsewhere).
+    #[arg(long)]
+    repeats: Option<u32>,
     /// Size each session's filler context (instead of --ctx) so the sessions in flight
     /// fill this share of the engine's KV cache at their last round, as the engine
     /// reports its capacity on a restart at the value that lets the flag's path run
@@ -446,7 +448,7 @@ impl RunArgs {
         let flag = catalog.get(&self.flag)?.clone();
         let mut workload = common.load.load()?;
         let oracle = self.oracle.solo(&mut workload)?;
-        if self.repeats == 0 {
+        if self.repeats == Some(0) {
             return Err(usage(
                 "--repeats must be at least 1",
                 "pass --repeats 1 or more",
@@ -478,7 +480,7 @@ impl RunArgs {
                 ));
             }
         }
-        if self.blocks.adaptive && self.repeats != 1 {
+        if self.blocks.adaptive && self.repeats.is_some_and(|r| r != 1) {
             return Err(usage(
                 "--repeats does not apply to --adaptive: its blocks alternate until the test decides",
                 "drop --repeats (or --adaptive)",
@@ -499,13 +501,15 @@ impl RunArgs {
         let id = run_id(&flag.name, common.tag.as_deref());
         let run_dir = common.output.results.join(&id);
         let (target, api_key) = common.target.resolve(&run_dir)?;
+        let crossover = !target.replicas.is_empty() && !self.blocks.adaptive;
+        let repeats = self.repeats.unwrap_or(if crossover { 2 } else { 1 });
         Ok(RunPlan {
             id,
             command: command_line(),
             flag,
             target,
             workload,
-            repeats: self.repeats,
+            repeats,
             pins,
             testbed: common.testbed(),
             run_dir,

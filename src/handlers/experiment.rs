@@ -8,11 +8,12 @@ use tokio_util::sync::CancellationToken;
 
 use super::{print_record, recover_journal, start};
 use crate::cli::{OutputArgs, ProbeArgs};
-use bisect_harness::commands::adaptive;
 use bisect_harness::commands::probe::{self, Outcome, ProbeRecord};
 use bisect_harness::commands::run::{self, Progress, RunPlan};
 use bisect_harness::commands::EnginePlan;
+use bisect_harness::commands::{adaptive, replicas};
 use bisect_harness::control::EngineControl;
+use bisect_harness::control::ProcessControl;
 use bisect_harness::exit::{self, Failure};
 use bisect_harness::results::run_record::RunRecord;
 use bisect_harness::results::Exporter;
@@ -36,6 +37,9 @@ pub(crate) async fn drive<P: EnginePlan, R: serde::Serialize>(
     let plan = plan()?;
     let mut started = start(output.json, plan.engines())?;
     let progress = started.progress.as_ref();
+    if let Some(note) = plan.single_lane_note() {
+        progress.note(&note);
+    }
     let record = execute(&plan, &mut started.control, progress, started.cancel).await?;
     print_record(output.json, &record, table, plan.engines().results)?;
     Ok(ExitCode::SUCCESS)
@@ -50,7 +54,27 @@ pub(crate) async fn run(
 ) -> anyhow::Result<RunRecord> {
     match &plan.adaptive {
         Some(options) => adaptive::run_adaptive(plan, options, control, progress, cancel).await,
-        None => run::run_experiment(plan, control, progress, cancel).await,
+        None if plan.target.replicas.is_empty() => {
+            run::run_experiment(plan, control, progress, cancel).await
+        }
+        None => {
+            // The first set's control is the one every command starts; the other sets'
+            // logs go beside it, one folder per set.
+            let sets = plan.target.replica_sets();
+            let logs = plan.run_dir.join("logs");
+            let mut others = Vec::new();
+            for set in &sets[1..] {
+                let name = set.replica.as_deref().unwrap_or_default();
+                others.push(ProcessControl::new(
+                    set,
+                    &logs.join(format!("replica-{name}")),
+                    plan.api_key.clone(),
+                )?);
+            }
+            let mut controls: Vec<&mut dyn EngineControl> = vec![control];
+            controls.extend(others.iter_mut().map(|c| c as &mut dyn EngineControl));
+            replicas::run_on_replicas(plan, controls, progress, cancel).await
+        }
     }
 }
 

@@ -289,3 +289,56 @@ pub fn mock_target(dir: &Path, jitter_ms: u64, flags: &[MockFlag<'_>]) -> (PathB
     .unwrap();
     (profile, port)
 }
+
+/// A target in `dir` with two replica sets, `a` and `b`, each one role spawning its own
+/// `bisect mock-engine` on its own port (`serve-a.sh`, `serve-b.sh`, each exporting the
+/// flags' variables at their `start` and passing `--token-delay-ms`), replica `b`'s
+/// command line adding `plant_b` (a difference of its own, e.g. `--wrong-args-every 4`).
+pub fn mock_replicas_target(
+    dir: &Path,
+    token_delay_ms: u64,
+    flags: &[MockFlag<'_>],
+    plant_b: &str,
+) -> PathBuf {
+    let exports: String = flags
+        .iter()
+        .map(|f| format!("export {}={}\n", f.env, f.start))
+        .collect();
+    let mut ports = Vec::new();
+    for (set, extra) in [("a", ""), ("b", plant_b)] {
+        let port = free_port();
+        std::fs::write(
+            dir.join(format!("serve-{set}.sh")),
+            format!(
+                "#!/bin/sh\n{exports}exec {} mock-engine --port {port} --token-delay-ms {token_delay_ms} {extra}\n",
+                env!("CARGO_BIN_EXE_bisect")
+            ),
+        )
+        .unwrap();
+        ports.push(port);
+    }
+    std::fs::create_dir_all(dir.join("flags")).unwrap();
+    for f in flags {
+        std::fs::write(
+            dir.join(format!("flags/{}.toml", f.name)),
+            format!(
+                "doc = \"{}\"\nenv = \"{}\"\nroles = [\"server\"]\non = \"{}\"\noff = \"{}\"\n",
+                f.doc, f.env, f.on, f.off
+            ),
+        )
+        .unwrap();
+    }
+    let (a, b) = (ports[0], ports[1]);
+    let profile = dir.join("target.toml");
+    std::fs::write(
+        &profile,
+        format!(
+            "name = \"mock-replicas\"\napi = \"http://127.0.0.1:{a}/v1\"\nmodel = \"mock\"\nflags_dir = \"flags\"\n\n\
+             [[role]]\nname = \"server\"\nlaunch = \"serve-a.sh\"\nhealth = \"http://127.0.0.1:{a}/health\"\nmetrics = \"http://127.0.0.1:{a}/metrics\"\nhealth_timeout_s = 30\n\n\
+             [[replica]]\nname = \"b\"\napi = \"http://127.0.0.1:{b}/v1\"\n\n\
+             [[replica.role]]\nname = \"server\"\nlaunch = \"serve-b.sh\"\nhealth = \"http://127.0.0.1:{b}/health\"\nmetrics = \"http://127.0.0.1:{b}/metrics\"\nhealth_timeout_s = 30\n"
+        ),
+    )
+    .unwrap();
+    profile
+}

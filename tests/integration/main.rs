@@ -26,6 +26,7 @@ mod poisoned;
 mod probe_tolerance;
 mod reclassify;
 mod rejected;
+mod replicas;
 mod report_diff;
 mod report_html;
 mod servers;

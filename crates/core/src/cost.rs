@@ -188,26 +188,36 @@ pub struct Planned {
     pub words: String,
 }
 
-/// The planned cost of `blocks` on `replicas` replica sets, at `restart` seconds per
-/// restart and `wave` seconds per wave of sessions (see [`Rates`]).
+/// The planned cost of `blocks` on `replicas` replica sets running blocks at the same
+/// time (their restarts `replicas` at once, their waves spread over the sets), at
+/// `restart` seconds per restart and `wave` seconds per wave of sessions (see
+/// [`Rates`]): the wall time falls by the sets, the engine-hours do not.
 pub fn plan(blocks: &Blocks, replicas: u32, restart: &Unit, wave: &Unit) -> Planned {
+    let lanes = u64::from(replicas.max(1));
     let sessions: u64 = blocks.blocks.iter().map(|b| b.0).sum();
     let waves: f64 = blocks
         .blocks
         .iter()
         .map(|&(s, c)| (s as f64 / f64::from(c.max(1))).ceil())
         .sum();
-    let restart_s = restart.seconds().map(|s| s * blocks.restarts as f64);
-    let drive_s = wave.seconds().map(|s| s * waves);
+    let restart_s = restart
+        .seconds()
+        .map(|s| s * blocks.restarts.div_ceil(lanes) as f64);
+    let drive_s = wave.seconds().map(|s| s * waves / lanes as f64);
     let wall_s = restart_s.zip(drive_s).map(|(r, d)| r + d);
     let engine_hours = wall_s.map(|w| f64::from(replicas) * w / 3600.0);
     let words = format!(
-        "planned: {} restart{}, {} sessions in {} block{} ({waves:.0} waves); {}; {}; {}",
+        "planned: {} restart{}, {} sessions in {} block{} ({waves:.0} waves){}; {}; {}; {}",
         blocks.restarts,
         if blocks.restarts == 1 { "" } else { "s" },
         sessions,
         blocks.blocks.len(),
         if blocks.blocks.len() == 1 { "" } else { "s" },
+        if lanes > 1 {
+            format!(" on {lanes} replica sets at once")
+        } else {
+            String::new()
+        },
         restart.words("restart", "--restart-cost SECONDS"),
         wave.words("wave of sessions", "--session-cost SECONDS"),
         match (wall_s, engine_hours) {
@@ -314,6 +324,22 @@ mod tests {
             partial.words.ends_with("restarts alone about 30.0 min"),
             "{}",
             partial.words
+        );
+        // Two replica sets: the four blocks of two pairs two at a time, half the wall of
+        // serial arms and the same engine-hours.
+        let pairs = Blocks {
+            restarts: 4,
+            blocks: vec![(80, 80); 4],
+        };
+        let serial = plan(&pairs, 1, &Unit::Given(900.0), &Unit::Given(600.0));
+        let both = plan(&pairs, 2, &Unit::Given(900.0), &Unit::Given(600.0));
+        assert_eq!((serial.wall_s, both.wall_s), (Some(6000.0), Some(3000.0)));
+        assert_eq!(serial.engine_hours, both.engine_hours);
+        assert!(
+            both.words
+                .starts_with("planned: 4 restarts, 320 sessions in 4 blocks (4 waves) on 2 replica sets at once;"),
+            "{}",
+            both.words
         );
         // A measured unit names where it came from.
         let measured = Unit::pick(None, Some((252.4, 3.0)));

@@ -63,6 +63,36 @@ impl Phases {
         };
     }
 
+    /// Adds what lanes that ran at the same time spent (replica sets, each with its own
+    /// engines): each phase's time is the longest lane's, the time the round took on the
+    /// wall; restarts are every lane's.
+    pub fn add_concurrent(&mut self, lanes: &[Phases]) {
+        let longest = |f: fn(&Phases) -> f64| lanes.iter().map(f).fold(0.0, f64::max);
+        self.edit_s += longest(|p| p.edit_s);
+        self.restart_s += longest(|p| p.restart_s);
+        self.health_wait_s += longest(|p| p.health_wait_s);
+        self.health_padding_s += longest(|p| p.health_padding_s);
+        self.drive_s += longest(|p| p.drive_s);
+        self.classify_s += lanes.iter().map(|p| p.classify_s).sum::<f64>();
+        self.write_s += longest(|p| p.write_s);
+        self.plan_s += longest(|p| p.plan_s);
+        self.restarts += lanes.iter().map(|p| p.restarts).sum::<u64>();
+    }
+
+    /// Adds `other`'s phases, field by field (one lane's time after another's).
+    pub fn add(&mut self, other: &Phases) {
+        self.edit_s += other.edit_s;
+        self.restart_s += other.restart_s;
+        self.health_wait_s += other.health_wait_s;
+        self.health_padding_s += other.health_padding_s;
+        self.drive_s += other.drive_s;
+        self.classify_s += other.classify_s;
+        self.write_s += other.write_s;
+        self.plan_s += other.plan_s;
+        self.close_s += other.close_s;
+        self.restarts += other.restarts;
+    }
+
     /// Mean padding per restart, seconds.
     pub(crate) fn padding_per_restart_s(&self) -> f64 {
         if self.restarts == 0 {
@@ -124,6 +154,32 @@ mod tests {
         assert!(p
             .line()
             .contains("overhead outside restart and drive 10.0%"));
+    }
+
+    /// Two lanes at once take the longer lane's time and both lanes' restarts; added
+    /// one after the other they take both.
+    #[test]
+    fn concurrent_lanes_take_the_longest_time_and_every_restart() {
+        let lane = |restart_s: f64, drive_s: f64| Phases {
+            restart_s,
+            drive_s,
+            classify_s: 0.5,
+            restarts: 1,
+            ..Phases::default()
+        };
+        let mut p = Phases::default();
+        p.add_concurrent(&[lane(3.0, 10.0), lane(5.0, 8.0)]);
+        assert_eq!(
+            (p.restart_s, p.drive_s, p.classify_s, p.restarts),
+            (5.0, 10.0, 1.0, 2)
+        );
+        let mut serial = Phases::default();
+        serial.add(&lane(3.0, 10.0));
+        serial.add(&lane(5.0, 8.0));
+        assert_eq!(
+            (serial.restart_s, serial.drive_s, serial.restarts),
+            (8.0, 18.0, 2)
+        );
     }
 
     #[test]

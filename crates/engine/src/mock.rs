@@ -122,6 +122,11 @@ pub struct MockConfig {
     pub poison_at_running: Option<u64>,
     /// What changes under load ([`LoadFault`]); `None`: nothing.
     pub under_load: Option<LoadFault>,
+    /// Milliseconds per token of the reply's call (its tool name and arguments, one
+    /// token per 4 bytes), slept before answering: an engine whose time is decode
+    /// latency, not the machine's CPU, so several of them on one small machine run
+    /// side by side at their own pace (the replicas benchmark).
+    pub token_delay_ms: u64,
 }
 
 /// Kills this process with SIGSEGV. Rust's runtime handles SIGSEGV (to report stack
@@ -438,6 +443,23 @@ fn progress<'a>(shared: &Shared, messages: &'a [RequestMessage<'a>]) -> Option<P
     })
 }
 
+/// [`MockConfig::token_delay_ms`] times the reply's tokens: the call it answers this
+/// round with (one token per 4 bytes of its tool name and arguments), one token for a
+/// closing text.
+fn decode_time(config: &MockConfig, state: &Progress<'_>) -> Duration {
+    if config.token_delay_ms == 0 {
+        return Duration::ZERO;
+    }
+    let tokens = state
+        .task
+        .steps
+        .get(state.done_steps)
+        .map_or(1, |(tool, args)| {
+            (tool.len() + Value::Object(args.clone()).to_string().len()).div_ceil(4)
+        });
+    Duration::from_millis(config.token_delay_ms * tokens as u64)
+}
+
 fn jitter(config: &MockConfig, task_text: &str, round: u32) -> Duration {
     if config.jitter_ms == 0 {
         return Duration::ZERO;
@@ -655,7 +677,8 @@ async fn chat(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes
 /// Wait as the request's jitter and a sleep fault ask (cut short by shutdown); returns
 /// the wait, which the handling time leaves out.
 async fn delay(shared: &Shared, state: &Progress<'_>, fault: Option<Fault>) -> Duration {
-    let mut waited = jitter(&shared.config, state.task_text, state.round);
+    let mut waited =
+        jitter(&shared.config, state.task_text, state.round) + decode_time(&shared.config, state);
     if let Some(Fault::Sleep(extra)) = fault {
         waited += extra;
     }

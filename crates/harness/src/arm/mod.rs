@@ -239,18 +239,63 @@ pub(crate) fn record_written<T>(
 /// and write it; a failed write never hides the outcome ([`record_written`]). `end` also
 /// gets the seconds closing took.
 pub(crate) async fn lifecycle<S, T>(
-    mut bed: Testbed<'_>,
+    bed: Testbed<'_>,
     state: &mut S,
     body: impl AsyncFnOnce(&mut Testbed<'_>, &mut S) -> anyhow::Result<T>,
     end: impl FnOnce(&mut S, &anyhow::Result<T>, f64) -> anyhow::Result<()>,
 ) -> anyhow::Result<T> {
-    let outcome = body(&mut bed, state).await;
+    lifecycle_lanes(
+        vec![bed],
+        state,
+        async move |beds: &mut [Testbed<'_>], state: &mut S| body(&mut beds[0], state).await,
+        end,
+    )
+    .await
+}
+
+/// [`lifecycle`] over several testbeds at once, one per replica set (lanes): `body`
+/// drives them, then every one is closed (at the same time) whatever happened, and
+/// every close's failures come before the outcome's.
+pub(crate) async fn lifecycle_lanes<S, T>(
+    mut beds: Vec<Testbed<'_>>,
+    state: &mut S,
+    body: impl AsyncFnOnce(&mut [Testbed<'_>], &mut S) -> anyhow::Result<T>,
+    end: impl FnOnce(&mut S, &anyhow::Result<T>, f64) -> anyhow::Result<()>,
+) -> anyhow::Result<T> {
+    let outcome = body(&mut beds, state).await;
     let closing = std::time::Instant::now();
-    let closed = bed.close().await;
+    let closed = futures::future::join_all(beds.into_iter().map(Testbed::close)).await;
     let close_s = closing.elapsed().as_secs_f64();
-    let outcome = closed.combine(outcome);
+    let outcome = closed
+        .into_iter()
+        .rev()
+        .fold(outcome, |outcome, closed| closed.combine(outcome));
     let written = end(state, &outcome, close_s);
     record_written(outcome, written)
+}
+
+/// Opens one testbed per lane (`specs[i]` over `controls[i]`, its progress
+/// `progress[i]`); when one cannot open, those already open are closed (their configs
+/// restored) and its error returned.
+pub(crate) async fn open_lanes<'a>(
+    specs: Vec<TestbedSpec<'a>>,
+    controls: Vec<&'a mut dyn EngineControl>,
+    progress: &'a [Box<dyn Progress + 'a>],
+    cancel: CancellationToken,
+) -> anyhow::Result<Vec<Testbed<'a>>> {
+    let mut beds = Vec::new();
+    for ((spec, control), progress) in specs.into_iter().zip(controls).zip(progress) {
+        match Testbed::open(spec, control, progress.as_ref(), cancel.clone()) {
+            Ok(bed) => beds.push(bed),
+            Err(e) => {
+                let closed = futures::future::join_all(beds.into_iter().map(Testbed::close)).await;
+                return closed
+                    .into_iter()
+                    .fold(Err(e), |outcome, closed| closed.combine(outcome));
+            }
+        }
+    }
+    Ok(beds)
 }
 
 /// A target under bisect's control for the length of one command.

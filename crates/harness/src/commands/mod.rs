@@ -13,6 +13,7 @@ pub mod load;
 pub mod matrix;
 pub mod probe;
 pub mod reclassify;
+pub mod replicas;
 pub mod run;
 
 use std::path::Path;
@@ -48,6 +49,30 @@ impl<'a> Engines<'a> {
 /// One trait, so the binary starts every such command the same way.
 pub trait EnginePlan {
     fn engines(&self) -> Engines<'_>;
+
+    /// Whether the command runs its blocks on every replica set of its target at once
+    /// (`run`, fixed design); the others run on the first set alone.
+    fn uses_replicas(&self) -> bool {
+        false
+    }
+
+    /// What a command that runs on one set says of a target with several.
+    fn single_lane_note(&self) -> Option<String> {
+        let target = self.engines().target;
+        if target.replicas.is_empty() || self.uses_replicas() {
+            return None;
+        }
+        let names: Vec<&str> = target.replicas.iter().map(|r| r.name.as_str()).collect();
+        Some(format!(
+            "note: this command runs on replica set {} alone; the target's other sets ({}) \
+             sit idle (only a fixed-design `bisect run` uses replicas so far)",
+            target
+                .replica
+                .as_deref()
+                .unwrap_or(crate::config::FIRST_REPLICA),
+            names.join(", ")
+        ))
+    }
 }
 
 /// The exit code for an error that ended a command (docs/design.md 3.1): a

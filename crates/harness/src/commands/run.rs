@@ -80,6 +80,10 @@ impl crate::commands::EnginePlan for RunPlan {
     fn engines(&self) -> crate::commands::Engines<'_> {
         crate::commands::Engines::new(&self.target, &self.run_dir, self.api_key.as_deref())
     }
+
+    fn uses_replicas(&self) -> bool {
+        self.adaptive.is_none()
+    }
 }
 
 /// The order of arm blocks: on, off, then off, on, ... (ABBA), `repeats` pairs.
@@ -139,15 +143,30 @@ pub(crate) fn end_record(
     started: Instant,
     outcome: &anyhow::Result<()>,
 ) {
+    end_record_on(plan, record, phases, None, started, outcome)
+}
+
+/// [`end_record`] of a run whose blocks ran on `lanes` replica sets at once: `phases`
+/// holds the wall-clock time of each phase, `serial` what every lane spent (what the
+/// target's rates take in, per restart and per wave); `None` on one replica.
+pub(crate) fn end_record_on(
+    plan: &RunPlan,
+    record: &mut RunRecord,
+    phases: &mut Phases,
+    lanes: Option<(u32, &Phases)>,
+    started: Instant,
+    outcome: &anyhow::Result<()>,
+) {
     phases.finish(started.elapsed().as_secs_f64());
     record.phases = Some(phases.clone());
-    record.cost = Some(Cost::of(phases, 1));
+    let (replicas, serial) = lanes.unwrap_or((1, phases));
+    record.cost = Some(Cost::of(phases, replicas));
     (record.header.status, record.error) = settle(outcome);
     record.header.finished_at = Some(now());
     let sessions = record.runs.iter().map(|r| r.sessions).sum();
     let concurrency = plan.workload.target_concurrency();
     crate::results::rates::update(&rates_root(plan), &plan.target.name, |r| {
-        r.observe(phases, sessions, concurrency)
+        r.observe(serial, sessions, concurrency)
     });
 }
 
@@ -182,7 +201,12 @@ pub fn planned_cost(plan: &RunPlan) -> Planned {
         restarts: 2 * pairs + u64::from(plan.pressure.is_some()),
         blocks: vec![(sessions, c); 2 * pairs as usize],
     };
-    let mut planned = plan_cost(&blocks, 1, &restart, &wave);
+    let lanes = if plan.adaptive.is_none() && !plan.target.replicas.is_empty() {
+        2
+    } else {
+        1
+    };
+    let mut planned = plan_cost(&blocks, lanes, &restart, &wave);
     if plan.adaptive.is_some() {
         planned.words.push_str(
             " for the first pair of blocks; the sequential design adds pairs until its test \
@@ -194,9 +218,14 @@ pub fn planned_cost(plan: &RunPlan) -> Planned {
 
 /// How `run` (fixed or adaptive) opens its testbed: the flag under test and the pins.
 pub(crate) fn testbed_spec(plan: &RunPlan) -> TestbedSpec<'_> {
+    testbed_spec_on(plan, &plan.target)
+}
+
+/// [`testbed_spec`] over one replica set of the plan's target.
+pub(crate) fn testbed_spec_on<'a>(plan: &'a RunPlan, set: &'a TargetProfile) -> TestbedSpec<'a> {
     let mut flags = vec![&plan.flag];
     flags.extend(plan.pins.iter().map(|p| &p.flag));
-    plan.testbed.spec(&plan.target, plan.api_key.clone(), flags)
+    plan.testbed.spec(set, plan.api_key.clone(), flags)
 }
 
 /// Rewrite the record's files, counting the time as writing.
@@ -322,7 +351,7 @@ pub(crate) async fn count_tokens(
 }
 
 /// One restart's time into the run's phases.
-fn count_restart(phases: &mut Phases, restarted: &crate::arm::Restarted) {
+pub(crate) fn count_restart(phases: &mut Phases, restarted: &crate::arm::Restarted) {
     phases.restarts += 1;
     phases.restart_s += restarted.restart_s;
     phases.health_wait_s += restarted.health_wait_s;
@@ -392,7 +421,7 @@ pub(crate) async fn run_block(
     let readback = bed.set(&plan.flag, value)?;
     phases.edit_s += editing.elapsed().as_secs_f64();
     let writing = Instant::now();
-    results.snapshot_launch(label.as_str(), repeat, &plan.target)?;
+    results.snapshot_launch(label.as_str(), repeat, bed.target())?;
     phases.write_s += writing.elapsed().as_secs_f64();
     let block_name = format!("{label}-r{repeat}");
     bed.progress().note(&format!(
@@ -551,7 +580,7 @@ pub(crate) fn pooled_arms(plan: &RunPlan, runs: &[ArmRecord]) -> Vec<ArmRecord> 
         .collect()
 }
 
-fn finish_verdict(plan: &RunPlan, record: &mut RunRecord) {
+pub(crate) fn finish_verdict(plan: &RunPlan, record: &mut RunRecord) {
     let (Some(on), Some(off)) = (record.arm(ArmLabel::On), record.arm(ArmLabel::Off)) else {
         return;
     };

@@ -635,7 +635,12 @@ pub async fn poll(
 /// client_inflight, label, error, client_connecting), writing the header only into a new or empty file,
 /// so each arm appends to one metrics.csv.
 pub(crate) fn write_csv(log: &MetricsLog, path: &Path) -> anyhow::Result<()> {
-    let file = std::fs::OpenOptions::new()
+    use std::io::Write;
+    // Blocks on replica sets end at the same time: whether the header is written and the
+    // rows are appended is one step per file in this process, the rows in one write.
+    static APPENDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = APPENDING.lock().unwrap_or_else(|e| e.into_inner());
+    let mut file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(path)
@@ -647,14 +652,16 @@ pub(crate) fn write_csv(log: &MetricsLog, path: &Path) -> anyhow::Result<()> {
         == 0;
     let mut writer = csv::WriterBuilder::new()
         .has_headers(empty)
-        .from_writer(file);
+        .from_writer(Vec::new());
     for row in &log.rows {
         writer
             .serialize(row)
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    writer
-        .flush()
+    let rows = writer
+        .into_inner()
+        .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
+    file.write_all(&rows)
         .with_context(|| format!("writing {}", path.display()))?;
     Ok(())
 }

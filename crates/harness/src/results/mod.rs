@@ -203,10 +203,13 @@ impl JsonlWriter {
     pub(crate) fn append_one<T: serde::Serialize>(&mut self, value: &T) -> anyhow::Result<()> {
         let line = serde_json::to_string(value)
             .with_context(|| format!("encoding a line of {}", self.path.display()))?;
+        // The line and its newline in one write: blocks on replica sets append to one
+        // file at once (O_APPEND), and one write is never interleaved with another's.
+        let mut line = crate::redact::scrub(&line).into_owned();
+        line.push('\n');
         self.out
-            .write_all(crate::redact::scrub(&line).as_bytes())
+            .write_all(line.as_bytes())
             .with_context(|| format!("writing {}", self.path.display()))?;
-        self.out.write_all(b"\n")?;
         self.out.flush()?;
         Ok(())
     }
