@@ -52,29 +52,27 @@ pub(crate) async fn run(
     progress: &dyn Progress,
     cancel: CancellationToken,
 ) -> anyhow::Result<RunRecord> {
+    // The first set's control is the one every command starts; the other sets' (none
+    // on a single replica) log beside it, one folder per set.
+    let logs = plan.run_dir.join("logs");
+    let mut others = Vec::new();
+    for set in plan.target.replica_sets().iter().skip(1) {
+        let name = set.replica.as_deref().unwrap_or_default();
+        others.push(ProcessControl::new(
+            set,
+            &logs.join(format!("replica-{name}")),
+            plan.api_key.clone(),
+        )?);
+    }
+    let mut controls: Vec<&mut dyn EngineControl> = vec![control];
+    controls.extend(others.iter_mut().map(|c| c as &mut dyn EngineControl));
     match &plan.adaptive {
-        Some(options) => adaptive::run_adaptive(plan, options, control, progress, cancel).await,
+        Some(options) => adaptive::run_adaptive_on(plan, options, controls, progress, cancel).await,
         None if plan.target.replicas.is_empty() => {
+            let [control] = <[_; 1]>::try_from(controls).map_err(|_| anyhow::anyhow!("one set"))?;
             run::run_experiment(plan, control, progress, cancel).await
         }
-        None => {
-            // The first set's control is the one every command starts; the other sets'
-            // logs go beside it, one folder per set.
-            let sets = plan.target.replica_sets();
-            let logs = plan.run_dir.join("logs");
-            let mut others = Vec::new();
-            for set in &sets[1..] {
-                let name = set.replica.as_deref().unwrap_or_default();
-                others.push(ProcessControl::new(
-                    set,
-                    &logs.join(format!("replica-{name}")),
-                    plan.api_key.clone(),
-                )?);
-            }
-            let mut controls: Vec<&mut dyn EngineControl> = vec![control];
-            controls.extend(others.iter_mut().map(|c| c as &mut dyn EngineControl));
-            replicas::run_on_replicas(plan, controls, progress, cancel).await
-        }
+        None => replicas::run_on_replicas(plan, controls, progress, cancel).await,
     }
 }
 

@@ -181,3 +181,51 @@ fn a_replica_that_differs_is_caught_and_cancels_under_crossover() {
         record["verdict"]
     );
 }
+
+/// `--adaptive` on two sets: each set runs whole pairs (both arms on the same set, so a
+/// set's difference never lies between the arms of a look), the sets at the same time,
+/// the pairs fed to the e-process in order; the known answer is found.
+#[test]
+fn an_adaptive_run_gives_each_set_whole_pairs_at_once() {
+    let _one = crate::common::heavy();
+    let dir = tempfile::tempdir().unwrap();
+    let profile = mock_replicas_target(dir.path(), 0, &FLAGS, "--wrong-args-every 4");
+    let (record, stderr) = run(
+        dir.path(),
+        &profile,
+        "LEAK",
+        &["--adaptive", "--sessions", "24"],
+    );
+    assert_eq!(
+        record["verdict"]["status"], "implicated",
+        "{:#}\n{stderr}",
+        record["verdict"]
+    );
+    let b = blocks(&record);
+    assert!(b.len() >= 4 && b.len() % 4 == 0, "{b:?}");
+    for round in b.chunks(4) {
+        let pair = |i: usize| (round[i].1, round[i].2.as_str());
+        // Pair 2k+1 on set a (on, off), pair 2k+2 on set b (off, on).
+        assert_eq!(
+            (round[0].0.as_str(), round[1].0.as_str()),
+            ("on", "off"),
+            "{b:?}"
+        );
+        assert_eq!(
+            (round[2].0.as_str(), round[3].0.as_str()),
+            ("off", "on"),
+            "{b:?}"
+        );
+        assert_eq!(pair(0).1, "a");
+        assert_eq!(pair(1), pair(0));
+        assert_eq!(pair(2).1, "b");
+        assert_eq!(pair(3), pair(2));
+    }
+    // Each set ran both arms alike: the planted set's difference is no confound.
+    let c = replica_confound(&record);
+    assert_ne!(c["severity"], "blocking", "{c:#}");
+    assert!(
+        stderr.contains("for the first pair of blocks on each replica set"),
+        "{stderr}"
+    );
+}

@@ -239,6 +239,8 @@ pub enum AdaptiveError {
     Outcomes { block: u64, planned: u64, got: u64 },
     #[error("the run already stopped; no block is due")]
     Finished,
+    #[error("block {block} was handed back out of order: block {due} is due")]
+    OutOfOrder { block: u64, due: u64 },
 }
 
 /// Plans the block length and cap: for power alone before anything was measured, for
@@ -401,6 +403,79 @@ impl Schedule {
     /// first, returns `None`.
     pub fn block_done(&mut self, outcome: BlockOutcome) -> Result<Option<Decision>, AdaptiveError> {
         let plan = self.next_block().ok_or(AdaptiveError::Finished)?;
+        self.take_block(&plan, outcome)
+    }
+
+    /// The next `lanes` pairs, for replica sets that run one whole pair each at the same
+    /// time (docs/sequential.md, "On replicas"): each as [`Schedule::next_block`] would
+    /// give its two blocks if the pairs before it continued, at the current block length
+    /// and within the cap. Empty once the run has ended, or in the middle of a pair.
+    pub fn next_pairs(&self, lanes: u64) -> Vec<[BlockPlan; 2]> {
+        if self.finished() || self.first.is_some() {
+            return Vec::new();
+        }
+        let d = &self.record.design;
+        let n = self.record.blocks.len() as u64;
+        let mut done = self.record.sessions_per_arm().0;
+        let mut pairs = Vec::new();
+        for i in 0..lanes {
+            let sessions = d.block_per_arm.min(d.max_per_arm.saturating_sub(done));
+            if sessions == 0 {
+                break;
+            }
+            done += sessions;
+            let index = n / 2 + i;
+            let (first, second) = if index % 2 == 0 {
+                (ArmLabel::On, ArmLabel::Off)
+            } else {
+                (ArmLabel::Off, ArmLabel::On)
+            };
+            let block = |k: u64, label| BlockPlan {
+                block: n + 2 * i + k,
+                pair: index + 1,
+                label,
+                sessions,
+            };
+            pairs.push([block(0, first), block(1, second)]);
+        }
+        pairs
+    }
+
+    /// Takes a pair that ran from [`Schedule::next_pairs`], with its two blocks' outcomes
+    /// (first, second), fed as [`Schedule::block_done`] feeds them but against the
+    /// length the pair ran with (a re-plan after an earlier pair of the same round may
+    /// have changed the block length since). The pairs of a round are taken in order;
+    /// once one decides, the run has ended and the later ones are refused (`Finished`:
+    /// their sessions are counted in the pooled arms, never in the e-process).
+    pub fn pair_done(
+        &mut self,
+        pair: &[BlockPlan; 2],
+        outcomes: [BlockOutcome; 2],
+    ) -> Result<Decision, AdaptiveError> {
+        if self.finished() {
+            return Err(AdaptiveError::Finished);
+        }
+        let due = self.next_block().ok_or(AdaptiveError::Finished)?;
+        if self.first.is_some() || due.block != pair[0].block || due.label != pair[0].label {
+            return Err(AdaptiveError::OutOfOrder {
+                block: pair[0].block,
+                due: due.block,
+            });
+        }
+        let [first, second] = outcomes;
+        self.take_block(&pair[0], first)?;
+        Ok(self
+            .take_block(&pair[1], second)?
+            .expect("the second block of a pair looks"))
+    }
+
+    /// Records the block `plan` names with its outcome; after the second block of a
+    /// pair, looks and returns the decision.
+    fn take_block(
+        &mut self,
+        plan: &BlockPlan,
+        outcome: BlockOutcome,
+    ) -> Result<Option<Decision>, AdaptiveError> {
         if outcome.sessions.len() as u64 != plan.sessions {
             return Err(AdaptiveError::Outcomes {
                 block: plan.block,

@@ -78,6 +78,59 @@ fn blocks_alternate_abba_at_the_load_and_the_cap_ends_underpowered() {
     assert_eq!(s.block_done(block(10, 0)), Err(AdaptiveError::Finished));
 }
 
+/// Pairs taken two at a time (two replica sets, one pair each) give the schedule the
+/// same blocks, looks and decision as one pair after another; a pair after the
+/// deciding one is refused, and one handed back out of order too.
+#[test]
+fn pairs_run_at_once_on_lanes_decide_as_pairs_one_after_another() {
+    let outcome = |label: ArmLabel, n: u64| block(n, if label == ArmLabel::On { 8 } else { 0 });
+    let mut serial = Schedule::new(spec(20, Some(400))).unwrap();
+    run(&mut serial, outcome);
+    let mut lanes = Schedule::new(spec(20, Some(400))).unwrap();
+    let mut refused = 0;
+    loop {
+        let pairs = lanes.next_pairs(2);
+        if pairs.is_empty() {
+            break;
+        }
+        assert_eq!(pairs.len(), 2);
+        // Crossover: the lanes' pairs lead with opposite arms.
+        assert_eq!(
+            (pairs[0][0].label, pairs[1][0].label),
+            (ArmLabel::On, ArmLabel::Off)
+        );
+        for pair in &pairs {
+            let outcomes = (*pair).map(|b| outcome(b.label, b.sessions));
+            match lanes.pair_done(pair, outcomes) {
+                Ok(_) => {}
+                Err(AdaptiveError::Finished) => refused += 1,
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+    assert_eq!(lanes.record().blocks, serial.record().blocks);
+    assert_eq!(lanes.record().decision, serial.record().decision);
+    assert_eq!(lanes.record().looks.len(), serial.record().looks.len());
+    // Decided at pair 2 (the second of the first round): nothing left over.
+    assert_eq!(refused, 0);
+
+    // Capped at 30 per arm in blocks of 10: a round of two pairs, then one.
+    let mut capped = Schedule::new(spec(10, Some(30))).unwrap();
+    assert_eq!(capped.next_pairs(2).len(), 2);
+    let first = capped.next_pairs(2);
+    let second = first[1];
+    assert_eq!(
+        capped.pair_done(&second, second.map(|b| block(b.sessions, 0))),
+        Err(AdaptiveError::OutOfOrder { block: 2, due: 0 })
+    );
+    for pair in &first {
+        capped
+            .pair_done(pair, (*pair).map(|b| block(b.sessions, 1)))
+            .unwrap();
+    }
+    assert_eq!(capped.next_pairs(2).len(), 1);
+}
+
 #[test]
 fn a_strong_effect_is_implicated_at_the_second_pair_of_whole_blocks() {
     // Blocks of 20 = one e-process factor per pair. The first factor is exactly 1 (no

@@ -289,9 +289,11 @@ pub(crate) async fn open_lanes<'a>(
             Ok(bed) => beds.push(bed),
             Err(e) => {
                 let closed = futures::future::join_all(beds.into_iter().map(Testbed::close)).await;
-                return closed
-                    .into_iter()
-                    .fold(Err(e), |outcome, closed| closed.combine(outcome));
+                let mut outcome = Err(e);
+                for closed in closed {
+                    outcome = closed.combine(outcome);
+                }
+                return outcome;
             }
         }
     }

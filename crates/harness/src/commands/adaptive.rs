@@ -13,10 +13,10 @@ use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::arm::{lifecycle, Progress, Testbed};
+use crate::arm::{lifecycle_lanes, Progress, Testbed};
+use crate::commands::replicas::blocks_at_once;
 use crate::commands::run::{
-    end_record, initial_record, pooled_arms, run_block, testbed_spec, write_timed, BlockSpec,
-    RunPlan,
+    end_record_on, initial_record, pooled_arms, write_timed, BlockSpec, RunPlan,
 };
 use crate::config::Workload;
 use crate::control::EngineControl;
@@ -52,6 +52,19 @@ pub async fn run_adaptive(
     plan: &RunPlan,
     options: &AdaptiveOptions,
     control: &mut dyn EngineControl,
+    progress: &dyn Progress,
+    cancel: CancellationToken,
+) -> anyhow::Result<RunRecord> {
+    run_adaptive_on(plan, options, vec![control], progress, cancel).await
+}
+
+/// [`run_adaptive`] on the first `controls.len()` replica sets of the plan's target
+/// (docs/sequential.md, "On replicas"): each set runs whole pairs, the sets at the same
+/// time, the pairs fed to the e-process in order.
+pub async fn run_adaptive_on(
+    plan: &RunPlan,
+    options: &AdaptiveOptions,
+    controls: Vec<&mut dyn EngineControl>,
     progress: &dyn Progress,
     cancel: CancellationToken,
 ) -> anyhow::Result<RunRecord> {
@@ -118,20 +131,24 @@ pub async fn run_adaptive(
         results: &results,
         record: &mut record,
         phases: &mut phases,
+        serial: Phases::default(),
         schedule: &mut schedule,
     };
-    let bed = Testbed::open(testbed_spec(plan), control, progress, cancel)?;
-    lifecycle(
-        bed,
+    let lanes = controls.len();
+    let sets = super::replicas::ReplicaSets::new(plan, lanes, progress);
+    let beds = sets.open(plan, controls, cancel).await?;
+    lifecycle_lanes(
+        beds,
         &mut run,
-        async |bed, run| run.blocks(bed).await,
+        async |beds, run| run.blocks(beds).await,
         |run, outcome, close_s| {
             run.phases.close_s = close_s;
             run.record.adaptive = Some(run.schedule.record().clone());
             if outcome.is_ok() {
                 finish_verdict(plan, &run.workload, run.record);
             }
-            end_record(plan, run.record, run.phases, started, outcome);
+            let several = (lanes > 1).then_some((lanes as u32, &run.serial));
+            end_record_on(plan, run.record, run.phases, several, started, outcome);
             results.write_record(run.record)
         },
     )
@@ -147,53 +164,106 @@ struct Run<'a> {
     results: &'a ResultsDir,
     record: &'a mut RunRecord,
     phases: &'a mut Phases,
+    /// What every replica set spent (the target's rates), where there are several.
+    serial: Phases,
     schedule: &'a mut Schedule,
 }
 
 impl Run<'_> {
-    async fn blocks(&mut self, bed: &mut Testbed<'_>) -> anyhow::Result<()> {
+    /// The pairs of the schedule, one per replica set at a time (one after another on a
+    /// single set), each pair's two blocks one after the other on its set, fed to the
+    /// e-process in order; a pair that ran after the deciding one is counted in the
+    /// pooled arms only.
+    async fn blocks(&mut self, beds: &mut [Testbed<'_>]) -> anyhow::Result<()> {
         let editing = Instant::now();
-        bed.pin(&self.plan.pins)?;
+        for bed in beds.iter_mut() {
+            bed.pin(&self.plan.pins)?;
+        }
         self.phases.edit_s += editing.elapsed().as_secs_f64();
-        self.workload =
-            super::run::sized_workload(self.plan, &self.workload, bed, self.record, self.phases)
-                .await?;
+        self.workload = super::run::sized_workload(
+            self.plan,
+            &self.workload,
+            &mut beds[0],
+            self.record,
+            self.phases,
+        )
+        .await?;
         let classifier = Arc::new(self.plan.target.classifier(&self.workload)?);
-        while let Some(next) = self.schedule.next_block() {
-            bed.check_cancelled()?;
-            let mut workload = self.workload.clone();
-            workload.sessions = u32::try_from(next.sessions)?;
-            let spec = BlockSpec {
-                label: next.label,
-                repeat: u32::try_from(next.pair - 1)?,
-                workload: &workload,
-            };
-            let ran = run_block(
+        loop {
+            beds[0].check_cancelled()?;
+            let pairs = self.schedule.next_pairs(beds.len() as u64);
+            if pairs.is_empty() {
+                return Ok(());
+            }
+            let workloads: Vec<Workload> = pairs
+                .iter()
+                .map(|pair| {
+                    let mut w = self.workload.clone();
+                    w.sessions = u32::try_from(pair[0].sessions).unwrap_or(u32::MAX);
+                    w
+                })
+                .collect();
+            let work = pairs
+                .iter()
+                .zip(&workloads)
+                .map(|(pair, workload)| {
+                    pair.iter()
+                        .map(|b| BlockSpec {
+                            label: b.label,
+                            repeat: u32::try_from(b.pair - 1).unwrap_or(u32::MAX),
+                            workload,
+                        })
+                        .collect()
+                })
+                .collect();
+            let ran = blocks_at_once(
                 self.plan,
-                bed,
+                beds,
+                work,
                 self.results,
-                self.record,
                 &classifier,
-                spec,
-                self.phases,
+                self.record,
+                (self.phases, &mut self.serial),
             )
-            .await?;
-            self.record.runs.push(ran.arm);
-            self.record.arms = pooled_arms(self.plan, &self.record.runs);
-            let planning = Instant::now();
-            let decided = self.schedule.block_done(BlockOutcome {
-                sessions: ran.outcomes,
-                restart_s: ran.restart_s,
-                drive_s: ran.drive_s,
-            })?;
-            self.phases.plan_s += planning.elapsed().as_secs_f64();
-            if let Some(decision) = decided {
-                self.after_pair(bed.progress(), next.pair, decision);
+            .await;
+            let mut failed = None;
+            for (pair, lane) in pairs.iter().zip(ran) {
+                let whole = lane.ran.len() == 2;
+                let mut outcomes = Vec::new();
+                for block in lane.ran {
+                    outcomes.push(BlockOutcome {
+                        sessions: block.outcomes,
+                        restart_s: block.restart_s,
+                        drive_s: block.drive_s,
+                    });
+                    self.record.runs.push(block.arm);
+                }
+                self.record.arms = pooled_arms(self.plan, &self.record.runs);
+                if let Some(e) = lane.failed {
+                    failed.get_or_insert(e);
+                }
+                let (true, Ok(outcomes)) = (whole, <[BlockOutcome; 2]>::try_from(outcomes)) else {
+                    continue;
+                };
+                let planning = Instant::now();
+                let decided = self.schedule.pair_done(pair, outcomes);
+                self.phases.plan_s += planning.elapsed().as_secs_f64();
+                match decided {
+                    Ok(decision) => self.after_pair(beds[0].progress(), pair[0].pair, decision),
+                    Err(AdaptiveError::Finished) => beds[0].progress().note(&format!(
+                        "block pair {} ran beside the pair that decided: its sessions count in \
+                         the pooled arms, not in the e-process",
+                        pair[0].pair
+                    )),
+                    Err(e) => return Err(e.into()),
+                }
             }
             self.record.adaptive = Some(self.schedule.record().clone());
             write_timed(self.results, self.record, self.phases)?;
+            if let Some(e) = failed {
+                return Err(e);
+            }
         }
-        Ok(())
     }
 
     /// The blocking checks after a pair, recorded; a failed one, over the pair or over

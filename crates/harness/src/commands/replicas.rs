@@ -26,9 +26,10 @@ use crate::results::run_record::RunRecord;
 use crate::results::ResultsDir;
 
 use super::run::{
-    end_record_on, finish_verdict, initial_record, planned_cost, pooled_arms, run_block,
-    sized_workload, testbed_spec_on, write_timed, BlockSpec, RunPlan,
+    end_record_on, finish_verdict, initial_record, planned_cost, pooled_arms, push_warning,
+    run_block, sized_workload, testbed_spec_on, write_timed, BlockRun, BlockSpec, RunPlan,
 };
+use crate::core::classify::Classifier;
 
 /// Which arm and repeat each lane runs, round by round: repeat `r` goes to the lane
 /// pair `r % pairs` in round `r / pairs`; in even rounds the pair's first lane runs
@@ -55,6 +56,79 @@ pub(crate) fn lane_order(repeats: u32, lanes: usize) -> Vec<Vec<Option<(ArmLabel
             row
         })
         .collect()
+}
+
+/// The replica sets a command opens testbeds on, with each one's progress: what the
+/// testbeds borrow, so it outlives them.
+pub(crate) struct ReplicaSets<'p> {
+    sets: Vec<crate::config::TargetProfile>,
+    progress: Vec<Box<dyn Progress + 'p>>,
+}
+
+impl<'p> ReplicaSets<'p> {
+    /// The first `lanes` replica sets of the plan's target (the target itself on a
+    /// single replica); with several, each set's notes name it.
+    pub(crate) fn new(plan: &RunPlan, lanes: usize, progress: &'p dyn Progress) -> Self {
+        let sets: Vec<_> = plan.target.replica_sets().into_iter().take(lanes).collect();
+        let progress = sets
+            .iter()
+            .map(|set| -> Box<dyn Progress + 'p> {
+                if lanes > 1 {
+                    Box::new(LaneProgress {
+                        inner: progress,
+                        replica: set_name(set),
+                    })
+                } else {
+                    Box::new(Plain(progress))
+                }
+            })
+            .collect();
+        ReplicaSets { sets, progress }
+    }
+
+    /// One testbed per set, over `controls` in the same order ([`open_lanes`]).
+    pub(crate) async fn open<'a, 'c: 'a>(
+        &'a self,
+        plan: &'a RunPlan,
+        controls: Vec<&'a mut (dyn EngineControl + 'c)>,
+        cancel: CancellationToken,
+    ) -> anyhow::Result<Vec<Testbed<'a>>> {
+        anyhow::ensure!(
+            controls.len() == self.sets.len(),
+            "{} engine controls for {} replica sets",
+            controls.len(),
+            self.sets.len()
+        );
+        let specs = self
+            .sets
+            .iter()
+            .map(|set| testbed_spec_on(plan, set))
+            .collect();
+        // Each control reborrowed for the testbeds' (shorter) life.
+        let controls = controls
+            .into_iter()
+            .map(|c| -> &mut dyn EngineControl { c })
+            .collect();
+        open_lanes(specs, controls, &self.progress, cancel).await
+    }
+}
+
+/// A single set's progress: the command's own, unchanged.
+struct Plain<'a>(&'a dyn Progress);
+
+impl Progress for Plain<'_> {
+    fn arm_started(&self, block: BlockName<'_>, sessions: u64) {
+        self.0.arm_started(block, sessions)
+    }
+    fn session_done(&self, result: &SessionResult) {
+        self.0.session_done(result)
+    }
+    fn arm_finished(&self, block: BlockName<'_>, stats: &ArmStats) {
+        self.0.arm_finished(block, stats)
+    }
+    fn note(&self, message: &str) {
+        self.0.note(message)
+    }
 }
 
 /// A lane's progress: its notes say which replica set they are about.
@@ -111,22 +185,8 @@ pub async fn run_on_replicas(
     let results = ResultsDir::create(&plan.run_dir)?;
     let record = initial_record(plan);
     write_timed(&results, &record, &mut phases)?;
-    let lane_progress: Vec<Box<dyn Progress + '_>> = names
-        .iter()
-        .map(|name| {
-            Box::new(LaneProgress {
-                inner: progress,
-                replica: name.clone(),
-            }) as Box<dyn Progress>
-        })
-        .collect();
-    let specs = sets.iter().map(|set| testbed_spec_on(plan, set)).collect();
-    // Each control reborrowed for the testbeds' (shorter) life.
-    let controls = controls
-        .into_iter()
-        .map(|c| -> &mut dyn EngineControl { c })
-        .collect();
-    let beds = open_lanes(specs, controls, &lane_progress, cancel).await?;
+    let opened = ReplicaSets::new(plan, sets.len(), progress);
+    let beds = opened.open(plan, controls, cancel).await?;
     let mut state = Lanes {
         record,
         phases,
@@ -217,66 +277,39 @@ async fn run_rounds(
         );
     }
     let classifier = Arc::new(plan.target.classifier(&workload)?);
-    let names: Vec<String> = beds.iter().map(|b| set_name(b.target())).collect();
     for round in lane_order(plan.repeats, beds.len()) {
         beds[0].check_cancelled()?;
-        // Each lane its own scratch record (warnings said once, engine self-reports)
-        // and phases, merged when the round ends.
-        let mut scratch: Vec<RunRecord> = round
+        let work = round
             .iter()
-            .map(|_| RunRecord {
-                extra: state.record.extra.clone(),
-                ..initial_record(plan)
+            .map(|assigned| {
+                assigned
+                    .iter()
+                    .map(|&(label, repeat)| BlockSpec {
+                        label,
+                        repeat,
+                        workload: &workload,
+                    })
+                    .collect()
             })
             .collect();
-        let mut lane_phases = vec![Phases::default(); round.len()];
-        let blocks = beds
-            .iter_mut()
-            .zip(&round)
-            .zip(scratch.iter_mut())
-            .zip(lane_phases.iter_mut())
-            .filter_map(|(((bed, assigned), record), phases)| {
-                let (label, repeat) = (*assigned)?;
-                let spec = BlockSpec {
-                    label,
-                    repeat,
-                    workload: &workload,
-                };
-                Some(run_block(
-                    plan,
-                    bed,
-                    results,
-                    record,
-                    &classifier,
-                    spec,
-                    phases,
-                ))
-            });
-        let ran = futures::future::join_all(blocks).await;
-        state.phases.add_concurrent(&lane_phases);
-        for p in &lane_phases {
-            state.serial.add(p);
-        }
-        for lane in scratch {
-            state.record.engine_info.extend(lane.engine_info);
-            for (key, value) in lane.extra {
-                state.record.extra.insert(key, value);
-            }
-        }
-        let lanes_used = round
-            .iter()
-            .enumerate()
-            .filter_map(|(lane, a)| a.map(|_| lane));
+        let ran = blocks_at_once(
+            plan,
+            beds,
+            work,
+            results,
+            &classifier,
+            &mut state.record,
+            (&mut state.phases, &mut state.serial),
+        )
+        .await;
         let mut failed = None;
-        for (lane, ran) in lanes_used.zip(ran) {
-            match ran {
-                Ok(mut block) => {
-                    block.arm.replica = Some(names[lane].clone());
-                    state.record.runs.push(block.arm);
-                }
-                Err(e) => {
-                    failed.get_or_insert(e.context(format!("replica {}", names[lane])));
-                }
+        for lane in ran {
+            state
+                .record
+                .runs
+                .extend(lane.ran.into_iter().map(|b| b.arm));
+            if let Some(e) = lane.failed {
+                failed.get_or_insert(e);
             }
         }
         state.record.arms = pooled_arms(plan, &state.record.runs);
@@ -286,6 +319,102 @@ async fn run_rounds(
         }
     }
     Ok(())
+}
+
+/// What one lane of [`blocks_at_once`] ran: its blocks in order, and the error that
+/// ended it early.
+pub(crate) struct LaneRun {
+    pub ran: Vec<BlockRun>,
+    pub failed: Option<anyhow::Error>,
+}
+
+/// Runs `work[i]`'s blocks one after the other on `beds[i]` (the block lifecycle of
+/// `run::run_block`), every lane at the same time; a lane with no work sits idle. Each
+/// lane keeps a scratch record (its warnings said once, its engines' self-reports) and
+/// phases, merged into `record` and `phases` (each phase the longest lane's) and
+/// `serial` (every lane's) when all are done. A block's `replica` is its set's name
+/// where the target has several.
+pub(crate) async fn blocks_at_once(
+    plan: &RunPlan,
+    beds: &mut [Testbed<'_>],
+    work: Vec<Vec<BlockSpec<'_>>>,
+    results: &ResultsDir,
+    classifier: &Arc<Classifier>,
+    record: &mut RunRecord,
+    (phases, serial): (&mut Phases, &mut Phases),
+) -> Vec<LaneRun> {
+    let mut scratch: Vec<(RunRecord, Phases)> = work
+        .iter()
+        .map(|_| {
+            let lane = RunRecord {
+                extra: record.extra.clone(),
+                ..initial_record(plan)
+            };
+            (lane, Phases::default())
+        })
+        .collect();
+    let lanes = beds.iter_mut().zip(work).zip(scratch.iter_mut()).map(
+        |((bed, blocks), (lane_record, lane_phases))| async move {
+            let mut ran = Vec::new();
+            for spec in blocks {
+                let block = match bed.check_cancelled() {
+                    Ok(()) => {
+                        run_block(
+                            plan,
+                            bed,
+                            results,
+                            lane_record,
+                            classifier,
+                            spec,
+                            lane_phases,
+                        )
+                        .await
+                    }
+                    Err(e) => Err(e),
+                };
+                match block {
+                    Ok(mut block) => {
+                        block.arm.replica = bed.target().replica.clone();
+                        ran.push(block);
+                    }
+                    Err(e) => {
+                        let e = match &bed.target().replica {
+                            Some(name) => e.context(format!("replica {name}")),
+                            None => e,
+                        };
+                        return LaneRun {
+                            ran,
+                            failed: Some(e),
+                        };
+                    }
+                }
+            }
+            LaneRun { ran, failed: None }
+        },
+    );
+    let ran = futures::future::join_all(lanes).await;
+    let lane_phases: Vec<Phases> = scratch.iter().map(|(_, p)| p.clone()).collect();
+    phases.add_concurrent(&lane_phases);
+    for p in &lane_phases {
+        serial.add(p);
+    }
+    for (lane, _) in scratch {
+        record.engine_info.extend(lane.engine_info);
+        for (key, value) in lane.extra {
+            match (key.as_str(), value) {
+                // Every lane's warnings, each once.
+                ("warnings", serde_json::Value::Array(warnings)) => {
+                    for w in warnings.iter().filter_map(|w| w.as_str()) {
+                        push_warning(record, w);
+                    }
+                }
+                (_, value) => {
+                    record.extra.insert(key, value);
+                }
+            }
+        }
+    }
+    ran
 }
 
 #[cfg(test)]

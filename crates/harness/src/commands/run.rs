@@ -82,7 +82,7 @@ impl crate::commands::EnginePlan for RunPlan {
     }
 
     fn uses_replicas(&self) -> bool {
-        self.adaptive.is_none()
+        true
     }
 }
 
@@ -193,25 +193,31 @@ pub fn planned_cost(plan: &RunPlan) -> Planned {
         rates.per_wave().map(|s| (s, rates.waves)),
     );
     let c = plan.workload.target_concurrency();
+    let lanes: u32 = if plan.target.replicas.is_empty() {
+        1
+    } else {
+        2
+    };
     let (pairs, sessions) = match &plan.adaptive {
-        Some(_) => (1, u64::from(c)),
+        // The first pair on each set.
+        Some(_) => (u64::from(lanes), u64::from(c)),
         None => (u64::from(plan.repeats), u64::from(plan.workload.sessions)),
     };
     let blocks = Blocks {
         restarts: 2 * pairs + u64::from(plan.pressure.is_some()),
         blocks: vec![(sessions, c); 2 * pairs as usize],
     };
-    let lanes = if plan.adaptive.is_none() && !plan.target.replicas.is_empty() {
-        2
-    } else {
-        1
-    };
     let mut planned = plan_cost(&blocks, lanes, &restart, &wave);
     if plan.adaptive.is_some() {
-        planned.words.push_str(
-            " for the first pair of blocks; the sequential design adds pairs until its test \
+        planned.words.push_str(&format!(
+            " for the first pair of blocks{}; the sequential design adds pairs until its test \
              decides (up to its cap)",
-        );
+            if lanes > 1 {
+                " on each replica set"
+            } else {
+                ""
+            }
+        ));
     }
     planned
 }
@@ -368,7 +374,7 @@ fn has_warning(record: &RunRecord, warning: &str) -> bool {
 }
 
 /// Adds `warning` (once) to run.json's `warnings`: what the run could not check.
-fn push_warning(record: &mut RunRecord, warning: &str) {
+pub(crate) fn push_warning(record: &mut RunRecord, warning: &str) {
     let list = record
         .extra
         .entry("warnings")
