@@ -16,6 +16,14 @@
 //! - Difference of two proportions: R. G. Newcombe (1998), "Interval estimation for the
 //!   difference between independent proportions: comparison of eleven methods",
 //!   Statistics in Medicine 17:873-890, method 10 (hybrid score, from two Wilson intervals).
+//! - The fewest sessions any sequential test can expect to need (the bound a sequential
+//!   design is measured against, docs/sequential.md "How close to the bound"): Wald's
+//!   inequality for the expected sample size of a test with error probabilities alpha and
+//!   beta, E1[N] >= ((1-beta) ln((1-beta)/alpha) + beta ln(beta/(1-alpha))) / KL (A. Wald
+//!   (1945), "Sequential tests of statistical hypotheses", Ann. Math. Statist. 16:117-186,
+//!   section 4.4; A. Tartakovsky, I. Nikiforov, M. Basseville (2014), *Sequential
+//!   Analysis*, Lemma 3.2.1), with KL the information per pair of sessions between the
+//!   alternative and the nearest null (both arms at (p_on + p_off) / 2).
 //! - Sessions per arm for two proportions: normal approximation with the continuity
 //!   correction of Casagrande, Pike and Smith (1978), Biometrics 34:483-486, in the closed
 //!   form of Fleiss, Tytun and Ury (1980), Biometrics 36:343-346 (also Fleiss, "Statistical
@@ -248,6 +256,26 @@ pub fn sessions_per_arm(p_base: f64, min_effect: f64, alpha: f64, power: f64) ->
     (corrected - 1e-9).ceil().max(1.0) as u64
 }
 
+/// The fewest sessions per arm that any test, sequential or not, of "the arms share a
+/// rate" at level `alpha` can expect to spend when the arms are at `p_on` and `p_off`
+/// and it implicates the flag with probability `power` there (Wald's bound, above).
+/// Infinite when the rates are equal.
+pub fn wald_min_sessions_per_arm(p_on: f64, p_off: f64, alpha: f64, power: f64) -> f64 {
+    let kl = |p: f64, q: f64| {
+        let term = |a: f64, b: f64| if a > 0.0 { a * (a / b).ln() } else { 0.0 };
+        term(p, q) + term(1.0 - p, 1.0 - q)
+    };
+    let common = (p_on + p_off) / 2.0;
+    let per_pair = kl(p_on, common) + kl(p_off, common);
+    let beta = 1.0 - power;
+    let information = power * (power / alpha).ln() + beta * (beta / (1.0 - alpha)).ln();
+    if per_pair > 0.0 {
+        information / per_pair
+    } else {
+        f64::INFINITY
+    }
+}
+
 /// Holm step-down adjusted p-values, in the input order (R's `p.adjust(p, "holm")`):
 /// sorted ascending, the i-th smallest (0-based) becomes max over j <= i of
 /// min(1, (m - j) p_(j)). NaN inputs stay NaN and do not count towards m, as in R.
@@ -279,6 +307,26 @@ pub fn percentile(sorted: &[u64], q: f64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Reference values worked by hand from the formula: 3% vs 0% at alpha 0.01, power
+    /// 0.8: KL per pair 0.021023, information 3.18565, 151.5 per arm; 5% vs 1%: KL
+    /// 0.014970, 212.8 per arm (0.60 of the 353 + 353 fixed design at 6% vs 1%).
+    #[test]
+    fn walds_bound_at_reference_values() {
+        let b = wald_min_sessions_per_arm(0.03, 0.0, 0.01, 0.8);
+        assert!((b - 151.53).abs() < 0.1, "{b}");
+        let b = wald_min_sessions_per_arm(0.05, 0.01, 0.01, 0.8);
+        assert!((b - 212.8).abs() < 0.2, "{b}");
+        assert!((2.0 * b / 706.0 - 0.603).abs() < 0.001);
+        assert_eq!(wald_min_sessions_per_arm(0.1, 0.1, 0.01, 0.8), f64::INFINITY);
+        // Symmetric in the arms, and falling as the effect grows.
+        assert_eq!(
+            wald_min_sessions_per_arm(0.05, 0.01, 0.01, 0.8),
+            wald_min_sessions_per_arm(0.01, 0.05, 0.01, 0.8)
+        );
+        let big = wald_min_sessions_per_arm(0.18, 0.01, 0.01, 0.8);
+        assert!((big - 31.7).abs() < 0.1, "{big}");
+    }
 
     #[test]
     fn binomial_upper_tail_matches_reference_values() {
