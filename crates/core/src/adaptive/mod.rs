@@ -251,6 +251,40 @@ pub fn plan(
     concurrency: u64,
     cost: Option<CostModel>,
 ) -> Result<(u64, u64), DesignError> {
+    // A plan is a pure function of its inputs and costs a simulation (0.2-0.8 s on two
+    // cores): kept for the life of the process, so a schedule that re-plans to the same
+    // cost ratio as an earlier one (every experiment of a simulation does) plans once.
+    type Key = [u64; 9];
+    static PLANS: std::sync::Mutex<Vec<(Key, (u64, u64))>> = std::sync::Mutex::new(Vec::new());
+    let key: Key = [
+        goal.alpha.to_bits(),
+        goal.power.to_bits(),
+        goal.min_effect.to_bits(),
+        goal.baseline.to_bits(),
+        goal.clear_alpha.to_bits(),
+        goal.block_per_arm,
+        concurrency,
+        cost.map_or(u64::MAX, |c| c.session_s.to_bits()),
+        cost.map_or(u64::MAX, |c| c.restart_s.to_bits()),
+    ];
+    let known =
+        |plans: &Vec<(Key, (u64, u64))>| plans.iter().find(|(k, _)| *k == key).map(|(_, p)| *p);
+    if let Some(p) = known(&PLANS.lock().unwrap_or_else(|e| e.into_inner())) {
+        return Ok(p);
+    }
+    let planned = plan_uncached(goal, concurrency, cost)?;
+    PLANS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push((key, planned));
+    Ok(planned)
+}
+
+fn plan_uncached(
+    goal: DesignGoal,
+    concurrency: u64,
+    cost: Option<CostModel>,
+) -> Result<(u64, u64), DesignError> {
     let c = concurrency.max(1);
     let design = match cost {
         None => SequentialDesign::plan(DesignGoal {
