@@ -251,6 +251,21 @@ pub struct MockFlag<'a> {
     pub off: &'a str,
 }
 
+/// Each flag of a mock target as `dir/flags/NAME.toml`, on role `server`.
+fn write_mock_flags(dir: &Path, flags: &[MockFlag<'_>]) {
+    std::fs::create_dir_all(dir.join("flags")).unwrap();
+    for f in flags {
+        std::fs::write(
+            dir.join(format!("flags/{}.toml", f.name)),
+            format!(
+                "doc = \"{}\"\nenv = \"{}\"\nroles = [\"server\"]\non = \"{}\"\noff = \"{}\"\n",
+                f.doc, f.env, f.on, f.off
+            ),
+        )
+        .unwrap();
+    }
+}
+
 /// A one-role target in `dir` that spawns `bisect mock-engine` from `serve.sh` (which
 /// exports each flag's variable at its `start`, and passes `--jitter-ms`), with `flags` in its
 /// `flags/` directory: (the profile's path, the mock's port).
@@ -268,17 +283,7 @@ pub fn mock_target(dir: &Path, jitter_ms: u64, flags: &[MockFlag<'_>]) -> (PathB
         ),
     )
     .unwrap();
-    std::fs::create_dir_all(dir.join("flags")).unwrap();
-    for f in flags {
-        std::fs::write(
-            dir.join(format!("flags/{}.toml", f.name)),
-            format!(
-                "doc = \"{}\"\nenv = \"{}\"\nroles = [\"server\"]\non = \"{}\"\noff = \"{}\"\n",
-                f.doc, f.env, f.on, f.off
-            ),
-        )
-        .unwrap();
-    }
+    write_mock_flags(dir, flags);
     let profile = dir.join("target.toml");
     std::fs::write(
         &profile,
@@ -317,17 +322,7 @@ pub fn mock_replicas_target(
         .unwrap();
         ports.push(port);
     }
-    std::fs::create_dir_all(dir.join("flags")).unwrap();
-    for f in flags {
-        std::fs::write(
-            dir.join(format!("flags/{}.toml", f.name)),
-            format!(
-                "doc = \"{}\"\nenv = \"{}\"\nroles = [\"server\"]\non = \"{}\"\noff = \"{}\"\n",
-                f.doc, f.env, f.on, f.off
-            ),
-        )
-        .unwrap();
-    }
+    write_mock_flags(dir, flags);
     let (a, b) = (ports[0], ports[1]);
     let profile = dir.join("target.toml");
     std::fs::write(
