@@ -97,6 +97,9 @@ pub(crate) async fn probe(args: &ProbeArgs) -> anyhow::Result<ExitCode> {
     let plan = args.plan()?;
     let (mut control, cancel) = super::engines(plan.engines())?;
     let progress = crate::progress::Lines::new(!args.output.json);
+    if let Some(note) = plan.single_lane_note() {
+        progress.note(&note);
+    }
     let record = match probe::run_probe(&plan, &mut control, &progress, cancel).await {
         Ok(r) => r,
         Err(e) if matches!(e.downcast_ref::<Failure>(), Some(Failure::Interrupted)) => {

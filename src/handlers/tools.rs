@@ -75,23 +75,43 @@ pub(crate) fn flags(args: &FlagsArgs) -> anyhow::Result<ExitCode> {
 /// error (exit 2) before anything is checked.
 pub(crate) async fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
     let inputs = args.inputs()?;
-    let report = bisect_harness::commands::check::check(&CheckPlan {
-        target: &inputs.target,
-        catalog: &inputs.catalog,
-        workload: Some(&inputs.workload),
-        offline: args.offline,
-        api_key: inputs.api_key,
-        api_key_missing: inputs.api_key_missing,
-        timeout: inputs.timeout,
-        state_root: bisect_harness::launch::state_root(),
-    })
-    .await;
-    if args.json {
-        println!("{}", scrub(&serde_json::to_string_pretty(&report)?));
-    } else {
-        print!("{}", scrub(&CheckTable.render(&report)?));
+    // Every replica set is checked as a target of its own (one set: the profile itself).
+    let sets = inputs.target.replica_sets();
+    let mut reports = Vec::new();
+    for set in &sets {
+        let report = bisect_harness::commands::check::check(&CheckPlan {
+            target: set,
+            catalog: &inputs.catalog,
+            workload: Some(&inputs.workload),
+            offline: args.offline,
+            api_key: inputs.api_key.clone(),
+            api_key_missing: inputs.api_key_missing.clone(),
+            timeout: inputs.timeout,
+            state_root: bisect_harness::launch::state_root(),
+        })
+        .await;
+        reports.push((set.replica.clone(), report));
     }
-    Ok(ExitCode::from(if report.passed() {
+    let passed = reports.iter().all(|(_, r)| r.passed());
+    match (args.json, reports.as_slice()) {
+        (true, [(_, report)]) => println!("{}", scrub(&serde_json::to_string_pretty(report)?)),
+        (true, _) => {
+            let by_set: serde_json::Map<String, serde_json::Value> = reports
+                .iter()
+                .map(|(name, r)| Ok((name.clone().unwrap_or_default(), serde_json::to_value(r)?)))
+                .collect::<anyhow::Result<_>>()?;
+            println!("{}", scrub(&serde_json::to_string_pretty(&by_set)?));
+        }
+        (false, _) => {
+            for (name, report) in &reports {
+                if let (Some(name), true) = (name, sets.len() > 1) {
+                    println!("replica set {name}:");
+                }
+                print!("{}", scrub(&CheckTable.render(report)?));
+            }
+        }
+    }
+    Ok(ExitCode::from(if passed {
         exit::OK
     } else {
         exit::CHECK_FAILED

@@ -764,3 +764,34 @@ fn a_vllm_roles_deterministic_mode_is_read_from_its_processs_environment() {
     let read = bisect_harness::control::determinism::read(&target, &BTreeMap::new());
     assert_eq!(read.verdict(), Verdict::Unknown, "{read:?}");
 }
+
+/// A profile with replica sets is checked set by set: the shipped two-set llama.cpp
+/// profile passes offline on both, each set's own launch config checked (`--json`: an
+/// object of reports by set; the table: one per set, headed by its name).
+#[test]
+fn every_replica_set_is_checked_as_a_target_of_its_own() {
+    let cwd = tempfile::tempdir().unwrap();
+    let profile = targets_dir().join("llama-cpp-12253/replicas/target.toml");
+    let (code, report, stderr) = check_offline(&profile, cwd.path());
+    assert_eq!(code, 0, "{report:#}\n{stderr}");
+    let sets: Vec<&String> = report.as_object().unwrap().keys().collect();
+    assert_eq!(sets, ["a", "b"]);
+    for set in ["a", "b"] {
+        assert!(
+            problems(&report[set]).is_empty(),
+            "{set}: {:#}",
+            report[set]
+        );
+        let edits = report[set]["flags"][0]["edits"].to_string();
+        assert!(edits.contains(&format!("serve-{set}.sh")), "{set}: {edits}");
+    }
+    let out = crate::common::bisect(
+        &["check", "--offline", "--target", profile.to_str().unwrap()],
+        cwd.path(),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("replica set a:") && text.contains("replica set b:"),
+        "{text}"
+    );
+}
