@@ -251,6 +251,31 @@ pub struct MockFlag<'a> {
     pub off: &'a str,
 }
 
+/// `bisect run ARGS --target PROFILE --results DIR/results --json` in `dir`, its state in
+/// `dir/state`: (exit code, run.json from stdout, stderr). Panics without a record.
+pub fn run_record(
+    dir: &Path,
+    profile: &Path,
+    args: &[&str],
+) -> (Option<i32>, serde_json::Value, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_bisect"))
+        .arg("run")
+        .args(args)
+        .arg("--target")
+        .arg(profile)
+        .arg("--results")
+        .arg(dir.join("results"))
+        .arg("--json")
+        .env("XDG_STATE_HOME", dir.join("state"))
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let record = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("no run.json on stdout ({e}): {stderr}"));
+    (out.status.code(), record, stderr)
+}
+
 /// Each flag of a mock target as `dir/flags/NAME.toml`, on role `server`.
 fn write_mock_flags(dir: &Path, flags: &[MockFlag<'_>]) {
     std::fs::create_dir_all(dir.join("flags")).unwrap();

@@ -43,26 +43,13 @@ fn run(dir: &Path, profile: &Path, concurrency: u32) -> (i32, Value, PathBuf) {
     )
 }
 
-/// `bisect run --flag CRASH ARGS` on `profile`.
+/// `bisect run --flag CRASH ARGS` on `profile`: (exit code, run.json, its directory).
 fn run_with(dir: &Path, profile: &Path, args: &[&str]) -> (i32, Value, PathBuf) {
-    let results = dir.join("results");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_bisect"))
-        .args(["run", "--flag", "CRASH"])
-        .args(args)
-        .arg("--target")
-        .arg(profile)
-        .arg("--results")
-        .arg(&results)
-        .arg("--json")
-        .env("XDG_STATE_HOME", dir.join("state"))
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-    let record: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("no run.json on stdout ({e}): {stderr}"));
-    let run_dir = results.join(record["id"].as_str().unwrap());
-    (out.status.code().unwrap(), record, run_dir)
+    let mut all = vec!["--flag", "CRASH"];
+    all.extend(args);
+    let (code, record, _) = crate::common::run_record(dir, profile, &all);
+    let run_dir = dir.join("results").join(record["id"].as_str().unwrap());
+    (code.unwrap(), record, run_dir)
 }
 
 fn blocks<'a>(record: &'a Value, label: &str) -> Vec<&'a Value> {

@@ -31,23 +31,21 @@ fn a_poisoned_engine_is_named_poisoned_and_its_later_sessions_are_counted_apart(
     let _one = crate::common::heavy();
     let dir = tempfile::tempdir().unwrap();
     let profile = poisoning_target(dir.path(), "6", "0");
-    let results = dir.path().join("results");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_bisect"))
-        .args(["run", "--flag", "POISON", "--workload", "smoke"])
-        .args(["--sessions", "24", "--concurrency", "8"])
-        .arg("--target")
-        .arg(&profile)
-        .arg("--results")
-        .arg(&results)
-        .arg("--json")
-        .env("XDG_STATE_HOME", dir.path().join("state"))
-        .current_dir(dir.path())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-    let record: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("no run.json on stdout ({e}): {stderr}"));
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let (code, record, stderr) = crate::common::run_record(
+        dir.path(),
+        &profile,
+        &[
+            "--flag",
+            "POISON",
+            "--workload",
+            "smoke",
+            "--sessions",
+            "24",
+            "--concurrency",
+            "8",
+        ],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
     let verdict = &record["verdict"];
     assert_eq!(verdict["status"], "implicated", "{verdict:#}");
     let summary = verdict["summary"].as_str().unwrap();

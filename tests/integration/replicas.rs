@@ -34,25 +34,13 @@ const FLAGS: [MockFlag<'static>; 2] = [
     },
 ];
 
-/// `bisect run --flag FLAG` on `profile` with `extra` arguments: (run.json, stderr).
+/// `bisect run --flag FLAG --workload smoke --concurrency 6 EXTRA` on `profile`, which
+/// must exit 0: (run.json, stderr).
 fn run(dir: &Path, profile: &Path, flag: &str, extra: &[&str]) -> (Value, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_bisect"))
-        .args(["run", "--flag", flag, "--workload", "smoke"])
-        .args(["--concurrency", "6"])
-        .args(extra)
-        .arg("--target")
-        .arg(profile)
-        .arg("--results")
-        .arg(dir.join("results"))
-        .arg("--json")
-        .env("XDG_STATE_HOME", dir.join("state"))
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-    let record: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("no run.json on stdout ({e}): {stderr}"));
-    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let mut args = vec!["--flag", flag, "--workload", "smoke", "--concurrency", "6"];
+    args.extend(extra);
+    let (code, record, stderr) = crate::common::run_record(dir, profile, &args);
+    assert_eq!(code, Some(0), "{stderr}");
     (record, stderr)
 }
 
