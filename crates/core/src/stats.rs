@@ -318,7 +318,10 @@ mod tests {
         let b = wald_min_sessions_per_arm(0.05, 0.01, 0.01, 0.8);
         assert!((b - 212.8).abs() < 0.2, "{b}");
         assert!((2.0 * b / 706.0 - 0.603).abs() < 0.001);
-        assert_eq!(wald_min_sessions_per_arm(0.1, 0.1, 0.01, 0.8), f64::INFINITY);
+        assert_eq!(
+            wald_min_sessions_per_arm(0.1, 0.1, 0.01, 0.8),
+            f64::INFINITY
+        );
         // Symmetric in the arms, and falling as the effect grows.
         assert_eq!(
             wald_min_sessions_per_arm(0.05, 0.01, 0.01, 0.8),
