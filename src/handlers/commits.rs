@@ -25,6 +25,13 @@ pub(crate) fn commits(args: &CommitsArgs) -> anyhow::Result<ExitCode> {
     }
     let plan = args.plan()?;
     let output = &args.common.output;
+    if !plan.target.replicas.is_empty() {
+        stderr_line!(
+            "note: bisect commits runs every step on replica set {} alone; the target's other \
+             sets sit idle (only `bisect run` uses replicas so far)",
+            plan.target.replica.as_deref().unwrap_or("a")
+        );
+    }
     let api_key = plan.api_key.clone();
     let controls: Box<ControlFactory<'_>> = Box::new(move |target, logs| {
         let control = ProcessControl::new(target, logs, api_key.clone())?;

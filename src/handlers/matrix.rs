@@ -21,6 +21,9 @@ pub(crate) async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
     recover_journal(&args.output.journal_dir())?;
     let job = args.job()?;
     let (mut control, cancel) = engines(job.engines())?;
+    if let Some(note) = job.single_lane_note() {
+        stderr_line!("{note}");
+    }
     stderr_line!(
         "matrix {}: {} cells, results: {}",
         job.plan.name,

@@ -65,7 +65,7 @@ pub trait EnginePlan {
         let names: Vec<&str> = target.replicas.iter().map(|r| r.name.as_str()).collect();
         Some(format!(
             "note: this command runs on replica set {} alone; the target's other sets ({}) \
-             sit idle (only a fixed-design `bisect run` uses replicas so far)",
+             sit idle (only `bisect run` uses replicas so far)",
             target
                 .replica
                 .as_deref()
