@@ -25,12 +25,8 @@ pub(crate) fn commits(args: &CommitsArgs) -> anyhow::Result<ExitCode> {
     }
     let plan = args.plan()?;
     let output = &args.common.output;
-    if !plan.target.replicas.is_empty() {
-        stderr_line!(
-            "note: bisect commits runs every step on replica set {} alone; the target's other \
-             sets sit idle (only `bisect run` uses replicas so far)",
-            plan.target.replica.as_deref().unwrap_or("a")
-        );
+    if let Some(note) = bisect_harness::commands::first_set_note(&plan.target) {
+        stderr_line!("{note}");
     }
     let api_key = plan.api_key.clone();
     let controls: Box<ControlFactory<'_>> = Box::new(move |target, logs| {

@@ -57,10 +57,9 @@ pub(crate) async fn run(
     let logs = plan.run_dir.join("logs");
     let mut others = Vec::new();
     for set in plan.target.replica_sets().iter().skip(1) {
-        let name = set.replica.as_deref().unwrap_or_default();
         others.push(ProcessControl::new(
             set,
-            &logs.join(format!("replica-{name}")),
+            &logs.join(format!("replica-{}", set.replica_name())),
             plan.api_key.clone(),
         )?);
     }

@@ -90,7 +90,7 @@ pub(crate) async fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
             state_root: bisect_harness::launch::state_root(),
         })
         .await;
-        reports.push((set.replica.clone(), report));
+        reports.push((set.replica_name().to_string(), report));
     }
     let passed = reports.iter().all(|(_, r)| r.passed());
     match (args.json, reports.as_slice()) {
@@ -98,13 +98,13 @@ pub(crate) async fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
         (true, _) => {
             let by_set: serde_json::Map<String, serde_json::Value> = reports
                 .iter()
-                .map(|(name, r)| Ok((name.clone().unwrap_or_default(), serde_json::to_value(r)?)))
+                .map(|(name, r)| Ok((name.clone(), serde_json::to_value(r)?)))
                 .collect::<anyhow::Result<_>>()?;
             println!("{}", scrub(&serde_json::to_string_pretty(&by_set)?));
         }
         (false, _) => {
             for (name, report) in &reports {
-                if let (Some(name), true) = (name, sets.len() > 1) {
+                if sets.len() > 1 {
                     println!("replica set {name}:");
                 }
                 print!("{}", scrub(&CheckTable.render(report)?));

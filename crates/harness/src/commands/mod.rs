@@ -58,21 +58,26 @@ pub trait EnginePlan {
 
     /// What a command that runs on one set says of a target with several.
     fn single_lane_note(&self) -> Option<String> {
-        let target = self.engines().target;
-        if target.replicas.is_empty() || self.uses_replicas() {
+        if self.uses_replicas() {
             return None;
         }
-        let names: Vec<&str> = target.replicas.iter().map(|r| r.name.as_str()).collect();
-        Some(format!(
-            "note: this command runs on replica set {} alone; the target's other sets ({}) \
-             sit idle (only `bisect run` uses replicas so far)",
-            target
-                .replica
-                .as_deref()
-                .unwrap_or(crate::config::FIRST_REPLICA),
-            names.join(", ")
-        ))
+        first_set_note(self.engines().target)
     }
+}
+
+/// What a command that runs on the first replica set alone says of `target`, where it
+/// has several; `None` on a single replica.
+pub fn first_set_note(target: &crate::config::TargetProfile) -> Option<String> {
+    if target.replicas.is_empty() {
+        return None;
+    }
+    let names: Vec<&str> = target.replicas.iter().map(|r| r.name.as_str()).collect();
+    Some(format!(
+        "note: this command runs on replica set {} alone; the target's other sets ({}) sit \
+         idle (only `bisect run` uses replicas so far)",
+        target.replica_name(),
+        names.join(", ")
+    ))
 }
 
 /// The exit code for an error that ended a command (docs/design.md 3.1): a

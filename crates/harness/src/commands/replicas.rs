@@ -73,14 +73,10 @@ impl<'p> ReplicaSets<'p> {
         let progress = sets
             .iter()
             .map(|set| -> Box<dyn Progress + 'p> {
-                if lanes > 1 {
-                    Box::new(LaneProgress {
-                        inner: progress,
-                        replica: set_name(set),
-                    })
-                } else {
-                    Box::new(Plain(progress))
-                }
+                Box::new(LaneProgress {
+                    inner: progress,
+                    replica: (lanes > 1).then(|| set.replica_name().to_string()),
+                })
             })
             .collect();
         ReplicaSets { sets, progress }
@@ -113,28 +109,11 @@ impl<'p> ReplicaSets<'p> {
     }
 }
 
-/// A single set's progress: the command's own, unchanged.
-struct Plain<'a>(&'a dyn Progress);
-
-impl Progress for Plain<'_> {
-    fn arm_started(&self, block: BlockName<'_>, sessions: u64) {
-        self.0.arm_started(block, sessions)
-    }
-    fn session_done(&self, result: &SessionResult) {
-        self.0.session_done(result)
-    }
-    fn arm_finished(&self, block: BlockName<'_>, stats: &ArmStats) {
-        self.0.arm_finished(block, stats)
-    }
-    fn note(&self, message: &str) {
-        self.0.note(message)
-    }
-}
-
-/// A lane's progress: its notes say which replica set they are about.
+/// A lane's progress: the command's own, its notes naming the replica set they are
+/// about where there are several.
 struct LaneProgress<'a> {
     inner: &'a dyn Progress,
-    replica: String,
+    replica: Option<String>,
 }
 
 impl Progress for LaneProgress<'_> {
@@ -148,8 +127,10 @@ impl Progress for LaneProgress<'_> {
         self.inner.arm_finished(block, stats)
     }
     fn note(&self, message: &str) {
-        self.inner
-            .note(&format!("replica {}: {message}", self.replica))
+        match &self.replica {
+            Some(name) => self.inner.note(&format!("replica {name}: {message}")),
+            None => self.inner.note(message),
+        }
     }
 }
 
@@ -180,7 +161,7 @@ pub async fn run_on_replicas(
     let started = Instant::now();
     let mut phases = Phases::default();
     progress.note(&planned_cost(plan).words);
-    let names: Vec<String> = sets.iter().map(set_name).collect();
+    let names: Vec<String> = sets.iter().map(|s| s.replica_name().to_string()).collect();
     progress.note(&lanes_words(&names, plan.repeats));
     let results = ResultsDir::create(&plan.run_dir)?;
     let record = initial_record(plan);
@@ -220,13 +201,6 @@ pub async fn run_on_replicas(
     )
     .await?;
     Ok(state.record)
-}
-
-/// A replica set's name (the first's when the profile names none).
-fn set_name(set: &crate::config::TargetProfile) -> String {
-    set.replica
-        .clone()
-        .unwrap_or_else(|| crate::config::FIRST_REPLICA.to_string())
 }
 
 /// What the run will do on its sets, said as it starts.

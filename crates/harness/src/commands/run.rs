@@ -146,9 +146,9 @@ pub(crate) fn end_record(
     end_record_on(plan, record, phases, None, started, outcome)
 }
 
-/// [`end_record`] of a run whose blocks ran on `lanes` replica sets at once: `phases`
-/// holds the wall-clock time of each phase, `serial` what every lane spent (what the
-/// target's rates take in, per restart and per wave); `None` on one replica.
+/// [`end_record`] of a run whose blocks ran on several replica sets at once: `lanes` is
+/// (the sets, what every set spent: what the target's rates take in, per restart and
+/// per wave) while `phases` holds each phase's wall-clock time; `None` on one replica.
 pub(crate) fn end_record_on(
     plan: &RunPlan,
     record: &mut RunRecord,

@@ -814,6 +814,12 @@ impl TargetProfile {
         })
     }
 
+    /// This set's name: its `replica`, else the first set's (a single replica is
+    /// named as the first set of a target with several would be).
+    pub fn replica_name(&self) -> &str {
+        self.replica.as_deref().unwrap_or(FIRST_REPLICA)
+    }
+
     /// Every replica set as a target of its own (its name in `replica`, no other sets):
     /// the profile itself on a single replica. What a command opens one testbed per.
     pub fn replica_sets(&self) -> Vec<TargetProfile> {
