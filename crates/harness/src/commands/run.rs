@@ -193,11 +193,9 @@ pub fn planned_cost(plan: &RunPlan) -> Planned {
         rates.per_wave().map(|s| (s, rates.waves)),
     );
     let c = plan.workload.target_concurrency();
-    let lanes: u32 = if plan.target.replicas.is_empty() {
-        1
-    } else {
-        2
-    };
+    // Sets run in pairs (an odd one sits idle): that many blocks at once.
+    let sets = plan.target.replicas.len() as u32 + 1;
+    let lanes: u32 = (sets / 2 * 2).max(1);
     let (pairs, sessions) = match &plan.adaptive {
         // The first pair on each set.
         Some(_) => (u64::from(lanes), u64::from(c)),
