@@ -193,9 +193,13 @@ pub fn planned_cost(plan: &RunPlan) -> Planned {
         rates.per_wave().map(|s| (s, rates.waves)),
     );
     let c = plan.workload.target_concurrency();
-    // Sets run in pairs (an odd one sits idle): that many blocks at once.
+    // Blocks at once: a fixed run's sets in pairs (an odd one sits idle), an adaptive
+    // run's every set (a pair each).
     let sets = plan.target.replicas.len() as u32 + 1;
-    let lanes: u32 = (sets / 2 * 2).max(1);
+    let lanes: u32 = match plan.adaptive {
+        Some(_) => sets,
+        None => (sets / 2 * 2).max(1),
+    };
     let (pairs, sessions) = match &plan.adaptive {
         // The first pair on each set.
         Some(_) => (u64::from(lanes), u64::from(c)),
