@@ -20,6 +20,7 @@ pub mod engine_counts;
 pub mod evidence;
 pub mod flag;
 pub mod format;
+pub mod history;
 pub mod judgement;
 pub mod load;
 pub mod machine;
