@@ -47,18 +47,22 @@ pub struct Tally {
     pub judged: u64,
 }
 
+impl std::ops::Add for Tally {
+    type Output = Tally;
+
+    fn add(self, other: Tally) -> Tally {
+        Tally::new(self.corrupted + other.corrupted, self.judged + other.judged)
+    }
+}
+
 impl Tally {
     pub fn new(corrupted: u64, judged: u64) -> Tally {
         assert!(corrupted <= judged, "{corrupted} corrupted of {judged}");
         Tally { corrupted, judged }
     }
 
-    pub fn add(self, other: Tally) -> Tally {
-        Tally::new(self.corrupted + other.corrupted, self.judged + other.judged)
-    }
-
     pub fn sum(nights: &[Tally]) -> Tally {
-        nights.iter().fold(Tally::default(), |a, &t| a.add(t))
+        nights.iter().fold(Tally::default(), |a, &t| a + t)
     }
 
     pub fn rate(self) -> f64 {
@@ -118,7 +122,7 @@ pub fn split_e_value(low: Tally, high: Tally) -> f64 {
     let ln_d = if high.rate() <= low.rate() {
         ln_lik(low.rate(), low) + ln_lik(high.rate(), high)
     } else {
-        let pooled = low.add(high).rate();
+        let pooled = (low + high).rate();
         ln_lik(pooled, low) + ln_lik(pooled, high)
     };
     // Capped where f64 ends: a record must hold a number, and such evidence is final.

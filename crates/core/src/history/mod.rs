@@ -228,6 +228,8 @@ pub fn assess(grid: &[Vec<CellNight>], policy: &HistoryPolicy) -> HistoryAssessm
     let mut events: Vec<RegressionEvent> = Vec::new();
     let mut out: Vec<Vec<Assessment>> = vec![Vec::with_capacity(nights); family];
 
+    // By night, every cell at once (e-BH is across cells), so the loop is an index.
+    #[allow(clippy::needless_range_loop)]
     for t in 0..nights {
         // Feed the night, resetting chains whose key changed.
         let mut fed = vec![false; family];

@@ -51,7 +51,7 @@ fn the_split_e_value_matches_its_integral() {
         let ln_d = if high.rate() <= low.rate() {
             ln_lik(low.rate(), low) + ln_lik(high.rate(), high)
         } else {
-            let p = low.add(high).rate();
+            let p = (low + high).rate();
             ln_lik(p, low) + ln_lik(p, high)
         };
         let reference = (ln_q - ln_d).exp();
