@@ -37,6 +37,14 @@ pub(crate) struct MatrixArgs {
     allow_partial: bool,
     #[command(flatten)]
     oracle: super::OracleArgs,
+    /// The night this matrix is, for `bisect history` (the nightly's scheduled date,
+    /// e.g. 2026-12-05). Default: the UTC date it starts.
+    #[arg(long, value_name = "LABEL")]
+    night: Option<String>,
+    /// The engine build this night runs (a commit id, a release): what `bisect history
+    /// --auto-bisect` searches between when a cell regresses.
+    #[arg(long, value_name = "ID")]
+    build: Option<String>,
 }
 
 impl MatrixArgs {
@@ -72,6 +80,10 @@ impl MatrixArgs {
             },
             api_key,
             oracle,
+            night: bisect_harness::commands::matrix::record::NightInfo::now(
+                self.night.clone(),
+                self.build.clone(),
+            ),
         })
     }
 }

@@ -55,6 +55,7 @@ pub(crate) fn job(t: &FakeTarget, plan: &Plan, shard: Option<Shard>, id: &str) -
         testbed: t.testbed(),
         api_key: None,
         oracle: None,
+        night: Default::default(),
     }
 }
 

@@ -22,6 +22,8 @@ pub struct MatrixJob {
     pub testbed: TestbedOptions,
     /// `--oracle solo`: every cell's sessions also run alone and are compared.
     pub oracle: Option<crate::core::solo::SoloOracle>,
+    /// The night's label and build (`--night`, `--build`), for `bisect history`.
+    pub night: super::record::NightInfo,
 }
 
 impl crate::commands::EnginePlan for MatrixJob {

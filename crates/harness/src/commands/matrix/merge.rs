@@ -174,6 +174,7 @@ fn joined_record(
         regressions: Vec::new(),
         engine_info,
         error: None,
+        night: first.night.clone(),
     }
 }
 
@@ -203,6 +204,21 @@ fn read_shards(dirs: &[PathBuf]) -> anyhow::Result<Vec<(PathBuf, MatrixRecord)>>
                     r.plan.hash
                 ),
                 "merge only the shards of one night of one plan",
+            ).into());
+        }
+        // One night ran one build: shards of different --night or --build are two nights.
+        if (&r.night.label, &r.night.build) != (&first.night.label, &first.night.build) {
+            return Err(Failure::bad_input(
+                format!(
+                    "shards of different nights: {} is night {:?} build {:?}, {} is night {:?} build {:?}",
+                    first_dir.display(),
+                    first.night.label,
+                    first.night.build,
+                    dir.display(),
+                    r.night.label,
+                    r.night.build
+                ),
+                "merge only the shards of one night (the same --night and --build)",
             ).into());
         }
     }

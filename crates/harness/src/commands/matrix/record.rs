@@ -60,6 +60,37 @@ pub struct MatrixRecord {
     #[serde(default)]
     pub engine_info: BTreeMap<String, serde_json::Value>,
     pub error: Option<String>,
+    /// Which night of a history this is: its label, the build it ran, bisect's version
+    /// (`bisect history` reads them; absent in records written before it).
+    #[serde(default)]
+    pub night: NightInfo,
+}
+
+/// What makes a matrix a night of a history (docs/history.md).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NightInfo {
+    /// `--night LABEL` (the nightly's scheduled date, `2026-12-05`); absent: the history
+    /// takes the UTC date the matrix started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    /// `--build ID`: the engine build the night ran (a commit, a release), what an
+    /// automatic `bisect commits` searches between.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub build: Option<String>,
+    /// The bisect that ran the night.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bisect_version: Option<String>,
+}
+
+impl NightInfo {
+    /// This bisect's night, labelled and built as given.
+    pub fn now(label: Option<String>, build: Option<String>) -> NightInfo {
+        NightInfo {
+            label,
+            build,
+            bisect_version: Some(env!("CARGO_PKG_VERSION").to_string()),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -90,6 +90,7 @@ fn initial_record(job: &MatrixJob) -> MatrixRecord {
         regressions: Vec::new(),
         engine_info: BTreeMap::new(),
         error: None,
+        night: job.night.clone(),
     }
 }
 

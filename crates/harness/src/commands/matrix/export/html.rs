@@ -378,6 +378,7 @@ pub(crate) mod tests {
             regressions: Vec::new(),
             engine_info: Default::default(),
             error: None,
+            night: Default::default(),
         }
     }
 

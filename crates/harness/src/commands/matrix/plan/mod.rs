@@ -45,6 +45,8 @@ pub struct Plan {
     pub policy: RegressionPolicy,
     /// Every cell of the plan, grouped by restart group, in execution order.
     pub cells: Vec<Cell>,
+    /// `[commits]`: what `bisect history --auto-bisect` searches with.
+    pub commits: Option<CommitsSpec>,
 }
 
 const PLAN_FIX: &str = "see plans/nightly.toml for every key of a plan";
@@ -118,6 +120,31 @@ struct RawPlan {
     max_tokens: Option<Spanned<i64>>,
     timeout_s: Option<Spanned<f64>>,
     seed: Option<Spanned<i64>>,
+    commits: Option<Spanned<RawCommits>>,
+}
+
+/// `[commits]`: how `bisect history --auto-bisect` searches a regression's builds.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCommits {
+    repo: Spanned<String>,
+    build: Option<Spanned<String>>,
+    artifact: Option<Spanned<String>>,
+    sessions: Option<Spanned<i64>>,
+    max_sessions: Option<Spanned<i64>>,
+}
+
+/// How a regression's builds are searched (`[commits]`, docs/history.md): the engine's
+/// repository and its build (or artifact) command, as `bisect commits` takes them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CommitsSpec {
+    /// The repository, resolved against the plan's directory.
+    pub repo: PathBuf,
+    pub build: crate::commands::commits::build::BuildStep,
+    /// Sessions per block of the search; default: the cell's sessions times repeats.
+    pub sessions: Option<u32>,
+    /// The search's budget; default: `bisect commits`' own.
+    pub max_sessions: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -194,6 +221,7 @@ impl Plan {
                     "make every cell's flag values, sessions and rounds distinct",
                 )
             })?;
+        let commits = commits_spec(&src, base, raw.commits.as_ref())?;
         Ok(Plan {
             name,
             source: path.to_path_buf(),
@@ -203,6 +231,7 @@ impl Plan {
             repeats,
             policy,
             cells,
+            commits,
         })
     }
 
@@ -294,6 +323,53 @@ fn target_path(
         ));
     }
     Ok(Some(p))
+}
+
+/// `[commits]`, checked: a git repository, exactly one of `build` and `artifact`.
+fn commits_spec(
+    src: &Source,
+    base: &Path,
+    raw: Option<&Spanned<RawCommits>>,
+) -> Result<Option<CommitsSpec>, ConfigError> {
+    use crate::commands::commits::build::BuildStep;
+    let Some(raw) = raw else { return Ok(None) };
+    let table = raw.get_ref();
+    let repo = base.join(table.repo.get_ref());
+    if !repo.join(".git").exists() {
+        return Err(src.invalid(
+            table.repo.span(),
+            format!(
+                "[commits] repo {} is not a git repository (resolved relative to this plan)",
+                repo.display()
+            ),
+            "point repo at the engine's git checkout (the one its launch configs come from)",
+        ));
+    }
+    let build = match (&table.build, &table.artifact) {
+        (Some(b), None) => BuildStep::Build(b.get_ref().clone()),
+        (None, Some(a)) => BuildStep::Artifact(a.get_ref().clone()),
+        _ => {
+            return Err(src.invalid(
+                raw.span(),
+                "[commits] needs exactly one of build and artifact",
+                "add build = \"make\" (run in each commit's worktree) or artifact = \"install {commit}\"",
+            ))
+        }
+    };
+    let sessions = match &table.sessions {
+        Some(n) => Some(src.whole_number("sessions", n, 1)?),
+        None => None,
+    };
+    let max_sessions = match &table.max_sessions {
+        Some(n) => Some(u64::from(src.whole_number("max_sessions", n, 1)?)),
+        None => None,
+    };
+    Ok(Some(CommitsSpec {
+        repo,
+        build,
+        sessions,
+        max_sessions,
+    }))
 }
 
 /// `workload` (a builtin name, or a file relative to the plan; default `agentic`) with
