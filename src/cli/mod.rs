@@ -6,6 +6,7 @@
 mod commits;
 mod culprit;
 pub(crate) mod engine;
+mod history;
 mod load;
 pub(crate) mod matrix;
 mod results;
@@ -28,6 +29,7 @@ use bisect_harness::exit;
 
 pub(crate) use commits::CommitsArgs;
 pub(crate) use culprit::CulpritArgs;
+pub(crate) use history::HistoryArgs;
 pub(crate) use load::LoadArgs;
 pub(crate) use matrix::{MatrixArgs, MergeArgs};
 pub(crate) use results::{DiffArgs, ReclassifyArgs};
@@ -69,6 +71,9 @@ pub(crate) enum Command {
     Matrix(MatrixArgs),
     /// Join the shard directories of one matrix into one.
     Merge(MergeArgs),
+    /// The nightly matrices of a results directory as a history: per cell its series and
+    /// states, evidence across nights, regressions with their builds (docs/history.md).
+    History(HistoryArgs),
     /// Restore launch configs left edited by an interrupted (kill -9) run.
     Restore(RestoreArgs),
     /// Which values of the listed flags, as configured, make the engine fail: the minimal set (delta debugging, docs/culprit.md).

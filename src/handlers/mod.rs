@@ -5,11 +5,13 @@
 //! - [`experiment`]: `run`, `probe`, `culprit` and `load`, which start engines and edit their
 //!   launch configs.
 //! - [`matrix`]: `matrix` and `merge`, and the comparison with a baseline night.
+//! - [`history`]: `history`, the nights read as a history, and its automatic searches.
 //! - [`results`]: `report`, `diff` and `reclassify`, which read results directories.
 //! - [`tools`]: `flags`, `kernels`, `restore` and `engine`.
 
 mod commits;
 mod experiment;
+mod history;
 mod matrix;
 mod results;
 mod tools;
@@ -45,6 +47,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Diff(args) => results::diff(&args),
         Command::Reclassify(args) => results::reclassify(&args),
         Command::Merge(args) => matrix::merge(&args),
+        Command::History(args) => history::history(&args),
         Command::Matrix(args) => runtime()?.block_on(matrix::matrix(&args)),
         Command::Run(args) if args.dry_run => {
             let plan = args.plan()?;

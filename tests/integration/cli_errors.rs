@@ -199,3 +199,27 @@ fn adaptive_usage_errors_are_exit_2_before_anything_runs() {
     );
     assert!(!dir.path().join("results").exists(), "nothing was started");
 }
+
+#[test]
+fn history_of_a_directory_without_nights_says_how_to_make_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = exits_with(2, &["history", "."], dir.path());
+    assert!(err.contains("holds no matrix"), "{err}");
+    assert!(err.contains("bisect matrix PLAN --results DIR"), "{err}");
+    let err = exits_with(2, &["history", "no-such-dir"], dir.path());
+    assert!(err.contains("cannot list"), "{err}");
+}
+
+#[test]
+fn a_plan_commits_table_without_a_build_names_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("engine/.git")).unwrap();
+    std::fs::write(
+        dir.path().join("plan.toml"),
+        "name = \"p\"\nsessions = [1]\n[axes]\nTOPK_V2 = [\"1\"]\n[commits]\nrepo = \"engine\"\n",
+    )
+    .unwrap();
+    let err = exits_with(2, &["matrix", "plan.toml", "--no-baseline"], dir.path());
+    assert!(err.contains("plan.toml:5"), "{err}");
+    assert!(err.contains("exactly one of build and artifact"), "{err}");
+}

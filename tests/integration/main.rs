@@ -17,6 +17,7 @@ mod fake;
 mod fake_runs;
 mod faults;
 mod fixture_v1;
+mod history;
 mod llama_cpp;
 mod load;
 mod matrix;

@@ -8,7 +8,7 @@ use std::process::Command;
 use crate::common::{fake_race_victims, FakeTarget};
 
 /// The Chromium binary, or why the test cannot run: fails under CI, skips elsewhere.
-fn chromium() -> Option<PathBuf> {
+pub(crate) fn chromium() -> Option<PathBuf> {
     let found = ["chromium", "chromium-browser"].iter().find_map(|name| {
         std::env::var_os("PATH").and_then(|paths| {
             std::env::split_paths(&paths)
@@ -27,7 +27,7 @@ fn chromium() -> Option<PathBuf> {
     found
 }
 
-fn chromium_run(
+pub(crate) fn chromium_run(
     browser: &Path,
     profile: &Path,
     extra: &[String],

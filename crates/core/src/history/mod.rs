@@ -17,9 +17,11 @@
 //!    rejected by e-BH at `alpha` across all the history's cells ([`ebh`]); or a
 //!    regression found earlier is still open (not mended, not reset).
 //! 3. **insufficient**: the night was measured but cannot speak alone: its condition was
-//!    not the cell's (an engine died, the load fell short, the mechanism never ran: its
-//!    sessions are kept out of the evidence), or it judged fewer than half the planned
-//!    sessions (under-sampled: its sessions still count in the evidence).
+//!    not the cell's (an engine died, the load fell short, fewer than half its sessions
+//!    were judged: its sessions are kept out of the evidence), or it judged fewer than
+//!    half the sessions of its plan or of a usual night (under-sampled), or the mechanism
+//!    under suspicion never ran (a path that never ran is never ok): those sessions still
+//!    count in the evidence, they measure the cell's rate as configured.
 //! 4. **suspicious**: evidence of a rise of at least `suspicious_e` (10: "strong" on
 //!    Jeffreys' scale) that e-BH does not reject, or this night alone above the chain's
 //!    earlier nights (one-sided Fisher p < `suspicious_p`, 0.05, unadjusted): worth a
@@ -69,11 +71,12 @@ pub enum Observation {
     Missing { why: String },
     /// Measured, but not under the cell's condition: kept out of the evidence.
     Unfit { tally: Tally, why: Vec<String> },
-    /// Measured under the cell's condition; `under_sampled` says why the night alone is
-    /// too small (its sessions still count).
+    /// Measured under the cell's condition; `insufficient` says why the night alone
+    /// cannot be ok (under-sampled, or the mechanism under suspicion never ran): its
+    /// sessions still count, they measure the cell's rate as configured.
     Measured {
         tally: Tally,
-        under_sampled: Option<String>,
+        insufficient: Option<String>,
     },
 }
 
@@ -367,7 +370,7 @@ pub fn assess(grid: &[Vec<CellNight>], policy: &HistoryPolicy) -> HistoryAssessm
                     State::Insufficient
                 }
                 Observation::Measured {
-                    under_sampled: Some(why),
+                    insufficient: Some(why),
                     ..
                 } => {
                     reasons.push(format!("{why}; its sessions still count in the evidence"));

@@ -13,7 +13,7 @@ fn measured(chain: &str, corrupted: u64, judged: u64) -> CellNight {
         chain: chain.into(),
         observation: Observation::Measured {
             tally: Tally::new(corrupted, judged),
-            under_sampled: None,
+            insufficient: None,
         },
     }
 }
@@ -159,7 +159,7 @@ fn a_large_rise_is_flagged_on_its_night_and_not_before() {
 }
 
 #[test]
-fn missing_and_under_sampled_nights_are_labelled() {
+fn missing_and_insufficient_nights_are_labelled() {
     let policy = HistoryPolicy::default();
     let mut cell: Vec<CellNight> = (0..6).map(|_| measured("c", 0, 128)).collect();
     cell[2] = CellNight::missing("no record of this night");
@@ -167,7 +167,7 @@ fn missing_and_under_sampled_nights_are_labelled() {
         chain: "c".into(),
         observation: Observation::Measured {
             tally: Tally::new(0, 40),
-            under_sampled: Some("judged 40 of 128 planned sessions".into()),
+            insufficient: Some("judged 40 of 128 planned sessions".into()),
         },
     };
     cell[5] = CellNight {

@@ -8,6 +8,7 @@ pub mod check;
 pub mod commits;
 pub mod culprit;
 pub mod diff;
+pub mod history;
 mod judge;
 pub mod load;
 pub mod matrix;

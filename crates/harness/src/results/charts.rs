@@ -44,11 +44,11 @@ pub(crate) struct RoundCounts {
 }
 
 const WIDTH: u32 = 760;
-const FONT: &str = "sans-serif";
+pub(crate) const FONT: &str = "sans-serif";
 /// Width of a label character at the axis font size, for sizing the label area.
 const CHAR_PX: u32 = 8;
 
-fn draw_err<E: std::fmt::Display>(e: E) -> anyhow::Error {
+pub(crate) fn draw_err<E: std::fmt::Display>(e: E) -> anyhow::Error {
     anyhow::anyhow!("drawing an SVG chart: {e}")
 }
 

@@ -21,6 +21,25 @@ pub fn escape(text: &str) -> String {
     out
 }
 
+/// XML attribute and text escaping for the JUnit files; control characters other than
+/// tab and newline are dropped because XML 1.0 cannot carry them at all.
+pub(crate) fn xml_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for ch in s.chars() {
+        match ch {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&apos;"),
+            '\t' | '\n' => out.push(ch),
+            c if (c as u32) < 0x20 => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 /// A coloured box: `class` is a verdict status (`implicated`, `cleared`,
 /// `inconclusive`); `inner` is HTML already escaped.
 pub(crate) fn verdict_box(class: &str, heading: &str, inner: &str) -> String {

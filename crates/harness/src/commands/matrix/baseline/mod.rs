@@ -400,21 +400,12 @@ fn unconfirmed_reasons(
     policy: &RegressionPolicy,
 ) -> Vec<String> {
     let mut reasons = Vec::new();
-    // A path that never ran is never ok (core::mechanism).
-    if let Some(refusal) =
-        crate::core::mechanism::coverage(&[("this night's cell", &cell.stats.mechanisms)])
-            .and_then(|c| c.refusal())
-    {
-        reasons.push(format!(
-            "{refusal}: a cell whose path never ran is never ok"
-        ));
-    }
+    reasons.extend(mechanism_reason(cell));
     // Deaths in both nights: neither cell is whole, and an engine that dies is never ok.
     if !cell.stats.deaths.is_empty() {
         reasons.push(format!(
-            "the engine died {} time{} in this night's cell (the baseline's {} times): an engine that dies is never ok",
-            cell.stats.deaths.len(),
-            if cell.stats.deaths.len() == 1 { "" } else { "s" },
+            "{} (the baseline's {} times): an engine that dies is never ok",
+            deaths_words(cell),
             old.stats.deaths.len()
         ));
     }
@@ -422,16 +413,7 @@ fn unconfirmed_reasons(
         ("this night's cell", &cell.stats),
         ("the baseline cell", &old.stats),
     ] {
-        let (judged, total) = (stats.judged(), stats.sessions());
-        if total == 0 || judged * 2 < total {
-            reasons.push(format!(
-                "{side} judged only {judged} of {total} sessions ({} truncated at max_tokens, \
-                 {} error/timeout): too few could show corruption to call the cell ok; raise \
-                 max_tokens (or find why sessions fail)",
-                stats.counts[SessionClass::Truncated],
-                stats.counts.failed()
-            ));
-        }
+        reasons.extend(judged_reason(side, stats));
     }
     let (t, n) = (
         cell.stats.counts[SessionClass::Truncated],
@@ -453,18 +435,76 @@ fn unconfirmed_reasons(
             format::p_value(p)
         ));
     }
-    // A cell of one session in flight has no lower load to fall to: an engine that
-    // answered ran it. And its requests come one at a time, so the metrics poller, which
-    // samples, mostly sees none running (the shipped nightly's 1-session cells peak at 0).
-    let target = target_concurrency(cell, workload);
-    if target > 1 {
-        if let Some(why) = cell_load_shortfall(&cell.stats, target) {
-            reasons.push(format!(
-                "{why}: a load-dependent regression is not ruled out at a lower load"
-            ));
-        }
-    }
+    reasons.extend(load_reason(cell, workload));
     reasons
+}
+
+/// Why one night's cell was not measured under its own condition, one sentence each
+/// (`bisect history`'s unfit nights, whose sessions do not count): an engine died, too
+/// few sessions were judged, the load fell short. Empty when it was. (A mechanism that
+/// never ran is [`mechanism_reason`]: the rate was measured, the path was not.)
+pub(crate) fn night_condition(cell: &CellRecord, workload: &serde_json::Value) -> Vec<String> {
+    let mut reasons = Vec::new();
+    if !cell.stats.deaths.is_empty() {
+        reasons.push(format!(
+            "{}: an engine that dies is never ok",
+            deaths_words(cell)
+        ));
+    }
+    reasons.extend(judged_reason("this night's cell", &cell.stats));
+    reasons.extend(load_reason(cell, workload));
+    reasons
+}
+
+/// A path that never ran is never ok (core::mechanism).
+pub(crate) fn mechanism_reason(cell: &CellRecord) -> Option<String> {
+    let refusal =
+        crate::core::mechanism::coverage(&[("this night's cell", &cell.stats.mechanisms)])
+            .and_then(|c| c.refusal())?;
+    Some(format!(
+        "{refusal}: a cell whose path never ran is never ok"
+    ))
+}
+
+fn deaths_words(cell: &CellRecord) -> String {
+    format!(
+        "the engine died {} time{} in this night's cell",
+        cell.stats.deaths.len(),
+        if cell.stats.deaths.len() == 1 {
+            ""
+        } else {
+            "s"
+        },
+    )
+}
+
+/// Fewer than half the sessions judged: a rate over the few says nothing.
+fn judged_reason(side: &str, stats: &ArmStats) -> Option<String> {
+    let (judged, total) = (stats.judged(), stats.sessions());
+    (total == 0 || judged * 2 < total).then(|| {
+        format!(
+            "{side} judged only {judged} of {total} sessions ({} truncated at max_tokens, \
+             {} error/timeout): too few could show corruption to call the cell ok; raise \
+             max_tokens (or find why sessions fail)",
+            stats.counts[SessionClass::Truncated],
+            stats.counts.failed()
+        )
+    })
+}
+
+/// The night's load short of the cell's target. A cell of one session in flight has no
+/// lower load to fall to: an engine that answered ran it. And its requests come one at a
+/// time, so the metrics poller, which samples, mostly sees none running (the shipped
+/// nightly's 1-session cells peak at 0).
+fn load_reason(cell: &CellRecord, workload: &serde_json::Value) -> Option<String> {
+    let target = target_concurrency(cell, workload);
+    if target <= 1 {
+        return None;
+    }
+    let why = cell_load_shortfall(&cell.stats, target)?;
+    Some(format!(
+        "{why}: a load-dependent regression is not ruled out at a lower load"
+    ))
 }
 
 /// The sessions a cell kept in flight: the workload's `concurrency`, capped at the

@@ -8,6 +8,7 @@
 use crate::commands::matrix::record::{CellRecord, CellStatus, MatrixRecord};
 use crate::core::format;
 use crate::core::session::{Counts, SessionClass};
+use crate::results::markup::xml_escape as esc;
 use crate::results::Exporter;
 
 pub struct JunitXml;
@@ -140,25 +141,6 @@ impl Exporter<MatrixRecord> for JunitXml {
         x.push_str("  </testsuite>\n</testsuites>\n");
         Ok(x)
     }
-}
-
-/// XML attribute/text escaping; control characters other than tab/newline are dropped
-/// because XML 1.0 cannot carry them at all.
-fn esc(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for ch in s.chars() {
-        match ch {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&apos;"),
-            '\t' | '\n' => out.push(ch),
-            c if (c as u32) < 0x20 => {}
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 /// `leak 0 bad_args 2 ...`: each class with its count; a class that records only when

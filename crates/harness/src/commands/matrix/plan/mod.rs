@@ -141,7 +141,7 @@ pub struct CommitsSpec {
     /// The repository, resolved against the plan's directory.
     pub repo: PathBuf,
     pub build: crate::commands::commits::build::BuildStep,
-    /// Sessions per block of the search; default: the cell's sessions times repeats.
+    /// Sessions per block of the search; default: the cell's sessions.
     pub sessions: Option<u32>,
     /// The search's budget; default: `bisect commits`' own.
     pub max_sessions: Option<u64>,

@@ -1,0 +1,83 @@
+//! `bisect history DIR`: read the nights, assess them, run the searches `--auto-bisect`
+//! asks for (each in-process through the commits lifecycle), write history.json,
+//! history.md, history.html and history-junit.xml into DIR, print the summary, and map
+//! the newest night to the exit code (1 regression, 3 missing or insufficient, else 0).
+
+use std::process::ExitCode;
+
+use super::{progress, recover_journal, runtime};
+use crate::cli::HistoryArgs;
+use crate::signals;
+use bisect_harness::commands::commits::{self, block::ControlFactory};
+use bisect_harness::commands::history::record::SearchPlan;
+use bisect_harness::commands::history::{self, bisect, export};
+use bisect_harness::control::{EngineControl, ProcessControl};
+use bisect_harness::results::Exporter;
+
+pub(crate) fn history(args: &HistoryArgs) -> anyhow::Result<ExitCode> {
+    let job = args.job()?;
+    let (mut record, nights) = history::assemble(&job)?;
+    if args.auto_bisect {
+        let mut searched = false;
+        for entry in &record.regressions {
+            let SearchPlan::Prepared { dir, .. } = &entry.search else {
+                if let SearchPlan::Unavailable { why } = &entry.search {
+                    stderr_line!(
+                        "no search for {} (first bad night {}): {why}",
+                        entry.cell,
+                        entry.first_bad.label
+                    );
+                }
+                continue;
+            };
+            if entry.landed.is_some() {
+                continue;
+            }
+            recover_journal(&args.testbed().journal_dir)?;
+            let plan = bisect::commits_plan(
+                &job.dir,
+                &nights,
+                &entry.cell,
+                &entry.event,
+                args.testbed(),
+                &job.command,
+            )?;
+            stderr_line!(
+                "auto-bisect: {} regressed between night {} ({}) and night {} ({}): bisect commits into {}",
+                entry.cell,
+                entry.last_good.label,
+                entry.last_good.build.as_deref().unwrap_or("-"),
+                entry.first_bad.label,
+                entry.first_bad.build.as_deref().unwrap_or("-"),
+                job.dir.join(dir).display()
+            );
+            let api_key = plan.api_key.clone();
+            let controls: Box<ControlFactory<'_>> = Box::new(move |target, logs| {
+                let control = ProcessControl::new(target, logs, api_key.clone())?;
+                Ok(Box::new(control) as Box<dyn EngineControl>)
+            });
+            let progress = progress(true);
+            let found = runtime()?.block_on(async {
+                let cancel = signals::cancel_on_signal();
+                commits::run(&plan, controls.as_ref(), progress.as_ref(), cancel).await
+            })?;
+            stderr_line!(
+                "auto-bisect: {}",
+                commits::export::CommitsLine.render(&found)?.trim_end()
+            );
+            searched = true;
+        }
+        if searched {
+            // The answers land: read the history again, searches included.
+            record = history::assemble(&job)?.0;
+        }
+    }
+    export::write_all(&job.dir, &record)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&record)?);
+    } else {
+        print!("{}", export::markdown::HistorySummary.render(&record)?);
+        println!("\nhistory: {}", job.dir.join("history.html").display());
+    }
+    Ok(ExitCode::from(history::Outcome::of(&record).exit_code()))
+}
