@@ -221,10 +221,15 @@ impl Tracker {
     }
 }
 
-/// Assess `grid[cell][night]` (every cell has the same nights) night by night.
-pub fn assess(grid: &[Vec<CellNight>], policy: &HistoryPolicy) -> HistoryAssessment {
+/// Assess `grid[cell][night]` (every cell has the same nights, named by `labels` in the
+/// reasons) night by night.
+pub fn assess(
+    grid: &[Vec<CellNight>],
+    labels: &[String],
+    policy: &HistoryPolicy,
+) -> HistoryAssessment {
     let family = grid.len();
-    let nights = grid.first().map_or(0, Vec::len);
+    let nights = labels.len();
     assert!(grid.iter().all(|c| c.len() == nights), "ragged history");
     let threshold_single = ebh::single_threshold(policy.alpha, family);
     let mut trackers: Vec<Tracker> = (0..family).map(|_| Tracker::default()).collect();
@@ -322,7 +327,7 @@ pub fn assess(grid: &[Vec<CellNight>], policy: &HistoryPolicy) -> HistoryAssessm
                     family,
                     crate::format::rate(before.corrupted, before.judged),
                     crate::format::rate(after.corrupted, after.judged),
-                    event.first_bad_night + 1,
+                    labels[event.first_bad_night],
                 ));
                 events.push(event);
                 tracker.open = Some(events.len() - 1);
@@ -340,10 +345,10 @@ pub fn assess(grid: &[Vec<CellNight>], policy: &HistoryPolicy) -> HistoryAssessm
                             tracker.restart_at(at);
                             reasons.push(format!(
                                 "the regression found on night {} is mended: evidence of a drop e = {} >= {} from night {} on",
-                                events[open].flagged_night + 1,
+                                labels[events[open].flagged_night],
                                 crate::adaptive::e_value_text(e),
                                 crate::adaptive::e_value_text(threshold_single),
-                                mended_at + 1
+                                labels[mended_at]
                             ));
                         }
                     }
@@ -352,8 +357,8 @@ pub fn assess(grid: &[Vec<CellNight>], policy: &HistoryPolicy) -> HistoryAssessm
                     event_here = Some(open);
                     reasons.push(format!(
                         "open regression since night {} (found on night {})",
-                        events[open].first_bad_night + 1,
-                        events[open].flagged_night + 1
+                        labels[events[open].first_bad_night],
+                        labels[events[open].flagged_night]
                     ));
                 }
             }

@@ -8,6 +8,12 @@ use statrs::function::beta::ln_beta;
 use super::*;
 use crate::sequential::draw_binomial;
 
+/// [`assess`] with the nights labelled `n0`, `n1`, ...
+fn assess_all(grid: &[Vec<CellNight>], policy: &HistoryPolicy) -> HistoryAssessment {
+    let labels: Vec<String> = (0..grid[0].len()).map(|i| format!("n{i}")).collect();
+    assess(grid, &labels, policy)
+}
+
 fn measured(chain: &str, corrupted: u64, judged: u64) -> CellNight {
     CellNight {
         chain: chain.into(),
@@ -108,7 +114,7 @@ fn a_persistent_three_point_rise_adds_up_and_one_such_night_does_not() {
     let persistent = cell(&after);
     let one_night: Vec<CellNight> = cell(&[5, 0, 0, 0, 0, 0]);
     let quiet: Vec<CellNight> = cell(&[0; 6]);
-    let out = assess(&[persistent, one_night, quiet], &policy);
+    let out = assess_all(&[persistent, one_night, quiet], &policy);
     let states = |c: usize| -> Vec<State> { out.cells[c].iter().map(|a| a.state).collect() };
     let first = states(0)
         .iter()
@@ -138,7 +144,7 @@ fn a_large_rise_is_flagged_on_its_night_and_not_before() {
     let policy = HistoryPolicy::default();
     let rates = [0, 0, 1, 0, 0, 0, 0, 12, 14, 11];
     let cell: Vec<CellNight> = rates.iter().map(|&k| measured("c", k, 96)).collect();
-    let out = assess(
+    let out = assess_all(
         &[cell, (0..10).map(|_| measured("d", 0, 96)).collect()],
         &policy,
     );
@@ -177,7 +183,7 @@ fn missing_and_insufficient_nights_are_labelled() {
             why: vec!["the engine died 2 times".into()],
         },
     };
-    let out = assess(&[cell], &policy);
+    let out = assess_all(&[cell], &policy);
     let a = &out.cells[0];
     assert_eq!(a[2].state, State::Missing);
     assert_eq!(a[2].reasons[0], "no record of this night");
@@ -200,7 +206,7 @@ fn a_changed_chain_starts_the_evidence_again_and_closes_an_open_regression() {
         .collect();
     cell.push(measured("c2", 21, 96));
     cell.push(measured("c2", 20, 96));
-    let out = assess(&[cell], &policy);
+    let out = assess_all(&[cell], &policy);
     let a = &out.cells[0];
     assert_eq!(a[4].state, State::Regression);
     assert_eq!(
@@ -218,7 +224,7 @@ fn a_changed_chain_starts_the_evidence_again_and_closes_an_open_regression() {
         .iter()
         .map(|&k| measured("c1", k, 96))
         .collect();
-    let out = assess(&[same], &policy);
+    let out = assess_all(&[same], &policy);
     assert_eq!(out.cells[0][7].state, State::Regression);
 }
 
@@ -229,7 +235,7 @@ fn a_regression_that_falls_back_is_mended() {
         .iter()
         .map(|&k| measured("c", k, 96))
         .collect();
-    let out = assess(&[cell], &policy);
+    let out = assess_all(&[cell], &policy);
     let states: Vec<State> = out.cells[0].iter().map(|a| a.state).collect();
     let mended = out.events[0].ended.expect("mended");
     assert_eq!(mended.1, Ending::Mended);
@@ -246,7 +252,7 @@ fn a_second_rise_on_an_open_regression_supersedes_it() {
         .iter()
         .map(|&k| measured("c", k, 128))
         .collect();
-    let out = assess(&[cell], &policy);
+    let out = assess_all(&[cell], &policy);
     assert_eq!(out.events.len(), 2, "{:?}", out.events);
     assert_eq!(out.events[0].ended.map(|e| e.1), Some(Ending::Superseded));
     assert_eq!(out.events[1].first_bad_night, 8);
@@ -261,12 +267,12 @@ fn e_bh_across_cells_holds_back_a_lone_borderline_cell() {
         .iter()
         .map(|&k| measured("c", k, 128))
         .collect();
-    let alone = assess(std::slice::from_ref(&borderline), &policy);
+    let alone = assess_all(std::slice::from_ref(&borderline), &policy);
     let e = alone.cells[0][9].e_rise.unwrap();
     assert_eq!(alone.cells[0][9].state, State::Regression);
     let mut many = vec![borderline];
     many.extend((0..39).map(|_| (0..10).map(|_| measured("q", 0, 128)).collect()));
-    let crowd = assess(&many, &policy);
+    let crowd = assess_all(&many, &policy);
     assert!((100.0..4000.0).contains(&e), "pick a borderline case: {e}");
     assert_ne!(crowd.cells[0][9].state, State::Regression);
     assert_eq!(crowd.cells[0][9].state, State::Suspicious);

@@ -66,7 +66,8 @@ pub fn assemble(job: &HistoryJob) -> anyhow::Result<(HistoryRecord, Vec<Night>)>
                 .collect()
         })
         .collect();
-    let assessed = assess(&grid, &job.policy);
+    let labels: Vec<String> = nights.iter().map(|n| n.entry.label.clone()).collect();
+    let assessed = assess(&grid, &labels, &job.policy);
 
     let mut cells = Vec::new();
     for (id, kind) in &ids {
