@@ -34,37 +34,12 @@ pub(crate) fn history(args: &HistoryArgs) -> anyhow::Result<ExitCode> {
                 continue;
             }
             recover_journal(&args.testbed().journal_dir)?;
-            let plan = bisect::commits_plan(
-                &job.dir,
-                &nights,
-                &entry.cell,
-                &entry.event,
-                args.testbed(),
-                &job.command,
-            )?;
-            stderr_line!(
-                "auto-bisect: {} regressed between night {} ({}) and night {} ({}): bisect commits into {}",
-                entry.cell,
-                entry.last_good.label,
-                entry.last_good.build.as_deref().unwrap_or("-"),
-                entry.first_bad.label,
-                entry.first_bad.build.as_deref().unwrap_or("-"),
-                job.dir.join(dir).display()
-            );
-            let api_key = plan.api_key.clone();
-            let controls: Box<ControlFactory<'_>> = Box::new(move |target, logs| {
-                let control = ProcessControl::new(target, logs, api_key.clone())?;
-                Ok(Box::new(control) as Box<dyn EngineControl>)
-            });
-            let progress = progress(true);
-            let found = runtime()?.block_on(async {
-                let cancel = signals::cancel_on_signal();
-                commits::run(&plan, controls.as_ref(), progress.as_ref(), cancel).await
-            })?;
-            stderr_line!(
-                "auto-bisect: {}",
-                commits::export::CommitsLine.render(&found)?.trim_end()
-            );
+            // One search that cannot run is said and skipped: the history is still
+            // written and its exit code still says what the nights say.
+            if let Err(e) = search(args, &job, &nights, entry, dir) {
+                stderr_line!("auto-bisect of {} failed: {e:#}", entry.cell);
+                continue;
+            }
             searched = true;
         }
         if searched {
@@ -80,4 +55,46 @@ pub(crate) fn history(args: &HistoryArgs) -> anyhow::Result<ExitCode> {
         println!("\nhistory: {}", job.dir.join("history.html").display());
     }
     Ok(ExitCode::from(history::Outcome::of(&record).exit_code()))
+}
+
+/// Run one prepared search in-process, through the commits lifecycle.
+fn search(
+    args: &HistoryArgs,
+    job: &history::HistoryJob,
+    nights: &[history::read::Night],
+    entry: &bisect_harness::commands::history::record::RegressionEntry,
+    dir: &str,
+) -> anyhow::Result<()> {
+    let plan = bisect::commits_plan(
+        &job.dir,
+        nights,
+        &entry.cell,
+        &entry.event,
+        args.testbed(),
+        &job.command,
+    )?;
+    stderr_line!(
+        "auto-bisect: {} regressed between night {} ({}) and night {} ({}): bisect commits into {}",
+        entry.cell,
+        entry.last_good.label,
+        entry.last_good.build.as_deref().unwrap_or("-"),
+        entry.first_bad.label,
+        entry.first_bad.build.as_deref().unwrap_or("-"),
+        job.dir.join(dir).display()
+    );
+    let api_key = plan.api_key.clone();
+    let controls: Box<ControlFactory<'_>> = Box::new(move |target, logs| {
+        let control = ProcessControl::new(target, logs, api_key.clone())?;
+        Ok(Box::new(control) as Box<dyn EngineControl>)
+    });
+    let progress = progress(true);
+    let found = runtime()?.block_on(async {
+        let cancel = signals::cancel_on_signal();
+        commits::run(&plan, controls.as_ref(), progress.as_ref(), cancel).await
+    })?;
+    stderr_line!(
+        "auto-bisect: {}",
+        commits::export::CommitsLine.render(&found)?.trim_end()
+    );
+    Ok(())
 }

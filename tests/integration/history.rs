@@ -180,10 +180,13 @@ fn a_regression_across_nights_is_flagged_on_its_night_and_bisected_to_its_commit
     let SearchPlan::Prepared {
         command,
         dir: search_dir,
+        good,
+        bad,
     } = &r.search
     else {
         panic!("no search prepared: {:?}", r.search);
     };
+    assert_eq!((good, bad), (&shas[3], &shas[8]));
     assert!(command.starts_with("bisect commits --repo"), "{command}");
     assert!(command.contains("--set HICACHE=on"), "{command}");
     let landed = r

@@ -4,7 +4,7 @@
 //! sessions in flight, its rounds, the plan's workload), with the repository and build
 //! command of the plan's `[commits]`. `prepare` says the search (or why there is none);
 //! `--auto-bisect` runs it in-process through the commits lifecycle into
-//! `DIR/bisects/<cell>@<last good>..<first bad>/`, where `landed` finds its answer on
+//! `DIR/bisects/<cell>@<last good>-<build>..<first bad>-<build>/`, where `landed` finds its answer on
 //! every later reading of the history.
 
 use std::path::{Path, PathBuf};
@@ -46,6 +46,8 @@ pub(crate) fn prepare(nights: &[Night], cell: &str, event: &RegressionEvent) -> 
         Ok(s) => SearchPlan::Prepared {
             command: command_line(&s),
             dir: s.dir,
+            good: s.good,
+            bad: s.bad,
         },
         Err(why) => SearchPlan::Unavailable { why },
     }
@@ -98,7 +100,9 @@ fn searchable(
             plan_path.display()
         )
     })?;
-    let target = record.header.target.profile.clone().ok_or(
+    // The plan's own target (resolved against the plan's folder), not the path as the
+    // night's command line typed it: the history may be read from anywhere.
+    let target = plan.target.clone().ok_or(
         "the nights ran the embedded engine from generated launch scripts, which no commit builds: give the plan a target whose launch configs lie in [commits] repo",
     )?;
     let cell = plan
@@ -120,15 +124,21 @@ fn searchable(
             }
         })
         .collect();
+    // Named by the nights and their builds: a rerun night with another build is another
+    // search.
+    let short = |b: &str| b.chars().take(10).collect::<String>();
     let dir = format!(
-        "{BISECTS}/{slug}@{}..{}",
-        good_night.entry.label, bad_night.entry.label
+        "{BISECTS}/{slug}@{}-{}..{}-{}",
+        good_night.entry.label,
+        short(good),
+        bad_night.entry.label,
+        short(bad)
     );
     Ok(Searchable {
         plan,
         spec,
         cell,
-        target: PathBuf::from(target),
+        target,
         good: good.clone(),
         bad: bad.clone(),
         dir,
@@ -199,13 +209,20 @@ fn command_line(s: &Searchable) -> String {
 
 /// The search's answer, when it ran: commits.json in its directory.
 pub(crate) fn landed(root: &Path, search: &SearchPlan) -> Option<LandedSearch> {
-    let SearchPlan::Prepared { dir, .. } = search else {
+    let SearchPlan::Prepared { dir, good, bad, .. } = search else {
         return None;
     };
     let text = std::fs::read_to_string(root.join(dir).join("commits.json")).ok()?;
     let record: CommitsRecord = serde_json::from_str(&text).ok()?;
-    // A search still under way (or killed) has no answer yet: not landed.
+    // A search still under way (or killed) has no answer yet: not landed. Nor has one
+    // of another range (the ends as the search resolved them: full commit ids).
     record.answer?;
+    let ends = (record.commits.first()?, record.commits.last()?);
+    if !(ends.0.sha.starts_with(good.as_str()) || good.starts_with(&ends.0.sha))
+        || !(ends.1.sha.starts_with(bad.as_str()) || bad.starts_with(&ends.1.sha))
+    {
+        return None;
+    }
     Some(LandedSearch {
         dir: dir.clone(),
         answer: record.answer,
@@ -242,6 +259,8 @@ pub fn commits_plan(
     };
     // Absolute: the search runs builds in worktrees below it, from their own folders.
     let dir = std::path::absolute(root.join(&s.dir))?;
+    // A search a killed reading left behind carries on from its steps.
+    let resume = dir.join("steps.jsonl").is_file();
     let pins = s.pins();
     Ok(CommitsPlan {
         id: dir
@@ -262,7 +281,7 @@ pub fn commits_plan(
         max_sessions: s.spec.max_sessions.unwrap_or(DEFAULT_MAX_SESSIONS),
         dir,
         api_key,
-        resume: false,
+        resume,
         flag: None,
         background: 0.02,
         pins,

@@ -40,6 +40,13 @@ pub fn assemble(job: &HistoryJob) -> anyhow::Result<(HistoryRecord, Vec<Night>)>
     let read = read_nights(&job.dir, job.plan.as_deref(), job.gaps)?;
     let nights = read.nights;
     let ids = cell_ids(&nights);
+    // The newest record's plan: a cell no longer in it is history, not a failing test.
+    let newest_plan: Vec<String> = nights
+        .iter()
+        .rev()
+        .find_map(|n| n.record.as_ref())
+        .map(|r| r.plan.cells.clone())
+        .unwrap_or_default();
     let rate_ids: Vec<&String> = ids
         .iter()
         .filter(|(_, k)| *k == CellKind::Rate)
@@ -88,6 +95,7 @@ pub fn assemble(job: &HistoryJob) -> anyhow::Result<(HistoryRecord, Vec<Night>)>
         cells.push(CellHistory {
             id: id.clone(),
             kind: *kind,
+            retired: !newest_plan.iter().any(|c| c == id),
             series,
         });
     }
@@ -218,10 +226,20 @@ pub struct Outcome<'a> {
 
 impl<'a> Outcome<'a> {
     pub fn of(r: &'a HistoryRecord) -> Outcome<'a> {
+        // A regression still open counts on a night whose cell went unmeasured too: the
+        // newest night's state is then missing, but the regression is not gone.
         let latest: Vec<(&str, State)> = r
             .cells
             .iter()
-            .filter_map(|c| c.latest().map(|p| (c.id.as_str(), p.state())))
+            .filter(|c| !c.retired)
+            .filter_map(|c| {
+                let p = c.latest()?;
+                let state = match p.assessment.event {
+                    Some(_) => State::Regression,
+                    None => p.state(),
+                };
+                Some((c.id.as_str(), state))
+            })
             .collect();
         let count = |f: fn(State) -> bool| latest.iter().filter(|(_, s)| f(*s)).count();
         Outcome {
@@ -246,5 +264,31 @@ impl<'a> Outcome<'a> {
         } else {
             crate::exit::OK
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::commands::history::export::html::tests::sample_record;
+
+    #[test]
+    fn the_exit_code_keeps_an_open_regression_on_an_unmeasured_night_and_skips_retired_cells() {
+        let mut r = sample_record();
+        // The sample's newest night: a regression open in its first cell.
+        assert_eq!(Outcome::of(&r).exit_code(), crate::exit::REGRESSION);
+        // The same cell unmeasured on the newest night, the regression still open: 1.
+        let newest = r.cells[0].series.last_mut().unwrap();
+        newest.assessment.state = State::Missing;
+        assert_eq!(Outcome::of(&r).exit_code(), crate::exit::REGRESSION);
+        // No regression open: the unmeasured and insufficient newest nights make it 3.
+        r.cells[0].series.last_mut().unwrap().assessment.event = None;
+        assert_eq!(Outcome::of(&r).exit_code(), crate::exit::COULD_NOT_RUN);
+        // Cells no longer in the plan do not count; the others are ok or suspicious: 0.
+        for c in &mut r.cells {
+            let state = c.latest().map(CellPoint::state);
+            c.retired = matches!(state, Some(State::Missing | State::Insufficient));
+        }
+        assert_eq!(Outcome::of(&r).exit_code(), crate::exit::OK);
     }
 }

@@ -253,10 +253,7 @@ pub(crate) fn observe(night: &Night, id: &str, earlier_judged: &[u64]) -> CellNi
         return CellNight::missing("not in this night's plan");
     };
     if cell.is_blocked() {
-        return CellNight::missing(format!(
-            "blocked: the engine did not run the cell's configuration ({})",
-            cell.blocked.join("; ")
-        ));
+        return CellNight::missing(format!("blocked: {}", cell.blocked.join("; ")));
     }
     if !cell.is_finished() {
         return CellNight::missing(format!(

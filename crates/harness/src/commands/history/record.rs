@@ -95,6 +95,10 @@ pub enum CellKind {
 pub struct CellHistory {
     pub id: String,
     pub kind: CellKind,
+    /// Not in the newest night's plan (removed, or its configuration renamed it): shown,
+    /// never counted in the exit code.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub retired: bool,
     /// One point per night, in the nights' order.
     pub series: Vec<CellPoint>,
 }
@@ -161,8 +165,14 @@ pub struct RegressionEntry {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum SearchPlan {
-    /// The equivalent command line (what `--auto-bisect` runs in-process).
-    Prepared { command: String, dir: String },
+    /// The equivalent command line (what `--auto-bisect` runs in-process), its folder
+    /// (relative to the history's) and the two builds it searches between.
+    Prepared {
+        command: String,
+        dir: String,
+        good: String,
+        bad: String,
+    },
     /// Why no search can be made (no build recorded, no `[commits]` in the plan, the same build).
     Unavailable { why: String },
 }

@@ -286,7 +286,11 @@ impl PlanInfo {
     pub fn of(plan: &Plan) -> PlanInfo {
         PlanInfo {
             name: plan.name.clone(),
-            path: plan.source.display().to_string(),
+            // Absolute: `bisect history` loads it again, from wherever it is run.
+            path: std::path::absolute(&plan.source)
+                .unwrap_or_else(|_| plan.source.clone())
+                .display()
+                .to_string(),
             hash: plan.hash(),
             repeats: plan.repeats,
             policy: plan.policy,

@@ -571,7 +571,7 @@ fn regressions_section(r: &HistoryRecord) -> String {
 /// The prepared command (or why there is none), and the answer once landed.
 fn search_html(g: &RegressionEntry) -> String {
     let mut s = match &g.search {
-        SearchPlan::Prepared { command, dir } => format!(
+        SearchPlan::Prepared { command, dir, .. } => format!(
             "<pre><code>{}</code></pre>into <code>{}</code>",
             escape(command),
             escape(dir)
@@ -714,6 +714,7 @@ pub(crate) mod tests {
         let regressed = CellHistory {
             id: regressed_id.into(),
             kind: CellKind::Rate,
+            retired: false,
             series: vec![
                 rate_point(dirs[0], regressed_id, Some((0, 16)), assessment(State::Ok, None, &[], None)),
                 rate_point(
@@ -745,6 +746,7 @@ pub(crate) mod tests {
         let ok = CellHistory {
             id: ok_id.into(),
             kind: CellKind::Rate,
+            retired: false,
             series: vec![
                 rate_point(
                     dirs[0],
@@ -771,6 +773,7 @@ pub(crate) mod tests {
         let load = CellHistory {
             id: "load:c16".into(),
             kind: CellKind::Load,
+            retired: false,
             series: vec![
                 load_point(
                     dirs[0],
@@ -822,6 +825,8 @@ pub(crate) mod tests {
                     "bisect commits --good {SHA_GOOD} --bad {SHA_BAD} --set BF16=1 --sessions 16 && echo \"done\""
                 ),
                 dir: search_dir.into(),
+                good: SHA_GOOD.into(),
+                bad: SHA_BAD.into(),
             },
             landed: Some(LandedSearch {
                 dir: search_dir.into(),

@@ -89,7 +89,7 @@ fn regression_details(r: &HistoryRecord, g: &RegressionEntry) -> String {
         format!("ended: {}", ended_words(r, &g.event)),
     ];
     lines.push(match &g.search {
-        SearchPlan::Prepared { command, dir } => format!("search (into {dir}): {command}"),
+        SearchPlan::Prepared { command, dir, .. } => format!("search (into {dir}): {command}"),
         SearchPlan::Unavailable { why } => format!("no search: {why}"),
     });
     if let Some(l) = &g.landed {

@@ -123,7 +123,7 @@ fn regressions(s: &mut String, r: &HistoryRecord) {
     for g in &r.regressions {
         s.push_str(&format!("- {}\n", regression_line(r, g)));
         match &g.search {
-            SearchPlan::Prepared { command, dir } => {
+            SearchPlan::Prepared { command, dir, .. } => {
                 s.push_str(&format!(
                     "  search between the builds (into `{dir}`):\n\n  ```sh\n  {command}\n  ```\n\n"
                 ));
