@@ -357,8 +357,7 @@ pub fn assess(
                     event_here = Some(open);
                     reasons.push(format!(
                         "open regression since night {} (found on night {})",
-                        labels[events[open].first_bad_night],
-                        labels[events[open].flagged_night]
+                        labels[events[open].first_bad_night], labels[events[open].flagged_night]
                     ));
                 }
             }
