@@ -40,6 +40,19 @@ pub(crate) fn xml_escape(s: &str) -> String {
     out
 }
 
+/// A JUnit `<properties>` block of `(name, value)` pairs, indented for a test suite.
+pub(crate) fn junit_properties(props: &[(&str, String)]) -> String {
+    let mut x = String::from("    <properties>\n");
+    for (k, v) in props {
+        x.push_str(&format!(
+            "      <property name=\"{k}\" value=\"{}\"/>\n",
+            xml_escape(v)
+        ));
+    }
+    x.push_str("    </properties>\n");
+    x
+}
+
 /// A coloured box: `class` is a verdict status (`implicated`, `cleared`,
 /// `inconclusive`); `inner` is HTML already escaped.
 pub(crate) fn verdict_box(class: &str, heading: &str, inner: &str) -> String {

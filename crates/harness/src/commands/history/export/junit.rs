@@ -13,7 +13,7 @@ use crate::commands::history::record::{
     CellHistory, CellPoint, HistoryRecord, NightRef, RegressionEntry, SearchPlan,
 };
 use crate::core::history::State;
-use crate::results::markup::xml_escape as esc;
+use crate::results::markup::{junit_properties, xml_escape as esc};
 use crate::results::Exporter;
 
 pub struct HistoryJunit;
@@ -163,7 +163,6 @@ impl Exporter<HistoryRecord> for HistoryJunit {
             r.cells.len(),
             esc(&r.generated_at)
         ));
-        x.push_str("    <properties>\n");
         let mut props = vec![
             ("plan", r.plan.clone()),
             ("nights", nights_words(&r.nights)),
@@ -177,13 +176,7 @@ impl Exporter<HistoryRecord> for HistoryJunit {
                 props.push(("newest_build", b.to_string()));
             }
         }
-        for (k, v) in props {
-            x.push_str(&format!(
-                "      <property name=\"{k}\" value=\"{}\"/>\n",
-                esc(&v)
-            ));
-        }
-        x.push_str("    </properties>\n");
+        x.push_str(&junit_properties(&props));
         for (c, o) in r.cells.iter().zip(&outcomes) {
             x.push_str(&format!(
                 "    <testcase classname=\"{}\" name=\"{}\">\n",

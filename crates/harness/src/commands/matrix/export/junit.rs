@@ -8,7 +8,7 @@
 use crate::commands::matrix::record::{CellRecord, CellStatus, MatrixRecord};
 use crate::core::format;
 use crate::core::session::{Counts, SessionClass};
-use crate::results::markup::xml_escape as esc;
+use crate::results::markup::{junit_properties, xml_escape as esc};
 use crate::results::Exporter;
 
 pub struct JunitXml;
@@ -76,7 +76,6 @@ impl Exporter<MatrixRecord> for JunitXml {
             r.cells.len(),
             esc(&r.header.started_at)
         ));
-        x.push_str("    <properties>\n");
         let mut props = vec![
             ("matrix_id", r.header.id.clone()),
             ("plan_hash", r.plan.hash.clone()),
@@ -89,13 +88,7 @@ impl Exporter<MatrixRecord> for JunitXml {
         if let Some(b) = &r.baseline {
             props.push(("baseline", b.id.clone()));
         }
-        for (k, v) in props {
-            x.push_str(&format!(
-                "      <property name=\"{k}\" value=\"{}\"/>\n",
-                esc(&v)
-            ));
-        }
-        x.push_str("    </properties>\n");
+        x.push_str(&junit_properties(&props));
         for (c, o) in r.cells.iter().zip(&outcomes) {
             x.push_str(&format!(
                 "    <testcase classname=\"{}\" name=\"{}\" time=\"{:.3}\">\n",
