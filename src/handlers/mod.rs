@@ -98,6 +98,9 @@ fn recover_journal(journal_dir: &Path) -> anyhow::Result<()> {
     for kept in &recovery.kept {
         stderr_line!("warning: {kept}");
     }
+    for gone in &recovery.gone {
+        stderr_line!("{}", bisect_harness::launch::gone_words(gone));
+    }
     Ok(())
 }
 

@@ -157,5 +157,8 @@ pub(crate) fn restore(args: &RestoreArgs) -> anyhow::Result<ExitCode> {
     for kept in recovery.kept {
         println!("warning: {kept}");
     }
+    for gone in recovery.gone {
+        println!("{}", bisect_harness::launch::gone_words(&gone));
+    }
     Ok(ExitCode::SUCCESS)
 }

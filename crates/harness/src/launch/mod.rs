@@ -24,7 +24,7 @@ use crate::exit::Problem;
 
 pub(crate) use edit::{check_partial, read_setting, setting_line, write_setting};
 pub use journal::Recovery;
-pub use journal::{recover, recover_at, Kept};
+pub use journal::{gone_words, recover, recover_at, Kept};
 pub(crate) use journal::{Editor, JOURNAL_FILE};
 pub use state::state_root;
 pub use state::SpawnedGroup;

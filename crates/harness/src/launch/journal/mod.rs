@@ -469,8 +469,8 @@ mod recovery;
 use disk::{check_writable, clear_journal, keep_aside, remove_copies, write_atomic, write_journal};
 pub(super) use recovery::take_files;
 pub use recovery::Recovery;
+pub use recovery::{gone_words, recover, recover_at};
 use recovery::{put_back, recover_legacy};
-pub use recovery::{recover, recover_at};
 
 #[cfg(test)]
 mod tests;

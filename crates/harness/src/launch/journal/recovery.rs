@@ -48,6 +48,9 @@ pub struct Recovery {
     /// Launch configs someone else changed after the dead bisect's last edit: their
     /// version kept beside them before the original was put back.
     pub kept: Vec<Kept>,
+    /// Launch configs journaled as edited whose folder no longer exists (a worktree or
+    /// checkout removed since): nothing to put back, and not recreated.
+    pub gone: Vec<PathBuf>,
 }
 
 impl Recovery {
@@ -55,6 +58,7 @@ impl Recovery {
         self.restored.extend(other.restored);
         self.killed.extend(other.killed);
         self.kept.extend(other.kept);
+        self.gone.extend(other.gone);
     }
 
     /// One line per thing undone, for the user.
@@ -76,8 +80,17 @@ impl Recovery {
             )
         }));
         lines.extend(self.kept.iter().map(|k| format!("warning: {k}")));
+        lines.extend(self.gone.iter().map(|p| gone_words(p)));
         lines
     }
+}
+
+/// What a journaled launch config whose folder is gone means for the user.
+pub fn gone_words(path: &Path) -> String {
+    format!(
+        "warning: {} was left edited by an earlier bisect that did not finish, but its folder no longer exists (a worktree or checkout removed since): nothing to restore",
+        path.display()
+    )
 }
 
 /// Writes every original recorded in the journal in `dir` back byte-for-byte with its
@@ -111,6 +124,12 @@ fn replay(dir: &Path) -> anyhow::Result<Recovery> {
                 entry.path.display(),
                 journal_path.display()
             );
+        }
+        // Its whole folder removed (a search's worktree taken away after a kill):
+        // putting the file back would recreate a piece of a tree that is gone.
+        if entry.path.parent().is_some_and(|d| !d.exists()) {
+            recovery.gone.push(entry.path.clone());
+            continue;
         }
         if let (Some(written), Ok(current)) = (&entry.written, fs::read(&entry.path)) {
             if current != original && !written.contains(&Stamp::of(&current)) {

@@ -17,10 +17,15 @@ struct Setup {
 
 impl Setup {
     fn new() -> Setup {
+        Setup::in_folder("")
+    }
+    /// The launch configs in `folder` of the temp dir (`""`: at its top).
+    fn in_folder(folder: &str) -> Setup {
         let dir = tempfile::tempdir().unwrap();
+        fs::create_dir_all(dir.path().join(folder)).unwrap();
         let mut roles = Vec::new();
         for (name, text, mode) in [("prefill", PREFILL, 0o755), ("decode", DECODE, 0o640)] {
-            let path = dir.path().join(format!("{name}.sh"));
+            let path = dir.path().join(folder).join(format!("{name}.sh"));
             fs::write(&path, text).unwrap();
             fs::set_permissions(&path, Permissions::from_mode(mode)).unwrap();
             roles.push(RoleSpec {
@@ -228,6 +233,32 @@ fn a_kill_during_the_writability_probe_leaves_nothing_for_restore_or_the_next_ru
     assert!(!probe.exists());
     next.restore().unwrap();
     s.assert_pristine();
+}
+
+#[test]
+fn a_journaled_config_whose_folder_is_gone_is_reported_and_not_recreated() {
+    let s = Setup::in_folder("worktree");
+    let mut ed = s.begin(&s.files()).unwrap();
+    ed.apply(&flag("HICACHE"), "off", &s.roles).unwrap();
+    // Killed, then its worktree removed (as a search's cleanup or `git worktree prune`).
+    std::mem::forget(ed);
+    s.orphan();
+    fs::remove_dir_all(s.dir.path().join("worktree")).unwrap();
+    let recovery = recover_at(&s.root(), &s.legacy()).unwrap();
+    assert!(recovery.restored.is_empty());
+    let mut gone = recovery.gone.clone();
+    gone.sort();
+    assert_eq!(gone.len(), 2, "{gone:?}");
+    assert!(
+        !s.dir.path().join("worktree").exists(),
+        "a removed folder is not recreated"
+    );
+    assert!(recovery
+        .lines()
+        .iter()
+        .all(|l| l.contains("no longer exists")));
+    // The journal is done with: the next command starts.
+    assert!(recover_at(&s.root(), &s.legacy()).unwrap().gone.is_empty());
 }
 
 #[test]
