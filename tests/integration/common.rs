@@ -251,6 +251,18 @@ pub struct MockFlag<'a> {
     pub off: &'a str,
 }
 
+/// The real binary run in `dir` with `args`, its per-target state in `dir/state` (kept
+/// with the test's other files, never the user's): for tests that look at that state or
+/// run several commands over one folder.
+pub fn bisect_in(dir: &Path, args: &[&std::ffi::OsStr]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_bisect"))
+        .args(args)
+        .env("XDG_STATE_HOME", dir.join("state"))
+        .current_dir(dir)
+        .output()
+        .expect("running bisect")
+}
+
 /// `bisect run ARGS --target PROFILE --results DIR/results --json` in `dir`, its state in
 /// `dir/state`: (exit code, run.json from stdout, stderr). Panics without a record.
 pub fn run_record(
@@ -258,18 +270,17 @@ pub fn run_record(
     profile: &Path,
     args: &[&str],
 ) -> (Option<i32>, serde_json::Value, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_bisect"))
-        .arg("run")
-        .args(args)
-        .arg("--target")
-        .arg(profile)
-        .arg("--results")
-        .arg(dir.join("results"))
-        .arg("--json")
-        .env("XDG_STATE_HOME", dir.join("state"))
-        .current_dir(dir)
-        .output()
-        .unwrap();
+    let results = dir.join("results");
+    let mut all: Vec<&std::ffi::OsStr> = vec!["run".as_ref()];
+    all.extend(args.iter().map(std::ffi::OsStr::new));
+    all.extend([
+        "--target".as_ref(),
+        profile.as_os_str(),
+        "--results".as_ref(),
+        results.as_os_str(),
+        "--json".as_ref(),
+    ]);
+    let out = bisect_in(dir, &all);
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     let record = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("no run.json on stdout ({e}): {stderr}"));

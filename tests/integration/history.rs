@@ -14,7 +14,7 @@ use bisect_harness::core::history::State;
 
 use crate::commits::{git, scripted_repo, Change, BF16_OFF, BF16_ON};
 use crate::common::read;
-use crate::report_html::{chromium, chromium_run};
+use crate::report_html::{chromium, chromium_run, screenshot};
 
 /// The dashboard in headless Chromium: no console or network errors, its charts in the
 /// DOM, a screenshot with content (`BISECT_SAVE_HISTORY_SCREENSHOT=FILE` keeps it).
@@ -22,21 +22,7 @@ fn dashboard_renders_in_chromium(page: &Path) {
     let Some(browser) = chromium() else { return };
     let scratch = tempfile::tempdir().unwrap();
     let shot = scratch.path().join("history.png");
-    let out = chromium_run(
-        &browser,
-        &scratch.path().join("profile-shot"),
-        &[
-            format!("--screenshot={}", shot.display()),
-            "--window-size=1280,1600".into(),
-        ],
-        page,
-    );
-    let log = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(out.status.success(), "chromium failed: {log}");
-    for bad in [":CONSOLE(", "Uncaught", "net::ERR_"] {
-        assert!(!log.contains(bad), "browser reported {bad}: {log}");
-    }
-    let png = std::fs::read(&shot).expect("screenshot written");
+    let png = screenshot(&browser, scratch.path(), page, &shot, "1280,1600");
     assert!(
         png.starts_with(b"\x89PNG") && png.len() > 20_000,
         "{} bytes",
@@ -80,12 +66,8 @@ fn write_target(dir: &Path, profile: &bisect_harness::config::TargetProfile) -> 
 }
 
 fn bisect(dir: &Path, args: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_bisect"))
-        .args(args)
-        .env("XDG_STATE_HOME", dir.join("state"))
-        .current_dir(dir)
-        .output()
-        .unwrap()
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
+    crate::common::bisect_in(dir, &args)
 }
 
 #[test]

@@ -75,18 +75,19 @@ fn leaky_target(dir: &Path, default: u32, on: u32, off: u32) -> (PathBuf, u16) {
 
 /// `bisect run --flag FLAG --workload smoke` on `profile`: (exit code, stdout, stderr).
 fn run(dir: &Path, profile: &Path, flag: &str) -> (i32, String, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_bisect"))
-        .args(["run", "--flag", flag, "--workload", "smoke"])
-        .args(["--sessions", "12", "--concurrency", "4"])
-        .arg("--target")
-        .arg(profile)
-        .arg("--results")
-        .arg(dir.join("results"))
-        .arg("--json")
-        .env("XDG_STATE_HOME", dir.join("state"))
-        .current_dir(dir)
-        .output()
-        .unwrap();
+    let results = dir.join("results");
+    let args: Vec<&std::ffi::OsStr> = ["run", "--flag", flag, "--workload", "smoke"]
+        .into_iter()
+        .chain(["--sessions", "12", "--concurrency", "4", "--target"])
+        .map(std::ffi::OsStr::new)
+        .chain([
+            profile.as_os_str(),
+            "--results".as_ref(),
+            results.as_os_str(),
+            "--json".as_ref(),
+        ])
+        .collect();
+    let out = crate::common::bisect_in(dir, &args);
     (
         out.status.code().unwrap(),
         String::from_utf8_lossy(&out.stdout).to_string(),

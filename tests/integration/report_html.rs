@@ -53,6 +53,32 @@ pub(crate) fn chromium_run(
         .expect("running chromium")
 }
 
+/// `page` rendered by headless Chromium into `shot` at `size` ("W,H"), with a profile
+/// under `scratch`: it must exit 0 with no console or network error. Its PNG bytes.
+pub(crate) fn screenshot(
+    browser: &Path,
+    scratch: &Path,
+    page: &Path,
+    shot: &Path,
+    size: &str,
+) -> Vec<u8> {
+    let out = chromium_run(
+        browser,
+        &scratch.join("profile-shot"),
+        &[
+            format!("--screenshot={}", shot.display()),
+            format!("--window-size={size}"),
+        ],
+        page,
+    );
+    let log = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "chromium failed: {log}");
+    for bad in [":CONSOLE(", "Uncaught", "net::ERR_"] {
+        assert!(!log.contains(bad), "browser reported {bad}: {log}");
+    }
+    std::fs::read(shot).expect("screenshot written")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn report_html_renders_in_headless_chromium() {
     let t = FakeTarget::new().await;
@@ -86,21 +112,7 @@ async fn report_html_renders_in_headless_chromium() {
     let Some(browser) = chromium() else { return };
     let scratch = tempfile::tempdir().unwrap();
     let shot = scratch.path().join("report.png");
-    let out = chromium_run(
-        &browser,
-        &scratch.path().join("profile-shot"),
-        &[
-            format!("--screenshot={}", shot.display()),
-            "--window-size=1280,2000".into(),
-        ],
-        &page,
-    );
-    let log = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(out.status.success(), "chromium failed: {log}");
-    for bad in [":CONSOLE(", "Uncaught", "net::ERR_"] {
-        assert!(!log.contains(bad), "browser reported {bad}: {log}");
-    }
-    let png = std::fs::read(&shot).expect("screenshot written");
+    let png = screenshot(&browser, scratch.path(), &page, &shot, "1280,2000");
     assert!(png.starts_with(b"\x89PNG"), "not a PNG");
     assert!(
         png.len() > 40_000,

@@ -40,6 +40,33 @@ pub(crate) fn xml_escape(s: &str) -> String {
     out
 }
 
+/// Counts of a JUnit file's one suite.
+pub(crate) struct JunitCounts {
+    pub tests: usize,
+    pub failures: usize,
+    pub errors: usize,
+    pub skipped: usize,
+    /// Seconds, when the suite measured them.
+    pub time: Option<f64>,
+}
+
+/// The XML declaration, `<testsuites>` and the one `<testsuite>` opening, both named
+/// `suite` with the same counts (`timestamp` on the suite).
+pub(crate) fn junit_open(suite: &str, c: &JunitCounts, timestamp: &str) -> String {
+    let time = c
+        .time
+        .map_or(String::new(), |t| format!(" time=\"{t:.3}\""));
+    let counts = format!(
+        "tests=\"{}\" failures=\"{}\" errors=\"{}\" skipped=\"{}\"{time}",
+        c.tests, c.failures, c.errors, c.skipped
+    );
+    let name = xml_escape(suite);
+    format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"{name}\" {counts}>\n  <testsuite name=\"{name}\" {counts} timestamp=\"{}\">\n",
+        xml_escape(timestamp)
+    )
+}
+
 /// A JUnit `<properties>` block of `(name, value)` pairs, indented for a test suite.
 pub(crate) fn junit_properties(props: &[(&str, String)]) -> String {
     let mut x = String::from("    <properties>\n");

@@ -33,6 +33,13 @@ pub struct HistoryRecord {
     pub skipped: Vec<String>,
 }
 
+impl HistoryRecord {
+    /// The cells that measure `kind`, in the record's order.
+    pub fn cells_of(&self, kind: CellKind) -> Vec<&CellHistory> {
+        self.cells.iter().filter(|c| c.kind == kind).collect()
+    }
+}
+
 /// Whether a night has a record, and whether it finished.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

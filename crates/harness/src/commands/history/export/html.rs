@@ -302,11 +302,7 @@ fn states_section(r: &HistoryRecord) -> String {
 
 /// A trend chart per rate cell.
 fn rates_section(r: &HistoryRecord) -> String {
-    let rate_cells: Vec<&CellHistory> = r
-        .cells
-        .iter()
-        .filter(|c| c.kind == CellKind::Rate)
-        .collect();
+    let rate_cells = r.cells_of(CellKind::Rate);
     if rate_cells.is_empty() {
         return String::new();
     }
@@ -493,11 +489,7 @@ fn rate_chart(r: &HistoryRecord, cell: &CellHistory) -> anyhow::Result<String> {
 /// The load cells: each night's threshold in its state's colour (a threshold is judged
 /// against the night before, not charted as a rate).
 fn loads_section(r: &HistoryRecord) -> String {
-    let loads: Vec<&CellHistory> = r
-        .cells
-        .iter()
-        .filter(|c| c.kind == CellKind::Load)
-        .collect();
+    let loads = r.cells_of(CellKind::Load);
     if loads.is_empty() {
         return String::new();
     }

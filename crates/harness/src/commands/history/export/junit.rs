@@ -13,7 +13,7 @@ use crate::commands::history::record::{
     CellHistory, CellPoint, HistoryRecord, NightRef, RegressionEntry, SearchPlan,
 };
 use crate::core::history::State;
-use crate::results::markup::{junit_properties, xml_escape as esc};
+use crate::results::markup::{junit_open, junit_properties, xml_escape as esc, JunitCounts};
 use crate::results::Exporter;
 
 pub struct HistoryJunit;
@@ -151,18 +151,17 @@ impl Exporter<HistoryRecord> for HistoryJunit {
             .count();
         let suite = format!("bisect history {}", r.plan);
         let classname = format!("history.{}", r.plan);
-        let mut x = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
-        x.push_str(&format!(
-            "<testsuites name=\"{}\" tests=\"{}\" failures=\"{failures}\" errors=\"{errors}\" skipped=\"0\">\n",
-            esc(&suite),
-            r.cells.len()
-        ));
-        x.push_str(&format!(
-            "  <testsuite name=\"{}\" tests=\"{}\" failures=\"{failures}\" errors=\"{errors}\" skipped=\"0\" timestamp=\"{}\">\n",
-            esc(&suite),
-            r.cells.len(),
-            esc(&r.generated_at)
-        ));
+        let mut x = junit_open(
+            &suite,
+            &JunitCounts {
+                tests: r.cells.len(),
+                failures,
+                errors,
+                skipped: 0,
+                time: None,
+            },
+            &r.generated_at,
+        );
         let mut props = vec![
             ("plan", r.plan.clone()),
             ("nights", nights_words(&r.nights)),

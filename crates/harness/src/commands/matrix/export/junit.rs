@@ -8,7 +8,7 @@
 use crate::commands::matrix::record::{CellRecord, CellStatus, MatrixRecord};
 use crate::core::format;
 use crate::core::session::{Counts, SessionClass};
-use crate::results::markup::{junit_properties, xml_escape as esc};
+use crate::results::markup::{junit_open, junit_properties, xml_escape as esc, JunitCounts};
 use crate::results::Exporter;
 
 pub struct JunitXml;
@@ -64,18 +64,17 @@ impl Exporter<MatrixRecord> for JunitXml {
             .count();
         let time: f64 = r.cells.iter().map(|c| c.stats.wall_s).sum();
         let suite = format!("bisect.matrix.{}", r.plan.name);
-        let mut x = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
-        x.push_str(&format!(
-            "<testsuites name=\"{}\" tests=\"{}\" failures=\"{failures}\" errors=\"{errors}\" skipped=\"{skipped}\" time=\"{time:.3}\">\n",
-            esc(&suite),
-            r.cells.len()
-        ));
-        x.push_str(&format!(
-            "  <testsuite name=\"{}\" tests=\"{}\" failures=\"{failures}\" errors=\"{errors}\" skipped=\"{skipped}\" time=\"{time:.3}\" timestamp=\"{}\">\n",
-            esc(&suite),
-            r.cells.len(),
-            esc(&r.header.started_at)
-        ));
+        let mut x = junit_open(
+            &suite,
+            &JunitCounts {
+                tests: r.cells.len(),
+                failures,
+                errors,
+                skipped,
+                time: Some(time),
+            },
+            &r.header.started_at,
+        );
         let mut props = vec![
             ("matrix_id", r.header.id.clone()),
             ("plan_hash", r.plan.hash.clone()),
