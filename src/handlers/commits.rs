@@ -28,20 +28,13 @@ pub(crate) fn commits(args: &CommitsArgs) -> anyhow::Result<ExitCode> {
     if let Some(note) = bisect_harness::commands::first_set_note(&plan.target) {
         stderr_line!("{note}");
     }
-    let api_key = plan.api_key.clone();
-    let controls: Box<ControlFactory<'_>> = Box::new(move |target, logs| {
-        let control = ProcessControl::new(target, logs, api_key.clone())?;
-        Ok(Box::new(control) as Box<dyn EngineControl>)
-    });
-    let progress = progress(output.json);
     if let Some(round) = &args.round_task {
+        let controls = controls(&plan);
+        let progress = progress(output.json);
         return array_task(&plan, round, controls.as_ref(), progress.as_ref());
     }
     stderr_line!("results: {}", plan.dir.display());
-    let record = runtime()?.block_on(async {
-        let cancel = signals::cancel_on_signal();
-        commits::run(&plan, controls.as_ref(), progress.as_ref(), cancel).await
-    })?;
+    let record = search(&plan, output.json)?;
     print_record(
         output.json,
         &record,
@@ -49,6 +42,29 @@ pub(crate) fn commits(args: &CommitsArgs) -> anyhow::Result<ExitCode> {
         &plan.dir,
     )?;
     Ok(ExitCode::from(commits::exit_code(&record)))
+}
+
+/// Engine controls made per commit's target, with the plan's API key.
+fn controls(plan: &commits::CommitsPlan) -> Box<ControlFactory<'static>> {
+    let api_key = plan.api_key.clone();
+    Box::new(move |target, logs| {
+        let control = ProcessControl::new(target, logs, api_key.clone())?;
+        Ok(Box::new(control) as Box<dyn EngineControl>)
+    })
+}
+
+/// The search of `plan` in this process, Ctrl-C wired, progress on stderr: what
+/// `bisect commits` runs, and `bisect history --auto-bisect` for each regression.
+pub(super) fn search(
+    plan: &commits::CommitsPlan,
+    json: bool,
+) -> anyhow::Result<bisect_harness::commands::commits::record::CommitsRecord> {
+    let controls = controls(plan);
+    let progress = progress(json);
+    runtime()?.block_on(async {
+        let cancel = signals::cancel_on_signal();
+        commits::run(plan, controls.as_ref(), progress.as_ref(), cancel).await
+    })
 }
 
 /// One array task of a `--parallel` round: its step, written beside the round's plan.

@@ -5,13 +5,11 @@
 
 use std::process::ExitCode;
 
-use super::{progress, recover_journal, runtime};
+use super::recover_journal;
 use crate::cli::HistoryArgs;
-use crate::signals;
-use bisect_harness::commands::commits::{self, block::ControlFactory};
+use bisect_harness::commands::commits;
 use bisect_harness::commands::history::record::SearchPlan;
 use bisect_harness::commands::history::{self, bisect, export};
-use bisect_harness::control::{EngineControl, ProcessControl};
 use bisect_harness::results::Exporter;
 
 pub(crate) fn history(args: &HistoryArgs) -> anyhow::Result<ExitCode> {
@@ -82,16 +80,7 @@ fn search(
         entry.first_bad.build.as_deref().unwrap_or("-"),
         job.dir.join(dir).display()
     );
-    let api_key = plan.api_key.clone();
-    let controls: Box<ControlFactory<'_>> = Box::new(move |target, logs| {
-        let control = ProcessControl::new(target, logs, api_key.clone())?;
-        Ok(Box::new(control) as Box<dyn EngineControl>)
-    });
-    let progress = progress(true);
-    let found = runtime()?.block_on(async {
-        let cancel = signals::cancel_on_signal();
-        commits::run(&plan, controls.as_ref(), progress.as_ref(), cancel).await
-    })?;
+    let found = super::commits::search(&plan, true)?;
     stderr_line!(
         "auto-bisect: {}",
         commits::export::CommitsLine.render(&found)?.trim_end()
