@@ -10,6 +10,7 @@ use crate::cli::HistoryArgs;
 use bisect_harness::commands::commits;
 use bisect_harness::commands::history::record::SearchPlan;
 use bisect_harness::commands::history::{self, bisect, export};
+use bisect_harness::exit::Failure;
 use bisect_harness::results::Exporter;
 
 pub(crate) fn history(args: &HistoryArgs) -> anyhow::Result<ExitCode> {
@@ -35,6 +36,10 @@ pub(crate) fn history(args: &HistoryArgs) -> anyhow::Result<ExitCode> {
             // One search that cannot run is said and skipped: the history is still
             // written and its exit code still says what the nights say.
             if let Err(e) = search(args, &job, &nights, entry, dir) {
+                // Ctrl-C stops the reading (exit 130), not just this search.
+                if matches!(e.downcast_ref::<Failure>(), Some(Failure::Interrupted)) {
+                    return Err(e);
+                }
                 stderr_line!("auto-bisect of {} failed: {e:#}", entry.cell);
                 continue;
             }
