@@ -10,12 +10,23 @@
 //!   measured restart and drive seconds, so its re-plan picks longer blocks), on one set
 //!   and on two (each set a whole pair at a time, `Schedule::next_pairs`).
 //!
+//! - **culprit** (`core::culprit::simulate`, the search `bisect culprit` runs, on the
+//!   scripted scenarios of `benches/culprit.rs`): each block a restart and a wave of 80;
+//! - **commits** (`core::commits::simulate`, the search `bisect commits` runs, 64-commit
+//!   ranges): each block a restart and a wave, each build of a commit 20 min with the
+//!   set held idle; one set, and `--parallel 2` (a round's two blocks, and their builds,
+//!   at once on two sets or Slurm nodes).
+//!
 //! Wall: restarts plus driving, a round of sets at once costing its slowest set. Engine-
 //! hours: sets held x wall. Run: `cargo bench --bench engine_hours` (`BISECT_EH_REPS`
-//! experiments per adaptive cell, default 400).
+//! experiments per adaptive cell, default 400; the searches take a quarter of it).
 
+use bisect_harness::commands::culprit::DEFAULT_BUDGET;
 use bisect_harness::core::adaptive::{plan, AdaptiveError, AdaptiveSpec, BlockOutcome, Schedule};
+use bisect_harness::core::commits::params::Params as CommitParams;
+use bisect_harness::core::commits::simulate as commits_sim;
 use bisect_harness::core::cost::{plan as plan_cost, Blocks, Unit};
+use bisect_harness::core::culprit::simulate as culprit_sim;
 use bisect_harness::core::sequential::{Decision, DesignGoal};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -24,6 +35,8 @@ const RESTART_S: f64 = 900.0;
 const BLOCK_S: f64 = 600.0;
 const C: u64 = 80;
 const SEED: u64 = 20_261_205;
+/// A build of one commit of a DeepSeek-class engine, the set held idle meanwhile.
+const BUILD_S: f64 = 1200.0;
 
 /// One adaptive experiment's cost and answer.
 #[derive(Default, Clone, Copy)]
@@ -141,6 +154,103 @@ fn main() {
                     mean(|s| s.engine_h)
                 );
             }
+        }
+    }
+    searches(reps / 4);
+}
+
+/// The searches at the same profile: culprit per scenario, commits per scenario, their
+/// engine-hours from the restarts, waves and builds their simulations spend.
+fn searches(reps: usize) {
+    let reps = reps.max(1);
+    println!();
+    println!("| search | scenario | accuracy | restarts | sessions | wall (h) | engine-hours |");
+    println!("|---|---|---|---|---|---|---|");
+    for (oracle, load) in culprit_sim::scenarios() {
+        let runs: Vec<culprit_sim::Scored> = (0..reps as u64)
+            .map(|i| culprit_sim::simulate_search(&oracle, load, DEFAULT_BUDGET, SEED + i))
+            .collect();
+        let n = runs.len() as f64;
+        let restarts = runs.iter().map(|r| r.restarts as f64).sum::<f64>() / n;
+        let sessions = runs.iter().map(|r| r.sessions as f64).sum::<f64>() / n;
+        // Blocks of `load` sessions at `load` in flight: one wave each.
+        let wall = restarts * RESTART_S + sessions / f64::from(load) * BLOCK_S;
+        println!(
+            "| culprit | {} (at {load}) | {:.3} | {restarts:.1} | {sessions:.0} | {:.2} | {:.2} |",
+            oracle.name,
+            runs.iter().filter(|r| r.correct).count() as f64 / n,
+            wall / 3600.0,
+            wall / 3600.0
+        );
+    }
+    // What a cost model for culprit would choose among: blocks of one, two or three waves
+    // (80, 160, 240 sessions at 80 in flight), every scenario at 80 in flight, the mean
+    // engine-hours and the worst accuracy over them.
+    println!();
+    println!("| culprit blocks of | mean restarts | mean sessions | worst accuracy | mean engine-hours |");
+    println!("|---|---|---|---|---|");
+    for waves in [1u64, 2, 3] {
+        let (mut restarts, mut sessions, mut hours, mut worst, mut count) =
+            (0.0, 0.0, 0.0, 1.0f64, 0.0);
+        for (oracle, load) in culprit_sim::scenarios()
+            .into_iter()
+            .filter(|(_, l)| *l == 80)
+        {
+            let runs: Vec<culprit_sim::Scored> = (0..reps as u64)
+                .map(|i| {
+                    let mut p = bisect_harness::core::culprit::SearchParams::new(
+                        oracle.flag_values(),
+                        load,
+                        DEFAULT_BUDGET,
+                        SEED + i,
+                    );
+                    p.block = waves * u64::from(load);
+                    culprit_sim::simulate_with(&oracle, &p)
+                })
+                .collect();
+            let n = runs.len() as f64;
+            let r = runs.iter().map(|r| r.restarts as f64).sum::<f64>() / n;
+            let s = runs.iter().map(|r| r.sessions as f64).sum::<f64>() / n;
+            restarts += r;
+            sessions += s;
+            hours += (r * RESTART_S + s / f64::from(load) * BLOCK_S) / 3600.0;
+            worst = worst.min(runs.iter().filter(|r| r.correct).count() as f64 / n);
+            count += 1.0;
+        }
+        println!(
+            "| {} sessions ({waves} wave{}) | {:.1} | {:.0} | {worst:.3} | {:.2} |",
+            waves * C,
+            if waves == 1 { "" } else { "s" },
+            restarts / count,
+            sessions / count,
+            hours / count
+        );
+    }
+    println!();
+    println!("| search | scenario | accuracy | restarts | sessions | wall (h) | engine-hours |");
+    println!("|---|---|---|---|---|---|---|");
+    let n = 64;
+    for s in commits_sim::scenarios()
+        .into_iter()
+        .filter(|s| ["18% vs 0%", "12% vs 1%", "5% vs 1%", "flake-only 2%"].contains(&s.name))
+    {
+        for k in [1u32, 2] {
+            let mut params = CommitParams::new(2, C, C as u32);
+            params.parallel = k;
+            let scored = commits_sim::benchmark(&s, n, reps, &params, &[], SEED).remove(0);
+            // One restart per block; a round's k blocks side by side on k sets.
+            let blocks = scored.mean_sessions / C as f64;
+            let build_h = scored.mean_builds * BUILD_S / 3600.0;
+            let rounds = scored.mean_rounds;
+            // Builds of a round run at once too (one a task).
+            let wall_h = rounds * (RESTART_S + BLOCK_S) / 3600.0 + build_h / f64::from(k);
+            println!(
+                "| commits, --parallel {k} | {} ({n} commits) | {:.3} | {blocks:.1} | {:.0} | {wall_h:.2} | {:.2} |",
+                s.name,
+                scored.accuracy,
+                scored.mean_sessions,
+                f64::from(k) * wall_h
+            );
         }
     }
 }

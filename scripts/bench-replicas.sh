@@ -11,7 +11,12 @@
 # wall seconds and ratio (replicas / serial), the median ratio, and both designs' verdicts.
 # Then the planted difference: replica b's build corrupts a quarter of its sessions
 # whatever the flag (--wrong-args-every 4), flag NOTHING (read by no one): the replica
-# confound and the arms' rates, with and without the plant.
+# confound and the arms' rates, with and without the plant. Between them, a matrix of four
+# restart groups on one set and on both at once (its groups dealt to the sets): walls,
+# engine-seconds and each cell's corrupted count (the same sessions: the same counts).
+# Then a commits search over a scripted repository of both sets' launch scripts (LEAK
+# turned on by commit 11 of 16) on one set and on both (each round's commits dealt to
+# the sets): answers, steps, sessions, restarts, walls and engine-seconds.
 #
 # Usage: scripts/bench-replicas.sh [PAIRS] [TOKEN_DELAY_MS] [SESSIONS]   (needs jq)
 set -euo pipefail
@@ -72,6 +77,61 @@ printf '%s\n' "${ratios[@]}" | sort -g | awk '{a[NR]=$1} END {printf "median rat
 for d in serial replicas; do
     jq -s -r --arg d "$d" '"\($d): verdicts \(map(.verdict.status) | group_by(.) | map("\(.[0]) \(length)") | join(", ")); on \(.[0].arms[0].counts | tostring), off \(.[0].arms[1].counts | tostring); cost \(.[0].cost.restarts) restarts, \(.[0].cost.engine_hours * 3600 | . * 10 | round / 10) engine-seconds"' "$OUT"/$d-*.json
 done
+echo "== a matrix (LEAK x NOTHING, 4 restart groups of $SESSIONS sessions all in flight): one set vs both sets at once"
+for d in serial replicas; do
+    printf 'name = "bench-%s"\ntarget = "%s.toml"\nworkload = "smoke"\nflags_dir = ["flags"]\nsessions = [%s]\n\n[axes]\nLEAK = ["3", "0"]\nNOTHING = ["0", "1"]\n' \
+        "$d" "$d" "$SESSIONS" >"$OUT/t/plan-$d.toml"
+done
+mratios=()
+for i in $(seq "$PAIRS"); do
+    for d in serial replicas; do
+        "$BIN" matrix "$OUT/t/plan-$d.toml" --results "$OUT/matrix" --no-baseline --json >"$OUT/matrix-$d-$i.json" 2>"$OUT/matrix-$d-$i.log" ||
+            { echo "matrix $d failed, see $OUT/matrix-$d-$i.log" >&2; exit 1; }
+    done
+    s=$(jq '.cost.wall_s' "$OUT/matrix-serial-$i.json")
+    r=$(jq '.cost.wall_s' "$OUT/matrix-replicas-$i.json")
+    ratio=$(jq -n "$r / $s")
+    mratios+=("$ratio")
+    printf 'matrix %s: one set %.1f s (%s engine-seconds), two sets %.1f s (%s engine-seconds), ratio %.3f; cells corrupted %s vs %s\n' "$i" "$s" \
+        "$(jq '.cost.engine_hours * 3600 | round' "$OUT/matrix-serial-$i.json")" "$r" \
+        "$(jq '.cost.engine_hours * 3600 | round' "$OUT/matrix-replicas-$i.json")" "$ratio" \
+        "$(jq -c '[.cells[] | .corrupted]' "$OUT/matrix-serial-$i.json")" "$(jq -c '[.cells[] | .corrupted]' "$OUT/matrix-replicas-$i.json")"
+done
+printf '%s\n' "${mratios[@]}" | sort -g | awk '{a[NR]=$1} END {printf "median matrix ratio (two sets / one set wall): %.3f over %d (min %.3f, max %.3f)\n", a[int((NR+1)/2)], NR, a[1], a[NR]}'
+echo "== a commits search (16 commits, LEAK turned on by commit 11): one set vs two sets, each round's commits dealt to the sets"
+repo="$OUT/repo"
+make_target "$repo" ""
+git -C "$repo" init -q -b main
+git_c() { git -C "$repo" -c user.name=b -c user.email=b@example.invalid -c commit.gpgsign=false "$@"; }
+echo notes >"$repo/NOTES"
+git_c add -A
+git_c commit -q -m good
+for i in $(seq 16); do
+    if [ "$i" = 11 ]; then
+        sed -i 's/BISECT_MOCK_LEAK_FIRST_ROUND=0/BISECT_MOCK_LEAK_FIRST_ROUND=3/' "$repo/serve-a.sh" "$repo/serve-b.sh"
+    else
+        echo "change $i" >"$repo/NOTES"
+    fi
+    git_c commit -q -am "change $i"
+done
+cratios=()
+for i in $(seq "$PAIRS"); do
+    for d in serial replicas; do
+        (cd "$OUT" && "$BIN" commits --repo repo main~16 main --build 'sh -n serve-a.sh && sh -n serve-b.sh' \
+            --target "repo/$d.toml" --workload smoke --sessions "$SESSIONS" --concurrency 6 \
+            --results "$OUT/commits" --json >"$OUT/commits-$d-$i.json" 2>"$OUT/commits-$d-$i.log") ||
+            { echo "commits $d failed, see $OUT/commits-$d-$i.log" >&2; exit 1; }
+    done
+    s=$(jq '.cost.wall_s' "$OUT/commits-serial-$i.json")
+    r=$(jq '.cost.wall_s' "$OUT/commits-replicas-$i.json")
+    ratio=$(jq -n "$r / $s")
+    cratios+=("$ratio")
+    for d in serial replicas; do
+        jq -r --arg d "$d" '"commits \($d): \(.answer) \(.culprit.subject // "-"); \(.steps | length) steps, \(.sessions_spent) sessions, \(.cost.restarts) restarts, \(.cost.wall_s | round) s wall, \(.cost.engine_hours * 3600 | round) engine-seconds"' "$OUT/commits-$d-$i.json"
+    done
+    printf 'commits %s: ratio %.3f (two sets / one set wall)\n' "$i" "$ratio"
+done
+printf '%s\n' "${cratios[@]}" | sort -g | awk '{a[NR]=$1} END {printf "median commits ratio (two sets / one set wall): %.3f over %d (min %.3f, max %.3f)\n", a[int((NR+1)/2)], NR, a[1], a[NR]}'
 echo "== planted difference: replica b corrupts a quarter of its sessions whatever the flag"
 make_target "$OUT/p" "--wrong-args-every 4"
 run "$OUT/t/replicas.toml" NOTHING "clean-nothing"

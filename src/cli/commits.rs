@@ -12,6 +12,7 @@ use bisect_harness::commands::commits::range::{parse_releases, Find, RangeSpec};
 use bisect_harness::commands::commits::slurm::{Rounds, SlurmRounds};
 use bisect_harness::commands::commits::task;
 use bisect_harness::commands::commits::{CommitsPlan, DEFAULT_MAX_SESSIONS};
+use bisect_harness::config::TargetProfile;
 
 #[derive(Debug, Args)]
 pub(crate) struct CommitsArgs {
@@ -67,11 +68,13 @@ pub(crate) struct CommitsArgs {
     #[arg(long, value_name = "DIR")]
     resume: Option<PathBuf>,
     /// Blocks per round: with K > 1 each round's K commits, chosen together by their
-    /// joint information, run side by side as a Slurm job array, one task each (the
-    /// search's folder, --repo and this binary at the same paths on every node;
+    /// joint information, run side by side: on a target with replica sets, one commit per
+    /// set in this process (docs/commits.md, "Replica sets"; K defaults to the number of
+    /// sets there, else to 1); otherwise, or with --sbatch, as a Slurm job array, one task
+    /// each (the search's folder, --repo and this binary at the same paths on every node;
     /// docs/commits.md, "Slurm").
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=8))]
-    parallel: u32,
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=8))]
+    parallel: Option<u32>,
     /// An sbatch option for every round's job array (repeatable), e.g.
     /// --sbatch=--partition=gpu --sbatch=--exclusive. Given without --parallel, rounds of
     /// one block still run on the cluster.
@@ -98,6 +101,8 @@ pub(crate) struct CommitsArgs {
     pub(crate) sizes: Vec<usize>,
     #[command(flatten)]
     oracle: OracleArgs,
+    #[command(flatten)]
+    pub(crate) cost: super::CostArgs,
     #[command(flatten)]
     pub(crate) common: ExperimentArgs,
 }
@@ -149,6 +154,7 @@ impl CommitsArgs {
             }
         };
         let (target, api_key) = common.target.resolve(&dir)?;
+        let (parallel, rounds) = (self.parallel_on(&target), self.rounds(&target)?);
         let plan = CommitsPlan {
             id,
             command: command_line(),
@@ -165,8 +171,8 @@ impl CommitsArgs {
             dir,
             api_key,
             resume: self.resume.is_some(),
-            parallel: self.parallel,
-            rounds: self.rounds()?,
+            parallel,
+            rounds,
             flag,
             background: self.background,
             pins,
@@ -206,24 +212,38 @@ impl CommitsArgs {
         })
     }
 
-    /// `--parallel`.
+    /// `--parallel`, 1 when not given (`--simulate`).
     pub(crate) fn parallel(&self) -> u32 {
-        self.parallel
+        self.parallel.unwrap_or(1)
     }
 
-    /// Where rounds run: as Slurm job arrays with --parallel K > 1 or --sbatch (an array
-    /// task runs its own step here).
-    fn rounds(&self) -> anyhow::Result<Rounds> {
-        if self.round_task.is_some() || (self.parallel == 1 && self.sbatch.is_empty()) {
+    /// `--parallel` on `target`: when not given, one block a round per replica set where
+    /// the rounds run on them (no `--sbatch`), else 1.
+    fn parallel_on(&self, target: &TargetProfile) -> u32 {
+        match self.parallel {
+            Some(k) => k,
+            None if self.sbatch.is_empty() => (target.replicas.len() as u32 + 1).min(8),
+            None => 1,
+        }
+    }
+
+    /// Where rounds run: on the target's replica sets when it lists several and no
+    /// --sbatch is given; else as Slurm job arrays with --parallel K > 1 or --sbatch (an
+    /// array task runs its own step here).
+    fn rounds(&self, target: &TargetProfile) -> anyhow::Result<Rounds> {
+        let parallel = self.parallel_on(target);
+        if self.round_task.is_some() || (parallel == 1 && self.sbatch.is_empty()) {
             return Ok(Rounds::Local);
+        }
+        if !target.replicas.is_empty() && self.sbatch.is_empty() {
+            return Ok(Rounds::Replicas);
         }
         if !bisect_harness::commands::check::on_path("sbatch") {
             return Err(usage(
                 format!(
-                    "--parallel {} runs each round as a Slurm job array, and sbatch is not on PATH",
-                    self.parallel
+                    "--parallel {parallel} runs each round as a Slurm job array, and sbatch is not on PATH",
                 ),
-                "run the search on a Slurm login node, or drop --parallel and --sbatch",
+                "run the search on a Slurm login node, list the target's replica sets ([[replica]]) to run rounds on them here, or drop --parallel and --sbatch",
             ));
         }
         let exe = std::env::current_exe()?;

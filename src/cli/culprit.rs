@@ -27,6 +27,8 @@ pub(crate) struct CulpritArgs {
     resume: Option<PathBuf>,
     #[command(flatten)]
     oracle: OracleArgs,
+    #[command(flatten)]
+    pub(crate) cost: super::CostArgs,
     // The search goes to RESULTS/<id>/, each block to RESULTS/<id>/blocks/bNNN/.
     #[command(flatten)]
     pub(crate) common: ExperimentArgs,

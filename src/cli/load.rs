@@ -40,6 +40,8 @@ pub(crate) struct LoadArgs {
     #[command(flatten)]
     oracle: OracleArgs,
     #[command(flatten)]
+    pub(crate) cost: super::CostArgs,
+    #[command(flatten)]
     pub(crate) common: ExperimentArgs,
 }
 

@@ -37,6 +37,8 @@ pub(crate) struct MatrixArgs {
     allow_partial: bool,
     #[command(flatten)]
     oracle: super::OracleArgs,
+    #[command(flatten)]
+    pub(crate) cost: super::CostArgs,
     /// The night this matrix is, for `bisect history` (the nightly's scheduled date,
     /// e.g. 2026-12-05). Default: the UTC date it starts.
     #[arg(long, value_name = "LABEL")]

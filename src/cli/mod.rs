@@ -91,6 +91,21 @@ pub(crate) enum Command {
     MockEngine(engine::MockEngineArgs),
 }
 
+impl Command {
+    /// The cost options of a command that drives engines (run, culprit, load, matrix,
+    /// commits): checked before anything runs, whether or not `--dry-run` uses them.
+    pub(crate) fn cost_args(&self) -> Option<&CostArgs> {
+        match self {
+            Command::Run(a) => Some(&a.cost),
+            Command::Culprit(a) => Some(&a.cost),
+            Command::Load(a) => Some(&a.cost),
+            Command::Matrix(a) => Some(&a.cost),
+            Command::Commits(a) => Some(&a.cost),
+            _ => None,
+        }
+    }
+}
+
 /// Parse the command line. `Err` carries the exit code when there is nothing to run:
 /// `--help` / `--version` (printed to stdout, 0) or a usage error (printed, 2).
 pub(crate) fn parse() -> Result<Cli, ExitCode> {
@@ -342,18 +357,8 @@ pub(crate) struct RunArgs {
     /// (docs/design.md 3.4 "Pressure"); e.g. 0.5. Above 1 oversubscribes it.
     #[arg(long, value_name = "FRACTION")]
     pressure: Option<f64>,
-    /// Print what the run is planned to cost (restarts, sessions, wall time,
-    /// engine-hours) and exit without touching an engine or writing a result.
-    #[arg(long)]
-    pub(crate) dry_run: bool,
-    /// Seconds one engine restart costs (health included), for the planned cost; by
-    /// default this target's earlier runs' mean (kept in bisect's state directory).
-    #[arg(long, value_name = "SECONDS")]
-    restart_cost: Option<f64>,
-    /// Seconds one wave of sessions costs (as many sessions as run at once, start to
-    /// end), for the planned cost; by default this target's earlier runs' mean.
-    #[arg(long, value_name = "SECONDS")]
-    session_cost: Option<f64>,
+    #[command(flatten)]
+    pub(crate) cost: CostArgs,
     #[command(flatten)]
     blocks: BlockArgs,
     #[command(flatten)]
@@ -459,17 +464,7 @@ impl RunArgs {
                 "pass --repeats 1 or more",
             ));
         }
-        for (name, v) in [
-            ("--restart-cost", self.restart_cost),
-            ("--session-cost", self.session_cost),
-        ] {
-            if v.is_some_and(|s| !(s >= 0.0 && s.is_finite())) {
-                return Err(usage(
-                    format!("{name} must be seconds, 0 or more"),
-                    format!("e.g. {name} 900 (15 minutes)"),
-                ));
-            }
-        }
+        let costs = self.cost.units()?;
         let policy = common.decision.policy()?;
         if let Some(p) = self.pressure {
             if !(p > 0.0 && p.is_finite()) {
@@ -523,10 +518,47 @@ impl RunArgs {
             oracle,
             adaptive: self.adaptive(),
             pressure: self.pressure,
-            costs: bisect_harness::commands::run::CostUnits {
-                restart_s: self.restart_cost,
-                session_s: self.session_cost,
-            },
+            costs,
+        })
+    }
+}
+
+/// `[--dry-run] [--restart-cost S] [--session-cost S]`: what a command that drives
+/// engines is planned to cost, in the units a user of real engines pays.
+#[derive(Debug, Args)]
+pub(crate) struct CostArgs {
+    /// Print what the command is planned to cost (restarts, sessions, wall time,
+    /// engine-hours; a search at its fewest and its most blocks) and exit without
+    /// touching an engine or writing a result.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
+    /// Seconds one engine restart costs (health included), for the planned cost; by
+    /// default this target's earlier commands' mean (kept in bisect's state directory).
+    #[arg(long, value_name = "SECONDS")]
+    restart_cost: Option<f64>,
+    /// Seconds one wave of sessions costs (as many sessions as run at once, start to
+    /// end), for the planned cost; by default this target's earlier commands' mean.
+    #[arg(long, value_name = "SECONDS")]
+    session_cost: Option<f64>,
+}
+
+impl CostArgs {
+    /// The units as given, each refused unless seconds, 0 or more.
+    pub(crate) fn units(&self) -> anyhow::Result<bisect_harness::core::cost::CostUnits> {
+        for (name, v) in [
+            ("--restart-cost", self.restart_cost),
+            ("--session-cost", self.session_cost),
+        ] {
+            if v.is_some_and(|s| !(s >= 0.0 && s.is_finite())) {
+                return Err(usage(
+                    format!("{name} must be seconds, 0 or more"),
+                    format!("e.g. {name} 900 (15 minutes)"),
+                ));
+            }
+        }
+        Ok(bisect_harness::core::cost::CostUnits {
+            restart_s: self.restart_cost,
+            session_s: self.session_cost,
         })
     }
 }

@@ -25,7 +25,19 @@ pub(crate) fn commits(args: &CommitsArgs) -> anyhow::Result<ExitCode> {
     }
     let plan = args.plan()?;
     let output = &args.common.output;
-    if let Some(note) = bisect_harness::commands::first_set_note(&plan.target) {
+    if matches!(plan.rounds, commits::slurm::Rounds::Replicas) {
+        stderr_line!(
+            "replicas {}: each round's {} commits at once, one per set; the ends and the verifying A/B on set {}",
+            plan.target
+                .replica_sets()
+                .iter()
+                .map(|s| s.replica_name().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            plan.parallel,
+            plan.target.replica_name()
+        );
+    } else if let Some(note) = bisect_harness::commands::first_set_note(&plan.target) {
         stderr_line!("{note}");
     }
     if let Some(round) = &args.round_task {

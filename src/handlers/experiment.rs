@@ -13,7 +13,6 @@ use bisect_harness::commands::run::{self, Progress, RunPlan};
 use bisect_harness::commands::EnginePlan;
 use bisect_harness::commands::{adaptive, replicas};
 use bisect_harness::control::EngineControl;
-use bisect_harness::control::ProcessControl;
 use bisect_harness::exit::{self, Failure};
 use bisect_harness::results::run_record::RunRecord;
 use bisect_harness::results::Exporter;
@@ -52,17 +51,7 @@ pub(crate) async fn run(
     progress: &dyn Progress,
     cancel: CancellationToken,
 ) -> anyhow::Result<RunRecord> {
-    // The first set's control is the one every command starts; the other sets' (none
-    // on a single replica) log beside it, one folder per set.
-    let logs = plan.run_dir.join("logs");
-    let mut others = Vec::new();
-    for set in plan.target.replica_sets().iter().skip(1) {
-        others.push(ProcessControl::new(
-            set,
-            &logs.join(format!("replica-{}", set.replica_name())),
-            plan.api_key.clone(),
-        )?);
-    }
+    let mut others = super::other_sets(&plan.target, &plan.run_dir, plan.api_key.clone())?;
     let mut controls: Vec<&mut dyn EngineControl> = vec![control];
     controls.extend(others.iter_mut().map(|c| c as &mut dyn EngineControl));
     match &plan.adaptive {

@@ -11,9 +11,10 @@ use crate::cli::{command_line, MatrixArgs, MergeArgs};
 use crate::progress::Lines;
 use bisect_harness::commands::matrix::record::{CellRecord, CellStatus, MatrixRecord};
 use bisect_harness::commands::matrix::{
-    baseline, export, merge as shards, record, run as matrix_run,
+    baseline, export, lanes, merge as shards, record, run as matrix_run,
 };
 use bisect_harness::commands::EnginePlan;
+use bisect_harness::control::EngineControl;
 use bisect_harness::exit::{self, Failure, Problem};
 use bisect_harness::results::Exporter;
 
@@ -30,7 +31,25 @@ pub(crate) async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
         job.cells().len(),
         job.dir.display()
     );
-    let mut record = matrix_run::run_matrix(&job, &mut control, &Lines::new(false), cancel).await?;
+    let progress = Lines::new(false);
+    let mut record = if job.uses_replicas() && !job.target.replicas.is_empty() {
+        let mut others = super::other_sets(&job.target, &job.dir, job.api_key.clone())?;
+        let mut controls: Vec<&mut dyn EngineControl> = vec![&mut control];
+        controls.extend(others.iter_mut().map(|c| c as &mut dyn EngineControl));
+        stderr_line!(
+            "replicas {}: the restart groups dealt to the sets (group g on set g mod {}), run at once, merged",
+            job.target
+                .replica_sets()
+                .iter()
+                .map(|s| s.replica_name().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            job.target.replicas.len() + 1
+        );
+        lanes::run_on_replicas(&job, controls, &progress, cancel).await?
+    } else {
+        matrix_run::run_matrix(&job, &mut control, &progress, cancel).await?
+    };
     // A shard is compared when the shards are merged: the rule is matrix-wide.
     if job.shard.is_none() {
         compare_with_baseline(&mut record, &args.baseline, &args.output.results, &job.dir)?;

@@ -33,6 +33,10 @@ use bisect_harness::results::{table, Exporter};
 
 /// Run a parsed command line to its exit code.
 pub(crate) fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    // A bad --restart-cost or --session-cost is refused whether or not --dry-run reads it.
+    if let Some(cost) = cli.command.cost_args() {
+        cost.units()?;
+    }
     match cli.command {
         Command::Engine(args) => tools::engine(args),
         Command::MockEngine(args) => {
@@ -48,13 +52,24 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Reclassify(args) => results::reclassify(&args),
         Command::Merge(args) => matrix::merge(&args),
         Command::History(args) => history::history(&args),
-        Command::Matrix(args) => runtime()?.block_on(matrix::matrix(&args)),
-        Command::Run(args) if args.dry_run => {
-            let plan = args.plan()?;
-            let planned = bisect_harness::commands::run::planned_cost(&plan);
-            println!("{}", planned.words);
-            Ok(ExitCode::SUCCESS)
+        Command::Matrix(args) if args.cost.dry_run => {
+            dry_run(&args.job()?.planned_cost(args.cost.units()?))
         }
+        Command::Matrix(args) => runtime()?.block_on(matrix::matrix(&args)),
+        Command::Run(args) if args.cost.dry_run => {
+            let plan = args.plan()?;
+            dry_run(&bisect_harness::commands::run::planned_cost(&plan))
+        }
+        Command::Culprit(args) if args.cost.dry_run => {
+            dry_run(&args.plan()?.planned_cost(args.cost.units()?))
+        }
+        Command::Load(args) if args.cost.dry_run => {
+            dry_run(&args.plan()?.planned_cost(args.cost.units()?))
+        }
+        Command::Commits(args) if args.cost.dry_run => {
+            dry_run(&args.plan()?.planned_cost(args.cost.units()?))
+        }
+
         Command::Run(args) => runtime()?.block_on(experiment::drive(
             &args.common.output,
             || args.plan(),
@@ -76,6 +91,12 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         )),
         Command::Commits(args) => commits::commits(&args),
     }
+}
+
+/// `--dry-run`: the planned cost, and nothing touched.
+fn dry_run(planned: &bisect_harness::core::cost::Planned) -> anyhow::Result<ExitCode> {
+    println!("{}", planned.words);
+    Ok(ExitCode::SUCCESS)
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -118,6 +139,29 @@ fn engines(engines: Engines<'_>) -> anyhow::Result<(ProcessControl, Cancellation
     let cancel = signals::cancel_on_signal();
     let control = ProcessControl::new(target, &results.join("logs"), api_key.map(String::from))?;
     Ok((control, cancel))
+}
+
+/// Control of every replica set of `target` but the first (whose control [`engines`]
+/// makes, the one every command starts): none on a single replica; each set's engine
+/// logs in `results/logs/replica-NAME/`.
+fn other_sets(
+    target: &bisect_harness::config::TargetProfile,
+    results: &Path,
+    api_key: Option<String>,
+) -> anyhow::Result<Vec<ProcessControl>> {
+    let logs = results.join("logs");
+    target
+        .replica_sets()
+        .iter()
+        .skip(1)
+        .map(|set| {
+            ProcessControl::new(
+                set,
+                &logs.join(format!("replica-{}", set.replica_name())),
+                api_key.clone(),
+            )
+        })
+        .collect()
 }
 
 /// Progress on stderr: plain lines with `--json` or without a terminal (per session

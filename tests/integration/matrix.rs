@@ -116,6 +116,19 @@ async fn matrix_cells_have_exact_counts_and_one_restart_per_group() {
     let before = t.launch_bytes();
     let plan = load_plan(&t, &plan_text(""));
     let job = job(&t, &plan, None, "night");
+    // Priced before it runs (`matrix --dry-run`): a restart per group, a block per cell.
+    let planned = job.planned_cost(bisect_harness::core::cost::CostUnits {
+        restart_s: Some(900.0),
+        session_s: Some(600.0),
+    });
+    assert!(
+        planned
+            .words
+            .starts_with("planned: 4 restarts, 272 sessions in 8 blocks (8 waves);"),
+        "{}",
+        planned.words
+    );
+    assert_eq!(planned.wall_s, Some(4.0 * 900.0 + 8.0 * 600.0));
     let mut control = t.engine.control();
     let record = matrix_run::run_matrix(&job, &mut control, &Quiet, CancellationToken::new())
         .await
@@ -126,6 +139,9 @@ async fn matrix_cells_have_exact_counts_and_one_restart_per_group() {
         4,
         "one restart per flag combination, not per cell"
     );
+    // And says what it cost: the testbed counted the same restarts.
+    let cost = record.cost.as_ref().expect("the matrix's cost");
+    assert_eq!((cost.restarts, cost.replicas), (4, 1));
     assert_eq!(
         t.launch_bytes(),
         before,
@@ -342,6 +358,7 @@ fn redacted(record: &MatrixRecord, exporter: &dyn Exporter<MatrixRecord>) -> Str
     r.plan.hash = "[hash]".into();
     r.workload_hash = "[hash]".into();
     r.header.target.api = "http://[addr]/v1".into();
+    r.cost = None;
     for c in &mut r.cells {
         c.stats.wall_s = 1.0;
         c.stats.tokens_per_s = 100.0;

@@ -60,6 +60,35 @@ fn blocks(record: &Value) -> Vec<(String, u64, String)> {
         .collect()
 }
 
+/// `bisect matrix` in `dir` of a plan of four restart groups (LEAK x NOTHING, 12
+/// sessions each) on the replicated mock target there, without a baseline, with `extra`.
+fn replica_matrix(dir: &Path, extra: &[&str]) -> std::process::Output {
+    std::fs::write(
+        dir.join("plan.toml"),
+        "name = \"replica-nightly\"\ntarget = \"target.toml\"\nworkload = \"smoke\"\nflags_dir = [\"flags\"]\n\
+         sessions = [12]\n\n[axes]\nLEAK = [\"3\", \"0\"]\nNOTHING = [\"0\", \"1\"]\n",
+    )
+    .unwrap();
+    let mut args = vec![
+        "matrix",
+        "plan.toml",
+        "--results",
+        "results",
+        "--no-baseline",
+    ];
+    args.extend(extra);
+    let args: Vec<&std::ffi::OsStr> = args.into_iter().map(std::ffi::OsStr::new).collect();
+    crate::common::bisect_in(dir, &args)
+}
+
+/// Both sets' launch configs, byte for byte.
+fn launch_configs(dir: &Path) -> Vec<Vec<u8>> {
+    ["serve-a.sh", "serve-b.sh"]
+        .iter()
+        .map(|f| std::fs::read(dir.join(f)).unwrap())
+        .collect()
+}
+
 fn replica_confound(record: &Value) -> &Value {
     record["confounds"]
         .as_array()
@@ -76,10 +105,7 @@ fn arms_run_at_once_on_two_replicas_and_cross_over() {
     let _one = crate::common::heavy();
     let dir = tempfile::tempdir().unwrap();
     let profile = mock_replicas_target(dir.path(), 0, &FLAGS, "");
-    let before: Vec<Vec<u8>> = ["serve-a.sh", "serve-b.sh"]
-        .iter()
-        .map(|f| std::fs::read(dir.path().join(f)).unwrap())
-        .collect();
+    let before = launch_configs(dir.path());
     let (record, stderr) = run(dir.path(), &profile, "LEAK", &["--sessions", "24"]);
     assert_eq!(
         blocks(&record),
@@ -98,13 +124,11 @@ fn arms_run_at_once_on_two_replicas_and_cross_over() {
     );
     let c = replica_confound(&record);
     assert_eq!(c["severity"], "info", "{c:#}");
-    for (f, was) in ["serve-a.sh", "serve-b.sh"].iter().zip(&before) {
-        assert_eq!(
-            &std::fs::read(dir.path().join(f)).unwrap(),
-            was,
-            "{f} restored"
-        );
-    }
+    assert_eq!(
+        launch_configs(dir.path()),
+        before,
+        "both sets' configs restored"
+    );
     // Each set's block wrote its own set's launch config into launch/.
     let snap = dir
         .path()
@@ -216,4 +240,219 @@ fn an_adaptive_run_gives_each_set_whole_pairs_at_once() {
         stderr.contains("for the first pair of blocks on each replica set"),
         "{stderr}"
     );
+}
+
+/// A whole `bisect matrix` on two replica sets: the restart groups dealt to the sets
+/// (group g on set g mod 2), run at once, merged into the matrix directory with every
+/// cell; both sets' launch configs restored; the cost counts both sets. The LEAK cell
+/// leaks on whichever set ran it, the clean cell is clean.
+#[test]
+fn a_matrix_deals_its_groups_to_the_replica_sets_and_merges_them() {
+    let _one = crate::common::heavy();
+    let dir = tempfile::tempdir().unwrap();
+    mock_replicas_target(dir.path(), 0, &FLAGS, "");
+    let before = launch_configs(dir.path());
+    let out = replica_matrix(dir.path(), &["--json"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let record: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {stderr}"));
+    assert!(
+        stderr.contains("replicas a, b: the restart groups dealt to the sets"),
+        "{stderr}"
+    );
+    assert!(
+        record["shard"].is_null(),
+        "a whole matrix: {:#}",
+        record["shard"]
+    );
+    let cells = record["cells"].as_array().unwrap();
+    assert_eq!(cells.len(), 4);
+    for cell in cells {
+        assert_eq!(cell["status"], "finished", "{cell:#}");
+        let leaked = cell["corrupted"].as_u64().unwrap();
+        let leaking = cell["flags"]["LEAK"] == "3";
+        assert_eq!(leaked > 0, leaking, "{cell:#}");
+    }
+    // Each set ran its own groups: two shards merged, their folders kept.
+    let merged: Vec<&str> = record["merged_from"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["dir"].as_str().unwrap())
+        .collect();
+    assert_eq!(merged.len(), 2, "{merged:?}");
+    assert!(merged[0].ends_with("replicas/a") && merged[1].ends_with("replicas/b"));
+    assert_eq!(record["cost"]["replicas"], 2, "{:#}", record["cost"]);
+    assert_eq!(record["cost"]["restarts"], 4, "{:#}", record["cost"]);
+    assert_eq!(
+        launch_configs(dir.path()),
+        before,
+        "both sets' configs restored"
+    );
+    // Every cell's sessions are in the matrix directory, as an unsharded night's.
+    let night = dir
+        .path()
+        .join("results")
+        .join(record["id"].as_str().unwrap());
+    for cell in cells {
+        let sessions = night
+            .join(cell["dir"].as_str().unwrap())
+            .join("sessions.jsonl");
+        assert!(sessions.is_file(), "{}", sessions.display());
+    }
+}
+
+/// A set whose engine cannot start fails the matrix (exit 3, the set named), stops the
+/// other set, restores both sets' launch configs, and still leaves a matrix.json in the
+/// matrix directory that says so (`bisect history` reads that level only).
+#[test]
+fn a_matrix_whose_set_fails_says_so_and_restores_both_sets() {
+    let _one = crate::common::heavy();
+    let dir = tempfile::tempdir().unwrap();
+    mock_replicas_target(dir.path(), 0, &FLAGS, "");
+    // Set b's engine exits at once: its shard cannot run.
+    std::fs::write(
+        dir.path().join("serve-b.sh"),
+        "#!/bin/sh\nexport BISECT_MOCK_LEAK_FIRST_ROUND=0\nexport BISECT_MOCK_NOTHING=0\nexit 1\n",
+    )
+    .unwrap();
+    let before = launch_configs(dir.path());
+    let out = replica_matrix(dir.path(), &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("replica set b"), "{stderr}");
+    assert_eq!(
+        launch_configs(dir.path()),
+        before,
+        "both sets' configs restored"
+    );
+    let nights: Vec<_> = std::fs::read_dir(dir.path().join("results"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(nights.len(), 1, "{nights:?}");
+    let record: Value =
+        serde_json::from_str(&std::fs::read_to_string(nights[0].join("matrix.json")).unwrap())
+            .unwrap();
+    assert_eq!(record["status"], "failed", "{:#}", record["error"]);
+    assert!(
+        record["error"].as_str().unwrap().contains("replica set b"),
+        "{:#}",
+        record["error"]
+    );
+    assert_eq!(record["cells"].as_array().unwrap().len(), 4);
+}
+
+/// A repository in `dir/engine` of the replicated mock target's files (both sets'
+/// launch scripts, flags, target.toml), then `commits` commits of a notes file, of
+/// which `culprit` turns LEAK on in both scripts: the commits' ids, good end first.
+fn replicated_repo(dir: &Path, commits: usize, culprit: usize) -> Vec<String> {
+    use crate::commits::git;
+    let repo = dir.join("engine");
+    std::fs::create_dir_all(&repo).unwrap();
+    mock_replicas_target(&repo, 10, &FLAGS, "");
+    git(&repo, &["init", "-q", "-b", "main"]);
+    std::fs::write(repo.join("NOTES"), "notes\n").unwrap();
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-q", "-m", "good"]);
+    let mut shas = vec![git(&repo, &["rev-parse", "HEAD"])];
+    for i in 1..=commits {
+        if i == culprit {
+            for script in ["serve-a.sh", "serve-b.sh"] {
+                let path = repo.join(script);
+                let text = std::fs::read_to_string(&path).unwrap().replace(
+                    "export BISECT_MOCK_LEAK_FIRST_ROUND=0\n",
+                    "export BISECT_MOCK_LEAK_FIRST_ROUND=3\n",
+                );
+                std::fs::write(&path, text).unwrap();
+            }
+        } else {
+            std::fs::write(repo.join("NOTES"), format!("change {i}\n")).unwrap();
+        }
+        git(&repo, &["commit", "-q", "-am", &format!("change {i}")]);
+        shas.push(git(&repo, &["rev-parse", "HEAD"]));
+    }
+    shas
+}
+
+/// `bisect commits` on a target with two replica sets runs each search round's two
+/// commits at once, one per set (no Slurm, no --parallel given), keeps the ends and the
+/// verifying A/B on set a, finds and verifies the culprit, and leaves the repository's
+/// scripts as they were.
+#[test]
+fn a_commits_search_runs_its_rounds_on_the_replica_sets() {
+    let _one = crate::common::heavy();
+    let dir = tempfile::tempdir().unwrap();
+    let shas = replicated_repo(dir.path(), 12, 7);
+    let repo = dir.path().join("engine");
+    let before = launch_configs(&repo);
+    let out = crate::common::bisect_in(
+        dir.path(),
+        &[
+            "commits",
+            "--repo",
+            "engine",
+            "main~12",
+            "main",
+            "--build",
+            "sh -n serve-a.sh && sh -n serve-b.sh",
+            "--target",
+            "engine/target.toml",
+            "--workload",
+            "smoke",
+            "--sessions",
+            "24",
+            "--concurrency",
+            "6",
+            "--results",
+            "results",
+            "--json",
+        ]
+        .map(std::ffi::OsStr::new),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("replicas a, b: each round's 2 commits at once"),
+        "{stderr}"
+    );
+    let record: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(record["answer"], "culprit", "{}", record["verdict"]);
+    assert_eq!(record["culprit"]["sha"], shas[7].as_str());
+    assert_eq!(record["params"]["parallel"], 2);
+    let steps = record["steps"].as_array().unwrap();
+    let mut search_sets = std::collections::BTreeSet::new();
+    for st in steps {
+        let set = st["replica"].as_str().unwrap_or_else(|| panic!("{st:#}"));
+        assert!(st["round"].is_u64(), "{st:#}");
+        match st["purpose"].as_str().unwrap() {
+            "search" => {
+                search_sets.insert(set.to_string());
+            }
+            // A comparison never spans two sets.
+            "ends" | "verify" => assert_eq!(set, "a", "{st:#}"),
+            other => panic!("purpose {other}"),
+        }
+    }
+    assert_eq!(
+        search_sets.into_iter().collect::<Vec<_>>(),
+        vec!["a", "b"],
+        "search rounds dealt to both sets"
+    );
+    assert_eq!(record["cost"]["replicas"], 2, "{:#}", record["cost"]);
+    assert_eq!(
+        launch_configs(&repo),
+        before,
+        "the repository's scripts untouched"
+    );
+    let summary = std::fs::read_to_string(
+        dir.path()
+            .join("results")
+            .join(record["id"].as_str().unwrap())
+            .join("summary.md"),
+    )
+    .unwrap();
+    assert!(summary.contains("one per replica set (a, b"), "{summary}");
+    assert!(summary.contains(", set b)"), "{summary}");
 }

@@ -57,6 +57,66 @@ impl Cost {
     }
 }
 
+/// What a command's testbed spent as it went (each restart and each block's drive, as
+/// the testbed measured them): the same for every command that drives engines, so a
+/// search's cost is counted as a run's is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Spent {
+    pub restarts: u64,
+    /// Restarting and waiting for health, seconds.
+    pub restart_s: f64,
+    pub drive_s: f64,
+    pub sessions: u64,
+    /// Sessions over the concurrency they ran at, summed over blocks (core::cost::Rates).
+    pub waves: f64,
+}
+
+impl Spent {
+    /// Adds what `other` spent after this (one after the other).
+    pub fn add(&mut self, other: &Spent) {
+        self.restarts += other.restarts;
+        self.restart_s += other.restart_s;
+        self.drive_s += other.drive_s;
+        self.sessions += other.sessions;
+        self.waves += other.waves;
+    }
+}
+
+impl Cost {
+    /// The cost of a command that held one replica set per entry of `lanes` for
+    /// `wall_s` seconds, each lane having spent what it says: restarts are every lane's,
+    /// restarting and driving the longest lane's (they ran side by side).
+    pub fn spent(lanes: &[Spent], wall_s: f64) -> Cost {
+        let longest = |f: fn(&Spent) -> f64| lanes.iter().map(f).fold(0.0, f64::max);
+        let replicas = lanes.len().max(1) as u32;
+        Cost {
+            restarts: lanes.iter().map(|l| l.restarts).sum(),
+            restart_s: longest(|l| l.restart_s),
+            drive_s: longest(|l| l.drive_s),
+            wall_s,
+            replicas,
+            engine_hours: f64::from(replicas) * wall_s / 3600.0,
+        }
+    }
+}
+
+impl Cost {
+    /// The cost of commands that ran side by side, each on replica sets of its own (a
+    /// matrix's shards): restarts, sets and engine-hours add up; restarting, driving
+    /// and the wall are the longest one's.
+    pub fn together(costs: &[Cost]) -> Cost {
+        let longest = |f: fn(&Cost) -> f64| costs.iter().map(f).fold(0.0, f64::max);
+        Cost {
+            restarts: costs.iter().map(|c| c.restarts).sum(),
+            restart_s: longest(|c| c.restart_s),
+            drive_s: longest(|c| c.drive_s),
+            wall_s: longest(|c| c.wall_s),
+            replicas: costs.iter().map(|c| c.replicas).sum(),
+            engine_hours: costs.iter().map(|c| c.engine_hours).sum(),
+        }
+    }
+}
+
 fn share(part: f64, whole: f64) -> f64 {
     if whole > 0.0 {
         100.0 * part / whole
@@ -86,6 +146,13 @@ pub fn duration_words(s: f64) -> String {
     }
 }
 
+/// The seconds a restart and a wave of sessions cost, as the command line gives them.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CostUnits {
+    pub restart_s: Option<f64>,
+    pub session_s: Option<f64>,
+}
+
 /// One target's costs as measured by its earlier commands: the mean seconds per restart
 /// (health wait included) and per wave of sessions (a block's driving time over its
 /// sessions divided by its concurrency: the time for as many sessions as run at once to
@@ -107,6 +174,16 @@ impl Rates {
         if sessions > 0 && concurrency > 0 {
             self.waves += sessions as f64 / f64::from(concurrency);
             self.drive_s += phases.drive_s;
+        }
+    }
+
+    /// Adds what a command's testbed measured (every command that drives engines).
+    pub fn take(&mut self, spent: &Spent) {
+        self.restarts += spent.restarts;
+        self.restart_s += spent.restart_s;
+        if spent.waves > 0.0 {
+            self.waves += spent.waves;
+            self.drive_s += spent.drive_s;
         }
     }
 
@@ -243,6 +320,67 @@ pub fn plan(blocks: &Blocks, replicas: u32, restart: &Unit, wave: &Unit) -> Plan
     }
 }
 
+/// A search's planned cost: its blocks depend on what it finds, so it is priced at both
+/// ends, its fewest blocks (the earliest answer it can give) and its most (its budget or
+/// cap), each by [`plan`]; the numbers are the most's (what a user must be ready for),
+/// the words say both.
+pub fn plan_between(
+    fewest: &Blocks,
+    most: &Blocks,
+    replicas: u32,
+    restart: &Unit,
+    wave: &Unit,
+) -> Planned {
+    let low = plan(fewest, replicas, restart, wave);
+    let high = plan(most, replicas, restart, wave);
+    let range = |a: u64, b: u64| {
+        if a == b {
+            a.to_string()
+        } else {
+            format!("{a} to {b}")
+        }
+    };
+    let waves = |b: &Blocks| -> f64 {
+        b.blocks
+            .iter()
+            .map(|&(s, c)| (s as f64 / f64::from(c.max(1))).ceil())
+            .sum()
+    };
+    let lanes = replicas.max(1);
+    // "a to b", or "a" where both ends say the same.
+    let span = |a: String, b: String| if a == b { a } else { format!("{a} to {b}") };
+    let estimate = match (low.wall_s, high.wall_s, low.engine_hours, high.engine_hours) {
+        (Some(a), Some(b), Some(ha), Some(hb)) => format!(
+            "about {} wall, {} engine-hours",
+            span(duration_words(a), duration_words(b)),
+            span(hours_words(ha), hours_words(hb))
+        ),
+        _ => match (low.restart_s, high.restart_s) {
+            (Some(a), Some(b)) => format!(
+                "restarts alone about {}",
+                span(duration_words(a), duration_words(b))
+            ),
+            _ => "no estimate".to_string(),
+        },
+    };
+    let words = format!(
+        "planned: {} restarts, {} sessions in {} blocks ({} waves){}; {}; {}; {}",
+        range(fewest.restarts, most.restarts),
+        range(low.sessions, high.sessions),
+        range(fewest.blocks.len() as u64, most.blocks.len() as u64),
+        range(waves(fewest) as u64, waves(most) as u64),
+        if lanes > 1 {
+            format!(" on {lanes} replica sets at once")
+        } else {
+            String::new()
+        },
+        restart.words("restart", "--restart-cost SECONDS"),
+        wave.words("wave of sessions", "--session-cost SECONDS"),
+        estimate
+    );
+    Planned { words, ..high }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -350,5 +488,94 @@ mod tests {
             Unit::pick(Some(60.0), Some((252.4, 3.0))),
             Unit::Given(60.0)
         );
+    }
+
+    /// A search priced at its fewest and its most blocks: the numbers are the most's,
+    /// the words give both; at the SGLang-scale units a culprit search of one to thirty
+    /// blocks of 80 is 25 minutes to 12.5 hours.
+    #[test]
+    fn a_search_is_priced_between_its_fewest_and_its_most_blocks() {
+        let fewest = Blocks {
+            restarts: 1,
+            blocks: vec![(80, 80)],
+        };
+        let most = Blocks {
+            restarts: 30,
+            blocks: vec![(80, 80); 30],
+        };
+        let p = plan_between(&fewest, &most, 1, &Unit::Given(900.0), &Unit::Given(600.0));
+        assert_eq!(p.wall_s, Some(30.0 * 1500.0));
+        assert_eq!(p.sessions, 2400);
+        assert!(
+            p.words.starts_with("planned: 1 to 30 restarts, 80 to 2400 sessions in 1 to 30 blocks (1 to 30 waves); 15.0 min a restart"),
+            "{}",
+            p.words
+        );
+        assert!(
+            p.words
+                .ends_with("about 25.0 min to 12.5 h wall, 0.42 to 12 engine-hours"),
+            "{}",
+            p.words
+        );
+        // A fixed design is one plan: both ends the same.
+        let exact = plan_between(&most, &most, 1, &Unit::Given(900.0), &Unit::Unknown);
+        assert!(
+            exact
+                .words
+                .starts_with("planned: 30 restarts, 2400 sessions in 30 blocks (30 waves);"),
+            "{}",
+            exact.words
+        );
+        assert!(
+            exact.words.ends_with("restarts alone about 7.5 h"),
+            "{}",
+            exact.words
+        );
+    }
+
+    #[test]
+    fn commands_side_by_side_add_their_sets_and_engine_hours() {
+        let a = Cost::spent(
+            &[Spent {
+                restarts: 2,
+                restart_s: 10.0,
+                drive_s: 50.0,
+                sessions: 160,
+                waves: 2.0,
+            }],
+            3600.0,
+        );
+        assert_eq!((a.replicas, a.restarts), (1, 2));
+        assert!((a.engine_hours - 1.0).abs() < 1e-12);
+        let b = Cost {
+            wall_s: 1800.0,
+            engine_hours: 0.5,
+            ..a.clone()
+        };
+        let both = Cost::together(&[a, b]);
+        assert_eq!((both.replicas, both.restarts), (2, 4));
+        assert_eq!(both.wall_s, 3600.0);
+        assert!((both.engine_hours - 1.5).abs() < 1e-12);
+        // Two lanes of one command: restarts add, times are the longer lane's.
+        let lanes = Cost::spent(
+            &[
+                Spent {
+                    restarts: 1,
+                    restart_s: 5.0,
+                    ..Spent::default()
+                },
+                Spent {
+                    restarts: 3,
+                    restart_s: 9.0,
+                    ..Spent::default()
+                },
+            ],
+            100.0,
+        );
+        assert_eq!(
+            (lanes.restarts, lanes.restart_s, lanes.replicas),
+            (4, 9.0, 2)
+        );
+        assert!((lanes.engine_hours - 200.0 / 3600.0).abs() < 1e-12);
     }
 }

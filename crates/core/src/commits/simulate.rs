@@ -218,11 +218,11 @@ pub struct Scored {
     pub searches: usize,
     pub accuracy: f64,
     pub wrong: f64,
-    pub(crate) mean_builds: f64,
+    pub mean_builds: f64,
     pub(crate) p95_builds: u64,
     pub mean_sessions: f64,
     pub p95_sessions: u64,
-    pub(crate) mean_rounds: f64,
+    pub mean_rounds: f64,
     pub(crate) p95_rounds: u64,
 }
 

@@ -26,9 +26,17 @@ impl Search<'_> {
         finest: bool,
     ) -> Result<(Vec<usize>, EvidenceKey), Halt> {
         loop {
-            let testable = self.testable();
-            let answer = self.ddmin(testable, finest).await?;
+            self.parked.retain(|f| !self.held.contains(f));
+            let delta: Vec<usize> = self
+                .testable()
+                .into_iter()
+                .filter(|f| !self.parked.contains(f))
+                .collect();
+            let answer = self.ddmin(delta, finest).await?;
             self.ensure_passing_end(0).await?;
+            // The parked flags are flipped in the re-test: failing, it shows them not
+            // needed; otherwise ddmin goes over every testable flag.
+            let parked = std::mem::take(&mut self.parked);
             let answer_set = self.with_held(answer.iter().copied());
             let (retest_key, outcome, reason) = self.retest(&answer_set).await?;
             let shown = self.show(&answer);
@@ -39,6 +47,9 @@ impl Search<'_> {
                         outcome,
                         claim: true,
                     });
+                }
+                if !parked.is_empty() {
+                    continue;
                 }
                 let why = format!("{shown} did not fail again on re-test ({reason})");
                 if self.escalate(&why) {

@@ -4,6 +4,7 @@
 use super::evidence::{EvidenceKey, FailingSet};
 use super::report::{Outcome, StepKind};
 use super::search::{Halt, Level, Search, Tested};
+use super::step::Eval;
 
 impl Search<'_> {
     /// Zeller's ddmin with a three-valued test. Standard (from halves, subsets before
@@ -104,8 +105,9 @@ impl Search<'_> {
             (set.clone(), self.retests)
         };
         // Failing, it is the answer's re-test; otherwise a ddmin step decided at alpha.
+        let parked = !self.parked.is_empty();
         let kind_of = |outcome| {
-            if outcome == Outcome::Fails {
+            if outcome == Outcome::Fails && !parked {
                 StepKind::Retest
             } else {
                 StepKind::Ddmin
@@ -124,7 +126,53 @@ impl Search<'_> {
     /// The failing set of a configuration: the given testable flags failing, and the
     /// held-out ones, which every step keeps at their failing values.
     pub(super) fn with_held(&self, failing: impl Iterator<Item = usize>) -> FailingSet {
-        failing.chain(self.held.iter().copied()).collect()
+        failing
+            .chain(self.held.iter().copied())
+            .chain(self.parked.iter().copied())
+            .collect()
+    }
+
+    /// After the halving ([`Search::halve_degraded_end`]): P1, the configuration that
+    /// flipped the first half and held the second at failing values, was not degraded.
+    /// If it passes (from its block, at the navigation level), the failure needs a value
+    /// of the flipped half; undecided, that is still the better bet. ddmin then narrows
+    /// that half first, with the held half's testable
+    /// flags parked at their failing values (its first tests are the flips alone of the
+    /// first half's flags), and the answer's re-test flips the parked flags. A re-test
+    /// that does not fail then sends ddmin over every testable flag.
+    pub(super) fn park_from(&mut self, p1: &FailingSet) -> Result<(), Halt> {
+        let parked: FailingSet = p1
+            .iter()
+            .copied()
+            .filter(|f| !self.held.contains(f))
+            .collect();
+        let key: EvidenceKey = (p1.clone(), 0);
+        if parked.is_empty() || !self.passing_ok() || self.cached(p1).is_some() {
+            return Ok(());
+        }
+        self.pin_pairing(&key);
+        match self.evaluate(&key, Level::Navigate) {
+            Eval::Decided(Outcome::Passes, reason) => {
+                self.record_step(
+                    StepKind::Ddmin,
+                    &key,
+                    (Outcome::Passes, reason),
+                    Level::Navigate,
+                )?;
+                self.tested.push(Tested {
+                    set: p1.clone(),
+                    outcome: Outcome::Passes,
+                    claim: false,
+                });
+            }
+            // Decided otherwise: the failure may need only the held half; no bet.
+            Eval::Decided(..) => return Ok(()),
+            // Undecided from its block: still the better bet (a wrong one costs the
+            // re-test, and ddmin then goes over every flag with its tests kept).
+            _ => {}
+        }
+        self.parked = parked;
+        Ok(())
     }
 
     /// The outcome of `set` as ddmin's cache has it: tested, or implied by monotonicity

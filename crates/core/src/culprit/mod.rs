@@ -15,22 +15,33 @@
 //!    is above zero).
 //! 2. **Untestable flags**: if P is degraded (error+timeout share over the policy's
 //!    threshold, or its fastest block over [`SLOW_RATIO`] times slower in tokens/s than
-//!    the failing end's slowest: not a same-speed toggle; before a flag is blamed for
-//!    slowness the failing end runs again if it has not since, so a machine that slowed
-//!    down is not blamed on a flag), each flag is flipped alone once and those that
-//!    degrade are held out; a degradation found later, one degrader at a time, by halving:
-//!    hold back half the candidates (keep them at their failing values); if the rest
-//!    flipped no longer degrades, the degrader is in the held half, else in the other.
-//!    The flag found is held at its failing value from then on, untestable, with its
-//!    reason; P is re-verified without it. Probes that did not degrade are steps like any
-//!    other: their blocks are kept for the search below.
+//!    the slowest of the failing end's blocks and of the blocks that ran at that speed
+//!    after it: not a same-speed toggle; before a flag is blamed for slowness the
+//!    machine must be shown at speed after the slow block, by a later block of the
+//!    failing end or of any configuration that is not degraded, else the failing end
+//!    runs again, so a machine that slowed down is not blamed on a flag), the degrader
+//!    is found by halving: "P1" flips the first half and holds the second at failing
+//!    values; when it is not degraded, the held half's front part is held back next,
+//!    every other flag flipped, down to one flag, which is held out on two blocks that
+//!    differ only in it (a degraded one and one that is not; given monotonicity of
+//!    degradation). When P1 degrades too, each flag is flipped alone instead and those
+//!    that degrade are held out. A degradation found later, one degrader at a time, by
+//!    halving: hold back half the candidates (keep them at their failing values); if
+//!    the rest flipped no longer degrades, the degrader is in the held half, else in
+//!    the other. The flag found is held at its failing value from then on, untestable,
+//!    with its reason; P is re-verified without it. Probes that did not degrade are
+//!    steps like any other: their blocks are kept for the search below.
 //! 3. **Delta debugging** (Zeller and Hildebrandt 2002, "Simplifying and isolating
 //!    failure-inducing input", ddmin) over the testable flags: a test of a subset S runs
 //!    the configuration with S at failing values and the other testable flags flipped.
 //!    Outcomes are three-valued (fails / passes / unresolved, as ddmin allows); results
 //!    are cached, and implied by monotonicity (a superset of a failing set fails, a
 //!    subset of a passing set passes), which is the assumption that a failure needs its
-//!    ingredients. The answer is 1-minimal: each of its flag values is needed.
+//!    ingredients. The answer is 1-minimal: each of its flag values is needed. After
+//!    the halving, when P1 passes (or is undecided at the navigation level), ddmin
+//!    narrows P1's flipped half first with the held half's testable flags parked at
+//!    their failing values, and the re-test flips them: failing, it shows them not
+//!    needed; else ddmin goes over every testable flag.
 //! 4. **The answer's claims at alpha**: it fails again as a fresh step (new blocks, new
 //!    seeds; a test that would end ddmin runs as this re-test directly), and each of its
 //!    values is needed: the configuration without it (or a tested superset of that

@@ -65,6 +65,7 @@ async fn run_search(
         blocks: Vec::new(),
         steps: Vec::new(),
         held: BTreeSet::new(),
+        parked: BTreeSet::new(),
         untestable: Vec::new(),
         tested: Vec::new(),
         ends_verified: None,
@@ -141,6 +142,9 @@ pub(super) struct Search<'p> {
     pub(super) steps: Vec<StepRecord>,
     /// Untestable flags: at their failing values in every configuration.
     pub(super) held: BTreeSet<usize>,
+    /// Testable flags ddmin keeps at their failing values for now ([`Search::park_from`]):
+    /// it narrows the other flags first, and the answer's re-test flips these.
+    pub(super) parked: BTreeSet<usize>,
     pub(super) untestable: Vec<Untestable>,
     /// ddmin's cache: failing set (held flags included) -> outcome, and whether it was
     /// decided at the claims' level.
@@ -208,13 +212,21 @@ impl Search<'_> {
         // and verifies the passing end once the degrading flags are held out.
         self.run_block(&(self.passing_end(), 0)).await?;
         let finest = self.degraded(&(self.passing_end(), 0)).is_some();
+        let mut start = None;
         if finest {
-            // Screening every flip costs a block per flag: first make sure the failing
-            // end can fail at all (its own always-valid bounds), as the ends would.
+            // Finding it costs blocks: first make sure the failing end can fail at all
+            // (its own always-valid bounds), as the ends would. Then halve towards the
+            // degrading flag; when that cannot isolate it, screen every flip alone.
             self.failing_end_can_fail().await?;
-            self.screen_single_flips().await?;
+            start = self.halve_degraded_end().await?;
+            if start.is_none() && self.degraded(&(self.passing_end(), 0)).is_some() {
+                self.screen_single_flips().await?;
+            }
         }
         self.ensure_passing_end(0).await?;
+        if let Some(p1) = start {
+            self.park_from(&p1)?;
+        }
         // 3. ddmin over the testable flags, 4. the answer's claims at alpha.
         let (answer, retest_key) = self.claimed_minimal_set(finest).await?;
         Ok(self.culprit_verdict(answer, &retest_key))

@@ -205,8 +205,9 @@ impl Search<'_> {
     /// block's alone; later looks pair one to one with the failing end's looks from r L
     /// on. Turner, Ly and Grunwald's e-variable allows any group sizes per look
     /// (`block_log_e_value`), and a failing end with two blocks against a step's one is
-    /// what the search has whenever the machine check has run: the claims "without this
-    /// value it passes" then decide in the step's first block far more often.
+    /// what the search has whenever the failing end ran again first (the machine check,
+    /// an undecided ends' block): the claims "without this value it passes" then decide
+    /// in the step's first block far more often.
     pub(super) fn failing_pairs(&self, key: &EvidenceKey) -> Vec<(u64, u64)> {
         let f = looks_of(self.blocks_of(&(self.all(), 0)), self.p.look);
         if key.0 == self.all() {

@@ -1,10 +1,12 @@
 //! Phase 2 of the culprit search, untestable flags: a configuration that is degraded (too
 //! many errors and timeouts, or much slower than the failing end) is not a same-speed
-//! toggle; the flag whose flip degrades it is found (alone, or by halving) and held at
-//! its failing value from then on, with its reason.
+//! toggle; the flag whose flip degrades it is found (by halving from the passing end,
+//! alone, or by halving later) and held at its failing value from then on, with its
+//! reason. A flag is blamed for slowness only once the machine was shown at speed after
+//! the slow block (a later block of the failing end, or of a configuration that is not
+//! degraded; else the failing end runs again).
 
-use super::block::{BlockOutcome, BlockRequest};
-use super::evidence::{totals, EvidenceKey};
+use super::evidence::{totals, EvidenceKey, FailingSet};
 use super::report::{Outcome, StepKind, Untestable};
 use super::search::{Halt, Level, Search};
 
@@ -31,30 +33,26 @@ impl Search<'_> {
                 if crashed == 1 { "" } else { "s" }
             ));
         }
-        // A path that never ran is never a pass (core::mechanism): a configuration that
-        // showed no corruption while a flag it holds at an enabling value never ran its
-        // mechanism says nothing about that flag.
-        if t.corrupted == 0 {
-            let records: Vec<&[crate::mechanism::MechanismRecord]> =
-                blocks.iter().map(|b| b.mechanisms.as_slice()).collect();
-            let pooled = crate::mechanism::pool(records);
-            if let Some(refusal) =
-                crate::mechanism::coverage(&[("it", &pooled)]).and_then(|c| c.refusal())
-            {
-                return Some(format!("{refusal}: a path that never ran is never a pass"));
-            }
-        }
+        // A clean configuration whose flag's path never ran is still a pass here: a pass
+        // implicates the values it flips (the failure needs them, whether they cause it or
+        // gate the path it runs in: flipping BF16_INDEX_K stops the index-K load-back the
+        // race lives in), and a culprit search clears nothing by a pass (a value is "not
+        // needed" only by a failing re-test). The rule "a path that never ran is never a
+        // pass" guards clean answers (cleared, ok, flat, a clean probe); it held the
+        // embedded catalog's own culprits out as untestable.
         if key.0 == self.all() {
             return None; // the failing end is the speed reference
         }
-        self.slower(blocks)
+        self.slower(key)
     }
 
     /// Speed against the failing end: the configuration's fastest block against the
-    /// failing end's slowest, so a machine that slowed down during either is given the
-    /// benefit of the doubt (when both are slow, the machine is, not the flag). Slower by
-    /// more than `slow_ratio` is degraded.
-    fn slower(&self, blocks: &[BlockOutcome]) -> Option<String> {
+    /// reference, the slowest of the failing end's blocks and of the blocks that ran at
+    /// speed after the configuration's last one ([`Search::witnesses`]), so a machine that
+    /// slowed down during either is given the benefit of the doubt (when both are slow,
+    /// the machine is, not the flag). Slower by more than `slow_ratio` is degraded.
+    pub(super) fn slower(&self, key: &EvidenceKey) -> Option<String> {
+        let blocks = self.blocks_of(key);
         let fastest = blocks
             .iter()
             .filter_map(|b| b.tokens_per_s)
@@ -64,7 +62,12 @@ impl Search<'_> {
             .iter()
             .filter_map(|b| b.tokens_per_s)
             .collect();
-        let slowest = reference.iter().copied().reduce(f64::min)?;
+        let failing_slowest = reference.iter().copied().reduce(f64::min)?;
+        let later = self
+            .last_block_of(&key.0)
+            .map(|last| self.witnesses(last, std::slice::from_ref(&key.0)))
+            .unwrap_or_default();
+        let slowest = later.iter().copied().fold(failing_slowest, f64::min);
         if slowest <= 0.0 || fastest * self.p.slow_ratio >= slowest {
             return None;
         }
@@ -73,12 +76,60 @@ impl Search<'_> {
         } else {
             "no tokens at all".to_string()
         };
+        let of = if later.is_empty() {
+            format!("its slowest of {}", reference.len())
+        } else {
+            format!(
+                "the slowest of its {} blocks and of {} blocks of other configurations that ran at its speed after this one",
+                reference.len(),
+                later.len()
+            )
+        };
         Some(format!(
-            "it ran at {fastest:.0} tokens/s (its fastest of {} blocks) against {slowest:.0} tokens/s for the configuration as it is (its slowest of {}): {ratio}, over the {}x allowed: not a same-speed toggle",
+            "it ran at {fastest:.0} tokens/s (its fastest of {} blocks) against {slowest:.0} tokens/s for the configuration as it is ({of}): {ratio}, over the {}x allowed: not a same-speed toggle",
             blocks.len(),
-            reference.len(),
             self.p.slow_ratio
         ))
+    }
+
+    /// The number of the last block run of the configuration with `failing` at its
+    /// failing values (any generation).
+    pub(super) fn last_block_of(&self, failing: &FailingSet) -> Option<u64> {
+        let names = self.names(failing);
+        self.blocks
+            .iter()
+            .filter(|(r, _)| r.failing == names)
+            .map(|(r, _)| r.block)
+            .max()
+    }
+
+    /// The speeds of the blocks that ran after block `after`, of configurations other than
+    /// the failing end (its blocks are the reference already) and `except`, that were at
+    /// the failing end's speed: not over the error+timeout share, and within `slow_ratio`
+    /// of the failing end's slowest block. Such a block shows the machine at speed after
+    /// `after`, as a block of the failing end would (a configuration that is not degraded
+    /// is a same-speed toggle): it stands for the machine check.
+    fn witnesses(&self, after: u64, except: &[FailingSet]) -> Vec<f64> {
+        let Some(failing_slowest) = self
+            .blocks_of(&(self.all(), 0))
+            .iter()
+            .filter_map(|b| b.tokens_per_s)
+            .reduce(f64::min)
+        else {
+            return Vec::new();
+        };
+        let mut skip: Vec<Vec<String>> = except.iter().map(|s| self.names(s)).collect();
+        skip.push(self.names(&self.all()));
+        self.blocks
+            .iter()
+            .filter(|(r, _)| r.block > after && !skip.contains(&r.failing))
+            .filter(|(_, o)| {
+                let t = totals(std::slice::from_ref(o));
+                t.error_timeout as f64 <= self.p.degraded_fraction * t.sessions as f64
+            })
+            .filter_map(|(_, o)| o.tokens_per_s)
+            .filter(|&v| v * self.p.slow_ratio >= failing_slowest)
+            .collect()
     }
 
     /// Hold `flag` at its failing value from now on, untestable, with the reason.
@@ -167,7 +218,7 @@ impl Search<'_> {
         if self.blocks_of(&alone_key).is_empty() {
             self.run_block(&alone_key).await?;
         }
-        if self.slower(self.blocks_of(&alone_key)).is_some() {
+        if self.slower(&alone_key).is_some() {
             self.machine_check(std::slice::from_ref(&alone_key)).await?;
         }
         if self.degraded(&alone_key).is_none() {
@@ -192,6 +243,108 @@ impl Search<'_> {
         Ok(())
     }
 
+    /// The passing end (every testable flag flipped) is degraded: find the flag whose
+    /// flip degrades it by halving, with probes that are configurations worth having.
+    /// The first probe flips the first half of the testable flags and holds the second
+    /// half at its failing values ("P1"). When it is not degraded, the degrader is in the
+    /// held half; each next probe holds back the smaller front part of the flags still
+    /// in question, with every other flag flipped as in the last degraded probe, so a
+    /// probe that is not degraded with one flag held back is the passing end without
+    /// it. The flag found rests on two blocks: a degraded configuration, and one that
+    /// is not degraded and differs from it only in that flag at its failing value (given
+    /// monotonicity: flipping more flags never undoes a degradation, as the halving
+    /// assumes), with the machine shown at speed after the degraded block
+    /// ([`Search::machine_check`]). Returns P1's failing set when the flag was held out
+    /// (ddmin then starts from P1's flipped half, [`Search::park_from`]); None when P1
+    /// degrades too or the pair does not hold up, and the caller screens every flip
+    /// alone.
+    pub(super) async fn halve_degraded_end(&mut self) -> Result<Option<FailingSet>, Halt> {
+        let testable = self.testable();
+        if testable.len() < 2 {
+            return Ok(None);
+        }
+        let (_, second) = testable.split_at(testable.len().div_ceil(2));
+        let p1: FailingSet = self.held.iter().chain(second).copied().collect();
+        let p1_key: EvidenceKey = (p1.clone(), 0);
+        if self.blocks_of(&p1_key).is_empty() {
+            self.run_block(&p1_key).await?;
+        }
+        // P1 degraded for any reason (slow, errors, the engine died) sends the search to
+        // the screens.
+        if self.degraded(&p1_key).is_some() {
+            return Ok(None);
+        }
+        self.record_probe(&p1_key, second, None)?;
+        // A degraded configuration (failing set `worse`), one that is not (`better`, the
+        // same with `open` at failing values too), and the flags in question, `open`.
+        let mut worse = self.passing_end();
+        let mut better = p1.clone();
+        let mut open: Vec<usize> = second.to_vec();
+        while open.len() > 1 {
+            let (front, back) = open.split_at(open.len() / 2);
+            let probe: FailingSet = worse.iter().chain(front).copied().collect();
+            let key: EvidenceKey = (probe.clone(), 0);
+            if self.blocks_of(&key).is_empty() {
+                self.run_block(&key).await?;
+            }
+            let why = self.degraded(&key);
+            self.record_probe(&key, front, why.clone())?;
+            if why.is_some() {
+                worse = probe;
+                open = back.to_vec();
+            } else {
+                better = probe;
+                open = front.to_vec();
+            }
+        }
+        let flag = open[0];
+        let (worse_key, better_key) = ((worse.clone(), 0), (better.clone(), 0));
+        if self.slower(&worse_key).is_some() {
+            self.machine_check(std::slice::from_ref(&worse_key)).await?;
+        }
+        let (Some(why), None) = (self.degraded(&worse_key), self.degraded(&better_key)) else {
+            return Ok(None);
+        };
+        let also: FailingSet = self
+            .testable()
+            .into_iter()
+            .filter(|f| *f != flag && !worse.contains(f))
+            .collect();
+        let f = &self.p.flags[flag];
+        if also.is_empty() {
+            self.hold_out(flag, "alone ", &why);
+        } else {
+            let words = format!(
+                "with {} flipped too: {why}; at {} with those flipped, it is not degraded",
+                self.names(&also).join(", "),
+                f.failing
+            );
+            self.hold_out(flag, "", &words);
+        }
+        Ok(Some(p1))
+    }
+
+    /// A halving probe as a step: degraded, or not with `held_back` at failing values.
+    fn record_probe(
+        &mut self,
+        key: &EvidenceKey,
+        held_back: &[usize],
+        degraded: Option<String>,
+    ) -> Result<(), Halt> {
+        let held_back = self.names(&held_back.iter().copied().collect()).join(", ");
+        let (outcome, words) = match degraded {
+            Some(w) => (
+                Outcome::Degraded,
+                format!("still degraded with {held_back} held back: {w}"),
+            ),
+            None => (
+                Outcome::Unresolved,
+                format!("not degraded with {held_back} held back: the degrader is among them"),
+            ),
+        };
+        self.record_step(StepKind::Degrade, key, (outcome, words), Level::Claim)
+    }
+
     /// One block of each flag flipped alone (every other flag as found): a flag whose
     /// flip alone degrades the engine is held out as untestable. The blocks that did not
     /// degrade are ddmin's first complement tests, kept for it.
@@ -212,7 +365,7 @@ impl Search<'_> {
         }
         let slow: Vec<EvidenceKey> = singles
             .iter()
-            .filter(|(_, k)| self.slower(self.blocks_of(k)).is_some())
+            .filter(|(_, k)| self.slower(k).is_some())
             .map(|(_, k)| k.clone())
             .collect();
         self.machine_check(&slow).await?;
@@ -230,24 +383,21 @@ impl Search<'_> {
         Ok(())
     }
 
-    /// Before a flag is blamed for slowness: if the failing end has not run since the
-    /// slow blocks of `keys`, run it once more now. A machine that slowed down slows the
-    /// failing end too, and its slowest block is the speed reference, so the flag is then
-    /// not blamed; the block is evidence like any other of the failing end.
-    async fn machine_check(&mut self, keys: &[EvidenceKey]) -> Result<(), Halt> {
-        let last_of = |failing: &[String], blocks: &[(BlockRequest, BlockOutcome)]| {
-            blocks
-                .iter()
-                .filter(|(r, _)| r.failing == failing)
-                .map(|(r, _)| r.block)
-                .max()
+    /// Before a flag is blamed for slowness: the machine must be shown at speed after the
+    /// slow blocks of `keys`. A block of the failing end shows it, and so does any block
+    /// of another configuration that ran at the failing end's speed
+    /// ([`Search::witnesses`]; its speed joins the reference, as the failing end's would);
+    /// only when neither ran since does the failing end run once more now. A machine that
+    /// slowed down slows those blocks too, and the slowest of them is the speed
+    /// reference, so the flag is then not blamed; the block is evidence like any other of
+    /// the failing end.
+    pub(super) async fn machine_check(&mut self, keys: &[EvidenceKey]) -> Result<(), Halt> {
+        let Some(slow_last) = keys.iter().filter_map(|k| self.last_block_of(&k.0)).max() else {
+            return Ok(());
         };
-        let failing_last = last_of(&self.names(&self.all()), &self.blocks).unwrap_or(0);
-        let slow_last = keys
-            .iter()
-            .filter_map(|k| last_of(&self.names(&k.0), &self.blocks))
-            .max();
-        if slow_last.is_some_and(|slow| slow > failing_last) {
+        let failing_last = self.last_block_of(&self.all()).unwrap_or(0);
+        let slow: Vec<FailingSet> = keys.iter().map(|k| k.0.clone()).collect();
+        if slow_last > failing_last && self.witnesses(slow_last, &slow).is_empty() {
             self.run_block(&(self.all(), 0)).await?;
         }
         Ok(())

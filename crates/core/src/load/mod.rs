@@ -192,11 +192,117 @@ impl LoadParams {
             Allocation::Adaptive { .. } => (2 * level).max(MIN_BLOCK),
         }
     }
+
+    /// The blocks the sweep runs at fewest and at most, a restart each (core::cost; a
+    /// pressure sweep's sizing restart added): fixed, every level's arms once (both the
+    /// same); adaptive, one step (a block of a tested level and one as long of its
+    /// baseline, the cheapest such step) at fewest, every tested level's steps up to the
+    /// cap at most. A step's baseline block is the level's `off` arm (with a flag) or a
+    /// block of the lowest level, at the lowest level's sessions in flight and the
+    /// tested level's length (without one: the lowest level is every level's baseline
+    /// and is not tested itself).
+    pub fn planned_blocks(&self) -> (crate::cost::Blocks, crate::cost::Blocks) {
+        let sizing = u64::from(matches!(self.axis, Axis::Pressure { .. }));
+        let in_flight = |level: u32| self.axis.in_flight(level);
+        let blocks = |b: Vec<(u64, u32)>| crate::cost::Blocks {
+            restarts: b.len() as u64 + sizing,
+            blocks: b,
+        };
+        let lowest = self.levels.first().copied().unwrap_or(1);
+        let tested: &[u32] = if self.ab {
+            &self.levels
+        } else {
+            self.levels.get(1..).unwrap_or(&[])
+        };
+        // One step at `level`: its block and its baseline's, as long.
+        let step = |level: u32| {
+            let n = self.block_sessions(level);
+            let base = if self.ab { level } else { lowest };
+            [(n, in_flight(level)), (n, in_flight(base))]
+        };
+        match self.allocation {
+            Allocation::Fixed { .. } => {
+                let arms = if self.ab { 2 } else { 1 };
+                let all: Vec<(u64, u32)> = self
+                    .levels
+                    .iter()
+                    .flat_map(|&l| {
+                        std::iter::repeat_n((self.block_sessions(l), in_flight(l)), arms)
+                    })
+                    .collect();
+                (blocks(all.clone()), blocks(all))
+            }
+            Allocation::Adaptive { max_sessions } => {
+                let waves = |b: &[(u64, u32)]| -> f64 {
+                    b.iter()
+                        .map(|&(s, c)| (s as f64 / f64::from(c.max(1))).ceil())
+                        .sum()
+                };
+                let fewest = tested
+                    .iter()
+                    .map(|&l| step(l).to_vec())
+                    .min_by(|a, b| waves(a).total_cmp(&waves(b)))
+                    .unwrap_or_default();
+                let most = tested
+                    .iter()
+                    .flat_map(|&l| {
+                        let steps = max_sessions.div_ceil(self.block_sessions(l).max(1));
+                        std::iter::repeat_n(step(l), steps as usize).flatten()
+                    })
+                    .collect();
+                (blocks(fewest), blocks(most))
+            }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A fixed A/B sweep is priced exactly: every level's two arms once, each a restart,
+    /// at least the level's sessions; an adaptive one from one step to every level's cap.
+    #[test]
+    fn a_sweep_is_priced_by_its_fewest_and_its_most_blocks() {
+        let policy = crate::evidence::Policy::default();
+        let fixed = LoadParams::new(
+            vec![8, 80],
+            true,
+            Allocation::Fixed { sessions: 40 },
+            &policy,
+            1,
+        );
+        let (fewest, most) = fixed.planned_blocks();
+        assert_eq!(fewest, most);
+        assert_eq!(most.restarts, 4);
+        assert_eq!(most.blocks, vec![(40, 8), (40, 8), (80, 80), (80, 80)]);
+        let adaptive = LoadParams::new(
+            vec![8, 80],
+            false,
+            Allocation::Adaptive { max_sessions: 320 },
+            &policy,
+            1,
+        );
+        let (fewest, most) = adaptive.planned_blocks();
+        // Without a flag the lowest level (8) is every level's baseline and untested: a
+        // step at 80 is a block of 160 at 80 in flight and one as long at 8 in flight.
+        assert_eq!(fewest.blocks, vec![(160, 80), (160, 8)]);
+        assert_eq!(most.blocks, vec![(160, 80), (160, 8), (160, 80), (160, 8)]);
+        assert_eq!(most.restarts, 4);
+        // With a flag every level is tested against its own off arm.
+        let ab = LoadParams::new(
+            vec![8, 80],
+            true,
+            Allocation::Adaptive { max_sessions: 320 },
+            &policy,
+            1,
+        );
+        let (fewest, most) = ab.planned_blocks();
+        // The cheapest step in waves: 160 at 80 in flight is 2 waves, 20 at 8 is 3.
+        assert_eq!(fewest.blocks, vec![(160, 80), (160, 80)]);
+        // Level 8: blocks of 20, 16 steps of two; level 80: blocks of 160, 2 steps.
+        assert_eq!(most.blocks.len(), 2 * 16 + 2 * 2);
+    }
 
     #[test]
     fn levels_up_to_doubles_from_eight() {

@@ -167,6 +167,13 @@ pub struct TestbedOptions {
 }
 
 impl TestbedOptions {
+    /// Where the target's state lives (the lock, the journal, its measured costs).
+    pub(crate) fn state_dir(&self) -> PathBuf {
+        self.state_root
+            .clone()
+            .unwrap_or_else(crate::launch::state_root)
+    }
+
     /// The spec of a testbed over `target` that writes nothing.
     pub(crate) fn read_only<'a>(
         &'a self,
@@ -199,6 +206,8 @@ impl TestbedOptions {
 pub(crate) struct Closed {
     pub stopped: anyhow::Result<()>,
     pub restored: anyhow::Result<()>,
+    /// What the testbed spent while open (restarts, driving): its command's cost.
+    pub spent: crate::core::cost::Spent,
 }
 
 impl Closed {
@@ -237,12 +246,12 @@ pub(crate) fn record_written<T>(
 /// command's record in `state` from the outcome combined with the close
 /// ([`Closed::combine`]: a failed restore is what the record and the user read first)
 /// and write it; a failed write never hides the outcome ([`record_written`]). `end` also
-/// gets the seconds closing took.
+/// gets the seconds closing took and what each testbed spent ([`Ending`]).
 pub(crate) async fn lifecycle<S, T>(
     bed: Testbed<'_>,
     state: &mut S,
     body: impl AsyncFnOnce(&mut Testbed<'_>, &mut S) -> anyhow::Result<T>,
-    end: impl FnOnce(&mut S, &anyhow::Result<T>, f64) -> anyhow::Result<()>,
+    end: impl FnOnce(&mut S, &anyhow::Result<T>, &Ending) -> anyhow::Result<()>,
 ) -> anyhow::Result<T> {
     lifecycle_lanes(
         vec![bed],
@@ -260,18 +269,45 @@ pub(crate) async fn lifecycle_lanes<S, T>(
     mut beds: Vec<Testbed<'_>>,
     state: &mut S,
     body: impl AsyncFnOnce(&mut [Testbed<'_>], &mut S) -> anyhow::Result<T>,
-    end: impl FnOnce(&mut S, &anyhow::Result<T>, f64) -> anyhow::Result<()>,
+    end: impl FnOnce(&mut S, &anyhow::Result<T>, &Ending) -> anyhow::Result<()>,
 ) -> anyhow::Result<T> {
     let outcome = body(&mut beds, state).await;
     let closing = std::time::Instant::now();
     let closed = futures::future::join_all(beds.into_iter().map(Testbed::close)).await;
-    let close_s = closing.elapsed().as_secs_f64();
+    let ending = Ending {
+        close_s: closing.elapsed().as_secs_f64(),
+        spent: closed.iter().map(|c| c.spent).collect(),
+    };
     let outcome = closed
         .into_iter()
         .rev()
         .fold(outcome, |outcome, closed| closed.combine(outcome));
-    let written = end(state, &outcome, close_s);
+    let written = end(state, &outcome, &ending);
     record_written(outcome, written)
+}
+
+/// What a command's end is told besides its outcome: how long closing took and what
+/// each of its testbeds (one per replica set) spent while open.
+pub(crate) struct Ending {
+    pub close_s: f64,
+    pub spent: Vec<crate::core::cost::Spent>,
+}
+
+impl Ending {
+    /// The command's cost (core::cost) over `wall_s` seconds of wall time.
+    pub(crate) fn cost(&self, wall_s: f64) -> crate::core::cost::Cost {
+        crate::core::cost::Cost::spent(&self.spent, wall_s)
+    }
+
+    /// The target's measured rates (core::cost::Rates, kept in `state_dir`) take in what
+    /// every testbed spent, so the next command's planned cost is priced on them.
+    pub(crate) fn keep_rates(&self, state_dir: &Path, target: &str) {
+        crate::results::rates::update(state_dir, target, |r| {
+            for spent in &self.spent {
+                r.take(spent);
+            }
+        });
+    }
 }
 
 /// Opens one testbed per lane (`specs[i]` over `controls[i]`, its progress
@@ -330,6 +366,8 @@ pub(crate) struct Testbed<'a> {
     /// ([`crate::core::effective::build_identity`]).
     builds: BTreeMap<String, Option<String>>,
     reference_cache: Option<PathBuf>,
+    /// Every restart and drive so far, as measured here: the cost of any command.
+    spent: crate::core::cost::Spent,
 }
 
 impl<'a> Testbed<'a> {
@@ -403,6 +441,7 @@ impl<'a> Testbed<'a> {
             builds: BTreeMap::new(),
             reference_cache: spec.reference_cache.map(Path::to_path_buf),
             tool_calls_probed: std::sync::atomic::AtomicBool::new(false),
+            spent: Default::default(),
         })
     }
 
@@ -549,6 +588,8 @@ impl<'a> Testbed<'a> {
             })
             .collect();
         restarted.restart_s = (started.elapsed().as_secs_f64() - restarted.health_wait_s).max(0.0);
+        self.spent.restarts += 1;
+        self.spent.restart_s += restarted.restart_s + restarted.health_wait_s;
         Ok(restarted)
     }
 
@@ -724,6 +765,15 @@ impl<'a> Testbed<'a> {
         stats.restarts = restarts;
         stats.unrun = unrun;
         stats.finish();
+        self.spent.drive_s += driven.wall_s;
+        self.spent.sessions += u64::from(drive_plan.sessions);
+        // Concurrency 0 (or at least the sessions) starts them all at once: one wave. A
+        // part wave counts whole, as the planned cost prices it (core::cost::plan).
+        let in_flight = match drive_plan.concurrency {
+            0 => drive_plan.sessions,
+            c => c.min(drive_plan.sessions),
+        };
+        self.spent.waves += (f64::from(drive_plan.sessions) / f64::from(in_flight.max(1))).ceil();
         self.progress.arm_finished(block, &stats);
         Ok((stats, driven))
     }
@@ -1114,7 +1164,11 @@ impl<'a> Testbed<'a> {
             }
             None => Ok(()),
         };
-        Closed { stopped, restored }
+        Closed {
+            stopped,
+            restored,
+            spent: self.spent,
+        }
     }
 }
 

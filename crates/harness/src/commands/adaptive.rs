@@ -141,8 +141,8 @@ pub async fn run_adaptive_on(
         beds,
         &mut run,
         async |beds, run| run.blocks(beds).await,
-        |run, outcome, close_s| {
-            run.phases.close_s = close_s;
+        |run, outcome, ending| {
+            run.phases.close_s = ending.close_s;
             run.record.adaptive = Some(run.schedule.record().clone());
             if outcome.is_ok() {
                 finish_verdict(plan, &run.workload, run.record);

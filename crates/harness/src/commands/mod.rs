@@ -52,7 +52,7 @@ pub trait EnginePlan {
     fn engines(&self) -> Engines<'_>;
 
     /// Whether the command runs its blocks on every replica set of its target at once
-    /// (`run`, fixed design); the others run on the first set alone.
+    /// (`run`; a whole `matrix`); the others run on the first set alone.
     fn uses_replicas(&self) -> bool {
         false
     }
@@ -66,6 +66,25 @@ pub trait EnginePlan {
     }
 }
 
+/// The units a command's planned cost is priced in (core::cost): each as given on the
+/// command line, else as this target's earlier commands measured it (kept in the
+/// testbed's state directory), else unknown.
+pub(crate) fn cost_units(
+    testbed: &crate::arm::TestbedOptions,
+    target: &str,
+    given: crate::core::cost::CostUnits,
+) -> (crate::core::cost::Unit, crate::core::cost::Unit) {
+    use crate::core::cost::Unit;
+    let rates = crate::results::rates::read(&testbed.state_dir(), target);
+    (
+        Unit::pick(
+            given.restart_s,
+            rates.per_restart().map(|s| (s, rates.restarts as f64)),
+        ),
+        Unit::pick(given.session_s, rates.per_wave().map(|s| (s, rates.waves))),
+    )
+}
+
 /// What a command that runs on the first replica set alone says of `target`, where it
 /// has several; `None` on a single replica.
 pub fn first_set_note(target: &crate::config::TargetProfile) -> Option<String> {
@@ -75,7 +94,7 @@ pub fn first_set_note(target: &crate::config::TargetProfile) -> Option<String> {
     let names: Vec<&str> = target.replicas.iter().map(|r| r.name.as_str()).collect();
     Some(format!(
         "note: this command runs on replica set {} alone; the target's other sets ({}) sit \
-         idle (only `bisect run` uses replicas so far)",
+         idle (`bisect run` and a whole `bisect matrix` use every set)",
         target.replica_name(),
         names.join(", ")
     ))

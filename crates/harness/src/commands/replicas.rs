@@ -73,10 +73,10 @@ impl<'p> ReplicaSets<'p> {
         let progress = sets
             .iter()
             .map(|set| -> Box<dyn Progress + 'p> {
-                Box::new(LaneProgress {
-                    inner: progress,
-                    replica: (lanes > 1).then(|| set.replica_name().to_string()),
-                })
+                Box::new(LaneProgress::new(
+                    progress,
+                    (lanes > 1).then(|| set.replica_name().to_string()),
+                ))
             })
             .collect();
         ReplicaSets { sets, progress }
@@ -111,9 +111,16 @@ impl<'p> ReplicaSets<'p> {
 
 /// A lane's progress: the command's own, its notes naming the replica set they are
 /// about where there are several.
-struct LaneProgress<'a> {
+pub(crate) struct LaneProgress<'a> {
     inner: &'a dyn Progress,
     replica: Option<String>,
+}
+
+impl<'a> LaneProgress<'a> {
+    /// `inner`'s notes, prefixed `replica NAME:` when `replica` names the set.
+    pub(crate) fn new(inner: &'a dyn Progress, replica: Option<String>) -> Self {
+        LaneProgress { inner, replica }
+    }
 }
 
 impl Progress for LaneProgress<'_> {
@@ -178,8 +185,8 @@ pub async fn run_on_replicas(
         beds,
         &mut state,
         async |beds, state| run_rounds(plan, beds, &results, state).await,
-        |state, outcome, close_s| {
-            state.phases.close_s = close_s;
+        |state, outcome, ending| {
+            state.phases.close_s = ending.close_s;
             if outcome.is_ok() {
                 finish_verdict(plan, &mut state.record);
             }

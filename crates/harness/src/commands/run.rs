@@ -25,7 +25,7 @@ use crate::config::{FlagSpec, TargetProfile, Workload};
 use crate::control::EngineControl;
 use crate::core::arm_stats::ArmLabel;
 use crate::core::classify::Classifier;
-use crate::core::cost::{plan as plan_cost, Blocks, Cost, Planned, Unit};
+use crate::core::cost::{plan as plan_cost, Blocks, Cost, CostUnits, Planned};
 use crate::core::evidence::Policy;
 use crate::core::phases::Phases;
 use crate::core::pressure::{size, Tokens};
@@ -60,13 +60,6 @@ pub struct RunPlan {
     /// `--restart-cost` / `--session-cost`: the units its planned cost is priced in
     /// where the target has no measured rates (core::cost).
     pub costs: CostUnits,
-}
-
-/// The seconds a restart and a wave of sessions cost, as the command line gives them.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct CostUnits {
-    pub restart_s: Option<f64>,
-    pub session_s: Option<f64>,
 }
 
 /// What `--adaptive` adds to a run plan.
@@ -121,8 +114,8 @@ pub async fn run_experiment(
         bed,
         &mut state,
         async |bed, (record, phases)| run_blocks(plan, bed, &results, record, phases).await,
-        |(record, phases), outcome, close_s| {
-            phases.close_s = close_s;
+        |(record, phases), outcome, ending| {
+            phases.close_s = ending.close_s;
             if outcome.is_ok() {
                 finish_verdict(plan, record);
             }
@@ -172,10 +165,7 @@ pub(crate) fn end_record_on(
 
 /// Where the target's measured rates are kept (bisect's state directory).
 fn rates_root(plan: &RunPlan) -> PathBuf {
-    plan.testbed
-        .state_root
-        .clone()
-        .unwrap_or_else(crate::launch::state_root)
+    plan.testbed.state_dir()
 }
 
 /// What `plan` is expected to cost (`run --dry-run` prints it; every run says it as it
@@ -183,15 +173,7 @@ fn rates_root(plan: &RunPlan) -> PathBuf {
 /// at this target's measured rates. An adaptive run's blocks depend on its data: it is
 /// priced for its first pair of blocks, and says so.
 pub fn planned_cost(plan: &RunPlan) -> Planned {
-    let rates = crate::results::rates::read(&rates_root(plan), &plan.target.name);
-    let restart = Unit::pick(
-        plan.costs.restart_s,
-        rates.per_restart().map(|s| (s, rates.restarts as f64)),
-    );
-    let wave = Unit::pick(
-        plan.costs.session_s,
-        rates.per_wave().map(|s| (s, rates.waves)),
-    );
+    let (restart, wave) = super::cost_units(&plan.testbed, &plan.target.name, plan.costs);
     let c = plan.workload.target_concurrency();
     // Blocks at once: a fixed run's sets in pairs (an odd one sits idle), an adaptive
     // run's every set (a pair each).

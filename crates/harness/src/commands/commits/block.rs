@@ -98,6 +98,8 @@ pub(crate) struct Ran {
     pub arm: Option<ArmRecord>,
     pub wall_s: f64,
     pub engine_info: serde_json::Map<String, serde_json::Value>,
+    /// What the block's testbed spent (restarts, driving): the search's cost.
+    pub spent: crate::core::cost::Spent,
 }
 
 impl Ran {
@@ -133,6 +135,33 @@ pub(crate) struct BlockContext<'c> {
     pub writes: Writes<'c>,
     /// `--oracle solo`: each block's sessions also run alone first.
     pub oracle: Option<crate::core::solo::SoloOracle>,
+}
+
+impl<'c> BlockContext<'c> {
+    /// The same context for a lane of a round on replica sets: its notes through
+    /// `progress` (which names the set), stopped by `cancel`.
+    pub(crate) fn on_lane<'l>(
+        &self,
+        progress: &'l dyn Progress,
+        cancel: tokio_util::sync::CancellationToken,
+    ) -> BlockContext<'l>
+    where
+        'c: 'l,
+    {
+        BlockContext {
+            workload: self.workload,
+            policy: self.policy,
+            api_key: self.api_key.clone(),
+            progress,
+            cancel,
+            controls: self.controls,
+            writes: Writes {
+                pins: self.writes.pins,
+                testbed: self.writes.testbed,
+            },
+            oracle: self.oracle,
+        }
+    }
 }
 
 /// One block at the commit's target into `dir`, with `flag` (the flag under test and
@@ -197,6 +226,7 @@ pub(crate) async fn run_block(
     }
     .await;
     let closed = bed.close().await;
+    let spent = closed.spent;
     let outcome = closed.combine(outcome);
     let wall_s = started.elapsed().as_secs_f64();
     match outcome {
@@ -212,6 +242,7 @@ pub(crate) async fn run_block(
             arm: Some(arm),
             wall_s,
             engine_info: info.into_iter().collect(),
+            spent,
         }),
         Err(e) if stops_the_search(&e) => Err(e),
         Err(e) => Ok(Ran {
@@ -221,6 +252,7 @@ pub(crate) async fn run_block(
             arm: None,
             wall_s,
             engine_info: Default::default(),
+            spent,
         }),
     }
 }

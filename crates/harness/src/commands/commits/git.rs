@@ -118,6 +118,13 @@ pub(crate) fn first_parent_range(
     Ok(commits)
 }
 
+/// `path` from this process's directory: `git -C REPO worktree add` reads a relative
+/// path from the repository, and a build runs in the worktree by its path from here, so
+/// a relative `--results` (the default) would put the worktree where no build finds it.
+fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
 /// The worktrees of one search, under `root` (a folder in the search's results).
 pub struct Worktrees {
     /// `None` for a search over releases, which checks nothing out.
@@ -133,7 +140,7 @@ impl Worktrees {
     pub fn new(repo: &Path, root: &Path) -> Self {
         Worktrees {
             repo: Some(repo.to_path_buf()),
-            root: root.to_path_buf(),
+            root: absolute(root),
             made: Vec::new(),
             kept: false,
         }
@@ -150,7 +157,7 @@ impl Worktrees {
     pub fn none(root: &Path) -> Self {
         Worktrees {
             repo: None,
-            root: root.to_path_buf(),
+            root: absolute(root),
             made: Vec::new(),
             kept: false,
         }

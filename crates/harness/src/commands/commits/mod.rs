@@ -18,6 +18,7 @@ pub mod block;
 pub mod build;
 pub mod export;
 pub mod git;
+mod lanes;
 pub mod range;
 pub mod record;
 mod report;
@@ -243,8 +244,10 @@ pub async fn run(
         log: &mut log,
         builder: Builder::new(plan.build.clone(), &plan.dir),
         started,
+        spent: Default::default(),
     };
     let outcome = state.drive(logged, &ctx, &mut worktrees).await;
+    let spent = state.spent;
     worktrees.adopt_found();
     let removed = worktrees.remove_all();
     let outcome = match (outcome, removed) {
@@ -256,11 +259,73 @@ pub async fn run(
         record_answer(&mut record, &search, answer);
     }
     record.wall_s = started.elapsed().as_secs_f64();
+    record.cost = Some(search_cost(plan, &spent, record.wall_s));
+    crate::results::rates::update(&plan.testbed.state_dir(), &plan.target.name, |r| {
+        r.take(&spent)
+    });
     record.header.finished_at = Some(now());
     (record.header.status, record.error) = settle(&outcome);
     let written = export::write(&plan.dir, &record);
     crate::arm::record_written(outcome, written)?;
     Ok(record)
+}
+
+impl CommitsPlan {
+    /// The sets of engines the search holds: `--parallel` on a Slurm cluster, as many of
+    /// the target's replica sets as a round has steps, else one.
+    pub fn sets(&self) -> u32 {
+        match self.rounds {
+            Rounds::Local => 1,
+            Rounds::Slurm(_) => self.parallel.max(1),
+            Rounds::Replicas => self
+                .parallel
+                .clamp(1, self.target.replicas.len() as u32 + 1),
+        }
+    }
+
+    /// What the search is planned to cost (`commits --dry-run`), builds not counted:
+    /// at its fewest blocks (both ends verified: two steps) and its most (the
+    /// `--max-sessions` cap), a step one block, or with `--flag` an on and an off
+    /// block; `--parallel` steps at once on engines of their own.
+    pub fn planned_cost(&self, given: crate::core::cost::CostUnits) -> crate::core::cost::Planned {
+        use crate::core::cost::Blocks;
+        let sessions = u64::from(self.workload.sessions);
+        let block = (sessions, self.workload.target_concurrency());
+        let per_step = if self.flag.is_some() { 2 } else { 1 };
+        let blocks = |n: u64| Blocks {
+            restarts: n,
+            blocks: vec![block; n as usize],
+        };
+        let most = (self.max_sessions / sessions.max(1)).max(2 * per_step);
+        let (restart, wave) = crate::commands::cost_units(&self.testbed, &self.target.name, given);
+        crate::core::cost::plan_between(
+            &blocks(2 * per_step),
+            &blocks(most),
+            self.sets(),
+            &restart,
+            &wave,
+        )
+    }
+}
+
+/// What a search cost: its blocks' restarts and driving, on `--parallel` sets of engines
+/// held for the wall time (a round's blocks run at once, each on engines of its own, so
+/// its restarting and driving are each set's share, as `Cost::spent` takes a lane's).
+fn search_cost(
+    plan: &CommitsPlan,
+    spent: &crate::core::cost::Spent,
+    wall_s: f64,
+) -> crate::core::cost::Cost {
+    let sets = plan.sets();
+    let per_set = crate::core::cost::Spent {
+        restart_s: spent.restart_s / f64::from(sets),
+        drive_s: spent.drive_s / f64::from(sets),
+        ..*spent
+    };
+    let mut cost = crate::core::cost::Cost::spent(std::slice::from_ref(&per_set), wall_s);
+    cost.replicas = sets;
+    cost.engine_hours = f64::from(sets) * wall_s / 3600.0;
+    cost
 }
 
 /// The steps of `log_path` for `--resume`, refused when the search it logged is not this.
@@ -289,6 +354,8 @@ struct Driving<'d> {
     log: &'d mut StepLog,
     builder: Builder,
     started: Instant,
+    /// What the blocks run now (not replayed) spent: the search's cost.
+    spent: crate::core::cost::Spent,
 }
 
 impl Driving<'_> {
@@ -345,7 +412,15 @@ impl Driving<'_> {
                         self.observe_and_push(step)?;
                     }
                 }
-                _ => {
+                Rounds::Replicas => {
+                    let steps =
+                        lanes::run_round(self.plan, &planned, &mut self.builder, ctx, worktrees)
+                            .await?;
+                    for step in steps {
+                        self.observe_and_push(step)?;
+                    }
+                }
+                Rounds::Local => {
                     for p in planned {
                         let step =
                             run_step(self.plan, &p, &mut self.builder, ctx, worktrees).await?;
@@ -369,6 +444,9 @@ impl Driving<'_> {
     fn push(&mut self, step: StepEntry, live: bool) -> anyhow::Result<()> {
         if live {
             self.log.append(&step)?;
+            if let Some(engine) = &step.engine {
+                self.spent.add(engine);
+            }
         }
         let r = &mut *self.record;
         r.sessions_spent += step.spent.sessions;
@@ -392,20 +470,56 @@ pub(crate) async fn run_step(
     ctx: &BlockContext<'_>,
     worktrees: &mut Worktrees,
 ) -> anyhow::Result<StepEntry> {
-    let (commit, n) = (p.commit, p.step);
+    match build_step(plan, p, builder, ctx, worktrees).await? {
+        Prepared::Done(step) => Ok(step),
+        Prepared::Ready(ready) => run_built(plan, &plan.target, ready, ctx).await,
+    }
+}
+
+/// A planned step after its build: untestable (the step is whole), or ready to run.
+pub(crate) enum Prepared {
+    Done(StepEntry),
+    Ready(Ready),
+}
+
+/// A step whose commit is built: its entry so far, where the build is, and how the
+/// progress names it.
+pub(crate) struct Ready {
+    step: StepEntry,
+    folder: Option<PathBuf>,
+    what: String,
+}
+
+/// How the progress names the planned step's commit or release.
+fn step_words(plan: &CommitsPlan, p: &Planned) -> (String, String) {
     let short = git::short_id(&p.sha);
-    let what = match plan.range {
-        RangeSpec::Releases(_) => format!("release {short} (number {commit})"),
-        RangeSpec::Git { .. } => format!("commit {commit} {short}"),
-    };
-    let subject = match plan.range {
-        RangeSpec::Releases(_) => String::new(),
-        RangeSpec::Git { .. } => format!(" {}", p.subject),
-    };
-    ctx.progress
-        .note(&format!("step {n}: {what}{subject} ({:?})", p.purpose));
+    match plan.range {
+        RangeSpec::Releases(_) => (
+            format!("release {short} (number {})", p.commit),
+            String::new(),
+        ),
+        RangeSpec::Git { .. } => (
+            format!("commit {} {short}", p.commit),
+            format!(" {}", p.subject),
+        ),
+    }
+}
+
+/// Build the planned step's commit (cached): an untestable build ends the step here.
+pub(crate) async fn build_step(
+    plan: &CommitsPlan,
+    p: &Planned,
+    builder: &mut Builder,
+    ctx: &BlockContext<'_>,
+    worktrees: &mut Worktrees,
+) -> anyhow::Result<Prepared> {
+    let (what, subject) = step_words(plan, p);
+    ctx.progress.note(&format!(
+        "step {}: {what}{subject} ({:?})",
+        p.step, p.purpose
+    ));
     let (built, build) = builder
-        .build(commit, &p.sha, worktrees, &ctx.cancel)
+        .build(p.commit, &p.sha, worktrees, &ctx.cancel)
         .await?;
     let spent = Spent {
         build_s: build.as_ref().map(|b| b.seconds),
@@ -418,20 +532,34 @@ pub(crate) async fn run_step(
         build,
         ..p.step_entry(untold, spent)
     };
-    let folder = match built {
+    match built {
         Built::Untestable(reason) => {
             ctx.progress
                 .note(&format!("{what} is untestable: {reason}"));
             step.observation = Observation::Untestable { reason };
-            return Ok(step);
+            Ok(Prepared::Done(step))
         }
-        Built::Ready(folder) => folder,
-    };
+        Built::Ready(folder) => Ok(Prepared::Ready(Ready { step, folder, what })),
+    }
+}
+
+/// Run a built step's blocks on `set` (the plan's target, or one of its replica sets).
+pub(crate) async fn run_built(
+    plan: &CommitsPlan,
+    set: &TargetProfile,
+    ready: Ready,
+    ctx: &BlockContext<'_>,
+) -> anyhow::Result<StepEntry> {
+    let Ready {
+        mut step,
+        folder,
+        what,
+    } = ready;
     let target = block::commit_target(
-        &plan.target,
+        set,
         plan.range.repo(),
         folder.as_deref(),
-        &p.sha,
+        &step.sha,
         &plan.dir,
     );
     let ab = plan.flag.as_ref().map(|flag| step::Ab {
@@ -494,6 +622,7 @@ fn started_record(plan: &CommitsPlan, params: &Params, commits: Vec<CommitInfo>)
         build_s: 0.0,
         replayed_steps: 0,
         wall_s: 0.0,
+        cost: None,
         error: None,
     }
 }

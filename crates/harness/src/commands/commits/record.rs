@@ -49,6 +49,13 @@ pub struct StepEntry {
     /// With `--parallel`/`--sbatch`: the first step of the round (the job array) it ran in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub round: Option<u64>,
+    /// On a target with replica sets: the set the step's blocks ran on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica: Option<String>,
+    /// What the step's blocks' testbeds spent (restarts, driving); absent in steps
+    /// logged before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<crate::core::cost::Spent>,
 }
 
 impl StepEntry {
@@ -160,6 +167,10 @@ pub struct CommitsRecord {
     pub(crate) build_s: f64,
     pub replayed_steps: usize,
     pub wall_s: f64,
+    /// What the search cost: restarts, driving, engine-hours, wall (core::cost): its
+    /// steps' blocks, a round's `--parallel` blocks on engines of their own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<crate::core::cost::Cost>,
     pub error: Option<String>,
 }
 
@@ -276,8 +287,23 @@ pub(crate) fn setup_lines(r: &CommitsRecord) -> Vec<String> {
         lines.push(format!("Pinned in every block: {}.", r.pinned.join(", ")));
     }
     if let Some(rounds) = step_labels(r).iter().filter_map(|(_, round)| *round).max() {
+        let mut sets: Vec<&str> = r
+            .steps
+            .iter()
+            .filter_map(|s| s.replica.as_deref())
+            .collect();
+        sets.sort_unstable();
+        sets.dedup();
+        let how = if sets.is_empty() {
+            "as Slurm job arrays".to_string()
+        } else {
+            format!(
+                "one per replica set ({}; the ends and the verifying A/B on the first)",
+                sets.join(", ")
+            )
+        };
         lines.push(format!(
-            "Up to {} blocks a round, side by side as Slurm job arrays: {} steps in {} rounds.",
+            "Up to {} blocks a round, side by side {how}: {} steps in {} rounds.",
             r.params.parallel,
             r.steps.len(),
             rounds
@@ -287,7 +313,8 @@ pub(crate) fn setup_lines(r: &CommitsRecord) -> Vec<String> {
 }
 
 /// Each step's label for the tables: its number, and with rounds (`--parallel`) the
-/// round's (1-based, in order), e.g. "6 (round 3)"; and that round number.
+/// round's (1-based, in order) and on replica sets the set's, e.g. "6 (round 3)" or
+/// "6 (round 3, set b)"; and that round number.
 pub(crate) fn step_labels(r: &CommitsRecord) -> Vec<(String, Option<usize>)> {
     let mut seen = 0;
     let mut last = None;
@@ -300,7 +327,11 @@ pub(crate) fn step_labels(r: &CommitsRecord) -> Vec<(String, Option<usize>)> {
                     seen += 1;
                     last = Some(round);
                 }
-                (format!("{} (round {seen})", st.step), Some(seen))
+                let set = st
+                    .replica
+                    .as_deref()
+                    .map_or(String::new(), |name| format!(", set {name}"));
+                (format!("{} (round {seen}{set})", st.step), Some(seen))
             }
         })
         .collect()
@@ -348,6 +379,9 @@ pub(crate) fn render_markdown(r: &CommitsRecord) -> String {
         r.build_s,
         r.wall_s
     );
+    if let Some(cost) = &r.cost {
+        s += &format!("{}\n\n", cost.line());
+    }
     s += "| step | commit | purpose | result | block |\n|---|---|---|---|---|\n";
     for (st, (label, _)) in r.steps.iter().zip(step_labels(r)) {
         s += &format!(
@@ -519,6 +553,8 @@ mod tests {
             engine_info: Default::default(),
             arms: vec![arm("on", "1", 14), arm("off", "0", 1)],
             round: None,
+            replica: None,
+            engine: None,
         }
     }
 

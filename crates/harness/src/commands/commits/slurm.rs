@@ -33,6 +33,9 @@ pub enum Rounds {
     /// In this process, one after another.
     #[default]
     Local,
+    /// In this process, a round's steps at once on the target's replica sets
+    /// ([`super::lanes`]).
+    Replicas,
     /// One Slurm array task per block of the round.
     Slurm(SlurmRounds),
 }

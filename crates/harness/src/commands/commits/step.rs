@@ -41,6 +41,7 @@ pub(crate) async fn run_blocks(
         .await?;
         step.spent.block_s = Some(ran.wall_s);
         step.spent.sessions = sessions;
+        step.engine = Some(ran.spent);
         step.dir = Some(format!("blocks/b{n:03}"));
         step.wall_s = Some(ran.wall_s);
         step.peak_engine = ran.peak_engine();
@@ -49,6 +50,7 @@ pub(crate) async fn run_blocks(
         return Ok(());
     };
     let mut arms = Vec::new();
+    let mut engine = crate::core::cost::Spent::default();
     for (arm, value) in [("on", flag.on.as_str()), ("off", flag.off.as_str())] {
         let label = format!("b{n:03}-{arm}");
         let dir = root.join("blocks").join(&label);
@@ -60,6 +62,7 @@ pub(crate) async fn run_blocks(
             observation_words(&ran.observation)
         ));
         let could_not_tell = !matches!(ran.observation, Observation::Block { .. });
+        engine.add(&ran.spent);
         arms.push(arm_step(arm, value, &label, ran));
         if could_not_tell {
             break;
@@ -71,6 +74,7 @@ pub(crate) async fn run_blocks(
     step.spent.block_s = Some(arms.iter().map(|a| a.wall_s).sum());
     step.spent.sessions = sessions * arms.len() as u64;
     step.wall_s = step.spent.block_s;
+    step.engine = Some(engine);
     step.arms = arms;
     Ok(())
 }

@@ -52,6 +52,8 @@ impl Planned {
             engine_info: Default::default(),
             arms: Vec::new(),
             round: None,
+            replica: None,
+            engine: None,
         }
     }
 

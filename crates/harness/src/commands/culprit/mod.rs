@@ -34,6 +34,7 @@ use crate::config::Pin;
 use crate::config::{FlagSpec, Setting, TargetProfile, Workload};
 use crate::control::EngineControl;
 use crate::core::classify::Classifier;
+use crate::core::cost::{plan_between, Blocks, Planned};
 use crate::core::culprit::{
     navigate_alpha, search, Answer, BlockOutcome, BlockRequest, Event, FlagValues, SearchParams,
     SearchReport, StepRecord, MIN_BLOCK,
@@ -132,6 +133,23 @@ impl CulpritPlan {
         p.degraded_fraction = self.policy.degraded_fraction;
         p.min_load_fraction = self.policy.min_load_fraction;
         p
+    }
+}
+
+impl CulpritPlan {
+    /// What the search is planned to cost (`culprit --dry-run`): its blocks depend on
+    /// what it finds, so it is priced at its fewest (a failing end that is degraded or
+    /// cannot fail ends it after one block) and at its most (the budget in blocks).
+    pub fn planned_cost(&self, given: crate::core::cost::CostUnits) -> Planned {
+        let p = self.search_params(Vec::new());
+        let block = (p.block, p.concurrency);
+        let most = (self.budget / p.block.max(1)).max(1);
+        let blocks = |n: u64| Blocks {
+            restarts: n,
+            blocks: vec![block; n as usize],
+        };
+        let (restart, wave) = crate::commands::cost_units(&self.testbed, &self.target.name, given);
+        plan_between(&blocks(1), &blocks(most), 1, &restart, &wave)
     }
 }
 
@@ -342,11 +360,13 @@ pub async fn run(
         report
     };
     let bed = Testbed::open(spec, control, progress, cancel)?;
-    lifecycle(bed, &mut record, body, |record, outcome, _| {
+    lifecycle(bed, &mut record, body, |record, outcome, ending| {
         if let Ok(report) = outcome {
             record_answer(record, plan, &flags, report);
         }
         record.wall_s = started.elapsed().as_secs_f64();
+        record.cost = Some(ending.cost(record.wall_s));
+        ending.keep_rates(&plan.testbed.state_dir(), &plan.target.name);
         record.header.finished_at = Some(crate::commands::run::now());
         (record.header.status, record.error) = settle(outcome);
         export::write(&plan.dir, record)
@@ -410,6 +430,7 @@ fn started_record(plan: &CulpritPlan, params: &SearchParams) -> CulpritRecord {
         restarts: 0,
         replayed_blocks: 0,
         wall_s: 0.0,
+        cost: None,
         error: None,
     }
 }

@@ -53,6 +53,9 @@ pub struct CulpritRecord {
     /// Blocks answered from the step log of an earlier run (`--resume`).
     pub replayed_blocks: u64,
     pub wall_s: f64,
+    /// What the search cost: restarts, driving, engine-hours, wall (core::cost).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<crate::core::cost::Cost>,
     pub error: Option<String>,
 }
 
@@ -121,6 +124,9 @@ pub(super) fn head(record: &CulpritRecord) -> Vec<String> {
         record.wall_s,
         record.budget
     )];
+    if let Some(cost) = &record.cost {
+        lines.push(cost.line());
+    }
     if !record.pinned.is_empty() {
         lines.push(format!("pinned: {}", record.pinned.join(", ")));
     }

@@ -133,6 +133,16 @@ impl BlockRunner<LevelBlock, BlockOutcome> for Blocks<'_, '_> {
     }
 }
 
+impl LoadPlan {
+    /// What the sweep is planned to cost (`load --dry-run`): a fixed sweep exactly, an
+    /// adaptive one at its fewest blocks (one step) and its most (every level's cap).
+    pub fn planned_cost(&self, given: crate::core::cost::CostUnits) -> crate::core::cost::Planned {
+        let (fewest, most) = self.params.planned_blocks();
+        let (restart, wave) = crate::commands::cost_units(&self.testbed, &self.target.name, given);
+        crate::core::cost::plan_between(&fewest, &most, 1, &restart, &wave)
+    }
+}
+
 /// Rewrites the record after every block.
 struct Recorder<'r> {
     record: &'r mut LoadRecord,
@@ -190,7 +200,11 @@ pub async fn run(
             bed.pin(&plan.pins)?;
             sweep_on(bed, &job, record, started).await
         },
-        |record, outcome, _| finish(record, outcome, started, &plan.dir),
+        |record, outcome, ending| {
+            record.cost = Some(ending.cost(started.elapsed().as_secs_f64()));
+            ending.keep_rates(&plan.testbed.state_dir(), &plan.target.name);
+            finish(record, outcome, started, &plan.dir)
+        },
     )
     .await?;
     Ok(record)
@@ -339,6 +353,7 @@ pub(crate) fn started_record(
         report: None,
         pressure: Vec::new(),
         wall_s: 0.0,
+        cost: None,
         error: None,
     }
 }

@@ -30,9 +30,56 @@ impl crate::commands::EnginePlan for MatrixJob {
     fn engines(&self) -> crate::commands::Engines<'_> {
         crate::commands::Engines::new(&self.target, &self.dir, self.api_key.as_deref())
     }
+
+    /// A whole matrix runs on every replica set ([`super::lanes`]); a shard on set a.
+    fn uses_replicas(&self) -> bool {
+        self.shard.is_none()
+    }
 }
 
 impl MatrixJob {
+    /// What this invocation is planned to cost (`matrix --dry-run`): a restart per
+    /// restart group and a block per cell and repeat, exactly; a load cell's sweep at
+    /// its fewest and its most blocks; a whole matrix on replica sets runs them at once
+    /// (the groups dealt to the sets, [`super::lanes`]).
+    pub fn planned_cost(&self, given: crate::core::cost::CostUnits) -> crate::core::cost::Planned {
+        use crate::core::cost::Blocks;
+        let none = || Blocks {
+            restarts: 0,
+            blocks: Vec::new(),
+        };
+        let (mut fewest, mut most) = (none(), none());
+        let mut plain_groups = std::collections::BTreeSet::new();
+        for cell in self.cells() {
+            let Some(sweep) = &cell.load else {
+                plain_groups.insert(cell.group);
+                let mut w = self.plan.workload.clone();
+                w.sessions = cell.sessions;
+                let blocks = vec![
+                    (u64::from(cell.sessions), w.target_concurrency());
+                    self.plan.repeats.max(1) as usize
+                ];
+                fewest.blocks.extend(&blocks);
+                most.blocks.extend(blocks);
+                continue;
+            };
+            let (low, high) = super::load_cell::sweep_params(self, sweep).planned_blocks();
+            fewest.restarts += low.restarts;
+            fewest.blocks.extend(low.blocks);
+            most.restarts += high.restarts;
+            most.blocks.extend(high.blocks);
+        }
+        fewest.restarts += plain_groups.len() as u64;
+        most.restarts += plain_groups.len() as u64;
+        let sets = if crate::commands::EnginePlan::uses_replicas(self) {
+            self.target.replicas.len() as u32 + 1
+        } else {
+            1
+        };
+        let (restart, wave) = crate::commands::cost_units(&self.testbed, &self.target.name, given);
+        crate::core::cost::plan_between(&fewest, &most, sets, &restart, &wave)
+    }
+
     /// The cells this invocation runs: the shard's, or all.
     pub fn cells(&self) -> Vec<&Cell> {
         match &self.shard {

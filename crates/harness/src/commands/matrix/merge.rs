@@ -173,6 +173,14 @@ fn joined_record(
         baseline: None,
         regressions: Vec::new(),
         engine_info,
+        // Shards run side by side, each on engines of its own: a replica set each.
+        cost: Some(crate::core::cost::Cost::together(
+            &shards
+                .iter()
+                .filter_map(|(_, r)| r.cost.clone())
+                .collect::<Vec<_>>(),
+        ))
+        .filter(|c| c.replicas > 0),
         error: None,
         night: first.night.clone(),
     }

@@ -11,12 +11,15 @@
 //! - [`load_cell`]: a `kind = "load"` cell: the `bisect load` sweep, its threshold
 //!   compared with the baseline's.
 //! - [`merge`]: joining shard directories.
+//! - [`lanes`]: a matrix on replica sets: the groups dealt to the sets as shards, run
+//!   at once, merged.
 //! - [`export`]: matrix.json, matrix.csv, summary.md, junit.xml.
 
 pub mod baseline;
 pub mod cells;
 pub mod export;
 pub mod job;
+pub mod lanes;
 pub mod load_cell;
 pub mod merge;
 pub mod plan;

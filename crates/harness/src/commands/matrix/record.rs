@@ -59,6 +59,10 @@ pub struct MatrixRecord {
     /// `/server_info` per restart group and role, where the engine serves it.
     #[serde(default)]
     pub engine_info: BTreeMap<String, serde_json::Value>,
+    /// What the matrix cost: restarts, driving, engine-hours, wall (core::cost; a merged
+    /// matrix: its shards' together, each shard a replica set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<crate::core::cost::Cost>,
     pub error: Option<String>,
     /// Which night of a history this is: its label, the build it ran, bisect's version
     /// (`bisect history` reads them; absent in records written before it).

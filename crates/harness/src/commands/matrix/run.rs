@@ -51,12 +51,15 @@ pub async fn run_matrix(
         }
     }
     let spec = job.testbed.spec(&job.target, job.api_key.clone(), flags);
+    let started = std::time::Instant::now();
     let bed = Testbed::open(spec, control, progress, cancel)?;
     lifecycle(
         bed,
         &mut record,
         async |bed, record| run_groups(job, bed, record).await,
-        |record, outcome, _| {
+        |record, outcome, ending| {
+            record.cost = Some(ending.cost(started.elapsed().as_secs_f64()));
+            ending.keep_rates(&job.testbed.state_dir(), &job.target.name);
             (record.header.status, record.error) = settle(outcome);
             record.header.finished_at = Some(super::record::now());
             export::write_all(&job.dir, record)
@@ -66,7 +69,7 @@ pub async fn run_matrix(
     Ok(record)
 }
 
-fn initial_record(job: &MatrixJob) -> MatrixRecord {
+pub(super) fn initial_record(job: &MatrixJob) -> MatrixRecord {
     let workload_hash = job.plan.workload_hash();
     MatrixRecord {
         header: crate::results::RecordHeader::running(
@@ -89,6 +92,7 @@ fn initial_record(job: &MatrixJob) -> MatrixRecord {
         baseline: None,
         regressions: Vec::new(),
         engine_info: BTreeMap::new(),
+        cost: None,
         error: None,
         night: job.night.clone(),
     }

@@ -217,9 +217,12 @@ fn transcript() -> Transcript {
 
 #[tokio::test]
 async fn connection_refused_is_an_error_not_a_timeout() {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    drop(listener);
+    // A port bound and never listened on: connects are refused, and no other test of
+    // this binary can take it while the socket is held (a port freed by dropping a
+    // listener could be taken by a server of a test running beside this one).
+    let held = tokio::net::TcpSocket::new_v4().unwrap();
+    held.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let port = held.local_addr().unwrap().port();
     let client = ChatClient::new(
         &format!("http://127.0.0.1:{port}/v1/"),
         "m",
@@ -501,8 +504,14 @@ async fn no_reply_in_time_is_a_timeout_and_the_next_round_gets_a_new_connection(
         assert!(matches!(outcome, ChatOutcome::Timeout), "{outcome:?}");
         assert!(!connection.is_open());
     }
+    // Each request on a connection of its own: the timed-out one is never reused. (On
+    // a loaded machine a connect that stalls is retried on a fresh connection, so a
+    // round may take two; the count is not the point.)
     let connections: Vec<usize> = seen.lock().iter().map(|s| s.connection).collect();
-    assert_eq!(connections, vec![0, 1]);
+    assert!(connections.len() >= 2, "{connections:?}");
+    let mut distinct = connections.clone();
+    distinct.dedup();
+    assert_eq!(distinct, connections, "a connection carried two requests");
     assert_eq!(counter.current(), 0);
 }
 

@@ -57,6 +57,9 @@ pub struct LoadRecord {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pressure: Vec<crate::core::pressure::Sizing>,
     pub wall_s: f64,
+    /// What the sweep cost: restarts, driving, engine-hours, wall (core::cost).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<crate::core::cost::Cost>,
     pub error: Option<String>,
 }
 
@@ -195,6 +198,9 @@ pub(super) fn facts(record: &LoadRecord) -> Vec<String> {
                 &r.stopped
             }
         ));
+        if let Some(cost) = &record.cost {
+            lines.push(cost.line());
+        }
         for sizing in &record.pressure {
             lines.push(sizing.words());
         }
@@ -251,6 +257,7 @@ mod tests {
             report: Some(report),
             pressure: Vec::new(),
             wall_s: 1.0,
+            cost: None,
             error: None,
         }
     }

@@ -377,6 +377,7 @@ pub(crate) mod tests {
             baseline: None,
             regressions: Vec::new(),
             engine_info: Default::default(),
+            cost: None,
             error: None,
             night: Default::default(),
         }

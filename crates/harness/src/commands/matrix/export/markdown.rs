@@ -75,6 +75,9 @@ fn header(s: &mut String, r: &MatrixRecord) {
         s.push_str(&format!("- pinned in every cell: {}\n", sets.join(", ")));
     }
     s.push_str(&format!("- status: {}\n", r.header.status));
+    if let Some(cost) = &r.cost {
+        s.push_str(&format!("- {}\n", cost.line()));
+    }
     match &r.baseline {
         Some(b) => s.push_str(&format!(
             "- baseline: `{}` ({}, started {}): {} compared ({}, {}-corrected, alpha {}, min effect {}, tokens/s noise {}){}, {} not comparable, {} new, {} missing here\n",
