@@ -3,6 +3,9 @@
 //! run through the real stopping code, next to the designs it replaces or was chosen over:
 //! - `e-process`: the chosen design (`SequentialDesign::plan`, looks every 20 sessions per
 //!   arm, cap sized for the goal's power at 1% vs 6%);
+//! - `e-process mix`: the same test with `Bet::DesignMixture` (half on the plug-in, half on
+//!   fixed alternatives at the design effect), its cap planned for it
+//!   (`SequentialDesign::plan_with_bet`): tried for small effects, not the default;
 //! - `group-seq`: Lan-DeMets O'Brien-Fleming-type spending on the pooled z statistic, cap
 //!   inflated from the fixed design for the same power, repeated Newcombe intervals for
 //!   `cleared`;
@@ -16,6 +19,9 @@
 //! power otherwise), cleared and undecided, sessions (both arms: mean and 95th
 //! percentile), looks and restarts (two per look), and mean sessions over those of the
 //! `fixed N` design. Printed as a table and again as markdown for docs/sequential.md.
+//! Then, per effect, how close the e-processes come to Wald's bound, beside an oracle
+//! (`Bet::Fixed` at the scenario's true rates, cap planned with the bet at the design
+//! point): what no bet of this family can beat.
 //!
 //! Run: `cargo bench --bench sequential`; `BISECT_SEQ_REPS=20000` for more experiments per
 //! cell (default 5000).
@@ -24,7 +30,7 @@ use std::time::Instant;
 
 use bisect_harness::core::sequential::group_sequential;
 use bisect_harness::core::sequential::{
-    draw_binomial, CostModel, Decision, DesignGoal, Direction, OperatingCharacteristics,
+    draw_binomial, Bet, CostModel, Decision, DesignGoal, Direction, OperatingCharacteristics,
     SequentialDesign, SimulatedRun,
 };
 use bisect_harness::core::stats;
@@ -368,25 +374,38 @@ fn main() {
         };
         let fixed_n = stats::sessions_per_arm(goal.baseline, goal.min_effect, alpha, goal.power);
         let design = SequentialDesign::plan(goal).expect("the default goal is plannable");
+        let mixture = SequentialDesign::plan_with_bet(goal, Bet::DesignMixture)
+            .expect("the default goal is plannable");
         let group = GroupSequential::plan(&goal, fixed_n);
         designs.push(format!(
             "alpha {alpha}: power {} at {:.0}% vs {:.0}%; e-process cap {} per arm ({} looks); \
-             group-seq cap {} per arm ({} looks); fixed N {} per arm",
+             e-process mix cap {} per arm; group-seq cap {} per arm ({} looks); fixed N {} per arm",
             goal.power,
             100.0 * (goal.baseline + goal.min_effect),
             100.0 * goal.baseline,
             design.max_per_arm,
             design.max_looks(),
+            mixture.max_per_arm,
             group.looks * BLOCK,
             group.looks,
             fixed_n
         ));
         for (index, scenario) in SCENARIOS.iter().enumerate() {
             let seed = SEED + 1000 * index as u64 + (alpha * 1000.0) as u64;
-            let methods: [(&'static str, OperatingCharacteristics); 4] = [
+            let methods: [(&'static str, OperatingCharacteristics); 5] = [
                 (
                     "e-process",
                     design.simulate(scenario.p_on, scenario.p_off, repetitions, seed),
+                ),
+                (
+                    "e-process mix",
+                    mixture.simulate_with_bet(
+                        Bet::DesignMixture,
+                        scenario.p_on,
+                        scenario.p_off,
+                        repetitions,
+                        seed,
+                    ),
                 ),
                 (
                     "group-seq",
@@ -458,50 +477,104 @@ fn main() {
             );
         }
     }
-    how_close_to_the_bound(&rows);
+    how_close_to_the_bound(&rows, repetitions);
     for alpha in [0.01, 0.05] {
-        let effects: Vec<&Row> = rows
-            .iter()
-            .filter(|r| r.alpha == alpha && !r.null && r.method == "e-process")
-            .collect();
-        let mean_ratio = effects.iter().map(|r| r.ratio).sum::<f64>() / effects.len() as f64;
-        let worst = effects.iter().map(|r| r.ratio).fold(0.0, f64::max);
-        println!(
-            "alpha {alpha}: e-process sessions / fixed N over the effects: mean {mean_ratio:.2}, \
-             worst {worst:.2}"
-        );
+        for method in ["e-process", "e-process mix"] {
+            let effects: Vec<&Row> = rows
+                .iter()
+                .filter(|r| r.alpha == alpha && !r.null && r.method == method)
+                .collect();
+            let mean_ratio = effects.iter().map(|r| r.ratio).sum::<f64>() / effects.len() as f64;
+            let worst = effects.iter().map(|r| r.ratio).fold(0.0, f64::max);
+            println!(
+                "alpha {alpha}: {method} sessions / fixed N over the effects: mean \
+                 {mean_ratio:.2}, worst {worst:.2}"
+            );
+        }
     }
 }
 
 /// Against Wald's bound (`stats::wald_min_sessions_per_arm`): for each effect, the fewest
 /// sessions any level-alpha test can expect to spend at the power the e-process reached
 /// there, and at power 0.8, both as shares of the fixed design (sized for power 0.8 at
-/// 6% vs 1%); beside them what the e-process spent. A design below 0.6x at an effect
-/// where the bound itself is above 0.6x cannot exist.
-fn how_close_to_the_bound(rows: &[Row]) {
+/// 6% vs 1%); beside them what the e-process spent, the mixture bet, and the oracle bet
+/// (`Bet::Fixed` at the true rates, cap planned with the bet fixed at the design point).
+/// A design below 0.6x at an effect where the bound itself is above 0.6x cannot exist.
+fn how_close_to_the_bound(rows: &[Row], repetitions: usize) {
+    let oracle_designs: Vec<(f64, SequentialDesign)> = [0.01, 0.05]
+        .iter()
+        .map(|&alpha| {
+            let goal = DesignGoal {
+                alpha,
+                block_per_arm: BLOCK,
+                ..DesignGoal::default()
+            };
+            let at_design = Bet::Fixed {
+                on: goal.baseline + goal.min_effect,
+                off: goal.baseline,
+            };
+            let design = SequentialDesign::plan_with_bet(goal, at_design)
+                .expect("the default goal is plannable");
+            (alpha, design)
+        })
+        .collect();
     println!();
     println!("How close to the bound (sessions, both arms, as shares of fixed N):");
+    for (alpha, design) in &oracle_designs {
+        println!(
+            "alpha {alpha}: oracle cap {} per arm (planned with the bet at the design point)",
+            design.max_per_arm
+        );
+    }
     println!(
-        "| alpha | scenario | e-process implicated | e-process mean / fixed N | bound at that power / fixed N | bound at power 0.8 / fixed N | e-process / bound at its power |"
+        "| alpha | scenario | e-process implicated | e-process mean / fixed N | mix implicated | mix / fixed N | oracle implicated | oracle / fixed N | bound at e-process's power / fixed N | bound at power 0.8 / fixed N | e-process / bound at its power |"
     );
-    println!("|---|---|---|---|---|---|---|");
-    for row in rows.iter().filter(|r| !r.null && r.method == "e-process") {
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    for (index, row) in rows
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| !r.null && r.method == "e-process")
+    {
         let fixed = row.oc.mean_sessions / row.ratio;
         let scenario = SCENARIOS
             .iter()
             .find(|s| s.name() == row.scenario)
             .expect("the row's scenario");
+        let mix = rows
+            .iter()
+            .find(|r| {
+                r.alpha == row.alpha && r.scenario == row.scenario && r.method == "e-process mix"
+            })
+            .expect("the mixture's row");
+        let (_, oracle_design) = oracle_designs
+            .iter()
+            .find(|(alpha, _)| *alpha == row.alpha)
+            .expect("an oracle design per alpha");
+        let oracle = oracle_design.simulate_with_bet(
+            Bet::Fixed {
+                on: scenario.p_on,
+                off: scenario.p_off,
+            },
+            scenario.p_on,
+            scenario.p_off,
+            repetitions,
+            SEED + 31 * index as u64,
+        );
         let power = row.oc.implicated.clamp(1e-6, 1.0 - 1e-6);
         let at_power =
             2.0 * stats::wald_min_sessions_per_arm(scenario.p_on, scenario.p_off, row.alpha, power);
         let at_80 =
             2.0 * stats::wald_min_sessions_per_arm(scenario.p_on, scenario.p_off, row.alpha, 0.8);
         println!(
-            "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.1}x |",
+            "| {} | {} | {} | {:.2} | {} | {:.2} | {} | {:.2} | {:.2} | {:.2} | {:.1}x |",
             row.alpha,
             row.scenario,
             percent(row.oc.implicated),
             row.ratio,
+            percent(mix.oc.implicated),
+            mix.ratio,
+            percent(oracle.implicated),
+            oracle.mean_sessions / fixed,
             at_power / fixed,
             at_80 / fixed,
             row.oc.mean_sessions / at_power

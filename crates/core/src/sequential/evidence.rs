@@ -4,7 +4,9 @@
 
 use statrs::function::beta::ln_beta;
 
-use super::{PlugInPrior, Tally, SEQUENCE_PRIOR};
+use super::{
+    Bet, PlugInPrior, SequentialDesign, Tally, CLEAN_BASELINE, PLUG_IN_SHARE, SEQUENCE_PRIOR,
+};
 
 /// Log of one block's e-variable (Turner, Ly and Grunwald 2021; safestats
 /// `calculateETwoProportions`): the likelihood of the block under the plug-in rates
@@ -22,18 +24,77 @@ pub(crate) fn block_log_e_value_with(
     on: Tally,
     off: Tally,
 ) -> f64 {
+    block_log_likelihood_ratio(
+        past_on.plug_in_with(prior.on),
+        past_off.plug_in_with(prior.off),
+        on,
+        off,
+    )
+}
+
+/// Log of one block's e-variable for given rates `theta_a` (on) and `theta_b` (off), both
+/// inside (0, 1): `p_{ta,tb}(block) / p_{t0,t0}(block)`, `t0 = (na ta + nb tb) / (na +
+/// nb)`. Its expectation is at most 1 under every common rate whenever the rates do not
+/// depend on the block itself: plug-in estimates from earlier blocks, or fixed
+/// alternatives ([`super::Bet`]).
+pub(crate) fn block_log_likelihood_ratio(theta_a: f64, theta_b: f64, on: Tally, off: Tally) -> f64 {
     let (na, nb) = (on.sessions as f64, off.sessions as f64);
     if na + nb == 0.0 {
         return 0.0;
     }
-    let theta_a = past_on.plug_in_with(prior.on);
-    let theta_b = past_off.plug_in_with(prior.off);
     let theta_0 = (na * theta_a + nb * theta_b) / (na + nb);
     let log_ratio = |block: Tally, theta: f64| {
         let (k, n) = (block.corrupted as f64, block.sessions as f64);
         k * (theta / theta_0).ln() + (n - k) * ((1.0 - theta) / (1.0 - theta_0)).ln()
     };
     log_ratio(on, theta_a) + log_ratio(off, theta_b)
+}
+
+/// One e-process of a [`Bet`]: the plug-in estimates, or a fixed alternative.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Component {
+    PlugIn,
+    Fixed { on: f64, off: f64 },
+}
+
+/// Fixed alternatives stay this far inside (0, 1), so that every block's factor is finite.
+const FIXED_RATE_FLOOR: f64 = 1e-4;
+
+/// The components of a bet with their weights (summing to 1).
+pub(crate) fn components(bet: Bet, design: &SequentialDesign) -> Vec<(f64, Component)> {
+    let fixed = |on: f64, off: f64| {
+        let clamp = |rate: f64| rate.clamp(FIXED_RATE_FLOOR, 1.0 - FIXED_RATE_FLOOR);
+        Component::Fixed {
+            on: clamp(on),
+            off: clamp(off),
+        }
+    };
+    match bet {
+        Bet::PlugIn => vec![(1.0, Component::PlugIn)],
+        Bet::Fixed { on, off } => vec![(1.0, fixed(on, off))],
+        Bet::DesignMixture => {
+            let (m, b) = (design.min_effect, design.baseline);
+            let mut baselines = vec![b];
+            if b > CLEAN_BASELINE {
+                baselines.push(CLEAN_BASELINE);
+            }
+            let alternatives: Vec<Component> = baselines
+                .iter()
+                .flat_map(|&base| [fixed(base + m, base), fixed(base, base + m)])
+                .collect();
+            let share = (1.0 - PLUG_IN_SHARE) / alternatives.len() as f64;
+            std::iter::once((PLUG_IN_SHARE, Component::PlugIn))
+                .chain(alternatives.into_iter().map(|c| (share, c)))
+                .collect()
+        }
+    }
+}
+
+/// Log of the mixture `sum_i w_i exp(log_wealth_i)` (log-sum-exp).
+pub(crate) fn log_mixture(weights: &[(f64, Component)], log_wealth: &[f64]) -> f64 {
+    let weighted = || weights.iter().zip(log_wealth).map(|((w, _), l)| w.ln() + l);
+    let top = weighted().fold(f64::NEG_INFINITY, f64::max);
+    top + weighted().map(|l| (l - top).exp()).sum::<f64>().ln()
 }
 
 /// Robbins' conjugate-mixture confidence sequence for a Bernoulli rate after `k` of `n`:

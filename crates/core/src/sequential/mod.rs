@@ -37,6 +37,15 @@
 //!   Beta(0.18, 0.18) (safestats' default hyperparameters). The e-process is the product
 //!   over blocks; by Ville's inequality `P(sup e >= 1/alpha) <= alpha` under the null, at
 //!   any stopping time, so `implicated` is declared at the first look with e >= 1/alpha.
+//! - Other bets ([`Bet`], for `cargo bench --bench sequential`; not the default): a convex
+//!   mixture of e-processes each started at 1, the plug-in one and ones with fixed
+//!   alternatives at the design effect (the same block likelihood ratio with fixed rates).
+//!   Each is a test supermartingale under the null, so their mixture is one too (A.
+//!   Ramdas, P. Grunwald, V. Vovk and G. Shafer (2023), "Game-theoretic statistics and
+//!   safe anytime-valid inference", Statist. Sci. 38:576-601), and Ville's inequality
+//!   holds for it. Measured against the plug-in, an oracle bet at the true rates and A.
+//!   Wald's (1945) bound in docs/sequential.md, "How close to the bound": better at every
+//!   effect, but no bet reaches 0.6x the fixed design at 3% vs 0%, so the plug-in stays.
 //! - The always-valid interval for the difference: per arm, H. Robbins (1970),
 //!   "Statistical methods related to the law of the iterated logarithm", Ann. Math. Statist.
 //!   41:1397-1409, conjugate-mixture confidence sequence
@@ -69,6 +78,15 @@ use crate::stats;
 /// Beta hyperparameters (both shapes, both arms) of the plug-in estimates: safestats'
 /// default, chosen there to minimise the regret of the e-value.
 pub(crate) const PLUG_IN_PRIOR: f64 = 0.18;
+
+/// [`Bet::DesignMixture`]: the share of the plug-in e-process; the rest is spread over fixed
+/// alternatives at the design effect. At 1/2 the mixture is never more than a factor 2
+/// (ln 2 in log wealth) behind the plug-in alone.
+pub(crate) const PLUG_IN_SHARE: f64 = 0.5;
+
+/// [`Bet::DesignMixture`]: the background rate of a clean arm (the seeds' `off` arms run at
+/// 0%), the second baseline of its fixed alternatives.
+pub(crate) const CLEAN_BASELINE: f64 = 0.001;
 
 /// Beta(1/2, 1/2) mixing distribution of the per-arm confidence sequences: it keeps the
 /// bound tight near a rate of 0, where corruption rates of clean arms live.
@@ -207,6 +225,12 @@ impl SequentialDesign {
     /// which at least `power` of the simulated experiments with rates `baseline +
     /// min_effect` vs `baseline` are implicated.
     pub fn plan(goal: DesignGoal) -> Result<Self, DesignError> {
+        Self::plan_with_bet(goal, Bet::PlugIn)
+    }
+
+    /// [`SequentialDesign::plan`] for an e-process with another [`Bet`]: the cap by which
+    /// that e-process reaches the power (run it with [`SequentialDesign::simulate_with_bet`]).
+    pub fn plan_with_bet(goal: DesignGoal, bet: Bet) -> Result<Self, DesignError> {
         goal.validate()?;
         let fixed = stats::sessions_per_arm(goal.baseline, goal.min_effect, goal.alpha, goal.power);
         let horizon_looks = fixed
@@ -223,7 +247,7 @@ impl SequentialDesign {
         let p_on = goal.baseline + goal.min_effect;
         let mut implicated_at: Vec<u64> = (0..PLAN_REPETITIONS)
             .filter_map(|_| {
-                let run = simulate_one(&horizon, p_on, p_off, &mut rng);
+                let run = simulate_one(&horizon, bet, p_on, p_off, &mut rng);
                 matches!(run.decision, Decision::Implicated { .. }).then_some(run.looks)
             })
             .collect();
@@ -311,9 +335,21 @@ impl SequentialDesign {
         repetitions: usize,
         seed: u64,
     ) -> OperatingCharacteristics {
+        self.simulate_with_bet(Bet::PlugIn, p_on, p_off, repetitions, seed)
+    }
+
+    /// [`SequentialDesign::simulate`] for an e-process with another [`Bet`].
+    pub fn simulate_with_bet(
+        &self,
+        bet: Bet,
+        p_on: f64,
+        p_off: f64,
+        repetitions: usize,
+        seed: u64,
+    ) -> OperatingCharacteristics {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let runs: Vec<SimulatedRun> = (0..repetitions)
-            .map(|_| simulate_one(self, p_on, p_off, &mut rng))
+            .map(|_| simulate_one(self, bet, p_on, p_off, &mut rng))
             .collect();
         OperatingCharacteristics::from_runs(&runs, p_on - p_off)
     }
@@ -404,6 +440,34 @@ pub(crate) struct PlugInPrior {
     pub off: ArmPrior,
 }
 
+/// What the e-process bets on. Every bet keeps it valid: each component is a product of
+/// block e-variables whose rates do not depend on the block (expectation at most 1 under
+/// every common rate), hence a test supermartingale from 1, and a convex mixture of test
+/// supermartingales is one too, so Ville's inequality holds for the mixture.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Bet {
+    /// safestats' plug-in estimates: the design's e-process.
+    #[default]
+    PlugIn,
+    /// Half on the plug-in e-process, half spread evenly over e-processes with fixed
+    /// alternatives at the design effect, both directions: `(baseline + min_effect,
+    /// baseline)` and, from a clean arm, `(CLEAN_BASELINE + min_effect, CLEAN_BASELINE)`.
+    /// Tried for effects below min_effect; not the default (docs/sequential.md, "How close
+    /// to the bound").
+    DesignMixture,
+    /// Everything on one fixed alternative (rates kept inside (0, 1)). With the true rates
+    /// it is the benchmark's oracle: the growth-optimal bet for them (GROW, Turner, Ly and
+    /// Grunwald), a practical limit for any bet that has to learn them.
+    Fixed { on: f64, off: f64 },
+}
+
+impl Bet {
+    fn is_plug_in(&self) -> bool {
+        *self == Bet::PlugIn
+    }
+}
+
 /// The arm that corrupts more.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -481,6 +545,12 @@ pub struct SequentialState {
     /// Where the plug-in estimates start (safestats' default unless a caller knows more).
     #[serde(default)]
     prior: PlugInPrior,
+    /// The e-process's bet; `log_e` is that of the mixture.
+    #[serde(default, skip_serializing_if = "Bet::is_plug_in")]
+    bet: Bet,
+    /// Log wealth of each component of a bet other than the plug-in alone (unweighted).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    log_wealth: Vec<f64>,
 }
 
 impl SequentialState {
@@ -493,6 +563,8 @@ impl SequentialState {
     /// this experiment's looks will contain.
     pub(crate) fn with_prior(design: SequentialDesign, prior: PlugInPrior) -> Self {
         SequentialState {
+            bet: Bet::PlugIn,
+            log_wealth: Vec::new(),
             prior,
             design,
             on: Tally::default(),
@@ -502,6 +574,36 @@ impl SequentialState {
             off_bounds: [0.0, 1.0],
             looks: Vec::new(),
         }
+    }
+
+    /// An experiment whose e-process makes another [`Bet`] (the plug-in component, if any,
+    /// from safestats' prior).
+    fn with_bet(design: SequentialDesign, bet: Bet) -> Self {
+        let mut state = Self::new(design);
+        if !bet.is_plug_in() {
+            state.log_wealth = vec![0.0; components(bet, &design).len()];
+            state.bet = bet;
+        }
+        state
+    }
+
+    /// This block's log factor of the e-process, updating a mixture's components.
+    fn block_log_e(&mut self, on_block: Tally, off_block: Tally) -> f64 {
+        if self.bet.is_plug_in() {
+            return block_log_e_value_with(self.on, self.off, self.prior, on_block, off_block);
+        }
+        let components = components(self.bet, &self.design);
+        for ((_, component), wealth) in components.iter().zip(&mut self.log_wealth) {
+            let (theta_a, theta_b) = match *component {
+                Component::PlugIn => (
+                    self.on.plug_in_with(self.prior.on),
+                    self.off.plug_in_with(self.prior.off),
+                ),
+                Component::Fixed { on, off } => (on, off),
+            };
+            *wealth += block_log_likelihood_ratio(theta_a, theta_b, on_block, off_block);
+        }
+        log_mixture(&components, &self.log_wealth) - self.log_e
     }
 
     /// Adds one block of each arm, `(corrupted, classified sessions)` of that block only,
@@ -517,8 +619,7 @@ impl SequentialState {
         }
         let on_block = Tally::checked("on", on)?;
         let off_block = Tally::checked("off", off)?;
-        let block_log_e =
-            block_log_e_value_with(self.on, self.off, self.prior, on_block, off_block);
+        let block_log_e = self.block_log_e(on_block, off_block);
         self.log_e += block_log_e;
         self.on = self.on.add(on_block);
         self.off = self.off.add(off_block);
@@ -604,8 +705,8 @@ mod evidence;
 pub mod group_sequential;
 mod simulate;
 
-use evidence::intersect;
 pub(crate) use evidence::{block_log_e_value, block_log_e_value_with, mixture_confidence_sequence};
+use evidence::{block_log_likelihood_ratio, components, intersect, log_mixture, Component};
 use simulate::simulate_one;
 pub use simulate::{draw_binomial, OperatingCharacteristics, SimulatedRun};
 

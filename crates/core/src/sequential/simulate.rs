@@ -76,11 +76,12 @@ pub fn draw_binomial(rng: &mut impl Rng, n: u64, p: f64) -> u64 {
 
 pub(super) fn simulate_one(
     design: &SequentialDesign,
+    bet: Bet,
     p_on: f64,
     p_off: f64,
     rng: &mut ChaCha8Rng,
 ) -> SimulatedRun {
-    let mut state = SequentialState::new(*design);
+    let mut state = SequentialState::with_bet(*design, bet);
     let block = design.block_per_arm;
     loop {
         let on = draw_binomial(rng, block, p_on);

@@ -161,6 +161,137 @@ fn block_e_value_has_expectation_at_most_one_under_every_null() {
     }
 }
 
+// The mixture bets (`Bet::DesignMixture`, `Bet::Fixed`): each look multiplies the
+// mixture by a factor whose expectation is at most 1 under every common rate, whatever
+// the past (exact sums over all outcomes of small blocks).
+#[test]
+fn mixture_bets_keep_the_block_factor_at_most_one_under_every_null() {
+    let designs = [
+        capped(1000),
+        SequentialDesign::with_cap(
+            DesignGoal {
+                baseline: 0.0,
+                min_effect: 0.03,
+                ..goal()
+            },
+            1000,
+        )
+        .unwrap(),
+    ];
+    let bets = [
+        Bet::DesignMixture,
+        Bet::Fixed {
+            on: 0.06,
+            off: 0.01,
+        },
+        Bet::Fixed { on: 0.0, off: 0.2 },
+    ];
+    // Earlier looks: (on, off) as (corrupted, sessions).
+    type Looks<'a> = &'a [((u64, u64), (u64, u64))];
+    let pasts: [Looks; 3] = [
+        &[],
+        &[((2, 20), (0, 20)), ((1, 20), (0, 20))],
+        &[((0, 20), (3, 20)), ((4, 17), (4, 20))],
+    ];
+    for design in designs {
+        for bet in bets {
+            for past in pasts {
+                let mut state = SequentialState::with_bet(design, bet);
+                for &(on, off) in past {
+                    assert_eq!(state.look(on, off).unwrap(), Decision::Continue);
+                }
+                let before = state.e_value();
+                for (na, nb) in [(10, 10), (20, 20), (5, 9)] {
+                    let factors: Vec<(u64, u64, f64)> = (0..=na)
+                        .flat_map(|ya| (0..=nb).map(move |yb| (ya, yb)))
+                        .map(|(ya, yb)| {
+                            let mut next = state.clone();
+                            next.look((ya, na), (yb, nb)).unwrap();
+                            (ya, yb, next.e_value() / before)
+                        })
+                        .collect();
+                    for p in [0.0, 0.001, 0.01, 0.035, 0.18, 0.5, 1.0] {
+                        let expectation: f64 = factors
+                            .iter()
+                            .map(|&(ya, yb, factor)| {
+                                (ln_binomial_pmf(ya, na, p) + ln_binomial_pmf(yb, nb, p)).exp()
+                                    * factor
+                            })
+                            .sum();
+                        assert!(
+                            expectation <= 1.0 + 1e-9,
+                            "{bet:?} after {past:?}, p {p}: E[factor] = {expectation}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_design_mixture_is_never_more_than_twice_behind_the_plug_in() {
+    let blocks = [(0, 0), (3, 0), (1, 0), (0, 1), (4, 0), (2, 2), (5, 1)];
+    let mut plug_in = SequentialState::new(capped(1000));
+    let mut mixture = SequentialState::with_bet(capped(1000), Bet::DesignMixture);
+    for (on, off) in blocks {
+        let a = plug_in.look((on, 20), (off, 20)).unwrap();
+        let b = mixture.look((on, 20), (off, 20)).unwrap();
+        assert!(mixture.e_value() >= plug_in.e_value() / 2.0 * (1.0 - 1e-12));
+        if a.is_final() || b.is_final() {
+            break;
+        }
+    }
+    // The mixture is half the plug-in plus an eighth of each fixed alternative's
+    // e-process: 6% vs 1%, 1% vs 6%, 5.1% vs 0.1%, 0.1% vs 5.1%.
+    let alternatives = [(0.06, 0.01), (0.01, 0.06), (0.051, 0.001), (0.001, 0.051)];
+    let mut expected = plug_in.e_value() / 2.0;
+    for (on, off) in alternatives {
+        let mut fixed = SequentialState::with_bet(capped(1000), Bet::Fixed { on, off });
+        let mut by_hand = 0.0;
+        for look in mixture.looks() {
+            let (past_on, past_off) = fixed.tallies();
+            let (block_on, block_off) = (
+                (look.on.corrupted - past_on.corrupted, 20),
+                (look.off.corrupted - past_off.corrupted, 20),
+            );
+            by_hand +=
+                block_log_likelihood_ratio(on, off, tally(block_on.0, 20), tally(block_off.0, 20));
+            fixed.look(block_on, block_off).unwrap();
+        }
+        assert_close!(fixed.e_value(), by_hand.exp(), 1e-9 * by_hand.exp());
+        expected += fixed.e_value() / 8.0;
+    }
+    assert_close!(mixture.e_value(), expected, 1e-9 * expected);
+    // The record's block factors multiply to the mixture.
+    let product: f64 = mixture.looks().iter().map(|l| l.block_e_value).product();
+    assert_close!(product, mixture.e_value(), 1e-9 * mixture.e_value());
+    // Bets other than the default round-trip through run.json; the default's record has no
+    // new fields.
+    let json = serde_json::to_value(&mixture).unwrap();
+    assert_eq!(json["bet"]["kind"], "design_mixture");
+    assert_eq!(json["log_wealth"].as_array().unwrap().len(), 5);
+    let resumed: SequentialState = serde_json::from_value(json).unwrap();
+    assert_eq!(resumed, mixture);
+    let json = serde_json::to_value(&plug_in).unwrap();
+    assert!(json.get("bet").is_none() && json.get("log_wealth").is_none());
+}
+
+#[test]
+fn mixture_false_positive_rate_stays_far_below_alpha() {
+    for alpha in [0.01, 0.05] {
+        let goal = DesignGoal { alpha, ..goal() };
+        let design = SequentialDesign::plan_with_bet(goal, Bet::DesignMixture).unwrap();
+        for p in [0.0, 0.01, 0.05, 0.18] {
+            let null = design.simulate_with_bet(Bet::DesignMixture, p, p, 2000, 13);
+            assert!(
+                null.implicated <= alpha / 2.0,
+                "alpha {alpha}, A/A at {p}: {null:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn more_corruption_in_the_arm_bet_on_raises_the_e_value() {
     let (past_on, past_off) = (tally(4, 40), tally(0, 40));
