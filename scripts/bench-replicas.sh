@@ -14,15 +14,18 @@
 # confound and the arms' rates, with and without the plant. Between them, a matrix of four
 # restart groups on one set and on both at once (its groups dealt to the sets): walls,
 # engine-seconds and each cell's corrupted count (the same sessions: the same counts).
-# Then a commits search over a scripted repository of both sets' launch scripts (LEAK
+# Then a fixed A/B load sweep on one set and on both (its levels dealt to the sets), and
+# a commits search over a scripted repository of both sets' launch scripts (LEAK
 # turned on by commit 11 of 16) on one set and on both (each round's commits dealt to
 # the sets): answers, steps, sessions, restarts, walls and engine-seconds.
 #
 # Usage: scripts/bench-replicas.sh [PAIRS] [TOKEN_DELAY_MS] [SESSIONS]   (needs jq)
+# PARTS=run,matrix,load,commits,planted (the default: all) picks the parts, in that order.
 set -euo pipefail
 PAIRS=${1:-3}
 DELAY=${2:-20}
 SESSIONS=${3:-24}
+PARTS=${PARTS:-run,matrix,load,commits,planted}
 BIN=$(realpath "${BISECT:-target/release/bisect}")
 OUT=$(mktemp -d)
 export XDG_STATE_HOME="$OUT/state"
@@ -62,6 +65,7 @@ run() { # TARGET FLAG TAG [REPEATS]
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "mock engine: ${DELAY} ms per token; smoke workload, $SESSIONS sessions x 4 rounds per block at 6 in flight, 2 pairs"
 make_target "$OUT/t" ""
+part_run() {
 ratios=()
 for i in $(seq "$PAIRS"); do
     run "$OUT/t/serial.toml" LEAK "serial-$i"
@@ -77,6 +81,8 @@ printf '%s\n' "${ratios[@]}" | sort -g | awk '{a[NR]=$1} END {printf "median rat
 for d in serial replicas; do
     jq -s -r --arg d "$d" '"\($d): verdicts \(map(.verdict.status) | group_by(.) | map("\(.[0]) \(length)") | join(", ")); on \(.[0].arms[0].counts | tostring), off \(.[0].arms[1].counts | tostring); cost \(.[0].cost.restarts) restarts, \(.[0].cost.engine_hours * 3600 | . * 10 | round / 10) engine-seconds"' "$OUT"/$d-*.json
 done
+}
+part_matrix() {
 echo "== a matrix (LEAK x NOTHING, 4 restart groups of $SESSIONS sessions all in flight): one set vs both sets at once"
 for d in serial replicas; do
     printf 'name = "bench-%s"\ntarget = "%s.toml"\nworkload = "smoke"\nflags_dir = ["flags"]\nsessions = [%s]\n\n[axes]\nLEAK = ["3", "0"]\nNOTHING = ["0", "1"]\n' \
@@ -98,6 +104,31 @@ for i in $(seq "$PAIRS"); do
         "$(jq -c '[.cells[] | .corrupted]' "$OUT/matrix-serial-$i.json")" "$(jq -c '[.cells[] | .corrupted]' "$OUT/matrix-replicas-$i.json")"
 done
 printf '%s\n' "${mratios[@]}" | sort -g | awk '{a[NR]=$1} END {printf "median matrix ratio (two sets / one set wall): %.3f over %d (min %.3f, max %.3f)\n", a[int((NR+1)/2)], NR, a[1], a[NR]}'
+}
+part_load() {
+echo "== a load sweep (--flag LEAK, levels 2,4,6,8, $SESSIONS sessions a block): one set vs two sets, the levels dealt to the sets"
+lratios=()
+for i in $(seq "$PAIRS"); do
+    for d in serial replicas; do
+        "$BIN" load --flag LEAK --levels 2,4,6,8 --sessions "$SESSIONS" --workload smoke --target "$OUT/t/$d.toml" \
+            --results "$OUT/load" --json >"$OUT/load-$d-$i.json" 2>"$OUT/load-$d-$i.log" ||
+            { echo "load $d failed, see $OUT/load-$d-$i.log" >&2; exit 1; }
+    done
+    s=$(jq '.cost.wall_s' "$OUT/load-serial-$i.json")
+    r=$(jq '.cost.wall_s' "$OUT/load-replicas-$i.json")
+    ratio=$(jq -n "$r / $s")
+    lratios+=("$ratio")
+    printf 'load %s: one set %.1f s (%s engine-seconds), two sets %.1f s (%s engine-seconds), ratio %.3f; levels (on, off corrupted) %s vs %s; answers: %s | %s\n' "$i" "$s" \
+        "$(jq '.cost.engine_hours * 3600 | round' "$OUT/load-serial-$i.json")" "$r" \
+        "$(jq '.cost.engine_hours * 3600 | round' "$OUT/load-replicas-$i.json")" "$ratio" \
+        "$(jq -c '[.report.levels[] | [.arm.corrupted, .off.corrupted]]' "$OUT/load-serial-$i.json")" \
+        "$(jq -c '[.report.levels[] | [.arm.corrupted, .off.corrupted]]' "$OUT/load-replicas-$i.json")" \
+        "$(jq -r '.report.answer.kind + " " + (.report.answer.level // "-" | tostring)' "$OUT/load-serial-$i.json")" \
+        "$(jq -r '.report.answer.kind + " " + (.report.answer.level // "-" | tostring)' "$OUT/load-replicas-$i.json")"
+done
+printf '%s\n' "${lratios[@]}" | sort -g | awk '{a[NR]=$1} END {printf "median load ratio (two sets / one set wall): %.3f over %d (min %.3f, max %.3f)\n", a[int((NR+1)/2)], NR, a[1], a[NR]}'
+}
+part_commits() {
 echo "== a commits search (16 commits, LEAK turned on by commit 11): one set vs two sets, each round's commits dealt to the sets"
 repo="$OUT/repo"
 make_target "$repo" ""
@@ -132,6 +163,8 @@ for i in $(seq "$PAIRS"); do
     printf 'commits %s: ratio %.3f (two sets / one set wall)\n' "$i" "$ratio"
 done
 printf '%s\n' "${cratios[@]}" | sort -g | awk '{a[NR]=$1} END {printf "median commits ratio (two sets / one set wall): %.3f over %d (min %.3f, max %.3f)\n", a[int((NR+1)/2)], NR, a[1], a[NR]}'
+}
+part_planted() {
 echo "== planted difference: replica b corrupts a quarter of its sessions whatever the flag"
 make_target "$OUT/p" "--wrong-args-every 4"
 run "$OUT/t/replicas.toml" NOTHING "clean-nothing"
@@ -141,5 +174,7 @@ run "$OUT/p/replicas.toml" NOTHING "planted-nothing-one-pair" 1
 for tag in clean-nothing planted-nothing planted-leak planted-nothing-one-pair; do
     jq -r --arg t "$tag" '"\($t): \(.verdict.status); on \(.arms[0].corrupted)/\(.arms[0].sessions) off \(.arms[1].corrupted)/\(.arms[1].sessions); replica confound [\(.confounds[] | select(.name == "replica") | .severity)]: \(.confounds[] | select(.name == "replica") | .note)"' "$OUT/$tag.json"
 done
+}
+for part in ${PARTS//,/ }; do "part_$part"; done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 [ -n "${KEEP:-}" ] && echo "kept: $OUT" || rm -rf "$OUT"

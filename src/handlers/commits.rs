@@ -28,12 +28,7 @@ pub(crate) fn commits(args: &CommitsArgs) -> anyhow::Result<ExitCode> {
     if matches!(plan.rounds, commits::slurm::Rounds::Replicas) {
         stderr_line!(
             "replicas {}: each round's {} commits at once, one per set; the ends and the verifying A/B on set {}",
-            plan.target
-                .replica_sets()
-                .iter()
-                .map(|s| s.replica_name().to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
+            plan.target.replica_names(),
             plan.parallel,
             plan.target.replica_name()
         );

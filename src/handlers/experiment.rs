@@ -1,6 +1,6 @@
 //! `bisect run`, `bisect probe`, `bisect culprit` and `bisect load`: restore what a dead
-//! run left, turn the arguments into a plan, start the engines and run it, print the
-//! record.
+//! run left, turn the arguments into a plan, start the engines and run it (`run` and a
+//! fixed A/B `load` on every replica set), print the record.
 
 use std::process::ExitCode;
 
@@ -8,12 +8,14 @@ use tokio_util::sync::CancellationToken;
 
 use super::{print_record, recover_journal, start};
 use crate::cli::{OutputArgs, ProbeArgs};
+use bisect_harness::commands::load::{self, LoadPlan};
 use bisect_harness::commands::probe::{self, Outcome, ProbeRecord};
 use bisect_harness::commands::run::{self, Progress, RunPlan};
 use bisect_harness::commands::EnginePlan;
 use bisect_harness::commands::{adaptive, replicas};
 use bisect_harness::control::EngineControl;
 use bisect_harness::exit::{self, Failure};
+use bisect_harness::results::load::LoadRecord;
 use bisect_harness::results::run_record::RunRecord;
 use bisect_harness::results::Exporter;
 
@@ -62,6 +64,27 @@ pub(crate) async fn run(
         }
         None => replicas::run_on_replicas(plan, controls, progress, cancel).await,
     }
+}
+
+/// `bisect load`: its sweep on the first replica set, or a fixed A/B sweep on every set
+/// at once (levels dealt to the sets).
+pub(crate) async fn load(
+    plan: &LoadPlan,
+    control: &mut dyn EngineControl,
+    progress: &dyn Progress,
+    cancel: CancellationToken,
+) -> anyhow::Result<LoadRecord> {
+    if !plan.uses_replicas() {
+        return load::run(plan, control, progress, cancel).await;
+    }
+    let mut others = super::other_sets(&plan.target, &plan.dir, plan.api_key.clone())?;
+    let mut controls: Vec<&mut dyn EngineControl> = vec![control];
+    controls.extend(others.iter_mut().map(|c| c as &mut dyn EngineControl));
+    progress.note(&format!(
+        "replicas {}: the levels dealt to the sets (longest first, to the set with the least work), each level's on and off on one set, run at once",
+        plan.target.replica_names(),
+    ));
+    load::run_on_replicas(plan, controls, progress, cancel).await
 }
 
 /// The probe's one line: its outcome and why.

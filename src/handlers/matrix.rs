@@ -38,12 +38,7 @@ pub(crate) async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
         controls.extend(others.iter_mut().map(|c| c as &mut dyn EngineControl));
         stderr_line!(
             "replicas {}: the restart groups dealt to the sets (group g on set g mod {}), run at once, merged",
-            job.target
-                .replica_sets()
-                .iter()
-                .map(|s| s.replica_name().to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
+            job.target.replica_names(),
             job.target.replicas.len() + 1
         );
         lanes::run_on_replicas(&job, controls, &progress, cancel).await?

@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 use crate::cli::{Cli, Command};
 use crate::{progress, signals};
 use bisect_harness::commands::run::Progress;
-use bisect_harness::commands::{culprit, load, Engines};
+use bisect_harness::commands::{culprit, Engines};
 use bisect_harness::control::ProcessControl;
 use bisect_harness::results::load as load_record;
 use bisect_harness::results::{table, Exporter};
@@ -86,7 +86,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Load(args) => runtime()?.block_on(experiment::drive(
             &args.common.output,
             || args.plan(),
-            load::run,
+            experiment::load,
             &load_record::table::LoadTable,
         )),
         Command::Commits(args) => commits::commits(&args),

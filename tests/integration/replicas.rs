@@ -456,3 +456,99 @@ fn a_commits_search_runs_its_rounds_on_the_replica_sets() {
     assert!(summary.contains("one per replica set (a, b"), "{summary}");
     assert!(summary.contains(", set b)"), "{summary}");
 }
+
+/// `bisect load --flag LEAK --levels 2,4,6` in `dir` on `profile` (24 sessions a block),
+/// which must exit 0: (load.json, stderr).
+fn load_sweep(dir: &Path, profile: &Path) -> (Value, String) {
+    let out = crate::common::bisect_in(
+        dir,
+        &[
+            "load",
+            "--flag",
+            "LEAK",
+            "--levels",
+            "2,4,6",
+            "--sessions",
+            "24",
+            "--workload",
+            "smoke",
+            "--target",
+            profile.to_str().unwrap(),
+            "--results",
+            "results",
+            "--json",
+        ]
+        .map(std::ffi::OsStr::new),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    (serde_json::from_slice(&out.stdout).unwrap(), stderr)
+}
+
+/// (level, on corrupted, off corrupted) of every level of a load record.
+fn level_counts(record: &Value) -> Vec<(u64, u64, u64)> {
+    record["report"]["levels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            (
+                l["level"].as_u64().unwrap(),
+                l["arm"]["corrupted"].as_u64().unwrap(),
+                l["off"]["corrupted"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// `bisect load --flag` (a fixed A/B sweep) on a target with two replica sets deals its
+/// levels to the sets, both arms of a level on one set, runs the sets at once, and
+/// answers as the same sweep on set a alone (the same sessions: the same counts, level
+/// for level), naming each block's set and restoring both sets' launch configs.
+#[test]
+fn a_load_sweep_deals_its_levels_to_the_replica_sets() {
+    let _one = crate::common::heavy();
+    let dir = tempfile::tempdir().unwrap();
+    let profile = mock_replicas_target(dir.path(), 10, &FLAGS, "");
+    // Set a alone: the profile without its [[replica]].
+    let text = std::fs::read_to_string(&profile).unwrap();
+    let alone = dir.path().join("set-a.toml");
+    std::fs::write(&alone, &text[..text.find("[[replica]]").unwrap()]).unwrap();
+    let before = launch_configs(dir.path());
+    let (serial, stderr) = load_sweep(dir.path(), &alone);
+    assert!(!stderr.contains("replicas a, b"), "{stderr}");
+    assert!(serial["replicas"].is_null(), "one set names none");
+    let (record, stderr) = load_sweep(dir.path(), &profile);
+    assert!(
+        stderr.contains("replicas a, b: the levels dealt to the sets"),
+        "{stderr}"
+    );
+    assert_eq!(record["status"], "finished", "{:#}", record["error"]);
+    let report = &record["report"];
+    assert_eq!(level_counts(&record), level_counts(&serial));
+    assert_eq!(report["answer"], serial["report"]["answer"]);
+    assert!(
+        matches!(report["answer"]["kind"].as_str(), Some("threshold")),
+        "LEAK corrupts at every load: {}",
+        report["verdict"]
+    );
+    let sets = record["replicas"].as_object().unwrap();
+    assert_eq!(report["blocks"].as_array().unwrap().len(), 6);
+    for block in report["blocks"].as_array().unwrap() {
+        let set = sets[&block["block"].to_string()].as_str().unwrap();
+        // The lowest level's 12 waves a block against 6 and 4: level 2 on a, 4 and 6
+        // on b.
+        let want = match block["level"].as_u64().unwrap() {
+            2 => "a",
+            _ => "b",
+        };
+        assert_eq!(set, want, "{block:#}");
+    }
+    assert_eq!(record["cost"]["replicas"], 2, "{:#}", record["cost"]);
+    assert_eq!(serial["cost"]["replicas"], 1, "{:#}", serial["cost"]);
+    assert_eq!(
+        launch_configs(dir.path()),
+        before,
+        "both sets' configs restored"
+    );
+}

@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use crate::evidence::Policy;
 
 pub use report::{Answer, Arm, LoadReport};
-pub use sweep::{sweep, LevelBlock, LoadSweep};
+pub use sweep::{fixed_order, sweep, LevelBlock, LoadSweep};
 
 /// Sessions per adaptive block at least (a level below half of it runs this many).
 pub const MIN_BLOCK: u64 = 20;

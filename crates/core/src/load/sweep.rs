@@ -60,11 +60,8 @@ async fn run_sweep(
     let mut state = State::new(params, flag, port);
     match params.allocation {
         Allocation::Fixed { .. } => {
-            for i in 0..params.levels.len() {
-                let sessions = params.block_sessions(params.levels[i]);
-                for arm in state.arms(i % 2 == 1) {
-                    state.run(i, arm, sessions).await;
-                }
+            for block in fixed_order(params) {
+                state.ask(block).await;
             }
             state.stopped = "every level ran its planned sessions".into();
         }
@@ -103,6 +100,45 @@ async fn run_sweep(
     let mut report = state.report;
     report.stopped = state.stopped;
     report
+}
+
+/// The blocks a fixed sweep asks for, in its order: every level once, lowest load first,
+/// each arm of it (an A/B level's `on` first at even levels, `off` first at odd ones, so
+/// neither arm always runs on a freshly warmed engine). Fixed in advance (no block depends
+/// on another's outcome), so blocks on replica sets can run before they are asked for;
+/// empty for an adaptive sweep.
+pub fn fixed_order(params: &LoadParams) -> Vec<LevelBlock> {
+    if !matches!(params.allocation, Allocation::Fixed { .. }) {
+        return Vec::new();
+    }
+    let mut blocks = Vec::new();
+    for (i, &level) in params.levels.iter().enumerate() {
+        let sessions = params.block_sessions(level);
+        let arms = match (params.ab, i % 2 == 1) {
+            (false, _) => vec![Arm::Level],
+            (true, false) => vec![Arm::On, Arm::Off],
+            (true, true) => vec![Arm::Off, Arm::On],
+        };
+        for arm in arms {
+            blocks.push(level_block(params, blocks.len(), i, arm, sessions));
+        }
+    }
+    blocks
+}
+
+/// The sweep's block number `asked + 1`: `sessions` of level `i`'s `arm`, its seed the
+/// sweep's plus the blocks asked before it.
+fn level_block(params: &LoadParams, asked: usize, i: usize, arm: Arm, sessions: u64) -> LevelBlock {
+    let level = params.levels[i];
+    LevelBlock {
+        block: asked as u64 + 1,
+        level,
+        in_flight: params.axis.in_flight(level),
+        pressure: params.axis.pressure(level),
+        arm,
+        sessions,
+        seed: params.seed.wrapping_add(asked as u64),
+    }
 }
 
 struct State<'p> {
@@ -172,15 +208,6 @@ impl<'p> State<'p> {
         }
     }
 
-    /// The arms of a level, in the order to run them.
-    fn arms(&self, off_first: bool) -> Vec<Arm> {
-        match (self.params.ab, off_first) {
-            (false, _) => vec![Arm::Level],
-            (true, false) => vec![Arm::On, Arm::Off],
-            (true, true) => vec![Arm::Off, Arm::On],
-        }
-    }
-
     fn arm_of(&self) -> Arm {
         if self.params.ab {
             Arm::On
@@ -245,20 +272,19 @@ impl<'p> State<'p> {
     }
 
     async fn run(&mut self, i: usize, arm: Arm, sessions: u64) {
-        let level = self.params.levels[i];
-        let in_flight = self.params.axis.in_flight(level);
-        let block = LevelBlock {
-            block: self.report.blocks.len() as u64 + 1,
-            level,
-            in_flight,
-            pressure: self.params.axis.pressure(level),
-            arm,
-            sessions,
-            seed: self
-                .params
-                .seed
-                .wrapping_add(self.report.blocks.len() as u64),
-        };
+        let block = level_block(self.params, self.report.blocks.len(), i, arm, sessions);
+        self.ask(block).await
+    }
+
+    /// Ask for `block` and take in what it gave.
+    async fn ask(&mut self, block: LevelBlock) {
+        let i = self
+            .params
+            .levels
+            .iter()
+            .position(|&l| l == block.level)
+            .expect("a block at one of the sweep's levels");
+        let (level, in_flight, arm) = (block.level, block.in_flight, block.arm);
         let outcome = self.port.ask(block.clone()).await;
         let peaks: BTreeMap<String, u64> = outcome
             .peak_engine
@@ -547,6 +573,31 @@ mod tests {
     fn run(p: &LoadParams, runner: &mut Scripted) -> LoadReport {
         let flag = p.ab.then(|| "X".to_string());
         sweep(p.clone(), flag).run(|b| runner.run_block(b), drop)
+    }
+
+    /// The order a fixed sweep promises in advance is the order it asks in, block for
+    /// block (number, level, arm, sessions, seed), whatever the blocks give; an adaptive
+    /// sweep promises none.
+    #[test]
+    fn a_fixed_sweep_asks_for_exactly_its_order_given_in_advance() {
+        for ab in [true, false] {
+            let p = params(&[1, 8, 16, 32], ab, Allocation::Fixed { sessions: 40 });
+            let order = fixed_order(&p);
+            assert_eq!(order.len(), if ab { 8 } else { 4 });
+            let mut asked = Vec::new();
+            sweep(p.clone(), ab.then(|| "X".to_string())).run(
+                |b| {
+                    asked.push(b.clone());
+                    // Corrupt and fall short here and there: the order may not care.
+                    let peak = Some(u64::from(b.level / (1 + b.block as u32 % 2)));
+                    scripted_block(b.sessions, peak, |i| i % (2 + b.block) == 0)
+                },
+                drop,
+            );
+            assert_eq!(asked, order, "ab {ab}");
+        }
+        let adaptive = params(&[1, 8], true, Allocation::Adaptive { max_sessions: 200 });
+        assert!(fixed_order(&adaptive).is_empty());
     }
 
     #[test]

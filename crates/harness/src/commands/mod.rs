@@ -57,12 +57,22 @@ pub trait EnginePlan {
         false
     }
 
+    /// Why the command runs on the first set of a target with several (said with the
+    /// note), where it has a reason of its own.
+    fn first_set_reason(&self) -> Option<&'static str> {
+        None
+    }
+
     /// What a command that runs on one set says of a target with several.
     fn single_lane_note(&self) -> Option<String> {
         if self.uses_replicas() {
             return None;
         }
-        first_set_note(self.engines().target)
+        let note = first_set_note(self.engines().target)?;
+        Some(match self.first_set_reason() {
+            Some(why) => format!("{note}: {why}"),
+            None => note,
+        })
     }
 }
 
@@ -94,7 +104,8 @@ pub fn first_set_note(target: &crate::config::TargetProfile) -> Option<String> {
     let names: Vec<&str> = target.replicas.iter().map(|r| r.name.as_str()).collect();
     Some(format!(
         "note: this command runs on replica set {} alone; the target's other sets ({}) sit \
-         idle (`bisect run` and a whole `bisect matrix` use every set)",
+         idle (`bisect run`, a whole `bisect matrix`, `bisect commits` and a fixed `bisect \
+         load --flag` use every set)",
         target.replica_name(),
         names.join(", ")
     ))

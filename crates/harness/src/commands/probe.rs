@@ -72,6 +72,10 @@ impl crate::commands::EnginePlan for ProbePlan {
     fn engines(&self) -> crate::commands::Engines<'_> {
         crate::commands::Engines::new(&self.target, &self.run_dir, self.api_key.as_deref())
     }
+
+    fn first_set_reason(&self) -> Option<&'static str> {
+        Some("a probe is one block on one build")
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

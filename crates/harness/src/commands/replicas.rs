@@ -398,9 +398,45 @@ pub(crate) async fn blocks_at_once(
     ran
 }
 
+/// The failure of a command whose lanes ran at once: the set that failed, not the sets
+/// it stopped (theirs read "interrupted"), unless the user stopped them all.
+pub(crate) fn first_failure(
+    mut failures: Vec<anyhow::Error>,
+    cancel: &CancellationToken,
+) -> anyhow::Error {
+    let interrupted = |e: &anyhow::Error| {
+        e.chain().any(|c| {
+            matches!(
+                c.downcast_ref::<crate::exit::Failure>(),
+                Some(crate::exit::Failure::Interrupted)
+            )
+        })
+    };
+    match failures.iter().position(|e| !interrupted(e)) {
+        Some(i) if !cancel.is_cancelled() => failures.swap_remove(i),
+        _ => failures.swap_remove(0),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_set_that_failed_is_reported_not_the_sets_it_stopped() {
+        let stopped =
+            anyhow::Error::from(crate::exit::Failure::Interrupted).context("replica set a");
+        let failed = anyhow::anyhow!("engine died").context("replica set b");
+        let e = first_failure(vec![stopped, failed], &CancellationToken::new());
+        assert_eq!(format!("{e:#}"), "replica set b: engine died");
+        let cancel = CancellationToken::new();
+        cancel.cancel();
+        let stopped =
+            anyhow::Error::from(crate::exit::Failure::Interrupted).context("replica set a");
+        let failed = anyhow::anyhow!("engine died").context("replica set b");
+        let e = first_failure(vec![stopped, failed], &cancel);
+        assert!(format!("{e:#}").starts_with("replica set a"), "{e:#}");
+    }
 
     fn words(order: &[Vec<Option<(ArmLabel, u32)>>]) -> Vec<String> {
         order

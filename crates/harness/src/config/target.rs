@@ -820,6 +820,14 @@ impl TargetProfile {
         self.replica.as_deref().unwrap_or(FIRST_REPLICA)
     }
 
+    /// The replica sets' names, in order, joined by ", " ("a, b"; "a" on one set).
+    pub fn replica_names(&self) -> String {
+        std::iter::once(self.replica_name())
+            .chain(self.replicas.iter().map(|r| r.name.as_str()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     /// Every replica set as a target of its own (its name in `replica`, no other sets):
     /// the profile itself on a single replica. What a command opens one testbed per.
     pub fn replica_sets(&self) -> Vec<TargetProfile> {

@@ -14,15 +14,13 @@
 //! commit tested on a set that corrupts more looks worse): that costs blocks, not the
 //! answer, which the first set's verifying A/B decides.
 
-use tokio_util::sync::CancellationToken;
-
 use super::block::BlockContext;
 use super::build::Builder;
 use super::git::Worktrees;
 use super::record::StepEntry;
 use super::task::Planned;
 use super::{build_step, run_built, CommitsPlan, Prepared};
-use crate::commands::replicas::LaneProgress;
+use crate::commands::replicas::{first_failure, LaneProgress};
 use crate::core::commits::Purpose;
 
 /// Which set runs step `i` of a round of `steps` on `sets` sets: the round's pairs
@@ -107,23 +105,6 @@ pub(crate) async fn run_round(
         .collect())
 }
 
-/// The failure a round reports: the set that failed, not the sets it stopped (theirs
-/// read "interrupted"), unless the user stopped them all.
-fn first_failure(mut failures: Vec<anyhow::Error>, cancel: &CancellationToken) -> anyhow::Error {
-    let interrupted = |e: &anyhow::Error| {
-        e.chain().any(|c| {
-            matches!(
-                c.downcast_ref::<crate::exit::Failure>(),
-                Some(crate::exit::Failure::Interrupted)
-            )
-        })
-    };
-    match failures.iter().position(|e| !interrupted(e)) {
-        Some(i) if !cancel.is_cancelled() => failures.swap_remove(i),
-        _ => failures.swap_remove(0),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -134,21 +115,5 @@ mod tests {
         assert_eq!(set_of(Purpose::Verify, 1, 3), 0);
         let dealt: Vec<usize> = (0..5).map(|i| set_of(Purpose::Search, i, 2)).collect();
         assert_eq!(dealt, vec![0, 1, 0, 1, 0]);
-    }
-
-    #[test]
-    fn the_set_that_failed_is_reported_not_the_sets_it_stopped() {
-        let stopped =
-            anyhow::Error::from(crate::exit::Failure::Interrupted).context("replica set a");
-        let failed = anyhow::anyhow!("engine died").context("replica set b");
-        let e = first_failure(vec![stopped, failed], &CancellationToken::new());
-        assert_eq!(format!("{e:#}"), "replica set b: engine died");
-        let cancel = CancellationToken::new();
-        cancel.cancel();
-        let stopped =
-            anyhow::Error::from(crate::exit::Failure::Interrupted).context("replica set a");
-        let failed = anyhow::anyhow!("engine died").context("replica set b");
-        let e = first_failure(vec![stopped, failed], &cancel);
-        assert!(format!("{e:#}").starts_with("replica set a"), "{e:#}");
     }
 }

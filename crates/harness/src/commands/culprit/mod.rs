@@ -77,6 +77,13 @@ impl crate::commands::EnginePlan for CulpritPlan {
     fn engines(&self) -> crate::commands::Engines<'_> {
         crate::commands::Engines::new(&self.target, &self.dir, self.api_key.as_deref())
     }
+
+    fn first_set_reason(&self) -> Option<&'static str> {
+        Some(
+            "the search compares every configuration it tries with the failing end's blocks \
+             and picks the next from the last; a second set would split those comparisons",
+        )
+    }
 }
 
 impl CulpritPlan {

@@ -16,6 +16,10 @@
 //! Exit codes as `bisect run`: 0 finished (whatever the answer), 2 bad usage or input,
 //! 3 the sweep could not run, 130 interrupted.
 
+mod lanes;
+
+pub use lanes::run_on_replicas;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -61,6 +65,14 @@ pub struct LoadPlan {
 impl crate::commands::EnginePlan for LoadPlan {
     fn engines(&self) -> crate::commands::Engines<'_> {
         crate::commands::Engines::new(&self.target, &self.dir, self.api_key.as_deref())
+    }
+
+    fn uses_replicas(&self) -> bool {
+        self.on_replicas()
+    }
+
+    fn first_set_reason(&self) -> Option<&'static str> {
+        self.why_first_set()
     }
 }
 
@@ -134,12 +146,39 @@ impl BlockRunner<LevelBlock, BlockOutcome> for Blocks<'_, '_> {
 }
 
 impl LoadPlan {
+    /// The sweep this plan runs on its testbed(s).
+    pub(crate) fn sweep(&self) -> Sweep<'_> {
+        Sweep {
+            flag: self.flag.as_ref(),
+            fixed: &[],
+            pins: &self.pins,
+            workload: &self.workload,
+            params: &self.params,
+            dir: &self.dir,
+            oracle: self.oracle,
+        }
+    }
+
+    /// The command's end, its testbeds closed: its cost, the target's rates, the record
+    /// settled and written.
+    pub(crate) fn end(
+        &self,
+        record: &mut LoadRecord,
+        outcome: &anyhow::Result<LoadReport>,
+        ending: &crate::arm::Ending,
+        started: Instant,
+    ) -> anyhow::Result<()> {
+        record.cost = Some(ending.cost(started.elapsed().as_secs_f64()));
+        ending.keep_rates(&self.testbed.state_dir(), &self.target.name);
+        finish(record, outcome, started, &self.dir)
+    }
+
     /// What the sweep is planned to cost (`load --dry-run`): a fixed sweep exactly, an
     /// adaptive one at its fewest blocks (one step) and its most (every level's cap).
     pub fn planned_cost(&self, given: crate::core::cost::CostUnits) -> crate::core::cost::Planned {
         let (fewest, most) = self.params.planned_blocks();
         let (restart, wave) = crate::commands::cost_units(&self.testbed, &self.target.name, given);
-        crate::core::cost::plan_between(&fewest, &most, 1, &restart, &wave)
+        crate::core::cost::plan_between(&fewest, &most, self.sets(), &restart, &wave)
     }
 }
 
@@ -183,15 +222,7 @@ pub async fn run(
         .testbed
         .spec(&plan.target, plan.api_key.clone(), written.collect());
     let started = Instant::now();
-    let job = Sweep {
-        flag: plan.flag.as_ref(),
-        fixed: &[],
-        pins: &plan.pins,
-        workload: &plan.workload,
-        params: &plan.params,
-        dir: &plan.dir,
-        oracle: plan.oracle,
-    };
+    let job = plan.sweep();
     let bed = Testbed::open(spec, control, progress, cancel)?;
     lifecycle(
         bed,
@@ -200,11 +231,7 @@ pub async fn run(
             bed.pin(&plan.pins)?;
             sweep_on(bed, &job, record, started).await
         },
-        |record, outcome, ending| {
-            record.cost = Some(ending.cost(started.elapsed().as_secs_f64()));
-            ending.keep_rates(&plan.testbed.state_dir(), &plan.target.name);
-            finish(record, outcome, started, &plan.dir)
-        },
+        |record, outcome, ending| plan.end(record, outcome, ending, started),
     )
     .await?;
     Ok(record)
@@ -353,6 +380,7 @@ pub(crate) fn started_record(
         report: None,
         pressure: Vec::new(),
         wall_s: 0.0,
+        replicas: Default::default(),
         cost: None,
         error: None,
     }

@@ -23,7 +23,7 @@ use super::merge;
 use super::record::MatrixRecord;
 use super::run::run_matrix;
 use crate::arm::Progress;
-use crate::commands::replicas::LaneProgress;
+use crate::commands::replicas::{first_failure, LaneProgress};
 use crate::control::EngineControl;
 
 /// A night whose set failed still has a matrix.json in the matrix directory (`bisect
@@ -126,19 +126,7 @@ pub async fn run_on_replicas(
         }
     }
     if !failures.is_empty() {
-        // The set that failed is the matrix's failure, not the sets it stopped (theirs
-        // read "interrupted"), unless the user stopped them all.
-        let interrupted = |e: &anyhow::Error| {
-            matches!(
-                e.downcast_ref::<crate::exit::Failure>(),
-                Some(crate::exit::Failure::Interrupted)
-            )
-        };
-        let first = match failures.iter().position(|e| !interrupted(e)) {
-            Some(i) if !cancel.is_cancelled() => failures.swap_remove(i),
-            _ => failures.swap_remove(0),
-        };
-        let failed: anyhow::Result<MatrixRecord> = Err(first);
+        let failed: anyhow::Result<MatrixRecord> = Err(first_failure(failures, &cancel));
         write_failed(job, &jobs, &failed)?;
         return failed;
     }

@@ -57,6 +57,10 @@ pub struct LoadRecord {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pressure: Vec<crate::core::pressure::Sizing>,
     pub wall_s: f64,
+    /// On replica sets: the set each block ran on, by block number (a level's arms on
+    /// one set); empty on one set.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub replicas: std::collections::BTreeMap<u64, String>,
     /// What the sweep cost: restarts, driving, engine-hours, wall (core::cost).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<crate::core::cost::Cost>,
@@ -201,6 +205,9 @@ pub(super) fn facts(record: &LoadRecord) -> Vec<String> {
         if let Some(cost) = &record.cost {
             lines.push(cost.line());
         }
+        if let Some(line) = replicas_line(record) {
+            lines.push(line);
+        }
         for sizing in &record.pressure {
             lines.push(sizing.words());
         }
@@ -217,6 +224,34 @@ pub(super) fn facts(record: &LoadRecord) -> Vec<String> {
         lines.push(format!("error: {e}"));
     }
     lines
+}
+
+/// Which set ran which levels, when the sweep ran on replica sets.
+fn replicas_line(record: &LoadRecord) -> Option<String> {
+    let report = record.report.as_ref()?;
+    let mut by_set: std::collections::BTreeMap<&str, Vec<u32>> = Default::default();
+    for b in &report.blocks {
+        let Some(set) = record.replicas.get(&b.block) else {
+            continue;
+        };
+        let levels = by_set.entry(set.as_str()).or_default();
+        if !levels.contains(&b.level) {
+            levels.push(b.level);
+        }
+    }
+    (!by_set.is_empty()).then(|| {
+        let sets: Vec<String> = by_set
+            .iter()
+            .map(|(set, levels)| {
+                let levels: Vec<String> = levels.iter().map(u32::to_string).collect();
+                format!("set {set}: levels {}", levels.join(", "))
+            })
+            .collect();
+        format!(
+            "on replica sets at once, each level's arms on one set: {}",
+            sets.join("; ")
+        )
+    })
 }
 
 #[cfg(test)]
@@ -257,6 +292,7 @@ mod tests {
             report: Some(report),
             pressure: Vec::new(),
             wall_s: 1.0,
+            replicas: Default::default(),
             cost: None,
             error: None,
         }
