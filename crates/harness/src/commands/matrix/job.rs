@@ -63,7 +63,7 @@ impl MatrixJob {
                 most.blocks.extend(blocks);
                 continue;
             };
-            let (low, high) = super::load_cell::sweep_params(self, sweep).planned_blocks();
+            let (low, high) = self.plan.sweep_params(sweep).planned_blocks();
             fewest.restarts += low.restarts;
             fewest.blocks.extend(low.blocks);
             most.restarts += high.restarts;

@@ -15,26 +15,6 @@ use super::record::{LoadCellRecord, MatrixRecord};
 use crate::arm::{Readback, Testbed};
 use crate::commands::load::{finish, started_record, sweep_on, Sweep};
 use crate::core::arm_stats::RecordStatus;
-use crate::core::evidence::Policy;
-use crate::core::load::LoadParams;
-
-/// The sweep a load cell runs: its levels, flag and allocation, decided at the plan's
-/// policy, from the plan's workload seed.
-pub(super) fn sweep_params(job: &MatrixJob, sweep: &super::plan::spec::LoadSweep) -> LoadParams {
-    let policy = Policy {
-        alpha: job.plan.policy.alpha,
-        min_effect: job.plan.policy.min_effect,
-        degraded_fraction: job.plan.policy.degraded_fraction,
-        ..Policy::default()
-    };
-    LoadParams::new(
-        sweep.levels.clone(),
-        sweep.flag.is_some(),
-        sweep.allocation,
-        &policy,
-        job.plan.workload.seed,
-    )
-}
 
 /// Run load cell `i` of `record` on `bed`: the sweep's files go to the cell's directory
 /// after every block, the matrix's after the sweep. The sweep's error (the matrix
@@ -52,7 +32,7 @@ pub(super) async fn run(
     std::fs::create_dir_all(&dir)?;
     let mut workload = job.plan.workload.clone();
     workload.rounds = cell.rounds;
-    let params = sweep_params(job, sweep);
+    let params = job.plan.sweep_params(sweep);
     let mut load = started_record(
         cell.id.clone(),
         job.command.clone(),

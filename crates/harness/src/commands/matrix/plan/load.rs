@@ -224,3 +224,23 @@ fn allocation(
         }),
     }
 }
+
+impl super::Plan {
+    /// The sweep a load cell runs: its levels, flag and allocation, decided at the plan's
+    /// policy, from the plan's workload seed.
+    pub(crate) fn sweep_params(&self, sweep: &LoadSweep) -> LoadParams {
+        let policy = crate::core::evidence::Policy {
+            alpha: self.policy.alpha,
+            min_effect: self.policy.min_effect,
+            degraded_fraction: self.policy.degraded_fraction,
+            ..crate::core::evidence::Policy::default()
+        };
+        LoadParams::new(
+            sweep.levels.clone(),
+            sweep.flag.is_some(),
+            sweep.allocation,
+            &policy,
+            self.workload.seed,
+        )
+    }
+}
