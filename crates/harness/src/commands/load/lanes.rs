@@ -27,7 +27,6 @@ use tokio_util::sync::CancellationToken;
 use super::{Blocks, LoadPlan, Recorder, Sweep};
 use crate::arm::{lifecycle_lanes, open_lanes, Progress, Testbed};
 use crate::commands::blocks::{drive, BlockRunner};
-use crate::commands::culprit::runner::TestbedRunner;
 use crate::commands::replicas::{first_failure, LaneProgress};
 use crate::control::EngineControl;
 use crate::core::culprit::BlockOutcome;
@@ -207,7 +206,6 @@ async fn sweep_on_lanes(
     cancel: &CancellationToken,
 ) -> anyhow::Result<LoadReport> {
     let (tx, rx) = mpsc::unbounded_channel();
-    let flags: Vec<_> = job.flag.into_iter().cloned().collect();
     let mut lanes = Vec::new();
     for (n, bed) in beds.iter_mut().enumerate() {
         let classifier = std::sync::Arc::new(bed.target().classifier(job.workload)?);
@@ -217,22 +215,7 @@ async fn sweep_on_lanes(
             .filter(|(_, set)| *set == n)
             .map(|(b, _)| b.clone())
             .collect();
-        let blocks = Blocks {
-            runner: TestbedRunner {
-                bed,
-                flags: flags.clone(),
-                pins: job.pins.to_vec(),
-                warned: Vec::new(),
-                workload: job.workload.clone(),
-                classifier,
-                dir: job.dir.to_path_buf(),
-                announce: false,
-                oracle: job.oracle,
-            },
-            flag: job.flag.cloned(),
-            fixed: Vec::new(),
-            ctx: BTreeMap::new(),
-        };
+        let blocks = job.blocks(bed, classifier, BTreeMap::new());
         lanes.push(run_lane(blocks, dealt, name, tx.clone(), stop.clone()));
     }
     drop(tx);

@@ -93,6 +93,40 @@ pub(crate) struct Sweep<'p> {
     pub(crate) oracle: Option<SoloOracle>,
 }
 
+impl Sweep<'_> {
+    /// The runner of this sweep's blocks on `bed`, judged by `classifier`, a pressure
+    /// sweep's filler per level in `ctx`.
+    fn blocks<'t, 'a>(
+        &self,
+        bed: &'t mut Testbed<'a>,
+        classifier: Arc<crate::core::classify::Classifier>,
+        ctx: BTreeMap<u32, u32>,
+    ) -> Blocks<'t, 'a> {
+        let flags = self
+            .flag
+            .into_iter()
+            .chain(self.fixed.iter().map(|p| &p.flag))
+            .cloned()
+            .collect();
+        Blocks {
+            runner: TestbedRunner {
+                bed,
+                flags,
+                pins: self.pins.to_vec(),
+                warned: Vec::new(),
+                workload: self.workload.clone(),
+                classifier,
+                dir: self.dir.to_path_buf(),
+                announce: false,
+                oracle: self.oracle,
+            },
+            flag: self.flag.cloned(),
+            fixed: self.fixed.to_vec(),
+            ctx,
+        }
+    }
+}
+
 /// The culprit runner behind the sweep's seam: a level's block is a culprit block with
 /// the flag (if any) at its arm's value and the fixed flags at theirs, at the level's
 /// concurrency.
@@ -247,28 +281,7 @@ pub(crate) async fn sweep_on(
 ) -> anyhow::Result<LoadReport> {
     let classifier = Arc::new(bed.target().classifier(job.workload)?);
     let ctx = pressure_levels(bed, job, record).await?;
-    let flags = job
-        .flag
-        .into_iter()
-        .chain(job.fixed.iter().map(|p| &p.flag))
-        .cloned()
-        .collect();
-    let mut blocks = Blocks {
-        runner: TestbedRunner {
-            bed,
-            flags,
-            pins: job.pins.to_vec(),
-            warned: Vec::new(),
-            workload: job.workload.clone(),
-            classifier,
-            dir: job.dir.to_path_buf(),
-            announce: false,
-            oracle: job.oracle,
-        },
-        flag: job.flag.cloned(),
-        fixed: job.fixed.to_vec(),
-        ctx,
-    };
+    let mut blocks = job.blocks(bed, classifier, ctx);
     let mut recorder = Recorder {
         record,
         dir: job.dir.to_path_buf(),
