@@ -62,6 +62,11 @@ run() { # TARGET FLAG TAG [REPEATS]
         --target "$target" --results "$OUT/results" --tag "$tag" --json >"$OUT/$tag.json" 2>"$OUT/$tag.log" ||
         { echo "run $tag failed, see $OUT/$tag.log" >&2; exit 1; }
 }
+median() { # LABEL RATIO...: the median ratio, its count and range
+    local label=$1
+    shift
+    printf '%s\n' "$@" | sort -g | awk -v label="$label" '{a[NR]=$1} END {printf "median %s: %.3f over %d (min %.3f, max %.3f)\n", label, a[int((NR+1)/2)], NR, a[1], a[NR]}'
+}
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "mock engine: ${DELAY} ms per token; smoke workload, $SESSIONS sessions x 4 rounds per block at 6 in flight, 2 pairs"
 make_target "$OUT/t" ""
@@ -77,7 +82,7 @@ for i in $(seq "$PAIRS"); do
     printf 'pair %s: serial %.1f s (%s), replicas %.1f s (%s), ratio %.3f\n' "$i" "$s" \
         "$(jq -r '.verdict.status' "$OUT/serial-$i.json")" "$r" "$(jq -r '.verdict.status' "$OUT/replicas-$i.json")" "$ratio"
 done
-printf '%s\n' "${ratios[@]}" | sort -g | awk '{a[NR]=$1} END {printf "median ratio (replicas / serial wall): %.3f over %d pairs (min %.3f, max %.3f)\n", a[int((NR+1)/2)], NR, a[1], a[NR]}'
+median "ratio (replicas / serial wall)" "${ratios[@]}"
 for d in serial replicas; do
     jq -s -r --arg d "$d" '"\($d): verdicts \(map(.verdict.status) | group_by(.) | map("\(.[0]) \(length)") | join(", ")); on \(.[0].arms[0].counts | tostring), off \(.[0].arms[1].counts | tostring); cost \(.[0].cost.restarts) restarts, \(.[0].cost.engine_hours * 3600 | . * 10 | round / 10) engine-seconds"' "$OUT"/$d-*.json
 done
@@ -103,7 +108,7 @@ for i in $(seq "$PAIRS"); do
         "$(jq '.cost.engine_hours * 3600 | round' "$OUT/matrix-replicas-$i.json")" "$ratio" \
         "$(jq -c '[.cells[] | .corrupted]' "$OUT/matrix-serial-$i.json")" "$(jq -c '[.cells[] | .corrupted]' "$OUT/matrix-replicas-$i.json")"
 done
-printf '%s\n' "${mratios[@]}" | sort -g | awk '{a[NR]=$1} END {printf "median matrix ratio (two sets / one set wall): %.3f over %d (min %.3f, max %.3f)\n", a[int((NR+1)/2)], NR, a[1], a[NR]}'
+median "matrix ratio (two sets / one set wall)" "${mratios[@]}"
 }
 part_load() {
 echo "== a load sweep (--flag LEAK, levels 2,4,6,8, $SESSIONS sessions a block): one set vs two sets, the levels dealt to the sets"
@@ -126,7 +131,7 @@ for i in $(seq "$PAIRS"); do
         "$(jq -r '.report.answer.kind + " " + (.report.answer.level // "-" | tostring)' "$OUT/load-serial-$i.json")" \
         "$(jq -r '.report.answer.kind + " " + (.report.answer.level // "-" | tostring)' "$OUT/load-replicas-$i.json")"
 done
-printf '%s\n' "${lratios[@]}" | sort -g | awk '{a[NR]=$1} END {printf "median load ratio (two sets / one set wall): %.3f over %d (min %.3f, max %.3f)\n", a[int((NR+1)/2)], NR, a[1], a[NR]}'
+median "load ratio (two sets / one set wall)" "${lratios[@]}"
 }
 part_commits() {
 echo "== a commits search (16 commits, LEAK turned on by commit 11): one set vs two sets, each round's commits dealt to the sets"
@@ -162,7 +167,7 @@ for i in $(seq "$PAIRS"); do
     done
     printf 'commits %s: ratio %.3f (two sets / one set wall)\n' "$i" "$ratio"
 done
-printf '%s\n' "${cratios[@]}" | sort -g | awk '{a[NR]=$1} END {printf "median commits ratio (two sets / one set wall): %.3f over %d (min %.3f, max %.3f)\n", a[int((NR+1)/2)], NR, a[1], a[NR]}'
+median "commits ratio (two sets / one set wall)" "${cratios[@]}"
 }
 part_planted() {
 echo "== planted difference: replica b corrupts a quarter of its sessions whatever the flag"

@@ -20,7 +20,6 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use anyhow::Context;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -130,28 +129,14 @@ pub async fn run_on_replicas(
         controls.len(),
         sets.len()
     );
-    std::fs::create_dir_all(&plan.dir)
-        .with_context(|| format!("creating {}", plan.dir.display()))?;
-    let mut record = super::started_record(
-        plan.id.clone(),
-        plan.command.clone(),
-        &plan.target,
-        plan.flag.as_ref(),
-        &plan.pins,
-        &plan.workload,
-        &plan.params,
-    );
+    let mut record = plan.started()?;
     let planned = dealt_blocks(&plan.params, sets.len());
     record.replicas = planned
         .iter()
         .map(|(b, set)| (b.block, sets[*set].replica_name().to_string()))
         .collect();
     crate::results::load::write(&plan.dir, &record)?;
-    let written: Vec<_> = plan
-        .flag
-        .iter()
-        .chain(plan.pins.iter().map(|p| &p.flag))
-        .collect();
+    let written = plan.written();
     let specs = sets
         .iter()
         .map(|set| {

@@ -180,6 +180,29 @@ impl BlockRunner<LevelBlock, BlockOutcome> for Blocks<'_, '_> {
 }
 
 impl LoadPlan {
+    /// The record of this sweep as it starts, its directory made (not written yet).
+    pub(crate) fn started(&self) -> anyhow::Result<LoadRecord> {
+        std::fs::create_dir_all(&self.dir)
+            .with_context(|| format!("creating {}", self.dir.display()))?;
+        Ok(started_record(
+            self.id.clone(),
+            self.command.clone(),
+            &self.target,
+            self.flag.as_ref(),
+            &self.pins,
+            &self.workload,
+            &self.params,
+        ))
+    }
+
+    /// The flags every block writes: the flag under test and the pins.
+    pub(crate) fn written(&self) -> Vec<&FlagSpec> {
+        self.flag
+            .iter()
+            .chain(self.pins.iter().map(|p| &p.flag))
+            .collect()
+    }
+
     /// The sweep this plan runs on its testbed(s).
     pub(crate) fn sweep(&self) -> Sweep<'_> {
         Sweep {
@@ -239,22 +262,11 @@ pub async fn run(
     progress: &dyn Progress,
     cancel: CancellationToken,
 ) -> anyhow::Result<LoadRecord> {
-    std::fs::create_dir_all(&plan.dir)
-        .with_context(|| format!("creating {}", plan.dir.display()))?;
-    let mut record = started_record(
-        plan.id.clone(),
-        plan.command.clone(),
-        &plan.target,
-        plan.flag.as_ref(),
-        &plan.pins,
-        &plan.workload,
-        &plan.params,
-    );
+    let mut record = plan.started()?;
     crate::results::load::write(&plan.dir, &record)?;
-    let written = plan.flag.iter().chain(plan.pins.iter().map(|p| &p.flag));
     let spec = plan
         .testbed
-        .spec(&plan.target, plan.api_key.clone(), written.collect());
+        .spec(&plan.target, plan.api_key.clone(), plan.written());
     let started = Instant::now();
     let job = plan.sweep();
     let bed = Testbed::open(spec, control, progress, cancel)?;
