@@ -14,18 +14,20 @@
 # confound and the arms' rates, with and without the plant. Between them, a matrix of four
 # restart groups on one set and on both at once (its groups dealt to the sets): walls,
 # engine-seconds and each cell's corrupted count (the same sessions: the same counts).
-# Then a fixed A/B load sweep on one set and on both (its levels dealt to the sets), and
+# Then a fixed A/B load sweep on one set and on both (its levels dealt to the sets), a
+# culprit search (LEAK and NOTHING found at their `on` values, at 8 in flight) on one set
+# and with every block split over both, and
 # a commits search over a scripted repository of both sets' launch scripts (LEAK
 # turned on by commit 11 of 16) on one set and on both (each round's commits dealt to
 # the sets): answers, steps, sessions, restarts, walls and engine-seconds.
 #
 # Usage: scripts/bench-replicas.sh [PAIRS] [TOKEN_DELAY_MS] [SESSIONS]   (needs jq)
-# PARTS=run,matrix,load,commits,planted (the default: all) picks the parts, in that order.
+# PARTS=run,matrix,load,culprit,commits,planted (the default: all) picks the parts, in that order.
 set -euo pipefail
 PAIRS=${1:-3}
 DELAY=${2:-20}
 SESSIONS=${3:-24}
-PARTS=${PARTS:-run,matrix,load,commits,planted}
+PARTS=${PARTS:-run,matrix,load,culprit,commits,planted}
 BIN=$(realpath "${BISECT:-target/release/bisect}")
 OUT=$(mktemp -d)
 export XDG_STATE_HOME="$OUT/state"
@@ -36,16 +38,16 @@ for _ in range(200):
     try: s.bind(("127.0.0.1",p)); s.close(); print(p); break
     except OSError: pass'
 }
-make_target() { # DIR PLANT_B
-    local dir=$1 plant=$2 a b
+make_target() { # DIR PLANT_B [LEAK NOTHING]: the flags' values in the launch configs (0 0)
+    local dir=$1 plant=$2 leak=${3:-0} nothing=${4:-0} a b
     mkdir -p "$dir/flags"
     a=$(port); b=$(port)
     while [ "$b" = "$a" ]; do b=$(port); done
     for set in a b; do
         local p=$a extra=""
         [ "$set" = b ] && p=$b && extra=$plant
-        printf '#!/bin/sh\nexport BISECT_MOCK_LEAK_FIRST_ROUND=0\nexport BISECT_MOCK_NOTHING=0\nexec %s mock-engine --port %s --token-delay-ms %s %s\n' \
-            "$BIN" "$p" "$DELAY" "$extra" >"$dir/serve-$set.sh"
+        printf '#!/bin/sh\nexport BISECT_MOCK_LEAK_FIRST_ROUND=%s\nexport BISECT_MOCK_NOTHING=%s\nexec %s mock-engine --port %s --token-delay-ms %s %s\n' \
+            "$leak" "$nothing" "$BIN" "$p" "$DELAY" "$extra" >"$dir/serve-$set.sh"
     done
     printf 'doc = "round 1 of the sessions with crc32 %% M == 0 leaks DSML markup"\nenv = "BISECT_MOCK_LEAK_FIRST_ROUND"\nroles = ["server"]\non = "3"\noff = "0"\n' >"$dir/flags/LEAK.toml"
     printf 'doc = "read by no one"\nenv = "BISECT_MOCK_NOTHING"\nroles = ["server"]\non = "1"\noff = "0"\n' >"$dir/flags/NOTHING.toml"
@@ -132,6 +134,26 @@ for i in $(seq "$PAIRS"); do
         "$(jq -r '.report.answer.kind + " " + (.report.answer.level // "-" | tostring)' "$OUT/load-replicas-$i.json")"
 done
 median "load ratio (two sets / one set wall)" "${lratios[@]}"
+}
+part_culprit() {
+echo "== a culprit search (--flags LEAK,NOTHING, found at 3 and 1; blocks of 80 sessions at 8 in flight): one set vs every block split over two sets"
+make_target "$OUT/c" "" 3 1
+cratios=()
+for i in $(seq "$PAIRS"); do
+    for d in serial replicas; do
+        "$BIN" culprit --flags LEAK,NOTHING --workload smoke --concurrency 8 --target "$OUT/c/$d.toml" \
+            --results "$OUT/culprit" --json >"$OUT/culprit-$d-$i.json" 2>"$OUT/culprit-$d-$i.log" ||
+            { echo "culprit $d failed, see $OUT/culprit-$d-$i.log" >&2; exit 1; }
+    done
+    s=$(jq '.cost.wall_s' "$OUT/culprit-serial-$i.json")
+    r=$(jq '.cost.wall_s' "$OUT/culprit-replicas-$i.json")
+    ratio=$(jq -n "$r / $s")
+    cratios+=("$ratio")
+    summary() { jq -r '"\(.blocks | length) blocks, \(.sessions_spent) sessions, \(.restarts) restarts, \(.cost.engine_hours * 3600 | round) engine-seconds; \(.answer) \([.culprit[].flag] | join(","))"' "$1"; }
+    printf 'culprit %s: one set %.1f s (%s), two sets %.1f s (%s), ratio %.3f\n' "$i" "$s" \
+        "$(summary "$OUT/culprit-serial-$i.json")" "$r" "$(summary "$OUT/culprit-replicas-$i.json")" "$ratio"
+done
+median "culprit ratio (two sets / one set wall)" "${cratios[@]}"
 }
 part_commits() {
 echo "== a commits search (16 commits, LEAK turned on by commit 11): one set vs two sets, each round's commits dealt to the sets"

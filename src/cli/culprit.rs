@@ -46,7 +46,13 @@ impl CulpritArgs {
             .filter(|name| !name.trim().is_empty())
             .map(|name| catalog.get(name).cloned())
             .collect::<Result<Vec<_>, _>>()?;
-        let mut workload = common.load.load()?;
+        let mut workload = common.load.load_sized(false)?;
+        // A block is max(--concurrency, 80) sessions whatever the workload's sample (the
+        // runner sizes each): a workload of fewer sessions than --concurrency must not
+        // lower the load to them.
+        if let Some(c) = workload.concurrency {
+            workload.sessions = workload.sessions.max(c);
+        }
         let oracle = self.oracle.solo(&mut workload)?;
         culprit::check_request(&flags, self.budget, &workload)?;
         if common.load.sessions.is_some() {

@@ -253,7 +253,16 @@ pub(crate) struct WorkloadArgs {
 }
 
 impl WorkloadArgs {
+    /// The workload with the arguments applied, its sessions an arm's: `--concurrency`
+    /// above them is refused (the load could never be reached).
     fn load(&self) -> anyhow::Result<Workload> {
+        self.load_sized(true)
+    }
+
+    /// [`Self::load`] for a command whose blocks size themselves (`bisect culprit`: a
+    /// block is max(--concurrency, 80) sessions), where the workload's sessions are no
+    /// limit on `--concurrency`.
+    fn load_sized(&self, arm_sized: bool) -> anyhow::Result<Workload> {
         let mut workload = bisect_harness::config::load_workload(&self.workload)?;
         for (given, field) in [
             (self.sessions, &mut workload.sessions),
@@ -278,7 +287,7 @@ impl WorkloadArgs {
                     "pass the number of sessions to keep in flight, e.g. --concurrency 80",
                 ));
             }
-            if c > workload.sessions {
+            if arm_sized && c > workload.sessions {
                 return Err(usage(
                     format!(
                         "--concurrency {c} is more than the {} sessions of an arm: the load could never be reached",

@@ -1,6 +1,7 @@
 //! `bisect run`, `bisect probe`, `bisect culprit` and `bisect load`: restore what a dead
-//! run left, turn the arguments into a plan, start the engines and run it (`run` and a
-//! fixed A/B `load` on every replica set), print the record.
+//! run left, turn the arguments into a plan, start the engines and run it (`run`, a
+//! fixed A/B `load` and a culprit search whose blocks split on every replica set),
+//! print the record.
 
 use std::process::ExitCode;
 
@@ -8,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{print_record, recover_journal, start};
 use crate::cli::{OutputArgs, ProbeArgs};
+use bisect_harness::commands::culprit::{self, record::CulpritRecord, CulpritPlan};
 use bisect_harness::commands::load::{self, LoadPlan};
 use bisect_harness::commands::probe::{self, Outcome, ProbeRecord};
 use bisect_harness::commands::run::{self, Progress, RunPlan};
@@ -85,6 +87,23 @@ pub(crate) async fn load(
         plan.target.replica_names(),
     ));
     load::run_on_replicas(plan, controls, progress, cancel).await
+}
+
+/// `bisect culprit`: on the first replica set, or with every block split over the sets
+/// whose shares reach the load.
+pub(crate) async fn culprit(
+    plan: &CulpritPlan,
+    control: &mut dyn EngineControl,
+    progress: &dyn Progress,
+    cancel: CancellationToken,
+) -> anyhow::Result<CulpritRecord> {
+    if !plan.uses_replicas() {
+        return culprit::run(plan, control, progress, cancel).await;
+    }
+    let mut others = super::other_sets(&plan.target, &plan.dir, plan.api_key.clone())?;
+    let mut controls: Vec<&mut dyn EngineControl> = vec![control];
+    controls.extend(others.iter_mut().map(|c| c as &mut dyn EngineControl));
+    culprit::run_on_sets(plan, controls, progress, cancel).await
 }
 
 /// The probe's one line: its outcome and why.

@@ -80,7 +80,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Culprit(args) => runtime()?.block_on(experiment::drive(
             &args.common.output,
             || args.plan(),
-            culprit::run,
+            experiment::culprit,
             &culprit::export::table::CulpritTable,
         )),
         Command::Load(args) => runtime()?.block_on(experiment::drive(

@@ -552,3 +552,144 @@ fn a_load_sweep_deals_its_levels_to_the_replica_sets() {
         "both sets' configs restored"
     );
 }
+
+/// LEAK found at its failing value `3` and NOTHING at `1` (read by no one): the answer
+/// is LEAK alone.
+const CULPRIT_FLAGS: [MockFlag<'static>; 2] = [
+    MockFlag {
+        start: "3",
+        ..FLAGS[0]
+    },
+    MockFlag {
+        start: "1",
+        ..FLAGS[1]
+    },
+];
+
+/// `bisect culprit --flags LEAK,NOTHING` at 8 in flight in `dir` on `profile`, which must
+/// exit 0: (culprit.json, stderr).
+fn culprit_search(dir: &Path, profile: &Path) -> (Value, String) {
+    let out = crate::common::bisect_in(
+        dir,
+        &[
+            "culprit",
+            "--flags",
+            "LEAK,NOTHING",
+            "--workload",
+            "smoke",
+            "--concurrency",
+            "8",
+            "--target",
+            profile.to_str().unwrap(),
+            "--results",
+            "results",
+            "--json",
+        ]
+        .map(std::ffi::OsStr::new),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    (serde_json::from_slice(&out.stdout).unwrap(), stderr)
+}
+
+/// A culprit search on two sets at 8 in flight splits every block of 80 sessions into
+/// two shares of 40, one per set, run at once at the full load (each set's own
+/// sessions under `blocks/bNNN/<set>/`), finds LEAK, checks that the sets corrupted
+/// alike, counts a restart per set per block, and restores both sets' launch configs.
+#[test]
+fn a_culprit_search_splits_every_block_over_the_replica_sets() {
+    let _one = crate::common::heavy();
+    let dir = tempfile::tempdir().unwrap();
+    let profile = mock_replicas_target(dir.path(), 10, &CULPRIT_FLAGS, "");
+    let before = launch_configs(dir.path());
+    let (record, stderr) = culprit_search(dir.path(), &profile);
+    assert!(
+        stderr.contains("replicas a, b: every block split over the sets at once, 40 sessions each at 8 in flight"),
+        "{stderr}"
+    );
+    assert_eq!(record["answer"], "culprit", "{}", record["verdict"]);
+    let culprit: Vec<&str> = record["culprit"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["flag"].as_str().unwrap())
+        .collect();
+    assert_eq!(culprit, ["LEAK"], "{}", record["verdict"]);
+    assert_eq!(record["replica_sets"], serde_json::json!(["a", "b"]));
+    let blocks = record["blocks"].as_array().unwrap();
+    let run = dir
+        .path()
+        .join("results")
+        .join(record["id"].as_str().unwrap());
+    for b in blocks {
+        let sets = b["sets"].as_array().unwrap_or_else(|| panic!("{b:#}"));
+        assert_eq!(sets.len(), 2, "{b:#}");
+        assert_eq!(b["sessions"], 80, "{b:#}");
+        for (set, share) in ["a", "b"].iter().zip(sets) {
+            assert_eq!(share["sessions"], 40, "{b:#}");
+            let sessions = std::fs::read_to_string(
+                run.join(b["dir"].as_str().unwrap())
+                    .join(set)
+                    .join("sessions.jsonl"),
+            )
+            .unwrap();
+            assert_eq!(
+                sessions.lines().count(),
+                40,
+                "block {} set {set}",
+                b["block"]
+            );
+        }
+        // Each engine reached the load.
+        assert!(b["peak_engine"].as_u64().unwrap() >= 8, "{b:#}");
+    }
+    assert_eq!(
+        record["restarts"],
+        2 * blocks.len(),
+        "a restart per set per block"
+    );
+    assert_eq!(
+        record["replica_check"]["severity"], "info",
+        "{:#}",
+        record["replica_check"]
+    );
+    assert_eq!(record["cost"]["replicas"], 2, "{:#}", record["cost"]);
+    assert_eq!(
+        launch_configs(dir.path()),
+        before,
+        "both sets' configs restored"
+    );
+}
+
+/// Replica b's build answers a quarter of its sessions' first round with a wrong argument
+/// whatever the flags: every block holds b's share alike, so the search still finds LEAK,
+/// and the replica check names b as a warning.
+#[test]
+fn a_culprit_search_names_a_replica_that_differs() {
+    let _one = crate::common::heavy();
+    let dir = tempfile::tempdir().unwrap();
+    let profile = mock_replicas_target(dir.path(), 10, &CULPRIT_FLAGS, "--wrong-args-every 4");
+    let (record, _) = culprit_search(dir.path(), &profile);
+    let check = &record["replica_check"];
+    assert_eq!(check["severity"], "warning", "{check:#}");
+    assert_eq!(check["differs"], "b", "{check:#}");
+    let summary = std::fs::read_to_string(
+        dir.path()
+            .join("results")
+            .join(record["id"].as_str().unwrap())
+            .join("summary.md"),
+    )
+    .unwrap();
+    assert!(
+        summary.contains("warning: replica b differs from the others whatever the configuration"),
+        "{summary}"
+    );
+    assert_eq!(record["answer"], "culprit", "{}", record["verdict"]);
+    let culprit: Vec<&str> = record["culprit"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["flag"].as_str().unwrap())
+        .collect();
+    assert_eq!(culprit, ["LEAK"], "{}", record["verdict"]);
+}

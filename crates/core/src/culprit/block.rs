@@ -44,4 +44,8 @@ pub struct BlockOutcome {
     /// configuration whose path never ran is never a pass, a level never flat.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mechanisms: Vec<crate::mechanism::MechanismRecord>,
+    /// Each replica set's counts, where the block was split over several
+    /// ([`super::split`]); empty on one set.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sets: Vec<super::split::SetShare>,
 }

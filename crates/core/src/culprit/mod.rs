@@ -106,6 +106,7 @@ mod params;
 mod report;
 mod search;
 pub mod simulate;
+mod split;
 mod step;
 #[cfg(test)]
 mod tests;
@@ -115,3 +116,6 @@ pub use block::{BlockOutcome, BlockRequest};
 pub use params::{navigate_alpha, FlagValues, SearchParams, MIN_BLOCK};
 pub use report::{Answer, Outcome, SearchReport, StepKind, StepRecord, Untestable};
 pub use search::{search, Event};
+pub use split::{
+    replica_check, set_tallies, split_sets, ReplicaCheck, SetShare, SHARE_SEED_STRIDE,
+};

@@ -169,6 +169,7 @@ impl OracleRunner<'_> {
             tokens_per_s: Some(o.speed * noise / slowdown),
             warnings: Vec::new(),
             mechanisms: Vec::new(),
+            sets: Vec::new(),
         }
     }
 }

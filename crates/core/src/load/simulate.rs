@@ -128,6 +128,7 @@ pub(crate) fn scripted_block(
         tokens_per_s: None,
         warnings: Vec::new(),
         mechanisms: Vec::new(),
+        sets: Vec::new(),
     }
 }
 

@@ -104,8 +104,8 @@ pub fn first_set_note(target: &crate::config::TargetProfile) -> Option<String> {
     let names: Vec<&str> = target.replicas.iter().map(|r| r.name.as_str()).collect();
     Some(format!(
         "note: this command runs on replica set {} alone; the target's other sets ({}) sit \
-         idle (`bisect run`, a whole `bisect matrix`, `bisect commits` and a fixed `bisect \
-         load --flag` use every set)",
+         idle (`bisect run`, a whole `bisect matrix`, `bisect commits`, a fixed `bisect \
+         load --flag` and `bisect culprit` at half a block or less in flight use every set)",
         target.replica_name(),
         names.join(", ")
     ))

@@ -16,6 +16,7 @@
 //! and `blocks/bNNN/` (each block's sessions.jsonl, metrics.csv and launch configs).
 
 pub mod export;
+mod lanes;
 pub mod record;
 pub(crate) mod runner;
 mod steplog;
@@ -27,7 +28,7 @@ use std::time::Instant;
 use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
-use crate::arm::{lifecycle, settle, Progress, Testbed, TestbedOptions};
+use crate::arm::{lifecycle_lanes, open_lanes, settle, Progress, Testbed, TestbedOptions};
 use crate::commands::answer::SearchAnswer;
 use crate::commands::blocks::{drive, EventSink};
 use crate::config::Pin;
@@ -78,11 +79,30 @@ impl crate::commands::EnginePlan for CulpritPlan {
         crate::commands::Engines::new(&self.target, &self.dir, self.api_key.as_deref())
     }
 
+    fn uses_replicas(&self) -> bool {
+        self.sets() > 1
+    }
+
     fn first_set_reason(&self) -> Option<&'static str> {
         Some(
-            "the search compares every configuration it tries with the failing end's blocks \
-             and picks the next from the last; a second set would split those comparisons",
+            "a block is one wave at the load: split over the sets, each set's share would \
+             run below the load, and different configurations on different sets would \
+             split the search's comparisons",
         )
+    }
+}
+
+impl CulpritPlan {
+    /// The replica sets every block is split over: as many of the target's as give each
+    /// share at least the load in sessions (core::culprit::split_sets); one on a single
+    /// replica.
+    pub fn sets(&self) -> usize {
+        let sets = self.target.replicas.len() + 1;
+        if sets < 2 {
+            return 1;
+        }
+        let c = self.workload.target_concurrency();
+        crate::core::culprit::split_sets(u64::from(c).max(MIN_BLOCK), c, sets)
     }
 }
 
@@ -149,14 +169,16 @@ impl CulpritPlan {
     /// cannot fail ends it after one block) and at its most (the budget in blocks).
     pub fn planned_cost(&self, given: crate::core::cost::CostUnits) -> Planned {
         let p = self.search_params(Vec::new());
-        let block = (p.block, p.concurrency);
         let most = (self.budget / p.block.max(1)).max(1);
+        // On replica sets every block is its shares, one per set, run at once.
+        let sets = self.sets() as u64;
+        let share = (p.block.div_ceil(sets), p.concurrency);
         let blocks = |n: u64| Blocks {
-            restarts: n,
-            blocks: vec![block; n as usize],
+            restarts: n * sets,
+            blocks: vec![share; (n * sets) as usize],
         };
         let (restart, wave) = crate::commands::cost_units(&self.testbed, &self.target.name, given);
-        plan_between(&blocks(1), &blocks(most), 1, &restart, &wave)
+        plan_between(&blocks(1), &blocks(most), sets as u32, &restart, &wave)
     }
 }
 
@@ -276,8 +298,10 @@ impl Recorder<'_> {
             }
         }
         self.record.blocks.push(summary(request, outcome));
+        self.record.check_replicas();
         self.record.sessions_spent += request.sessions;
-        self.record.restarts += 1;
+        // Every set restarts for its share.
+        self.record.restarts += outcome.sets.len().max(1) as u64;
         self.record.wall_s = self.started.elapsed().as_secs_f64();
         export::write(&self.dir, self.record)
     }
@@ -300,18 +324,46 @@ fn summary(request: &BlockRequest, outcome: &BlockOutcome) -> BlockSummary {
         seed: request.seed,
         wall_s: outcome.wall_s,
         dir: runner::block_dir(request.block),
+        sets: outcome.sets.clone(),
     }
 }
 
-/// Run the search. Launch configs are restored before this returns, on every path;
-/// culprit.json says how far it got.
+/// Run the search on the target's first set. Launch configs are restored before this
+/// returns, on every path; culprit.json says how far it got.
 pub async fn run(
     plan: &CulpritPlan,
     control: &mut dyn EngineControl,
     progress: &dyn Progress,
     cancel: CancellationToken,
 ) -> anyhow::Result<CulpritRecord> {
+    run_on_sets(plan, vec![control], progress, cancel).await
+}
+
+/// Run the search with every block split over [`CulpritPlan::sets`] replica sets, one
+/// control per set in the target's order (the first set's alone when it is one).
+/// Every set's launch configs are restored before this returns, on every path.
+pub async fn run_on_sets(
+    plan: &CulpritPlan,
+    controls: Vec<&mut dyn EngineControl>,
+    progress: &dyn Progress,
+    cancel: CancellationToken,
+) -> anyhow::Result<CulpritRecord> {
     plan.validate()?;
+    let sets: Vec<TargetProfile> = match plan.sets() {
+        1 => vec![plan.target.clone()],
+        n => plan.target.replica_sets().into_iter().take(n).collect(),
+    };
+    anyhow::ensure!(
+        controls.len() >= sets.len(),
+        "a culprit search on {} replica sets with {} engine controls",
+        sets.len(),
+        controls.len()
+    );
+    let names: Vec<String> = if sets.len() > 1 {
+        sets.iter().map(|s| s.replica_name().to_string()).collect()
+    } else {
+        Vec::new()
+    };
     std::fs::create_dir_all(&plan.dir)
         .with_context(|| format!("creating {}", plan.dir.display()))?;
     let flags = failing_values(&plan.target, &plan.flags)?;
@@ -324,6 +376,7 @@ pub async fn run(
         seed: params.seed,
         budget: params.budget,
         pinned: plan.pinned(),
+        sets: names.clone(),
     };
     let log_path = plan.dir.join("steps.jsonl");
     let logged = if plan.resume {
@@ -332,26 +385,75 @@ pub async fn run(
         Vec::new()
     };
     let mut record = started_record(plan, &params);
+    record.replica_sets = names.clone();
     export::write(&plan.dir, &record)?;
+    if !names.is_empty() {
+        progress.note(&format!(
+            "replicas {}: every block split over the sets at once, {} sessions each at {} in flight",
+            names.join(", "),
+            params.block.div_ceil(sets.len() as u64),
+            params.concurrency
+        ));
+    }
 
-    let written = plan.flags.iter().chain(plan.pins.iter().map(|p| &p.flag));
-    let spec = plan
-        .testbed
-        .spec(&plan.target, plan.api_key.clone(), written.collect());
+    let written: Vec<&FlagSpec> = plan
+        .flags
+        .iter()
+        .chain(plan.pins.iter().map(|p| &p.flag))
+        .collect();
+    let specs = sets
+        .iter()
+        .map(|set| {
+            plan.testbed
+                .spec(set, plan.api_key.clone(), written.clone())
+        })
+        .collect();
+    let lane_progress: Vec<Box<dyn Progress + '_>> = sets
+        .iter()
+        .map(|set| -> Box<dyn Progress + '_> {
+            Box::new(crate::commands::replicas::LaneProgress::new(
+                progress,
+                (!names.is_empty()).then(|| set.replica_name().to_string()),
+            ))
+        })
+        .collect();
+    // A set that fails stops the others; Ctrl-C stops them all.
+    let stop = cancel.child_token();
+    let controls: Vec<&mut dyn EngineControl> = controls
+        .into_iter()
+        .take(sets.len())
+        .map(|c| -> &mut dyn EngineControl { c })
+        .collect();
     let started = Instant::now();
-    let body = async |bed: &mut Testbed<'_>, record: &mut CulpritRecord| {
-        bed.pin(&plan.pins)?;
+    let body = async |beds: &mut [Testbed<'_>], record: &mut CulpritRecord| {
+        for bed in beds.iter_mut() {
+            bed.pin(&plan.pins)?;
+        }
         let classifier = Arc::new(plan.classifier()?);
-        let live = runner::TestbedRunner {
-            bed,
-            flags: plan.flags.clone(),
-            pins: plan.pins.clone(),
-            warned: Vec::new(),
-            workload: plan.workload.clone(),
-            classifier,
-            dir: plan.dir.clone(),
-            announce: true,
-            oracle: plan.oracle,
+        let split = beds.len() > 1;
+        let runners = beds
+            .iter_mut()
+            .enumerate()
+            .map(|(j, bed)| {
+                let share = split.then(|| bed.target().replica_name().to_string());
+                runner::TestbedRunner {
+                    bed,
+                    flags: plan.flags.clone(),
+                    pins: plan.pins.clone(),
+                    warned: Vec::new(),
+                    workload: plan.workload.clone(),
+                    classifier: classifier.clone(),
+                    dir: plan.dir.clone(),
+                    announce: j == 0,
+                    oracle: plan.oracle,
+                    share,
+                }
+            })
+            .collect();
+        let live = lanes::SplitRunner {
+            sets: runners,
+            stop: stop.clone(),
+            cancel: cancel.clone(),
         };
         let mut runner = steplog::Replay::new(logged, live);
         let mut recorder = Recorder {
@@ -366,8 +468,8 @@ pub async fn run(
         recorder.record.replayed_blocks = runner.replayed;
         report
     };
-    let bed = Testbed::open(spec, control, progress, cancel)?;
-    lifecycle(bed, &mut record, body, |record, outcome, ending| {
+    let beds = open_lanes(specs, controls, &lane_progress, stop.clone()).await?;
+    lifecycle_lanes(beds, &mut record, body, |record, outcome, ending| {
         if let Ok(report) = outcome {
             record_answer(record, plan, &flags, report);
         }
@@ -397,7 +499,7 @@ fn logged_blocks(
                 logged.header,
                 header
             ),
-            "resume with the same --flags, --set, --concurrency, --seed and --budget, and unchanged launch configs",
+            "resume with the same --flags, --set, --concurrency, --seed and --budget, on a target with the same replica sets, and unchanged launch configs",
         )
         .into());
     }
@@ -437,6 +539,8 @@ fn started_record(plan: &CulpritPlan, params: &SearchParams) -> CulpritRecord {
         restarts: 0,
         replayed_blocks: 0,
         wall_s: 0.0,
+        replica_sets: Vec::new(),
+        replica_check: None,
         cost: None,
         error: None,
     }
@@ -483,5 +587,10 @@ fn record_answer(
     record.other_failures = report.other_failures.clone();
     record.verdict = Some(report.verdict.clone());
     record.sessions_spent = report.sessions_spent;
-    record.restarts = report.restarts;
+    // The search counts blocks; a block split over sets restarts every one of them.
+    record.restarts = record
+        .blocks
+        .iter()
+        .map(|b| b.sets.len().max(1) as u64)
+        .sum();
 }

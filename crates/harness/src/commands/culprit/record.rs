@@ -5,7 +5,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::core::culprit::{FlagValues, Outcome, StepRecord};
+use crate::core::culprit::{
+    replica_check, set_tallies, FlagValues, Outcome, ReplicaCheck, SetShare, StepRecord,
+};
+use crate::core::evidence::Severity;
 
 pub(crate) const SCHEMA: &str = "bisect.culprit/2";
 
@@ -53,6 +56,15 @@ pub struct CulpritRecord {
     /// Blocks answered from the step log of an earlier run (`--resume`).
     pub replayed_blocks: u64,
     pub wall_s: f64,
+    /// The replica sets every block was split over, each set driving its share of the
+    /// block's sessions at the full load at the same time (docs/culprit.md, "Replica
+    /// sets"); empty on one set.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replica_sets: Vec<String>,
+    /// Whether those sets corrupted alike (core::culprit::replica_check); `None` on one
+    /// set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica_check: Option<ReplicaCheck>,
     /// What the search cost: restarts, driving, engine-hours, wall (core::cost).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<crate::core::cost::Cost>,
@@ -89,9 +101,25 @@ pub struct BlockSummary {
     pub seed: u64,
     pub wall_s: f64,
     pub dir: String,
+    /// Each replica set's share of the block (its sessions in `dir/<set>/`), in the
+    /// order of `replica_sets`; empty on one set.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sets: Vec<SetShare>,
 }
 
-impl CulpritRecord {}
+impl CulpritRecord {
+    /// Recheck the replica sets over every block so far (after each block).
+    pub(super) fn check_replicas(&mut self) {
+        if self.replica_sets.len() < 2 {
+            return;
+        }
+        let tallies = set_tallies(
+            self.blocks.iter().map(|b| b.sets.as_slice()),
+            self.replica_sets.len(),
+        );
+        self.replica_check = replica_check(&self.replica_sets, &tallies, self.alpha);
+    }
+}
 
 pub(super) fn outcome_word(o: Outcome) -> &'static str {
     match o {
@@ -129,6 +157,19 @@ pub(super) fn head(record: &CulpritRecord) -> Vec<String> {
     }
     if !record.pinned.is_empty() {
         lines.push(format!("pinned: {}", record.pinned.join(", ")));
+    }
+    if !record.replica_sets.is_empty() {
+        lines.push(format!(
+            "replica sets {}: every block split over them at once, each set driving its share at {} in flight",
+            record.replica_sets.join(", "),
+            record.concurrency
+        ));
+    }
+    if let Some(check) = &record.replica_check {
+        lines.push(match check.severity {
+            Severity::Info => format!("replica check: {}", check.note),
+            _ => format!("warning: {}", check.note),
+        });
     }
     if record.replayed_blocks > 0 {
         lines.push(format!(

@@ -39,6 +39,9 @@ pub(crate) struct TestbedRunner<'t, 'a> {
     /// `--oracle solo`: each block's sessions also run alone first, and are judged
     /// against themselves alone.
     pub(crate) oracle: Option<crate::core::solo::SoloOracle>,
+    /// The replica set whose share of each block this runner drives, where a block is
+    /// split over several (`blocks/bNNN/<set>/`); `None` drives whole blocks.
+    pub(crate) share: Option<String>,
 }
 
 /// `blocks/b007`, relative to the culprit directory.
@@ -110,14 +113,22 @@ impl TestbedRunner<'_, '_> {
         warnings
     }
 
-    /// The block's results directory, `blocks/bNNN/`, fresh.
+    /// The block's results directory, `blocks/bNNN/` (a set's share:
+    /// `blocks/bNNN/<set>/`), fresh.
     fn block_results(&self, block: u64) -> anyhow::Result<ResultsDir> {
-        let dir = self.dir.join(block_dir(block));
+        let mut dir = self.dir.join(block_dir(block));
+        if let Some(set) = &self.share {
+            dir.push(set);
+        }
         if dir.exists() {
             // A block the step log does not hold (the search was killed while it ran):
             // kept aside, never mixed into this block's sessions.
+            let name = dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
             let aside = (1..)
-                .map(|n| dir.with_file_name(format!("b{block:03}.unlogged-{n}")))
+                .map(|n| dir.with_file_name(format!("{name}.unlogged-{n}")))
                 .find(|p| !p.exists())
                 .expect("a free name");
             std::fs::rename(&dir, &aside).with_context(|| {
@@ -185,6 +196,7 @@ impl TestbedRunner<'_, '_> {
             tokens_per_s: (stats.completion_tokens > 0).then_some(stats.tokens_per_s),
             warnings: Vec::new(),
             mechanisms: stats.mechanisms.clone(),
+            sets: Vec::new(),
         })
     }
 }

@@ -43,6 +43,10 @@ pub(super) struct Header {
     pub(super) seed: u64,
     pub(super) budget: u64,
     pub(super) pinned: Vec<String>,
+    /// The replica sets every block was split over; empty on one set (and in logs
+    /// written before replica sets), so a search is resumed on the sets it ran on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(super) sets: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -56,6 +60,9 @@ struct LoggedOutcome {
     warnings: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     mechanisms: Vec<crate::core::mechanism::MechanismRecord>,
+    /// Each replica set's counts, where the block was split over several.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    sets: Vec<crate::core::culprit::SetShare>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -122,6 +129,7 @@ pub(super) fn read(path: &Path) -> anyhow::Result<Logged> {
                         tokens_per_s: outcome.tokens_per_s,
                         warnings: outcome.warnings,
                         mechanisms: outcome.mechanisms,
+                        sets: outcome.sets,
                     },
                 ));
             }
@@ -174,6 +182,7 @@ impl StepLog {
                 tokens_per_s: outcome.tokens_per_s,
                 warnings: outcome.warnings.clone(),
                 mechanisms: outcome.mechanisms.clone(),
+                sets: outcome.sets.clone(),
             },
         })
     }
@@ -273,6 +282,7 @@ mod tests {
             seed: 11,
             budget: 4000,
             pinned: vec![],
+            sets: vec![],
         };
         let mut log = StepLog::create(&path, &header).unwrap();
         let mut runner = Counting(

@@ -119,6 +119,7 @@ impl Sweep<'_> {
                 dir: self.dir.to_path_buf(),
                 announce: false,
                 oracle: self.oracle,
+                share: None,
             },
             flag: self.flag.cloned(),
             fixed: self.fixed.to_vec(),
