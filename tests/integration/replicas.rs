@@ -602,6 +602,34 @@ fn a_culprit_search_splits_every_block_over_the_replica_sets() {
     let dir = tempfile::tempdir().unwrap();
     let profile = mock_replicas_target(dir.path(), 10, &CULPRIT_FLAGS, "");
     let before = launch_configs(dir.path());
+    // Priced before it starts: every block restarts both sets and spreads its ten waves
+    // of 8 over them (a restart of 15 min and 5 waves of 10 min: 65 min a block).
+    let dry = crate::common::bisect_in(
+        dir.path(),
+        &[
+            "culprit",
+            "--flags",
+            "LEAK,NOTHING",
+            "--workload",
+            "smoke",
+            "--concurrency",
+            "8",
+            "--target",
+            profile.to_str().unwrap(),
+            "--dry-run",
+            "--restart-cost",
+            "900",
+            "--session-cost",
+            "600",
+        ]
+        .map(std::ffi::OsStr::new),
+    );
+    let said = String::from_utf8_lossy(&dry.stdout);
+    assert!(
+        said.contains("2 to 60 restarts, 80 to 2400 sessions in 1 to 30 blocks (10 to 300 waves) on 2 replica sets at once")
+            && said.contains("about 65.0 min to 32.5 h wall, 2.17 to 65 engine-hours"),
+        "{said}"
+    );
     let (record, stderr) = culprit_search(dir.path(), &profile);
     assert!(
         stderr.contains("replicas a, b: every block split over the sets at once, 40 sessions each at 8 in flight"),

@@ -170,12 +170,13 @@ impl CulpritPlan {
     pub fn planned_cost(&self, given: crate::core::cost::CostUnits) -> Planned {
         let p = self.search_params(Vec::new());
         let most = (self.budget / p.block.max(1)).max(1);
-        // On replica sets every block is its shares, one per set, run at once.
+        // On replica sets every block restarts every set, and its waves are spread over
+        // them (each set drives its share at the block's load): core::cost::plan's lanes.
         let sets = self.sets() as u64;
-        let share = (p.block.div_ceil(sets), p.concurrency);
+        let block = (p.block, p.concurrency);
         let blocks = |n: u64| Blocks {
             restarts: n * sets,
-            blocks: vec![share; (n * sets) as usize],
+            blocks: vec![block; n as usize],
         };
         let (restart, wave) = crate::commands::cost_units(&self.testbed, &self.target.name, given);
         plan_between(&blocks(1), &blocks(most), sets as u32, &restart, &wave)
