@@ -105,7 +105,7 @@ pub fn first_set_note(target: &crate::config::TargetProfile) -> Option<String> {
     Some(format!(
         "note: this command runs on replica set {} alone; the target's other sets ({}) sit \
          idle (`bisect run`, a whole `bisect matrix`, `bisect commits`, a fixed `bisect \
-         load --flag` and `bisect culprit` at half a block or less in flight use every set)",
+         load --flag` and `bisect culprit` at a quarter of a block or less in flight use every set)",
         target.replica_name(),
         names.join(", ")
     ))

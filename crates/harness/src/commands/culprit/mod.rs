@@ -85,17 +85,16 @@ impl crate::commands::EnginePlan for CulpritPlan {
 
     fn first_set_reason(&self) -> Option<&'static str> {
         Some(
-            "a block is one wave at the load: split over the sets, each set's share would \
-             run below the load, and different configurations on different sets would \
-             split the search's comparisons",
+            "a block is under four waves at the load: split over the sets, a set's share \
+             would hold the load for less than two waves, and different configurations on \
+             different sets would split the search's comparisons",
         )
     }
 }
 
 impl CulpritPlan {
     /// The replica sets every block is split over: as many of the target's as give each
-    /// share at least the load in sessions (core::culprit::split_sets); one on a single
-    /// replica.
+    /// share two waves at the load (core::culprit::split_sets); one on a single replica.
     pub fn sets(&self) -> usize {
         let sets = self.target.replicas.len() + 1;
         if sets < 2 {
