@@ -122,6 +122,38 @@ fn engine_never_healthy_is_exit_3_and_configs_restored() {
     );
 }
 
+/// A search whose first restart never gets healthy still held the engines for it: its
+/// cost counts the restart and its seconds (issue 45's meter), though no block ran.
+#[test]
+fn a_failed_restart_is_metered() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = "#!/bin/sh\nexport SGLANG_DSV4_BF16_INDEX_K=1\nexec sleep 20\n";
+    let profile = write_target(dir.path(), text, "");
+    let args = [
+        "culprit",
+        "--flags",
+        "BF16_INDEX_K,TOPK_V2",
+        "--target",
+        profile.to_str().unwrap(),
+    ];
+    let err = exits_with(3, &args, dir.path());
+    assert!(err.contains("not healthy"), "{err}");
+    let results: Vec<_> = std::fs::read_dir(dir.path().join("results"))
+        .unwrap()
+        .map(|e| e.unwrap().path().join("culprit.json"))
+        .collect();
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&results[0]).unwrap()).unwrap();
+    let cost = &record["cost"];
+    assert_eq!(cost["restarts"], 1, "{cost:#}");
+    assert!(cost["restart_s"].as_f64().unwrap() >= 2.0, "{cost:#}");
+    assert_eq!(record["blocks"].as_array().unwrap().len(), 0);
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("serve.sh")).unwrap(),
+        text
+    );
+}
+
 #[test]
 fn flags_command_lists_catalog_with_docs() {
     let dir = tempfile::tempdir().unwrap();

@@ -538,7 +538,16 @@ impl<'a> Testbed<'a> {
         // that what answers now is not ours.
         self.control.stop().await?;
         self.refuse_foreign_engines().await?;
-        let waits = self.control.restart(label, &self.cancel).await?;
+        let waits = match self.control.restart(label, &self.cancel).await {
+            Ok(waits) => waits,
+            Err(e) => {
+                // A restart that failed (an engine never healthy, a Ctrl-C while it
+                // waited) held the engines all the same: its time is the command's cost.
+                self.spent.restarts += 1;
+                self.spent.restart_s += started.elapsed().as_secs_f64();
+                return Err(e);
+            }
+        };
         let mut restarted = Restarted {
             health_wait_s: waits.values().sum(),
             health_padding_s: self.control.health_padding().values().sum(),
@@ -681,9 +690,18 @@ impl<'a> Testbed<'a> {
         let mut deaths = probe_deaths.len();
         let mut unrun = 0;
         loop {
-            let (mut stats, life_driven, unfinished, ran) = self
+            let lived = self
                 .drive_life(block, &drive_plan, &life, classifier, results, observe)
-                .await?;
+                .await;
+            let (mut stats, life_driven, unfinished, ran) = match lived {
+                Ok(lived) => lived,
+                Err(e) => {
+                    // A block cancelled or failed while driving held the engines for
+                    // as long as it drove: metered, as a failed restart is.
+                    self.spent.drive_s += block_started.elapsed().as_secs_f64();
+                    return Err(e);
+                }
+            };
             let died = !stats.deaths.is_empty();
             // A poisoned engine is told apart from load on the engine that failed: a
             // dead one is restarted anyway, and the restart clears what it carried.
