@@ -12,6 +12,8 @@
 //!
 //! - **culprit** (`core::culprit::simulate`, the search `bisect culprit` runs, on the
 //!   scripted scenarios of `benches/culprit.rs`): each block a restart and a wave of 80;
+//!   at a low load (8 in flight: ten waves a block), also every block split over two
+//!   replica sets (`core::culprit::split_sets`, five waves on each set at once);
 //! - **commits** (`core::commits::simulate`, the search `bisect commits` runs, 64-commit
 //!   ranges): each block a restart and a wave, each build of a commit 20 min with the
 //!   set held idle; one set, and `--parallel 2` (a round's two blocks, and their builds,
@@ -175,13 +177,29 @@ fn searches(reps: usize) {
         let sessions = runs.iter().map(|r| r.sessions as f64).sum::<f64>() / n;
         // Blocks of `load` sessions at `load` in flight: one wave each.
         let wall = restarts * RESTART_S + sessions / f64::from(load) * BLOCK_S;
+        let accuracy = runs.iter().filter(|r| r.correct).count() as f64 / n;
         println!(
-            "| culprit | {} (at {load}) | {:.3} | {restarts:.1} | {sessions:.0} | {:.2} | {:.2} |",
+            "| culprit | {} (at {load}) | {accuracy:.3} | {restarts:.1} | {sessions:.0} | {:.2} | {:.2} |",
             oracle.name,
-            runs.iter().filter(|r| r.correct).count() as f64 / n,
             wall / 3600.0,
             wall / 3600.0
         );
+        // On two replica sets every block splits where each share holds two waves at the
+        // load (core::culprit::split_sets): the same search, its blocks' restarts at once
+        // and their waves spread over the sets.
+        let block = u64::from(load).max(bisect_harness::core::culprit::MIN_BLOCK);
+        let k = bisect_harness::core::culprit::split_sets(block, load, 2) as u64;
+        if k > 1 {
+            let share_waves = block.div_ceil(k).div_ceil(u64::from(load)) as f64;
+            let split_wall = restarts * (RESTART_S + share_waves * BLOCK_S);
+            println!(
+                "| culprit, blocks split over {k} sets | {} (at {load}) | {accuracy:.3} | {:.1} | {sessions:.0} | {:.2} | {:.2} |",
+                oracle.name,
+                restarts * k as f64,
+                split_wall / 3600.0,
+                k as f64 * split_wall / 3600.0
+            );
+        }
     }
     // What a cost model for culprit would choose among: blocks of one, two or three waves
     // (80, 160, 240 sessions at 80 in flight), every scenario at 80 in flight, the mean
