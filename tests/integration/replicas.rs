@@ -731,3 +731,41 @@ fn a_culprit_search_names_a_replica_that_differs() {
         .collect();
     assert_eq!(culprit, ["LEAK"], "{}", record["verdict"]);
 }
+
+/// Sets whose launch configs hold a listed flag at different values would run two
+/// configurations under one split block: refused before anything starts, naming the
+/// flag and both sets, both configs untouched.
+#[test]
+fn a_culprit_search_refuses_sets_that_disagree_on_a_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = mock_replicas_target(dir.path(), 10, &CULPRIT_FLAGS, "");
+    let b = dir.path().join("serve-b.sh");
+    let text = std::fs::read_to_string(&b).unwrap().replace(
+        "BISECT_MOCK_LEAK_FIRST_ROUND=3",
+        "BISECT_MOCK_LEAK_FIRST_ROUND=0",
+    );
+    std::fs::write(&b, &text).unwrap();
+    let before = launch_configs(dir.path());
+    let out = crate::common::bisect_in(
+        dir.path(),
+        &[
+            "culprit",
+            "--flags",
+            "LEAK,NOTHING",
+            "--workload",
+            "smoke",
+            "--concurrency",
+            "8",
+            "--target",
+            profile.to_str().unwrap(),
+        ]
+        .map(std::ffi::OsStr::new),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("flag LEAK is 3 in replica a's launch configs but 0 in replica b's"),
+        "{stderr}"
+    );
+    assert_eq!(launch_configs(dir.path()), before);
+}

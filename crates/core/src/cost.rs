@@ -69,6 +69,26 @@ pub struct Spent {
     pub sessions: u64,
     /// Sessions over the concurrency they ran at, summed over blocks (core::cost::Rates).
     pub waves: f64,
+    /// What failed and measured nothing (a restart never healthy, a block stopped while
+    /// it drove): the engines were held, so it is cost, never a rate.
+    #[serde(default, skip_serializing_if = "Failed::is_empty")]
+    pub failed: Failed,
+}
+
+/// Restarts and driving that failed part way: counted in [`Cost`], left out of
+/// [`Rates`] (a timed-out health wait is no restart's time, a stopped drive drove no
+/// whole wave).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Failed {
+    pub restarts: u64,
+    pub restart_s: f64,
+    pub drive_s: f64,
+}
+
+impl Failed {
+    fn is_empty(&self) -> bool {
+        *self == Failed::default()
+    }
 }
 
 impl Spent {
@@ -79,6 +99,9 @@ impl Spent {
         self.drive_s += other.drive_s;
         self.sessions += other.sessions;
         self.waves += other.waves;
+        self.failed.restarts += other.failed.restarts;
+        self.failed.restart_s += other.failed.restart_s;
+        self.failed.drive_s += other.failed.drive_s;
     }
 }
 
@@ -90,9 +113,9 @@ impl Cost {
         let longest = |f: fn(&Spent) -> f64| lanes.iter().map(f).fold(0.0, f64::max);
         let replicas = lanes.len().max(1) as u32;
         Cost {
-            restarts: lanes.iter().map(|l| l.restarts).sum(),
-            restart_s: longest(|l| l.restart_s),
-            drive_s: longest(|l| l.drive_s),
+            restarts: lanes.iter().map(|l| l.restarts + l.failed.restarts).sum(),
+            restart_s: longest(|l| l.restart_s + l.failed.restart_s),
+            drive_s: longest(|l| l.drive_s + l.failed.drive_s),
             wall_s,
             replicas,
             engine_hours: f64::from(replicas) * wall_s / 3600.0,
@@ -542,6 +565,7 @@ mod tests {
                 drive_s: 50.0,
                 sessions: 160,
                 waves: 2.0,
+                ..Spent::default()
             }],
             3600.0,
         );
@@ -577,5 +601,37 @@ mod tests {
             (4, 9.0, 2)
         );
         assert!((lanes.engine_hours - 200.0 / 3600.0).abs() < 1e-12);
+    }
+
+    /// A restart that never got healthy and a block stopped while it drove are cost (the
+    /// engines were held) but no rate: a timed-out health wait is no restart's time.
+    #[test]
+    fn what_failed_is_cost_and_never_a_rate() {
+        let spent = Spent {
+            restarts: 1,
+            restart_s: 60.0,
+            drive_s: 100.0,
+            sessions: 80,
+            waves: 1.0,
+            failed: Failed {
+                restarts: 1,
+                restart_s: 600.0,
+                drive_s: 30.0,
+            },
+        };
+        let cost = Cost::spent(&[spent], 800.0);
+        assert_eq!(
+            (cost.restarts, cost.restart_s, cost.drive_s),
+            (2, 660.0, 130.0)
+        );
+        let mut rates = Rates::default();
+        rates.take(&spent);
+        assert_eq!(rates.per_restart(), Some(60.0));
+        assert_eq!(rates.per_wave(), Some(100.0));
+        // Added up as a testbed's lanes are.
+        let mut both = spent;
+        both.add(&spent);
+        assert_eq!(both.failed.restarts, 2);
+        assert_eq!(both.failed.drive_s, 60.0);
     }
 }

@@ -33,8 +33,8 @@ use crate::stats::{fisher_exact_two_sided, rate};
 /// dozen blocks, far below the stride).
 pub const SHARE_SEED_STRIDE: u64 = 1 << 32;
 
-/// What one set's share of a block gave: its sessions, corrupted and judged (error and
-/// timeout sessions are not judged).
+/// What one set's share of a block gave: its sessions, corrupted and judged (error,
+/// timeout, truncated and crashed sessions are not judged: `SessionClass::is_judged`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SetShare {
     pub sessions: u64,
@@ -47,7 +47,7 @@ impl SetShare {
         SetShare {
             sessions: outcome.classes.len() as u64,
             corrupted: outcome.classes.iter().filter(|c| c.is_corrupted()).count() as u64,
-            judged: outcome.classes.iter().filter(|c| !c.is_failure()).count() as u64,
+            judged: outcome.classes.iter().filter(|c| c.is_judged()).count() as u64,
         }
     }
 
@@ -93,7 +93,7 @@ impl BlockOutcome {
     ///   engine at the load, and none measured on a set is none measured;
     /// - the speed the slowest set's: every block of a search is split alike, so
     ///   configurations are compared set for set (a flag that slows the engine slows
-    ///   every set);
+    ///   every set); a set without token counts where another has them counts as 0;
     /// - the wall the longest set's (they run at once); warnings and mechanism counts of
     ///   all, each warning once;
     /// - each set's counts in `sets`, for [`replica_check`].
@@ -108,12 +108,19 @@ impl BlockOutcome {
         for i in 0..longest {
             classes.extend(parts.iter().filter_map(|p| p.classes.get(i).copied()));
         }
-        let all_some = |f: &dyn Fn(&BlockOutcome) -> Option<f64>| -> Option<Vec<f64>> {
-            parts.iter().map(f).collect()
-        };
-        let lowest = |v: Vec<f64>| v.into_iter().fold(f64::INFINITY, f64::min);
-        let peak_engine = all_some(&|p| p.peak_engine.map(|x| x as f64)).map(|v| lowest(v) as u64);
-        let tokens_per_s = all_some(&|p| p.tokens_per_s).map(lowest);
+        let peak_engine = parts
+            .iter()
+            .map(|p| p.peak_engine)
+            .collect::<Option<Vec<u64>>>()
+            .and_then(|v| v.into_iter().min());
+        // A set that drove sessions and reported no tokens drove none (its engine answers
+        // token counts on the other sets); none known on any set is none known.
+        let tokens_per_s = parts.iter().any(|p| p.tokens_per_s.is_some()).then(|| {
+            parts
+                .iter()
+                .map(|p| p.tokens_per_s.unwrap_or(0.0))
+                .fold(f64::INFINITY, f64::min)
+        });
         let mut warnings: Vec<String> = Vec::new();
         for w in parts.iter().flat_map(|p| &p.warnings) {
             if !warnings.contains(w) {
@@ -330,6 +337,27 @@ mod tests {
             BlockOutcome::merge(vec![a.clone(), blind]).peak_engine,
             None
         );
+        // A set that reported no tokens drove none; no set with tokens, no speed.
+        let tokenless = BlockOutcome {
+            tokens_per_s: None,
+            ..a.clone()
+        };
+        assert_eq!(
+            BlockOutcome::merge(vec![a.clone(), tokenless.clone()]).tokens_per_s,
+            Some(0.0)
+        );
+        assert_eq!(
+            BlockOutcome::merge(vec![tokenless.clone(), tokenless]).tokens_per_s,
+            None
+        );
+        // Truncated and crashed sessions are not judged.
+        let cut = outcome(
+            vec![SessionClass::Truncated, SessionClass::Crashed, Leak],
+            Some(8),
+            1.0,
+            1.0,
+        );
+        assert_eq!(BlockOutcome::merge(vec![cut, a.clone()]).sets[0].judged, 1);
         // One share is the block.
         assert_eq!(BlockOutcome::merge(vec![a.clone()]), a);
     }

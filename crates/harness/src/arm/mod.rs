@@ -543,8 +543,8 @@ impl<'a> Testbed<'a> {
             Err(e) => {
                 // A restart that failed (an engine never healthy, a Ctrl-C while it
                 // waited) held the engines all the same: its time is the command's cost.
-                self.spent.restarts += 1;
-                self.spent.restart_s += started.elapsed().as_secs_f64();
+                self.spent.failed.restarts += 1;
+                self.spent.failed.restart_s += started.elapsed().as_secs_f64();
                 return Err(e);
             }
         };
@@ -697,8 +697,10 @@ impl<'a> Testbed<'a> {
                 Ok(lived) => lived,
                 Err(e) => {
                     // A block cancelled or failed while driving held the engines for
-                    // as long as it drove: metered, as a failed restart is.
-                    self.spent.drive_s += block_started.elapsed().as_secs_f64();
+                    // as long as it drove: its earlier lives and this one so far (the
+                    // restarts between lives are the restarts' own).
+                    self.spent.failed.drive_s +=
+                        driven.wall_s + life.life_started.elapsed().as_secs_f64();
                     return Err(e);
                 }
             };

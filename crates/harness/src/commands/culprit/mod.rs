@@ -272,6 +272,37 @@ fn failing_values(target: &TargetProfile, flags: &[FlagSpec]) -> anyhow::Result<
     Ok(out)
 }
 
+/// Every set a block is split over must hold the listed flags at the first set's values
+/// (`flags`): else the sets would run different configurations under one block.
+fn same_values_on_every_set(
+    sets: &[TargetProfile],
+    specs: &[FlagSpec],
+    flags: &[FlagValues],
+) -> anyhow::Result<()> {
+    for set in sets.iter().skip(1) {
+        for (spec, (found, first)) in specs
+            .iter()
+            .zip(failing_values(set, specs)?.iter().zip(flags))
+        {
+            if found.failing != first.failing {
+                return Err(Failure::bad_input(
+                    format!(
+                        "flag {} is {} in replica {}'s launch configs but {} in replica {}'s: split over the sets, one block would run two configurations",
+                        spec.name,
+                        first.failing,
+                        sets[0].replica_name(),
+                        found.failing,
+                        set.replica_name()
+                    ),
+                    "make the replica sets' launch configs agree on the listed flags",
+                )
+                .into());
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Rewrites the record after every block and step, and the step log.
 struct Recorder<'a> {
     log: steplog::StepLog,
@@ -336,21 +367,42 @@ pub async fn run(
     progress: &dyn Progress,
     cancel: CancellationToken,
 ) -> anyhow::Result<CulpritRecord> {
-    run_on_sets(plan, vec![control], progress, cancel).await
+    run_with(plan, 1, vec![control], progress, cancel).await
 }
 
-/// Run the search with every block split over [`CulpritPlan::sets`] replica sets, one
-/// control per set in the target's order (the first set's alone when it is one).
-/// Every set's launch configs are restored before this returns, on every path.
+/// Run the search with every block split over [`CulpritPlan::sets`] replica sets (on
+/// `--resume`, over the sets its step log names: one for a log that names none), one
+/// control per set in the target's order. Every set's launch configs are restored
+/// before this returns, on every path.
 pub async fn run_on_sets(
     plan: &CulpritPlan,
     controls: Vec<&mut dyn EngineControl>,
     progress: &dyn Progress,
     cancel: CancellationToken,
 ) -> anyhow::Result<CulpritRecord> {
+    let sets = if plan.resume {
+        steplog::read(&plan.dir.join("steps.jsonl"))?
+            .header
+            .sets
+            .len()
+            .max(1)
+    } else {
+        plan.sets()
+    };
+    run_with(plan, sets, controls, progress, cancel).await
+}
+
+/// The search with every block split over the target's first `split` sets.
+async fn run_with(
+    plan: &CulpritPlan,
+    split: usize,
+    controls: Vec<&mut dyn EngineControl>,
+    progress: &dyn Progress,
+    cancel: CancellationToken,
+) -> anyhow::Result<CulpritRecord> {
     plan.validate()?;
-    let sets: Vec<TargetProfile> = match plan.sets() {
-        1 => vec![plan.target.clone()],
+    let sets: Vec<TargetProfile> = match split {
+        0 | 1 => vec![plan.target.clone()],
         n => plan.target.replica_sets().into_iter().take(n).collect(),
     };
     anyhow::ensure!(
@@ -367,6 +419,7 @@ pub async fn run_on_sets(
     std::fs::create_dir_all(&plan.dir)
         .with_context(|| format!("creating {}", plan.dir.display()))?;
     let flags = failing_values(&plan.target, &plan.flags)?;
+    same_values_on_every_set(&sets, &plan.flags, &flags)?;
     let params = plan.search_params(flags.clone());
     let header = steplog::Header {
         flags: flags.clone(),
@@ -388,11 +441,26 @@ pub async fn run_on_sets(
     record.replica_sets = names.clone();
     export::write(&plan.dir, &record)?;
     if !names.is_empty() {
+        let idle: Vec<String> = plan
+            .target
+            .replica_sets()
+            .iter()
+            .skip(sets.len())
+            .map(|s| s.replica_name().to_string())
+            .collect();
         progress.note(&format!(
-            "replicas {}: every block split over the sets at once, {} sessions each at {} in flight",
+            "replicas {}: every block split over the sets at once, {} sessions each at {} in flight{}",
             names.join(", "),
             params.block.div_ceil(sets.len() as u64),
-            params.concurrency
+            params.concurrency,
+            if idle.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; replica {} sits idle (a share over more sets would hold the load for less than two waves)",
+                    idle.join(", ")
+                )
+            }
         ));
     }
 
