@@ -566,27 +566,29 @@ const CULPRIT_FLAGS: [MockFlag<'static>; 2] = [
     },
 ];
 
-/// `bisect culprit --flags LEAK,NOTHING` at 8 in flight in `dir` on `profile`, which must
-/// exit 0: (culprit.json, stderr).
+/// `bisect culprit --flags LEAK,NOTHING --workload smoke --concurrency C --target
+/// PROFILE EXTRA` in `dir`.
+fn culprit(dir: &Path, profile: &Path, concurrency: &str, extra: &[&str]) -> std::process::Output {
+    let mut args = vec![
+        "culprit",
+        "--flags",
+        "LEAK,NOTHING",
+        "--workload",
+        "smoke",
+        "--concurrency",
+        concurrency,
+        "--target",
+        profile.to_str().unwrap(),
+    ];
+    args.extend(extra);
+    let args: Vec<&std::ffi::OsStr> = args.into_iter().map(std::ffi::OsStr::new).collect();
+    crate::common::bisect_in(dir, &args)
+}
+
+/// [`culprit`] at 8 in flight into `dir/results`, which must exit 0: (culprit.json,
+/// stderr).
 fn culprit_search(dir: &Path, profile: &Path) -> (Value, String) {
-    let out = crate::common::bisect_in(
-        dir,
-        &[
-            "culprit",
-            "--flags",
-            "LEAK,NOTHING",
-            "--workload",
-            "smoke",
-            "--concurrency",
-            "8",
-            "--target",
-            profile.to_str().unwrap(),
-            "--results",
-            "results",
-            "--json",
-        ]
-        .map(std::ffi::OsStr::new),
-    );
+    let out = culprit(dir, profile, "8", &["--results", "results", "--json"]);
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     (serde_json::from_slice(&out.stdout).unwrap(), stderr)
@@ -605,26 +607,14 @@ fn a_culprit_search_splits_every_block_over_the_replica_sets() {
     // Priced before it starts: every block restarts both sets and spreads its ten waves
     // of 8 over them (a restart of 15 min and 5 waves of 10 min: 65 min a block).
     let dry = |concurrency: &str| {
-        let out = crate::common::bisect_in(
-            dir.path(),
-            &[
-                "culprit",
-                "--flags",
-                "LEAK,NOTHING",
-                "--workload",
-                "smoke",
-                "--concurrency",
-                concurrency,
-                "--target",
-                profile.to_str().unwrap(),
-                "--dry-run",
-                "--restart-cost",
-                "900",
-                "--session-cost",
-                "600",
-            ]
-            .map(std::ffi::OsStr::new),
-        );
+        let priced = [
+            "--dry-run",
+            "--restart-cost",
+            "900",
+            "--session-cost",
+            "600",
+        ];
+        let out = culprit(dir.path(), &profile, concurrency, &priced);
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let said = dry("8");
@@ -746,21 +736,7 @@ fn a_culprit_search_refuses_sets_that_disagree_on_a_flag() {
     );
     std::fs::write(&b, &text).unwrap();
     let before = launch_configs(dir.path());
-    let out = crate::common::bisect_in(
-        dir.path(),
-        &[
-            "culprit",
-            "--flags",
-            "LEAK,NOTHING",
-            "--workload",
-            "smoke",
-            "--concurrency",
-            "8",
-            "--target",
-            profile.to_str().unwrap(),
-        ]
-        .map(std::ffi::OsStr::new),
-    );
+    let out = culprit(dir.path(), &profile, "8", &[]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(

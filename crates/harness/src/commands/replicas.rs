@@ -70,15 +70,7 @@ impl<'p> ReplicaSets<'p> {
     /// single replica); with several, each set's notes name it.
     pub(crate) fn new(plan: &RunPlan, lanes: usize, progress: &'p dyn Progress) -> Self {
         let sets: Vec<_> = plan.target.replica_sets().into_iter().take(lanes).collect();
-        let progress = sets
-            .iter()
-            .map(|set| -> Box<dyn Progress + 'p> {
-                Box::new(LaneProgress::new(
-                    progress,
-                    (lanes > 1).then(|| set.replica_name().to_string()),
-                ))
-            })
-            .collect();
+        let progress = lane_progress(&sets, progress);
         ReplicaSets { sets, progress }
     }
 
@@ -107,6 +99,22 @@ impl<'p> ReplicaSets<'p> {
             .collect();
         open_lanes(specs, controls, &self.progress, cancel).await
     }
+}
+
+/// Each set's progress: the command's own, its notes prefixed `replica NAME:` where
+/// there are several sets.
+pub(crate) fn lane_progress<'p>(
+    sets: &[crate::config::TargetProfile],
+    progress: &'p dyn Progress,
+) -> Vec<Box<dyn Progress + 'p>> {
+    sets.iter()
+        .map(|set| -> Box<dyn Progress + 'p> {
+            Box::new(LaneProgress::new(
+                progress,
+                (sets.len() > 1).then(|| set.replica_name().to_string()),
+            ))
+        })
+        .collect()
 }
 
 /// A lane's progress: the command's own, its notes naming the replica set they are

@@ -476,15 +476,7 @@ async fn run_with(
                 .spec(set, plan.api_key.clone(), written.clone())
         })
         .collect();
-    let lane_progress: Vec<Box<dyn Progress + '_>> = sets
-        .iter()
-        .map(|set| -> Box<dyn Progress + '_> {
-            Box::new(crate::commands::replicas::LaneProgress::new(
-                progress,
-                (!names.is_empty()).then(|| set.replica_name().to_string()),
-            ))
-        })
-        .collect();
+    let lane_progress = crate::commands::replicas::lane_progress(&sets, progress);
     // A set that fails stops the others; Ctrl-C stops them all.
     let stop = cancel.child_token();
     let controls: Vec<&mut dyn EngineControl> = controls

@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 use super::{Blocks, LoadPlan, Recorder, Sweep};
 use crate::arm::{lifecycle_lanes, open_lanes, Progress, Testbed};
 use crate::commands::blocks::{drive, BlockRunner};
-use crate::commands::replicas::{first_failure, LaneProgress};
+use crate::commands::replicas::{first_failure, lane_progress};
 use crate::control::EngineControl;
 use crate::core::culprit::BlockOutcome;
 use crate::core::load::{fixed_order, sweep, Allocation, Axis, LevelBlock, LoadParams, LoadReport};
@@ -144,15 +144,7 @@ pub async fn run_on_replicas(
                 .spec(set, plan.api_key.clone(), written.clone())
         })
         .collect();
-    let lane_progress: Vec<Box<dyn Progress + '_>> = sets
-        .iter()
-        .map(|set| -> Box<dyn Progress + '_> {
-            Box::new(LaneProgress::new(
-                progress,
-                Some(set.replica_name().to_string()),
-            ))
-        })
-        .collect();
+    let lane_progress = lane_progress(&sets, progress);
     // A set that fails stops the others (the sweep cannot be fed past its blocks);
     // Ctrl-C stops them all.
     let stop = cancel.child_token();
