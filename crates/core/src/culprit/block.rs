@@ -47,5 +47,30 @@ pub struct BlockOutcome {
     /// Each replica set's counts, where the block was split over several
     /// ([`super::split`]); empty on one set.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub sets: Vec<super::split::SetShare>,
+    pub sets: Vec<SetShare>,
+}
+
+/// What one set's share of a block gave: its sessions, corrupted and judged (error,
+/// timeout, truncated and crashed sessions are not judged: `SessionClass::is_judged`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetShare {
+    pub sessions: u64,
+    pub corrupted: u64,
+    pub judged: u64,
+}
+
+impl SetShare {
+    pub(super) fn of(outcome: &BlockOutcome) -> SetShare {
+        SetShare {
+            sessions: outcome.classes.len() as u64,
+            corrupted: outcome.classes.iter().filter(|c| c.is_corrupted()).count() as u64,
+            judged: outcome.classes.iter().filter(|c| c.is_judged()).count() as u64,
+        }
+    }
+
+    pub(super) fn add(&mut self, other: &SetShare) {
+        self.sessions += other.sessions;
+        self.corrupted += other.corrupted;
+        self.judged += other.judged;
+    }
 }

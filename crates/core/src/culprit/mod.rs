@@ -112,10 +112,8 @@ mod step;
 mod tests;
 mod untestable;
 
-pub use block::{BlockOutcome, BlockRequest};
+pub use block::{BlockOutcome, BlockRequest, SetShare};
 pub use params::{navigate_alpha, FlagValues, SearchParams, MIN_BLOCK};
 pub use report::{Answer, Outcome, SearchReport, StepKind, StepRecord, Untestable};
 pub use search::{search, Event};
-pub use split::{
-    replica_check, set_tallies, split_sets, ReplicaCheck, SetShare, SHARE_SEED_STRIDE,
-};
+pub use split::{replica_check, set_tallies, split_sets, ReplicaCheck, SHARE_SEED_STRIDE};

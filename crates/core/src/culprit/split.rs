@@ -23,7 +23,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::block::{BlockOutcome, BlockRequest};
+use super::block::{BlockOutcome, BlockRequest, SetShare};
 use crate::evidence::Severity;
 use crate::format::{p_value, percent_digits};
 use crate::stats::{fisher_exact_two_sided, rate};
@@ -32,31 +32,6 @@ use crate::stats::{fisher_exact_two_sided, rate};
 /// fresh sessions on every set, never another block's (a search runs at most a few
 /// dozen blocks, far below the stride).
 pub const SHARE_SEED_STRIDE: u64 = 1 << 32;
-
-/// What one set's share of a block gave: its sessions, corrupted and judged (error,
-/// timeout, truncated and crashed sessions are not judged: `SessionClass::is_judged`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SetShare {
-    pub sessions: u64,
-    pub corrupted: u64,
-    pub judged: u64,
-}
-
-impl SetShare {
-    fn of(outcome: &BlockOutcome) -> SetShare {
-        SetShare {
-            sessions: outcome.classes.len() as u64,
-            corrupted: outcome.classes.iter().filter(|c| c.is_corrupted()).count() as u64,
-            judged: outcome.classes.iter().filter(|c| c.is_judged()).count() as u64,
-        }
-    }
-
-    fn add(&mut self, other: &SetShare) {
-        self.sessions += other.sessions;
-        self.corrupted += other.corrupted;
-        self.judged += other.judged;
-    }
-}
 
 /// How many of `sets` replica sets a block of `block` sessions at `concurrency` in flight
 /// runs on at once: every share must hold at least two waves (twice `concurrency`
