@@ -56,8 +56,7 @@ pub(crate) async fn run(
     cancel: CancellationToken,
 ) -> anyhow::Result<RunRecord> {
     let mut others = super::other_sets(&plan.target, &plan.run_dir, plan.api_key.clone())?;
-    let mut controls: Vec<&mut dyn EngineControl> = vec![control];
-    controls.extend(others.iter_mut().map(|c| c as &mut dyn EngineControl));
+    let controls = super::every_set(control, &mut others);
     match &plan.adaptive {
         Some(options) => adaptive::run_adaptive_on(plan, options, controls, progress, cancel).await,
         None if plan.target.replicas.is_empty() => {
@@ -80,8 +79,7 @@ pub(crate) async fn load(
         return load::run(plan, control, progress, cancel).await;
     }
     let mut others = super::other_sets(&plan.target, &plan.dir, plan.api_key.clone())?;
-    let mut controls: Vec<&mut dyn EngineControl> = vec![control];
-    controls.extend(others.iter_mut().map(|c| c as &mut dyn EngineControl));
+    let controls = super::every_set(control, &mut others);
     progress.note(&format!(
         "replicas {}: the levels dealt to the sets (longest first, to the set with the least work), each level's on and off on one set, run at once",
         plan.target.replica_names(),
@@ -101,8 +99,7 @@ pub(crate) async fn culprit(
         return culprit::run(plan, control, progress, cancel).await;
     }
     let mut others = super::other_sets(&plan.target, &plan.dir, plan.api_key.clone())?;
-    let mut controls: Vec<&mut dyn EngineControl> = vec![control];
-    controls.extend(others.iter_mut().map(|c| c as &mut dyn EngineControl));
+    let controls = super::every_set(control, &mut others);
     culprit::run_on_sets(plan, controls, progress, cancel).await
 }
 

@@ -14,7 +14,6 @@ use bisect_harness::commands::matrix::{
     baseline, export, lanes, merge as shards, record, run as matrix_run,
 };
 use bisect_harness::commands::EnginePlan;
-use bisect_harness::control::EngineControl;
 use bisect_harness::exit::{self, Failure, Problem};
 use bisect_harness::results::Exporter;
 
@@ -34,8 +33,7 @@ pub(crate) async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
     let progress = Lines::new(false);
     let mut record = if job.uses_replicas() && !job.target.replicas.is_empty() {
         let mut others = super::other_sets(&job.target, &job.dir, job.api_key.clone())?;
-        let mut controls: Vec<&mut dyn EngineControl> = vec![&mut control];
-        controls.extend(others.iter_mut().map(|c| c as &mut dyn EngineControl));
+        let controls = super::every_set(&mut control, &mut others);
         stderr_line!(
             "replicas {}: the restart groups dealt to the sets (group g on set g mod {}), run at once, merged",
             job.target.replica_names(),

@@ -27,7 +27,7 @@ use crate::cli::{Cli, Command};
 use crate::{progress, signals};
 use bisect_harness::commands::run::Progress;
 use bisect_harness::commands::{culprit, Engines};
-use bisect_harness::control::ProcessControl;
+use bisect_harness::control::{EngineControl, ProcessControl};
 use bisect_harness::results::load as load_record;
 use bisect_harness::results::{table, Exporter};
 
@@ -162,6 +162,17 @@ fn other_sets(
             )
         })
         .collect()
+}
+
+/// The first set's control followed by every other set's (`others`, from
+/// [`other_sets`]), in the target's order: what a command on every replica set drives.
+fn every_set<'c>(
+    first: &'c mut dyn EngineControl,
+    others: &'c mut [ProcessControl],
+) -> Vec<&'c mut dyn EngineControl> {
+    let mut controls: Vec<&'c mut dyn EngineControl> = vec![first];
+    controls.extend(others.iter_mut().map(|c| c as &mut dyn EngineControl));
+    controls
 }
 
 /// Progress on stderr: plain lines with `--json` or without a terminal (per session

@@ -263,6 +263,12 @@ pub fn bisect_in(dir: &Path, args: &[&std::ffi::OsStr]) -> std::process::Output 
         .expect("running bisect")
 }
 
+/// The directory of the record `record` (its `id`) under `dir/results/`.
+pub fn record_dir(dir: &Path, record: &serde_json::Value) -> PathBuf {
+    dir.join("results")
+        .join(record["id"].as_str().expect("the record's id"))
+}
+
 /// `bisect run ARGS --target PROFILE --results DIR/results --json` in `dir`, its state in
 /// `dir/state`: (exit code, run.json from stdout, stderr). Panics without a record.
 pub fn run_record(

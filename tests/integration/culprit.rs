@@ -450,13 +450,9 @@ fn embedded_red_herrings_alone_give_no_culprit() {
         (cost["engine_hours"].as_f64().unwrap() - wall / 3600.0).abs() < 1e-3,
         "{cost}"
     );
-    let summary = std::fs::read_to_string(
-        dir.path()
-            .join("results")
-            .join(record["id"].as_str().unwrap())
-            .join("summary.md"),
-    )
-    .unwrap();
+    let summary =
+        std::fs::read_to_string(crate::common::record_dir(dir.path(), &record).join("summary.md"))
+            .unwrap();
     assert!(summary.contains("cost: "), "{summary}");
     let said = String::from_utf8_lossy(&run(&["--dry-run"]).stdout).to_string();
     assert!(

@@ -130,10 +130,7 @@ fn arms_run_at_once_on_two_replicas_and_cross_over() {
         "both sets' configs restored"
     );
     // Each set's block wrote its own set's launch config into launch/.
-    let snap = dir
-        .path()
-        .join("results")
-        .join(record["id"].as_str().unwrap());
+    let snap = crate::common::record_dir(dir.path(), &record);
     let on_b = std::fs::read_to_string(snap.join("launch/on-r1/server--serve-b.sh")).unwrap();
     assert!(on_b.contains("BISECT_MOCK_LEAK_FIRST_ROUND=3"), "{on_b}");
     assert_eq!(record["cost"]["restarts"], 4);
@@ -291,10 +288,7 @@ fn a_matrix_deals_its_groups_to_the_replica_sets_and_merges_them() {
         "both sets' configs restored"
     );
     // Every cell's sessions are in the matrix directory, as an unsharded night's.
-    let night = dir
-        .path()
-        .join("results")
-        .join(record["id"].as_str().unwrap());
+    let night = crate::common::record_dir(dir.path(), &record);
     for cell in cells {
         let sessions = night
             .join(cell["dir"].as_str().unwrap())
@@ -446,13 +440,9 @@ fn a_commits_search_runs_its_rounds_on_the_replica_sets() {
         before,
         "the repository's scripts untouched"
     );
-    let summary = std::fs::read_to_string(
-        dir.path()
-            .join("results")
-            .join(record["id"].as_str().unwrap())
-            .join("summary.md"),
-    )
-    .unwrap();
+    let summary =
+        std::fs::read_to_string(crate::common::record_dir(dir.path(), &record).join("summary.md"))
+            .unwrap();
     assert!(summary.contains("one per replica set (a, b"), "{summary}");
     assert!(summary.contains(", set b)"), "{summary}");
 }
@@ -585,6 +575,16 @@ fn culprit(dir: &Path, profile: &Path, concurrency: &str, extra: &[&str]) -> std
     crate::common::bisect_in(dir, &args)
 }
 
+/// The culprit's flags as culprit.json names them.
+fn culprit_flags(record: &Value) -> Vec<&str> {
+    record["culprit"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["flag"].as_str().unwrap())
+        .collect()
+}
+
 /// [`culprit`] at 8 in flight into `dir/results`, which must exit 0: (culprit.json,
 /// stderr).
 fn culprit_search(dir: &Path, profile: &Path) -> (Value, String) {
@@ -636,19 +636,10 @@ fn a_culprit_search_splits_every_block_over_the_replica_sets() {
         "{stderr}"
     );
     assert_eq!(record["answer"], "culprit", "{}", record["verdict"]);
-    let culprit: Vec<&str> = record["culprit"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f["flag"].as_str().unwrap())
-        .collect();
-    assert_eq!(culprit, ["LEAK"], "{}", record["verdict"]);
+    assert_eq!(culprit_flags(&record), ["LEAK"], "{}", record["verdict"]);
     assert_eq!(record["replica_sets"], serde_json::json!(["a", "b"]));
     let blocks = record["blocks"].as_array().unwrap();
-    let run = dir
-        .path()
-        .join("results")
-        .join(record["id"].as_str().unwrap());
+    let run = crate::common::record_dir(dir.path(), &record);
     for b in blocks {
         let sets = b["sets"].as_array().unwrap_or_else(|| panic!("{b:#}"));
         assert_eq!(sets.len(), 2, "{b:#}");
@@ -701,25 +692,15 @@ fn a_culprit_search_names_a_replica_that_differs() {
     let check = &record["replica_check"];
     assert_eq!(check["severity"], "warning", "{check:#}");
     assert_eq!(check["differs"], "b", "{check:#}");
-    let summary = std::fs::read_to_string(
-        dir.path()
-            .join("results")
-            .join(record["id"].as_str().unwrap())
-            .join("summary.md"),
-    )
-    .unwrap();
+    let summary =
+        std::fs::read_to_string(crate::common::record_dir(dir.path(), &record).join("summary.md"))
+            .unwrap();
     assert!(
         summary.contains("warning: replica b differs from the others whatever the configuration"),
         "{summary}"
     );
     assert_eq!(record["answer"], "culprit", "{}", record["verdict"]);
-    let culprit: Vec<&str> = record["culprit"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f["flag"].as_str().unwrap())
-        .collect();
-    assert_eq!(culprit, ["LEAK"], "{}", record["verdict"]);
+    assert_eq!(culprit_flags(&record), ["LEAK"], "{}", record["verdict"]);
 }
 
 /// Sets whose launch configs hold a listed flag at different values would run two

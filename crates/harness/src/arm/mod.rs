@@ -200,6 +200,19 @@ impl TestbedOptions {
             self.allow_partial,
         )
     }
+
+    /// [`Self::spec`] for each replica set of `sets` (a command's lanes), every one
+    /// writing `flags`.
+    pub(crate) fn lane_specs<'a>(
+        &'a self,
+        sets: &'a [TargetProfile],
+        api_key: Option<&str>,
+        flags: &[&'a FlagSpec],
+    ) -> Vec<TestbedSpec<'a>> {
+        sets.iter()
+            .map(|set| self.spec(set, api_key.map(str::to_string), flags.to_vec()))
+            .collect()
+    }
 }
 
 /// What closing found: both are reported, the restore first (configs matter most).

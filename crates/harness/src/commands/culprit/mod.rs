@@ -469,13 +469,9 @@ async fn run_with(
         .iter()
         .chain(plan.pins.iter().map(|p| &p.flag))
         .collect();
-    let specs = sets
-        .iter()
-        .map(|set| {
-            plan.testbed
-                .spec(set, plan.api_key.clone(), written.clone())
-        })
-        .collect();
+    let specs = plan
+        .testbed
+        .lane_specs(&sets, plan.api_key.as_deref(), &written);
     let lane_progress = crate::commands::replicas::lane_progress(&sets, progress);
     // A set that fails stops the others; Ctrl-C stops them all.
     let stop = cancel.child_token();

@@ -137,13 +137,9 @@ pub async fn run_on_replicas(
         .collect();
     crate::results::load::write(&plan.dir, &record)?;
     let written = plan.written();
-    let specs = sets
-        .iter()
-        .map(|set| {
-            plan.testbed
-                .spec(set, plan.api_key.clone(), written.clone())
-        })
-        .collect();
+    let specs = plan
+        .testbed
+        .lane_specs(&sets, plan.api_key.as_deref(), &written);
     let lane_progress = lane_progress(&sets, progress);
     // A set that fails stops the others (the sweep cannot be fed past its blocks);
     // Ctrl-C stops them all.
